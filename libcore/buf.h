@@ -1,0 +1,31 @@
+/* Growable byte buffer, the one way sdtk builds strings and output records,
+ * with JSON writing helpers (escaping, numbers). */
+#ifndef SDTK_BUF_H
+#define SDTK_BUF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    char *data;
+    size_t len, cap;
+    int oom; /* set once an allocation failed; further appends are dropped */
+} sd_buf;
+
+void sd_buf_init(sd_buf *b);
+void sd_buf_free(sd_buf *b);
+void sd_buf_clear(sd_buf *b);
+int sd_buf_reserve(sd_buf *b, size_t extra);
+void sd_buf_put(sd_buf *b, const void *p, size_t n);
+void sd_buf_putc(sd_buf *b, char c);
+void sd_buf_puts(sd_buf *b, const char *s);
+void sd_buf_printf(sd_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *sd_buf_cstr(sd_buf *b);
+
+void sd_buf_json_str(sd_buf *b, const char *s, size_t n);
+void sd_buf_json_cstr(sd_buf *b, const char *s);
+void sd_buf_json_int(sd_buf *b, int64_t v);
+void sd_buf_json_num(sd_buf *b, double v);
+void sd_buf_json_key(sd_buf *b, int *first, const char *key);
+
+#endif

@@ -1,0 +1,42 @@
+/* One option parser for every tool: a table of options gives --help text,
+ * --version, typed values and the shared exit codes. */
+#ifndef SDTK_CLI_H
+#define SDTK_CLI_H
+
+typedef enum {
+    SD_OPT_FLAG,   /* int, set to 1 */
+    SD_OPT_INT,    /* long */
+    SD_OPT_DOUBLE, /* double */
+    SD_OPT_STR,    /* const char *, last one wins */
+    SD_OPT_LIST    /* sd_strlist, every occurrence appended */
+} sd_opt_kind;
+
+typedef struct {
+    const char **v;
+    int n;
+} sd_strlist;
+
+typedef struct {
+    const char *name; /* long name without dashes */
+    char short_name;  /* 0 for none */
+    sd_opt_kind kind;
+    void *dest;
+    const char *metavar;
+    const char *help;
+} sd_opt;
+
+typedef struct {
+    const char *prog;
+    const char *usage;   /* e.g. "[OPTIONS] SOURCE..." */
+    const char *summary; /* one paragraph */
+    const sd_opt *opts;  /* terminated by an entry with name == NULL */
+    const char *epilog;  /* examples, notes; may be NULL */
+} sd_cli;
+
+int sd_cli_parse(const sd_cli *cli, int argc, char **argv, sd_strlist *positional);
+void sd_cli_usage_error(const sd_cli *cli, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *sd_version(void);
+void sd_strlist_free(sd_strlist *l);
+int sd_strlist_push(sd_strlist *l, const char *s);
+
+#endif

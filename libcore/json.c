@@ -1,0 +1,359 @@
+#include "json.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "utf8.h"
+
+enum { MAX_DEPTH = 128 };
+
+typedef struct {
+    sd_arena *a;
+    char *p, *end, *start;
+    sd_error *err;
+} parser;
+
+/* Report a parse error with its byte offset. */
+static sd_status fail(parser *ps, const char *what)
+{
+    return sd_err_set(ps->err, SD_EPARSE, "%s at byte %zu", what, (size_t)(ps->p - ps->start));
+}
+
+/* Skip JSON whitespace. */
+static void skip_ws(parser *ps)
+{
+    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r')) ps->p++;
+}
+
+/* Value of one hex digit, -1 if not hex. */
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* Read 4 hex digits of a \u escape. */
+static int read_hex4(parser *ps, const char *s, unsigned *out)
+{
+    if (ps->end - s < 4) return -1;
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        int h = hexval(s[i]);
+        if (h < 0) return -1;
+        v = v * 16 + (unsigned)h;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Parse a string starting at the opening quote; the unescaped bytes are
+ * written back over the input and NUL-terminated where the quote was. */
+static sd_status parse_string(parser *ps, char **out, uint32_t *out_len)
+{
+    char *s = ++ps->p; /* past the quote */
+    char *w = s;
+    char *r = s;
+    /* fast scan of the unescaped prefix */
+    while (r < ps->end && *r != '"' && *r != '\\' && (unsigned char)*r >= 0x20) r++;
+    w = r;
+    while (r < ps->end) {
+        char c = *r;
+        if (c == '"') {
+            size_t n = (size_t)(w - s);
+            if (sd_utf8_check(s, n) != n) {
+                ps->p = s + sd_utf8_check(s, n);
+                return fail(ps, "invalid UTF-8 in string");
+            }
+            *w = 0;
+            ps->p = r + 1;
+            *out = s;
+            *out_len = (uint32_t)n;
+            return SD_OK;
+        }
+        if ((unsigned char)c < 0x20) {
+            ps->p = r;
+            return fail(ps, "control character in string");
+        }
+        if (c != '\\') {
+            *w++ = *r++;
+            continue;
+        }
+        if (r + 1 >= ps->end) break;
+        char e = r[1];
+        r += 2;
+        switch (e) {
+        case '"': *w++ = '"'; break;
+        case '\\': *w++ = '\\'; break;
+        case '/': *w++ = '/'; break;
+        case 'b': *w++ = '\b'; break;
+        case 'f': *w++ = '\f'; break;
+        case 'n': *w++ = '\n'; break;
+        case 'r': *w++ = '\r'; break;
+        case 't': *w++ = '\t'; break;
+        case 'u': {
+            unsigned cp;
+            if (read_hex4(ps, r, &cp)) {
+                ps->p = r;
+                return fail(ps, "bad \\u escape");
+            }
+            r += 4;
+            if (cp >= 0xd800 && cp <= 0xdbff) {
+                unsigned lo;
+                if (ps->end - r < 6 || r[0] != '\\' || r[1] != 'u' || read_hex4(ps, r + 2, &lo) || lo < 0xdc00 ||
+                    lo > 0xdfff) {
+                    ps->p = r;
+                    return fail(ps, "unpaired surrogate");
+                }
+                r += 6;
+                cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+            } else if (cp >= 0xdc00 && cp <= 0xdfff) {
+                ps->p = r;
+                return fail(ps, "unpaired surrogate");
+            }
+            char enc[4];
+            int n = sd_utf8_encode(cp, enc);
+            memcpy(w, enc, (size_t)n); /* never longer than the escape it replaces */
+            w += n;
+            break;
+        }
+        default:
+            ps->p = r - 1;
+            return fail(ps, "bad escape");
+        }
+    }
+    ps->p = ps->end;
+    return fail(ps, "unterminated string");
+}
+
+/* Parse a number per the JSON grammar; integers avoid strtod. */
+static sd_status parse_number(parser *ps, sd_json *v)
+{
+    char *s = ps->p, *q = s;
+    int neg = 0;
+    if (q < ps->end && *q == '-') {
+        neg = 1;
+        q++;
+    }
+    if (q >= ps->end || *q < '0' || *q > '9') return fail(ps, "bad number");
+    uint64_t iv = 0;
+    int digits = 0;
+    if (*q == '0') {
+        q++;
+        digits = 1;
+    } else {
+        while (q < ps->end && *q >= '0' && *q <= '9') {
+            iv = iv * 10 + (uint64_t)(*q - '0');
+            q++;
+            digits++;
+        }
+    }
+    int is_int = 1;
+    if (q < ps->end && *q == '.') {
+        is_int = 0;
+        q++;
+        if (q >= ps->end || *q < '0' || *q > '9') {
+            ps->p = q;
+            return fail(ps, "bad number");
+        }
+        while (q < ps->end && *q >= '0' && *q <= '9') q++;
+    }
+    if (q < ps->end && (*q == 'e' || *q == 'E')) {
+        is_int = 0;
+        q++;
+        if (q < ps->end && (*q == '+' || *q == '-')) q++;
+        if (q >= ps->end || *q < '0' || *q > '9') {
+            ps->p = q;
+            return fail(ps, "bad number");
+        }
+        while (q < ps->end && *q >= '0' && *q <= '9') q++;
+    }
+    v->type = SD_JSON_NUMBER;
+    v->str = s;
+    v->len = (uint32_t)(q - s);
+    if (is_int && digits <= 18) {
+        v->num = neg ? -(double)iv : (double)iv;
+    } else {
+        char tmp[64];
+        size_t n = (size_t)(q - s);
+        if (n < sizeof tmp) {
+            memcpy(tmp, s, n);
+            tmp[n] = 0;
+            v->num = strtod(tmp, NULL);
+        } else {
+            char *heap = malloc(n + 1);
+            if (!heap) return sd_err_set(ps->err, SD_ENOMEM, "out of memory");
+            memcpy(heap, s, n);
+            heap[n] = 0;
+            v->num = strtod(heap, NULL);
+            free(heap);
+        }
+    }
+    ps->p = q;
+    return SD_OK;
+}
+
+/* Match a literal word such as "true". */
+static int match_word(parser *ps, const char *w, size_t n)
+{
+    if ((size_t)(ps->end - ps->p) < n || memcmp(ps->p, w, n) != 0) return 0;
+    ps->p += n;
+    return 1;
+}
+
+static sd_status parse_value(parser *ps, sd_json *v, int depth);
+
+/* Parse the members of an object or the elements of an array. */
+static sd_status parse_container(parser *ps, sd_json *v, int depth, int is_obj)
+{
+    char close = is_obj ? '}' : ']';
+    v->type = is_obj ? SD_JSON_OBJECT : SD_JSON_ARRAY;
+    v->child = NULL;
+    v->len = 0;
+    ps->p++;
+    skip_ws(ps);
+    if (ps->p < ps->end && *ps->p == close) {
+        ps->p++;
+        return SD_OK;
+    }
+    sd_json *tail = NULL;
+    for (;;) {
+        sd_json *c = sd_arena_alloc(ps->a, sizeof *c);
+        if (!c) return sd_err_set(ps->err, SD_ENOMEM, "out of memory");
+        c->key = NULL;
+        c->key_len = 0;
+        c->next = NULL;
+        if (is_obj) {
+            skip_ws(ps);
+            if (ps->p >= ps->end || *ps->p != '"') return fail(ps, "expected member name");
+            char *k;
+            uint32_t kl;
+            sd_status st = parse_string(ps, &k, &kl);
+            if (st) return st;
+            c->key = k;
+            c->key_len = kl;
+            skip_ws(ps);
+            if (ps->p >= ps->end || *ps->p != ':') return fail(ps, "expected ':'");
+            ps->p++;
+        }
+        sd_status st = parse_value(ps, c, depth + 1);
+        if (st) return st;
+        if (tail) tail->next = c;
+        else v->child = c;
+        tail = c;
+        v->len++;
+        skip_ws(ps);
+        if (ps->p < ps->end && *ps->p == ',') {
+            ps->p++;
+            continue;
+        }
+        if (ps->p < ps->end && *ps->p == close) {
+            ps->p++;
+            return SD_OK;
+        }
+        return fail(ps, is_obj ? "expected ',' or '}'" : "expected ',' or ']'");
+    }
+}
+
+/* Parse any value into v (whose key/next the caller has set). */
+static sd_status parse_value(parser *ps, sd_json *v, int depth)
+{
+    if (depth > MAX_DEPTH) return fail(ps, "nesting too deep");
+    skip_ws(ps);
+    if (ps->p >= ps->end) return fail(ps, "unexpected end of input");
+    v->child = NULL;
+    v->str = NULL;
+    v->num = 0;
+    v->len = 0;
+    switch (*ps->p) {
+    case '{': return parse_container(ps, v, depth, 1);
+    case '[': return parse_container(ps, v, depth, 0);
+    case '"': v->type = SD_JSON_STRING; return parse_string(ps, &v->str, &v->len);
+    case 't': v->type = SD_JSON_TRUE; return match_word(ps, "true", 4) ? SD_OK : fail(ps, "bad literal");
+    case 'f': v->type = SD_JSON_FALSE; return match_word(ps, "false", 5) ? SD_OK : fail(ps, "bad literal");
+    case 'n': v->type = SD_JSON_NULL; return match_word(ps, "null", 4) ? SD_OK : fail(ps, "bad literal");
+    default: return parse_number(ps, v);
+    }
+}
+
+/* Parse text[0,len) as one JSON document. The buffer is modified (strings are
+ * unescaped in place) and must stay alive as long as the returned tree. */
+sd_status sd_json_parse(sd_arena *a, char *text, size_t len, sd_json **out, sd_error *err)
+{
+    parser ps = {a, text, text + len, text, err};
+    sd_json *root = sd_arena_alloc(a, sizeof *root);
+    if (!root) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    root->key = NULL;
+    root->key_len = 0;
+    root->next = NULL;
+    sd_status st = parse_value(&ps, root, 0);
+    if (st) return st;
+    skip_ws(&ps);
+    if (ps.p != ps.end) return fail(&ps, "trailing characters after value");
+    *out = root;
+    return SD_OK;
+}
+
+/* Find a member by name (first match); NULL if obj is not an object or lacks it. */
+sd_json *sd_json_get(const sd_json *obj, const char *key)
+{
+    if (!obj || obj->type != SD_JSON_OBJECT) return NULL;
+    size_t kl = strlen(key);
+    for (sd_json *c = obj->child; c; c = c->next)
+        if (c->key_len == kl && memcmp(c->key, key, kl) == 0) return c;
+    return NULL;
+}
+
+/* The string value, or NULL when v is missing or not a string. */
+const char *sd_json_str(const sd_json *v)
+{
+    return v && v->type == SD_JSON_STRING ? v->str : NULL;
+}
+
+/* Numeric value of v (numbers, and strings that hold a whole number, as some
+ * dumps quote them); 0 on success. */
+int sd_json_num(const sd_json *v, double *out)
+{
+    if (!v) return -1;
+    if (v->type == SD_JSON_NUMBER) {
+        *out = v->num;
+        return 0;
+    }
+    if (v->type == SD_JSON_STRING && v->len > 0) {
+        char *end;
+        double d = strtod(v->str, &end);
+        if (end == v->str + v->len) {
+            *out = d;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Serialise a parsed value back to compact JSON (numbers keep their source text). */
+void sd_json_write(sd_buf *b, const sd_json *v)
+{
+    switch (v->type) {
+    case SD_JSON_NULL: sd_buf_put(b, "null", 4); return;
+    case SD_JSON_FALSE: sd_buf_put(b, "false", 5); return;
+    case SD_JSON_TRUE: sd_buf_put(b, "true", 4); return;
+    case SD_JSON_NUMBER: sd_buf_put(b, v->str, v->len); return;
+    case SD_JSON_STRING: sd_buf_json_str(b, v->str, v->len); return;
+    case SD_JSON_ARRAY:
+    case SD_JSON_OBJECT: {
+        int obj = v->type == SD_JSON_OBJECT;
+        sd_buf_putc(b, obj ? '{' : '[');
+        for (const sd_json *c = v->child; c; c = c->next) {
+            if (c != v->child) sd_buf_putc(b, ',');
+            if (obj) {
+                sd_buf_json_str(b, c->key, c->key_len);
+                sd_buf_putc(b, ':');
+            }
+            sd_json_write(b, c);
+        }
+        sd_buf_putc(b, obj ? '}' : ']');
+        return;
+    }
+    }
+}

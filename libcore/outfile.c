@@ -1,0 +1,106 @@
+#include "outfile.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Open path for writing through a temp file; NULL or "-" means stdout. */
+sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err)
+{
+    o->f = NULL;
+    o->path = o->tmp = NULL;
+    if (!path || strcmp(path, "-") == 0) {
+        o->f = stdout;
+        return SD_OK;
+    }
+    size_t n = strlen(path) + 32;
+    o->path = strdup(path);
+    o->tmp = malloc(n);
+    if (!o->path || !o->tmp) {
+        sd_outfile_abort(o);
+        return sd_err_set(err, SD_ENOMEM, "out of memory");
+    }
+    snprintf(o->tmp, n, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(o->tmp);
+    if (fd < 0) {
+        sd_status st = sd_err_set(err, SD_EIO, "%s: cannot create temp file: %s", path, strerror(errno));
+        free(o->tmp);
+        o->tmp = NULL;
+        sd_outfile_abort(o);
+        return st;
+    }
+    fchmod(fd, 0644);
+    o->f = fdopen(fd, "w");
+    if (!o->f) {
+        close(fd);
+        sd_outfile_abort(o);
+        return sd_err_set(err, SD_EIO, "%s: %s", path, strerror(errno));
+    }
+    return SD_OK;
+}
+
+/* Flush, fsync and rename into place (stdout is just flushed). */
+sd_status sd_outfile_commit(sd_outfile *o, sd_error *err)
+{
+    if (!o->path) {
+        if (fflush(stdout) != 0 || ferror(stdout)) return sd_err_set(err, SD_EIO, "writing stdout: %s", strerror(errno));
+        return SD_OK;
+    }
+    int bad = fflush(o->f) != 0 || ferror(o->f) || fsync(fileno(o->f)) != 0;
+    int saved = errno;
+    if (fclose(o->f) != 0) bad = 1;
+    o->f = NULL;
+    if (bad) {
+        sd_status st = sd_err_set(err, SD_EIO, "%s: write failed: %s", o->path, strerror(saved));
+        sd_outfile_abort(o);
+        return st;
+    }
+    if (rename(o->tmp, o->path) != 0) {
+        sd_status st = sd_err_set(err, SD_EIO, "%s: rename failed: %s", o->path, strerror(errno));
+        sd_outfile_abort(o);
+        return st;
+    }
+    /* make the rename itself durable */
+    char *dir = strdup(o->path);
+    if (dir) {
+        char *slash = strrchr(dir, '/');
+        const char *d = slash ? (slash == dir ? "/" : (*slash = 0, dir)) : ".";
+        int dfd = open(d, O_RDONLY | O_DIRECTORY);
+        if (dfd >= 0) {
+            fsync(dfd);
+            close(dfd);
+        }
+        free(dir);
+    }
+    free(o->path);
+    free(o->tmp);
+    o->path = o->tmp = NULL;
+    return SD_OK;
+}
+
+/* Drop the temp file; the target is left as it was. */
+void sd_outfile_abort(sd_outfile *o)
+{
+    if (o->f && o->f != stdout) fclose(o->f);
+    if (o->tmp) unlink(o->tmp);
+    free(o->path);
+    free(o->tmp);
+    o->f = NULL;
+    o->path = o->tmp = NULL;
+}
+
+/* Write a whole buffer atomically (reports, plots, small outputs). */
+sd_status sd_write_file_atomic(const char *path, const void *data, size_t len, sd_error *err)
+{
+    sd_outfile o;
+    sd_status st = sd_outfile_open(&o, path, err);
+    if (st) return st;
+    if (len && fwrite(data, 1, len, o.f) != len) {
+        sd_outfile_abort(&o);
+        return sd_err_set(err, SD_EIO, "%s: write failed: %s", path, strerror(errno));
+    }
+    return sd_outfile_commit(&o, err);
+}

@@ -1,0 +1,21 @@
+/* Output files that appear whole or not at all: written to a temporary name
+ * in the same directory, fsync'ed, then renamed over the target. */
+#ifndef SDTK_OUTFILE_H
+#define SDTK_OUTFILE_H
+
+#include <stdio.h>
+
+#include "err.h"
+
+typedef struct {
+    FILE *f;
+    char *path; /* NULL for stdout */
+    char *tmp;
+} sd_outfile;
+
+sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err);
+sd_status sd_outfile_commit(sd_outfile *o, sd_error *err);
+void sd_outfile_abort(sd_outfile *o);
+sd_status sd_write_file_atomic(const char *path, const void *data, size_t len, sd_error *err);
+
+#endif

@@ -1,0 +1,147 @@
+#include "pool.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+struct sd_pool {
+    int n;
+    pthread_t *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, done_cv;
+    unsigned long generation; /* bumped for each sd_pool_for call */
+    int pending;              /* workers still running the current job */
+    int quit;
+    size_t job_n;
+    sd_range_fn job_fn;
+    void *job_ctx;
+};
+
+typedef struct {
+    sd_pool *pool;
+    int id;
+} worker_arg;
+
+/* Slice [0,n) evenly so worker w gets [begin,end). */
+static void slice(size_t n, int workers, int w, size_t *begin, size_t *end)
+{
+    *begin = n * (size_t)w / (size_t)workers;
+    *end = n * (size_t)(w + 1) / (size_t)workers;
+}
+
+/* Worker loop: wait for a new generation, run our slice, report done. */
+static void *worker_main(void *arg)
+{
+    worker_arg *wa = arg;
+    sd_pool *p = wa->pool;
+    int id = wa->id;
+    free(wa);
+    unsigned long seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&p->mu);
+        while (!p->quit && p->generation == seen) pthread_cond_wait(&p->work_cv, &p->mu);
+        if (p->quit) {
+            pthread_mutex_unlock(&p->mu);
+            return NULL;
+        }
+        seen = p->generation;
+        size_t n = p->job_n;
+        sd_range_fn fn = p->job_fn;
+        void *ctx = p->job_ctx;
+        pthread_mutex_unlock(&p->mu);
+
+        size_t b, e;
+        slice(n, p->n, id, &b, &e);
+        if (b < e) fn(ctx, id, b, e);
+
+        pthread_mutex_lock(&p->mu);
+        if (--p->pending == 0) pthread_cond_signal(&p->done_cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
+/* Start nthreads-1 threads; the caller's thread acts as worker 0. */
+sd_pool *sd_pool_create(int nthreads)
+{
+    if (nthreads < 1) nthreads = 1;
+    sd_pool *p = calloc(1, sizeof *p);
+    if (!p) return NULL;
+    p->n = nthreads;
+    p->threads = calloc((size_t)nthreads, sizeof *p->threads);
+    if (!p->threads) {
+        free(p);
+        return NULL;
+    }
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->work_cv, NULL);
+    pthread_cond_init(&p->done_cv, NULL);
+    for (int i = 1; i < nthreads; i++) {
+        worker_arg *wa = malloc(sizeof *wa);
+        if (!wa) {
+            p->n = i;
+            break;
+        }
+        wa->pool = p;
+        wa->id = i;
+        if (pthread_create(&p->threads[i], NULL, worker_main, wa) != 0) {
+            free(wa);
+            p->n = i;
+            break;
+        }
+    }
+    return p;
+}
+
+/* Stop and join all workers. */
+void sd_pool_destroy(sd_pool *p)
+{
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->quit = 1;
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->work_cv);
+    pthread_cond_destroy(&p->done_cv);
+    free(p->threads);
+    free(p);
+}
+
+/* Number of workers, so callers can size per-worker state. */
+int sd_pool_size(const sd_pool *p)
+{
+    return p ? p->n : 1;
+}
+
+/* Run fn over [0,n) split across all workers and wait for all of them. */
+void sd_pool_for(sd_pool *p, size_t n, sd_range_fn fn, void *ctx)
+{
+    if (!p || p->n == 1) {
+        if (n) fn(ctx, 0, 0, n);
+        return;
+    }
+    pthread_mutex_lock(&p->mu);
+    p->job_n = n;
+    p->job_fn = fn;
+    p->job_ctx = ctx;
+    p->pending = p->n - 1;
+    p->generation++;
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->mu);
+
+    size_t b, e;
+    slice(n, p->n, 0, &b, &e);
+    if (b < e) fn(ctx, 0, b, e);
+
+    pthread_mutex_lock(&p->mu);
+    while (p->pending > 0) pthread_cond_wait(&p->done_cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* The number of online CPUs, the default for --threads. */
+int sd_default_threads(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : (int)n;
+}

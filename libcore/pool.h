@@ -1,0 +1,17 @@
+/* A fixed set of worker threads that run one parallel-for at a time:
+ * the range [0, n) is cut into one contiguous slice per worker. */
+#ifndef SDTK_POOL_H
+#define SDTK_POOL_H
+
+#include <stddef.h>
+
+typedef struct sd_pool sd_pool;
+typedef void (*sd_range_fn)(void *ctx, int worker, size_t begin, size_t end);
+
+sd_pool *sd_pool_create(int nthreads);
+void sd_pool_destroy(sd_pool *p);
+int sd_pool_size(const sd_pool *p);
+void sd_pool_for(sd_pool *p, size_t n, sd_range_fn fn, void *ctx);
+int sd_default_threads(void);
+
+#endif

@@ -1,0 +1,69 @@
+#include "progress.h"
+
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Monotonic wall time in seconds, for rates and timeouts. */
+double sd_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Start a progress display; disabled ones cost one branch per update. */
+void sd_progress_init(sd_progress *p, const char *label, const char *unit, uint64_t total, int enabled)
+{
+    p->label = label;
+    p->unit = unit;
+    p->total = total;
+    p->done = 0;
+    p->skipped = 0;
+    p->start = sd_now();
+    p->last_print = p->start;
+    p->is_tty = isatty(STDERR_FILENO);
+    p->enabled = enabled;
+    p->printed_live = 0;
+}
+
+/* Write the current state: count, rate, percentage and ETA when the total is known. */
+static void progress_print(sd_progress *p, double now, int final)
+{
+    double dt = now - p->start;
+    double rate = dt > 0 ? (double)p->done / dt : 0.0;
+    char eta[48] = "";
+    if (p->total && rate > 0 && !final && p->done < p->total) {
+        double left = (double)(p->total - p->done) / rate;
+        snprintf(eta, sizeof eta, " ETA %dm%02ds", (int)(left / 60), (int)left % 60);
+    }
+    char pct[16] = "";
+    if (p->total) snprintf(pct, sizeof pct, " (%.1f%%)", 100.0 * (double)p->done / (double)p->total);
+    char tot[32] = "";
+    if (p->total) snprintf(tot, sizeof tot, "/%llu", (unsigned long long)p->total);
+    fprintf(stderr, "%s%s: %llu%s %s%s, %llu skipped, %.0f %s/s, %.1fs%s%s",
+            p->is_tty ? "\r\033[K" : "", p->label, (unsigned long long)p->done, tot, p->unit, pct,
+            (unsigned long long)p->skipped, rate, p->unit, dt, eta, (p->is_tty && !final) ? "" : "\n");
+    fflush(stderr);
+    p->printed_live = p->is_tty && !final;
+}
+
+/* Record progress; prints at most 10 times a second on a TTY, every 10 s otherwise. */
+void sd_progress_update(sd_progress *p, uint64_t done, uint64_t skipped)
+{
+    p->done = done;
+    p->skipped = skipped;
+    if (!p->enabled) return;
+    double now = sd_now();
+    double every = p->is_tty ? 0.1 : 10.0;
+    if (now - p->last_print < every) return;
+    p->last_print = now;
+    progress_print(p, now, 0);
+}
+
+/* Print the final summary line (always, when enabled). */
+void sd_progress_finish(sd_progress *p)
+{
+    if (!p->enabled) return;
+    progress_print(p, sd_now(), 1);
+}

@@ -1,0 +1,76 @@
+/* JSON parser and writer: round trips, escapes, UTF-8 checks and rejection
+ * of malformed input. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "buf.h"
+#include "check.h"
+#include "json.h"
+
+/* Parse a copy of text; returns the status and the root in *out. */
+static sd_status parse(sd_arena *a, const char *text, sd_json **out)
+{
+    size_t n = strlen(text);
+    char *copy = sd_arena_strndup(a, text, n);
+    sd_error err;
+    return sd_json_parse(a, copy, n, out, &err);
+}
+
+/* Parse then write compactly and compare with the expected text. */
+static void roundtrip(sd_arena *a, const char *in, const char *want)
+{
+    sd_json *v;
+    if (!CHECK(parse(a, in, &v) == SD_OK)) return;
+    sd_buf b;
+    sd_buf_init(&b);
+    sd_json_write(&b, v);
+    CHECK_STR(sd_buf_cstr(&b), want);
+    sd_buf_free(&b);
+}
+
+int main(void)
+{
+    sd_arena a;
+    sd_arena_init(&a, 4096);
+    sd_json *v;
+
+    roundtrip(&a, " {\"a\" : [1, 2.5, -3e2, true, false, null], \"b\":{}} ", "{\"a\":[1,2.5,-3e2,true,false,null],\"b\":{}}");
+    roundtrip(&a, "\"tab\\there \\\"q\\\" \\u00e9 \\ud83d\\ude00 \\/\"", "\"tab\\there \\\"q\\\" \xc3\xa9 \xf0\x9f\x98\x80 /\"");
+    roundtrip(&a, "\"\\u0001\"", "\"\\u0001\"");
+    roundtrip(&a, "12345678901234567890", "12345678901234567890");
+
+    CHECK(parse(&a, "{\"id\": 12, \"s\": \"x\"}", &v) == SD_OK);
+    double d = 0;
+    CHECK(sd_json_num(sd_json_get(v, "id"), &d) == 0 && d == 12);
+    CHECK_STR(sd_json_str(sd_json_get(v, "s")), "x");
+    CHECK(sd_json_get(v, "missing") == NULL);
+    CHECK(parse(&a, "\"42\"", &v) == SD_OK && sd_json_num(v, &d) == 0 && d == 42);
+
+    const char *bad[] = {"", "{", "[1,]", "{\"a\" 1}", "{\"a\":1,}", "01", "1.", "-", "tru", "\"abc", "\"\\x\"",
+                         "\"\\ud800\"", "\"\\udc00x\"", "\"a\tb\"", "[1] 2", "\"\xff\"", "\"\xc0\xaf\"", "\"\xed\xa0\x80\"",
+                         "{\"a\":nul}", "1e", "[\"\\u12\"]"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        if (!CHECK(parse(&a, bad[i], &v) != SD_OK)) fprintf(stderr, "  accepted: %s\n", bad[i]);
+    }
+    /* deep nesting is refused, not a stack overflow */
+    char deep[4001];
+    memset(deep, '[', 4000);
+    deep[4000] = 0;
+    CHECK(parse(&a, deep, &v) == SD_EPARSE);
+
+    /* writer escapes */
+    sd_buf b;
+    sd_buf_init(&b);
+    sd_buf_json_str(&b, "a\"b\\c\nd\x01", 8);
+    CHECK_STR(sd_buf_cstr(&b), "\"a\\\"b\\\\c\\nd\\u0001\"");
+    sd_buf_clear(&b);
+    sd_buf_json_num(&b, 0.1);
+    sd_buf_putc(&b, ' ');
+    sd_buf_json_num(&b, -7);
+    sd_buf_putc(&b, ' ');
+    sd_buf_json_int(&b, INT64_MIN);
+    CHECK_STR(sd_buf_cstr(&b), "0.1 -7 -9223372036854775808");
+    sd_buf_free(&b);
+    sd_arena_free(&a);
+    return check_done("test_json");
+}
