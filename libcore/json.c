@@ -305,6 +305,29 @@ sd_json *sd_json_get(const sd_json *obj, const char *key)
     return NULL;
 }
 
+/* Follow a dotted path such as "file.md5" through nested objects; path need
+ * not be NUL-terminated. NULL when any step is missing. */
+sd_json *sd_json_path(const sd_json *obj, const char *path, size_t len)
+{
+    const sd_json *cur = obj;
+    size_t i = 0;
+    while (cur && i <= len) {
+        size_t j = i;
+        while (j < len && path[j] != '.') j++;
+        if (cur->type != SD_JSON_OBJECT) return NULL;
+        const sd_json *found = NULL;
+        for (const sd_json *c = cur->child; c; c = c->next)
+            if (c->key_len == j - i && memcmp(c->key, path + i, j - i) == 0) {
+                found = c;
+                break;
+            }
+        cur = found;
+        if (j >= len) return (sd_json *)cur;
+        i = j + 1;
+    }
+    return NULL;
+}
+
 /* The string value, or NULL when v is missing or not a string. */
 const char *sd_json_str(const sd_json *v)
 {

@@ -35,6 +35,7 @@ struct sd_json {
 
 sd_status sd_json_parse(sd_arena *a, char *text, size_t len, sd_json **out, sd_error *err);
 sd_json *sd_json_get(const sd_json *obj, const char *key);
+sd_json *sd_json_path(const sd_json *obj, const char *path, size_t len);
 const char *sd_json_str(const sd_json *v);
 int sd_json_num(const sd_json *v, double *out);
 void sd_json_write(sd_buf *b, const sd_json *v);

@@ -1,0 +1,462 @@
+/* Worker side of every source: turn one sd_input into an sd_record, or give
+ * the reason it has to be skipped. Runs in parallel, so it touches nothing
+ * but its input, the shared read-only options and its own arena. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "source.h"
+#include "utf8.h"
+
+static const char *const danbooru_consumed[] = {
+    "id", "md5", "file_ext", "rating", "score", "image_width", "image_height", "tag_string",
+    "tag_string_general", "tag_string_artist", "tag_string_copyright", "tag_string_character", "tag_string_meta",
+    "tag_count", "tag_count_general", "tag_count_artist", "tag_count_copyright", "tag_count_character",
+    "tag_count_meta", NULL};
+static const char *const e621_consumed[] = {"id", "tags", "rating", "score", "file", NULL};
+static const char *const metafile_consumed[] = {"tags", "score", "path", "caption", "width", "height", NULL};
+static const char *const wds_consumed[] = {"caption", "key", "width", "height", NULL};
+
+/* Reset an input to a kind and its origin for messages. */
+void sd_input_init(sd_input *in, sd_input_kind kind, const char *origin, long line)
+{
+    memset(in, 0, sizeof *in);
+    in->kind = (uint8_t)kind;
+    in->origin = origin;
+    in->line = line;
+    in->offset = in->size = -1;
+}
+
+/* The image extensions sdtk reads from folders and tars (kohya's list). */
+int sd_is_image_name(const char *name, size_t len)
+{
+    static const char *const exts[] = {".jpg", ".jpeg", ".png", ".webp", ".bmp"};
+    for (size_t i = 0; i < sizeof exts / sizeof *exts; i++) {
+        size_t el = strlen(exts[i]);
+        if (len > el && strncasecmp(name + len - el, exts[i], el) == 0) return 1;
+    }
+    return 0;
+}
+
+/* Expand an image-path pattern over a post: {field}, {a.b}, {field%N},
+ * {field:04d} and {field%N:04d}. 0 on success; -1 with *missing naming the
+ * field (arena-free static or pattern text) when a field is absent. */
+int sd_pattern_format(const char *pat, const sd_json *obj, sd_buf *out, const char **missing)
+{
+    const char *p = pat;
+    while (*p) {
+        const char *open = strchr(p, '{');
+        if (!open) {
+            sd_buf_puts(out, p);
+            break;
+        }
+        sd_buf_put(out, p, (size_t)(open - p));
+        const char *close = strchr(open, '}');
+        if (!close) {
+            *missing = "unterminated '{' in pattern";
+            return -1;
+        }
+        const char *name = open + 1;
+        size_t nl = 0;
+        while (name + nl < close && name[nl] != '%' && name[nl] != ':') nl++;
+        long mod = 0, width = 0;
+        const char *q = name + nl;
+        if (q < close && *q == '%') mod = strtol(q + 1, (char **)&q, 10);
+        if (q < close && *q == ':') {
+            q++;
+            if (*q == '0') q++;
+            width = strtol(q, (char **)&q, 10);
+        }
+        const sd_json *v = sd_json_path(obj, name, nl);
+        if (!v && nl == 3 && strncmp(name, "ext", 3) == 0) v = sd_json_get(obj, "file_ext");
+        if (!v && nl == 3 && strncmp(name, "ext", 3) == 0) v = sd_json_path(obj, "file.ext", 8);
+        if (!v && nl == 3 && strncmp(name, "md5", 3) == 0) v = sd_json_path(obj, "file.md5", 8);
+        if (!v || v->type == SD_JSON_NULL || v->type == SD_JSON_OBJECT || v->type == SD_JSON_ARRAY) {
+            *missing = name;
+            return -1;
+        }
+        if (v->type == SD_JSON_NUMBER || mod || width) {
+            double d;
+            if (sd_json_num(v, &d)) {
+                *missing = name;
+                return -1;
+            }
+            long long iv = (long long)d;
+            if (mod > 0) iv %= mod;
+            sd_buf_printf(out, "%0*lld", (int)width, iv);
+        } else {
+            sd_buf_put(out, v->str, v->len);
+        }
+        p = close + 1;
+    }
+    return 0;
+}
+
+/* Read a small text file whole; NULL with errno set on failure. */
+static char *read_text_file(sd_arena *a, const char *path, size_t *len)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (64 << 20)) {
+        close(fd);
+        errno = EINVAL;
+        return NULL;
+    }
+    char *buf = sd_arena_alloc(a, (size_t)st.st_size + 1);
+    size_t got = 0;
+    while (buf && got < (size_t)st.st_size) {
+        ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (!buf) return NULL;
+    buf[got] = 0;
+    *len = got;
+    return buf;
+}
+
+/* Trim surrounding whitespace in place (returns the new start). */
+static char *trim(char *s, size_t *len)
+{
+    size_t b = 0, e = *len;
+    while (b < e && (s[b] == ' ' || s[b] == '\t' || s[b] == '\n' || s[b] == '\r')) b++;
+    while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t' || s[e - 1] == '\n' || s[e - 1] == '\r')) e--;
+    s[e] = 0;
+    *len = e - b;
+    return s + b;
+}
+
+/* Turn a tags value into record tags: an array of strings, or one string
+ * split on commas when it has any, else on spaces (booru style). */
+static void add_tags_value(sd_record *r, sd_arena *a, const sd_json *v, sd_tag_cat cat)
+{
+    if (!v) return;
+    if (v->type == SD_JSON_STRING) {
+        char sep = memchr(v->str, ',', v->len) ? ',' : ' ';
+        sd_record_add_tag_list(r, a, v->str, v->len, sep, cat);
+    } else if (v->type == SD_JSON_ARRAY) {
+        for (const sd_json *t = v->child; t; t = t->next)
+            if (t->type == SD_JSON_STRING && t->len) sd_record_add_tag(r, a, t->str, t->len, cat);
+    }
+}
+
+/* A number field as int, 0 when absent or not a positive number. */
+static int int_field(const sd_json *v)
+{
+    double d;
+    if (sd_json_num(v, &d) || d < 1 || d > 1e9) return 0;
+    return (int)d;
+}
+
+/* A scalar field (id, md5) as a string in the arena; NULL if absent. */
+static const char *scalar_str(sd_arena *a, const sd_json *v)
+{
+    if (!v) return NULL;
+    if (v->type == SD_JSON_STRING) return v->len ? v->str : NULL;
+    if (v->type == SD_JSON_NUMBER) return sd_arena_strndup(a, v->str, v->len);
+    return NULL;
+}
+
+/* Danbooru post: space-separated tag strings per category, g/s/q/e ratings. */
+static void fill_danbooru(sd_record *r, sd_arena *a, const sd_json *o)
+{
+    static const struct {
+        const char *field;
+        sd_tag_cat cat;
+    } cats[] = {{"tag_string_artist", SD_TAG_ARTIST},       {"tag_string_copyright", SD_TAG_COPYRIGHT},
+                {"tag_string_character", SD_TAG_CHARACTER}, {"tag_string_general", SD_TAG_GENERAL},
+                {"tag_string_meta", SD_TAG_META}};
+    int any = 0;
+    for (size_t i = 0; i < sizeof cats / sizeof *cats; i++) {
+        const sd_json *v = sd_json_get(o, cats[i].field);
+        if (v && v->type == SD_JSON_STRING) {
+            sd_record_add_tag_list(r, a, v->str, v->len, ' ', cats[i].cat);
+            any = 1;
+        }
+    }
+    if (!any) add_tags_value(r, a, sd_json_get(o, "tag_string"), SD_TAG_GENERAL);
+    const char *rt = sd_json_str(sd_json_get(o, "rating"));
+    if (rt && rt[0] && !rt[1]) {
+        switch (rt[0]) {
+        case 'g': r->rating = "general"; break;
+        case 's': r->rating = "sensitive"; break;
+        case 'q': r->rating = "questionable"; break;
+        case 'e': r->rating = "explicit"; break;
+        }
+    }
+    double d;
+    if (!sd_json_num(sd_json_get(o, "score"), &d)) {
+        r->has_score = 1;
+        r->score = d;
+    }
+    r->width = int_field(sd_json_get(o, "image_width"));
+    r->height = int_field(sd_json_get(o, "image_height"));
+    r->key = scalar_str(a, sd_json_get(o, "id"));
+    if (!r->key) r->key = scalar_str(a, sd_json_get(o, "md5"));
+    r->consumed = danbooru_consumed;
+}
+
+/* e621 post: tags{category: [..]}, score{total}, s/q/e ratings, file{...}. */
+static void fill_e621(sd_record *r, sd_arena *a, const sd_json *o)
+{
+    static const struct {
+        const char *field;
+        sd_tag_cat cat;
+    } cats[] = {{"artist", SD_TAG_ARTIST},   {"copyright", SD_TAG_COPYRIGHT}, {"character", SD_TAG_CHARACTER},
+                {"species", SD_TAG_SPECIES}, {"general", SD_TAG_GENERAL},     {"lore", SD_TAG_LORE},
+                {"meta", SD_TAG_META},       {"invalid", SD_TAG_INVALID}};
+    const sd_json *tags = sd_json_get(o, "tags");
+    for (size_t i = 0; i < sizeof cats / sizeof *cats; i++) add_tags_value(r, a, sd_json_get(tags, cats[i].field), cats[i].cat);
+    const char *rt = sd_json_str(sd_json_get(o, "rating"));
+    if (rt && rt[0] && !rt[1]) {
+        switch (rt[0]) {
+        case 's': r->rating = "safe"; break;
+        case 'q': r->rating = "questionable"; break;
+        case 'e': r->rating = "explicit"; break;
+        }
+    }
+    const sd_json *sc = sd_json_get(o, "score");
+    double d;
+    if (sc && sc->type == SD_JSON_OBJECT) sc = sd_json_get(sc, "total");
+    if (!sd_json_num(sc, &d)) {
+        r->has_score = 1;
+        r->score = d;
+    }
+    const sd_json *file = sd_json_get(o, "file");
+    r->width = int_field(sd_json_get(file, "width"));
+    r->height = int_field(sd_json_get(file, "height"));
+    r->key = scalar_str(a, sd_json_get(o, "id"));
+    if (!r->key) r->key = scalar_str(a, sd_json_get(file, "md5"));
+    r->consumed = e621_consumed;
+}
+
+/* Join dir and name with one slash. */
+static char *join_path(sd_arena *a, const char *dir, const char *name)
+{
+    if (!dir || !*dir || name[0] == '/') return sd_arena_strndup(a, name, strlen(name));
+    size_t dl = strlen(dir), nl = strlen(name);
+    char *p = sd_arena_alloc(a, dl + nl + 2);
+    if (!p) return NULL;
+    memcpy(p, dir, dl);
+    size_t o = dl;
+    if (dl && dir[dl - 1] != '/') p[o++] = '/';
+    memcpy(p + o, name, nl + 1);
+    return p;
+}
+
+/* Does a regular, readable file exist at path? */
+static int image_ok(const char *path, const char **reason)
+{
+    if (access(path, R_OK) != 0) {
+        *reason = errno == ENOENT ? "missing image" : "unreadable image";
+        return 0;
+    }
+    return 1;
+}
+
+/* Copy a source string into the record after checking it is UTF-8. */
+static int take_text(sd_arena *a, const char *s, size_t n, const char **out)
+{
+    if (sd_utf8_check(s, n) != n) return -1;
+    *out = sd_arena_strndup(a, s, n);
+    return *out ? 0 : -1;
+}
+
+/* Build a record from an input. Returns 0, or -1 with *reason (a literal for
+ * the skip tally) and a detail message. */
+int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_record *r, const char **reason,
+                   char *detail, size_t detail_len)
+{
+    sd_record_init(r);
+    detail[0] = 0;
+    r->key = in->key;
+    r->image = in->image;
+    r->member = in->member;
+    r->offset = in->offset;
+    r->size = in->size;
+    r->width = in->width;
+    r->height = in->height;
+
+    if (in->kind == SD_IN_BOORU || in->kind == SD_IN_METAFILE) {
+        sd_json *root;
+        sd_error err = {SD_OK, ""};
+        char *text = in->text;
+        size_t len = in->len;
+        if (!text && in->txt_path) {
+            text = read_text_file(a, in->txt_path, &len);
+            if (!text) {
+                *reason = "unreadable metadata file";
+                snprintf(detail, detail_len, "%s", strerror(errno));
+                return -1;
+            }
+        }
+        if (!text || sd_json_parse(a, text, len, &root, &err)) {
+            *reason = "malformed JSON";
+            snprintf(detail, detail_len, "%s", err.msg);
+            return -1;
+        }
+        if (root->type != SD_JSON_OBJECT) {
+            *reason = "record is not a JSON object";
+            return -1;
+        }
+        r->fields = root;
+        if (in->kind == SD_IN_METAFILE) {
+            add_tags_value(r, a, sd_json_get(root, "tags"), SD_TAG_GENERAL);
+            double d;
+            if (!sd_json_num(sd_json_get(root, "score"), &d)) {
+                r->has_score = 1;
+                r->score = d;
+            }
+            r->caption = sd_json_str(sd_json_get(root, "caption"));
+            r->width = int_field(sd_json_get(root, "width"));
+            r->height = int_field(sd_json_get(root, "height"));
+            const char *path = sd_json_str(sd_json_get(root, "path"));
+            if (!path || !*path) {
+                *reason = "no image path in metadata";
+                return -1;
+            }
+            r->image = join_path(a, in->root, path);
+            const char *dot = strrchr(path, '.');
+            r->key = dot && dot > strrchr(path, '/') ? sd_arena_strndup(a, path, (size_t)(dot - path)) : path;
+            r->consumed = metafile_consumed;
+        } else {
+            int e621 = o->force_e621 >= 0 ? o->force_e621 : sd_json_get(root, "tag_string_general") == NULL &&
+                                                             sd_json_get(root, "tag_string") == NULL &&
+                                                             (sd_json_get(root, "tags") != NULL);
+            if (e621) fill_e621(r, a, root);
+            else fill_danbooru(r, a, root);
+            if (!r->key) {
+                *reason = "post has no id or md5";
+                return -1;
+            }
+            if (o->image_pattern) {
+                sd_buf pb;
+                sd_buf_init(&pb);
+                const char *missing = NULL;
+                if (sd_pattern_format(o->image_pattern, root, &pb, &missing)) {
+                    sd_buf_free(&pb);
+                    *reason = "image pattern field missing";
+                    snprintf(detail, detail_len, "no value for {%.*s}", (int)strcspn(missing, "%:}"), missing);
+                    return -1;
+                }
+                r->image = join_path(a, o->image_root, sd_buf_cstr(&pb));
+                sd_buf_free(&pb);
+            }
+        }
+    } else if (in->kind == SD_IN_FILES) {
+        size_t n;
+        int found = 0;
+        if (in->txt_path) {
+            char *t = read_text_file(a, in->txt_path, &n);
+            if (!t) {
+                *reason = "unreadable caption file";
+                snprintf(detail, detail_len, "%s: %s", in->txt_path, strerror(errno));
+                return -1;
+            }
+            if (sd_utf8_check(t, n) != n) {
+                *reason = "caption not UTF-8";
+                snprintf(detail, detail_len, "%s", in->txt_path);
+                return -1;
+            }
+            t = trim(t, &n);
+            if (n) found = 1;
+            sd_record_add_tag_list(r, a, t, n, ',', SD_TAG_GENERAL);
+        }
+        if (in->cap_path) {
+            char *c = read_text_file(a, in->cap_path, &n);
+            if (!c) {
+                *reason = "unreadable caption file";
+                snprintf(detail, detail_len, "%s: %s", in->cap_path, strerror(errno));
+                return -1;
+            }
+            if (sd_utf8_check(c, n) != n) {
+                *reason = "caption not UTF-8";
+                snprintf(detail, detail_len, "%s", in->cap_path);
+                return -1;
+            }
+            c = trim(c, &n);
+            if (n) {
+                found = 1;
+                r->caption = c;
+            }
+        }
+        if (!in->txt_path && !in->cap_path) {
+            *reason = "missing caption";
+            snprintf(detail, detail_len, "no .txt or .caption beside %s", in->image);
+            return -1;
+        }
+        if (!found) {
+            *reason = "empty caption";
+            return -1;
+        }
+    } else { /* SD_IN_GIVEN */
+        if (in->caption && take_text(a, in->caption, strlen(in->caption), &r->caption)) {
+            *reason = "caption not UTF-8";
+            return -1;
+        }
+        if (in->tags_text) {
+            const char *t;
+            if (take_text(a, in->tags_text, strlen(in->tags_text), &t)) {
+                *reason = "caption not UTF-8";
+                return -1;
+            }
+            sd_record_add_tag_list(r, a, t, strlen(t), ',', SD_TAG_GENERAL);
+        }
+        if (in->text) { /* a webdataset .json member: fields pass through */
+            sd_json *root;
+            sd_error err = {SD_OK, ""};
+            if (sd_json_parse(a, in->text, in->len, &root, &err) || root->type != SD_JSON_OBJECT) {
+                *reason = "malformed JSON";
+                snprintf(detail, detail_len, "%s", err.msg);
+                return -1;
+            }
+            r->fields = root;
+            r->consumed = wds_consumed;
+            if (!r->caption) r->caption = sd_json_str(sd_json_get(root, "caption"));
+            if (!r->width) r->width = int_field(sd_json_get(root, "width"));
+            if (!r->height) r->height = int_field(sd_json_get(root, "height"));
+            const sd_json *cls = sd_json_get(root, "cls");
+            if (!r->caption && cls && o->cls_map) {
+                char k[32];
+                snprintf(k, sizeof k, "%.0f", cls->num);
+                r->caption = sd_json_str(sd_json_get(o->cls_map, k));
+            }
+        }
+        if (in->kind == SD_IN_GIVEN && in->member == NULL && !r->image && in->root) {
+            /* kohya json: the key is a stem or a path; find the image file */
+            static const char *const exts[] = {"", ".png", ".jpg", ".jpeg", ".webp", ".bmp"};
+            for (size_t i = 0; i < sizeof exts / sizeof *exts && !r->image; i++) {
+                if (i == 0 && !sd_is_image_name(in->key, strlen(in->key))) continue;
+                char name[4096];
+                snprintf(name, sizeof name, "%s%s", in->key, exts[i]);
+                char *p = join_path(a, in->root, name);
+                if (p && access(p, F_OK) == 0) r->image = p;
+            }
+            if (!r->image) {
+                *reason = "missing image";
+                snprintf(detail, detail_len, "no image file for key under %s", in->root);
+                return -1;
+            }
+        }
+        if (!r->caption && r->ntags == 0) {
+            *reason = "missing caption";
+            return -1;
+        }
+    }
+    if (!r->key || !*r->key) {
+        *reason = "no key";
+        return -1;
+    }
+    if (o->check_images && r->image && !r->member && !image_ok(r->image, reason)) {
+        snprintf(detail, detail_len, "%s", r->image);
+        return -1;
+    }
+    return 0;
+}

@@ -1,0 +1,183 @@
+#include "meta_run.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct sd_meta_worker {
+    sd_arena arena; /* record strings, reset each batch */
+    sd_buf out;     /* serialised records of this worker's slice */
+    sd_buf scratch[3];
+};
+
+struct sd_meta_result {
+    uint32_t off, len; /* in the worker's out buffer */
+    int worker;
+    sd_key128 key;
+    const char *reason; /* NULL when the record is kept */
+    const char *detail; /* worker-arena text, may be "" */
+    const char *key_str;
+};
+
+/* Set up a run writing to out. progress: show a progress display. */
+sd_status sd_meta_run_init(sd_meta_run *m, const sd_rules *rules, const sd_build_opts *bopts, sd_pool *pool, FILE *out,
+                           sd_out_format format, int show_limit, int progress, sd_error *err)
+{
+    memset(m, 0, sizeof *m);
+    m->rules = rules;
+    m->bopts = bopts;
+    m->pool = pool;
+    m->out = out;
+    m->format = format;
+    m->with_extra = 1;
+    m->batch_cap = 8192;
+    m->in = calloc(m->batch_cap, sizeof *m->in);
+    m->res = calloc(m->batch_cap, sizeof *m->res);
+    int nw = sd_pool_size(pool);
+    m->workers = calloc((size_t)nw, sizeof *m->workers);
+    if (!m->in || !m->res || !m->workers) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    for (int i = 0; i < nw; i++) {
+        sd_arena_init(&m->workers[i].arena, 1 << 20);
+        sd_buf_init(&m->workers[i].out);
+        for (int k = 0; k < 3; k++) sd_buf_init(&m->workers[i].scratch[k]);
+    }
+    sd_arena_init(&m->arena, 1 << 20);
+    sd_arena_init(&m->run_arena, 1 << 16);
+    sd_keyset_init(&m->keys);
+    sd_tally_init(&m->skips, show_limit);
+    sd_progress_init(&m->progress, "sd-meta", "records", 0, progress);
+    if (format == SD_OUT_KOHYA) fputs("{", out);
+    return SD_OK;
+}
+
+/* Copy a string into run-lifetime memory (file names that inputs point to). */
+const char *sd_meta_keep(sd_meta_run *m, const char *s)
+{
+    return sd_arena_strndup(&m->run_arena, s, strlen(s));
+}
+
+/* A fresh input slot; the batch is processed first when full. */
+sd_input *sd_meta_add(sd_meta_run *m, sd_input_kind kind, const char *origin, long line)
+{
+    if (m->n == m->batch_cap) sd_meta_flush(m);
+    sd_input *in = &m->in[m->n++];
+    sd_input_init(in, kind, origin, line);
+    in->ordinal = m->next_ordinal++;
+    m->read++;
+    return in;
+}
+
+/* Count and report a candidate that a reader rejected before it became an
+ * input (bad tar member, unreadable directory, ...). */
+void sd_meta_skip_input(sd_meta_run *m, const char *reason, const char *fmt, ...)
+{
+    char where[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(where, sizeof where, fmt, ap);
+    va_end(ap);
+    m->read++;
+    m->next_ordinal++;
+    sd_skip(&m->skips, reason, "%s", where);
+}
+
+/* Worker: build, filter and serialise inputs [b, e). */
+static void process_range(void *ctx, int w, size_t b, size_t e)
+{
+    sd_meta_run *m = ctx;
+    sd_meta_worker *wk = &m->workers[w];
+    char detail[320];
+    for (size_t i = b; i < e; i++) {
+        sd_meta_result *res = &m->res[i];
+        sd_record rec;
+        const char *reason = NULL;
+        res->worker = w;
+        res->reason = NULL;
+        res->detail = "";
+        res->key_str = NULL;
+        if (sd_input_build(&m->in[i], m->bopts, &wk->arena, &rec, &reason, detail, sizeof detail) ||
+            sd_rules_apply(m->rules, &rec, m->in[i].ordinal, &wk->arena, wk->scratch, &reason)) {
+            res->reason = reason;
+            if (detail[0]) res->detail = sd_arena_strndup(&wk->arena, detail, strlen(detail));
+            continue;
+        }
+        res->key = sd_key128_of(rec.key, strlen(rec.key));
+        res->key_str = rec.key;
+        size_t start = wk->out.len;
+        if (m->format == SD_OUT_KOHYA) sd_record_write_kohya(&wk->out, &rec);
+        else sd_record_write_json(&wk->out, &rec, m->with_extra);
+        res->off = (uint32_t)start;
+        res->len = (uint32_t)(wk->out.len - start);
+    }
+}
+
+/* Where an input came from, for messages: "file:line" or "file". */
+static void input_where(const sd_input *in, char *buf, size_t n)
+{
+    if (in->line > 0) snprintf(buf, n, "%s:%ld", in->origin, in->line);
+    else if (in->member) snprintf(buf, n, "%s[%s]", in->origin, in->member);
+    else snprintf(buf, n, "%s", in->origin ? in->origin : "?");
+}
+
+/* Process the batch in parallel, then emit kept records in input order. */
+void sd_meta_flush(sd_meta_run *m)
+{
+    if (!m->n) return;
+    int nw = sd_pool_size(m->pool);
+    for (int i = 0; i < nw; i++) {
+        sd_arena_reset(&m->workers[i].arena);
+        sd_buf_clear(&m->workers[i].out);
+    }
+    sd_pool_for(m->pool, m->n, process_range, m);
+    for (size_t i = 0; i < m->n; i++) {
+        sd_meta_result *res = &m->res[i];
+        char where[600];
+        if (res->reason) {
+            input_where(&m->in[i], where, sizeof where);
+            if (res->detail[0]) sd_skip(&m->skips, res->reason, "%s (%s)", where, res->detail);
+            else sd_skip(&m->skips, res->reason, "%s", where);
+            continue;
+        }
+        int fresh = sd_keyset_insert(&m->keys, res->key);
+        if (fresh == 0) {
+            input_where(&m->in[i], where, sizeof where);
+            sd_skip(&m->skips, "duplicate key", "%s (key '%s' seen before; first kept)", where, res->key_str);
+            continue;
+        }
+        const char *data = m->workers[res->worker].out.data + res->off;
+        if (m->format == SD_OUT_KOHYA) fputs(m->written ? ",\n  " : "\n  ", m->out);
+        if (fwrite(data, 1, res->len, m->out) != res->len) m->write_failed = 1;
+        m->written++;
+    }
+    m->n = 0;
+    sd_arena_reset(&m->arena);
+    sd_progress_update(&m->progress, m->read, m->skips.total);
+}
+
+/* Flush what is left and close the output format. */
+sd_status sd_meta_finish(sd_meta_run *m, sd_error *err)
+{
+    sd_meta_flush(m);
+    if (m->format == SD_OUT_KOHYA) fputs(m->written ? "\n}\n" : "}\n", m->out);
+    sd_progress_update(&m->progress, m->read, m->skips.total);
+    sd_progress_finish(&m->progress);
+    if (m->write_failed || ferror(m->out)) return sd_err_set(err, SD_EIO, "writing output failed");
+    return SD_OK;
+}
+
+/* Free everything the run holds. */
+void sd_meta_run_free(sd_meta_run *m)
+{
+    int nw = sd_pool_size(m->pool);
+    for (int i = 0; m->workers && i < nw; i++) {
+        sd_arena_free(&m->workers[i].arena);
+        sd_buf_free(&m->workers[i].out);
+        for (int k = 0; k < 3; k++) sd_buf_free(&m->workers[i].scratch[k]);
+    }
+    free(m->workers);
+    free(m->in);
+    free(m->res);
+    sd_arena_free(&m->arena);
+    sd_arena_free(&m->run_arena);
+    sd_keyset_free(&m->keys);
+}

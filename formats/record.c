@@ -1,0 +1,177 @@
+#include "record.h"
+
+#include <string.h>
+
+static const char *const cat_names[SD_TAG_NCAT] = {"general", "artist", "copyright", "character",
+                                                   "species", "meta",   "lore",      "invalid"};
+
+/* The JSON name of a tag category. */
+const char *sd_tag_cat_name(sd_tag_cat c)
+{
+    return c < SD_TAG_NCAT ? cat_names[c] : "general";
+}
+
+/* Category by name, -1 if unknown. */
+int sd_tag_cat_parse(const char *name)
+{
+    for (int i = 0; i < SD_TAG_NCAT; i++)
+        if (strcmp(cat_names[i], name) == 0) return i;
+    return -1;
+}
+
+/* An empty record: nothing known yet. */
+void sd_record_init(sd_record *r)
+{
+    memset(r, 0, sizeof *r);
+    r->offset = -1;
+    r->size = -1;
+}
+
+/* Append one tag (the bytes are referenced, not copied); 0 on success. */
+int sd_record_add_tag(sd_record *r, sd_arena *a, const char *s, size_t len, sd_tag_cat cat)
+{
+    if (r->ntags == r->tags_cap) {
+        int cap = r->tags_cap ? r->tags_cap * 2 : 32;
+        sd_tag *t = sd_arena_alloc(a, (size_t)cap * sizeof *t);
+        if (!t) return -1;
+        if (r->ntags) memcpy(t, r->tags, (size_t)r->ntags * sizeof *t);
+        r->tags = t;
+        r->tags_cap = cap;
+    }
+    r->tags[r->ntags].s = s;
+    r->tags[r->ntags].len = (uint32_t)len;
+    r->tags[r->ntags].cat = (uint8_t)cat;
+    r->ntags++;
+    return 0;
+}
+
+/* Split text on sep (space for booru tag strings, ',' for caption files),
+ * trimming blanks and dropping empty items, and add each as a tag. */
+int sd_record_add_tag_list(sd_record *r, sd_arena *a, const char *text, size_t len, char sep, sd_tag_cat cat)
+{
+    size_t i = 0;
+    while (i < len) {
+        size_t j = i;
+        while (j < len && text[j] != sep && !(sep == ' ' && (text[j] == '\n' || text[j] == '\t'))) j++;
+        size_t b = i, e = j;
+        while (b < e && (text[b] == ' ' || text[b] == '\t' || text[b] == '\n' || text[b] == '\r')) b++;
+        while (e > b && (text[e - 1] == ' ' || text[e - 1] == '\t' || text[e - 1] == '\n' || text[e - 1] == '\r')) e--;
+        if (e > b && sd_record_add_tag(r, a, text + b, e - b, cat)) return -1;
+        i = j + 1;
+    }
+    return 0;
+}
+
+/* Is name one of the fields the reader already turned into record members? */
+static int is_consumed(const sd_record *r, const char *name)
+{
+    if (!r->consumed) return 0;
+    for (const char *const *c = r->consumed; *c; c++)
+        if (strcmp(*c, name) == 0) return 1;
+    return 0;
+}
+
+/* Write the record as one JSONL line (schema v1, see docs/FORMATS.md). */
+void sd_record_write_json(sd_buf *b, const sd_record *r, int with_extra)
+{
+    int first = 1;
+    sd_buf_putc(b, '{');
+    sd_buf_json_key(b, &first, "v");
+    sd_buf_json_int(b, SD_RECORD_SCHEMA);
+    sd_buf_json_key(b, &first, "key");
+    sd_buf_json_cstr(b, r->key);
+    if (r->image) {
+        sd_buf_json_key(b, &first, "image");
+        sd_buf_json_cstr(b, r->image);
+    }
+    if (r->member) {
+        sd_buf_json_key(b, &first, "member");
+        sd_buf_json_cstr(b, r->member);
+        if (r->offset >= 0) {
+            sd_buf_json_key(b, &first, "offset");
+            sd_buf_json_int(b, r->offset);
+        }
+        if (r->size >= 0) {
+            sd_buf_json_key(b, &first, "size");
+            sd_buf_json_int(b, r->size);
+        }
+    }
+    if (r->width > 0 && r->height > 0) {
+        sd_buf_json_key(b, &first, "width");
+        sd_buf_json_int(b, r->width);
+        sd_buf_json_key(b, &first, "height");
+        sd_buf_json_int(b, r->height);
+    }
+    sd_buf_json_key(b, &first, "caption");
+    sd_buf_json_cstr(b, r->out_caption ? r->out_caption : (r->caption ? r->caption : ""));
+    if (r->ntags) {
+        sd_buf_json_key(b, &first, "tags");
+        sd_buf_putc(b, '{');
+        int cfirst = 1;
+        for (int c = 0; c < SD_TAG_NCAT; c++) {
+            int any = 0;
+            for (int i = 0; i < r->ntags; i++) {
+                if (r->tags[i].cat != c || !r->tags[i].s) continue;
+                if (!any) {
+                    sd_buf_json_key(b, &cfirst, cat_names[c]);
+                    sd_buf_putc(b, '[');
+                } else {
+                    sd_buf_putc(b, ',');
+                }
+                any = 1;
+                sd_buf_json_str(b, r->tags[i].s, r->tags[i].len);
+            }
+            if (any) sd_buf_putc(b, ']');
+        }
+        sd_buf_putc(b, '}');
+    }
+    if (r->has_score) {
+        sd_buf_json_key(b, &first, "score");
+        sd_buf_json_num(b, r->score);
+    }
+    if (r->rating) {
+        sd_buf_json_key(b, &first, "rating");
+        sd_buf_json_cstr(b, r->rating);
+    }
+    sd_buf_json_key(b, &first, "split");
+    sd_buf_puts(b, r->is_val ? "\"val\"" : "\"train\"");
+    if (with_extra && r->fields && r->fields->type == SD_JSON_OBJECT) {
+        int efirst = 1;
+        for (const sd_json *c = r->fields->child; c; c = c->next) {
+            if (is_consumed(r, c->key)) continue;
+            if (efirst) {
+                sd_buf_json_key(b, &first, "extra");
+                sd_buf_putc(b, '{');
+            } else {
+                sd_buf_putc(b, ',');
+            }
+            efirst = 0;
+            sd_buf_json_str(b, c->key, c->key_len);
+            sd_buf_putc(b, ':');
+            sd_json_write(b, c);
+        }
+        if (!efirst) sd_buf_putc(b, '}');
+    }
+    sd_buf_put(b, "}\n", 2);
+}
+
+/* Write the record as one member of a kohya meta_cap_dd.json dictionary,
+ * `"key": {"caption", "tags"}`; the caller writes separators and braces. */
+void sd_record_write_kohya(sd_buf *b, const sd_record *r)
+{
+    sd_buf_json_cstr(b, r->key);
+    sd_buf_puts(b, ": {\"caption\": ");
+    sd_buf_json_cstr(b, r->out_caption ? r->out_caption : (r->caption ? r->caption : ""));
+    sd_buf_puts(b, ", \"tags\": ");
+    sd_buf b2;
+    sd_buf_init(&b2);
+    int n = 0;
+    for (int i = 0; i < r->ntags; i++) {
+        if (!r->tags[i].s) continue;
+        if (n++) sd_buf_put(&b2, ", ", 2);
+        sd_buf_put(&b2, r->tags[i].s, r->tags[i].len);
+    }
+    sd_buf_json_str(b, b2.data ? b2.data : "", b2.len);
+    sd_buf_free(&b2);
+    sd_buf_puts(b, "}");
+}

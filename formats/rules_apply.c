@@ -1,0 +1,317 @@
+/* Applying compiled rules to one record, in the documented order:
+ * filters (rating, abs_min_score, where, size, blacklist) -> score bonuses
+ * and min_score -> tag rewrites -> caption template -> tag shuffle -> split. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hash.h"
+#include "rules.h"
+
+/* Numeric value of a where-field: record fields first, then the source's
+ * (dotted paths allowed). 0 if found. */
+static int field_num(const sd_record *rec, const char *f, double *out)
+{
+    if (strcmp(f, "score") == 0) {
+        if (!rec->has_score) return -1;
+        *out = rec->score;
+        return 0;
+    }
+    if (strcmp(f, "width") == 0 && rec->width) return *out = rec->width, 0;
+    if (strcmp(f, "height") == 0 && rec->height) return *out = rec->height, 0;
+    return sd_json_num(sd_json_path(rec->fields, f, strlen(f)), out);
+}
+
+/* Text value of a where-field. */
+static const char *field_str(const sd_record *rec, const char *f)
+{
+    if (strcmp(f, "rating") == 0) return rec->rating;
+    if (strcmp(f, "key") == 0) return rec->key;
+    const sd_json *v = sd_json_path(rec->fields, f, strlen(f));
+    return v && v->type == SD_JSON_STRING ? v->str : NULL;
+}
+
+/* Evaluate one condition: 1 pass, 0 fail, -1 field missing. */
+static int where_eval(const sd_where *w, const sd_record *rec)
+{
+    if (w->is_num) {
+        double v;
+        if (field_num(rec, w->field, &v)) return -1;
+        switch (w->op) {
+        case SD_CMP_LT: return v < w->num;
+        case SD_CMP_LE: return v <= w->num;
+        case SD_CMP_GT: return v > w->num;
+        case SD_CMP_GE: return v >= w->num;
+        case SD_CMP_EQ: return v == w->num;
+        case SD_CMP_NE: return v != w->num;
+        }
+        return 0;
+    }
+    const char *s = field_str(rec, w->field);
+    if (!s) return -1;
+    int eq = strcmp(s, w->str) == 0;
+    return w->op == SD_CMP_EQ ? eq : !eq;
+}
+
+/* Filters that look at the record as read. 0 keep, -1 drop with *reason. */
+static int apply_filters(const sd_rules *r, sd_record *rec, const char **reason)
+{
+    if (r->ratings.n && (!rec->rating || !sd_strmap_get(&r->ratings, rec->rating, strlen(rec->rating)))) {
+        *reason = rec->rating ? "rating not allowed" : "no rating";
+        return -1;
+    }
+    if (r->has_abs_min_score) {
+        if (!rec->has_score) return *reason = "no score", -1;
+        if (rec->score < r->abs_min_score) return *reason = "score below abs_min_score", -1;
+    }
+    for (int i = 0; i < r->nwhere; i++) {
+        int v = where_eval(&r->where[i], rec);
+        if (v < 0) return *reason = r->where[i].reason_missing, -1;
+        if (v == 0) return *reason = r->where[i].reason_fail, -1;
+    }
+    if (rec->width && rec->height) {
+        if (r->min_side && (rec->width < r->min_side || rec->height < r->min_side))
+            return *reason = "below min_side", -1;
+        if (r->min_pixels && (long)rec->width * rec->height < r->min_pixels) return *reason = "below min_pixels", -1;
+    }
+    if (r->blacklist.n)
+        for (int i = 0; i < rec->ntags; i++)
+            if (sd_rules_tag_lookup(&r->blacklist, rec->tags[i].s, rec->tags[i].len)) return *reason = "blacklisted tag", -1;
+    if (r->bonus.n || r->has_min_score) {
+        double bonus = 0;
+        for (int i = 0; i < rec->ntags && r->bonus.n; i++) {
+            const sd_strmap_slot *s = sd_rules_tag_lookup(&r->bonus, rec->tags[i].s, rec->tags[i].len);
+            if (s) bonus += s->nval;
+        }
+        if (rec->has_score) rec->score += bonus;
+        if (r->has_min_score) {
+            if (!rec->has_score) return *reason = "no score", -1;
+            if (rec->score < r->min_score) return *reason = "score below min_score", -1;
+        }
+    }
+    return 0;
+}
+
+/* Replace every occurrence of one substring in buf. */
+static void subst_all(sd_buf *buf, sd_buf *tmp, const sd_subst *s)
+{
+    if (buf->len < s->from_len || !memmem(buf->data, buf->len, s->from, s->from_len)) return;
+    sd_buf_clear(tmp);
+    size_t i = 0;
+    while (i < buf->len) {
+        char *hit = memmem(buf->data + i, buf->len - i, s->from, s->from_len);
+        if (!hit) break;
+        sd_buf_put(tmp, buf->data + i, (size_t)(hit - (buf->data + i)));
+        sd_buf_put(tmp, s->to, s->to_len);
+        i = (size_t)(hit - buf->data) + s->from_len;
+    }
+    sd_buf_put(tmp, buf->data + i, buf->len - i);
+    sd_buf_clear(buf);
+    sd_buf_put(buf, tmp->data, tmp->len);
+}
+
+/* Rewrite one tag in place (whole-tag map, substrings, underscores, parens).
+ * A tag mapped to "" is removed (s = NULL). */
+static void rewrite_tag(const sd_rules *r, sd_tag *t, sd_arena *a, sd_buf *scratch)
+{
+    const char *s = t->s;
+    size_t n = t->len;
+    const sd_strmap_slot *rep = sd_rules_tag_lookup(&r->replace_tags, s, n);
+    if (rep) {
+        if (!rep->sval[0]) {
+            t->s = NULL;
+            return;
+        }
+        s = rep->sval;
+        n = strlen(s);
+    }
+    int need = rep != NULL || r->nsubst > 0 || (r->underscores && n > 3 && memchr(s, '_', n)) ||
+               (r->escape_parens && (memchr(s, '(', n) || memchr(s, ')', n)));
+    if (!need) return;
+    sd_buf *work = &scratch[0], *tmp = &scratch[1];
+    sd_buf_clear(work);
+    sd_buf_put(work, s, n);
+    for (int i = 0; i < r->nsubst; i++) subst_all(work, tmp, &r->subst[i]);
+    if (r->underscores && work->len > 3)
+        for (size_t i = 0; i < work->len; i++)
+            if (work->data[i] == '_') work->data[i] = ' ';
+    if (r->escape_parens) {
+        sd_buf_clear(tmp);
+        for (size_t i = 0; i < work->len; i++) {
+            char c = work->data[i];
+            if ((c == '(' || c == ')') && !(i && work->data[i - 1] == '\\')) sd_buf_putc(tmp, '\\');
+            sd_buf_putc(tmp, c);
+        }
+        sd_buf_clear(work);
+        sd_buf_put(work, tmp->data, tmp->len);
+    }
+    t->len = (uint32_t)work->len;
+    t->s = t->len ? sd_arena_strndup(a, work->data, work->len) : NULL;
+}
+
+/* Join the caption tags of one category (or all, cat < 0, in tag_order). */
+static void join_tags(const sd_rules *r, const sd_record *rec, int cat, sd_buf *out)
+{
+    size_t sl = strlen(r->separator);
+    int first = 1;
+    for (int k = 0; k < r->ntag_order; k++) {
+        int c = r->tag_order[k];
+        if (cat >= 0 && c != cat) continue;
+        for (int i = 0; i < rec->ntags; i++) {
+            const sd_tag *t = &rec->tags[i];
+            if (t->cat != c || !t->s) continue;
+            if (r->non_caption.n && sd_rules_tag_lookup(&r->non_caption, t->s, t->len)) continue;
+            if (!first) sd_buf_put(out, r->separator, sl);
+            first = 0;
+            if (c == SD_TAG_ARTIST) sd_buf_puts(out, r->artist_prefix);
+            sd_buf_put(out, t->s, t->len);
+        }
+    }
+}
+
+/* Expand one template variable into out; 0 if the name is known. */
+static int expand_var(const sd_rules *r, const sd_record *rec, const char *name, size_t n, sd_buf *out)
+{
+    if (n == 7 && memcmp(name, "caption", 7) == 0) {
+        if (rec->caption) sd_buf_puts(out, rec->caption);
+        return 0;
+    }
+    if (n == 4 && memcmp(name, "tags", 4) == 0) {
+        join_tags(r, rec, -1, out);
+        return 0;
+    }
+    if (n == 6 && memcmp(name, "rating", 6) == 0) {
+        if (rec->rating) {
+            const sd_strmap_slot *w = sd_strmap_get(&r->rating_words, rec->rating, strlen(rec->rating));
+            sd_buf_puts(out, w ? w->sval : rec->rating);
+        }
+        return 0;
+    }
+    if (n == 9 && memcmp(name, "score_tag", 9) == 0) {
+        if (rec->has_score)
+            for (int i = 0; i < r->nscore_tags; i++)
+                if (rec->score >= r->score_tags[i]) {
+                    sd_buf_puts(out, r->score_tag_prefix);
+                    sd_buf_json_num(out, r->score_tags[i]);
+                    break;
+                }
+        return 0;
+    }
+    char tmp[32];
+    if (n < sizeof tmp) {
+        memcpy(tmp, name, n);
+        tmp[n] = 0;
+        int c = sd_tag_cat_parse(tmp);
+        if (c >= 0) {
+            join_tags(r, rec, c, out);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Drop comma-separated items that came out empty (a missing caption or
+ * score tag) and trim the ends; non-empty items keep their exact text. */
+static void drop_empty_items(sd_buf *in, sd_buf *out)
+{
+    sd_buf_clear(out);
+    size_t i = 0;
+    int any = 0;
+    while (i <= in->len) {
+        const char *seg = in->data + i;
+        const char *c = memchr(seg, ',', in->len - i);
+        size_t n = c ? (size_t)(c - seg) : in->len - i;
+        int blank = 1;
+        for (size_t k = 0; k < n && blank; k++) blank = seg[k] == ' ' || seg[k] == '\t';
+        if (!blank) {
+            if (any) sd_buf_putc(out, ',');
+            sd_buf_put(out, seg, n);
+            any = 1;
+        }
+        i += n + 1;
+    }
+    size_t b = 0, e = out->len;
+    while (b < e && (out->data[b] == ' ' || out->data[b] == '\t')) b++;
+    while (e > b && (out->data[e - 1] == ' ' || out->data[e - 1] == '\t')) e--;
+    if (b) memmove(out->data, out->data + b, e - b);
+    out->len = e - b;
+}
+
+/* Shuffle the caption's comma-separated tokens after the first keep_tokens,
+ * with a generator seeded by (key, seed) so reruns give the same caption. */
+static void shuffle_tokens(const sd_rules *r, const char *key, sd_buf *cap, sd_buf *out)
+{
+    enum { MAXTOK = 512 };
+    const char *tok[MAXTOK];
+    size_t len[MAXTOK];
+    int n = 0;
+    size_t i = 0;
+    while (i < cap->len && n < MAXTOK) {
+        const char *s = cap->data + i;
+        const char *c = memchr(s, ',', cap->len - i);
+        size_t l = c ? (size_t)(c - s) : cap->len - i;
+        i += l + 1;
+        while (l && *s == ' ') s++, l--;
+        while (l && s[l - 1] == ' ') l--;
+        if (!l) continue;
+        tok[n] = s;
+        len[n] = l;
+        n++;
+    }
+    uint64_t state = sd_hash64(key, strlen(key), r->seed ^ 0x73687566666c65ull);
+    for (int k = n - 1; k > r->keep_tokens; k--) {
+        state = sd_mix64(state);
+        int lo = r->keep_tokens;
+        int j = lo + (int)(state % (uint64_t)(k - lo + 1));
+        const char *ts = tok[k];
+        size_t tl = len[k];
+        tok[k] = tok[j];
+        len[k] = len[j];
+        tok[j] = ts;
+        len[j] = tl;
+    }
+    sd_buf_clear(out);
+    for (int k = 0; k < n; k++) {
+        if (k) sd_buf_put(out, ", ", 2);
+        sd_buf_put(out, tok[k], len[k]);
+    }
+}
+
+/* Run every rule on rec. Returns 0 to keep it (with out_caption and is_val
+ * set) or -1 with *reason. scratch: three reusable buffers of the worker. */
+int sd_rules_apply(const sd_rules *r, sd_record *rec, uint64_t ordinal, sd_arena *a, sd_buf scratch[3],
+                   const char **reason)
+{
+    if (apply_filters(r, rec, reason)) return -1;
+    for (int i = 0; i < rec->ntags; i++) rewrite_tag(r, &rec->tags[i], a, scratch);
+
+    sd_buf *cap = &scratch[1], *clean = &scratch[2];
+    sd_buf_clear(cap);
+    const char *t = r->template_;
+    while (*t) {
+        const char *open = strchr(t, '{');
+        const char *close = open ? strchr(open, '}') : NULL;
+        if (!open || !close) {
+            sd_buf_puts(cap, t);
+            break;
+        }
+        sd_buf_put(cap, t, (size_t)(open - t));
+        if (expand_var(r, rec, open + 1, (size_t)(close - open - 1), cap)) sd_buf_put(cap, open, (size_t)(close - open + 1));
+        t = close + 1;
+    }
+    drop_empty_items(cap, clean);
+    if (r->shuffle_tag_p > 0 &&
+        sd_hash_unit(sd_hash64(rec->key, strlen(rec->key), r->seed ^ 0x70726f62ull)) < r->shuffle_tag_p) {
+        shuffle_tokens(r, rec->key, clean, cap);
+        rec->out_caption = sd_arena_strndup(a, cap->data ? cap->data : "", cap->len);
+    } else {
+        rec->out_caption = sd_arena_strndup(a, clean->data ? clean->data : "", clean->len);
+    }
+
+    rec->is_val = 0;
+    if (r->val_every > 0 && (ordinal + 1) % (uint64_t)r->val_every == 0) rec->is_val = 1;
+    if (r->val_fraction > 0 &&
+        sd_hash_unit(sd_hash64(rec->key, strlen(rec->key), r->seed ^ 0x76616c69ull)) < r->val_fraction)
+        rec->is_val = 1;
+    return 0;
+}

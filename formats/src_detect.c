@@ -1,0 +1,72 @@
+/* Naming and guessing source kinds, so `sd-meta PATH` usually needs no flag. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "sources.h"
+
+static const char *const names[] = {"auto", "folder", "tree", "metatree", "booru", "kohya", "wds"};
+
+/* Kind by name ("folder", "wds", ...); -1 if unknown. */
+sd_source_kind sd_source_parse(const char *name)
+{
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strcmp(names[i], name) == 0) return (sd_source_kind)i;
+    return (sd_source_kind)-1;
+}
+
+/* Name of a kind, for messages. */
+const char *sd_source_name(sd_source_kind k)
+{
+    return (size_t)k < sizeof names / sizeof *names ? names[k] : "?";
+}
+
+/* Does dir/name exist as a directory? */
+static int is_subdir(const char *dir, const char *name)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* Is the first non-blank byte of a .json file '{' followed (after a key) by
+ * an object: the kohya dictionary shape? Arrays and post objects are booru. */
+static int looks_kohya(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return 0;
+    char buf[8192];
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    const char *p = buf;
+    while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++;
+    if (*p != '{') return 0;
+    const char *colon = strchr(p, ':');
+    if (!colon) return 0;
+    p = colon + 1;
+    while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++;
+    return *p == '{';
+}
+
+/* Guess the kind of a source path from what is there. */
+sd_source_kind sd_source_detect(const char *path)
+{
+    if (strcmp(path, "-") == 0) return SD_SRC_BOORU;
+    size_t n = strlen(path);
+    if (strchr(path, '{') && strstr(path, ".tar")) return SD_SRC_WDS;
+    if ((n > 4 && strcmp(path + n - 4, ".tar") == 0) || (n > 7 && strcmp(path + n - 7, ".tar.gz") == 0))
+        return SD_SRC_WDS;
+    struct stat st;
+    if (stat(path, &st) != 0) return SD_SRC_AUTO;
+    if (S_ISDIR(st.st_mode)) {
+        if (is_subdir(path, "images") && is_subdir(path, "captions")) return SD_SRC_TREE;
+        return SD_SRC_FOLDER;
+    }
+    if (n > 5 && strcmp(path + n - 5, ".json") == 0 && looks_kohya(path)) return SD_SRC_KOHYA;
+    return SD_SRC_BOORU;
+}

@@ -1,0 +1,230 @@
+/* Folder sources: a flat (recursive) folder of images with .txt/.caption
+ * beside them, an images/ + captions/ pair of trees, and a tree of metadata
+ * .json files. Directories are read in sorted order so output is stable, and
+ * each directory is entered once (symlink loops are reported, not followed). */
+#include <dirent.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "sources.h"
+
+typedef struct {
+    dev_t dev;
+    ino_t ino;
+} dir_id;
+
+typedef struct {
+    sd_meta_run *m;
+    const char *root;      /* the dataset root given by the user */
+    const char *cap_root;  /* tree mode: the captions/ directory */
+    int mode;              /* 0 flat, 1 tree, 2 metatree */
+    dir_id *seen;
+    size_t nseen, capseen;
+} walker;
+
+/* strcmp for qsort over char* arrays. */
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Was this directory entered before? Marks it as entered if not. */
+static int seen_before(walker *w, const struct stat *st)
+{
+    for (size_t i = 0; i < w->nseen; i++)
+        if (w->seen[i].dev == st->st_dev && w->seen[i].ino == st->st_ino) return 1;
+    if (w->nseen == w->capseen) {
+        size_t cap = w->capseen ? w->capseen * 2 : 64;
+        dir_id *n = realloc(w->seen, cap * sizeof *n);
+        if (!n) return 0;
+        w->seen = n;
+        w->capseen = cap;
+    }
+    w->seen[w->nseen].dev = st->st_dev;
+    w->seen[w->nseen].ino = st->st_ino;
+    w->nseen++;
+    return 0;
+}
+
+/* Sorted names of a directory (without . and ..); NULL on error. */
+static char **list_dir(const char *dir, int *count)
+{
+    DIR *d = opendir(dir);
+    if (!d) return NULL;
+    int n = 0, cap = 64;
+    char **v = malloc((size_t)cap * sizeof *v);
+    struct dirent *e;
+    while (v && (e = readdir(d))) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        if (n == cap) {
+            cap *= 2;
+            char **nv = realloc(v, (size_t)cap * sizeof *nv);
+            if (!nv) break;
+            v = nv;
+        }
+        v[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    if (v) qsort(v, (size_t)n, sizeof *v, cmp_names);
+    *count = n;
+    return v;
+}
+
+/* Is name in the sorted list? */
+static int has_name(char **names, int n, const char *name)
+{
+    return bsearch(&name, names, (size_t)n, sizeof *names, cmp_names) != NULL;
+}
+
+/* "dir/name" in run-lifetime or batch memory. */
+static char *path_join(sd_arena *a, const char *dir, const char *name)
+{
+    size_t dl = strlen(dir), nl = strlen(name);
+    char *p = sd_arena_alloc(a, dl + nl + 2);
+    if (!p) return NULL;
+    memcpy(p, dir, dl);
+    p[dl] = '/';
+    memcpy(p + dl + 1, name, nl + 1);
+    return p;
+}
+
+/* Key of a file: its path relative to the root, without the extension. */
+static char *make_key(sd_arena *a, const char *rel, const char *name)
+{
+    const char *dot = strrchr(name, '.');
+    size_t stem = dot ? (size_t)(dot - name) : strlen(name);
+    size_t rl = strlen(rel);
+    char *k = sd_arena_alloc(a, rl + stem + 2);
+    if (!k) return NULL;
+    size_t o = 0;
+    if (rl) {
+        memcpy(k, rel, rl);
+        k[rl] = '/';
+        o = rl + 1;
+    }
+    memcpy(k + o, name, stem);
+    k[o + stem] = 0;
+    return k;
+}
+
+/* Add one image found in dir (flat or tree mode). */
+static void add_image(walker *w, const char *dir, const char *rel, const char *name, char **names, int n)
+{
+    sd_meta_run *m = w->m;
+    sd_input *in = sd_meta_add(m, SD_IN_FILES, NULL, 0);
+    in->image = path_join(&m->arena, dir, name);
+    in->origin = in->image;
+    in->key = make_key(&m->arena, rel, name);
+    const char *dot = strrchr(name, '.');
+    size_t stem = (size_t)(dot - name);
+    char cand[1024];
+    if (w->mode == 0) {
+        snprintf(cand, sizeof cand, "%.*s.txt", (int)stem, name);
+        if (has_name(names, n, cand)) in->txt_path = path_join(&m->arena, dir, cand);
+        snprintf(cand, sizeof cand, "%.*s.caption", (int)stem, name);
+        if (has_name(names, n, cand)) in->cap_path = path_join(&m->arena, dir, cand);
+    } else {
+        const char *exts[2] = {".txt", ".caption"};
+        for (int k = 0; k < 2; k++) {
+            char *p = sd_arena_alloc(&m->arena, strlen(w->cap_root) + strlen(rel) + stem + 16);
+            if (!p) continue;
+            sprintf(p, "%s/%s%s%.*s%s", w->cap_root, rel, *rel ? "/" : "", (int)stem, name, exts[k]);
+            if (access(p, F_OK) == 0) {
+                if (k == 0) in->txt_path = p;
+                else in->cap_path = p;
+            }
+        }
+    }
+}
+
+/* Recursive walk of dir (rel is its path below the root). */
+static void walk(walker *w, const char *dir, const char *rel, int depth)
+{
+    sd_meta_run *m = w->m;
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        sd_meta_skip_input(m, "unreadable directory", "%s (%s)", dir, strerror(errno));
+        return;
+    }
+    if (seen_before(w, &st)) {
+        sd_meta_skip_input(m, "directory visited twice (symlink loop)", "%s", dir);
+        return;
+    }
+    if (depth > 64) {
+        sd_meta_skip_input(m, "directory nesting too deep", "%s", dir);
+        return;
+    }
+    int n = 0;
+    char **names = list_dir(dir, &n);
+    if (!names) {
+        sd_meta_skip_input(m, "unreadable directory", "%s (%s)", dir, strerror(errno));
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const char *name = names[i];
+        if (name[0] == '.') continue; /* hidden files and our own temp files */
+        char *path = path_join(&m->run_arena, dir, name);
+        struct stat es;
+        if (!path || stat(path, &es) != 0) {
+            if (lstat(path, &es) == 0 && S_ISLNK(es.st_mode))
+                sd_meta_skip_input(m, "broken symlink", "%s", path);
+            continue;
+        }
+        if (S_ISDIR(es.st_mode)) {
+            size_t rl = strlen(rel);
+            char *sub = sd_arena_alloc(&m->run_arena, rl + strlen(name) + 2);
+            if (!sub) continue;
+            sprintf(sub, "%s%s%s", rel, rl ? "/" : "", name);
+            walk(w, path, sub, depth + 1);
+            continue;
+        }
+        if (!S_ISREG(es.st_mode)) continue;
+        size_t nl = strlen(name);
+        if (w->mode == 2) {
+            if (nl > 5 && strcmp(name + nl - 5, ".json") == 0) {
+                sd_input *in = sd_meta_add(m, SD_IN_METAFILE, path, 0);
+                in->txt_path = path;
+                in->root = w->root;
+            }
+        } else if (sd_is_image_name(name, nl)) {
+            if (es.st_size == 0) {
+                sd_meta_skip_input(m, "empty image file", "%s", path);
+                continue;
+            }
+            add_image(w, dir, rel, name, names, n);
+        }
+    }
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+}
+
+/* Read a flat folder (tree = 0) or an images/ + captions/ pair (tree = 1). */
+sd_status sd_read_folder(sd_meta_run *m, const char *root, int tree, sd_error *err)
+{
+    struct stat st;
+    if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode)) return sd_err_set(err, SD_EIO, "%s: not a directory", root);
+    walker w = {m, sd_meta_keep(m, root), NULL, tree ? 1 : 0, NULL, 0, 0};
+    if (tree) {
+        char *img = path_join(&m->run_arena, root, "images");
+        w.cap_root = path_join(&m->run_arena, root, "captions");
+        walk(&w, img, "", 0);
+    } else {
+        walk(&w, root, "", 0);
+    }
+    free(w.seen);
+    return SD_OK;
+}
+
+/* Read a tree of metadata .json files; image paths are relative to root. */
+sd_status sd_read_metatree(sd_meta_run *m, const char *root, sd_error *err)
+{
+    struct stat st;
+    if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode)) return sd_err_set(err, SD_EIO, "%s: not a directory", root);
+    walker w = {m, sd_meta_keep(m, root), NULL, 2, NULL, 0, 0};
+    walk(&w, root, "", 0);
+    free(w.seen);
+    return SD_OK;
+}

@@ -1,0 +1,67 @@
+/* kohya fine-tune metadata: meta_cap.json / meta_cap_dd.json / meta_lat.json,
+ * a dictionary image key -> {caption, tags, train_resolution}. */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "sources.h"
+
+/* Read the dictionary and add one input per entry. Images are looked up as
+ * KEY (if it has an image extension) or KEY.{png,jpg,jpeg,webp,bmp} under
+ * image_root (default: the json file's directory). */
+sd_status sd_read_kohya(sd_meta_run *m, const char *path, const char *image_root, sd_error *err)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return sd_err_set(err, SD_EIO, "%s: %s", path, strerror(errno));
+    sd_buf text;
+    sd_buf_init(&text);
+    char chunk[1 << 16];
+    ssize_t r;
+    while ((r = read(fd, chunk, sizeof chunk)) > 0) sd_buf_put(&text, chunk, (size_t)r);
+    close(fd);
+    if (r < 0 || text.oom) {
+        sd_buf_free(&text);
+        return sd_err_set(err, SD_EIO, "%s: read failed", path);
+    }
+    const char *origin = sd_meta_keep(m, path);
+    char *dcopy = strdup(path);
+    const char *root = image_root ? sd_meta_keep(m, image_root) : sd_meta_keep(m, dirname(dcopy));
+    free(dcopy);
+    sd_arena a;
+    sd_arena_init(&a, 1 << 20);
+    sd_json *doc;
+    sd_status st = sd_json_parse(&a, text.data ? text.data : (char *)"", text.len, &doc, err);
+    if (st) {
+        char msg[sizeof err->msg];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        sd_err_set(err, st, "%s: %s", path, msg);
+    } else if (doc->type != SD_JSON_OBJECT) {
+        st = sd_err_set(err, SD_EFORMAT, "%s: expected a kohya metadata object {key: {caption, tags}}", path);
+    } else {
+        long idx = 0;
+        for (const sd_json *e = doc->child; e; e = e->next) {
+            idx++;
+            if (e->type != SD_JSON_OBJECT) {
+                sd_meta_skip_input(m, "kohya entry is not an object", "%s: entry %ld '%s'", path, idx, e->key);
+                continue;
+            }
+            const sd_json *cap = sd_json_get(e, "caption"), *tags = sd_json_get(e, "tags");
+            if ((cap && cap->type != SD_JSON_STRING) || (tags && tags->type != SD_JSON_STRING)) {
+                sd_meta_skip_input(m, "kohya caption/tags not a string", "%s: entry '%s'", path, e->key);
+                continue;
+            }
+            sd_input *in = sd_meta_add(m, SD_IN_GIVEN, origin, 0);
+            in->key = sd_arena_strndup(&m->arena, e->key, e->key_len);
+            in->root = root;
+            if (cap) in->caption = sd_arena_strndup(&m->arena, cap->str, cap->len);
+            if (tags) in->tags_text = sd_arena_strndup(&m->arena, tags->str, tags->len);
+            in->line = idx;
+        }
+    }
+    sd_arena_free(&a);
+    sd_buf_free(&text);
+    return st;
+}

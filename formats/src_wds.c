@@ -1,0 +1,296 @@
+/* WebDataset tar shards, read in place with libarchive (nothing extracted).
+ * A sample is a run of consecutive members sharing a key (the path up to the
+ * first dot of the basename). Image members are not copied: the record names
+ * the shard, the member and, for uncompressed tars, the byte offset and size
+ * of its data, so later tools pread it directly. */
+#include <archive.h>
+#include <archive_entry.h>
+#include <ctype.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "sources.h"
+
+enum { MAX_TEXT_MEMBER = 4 << 20, PROBE = 16 };
+
+typedef struct {
+    char key[1024];
+    int have;
+    char *image_member;  /* run arena */
+    int64_t size;
+    int64_t header_pos;  /* where this member's header started */
+    unsigned char probe[PROBE];
+    size_t probe_len;
+    int64_t offset;      /* resolved data offset, -1 unknown */
+    char *txt, *json, *cls;
+    size_t json_len;
+} sample;
+
+/* Expand the first {a,b} or {000..123} group of a pattern, recursively. */
+static int expand(const char *pat, char ***out, int *n, int *cap)
+{
+    const char *open = strchr(pat, '{');
+    const char *close = open ? strchr(open, '}') : NULL;
+    if (!open || !close) {
+        if (*n == *cap) {
+            *cap = *cap ? *cap * 2 : 16;
+            char **nv = realloc(*out, (size_t)*cap * sizeof *nv);
+            if (!nv) return -1;
+            *out = nv;
+        }
+        (*out)[(*n)++] = strdup(pat);
+        return 0;
+    }
+    size_t pre = (size_t)(open - pat);
+    const char *body = open + 1;
+    size_t bl = (size_t)(close - body);
+    const char *dots = memmem(body, bl, "..", 2);
+    char buf[4096];
+    if (dots) {
+        char *e1, *e2;
+        long a = strtol(body, &e1, 10), b = strtol(dots + 2, &e2, 10);
+        if (e1 != dots || e2 != close || b < a || b - a > 10000000) return -1;
+        int width = (int)(dots - body);
+        for (long i = a; i <= b; i++) {
+            snprintf(buf, sizeof buf, "%.*s%0*ld%s", (int)pre, pat, width, i, close + 1);
+            if (expand(buf, out, n, cap)) return -1;
+        }
+        return 0;
+    }
+    const char *p = body;
+    while (p <= close) {
+        const char *c = memchr(p, ',', (size_t)(close - p));
+        const char *e = c ? c : close;
+        snprintf(buf, sizeof buf, "%.*s%.*s%s", (int)pre, pat, (int)(e - p), p, close + 1);
+        if (expand(buf, out, n, cap)) return -1;
+        p = e + 1;
+    }
+    return 0;
+}
+
+/* Expand brace notation into a list of paths (caller frees). 0 on success. */
+int sd_expand_braces(const char *pattern, char ***out, int *n)
+{
+    int cap = 0;
+    *out = NULL;
+    *n = 0;
+    return expand(pattern, out, n, &cap);
+}
+
+/* Read a small member's data as a NUL-terminated string in the batch arena. */
+static char *read_member_text(struct archive *ar, sd_arena *a, int64_t size, size_t *len)
+{
+    if (size < 0 || size > MAX_TEXT_MEMBER) return NULL;
+    char *buf = sd_arena_alloc(a, (size_t)size + 1);
+    if (!buf) return NULL;
+    size_t got = 0;
+    while (got < (size_t)size) {
+        la_ssize_t r = archive_read_data(ar, buf + got, (size_t)size - got);
+        if (r <= 0) return NULL;
+        got += (size_t)r;
+    }
+    buf[got] = 0;
+    *len = got;
+    return buf;
+}
+
+/* A member name we refuse: absolute, or with a ".." component. */
+static int unsafe_name(const char *name)
+{
+    if (name[0] == '/') return 1;
+    for (const char *p = name; *p; p++)
+        if (p[0] == '.' && p[1] == '.' && (p == name || p[-1] == '/') && (p[2] == 0 || p[2] == '/')) return 1;
+    return 0;
+}
+
+/* Hand a complete sample to the run (or report why it has no image). */
+static void emit(sd_meta_run *m, const char *origin, sample *s, int fd)
+{
+    if (!s->have) return;
+    s->have = 0;
+    if (!s->image_member) {
+        sd_meta_skip_input(m, "tar sample without image", "%s[%s]", origin, s->key);
+        return;
+    }
+    if (s->offset >= 0 && fd >= 0) { /* check the computed offset against bytes libarchive gave us */
+        unsigned char chk[PROBE];
+        if (pread(fd, chk, s->probe_len, s->offset) != (ssize_t)s->probe_len || memcmp(chk, s->probe, s->probe_len) != 0)
+            s->offset = -1;
+    } else {
+        s->offset = -1;
+    }
+    sd_input *in = sd_meta_add(m, SD_IN_GIVEN, origin, 0);
+    in->key = sd_arena_strndup(&m->arena, s->key, strlen(s->key));
+    in->image = origin;
+    in->member = s->image_member;
+    in->offset = s->offset;
+    in->size = s->size;
+    in->caption = s->txt ? sd_arena_strndup(&m->arena, s->txt, strlen(s->txt)) : NULL;
+    if (s->json) {
+        in->text = sd_arena_strndup(&m->arena, s->json, s->json_len);
+        in->len = s->json_len;
+    }
+    if (s->cls && !in->caption && m->bopts->cls_map) {
+        char k[64];
+        snprintf(k, sizeof k, "%ld", strtol(s->cls, NULL, 10));
+        in->caption = sd_json_str(sd_json_get(m->bopts->cls_map, k));
+    }
+    free(s->txt);
+    free(s->json);
+    free(s->cls);
+    s->txt = s->json = s->cls = NULL;
+    s->image_member = NULL;
+}
+
+/* Read one shard. */
+static sd_status read_shard(sd_meta_run *m, const char *path, sd_error *err)
+{
+    struct archive *ar = archive_read_new();
+    archive_read_support_filter_all(ar);
+    archive_read_support_format_tar(ar);
+    if (archive_read_open_filename(ar, path, 1 << 16) != ARCHIVE_OK) {
+        sd_status st = sd_err_set(err, SD_EIO, "%s: %s", path, archive_error_string(ar));
+        archive_read_free(ar);
+        return st;
+    }
+    const char *origin = sd_meta_keep(m, path);
+    int fd = open(path, O_RDONLY);
+    sample s;
+    memset(&s, 0, sizeof s);
+    s.offset = -1;
+    sd_arena tmp;
+    sd_arena_init(&tmp, 1 << 16);
+    struct archive_entry *e;
+    char last_member[1024] = "";
+    int pending_image = 0; /* an image member whose offset waits for the next header */
+    int64_t pending_size = 0, pending_hdr = 0;
+    for (;;) {
+        int r = archive_read_next_header(ar, &e);
+        int64_t pos = archive_read_header_position(ar);
+        if (pending_image && (r == ARCHIVE_OK || r == ARCHIVE_WARN || r == ARCHIVE_EOF)) {
+            int64_t padded = (pending_size + 511) / 512 * 512;
+            int64_t off = r == ARCHIVE_EOF ? -1 : pos - padded;
+            s.offset = (archive_filter_count(ar) == 1 && off > pending_hdr) ? off : -1;
+            if (r == ARCHIVE_EOF && archive_filter_count(ar) == 1) s.offset = -2; /* resolve below */
+        }
+        pending_image = 0;
+        if (r == ARCHIVE_EOF) break;
+        if (r == ARCHIVE_FATAL || r == ARCHIVE_FAILED) {
+            sd_meta_skip_input(m, "truncated or corrupt tar", "%s after member '%s' (%s)", origin, last_member,
+                               archive_error_string(ar));
+            if (s.have) /* the sample in progress may be cut short: drop it */
+                sd_meta_skip_input(m, "tar sample cut by truncation", "%s[%s]", origin, s.key);
+            s.have = 0;
+            break;
+        }
+        const char *name = archive_entry_pathname(e);
+        if (!name) continue;
+        snprintf(last_member, sizeof last_member, "%s", name);
+        if (archive_entry_filetype(e) != AE_IFREG) continue;
+        if (unsafe_name(name)) {
+            sd_meta_skip_input(m, "unsafe tar member name", "%s[%s]", origin, name);
+            continue;
+        }
+        const char *base = strrchr(name, '/');
+        base = base ? base + 1 : name;
+        if (strncmp(base, "__", 2) == 0) continue;
+        const char *dot = strchr(base, '.');
+        if (!dot) continue;
+        size_t klen = (size_t)(dot - name);
+        if (klen >= sizeof s.key) {
+            sd_meta_skip_input(m, "tar member name too long", "%s[%s]", origin, name);
+            continue;
+        }
+        if (s.have && (strlen(s.key) != klen || strncmp(s.key, name, klen) != 0)) emit(m, origin, &s, fd);
+        if (!s.have) {
+            memcpy(s.key, name, klen);
+            s.key[klen] = 0;
+            s.have = 1;
+            s.offset = -1;
+        }
+        char ext[16];
+        size_t el = 0;
+        for (const char *p = dot + 1; *p && el < sizeof ext - 1; p++) ext[el++] = (char)tolower((unsigned char)*p);
+        ext[el] = 0;
+        int64_t size = archive_entry_size(e);
+        size_t tl;
+        if (!strcmp(ext, "jpg") || !strcmp(ext, "jpeg") || !strcmp(ext, "png") || !strcmp(ext, "webp")) {
+            if (s.image_member) {
+                sd_meta_skip_input(m, "tar sample with two images", "%s[%s]", origin, name);
+                continue;
+            }
+            la_ssize_t got = archive_read_data(ar, s.probe, PROBE);
+            if (got < 0 || (size >= PROBE && got != PROBE) || archive_read_data_skip(ar) != ARCHIVE_OK) {
+                sd_meta_skip_input(m, "truncated or corrupt tar", "%s[%s] (%s)", origin, name, archive_error_string(ar));
+                s.have = 0;
+                break;
+            }
+            s.probe_len = (size_t)got;
+            s.image_member = (char *)sd_meta_keep(m, name);
+            s.size = size;
+            s.header_pos = pos;
+            pending_image = 1;
+            pending_size = size;
+            pending_hdr = pos;
+        } else if (!strcmp(ext, "txt") || !strcmp(ext, "text") || !strcmp(ext, "json") || !strcmp(ext, "cls")) {
+            sd_arena_reset(&tmp);
+            char *t = read_member_text(ar, &tmp, size, &tl);
+            if (!t) {
+                sd_meta_skip_input(m, "unreadable tar member", "%s[%s] (%s)", origin, name,
+                                   size > MAX_TEXT_MEMBER ? "too large" : archive_error_string(ar));
+                continue;
+            }
+            char *copy = malloc(tl + 1);
+            if (!copy) continue;
+            memcpy(copy, t, tl + 1);
+            if (ext[0] == 'j') {
+                free(s.json);
+                s.json = copy;
+                s.json_len = tl;
+            } else if (ext[0] == 'c') {
+                free(s.cls);
+                s.cls = copy;
+            } else {
+                free(s.txt);
+                s.txt = copy;
+                /* trim the caption text */
+                size_t n = strlen(copy);
+                while (n && (copy[n - 1] == '\n' || copy[n - 1] == '\r' || copy[n - 1] == ' ')) copy[--n] = 0;
+            }
+        }
+    }
+    if (s.offset == -2) { /* last member: data starts right after its header block(s) */
+        s.offset = s.header_pos + 512;
+    }
+    emit(m, origin, &s, fd);
+    free(s.txt);
+    free(s.json);
+    free(s.cls);
+    sd_arena_free(&tmp);
+    if (fd >= 0) close(fd);
+    archive_read_free(ar);
+    return SD_OK;
+}
+
+/* Read a shard path, which may use brace notation for many shards. */
+sd_status sd_read_wds(sd_meta_run *m, const char *path, sd_error *err)
+{
+    char **paths;
+    int n;
+    if (sd_expand_braces(path, &paths, &n)) return sd_err_set(err, SD_EINVAL, "%s: bad brace pattern", path);
+    sd_status st = SD_OK;
+    for (int i = 0; i < n; i++) {
+        sd_error e1;
+        if (read_shard(m, paths[i], &e1)) {
+            /* one missing shard does not stop the others */
+            sd_meta_skip_input(m, "unreadable tar shard", "%s", e1.msg);
+        }
+        free(paths[i]);
+    }
+    free(paths);
+    (void)err;
+    return st;
+}

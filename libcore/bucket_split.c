@@ -1,0 +1,137 @@
+#include "bucket_split.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hash.h"
+
+typedef struct {
+    uint64_t order;
+    size_t idx;
+} bucket_order;
+
+/* Sort by the seeded order key, then by index (keys can collide). */
+static int order_cmp(const void *a, const void *b)
+{
+    const bucket_order *x = a, *y = b;
+    if (x->order != y->order) return x->order < y->order ? -1 : 1;
+    return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+/* Plan the split once every bucket's count is known. Record k of bucket b
+ * goes to part (start[b] + k) mod N: round-robin keeps each bucket even. The
+ * leftovers (count mod N) of the buckets, taken in a seeded order, are laid
+ * end to end around the ring of parts (each bucket starts where the previous
+ * one's leftovers stopped), so the totals come out even too. keys identify
+ * buckets independently of their numbering (e.g. w<<32|h); NULL uses index. */
+sd_status sd_splitter_init(sd_splitter *s, const uint64_t *counts, const uint64_t *keys, size_t nbuckets, int nparts,
+                           uint64_t seed, sd_error *err)
+{
+    memset(s, 0, sizeof *s);
+    if (nparts < 1) return sd_err_set(err, SD_EINVAL, "need at least one part");
+    s->nparts = nparts;
+    s->nbuckets = nbuckets;
+    s->start = calloc(nbuckets ? nbuckets : 1, sizeof *s->start);
+    s->seen = calloc(nbuckets ? nbuckets : 1, sizeof *s->seen);
+    bucket_order *ord = malloc((nbuckets ? nbuckets : 1) * sizeof *ord);
+    if (!s->start || !s->seen || !ord) {
+        free(ord);
+        sd_splitter_free(s);
+        return sd_err_set(err, SD_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < nbuckets; i++) {
+        ord[i].order = sd_mix64(seed ^ sd_mix64(keys ? keys[i] : (uint64_t)i));
+        ord[i].idx = i;
+    }
+    qsort(ord, nbuckets, sizeof *ord, order_cmp);
+    uint64_t cursor = sd_mix64(seed) % (uint64_t)nparts;
+    for (size_t k = 0; k < nbuckets; k++) {
+        size_t b = ord[k].idx;
+        s->start[b] = (int)cursor;
+        cursor = (cursor + counts[b] % (uint64_t)nparts) % (uint64_t)nparts;
+    }
+    free(ord);
+    return SD_OK;
+}
+
+/* The part for the next record of bucket b (in input order). */
+int sd_splitter_next(sd_splitter *s, size_t b)
+{
+    uint64_t k = s->seen[b]++;
+    return (int)(((uint64_t)s->start[b] + k) % (uint64_t)s->nparts);
+}
+
+/* Free the tables. */
+void sd_splitter_free(sd_splitter *s)
+{
+    free(s->start);
+    free(s->seen);
+    s->start = NULL;
+    s->seen = NULL;
+}
+
+/* Find the one %d / %0Nd conversion in pattern (other '%' must be "%%").
+ * Returns its offset, -1 if there is none or more than one; *width gets N. */
+static long find_conv(const char *pattern, int *width, size_t *conv_len)
+{
+    long at = -1;
+    for (size_t i = 0; pattern[i]; i++) {
+        if (pattern[i] != '%') continue;
+        if (pattern[i + 1] == '%') {
+            i++;
+            continue;
+        }
+        size_t j = i + 1;
+        int wd = 0;
+        while (pattern[j] >= '0' && pattern[j] <= '9' && wd < 100) wd = wd * 10 + (pattern[j++] - '0');
+        if (pattern[j] != 'd' || at >= 0 || wd > 20) return -1;
+        at = (long)i;
+        *width = wd;
+        *conv_len = j + 1 - i;
+        i = j;
+    }
+    return at;
+}
+
+/* Does pattern hold exactly one %d (or %0Nd) and nothing else printf-like? */
+int sd_part_pattern_ok(const char *pattern)
+{
+    int w;
+    size_t cl;
+    return find_conv(pattern, &w, &cl) >= 0;
+}
+
+/* Build a part's file name from the pattern without handing the user's text
+ * to printf as a format. Returns 0 on success, -1 if it does not fit. */
+int sd_part_name(const char *pattern, int part, char *out, size_t cap)
+{
+    int width = 0;
+    size_t cl = 0;
+    long at = find_conv(pattern, &width, &cl);
+    if (at < 0) return -1;
+    size_t o = 0;
+    for (size_t i = 0; pattern[i]; i++) {
+        char tmp[32];
+        const char *piece;
+        size_t pl;
+        if ((long)i == at) {
+            snprintf(tmp, sizeof tmp, "%0*d", width, part);
+            piece = tmp;
+            pl = strlen(tmp);
+            i += cl - 1;
+        } else if (pattern[i] == '%') {
+            piece = "%";
+            pl = 1;
+            i++; /* "%%" */
+        } else {
+            piece = pattern + i;
+            pl = 1;
+        }
+        if (o + pl >= cap) return -1;
+        memcpy(out + o, piece, pl);
+        o += pl;
+    }
+    out[o] = 0;
+    return 0;
+}

@@ -1,0 +1,284 @@
+#include "imghdr.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Short names for messages and reports. */
+const char *sd_img_format_name(sd_img_format f)
+{
+    switch (f) {
+    case SD_IMG_JPEG: return "jpeg";
+    case SD_IMG_PNG: return "png";
+    case SD_IMG_WEBP: return "webp";
+    case SD_IMG_GIF: return "gif";
+    case SD_IMG_BMP: return "bmp";
+    default: return "unknown";
+    }
+}
+
+static uint32_t be16(const unsigned char *p) { return (uint32_t)p[0] << 8 | p[1]; }
+static uint32_t be32(const unsigned char *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
+static uint32_t le16(const unsigned char *p) { return (uint32_t)p[1] << 8 | p[0]; }
+static uint32_t le24(const unsigned char *p) { return (uint32_t)p[2] << 16 | (uint32_t)p[1] << 8 | p[0]; }
+static uint32_t le32(const unsigned char *p) { return (uint32_t)p[3] << 24 | (uint32_t)p[2] << 16 | (uint32_t)p[1] << 8 | p[0]; }
+
+/* Dimensions every tool accepts: 1..65535 per side and at most PIL's
+ * decompression-bomb pixel count, so a forged header cannot make a later
+ * decoder allocate gigabytes. */
+sd_status sd_imghdr_check_dims(uint64_t w, uint64_t h, sd_error *err)
+{
+    if (w == 0 || h == 0) return sd_err_set(err, SD_ERANGE, "zero image dimension %llux%llu", (unsigned long long)w, (unsigned long long)h);
+    if (w > SD_IMGHDR_MAX_SIDE || h > SD_IMGHDR_MAX_SIDE)
+        return sd_err_set(err, SD_ERANGE, "image dimensions %llux%llu exceed %d per side", (unsigned long long)w,
+                          (unsigned long long)h, SD_IMGHDR_MAX_SIDE);
+    if (w * h > SD_IMGHDR_MAX_PIXELS)
+        return sd_err_set(err, SD_ERANGE, "image %llux%llu has %llu pixels, over the %llu limit (decompression bomb?)",
+                          (unsigned long long)w, (unsigned long long)h, (unsigned long long)(w * h), SD_IMGHDR_MAX_PIXELS);
+    return SD_OK;
+}
+
+/* Fill in the result once the raw size is known. */
+static sd_status finish(sd_imginfo *out, sd_img_format f, uint64_t w, uint64_t h, int orientation, sd_error *err)
+{
+    sd_status st = sd_imghdr_check_dims(w, h, err);
+    if (st) return st;
+    out->format = f;
+    out->width = (uint32_t)w;
+    out->height = (uint32_t)h;
+    out->orientation = orientation;
+    int swap = orientation >= 5 && orientation <= 8;
+    out->disp_w = swap ? out->height : out->width;
+    out->disp_h = swap ? out->width : out->height;
+    return SD_OK;
+}
+
+/* Orientation (tag 0x0112) from the IFD0 of an Exif TIFF block; 1 when it is
+ * absent or the block is damaged (a bad Exif is no reason to drop a photo). */
+static int exif_orientation(const unsigned char *t, size_t n)
+{
+    if (n < 8) return 1;
+    int le;
+    if (t[0] == 'I' && t[1] == 'I') le = 1;
+    else if (t[0] == 'M' && t[1] == 'M') le = 0;
+    else return 1;
+    uint32_t magic = le ? le16(t + 2) : be16(t + 2);
+    if (magic != 42) return 1;
+    uint32_t ifd = le ? le32(t + 4) : be32(t + 4);
+    if ((uint64_t)ifd + 2 > n) return 1;
+    uint32_t count = le ? le16(t + ifd) : be16(t + ifd);
+    for (uint32_t i = 0; i < count; i++) {
+        uint64_t e = (uint64_t)ifd + 2 + 12ULL * i;
+        if (e + 12 > n) break;
+        uint32_t tag = le ? le16(t + e) : be16(t + e);
+        if (tag != 0x0112) continue;
+        uint32_t type = le ? le16(t + e + 2) : be16(t + e + 2);
+        if (type != 3) return 1; /* SHORT */
+        uint32_t v = le ? le16(t + e + 8) : be16(t + e + 8);
+        return v >= 1 && v <= 8 ? (int)v : 1;
+    }
+    return 1;
+}
+
+/* Is marker m a start-of-frame (SOF0..SOF15 minus DHT, JPG and DAC)? */
+static int is_sof(unsigned m)
+{
+    return m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC;
+}
+
+/* Walk the JPEG marker segments up to the frame header. SD_ETRUNC means the
+ * buffer ended first (the caller may read more). */
+static sd_status parse_jpeg(const unsigned char *p, size_t n, sd_imginfo *out, sd_error *err)
+{
+    size_t pos = 2;
+    int orientation = 1, seen_exif = 0;
+    for (;;) {
+        /* junk between segments is skipped the way PIL and libjpeg do */
+        while (pos < n && p[pos] != 0xFF) pos++;
+        while (pos < n && p[pos] == 0xFF) pos++; /* fill bytes */
+        if (pos >= n) return sd_err_set(err, SD_ETRUNC, "jpeg: truncated before the frame header");
+        unsigned m = p[pos++];
+        if (m == 0x00) continue; /* a stuffed 0xFF00, not a marker */
+        if (m == 0x01 || (m >= 0xD0 && m <= 0xD7)) continue;
+        if (m == 0xD8) return sd_err_set(err, SD_EFORMAT, "jpeg: second start-of-image marker before the frame header");
+        if (m == 0xD9) return sd_err_set(err, SD_EFORMAT, "jpeg: end of image before any frame header");
+        if (m == 0xDA) return sd_err_set(err, SD_EFORMAT, "jpeg: scan data before any frame header");
+        if (pos + 2 > n) return sd_err_set(err, SD_ETRUNC, "jpeg: truncated in a marker segment");
+        size_t len = be16(p + pos);
+        if (len < 2) return sd_err_set(err, SD_EFORMAT, "jpeg: bad segment length %zu for marker 0x%02X", len, m);
+        if (is_sof(m)) {
+            if (len < 8) return sd_err_set(err, SD_EFORMAT, "jpeg: frame header too short (%zu bytes)", len);
+            if (pos + 8 > n) return sd_err_set(err, SD_ETRUNC, "jpeg: truncated in the frame header");
+            uint32_t h = be16(p + pos + 3), w = be16(p + pos + 5);
+            if (h == 0) return sd_err_set(err, SD_EUNSUPPORTED, "jpeg: height given later by a DNL marker");
+            return finish(out, SD_IMG_JPEG, w, h, orientation, err);
+        }
+        if (m == 0xE1 && !seen_exif && len >= 16) {
+            if (pos + len > n) return sd_err_set(err, SD_ETRUNC, "jpeg: truncated in the APP1 segment");
+            if (memcmp(p + pos + 2, "Exif\0\0", 6) == 0) {
+                seen_exif = 1;
+                orientation = exif_orientation(p + pos + 8, len - 8);
+            }
+        }
+        pos += len;
+    }
+}
+
+/* CRC-32 (the PNG/zlib polynomial), bitwise: it only ever covers 17 bytes. */
+static uint32_t crc32_small(const unsigned char *p, size_t n)
+{
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+    }
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* PNG: the IHDR chunk must come first, be 13 bytes and carry a valid CRC. */
+static sd_status parse_png(const unsigned char *p, size_t n, sd_imginfo *out, sd_error *err)
+{
+    if (n < 33) return sd_err_set(err, SD_ETRUNC, "png: truncated before the end of IHDR");
+    if (be32(p + 8) != 13 || memcmp(p + 12, "IHDR", 4) != 0) return sd_err_set(err, SD_EFORMAT, "png: first chunk is not a 13-byte IHDR");
+    if (crc32_small(p + 12, 17) != be32(p + 29)) return sd_err_set(err, SD_EFORMAT, "png: IHDR checksum mismatch");
+    uint32_t w = be32(p + 16), h = be32(p + 20);
+    if (w > 0x7FFFFFFFu || h > 0x7FFFFFFFu) return sd_err_set(err, SD_EFORMAT, "png: dimension over 2^31-1");
+    return finish(out, SD_IMG_PNG, w, h, 1, err);
+}
+
+/* WebP: the first chunk after RIFF/WEBP says lossy (VP8), lossless (VP8L) or
+ * extended (VP8X, with the canvas size). */
+static sd_status parse_webp(const unsigned char *p, size_t n, sd_imginfo *out, sd_error *err)
+{
+    if (n < 20) return sd_err_set(err, SD_ETRUNC, "webp: truncated before the first chunk");
+    const unsigned char *c = p + 12;
+    if (memcmp(c, "VP8 ", 4) == 0) {
+        if (n < 30) return sd_err_set(err, SD_ETRUNC, "webp: truncated in the VP8 frame header");
+        if (p[20] & 1) return sd_err_set(err, SD_EFORMAT, "webp: VP8 frame is not a key frame");
+        if (p[23] != 0x9D || p[24] != 0x01 || p[25] != 0x2A) return sd_err_set(err, SD_EFORMAT, "webp: bad VP8 start code");
+        return finish(out, SD_IMG_WEBP, le16(p + 26) & 0x3FFF, le16(p + 28) & 0x3FFF, 1, err);
+    }
+    if (memcmp(c, "VP8L", 4) == 0) {
+        if (n < 25) return sd_err_set(err, SD_ETRUNC, "webp: truncated in the VP8L header");
+        if (p[20] != 0x2F) return sd_err_set(err, SD_EFORMAT, "webp: bad VP8L signature");
+        uint32_t b = le32(p + 21);
+        if (b >> 29) return sd_err_set(err, SD_EFORMAT, "webp: unknown VP8L version %u", b >> 29);
+        return finish(out, SD_IMG_WEBP, (b & 0x3FFF) + 1, ((b >> 14) & 0x3FFF) + 1, 1, err);
+    }
+    if (memcmp(c, "VP8X", 4) == 0) {
+        if (n < 30) return sd_err_set(err, SD_ETRUNC, "webp: truncated in the VP8X header");
+        return finish(out, SD_IMG_WEBP, (uint64_t)le24(p + 24) + 1, (uint64_t)le24(p + 27) + 1, 1, err);
+    }
+    return sd_err_set(err, SD_EUNSUPPORTED, "webp: unknown first chunk '%.4s'", (const char *)c);
+}
+
+/* BMP: BITMAPCOREHEADER (16-bit sizes) or any later header (32-bit, height
+ * negative for top-down images). */
+static sd_status parse_bmp(const unsigned char *p, size_t n, sd_imginfo *out, sd_error *err)
+{
+    if (n < 26) return sd_err_set(err, SD_ETRUNC, "bmp: truncated in the info header");
+    uint32_t hs = le32(p + 14);
+    if (hs == 12) return finish(out, SD_IMG_BMP, le16(p + 18), le16(p + 20), 1, err);
+    if (hs < 40 || hs > 256) return sd_err_set(err, SD_EFORMAT, "bmp: unknown info header size %u", hs);
+    int32_t w = (int32_t)le32(p + 18), h = (int32_t)le32(p + 22);
+    if (w <= 0 || h == INT32_MIN) return sd_err_set(err, SD_EFORMAT, "bmp: bad dimensions");
+    return finish(out, SD_IMG_BMP, (uint64_t)w, (uint64_t)(h < 0 ? -(int64_t)h : h), 1, err);
+}
+
+/* Identify the format by its magic bytes and read the size. SD_ETRUNC means
+ * the bytes ran out before the answer (more may help). */
+sd_status sd_imghdr_parse(const unsigned char *p, size_t n, sd_imginfo *out, sd_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (n == 0) return sd_err_set(err, SD_ETRUNC, "empty file");
+    if (n < 2) return sd_err_set(err, SD_ETRUNC, "file too short for any image header (%zu bytes)", n);
+    if (p[0] == 0xFF && p[1] == 0xD8) return parse_jpeg(p, n, out, err);
+    static const unsigned char png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+    if (p[0] == 0x89 && n < 8) return sd_err_set(err, SD_ETRUNC, "file too short for a PNG signature");
+    if (n >= 8 && memcmp(p, png_sig, 8) == 0) return parse_png(p, n, out, err);
+    if (n >= 4 && memcmp(p, "RIFF", 4) == 0) {
+        if (n < 12) return sd_err_set(err, SD_ETRUNC, "file too short for a RIFF header");
+        if (memcmp(p + 8, "WEBP", 4) != 0) return sd_err_set(err, SD_EUNSUPPORTED, "RIFF file that is not WebP");
+        return parse_webp(p, n, out, err);
+    }
+    if (n >= 6 && (memcmp(p, "GIF87a", 6) == 0 || memcmp(p, "GIF89a", 6) == 0)) {
+        if (n < 10) return sd_err_set(err, SD_ETRUNC, "gif: truncated in the screen descriptor");
+        return finish(out, SD_IMG_GIF, le16(p + 6), le16(p + 8), 1, err);
+    }
+    if (p[0] == 'B' && p[1] == 'M') return parse_bmp(p, n, out, err);
+    return sd_err_set(err, SD_EUNSUPPORTED, "not a recognised image (JPEG, PNG, WebP, GIF, BMP)");
+}
+
+/* pread all of [off, off+n) unless the file ends; returns bytes read or -1. */
+static ssize_t pread_full(int fd, unsigned char *buf, size_t n, uint64_t off)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, buf + got, n - got, (off_t)(off + got));
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    return (ssize_t)got;
+}
+
+/* Read the size of the image stored at [offset, offset+size) of fd (a whole
+ * file, or a member inside an uncompressed tar). size UINT64_MAX means "to
+ * the end of the file". Reads 8 KiB, then 64 KiB, then up to 1 MiB, only as
+ * far as the header needs. */
+sd_status sd_imghdr_read_fd(int fd, uint64_t offset, uint64_t size, sd_imginfo *out, sd_error *err)
+{
+    if (size == UINT64_MAX) {
+        struct stat st;
+        if (fstat(fd, &st) != 0) return sd_err_set(err, SD_EIO, "stat: %s", strerror(errno));
+        size = (uint64_t)st.st_size > offset ? (uint64_t)st.st_size - offset : 0;
+    }
+    if (size == 0) return sd_err_set(err, SD_ETRUNC, "empty file (0 bytes)");
+    static const size_t steps[] = {8 * 1024, SD_IMGHDR_FIRST_READ, SD_IMGHDR_MAX_READ};
+    unsigned char *buf = NULL;
+    size_t have = 0;
+    sd_status st = SD_ETRUNC;
+    for (size_t k = 0; k < sizeof steps / sizeof steps[0]; k++) {
+        size_t want = size < steps[k] ? (size_t)size : steps[k];
+        if (want <= have) continue;
+        unsigned char *nb = realloc(buf, want);
+        if (!nb) {
+            free(buf);
+            return sd_err_set(err, SD_ENOMEM, "out of memory");
+        }
+        buf = nb;
+        ssize_t r = pread_full(fd, buf + have, want - have, offset + have);
+        if (r < 0) {
+            free(buf);
+            return sd_err_set(err, SD_EIO, "read: %s", strerror(errno));
+        }
+        have += (size_t)r;
+        int short_read = have < want;
+        st = sd_imghdr_parse(buf, have, out, err);
+        if (st != SD_ETRUNC) break;
+        if (short_read || have == size) break; /* the data really ends here */
+    }
+    free(buf);
+    if (st == SD_ETRUNC && have >= SD_IMGHDR_MAX_READ && have < size)
+        return sd_err_set(err, SD_EUNSUPPORTED, "no frame header in the first %d KiB", SD_IMGHDR_MAX_READ / 1024);
+    return st;
+}
+
+/* Open path and read its image size. */
+sd_status sd_imghdr_read_file(const char *path, sd_imginfo *out, sd_error *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        return sd_err_set(err, e == ENOENT || e == ENOTDIR ? SD_ENOTFOUND : SD_EIO, "%s", strerror(e));
+    }
+    sd_status st = sd_imghdr_read_fd(fd, 0, UINT64_MAX, out, err);
+    close(fd);
+    return st;
+}

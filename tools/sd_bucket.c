@@ -1,0 +1,571 @@
+/* sd-bucket: assign every metadata record an aspect-ratio bucket, the resize
+ * and the crop, report the bucket distribution, and optionally split the
+ * records into balanced parts. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bucket.h"
+#include "bucket_rec.h"
+#include "bucket_split.h"
+#include "buf.h"
+#include "cli.h"
+#include "err.h"
+#include "lines.h"
+#include "log.h"
+#include "outfile.h"
+#include "pool.h"
+#include "progress.h"
+#include "svgplot.h"
+#include "tally.h"
+
+enum { BATCH_LINES = 8192, BLOCK_BYTES = 4 << 20 };
+
+typedef struct {
+    const char *plan, *resolution, *buckets, *output, *report, *plot, *root;
+    long min_bucket, max_bucket, steps, min_res, max_res, split, seed, threads;
+    int no_upscale, upscale, strict, quiet, verbose;
+} options;
+
+/* Buckets seen so far, in first-seen order, with an open-addressing index. */
+typedef struct {
+    int *w, *h;
+    uint64_t *count;
+    size_t n, cap;
+    int32_t *slot; /* index+1, 0 = empty */
+    size_t nslot;
+} bucket_table;
+
+/* One record's place in the temporary file when splitting. */
+typedef struct {
+    uint32_t bucket, len;
+} rec_index;
+
+typedef struct {
+    const options *opt;
+    sd_plan plan;
+    sd_pool *pool;
+    int nworkers;
+    sd_brec_worker *wk;
+    sd_buf *wout;
+    /* batch scratch */
+    char **lines;
+    size_t *lens;
+    sd_brec_result *res;
+    size_t *off, *olen;
+    int *wid;
+    /* results */
+    bucket_table bt;
+    sd_tally tally;
+    uint64_t in, out;
+    double sum_abs_err;
+    FILE *sink; /* output stream, or the temp file when splitting */
+    rec_index *idx;
+    size_t nidx, capidx;
+    sd_progress prog;
+} run;
+
+typedef struct {
+    run *r;
+    size_t n;
+} batch;
+
+/* Find or add bucket (w, h); returns its id or -1 when out of memory. */
+static long bucket_id(bucket_table *t, int w, int h)
+{
+    uint64_t key = (uint64_t)(uint32_t)w << 32 | (uint32_t)h;
+    if (t->nslot) {
+        size_t m = t->nslot - 1, i = (size_t)(key * 0x9E3779B97F4A7C15ull >> 20) & m;
+        for (; t->slot[i]; i = (i + 1) & m) {
+            size_t id = (size_t)t->slot[i] - 1;
+            if (t->w[id] == w && t->h[id] == h) return (long)id;
+        }
+    }
+    if (t->n * 2 + 2 > t->nslot) { /* grow and rehash */
+        size_t ns = t->nslot ? t->nslot * 2 : 64;
+        int32_t *sl = calloc(ns, sizeof *sl);
+        if (!sl) return -1;
+        for (size_t id = 0; id < t->n; id++) {
+            uint64_t k = (uint64_t)(uint32_t)t->w[id] << 32 | (uint32_t)t->h[id];
+            size_t i = (size_t)(k * 0x9E3779B97F4A7C15ull >> 20) & (ns - 1);
+            while (sl[i]) i = (i + 1) & (ns - 1);
+            sl[i] = (int32_t)id + 1;
+        }
+        free(t->slot);
+        t->slot = sl;
+        t->nslot = ns;
+    }
+    if (t->n == t->cap) {
+        size_t nc = t->cap ? t->cap * 2 : 64;
+        int *nw = realloc(t->w, nc * sizeof *nw);
+        if (nw) t->w = nw;
+        int *nh = realloc(t->h, nc * sizeof *nh);
+        if (nh) t->h = nh;
+        uint64_t *ncount = realloc(t->count, nc * sizeof *ncount);
+        if (ncount) t->count = ncount;
+        if (!nw || !nh || !ncount) return -1;
+        t->cap = nc;
+    }
+    size_t id = t->n++;
+    t->w[id] = w;
+    t->h[id] = h;
+    t->count[id] = 0;
+    size_t i = (size_t)(key * 0x9E3779B97F4A7C15ull >> 20) & (t->nslot - 1);
+    while (t->slot[i]) i = (i + 1) & (t->nslot - 1);
+    t->slot[i] = (int32_t)id + 1;
+    return (long)id;
+}
+
+/* Worker body: bucket lines [b, e) into this worker's output buffer. */
+static void batch_fn(void *ctx, int worker, size_t b, size_t e)
+{
+    batch *bt = ctx;
+    run *r = bt->r;
+    sd_buf *out = &r->wout[worker];
+    for (size_t i = b; i < e; i++) {
+        r->off[i] = out->len;
+        r->wid[i] = worker;
+        sd_bucket_record(&r->plan, r->opt->root, &r->wk[worker], r->lines[i], r->lens[i], out, &r->res[i]);
+        r->olen[i] = out->len - r->off[i];
+    }
+}
+
+/* Process n split lines (the first is line first_line of name): bucket them in
+ * parallel, then count, report skips and write outputs in input order. */
+static sd_status run_batch(run *r, size_t n, const char *name, long first_line, sd_error *err)
+{
+    for (int w = 0; w < r->nworkers; w++) sd_buf_clear(&r->wout[w]);
+    batch bt = {r, n};
+    sd_pool_for(r->pool, n, batch_fn, &bt);
+    for (int w = 0; w < r->nworkers; w++)
+        if (r->wout[w].oom) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        sd_brec_result *res = &r->res[i];
+        if (res->blank) continue;
+        r->in++;
+        if (res->reason) {
+            sd_skip(&r->tally, res->reason, "%s:%ld (%s)", name, first_line + (long)i, res->detail);
+            continue;
+        }
+        long id = bucket_id(&r->bt, res->fit.bw, res->fit.bh);
+        if (id < 0) return sd_err_set(err, SD_ENOMEM, "out of memory");
+        r->bt.count[id]++;
+        r->out++;
+        r->sum_abs_err += fabs(res->fit.ar_error);
+        const sd_buf *wb = &r->wout[r->wid[i]];
+        size_t len = r->olen[i];
+        if (fwrite(wb->data + r->off[i], 1, len, r->sink) != len)
+            return sd_err_set(err, SD_EIO, "write failed: %s", strerror(errno));
+        if (r->opt->split > 0) {
+            if (r->nidx == r->capidx) {
+                size_t nc = r->capidx ? r->capidx * 2 : 65536;
+                rec_index *ni = realloc(r->idx, nc * sizeof *ni);
+                if (!ni) return sd_err_set(err, SD_ENOMEM, "out of memory");
+                r->idx = ni;
+                r->capidx = nc;
+            }
+            r->idx[r->nidx].bucket = (uint32_t)id;
+            r->idx[r->nidx].len = (uint32_t)len;
+            r->nidx++;
+        }
+    }
+    sd_progress_update(&r->prog, r->in, r->tally.total);
+    return SD_OK;
+}
+
+/* Stream one input file (or stdin) through the bucketer in blocks. */
+static sd_status run_file(run *r, const char *path, sd_error *err)
+{
+    sd_lines lr;
+    sd_status st = sd_lines_open(&lr, path, BLOCK_BYTES, err);
+    if (st) return st;
+    for (;;) {
+        char *block;
+        size_t len;
+        long first;
+        st = sd_lines_next(&lr, &block, &len, &first, err);
+        if (st || len == 0) break;
+        size_t pos = 0;
+        while (!st && pos < len) {
+            size_t used;
+            size_t n = sd_split_lines(block + pos, len - pos, r->lines, r->lens, BATCH_LINES, &used);
+            st = run_batch(r, n, lr.name, first, err);
+            first += (long)n;
+            pos += used;
+        }
+        if (st) break;
+    }
+    sd_lines_close(&lr);
+    return st;
+}
+
+/* Buckets in (w, h) order, for the summary, the report and the plot. */
+static size_t *sorted_buckets(const bucket_table *t)
+{
+    size_t *o = malloc((t->n ? t->n : 1) * sizeof *o);
+    if (!o) return NULL;
+    for (size_t i = 0; i < t->n; i++) o[i] = i;
+    for (size_t i = 1; i < t->n; i++) { /* insertion sort: bucket counts are small */
+        size_t v = o[i], j = i;
+        while (j > 0 && (t->w[o[j - 1]] > t->w[v] || (t->w[o[j - 1]] == t->w[v] && t->h[o[j - 1]] > t->h[v]))) {
+            o[j] = o[j - 1];
+            j--;
+        }
+        o[j] = v;
+    }
+    return o;
+}
+
+/* Distribute the records held in the temp file over the N part files. */
+static sd_status write_split(run *r, const uint64_t *keys, uint64_t *part_counts, sd_error *err)
+{
+    const options *o = r->opt;
+    int np = (int)o->split;
+    sd_splitter sp;
+    sd_status st = sd_splitter_init(&sp, r->bt.count, keys, r->bt.n, np, (uint64_t)o->seed, err);
+    if (st) return st;
+    sd_outfile *outs = calloc((size_t)np, sizeof *outs);
+    char *line = NULL;
+    size_t cap = 0;
+    if (!outs) {
+        sd_splitter_free(&sp);
+        return sd_err_set(err, SD_ENOMEM, "out of memory");
+    }
+    int opened = 0;
+    for (; opened < np && !st; opened++) {
+        char name[4096];
+        if (sd_part_name(o->output, opened, name, sizeof name) != 0) st = sd_err_set(err, SD_EINVAL, "part file name too long");
+        else st = sd_outfile_open(&outs[opened], name, err);
+        if (st) break;
+    }
+    if (!st && (fflush(r->sink) != 0 || fseek(r->sink, 0, SEEK_SET) != 0))
+        st = sd_err_set(err, SD_EIO, "temporary file: %s", strerror(errno));
+    for (size_t i = 0; !st && i < r->nidx; i++) {
+        size_t len = r->idx[i].len;
+        if (len > cap) {
+            char *nl = realloc(line, len);
+            if (!nl) {
+                st = sd_err_set(err, SD_ENOMEM, "out of memory");
+                break;
+            }
+            line = nl;
+            cap = len;
+        }
+        if (fread(line, 1, len, r->sink) != len) {
+            st = sd_err_set(err, SD_EIO, "temporary file: short read");
+            break;
+        }
+        int part = sd_splitter_next(&sp, r->idx[i].bucket);
+        part_counts[part]++;
+        if (fwrite(line, 1, len, outs[part].f) != len) st = sd_err_set(err, SD_EIO, "write failed: %s", strerror(errno));
+    }
+    for (int p = 0; p < opened; p++) {
+        if (!st) st = sd_outfile_commit(&outs[p], err);
+        else sd_outfile_abort(&outs[p]);
+    }
+    free(line);
+    free(outs);
+    sd_splitter_free(&sp);
+    return st;
+}
+
+/* The JSON report: plan, counts, skips, buckets and parts. */
+static void build_report(const run *r, const size_t *order, const uint64_t *part_counts, sd_buf *b)
+{
+    const options *o = r->opt;
+    const sd_plan *p = &r->plan;
+    sd_buf_printf(b, "{\"tool\":\"sd-bucket\",\"version\":");
+    sd_buf_json_cstr(b, sd_version());
+    sd_buf_printf(b, ",\"plan\":{\"name\":\"%s\"", sd_plan_name(p));
+    if (p->kind == SD_PLAN_KOHYA)
+        sd_buf_printf(b, ",\"resolution\":[%d,%d],\"min_bucket\":%d,\"max_bucket\":%d,\"steps\":%d,\"no_upscale\":%s",
+                      p->max_w, p->max_h, p->min_size, p->max_size, p->steps, p->no_upscale ? "true" : "false");
+    else if (p->kind == SD_PLAN_MULTIRES)
+        sd_buf_printf(b, ",\"min_res\":%d,\"max_res\":%d,\"steps\":%d,\"upscale\":%s", p->min_res, p->max_res, p->steps,
+                      p->upscale ? "true" : "false");
+    else
+        sd_buf_printf(b, ",\"no_upscale\":%s", p->no_upscale ? "true" : "false");
+    sd_buf_printf(b, "},\"records_in\":%llu,\"records_out\":%llu,\"skipped\":%llu,\"skip_reasons\":",
+                  (unsigned long long)r->in, (unsigned long long)r->out, (unsigned long long)r->tally.total);
+    sd_tally_json(&r->tally, b);
+    sd_buf_puts(b, ",\"mean_ar_error\":");
+    if (r->out) sd_buf_json_num(b, r->sum_abs_err / (double)r->out);
+    else sd_buf_puts(b, "null");
+    sd_buf_puts(b, ",\"buckets\":[");
+    for (size_t k = 0; k < r->bt.n; k++) {
+        size_t i = order[k];
+        sd_buf_printf(b, "%s{\"bucket\":[%d,%d],\"count\":%llu}", k ? "," : "", r->bt.w[i], r->bt.h[i],
+                      (unsigned long long)r->bt.count[i]);
+    }
+    sd_buf_puts(b, "]");
+    if (part_counts) {
+        sd_buf_puts(b, ",\"parts\":[");
+        for (long q = 0; q < o->split; q++) sd_buf_printf(b, "%s%llu", q ? "," : "", (unsigned long long)part_counts[q]);
+        sd_buf_puts(b, "]");
+    }
+    sd_buf_puts(b, "}\n");
+}
+
+/* Print the summary, write --report and --plot. */
+static sd_status finish_outputs(const run *r, const uint64_t *part_counts, sd_error *err)
+{
+    const options *o = r->opt;
+    size_t *order = sorted_buckets(&r->bt);
+    if (!order) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    sd_log(SD_LOG_INFO, "%llu records: %llu bucketed into %zu buckets, %llu skipped", (unsigned long long)r->in,
+           (unsigned long long)r->out, r->bt.n, (unsigned long long)r->tally.total);
+    if (r->out) sd_log(SD_LOG_INFO, "mean ar error: %.6f", r->sum_abs_err / (double)r->out);
+    for (size_t k = 0; k < r->bt.n; k++) {
+        size_t i = order[k];
+        sd_log(SD_LOG_INFO, "  bucket %5dx%-5d (ar %.3f): %llu", r->bt.w[i], r->bt.h[i], (double)r->bt.w[i] / r->bt.h[i],
+               (unsigned long long)r->bt.count[i]);
+    }
+    if (part_counts)
+        for (long q = 0; q < o->split; q++) sd_log(SD_LOG_INFO, "  part %ld: %llu records", q, (unsigned long long)part_counts[q]);
+    sd_tally_log(&r->tally, "skipped");
+    sd_status st = SD_OK;
+    sd_buf b;
+    sd_buf_init(&b);
+    if (o->report) {
+        build_report(r, order, part_counts, &b);
+        st = b.oom ? sd_err_set(err, SD_ENOMEM, "out of memory") : sd_write_file_atomic(o->report, b.data, b.len, err);
+    }
+    if (!st && o->plot) {
+        sd_buf_clear(&b);
+        char **labels = calloc(r->bt.n ? r->bt.n : 1, sizeof *labels);
+        uint64_t *counts = calloc(r->bt.n ? r->bt.n : 1, sizeof *counts);
+        char *store = malloc((r->bt.n ? r->bt.n : 1) * 16);
+        if (!labels || !counts || !store) st = sd_err_set(err, SD_ENOMEM, "out of memory");
+        for (size_t k = 0; !st && k < r->bt.n; k++) {
+            labels[k] = store + 16 * k;
+            snprintf(labels[k], 16, "%dx%d", r->bt.w[order[k]], r->bt.h[order[k]]);
+            counts[k] = r->bt.count[order[k]];
+        }
+        if (!st) {
+            char title[128];
+            snprintf(title, sizeof title, "sd-bucket: %llu records in %zu buckets (plan %s)", (unsigned long long)r->out,
+                     r->bt.n, sd_plan_name(&r->plan));
+            sd_svg_bars(&b, title, (const char *const *)labels, counts, r->bt.n);
+            st = b.oom ? sd_err_set(err, SD_ENOMEM, "out of memory") : sd_write_file_atomic(o->plot, b.data, b.len, err);
+        }
+        free(labels);
+        free(counts);
+        free(store);
+    }
+    sd_buf_free(&b);
+    free(order);
+    return st;
+}
+
+/* Build the bucket plan the options ask for; a usage error on bad values. */
+static int make_plan(const sd_cli *cli, const options *o, sd_plan *p)
+{
+    sd_error err;
+    sd_err_clear(&err);
+    sd_status st;
+    const char *name = o->plan;
+    if (!name) name = o->buckets ? "list" : (o->min_res || o->max_res) ? "multires" : "kohya";
+    if (strcmp(name, "kohya") == 0) {
+        sd_reso r;
+        const char *end;
+        if (sd_parse_reso(o->resolution, &end, &r) != 0 || *end) {
+            sd_cli_usage_error(cli, "--resolution needs WxH, got '%s'", o->resolution);
+            return SD_EXIT_USAGE;
+        }
+        st = sd_plan_kohya(p, r.w, r.h, (int)o->min_bucket, (int)o->max_bucket, (int)o->steps, o->no_upscale, &err);
+        if (!st && (o->min_bucket != p->min_size || o->max_bucket != p->max_size))
+            sd_log(SD_LOG_WARN, "bucket sizes adjusted to multiples of %ld: min %d, max %d", o->steps, p->min_size, p->max_size);
+    } else if (strcmp(name, "sdxl") == 0) {
+        st = sd_plan_sdxl(p, o->no_upscale, &err);
+    } else if (strcmp(name, "list") == 0) {
+        if (!o->buckets) {
+            sd_cli_usage_error(cli, "--plan list needs --buckets WxH,...");
+            return SD_EXIT_USAGE;
+        }
+        st = sd_plan_list(p, o->buckets, o->no_upscale, &err);
+    } else if (strcmp(name, "multires") == 0) {
+        st = sd_plan_multires(p, o->min_res ? (int)o->min_res : 512, o->max_res ? (int)o->max_res : 1024, (int)o->steps,
+                              o->upscale, &err);
+    } else {
+        sd_cli_usage_error(cli, "unknown --plan '%s' (kohya, sdxl, list, multires)", name);
+        return SD_EXIT_USAGE;
+    }
+    if (st) {
+        sd_cli_usage_error(cli, "%s", err.msg);
+        return SD_EXIT_USAGE;
+    }
+    return -1;
+}
+
+/* Allocate workers, scratch arrays and the output. */
+static sd_status run_init(run *r, const options *o, sd_error *err)
+{
+    r->opt = o;
+    int nt = o->threads > 0 ? (int)o->threads : sd_default_threads();
+    if (nt > 256) nt = 256;
+    r->pool = nt > 1 ? sd_pool_create(nt) : NULL;
+    r->nworkers = r->pool ? sd_pool_size(r->pool) : 1;
+    r->wk = calloc((size_t)r->nworkers, sizeof *r->wk);
+    r->wout = calloc((size_t)r->nworkers, sizeof *r->wout);
+    r->lines = malloc(BATCH_LINES * sizeof *r->lines);
+    r->lens = malloc(BATCH_LINES * sizeof *r->lens);
+    r->res = malloc(BATCH_LINES * sizeof *r->res);
+    r->off = malloc(BATCH_LINES * sizeof *r->off);
+    r->olen = malloc(BATCH_LINES * sizeof *r->olen);
+    r->wid = malloc(BATCH_LINES * sizeof *r->wid);
+    if ((nt > 1 && !r->pool) || !r->wk || !r->wout || !r->lines || !r->lens || !r->res || !r->off || !r->olen || !r->wid)
+        return sd_err_set(err, SD_ENOMEM, "out of memory");
+    for (int w = 0; w < r->nworkers; w++) {
+        sd_brec_worker_init(&r->wk[w]);
+        sd_buf_init(&r->wout[w]);
+    }
+    sd_tally_init(&r->tally, o->verbose ? -1 : 10);
+    sd_progress_init(&r->prog, "sd-bucket", "records", 0, !o->quiet);
+    return SD_OK;
+}
+
+/* Free everything run_init and the run allocated. */
+static void run_free(run *r)
+{
+    for (int w = 0; r->wk && w < r->nworkers; w++) {
+        sd_brec_worker_free(&r->wk[w]);
+        sd_buf_free(&r->wout[w]);
+    }
+    sd_pool_destroy(r->pool);
+    free(r->wk);
+    free(r->wout);
+    free(r->lines);
+    free(r->lens);
+    free(r->res);
+    free(r->off);
+    free(r->olen);
+    free(r->wid);
+    free(r->bt.w);
+    free(r->bt.h);
+    free(r->bt.count);
+    free(r->bt.slot);
+    free(r->idx);
+    sd_plan_free(&r->plan);
+}
+
+int main(int argc, char **argv)
+{
+    options o = {.plan = NULL, .resolution = "1024x1024", .min_bucket = 256, .max_bucket = 2048, .steps = 64};
+    const sd_opt opts[] = {
+        {"plan", 0, SD_OPT_STR, &o.plan, "NAME", "bucket plan: kohya (default), sdxl, list, multires"},
+        {"resolution", 'r', SD_OPT_STR, &o.resolution, "WxH", "kohya: max resolution (default 1024x1024)"},
+        {"min-bucket", 0, SD_OPT_INT, &o.min_bucket, "N", "kohya: smallest bucket side (default 256)"},
+        {"max-bucket", 0, SD_OPT_INT, &o.max_bucket, "N", "kohya: largest bucket side (default 2048)"},
+        {"steps", 0, SD_OPT_INT, &o.steps, "N", "kohya/multires: bucket sides are multiples of N (default 64)"},
+        {"no-upscale", 0, SD_OPT_FLAG, &o.no_upscale, NULL,
+         "kohya: bucket_no_upscale; sdxl/list: skip images that would need enlarging"},
+        {"buckets", 0, SD_OPT_STR, &o.buckets, "LIST", "list plan: buckets as WxH,WxH,..."},
+        {"min-res", 0, SD_OPT_INT, &o.min_res, "R", "multires: smallest training area R*R (default 512)"},
+        {"max-res", 0, SD_OPT_INT, &o.max_res, "R", "multires: largest training area R*R (default 1024)"},
+        {"upscale", 0, SD_OPT_FLAG, &o.upscale, NULL, "multires: upscale images below min-res instead of skipping"},
+        {"root", 0, SD_OPT_STR, &o.root, "DIR", "resolve relative image paths against DIR (default: current dir)"},
+        {"split", 0, SD_OPT_INT, &o.split, "N", "write N bucket-balanced parts (-o must hold %d)"},
+        {"output", 'o', SD_OPT_STR, &o.output, "FILE", "output JSONL (default stdout); with --split a pattern like part-%d.jsonl"},
+        {"seed", 0, SD_OPT_INT, &o.seed, "N", "seed for the split's part rotation (default 0)"},
+        {"report", 0, SD_OPT_STR, &o.report, "FILE", "write a JSON report of buckets and skips"},
+        {"plot", 0, SD_OPT_STR, &o.plot, "FILE", "write an SVG bar chart of bucket counts"},
+        {"threads", 'j', SD_OPT_INT, &o.threads, "N", "worker threads (default: all CPUs)"},
+        {"strict", 0, SD_OPT_FLAG, &o.strict, NULL, "exit 1 if any record was skipped"},
+        {"quiet", 'q', SD_OPT_FLAG, &o.quiet, NULL, "only warnings and errors"},
+        {"verbose", 'v', SD_OPT_FLAG, &o.verbose, NULL, "more detail; show every skipped record"},
+        {NULL, 0, 0, NULL, NULL, NULL},
+    };
+    const sd_cli cli = {
+        "sd-bucket", "[OPTIONS] [FILE.jsonl...]",
+        "Assign each metadata record (JSONL, from sd-meta) an aspect-ratio bucket, the resize and the crop.\n"
+        "Adds width/height (if missing, read from the image header), original_size, bucket, resize, crop\n"
+        "(the box actually cut from the resized image: SDXL crop_coords_top_left = (crop[1], crop[0])) and\n"
+        "kohya_crop_ltrb (sd-scripts' letterbox values). Reads stdin when no FILE or '-' is given.",
+        opts,
+        "Plans:\n"
+        "  kohya     sd-scripts make_bucket_resolutions/select_bucket, bit-compatible. sd-scripts' own CLI\n"
+        "            defaults are --min-bucket 256 --max-bucket 1024; 2048 here admits the SDXL-style wide buckets.\n"
+        "  sdxl      the 41 SDXL training resolutions; nearest aspect, ties to the first in (w,h) order.\n"
+        "  list      --buckets WxH,...; chosen like sdxl.\n"
+        "  multires  each image keeps its aspect; its area is clamped into [min-res^2, max-res^2]\n"
+        "            (larger: downscaled; smaller: skipped, or upscaled with --upscale); the bucket is the\n"
+        "            resized size floored to --steps, so under --steps px per axis are cropped.\n"
+        "Examples:\n"
+        "  sd-bucket meta.jsonl -o bucketed.jsonl --report buckets.json --plot buckets.svg\n"
+        "  sd-bucket --plan sdxl --split 8 -o 'part-%d.jsonl' meta.jsonl",
+    };
+    sd_strlist files = {0};
+    int rc = sd_cli_parse(&cli, argc, argv, &files);
+    if (rc >= 0) {
+        sd_strlist_free(&files);
+        return rc;
+    }
+    sd_log_setup("sd-bucket", o.quiet ? SD_LOG_WARN : o.verbose ? SD_LOG_DEBUG : SD_LOG_INFO);
+    if (o.split < 0 || o.split > 10000) {
+        sd_cli_usage_error(&cli, "--split must be 1..10000");
+        sd_strlist_free(&files);
+        return SD_EXIT_USAGE;
+    }
+    if (o.split > 0 && (!o.output || !sd_part_pattern_ok(o.output))) {
+        sd_cli_usage_error(&cli, "--split needs -o with exactly one %%d, e.g. -o 'part-%%d.jsonl'");
+        sd_strlist_free(&files);
+        return SD_EXIT_USAGE;
+    }
+    if (o.threads < 0) {
+        sd_cli_usage_error(&cli, "--threads must be positive");
+        sd_strlist_free(&files);
+        return SD_EXIT_USAGE;
+    }
+    run r;
+    memset(&r, 0, sizeof r);
+    rc = make_plan(&cli, &o, &r.plan);
+    if (rc >= 0) {
+        sd_strlist_free(&files);
+        return rc;
+    }
+    if (files.n == 0) sd_strlist_push(&files, "-");
+
+    sd_error err;
+    sd_err_clear(&err);
+    sd_outfile out = {0};
+    uint64_t *part_counts = NULL, *keys = NULL;
+    sd_status st = run_init(&r, &o, &err);
+    if (!st) {
+        if (o.split > 0) {
+            r.sink = tmpfile();
+            part_counts = calloc((size_t)o.split, sizeof *part_counts);
+            if (!r.sink) st = sd_err_set(&err, SD_EIO, "cannot create a temporary file: %s", strerror(errno));
+            else if (!part_counts) st = sd_err_set(&err, SD_ENOMEM, "out of memory");
+        } else {
+            st = sd_outfile_open(&out, o.output, &err);
+            r.sink = out.f;
+        }
+    }
+    for (int i = 0; !st && i < files.n; i++) st = run_file(&r, files.v[i], &err);
+    sd_progress_finish(&r.prog);
+    if (!st && o.split > 0) {
+        keys = malloc((r.bt.n ? r.bt.n : 1) * sizeof *keys);
+        if (!keys) st = sd_err_set(&err, SD_ENOMEM, "out of memory");
+        for (size_t i = 0; !st && i < r.bt.n; i++) keys[i] = (uint64_t)(uint32_t)r.bt.w[i] << 32 | (uint32_t)r.bt.h[i];
+        if (!st) st = write_split(&r, keys, part_counts, &err);
+    }
+    if (o.split > 0) {
+        if (r.sink) fclose(r.sink);
+    } else if (out.f) {
+        if (!st) st = sd_outfile_commit(&out, &err);
+        else sd_outfile_abort(&out);
+    }
+    if (!st) st = finish_outputs(&r, part_counts, &err);
+    uint64_t skipped = r.tally.total;
+    run_free(&r);
+    free(part_counts);
+    free(keys);
+    sd_strlist_free(&files);
+    if (st) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        return SD_EXIT_FATAL;
+    }
+    return o.strict && skipped ? SD_EXIT_SKIPPED : SD_EXIT_OK;
+}

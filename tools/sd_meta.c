@@ -1,0 +1,247 @@
+/* sd-meta: read dataset sources, apply the rules, write one JSONL record per
+ * image (or a kohya meta_cap_dd.json). See `sd-meta --help`. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "log.h"
+#include "outfile.h"
+#include "rules.h"
+#include "sources.h"
+
+static const char summary[] =
+    "Read dataset sources and write one JSON record per image to stdout (or -o FILE,\n"
+    "written atomically): key, image location, size when known, caption, categorised\n"
+    "tags, score, rating, train/val split and the source's other fields under \"extra\".\n"
+    "Sources (detected, or forced with --source): a folder of images with .txt (tags)\n"
+    "and/or .caption files; a folder with images/ and captions/ trees; a tree of\n"
+    "metadata .json files (--source metatree); Danbooru/e621 dumps as JSONL or a JSON\n"
+    "array ('-' = stdin); kohya meta_cap(_dd).json; WebDataset tars (brace notation\n"
+    "such as 'data/{00000..00123}.tar' is expanded).";
+
+static const char epilog[] =
+    "Rules are applied in this order: rating, abs_min_score, where, min size, blacklist,\n"
+    "tag bonuses and min_score, tag rewrites, caption template, tag shuffle, split.\n"
+    "Flags add to (or override) the rules file. Full reference: docs/FORMATS.md.\n\n"
+    "Examples:\n"
+    "  sd-meta photos/ > meta.jsonl\n"
+    "  sd-meta --rules rules.json --image-pattern '{id%1000:04d}/{id}.{file_ext}' \\\n"
+    "          --image-root /data/danbooru posts.jsonl -o meta.jsonl\n"
+    "  sd-meta --where 'pwatermark<=0.5' --where 'aesthetic>6' 'laion/{00000..00099}.tar'";
+
+typedef struct {
+    const char *out, *format, *rules, *source, *flavor;
+    const char *template_, *tag_order, *artist_prefix;
+    const char *image_pattern, *image_root, *cls_map;
+    sd_strlist blacklist, ratings, where;
+    double min_score, abs_min_score, shuffle_p, val_fraction;
+    long min_side, min_pixels, keep_tokens, seed, val_every, threads;
+    int escape_parens, keep_underscores, no_check, no_extra, strict, quiet, verbose;
+    int has_min_score, has_abs_min_score;
+} options;
+
+/* Load the cls -> prompt map for WebDataset class labels. */
+static sd_status load_cls_map(const char *path, sd_arena *a, sd_json **out, char **text, sd_error *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return sd_err_set(err, SD_EIO, "%s: cannot open", path);
+    sd_buf b;
+    sd_buf_init(&b);
+    char chunk[65536];
+    size_t r;
+    while ((r = fread(chunk, 1, sizeof chunk, f)) > 0) sd_buf_put(&b, chunk, r);
+    fclose(f);
+    *text = b.data;
+    sd_status st = sd_json_parse(a, b.data ? b.data : (char *)"", b.len, out, err);
+    if (!st && (*out)->type != SD_JSON_OBJECT) st = sd_err_set(err, SD_EFORMAT, "%s: expected {\"cls\": \"prompt\"}", path);
+    return st;
+}
+
+/* Turn flags into rules on top of the rules file. */
+static sd_status rules_from_options(sd_rules *r, options *o, sd_error *err)
+{
+    sd_status st;
+    if (o->rules && (st = sd_rules_load_file(r, o->rules, err))) return st;
+    for (int i = 0; i < o->blacklist.n; i++)
+        if ((st = sd_rules_add_tags(&r->blacklist, o->blacklist.v[i], err))) return st;
+    for (int i = 0; i < o->ratings.n; i++)
+        if ((st = sd_rules_add_tags(&r->ratings, o->ratings.v[i], err))) return st;
+    for (int i = 0; i < o->where.n; i++)
+        if ((st = sd_rules_add_where(r, o->where.v[i], err))) return st;
+    if (o->min_score == o->min_score && o->has_min_score) r->has_min_score = 1, r->min_score = o->min_score;
+    if (o->has_abs_min_score) r->has_abs_min_score = 1, r->abs_min_score = o->abs_min_score;
+    if (o->min_side) r->min_side = (int)o->min_side;
+    if (o->min_pixels) r->min_pixels = o->min_pixels;
+    if (o->template_) free(r->template_), r->template_ = strdup(o->template_);
+    if (o->artist_prefix) free(r->artist_prefix), r->artist_prefix = strdup(o->artist_prefix);
+    if (o->tag_order && (st = sd_rules_set_tag_order(r, o->tag_order, err))) return st;
+    if (o->escape_parens) r->escape_parens = 1;
+    if (o->keep_underscores) r->underscores = 0;
+    if (o->shuffle_p >= 0) r->shuffle_tag_p = o->shuffle_p;
+    if (o->keep_tokens >= 0) r->keep_tokens = (int)o->keep_tokens;
+    if (o->seed >= 0) r->seed = (unsigned long long)o->seed;
+    if (o->val_every > 0) r->val_every = o->val_every;
+    if (o->val_fraction > 0) r->val_fraction = o->val_fraction;
+    if (r->shuffle_tag_p < 0 || r->shuffle_tag_p > 1) return sd_err_set(err, SD_ERANGE, "--shuffle-tags must be in [0,1]");
+    if (r->val_fraction < 0 || r->val_fraction > 1) return sd_err_set(err, SD_ERANGE, "--val-fraction must be in [0,1]");
+    return SD_OK;
+}
+
+/* Read one source path with the reader for its kind. */
+static sd_status read_source(sd_meta_run *m, const char *path, sd_source_kind kind, const options *o, sd_error *err)
+{
+    if (kind == SD_SRC_AUTO) kind = sd_source_detect(path);
+    sd_log(SD_LOG_DEBUG, "%s: reading as %s", path, sd_source_name(kind));
+    switch (kind) {
+    case SD_SRC_FOLDER: return sd_read_folder(m, path, 0, err);
+    case SD_SRC_TREE: return sd_read_folder(m, path, 1, err);
+    case SD_SRC_METATREE: return sd_read_metatree(m, path, err);
+    case SD_SRC_KOHYA: return sd_read_kohya(m, path, o->image_root, err);
+    case SD_SRC_WDS: return sd_read_wds(m, path, err);
+    case SD_SRC_BOORU: return sd_read_booru(m, path, err);
+    case SD_SRC_AUTO: break;
+    }
+    return sd_err_set(err, SD_ENOTFOUND, "%s: no such file or directory", path);
+}
+
+int main(int argc, char **argv)
+{
+    options o = {0};
+    o.shuffle_p = -1;
+    o.keep_tokens = -1;
+    o.seed = -1;
+    o.threads = 0;
+    double min_score = -1e300, abs_min_score = -1e300;
+    const sd_opt opts[] = {
+        {"output", 'o', SD_OPT_STR, &o.out, "FILE", "write here (atomically) instead of stdout"},
+        {"format", 0, SD_OPT_STR, &o.format, "jsonl|kohya", "output format (default jsonl)"},
+        {"source", 0, SD_OPT_STR, &o.source, "KIND", "folder|tree|metatree|booru|kohya|wds (default: detect)"},
+        {"rules", 'r', SD_OPT_STR, &o.rules, "FILE", "JSON rules file (docs/FORMATS.md)"},
+        {"blacklist", 0, SD_OPT_LIST, &o.blacklist, "TAGS", "drop records with any of these tags (comma list)"},
+        {"ratings", 0, SD_OPT_LIST, &o.ratings, "LIST", "keep only these ratings (general,sensitive,...)"},
+        {"min-score", 0, SD_OPT_DOUBLE, &min_score, "N", "drop records scoring below N after tag bonuses"},
+        {"abs-min-score", 0, SD_OPT_DOUBLE, &abs_min_score, "N", "drop records scoring below N before bonuses"},
+        {"where", 'w', SD_OPT_LIST, &o.where, "EXPR", "keep records where EXPR holds, e.g. 'aesthetic>6' (repeatable)"},
+        {"min-side", 0, SD_OPT_INT, &o.min_side, "PX", "drop images whose shorter side is below PX (when known)"},
+        {"min-pixels", 0, SD_OPT_INT, &o.min_pixels, "N", "drop images with fewer than N pixels (when known)"},
+        {"template", 't', SD_OPT_STR, &o.template_, "TEXT", "caption template (default '{caption}, {score_tag}, {tags}')"},
+        {"tag-order", 0, SD_OPT_STR, &o.tag_order, "LIST", "tag categories in caption order"},
+        {"artist-prefix", 0, SD_OPT_STR, &o.artist_prefix, "TEXT", "prefix for artist tags in the caption"},
+        {"escape-parens", 0, SD_OPT_FLAG, &o.escape_parens, NULL, "write ( ) in tags as \\( \\)"},
+        {"keep-underscores", 0, SD_OPT_FLAG, &o.keep_underscores, NULL, "do not turn _ into spaces in tags"},
+        {"shuffle-tags", 0, SD_OPT_DOUBLE, &o.shuffle_p, "P", "shuffle caption tokens of a fraction P of records"},
+        {"keep-tokens", 0, SD_OPT_INT, &o.keep_tokens, "N", "leading caption tokens never shuffled"},
+        {"seed", 0, SD_OPT_INT, &o.seed, "N", "seed for shuffles and the hash split"},
+        {"val-every", 0, SD_OPT_INT, &o.val_every, "N", "every N-th input record goes to the val split"},
+        {"val-fraction", 0, SD_OPT_DOUBLE, &o.val_fraction, "F", "a stable hash-chosen fraction F goes to val"},
+        {"image-pattern", 0, SD_OPT_STR, &o.image_pattern, "PAT", "booru: image path from post fields, e.g. '{id}.webp'"},
+        {"image-root", 0, SD_OPT_STR, &o.image_root, "DIR", "booru/kohya: directory image paths are relative to"},
+        {"no-check-images", 0, SD_OPT_FLAG, &o.no_check, NULL, "do not check that image files exist"},
+        {"flavor", 0, SD_OPT_STR, &o.flavor, "danbooru|e621", "booru record layout (default: detect per record)"},
+        {"cls-map", 0, SD_OPT_STR, &o.cls_map, "FILE", "webdataset: JSON map from cls to caption"},
+        {"no-extra", 0, SD_OPT_FLAG, &o.no_extra, NULL, "do not pass the source's other fields through"},
+        {"threads", 'j', SD_OPT_INT, &o.threads, "N", "worker threads (default: all cores)"},
+        {"strict", 0, SD_OPT_FLAG, &o.strict, NULL, "exit 1 if any record was skipped"},
+        {"quiet", 'q', SD_OPT_FLAG, &o.quiet, NULL, "only errors and the final summary"},
+        {"verbose", 'v', SD_OPT_FLAG, &o.verbose, NULL, "report every skipped record"},
+        {NULL, 0, 0, NULL, NULL, NULL}};
+    sd_cli cli = {"sd-meta", "[OPTIONS] SOURCE...", summary, opts, epilog};
+    sd_strlist pos = {0};
+    int rc = sd_cli_parse(&cli, argc, argv, &pos);
+    if (rc >= 0) return rc;
+    o.has_min_score = min_score > -1e300;
+    o.min_score = min_score;
+    o.has_abs_min_score = abs_min_score > -1e300;
+    o.abs_min_score = abs_min_score;
+    sd_log_setup("sd-meta", o.verbose ? SD_LOG_DEBUG : SD_LOG_INFO);
+    if (pos.n == 0) {
+        sd_cli_usage_error(&cli, "no source given");
+        return SD_EXIT_USAGE;
+    }
+    sd_source_kind kind = SD_SRC_AUTO;
+    if (o.source && (int)(kind = sd_source_parse(o.source)) < 0) {
+        sd_cli_usage_error(&cli, "unknown --source '%s'", o.source);
+        return SD_EXIT_USAGE;
+    }
+    sd_out_format fmt = SD_OUT_JSONL;
+    if (o.format && strcmp(o.format, "kohya") == 0) fmt = SD_OUT_KOHYA;
+    else if (o.format && strcmp(o.format, "jsonl") != 0) {
+        sd_cli_usage_error(&cli, "unknown --format '%s'", o.format);
+        return SD_EXIT_USAGE;
+    }
+    int force_e621 = -1;
+    if (o.flavor) {
+        if (strcmp(o.flavor, "e621") == 0) force_e621 = 1;
+        else if (strcmp(o.flavor, "danbooru") == 0) force_e621 = 0;
+        else {
+            sd_cli_usage_error(&cli, "unknown --flavor '%s'", o.flavor);
+            return SD_EXIT_USAGE;
+        }
+    }
+
+    sd_error err;
+    sd_rules rules;
+    sd_rules_init(&rules);
+    if (rules_from_options(&rules, &o, &err)) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        sd_rules_free(&rules);
+        return SD_EXIT_USAGE;
+    }
+    sd_arena cls_arena;
+    sd_arena_init(&cls_arena, 1 << 16);
+    sd_json *cls_map = NULL;
+    char *cls_text = NULL;
+    if (o.cls_map && load_cls_map(o.cls_map, &cls_arena, &cls_map, &cls_text, &err)) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        return SD_EXIT_USAGE;
+    }
+    sd_build_opts bopts = {o.image_pattern, o.image_root, o.image_pattern ? !o.no_check : 0, cls_map, force_e621};
+    if (!o.no_check && kind != SD_SRC_BOORU) bopts.check_images = 1;
+    if (o.no_check) bopts.check_images = 0;
+
+    sd_outfile out;
+    if (sd_outfile_open(&out, o.out, &err)) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        return SD_EXIT_FATAL;
+    }
+    sd_pool *pool = sd_pool_create(o.threads > 0 ? (int)o.threads : sd_default_threads());
+    sd_meta_run run;
+    int status = SD_EXIT_OK;
+    if (!pool || sd_meta_run_init(&run, &rules, &bopts, pool, out.f, fmt, o.verbose ? -1 : 10, !o.quiet, &err)) {
+        sd_log(SD_LOG_ERROR, "%s", pool ? err.msg : "cannot start threads");
+        sd_outfile_abort(&out);
+        return SD_EXIT_FATAL;
+    }
+    run.with_extra = !o.no_extra;
+    for (int i = 0; i < pos.n && status == SD_EXIT_OK; i++) {
+        if (read_source(&run, pos.v[i], kind, &o, &err)) {
+            sd_log(SD_LOG_ERROR, "%s", err.msg);
+            status = SD_EXIT_FATAL;
+        }
+    }
+    if (status == SD_EXIT_OK && sd_meta_finish(&run, &err)) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        status = SD_EXIT_FATAL;
+    }
+    if (status == SD_EXIT_OK && sd_outfile_commit(&out, &err)) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        status = SD_EXIT_FATAL;
+    } else if (status != SD_EXIT_OK) {
+        sd_outfile_abort(&out);
+    }
+    sd_log(SD_LOG_INFO, "records read %llu, written %llu, skipped %llu", (unsigned long long)run.read,
+           (unsigned long long)run.written, (unsigned long long)run.skips.total);
+    sd_tally_log(&run.skips, "skipped by reason");
+    if (status == SD_EXIT_OK && o.strict && run.skips.total) status = SD_EXIT_SKIPPED;
+    sd_meta_run_free(&run);
+    sd_pool_destroy(pool);
+    sd_rules_free(&rules);
+    sd_arena_free(&cls_arena);
+    free(cls_text);
+    sd_strlist_free(&pos);
+    sd_strlist_free(&o.blacklist);
+    sd_strlist_free(&o.ratings);
+    sd_strlist_free(&o.where);
+    return status;
+}
