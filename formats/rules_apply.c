@@ -110,7 +110,7 @@ static void subst_all(sd_buf *buf, sd_buf *tmp, const sd_subst *s)
     sd_buf_put(buf, tmp->data, tmp->len);
 }
 
-/* Rewrite one tag in place (whole-tag map, substrings, underscores, parens).
+/* Rewrite one tag in place: whole-tag map, underscores, substrings, parens.
  * A tag mapped to "" is removed (s = NULL). */
 static void rewrite_tag(const sd_rules *r, sd_tag *t, sd_arena *a, sd_buf *scratch)
 {
@@ -131,10 +131,10 @@ static void rewrite_tag(const sd_rules *r, sd_tag *t, sd_arena *a, sd_buf *scrat
     sd_buf *work = &scratch[0], *tmp = &scratch[1];
     sd_buf_clear(work);
     sd_buf_put(work, s, n);
-    for (int i = 0; i < r->nsubst; i++) subst_all(work, tmp, &r->subst[i]);
     if (r->underscores && work->len > 3)
         for (size_t i = 0; i < work->len; i++)
             if (work->data[i] == '_') work->data[i] = ' ';
+    for (int i = 0; i < r->nsubst; i++) subst_all(work, tmp, &r->subst[i]);
     if (r->escape_parens) {
         sd_buf_clear(tmp);
         for (size_t i = 0; i < work->len; i++) {

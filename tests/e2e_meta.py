@@ -1,0 +1,455 @@
+#!/usr/bin/env python3
+"""End-to-end tests of sd-meta: every source kind and every rule, run through
+the real binary on fixtures built here (real photos from $SDTK_PHOTOS for the
+image-bearing sources), including the bad inputs the tool must survive."""
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import unittest
+
+SD_META = None
+PHOTOS = os.environ.get("SDTK_PHOTOS")
+
+
+def photo(i):
+    """Path of the i-th real photo (sorted), or None without a corpus."""
+    names = sorted(os.listdir(PHOTOS))
+    return os.path.join(PHOTOS, names[i % len(names)])
+
+
+def run(args, stdin=None, cwd=None):
+    """Run sd-meta; returns (exit code, records, stderr)."""
+    p = subprocess.run([SD_META] + args, input=stdin, capture_output=True, cwd=cwd)
+    out = p.stdout.decode()
+    recs = [json.loads(l) for l in out.splitlines() if l.strip()]
+    return p.returncode, recs, p.stderr.decode()
+
+
+def skipped(err, reason):
+    """The count printed for a reason in the final summary (0 if absent)."""
+    for line in err.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) == 3 and parts[0] == "sd-meta:" and parts[1].isdigit() and parts[2] == reason:
+            return int(parts[1])
+    return 0
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def write(path, data):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
+
+
+class Base(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="sdmeta-")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    def p(self, *parts):
+        return os.path.join(self.dir, *parts)
+
+    def img(self, path, i=0):
+        """Put a real photo (or, without the corpus, a small fake JPEG) at path."""
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if PHOTOS:
+            shutil.copy(photo(i), path)
+        else:
+            write(path, b"\xff\xd8\xff\xe0" + bytes(100))
+
+
+class FolderSources(Base):
+    def test_flat_folder_with_bad_inputs(self):
+        d = self.p("ds")
+        self.img(self.p("ds", "a.jpg"), 0)
+        write(self.p("ds", "a.txt"), "1girl, long_hair, ^_^, smile\n")
+        write(self.p("ds", "a.caption"), "A girl smiling.\n")
+        self.img(self.p("ds", "sub", "b.png"), 1)
+        write(self.p("ds", "sub", "b.caption"), "only a caption")
+        self.img(self.p("ds", "c.webp"), 2)                   # no caption file at all
+        self.img(self.p("ds", "d.jpg"), 3)
+        write(self.p("ds", "d.txt"), b"bad \xff\xfe bytes")   # not UTF-8
+        self.img(self.p("ds", "e.jpg"), 4)
+        write(self.p("ds", "e.txt"), "  \n")                  # empty
+        self.img(self.p("ds", "a.png"), 5)                    # same key as a.jpg
+        write(self.p("ds", "a.png.txt"), "x")
+        write(self.p("ds", "zero.jpg"), b"")                  # empty image file
+        write(self.p("ds", "zero.txt"), "tag")
+        os.symlink("..", self.p("ds", "sub", "loop"))         # symlink loop
+        os.symlink("missing.jpg", self.p("ds", "dangling.jpg"))
+        rc, recs, err = run([d])
+        self.assertEqual(rc, 0, err)
+        keys = [r["key"] for r in recs]
+        self.assertEqual(keys, ["a", "sub/b"])
+        a = recs[0]
+        self.assertEqual(a["caption"], "A girl smiling., 1girl, long hair, ^_^, smile")
+        self.assertEqual(a["tags"]["general"], ["1girl", "long hair", "^_^", "smile"])
+        self.assertEqual(a["image"], os.path.join(d, "a.jpg"))
+        self.assertEqual(a["split"], "train")
+        self.assertEqual(recs[1]["caption"], "only a caption")
+        self.assertNotIn("tags", recs[1])
+        self.assertEqual(skipped(err, "missing caption"), 1)
+        self.assertEqual(skipped(err, "caption not UTF-8"), 1)
+        self.assertEqual(skipped(err, "empty caption"), 1)
+        self.assertEqual(skipped(err, "duplicate key"), 1)
+        self.assertEqual(skipped(err, "empty image file"), 1)
+        self.assertEqual(skipped(err, "directory visited twice (symlink loop)"), 1)
+        self.assertEqual(skipped(err, "broken symlink"), 1)
+        self.assertIn("d.txt", err)  # the bad file is named
+        rc, _, _ = run([d, "--strict"])
+        self.assertEqual(rc, 1)
+
+    def test_images_captions_tree(self):
+        self.img(self.p("t", "images", "x", "1.jpg"), 6)
+        self.img(self.p("t", "images", "2.png"), 7)
+        write(self.p("t", "captions", "x", "1.txt"), "cat, sitting")
+        write(self.p("t", "captions", "2.caption"), "a dog")
+        self.img(self.p("t", "images", "3.jpg"), 8)
+        rc, recs, err = run([self.p("t")])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([(r["key"], r["caption"]) for r in recs], [("2", "a dog"), ("x/1", "cat, sitting")])
+        self.assertEqual(skipped(err, "missing caption"), 1)
+
+    def test_metadata_tree(self):
+        self.img(self.p("m", "img", "p1.jpg"), 9)
+        write(self.p("m", "meta", "a", "p1.json"), json.dumps({"tags": ["blue_sky", "cloud"], "score": 7, "path": "img/p1.jpg", "aesthetic": 6.5}))
+        write(self.p("m", "meta", "p2.json"), json.dumps({"tags": "a, b", "score": 1, "path": "img/none.jpg"}))
+        write(self.p("m", "meta", "p3.json"), "{broken")
+        rc, recs, err = run(["--source", "metatree", self.p("m")])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(len(recs), 1)
+        self.assertEqual(recs[0]["key"], "img/p1")
+        self.assertEqual(recs[0]["score"], 7)
+        self.assertEqual(recs[0]["extra"], {"aesthetic": 6.5})
+        self.assertEqual(recs[0]["caption"], "blue sky, cloud")
+        self.assertEqual(skipped(err, "missing image"), 1)
+        self.assertEqual(skipped(err, "malformed JSON"), 1)
+
+
+DANBOORU = {
+    "id": 1234, "md5": "abc", "file_ext": "jpg", "rating": "s", "score": 15, "fav_count": 20,
+    "image_width": 1920, "image_height": 1080,
+    "tag_string_general": "1girl long_hair smile ^_^ open_mouth",
+    "tag_string_character": "hatsune_miku", "tag_string_copyright": "vocaloid",
+    "tag_string_artist": "some_artist", "tag_string_meta": "highres commentary",
+    "source": "https://example.com/x", "pwatermark": 0.1,
+}
+E621 = {
+    "id": 77, "rating": "e", "score": {"up": 10, "down": -2, "total": 8}, "fav_count": 3,
+    "file": {"width": 800, "height": 600, "ext": "png", "md5": "ffe"},
+    "tags": {"general": ["solo", "fur"], "species": ["canine"], "artist": ["bob"], "character": [], "meta": ["hi_res"]},
+}
+
+
+def post(**kw):
+    d = dict(DANBOORU)
+    d.update(kw)
+    return d
+
+
+class BooruSources(Base):
+    def dump(self, posts, extra_lines=()):
+        path = self.p("posts.jsonl")
+        lines = [json.dumps(x).encode() for x in posts] + [l if isinstance(l, bytes) else l.encode() for l in extra_lines]
+        write(path, b"\n".join(lines) + b"\n")
+        return path
+
+    def test_danbooru_fields_and_defaults(self):
+        path = self.dump([post()])
+        rc, recs, err = run([path])
+        self.assertEqual(rc, 0, err)
+        r = recs[0]
+        self.assertEqual(r["key"], "1234")
+        self.assertEqual((r["width"], r["height"]), (1920, 1080))
+        self.assertEqual(r["rating"], "sensitive")
+        self.assertEqual(r["score"], 15)
+        self.assertEqual(r["tags"]["character"], ["hatsune miku"])
+        self.assertEqual(r["tags"]["general"], ["1girl", "long hair", "smile", "^_^", "open mouth"])
+        # default order: character, copyright, artist, general, meta
+        self.assertEqual(r["caption"], "hatsune miku, vocaloid, some artist, 1girl, long hair, smile, ^_^, open mouth, highres, commentary")
+        self.assertEqual(r["extra"], {"fav_count": 20, "source": "https://example.com/x", "pwatermark": 0.1})
+        self.assertNotIn("image", r)
+
+    def test_e621(self):
+        path = self.dump([E621])
+        rc, recs, err = run([path])
+        self.assertEqual(rc, 0, err)
+        r = recs[0]
+        self.assertEqual((r["key"], r["rating"], r["score"], r["width"]), ("77", "explicit", 8, 800))
+        self.assertEqual(r["tags"], {"general": ["solo", "fur"], "artist": ["bob"], "species": ["canine"], "meta": ["hi res"]})
+        self.assertEqual(r["caption"], "bob, canine, solo, fur, hi res")
+
+    def test_bad_lines_are_reported_with_line_numbers(self):
+        path = self.dump([post(id=1), post(id=2)], ["{not json", "", "[1,2]", json.dumps(post(id=None, md5=None)),
+                                                    json.dumps(post(id=1)), b"{\"id\": \"\xff\"}"])
+        rc, recs, err = run([path])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([r["key"] for r in recs], ["1", "2"])
+        self.assertEqual(skipped(err, "malformed JSON"), 2)  # broken line and the non-UTF-8 one
+        self.assertEqual(skipped(err, "record is not a JSON object"), 1)
+        self.assertEqual(skipped(err, "post has no id or md5"), 1)
+        self.assertEqual(skipped(err, "duplicate key"), 1)
+        self.assertIn("posts.jsonl:3", err)
+        self.assertIn("posts.jsonl:7", err)
+
+    def test_json_array_and_stdin(self):
+        path = self.p("posts.json")
+        write(path, json.dumps([post(id=5), E621]))
+        rc, recs, err = run([path])
+        self.assertEqual([r["key"] for r in recs], ["5", "77"], err)
+        rc, recs, err = run(["-"], stdin=(json.dumps(post(id=9)) + "\n").encode())
+        self.assertEqual([r["key"] for r in recs], ["9"], err)
+
+    def test_image_pattern_and_missing_images(self):
+        self.img(self.p("img", "0234", "1234.jpg"), 0)
+        path = self.dump([post(), post(id=99)])
+        rc, recs, err = run([path, "--image-pattern", "{id%1000:04d}/{id}.{file_ext}", "--image-root", self.p("img")])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([r["image"] for r in recs], [self.p("img", "0234", "1234.jpg")])
+        self.assertEqual(skipped(err, "missing image"), 1)
+        rc, recs, err = run([path, "--image-pattern", "{md5}.{ext}", "--no-check-images"])
+        self.assertEqual([r["image"] for r in recs], ["abc.jpg", "abc.jpg"])
+        rc, recs, err = run([path, "--image-pattern", "{nope}.jpg", "--no-check-images"])
+        self.assertEqual(skipped(err, "image pattern field missing"), 2)
+
+
+class Rules(Base):
+    def go(self, posts, *args, rules=None):
+        path = self.p("posts.jsonl")
+        write(path, "".join(json.dumps(x) + "\n" for x in posts))
+        a = [path] + list(args)
+        if rules is not None:
+            write(self.p("rules.json"), json.dumps(rules))
+            a += ["--rules", self.p("rules.json")]
+        rc, recs, err = run(a)
+        self.assertIn(rc, (0, 1), err)
+        return recs, err
+
+    def test_blacklist_rating_scores(self):
+        posts = [post(id=1), post(id=2, tag_string_general="comic solo"), post(id=3, rating="e"),
+                 post(id=4, score=2), post(id=5, score=2, tag_string_general="masterpiece solo"), post(id=6, score=-10,
+                 tag_string_general="masterpiece")]
+        recs, err = self.go(posts, rules={"blacklist_tags": ["Comic"], "ratings": ["general", "sensitive"],
+                                          "abs_min_score": 0, "min_score": 10, "tag_bonus_scores": {"masterpiece": 50}})
+        self.assertEqual([r["key"] for r in recs], ["1", "5"])
+        self.assertEqual(recs[1]["score"], 52)  # bonus applied
+        self.assertEqual(skipped(err, "blacklisted tag"), 1)
+        self.assertEqual(skipped(err, "rating not allowed"), 1)
+        self.assertEqual(skipped(err, "score below min_score"), 1)
+        self.assertEqual(skipped(err, "score below abs_min_score"), 1)  # id 6: bonus would lift it, abs check is first
+
+    def test_where_conditions(self):
+        posts = [post(id=1, pwatermark=0.2, aesthetic=7), post(id=2, pwatermark=0.9, aesthetic=7),
+                 post(id=3, aesthetic=7, pwatermark=None), {k: v for k, v in post(id=4).items() if k != "pwatermark"},
+                 post(id=5, pwatermark=0.1, aesthetic=5)]
+        recs, err = self.go(posts, "--where", "pwatermark<=0.5", "--where", "aesthetic>6", "--where", "image_width >= 512")
+        self.assertEqual([r["key"] for r in recs], ["1"])
+        self.assertEqual(skipped(err, "where pwatermark<=0.5"), 1)
+        self.assertEqual(skipped(err, "where pwatermark<=0.5: field missing"), 2)  # null and absent
+        self.assertEqual(skipped(err, "where aesthetic>6: field missing") + skipped(err, "where aesthetic>6"), 1)
+        recs, err = self.go([post(id=1), post(id=2, rating="g")], "--where", "rating==sensitive")
+        self.assertEqual([r["key"] for r in recs], ["1"])
+
+    def test_min_size(self):
+        recs, err = self.go([post(id=1), post(id=2, image_width=300)], "--min-side", "512")
+        self.assertEqual([r["key"] for r in recs], ["1"])
+        self.assertEqual(skipped(err, "below min_side"), 1)
+        recs, err = self.go([post(id=1), post(id=2, image_width=300)], "--min-pixels", str(1920 * 1080))
+        self.assertEqual([r["key"] for r in recs], ["1"])
+
+    def test_rewrites_and_caption(self):
+        rules = {"replace_tags": {"open_mouth": "open mouth!", "highres": ""}, "replace_substrings": {"some ": "by="},
+                 "non_caption_tags": ["commentary"], "score_tags": [10, 100, 1000], "tag_order": ["artist", "general", "meta"],
+                 "rating_words": {"sensitive": "rating: sensitive"}, "artist_prefix": "@",
+                 "caption_template": "{score_tag}, {rating}, {tags}"}
+        recs, err = self.go([post(tag_string_general="1girl pokemon_(creature) ^_^ o_o open_mouth")], "--escape-parens", rules=rules)
+        r = recs[0]
+        # underscores only in tags longer than 3 chars; whole-tag replacement before substrings
+        self.assertEqual(r["tags"]["general"], ["1girl", "pokemon \\(creature\\)", "^_^", "o_o", "open mouth!"])
+        self.assertEqual(r["tags"]["artist"], ["by=artist"])
+        self.assertEqual(r["tags"]["meta"], ["commentary"])  # highres removed, commentary kept as a tag
+        self.assertEqual(r["caption"], "scr10, rating: sensitive, @by=artist, 1girl, pokemon \\(creature\\), ^_^, o_o, open mouth!")
+        recs, err = self.go([post()], "--keep-underscores", "--template", "{character} | {copyright}")
+        self.assertEqual(recs[0]["caption"], "hatsune_miku | vocaloid")
+
+    def test_empty_parts_of_template_vanish(self):
+        recs, err = self.go([post(tag_string_general="", tag_string_character="", tag_string_copyright="",
+                                   tag_string_artist="", tag_string_meta="solo")], "--template", "{caption}, {score_tag}, {tags}, {rating}")
+        self.assertEqual(recs[0]["caption"], "solo, sensitive")
+
+    def test_shuffle_is_deterministic_and_keeps_tokens(self):
+        posts = [post(id=i, tag_string_general=" ".join(f"tag{j}" for j in range(20))) for i in range(1, 30)]
+        a, _ = self.go(posts, "--shuffle-tags", "1", "--keep-tokens", "3", "--seed", "7")
+        b, _ = self.go(posts, "--shuffle-tags", "1", "--keep-tokens", "3", "--seed", "7")
+        c, _ = self.go(posts, "--shuffle-tags", "1", "--keep-tokens", "3", "--seed", "8")
+        plain, _ = self.go(posts)
+        self.assertEqual([r["caption"] for r in a], [r["caption"] for r in b])
+        self.assertNotEqual([r["caption"] for r in a], [r["caption"] for r in c])
+        for r, p0 in zip(a, plain):
+            t, u = r["caption"].split(", "), p0["caption"].split(", ")
+            self.assertEqual(t[:3], u[:3])
+            self.assertEqual(sorted(t), sorted(u))
+        self.assertTrue(any(r["caption"] != p0["caption"] for r, p0 in zip(a, plain)))
+        half, _ = self.go(posts, "--shuffle-tags", "0.5", "--keep-tokens", "3")
+        changed = sum(r["caption"] != p0["caption"] for r, p0 in zip(half, plain))
+        self.assertTrue(3 <= changed <= 26, changed)
+
+    def test_validation_split(self):
+        posts = [post(id=i) for i in range(1, 101)]
+        recs, _ = self.go(posts, "--val-every", "10")
+        self.assertEqual([r["key"] for r in recs if r["split"] == "val"], [str(i) for i in range(10, 101, 10)])
+        a, _ = self.go(posts, "--val-fraction", "0.2")
+        b, _ = self.go(posts[::-1], "--val-fraction", "0.2")  # order does not matter, the key does
+        va = {r["key"] for r in a if r["split"] == "val"}
+        self.assertEqual(va, {r["key"] for r in b if r["split"] == "val"})
+        self.assertTrue(5 <= len(va) <= 40, len(va))
+
+    def test_bad_rules_are_usage_errors(self):
+        write(self.p("r.json"), json.dumps({"min_scor": 3}))
+        rc, _, err = run([self.p("r.json"), "--rules", self.p("r.json")])
+        self.assertEqual(rc, 2)
+        self.assertIn("unknown key 'min_scor'", err)
+        rc, _, err = run(["x", "--where", "nonsense"])
+        self.assertEqual(rc, 2)
+
+
+class Kohya(Base):
+    def test_read_and_write_kohya(self):
+        self.img(self.p("k", "a.jpg"), 0)
+        self.img(self.p("k", "sub", "b.png"), 1)
+        meta = {"a": {"caption": "a cat", "tags": "cat, cute_face", "train_resolution": [512, 512]},
+                "sub/b": {"tags": "dog"}, "gone": {"caption": "x"}, "bad": "str"}
+        write(self.p("k", "meta_cap_dd.json"), json.dumps(meta))
+        rc, recs, err = run([self.p("k", "meta_cap_dd.json")])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([(r["key"], r["caption"]) for r in recs], [("a", "a cat, cat, cute face"), ("sub/b", "dog")])
+        self.assertEqual(recs[0]["image"], self.p("k", "a.jpg"))
+        self.assertEqual(skipped(err, "missing image"), 1)
+        self.assertEqual(skipped(err, "kohya entry is not an object"), 1)
+        out = self.p("out.json")
+        rc, _, err = run([self.p("k", "meta_cap_dd.json"), "--format", "kohya", "-o", out])
+        self.assertEqual(rc, 0, err)
+        back = json.loads(read(out))
+        self.assertEqual(back, {"a": {"caption": "a cat, cat, cute face", "tags": "cat, cute face"},
+                                "sub/b": {"caption": "dog", "tags": "dog"}})
+        self.assertEqual([f for f in os.listdir(self.dir) if ".tmp." in f], [])
+
+
+class WebDataset(Base):
+    def make_tar(self, path, samples, fmt=tarfile.PAX_FORMAT, extra=()):
+        with tarfile.open(path, "w", format=fmt) as t:
+            for name, data in list(samples) + list(extra):
+                ti = tarfile.TarInfo(name)
+                ti.size = len(data)
+                t.addfile(ti, io.BytesIO(data))
+
+    def samples(self, base, n, start=0):
+        out = []
+        for i in range(start, start + n):
+            key = f"{base}{i:05d}"
+            img = read(photo(i)) if PHOTOS else b"\xff\xd8\xff" + bytes([i]) * 300
+            out += [(key + ".jpg", img), (key + ".txt", f"caption {i}\n".encode()),
+                    (key + ".json", json.dumps({"url": f"http://x/{i}", "width": 640, "height": 480, "pwatermark": i / 10}).encode())]
+        return out
+
+    def test_shards_offsets_and_braces(self):
+        for k, fmt in enumerate([tarfile.USTAR_FORMAT, tarfile.PAX_FORMAT]):
+            self.make_tar(self.p(f"s-{k:03d}.tar"), self.samples("", 3, 3 * k), fmt=fmt,
+                          extra=[("__meta__.json", b"{}")])
+        rc, recs, err = run([self.p("s-{000..001}.tar"), "--where", "pwatermark<0.45"])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([r["key"] for r in recs], ["00000", "00001", "00002", "00003", "00004"])
+        for r in recs:
+            i = int(r["key"])
+            self.assertEqual(r["caption"], f"caption {i}")
+            self.assertEqual((r["width"], r["height"]), (640, 480))
+            self.assertEqual(r["extra"], {"url": f"http://x/{i}", "pwatermark": i / 10})
+            self.assertEqual(r["member"], r["key"] + ".jpg")
+            want = read(photo(i)) if PHOTOS else b"\xff\xd8\xff" + bytes([i]) * 300
+            with open(r["image"], "rb") as f:  # the offset/size locate the bytes in place
+                f.seek(r["offset"])
+                self.assertEqual(f.read(r["size"]), want)
+        self.assertEqual(skipped(err, "where pwatermark<0.45"), 1)
+
+    def test_long_names_gnu_and_cls(self):
+        long = "d" * 120 + "/k"
+        self.make_tar(self.p("g.tar"), [(long + ".png", b"\x89PNG" + bytes(600)), (long + ".cls", b"3")], fmt=tarfile.GNU_FORMAT)
+        write(self.p("cls.json"), json.dumps({"3": "a photo of a cat"}))
+        rc, recs, err = run([self.p("g.tar"), "--cls-map", self.p("cls.json")])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(recs[0]["key"], long)
+        self.assertEqual(recs[0]["caption"], "a photo of a cat")
+        with open(recs[0]["image"], "rb") as f:
+            f.seek(recs[0]["offset"])
+            self.assertEqual(f.read(4), b"\x89PNG")
+
+    def test_unsafe_and_truncated(self):
+        self.make_tar(self.p("bad.tar"), self.samples("", 2), extra=[("../evil.jpg", b"x"), ("/abs.jpg", b"y"),
+                                                                     ("lonely.txt", b"no image")])
+        rc, recs, err = run([self.p("bad.tar")])
+        self.assertEqual([r["key"] for r in recs], ["00000", "00001"], err)
+        self.assertEqual(skipped(err, "unsafe tar member name"), 2)
+        self.assertEqual(skipped(err, "tar sample without image"), 1)
+        self.make_tar(self.p("t.tar"), self.samples("", 4))
+        data = read(self.p("t.tar"))
+        write(self.p("cut.tar"), data[: len(data) * 2 // 3])
+        rc, recs, err = run([self.p("cut.tar"), self.p("missing.tar")])
+        self.assertEqual(rc, 0, err)
+        self.assertTrue(1 <= len(recs) < 4, recs)
+        self.assertGreater(skipped(err, "truncated or corrupt tar") + skipped(err, "tar sample cut by truncation"), 0)
+        self.assertEqual(skipped(err, "unreadable tar shard"), 1)
+        self.assertIn("cut.tar", err)
+
+
+class Cli(Base):
+    def test_exit_codes_and_help(self):
+        p = subprocess.run([SD_META, "--help"], capture_output=True)
+        self.assertEqual(p.returncode, 0)
+        self.assertIn(b"Usage: sd-meta", p.stdout)
+        p = subprocess.run([SD_META, "--version"], capture_output=True)
+        self.assertEqual(p.returncode, 0)
+        self.assertEqual(run(["--bogus"])[0], 2)
+        self.assertEqual(run([])[0], 2)
+        self.assertEqual(run([self.p("nothing-here")])[0], 3)
+
+    def test_output_file_is_atomic(self):
+        write(self.p("posts.jsonl"), json.dumps(post()) + "\n")
+        out = self.p("o", "meta.jsonl")
+        os.makedirs(self.p("o"))
+        write(out, "old contents\n")
+        rc, _, _ = run([self.p("posts.jsonl"), "-o", out, "--rules", self.p("nope.json")])
+        self.assertEqual(rc, 2)
+        self.assertEqual(read(out), b"old contents\n")  # a failed run leaves the old file
+        rc, _, err = run([self.p("posts.jsonl"), "-o", out])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(json.loads(read(out))["key"], "1234")
+        self.assertEqual(os.listdir(self.p("o")), ["meta.jsonl"])
+
+    def test_threads_do_not_change_output(self):
+        posts = [post(id=i, score=i % 30) for i in range(20000)]
+        write(self.p("posts.jsonl"), "".join(json.dumps(x) + "\n" for x in posts))
+        outs = []
+        for j in ("1", "2", "3"):
+            p = subprocess.run([SD_META, self.p("posts.jsonl"), "-j", j, "--min-score", "5", "-q"], capture_output=True)
+            outs.append(p.stdout)
+        self.assertEqual(outs[0], outs[1])
+        self.assertEqual(outs[0], outs[2])
+        self.assertEqual(len(outs[0].splitlines()), sum(1 for x in posts if x["score"] >= 5))
+
+
+if __name__ == "__main__":
+    SD_META = sys.argv.pop(1)
+    if not PHOTOS:
+        print("note: SDTK_PHOTOS not set; image-bearing fixtures use fake bytes", file=sys.stderr)
+    unittest.main(verbosity=1)

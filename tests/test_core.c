@@ -1,0 +1,184 @@
+/* libcore and formats helpers: thread pool slicing, block line reader,
+ * UTF-8 checks, hash sets and maps, brace expansion, image-path patterns. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "keyset.h"
+#include "lines.h"
+#include "pool.h"
+#include "rules.h"
+#include "source.h"
+#include "sources.h"
+#include "strmap.h"
+#include "utf8.h"
+
+/* Each worker marks the items of its slice. */
+static void mark(void *ctx, int w, size_t b, size_t e)
+{
+    int *v = ctx;
+    for (size_t i = b; i < e; i++) v[i] += 1 + w * 0;
+}
+
+/* Every item is visited exactly once whatever the pool size and n. */
+static void test_pool(void)
+{
+    for (int t = 1; t <= 4; t++) {
+        sd_pool *p = sd_pool_create(t);
+        for (size_t n = 0; n < 50; n += 7) {
+            int v[64] = {0};
+            sd_pool_for(p, n, mark, v);
+            int ok = 1;
+            for (size_t i = 0; i < 64; i++) ok &= v[i] == (i < n ? 1 : 0);
+            CHECK(ok);
+        }
+        sd_pool_destroy(p);
+    }
+}
+
+/* Lines come back whole across block boundaries, with right line numbers,
+ * CRLF stripped, a long line growing the buffer and no final newline. */
+static void test_lines(void)
+{
+    char path[] = "/tmp/sdtk-lines-XXXXXX";
+    int fd = mkstemp(path);
+    FILE *f = fdopen(fd, "w");
+    for (int i = 1; i <= 2000; i++) fprintf(f, "line %d%s\n", i, i % 3 ? "" : "\r");
+    for (int i = 0; i < 10000; i++) fputc('x', f);
+    fputc('\n', f);
+    fputs("last", f);
+    fclose(f);
+    sd_lines l;
+    sd_error err;
+    CHECK(sd_lines_open(&l, path, 4096, &err) == SD_OK);
+    long expect = 1;
+    int ok = 1, saw_long = 0, saw_last = 0;
+    for (;;) {
+        char *b;
+        size_t len;
+        long first;
+        if (sd_lines_next(&l, &b, &len, &first, &err) || len == 0) break;
+        ok &= first == expect;
+        char *lines[256];
+        size_t lens[256], used, pos = 0;
+        while (pos < len) {
+            size_t k = sd_split_lines(b + pos, len - pos, lines, lens, 256, &used);
+            for (size_t i = 0; i < k; i++, expect++) {
+                if (expect <= 2000) {
+                    char want[32];
+                    snprintf(want, sizeof want, "line %ld", expect);
+                    ok &= strcmp(lines[i], want) == 0 && lens[i] == strlen(want);
+                } else if (expect == 2001) {
+                    saw_long = lens[i] == 10000;
+                } else {
+                    saw_last = strcmp(lines[i], "last") == 0;
+                }
+            }
+            pos += used;
+        }
+    }
+    CHECK(ok);
+    CHECK(saw_long);
+    CHECK(saw_last);
+    CHECK(expect == 2003);
+    sd_lines_close(&l);
+    unlink(path);
+}
+
+static void test_utf8(void)
+{
+    CHECK(sd_utf8_check("plain ascii text here", 21) == 21);
+    CHECK(sd_utf8_check("\xe6\x97\xa5\xe6\x9c\xac", 6) == 6);
+    CHECK(sd_utf8_check("ab\xff", 3) == 2);
+    CHECK(sd_utf8_check("\xe6\x97", 2) == 0);        /* cut short */
+    CHECK(sd_utf8_check("\xf4\x90\x80\x80", 4) == 0); /* past U+10FFFF */
+    CHECK(sd_utf8_check("\xe0\x80\xaf", 3) == 0);     /* overlong */
+}
+
+static void test_sets(void)
+{
+    sd_keyset ks;
+    sd_keyset_init(&ks);
+    int ok = 1;
+    char k[32];
+    for (int i = 0; i < 5000; i++) {
+        snprintf(k, sizeof k, "key%d", i);
+        ok &= sd_keyset_insert(&ks, sd_key128_of(k, strlen(k))) == 1;
+    }
+    for (int i = 0; i < 5000; i += 7) {
+        snprintf(k, sizeof k, "key%d", i);
+        ok &= sd_keyset_insert(&ks, sd_key128_of(k, strlen(k))) == 0;
+    }
+    CHECK(ok);
+    CHECK(ks.n == 5000);
+    sd_keyset_free(&ks);
+
+    sd_strmap m;
+    sd_strmap_init(&m);
+    for (int i = 0; i < 300; i++) {
+        snprintf(k, sizeof k, "t%d", i);
+        sd_strmap_put(&m, k, strlen(k))->nval = i;
+    }
+    CHECK(sd_strmap_get(&m, "t299", 4) && sd_strmap_get(&m, "t299", 4)->nval == 299);
+    CHECK(sd_strmap_get(&m, "t300", 4) == NULL);
+    sd_strmap_free(&m);
+
+    char norm[16];
+    CHECK(sd_tag_normalize("Long_Hair", 9, norm, sizeof norm) == 9 && strcmp(norm, "long hair") == 0);
+    CHECK(sd_tag_normalize("0123456789abcdef", 16, norm, sizeof norm) == sizeof norm);
+}
+
+static void test_braces(void)
+{
+    char **v;
+    int n;
+    CHECK(sd_expand_braces("d/{0008..0011}.tar", &v, &n) == 0 && n == 4);
+    if (n == 4) {
+        CHECK_STR(v[0], "d/0008.tar");
+        CHECK_STR(v[3], "d/0011.tar");
+    }
+    for (int i = 0; i < n; i++) free(v[i]);
+    free(v);
+    CHECK(sd_expand_braces("{a,b}-{1..2}", &v, &n) == 0 && n == 4);
+    if (n == 4) CHECK_STR(v[3], "b-2");
+    for (int i = 0; i < n; i++) free(v[i]);
+    free(v);
+    CHECK(sd_expand_braces("x{5..1}", &v, &n) != 0);
+    for (int i = 0; i < n; i++) free(v[i]);
+    free(v);
+}
+
+static void test_pattern(void)
+{
+    char text[] = "{\"id\": 1234567, \"file_ext\": \"png\", \"file\": {\"md5\": \"abc\"}}";
+    sd_arena a;
+    sd_arena_init(&a, 4096);
+    sd_json *o;
+    sd_error err;
+    CHECK(sd_json_parse(&a, text, strlen(text), &o, &err) == SD_OK);
+    sd_buf b;
+    sd_buf_init(&b);
+    const char *missing = NULL;
+    CHECK(sd_pattern_format("{id%1000:04d}/{id}.{file_ext}", o, &b, &missing) == 0);
+    CHECK_STR(sd_buf_cstr(&b), "0567/1234567.png");
+    sd_buf_clear(&b);
+    CHECK(sd_pattern_format("{md5}.{ext}", o, &b, &missing) == 0);
+    CHECK_STR(sd_buf_cstr(&b), "abc.png");
+    sd_buf_clear(&b);
+    CHECK(sd_pattern_format("{nope}.jpg", o, &b, &missing) == -1 && strncmp(missing, "nope", 4) == 0);
+    sd_buf_free(&b);
+    sd_arena_free(&a);
+}
+
+int main(void)
+{
+    test_pool();
+    test_lines();
+    test_utf8();
+    test_sets();
+    test_braces();
+    test_pattern();
+    return check_done("test_core");
+}
