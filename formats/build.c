@@ -80,8 +80,8 @@ int sd_pattern_format(const char *pat, const sd_json *obj, sd_buf *out, const ch
             return -1;
         }
         if (v->type == SD_JSON_NUMBER || mod || width) {
-            double d;
-            if (sd_json_num(v, &d)) {
+            double d; /* NaN, inf or beyond long long cannot be formatted as an integer */
+            if (sd_json_num(v, &d) || !(d > -9e18 && d < 9e18)) {
                 *missing = name;
                 return -1;
             }

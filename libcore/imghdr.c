@@ -89,41 +89,69 @@ static int is_sof(unsigned m)
     return m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC;
 }
 
-/* Walk the JPEG marker segments up to the frame header. SD_ETRUNC means the
- * buffer ended first (the caller may read more). */
-static sd_status parse_jpeg(const unsigned char *p, size_t n, sd_imginfo *out, sd_error *err)
+/* Where a JPEG marker walk stands, so it can continue in a later window of
+ * the file: Photoshop files carry megabytes of XMP before the frame header,
+ * and skipping those segments by seeking reads only their 4-byte headers. */
+typedef struct {
+    uint64_t pos;    /* absolute offset of the next byte to look at */
+    size_t need;     /* bytes from pos the next window must hold (0: any) */
+    int orientation;
+    int seen_exif;
+} jpeg_walk;
+
+/* Walk marker segments in the window p[0..n) holding file bytes from base.
+ * SD_ETRUNC means the window ended first; w says where to go on. */
+static sd_status parse_jpeg_at(const unsigned char *p, size_t n, uint64_t base, jpeg_walk *w, sd_imginfo *out,
+                               sd_error *err)
 {
-    size_t pos = 2;
-    int orientation = 1, seen_exif = 0;
+    w->need = 0;
     for (;;) {
+        uint64_t seg = w->pos; /* where this marker starts: resume here */
+        if (seg < base) return sd_err_set(err, SD_EFORMAT, "jpeg: walk went backwards");
+        size_t pos = (size_t)(seg - base);
         /* junk between segments is skipped the way PIL and libjpeg do */
         while (pos < n && p[pos] != 0xFF) pos++;
         while (pos < n && p[pos] == 0xFF) pos++; /* fill bytes */
-        if (pos >= n) return sd_err_set(err, SD_ETRUNC, "jpeg: truncated before the frame header");
+        if (pos >= n) {
+            w->pos = base + (pos > 0 && p[pos - 1] == 0xFF ? pos - 1 : pos);
+            return sd_err_set(err, SD_ETRUNC, "jpeg: truncated before the frame header");
+        }
         unsigned m = p[pos++];
+        w->pos = base + pos;
         if (m == 0x00) continue; /* a stuffed 0xFF00, not a marker */
         if (m == 0x01 || (m >= 0xD0 && m <= 0xD7)) continue;
         if (m == 0xD8) return sd_err_set(err, SD_EFORMAT, "jpeg: second start-of-image marker before the frame header");
         if (m == 0xD9) return sd_err_set(err, SD_EFORMAT, "jpeg: end of image before any frame header");
         if (m == 0xDA) return sd_err_set(err, SD_EFORMAT, "jpeg: scan data before any frame header");
-        if (pos + 2 > n) return sd_err_set(err, SD_ETRUNC, "jpeg: truncated in a marker segment");
+        if (pos + 2 > n) {
+            w->pos = base + pos - 2;
+            return sd_err_set(err, SD_ETRUNC, "jpeg: truncated in a marker segment");
+        }
         size_t len = be16(p + pos);
         if (len < 2) return sd_err_set(err, SD_EFORMAT, "jpeg: bad segment length %zu for marker 0x%02X", len, m);
         if (is_sof(m)) {
             if (len < 8) return sd_err_set(err, SD_EFORMAT, "jpeg: frame header too short (%zu bytes)", len);
-            if (pos + 8 > n) return sd_err_set(err, SD_ETRUNC, "jpeg: truncated in the frame header");
-            uint32_t h = be16(p + pos + 3), w = be16(p + pos + 5);
+            if (pos + 8 > n) {
+                w->pos = base + pos - 2;
+                w->need = 10;
+                return sd_err_set(err, SD_ETRUNC, "jpeg: truncated in the frame header");
+            }
+            uint32_t h = be16(p + pos + 3), wd = be16(p + pos + 5);
             if (h == 0) return sd_err_set(err, SD_EUNSUPPORTED, "jpeg: height given later by a DNL marker");
-            return finish(out, SD_IMG_JPEG, w, h, orientation, err);
+            return finish(out, SD_IMG_JPEG, wd, h, w->orientation, err);
         }
-        if (m == 0xE1 && !seen_exif && len >= 16) {
-            if (pos + len > n) return sd_err_set(err, SD_ETRUNC, "jpeg: truncated in the APP1 segment");
+        if (m == 0xE1 && !w->seen_exif && len >= 16) {
+            if (pos + len > n) {
+                w->pos = base + pos - 2;
+                w->need = len + 2;
+                return sd_err_set(err, SD_ETRUNC, "jpeg: truncated in the APP1 segment");
+            }
             if (memcmp(p + pos + 2, "Exif\0\0", 6) == 0) {
-                seen_exif = 1;
-                orientation = exif_orientation(p + pos + 8, len - 8);
+                w->seen_exif = 1;
+                w->orientation = exif_orientation(p + pos + 8, len - 8);
             }
         }
-        pos += len;
+        w->pos = base + pos + len;
     }
 }
 
@@ -195,7 +223,10 @@ sd_status sd_imghdr_parse(const unsigned char *p, size_t n, sd_imginfo *out, sd_
     memset(out, 0, sizeof *out);
     if (n == 0) return sd_err_set(err, SD_ETRUNC, "empty file");
     if (n < 2) return sd_err_set(err, SD_ETRUNC, "file too short for any image header (%zu bytes)", n);
-    if (p[0] == 0xFF && p[1] == 0xD8) return parse_jpeg(p, n, out, err);
+    if (p[0] == 0xFF && p[1] == 0xD8) {
+        jpeg_walk w = {2, 0, 1, 0};
+        return parse_jpeg_at(p, n, 0, &w, out, err);
+    }
     static const unsigned char png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
     if (p[0] == 0x89 && n < 8) return sd_err_set(err, SD_ETRUNC, "file too short for a PNG signature");
     if (n >= 8 && memcmp(p, png_sig, 8) == 0) return parse_png(p, n, out, err);
@@ -230,8 +261,9 @@ static ssize_t pread_full(int fd, unsigned char *buf, size_t n, uint64_t off)
 
 /* Read the size of the image stored at [offset, offset+size) of fd (a whole
  * file, or a member inside an uncompressed tar). size UINT64_MAX means "to
- * the end of the file". Reads 8 KiB, then 64 KiB, then up to 1 MiB, only as
- * far as the header needs. */
+ * the end of the file". One 16 KiB read answers almost every file; a JPEG
+ * whose frame header lies further on is walked segment by segment with
+ * small reads, never reading the segments it skips. */
 sd_status sd_imghdr_read_fd(int fd, uint64_t offset, uint64_t size, sd_imginfo *out, sd_error *err)
 {
     if (size == UINT64_MAX) {
@@ -240,33 +272,47 @@ sd_status sd_imghdr_read_fd(int fd, uint64_t offset, uint64_t size, sd_imginfo *
         size = (uint64_t)st.st_size > offset ? (uint64_t)st.st_size - offset : 0;
     }
     if (size == 0) return sd_err_set(err, SD_ETRUNC, "empty file (0 bytes)");
-    static const size_t steps[] = {8 * 1024, SD_IMGHDR_FIRST_READ, SD_IMGHDR_MAX_READ};
-    unsigned char *buf = NULL;
-    size_t have = 0;
-    sd_status st = SD_ETRUNC;
-    for (size_t k = 0; k < sizeof steps / sizeof steps[0]; k++) {
-        size_t want = size < steps[k] ? (size_t)size : steps[k];
-        if (want <= have) continue;
-        unsigned char *nb = realloc(buf, want);
-        if (!nb) {
-            free(buf);
-            return sd_err_set(err, SD_ENOMEM, "out of memory");
+    enum { FIRST = 16 * 1024, WINDOW = 4096, MAX_WINDOWS = 20000 };
+    unsigned char first[FIRST];
+    size_t want = size < FIRST ? (size_t)size : FIRST;
+    ssize_t r = pread_full(fd, first, want, offset);
+    if (r < 0) return sd_err_set(err, SD_EIO, "read: %s", strerror(errno));
+    size_t have = (size_t)r;
+    sd_status st = sd_imghdr_parse(first, have, out, err);
+    if (st != SD_ETRUNC || have < want || have == size || first[0] != 0xFF || first[1] != 0xD8) return st;
+
+    /* JPEG continuing past the first read: re-walk it from the start of the
+     * file (cheap: it is in memory) to learn where to go on */
+    jpeg_walk w = {2, 0, 1, 0};
+    st = parse_jpeg_at(first, have, 0, &w, out, err);
+    unsigned char *win = NULL;
+    size_t cap = 0;
+    for (int k = 0; st == SD_ETRUNC && k < MAX_WINDOWS; k++) {
+        if (w.pos >= size) break;
+        size_t len = w.need > WINDOW ? w.need : WINDOW;
+        if (w.pos + len > size) len = (size_t)(size - w.pos);
+        if (len > cap) {
+            unsigned char *nw = realloc(win, len);
+            if (!nw) {
+                free(win);
+                return sd_err_set(err, SD_ENOMEM, "out of memory");
+            }
+            win = nw;
+            cap = len;
         }
-        buf = nb;
-        ssize_t r = pread_full(fd, buf + have, want - have, offset + have);
+        uint64_t at = w.pos;
+        r = pread_full(fd, win, len, offset + at);
         if (r < 0) {
-            free(buf);
+            free(win);
             return sd_err_set(err, SD_EIO, "read: %s", strerror(errno));
         }
-        have += (size_t)r;
-        int short_read = have < want;
-        st = sd_imghdr_parse(buf, have, out, err);
-        if (st != SD_ETRUNC) break;
-        if (short_read || have == size) break; /* the data really ends here */
+        st = parse_jpeg_at(win, (size_t)r, at, &w, out, err);
+        if (st == SD_ETRUNC && ((size_t)r < len || (w.pos == at && (size_t)r >= (w.need ? w.need : 1) && at + (size_t)r >= size)))
+            break; /* the data really ends here */
     }
-    free(buf);
-    if (st == SD_ETRUNC && have >= SD_IMGHDR_MAX_READ && have < size)
-        return sd_err_set(err, SD_EUNSUPPORTED, "no frame header in the first %d KiB", SD_IMGHDR_MAX_READ / 1024);
+    free(win);
+    if (st == SD_ETRUNC && w.pos < size && w.need == 0 && 0)
+        st = sd_err_set(err, SD_EUNSUPPORTED, "jpeg: too many segments before the frame header");
     return st;
 }
 

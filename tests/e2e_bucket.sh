@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# End-to-end run of sd-bucket on a small JSONL with good and bad records:
+# outputs, skip counts, order, split balance, determinism and exit codes.
+set -u
+BIN=$(realpath "${1:?usage: e2e_bucket.sh path/to/sd-bucket}")
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fails=0
+fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+# check NAME ACTUAL EXPECTED
+check() { [ "$2" == "$3" ] || fail "$1: got '$2', want '$3'"; }
+
+cd "$T" || exit 1
+# --- images built byte by byte -------------------------------------------
+# JPEG 1920x1080: SOI, SOF0 (height 0x0438, width 0x0780), some padding
+printf '\xff\xd8\xff\xc0\x00\x11\x08\x04\x38\x07\x80\x03\x01\x11\x00\x02\x11\x01\x03\x11\x01\xff\xda\x00\x08\x03\x01\x00\x02\x00\x00' > wide.jpg
+head -c 2000 /dev/zero >> wide.jpg
+# GIF 640x480
+printf 'GIF89a\x80\x02\xe0\x01\x00\x00\x00;' > small.gif
+# PNG 1x1 (the classic RGBA one; IHDR CRC 1f15c489)
+printf '\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x06\x00\x00\x00\x1f\x15\xc4\x89\x00\x00\x00\x00IEND\xaeB`\x82' > one.png
+: > empty.jpg
+printf '\xff\xd8\xff\xe0\x00\x10JF' > trunc.jpg
+echo "just some text" > notes.jpg
+mkdir -p shard && cp wide.jpg shard/000001.jpg && tar --format=ustar -cf shard.tar -C shard 000001.jpg
+jsize=$(stat -c %s wide.jpg)
+
+cat > in.jsonl <<EOF
+{"v":1,"key":"k01","image":"x/a.jpg","width":1920,"height":1080,"caption":"a \"quoted\" caption","extra":{"n":[1,2.50,null],"s":"é"}}
+{"v":1,"key":"k02","image":"wide.jpg"}
+{"v":1,"key":"k03","image":"small.gif","split":"val"}
+{"v":1,"key":"k04","image":"missing.jpg"}
+{"v":1,"key":"k05","image":"empty.jpg"}
+{"v":1,"key":"k06","image":"trunc.jpg"}
+{"v":1,"key":"k07","image":"notes.jpg"}
+{"v":1,"key":"k08","image":"huge.jpg","width":100000,"height":100000}
+this is not json
+
+{"v":1,"key":"k10","caption":"no image"}
+{"v":1,"key":"k11","image":"shard.tar","member":"000001.jpg","offset":512,"size":$jsize}
+{"v":1,"key":"k12","image":"one.png"}
+{"v":1,"key":"k13","image":"x/b.jpg","width":832,"height":1216,"bucket":[1,2],"crop":"old"}
+EOF
+
+# --- plain run ------------------------------------------------------------
+"$BIN" -q in.jsonl -o out.jsonl --report rep.json --plot plot.svg 2> err.txt
+check "exit code" $? 0
+check "records out" "$(wc -l < out.jsonl)" 6
+check "order" "$(grep -o '"key":"k[0-9]*"' out.jsonl | tr -d '\n')" '"key":"k01""key":"k02""key":"k03""key":"k11""key":"k12""key":"k13"'
+check "unknown fields kept" "$(head -1 out.jsonl | grep -c '"caption":"a \\"quoted\\" caption","extra":{"n":\[1,2.50,null\],"s":"é"}')" 1
+check "kohya 1920x1080" "$(grep '"k01"' out.jsonl | grep -o '"bucket".*')" '"bucket":[1344,768],"resize":[1365,768],"crop":[10,0,1354,768],"kohya_crop_ltrb":[0,6.0,1344,762.0]}'
+check "size from JPEG header" "$(grep '"k02"' out.jsonl | grep -o '"width":1920,"height":1080,"original_size":\[1920,1080\],"bucket":\[1344,768\]')" '"width":1920,"height":1080,"original_size":[1920,1080],"bucket":[1344,768]'
+check "size from GIF header" "$(grep -c '"k03".*"split":"val","width":640,"height":480' out.jsonl)" 1
+check "size from tar member" "$(grep -c '"k11".*"width":1920,"height":1080' out.jsonl)" 1
+check "tiny PNG upscaled" "$(grep -o '"k12".*"bucket":\[1024,1024\]' out.jsonl | wc -l)" 1
+check "old fields replaced" "$(grep '"k13"' out.jsonl | grep -o '"bucket":[^]]*]' | tr -d '\n')" '"bucket":[832,1216]'
+check "old crop dropped" "$(grep -c '"crop":"old"' out.jsonl)" 0
+for reason in "image file not found" "image file empty or truncated" "not a supported image" \
+              "image dimensions out of range" "malformed JSON" "missing image field"; do
+    n=$(grep -o "\"$reason\":[0-9]*" rep.json | cut -d: -f2)
+    want=1
+    [ "$reason" == "image file empty or truncated" ] && want=2
+    check "report count '$reason'" "${n:-0}" "$want"
+done
+check "report totals" "$(grep -o '"records_in":[0-9]*,"records_out":[0-9]*,"skipped":[0-9]*' rep.json)" '"records_in":13,"records_out":6,"skipped":7'
+check "plot is svg" "$(head -c 4 plot.svg)" "<svg"
+check "plot has bucket label" "$(grep -c '>1344x768<' plot.svg)" 1
+if command -v python3 > /dev/null; then
+    python3 -c 'import json,sys; json.load(open(sys.argv[1])); [json.loads(l) for l in open(sys.argv[2])]' rep.json out.jsonl \
+        || fail "report or output is not valid JSON"
+    python3 -c 'import sys, xml.dom.minidom as m; m.parse(sys.argv[1])' plot.svg || fail "plot is not well-formed XML"
+fi
+
+# skip messages name file:line
+"$BIN" in.jsonl -o /dev/null 2> err.txt
+check "skip message file:line" "$(grep -c 'skip in.jsonl:9 ' err.txt)" 1
+check "skip message for missing" "$(grep -c 'skip in.jsonl:4 .*missing.jpg' err.txt)" 1
+
+# stdin gives the same output as a file
+"$BIN" -q < in.jsonl > out_stdin.jsonl
+cmp -s out.jsonl out_stdin.jsonl || fail "stdin output differs from file output"
+
+# --- exit codes -------------------------------------------------------------
+"$BIN" -q --strict in.jsonl -o /dev/null 2> /dev/null
+check "--strict with skips" $? 1
+head -3 in.jsonl | "$BIN" -q --strict > /dev/null 2>&1
+check "--strict without skips" $? 0
+"$BIN" --bogus in.jsonl > /dev/null 2>&1
+check "unknown option" $? 2
+"$BIN" --plan nope in.jsonl > /dev/null 2>&1
+check "bad plan" $? 2
+"$BIN" --split 3 in.jsonl > /dev/null 2>&1
+check "split without -o" $? 2
+"$BIN" --split 3 -o 'part.jsonl' in.jsonl > /dev/null 2>&1
+check "split -o without %d" $? 2
+"$BIN" -r 1024 in.jsonl > /dev/null 2>&1
+check "bad resolution" $? 2
+"$BIN" --plan list --buckets 512x in.jsonl > /dev/null 2>&1
+check "bad bucket list" $? 2
+"$BIN" -q no-such-input.jsonl > /dev/null 2>&1
+check "missing input file" $? 3
+"$BIN" --help > help.txt
+check "--help" $? 0
+grep -q -- '--split' help.txt || fail "--help lacks --split"
+"$BIN" --version > /dev/null
+check "--version" $? 0
+
+# --- split balance and determinism ------------------------------------------
+awk 'BEGIN { srand(7); for (i = 0; i < 3000; i++) {
+        w = int(200 + rand() * 3800); h = int(200 + rand() * 3800);
+        if (i % 5 == 0) { w = 1920; h = 1080 }
+        printf "{\"key\":\"r%05d\",\"image\":\"img/%05d.jpg\",\"width\":%d,\"height\":%d}\n", i, i, w, h } }' > many.jsonl
+"$BIN" -q -j 2 --split 7 --seed 3 -o 'part-%d.jsonl' --report split.json many.jsonl
+check "split exit" $? 0
+check "split total" "$(cat part-*.jsonl | wc -l)" 3000
+check "split keeps every record once" "$(cat part-*.jsonl | grep -o '"key":"r[0-9]*"' | sort -u | wc -l)" 3000
+# per-bucket counts per part differ by at most 1, and part totals too
+for f in part-*.jsonl; do grep -o '"bucket":\[[0-9]*,[0-9]*\]' "$f" | sed "s|^|$f |"; done |
+    awk '{ c[$2 " " $1]++; b[$2] = 1; p[$1] = 1; t[$1]++ }
+         END { bad = 0
+               for (k in b) { lo = -1; hi = 0
+                   for (q in p) { n = c[k " " q] + 0; if (lo < 0 || n < lo) lo = n; if (n > hi) hi = n }
+                   if (hi - lo > 1) bad++ }
+               lo = -1; hi = 0; for (q in p) { if (lo < 0 || t[q] < lo) lo = t[q]; if (t[q] > hi) hi = t[q] }
+               if (hi - lo > 1) bad++
+               print bad }' > balance.txt
+check "split balance violations" "$(cat balance.txt)" 0
+check "split parts" "$(ls part-*.jsonl | wc -l)" 7
+mkdir -p again && "$BIN" -q -j 1 --split 7 --seed 3 -o 'again/part-%d.jsonl' many.jsonl
+for i in 0 1 2 3 4 5 6; do cmp -s part-$i.jsonl again/part-$i.jsonl || fail "split part $i differs between -j 2 and -j 1 runs"; done
+mkdir -p seed && "$BIN" -q --split 7 --seed 4 -o 'seed/part-%d.jsonl' many.jsonl
+same=1
+for i in 0 1 2 3 4 5 6; do cmp -s part-$i.jsonl seed/part-$i.jsonl || same=0; done
+check "another seed rotates differently" $same 0
+# order inside each part follows the input
+for f in part-*.jsonl; do
+    grep -o '"key":"r[0-9]*"' "$f" | sort -c 2> /dev/null || fail "$f is not in input order"
+done
+
+# --- other plans ------------------------------------------------------------
+"$BIN" -q --plan sdxl in.jsonl | grep -q '"key":"k01".*"bucket":\[1344,768\]' || fail "sdxl plan 1920x1080"
+"$BIN" -q --plan list --buckets 768x512,512x768 in.jsonl | grep '"k01"' | grep -q '"bucket":\[768,512\]' || fail "list plan"
+"$BIN" -q --plan multires --min-res 512 --max-res 1024 in.jsonl -o mr.jsonl
+check "multires skips below min-res" "$(grep -c '"k12"' mr.jsonl)" 0
+"$BIN" -q --no-upscale in.jsonl | grep '"k03"' | grep -q '"bucket":\[640,448\],"resize":\[640,480\]' || fail "no-upscale keeps 640x480"
+
+if [ $fails -ne 0 ]; then
+    echo "e2e_bucket: $fails failure(s)"
+    exit 1
+fi
+echo "e2e_bucket: ok"
