@@ -108,12 +108,13 @@ static sd_status parse_jpeg_at(const unsigned char *p, size_t n, uint64_t base, 
     for (;;) {
         uint64_t seg = w->pos; /* where this marker starts: resume here */
         if (seg < base) return sd_err_set(err, SD_EFORMAT, "jpeg: walk went backwards");
+        if (seg - base >= n) return sd_err_set(err, SD_ETRUNC, "jpeg: truncated before the frame header");
         size_t pos = (size_t)(seg - base);
         /* junk between segments is skipped the way PIL and libjpeg do */
         while (pos < n && p[pos] != 0xFF) pos++;
         while (pos < n && p[pos] == 0xFF) pos++; /* fill bytes */
         if (pos >= n) {
-            w->pos = base + (pos > 0 && p[pos - 1] == 0xFF ? pos - 1 : pos);
+            w->pos = base + (p[pos - 1] == 0xFF ? pos - 1 : pos); /* pos > seg - base here */
             return sd_err_set(err, SD_ETRUNC, "jpeg: truncated before the frame header");
         }
         unsigned m = p[pos++];
@@ -287,8 +288,9 @@ sd_status sd_imghdr_read_fd(int fd, uint64_t offset, uint64_t size, sd_imginfo *
     st = parse_jpeg_at(first, have, 0, &w, out, err);
     unsigned char *win = NULL;
     size_t cap = 0;
-    for (int k = 0; st == SD_ETRUNC && k < MAX_WINDOWS; k++) {
-        if (w.pos >= size) break;
+    int k = 0;
+    for (; st == SD_ETRUNC && k < MAX_WINDOWS; k++) {
+        if (w.pos >= size) break; /* walked off the end: truncated */
         size_t len = w.need > WINDOW ? w.need : WINDOW;
         if (w.pos + len > size) len = (size_t)(size - w.pos);
         if (len > cap) {
@@ -307,12 +309,18 @@ sd_status sd_imghdr_read_fd(int fd, uint64_t offset, uint64_t size, sd_imginfo *
             return sd_err_set(err, SD_EIO, "read: %s", strerror(errno));
         }
         st = parse_jpeg_at(win, (size_t)r, at, &w, out, err);
-        if (st == SD_ETRUNC && ((size_t)r < len || (w.pos == at && (size_t)r >= (w.need ? w.need : 1) && at + (size_t)r >= size)))
-            break; /* the data really ends here */
+        if (st != SD_ETRUNC) break;
+        if ((size_t)r < len) break; /* the file is shorter than it was */
+        if (w.pos == at) {
+            /* no progress: only a larger window can help */
+            size_t next = w.need > WINDOW ? w.need : WINDOW;
+            if (at + next > size) next = (size_t)(size - at);
+            if (next <= (size_t)r) break;
+        }
     }
     free(win);
-    if (st == SD_ETRUNC && w.pos < size && w.need == 0 && 0)
-        st = sd_err_set(err, SD_EUNSUPPORTED, "jpeg: too many segments before the frame header");
+    if (st == SD_ETRUNC && k == MAX_WINDOWS)
+        return sd_err_set(err, SD_EUNSUPPORTED, "jpeg: over %d reads without reaching the frame header", MAX_WINDOWS);
     return st;
 }
 

@@ -11,11 +11,7 @@
 
 typedef enum { SD_IMG_UNKNOWN = 0, SD_IMG_JPEG, SD_IMG_PNG, SD_IMG_WEBP, SD_IMG_GIF, SD_IMG_BMP } sd_img_format;
 
-enum {
-    SD_IMGHDR_MAX_SIDE = 65535,
-    SD_IMGHDR_FIRST_READ = 64 * 1024,  /* what a header read starts with */
-    SD_IMGHDR_MAX_READ = 1024 * 1024   /* JPEGs with big APP segments may grow to this */
-};
+enum { SD_IMGHDR_MAX_SIDE = 65535 };
 /* PIL's decompression-bomb error threshold (2 * MAX_IMAGE_PIXELS). */
 #define SD_IMGHDR_MAX_PIXELS 178956970ULL
 
