@@ -6,7 +6,7 @@ Usage: gen_danbooru.py N OUT.jsonl [SEED]
 Each line is one post with the field set of the Danbooru posts API (id,
 created_at, uploader_id, score, up/down_score, fav_count, rating g/s/q/e, md5,
 image size, tag_string and the per-category tag strings and counts, file
-URLs, pixiv_id, a media_asset with variants, ...), about 1.5-2.5 KB. General
+URLs, pixiv_id, a media_asset, ...), compact like the API, about 2.4 KB. General
 tags (25-35 per post) are drawn from a Zipf-like vocabulary of a few thousand
 tags. About 1% of the lines have a problem: truncated JSON, or no id (some
 also without md5).
@@ -46,13 +46,13 @@ def make_vocab(rng):
     tags += [f"{p}_({q})" for p, q in itertools.product(PARTS, ["cosplay", "object", "clothing", "pattern"])]
     seen = set(tags)
     while len(tags) < 3400:
-        w = "_".join("".join(rng.choice(SYL) for _ in range(rng.randint(2, 4))) for _ in range(rng.randint(1, 3)))
+        w = "_".join("".join(rng.choice(SYL) for _ in range(rng.randint(2, 3))) for _ in range(rng.randint(1, 2)))
         if w not in seen:
             seen.add(w)
             tags.append(w)
-    rest = tags[6:]
-    rng.shuffle(rest)
-    tags = tags[:6] + rest
+    head = tags[6:400]
+    rng.shuffle(head)  # realistic tags first, made-up words in the long tail
+    tags = tags[:6] + head + tags[400:]
     # the rarer or blacklisted extras go at mid ranks so they show up a few % of the time
     for i, t in enumerate(EXTRA[6:]):
         tags.insert(15 + i * 7, t)
@@ -140,13 +140,7 @@ def main():
                     "id": post_id + 5000000, "created_at": ts(t), "updated_at": ts(t + 10),
                     "md5": md5, "file_ext": ext, "file_size": w * h // 5, "image_width": w, "image_height": h,
                     "duration": None, "status": "active", "file_key": md5[5:14], "is_public": True,
-                    "pixel_hash": md5[::-1],
-                    "variants": [
-                        {"type": "180x180", "url": f"https://cdn.donmai.us/180x180/{md5[:2]}/{md5[2:4]}/{md5}.jpg",
-                         "width": 180, "height": 180 * h // w, "file_ext": "jpg"},
-                        {"type": "sample", "url": f"https://cdn.donmai.us/sample/{md5[:2]}/{md5[2:4]}/sample-{md5}.jpg",
-                         "width": 850, "height": 850 * h // w, "file_ext": "jpg"},
-                        {"type": "original", "url": cdn, "width": w, "height": h, "file_ext": ext}]},
+                    "pixel_hash": md5[::-1]},
                 "tag_string_general": general_s,
                 "tag_string_character": " ".join(c for c, _ in ch),
                 "tag_string_copyright": " ".join(copy),
@@ -158,7 +152,7 @@ def main():
             }
             fault = rng.random()
             if fault < 0.004:
-                line = json.dumps(post)
+                line = json.dumps(post, separators=(",", ":"))
                 line = line[: rng.randint(10, len(line) - 2)]
             else:
                 if fault < 0.007:
@@ -166,7 +160,7 @@ def main():
                 elif fault < 0.010:
                     del post["id"]
                     del post["md5"]
-                line = json.dumps(post)
+                line = json.dumps(post, separators=(",", ":"))
             f.write(line)
             f.write("\n")
 

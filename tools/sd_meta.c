@@ -59,7 +59,7 @@ static sd_status load_cls_map(const char *path, sd_arena *a, sd_json **out, char
 }
 
 /* Turn flags into rules on top of the rules file. */
-static sd_status rules_from_options(sd_rules *r, options *o, sd_error *err)
+static sd_status rules_from_options(sd_rules *r, const options *o, sd_error *err)
 {
     sd_status st;
     if (o->rules && (st = sd_rules_load_file(r, o->rules, err))) return st;
@@ -103,6 +103,108 @@ static sd_status read_source(sd_meta_run *m, const char *path, sd_source_kind ki
     case SD_SRC_AUTO: break;
     }
     return sd_err_set(err, SD_ENOTFOUND, "%s: no such file or directory", path);
+}
+
+/* Everything after option parsing; every path frees what it made. */
+static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
+{
+    sd_log_setup("sd-meta", o->verbose ? SD_LOG_DEBUG : SD_LOG_INFO);
+    if (pos->n == 0) {
+        sd_cli_usage_error(cli, "no source given");
+        return SD_EXIT_USAGE;
+    }
+    sd_source_kind kind = SD_SRC_AUTO;
+    if (o->source && (int)(kind = sd_source_parse(o->source)) < 0) {
+        sd_cli_usage_error(cli, "unknown --source '%s'", o->source);
+        return SD_EXIT_USAGE;
+    }
+    sd_out_format fmt = SD_OUT_JSONL;
+    if (o->format && strcmp(o->format, "kohya") == 0) fmt = SD_OUT_KOHYA;
+    else if (o->format && strcmp(o->format, "jsonl") != 0) {
+        sd_cli_usage_error(cli, "unknown --format '%s'", o->format);
+        return SD_EXIT_USAGE;
+    }
+    int force_e621 = -1;
+    if (o->flavor) {
+        if (strcmp(o->flavor, "e621") == 0) force_e621 = 1;
+        else if (strcmp(o->flavor, "danbooru") == 0) force_e621 = 0;
+        else {
+            sd_cli_usage_error(cli, "unknown --flavor '%s'", o->flavor);
+            return SD_EXIT_USAGE;
+        }
+    }
+
+    sd_error err;
+    sd_rules rules;
+    sd_rules_init(&rules);
+    if (rules_from_options(&rules, o, &err)) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        sd_rules_free(&rules);
+        return SD_EXIT_USAGE;
+    }
+    sd_arena cls_arena;
+    sd_arena_init(&cls_arena, 1 << 16);
+    sd_json *cls_map = NULL;
+    char *cls_text = NULL;
+    if (o->cls_map && load_cls_map(o->cls_map, &cls_arena, &cls_map, &cls_text, &err)) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        sd_rules_free(&rules);
+        sd_arena_free(&cls_arena);
+        free(cls_text);
+        return SD_EXIT_USAGE;
+    }
+    sd_build_opts bopts = {o->image_pattern, o->image_root, o->image_pattern ? !o->no_check : 0, cls_map, force_e621};
+    if (!o->no_check && kind != SD_SRC_BOORU) bopts.check_images = 1;
+    if (o->no_check) bopts.check_images = 0;
+
+    sd_outfile out;
+    if (sd_outfile_open(&out, o->out, &err)) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        sd_rules_free(&rules);
+        sd_arena_free(&cls_arena);
+        free(cls_text);
+        return SD_EXIT_FATAL;
+    }
+    sd_pool *pool = sd_pool_create(o->threads > 0 ? (int)o->threads : sd_default_threads());
+    sd_meta_run run;
+    int status = SD_EXIT_OK;
+    if (!pool || sd_meta_run_init(&run, &rules, &bopts, pool, out.f, fmt, o->verbose ? -1 : 10, !o->quiet, &err)) {
+        sd_log(SD_LOG_ERROR, "%s", pool ? err.msg : "cannot start threads");
+        sd_outfile_abort(&out);
+        if (pool) sd_meta_run_free(&run);
+        sd_pool_destroy(pool);
+        sd_rules_free(&rules);
+        sd_arena_free(&cls_arena);
+        free(cls_text);
+        return SD_EXIT_FATAL;
+    }
+    run.with_extra = !o->no_extra;
+    for (int i = 0; i < pos->n && status == SD_EXIT_OK; i++) {
+        if (read_source(&run, pos->v[i], kind, o, &err)) {
+            sd_log(SD_LOG_ERROR, "%s", err.msg);
+            status = SD_EXIT_FATAL;
+        }
+    }
+    if (status == SD_EXIT_OK && sd_meta_finish(&run, &err)) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        status = SD_EXIT_FATAL;
+    }
+    if (status == SD_EXIT_OK && sd_outfile_commit(&out, &err)) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        status = SD_EXIT_FATAL;
+    } else if (status != SD_EXIT_OK) {
+        sd_outfile_abort(&out);
+    }
+    sd_log(SD_LOG_INFO, "records read %llu, written %llu, skipped %llu", (unsigned long long)run.read,
+           (unsigned long long)run.written, (unsigned long long)run.skips.total);
+    sd_tally_log(&run.skips, "skipped by reason");
+    if (status == SD_EXIT_OK && o->strict && run.skips.total) status = SD_EXIT_SKIPPED;
+    sd_meta_run_free(&run);
+    sd_pool_destroy(pool);
+    sd_rules_free(&rules);
+    sd_arena_free(&cls_arena);
+    free(cls_text);
+    return status;
 }
 
 int main(int argc, char **argv)
@@ -149,99 +251,16 @@ int main(int argc, char **argv)
     sd_cli cli = {"sd-meta", "[OPTIONS] SOURCE...", summary, opts, epilog};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
-    if (rc >= 0) return rc;
-    o.has_min_score = min_score > -1e300;
-    o.min_score = min_score;
-    o.has_abs_min_score = abs_min_score > -1e300;
-    o.abs_min_score = abs_min_score;
-    sd_log_setup("sd-meta", o.verbose ? SD_LOG_DEBUG : SD_LOG_INFO);
-    if (pos.n == 0) {
-        sd_cli_usage_error(&cli, "no source given");
-        return SD_EXIT_USAGE;
+    if (rc < 0) {
+        o.has_min_score = min_score > -1e300;
+        o.min_score = min_score;
+        o.has_abs_min_score = abs_min_score > -1e300;
+        o.abs_min_score = abs_min_score;
+        rc = run_meta(&o, &pos, &cli);
     }
-    sd_source_kind kind = SD_SRC_AUTO;
-    if (o.source && (int)(kind = sd_source_parse(o.source)) < 0) {
-        sd_cli_usage_error(&cli, "unknown --source '%s'", o.source);
-        return SD_EXIT_USAGE;
-    }
-    sd_out_format fmt = SD_OUT_JSONL;
-    if (o.format && strcmp(o.format, "kohya") == 0) fmt = SD_OUT_KOHYA;
-    else if (o.format && strcmp(o.format, "jsonl") != 0) {
-        sd_cli_usage_error(&cli, "unknown --format '%s'", o.format);
-        return SD_EXIT_USAGE;
-    }
-    int force_e621 = -1;
-    if (o.flavor) {
-        if (strcmp(o.flavor, "e621") == 0) force_e621 = 1;
-        else if (strcmp(o.flavor, "danbooru") == 0) force_e621 = 0;
-        else {
-            sd_cli_usage_error(&cli, "unknown --flavor '%s'", o.flavor);
-            return SD_EXIT_USAGE;
-        }
-    }
-
-    sd_error err;
-    sd_rules rules;
-    sd_rules_init(&rules);
-    if (rules_from_options(&rules, &o, &err)) {
-        sd_log(SD_LOG_ERROR, "%s", err.msg);
-        sd_rules_free(&rules);
-        return SD_EXIT_USAGE;
-    }
-    sd_arena cls_arena;
-    sd_arena_init(&cls_arena, 1 << 16);
-    sd_json *cls_map = NULL;
-    char *cls_text = NULL;
-    if (o.cls_map && load_cls_map(o.cls_map, &cls_arena, &cls_map, &cls_text, &err)) {
-        sd_log(SD_LOG_ERROR, "%s", err.msg);
-        return SD_EXIT_USAGE;
-    }
-    sd_build_opts bopts = {o.image_pattern, o.image_root, o.image_pattern ? !o.no_check : 0, cls_map, force_e621};
-    if (!o.no_check && kind != SD_SRC_BOORU) bopts.check_images = 1;
-    if (o.no_check) bopts.check_images = 0;
-
-    sd_outfile out;
-    if (sd_outfile_open(&out, o.out, &err)) {
-        sd_log(SD_LOG_ERROR, "%s", err.msg);
-        return SD_EXIT_FATAL;
-    }
-    sd_pool *pool = sd_pool_create(o.threads > 0 ? (int)o.threads : sd_default_threads());
-    sd_meta_run run;
-    int status = SD_EXIT_OK;
-    if (!pool || sd_meta_run_init(&run, &rules, &bopts, pool, out.f, fmt, o.verbose ? -1 : 10, !o.quiet, &err)) {
-        sd_log(SD_LOG_ERROR, "%s", pool ? err.msg : "cannot start threads");
-        sd_outfile_abort(&out);
-        return SD_EXIT_FATAL;
-    }
-    run.with_extra = !o.no_extra;
-    for (int i = 0; i < pos.n && status == SD_EXIT_OK; i++) {
-        if (read_source(&run, pos.v[i], kind, &o, &err)) {
-            sd_log(SD_LOG_ERROR, "%s", err.msg);
-            status = SD_EXIT_FATAL;
-        }
-    }
-    if (status == SD_EXIT_OK && sd_meta_finish(&run, &err)) {
-        sd_log(SD_LOG_ERROR, "%s", err.msg);
-        status = SD_EXIT_FATAL;
-    }
-    if (status == SD_EXIT_OK && sd_outfile_commit(&out, &err)) {
-        sd_log(SD_LOG_ERROR, "%s", err.msg);
-        status = SD_EXIT_FATAL;
-    } else if (status != SD_EXIT_OK) {
-        sd_outfile_abort(&out);
-    }
-    sd_log(SD_LOG_INFO, "records read %llu, written %llu, skipped %llu", (unsigned long long)run.read,
-           (unsigned long long)run.written, (unsigned long long)run.skips.total);
-    sd_tally_log(&run.skips, "skipped by reason");
-    if (status == SD_EXIT_OK && o.strict && run.skips.total) status = SD_EXIT_SKIPPED;
-    sd_meta_run_free(&run);
-    sd_pool_destroy(pool);
-    sd_rules_free(&rules);
-    sd_arena_free(&cls_arena);
-    free(cls_text);
     sd_strlist_free(&pos);
     sd_strlist_free(&o.blacklist);
     sd_strlist_free(&o.ratings);
     sd_strlist_free(&o.where);
-    return status;
+    return rc;
 }
