@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "hash.h"
+#include "slurp.h"
 
 static const int default_order[] = {SD_TAG_CHARACTER, SD_TAG_COPYRIGHT, SD_TAG_ARTIST, SD_TAG_SPECIES,
                                     SD_TAG_GENERAL,   SD_TAG_LORE,      SD_TAG_META};
@@ -374,25 +375,17 @@ sd_status sd_rules_load_json(sd_rules *r, const sd_json *root, sd_error *err)
 /* Load a rules file (JSON). */
 sd_status sd_rules_load_file(sd_rules *r, const char *path, sd_error *err)
 {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return sd_err_set(err, SD_EIO, "%s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || st.st_size > (16 << 20)) {
-        close(fd);
-        return sd_err_set(err, SD_EIO, "%s: not a regular file or too large", path);
+    sd_buf text;
+    sd_buf_init(&text);
+    sd_status rs = sd_read_file(path, &text, err);
+    if (rs) {
+        sd_buf_free(&text);
+        return rs;
     }
-    char *text = malloc((size_t)st.st_size + 1);
-    ssize_t got = text ? read(fd, text, (size_t)st.st_size) : -1;
-    close(fd);
-    if (got != st.st_size) {
-        free(text);
-        return sd_err_set(err, SD_EIO, "%s: read failed", path);
-    }
-    text[got] = 0;
     sd_arena a;
     sd_arena_init(&a, 1 << 16);
     sd_json *root;
-    sd_status s = sd_json_parse(&a, text, (size_t)got, &root, err);
+    sd_status s = sd_json_parse(&a, text.data, text.len, &root, err);
     if (s) {
         char m[sizeof err->msg];
         snprintf(m, sizeof m, "%s", err->msg);
@@ -406,6 +399,6 @@ sd_status sd_rules_load_file(sd_rules *r, const char *path, sd_error *err)
         }
     }
     sd_arena_free(&a);
-    free(text);
+    sd_buf_free(&text);
     return s;
 }

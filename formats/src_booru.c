@@ -8,22 +8,18 @@
 #include <unistd.h>
 
 #include "lines.h"
+#include "slurp.h"
 #include "sources.h"
 
 /* Read a whole JSON array document and add each element as an input. */
 static sd_status read_array(sd_meta_run *m, const char *path, const char *origin, sd_error *err)
 {
-    int fd = strcmp(path, "-") == 0 ? 0 : open(path, O_RDONLY);
-    if (fd < 0) return sd_err_set(err, SD_EIO, "%s: %s", path, strerror(errno));
     sd_buf text;
     sd_buf_init(&text);
-    char chunk[1 << 16];
-    ssize_t r;
-    while ((r = read(fd, chunk, sizeof chunk)) > 0) sd_buf_put(&text, chunk, (size_t)r);
-    if (fd > 0) close(fd);
-    if (r < 0 || text.oom) {
+    sd_status rs = sd_read_file(path, &text, err);
+    if (rs) {
         sd_buf_free(&text);
-        return sd_err_set(err, SD_EIO, "%s: read failed", path);
+        return rs;
     }
     sd_arena a;
     sd_arena_init(&a, 1 << 20);

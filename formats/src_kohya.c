@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "slurp.h"
 #include "sources.h"
 
 /* Read the dictionary and add one input per entry. Images are looked up as
@@ -14,17 +15,12 @@
  * image_root (default: the json file's directory). */
 sd_status sd_read_kohya(sd_meta_run *m, const char *path, const char *image_root, sd_error *err)
 {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return sd_err_set(err, SD_EIO, "%s: %s", path, strerror(errno));
     sd_buf text;
     sd_buf_init(&text);
-    char chunk[1 << 16];
-    ssize_t r;
-    while ((r = read(fd, chunk, sizeof chunk)) > 0) sd_buf_put(&text, chunk, (size_t)r);
-    close(fd);
-    if (r < 0 || text.oom) {
+    sd_status rs = sd_read_file(path, &text, err);
+    if (rs) {
         sd_buf_free(&text);
-        return sd_err_set(err, SD_EIO, "%s: read failed", path);
+        return rs;
     }
     const char *origin = sd_meta_keep(m, path);
     char *dcopy = strdup(path);

@@ -39,14 +39,17 @@ void sd_buf_py_float(sd_buf *b, double v)
         sd_buf_puts(b, isnan(v) ? "NaN" : (v > 0 ? "Infinity" : "-Infinity"));
         return;
     }
-    char tmp[40];
-    if (v == floor(v) && fabs(v) < 1e16) {
-        snprintf(tmp, sizeof tmp, "%.0f.0", v);
-        if (v == 0.0 && signbit(v)) snprintf(tmp, sizeof tmp, "-0.0");
-        sd_buf_puts(b, tmp);
+    if (v == floor(v) && fabs(v) < 1e15) {
+        if (v == 0.0 && signbit(v)) sd_buf_putc(b, '-');
+        sd_buf_json_int(b, (int64_t)v);
+        sd_buf_puts(b, ".0");
         return;
     }
-    for (int prec = 1; prec <= 17; prec++) {
+    /* 15 significant digits that round-trip are already the shortest form
+     * (%g drops the trailing zeros); otherwise the correctly rounded 16- or
+     * 17-digit form is what repr picks */
+    char tmp[40];
+    for (int prec = 15; prec <= 17; prec++) {
         snprintf(tmp, sizeof tmp, "%.*g", prec, v);
         if (strtod(tmp, NULL) == v) break;
     }

@@ -8,6 +8,7 @@
 #include "log.h"
 #include "outfile.h"
 #include "rules.h"
+#include "slurp.h"
 #include "sources.h"
 
 static const char summary[] =
@@ -44,16 +45,12 @@ typedef struct {
 /* Load the cls -> prompt map for WebDataset class labels. */
 static sd_status load_cls_map(const char *path, sd_arena *a, sd_json **out, char **text, sd_error *err)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return sd_err_set(err, SD_EIO, "%s: cannot open", path);
     sd_buf b;
     sd_buf_init(&b);
-    char chunk[65536];
-    size_t r;
-    while ((r = fread(chunk, 1, sizeof chunk, f)) > 0) sd_buf_put(&b, chunk, r);
-    fclose(f);
+    sd_status st = sd_read_file(path, &b, err);
     *text = b.data;
-    sd_status st = sd_json_parse(a, b.data ? b.data : (char *)"", b.len, out, err);
+    if (st) return st;
+    st = sd_json_parse(a, b.data, b.len, out, err);
     if (!st && (*out)->type != SD_JSON_OBJECT) st = sd_err_set(err, SD_EFORMAT, "%s: expected {\"cls\": \"prompt\"}", path);
     return st;
 }

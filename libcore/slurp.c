@@ -1,0 +1,28 @@
+#include "slurp.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Append the whole of path ("-" = stdin) to out, NUL-terminated; the error
+ * names the file. */
+sd_status sd_read_file(const char *path, sd_buf *out, sd_error *err)
+{
+    int fd = strcmp(path, "-") == 0 ? STDIN_FILENO : open(path, O_RDONLY);
+    if (fd < 0) return sd_err_set(err, SD_EIO, "%s: %s", path, strerror(errno));
+    char chunk[1 << 16];
+    ssize_t r;
+    for (;;) {
+        r = read(fd, chunk, sizeof chunk);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        sd_buf_put(out, chunk, (size_t)r);
+    }
+    int saved = errno;
+    if (fd != STDIN_FILENO) close(fd);
+    if (r < 0) return sd_err_set(err, SD_EIO, "%s: read: %s", path, strerror(saved));
+    if (out->oom) return sd_err_set(err, SD_ENOMEM, "%s: file too large for memory", path);
+    sd_buf_cstr(out);
+    return SD_OK;
+}
