@@ -48,11 +48,14 @@ void sd_buf_py_float(sd_buf *b, double v)
     /* 15 significant digits that round-trip are already the shortest form
      * (%g drops the trailing zeros); otherwise the correctly rounded 16- or
      * 17-digit form is what repr picks */
-    char tmp[40];
-    for (int prec = 15; prec <= 17; prec++) {
-        snprintf(tmp, sizeof tmp, "%.*g", prec, v);
-        if (strtod(tmp, NULL) == v) break;
+    char tmp[40], t15[40];
+    snprintf(tmp, sizeof tmp, "%.16g", v);
+    if (strtod(tmp, NULL) == v) {
+        snprintf(t15, sizeof t15, "%.15g", v);
+        sd_buf_puts(b, strtod(t15, NULL) == v ? t15 : tmp);
+        return;
     }
+    snprintf(tmp, sizeof tmp, "%.17g", v); /* 17 digits always round-trip */
     sd_buf_puts(b, tmp);
 }
 
