@@ -55,7 +55,7 @@ def make_vocab(rng):
     tags = tags[:6] + head + tags[400:]
     # the rarer or blacklisted extras go at mid ranks so they show up a few % of the time
     for i, t in enumerate(EXTRA[6:]):
-        tags.insert(15 + i * 7, t)
+        tags.insert(40 + i * 40, t)
     series = ["_".join(rng.choice(SYL) + rng.choice(SYL) for _ in range(rng.randint(1, 3))) for _ in range(220)]
     series += ["vocaloid", "touhou", "kantai_collection", "fate/grand_order", "genshin_impact", "original"]
     chars = []

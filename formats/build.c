@@ -75,7 +75,8 @@ int sd_pattern_format(const char *pat, const sd_json *obj, sd_buf *out, const ch
         if (!v && nl == 3 && strncmp(name, "ext", 3) == 0) v = sd_json_get(obj, "file_ext");
         if (!v && nl == 3 && strncmp(name, "ext", 3) == 0) v = sd_json_path(obj, "file.ext", 8);
         if (!v && nl == 3 && strncmp(name, "md5", 3) == 0) v = sd_json_path(obj, "file.md5", 8);
-        if (!v || v->type == SD_JSON_NULL || v->type == SD_JSON_OBJECT || v->type == SD_JSON_ARRAY) {
+        if (!v || v->type == SD_JSON_NULL || v->type == SD_JSON_TRUE || v->type == SD_JSON_FALSE ||
+            v->type == SD_JSON_OBJECT || v->type == SD_JSON_ARRAY) { /* no text to put in a path */
             *missing = name;
             return -1;
         }
