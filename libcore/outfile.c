@@ -7,13 +7,24 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Open path for writing through a temp file; NULL or "-" means stdout. */
+/* Open path for writing through a temp file; NULL or "-" means stdout, and
+ * an existing non-regular file (device, FIFO) is written in place. */
 sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err)
 {
     o->f = NULL;
     o->path = o->tmp = NULL;
+    o->special = 0;
     if (!path || strcmp(path, "-") == 0) {
         o->f = stdout;
+        return SD_OK;
+    }
+    struct stat target;
+    if (stat(path, &target) == 0 && !S_ISREG(target.st_mode)) {
+        /* a device or pipe (/dev/null, a FIFO): write to it directly, never rename over it */
+        if (S_ISDIR(target.st_mode)) return sd_err_set(err, SD_EINVAL, "%s: is a directory", path);
+        o->f = fopen(path, "w");
+        if (!o->f) return sd_err_set(err, SD_EIO, "%s: %s", path, strerror(errno));
+        o->special = 1;
         return SD_OK;
     }
     size_t n = strlen(path) + 32;
@@ -45,6 +56,13 @@ sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err)
 /* Flush, fsync and rename into place (stdout is just flushed). */
 sd_status sd_outfile_commit(sd_outfile *o, sd_error *err)
 {
+    if (o->special) {
+        int bad = fflush(o->f) != 0 || ferror(o->f);
+        bad |= fclose(o->f) != 0;
+        o->f = NULL;
+        o->special = 0;
+        return bad ? sd_err_set(err, SD_EIO, "write failed: %s", strerror(errno)) : SD_OK;
+    }
     if (!o->path) {
         if (fflush(stdout) != 0 || ferror(stdout)) return sd_err_set(err, SD_EIO, "writing stdout: %s", strerror(errno));
         return SD_OK;
@@ -86,6 +104,7 @@ void sd_outfile_abort(sd_outfile *o)
 {
     if (o->f && o->f != stdout) fclose(o->f);
     if (o->tmp) unlink(o->tmp);
+    o->special = 0;
     free(o->path);
     free(o->tmp);
     o->f = NULL;

@@ -11,6 +11,7 @@ typedef struct {
     FILE *f;
     char *path; /* NULL for stdout */
     char *tmp;
+    int special; /* writing straight into a device or FIFO */
 } sd_outfile;
 
 sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err);

@@ -436,6 +436,21 @@ class Cli(Base):
         self.assertEqual(json.loads(read(out))["key"], "1234")
         self.assertEqual(os.listdir(self.p("o")), ["meta.jsonl"])
 
+    def test_output_to_a_fifo_is_not_replaced(self):
+        import stat
+        import threading
+        write(self.p("posts.jsonl"), json.dumps(post()) + "\n")
+        fifo = self.p("pipe")
+        os.mkfifo(fifo)
+        got = []
+        t = threading.Thread(target=lambda: got.append(read(fifo)))
+        t.start()
+        rc, _, err = run([self.p("posts.jsonl"), "-o", fifo])
+        t.join(10)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(json.loads(got[0])["key"], "1234")
+        self.assertTrue(stat.S_ISFIFO(os.stat(fifo).st_mode))  # written through, not renamed over
+
     def test_threads_do_not_change_output(self):
         posts = [post(id=i, score=i % 30) for i in range(20000)]
         write(self.p("posts.jsonl"), "".join(json.dumps(x) + "\n" for x in posts))
