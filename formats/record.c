@@ -67,7 +67,7 @@ static int is_consumed(const sd_record *r, const char *name)
 {
     if (!r->consumed) return 0;
     for (const char *const *c = r->consumed; *c; c++)
-        if (strcmp(*c, name) == 0) return 1;
+        if ((*c)[0] == name[0] && strcmp(*c, name) == 0) return 1;
     return 0;
 }
 

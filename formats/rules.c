@@ -79,19 +79,10 @@ size_t sd_tag_normalize(const char *s, size_t n, char *out, size_t cap)
     if (n >= cap) return cap;
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
-        out[i] = c == '_' ? ' ' : (char)tolower((unsigned char)c);
+        out[i] = c == '_' ? ' ' : (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c;
     }
     out[n] = 0;
     return n;
-}
-
-/* Look up a tag in a map of normalised tags. */
-const sd_strmap_slot *sd_rules_tag_lookup(const sd_strmap *m, const char *s, size_t n)
-{
-    if (!m->n) return NULL;
-    char tmp[512];
-    size_t k = sd_tag_normalize(s, n, tmp, sizeof tmp);
-    return k == sizeof tmp ? NULL : sd_strmap_get(m, tmp, k);
 }
 
 /* Insert a tag into a normalised map. */

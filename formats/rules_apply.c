@@ -8,6 +8,32 @@
 #include "hash.h"
 #include "rules.h"
 
+/* A tag in matching form (see sd_tag_normalize) with its map hash, made once
+ * per tag and record and used for every tag map. */
+typedef struct {
+    const char *s;
+    uint32_t len;
+    uint64_t h;
+} normtag;
+
+/* Fill nt from tag t (nt->s = NULL when the tag is removed or too long). */
+static void normalize_tag(const sd_tag *t, sd_arena *a, normtag *nt)
+{
+    nt->s = NULL;
+    if (!t->s) return;
+    char *d = sd_arena_alloc(a, (size_t)t->len + 1);
+    if (!d || sd_tag_normalize(t->s, t->len, d, (size_t)t->len + 1) != t->len) return;
+    nt->s = d;
+    nt->len = t->len;
+    nt->h = sd_strmap_hash(d, t->len);
+}
+
+/* Look a normalised tag up in a tag map. */
+static const sd_strmap_slot *nt_lookup(const sd_strmap *m, const normtag *nt)
+{
+    return nt->s && m->n ? sd_strmap_get_h(m, nt->s, nt->len, nt->h) : NULL;
+}
+
 /* Numeric value of a where-field: record fields first, then the source's
  * (dotted paths allowed). 0 if found. */
 static int field_num(const sd_record *rec, const char *f, double *out)
@@ -54,7 +80,7 @@ static int where_eval(const sd_where *w, const sd_record *rec)
 }
 
 /* Filters that look at the record as read. 0 keep, -1 drop with *reason. */
-static int apply_filters(const sd_rules *r, sd_record *rec, const char **reason)
+static int apply_filters(const sd_rules *r, sd_record *rec, const normtag *nt, const char **reason)
 {
     if (r->ratings.n && (!rec->rating || !sd_strmap_get(&r->ratings, rec->rating, strlen(rec->rating)))) {
         *reason = rec->rating ? "rating not allowed" : "no rating";
@@ -76,11 +102,11 @@ static int apply_filters(const sd_rules *r, sd_record *rec, const char **reason)
     }
     if (r->blacklist.n)
         for (int i = 0; i < rec->ntags; i++)
-            if (sd_rules_tag_lookup(&r->blacklist, rec->tags[i].s, rec->tags[i].len)) return *reason = "blacklisted tag", -1;
+            if (nt_lookup(&r->blacklist, &nt[i])) return *reason = "blacklisted tag", -1;
     if (r->bonus.n || r->has_min_score) {
         double bonus = 0;
         for (int i = 0; i < rec->ntags && r->bonus.n; i++) {
-            const sd_strmap_slot *s = sd_rules_tag_lookup(&r->bonus, rec->tags[i].s, rec->tags[i].len);
+            const sd_strmap_slot *s = nt_lookup(&r->bonus, &nt[i]);
             if (s) bonus += s->nval;
         }
         if (rec->has_score) rec->score += bonus;
@@ -92,14 +118,28 @@ static int apply_filters(const sd_rules *r, sd_record *rec, const char **reason)
     return 0;
 }
 
+/* First occurrence of needle in hay (short strings: memchr on the first
+ * byte, then compare; cheaper than memmem's setup for tag-sized text). */
+static const char *find_sub(const char *hay, size_t hn, const char *needle, size_t nn)
+{
+    if (nn == 0 || hn < nn) return NULL;
+    const char *end = hay + hn - nn + 1;
+    for (const char *p = hay; p < end; p++) {
+        p = memchr(p, needle[0], (size_t)(end - p));
+        if (!p) return NULL;
+        if (memcmp(p, needle, nn) == 0) return p;
+    }
+    return NULL;
+}
+
 /* Replace every occurrence of one substring in buf. */
 static void subst_all(sd_buf *buf, sd_buf *tmp, const sd_subst *s)
 {
-    if (buf->len < s->from_len || !memmem(buf->data, buf->len, s->from, s->from_len)) return;
+    if (!find_sub(buf->data, buf->len, s->from, s->from_len)) return;
     sd_buf_clear(tmp);
     size_t i = 0;
     while (i < buf->len) {
-        char *hit = memmem(buf->data + i, buf->len - i, s->from, s->from_len);
+        const char *hit = find_sub(buf->data + i, buf->len - i, s->from, s->from_len);
         if (!hit) break;
         sd_buf_put(tmp, buf->data + i, (size_t)(hit - (buf->data + i)));
         sd_buf_put(tmp, s->to, s->to_len);
@@ -111,23 +151,24 @@ static void subst_all(sd_buf *buf, sd_buf *tmp, const sd_subst *s)
 }
 
 /* Rewrite one tag in place: whole-tag map, underscores, substrings, parens.
- * A tag mapped to "" is removed (s = NULL). */
-static void rewrite_tag(const sd_rules *r, sd_tag *t, sd_arena *a, sd_buf *scratch)
+ * A tag mapped to "" is removed (s = NULL). Returns 1 when the tag changed in
+ * more than underscores (its normalised form must then be made again). */
+static int rewrite_tag(const sd_rules *r, sd_tag *t, const normtag *nt, sd_arena *a, sd_buf *scratch)
 {
     const char *s = t->s;
     size_t n = t->len;
-    const sd_strmap_slot *rep = sd_rules_tag_lookup(&r->replace_tags, s, n);
+    const sd_strmap_slot *rep = nt_lookup(&r->replace_tags, nt);
     if (rep) {
         if (!rep->sval[0]) {
             t->s = NULL;
-            return;
+            return 1;
         }
         s = rep->sval;
         n = strlen(s);
     }
     int need = rep != NULL || r->nsubst > 0 || (r->underscores && n > 3 && memchr(s, '_', n)) ||
                (r->escape_parens && (memchr(s, '(', n) || memchr(s, ')', n)));
-    if (!need) return;
+    if (!need) return 0;
     sd_buf *work = &scratch[0], *tmp = &scratch[1];
     sd_buf_clear(work);
     sd_buf_put(work, s, n);
@@ -145,12 +186,14 @@ static void rewrite_tag(const sd_rules *r, sd_tag *t, sd_arena *a, sd_buf *scrat
         sd_buf_clear(work);
         sd_buf_put(work, tmp->data, tmp->len);
     }
+    int changed = rep != NULL || r->escape_parens || r->nsubst > 0;
     t->len = (uint32_t)work->len;
     t->s = t->len ? sd_arena_strndup(a, work->data, work->len) : NULL;
+    return changed;
 }
 
 /* Join the caption tags of one category (or all, cat < 0, in tag_order). */
-static void join_tags(const sd_rules *r, const sd_record *rec, int cat, sd_buf *out)
+static void join_tags(const sd_rules *r, const sd_record *rec, const normtag *nt, int cat, sd_buf *out)
 {
     size_t sl = strlen(r->separator);
     int first = 1;
@@ -160,7 +203,7 @@ static void join_tags(const sd_rules *r, const sd_record *rec, int cat, sd_buf *
         for (int i = 0; i < rec->ntags; i++) {
             const sd_tag *t = &rec->tags[i];
             if (t->cat != c || !t->s) continue;
-            if (r->non_caption.n && sd_rules_tag_lookup(&r->non_caption, t->s, t->len)) continue;
+            if (r->non_caption.n && nt_lookup(&r->non_caption, &nt[i])) continue;
             if (!first) sd_buf_put(out, r->separator, sl);
             first = 0;
             if (c == SD_TAG_ARTIST) sd_buf_puts(out, r->artist_prefix);
@@ -170,14 +213,15 @@ static void join_tags(const sd_rules *r, const sd_record *rec, int cat, sd_buf *
 }
 
 /* Expand one template variable into out; 0 if the name is known. */
-static int expand_var(const sd_rules *r, const sd_record *rec, const char *name, size_t n, sd_buf *out)
+static int expand_var(const sd_rules *r, const sd_record *rec, const normtag *nt, const char *name, size_t n,
+                      sd_buf *out)
 {
     if (n == 7 && memcmp(name, "caption", 7) == 0) {
         if (rec->caption) sd_buf_puts(out, rec->caption);
         return 0;
     }
     if (n == 4 && memcmp(name, "tags", 4) == 0) {
-        join_tags(r, rec, -1, out);
+        join_tags(r, rec, nt, -1, out);
         return 0;
     }
     if (n == 6 && memcmp(name, "rating", 6) == 0) {
@@ -203,7 +247,7 @@ static int expand_var(const sd_rules *r, const sd_record *rec, const char *name,
         tmp[n] = 0;
         int c = sd_tag_cat_parse(tmp);
         if (c >= 0) {
-            join_tags(r, rec, c, out);
+            join_tags(r, rec, nt, c, out);
             return 0;
         }
     }
@@ -282,8 +326,18 @@ static void shuffle_tokens(const sd_rules *r, const char *key, sd_buf *cap, sd_b
 int sd_rules_apply(const sd_rules *r, sd_record *rec, uint64_t ordinal, sd_arena *a, sd_buf scratch[3],
                    const char **reason)
 {
-    if (apply_filters(r, rec, reason)) return -1;
-    for (int i = 0; i < rec->ntags; i++) rewrite_tag(r, &rec->tags[i], a, scratch);
+    normtag *nt = NULL;
+    if (r->blacklist.n || r->bonus.n || r->replace_tags.n || r->non_caption.n) {
+        nt = sd_arena_alloc(a, (size_t)(rec->ntags ? rec->ntags : 1) * sizeof *nt);
+        if (!nt) return *reason = "out of memory", -1;
+        for (int i = 0; i < rec->ntags; i++) normalize_tag(&rec->tags[i], a, &nt[i]);
+    }
+    if (apply_filters(r, rec, nt, reason)) return -1;
+    for (int i = 0; i < rec->ntags; i++) {
+        static const normtag none = {NULL, 0, 0};
+        if (rewrite_tag(r, &rec->tags[i], nt ? &nt[i] : &none, a, scratch) && r->non_caption.n)
+            normalize_tag(&rec->tags[i], a, &nt[i]);
+    }
 
     sd_buf *cap = &scratch[1], *clean = &scratch[2];
     sd_buf_clear(cap);
@@ -296,7 +350,7 @@ int sd_rules_apply(const sd_rules *r, sd_record *rec, uint64_t ordinal, sd_arena
             break;
         }
         sd_buf_put(cap, t, (size_t)(open - t));
-        if (expand_var(r, rec, open + 1, (size_t)(close - open - 1), cap)) sd_buf_put(cap, open, (size_t)(close - open + 1));
+        if (expand_var(r, rec, nt, open + 1, (size_t)(close - open - 1), cap)) sd_buf_put(cap, open, (size_t)(close - open + 1));
         t = close + 1;
     }
     drop_empty_items(cap, clean);

@@ -27,8 +27,8 @@ void sd_buf_clear(sd_buf *b)
     b->len = 0;
 }
 
-/* Make room for extra more bytes plus a NUL; 0 on success. */
-int sd_buf_reserve(sd_buf *b, size_t extra)
+/* The slow path of sd_buf_reserve: grow the storage; 0 on success. */
+int sd_buf_grow(sd_buf *b, size_t extra)
 {
     if (b->oom) return -1;
     if (b->len + extra + 1 <= b->cap) return 0;
@@ -42,21 +42,6 @@ int sd_buf_reserve(sd_buf *b, size_t extra)
     b->data = d;
     b->cap = cap;
     return 0;
-}
-
-/* Append n raw bytes. */
-void sd_buf_put(sd_buf *b, const void *p, size_t n)
-{
-    if (sd_buf_reserve(b, n)) return;
-    memcpy(b->data + b->len, p, n);
-    b->len += n;
-}
-
-/* Append one byte. */
-void sd_buf_putc(sd_buf *b, char c)
-{
-    if (sd_buf_reserve(b, 1)) return;
-    b->data[b->len++] = c;
 }
 
 /* Append a NUL-terminated string. */
@@ -93,19 +78,39 @@ const char *sd_buf_cstr(sd_buf *b)
     return b->data;
 }
 
+/* Bytes that need escaping in JSON output ('"', '\\', controls), flagged in
+ * the high bit of each byte; non-ASCII bytes are never flagged. */
+static uint64_t escape_mask(uint64_t v)
+{
+    const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
+    uint64_t q = v ^ (ones * '"'), b = v ^ (ones * '\\');
+    return (((q - ones) & ~q) | ((b - ones) & ~b) | ((v - ones * 0x20) & ~v)) & ~v & high;
+}
+
 /* Append s as a quoted JSON string. Bytes >= 0x80 are copied as they are, so
- * the input must already be valid UTF-8 (the readers check that). */
+ * the input must already be valid UTF-8 (the readers check that). Runs without
+ * escapes are found 8 bytes at a time and copied whole. */
 void sd_buf_json_str(sd_buf *b, const char *s, size_t n)
 {
     static const char hx[] = "0123456789abcdef";
     if (sd_buf_reserve(b, n + 2)) return;
     b->data[b->len++] = '"';
-    size_t run = 0;
-    for (size_t i = 0; i < n; i++) {
+    size_t i = 0, run = 0;
+    while (i < n) {
+        if (n - i >= 8) {
+            uint64_t v;
+            memcpy(&v, s + i, 8);
+            if (!escape_mask(v)) {
+                i += 8;
+                continue;
+            }
+        }
         unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\') continue;
+        if (c >= 0x20 && c != '"' && c != '\\') {
+            i++;
+            continue;
+        }
         sd_buf_put(b, s + run, i - run);
-        run = i + 1;
         char esc[6] = {'\\', 0, 0, 0, 0, 0};
         size_t el = 2;
         switch (c) {
@@ -125,8 +130,14 @@ void sd_buf_json_str(sd_buf *b, const char *s, size_t n)
             el = 6;
         }
         sd_buf_put(b, esc, el);
+        run = ++i;
     }
-    sd_buf_put(b, s + run, n - run);
+    if (run == 0 && !b->oom) { /* nothing escaped: the room is already reserved */
+        memcpy(b->data + b->len, s, n);
+        b->len += n;
+    } else {
+        sd_buf_put(b, s + run, n - run);
+    }
     sd_buf_putc(b, '"');
 }
 

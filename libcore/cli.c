@@ -130,9 +130,13 @@ int sd_cli_parse(const sd_cli *cli, int argc, char **argv, sd_strlist *positiona
             for (const sd_opt *c = cli->opts; c && c->name; c++)
                 if (strlen(c->name) == nl && strncmp(c->name, name, nl) == 0) o = c;
             if (eq) inline_val = eq + 1;
-        } else if (a[2] == 0) {
+        } else {
             for (const sd_opt *c = cli->opts; c && c->name; c++)
                 if (c->short_name == a[1]) o = c;
+            if (o && a[2]) { /* -j2 is -j 2; a flag takes no attached value */
+                if (o->kind == SD_OPT_FLAG) o = NULL;
+                else inline_val = a + 2;
+            }
         }
         if (!o) {
             sd_cli_usage_error(cli, "unknown option '%s'", a);

@@ -48,21 +48,44 @@ static int read_hex4(parser *ps, const char *s, unsigned *out)
     return 0;
 }
 
+/* Bytes that end the fast scan of a string: '"', '\\', control characters
+ * and anything non-ASCII, flagged in the high bit of each byte of the result
+ * (a flag can also appear above a true one, which only costs a slower step). */
+static uint64_t string_stop_mask(uint64_t v)
+{
+    const uint64_t ones = 0x0101010101010101ull, high = 0x8080808080808080ull;
+    uint64_t q = v ^ (ones * '"'), b = v ^ (ones * '\\');
+    return (((q - ones) & ~q) | ((b - ones) & ~b) | ((v - ones * 0x20) & ~v) | v) & high;
+}
+
 /* Parse a string starting at the opening quote; the unescaped bytes are
- * written back over the input and NUL-terminated where the quote was. */
+ * written back over the input and NUL-terminated where the quote was. ASCII
+ * runs are skipped 8 bytes at a time; UTF-8 is validated only for strings
+ * that hold non-ASCII bytes. */
 static sd_status parse_string(parser *ps, char **out, uint32_t *out_len)
 {
     char *s = ++ps->p; /* past the quote */
-    char *w = s;
     char *r = s;
-    /* fast scan of the unescaped prefix */
-    while (r < ps->end && *r != '"' && *r != '\\' && (unsigned char)*r >= 0x20) r++;
-    w = r;
+    int nonascii = 0;
+    for (;;) {
+        while (ps->end - r >= 8) {
+            uint64_t v;
+            memcpy(&v, r, 8);
+            if (string_stop_mask(v)) break;
+            r += 8;
+        }
+        if (r >= ps->end) break;
+        unsigned char c = (unsigned char)*r;
+        if (c == '"' || c == '\\' || c < 0x20) break;
+        nonascii |= c >= 0x80;
+        r++;
+    }
+    char *w = r;
     while (r < ps->end) {
         char c = *r;
         if (c == '"') {
             size_t n = (size_t)(w - s);
-            if (sd_utf8_check(s, n) != n) {
+            if (nonascii && sd_utf8_check(s, n) != n) {
                 ps->p = s + sd_utf8_check(s, n);
                 return fail(ps, "invalid UTF-8 in string");
             }
@@ -77,6 +100,7 @@ static sd_status parse_string(parser *ps, char **out, uint32_t *out_len)
             return fail(ps, "control character in string");
         }
         if (c != '\\') {
+            nonascii |= (unsigned char)c >= 0x80;
             *w++ = *r++;
             continue;
         }

@@ -66,11 +66,23 @@ sd_strmap_slot *sd_strmap_put(sd_strmap *m, const char *key, size_t len)
     return s;
 }
 
+/* The hash the map uses, so a caller looking one key up in several maps
+ * hashes it once. */
+uint64_t sd_strmap_hash(const char *key, size_t len)
+{
+    return sd_hash64(key, len, 0);
+}
+
+/* Look a key up with its precomputed sd_strmap_hash; NULL when absent. */
+const sd_strmap_slot *sd_strmap_get_h(const sd_strmap *m, const char *key, size_t len, uint64_t h)
+{
+    if (!m->n) return NULL;
+    size_t i = find(m->slots, m->cap, key, len, h);
+    return m->slots[i].key ? &m->slots[i] : NULL;
+}
+
 /* Look a key up; NULL when absent. Safe to call from many threads at once. */
 const sd_strmap_slot *sd_strmap_get(const sd_strmap *m, const char *key, size_t len)
 {
-    if (!m->n) return NULL;
-    uint64_t h = sd_hash64(key, len, 0);
-    size_t i = find(m->slots, m->cap, key, len, h);
-    return m->slots[i].key ? &m->slots[i] : NULL;
+    return m->n ? sd_strmap_get_h(m, key, len, sd_hash64(key, len, 0)) : NULL;
 }

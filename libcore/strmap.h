@@ -24,5 +24,7 @@ void sd_strmap_init(sd_strmap *m);
 void sd_strmap_free(sd_strmap *m);
 sd_strmap_slot *sd_strmap_put(sd_strmap *m, const char *key, size_t len);
 const sd_strmap_slot *sd_strmap_get(const sd_strmap *m, const char *key, size_t len);
+uint64_t sd_strmap_hash(const char *key, size_t len);
+const sd_strmap_slot *sd_strmap_get_h(const sd_strmap *m, const char *key, size_t len, uint64_t h);
 
 #endif

@@ -165,7 +165,7 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
     sd_pool *pool = sd_pool_create(o->threads > 0 ? (int)o->threads : sd_default_threads());
     sd_meta_run run;
     int status = SD_EXIT_OK;
-    if (!pool || sd_meta_run_init(&run, &rules, &bopts, pool, out.f, fmt, o->verbose ? -1 : 10, !o->quiet, &err)) {
+    if (!pool || sd_meta_run_init(&run, &rules, &bopts, pool, out.f, fmt, o->verbose ? -1 : o->quiet ? 0 : 10, !o->quiet, &err)) {
         sd_log(SD_LOG_ERROR, "%s", pool ? err.msg : "cannot start threads");
         sd_outfile_abort(&out);
         if (pool) sd_meta_run_free(&run);
