@@ -1,5 +1,7 @@
 #include "bucket.h"
 
+#include "dtoa.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,18 +47,9 @@ void sd_buf_py_float(sd_buf *b, double v)
         sd_buf_puts(b, ".0");
         return;
     }
-    /* 15 significant digits that round-trip are already the shortest form
-     * (%g drops the trailing zeros); otherwise the correctly rounded 16- or
-     * 17-digit form is what repr picks */
-    char tmp[40], t15[40];
-    snprintf(tmp, sizeof tmp, "%.16g", v);
-    if (strtod(tmp, NULL) == v) {
-        snprintf(t15, sizeof t15, "%.15g", v);
-        sd_buf_puts(b, strtod(t15, NULL) == v ? t15 : tmp);
-        return;
-    }
-    snprintf(tmp, sizeof tmp, "%.17g", v); /* 17 digits always round-trip */
-    sd_buf_puts(b, tmp);
+    char tmp[64];
+    int n = sd_dtoa_shortest(v, tmp, sizeof tmp);
+    if (n > 0) sd_buf_put(b, tmp, (size_t)n);
 }
 
 /* Order of buckets in every plan: (w, h) lexicographic, as Python sorts tuples. */

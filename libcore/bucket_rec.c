@@ -170,8 +170,10 @@ void sd_brec_write_fields(sd_buf *out, const sd_brec_result *res)
 /* Is key one of the fields this tool rewrites? */
 static int owned(const char *key, size_t kl)
 {
+    if (kl < 4 || (key[0] != 'o' && key[0] != 'b' && key[0] != 'r' && key[0] != 'c' && key[0] != 'k')) return 0;
     for (size_t i = 0; i < sizeof owned_fields / sizeof owned_fields[0]; i++)
-        if (strlen(owned_fields[i]) == kl && memcmp(owned_fields[i], key, kl) == 0) return 1;
+        if (owned_fields[i][0] == key[0] && strlen(owned_fields[i]) == kl && memcmp(owned_fields[i], key, kl) == 0)
+            return 1;
     return 0;
 }
 

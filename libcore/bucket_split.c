@@ -135,3 +135,106 @@ int sd_part_name(const char *pattern, int part, char *out, size_t cap)
     out[o] = 0;
     return 0;
 }
+
+/* Empty streaming splitter over nparts parts. */
+sd_status sd_stream_splitter_init(sd_stream_splitter *s, int nparts, uint64_t seed, sd_error *err)
+{
+    memset(s, 0, sizeof *s);
+    if (nparts < 1) return sd_err_set(err, SD_EINVAL, "need at least one part");
+    s->nparts = nparts;
+    s->seed = seed;
+    return SD_OK;
+}
+
+/* The pending state of bucket (dense index), created on first use. */
+static sd_split_pending *pending(sd_stream_splitter *s, size_t bucket, uint64_t key)
+{
+    if (bucket >= s->nb) {
+        size_t nb = bucket + 1 > s->nb * 2 ? bucket + 1 : s->nb * 2;
+        sd_split_pending *n = realloc(s->b, nb * sizeof *n);
+        if (!n) return NULL;
+        memset(n + s->nb, 0, (nb - s->nb) * sizeof *n);
+        s->b = n;
+        s->nb = nb;
+    }
+    sd_split_pending *p = &s->b[bucket];
+    if (!p->lens) {
+        p->lens = calloc((size_t)s->nparts, sizeof *p->lens);
+        if (!p->lens) return NULL;
+        p->key = key;
+        p->base = (int)(sd_mix64(s->seed ^ sd_mix64(key)) % (uint64_t)s->nparts);
+    }
+    return p;
+}
+
+/* Write the npend held records of p to parts first, first+1, ... (mod N). */
+static int release(const sd_stream_splitter *s, sd_split_pending *p, int first, sd_part_write_fn fn, void *ctx)
+{
+    size_t off = 0;
+    for (int j = 0; j < p->npend; j++) {
+        if (fn(ctx, (first + j) % s->nparts, p->data + off, p->lens[j])) return -1;
+        off += p->lens[j];
+    }
+    p->npend = 0;
+    p->len = 0;
+    return 0;
+}
+
+/* Take one record of a bucket (dense index, key as for sd_splitter_init);
+ * writes a round through fn when it completes. 0 ok, -1 on failure. */
+int sd_stream_splitter_add(sd_stream_splitter *s, size_t bucket, uint64_t key, const char *rec, size_t len,
+                           sd_part_write_fn fn, void *ctx)
+{
+    sd_split_pending *p = pending(s, bucket, key);
+    if (!p || len > UINT32_MAX) return -1;
+    if (s->nparts == 1) return fn(ctx, 0, rec, len);
+    if (p->len + len > p->cap) {
+        size_t cap = p->cap ? p->cap : 4096;
+        while (cap < p->len + len) cap *= 2;
+        char *d = realloc(p->data, cap);
+        if (!d) return -1;
+        p->data = d;
+        p->cap = cap;
+    }
+    memcpy(p->data + p->len, rec, len);
+    p->len += len;
+    p->lens[p->npend++] = (uint32_t)len;
+    return p->npend == s->nparts ? release(s, p, p->base, fn, ctx) : 0;
+}
+
+/* Lay the incomplete rounds end to end around the ring, buckets in the same
+ * seeded order sd_splitter uses, so part totals differ by at most one. */
+int sd_stream_splitter_finish(sd_stream_splitter *s, sd_part_write_fn fn, void *ctx)
+{
+    bucket_order *ord = malloc((s->nb ? s->nb : 1) * sizeof *ord);
+    if (!ord) return -1;
+    size_t n = 0;
+    for (size_t i = 0; i < s->nb; i++)
+        if (s->b[i].lens) {
+            ord[n].order = sd_mix64(s->seed ^ sd_mix64(s->b[i].key));
+            ord[n].idx = i;
+            n++;
+        }
+    qsort(ord, n, sizeof *ord, order_cmp);
+    uint64_t cursor = sd_mix64(s->seed) % (uint64_t)s->nparts;
+    int rc = 0;
+    for (size_t k = 0; k < n && !rc; k++) {
+        sd_split_pending *p = &s->b[ord[k].idx];
+        int cnt = p->npend;
+        rc = release(s, p, (int)cursor, fn, ctx);
+        cursor = (cursor + (uint64_t)cnt) % (uint64_t)s->nparts;
+    }
+    free(ord);
+    return rc;
+}
+
+/* Free the held records and tables. */
+void sd_stream_splitter_free(sd_stream_splitter *s)
+{
+    for (size_t i = 0; i < s->nb; i++) {
+        free(s->b[i].data);
+        free(s->b[i].lens);
+    }
+    free(s->b);
+    memset(s, 0, sizeof *s);
+}

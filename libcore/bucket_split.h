@@ -23,4 +23,35 @@ void sd_splitter_free(sd_splitter *s);
 int sd_part_name(const char *pattern, int part, char *out, size_t cap);
 int sd_part_pattern_ok(const char *pattern);
 
+
+/* Streaming form of the same split, for when counts are not known in advance
+ * (sd-bucket reads a stream once): each bucket's records are held back only
+ * until a full round of N is there, then go one to each part (so every part
+ * gets the same from complete rounds); at the end each bucket's incomplete
+ * round is laid around the ring of parts in the seeded bucket order, as
+ * sd_splitter does. Memory: under N records per bucket. */
+typedef int (*sd_part_write_fn)(void *ctx, int part, const char *data, size_t len);
+
+typedef struct {
+    uint64_t key;
+    int base;      /* part that gets record 0 of every complete round */
+    int npend;     /* records waiting in the current round */
+    char *data;    /* their bytes, back to back */
+    size_t len, cap;
+    uint32_t *lens; /* nparts entries */
+} sd_split_pending;
+
+typedef struct {
+    int nparts;
+    uint64_t seed;
+    sd_split_pending *b;
+    size_t nb;
+} sd_stream_splitter;
+
+sd_status sd_stream_splitter_init(sd_stream_splitter *s, int nparts, uint64_t seed, sd_error *err);
+int sd_stream_splitter_add(sd_stream_splitter *s, size_t bucket, uint64_t key, const char *rec, size_t len,
+                           sd_part_write_fn fn, void *ctx);
+int sd_stream_splitter_finish(sd_stream_splitter *s, sd_part_write_fn fn, void *ctx);
+void sd_stream_splitter_free(sd_stream_splitter *s);
+
 #endif

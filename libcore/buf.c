@@ -1,5 +1,7 @@
 #include "buf.h"
 
+#include "dtoa.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -173,12 +175,9 @@ void sd_buf_json_num(sd_buf *b, double v)
         sd_buf_json_int(b, (int64_t)v);
         return;
     }
-    char tmp[32];
-    for (int prec = 15; prec <= 17; prec++) {
-        snprintf(tmp, sizeof tmp, "%.*g", prec, v);
-        if (strtod(tmp, NULL) == v) break;
-    }
-    sd_buf_puts(b, tmp);
+    char tmp[64];
+    int n = sd_dtoa_shortest(v, tmp, sizeof tmp);
+    if (n > 0) sd_buf_put(b, tmp, (size_t)n);
 }
 
 /* Append `"key":` preceded by a comma unless it is the object's first member. */

@@ -50,6 +50,7 @@ sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err)
         sd_outfile_abort(o);
         return sd_err_set(err, SD_EIO, "%s: %s", path, strerror(errno));
     }
+    setvbuf(o->f, NULL, _IOFBF, 1 << 20); /* big writes: outputs run to gigabytes */
     return SD_OK;
 }
 

@@ -270,8 +270,93 @@ static void split_once(uint64_t seed, size_t nb, size_t n, int np)
     free(parts);
 }
 
+typedef struct {
+    int np;
+    uint64_t *per, *tot;
+    uint32_t *bucket_of; /* record index -> bucket */
+    int64_t *last;       /* per bucket and part: last record index written */
+    int order_ok, count;
+    uint64_t hash;       /* of the (part, record) sequence, for determinism */
+} stream_sink;
+
+/* Stream-split writer used by the test: records are 4-byte indices. */
+static int sink_write(void *ctx, int part, const char *data, size_t len)
+{
+    stream_sink *k = ctx;
+    uint32_t idx;
+    if (len != sizeof idx) return -1;
+    memcpy(&idx, data, sizeof idx);
+    uint32_t b = k->bucket_of[idx];
+    k->per[b * (size_t)k->np + (size_t)part]++;
+    k->tot[part]++;
+    int64_t *last = &k->last[b * (size_t)k->np + (size_t)part];
+    if (*last >= (int64_t)idx) k->order_ok = 0;
+    *last = idx;
+    k->count++;
+    k->hash = sd_mix64(k->hash ^ ((uint64_t)part << 32 | idx));
+    return 0;
+}
+
+/* The streaming splitter: every record exactly once, both balances, each
+ * bucket's records in input order within a part, deterministic. */
+static void stream_split_once(uint64_t seed, size_t nb, size_t n, int np)
+{
+    uint32_t *bucket_of = malloc((n ? n : 1) * sizeof *bucket_of);
+    uint64_t s = seed, h[2] = {0, 0};
+    for (size_t i = 0; i < n; i++) {
+        s = sd_mix64(s);
+        bucket_of[i] = (uint32_t)((s % nb) * (s >> 40 & 3) / 3 % nb);
+    }
+    for (int rep = 0; rep < 2; rep++) {
+        stream_sink k = {np, calloc(nb * (size_t)np, sizeof(uint64_t)), calloc((size_t)np, sizeof(uint64_t)), bucket_of,
+                         malloc(nb * (size_t)np * sizeof(int64_t)), 1, 0, 0};
+        for (size_t i = 0; i < nb * (size_t)np; i++) k.last[i] = -1;
+        sd_stream_splitter ss;
+        sd_error err;
+        CHECK(sd_stream_splitter_init(&ss, np, seed, &err) == SD_OK);
+        int rc = 0;
+        for (uint32_t i = 0; i < n && !rc; i++)
+            rc = sd_stream_splitter_add(&ss, bucket_of[i], sd_mix64(bucket_of[i] + 7), (const char *)&i, sizeof i, sink_write, &k);
+        rc |= sd_stream_splitter_finish(&ss, sink_write, &k);
+        sd_stream_splitter_free(&ss);
+        CHECK(rc == 0);
+        CHECK(k.count == (int)n);
+        CHECK(k.order_ok);
+        int ok = 1;
+        for (size_t b = 0; b < nb; b++) {
+            uint64_t lo = UINT64_MAX, hi = 0;
+            for (int q = 0; q < np; q++) {
+                uint64_t c = k.per[b * (size_t)np + (size_t)q];
+                lo = c < lo ? c : lo;
+                hi = c > hi ? c : hi;
+            }
+            ok &= hi - lo <= 1;
+        }
+        CHECK(ok);
+        uint64_t lo = UINT64_MAX, hi = 0;
+        for (int q = 0; q < np; q++) {
+            lo = k.tot[q] < lo ? k.tot[q] : lo;
+            hi = k.tot[q] > hi ? k.tot[q] : hi;
+        }
+        if (!CHECK(hi - lo <= 1)) fprintf(stderr, "  stream totals differ by %llu (nb %zu n %zu np %d)\n", (unsigned long long)(hi - lo), nb, n, np);
+        h[rep] = k.hash;
+        free(k.per);
+        free(k.tot);
+        free(k.last);
+    }
+    CHECK(h[0] == h[1]);
+    free(bucket_of);
+}
+
 static void test_split(void)
 {
+    for (uint64_t t = 0, s = 7; t < 200; t++) {
+        s = sd_mix64(s);
+        stream_split_once(s, 1 + s % 60, (s >> 8) % 5000, 1 + (int)((s >> 24) % 12));
+    }
+    stream_split_once(3, 5, 3, 8);
+    stream_split_once(4, 1, 0, 4);
+
     uint64_t s = 42;
     for (int t = 0; t < 200; t++) {
         s = sd_mix64(s);

@@ -1,11 +1,13 @@
 /* libcore and formats helpers: thread pool slicing, block line reader,
  * UTF-8 checks, hash sets and maps, brace expansion, image-path patterns. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "dtoa.h"
 #include "keyset.h"
 #include "lines.h"
 #include "pool.h"
@@ -172,8 +174,44 @@ static void test_pattern(void)
     sd_arena_free(&a);
 }
 
+/* The exact fast path agrees with the printf reference on random values of
+ * every magnitude it handles (and ones it hands on), and reads back exactly. */
+static void test_dtoa(void)
+{
+    uint64_t state = 12345;
+    int bad = 0, n = 0;
+    char a[64], b[64];
+    for (int i = 0; i < 300000; i++) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        double v;
+        switch (i % 4) {
+        case 0: v = (double)(state >> 11) / 9007199254740992.0 * 4000.0; break;           /* crop-like */
+        case 1: v = (double)(state >> 40) / 3.0 + 0.1 * (double)(i % 7); break;           /* thirds, tenths */
+        case 2: v = ldexp((double)(state >> 11), -(int)(state % 70)); break;                /* any exponent */
+        default: v = (double)(int)(state >> 45) / 1024.0 - 500.0; break;                   /* short binary */
+        }
+        if (v == floor(v)) continue;
+        sd_dtoa_shortest(v, a, sizeof a);
+        sd_dtoa_shortest_printf(v, b, sizeof b);
+        n++;
+        if (strtod(a, NULL) != v || strtod(b, NULL) != strtod(a, NULL) || strlen(a) > strlen(b) + 0 ||
+            (strchr(b, 'e') == NULL && strcmp(a, b) != 0)) {
+            if (bad++ < 5) fprintf(stderr, "dtoa %.17g: fast '%s' reference '%s'\n", v, a, b);
+        }
+    }
+    CHECK(bad == 0);
+    CHECK(n > 200000);
+    sd_dtoa_shortest(1253.8000000000002, a, sizeof a);
+    CHECK_STR(a, "1253.8000000000002");
+    sd_dtoa_shortest(0.1, a, sizeof a);
+    CHECK_STR(a, "0.1");
+    sd_dtoa_shortest(-2.5, a, sizeof a);
+    CHECK_STR(a, "-2.5");
+}
+
 int main(void)
 {
+    test_dtoa();
     test_pool();
     test_lines();
     test_utf8();

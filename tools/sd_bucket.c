@@ -40,10 +40,6 @@ typedef struct {
 
 /* One record's place in the temporary file when splitting. */
 typedef struct {
-    uint32_t bucket, len;
-} rec_index;
-
-typedef struct {
     const options *opt;
     sd_plan plan;
     sd_pool *pool;
@@ -61,9 +57,11 @@ typedef struct {
     sd_tally tally;
     uint64_t in, out;
     double sum_abs_err;
-    FILE *sink; /* output stream, or the temp file when splitting */
-    rec_index *idx;
-    size_t nidx, capidx;
+    FILE *sink; /* output stream when not splitting */
+    sd_stream_splitter ss; /* with --split: records go through here to parts */
+    sd_outfile *parts;
+    int nparts;
+    uint64_t *part_counts;
     sd_progress prog;
 } run;
 
@@ -132,6 +130,14 @@ static void batch_fn(void *ctx, int worker, size_t b, size_t e)
     }
 }
 
+/* Split sink: append one record to its part file and count it. */
+static int write_part(void *ctx, int part, const char *data, size_t len)
+{
+    run *r = ctx;
+    r->part_counts[part]++;
+    return fwrite(data, 1, len, r->parts[part].f) == len ? 0 : -1;
+}
+
 /* Process n split lines (the first is line first_line of name): bucket them in
  * parallel, then count, report skips and write outputs in input order. */
 static sd_status run_batch(run *r, size_t n, const char *name, long first_line, sd_error *err)
@@ -156,19 +162,12 @@ static sd_status run_batch(run *r, size_t n, const char *name, long first_line, 
         r->sum_abs_err += fabs(res->fit.ar_error);
         const sd_buf *wb = &r->wout[r->wid[i]];
         size_t len = r->olen[i];
-        if (fwrite(wb->data + r->off[i], 1, len, r->sink) != len)
+        if (r->nparts) {
+            uint64_t key = (uint64_t)(uint32_t)res->fit.bw << 32 | (uint32_t)res->fit.bh;
+            if (sd_stream_splitter_add(&r->ss, (size_t)id, key, wb->data + r->off[i], len, write_part, r))
+                return sd_err_set(err, SD_EIO, "writing parts failed: %s", strerror(errno));
+        } else if (fwrite(wb->data + r->off[i], 1, len, r->sink) != len) {
             return sd_err_set(err, SD_EIO, "write failed: %s", strerror(errno));
-        if (r->opt->split > 0) {
-            if (r->nidx == r->capidx) {
-                size_t nc = r->capidx ? r->capidx * 2 : 65536;
-                rec_index *ni = realloc(r->idx, nc * sizeof *ni);
-                if (!ni) return sd_err_set(err, SD_ENOMEM, "out of memory");
-                r->idx = ni;
-                r->capidx = nc;
-            }
-            r->idx[r->nidx].bucket = (uint32_t)id;
-            r->idx[r->nidx].len = (uint32_t)len;
-            r->nidx++;
         }
     }
     sd_progress_update(&r->prog, r->in, r->tally.total);
@@ -218,56 +217,37 @@ static size_t *sorted_buckets(const bucket_table *t)
     return o;
 }
 
-/* Distribute the records held in the temp file over the N part files. */
-static sd_status write_split(run *r, const uint64_t *keys, uint64_t *part_counts, sd_error *err)
+/* Open the N part files (atomic: they appear only when all are committed). */
+static sd_status open_parts(run *r, sd_error *err)
 {
     const options *o = r->opt;
-    int np = (int)o->split;
-    sd_splitter sp;
-    sd_status st = sd_splitter_init(&sp, r->bt.count, keys, r->bt.n, np, (uint64_t)o->seed, err);
+    sd_status st = sd_stream_splitter_init(&r->ss, (int)o->split, (uint64_t)o->seed, err);
     if (st) return st;
-    sd_outfile *outs = calloc((size_t)np, sizeof *outs);
-    char *line = NULL;
-    size_t cap = 0;
-    if (!outs) {
-        sd_splitter_free(&sp);
-        return sd_err_set(err, SD_ENOMEM, "out of memory");
-    }
-    int opened = 0;
-    for (; opened < np && !st; opened++) {
+    r->parts = calloc((size_t)o->split, sizeof *r->parts);
+    r->part_counts = calloc((size_t)o->split, sizeof *r->part_counts);
+    if (!r->parts || !r->part_counts) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    for (; r->nparts < (int)o->split; r->nparts++) {
         char name[4096];
-        if (sd_part_name(o->output, opened, name, sizeof name) != 0) st = sd_err_set(err, SD_EINVAL, "part file name too long");
-        else st = sd_outfile_open(&outs[opened], name, err);
-        if (st) break;
+        if (sd_part_name(o->output, r->nparts, name, sizeof name) != 0)
+            return sd_err_set(err, SD_EINVAL, "part file name too long");
+        if ((st = sd_outfile_open(&r->parts[r->nparts], name, err))) return st;
     }
-    if (!st && (fflush(r->sink) != 0 || fseek(r->sink, 0, SEEK_SET) != 0))
-        st = sd_err_set(err, SD_EIO, "temporary file: %s", strerror(errno));
-    for (size_t i = 0; !st && i < r->nidx; i++) {
-        size_t len = r->idx[i].len;
-        if (len > cap) {
-            char *nl = realloc(line, len);
-            if (!nl) {
-                st = sd_err_set(err, SD_ENOMEM, "out of memory");
-                break;
-            }
-            line = nl;
-            cap = len;
-        }
-        if (fread(line, 1, len, r->sink) != len) {
-            st = sd_err_set(err, SD_EIO, "temporary file: short read");
-            break;
-        }
-        int part = sd_splitter_next(&sp, r->idx[i].bucket);
-        part_counts[part]++;
-        if (fwrite(line, 1, len, outs[part].f) != len) st = sd_err_set(err, SD_EIO, "write failed: %s", strerror(errno));
+    return SD_OK;
+}
+
+/* Release the held records, then commit every part (or drop them all). */
+static sd_status close_parts(run *r, sd_status st, sd_error *err)
+{
+    if (!st && sd_stream_splitter_finish(&r->ss, write_part, r))
+        st = sd_err_set(err, SD_EIO, "writing parts failed: %s", strerror(errno));
+    for (int p = 0; p < r->nparts; p++) {
+        if (!st) st = sd_outfile_commit(&r->parts[p], err);
+        else sd_outfile_abort(&r->parts[p]);
     }
-    for (int p = 0; p < opened; p++) {
-        if (!st) st = sd_outfile_commit(&outs[p], err);
-        else sd_outfile_abort(&outs[p]);
-    }
-    free(line);
-    free(outs);
-    sd_splitter_free(&sp);
+    sd_stream_splitter_free(&r->ss);
+    free(r->parts);
+    r->parts = NULL;
+    r->nparts = 0;
     return st;
 }
 
@@ -446,7 +426,6 @@ static void run_free(run *r)
     free(r->bt.h);
     free(r->bt.count);
     free(r->bt.slot);
-    free(r->idx);
     sd_plan_free(&r->plan);
 }
 
@@ -530,14 +509,10 @@ int main(int argc, char **argv)
     sd_error err;
     sd_err_clear(&err);
     sd_outfile out = {0};
-    uint64_t *part_counts = NULL, *keys = NULL;
     sd_status st = run_init(&r, &o, &err);
     if (!st) {
         if (o.split > 0) {
-            r.sink = tmpfile();
-            part_counts = calloc((size_t)o.split, sizeof *part_counts);
-            if (!r.sink) st = sd_err_set(&err, SD_EIO, "cannot create a temporary file: %s", strerror(errno));
-            else if (!part_counts) st = sd_err_set(&err, SD_ENOMEM, "out of memory");
+            st = open_parts(&r, &err);
         } else {
             st = sd_outfile_open(&out, o.output, &err);
             r.sink = out.f;
@@ -545,23 +520,16 @@ int main(int argc, char **argv)
     }
     for (int i = 0; !st && i < files.n; i++) st = run_file(&r, files.v[i], &err);
     sd_progress_finish(&r.prog);
-    if (!st && o.split > 0) {
-        keys = malloc((r.bt.n ? r.bt.n : 1) * sizeof *keys);
-        if (!keys) st = sd_err_set(&err, SD_ENOMEM, "out of memory");
-        for (size_t i = 0; !st && i < r.bt.n; i++) keys[i] = (uint64_t)(uint32_t)r.bt.w[i] << 32 | (uint32_t)r.bt.h[i];
-        if (!st) st = write_split(&r, keys, part_counts, &err);
-    }
     if (o.split > 0) {
-        if (r.sink) fclose(r.sink);
+        st = close_parts(&r, st, &err);
     } else if (out.f) {
         if (!st) st = sd_outfile_commit(&out, &err);
         else sd_outfile_abort(&out);
     }
-    if (!st) st = finish_outputs(&r, part_counts, &err);
+    if (!st) st = finish_outputs(&r, r.part_counts, &err);
     uint64_t skipped = r.tally.total;
+    free(r.part_counts);
     run_free(&r);
-    free(part_counts);
-    free(keys);
     sd_strlist_free(&files);
     if (st) {
         sd_log(SD_LOG_ERROR, "%s", err.msg);
