@@ -298,6 +298,7 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
                 return -1;
             }
         }
+        const char *pristine = text ? sd_arena_strndup(a, text, len) : NULL;
         if (!text || sd_json_parse(a, text, len, &root, &err)) {
             *reason = "malformed JSON";
             snprintf(detail, detail_len, "%s", err.msg);
@@ -308,6 +309,7 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
             return -1;
         }
         r->fields = root;
+        r->fields_text = pristine;
         if (in->kind == SD_IN_METAFILE) {
             add_tags_value(r, a, sd_json_get(root, "tags"), SD_TAG_GENERAL);
             double d;

@@ -52,7 +52,12 @@ int sd_record_add_tag_list(sd_record *r, sd_arena *a, const char *text, size_t l
     size_t i = 0;
     while (i < len) {
         size_t j = i;
-        while (j < len && text[j] != sep && !(sep == ' ' && (text[j] == '\n' || text[j] == '\t'))) j++;
+        if (sep == ' ') {
+            while (j < len && text[j] != ' ' && text[j] != '\n' && text[j] != '\t') j++;
+        } else {
+            const char *q = memchr(text + i, sep, len - i);
+            j = q ? (size_t)(q - text) : len;
+        }
         size_t b = i, e = j;
         while (b < e && (text[b] == ' ' || text[b] == '\t' || text[b] == '\n' || text[b] == '\r')) b++;
         while (e > b && (text[e - 1] == ' ' || text[e - 1] == '\t' || text[e - 1] == '\n' || text[e - 1] == '\r')) e--;
@@ -148,7 +153,7 @@ void sd_record_write_json(sd_buf *b, const sd_record *r, int with_extra)
             efirst = 0;
             sd_buf_json_str(b, c->key, c->key_len);
             sd_buf_putc(b, ':');
-            sd_json_write(b, c);
+            sd_json_write_raw(b, c, r->fields_text);
         }
         if (!efirst) sd_buf_putc(b, '}');
     }

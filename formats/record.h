@@ -45,6 +45,7 @@ typedef struct {
     double score;
     const char *rating; /* normalised word (general, sensitive, ...) or NULL */
     const sd_json *fields; /* the source's own object, for `where` rules and pass-through */
+    const char *fields_text; /* unmodified copy of the text `fields` was parsed from, or NULL */
     const char *const *consumed; /* field names of `fields` already represented; not passed through */
     /* set by the rules */
     const char *out_caption;

@@ -22,10 +22,18 @@ static void normalize_tag(const sd_tag *t, sd_arena *a, normtag *nt)
     nt->s = NULL;
     if (!t->s) return;
     char *d = sd_arena_alloc(a, (size_t)t->len + 1);
-    if (!d || sd_tag_normalize(t->s, t->len, d, (size_t)t->len + 1) != t->len) return;
+    if (!d) return;
+    uint64_t h = SD_STRMAP_SEED;
+    for (uint32_t i = 0; i < t->len; i++) { /* sd_tag_normalize and sd_strmap_hash in one pass */
+        char c = t->s[i];
+        c = c == '_' ? ' ' : (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c;
+        d[i] = c;
+        h = sd_strmap_hash_step(h, (unsigned char)c);
+    }
+    d[t->len] = 0;
     nt->s = d;
     nt->len = t->len;
-    nt->h = sd_strmap_hash(d, t->len);
+    nt->h = h;
 }
 
 /* Look a normalised tag up in a tag map. */

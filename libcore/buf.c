@@ -102,10 +102,12 @@ void sd_buf_json_str(sd_buf *b, const char *s, size_t n)
         if (n - i >= 8) {
             uint64_t v;
             memcpy(&v, s + i, 8);
-            if (!escape_mask(v)) {
+            uint64_t m = escape_mask(v);
+            if (!m) {
                 i += 8;
                 continue;
             }
+            i += (size_t)(__builtin_ctzll(m) >> 3); /* the lowest flag is a real one */
         }
         unsigned char c = (unsigned char)s[i];
         if (c >= 0x20 && c != '"' && c != '\\') {

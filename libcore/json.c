@@ -71,7 +71,11 @@ static sd_status parse_string(parser *ps, char **out, uint32_t *out_len)
         while (ps->end - r >= 8) {
             uint64_t v;
             memcpy(&v, r, 8);
-            if (string_stop_mask(v)) break;
+            uint64_t m = string_stop_mask(v);
+            if (m) { /* the lowest flag is always a real stop byte */
+                r += __builtin_ctzll(m) >> 3;
+                break;
+            }
             r += 8;
         }
         if (r >= ps->end) break;
@@ -290,15 +294,20 @@ static sd_status parse_value(parser *ps, sd_json *v, int depth)
     v->str = NULL;
     v->num = 0;
     v->len = 0;
+    const char *start = ps->p;
+    sd_status st;
     switch (*ps->p) {
-    case '{': return parse_container(ps, v, depth, 1);
-    case '[': return parse_container(ps, v, depth, 0);
-    case '"': v->type = SD_JSON_STRING; return parse_string(ps, &v->str, &v->len);
-    case 't': v->type = SD_JSON_TRUE; return match_word(ps, "true", 4) ? SD_OK : fail(ps, "bad literal");
-    case 'f': v->type = SD_JSON_FALSE; return match_word(ps, "false", 5) ? SD_OK : fail(ps, "bad literal");
-    case 'n': v->type = SD_JSON_NULL; return match_word(ps, "null", 4) ? SD_OK : fail(ps, "bad literal");
-    default: return parse_number(ps, v);
+    case '{': st = parse_container(ps, v, depth, 1); break;
+    case '[': st = parse_container(ps, v, depth, 0); break;
+    case '"': v->type = SD_JSON_STRING; st = parse_string(ps, &v->str, &v->len); break;
+    case 't': v->type = SD_JSON_TRUE; st = match_word(ps, "true", 4) ? SD_OK : fail(ps, "bad literal"); break;
+    case 'f': v->type = SD_JSON_FALSE; st = match_word(ps, "false", 5) ? SD_OK : fail(ps, "bad literal"); break;
+    case 'n': v->type = SD_JSON_NULL; st = match_word(ps, "null", 4) ? SD_OK : fail(ps, "bad literal"); break;
+    default: st = parse_number(ps, v); break;
     }
+    v->raw_off = (uint32_t)(start - ps->start);
+    v->raw_len = (uint32_t)(ps->p - start);
+    return st;
 }
 
 /* Parse text[0,len) as one JSON document. The buffer is modified (strings are
@@ -376,6 +385,14 @@ int sd_json_num(const sd_json *v, double *out)
         }
     }
     return -1;
+}
+
+/* Copy a value's JSON text from an unmodified copy of the parsed buffer:
+ * pass-through fields cost a memcpy instead of a re-serialisation. */
+void sd_json_write_raw(sd_buf *b, const sd_json *v, const char *pristine)
+{
+    if (pristine) sd_buf_put(b, pristine + v->raw_off, v->raw_len);
+    else sd_json_write(b, v);
 }
 
 /* Serialise a parsed value back to compact JSON (numbers keep their source text). */

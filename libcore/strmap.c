@@ -3,7 +3,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "hash.h"
 
 /* Empty map. */
 void sd_strmap_init(sd_strmap *m)
@@ -49,7 +48,7 @@ static int grow(sd_strmap *m)
 sd_strmap_slot *sd_strmap_put(sd_strmap *m, const char *key, size_t len)
 {
     if ((m->n + 1) * 2 > m->cap && grow(m)) return NULL;
-    uint64_t h = sd_hash64(key, len, 0);
+    uint64_t h = sd_strmap_hash(key, len);
     size_t i = find(m->slots, m->cap, key, len, h);
     sd_strmap_slot *s = &m->slots[i];
     if (!s->key) {
@@ -66,11 +65,14 @@ sd_strmap_slot *sd_strmap_put(sd_strmap *m, const char *key, size_t len)
     return s;
 }
 
-/* The hash the map uses, so a caller looking one key up in several maps
- * hashes it once. */
+/* The hash the map uses (FNV-1a: keys are short tags, and callers can fold
+ * it into a pass they make over the bytes anyway), so a key looked up in
+ * several maps is hashed once. */
 uint64_t sd_strmap_hash(const char *key, size_t len)
 {
-    return sd_hash64(key, len, 0);
+    uint64_t h = SD_STRMAP_SEED;
+    for (size_t i = 0; i < len; i++) h = sd_strmap_hash_step(h, (unsigned char)key[i]);
+    return h;
 }
 
 /* Look a key up with its precomputed sd_strmap_hash; NULL when absent. */
@@ -84,5 +86,5 @@ const sd_strmap_slot *sd_strmap_get_h(const sd_strmap *m, const char *key, size_
 /* Look a key up; NULL when absent. Safe to call from many threads at once. */
 const sd_strmap_slot *sd_strmap_get(const sd_strmap *m, const char *key, size_t len)
 {
-    return m->n ? sd_strmap_get_h(m, key, len, sd_hash64(key, len, 0)) : NULL;
+    return m->n ? sd_strmap_get_h(m, key, len, sd_strmap_hash(key, len)) : NULL;
 }
