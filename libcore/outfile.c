@@ -16,6 +16,8 @@ sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err)
     o->special = 0;
     if (!path || strcmp(path, "-") == 0) {
         o->f = stdout;
+        /* stdout's default 4 KiB buffer means a syscall every few records */
+        if (!isatty(STDOUT_FILENO)) setvbuf(stdout, NULL, _IOFBF, 1 << 20);
         return SD_OK;
     }
     struct stat target;
