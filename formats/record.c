@@ -50,9 +50,12 @@ int sd_record_add_tag(sd_record *r, sd_arena *a, const char *s, size_t len, sd_t
 int sd_record_add_tag_list(sd_record *r, sd_arena *a, const char *text, size_t len, char sep, sd_tag_cat cat)
 {
     size_t i = 0;
+    /* booru tag strings are split on spaces; only when a tab or newline is
+     * present must each byte be tested for all three */
+    int ws_other = sep == ' ' && (memchr(text, '\n', len) || memchr(text, '\t', len));
     while (i < len) {
         size_t j = i;
-        if (sep == ' ') {
+        if (ws_other) {
             while (j < len && text[j] != ' ' && text[j] != '\n' && text[j] != '\t') j++;
         } else {
             const char *q = memchr(text + i, sep, len - i);
@@ -113,7 +116,11 @@ void sd_record_write_json(sd_buf *b, const sd_record *r, int with_extra)
         sd_buf_json_key(b, &first, "tags");
         sd_buf_putc(b, '{');
         int cfirst = 1;
+        unsigned present = 0;
+        for (int i = 0; i < r->ntags; i++)
+            if (r->tags[i].s) present |= 1u << r->tags[i].cat;
         for (int c = 0; c < SD_TAG_NCAT; c++) {
+            if (!(present & (1u << c))) continue;
             int any = 0;
             for (int i = 0; i < r->ntags; i++) {
                 if (r->tags[i].cat != c || !r->tags[i].s) continue;
@@ -151,9 +158,7 @@ void sd_record_write_json(sd_buf *b, const sd_record *r, int with_extra)
                 sd_buf_putc(b, ',');
             }
             efirst = 0;
-            sd_buf_json_str(b, c->key, c->key_len);
-            sd_buf_putc(b, ':');
-            sd_json_write_raw(b, c, r->fields_text);
+            sd_json_write_member_raw(b, c, r->fields_text);
         }
         if (!efirst) sd_buf_putc(b, '}');
     }

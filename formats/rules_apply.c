@@ -23,17 +23,10 @@ static void normalize_tag(const sd_tag *t, sd_arena *a, normtag *nt)
     if (!t->s) return;
     char *d = sd_arena_alloc(a, (size_t)t->len + 1);
     if (!d) return;
-    uint64_t h = SD_STRMAP_SEED;
-    for (uint32_t i = 0; i < t->len; i++) { /* sd_tag_normalize and sd_strmap_hash in one pass */
-        char c = t->s[i];
-        c = c == '_' ? ' ' : (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c;
-        d[i] = c;
-        h = sd_strmap_hash_step(h, (unsigned char)c);
-    }
-    d[t->len] = 0;
+    sd_tag_normalize(t->s, t->len, d, (size_t)t->len + 1);
     nt->s = d;
     nt->len = t->len;
-    nt->h = h;
+    nt->h = sd_strmap_hash(d, t->len);
 }
 
 /* Look a normalised tag up in a tag map. */
@@ -174,27 +167,51 @@ static int rewrite_tag(const sd_rules *r, sd_tag *t, const normtag *nt, sd_arena
         s = rep->sval;
         n = strlen(s);
     }
-    int need = rep != NULL || r->nsubst > 0 || (r->underscores && n > 3 && memchr(s, '_', n)) ||
-               (r->escape_parens && (memchr(s, '(', n) || memchr(s, ')', n)));
-    if (!need) return 0;
+    /* the tag is copied into work only once something changes it */
     sd_buf *work = &scratch[0], *tmp = &scratch[1];
-    sd_buf_clear(work);
-    sd_buf_put(work, s, n);
-    if (r->underscores && work->len > 3)
+    int in_work = 0, changed = rep != NULL;
+    if (r->underscores && n > 3 && memchr(s, '_', n)) { /* changes no normalised form */
+        sd_buf_clear(work);
+        sd_buf_put(work, s, n);
+        in_work = 1;
         for (size_t i = 0; i < work->len; i++)
             if (work->data[i] == '_') work->data[i] = ' ';
-    for (int i = 0; i < r->nsubst; i++) subst_all(work, tmp, &r->subst[i]);
-    if (r->escape_parens) {
-        sd_buf_clear(tmp);
-        for (size_t i = 0; i < work->len; i++) {
-            char c = work->data[i];
-            if ((c == '(' || c == ')') && !(i && work->data[i - 1] == '\\')) sd_buf_putc(tmp, '\\');
-            sd_buf_putc(tmp, c);
-        }
-        sd_buf_clear(work);
-        sd_buf_put(work, tmp->data, tmp->len);
     }
-    int changed = rep != NULL || r->escape_parens || r->nsubst > 0;
+    for (int i = 0; i < r->nsubst; i++) {
+        const char *cur = in_work ? work->data : s;
+        size_t cl = in_work ? work->len : n;
+        if (!find_sub(cur, cl, r->subst[i].from, r->subst[i].from_len)) continue;
+        if (!in_work) {
+            sd_buf_clear(work);
+            sd_buf_put(work, s, n);
+            in_work = 1;
+        }
+        subst_all(work, tmp, &r->subst[i]);
+        changed = 1;
+    }
+    if (r->escape_parens) {
+        const char *cur = in_work ? work->data : s;
+        size_t cl = in_work ? work->len : n;
+        if (memchr(cur, '(', cl) || memchr(cur, ')', cl)) {
+            sd_buf_clear(tmp);
+            for (size_t i = 0; i < cl; i++) {
+                char c = cur[i];
+                if ((c == '(' || c == ')') && !(i && cur[i - 1] == '\\')) {
+                    sd_buf_putc(tmp, '\\');
+                    changed = 1;
+                }
+                sd_buf_putc(tmp, c);
+            }
+            sd_buf_clear(work);
+            sd_buf_put(work, tmp->data, tmp->len);
+            in_work = 1;
+        }
+    }
+    if (!in_work) { /* unchanged, or replaced by a rules-owned string */
+        t->s = s;
+        t->len = (uint32_t)n;
+        return changed;
+    }
     t->len = (uint32_t)work->len;
     t->s = t->len ? sd_arena_strndup(a, work->data, work->len) : NULL;
     return changed;

@@ -22,7 +22,10 @@ static sd_status fail(parser *ps, const char *what)
 /* Skip JSON whitespace. */
 static void skip_ws(parser *ps)
 {
-    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r')) ps->p++;
+    /* compact JSON has no whitespace: one compare decides the common case */
+    while (ps->p < ps->end && (unsigned char)*ps->p <= ' ' &&
+           (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r'))
+        ps->p++;
 }
 
 /* Value of one hex digit, -1 if not hex. */
@@ -255,6 +258,7 @@ static sd_status parse_container(parser *ps, sd_json *v, int depth, int is_obj)
         if (is_obj) {
             skip_ws(ps);
             if (ps->p >= ps->end || *ps->p != '"') return fail(ps, "expected member name");
+            c->key_off = (uint32_t)(ps->p - ps->start);
             char *k;
             uint32_t kl;
             sd_status st = parse_string(ps, &k, &kl);
@@ -393,6 +397,19 @@ void sd_json_write_raw(sd_buf *b, const sd_json *v, const char *pristine)
 {
     if (pristine) sd_buf_put(b, pristine + v->raw_off, v->raw_len);
     else sd_json_write(b, v);
+}
+
+/* Write `"name":value` of an object member, from the pristine copy when
+ * there is one (one memcpy), else re-serialised. */
+void sd_json_write_member_raw(sd_buf *b, const sd_json *m, const char *pristine)
+{
+    if (pristine) {
+        sd_buf_put(b, pristine + m->key_off, m->raw_off + m->raw_len - m->key_off);
+        return;
+    }
+    sd_buf_json_str(b, m->key, m->key_len);
+    sd_buf_putc(b, ':');
+    sd_json_write(b, m);
 }
 
 /* Serialise a parsed value back to compact JSON (numbers keep their source text). */

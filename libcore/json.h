@@ -31,6 +31,7 @@ struct sd_json {
     char *str;        /* strings (NUL-terminated, may hold \0); numbers: raw text */
     sd_json *child;   /* first element/member of arrays and objects */
     sd_json *next;    /* next sibling */
+    uint32_t key_off; /* members: where the quoted name starts in the parsed buffer */
     uint32_t raw_off; /* where the value's source text starts in the parsed buffer */
     uint32_t raw_len; /* and its length: a copy of the buffer taken before parsing
                          gives the value's exact JSON text (sd_json_write_raw) */
@@ -43,5 +44,6 @@ const char *sd_json_str(const sd_json *v);
 int sd_json_num(const sd_json *v, double *out);
 void sd_json_write(sd_buf *b, const sd_json *v);
 void sd_json_write_raw(sd_buf *b, const sd_json *v, const char *pristine);
+void sd_json_write_member_raw(sd_buf *b, const sd_json *m, const char *pristine);
 
 #endif

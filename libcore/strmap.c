@@ -1,5 +1,7 @@
 #include "strmap.h"
 
+#include "hash.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,14 +67,11 @@ sd_strmap_slot *sd_strmap_put(sd_strmap *m, const char *key, size_t len)
     return s;
 }
 
-/* The hash the map uses (FNV-1a: keys are short tags, and callers can fold
- * it into a pass they make over the bytes anyway), so a key looked up in
- * several maps is hashed once. */
+/* The hash the map uses, exposed so a key looked up in several maps is
+ * hashed once. */
 uint64_t sd_strmap_hash(const char *key, size_t len)
 {
-    uint64_t h = SD_STRMAP_SEED;
-    for (size_t i = 0; i < len; i++) h = sd_strmap_hash_step(h, (unsigned char)key[i]);
-    return h;
+    return sd_hash64(key, len, 0);
 }
 
 /* Look a key up with its precomputed sd_strmap_hash; NULL when absent. */

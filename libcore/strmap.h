@@ -20,14 +20,6 @@ typedef struct {
     size_t cap, n;
 } sd_strmap;
 
-static const uint64_t SD_STRMAP_SEED = 0xcbf29ce484222325ull;
-
-/* One byte of the map's hash (FNV-1a), for callers that hash while copying. */
-static inline uint64_t sd_strmap_hash_step(uint64_t h, unsigned char c)
-{
-    return (h ^ c) * 0x100000001b3ull;
-}
-
 void sd_strmap_init(sd_strmap *m);
 void sd_strmap_free(sd_strmap *m);
 sd_strmap_slot *sd_strmap_put(sd_strmap *m, const char *key, size_t len);
