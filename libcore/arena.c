@@ -5,7 +5,7 @@
 
 struct sd_arena_block {
     sd_arena_block *next;
-    size_t cap, used;
+    size_t cap;
     _Alignas(16) unsigned char data[];
 };
 
@@ -14,25 +14,21 @@ void sd_arena_init(sd_arena *a, size_t block_size)
 {
     a->head = NULL;
     a->block_size = block_size ? block_size : 65536;
+    a->cur = a->end = NULL;
 }
 
-/* 16-byte aligned allocation; NULL only when malloc fails. */
-void *sd_arena_alloc(sd_arena *a, size_t n)
+/* The head block is full: start a new one (n is already rounded up). */
+void *sd_arena_alloc_slow(sd_arena *a, size_t n)
 {
-    n = (n + 15) & ~(size_t)15;
-    sd_arena_block *b = a->head;
-    if (!b || b->cap - b->used < n) {
-        size_t cap = n > a->block_size ? n : a->block_size;
-        b = malloc(sizeof *b + cap);
-        if (!b) return NULL;
-        b->cap = cap;
-        b->used = 0;
-        b->next = a->head;
-        a->head = b;
-    }
-    void *p = b->data + b->used;
-    b->used += n;
-    return p;
+    size_t cap = n > a->block_size ? n : a->block_size;
+    sd_arena_block *b = malloc(sizeof *b + cap);
+    if (!b) return NULL;
+    b->cap = cap;
+    b->next = a->head;
+    a->head = b;
+    a->cur = (char *)b->data + n;
+    a->end = (char *)b->data + cap;
+    return b->data;
 }
 
 /* Copy n bytes into the arena and NUL-terminate them. */
@@ -56,7 +52,8 @@ void sd_arena_reset(sd_arena *a)
         b = n;
     }
     keep->next = NULL;
-    keep->used = 0;
+    a->cur = (char *)keep->data;
+    a->end = (char *)keep->data + keep->cap;
 }
 
 /* Release all memory. */
@@ -69,4 +66,5 @@ void sd_arena_free(sd_arena *a)
         b = n;
     }
     a->head = NULL;
+    a->cur = a->end = NULL;
 }

@@ -20,7 +20,7 @@ static sd_status fail(parser *ps, const char *what)
 }
 
 /* Skip JSON whitespace. */
-static void skip_ws(parser *ps)
+static inline void skip_ws(parser *ps)
 {
     /* compact JSON has no whitespace: one compare decides the common case */
     while (ps->p < ps->end && (unsigned char)*ps->p <= ' ' &&
