@@ -1,5 +1,7 @@
 #include "svgplot.h"
 
+#include <string.h>
+
 /* Append text with the XML special characters escaped. */
 static void xml_text(sd_buf *b, const char *s)
 {
@@ -19,6 +21,8 @@ void sd_svg_bars(sd_buf *b, const char *title, const char *const *labels, const 
 {
     const int bar = 22, gap = 6, left = 60, top = 50, plot_h = 300, label_h = 90;
     int width = left + (int)n * (bar + gap) + 40;
+    int title_w = left + (int)strlen(title) * 9 + 20; /* ~9 px a character at 15 px bold */
+    if (width < title_w) width = title_w;
     if (width < 400) width = 400;
     int height = top + plot_h + label_h;
     uint64_t max = 1;
