@@ -72,6 +72,9 @@ sd_status sd_read_booru(sd_meta_run *m, const char *path, sd_error *err)
     sd_lines lr;
     sd_status st = sd_lines_open(&lr, path, 8 << 20, err);
     if (st) return st;
+    struct stat fst;
+    uint64_t base_total = m->progress.work_total, base_done = m->progress.work_done;
+    if (fstat(lr.fd, &fst) == 0 && S_ISREG(fst.st_mode)) m->progress.work_total = base_total + (uint64_t)fst.st_size;
     enum { MAXL = 8192 };
     char **lines = malloc(MAXL * sizeof *lines);
     size_t *lens = malloc(MAXL * sizeof *lens);
@@ -94,10 +97,12 @@ sd_status sd_read_booru(sd_meta_run *m, const char *path, sd_error *err)
             }
             pos += used;
         }
+        m->progress.work_done += len;
         sd_meta_flush(m); /* the inputs point into the block, which is reused */
     }
     free(lines);
     free(lens);
     sd_lines_close(&lr);
+    m->progress.work_done = base_done + (m->progress.work_total - base_total);
     return st;
 }

@@ -20,6 +20,7 @@ void sd_progress_init(sd_progress *p, const char *label, const char *unit, uint6
     p->total = total;
     p->done = 0;
     p->skipped = 0;
+    p->work_total = p->work_done = 0;
     p->start = sd_now();
     p->last_print = p->start;
     p->is_tty = isatty(STDERR_FILENO);
@@ -32,13 +33,16 @@ static void progress_print(sd_progress *p, double now, int final)
 {
     double dt = now - p->start;
     double rate = dt > 0 ? (double)p->done / dt : 0.0;
+    /* fraction done: by count when the total is known, else by the second measure */
+    double frac = p->total ? (double)p->done / (double)p->total
+                           : p->work_total ? (double)p->work_done / (double)p->work_total : -1.0;
     char eta[48] = "";
-    if (p->total && rate > 0 && !final && p->done < p->total) {
-        double left = (double)(p->total - p->done) / rate;
+    if (frac > 0 && frac < 1 && !final) {
+        double left = dt * (1.0 - frac) / frac;
         snprintf(eta, sizeof eta, " ETA %dm%02ds", (int)(left / 60), (int)left % 60);
     }
     char pct[16] = "";
-    if (p->total) snprintf(pct, sizeof pct, " (%.1f%%)", 100.0 * (double)p->done / (double)p->total);
+    if (frac >= 0) snprintf(pct, sizeof pct, " (%.1f%%)", 100.0 * frac);
     char tot[32] = "";
     if (p->total) snprintf(tot, sizeof tot, "/%llu", (unsigned long long)p->total);
     fprintf(stderr, "%s%s: %llu%s %s%s, %llu skipped, %.0f %s/s, %.1fs%s%s",

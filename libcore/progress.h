@@ -11,6 +11,8 @@ typedef struct {
     uint64_t total;   /* 0 when unknown */
     uint64_t done;
     uint64_t skipped;
+    uint64_t work_total; /* optional second measure of progress (bytes of input) */
+    uint64_t work_done;  /* for the percentage and ETA when total is unknown */
     double start;     /* monotonic seconds */
     double last_print;
     int is_tty;
