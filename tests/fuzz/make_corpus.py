@@ -4,6 +4,8 @@
 corpus_tar/: WebDataset shards in the three tar dialects libarchive sees in
 practice (ustar, pax with long names, GNU long links) plus one gzip shard.
 corpus_booru/: Danbooru and e621 post lines and a few JSON edge cases.
+corpus_npz/: kohya latents and te_outputs npz (stored and deflated), .npy
+files with v1/v2/v3 headers (needs numpy).
 Run from anywhere: python3 tests/fuzz/make_corpus.py
 """
 import gzip
@@ -74,5 +76,51 @@ def main():
     write("corpus_booru", "bad.json", b'{"id": 5, "tag_string": "a b", "score": 01}')
 
 
+def npz_corpus():
+    """Small kohya caches and .npy files for the npy/npz fuzz target."""
+    import numpy as np
+    rng = np.random.default_rng(1)
+    lat = rng.standard_normal((4, 2, 3)).astype(np.float32)
+    for name, save in (("latents_stored.npz", np.savez), ("latents_deflate.npz", np.savez_compressed)):
+        raw = io.BytesIO()
+        save(raw, latents=lat, original_size=np.array([24, 16]), crop_ltrb=np.array([0.5, 0, 23.5, 16]),
+             latents_flipped=lat[:, :, ::-1].copy())
+        write("corpus_npz", name, raw.getvalue())
+    raw = io.BytesIO()
+    np.savez(raw, latents=lat.astype(np.float16), original_size=np.array([24, 16]), crop_ltrb=np.array([0, 0, 24, 16]),
+             alpha_mask=np.ones((16, 24), np.float32))
+    write("corpus_npz", "latents_alpha.npz", raw.getvalue())
+    raw = io.BytesIO()
+    np.savez_compressed(raw, hidden_state1=np.zeros((77, 768), np.float16), hidden_state2=np.ones((77, 1280), np.float16),
+             pool2=np.full(1280, 0.5, np.float16))
+    write("corpus_npz", "te_outputs.npz", raw.getvalue())
+    for version in ((1, 0), (2, 0), (3, 0)):
+        raw = io.BytesIO()
+        arr = np.arange(6, dtype=np.int64).reshape(2, 3)
+        np.lib.format.write_array(raw, arr, version=version)
+        write("corpus_npz", "v%d.npy" % version[0], raw.getvalue())
+    raw = io.BytesIO()
+    np.lib.format.write_array(raw, np.asfortranarray(np.ones((2, 2), np.float32)))
+    write("corpus_npz", "fortran.npy", raw.getvalue())
+
+    def npy(a):
+        raw = io.BytesIO()
+        np.lib.format.write_array(raw, a)
+        assert b"\n--\n" not in raw.getvalue()
+        return raw.getvalue()
+
+    # fuzz_npz.c's wrapped layout: count-1, key set (+2: stored), bodies split by "\n--\n"
+    sep = b"\n--\n"
+    lat = np.linspace(-1, 1, 24, dtype=np.float32).reshape(4, 2, 3)
+    write("corpus_npz", "wrapped_latents", bytes([3, 2]) + sep.join(
+        [npy(lat), npy(np.array([24, 16])), npy(np.array([0.5, 0, 23.5, 16])), npy(lat[:, :, ::-1].copy())]))
+    write("corpus_npz", "wrapped_alpha", bytes([4, 0]) + sep.join(
+        [npy(lat.astype(np.float16)), npy(np.array([24, 16])), npy(np.array([0, 0, 24, 16])), npy(lat),
+         npy(np.ones((16, 24), np.float32))]))
+    write("corpus_npz", "wrapped_te_small", bytes([2, 3]) + sep.join(   # wrong shapes: valid SDXL ones are too big
+        [npy(np.zeros((77, 8), np.float16)), npy(np.zeros((77, 12), np.float16)), npy(np.zeros(12, np.float16))]))
+
+
 if __name__ == "__main__":
     main()
+    npz_corpus()

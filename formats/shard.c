@@ -1,0 +1,497 @@
+/* The shard store: opening an LMDB environment for a shard file (writer or
+ * reader), its metadata, and the read side (zero-copy gets, cursors, the
+ * bucket index). Writing lives in shard_write.c. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shard_int.h"
+
+static const char *const db_names[NDBS] = {"latents", "text", "names", "buckets", "bindex", "meta"};
+
+enum { DEFAULT_MAP = 256u << 20, MAX_READERS = 1024 };
+
+/* LMDB's error text with what was being done and the shard's path. */
+sd_status sd_shard_mdb_err(sd_error *err, int rc, const char *what, const sd_shard *s)
+{
+    sd_status code = rc == MDB_NOTFOUND ? SD_ENOTFOUND
+                     : rc == MDB_MAP_FULL ? SD_ERANGE
+                     : rc == ENOMEM       ? SD_ENOMEM
+                     : rc == MDB_INVALID || rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND || rc == MDB_VERSION_MISMATCH
+                         ? SD_EFORMAT
+                         : SD_EIO;
+    return sd_err_set(err, code, "%s: %s: %s", s && s->path ? s->path : "shard", what, mdb_strerror(rc));
+}
+
+/* A read transaction; when the writer grew the map since we mapped it,
+ * adopt the new size (no transaction of ours is active then) and retry. */
+int sd_shard_txn_begin_ro(sd_shard *s, MDB_txn **out)
+{
+    int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, out);
+    if (rc == MDB_MAP_RESIZED) {
+        rc = mdb_env_set_mapsize(s->env, 0);
+        if (!rc) rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, out);
+    }
+    return rc;
+}
+
+/* Current UTC time as ISO 8601, for the created meta entry. */
+static void iso_now(char out[32])
+{
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(out, 32, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+/* Refuse shards written by a newer format version with a clear message. */
+static sd_status check_version(sd_shard *s, MDB_txn *txn, sd_error *err)
+{
+    MDB_val k = {strlen(SD_SHARD_META_VERSION), (void *)SD_SHARD_META_VERSION}, v;
+    int rc = mdb_get(txn, s->dbi[SD_SHARD_DB_META], &k, &v);
+    if (rc == MDB_NOTFOUND) return sd_err_set(err, SD_EFORMAT, "%s: not an sdtk shard (no format_version)", s->path);
+    if (rc) return sd_shard_mdb_err(err, rc, "reading format_version", s);
+    char buf[16];
+    size_t n = v.mv_size < sizeof buf - 1 ? v.mv_size : sizeof buf - 1;
+    memcpy(buf, v.mv_data, n);
+    buf[n] = 0;
+    char *end;
+    long ver = strtol(buf, &end, 10);
+    if (end == buf || *end || ver < 1) return sd_err_set(err, SD_EFORMAT, "%s: bad format_version \"%s\"", s->path, buf);
+    if (ver > SD_SHARD_VERSION)
+        return sd_err_set(err, SD_EUNSUPPORTED,
+                          "%s: shard format version %ld is newer than this sdtk supports (%d); upgrade sdtk",
+                          s->path, ver, SD_SHARD_VERSION);
+    return SD_OK;
+}
+
+/* Open (writer: create) the named databases and check or write the format
+ * version, in one transaction whose database handles outlive it. */
+static sd_status open_dbs(sd_shard *s, sd_error *err)
+{
+    int ro = (s->flags & SD_SHARD_RDONLY) != 0;
+    MDB_txn *txn;
+    int rc = ro ? sd_shard_txn_begin_ro(s, &txn) : mdb_txn_begin(s->env, NULL, 0, &txn);
+    if (rc) return sd_shard_mdb_err(err, rc, "begin", s);
+    for (int i = 0; i < NDBS; i++) {
+        unsigned f = (ro ? 0 : MDB_CREATE) | (i == SD_SHARD_DB_BINDEX ? MDB_DUPSORT : 0);
+        rc = mdb_dbi_open(txn, db_names[i], f, &s->dbi[i]);
+        if (rc == MDB_NOTFOUND || rc == MDB_INCOMPATIBLE) {
+            MDB_stat ms;
+            int empty = rc == MDB_NOTFOUND && mdb_stat(txn, 1, &ms) == 0 && ms.ms_entries == 0;
+            mdb_txn_abort(txn);
+            if (empty) return sd_err_set(err, SD_ENOTFOUND, "%s: empty shard (its writer has not committed yet)", s->path);
+            return sd_err_set(err, SD_EFORMAT, "%s: not an sdtk shard (no \"%s\" database)", s->path, db_names[i]);
+        }
+        if (rc) {
+            mdb_txn_abort(txn);
+            return sd_shard_mdb_err(err, rc, "opening databases", s);
+        }
+    }
+    MDB_val k = {strlen(SD_SHARD_META_VERSION), (void *)SD_SHARD_META_VERSION}, v;
+    if (!ro && mdb_get(txn, s->dbi[SD_SHARD_DB_META], &k, &v) == MDB_NOTFOUND) {
+        char ver[8], now[32];
+        snprintf(ver, sizeof ver, "%d", SD_SHARD_VERSION);
+        iso_now(now);
+        MDB_val vv = {strlen(ver), ver}, kc = {strlen(SD_SHARD_META_CREATED), (void *)SD_SHARD_META_CREATED},
+                vc = {strlen(now), now};
+        rc = mdb_put(txn, s->dbi[SD_SHARD_DB_META], &k, &vv, 0);
+        if (!rc) rc = mdb_put(txn, s->dbi[SD_SHARD_DB_META], &kc, &vc, 0);
+        if (rc) {
+            mdb_txn_abort(txn);
+            return sd_shard_mdb_err(err, rc, "writing format_version", s);
+        }
+    }
+    sd_status st = check_version(s, txn, err);
+    if (st) {
+        mdb_txn_abort(txn);
+        return st;
+    }
+    rc = mdb_txn_commit(txn);
+    return rc ? sd_shard_mdb_err(err, rc, "commit", s) : SD_OK;
+}
+
+/* The writer's exclusive lock: a second writer process fails at once. */
+static sd_status lock_writer(sd_shard *s, sd_error *err)
+{
+    int f = O_RDWR | O_CLOEXEC | (s->flags & SD_SHARD_CREATE ? O_CREAT : 0);
+    s->lock_fd = open(s->path, f, 0644);
+    if (s->lock_fd < 0)
+        return sd_err_set(err, errno == ENOENT ? SD_ENOTFOUND : SD_EIO, "%s: %s", s->path, strerror(errno));
+    if (flock(s->lock_fd, LOCK_EX | LOCK_NB))
+        return sd_err_set(err, SD_EIO, "%s: %s", s->path,
+                          errno == EWOULDBLOCK ? "another process is writing this shard" : strerror(errno));
+    return SD_OK;
+}
+
+/* Free everything of a handle (no sync). */
+static void shard_free(sd_shard *s)
+{
+    if (s->wtxn) mdb_txn_abort(s->wtxn);
+    if (s->env) mdb_env_close(s->env);
+    if (s->lock_fd >= 0) close(s->lock_fd);
+    sd_buf_free(&s->log);
+    free(s->path);
+    free(s);
+}
+
+/* Open a shard file as writer or reader (see shard.h). */
+sd_status sd_shard_open(sd_shard **out, const char *path, const sd_shard_opts *opts, sd_error *err)
+{
+    *out = NULL;
+    sd_shard_opts def = {0, 0, 0};
+    if (!opts) opts = &def;
+    sd_shard *s = calloc(1, sizeof *s);
+    if (!s) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    s->lock_fd = -1;
+    s->flags = opts->flags;
+    sd_buf_init(&s->log);
+    s->path = strdup(path);
+    s->max_map = opts->max_map_size ? opts->max_map_size : (size_t)1 << 40;
+    int ro = (s->flags & SD_SHARD_RDONLY) != 0;
+    sd_status st = SD_OK;
+    struct stat sb;
+    if (!s->path) st = sd_err_set(err, SD_ENOMEM, "out of memory");
+    else if (ro || !(s->flags & SD_SHARD_CREATE)) {
+        if (stat(path, &sb)) st = sd_err_set(err, errno == ENOENT ? SD_ENOTFOUND : SD_EIO, "%s: %s", path, strerror(errno));
+        else if (S_ISDIR(sb.st_mode)) st = sd_err_set(err, SD_EFORMAT, "%s: is a directory, not a shard file", path);
+    }
+    if (!st && !ro) st = lock_writer(s, err);
+    int rc = st ? 0 : mdb_env_create(&s->env);
+    if (!st && !rc) rc = mdb_env_set_maxdbs(s->env, NDBS + 2);
+    if (!st && !rc) rc = mdb_env_set_maxreaders(s->env, MAX_READERS);
+    if (!st && !rc && !ro) {
+        s->map_size = opts->map_size ? opts->map_size : DEFAULT_MAP;
+        if (fstat(s->lock_fd, &sb) == 0 && (size_t)sb.st_size > s->map_size) s->map_size = (size_t)sb.st_size;
+        rc = mdb_env_set_mapsize(s->env, s->map_size);
+    }
+    if (!st && !rc) {
+        unsigned f = MDB_NOSUBDIR | MDB_NOTLS | (ro ? MDB_RDONLY : 0) | (s->flags & SD_SHARD_NOSYNC ? MDB_NOSYNC : 0) |
+                     (s->flags & SD_SHARD_RANDOM ? MDB_NORDAHEAD : 0);
+        rc = mdb_env_open(s->env, path, f, 0644);
+        if (rc == MDB_INVALID || rc == MDB_VERSION_MISMATCH)
+            st = sd_err_set(err, SD_EFORMAT, "%s: not an LMDB shard file (%s)", path, mdb_strerror(rc));
+    }
+    if (!st && rc) st = sd_shard_mdb_err(err, rc, "open", s);
+    if (!st) {
+        MDB_envinfo info;
+        mdb_env_info(s->env, &info);
+        s->map_size = info.me_mapsize;
+        st = open_dbs(s, err);
+    }
+    if (st) {
+        shard_free(s);
+        return st;
+    }
+    *out = s;
+    return SD_OK;
+}
+
+/* Close: drop an unfinished batch, make NOSYNC writes durable, free. */
+sd_status sd_shard_close(sd_shard *s, sd_error *err)
+{
+    if (!s) return SD_OK;
+    sd_status st = SD_OK;
+    if (s->wtxn) {
+        mdb_txn_abort(s->wtxn);
+        s->wtxn = NULL;
+    }
+    if (!(s->flags & SD_SHARD_RDONLY)) st = sd_shard_sync(s, err);
+    shard_free(s);
+    return st;
+}
+
+/* fsync data and meta pages now. */
+sd_status sd_shard_sync(sd_shard *s, sd_error *err)
+{
+    if (s->flags & SD_SHARD_RDONLY) return SD_OK;
+    int rc = mdb_env_sync(s->env, 1);
+    return rc ? sd_shard_mdb_err(err, rc, "sync", s) : SD_OK;
+}
+
+const char *sd_shard_path(const sd_shard *s)
+{
+    return s->path;
+}
+
+size_t sd_shard_map_size(const sd_shard *s)
+{
+    return s->map_size;
+}
+
+/* Read one meta value into a fresh string; sees the open batch in a writer. */
+sd_status sd_shard_meta_get(sd_shard *s, const char *key, char **value, sd_error *err)
+{
+    *value = NULL;
+    MDB_txn *txn = s->wtxn;
+    int rc = txn ? 0 : sd_shard_txn_begin_ro(s, &txn);
+    if (rc) return sd_shard_mdb_err(err, rc, "begin", s);
+    MDB_val k = {strlen(key), (void *)key}, v;
+    rc = mdb_get(txn, s->dbi[SD_SHARD_DB_META], &k, &v);
+    sd_status st = SD_OK;
+    if (rc == MDB_NOTFOUND) st = sd_err_set(err, SD_ENOTFOUND, "%s: no meta entry \"%s\"", s->path, key);
+    else if (rc) st = sd_shard_mdb_err(err, rc, "reading meta", s);
+    else if (!(*value = malloc(v.mv_size + 1))) st = sd_err_set(err, SD_ENOMEM, "out of memory");
+    else {
+        memcpy(*value, v.mv_data, v.mv_size);
+        (*value)[v.mv_size] = 0;
+    }
+    if (txn != s->wtxn) mdb_txn_abort(txn);
+    return st;
+}
+
+/* ---- read transactions ---------------------------------------------------- */
+
+/* A snapshot for one thread. */
+sd_status sd_shard_read_begin(sd_shard *s, sd_shard_txn **out, sd_error *err)
+{
+    *out = NULL;
+    sd_shard_txn *t = calloc(1, sizeof *t);
+    if (!t) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    t->s = s;
+    int rc = sd_shard_txn_begin_ro(s, &t->txn);
+    if (rc) {
+        free(t);
+        return sd_shard_mdb_err(err, rc, "begin read", s);
+    }
+    *out = t;
+    return SD_OK;
+}
+
+void sd_shard_read_end(sd_shard_txn *t)
+{
+    if (!t) return;
+    if (t->txn) mdb_txn_abort(t->txn);
+    free(t);
+}
+
+void sd_shard_read_reset(sd_shard_txn *t)
+{
+    mdb_txn_reset(t->txn);
+}
+
+/* Fresh snapshot after a reset; a grown map needs a new transaction. */
+sd_status sd_shard_read_renew(sd_shard_txn *t, sd_error *err)
+{
+    int rc = mdb_txn_renew(t->txn);
+    if (rc == MDB_MAP_RESIZED) {
+        mdb_txn_abort(t->txn);
+        t->txn = NULL;
+        rc = sd_shard_txn_begin_ro(t->s, &t->txn);
+    }
+    return rc ? sd_shard_mdb_err(err, rc, "renew read", t->s) : SD_OK;
+}
+
+/* Zero-copy lookup in one database. */
+static sd_status get_in(sd_shard_txn *t, int db, const void *key, size_t klen, const void **val, size_t *vlen,
+                        sd_error *err)
+{
+    MDB_val k = {klen, (void *)key}, v;
+    *val = NULL;
+    *vlen = 0;
+    if (klen == 0 || klen > SD_SHARD_MAX_KEY) return sd_err_set(err, SD_EINVAL, "key length %zu not in 1..511", klen);
+    int rc = mdb_get(t->txn, t->s->dbi[db], &k, &v);
+    if (rc == MDB_NOTFOUND) return sd_err_set(err, SD_ENOTFOUND, "not found");
+    if (rc) return sd_shard_mdb_err(err, rc, "get", t->s);
+    *val = v.mv_data;
+    *vlen = v.mv_size;
+    return SD_OK;
+}
+
+sd_status sd_shard_get(sd_shard_txn *t, const void *key, size_t klen, const void **val, size_t *vlen, sd_error *err)
+{
+    return get_in(t, SD_SHARD_DB_LATENTS, key, klen, val, vlen, err);
+}
+
+sd_status sd_shard_get_text(sd_shard_txn *t, const uint8_t hash[16], const void **val, size_t *vlen, sd_error *err)
+{
+    return get_in(t, SD_SHARD_DB_TEXT, hash, SD_SHARD_TEXT_KEY, val, vlen, err);
+}
+
+sd_status sd_shard_get_name(sd_shard_txn *t, const char *name, size_t nlen, const void **key, size_t *klen, sd_error *err)
+{
+    return get_in(t, SD_SHARD_DB_NAMES, name, nlen, key, klen, err);
+}
+
+/* An exact (bucket, key) lookup among the bucket's duplicates. */
+sd_status sd_shard_index_has(sd_shard_txn *t, uint32_t w, uint32_t h, const void *key, size_t klen, int *found,
+                             sd_error *err)
+{
+    uint8_t bk[8];
+    sd_shard_bucket_key(w, h, bk);
+    MDB_cursor *c;
+    *found = 0;
+    int rc = mdb_cursor_open(t->txn, t->s->dbi[SD_SHARD_DB_BINDEX], &c);
+    if (rc) return sd_shard_mdb_err(err, rc, "cursor", t->s);
+    MDB_val k = {8, bk}, v = {klen, (void *)key};
+    rc = mdb_cursor_get(c, &k, &v, MDB_GET_BOTH);
+    mdb_cursor_close(c);
+    if (rc && rc != MDB_NOTFOUND) return sd_shard_mdb_err(err, rc, "index lookup", t->s);
+    *found = rc == 0;
+    return SD_OK;
+}
+
+/* Entries of one database, from LMDB's page statistics (O(1)). */
+sd_status sd_shard_count(sd_shard_txn *t, sd_shard_db db, uint64_t *n, sd_error *err)
+{
+    MDB_stat st;
+    int rc = mdb_stat(t->txn, t->s->dbi[db], &st);
+    if (rc) return sd_shard_mdb_err(err, rc, "stat", t->s);
+    *n = st.ms_entries;
+    return SD_OK;
+}
+
+/* Every bucket with its count: what a trainer reads at startup. */
+sd_status sd_shard_buckets(sd_shard_txn *t, sd_shard_bucket **out, size_t *n, sd_error *err)
+{
+    *out = NULL;
+    *n = 0;
+    uint64_t cnt = 0;
+    sd_status st = sd_shard_count(t, SD_SHARD_DB_BUCKETS, &cnt, err);
+    if (st) return st;
+    sd_shard_bucket *b = malloc((cnt ? cnt : 1) * sizeof *b);
+    if (!b) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    MDB_cursor *c;
+    int rc = mdb_cursor_open(t->txn, t->s->dbi[SD_SHARD_DB_BUCKETS], &c);
+    if (rc) {
+        free(b);
+        return sd_shard_mdb_err(err, rc, "cursor", t->s);
+    }
+    MDB_val k, v;
+    size_t i = 0;
+    for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); !rc && i < cnt; rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+        if (k.mv_size != 8 || v.mv_size != 8) continue;
+        sd_shard_bucket_unkey(k.mv_data, &b[i].w, &b[i].h);
+        const uint8_t *p = v.mv_data;
+        b[i].count = 0;
+        for (int j = 7; j >= 0; j--) b[i].count = b[i].count << 8 | p[j];
+        i++;
+    }
+    mdb_cursor_close(c);
+    if (rc && rc != MDB_NOTFOUND) {
+        free(b);
+        return sd_shard_mdb_err(err, rc, "reading buckets", t->s);
+    }
+    *out = b;
+    *n = i;
+    return SD_OK;
+}
+
+/* ---- cursors --------------------------------------------------------------- */
+
+struct sd_shard_cursor {
+    sd_shard_txn *t;
+    MDB_cursor *c;
+    int db;
+    int state; /* 0 = before first, 1 = positioned (next moves on), 2 = positioned, yield current, 3 = end */
+    int bucket;
+    uint8_t bkey[8];
+};
+
+static sd_status cursor_new(sd_shard_txn *t, int db, sd_shard_cursor **out, sd_error *err)
+{
+    *out = NULL;
+    sd_shard_cursor *c = calloc(1, sizeof *c);
+    if (!c) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    c->t = t;
+    c->db = db;
+    int rc = mdb_cursor_open(t->txn, t->s->dbi[db], &c->c);
+    if (rc) {
+        free(c);
+        return sd_shard_mdb_err(err, rc, "cursor", t->s);
+    }
+    *out = c;
+    return SD_OK;
+}
+
+sd_status sd_shard_cursor_open(sd_shard_txn *t, sd_shard_db db, sd_shard_cursor **out, sd_error *err)
+{
+    if ((int)db < 0 || (int)db >= NDBS) return sd_err_set(err, SD_EINVAL, "bad database %d", (int)db);
+    return cursor_new(t, db, out, err);
+}
+
+sd_status sd_shard_cursor_bucket(sd_shard_txn *t, uint32_t w, uint32_t h, sd_shard_cursor **out, sd_error *err)
+{
+    sd_status st = cursor_new(t, SD_SHARD_DB_BINDEX, out, err);
+    if (st) return st;
+    (*out)->bucket = 1;
+    sd_shard_bucket_key(w, h, (*out)->bkey);
+    return SD_OK;
+}
+
+/* Position at the first key >= key; next() yields it. */
+sd_status sd_shard_cursor_seek(sd_shard_cursor *c, const void *key, size_t klen, sd_error *err)
+{
+    if (c->bucket) return sd_err_set(err, SD_EINVAL, "seek on a bucket cursor");
+    MDB_val k = {klen, (void *)key}, v;
+    int rc = mdb_cursor_get(c->c, &k, &v, MDB_SET_RANGE);
+    if (rc == MDB_NOTFOUND) {
+        c->state = 3;
+        return SD_OK;
+    }
+    if (rc) return sd_shard_mdb_err(err, rc, "seek", c->t->s);
+    c->state = 2;
+    return SD_OK;
+}
+
+/* Step a bucket cursor over its duplicates and look the record up. */
+static sd_status bucket_next(sd_shard_cursor *c, const void **key, size_t *klen, const void **val, size_t *vlen,
+                             sd_error *err)
+{
+    MDB_val k = {8, c->bkey}, v;
+    int rc = c->state == 0 ? mdb_cursor_get(c->c, &k, &v, MDB_SET_KEY) : mdb_cursor_get(c->c, &k, &v, MDB_NEXT_DUP);
+    if (!rc && c->state == 0) rc = mdb_cursor_get(c->c, &k, &v, MDB_FIRST_DUP);
+    c->state = 1;
+    if (rc == MDB_NOTFOUND) {
+        c->state = 3;
+        return sd_err_set(err, SD_ENOTFOUND, "end");
+    }
+    if (rc) return sd_shard_mdb_err(err, rc, "bucket cursor", c->t->s);
+    *key = v.mv_data;
+    *klen = v.mv_size;
+    MDB_val rk = v, rv;
+    rc = mdb_get(c->t->txn, c->t->s->dbi[SD_SHARD_DB_LATENTS], &rk, &rv);
+    if (rc == MDB_NOTFOUND) {
+        *val = NULL;
+        *vlen = 0;
+        return SD_OK;
+    }
+    if (rc) return sd_shard_mdb_err(err, rc, "get", c->t->s);
+    *val = rv.mv_data;
+    *vlen = rv.mv_size;
+    return SD_OK;
+}
+
+sd_status sd_shard_cursor_next(sd_shard_cursor *c, const void **key, size_t *klen, const void **val, size_t *vlen,
+                               sd_error *err)
+{
+    if (c->state == 3) return sd_err_set(err, SD_ENOTFOUND, "end");
+    if (c->bucket) return bucket_next(c, key, klen, val, vlen, err);
+    MDB_val k, v;
+    MDB_cursor_op op = c->state == 0 ? MDB_FIRST : c->state == 2 ? MDB_GET_CURRENT : MDB_NEXT;
+    int rc = mdb_cursor_get(c->c, &k, &v, op);
+    c->state = 1;
+    if (rc == MDB_NOTFOUND) {
+        c->state = 3;
+        return sd_err_set(err, SD_ENOTFOUND, "end");
+    }
+    if (rc) return sd_shard_mdb_err(err, rc, "cursor", c->t->s);
+    *key = k.mv_data;
+    *klen = k.mv_size;
+    *val = v.mv_data;
+    *vlen = v.mv_size;
+    return SD_OK;
+}
+
+void sd_shard_cursor_close(sd_shard_cursor *c)
+{
+    if (!c) return;
+    mdb_cursor_close(c->c);
+    free(c);
+}

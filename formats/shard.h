@@ -1,0 +1,264 @@
+/* The shard store: one LMDB environment per shard file holding every cached
+ * tensor of one writer (latents, text embeddings), checksummed and
+ * self-describing, with a bucket index so a trainer opens it in O(buckets).
+ * The record format is specified byte by byte in docs/FORMATS.md, section
+ * "Shard format, version 1".
+ *
+ * Named databases inside one shard file:
+ *   meta     UTF-8 key -> UTF-8 value (format_version, producer, options, ...)
+ *   latents  record key (1..511 caller-chosen bytes) -> record (kind latent)
+ *   text     16-byte content hash -> record (kind text embedding)
+ *   buckets  bucket (w,h) as 8 big-endian bytes -> uint64 LE record count
+ *   bindex   bucket (w,h) as 8 big-endian bytes -> record key (MDB_DUPSORT,
+ *            one duplicate per record: a range scan of one bucket)
+ *   names    record name (the sd-meta `key`, 1..511 bytes) -> record key
+ * buckets, bindex and names are maintained by sd_shard_put / sd_shard_del in
+ * the same transaction as the record itself.
+ *
+ * Threads and processes: one writer process per shard (enforced with an
+ * exclusive flock on the data file), any number of read-only handles in any
+ * number of processes. A handle may be shared by threads; each thread uses
+ * its own read transaction (sd_shard_txn). Write calls on one handle are
+ * not thread-safe. */
+#ifndef SDTK_SHARD_H
+#define SDTK_SHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "err.h"
+
+enum {
+    SD_SHARD_VERSION = 1,     /* format version this code writes and reads */
+    SD_SHARD_HDR_SIZE = 256,  /* fixed record header, name follows */
+    SD_SHARD_MAX_TENSORS = 4,
+    SD_SHARD_MAX_KEY = 511,   /* record keys and names: LMDB's key limit */
+    SD_SHARD_TEXT_KEY = 16    /* text-embedding keys: 16-byte content hash */
+};
+
+/* Meta keys every shard may carry (values are UTF-8 text; JSON where noted).
+ * format_version and created are written by sd_shard_open on create. */
+#define SD_SHARD_META_VERSION "format_version" /* "1" */
+#define SD_SHARD_META_CREATED "created"        /* "2024-05-01T12:00:00Z" */
+#define SD_SHARD_META_PRODUCER "producer"      /* "sd-latents 0.1.0" */
+#define SD_SHARD_META_OPTIONS "options"        /* JSON object of the producer's options */
+#define SD_SHARD_META_MODEL "model_hash"       /* hash of the weights used (hex) */
+#define SD_SHARD_META_SCALING "scaling_factor" /* "0.18215", "0.13025" */
+#define SD_SHARD_META_DTYPES "dtypes"          /* JSON object: {"latent":"fp16","text":"fp16"} */
+
+/* ---- opening -------------------------------------------------------------- */
+
+enum {
+    SD_SHARD_RDONLY = 1,  /* read-only: MDB_RDONLY|MDB_NOTLS, no writer lock */
+    SD_SHARD_CREATE = 2,  /* create the file when missing (writer only) */
+    SD_SHARD_NOSYNC = 4,  /* faster: no fsync per commit (MDB_NOSYNC); synced at close.
+                           * A crash (not a process kill) may lose recent batches
+                           * but never leaves a torn record. */
+    SD_SHARD_NOGROW = 8,  /* never grow the map: a full map is SD_ERANGE */
+    SD_SHARD_RANDOM = 16  /* reader: random access, no OS read-ahead (MDB_NORDAHEAD) */
+};
+
+typedef struct {
+    unsigned flags;      /* SD_SHARD_* */
+    size_t map_size;     /* initial map size for a writer; 0 = 256 MiB (or the file size if larger) */
+    size_t max_map_size; /* growth limit; 0 = 1 TiB */
+} sd_shard_opts;
+
+typedef struct sd_shard sd_shard;
+
+/* Open (or with SD_SHARD_CREATE create) a shard; opts may be NULL (writer,
+ * durable, existing file). A shard whose format_version is newer than
+ * SD_SHARD_VERSION fails with SD_EUNSUPPORTED and a message naming both. */
+sd_status sd_shard_open(sd_shard **out, const char *path, const sd_shard_opts *opts, sd_error *err);
+/* Abort any open batch, sync (NOSYNC mode) and close; the handle is freed
+ * even when the final sync fails. */
+sd_status sd_shard_close(sd_shard *s, sd_error *err);
+/* Force the data to disk (useful in NOSYNC mode at checkpoints). */
+sd_status sd_shard_sync(sd_shard *s, sd_error *err);
+const char *sd_shard_path(const sd_shard *s);
+/* Current map size in bytes (grows in the writer). */
+size_t sd_shard_map_size(const sd_shard *s);
+
+/* ---- metadata -------------------------------------------------------------- */
+
+/* Set one meta entry; inside a batch it joins the batch, else it commits. */
+sd_status sd_shard_meta_set(sd_shard *s, const char *key, const char *value, sd_error *err);
+/* Get one meta entry as a malloc'ed NUL-terminated string; SD_ENOTFOUND when absent. */
+sd_status sd_shard_meta_get(sd_shard *s, const char *key, char **value, sd_error *err);
+
+/* ---- records (format: docs/FORMATS.md) ----------------------------------- */
+
+typedef enum { SD_DT_F16 = 1, SD_DT_BF16 = 2, SD_DT_F32 = 3 } sd_dtype;
+typedef enum { SD_REC_LATENT = 1, SD_REC_TEXT = 2 } sd_rec_kind;
+
+/* What a tensor is. Latent records hold SAMPLE (and SAMPLE_FLIP), or
+ * MEAN+STD (and MEAN_FLIP+STD_FLIP); text records hold HIDDEN (SD1/SD2:
+ * one encoder) or HIDDEN1+HIDDEN2+POOLED (SDXL), or any subset of those. */
+typedef enum {
+    SD_ROLE_SAMPLE = 1,
+    SD_ROLE_SAMPLE_FLIP = 2,
+    SD_ROLE_MEAN = 3,
+    SD_ROLE_STD = 4,
+    SD_ROLE_MEAN_FLIP = 5,
+    SD_ROLE_STD_FLIP = 6,
+    SD_ROLE_HIDDEN = 16,
+    SD_ROLE_HIDDEN1 = 17,
+    SD_ROLE_HIDDEN2 = 18,
+    SD_ROLE_POOLED = 19
+} sd_tensor_role;
+
+enum {
+    SD_REC_F_FLIPPED = 1,    /* a flipped variant is present */
+    SD_REC_F_MEANSTD = 2,    /* mean+std of the latent distribution, not a sample */
+    SD_REC_F_CROP_FLOAT = 4, /* the crop box came from floats (kohya float64 crop_ltrb) */
+    SD_REC_F_ALL = 7
+};
+
+typedef struct {
+    uint8_t dtype;        /* sd_dtype */
+    uint8_t role;         /* sd_tensor_role */
+    uint8_t ndim;         /* 1..4 */
+    uint32_t shape[4];    /* unused dims 0 */
+    uint32_t offset;      /* byte offset inside the payload (16-aligned); set by build */
+    uint32_t length;      /* bytes = product(shape) * dtype size; set by build */
+    const void *data;     /* build: input bytes; parse: pointer into the value */
+} sd_shard_tensor;
+
+typedef struct {
+    uint8_t kind;          /* sd_rec_kind */
+    uint16_t flags;        /* SD_REC_F_* */
+    uint32_t orig_w, orig_h;
+    double crop[4];        /* l, t, r, b in original-resized pixels, as kohya's crop_ltrb */
+    uint32_t bucket_w, bucket_h;
+    uint8_t text_ref[16];  /* key of the text-embedding record; zeros = none */
+    const char *name;      /* record name (sd-meta `key`), not NUL-terminated on parse */
+    size_t name_len;       /* 0..511 */
+    int ntensors;          /* 1..4 */
+    sd_shard_tensor t[SD_SHARD_MAX_TENSORS];
+    /* filled by parse (and by build): */
+    const void *payload;
+    uint32_t payload_off, payload_len;
+    uint64_t payload_hash; /* XXH3-64 of the payload, as stored */
+} sd_shard_rec;
+
+size_t sd_dtype_size(int dtype);     /* 2, 2, 4; 0 when unknown */
+const char *sd_dtype_name(int dtype); /* "fp16", "bf16", "fp32", "?" */
+/* Serialized size of r: header + name + aligned tensors. */
+size_t sd_shard_rec_size(const sd_shard_rec *r);
+/* Lay out header + name + tensors (from r->t[i].data) at the end of out
+ * (cleared first), computing offsets, lengths and both checksums. Validates
+ * r as parse would. */
+sd_status sd_shard_rec_build(const sd_shard_rec *r, sd_buf *out, sd_error *err);
+/* Validate a stored value without trusting any field (magic, version, sizes,
+ * offsets in bounds, alignment, no overlap, dtype/shape/role consistency,
+ * flags, header checksum) and describe it; pointers in out point into val.
+ * Does NOT hash the payload: see sd_shard_rec_check_payload. */
+sd_status sd_shard_rec_parse(const void *val, size_t len, sd_shard_rec *out, sd_error *err);
+/* Recompute the payload's XXH3-64 and compare with the stored one. */
+sd_status sd_shard_rec_check_payload(const sd_shard_rec *r, sd_error *err);
+/* Find a tensor by role; NULL when absent. */
+const sd_shard_tensor *sd_shard_rec_tensor(const sd_shard_rec *r, int role);
+
+/* ---- writing: batches ------------------------------------------------------ */
+
+/* Start a batch (one LMDB write transaction). Every operation until commit
+ * is kept (copied) by the shard so it can be replayed when the map is full:
+ * abort, double the map (up to max_map_size), replay. */
+sd_status sd_shard_begin(sd_shard *s, sd_error *err);
+/* Put a latent record (built by sd_shard_rec_build) under key, replacing an
+ * existing one; updates buckets, bindex and names. The value is parsed and
+ * rejected when invalid. Outside a batch it is its own batch. */
+sd_status sd_shard_put(sd_shard *s, const void *key, size_t klen, const void *val, size_t vlen, sd_error *err);
+/* Put a text-embedding record under its 16-byte content hash. */
+sd_status sd_shard_put_text(sd_shard *s, const uint8_t hash[16], const void *val, size_t vlen, sd_error *err);
+/* Delete a latent record and its buckets/bindex/names entries, also when its
+ * value is corrupt (the index entries are then found by scanning bindex
+ * and names for the key). SD_ENOTFOUND when absent. */
+sd_status sd_shard_del(sd_shard *s, const void *key, size_t klen, sd_error *err);
+/* Delete a text-embedding record. SD_ENOTFOUND when absent. */
+sd_status sd_shard_del_text(sd_shard *s, const uint8_t hash[16], sd_error *err);
+/* Commit the batch (durable unless NOSYNC). On failure nothing of the batch
+ * is stored and the shard is as it was before sd_shard_begin. */
+sd_status sd_shard_commit(sd_shard *s, sd_error *err);
+/* Drop the batch. */
+void sd_shard_abort(sd_shard *s);
+/* Rebuild buckets and bindex from the latent records, add missing names
+ * entries and drop names whose record is gone (sd-verify --repair). Joins
+ * the open batch, else is its own. O(records). */
+sd_status sd_shard_reindex(sd_shard *s, sd_error *err);
+/* Bytes of operations kept for replay in the open batch (to size batches). */
+size_t sd_shard_batch_bytes(const sd_shard *s);
+
+/* Resume helpers for the writer: they see the open batch's own puts.
+ * *found is set to 1 or 0. */
+sd_status sd_shard_exists(sd_shard *s, const void *key, size_t klen, int *found, sd_error *err);
+sd_status sd_shard_text_exists(sd_shard *s, const uint8_t hash[16], int *found, sd_error *err);
+sd_status sd_shard_name_exists(sd_shard *s, const char *name, size_t nlen, int *found, sd_error *err);
+
+/* ---- reading --------------------------------------------------------------- */
+
+typedef struct sd_shard_txn sd_shard_txn;
+
+/* A read transaction: a consistent snapshot; pointers returned by get and
+ * cursors stay valid until it ends or resets. One per thread at a time. */
+sd_status sd_shard_read_begin(sd_shard *s, sd_shard_txn **out, sd_error *err);
+void sd_shard_read_end(sd_shard_txn *t);
+/* Release the snapshot but keep the handle; renew takes a fresh snapshot
+ * (cheap: for trainers refreshing between epochs). */
+void sd_shard_read_reset(sd_shard_txn *t);
+sd_status sd_shard_read_renew(sd_shard_txn *t, sd_error *err);
+
+/* Zero-copy get of a latent record / a text-embedding record; SD_ENOTFOUND
+ * when absent. *val points into the map (read-only, valid inside t). */
+sd_status sd_shard_get(sd_shard_txn *t, const void *key, size_t klen, const void **val, size_t *vlen, sd_error *err);
+sd_status sd_shard_get_text(sd_shard_txn *t, const uint8_t hash[16], const void **val, size_t *vlen, sd_error *err);
+/* Record key of a record name; SD_ENOTFOUND when absent. */
+sd_status sd_shard_get_name(sd_shard_txn *t, const char *name, size_t nlen, const void **key, size_t *klen, sd_error *err);
+
+typedef enum {
+    SD_SHARD_DB_LATENTS = 0,
+    SD_SHARD_DB_TEXT,
+    SD_SHARD_DB_NAMES,   /* key = name, val = record key */
+    SD_SHARD_DB_BUCKETS, /* key = 8-byte bucket, val = uint64 LE count */
+    SD_SHARD_DB_BINDEX,  /* key = 8-byte bucket, val = record key */
+    SD_SHARD_DB_META
+} sd_shard_db;
+
+/* Whether bindex holds (bucket (w, h), record key): sd-verify's check that
+ * a record is findable through its bucket. */
+sd_status sd_shard_index_has(sd_shard_txn *t, uint32_t w, uint32_t h, const void *key, size_t klen, int *found,
+                             sd_error *err);
+
+/* Number of entries of one database. */
+sd_status sd_shard_count(sd_shard_txn *t, sd_shard_db db, uint64_t *n, sd_error *err);
+
+typedef struct {
+    uint32_t w, h;
+    uint64_t count;
+} sd_shard_bucket;
+
+/* All buckets with their record counts, sorted by (w, h); *out is malloc'ed. */
+sd_status sd_shard_buckets(sd_shard_txn *t, sd_shard_bucket **out, size_t *n, sd_error *err);
+
+/* Cursors: iterate one database in key order, or one bucket's records. */
+typedef struct sd_shard_cursor sd_shard_cursor;
+sd_status sd_shard_cursor_open(sd_shard_txn *t, sd_shard_db db, sd_shard_cursor **out, sd_error *err);
+/* Cursor over the record keys of bucket (w, h) (bindex duplicates); next()
+ * yields key = record key, val = that record (looked up; NULL with vlen 0
+ * when the index points to a missing record). */
+sd_status sd_shard_cursor_bucket(sd_shard_txn *t, uint32_t w, uint32_t h, sd_shard_cursor **out, sd_error *err);
+/* Position so that the next call of next() yields the first entry with
+ * key >= key (plain database cursors only). */
+sd_status sd_shard_cursor_seek(sd_shard_cursor *c, const void *key, size_t klen, sd_error *err);
+/* Next entry; SD_ENOTFOUND at the end. Pointers valid inside the txn. */
+sd_status sd_shard_cursor_next(sd_shard_cursor *c, const void **key, size_t *klen, const void **val, size_t *vlen,
+                               sd_error *err);
+void sd_shard_cursor_close(sd_shard_cursor *c);
+
+/* Encode / decode a bucket index key (8 bytes, big-endian w then h, so LMDB
+ * sorts buckets by width then height). */
+void sd_shard_bucket_key(uint32_t w, uint32_t h, uint8_t out[8]);
+void sd_shard_bucket_unkey(const uint8_t in[8], uint32_t *w, uint32_t *h);
+
+#endif

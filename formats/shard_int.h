@@ -1,0 +1,34 @@
+/* Private state shared by the shard library's files (shard.c: open, meta,
+ * reading; shard_write.c: batches, index maintenance, map growth). */
+#ifndef SDTK_SHARD_INT_H
+#define SDTK_SHARD_INT_H
+
+#include <lmdb.h>
+
+#include "shard.h"
+
+enum { NDBS = 6 };
+
+struct sd_shard {
+    MDB_env *env;
+    MDB_dbi dbi[NDBS]; /* indexed by sd_shard_db */
+    char *path;
+    unsigned flags;
+    size_t map_size, max_map;
+    int lock_fd;   /* writer: holds the exclusive flock */
+    MDB_txn *wtxn; /* the open batch, or NULL */
+    sd_buf log;    /* the open batch's operations, for replay */
+    size_t nops;
+};
+
+struct sd_shard_txn {
+    sd_shard *s;
+    MDB_txn *txn;
+};
+
+/* An LMDB result as an sdtk error; MDB_NOTFOUND becomes SD_ENOTFOUND. */
+sd_status sd_shard_mdb_err(sd_error *err, int rc, const char *what, const sd_shard *s);
+/* Begin a read-only LMDB transaction, adopting a map grown by the writer. */
+int sd_shard_txn_begin_ro(sd_shard *s, MDB_txn **out);
+
+#endif

@@ -1,0 +1,391 @@
+#!/usr/bin/env python3
+"""End-to-end tests of sd-pack: kohya npz -> shard -> kohya npz round trips
+(fp32 bit-identical, fp16 equal to numpy's float16 rounding), resumable
+import, split -> merge, compact, info, export-tar members loaded with numpy,
+and the bad cache files the importer must report and skip.
+Usage: e2e_pack.py SD_PACK SD_VERIFY  (needs numpy)"""
+import glob
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import unittest
+
+try:
+    import numpy as np
+except ImportError:  # the suite needs numpy (python3-numpy); skip, do not fail
+    print("numpy not available: skipping")
+    sys.exit(77)
+
+SD_PACK = SD_VERIFY = None
+
+
+def run(*args):
+    """Run sd-pack; returns (exit code, stdout, stderr)."""
+    p = subprocess.run([SD_PACK] + [str(a) for a in args], capture_output=True)
+    return p.returncode, p.stdout.decode(), p.stderr.decode()
+
+
+def skipped(err, reason):
+    """The count the final summary prints for a reason (0 when absent)."""
+    for line in err.splitlines():
+        m = re.match(r"^sd-pack[^:]*:\s+(\d+)\s+(.*)$", line)
+        if m and m.group(2) == reason:
+            return int(m.group(1))
+    return 0
+
+
+def npz_dict(path):
+    """Keys (in file order), dtypes and values of an npz."""
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}, list(z.files)
+
+
+def tree(d):
+    """Relative paths of the npz files under d."""
+    return sorted(os.path.relpath(p, d) for p in glob.glob(os.path.join(d, "**", "*.npz"), recursive=True))
+
+
+class Pack(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="sdpack-")
+        self.rng = np.random.default_rng(7)
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    def p(self, *parts):
+        return os.path.join(self.dir, *parts)
+
+    def latents(self, path, w, h, flip=False, crop_float=True, orig=None, dtype=np.float32, **extra):
+        """One kohya latents npz as sd-scripts' np.savez writes it."""
+        lat = self.rng.standard_normal((4, h // 8, w // 8)).astype(dtype)
+        kw = {}
+        if flip:
+            kw["latents_flipped"] = lat[:, :, ::-1].copy()
+        crop = np.array([0.5, 0, w - 0.5, h]) if crop_float else np.array([0, 0, w, h])
+        orig = orig or (w * 3, h * 3)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        np.savez(path, latents=lat, original_size=np.array(orig), crop_ltrb=crop, **kw, **extra)
+
+    def te(self, path, tokens=77, dtype=np.float32, seed=None):
+        """One SDXL te_outputs npz (seed: same seed, same content)."""
+        rng = np.random.default_rng(seed) if seed is not None else self.rng
+        np.savez(path, hidden_state1=rng.standard_normal((tokens, 768)).astype(dtype),
+                 hidden_state2=rng.standard_normal((tokens, 1280)).astype(dtype),
+                 pool2=rng.standard_normal(1280).astype(dtype))
+
+    def kohya_dir(self, name="kd", n=6):
+        """A small cache directory: flipped and plain latents, int and float
+        crops, a subdirectory, te_outputs (two with identical content)."""
+        d = self.p(name)
+        sizes = [(64, 48), (48, 64), (64, 64), (32, 64), (64, 48), (64, 64)]
+        for i in range(n):
+            w, h = sizes[i % len(sizes)]
+            stem = ("sub/img%02d" if i % 3 == 2 else "img%02d") % i
+            self.latents(os.path.join(d, stem + ".npz"), w, h, flip=i % 2 == 0, crop_float=i % 4 != 1)
+            if i != 3:
+                self.te(os.path.join(d, stem + "_te_outputs.npz"), seed=99 if i in (1, 4) else None)
+        return d
+
+    def assert_same_tree(self, a, b, f16=False):
+        """Every npz in a equals the one in b: same keys in the same order,
+        dtypes and values (with f16, float arrays of b as numpy float16)."""
+        self.assertEqual(tree(a), tree(b))
+        for rel in tree(a):
+            x, xk = npz_dict(os.path.join(a, rel))
+            y, yk = npz_dict(os.path.join(b, rel))
+            self.assertEqual(xk, yk, rel)
+            for k in xk:
+                want = y[k]
+                if f16 and k not in ("original_size", "crop_ltrb"):
+                    want = want.astype(np.float16)
+                    if x[k].dtype == np.float32:
+                        want = want.astype(np.float32)
+                self.assertEqual(x[k].dtype, want.dtype, (rel, k))
+                self.assertEqual(x[k].shape, want.shape, (rel, k))
+                self.assertTrue(np.array_equal(x[k], want), (rel, k))
+
+    def verify(self, shard):
+        p = subprocess.run([SD_VERIFY, "-q", shard], capture_output=True)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+
+    def info(self, shard):
+        rc, out, err = run("info", "--json", shard)
+        self.assertEqual(rc, 0, err)
+        return json.loads(out)
+
+    # -- round trips ------------------------------------------------------
+
+    def test_fp32_round_trip_is_identical(self):
+        d = self.kohya_dir()
+        shard = self.p("c.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard, "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertFalse(os.path.exists(shard + ".partial"))
+        self.verify(shard)
+        info = self.info(shard)
+        self.assertEqual(info["latents"]["records"], 6)
+        self.assertEqual(info["latents"]["flipped"], 3)
+        self.assertEqual(info["latents"]["dtypes"], {"fp32": 6})
+        self.assertEqual(info["text"]["records"], 4)  # 5 te files, two identical
+        self.assertEqual(info["names"], 6)
+        self.assertEqual(sorted((b["w"], b["h"], b["count"]) for b in info["buckets"]),
+                         [(32, 64, 1), (48, 64, 1), (64, 48, 2), (64, 64, 2)])
+        out = self.p("out")
+        rc, _, err = run("export-kohya", shard, "-o", out, "-q")
+        self.assertEqual(rc, 0, err)
+        self.assert_same_tree(out, d)
+
+    def test_fp16_import_equals_numpy_rounding(self):
+        d = self.kohya_dir()
+        shard = self.p("h.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard, "--dtype", "fp16", "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.info(shard)["latents"]["dtypes"], {"fp16": 6})
+        out = self.p("out")
+        rc, _, err = run("export-kohya", shard, "-o", out, "-q")
+        self.assertEqual(rc, 0, err)
+        # latents come back float32 (as kohya writes), te_outputs stay float16
+        self.assert_same_tree(out, d, f16=True)
+        want = 0
+        for f in tree(d):
+            if not f.endswith("_te_outputs.npz"):
+                arrays, keys = npz_dict(os.path.join(d, f))
+                want += arrays["latents"].size * 2 * (2 if "latents_flipped" in keys else 1)
+        self.assertEqual(self.info(shard)["latents"]["payload_bytes"], want)  # fp16: 2 bytes a value
+
+    def test_current_names_and_meta_captions(self):
+        d = self.p("xl")
+        self.latents(os.path.join(d, "a_1024x0768_sdxl.npz"), 64, 48, orig=(1024, 768))
+        self.latents(os.path.join(d, "b_0640x0640_sdxl.npz"), 64, 64, flip=True, orig=(640, 640))
+        self.latents(os.path.join(d, "c_0512x0512_sdxl.npz"), 32, 32, orig=(512, 512))
+        for s in "abc":
+            self.te(os.path.join(d, s + "_te_outputs.npz"), dtype=np.float16)
+        meta = {"a": {"caption": "a cat", "train_resolution": [64, 48]},
+                "/data/imgs/b.png": {"caption": "a cat", "train_resolution": [64, 64]},
+                "c": {"caption": "a dog", "tags": "x, y", "train_resolution": [64, 64]}}
+        with open(self.p("meta_lat.json"), "w") as f:
+            json.dump(meta, f)
+        shard = self.p("xl.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard, "--meta", self.p("meta_lat.json"))
+        self.assertEqual(rc, 0, err)
+        # c's latents are 32x32 px but the metadata says 64x64: a stale cache
+        self.assertEqual(skipped(err, "latents size differs from meta train_resolution"), 1)
+        self.assertIn("c_0512x0512_sdxl.npz", err)
+        info = self.info(shard)
+        self.assertEqual(info["latents"]["records"], 2)
+        self.assertEqual(info["text"]["records"], 1)  # same caption "a cat": one embedding
+        self.assertEqual(info["meta"]["kohya_layout"], "sdxl")
+        out = self.p("out")
+        rc, _, err = run("export-kohya", shard, "-o", out, "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(tree(out), ["a_1024x0768_sdxl.npz", "a_te_outputs.npz", "b_0640x0640_sdxl.npz",
+                                     "b_te_outputs.npz"])
+        x, _ = npz_dict(os.path.join(out, "a_1024x0768_sdxl.npz"))
+        y, _ = npz_dict(os.path.join(d, "a_1024x0768_sdxl.npz"))
+        self.assertTrue(np.array_equal(x["latents"], y["latents"]))
+        self.assertEqual(npz_dict(os.path.join(out, "a_te_outputs.npz"))[0]["pool2"].dtype, np.float16)
+        rc, _, err = run("export-kohya", shard, "-o", self.p("legacy"), "--layout", "legacy", "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("a.npz", tree(self.p("legacy")))
+
+    # -- bad inputs --------------------------------------------------------
+
+    def test_bad_files_are_reported_and_skipped(self):
+        d = self.kohya_dir(n=2)
+        with open(os.path.join(d, "img00.npz"), "rb") as f:
+            good = f.read()
+        with open(os.path.join(d, "trunc.npz"), "wb") as f:
+            f.write(good[: len(good) // 2])
+        with open(os.path.join(d, "notzip.npz"), "wb") as f:
+            f.write(b"this is not a zip file at all\n" * 3)
+        np.savez(os.path.join(d, "nolat.npz"), original_size=np.array([8, 8]), crop_ltrb=np.array([0, 0, 8, 8]))
+        np.savez(os.path.join(d, "shape.npz"), latents=np.zeros((4, 8), np.float32), original_size=np.array([8, 8]),
+                 crop_ltrb=np.array([0, 0, 8, 8]))
+        np.savez(os.path.join(d, "fortran.npz"), latents=np.asfortranarray(np.zeros((4, 2, 3), np.float32)),
+                 original_size=np.array([24, 16]), crop_ltrb=np.array([0, 0, 24, 16]))
+        bad = np.zeros((4, 2, 2), np.float32)
+        bad[0, 0, 0] = np.nan
+        np.savez(os.path.join(d, "nan.npz"), latents=bad, original_size=np.array([16, 16]),
+                 crop_ltrb=np.array([0, 0, 16, 16]))
+        self.latents(os.path.join(d, "alpha.npz"), 16, 16, alpha_mask=np.ones((16, 16), np.float32))
+        self.latents(os.path.join(d, "badte.npz"), 16, 16)
+        np.savez(os.path.join(d, "badte_te_outputs.npz"), hidden_state1=np.zeros((77, 512), np.float32),
+                 hidden_state2=np.zeros((77, 1280), np.float32), pool2=np.zeros(1280, np.float32))
+        self.te(os.path.join(d, "orphan_te_outputs.npz"))
+        shard = self.p("c.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard)
+        self.assertEqual(rc, 0, err)
+        for reason, n in (("unreadable npz", 3), ("no latents array", 1), ("bad latents shape", 1),
+                          ("NaN or Inf in latents", 1), ("alpha_mask (shard format v1 has no tensor role for it)", 1),
+                          ("bad te shape", 1), ("te_outputs without latents", 1)):
+            self.assertEqual(skipped(err, reason), n, (reason, err))
+        for name in ("trunc.npz", "notzip.npz", "nolat.npz", "shape.npz", "fortran.npz", "nan.npz",
+                     "badte_te_outputs.npz", "orphan_te_outputs.npz"):
+            self.assertIn(name, err)
+        self.assertIn("Fortran order", err)
+        self.assertEqual(self.info(shard)["latents"]["records"], 2)
+        self.verify(shard)
+        rc, _, err = run("import-kohya", d, "-o", self.p("s.lmdb"), "--strict", "-q")
+        self.assertEqual(rc, 1)
+
+    def test_usage_errors(self):
+        rc, out, _ = run("--help")
+        self.assertEqual(rc, 0)
+        self.assertIn("import-kohya", out)
+        for cmd in ("info", "merge", "split", "compact", "import-kohya", "export-kohya", "export-tar"):
+            rc, out, _ = run(cmd, "--help")
+            self.assertEqual(rc, 0, cmd)
+            self.assertIn("Usage: sd-pack " + cmd, out)
+        self.assertEqual(run("frobnicate")[0], 2)
+        self.assertEqual(run("merge", "a.lmdb")[0], 2)
+        self.assertEqual(run("split", "-n", "2", "-o", "nopattern.lmdb", "a.lmdb")[0], 2)
+        self.assertEqual(run("import-kohya", self.dir, "-o", self.p("x.lmdb"), "--dtype", "int8")[0], 2)
+        self.assertEqual(run("export-tar", "a.lmdb", "-o", "x.tar")[0], 2)
+        rc, _, err = run("info", self.p("missing.lmdb"))
+        self.assertEqual(rc, 3)
+        self.assertIn("missing.lmdb", err)
+
+    # -- resume --------------------------------------------------------------
+
+    def test_resume_after_partial_and_kill(self):
+        d = self.kohya_dir(n=6)
+        shard = self.p("r.lmdb")
+        part = self.p("part")
+        os.makedirs(part)
+        for f in ("img00.npz", "img00_te_outputs.npz", "img01.npz"):
+            shutil.copy(os.path.join(d, f), part)
+        rc, _, err = run("import-kohya", part, "-o", shard, "-q")
+        self.assertEqual(rc, 0, err)
+        rc, _, err = run("import-kohya", d, "-o", shard)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("2 already present", err)
+        self.assertEqual(self.info(shard)["latents"]["records"], 6)
+        # a bigger directory, killed mid-way (maybe), then rerun: complete and clean
+        big = self.p("big")
+        for i in range(300):
+            self.latents(os.path.join(big, "b%04d.npz" % i), 64, 64, flip=True)
+        out = self.p("big.lmdb")
+        for delay in (0.05, 0.15):
+            p = subprocess.Popen([SD_PACK, "import-kohya", big, "-o", out, "-q"], stderr=subprocess.DEVNULL)
+            time.sleep(delay)
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+        self.assertFalse(os.path.exists(out) and os.path.exists(out + ".partial"))
+        rc, _, err = run("import-kohya", big, "-o", out)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.info(out)["latents"]["records"], 300)
+        self.assertFalse(os.path.exists(out + ".partial"))
+        self.verify(out)
+
+    # -- split / merge / compact / tar ----------------------------------------
+
+    def test_split_merge_compact(self):
+        d = self.p("many")
+        sizes = [(64, 48), (48, 64), (64, 64), (32, 32), (64, 32)]
+        for i in range(53):
+            w, h = sizes[(i * 7) % len(sizes)] if i % 11 else (64, 64)
+            self.latents(os.path.join(d, "m%03d.npz" % i), w, h, flip=i % 2 == 0)
+            self.te(os.path.join(d, "m%03d_te_outputs.npz" % i), tokens=77, dtype=np.float16, seed=i % 9)
+        shard = self.p("all.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard, "-q")
+        self.assertEqual(rc, 0, err)
+        whole = self.info(shard)
+        self.assertEqual(whole["text"]["records"], 9)
+        rc, _, err = run("split", "-n", "3", "-o", self.p("part-%d.lmdb"), shard, "-q")
+        self.assertEqual(rc, 0, err)
+        parts = [self.info(self.p("part-%d.lmdb" % i)) for i in range(3)]
+        for b in whole["buckets"]:
+            counts = [next((x["count"] for x in pi["buckets"] if (x["w"], x["h"]) == (b["w"], b["h"])), 0)
+                      for pi in parts]
+            self.assertEqual(sum(counts), b["count"])
+            self.assertLessEqual(max(counts) - min(counts), 1, (b, counts))
+        totals = [pi["latents"]["records"] for pi in parts]
+        self.assertLessEqual(max(totals) - min(totals), 1)
+        for i in range(3):
+            self.verify(self.p("part-%d.lmdb" % i))  # every text reference resolves
+        merged = self.p("merged.lmdb")
+        rc, _, err = run("merge", "-o", merged, *[self.p("part-%d.lmdb" % i) for i in range(3)],
+                         self.p("part-0.lmdb"))
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(skipped(err, "duplicate record key (first kept)"), parts[0]["latents"]["records"])
+        m = self.info(merged)
+        self.assertEqual(m["latents"]["records"], 53)
+        self.assertEqual(m["text"]["records"], 9)
+        self.assertEqual(m["buckets"], whole["buckets"])
+        self.verify(merged)
+        compact = self.p("compact.lmdb")
+        rc, _, err = run("compact", merged, "-o", compact, "-q")
+        self.assertEqual(rc, 0, err)
+        self.verify(compact)
+        # identical record set: the exports of the original and the merged+compacted shard match
+        for name, s in (("o1", shard), ("o2", compact)):
+            rc, _, err = run("export-kohya", s, "-o", self.p(name), "-q")
+            self.assertEqual(rc, 0, err)
+        self.assert_same_tree(self.p("o1"), self.p("o2"))
+        self.assert_same_tree(self.p("o1"), d)
+        rc, _, err = run("merge", "-o", shard, shard)
+        self.assertEqual(rc, 2)
+
+    def test_export_tar_members_load_with_numpy(self):
+        d = self.kohya_dir(n=6)
+        shard = self.p("t.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard, "-q", "--dtype", "bf16")
+        self.assertEqual(rc, 0, err)
+        rc, _, err = run("export-tar", shard, "-o", self.p("tars", "c-%05d.tar"), "--per-tar", "4")
+        self.assertEqual(rc, 3, err)  # tars/ does not exist: a clear fatal error
+        os.makedirs(self.p("tars"))
+        shard32 = self.p("t32.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard32, "-q")
+        self.assertEqual(rc, 0, err)
+        rc, _, err = run("export-tar", shard32, "-o", self.p("tars", "c-%05d.tar"), "--per-tar", "4", "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(sorted(os.listdir(self.p("tars"))), ["c-00000.tar", "c-00001.tar"])
+        seen = {}
+        for t in sorted(os.listdir(self.p("tars"))):
+            with tarfile.open(self.p("tars", t)) as tf:
+                for m in tf.getmembers():
+                    seen[m.name] = tf.extractfile(m).read()
+        names = sorted({k.split(".")[0] for k in seen})
+        self.assertEqual(names, ["img00", "img01", "img03", "img04", "sub/img02", "sub/img05"])
+        for n in names:
+            src, _ = npz_dict(os.path.join(d, n + ".npz"))
+            lat = np.load(io.BytesIO(seen[n + ".latents.npy"]))
+            self.assertEqual(lat.dtype, np.float32)
+            self.assertTrue(np.array_equal(lat, src["latents"]))
+            if "latents_flipped" in src:
+                self.assertTrue(np.array_equal(np.load(io.BytesIO(seen[n + ".latents_flipped.npy"])),
+                                               src["latents_flipped"]))
+            meta = json.loads(seen[n + ".json"])
+            self.assertEqual(meta["original_size"], src["original_size"].tolist())
+            self.assertEqual(meta["crop_ltrb"], [float(x) for x in src["crop_ltrb"]])
+            self.assertEqual(meta["bucket"], [src["latents"].shape[2] * 8, src["latents"].shape[1] * 8])
+            te_path = os.path.join(d, n + "_te_outputs.npz")
+            if os.path.exists(te_path):
+                te, _ = npz_dict(te_path)
+                for member, key in (("te1", "hidden_state1"), ("te2", "hidden_state2"), ("pool2", "pool2")):
+                    self.assertTrue(np.array_equal(np.load(io.BytesIO(seen[n + "." + member + ".npy"])), te[key]))
+            else:
+                self.assertNotIn(n + ".te1.npy", seen)
+        # bf16 shards: numpy has no bfloat16, members are float32 holding the bf16 values
+        rc, _, err = run("export-tar", shard, "-o", self.p("tars", "b-%d.tar"), "--per-tar", "100", "-q")
+        self.assertEqual(rc, 0, err)
+        with tarfile.open(self.p("tars", "b-0.tar")) as tf:
+            lat = np.load(io.BytesIO(tf.extractfile("img00.latents.npy").read()))
+        src, _ = npz_dict(os.path.join(d, "img00.npz"))
+        bits = src["latents"].view(np.uint32)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).view(np.float32)
+        self.assertTrue(np.array_equal(lat, rounded))
+
+
+if __name__ == "__main__":
+    SD_PACK, SD_VERIFY = sys.argv[1], sys.argv[2]
+    unittest.main(argv=[sys.argv[0]], verbosity=1)

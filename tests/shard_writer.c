@@ -1,0 +1,306 @@
+/* Test helper for the shard fault and corruption tests (driven by
+ * e2e_shard.py):
+ *   write SHARD N [BATCH] [flags]  write records rec000000..N-1 with resume
+ *                                  (names already present are skipped),
+ *                                  committing every BATCH; flags: nosync,
+ *                                  nogrow, map=BYTES, slow (sleep per batch)
+ *   corrupt SHARD COUNT SEED       damage COUNT distinct records through LMDB
+ *                                  (bit flips in header or payload, truncation,
+ *                                  extension); prints "db hexkey" per record
+ *   locate SHARD                   print "offset length hexkey" of each live
+ *                                  latent value in the file
+ * Exit status 0 on success, 3 with a message on stderr on failure. */
+#include <lmdb.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hash.h"
+#include "shard.h"
+
+/* 16-byte content key of a name (two seeded XXH3 halves). */
+static void key16(const char *s, uint8_t out[16])
+{
+    uint64_t a = sd_hash64(s, strlen(s), 1), b = sd_hash64(s, strlen(s), 2);
+    memcpy(out, &a, 8);
+    memcpy(out + 8, &b, 8);
+}
+
+static void fill16(uint16_t *v, size_t n, uint32_t seed)
+{
+    for (size_t i = 0; i < n; i++) v[i] = (uint16_t)(0x3c00 ^ ((seed * 31 + i * 7) & 0x3ff)); /* finite fp16 */
+}
+
+/* The text-embedding record of caption c (tiny SDXL-shaped tensors). */
+static sd_status put_text(sd_shard *s, int c, uint8_t key[16], sd_buf *b, sd_error *err)
+{
+    char cap[32];
+    snprintf(cap, sizeof cap, "caption%d", c);
+    key16(cap, key);
+    int found;
+    sd_status st = sd_shard_text_exists(s, key, &found, err);
+    if (st || found) return st;
+    static uint16_t h1[4 * 8], h2[4 * 12], pool[12];
+    fill16(h1, 32, (uint32_t)c);
+    fill16(h2, 48, (uint32_t)c + 1);
+    fill16(pool, 12, (uint32_t)c + 2);
+    sd_shard_rec r;
+    memset(&r, 0, sizeof r);
+    r.kind = SD_REC_TEXT;
+    r.ntensors = 3;
+    r.t[0] = (sd_shard_tensor){SD_DT_F16, SD_ROLE_HIDDEN1, 2, {4, 8, 0, 0}, 0, 0, h1};
+    r.t[1] = (sd_shard_tensor){SD_DT_F16, SD_ROLE_HIDDEN2, 2, {4, 12, 0, 0}, 0, 0, h2};
+    r.t[2] = (sd_shard_tensor){SD_DT_F16, SD_ROLE_POOLED, 1, {12, 0, 0, 0}, 0, 0, pool};
+    if ((st = sd_shard_rec_build(&r, b, err))) return st;
+    return sd_shard_put_text(s, key, b->data, b->len, err);
+}
+
+/* Record i: bucket (64 + 64*(i%3)) x 64, fp16 sample, flipped for odd i. */
+static sd_status put_latent(sd_shard *s, int i, sd_buf *b, sd_error *err)
+{
+    char name[32];
+    snprintf(name, sizeof name, "rec%06d", i);
+    int found;
+    sd_status st = sd_shard_name_exists(s, name, strlen(name), &found, err);
+    if (st || found) return st;
+    uint8_t tkey[16], key[16];
+    if ((st = put_text(s, i % 5, tkey, b, err))) return st;
+    static uint16_t lat[2][4 * 8 * 24];
+    sd_shard_rec r;
+    memset(&r, 0, sizeof r);
+    r.kind = SD_REC_LATENT;
+    r.flags = i % 2 ? SD_REC_F_FLIPPED : 0;
+    r.bucket_w = 64 + 64 * (uint32_t)(i % 3);
+    r.bucket_h = 64;
+    r.orig_w = r.bucket_w * 2;
+    r.orig_h = 128;
+    r.crop[2] = r.bucket_w;
+    r.crop[3] = 64;
+    memcpy(r.text_ref, tkey, 16);
+    r.name = name;
+    r.name_len = strlen(name);
+    r.ntensors = 1 + i % 2;
+    for (int t = 0; t < r.ntensors; t++) {
+        r.t[t] = (sd_shard_tensor){SD_DT_F16, (uint8_t)(t ? SD_ROLE_SAMPLE_FLIP : SD_ROLE_SAMPLE), 3,
+                                   {4, 8, r.bucket_w / 8, 0}, 0, 0, lat[t]};
+        fill16(lat[t], 4 * 8 * r.bucket_w / 8, (uint32_t)(i * 2 + t));
+    }
+    if ((st = sd_shard_rec_build(&r, b, err))) return st;
+    key16(name, key);
+    return sd_shard_put(s, key, 16, b->data, b->len, err);
+}
+
+static int cmd_write(int argc, char **argv)
+{
+    int n = atoi(argv[3]), batch = argc > 4 ? atoi(argv[4]) : 16, slow = 0;
+    sd_shard_opts o = {SD_SHARD_CREATE, 0, 0};
+    for (int a = 5; a < argc; a++) {
+        if (!strcmp(argv[a], "nosync")) o.flags |= SD_SHARD_NOSYNC;
+        else if (!strcmp(argv[a], "nogrow")) o.flags |= SD_SHARD_NOGROW;
+        else if (!strcmp(argv[a], "slow")) slow = 1;
+        else if (!strncmp(argv[a], "map=", 4)) o.map_size = (size_t)atol(argv[a] + 4);
+    }
+    sd_error err;
+    sd_shard *s;
+    sd_status st = sd_shard_open(&s, argv[2], &o, &err);
+    sd_buf b;
+    sd_buf_init(&b);
+    for (int i = 0; !st && i < n; i += batch) {
+        st = sd_shard_begin(s, &err);
+        for (int j = i; !st && j < n && j < i + batch; j++) st = put_latent(s, j, &b, &err);
+        if (!st) st = sd_shard_commit(s, &err);
+        if (slow) usleep(1000);
+    }
+    sd_buf_free(&b);
+    if (st) {
+        fprintf(stderr, "shard_writer: %s\n", err.msg);
+        if (s) sd_shard_close(s, &err);
+        return 3;
+    }
+    return sd_shard_close(s, &err) ? 3 : 0;
+}
+
+static void hex(const void *k, size_t n)
+{
+    for (size_t i = 0; i < n; i++) printf("%02x", ((const uint8_t *)k)[i]);
+}
+
+/* Raw LMDB access, bypassing the shard API's validation. */
+static int raw_open(const char *path, unsigned flags, MDB_env **env, MDB_txn **txn, MDB_dbi *lat, MDB_dbi *text)
+{
+    if (mdb_env_create(env) || mdb_env_set_maxdbs(*env, 8) ||
+        mdb_env_open(*env, path, MDB_NOSUBDIR | MDB_NOTLS | flags, 0644) ||
+        mdb_txn_begin(*env, NULL, flags & MDB_RDONLY, txn) || mdb_dbi_open(*txn, "latents", 0, lat) ||
+        mdb_dbi_open(*txn, "text", 0, text))
+        return -1;
+    return 0;
+}
+
+static uint64_t rng_state;
+static uint64_t rnd(uint64_t n)
+{
+    rng_state = sd_mix64(rng_state + 0x9E3779B97F4A7C15ull);
+    return n ? rng_state % n : 0;
+}
+
+static int cmd_corrupt(char **argv)
+{
+    int count = atoi(argv[3]);
+    rng_state = (uint64_t)atol(argv[4]);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi[2];
+    if (raw_open(argv[2], 0, &env, &txn, &dbi[0], &dbi[1])) {
+        fprintf(stderr, "shard_writer: cannot open %s\n", argv[2]);
+        return 3;
+    }
+    /* all keys of both databases; mostly latents */
+    size_t nk[2] = {0, 0};
+    uint8_t *keys[2] = {NULL, NULL};
+    for (int d = 0; d < 2; d++) {
+        MDB_cursor *c;
+        MDB_val k, v;
+        mdb_cursor_open(txn, dbi[d], &c);
+        while (mdb_cursor_get(c, &k, &v, MDB_NEXT) == 0) {
+            keys[d] = realloc(keys[d], (nk[d] + 1) * 16);
+            memcpy(keys[d] + 16 * nk[d]++, k.mv_data, 16);
+        }
+        mdb_cursor_close(c);
+    }
+    for (int done = 0; done < count && nk[0];) {
+        int d = nk[1] > 1 && rnd(10) == 0 ? 1 : 0;
+        size_t pick = (size_t)rnd(nk[d]);
+        uint8_t key[16];
+        memcpy(key, keys[d] + 16 * pick, 16);
+        memmove(keys[d] + 16 * pick, keys[d] + 16 * (pick + 1), 16 * (nk[d] - pick - 1)); /* each record once */
+        nk[d]--;
+        MDB_val k = {16, key}, v;
+        if (mdb_get(txn, dbi[d], &k, &v)) continue;
+        size_t len = v.mv_size, newlen = len;
+        uint8_t *buf = malloc(len + 64);
+        memcpy(buf, v.mv_data, len);
+        int how = (int)rnd(4);
+        if (how == 0) buf[rnd(256 + 16)] ^= (uint8_t)(1u << rnd(8)); /* header or name */
+        else if (how == 1) {
+            size_t at = 256 + 16 + rnd(len - 256 - 16); /* payload (names here are < 16 bytes) */
+            buf[at] ^= (uint8_t)(1u << rnd(8));
+        } else if (how == 2) newlen = (size_t)rnd(len); /* truncation */
+        else {
+            newlen = len + 1 + (size_t)rnd(63); /* extension */
+            for (size_t i = len; i < newlen; i++) buf[i] = (uint8_t)rnd(256);
+        }
+        MDB_val nv = {newlen ? newlen : 1, buf};
+        if (mdb_put(txn, dbi[d], &k, &nv, 0)) {
+            fprintf(stderr, "shard_writer: put failed\n");
+            return 3;
+        }
+        free(buf);
+        printf("%s ", d ? "text" : "latents");
+        hex(key, 16);
+        printf("\n");
+        done++;
+    }
+    int rc = mdb_txn_commit(txn);
+    mdb_env_close(env);
+    free(keys[0]);
+    free(keys[1]);
+    return rc ? 3 : 0;
+}
+
+static int cmd_locate(char **argv)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi lat, text;
+    if (raw_open(argv[2], MDB_RDONLY, &env, &txn, &lat, &text)) {
+        fprintf(stderr, "shard_writer: cannot open %s\n", argv[2]);
+        return 3;
+    }
+    /* LMDB does not say where it mapped the file: /proc/self/maps does */
+    char real[4096], line[4600];
+    const char *base = NULL;
+    if (!realpath(argv[2], real)) return 3;
+    FILE *m = fopen("/proc/self/maps", "r");
+    while (m && fgets(line, sizeof line, m)) {
+        line[strcspn(line, "\n")] = 0;
+        size_t ll = strlen(line), rl = strlen(real);
+        unsigned long lo, off;
+        if (ll > rl && strcmp(line + ll - rl, real) == 0 && sscanf(line, "%lx-%*x %*s %lx", &lo, &off) == 2 && off == 0) {
+            base = (const char *)lo;
+            break;
+        }
+    }
+    if (m) fclose(m);
+    if (!base) {
+        fprintf(stderr, "shard_writer: mapping of %s not found\n", real);
+        return 3;
+    }
+    MDB_cursor *c;
+    MDB_val k, v;
+    mdb_cursor_open(txn, lat, &c);
+    while (mdb_cursor_get(c, &k, &v, MDB_NEXT) == 0) {
+        printf("%ld %zu ", (long)((const char *)v.mv_data - base), v.mv_size);
+        hex(k.mv_data, k.mv_size);
+        printf("\n");
+    }
+    mdb_cursor_close(c);
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+    return 0;
+}
+
+/* Seed corpus for the record-parser fuzz target: one record per layout. */
+static int cmd_corpus(char **argv)
+{
+    static uint16_t a[4 * 4 * 6], b2[4 * 4 * 6], c[4 * 4 * 6], d[4 * 4 * 6];
+    static float f[4 * 2 * 2];
+    fill16(a, 96, 1);
+    fill16(b2, 96, 2);
+    fill16(c, 96, 3);
+    fill16(d, 96, 4);
+    sd_shard_rec r[4];
+    memset(r, 0, sizeof r);
+    r[0].kind = SD_REC_LATENT;
+    r[0].bucket_w = 48, r[0].bucket_h = 32, r[0].name = "a.png", r[0].name_len = 5, r[0].ntensors = 1;
+    r[0].t[0] = (sd_shard_tensor){SD_DT_F16, SD_ROLE_SAMPLE, 3, {4, 4, 6, 0}, 0, 0, a};
+    r[1] = r[0];
+    r[1].flags = SD_REC_F_FLIPPED | SD_REC_F_MEANSTD | SD_REC_F_CROP_FLOAT, r[1].ntensors = 4, r[1].crop[1] = 0.5;
+    r[1].text_ref[3] = 7;
+    for (int i = 0; i < 4; i++)
+        r[1].t[i] = (sd_shard_tensor){SD_DT_BF16, (uint8_t)(SD_ROLE_MEAN + i), 3, {4, 4, 6, 0}, 0, 0, i ? (i == 1 ? b2 : i == 2 ? c : d) : a};
+    r[2].kind = SD_REC_LATENT, r[2].ntensors = 1, r[2].bucket_w = r[2].bucket_h = 16;
+    r[2].t[0] = (sd_shard_tensor){SD_DT_F32, SD_ROLE_SAMPLE, 3, {4, 2, 2, 0}, 0, 0, f};
+    r[3].kind = SD_REC_TEXT, r[3].ntensors = 3;
+    r[3].t[0] = (sd_shard_tensor){SD_DT_F16, SD_ROLE_HIDDEN1, 2, {4, 8, 0, 0}, 0, 0, a};
+    r[3].t[1] = (sd_shard_tensor){SD_DT_F16, SD_ROLE_HIDDEN2, 2, {4, 12, 0, 0}, 0, 0, b2};
+    r[3].t[2] = (sd_shard_tensor){SD_DT_F16, SD_ROLE_POOLED, 1, {12, 0, 0, 0}, 0, 0, c};
+    static const char *names[4] = {"latent_f16", "latent_bf16_meanstd_flip", "latent_f32", "text_sdxl"};
+    sd_buf b;
+    sd_buf_init(&b);
+    sd_error err;
+    for (int i = 0; i < 4; i++) {
+        if (sd_shard_rec_build(&r[i], &b, &err)) {
+            fprintf(stderr, "shard_writer: %s\n", err.msg);
+            return 3;
+        }
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s.rec", argv[2], names[i]);
+        FILE *fo = fopen(path, "wb");
+        if (!fo || fwrite(b.data, 1, b.len, fo) != b.len || fclose(fo)) return 3;
+    }
+    sd_buf_free(&b);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 3 && !strcmp(argv[1], "corpus")) return cmd_corpus(argv);
+    if (argc >= 4 && !strcmp(argv[1], "write")) return cmd_write(argc, argv);
+    if (argc >= 5 && !strcmp(argv[1], "corrupt")) return cmd_corrupt(argv);
+    if (argc >= 3 && !strcmp(argv[1], "locate")) return cmd_locate(argv);
+    fprintf(stderr, "usage: shard_writer write SHARD N [BATCH] [nosync|nogrow|slow|map=BYTES]...\n"
+                    "       shard_writer corrupt SHARD COUNT SEED\n       shard_writer locate SHARD\n");
+    return 2;
+}

@@ -1,0 +1,58 @@
+/* sd-pack: shared pieces of the subcommands (one file each in tools/pack/):
+ * output shards built under a temporary name and renamed into place,
+ * batched copies of records with their text embeddings, and the glue
+ * between npy dtypes and shard dtypes. */
+#ifndef SDTK_PACK_H
+#define SDTK_PACK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "npy.h"
+#include "progress.h"
+#include "shard.h"
+#include "tally.h"
+
+/* Flags every subcommand accepts. */
+typedef struct {
+    int quiet, verbose, strict;
+} pack_common;
+
+/* A shard being written: under tmp until pack_out_commit renames it. */
+typedef struct {
+    char *final, *tmp; /* tmp == NULL when writing the final file in place */
+    sd_shard *s;
+    size_t batch_n;    /* operations in the open batch (0: none open) */
+    size_t batch_max;  /* commit after this many operations (default 512) */
+} pack_out;
+
+sd_status pack_out_open(pack_out *o, const char *path, int resume, sd_error *err);
+sd_status pack_out_put(pack_out *o, const void *key, size_t klen, const void *val, size_t vlen, sd_error *err);
+sd_status pack_out_put_text(pack_out *o, const uint8_t hash[16], const void *val, size_t vlen, sd_error *err);
+sd_status pack_out_flush(pack_out *o, sd_error *err);
+sd_status pack_out_commit(pack_out *o, sd_error *err);
+void pack_out_abort(pack_out *o, int keep);
+
+sd_status pack_open_ro(sd_shard **s, sd_shard_txn **t, const char *path, sd_error *err);
+void pack_close_ro(sd_shard *s, sd_shard_txn *t);
+sd_status pack_copy_meta(sd_shard_txn *from, pack_out *to, const char *producer, sd_error *err);
+sd_status pack_copy_text(sd_shard_txn *from, pack_out *to, const uint8_t ref[16], sd_error *err);
+int pack_has_text_ref(const uint8_t ref[16]);
+void pack_hex(const void *key, size_t n, char *out, size_t cap);
+
+int pack_npy_dtype(int shard_dtype);
+int pack_shard_dtype(int npy_dtype);
+
+int pack_finish(const sd_tally *t, const pack_common *c, const char *what);
+
+typedef int (*pack_cmd)(int argc, char **argv);
+int pack_info(int argc, char **argv);
+int pack_merge(int argc, char **argv);
+int pack_split(int argc, char **argv);
+int pack_compact(int argc, char **argv);
+int pack_import_kohya(int argc, char **argv);
+int pack_export_kohya(int argc, char **argv);
+int pack_export_tar(int argc, char **argv);
+
+#endif

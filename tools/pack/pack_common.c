@@ -1,0 +1,274 @@
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "pack.h"
+
+enum { BATCH_OPS = 512 };
+static const size_t BATCH_BYTES = (size_t)64 << 20;
+
+/* path + suffix in a fresh string, or NULL. */
+static char *with_suffix(const char *path, const char *suffix)
+{
+    size_t a = strlen(path), b = strlen(suffix);
+    char *s = malloc(a + b + 1);
+    if (s) {
+        memcpy(s, path, a);
+        memcpy(s + a, suffix, b + 1);
+    }
+    return s;
+}
+
+/* Remove a shard file and the lock file LMDB keeps beside it. */
+static void remove_shard_files(const char *path)
+{
+    char *lock = with_suffix(path, "-lock");
+    unlink(path);
+    if (lock) unlink(lock);
+    free(lock);
+}
+
+/* Open the output shard. A new shard is built as PATH.partial and renamed
+ * at the end, so PATH is whole or absent. With resume, an existing PATH is
+ * extended in place (LMDB commits are atomic) and an existing PATH.partial
+ * from a killed run is picked up where it stopped. */
+sd_status pack_out_open(pack_out *o, const char *path, int resume, sd_error *err)
+{
+    memset(o, 0, sizeof *o);
+    struct stat st;
+    o->final = strdup(path);
+    if (!o->final) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    if (!(resume && stat(path, &st) == 0)) {
+        o->tmp = with_suffix(path, ".partial");
+        if (!o->tmp) return sd_err_set(err, SD_ENOMEM, "out of memory");
+        if (!resume || stat(o->tmp, &st) != 0) remove_shard_files(o->tmp);
+    }
+    sd_shard_opts opts = {SD_SHARD_CREATE | SD_SHARD_NOSYNC, 0, 0};
+    sd_status s = sd_shard_open(&o->s, o->tmp ? o->tmp : path, &opts, err);
+    if (s) {
+        free(o->final);
+        free(o->tmp);
+        o->final = o->tmp = NULL;
+    }
+    return s;
+}
+
+/* Count one operation in the open batch and commit when it is big enough. */
+static sd_status after_put(pack_out *o, sd_error *err)
+{
+    o->batch_n++;
+    if (o->batch_n >= (o->batch_max ? o->batch_max : BATCH_OPS) || sd_shard_batch_bytes(o->s) >= BATCH_BYTES) return pack_out_flush(o, err);
+    return SD_OK;
+}
+
+/* Start a batch when none is open. */
+static sd_status ensure_batch(pack_out *o, sd_error *err)
+{
+    if (o->batch_n) return SD_OK;
+    sd_status st = sd_shard_begin(o->s, err);
+    if (!st) o->batch_n = 1;
+    return st;
+}
+
+/* Put a latent record in the current batch. */
+sd_status pack_out_put(pack_out *o, const void *key, size_t klen, const void *val, size_t vlen, sd_error *err)
+{
+    sd_status st = ensure_batch(o, err);
+    if (!st) st = sd_shard_put(o->s, key, klen, val, vlen, err);
+    return st ? st : after_put(o, err);
+}
+
+/* Put a text-embedding record in the current batch. */
+sd_status pack_out_put_text(pack_out *o, const uint8_t hash[16], const void *val, size_t vlen, sd_error *err)
+{
+    sd_status st = ensure_batch(o, err);
+    if (!st) st = sd_shard_put_text(o->s, hash, val, vlen, err);
+    return st ? st : after_put(o, err);
+}
+
+/* Commit the open batch, if any. */
+sd_status pack_out_flush(pack_out *o, sd_error *err)
+{
+    if (!o->batch_n) return SD_OK;
+    o->batch_n = 0;
+    return sd_shard_commit(o->s, err);
+}
+
+/* fsync the directory holding path, so a rename survives a crash. */
+static void sync_dir(const char *path)
+{
+    char *dir = strdup(path);
+    if (!dir) return;
+    char *slash = strrchr(dir, '/');
+    const char *d = slash ? (slash == dir ? "/" : (*slash = 0, dir)) : ".";
+    int fd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+    free(dir);
+}
+
+/* Commit, sync and close; then rename the temporary file into place. */
+sd_status pack_out_commit(pack_out *o, sd_error *err)
+{
+    sd_status st = pack_out_flush(o, err);
+    if (st) {
+        pack_out_abort(o, 0);
+        return st;
+    }
+    st = sd_shard_close(o->s, err);
+    o->s = NULL;
+    if (!st && o->tmp) {
+        if (rename(o->tmp, o->final))
+            st = sd_err_set(err, SD_EIO, "%s: cannot rename into place: %s", o->final, strerror(errno));
+        else {
+            char *lock = with_suffix(o->tmp, "-lock");
+            if (lock) unlink(lock);
+            free(lock);
+            sync_dir(o->final);
+        }
+    }
+    if (st && o->tmp) remove_shard_files(o->tmp);
+    free(o->final);
+    free(o->tmp);
+    o->final = o->tmp = NULL;
+    return st;
+}
+
+/* Drop the open batch and close; the temporary file is removed unless keep
+ * (a resumable import keeps what it committed). */
+void pack_out_abort(pack_out *o, int keep)
+{
+    if (o->s) {
+        if (o->batch_n) sd_shard_abort(o->s);
+        sd_error e;
+        sd_shard_close(o->s, &e);
+        o->s = NULL;
+    }
+    o->batch_n = 0;
+    if (o->tmp && !keep) remove_shard_files(o->tmp);
+    free(o->final);
+    free(o->tmp);
+    o->final = o->tmp = NULL;
+}
+
+/* Open an input shard read-only with one read transaction. */
+sd_status pack_open_ro(sd_shard **s, sd_shard_txn **t, const char *path, sd_error *err)
+{
+    sd_shard_opts opts = {SD_SHARD_RDONLY, 0, 0};
+    *t = NULL;
+    sd_status st = sd_shard_open(s, path, &opts, err);
+    if (st) return st;
+    st = sd_shard_read_begin(*s, t, err);
+    if (st) {
+        sd_error e;
+        sd_shard_close(*s, &e);
+        *s = NULL;
+    }
+    return st;
+}
+
+/* Close what pack_open_ro opened. */
+void pack_close_ro(sd_shard *s, sd_shard_txn *t)
+{
+    if (t) sd_shard_read_end(t);
+    sd_error e;
+    if (s) sd_shard_close(s, &e);
+}
+
+/* Copy the meta entries of an input shard (all but format_version and
+ * created, which the new shard sets itself) and record the producer. */
+sd_status pack_copy_meta(sd_shard_txn *from, pack_out *to, const char *producer, sd_error *err)
+{
+    sd_shard_cursor *c;
+    sd_status st = sd_shard_cursor_open(from, SD_SHARD_DB_META, &c, err);
+    if (st) return st;
+    const void *k, *v;
+    size_t kl, vl;
+    char key[256], *val = NULL;
+    while (!st && (st = sd_shard_cursor_next(c, &k, &kl, &v, &vl, err)) == SD_OK) {
+        if (kl >= sizeof key) continue;
+        memcpy(key, k, kl);
+        key[kl] = 0;
+        if (!strcmp(key, SD_SHARD_META_VERSION) || !strcmp(key, SD_SHARD_META_CREATED) ||
+            !strcmp(key, SD_SHARD_META_PRODUCER))
+            continue;
+        char *nv = realloc(val, vl + 1);
+        if (!nv) {
+            st = sd_err_set(err, SD_ENOMEM, "out of memory");
+            break;
+        }
+        val = nv;
+        memcpy(val, v, vl);
+        val[vl] = 0;
+        st = sd_shard_meta_set(to->s, key, val, err);
+    }
+    free(val);
+    sd_shard_cursor_close(c);
+    if (st == SD_ENOTFOUND) st = SD_OK;
+    if (!st && producer) st = sd_shard_meta_set(to->s, SD_SHARD_META_PRODUCER, producer, err);
+    return st;
+}
+
+/* 1 when a record references a text embedding (a non-zero key). */
+int pack_has_text_ref(const uint8_t ref[16])
+{
+    for (int i = 0; i < 16; i++)
+        if (ref[i]) return 1;
+    return 0;
+}
+
+/* Copy the text embedding ref from an input unless the output has it. */
+sd_status pack_copy_text(sd_shard_txn *from, pack_out *to, const uint8_t ref[16], sd_error *err)
+{
+    int found = 0;
+    sd_status st = sd_shard_text_exists(to->s, ref, &found, err);
+    if (st || found) return st;
+    const void *v;
+    size_t vl;
+    st = sd_shard_get_text(from, ref, &v, &vl, err);
+    if (st) return st;
+    return pack_out_put_text(to, ref, v, vl, err);
+}
+
+/* Hex of a binary key for messages (truncated to cap). */
+void pack_hex(const void *key, size_t n, char *out, size_t cap)
+{
+    const unsigned char *k = key;
+    size_t j = 0;
+    for (size_t i = 0; i < n && j + 3 <= cap; i++, j += 2) snprintf(out + j, 3, "%02x", k[i]);
+    out[j < cap ? j : cap - 1] = 0;
+}
+
+/* The .npy dtype of a shard dtype (bf16 maps to itself: callers widen). */
+int pack_npy_dtype(int shard_dtype)
+{
+    switch (shard_dtype) {
+    case SD_DT_F16: return SD_NPY_F16;
+    case SD_DT_BF16: return SD_NPY_BF16;
+    default: return SD_NPY_F32;
+    }
+}
+
+/* The shard dtype for an npy float dtype (float64 is stored as fp32). */
+int pack_shard_dtype(int npy_dtype)
+{
+    switch (npy_dtype) {
+    case SD_NPY_F16: return SD_DT_F16;
+    case SD_NPY_BF16: return SD_DT_BF16;
+    default: return SD_DT_F32;
+    }
+}
+
+/* Log the skip summary and choose the exit code (1 only under --strict). */
+int pack_finish(const sd_tally *t, const pack_common *c, const char *what)
+{
+    if (t->total) sd_tally_log(t, what);
+    return t->total && c->strict ? SD_EXIT_SKIPPED : SD_EXIT_OK;
+}

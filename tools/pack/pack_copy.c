@@ -1,0 +1,185 @@
+/* sd-pack merge and compact: copy records (and the text embeddings they
+ * reference) from input shards into a new one, checking every record on
+ * the way so corruption is not carried along. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+#include "log.h"
+#include "pack.h"
+
+typedef struct {
+    sd_tally tally;
+    sd_progress prog;
+    uint64_t in, out, texts;
+} copy_run;
+
+/* Copy every latent record of one input; all_text also copies text
+ * embeddings no record references. Record problems are skips, the rest is fatal. */
+static sd_status copy_shard(const char *path, pack_out *o, int all_text, const char *producer, copy_run *r,
+                            sd_error *err)
+{
+    sd_shard *s;
+    sd_shard_txn *t;
+    sd_status st = pack_open_ro(&s, &t, path, err);
+    if (st) return st;
+    if (producer) st = pack_copy_meta(t, o, producer, err);
+    sd_shard_cursor *c = NULL;
+    if (!st) st = sd_shard_cursor_open(t, SD_SHARD_DB_LATENTS, &c, err);
+    const void *k, *v;
+    size_t kl, vl;
+    char hex[80];
+    while (!st && (st = sd_shard_cursor_next(c, &k, &kl, &v, &vl, err)) == SD_OK) {
+        r->in++;
+        sd_progress_update(&r->prog, r->in, r->tally.total);
+        int found = 0;
+        st = sd_shard_exists(o->s, k, kl, &found, err);
+        if (st) break;
+        pack_hex(k, kl, hex, sizeof hex);
+        if (found) {
+            sd_skip(&r->tally, "duplicate record key (first kept)", "%s: record %s", path, hex);
+            continue;
+        }
+        sd_shard_rec rec;
+        sd_error e;
+        if (sd_shard_rec_parse(v, vl, &rec, &e) || sd_shard_rec_check_payload(&rec, &e)) {
+            sd_skip(&r->tally, "corrupt record", "%s: record %s (%s)", path, hex, e.msg);
+            continue;
+        }
+        if (pack_has_text_ref(rec.text_ref)) {
+            sd_status ts = pack_copy_text(t, o, rec.text_ref, &e);
+            if (ts == SD_ENOTFOUND || (ts && ts != SD_ENOMEM && ts != SD_EIO)) {
+                sd_skip(&r->tally, "text embedding missing or corrupt", "%s: record %s (%s)", path, hex, e.msg);
+                continue;
+            }
+            if (ts) {
+                *err = e;
+                st = ts;
+                break;
+            }
+        }
+        st = pack_out_put(o, k, kl, v, vl, err);
+        if (!st) r->out++;
+    }
+    if (st == SD_ENOTFOUND) st = SD_OK;
+    sd_shard_cursor_close(c);
+    c = NULL;
+    if (!st && all_text) st = sd_shard_cursor_open(t, SD_SHARD_DB_TEXT, &c, err);
+    while (!st && all_text && (st = sd_shard_cursor_next(c, &k, &kl, &v, &vl, err)) == SD_OK) {
+        int found = 0;
+        if (kl != SD_SHARD_TEXT_KEY) continue;
+        st = sd_shard_text_exists(o->s, k, &found, err);
+        if (st || found) continue;
+        sd_shard_rec rec;
+        sd_error e;
+        if (sd_shard_rec_parse(v, vl, &rec, &e) || sd_shard_rec_check_payload(&rec, &e)) {
+            pack_hex(k, kl, hex, sizeof hex);
+            sd_skip(&r->tally, "corrupt text embedding", "%s: text %s (%s)", path, hex, e.msg);
+            continue;
+        }
+        st = pack_out_put_text(o, k, v, vl, err);
+    }
+    if (st == SD_ENOTFOUND) st = SD_OK;
+    sd_shard_cursor_close(c);
+    pack_close_ro(s, t);
+    return st;
+}
+
+/* 1 when two paths name the same existing file. */
+static int same_file(const char *a, const char *b)
+{
+    struct stat x, y;
+    return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+/* Copy inputs into a new shard at output (built under a temporary name). */
+static int run_copy(const char *prog, const sd_strlist *in, const char *output, int all_text, const pack_common *pc)
+{
+    copy_run r;
+    memset(&r, 0, sizeof r);
+    sd_tally_init(&r.tally, pc->verbose ? -1 : 10);
+    sd_progress_init(&r.prog, prog, "records", 0, !pc->quiet);
+    pack_out o;
+    sd_error err;
+    if (pack_out_open(&o, output, 0, &err)) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        return SD_EXIT_FATAL;
+    }
+    sd_status st = SD_OK;
+    char producer[128];
+    snprintf(producer, sizeof producer, "%s %s", prog, sd_version());
+    for (int i = 0; !st && i < in->n; i++) {
+        st = copy_shard(in->v[i], &o, all_text, i == 0 ? producer : NULL, &r, &err);
+        if (st) sd_log(SD_LOG_ERROR, "%s", err.msg);
+    }
+    sd_progress_finish(&r.prog);
+    if (st) {
+        pack_out_abort(&o, 0);
+        return SD_EXIT_FATAL;
+    }
+    if (pack_out_commit(&o, &err)) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        return SD_EXIT_FATAL;
+    }
+    sd_log(SD_LOG_INFO, "%llu records read, %llu written to %s, %llu skipped", (unsigned long long)r.in,
+           (unsigned long long)r.out, output, (unsigned long long)r.tally.total);
+    return pack_finish(&r.tally, pc, "skipped");
+}
+
+/* Shared command-line handling of merge and compact. */
+static int copy_main(int argc, char **argv, int compact)
+{
+    const char *output = NULL;
+    pack_common pc = {0};
+    const sd_opt opts[] = {
+        {"output", 'o', SD_OPT_STR, &output, "SHARD", "the new shard (written as SHARD.partial, renamed at the end)"},
+        {"strict", 0, SD_OPT_FLAG, &pc.strict, NULL, "exit 1 if any record was skipped"},
+        {"quiet", 'q', SD_OPT_FLAG, &pc.quiet, NULL, "only warnings and errors"},
+        {"verbose", 'v', SD_OPT_FLAG, &pc.verbose, NULL, "show every skipped record"},
+        {NULL, 0, 0, NULL, NULL, NULL},
+    };
+    const sd_cli merge_cli = {
+        "sd-pack merge", "-o OUT SHARD...",
+        "Merge shards into one. Records are copied in input order; a record key already copied is\n"
+        "skipped (the first one is kept) and counted. Text embeddings are keyed by content hash, so\n"
+        "each is stored once. Every record's header and checksum are checked; corrupt ones are skipped.\n"
+        "Meta entries come from the first shard.",
+        opts, "Example:\n  sd-pack merge -o all.lmdb part-0.lmdb part-1.lmdb"};
+    const sd_cli compact_cli = {
+        "sd-pack compact", "SHARD -o OUT",
+        "Copy a shard without its free pages (a shard that had records deleted or replaced shrinks).\n"
+        "Every record and text embedding is rewritten through the shard API and checked on the way.",
+        opts, "Example:\n  sd-pack compact cache.lmdb -o cache.compact.lmdb && mv cache.compact.lmdb cache.lmdb"};
+    const sd_cli *cli = compact ? &compact_cli : &merge_cli;
+    sd_strlist pos = {0};
+    int rc = sd_cli_parse(cli, argc, argv, &pos);
+    if (rc >= 0) {
+        sd_strlist_free(&pos);
+        return rc;
+    }
+    sd_log_setup(cli->prog, pc.quiet ? SD_LOG_WARN : pc.verbose ? SD_LOG_DEBUG : SD_LOG_INFO);
+    rc = -1;
+    if (!output) rc = (sd_cli_usage_error(cli, "-o OUT is required"), SD_EXIT_USAGE);
+    else if (pos.n == 0 || (compact && pos.n != 1))
+        rc = (sd_cli_usage_error(cli, compact ? "give exactly one SHARD" : "no SHARD given"), SD_EXIT_USAGE);
+    for (int i = 0; rc < 0 && i < pos.n; i++)
+        if (!strcmp(pos.v[i], output) || same_file(pos.v[i], output))
+            rc = (sd_cli_usage_error(cli, "output %s is also an input", output), SD_EXIT_USAGE);
+    if (rc < 0) rc = run_copy(cli->prog, &pos, output, compact, &pc);
+    sd_strlist_free(&pos);
+    return rc;
+}
+
+/* sd-pack merge -o OUT SHARD... */
+int pack_merge(int argc, char **argv)
+{
+    return copy_main(argc, argv, 0);
+}
+
+/* sd-pack compact SHARD -o OUT */
+int pack_compact(int argc, char **argv)
+{
+    return copy_main(argc, argv, 1);
+}

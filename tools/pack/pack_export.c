@@ -1,0 +1,193 @@
+/* sd-pack export-kohya: write a shard back as an sd-scripts cache
+ * directory: one latents npz per record (float32, keys and dtypes as
+ * sd-scripts writes them) and <stem>_te_outputs.npz for SDXL text
+ * embeddings. Every file is written atomically. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+#include "kohya_cache.h"
+#include "log.h"
+#include "outfile.h"
+#include "pack_walk.h"
+
+typedef struct {
+    const char *dir;
+    sd_kohya_kind layout;
+    sd_tally tally;
+    sd_buf file, path, lat, flip, te[3];
+    uint64_t written, te_written;
+} export_run;
+
+/* mkdir -p for the directories of path (relative to nothing: full path). */
+static sd_status make_parents(char *path, sd_error *err)
+{
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        int r = mkdir(path, 0755);
+        int e = errno;
+        *p = '/';
+        if (r && e != EEXIST) return sd_err_set(err, SD_EIO, "%.200s: cannot create directory: %s", path, strerror(e));
+    }
+    return SD_OK;
+}
+
+/* Write buf to dir/file atomically, creating directories. */
+static sd_status write_out(export_run *r, const char *rel, const sd_buf *data, sd_error *err)
+{
+    sd_buf_clear(&r->path);
+    sd_buf_printf(&r->path, "%s/%s", r->dir, rel);
+    if (r->path.oom) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    sd_status st = make_parents((char *)sd_buf_cstr(&r->path), err);
+    return st ? st : sd_write_file_atomic(r->path.data, data->data, data->len, err);
+}
+
+/* The SDXL text embedding of a record as <stem>_te_outputs.npz: fp16 stays
+ * float16 (sd-scripts keeps fp16 outputs), fp32 and bf16 become float32. */
+static sd_status export_te(export_run *r, const pack_item *it, sd_error *err)
+{
+    const sd_shard_tensor *t[3] = {sd_shard_rec_tensor(&it->text, SD_ROLE_HIDDEN1),
+                                   sd_shard_rec_tensor(&it->text, SD_ROLE_HIDDEN2),
+                                   sd_shard_rec_tensor(&it->text, SD_ROLE_POOLED)};
+    if (!t[0] || !t[1] || !t[2] || t[0]->ndim != 2 || t[0]->shape[1] != 768 || t[1]->ndim != 2 ||
+        t[1]->shape[0] != t[0]->shape[0] || t[1]->shape[1] != 1280 || t[2]->ndim != 1 || t[2]->shape[0] != 1280) {
+        sd_skip(&r->tally, "text embedding has no kohya layout (not SDXL hidden1/hidden2/pool)", "record '%s'",
+                it->name);
+        return SD_OK;
+    }
+    int f16 = t[0]->dtype == SD_DT_F16 && t[1]->dtype == SD_DT_F16 && t[2]->dtype == SD_DT_F16;
+    const void *data[3];
+    for (int i = 0; i < 3; i++) {
+        if (f16) {
+            data[i] = t[i]->data;
+            continue;
+        }
+        sd_status st = pack_tensor_f32(t[i], &r->te[i], err);
+        if (st) return st;
+        data[i] = r->te[i].data;
+    }
+    sd_status st = sd_kohya_te_encode(f16 ? SD_NPY_F16 : SD_NPY_F32, t[0]->shape[0], data[0], data[1], data[2],
+                                      &r->file, err);
+    sd_buf_clear(&r->lat);
+    sd_kohya_file_name(&r->lat, it->name, SD_KOHYA_TE, 0, 0);
+    if (!st) st = write_out(r, sd_buf_cstr(&r->lat), &r->file, err);
+    if (!st) r->te_written++;
+    return st;
+}
+
+/* Write one record's latents npz (and te_outputs). */
+static sd_status export_one(void *ctx, const pack_item *it, sd_error *err)
+{
+    export_run *r = ctx;
+    const sd_shard_rec *rec = &it->rec;
+    if (rec->flags & SD_REC_F_MEANSTD) {
+        sd_skip(&r->tally, "mean+std record (kohya caches hold samples)", "record '%s'", it->name);
+        return SD_OK;
+    }
+    const sd_shard_tensor *s = sd_shard_rec_tensor(rec, SD_ROLE_SAMPLE), *f = sd_shard_rec_tensor(rec, SD_ROLE_SAMPLE_FLIP);
+    if (!s || s->ndim != 3) {
+        sd_skip(&r->tally, "latents are not (C, H/8, W/8)", "record '%s'", it->name);
+        return SD_OK;
+    }
+    sd_status st = pack_tensor_f32(s, &r->lat, err);
+    if (!st && f) st = pack_tensor_f32(f, &r->flip, err);
+    if (st) return st;
+    sd_kohya_latents_out lo = {s->shape[0], s->shape[1], s->shape[2], (const float *)(void *)r->lat.data,
+                               f ? (const float *)(void *)r->flip.data : NULL, rec->orig_w, rec->orig_h,
+                               {rec->crop[0], rec->crop[1], rec->crop[2], rec->crop[3]},
+                               (rec->flags & SD_REC_F_CROP_FLOAT) != 0};
+    st = sd_kohya_latents_encode(&lo, &r->file, err);
+    if (st) return st;
+    sd_buf name;
+    sd_buf_init(&name);
+    sd_kohya_file_name(&name, it->name, r->layout, rec->orig_w, rec->orig_h);
+    st = name.oom ? sd_err_set(err, SD_ENOMEM, "out of memory") : write_out(r, sd_buf_cstr(&name), &r->file, err);
+    sd_buf_free(&name);
+    if (st) return st;
+    r->written++;
+    return it->has_text ? export_te(r, it, err) : SD_OK;
+}
+
+/* The file-name layout: --layout, else the one the import recorded, else legacy. */
+static int pick_layout(const char *opt, const char *shard, sd_kohya_kind *out)
+{
+    *out = SD_KOHYA_LEGACY;
+    if (opt) return sd_kohya_kind_parse(opt, out);
+    sd_shard *s;
+    sd_shard_txn *t;
+    sd_error err;
+    if (pack_open_ro(&s, &t, shard, &err)) return 0; /* the walk reports it */
+    char *v = NULL;
+    if (sd_shard_meta_get(s, "kohya_layout", &v, &err) == SD_OK) sd_kohya_kind_parse(v, out);
+    free(v);
+    pack_close_ro(s, t);
+    return 0;
+}
+
+/* sd-pack export-kohya SHARD -o DIR */
+int pack_export_kohya(int argc, char **argv)
+{
+    const char *output = NULL, *layout = NULL;
+    pack_common pc = {0};
+    const sd_opt opts[] = {
+        {"output", 'o', SD_OPT_STR, &output, "DIR", "directory to write the npz files into (created)"},
+        {"layout", 0, SD_OPT_STR, &layout, "L", "file names: legacy (<stem>.npz), sd or sdxl (<stem>_WWWWxHHHH_sd[xl].npz);\n"
+                                              "                                 default: as imported, else legacy"},
+        {"strict", 0, SD_OPT_FLAG, &pc.strict, NULL, "exit 1 if any record was skipped"},
+        {"quiet", 'q', SD_OPT_FLAG, &pc.quiet, NULL, "only warnings and errors"},
+        {"verbose", 'v', SD_OPT_FLAG, &pc.verbose, NULL, "show every skipped record"},
+        {NULL, 0, 0, NULL, NULL, NULL},
+    };
+    const sd_cli cli = {
+        "sd-pack export-kohya", "SHARD -o DIR",
+        "Write a shard as a kohya-ss/sd-scripts cache directory. Each record becomes a latents npz\n"
+        "named by its record name: latents (float32), original_size (int64 W,H), crop_ltrb (float64,\n"
+        "or int64 when it was stored from integers), latents_flipped when present. An SDXL text\n"
+        "embedding becomes <stem>_te_outputs.npz (hidden_state1, hidden_state2, pool2; float16 when\n"
+        "stored as fp16, else float32). Files are written atomically; existing ones are replaced.",
+        opts, "Example:\n  sd-pack export-kohya cache.lmdb -o train_data --layout sdxl"};
+    sd_strlist pos = {0};
+    int rc = sd_cli_parse(&cli, argc, argv, &pos);
+    if (rc >= 0) {
+        sd_strlist_free(&pos);
+        return rc;
+    }
+    sd_log_setup("sd-pack export-kohya", pc.quiet ? SD_LOG_WARN : pc.verbose ? SD_LOG_DEBUG : SD_LOG_INFO);
+    export_run r;
+    memset(&r, 0, sizeof r);
+    rc = -1;
+    if (pos.n != 1) rc = (sd_cli_usage_error(&cli, "give exactly one SHARD"), SD_EXIT_USAGE);
+    else if (!output) rc = (sd_cli_usage_error(&cli, "-o DIR is required"), SD_EXIT_USAGE);
+    else if (pick_layout(layout, pos.v[0], &r.layout) || r.layout == SD_KOHYA_TE)
+        rc = (sd_cli_usage_error(&cli, "--layout must be legacy, sd or sdxl"), SD_EXIT_USAGE);
+    if (rc >= 0) {
+        sd_strlist_free(&pos);
+        return rc;
+    }
+    r.dir = output;
+    sd_tally_init(&r.tally, pc.verbose ? -1 : 10);
+    sd_progress prog;
+    sd_progress_init(&prog, "sd-pack export-kohya", "records", 0, !pc.quiet);
+    sd_error err;
+    sd_status st = mkdir(output, 0755) && errno != EEXIST
+                       ? sd_err_set(&err, SD_EIO, "%s: cannot create directory: %s", output, strerror(errno))
+                       : pack_walk(pos.v[0], &r.tally, &prog, export_one, &r, &err);
+    sd_progress_finish(&prog);
+    sd_buf_free(&r.file);
+    sd_buf_free(&r.path);
+    sd_buf_free(&r.lat);
+    sd_buf_free(&r.flip);
+    for (int i = 0; i < 3; i++) sd_buf_free(&r.te[i]);
+    sd_strlist_free(&pos);
+    if (st) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        return SD_EXIT_FATAL;
+    }
+    sd_log(SD_LOG_INFO, "wrote %llu latents and %llu te_outputs npz files to %s, %llu skipped",
+           (unsigned long long)r.written, (unsigned long long)r.te_written, output, (unsigned long long)r.tally.total);
+    return pack_finish(&r.tally, &pc, "skipped");
+}

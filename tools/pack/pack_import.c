@@ -1,0 +1,435 @@
+/* sd-pack import-kohya: a directory of sd-scripts caches (latents npz per
+ * image, SDXL <stem>_te_outputs.npz, optional meta_lat.json) becomes one
+ * shard. Resumable: names already in the output are skipped. */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+#include "half.h"
+#include "keyset.h"
+#include "kohya_cache.h"
+#include "log.h"
+#include "pack.h"
+
+typedef struct {
+    char *rel, *name; /* path under DIR; image stem with its directories */
+    sd_kohya_kind kind;
+} cache_file;
+
+typedef struct {
+    cache_file *v;
+    size_t n, cap;
+} file_list;
+
+typedef struct {
+    const char *dir, *meta_path, *dtype_name, *output;
+    int npy_dtype; /* target element type, -1 = keep the file's */
+    pack_common pc;
+} options;
+
+typedef struct {
+    const options *o;
+    pack_out out;
+    sd_kohya_meta meta;
+    int have_meta;
+    file_list lat, te;
+    sd_tally tally;
+    sd_progress prog;
+    uint64_t imported, present, texts_new;
+    sd_buf rec, conv[4], path;
+    int meta_done;
+} run;
+
+/* Add one file to a list (takes the strings). */
+static int list_add(file_list *l, char *rel, char *name, sd_kohya_kind k)
+{
+    if (l->n == l->cap) {
+        size_t nc = l->cap ? l->cap * 2 : 256;
+        cache_file *nv = realloc(l->v, nc * sizeof *nv);
+        if (!nv) return -1;
+        l->v = nv;
+        l->cap = nc;
+    }
+    l->v[l->n++] = (cache_file){rel, name, k};
+    return 0;
+}
+
+/* Free a list and its strings. */
+static void list_free(file_list *l)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        free(l->v[i].rel);
+        free(l->v[i].name);
+    }
+    free(l->v);
+}
+
+/* Order by name, then kind (legacy first: sd-scripts prefers it). */
+static int file_cmp(const void *a, const void *b)
+{
+    const cache_file *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (int)x->kind - (int)y->kind;
+}
+
+/* Walk dir/sub recursively, collecting cache files by kind. */
+static sd_status walk(run *r, const char *sub, int depth, sd_error *err)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s%s%s", r->o->dir, *sub ? "/" : "", sub);
+    DIR *d = opendir(path);
+    if (!d) return sd_err_set(err, SD_EIO, "%s: cannot open directory", path);
+    struct dirent *e;
+    sd_status st = SD_OK;
+    while (!st && (e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char rel[4096], full[8192];
+        if (snprintf(rel, sizeof rel, "%s%s%s", sub, *sub ? "/" : "", e->d_name) >= (int)sizeof rel) continue;
+        snprintf(full, sizeof full, "%s/%s", r->o->dir, rel);
+        struct stat sb;
+        if (stat(full, &sb)) continue;
+        if (S_ISDIR(sb.st_mode)) {
+            if (depth < 32) st = walk(r, rel, depth + 1, err);
+            continue;
+        }
+        size_t stem;
+        uint32_t w, h;
+        sd_kohya_kind k = sd_kohya_classify(e->d_name, &stem, &w, &h);
+        if (!S_ISREG(sb.st_mode) || k == SD_KOHYA_NONE) continue;
+        size_t prefix = strlen(rel) - strlen(e->d_name);
+        char *name = malloc(prefix + stem + 1), *relc = strdup(rel);
+        if (!name || !relc) {
+            free(name);
+            free(relc);
+            st = sd_err_set(err, SD_ENOMEM, "out of memory");
+            break;
+        }
+        memcpy(name, rel, prefix + stem);
+        name[prefix + stem] = 0;
+        if (list_add(k == SD_KOHYA_TE ? &r->te : &r->lat, relc, name, k)) {
+            free(name);
+            free(relc);
+            st = sd_err_set(err, SD_ENOMEM, "out of memory");
+        }
+    }
+    closedir(d);
+    return st;
+}
+
+/* The te_outputs file of an image name, or NULL. */
+static const cache_file *find_te(const run *r, const char *name)
+{
+    cache_file key = {NULL, (char *)name, SD_KOHYA_TE};
+    if (!r->te.n) return NULL;
+    return bsearch(&key, r->te.v, r->te.n, sizeof key, file_cmp);
+}
+
+/* A 16-byte content key (XXH3-128 of the bytes). */
+static void key16(const void *data, size_t n, uint8_t out[16])
+{
+    sd_key128 k = sd_key128_of(data, n);
+    memcpy(out, &k.lo, 8);
+    memcpy(out + 8, &k.hi, 8);
+}
+
+/* Convert one npz array into scratch buffer b as element type to. */
+static sd_status convert(sd_buf *b, int to, const sd_npz_member *m, sd_error *err)
+{
+    size_t n = (size_t)m->info.count;
+    sd_buf_clear(b);
+    if (sd_buf_reserve(b, n * sd_npy_dtype_size((sd_npy_dtype)to) + 16)) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    b->len = n * sd_npy_dtype_size((sd_npy_dtype)to);
+    return sd_convert((sd_npy_dtype)to, b->data, m->info.dtype, m->data, n, err);
+}
+
+/* The stored element type for an array: --dtype, or the file's own (fp64 -> fp32). */
+static int target_dtype(const run *r, const sd_npz_member *m)
+{
+    if (r->o->npy_dtype >= 0) return r->o->npy_dtype;
+    return m->info.dtype == SD_NPY_F16 ? SD_NPY_F16 : SD_NPY_F32;
+}
+
+/* Build the text-embedding record of a te_outputs file and store it unless
+ * present. The key hashes the caption when the metadata has one (same
+ * caption, same embedding), else the converted tensors themselves. */
+static sd_status put_text(run *r, const sd_kohya_te *te, const sd_kohya_meta_entry *me, uint8_t key[16], sd_error *err)
+{
+    int to = target_dtype(r, te->h1);
+    const sd_npz_member *m[3] = {te->h1, te->h2, te->pool};
+    static const int roles[3] = {SD_ROLE_HIDDEN1, SD_ROLE_HIDDEN2, SD_ROLE_POOLED};
+    sd_shard_rec rec;
+    memset(&rec, 0, sizeof rec);
+    rec.kind = SD_REC_TEXT;
+    rec.ntensors = 3;
+    sd_buf *h = &r->path;
+    sd_buf_clear(h);
+    for (int i = 0; i < 3; i++) {
+        sd_status st = convert(&r->conv[i], to, m[i], err);
+        if (st) return st;
+        sd_shard_tensor *t = &rec.t[i];
+        t->dtype = (uint8_t)pack_shard_dtype(to);
+        t->role = (uint8_t)roles[i];
+        t->ndim = (uint8_t)m[i]->info.ndim;
+        for (int d = 0; d < t->ndim; d++) t->shape[d] = (uint32_t)m[i]->info.shape[d];
+        t->data = r->conv[i].data;
+        sd_buf_printf(h, "%d:%u,%u;", t->dtype, t->shape[0], t->shape[1]);
+    }
+    if (me && (me->caption || me->tags)) {
+        sd_buf_puts(h, "kohya-sdxl-te caption\n");
+        sd_buf_puts(h, me->caption ? me->caption : "");
+        sd_buf_putc(h, '\n');
+        sd_buf_puts(h, me->tags ? me->tags : "");
+    } else {
+        sd_buf_puts(h, "kohya-sdxl-te content\n");
+        for (int i = 0; i < 3; i++) sd_buf_put(h, r->conv[i].data, r->conv[i].len);
+    }
+    if (h->oom) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    key16(h->data, h->len, key);
+    int found = 0;
+    sd_status st = sd_shard_text_exists(r->out.s, key, &found, err);
+    if (st || found) return st;
+    st = sd_shard_rec_build(&rec, &r->rec, err);
+    if (!st) st = pack_out_put_text(&r->out, key, r->rec.data, r->rec.len, err);
+    if (!st) r->texts_new++;
+    return st;
+}
+
+/* Meta entries describing the import, set once (on the first record). */
+static sd_status set_meta(run *r, const cache_file *f, int lat_dtype, sd_error *err)
+{
+    if (r->meta_done) return SD_OK;
+    r->meta_done = 1;
+    char buf[1024];
+    snprintf(buf, sizeof buf, "sd-pack import-kohya %s", sd_version());
+    sd_status st = sd_shard_meta_set(r->out.s, SD_SHARD_META_PRODUCER, buf, err);
+    if (!st) st = sd_shard_meta_set(r->out.s, "kohya_layout", sd_kohya_kind_name(f->kind), err);
+    snprintf(buf, sizeof buf, "{\"latent\": \"%s\", \"text\": \"%s\"}", sd_dtype_name(pack_shard_dtype(lat_dtype)),
+             sd_dtype_name(pack_shard_dtype(lat_dtype)));
+    if (!st) st = sd_shard_meta_set(r->out.s, SD_SHARD_META_DTYPES, buf, err);
+    sd_buf b;
+    sd_buf_init(&b);
+    int first = 1;
+    sd_buf_putc(&b, '{');
+    sd_buf_json_key(&b, &first, "dir");
+    sd_buf_json_cstr(&b, r->o->dir);
+    sd_buf_json_key(&b, &first, "meta");
+    if (r->o->meta_path) sd_buf_json_cstr(&b, r->o->meta_path);
+    else sd_buf_puts(&b, "null");
+    sd_buf_json_key(&b, &first, "dtype");
+    sd_buf_json_cstr(&b, r->o->dtype_name ? r->o->dtype_name : "keep");
+    sd_buf_putc(&b, '}');
+    if (!st) st = sd_shard_meta_set(r->out.s, SD_SHARD_META_OPTIONS, sd_buf_cstr(&b), err);
+    sd_buf_free(&b);
+    return st;
+}
+
+/* Import one latents file (and its te_outputs). Problems with the files
+ * are skips (reported with file and reason); returns non-OK only for
+ * errors that stop the run (shard writes, memory). */
+static sd_status import_one(run *r, const cache_file *f, sd_error *err)
+{
+    int found = 0;
+    sd_status st = sd_shard_name_exists(r->out.s, f->name, strlen(f->name), &found, err);
+    if (st) return st;
+    if (found) {
+        r->present++;
+        return SD_OK;
+    }
+    char full[8192];
+    snprintf(full, sizeof full, "%s/%s", r->o->dir, f->rel);
+    sd_kohya_latents l;
+    const char *reason = NULL;
+    sd_error e;
+    if (sd_kohya_latents_load(full, &l, &reason, &e)) {
+        sd_skip(&r->tally, reason, "%s (%s)", full, e.msg);
+        return SD_OK;
+    }
+    const sd_kohya_meta_entry *me = r->have_meta ? sd_kohya_meta_find(&r->meta, f->name) : NULL;
+    const cache_file *tf = find_te(r, f->name);
+    sd_kohya_te te;
+    int have_te = 0, skip = 1;
+    memset(&te, 0, sizeof te);
+    if (l.alpha) {
+        sd_skip(&r->tally, "alpha_mask (shard format v1 has no tensor role for it)", "%s", full);
+    } else if (me && me->train_w && (me->train_w != l.w * 8 || me->train_h != l.h * 8)) {
+        sd_skip(&r->tally, "latents size differs from meta train_resolution", "%s (latents %ux%u px, meta %ux%u)", full,
+                l.w * 8, l.h * 8, me->train_w, me->train_h);
+    } else if (tf) {
+        char tfull[8192];
+        snprintf(tfull, sizeof tfull, "%s/%s", r->o->dir, tf->rel);
+        if (sd_kohya_te_load(tfull, &te, &reason, &e)) {
+            sd_skip(&r->tally, reason, "%s (%s)", tfull, e.msg);
+        } else {
+            have_te = 1;
+            skip = 0;
+        }
+    } else {
+        skip = 0;
+    }
+    if (!skip) {
+        sd_shard_rec rec;
+        memset(&rec, 0, sizeof rec);
+        rec.kind = SD_REC_LATENT;
+        int to = target_dtype(r, l.latents);
+        st = set_meta(r, f, to, err);
+        if (!st && have_te) st = put_text(r, &te, me, rec.text_ref, err);
+        const sd_npz_member *m[2] = {l.latents, l.flipped};
+        rec.ntensors = l.flipped ? 2 : 1;
+        for (int i = 0; !st && i < rec.ntensors; i++) {
+            st = convert(&r->conv[i], to, m[i], err);
+            sd_shard_tensor *t = &rec.t[i];
+            t->dtype = (uint8_t)pack_shard_dtype(to);
+            t->role = i ? SD_ROLE_SAMPLE_FLIP : SD_ROLE_SAMPLE;
+            t->ndim = 3;
+            t->shape[0] = l.c;
+            t->shape[1] = l.h;
+            t->shape[2] = l.w;
+            t->data = r->conv[i].data;
+        }
+        rec.flags = (uint16_t)((l.flipped ? SD_REC_F_FLIPPED : 0) | (l.crop_float ? SD_REC_F_CROP_FLOAT : 0));
+        rec.orig_w = (uint32_t)l.orig_w;
+        rec.orig_h = (uint32_t)l.orig_h;
+        memcpy(rec.crop, l.crop, sizeof rec.crop);
+        rec.bucket_w = l.w * 8;
+        rec.bucket_h = l.h * 8;
+        rec.name = f->name;
+        rec.name_len = strlen(f->name);
+        uint8_t key[16];
+        sd_buf_clear(&r->path);
+        sd_buf_puts(&r->path, "kohya-import\n");
+        sd_buf_puts(&r->path, f->name);
+        key16(r->path.data, r->path.len, key);
+        if (!st) st = sd_shard_rec_build(&rec, &r->rec, err);
+        if (!st) st = pack_out_put(&r->out, key, sizeof key, r->rec.data, r->rec.len, err);
+        if (!st) r->imported++;
+    }
+    sd_kohya_te_free(&te);
+    sd_kohya_latents_free(&l);
+    return st;
+}
+
+/* Report duplicates and orphans, then import every latents file in name order. */
+static sd_status import_all(run *r, sd_error *err)
+{
+    if (r->lat.n) qsort(r->lat.v, r->lat.n, sizeof *r->lat.v, file_cmp);
+    if (r->te.n) qsort(r->te.v, r->te.n, sizeof *r->te.v, file_cmp);
+    for (size_t i = 0; i < r->te.n; i++) {
+        cache_file key = {NULL, r->te.v[i].name, SD_KOHYA_LEGACY};
+        size_t lo = 0, hi = r->lat.n;
+        while (lo < hi) { /* first latents file with this name */
+            size_t mid = (lo + hi) / 2;
+            if (strcmp(r->lat.v[mid].name, key.name) < 0) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo == r->lat.n || strcmp(r->lat.v[lo].name, key.name))
+            sd_skip(&r->tally, "te_outputs without latents", "%s/%s", r->o->dir, r->te.v[i].rel);
+    }
+    sd_progress_init(&r->prog, "sd-pack import-kohya", "files", r->lat.n, !r->o->pc.quiet);
+    sd_status st = SD_OK;
+    for (size_t i = 0; !st && i < r->lat.n; i++) {
+        if (i && !strcmp(r->lat.v[i].name, r->lat.v[i - 1].name)) {
+            sd_skip(&r->tally, "second cache file for one image (the legacy name wins, as in sd-scripts)", "%s/%s",
+                    r->o->dir, r->lat.v[i].rel);
+            continue;
+        }
+        st = import_one(r, &r->lat.v[i], err);
+        sd_progress_update(&r->prog, i + 1, r->tally.total);
+    }
+    sd_progress_finish(&r->prog);
+    return st;
+}
+
+/* Free everything of a run but the output. */
+static void run_free(run *r)
+{
+    list_free(&r->lat);
+    list_free(&r->te);
+    if (r->have_meta) sd_kohya_meta_free(&r->meta);
+    sd_buf_free(&r->rec);
+    sd_buf_free(&r->path);
+    for (int i = 0; i < 4; i++) sd_buf_free(&r->conv[i]);
+}
+
+/* sd-pack import-kohya DIR -o SHARD */
+int pack_import_kohya(int argc, char **argv)
+{
+    options o = {0};
+    const sd_opt opts[] = {
+        {"output", 'o', SD_OPT_STR, &o.output, "SHARD", "the shard to write or extend"},
+        {"meta", 0, SD_OPT_STR, &o.meta_path, "FILE", "meta_lat.json / meta_cap_dd.json: captions and train_resolution"},
+        {"dtype", 0, SD_OPT_STR, &o.dtype_name, "T", "store tensors as fp16, bf16 or fp32 (default: as in the files)"},
+        {"strict", 0, SD_OPT_FLAG, &o.pc.strict, NULL, "exit 1 if any file was skipped"},
+        {"quiet", 'q', SD_OPT_FLAG, &o.pc.quiet, NULL, "only warnings and errors"},
+        {"verbose", 'v', SD_OPT_FLAG, &o.pc.verbose, NULL, "show every skipped file"},
+        {NULL, 0, 0, NULL, NULL, NULL},
+    };
+    const sd_cli cli = {
+        "sd-pack import-kohya", "DIR -o SHARD [--meta meta_lat.json] [--dtype fp16|bf16|fp32]",
+        "Import a kohya-ss/sd-scripts cache directory (searched recursively): every latents npz\n"
+        "(<stem>.npz, <stem>_WWWWxHHHH_sd.npz, <stem>_WWWWxHHHH_sdxl.npz) becomes one record named by\n"
+        "its image stem (with subdirectories), with <stem>_te_outputs.npz as its text embedding.\n"
+        "Text embeddings are stored once per caption (from --meta) or, without a caption, once per\n"
+        "identical content. Bad files are reported (file and reason), counted and skipped.\n"
+        "A new shard is built as SHARD.partial and renamed at the end; rerun after a kill, the\n"
+        "import continues, skipping names already present. An existing SHARD is extended in place.",
+        opts,
+        "Not imported: alpha_mask (no shard tensor for it) and per-resolution keys (latents_HxW).\n"
+        "Example:\n  sd-pack import-kohya train_data -o cache.lmdb --meta meta_lat.json --dtype fp16"};
+    sd_strlist pos = {0};
+    int rc = sd_cli_parse(&cli, argc, argv, &pos);
+    if (rc >= 0) {
+        sd_strlist_free(&pos);
+        return rc;
+    }
+    sd_log_setup("sd-pack import-kohya", o.pc.quiet ? SD_LOG_WARN : o.pc.verbose ? SD_LOG_DEBUG : SD_LOG_INFO);
+    sd_npy_dtype dt = SD_NPY_F32;
+    o.npy_dtype = -1;
+    rc = -1;
+    if (pos.n != 1) rc = (sd_cli_usage_error(&cli, "give exactly one DIR"), SD_EXIT_USAGE);
+    else if (!o.output) rc = (sd_cli_usage_error(&cli, "-o SHARD is required"), SD_EXIT_USAGE);
+    else if (o.dtype_name && (sd_npy_dtype_parse(o.dtype_name, &dt) || !sd_npy_is_float(dt) || dt == SD_NPY_F64))
+        rc = (sd_cli_usage_error(&cli, "--dtype must be fp16, bf16 or fp32, not '%s'", o.dtype_name), SD_EXIT_USAGE);
+    if (rc >= 0) {
+        sd_strlist_free(&pos);
+        return rc;
+    }
+    if (o.dtype_name) o.npy_dtype = dt;
+    o.dir = pos.v[0];
+    run r;
+    memset(&r, 0, sizeof r);
+    r.o = &o;
+    sd_tally_init(&r.tally, o.pc.verbose ? -1 : 10);
+    sd_buf_init(&r.rec);
+    sd_buf_init(&r.path);
+    for (int i = 0; i < 4; i++) sd_buf_init(&r.conv[i]);
+    sd_error err;
+    sd_status st = SD_OK;
+    if (o.meta_path) {
+        st = sd_kohya_meta_load(&r.meta, o.meta_path, &err);
+        r.have_meta = 1;
+    }
+    if (!st) st = walk(&r, "", 0, &err);
+    if (!st) st = pack_out_open(&r.out, o.output, 1, &err);
+    r.out.batch_max = 64; /* small commits: a killed import loses little */
+    if (!st) {
+        st = import_all(&r, &err);
+        if (st) pack_out_abort(&r.out, 1);
+        else st = pack_out_commit(&r.out, &err);
+    }
+    if (st) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        run_free(&r);
+        sd_strlist_free(&pos);
+        return SD_EXIT_FATAL;
+    }
+    sd_log(SD_LOG_INFO, "imported %llu records (%llu new text embeddings), %llu already present, %llu skipped -> %s",
+           (unsigned long long)r.imported, (unsigned long long)r.texts_new, (unsigned long long)r.present,
+           (unsigned long long)r.tally.total, o.output);
+    rc = pack_finish(&r.tally, &o.pc, "skipped");
+    run_free(&r);
+    sd_strlist_free(&pos);
+    return rc;
+}
