@@ -5,7 +5,7 @@
 #include <string.h>
 
 struct sd_meta_worker {
-    sd_arena arena; /* record strings, reset each batch */
+    SD_WORKER_ALIGN sd_arena arena; /* record strings, reset each batch */
     sd_buf out;     /* serialised records of this worker's slice */
     sd_buf scratch[3];
 };
@@ -34,7 +34,7 @@ sd_status sd_meta_run_init(sd_meta_run *m, const sd_rules *rules, const sd_build
     m->in = calloc(m->batch_cap, sizeof *m->in);
     m->res = calloc(m->batch_cap, sizeof *m->res);
     int nw = sd_pool_size(pool);
-    m->workers = calloc((size_t)nw, sizeof *m->workers);
+    m->workers = sd_worker_array((size_t)nw, sizeof *m->workers);
     if (!m->in || !m->res || !m->workers) return sd_err_set(err, SD_ENOMEM, "out of memory");
     for (int i = 0; i < nw; i++) {
         sd_arena_init(&m->workers[i].arena, 1 << 20);
@@ -152,6 +152,7 @@ void sd_meta_flush(sd_meta_run *m)
     m->n = 0;
     sd_arena_reset(&m->arena);
     sd_progress_update(&m->progress, m->read, m->skips.total);
+    if (m->out_file) sd_outfile_writeback(m->out_file);
 }
 
 /* Flush what is left and close the output format. */

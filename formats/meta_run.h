@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "keyset.h"
+#include "outfile.h"
 #include "pool.h"
 #include "progress.h"
 #include "rules.h"
@@ -24,6 +25,7 @@ typedef struct {
     const sd_build_opts *bopts;
     sd_pool *pool;
     FILE *out;
+    sd_outfile *out_file; /* optional: for early write-back of big outputs */
     sd_out_format format;
     int with_extra;
     size_t batch_cap;

@@ -13,21 +13,29 @@ struct sd_arena_block {
 void sd_arena_init(sd_arena *a, size_t block_size)
 {
     a->head = NULL;
+    a->spare = NULL;
     a->block_size = block_size ? block_size : 65536;
     a->cur = a->end = NULL;
 }
 
-/* The head block is full: start a new one (n is already rounded up). */
+/* The head block is full: take a spare block or allocate one (n is already
+ * rounded up). Spares come from earlier resets, so a batch loop stops paying
+ * for fresh pages (page faults and zeroing) once it has reached its size. */
 void *sd_arena_alloc_slow(sd_arena *a, size_t n)
 {
-    size_t cap = n > a->block_size ? n : a->block_size;
-    sd_arena_block *b = malloc(sizeof *b + cap);
-    if (!b) return NULL;
-    b->cap = cap;
+    sd_arena_block *b = a->spare;
+    if (b && b->cap >= n) {
+        a->spare = b->next;
+    } else {
+        size_t cap = n > a->block_size ? n : a->block_size;
+        b = malloc(sizeof *b + cap);
+        if (!b) return NULL;
+        b->cap = cap;
+    }
     b->next = a->head;
     a->head = b;
     a->cur = (char *)b->data + n;
-    a->end = (char *)b->data + cap;
+    a->end = (char *)b->data + b->cap;
     return b->data;
 }
 
@@ -41,30 +49,35 @@ char *sd_arena_strndup(sd_arena *a, const char *s, size_t n)
     return d;
 }
 
-/* Free everything but the newest block, which is kept for reuse. */
+/* Forget every allocation; the blocks are kept as spares for reuse. */
 void sd_arena_reset(sd_arena *a)
 {
-    if (!a->head) return;
-    sd_arena_block *keep = a->head, *b = keep->next;
+    sd_arena_block *b = a->head;
+    while (b) {
+        sd_arena_block *n = b->next;
+        b->next = a->spare;
+        a->spare = b;
+        b = n;
+    }
+    a->head = NULL;
+    a->cur = a->end = NULL;
+}
+
+/* Free a chain of blocks. */
+static void free_chain(sd_arena_block *b)
+{
     while (b) {
         sd_arena_block *n = b->next;
         free(b);
         b = n;
     }
-    keep->next = NULL;
-    a->cur = (char *)keep->data;
-    a->end = (char *)keep->data + keep->cap;
 }
 
 /* Release all memory. */
 void sd_arena_free(sd_arena *a)
 {
-    sd_arena_block *b = a->head;
-    while (b) {
-        sd_arena_block *n = b->next;
-        free(b);
-        b = n;
-    }
-    a->head = NULL;
+    free_chain(a->head);
+    free_chain(a->spare);
+    a->head = a->spare = NULL;
     a->cur = a->end = NULL;
 }

@@ -1,5 +1,5 @@
 /* Bump allocator for per-record and per-batch scratch memory: many small
- * allocations, freed all at once by a reset. */
+ * allocations, freed all at once by a reset (which keeps the blocks). */
 #ifndef SDTK_ARENA_H
 #define SDTK_ARENA_H
 
@@ -7,7 +7,8 @@
 
 typedef struct sd_arena_block sd_arena_block;
 typedef struct {
-    sd_arena_block *head;
+    sd_arena_block *head;  /* blocks in use, newest first */
+    sd_arena_block *spare; /* blocks kept by reset for reuse */
     size_t block_size;
     char *cur, *end; /* free space in the head block */
 } sd_arena;

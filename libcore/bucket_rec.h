@@ -7,13 +7,15 @@
 #include <stddef.h>
 
 #include "arena.h"
+#include "pool.h"
 #include "bucket.h"
 #include "buf.h"
 
 /* Per-thread state: a JSON arena and the last tar shard kept open, so
  * records from one WebDataset shard do not reopen it for every member. */
 typedef struct {
-    sd_arena arena;
+    SD_WORKER_ALIGN sd_arena arena;
+    sd_buf out; /* the worker's output records of the current batch */
     int tar_fd;
     char *tar_path;
 } sd_brec_worker;

@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 struct sd_pool {
@@ -137,6 +138,17 @@ void sd_pool_for(sd_pool *p, size_t n, sd_range_fn fn, void *ctx)
     pthread_mutex_lock(&p->mu);
     while (p->pending > 0) pthread_cond_wait(&p->done_cv, &p->mu);
     pthread_mutex_unlock(&p->mu);
+}
+
+/* A zeroed array of n per-worker structs (declared with SD_WORKER_ALIGN)
+ * on 64-byte boundaries, so no two workers share a cache line. free() it. */
+void *sd_worker_array(size_t n, size_t size)
+{
+    size_t bytes = (n ? n : 1) * size;
+    bytes = (bytes + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
 }
 
 /* The number of online CPUs, the default for --threads. */

@@ -45,7 +45,6 @@ typedef struct {
     sd_pool *pool;
     int nworkers;
     sd_brec_worker *wk;
-    sd_buf *wout;
     /* batch scratch */
     char **lines;
     size_t *lens;
@@ -58,6 +57,7 @@ typedef struct {
     uint64_t in, out;
     double sum_abs_err;
     FILE *sink; /* output stream when not splitting */
+    sd_outfile *out_file; /* ... and its file, for early write-back */
     sd_stream_splitter ss; /* with --split: records go through here to parts */
     sd_outfile *parts;
     int nparts;
@@ -121,7 +121,7 @@ static void batch_fn(void *ctx, int worker, size_t b, size_t e)
 {
     batch *bt = ctx;
     run *r = bt->r;
-    sd_buf *out = &r->wout[worker];
+    sd_buf *out = &r->wk[worker].out;
     for (size_t i = b; i < e; i++) {
         r->off[i] = out->len;
         r->wid[i] = worker;
@@ -142,11 +142,11 @@ static int write_part(void *ctx, int part, const char *data, size_t len)
  * parallel, then count, report skips and write outputs in input order. */
 static sd_status run_batch(run *r, size_t n, const char *name, long first_line, sd_error *err)
 {
-    for (int w = 0; w < r->nworkers; w++) sd_buf_clear(&r->wout[w]);
+    for (int w = 0; w < r->nworkers; w++) sd_buf_clear(&r->wk[w].out);
     batch bt = {r, n};
     sd_pool_for(r->pool, n, batch_fn, &bt);
     for (int w = 0; w < r->nworkers; w++)
-        if (r->wout[w].oom) return sd_err_set(err, SD_ENOMEM, "out of memory");
+        if (r->wk[w].out.oom) return sd_err_set(err, SD_ENOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) {
         sd_brec_result *res = &r->res[i];
         if (res->blank) continue;
@@ -160,7 +160,7 @@ static sd_status run_batch(run *r, size_t n, const char *name, long first_line, 
         r->bt.count[id]++;
         r->out++;
         r->sum_abs_err += fabs(res->fit.ar_error);
-        const sd_buf *wb = &r->wout[r->wid[i]];
+        const sd_buf *wb = &r->wk[r->wid[i]].out;
         size_t len = r->olen[i];
         if (r->nparts) {
             uint64_t key = (uint64_t)(uint32_t)res->fit.bw << 32 | (uint32_t)res->fit.bh;
@@ -171,6 +171,8 @@ static sd_status run_batch(run *r, size_t n, const char *name, long first_line, 
         }
     }
     sd_progress_update(&r->prog, r->in, r->tally.total);
+    if (r->out_file) sd_outfile_writeback(r->out_file);
+    for (int p = 0; p < r->nparts; p++) sd_outfile_writeback(&r->parts[p]);
     return SD_OK;
 }
 
@@ -387,19 +389,18 @@ static sd_status run_init(run *r, const options *o, sd_error *err)
     if (nt > 256) nt = 256;
     r->pool = nt > 1 ? sd_pool_create(nt) : NULL;
     r->nworkers = r->pool ? sd_pool_size(r->pool) : 1;
-    r->wk = calloc((size_t)r->nworkers, sizeof *r->wk);
-    r->wout = calloc((size_t)r->nworkers, sizeof *r->wout);
+    r->wk = sd_worker_array((size_t)r->nworkers, sizeof *r->wk);
     r->lines = malloc(BATCH_LINES * sizeof *r->lines);
     r->lens = malloc(BATCH_LINES * sizeof *r->lens);
     r->res = malloc(BATCH_LINES * sizeof *r->res);
     r->off = malloc(BATCH_LINES * sizeof *r->off);
     r->olen = malloc(BATCH_LINES * sizeof *r->olen);
     r->wid = malloc(BATCH_LINES * sizeof *r->wid);
-    if ((nt > 1 && !r->pool) || !r->wk || !r->wout || !r->lines || !r->lens || !r->res || !r->off || !r->olen || !r->wid)
+    if ((nt > 1 && !r->pool) || !r->wk || !r->lines || !r->lens || !r->res || !r->off || !r->olen || !r->wid)
         return sd_err_set(err, SD_ENOMEM, "out of memory");
     for (int w = 0; w < r->nworkers; w++) {
         sd_brec_worker_init(&r->wk[w]);
-        sd_buf_init(&r->wout[w]);
+        sd_buf_init(&r->wk[w].out);
     }
     sd_tally_init(&r->tally, o->verbose ? -1 : 10);
     sd_progress_init(&r->prog, "sd-bucket", "records", 0, !o->quiet);
@@ -411,11 +412,10 @@ static void run_free(run *r)
 {
     for (int w = 0; r->wk && w < r->nworkers; w++) {
         sd_brec_worker_free(&r->wk[w]);
-        sd_buf_free(&r->wout[w]);
+        sd_buf_free(&r->wk[w].out);
     }
     sd_pool_destroy(r->pool);
     free(r->wk);
-    free(r->wout);
     free(r->lines);
     free(r->lens);
     free(r->res);
@@ -516,6 +516,7 @@ int main(int argc, char **argv)
         } else {
             st = sd_outfile_open(&out, o.output, &err);
             r.sink = out.f;
+            r.out_file = &out;
         }
     }
     for (int i = 0; !st && i < files.n; i++) st = run_file(&r, files.v[i], &err);

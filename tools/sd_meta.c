@@ -176,6 +176,7 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
         return SD_EXIT_FATAL;
     }
     run.with_extra = !o->no_extra;
+    run.out_file = &out;
     for (int i = 0; i < pos->n && status == SD_EXIT_OK; i++) {
         if (read_source(&run, pos->v[i], kind, o, &err)) {
             sd_log(SD_LOG_ERROR, "%s", err.msg);
