@@ -32,6 +32,8 @@ awk -v n="$RECORDS" 'BEGIN { srand(1); for (i = 0; i < n; i++) {
         w = int(256 + rand() * 5000); h = int(256 + rand() * 5000)
         printf "{\"v\":1,\"key\":\"%08d\",\"image\":\"shard-%04d.tar\",\"member\":\"%08d.jpg\",\"offset\":%d,\"size\":%d,\"width\":%d,\"height\":%d,\"caption\":\"a photo of something, number %d\",\"split\":\"train\"}\n", i, i / 10000, i, i * 1024, 200000, w, h, i } }' > "$T/in.jsonl"
 bytes=$(stat -c %s "$T/in.jsonl")
+sync  # the generated input must not be flushed to disk during the timed runs
+cat "$T/in.jsonl" > /dev/null
 for mode in plain split; do
     extra=(-o "$T/out.jsonl")
     [ $mode == split ] && extra=(--split 8 -o "$T/part-%d.jsonl")

@@ -110,13 +110,13 @@ sd_status sd_outfile_commit(sd_outfile *o, sd_error *err)
 }
 
 /* Start write-back of what was written so far without waiting for it, every
- * 64 MiB, so the fsync at commit finds little left to do: the disk works
+ * 8 MiB, so the fsync at commit finds little left to do: the disk works
  * while we compute. Call it between batches; a no-op for stdout/devices. */
 void sd_outfile_writeback(sd_outfile *o)
 {
     if (!o->tmp || !o->f) return;
     long long pos = ftell(o->f);
-    if (pos < 0 || pos - o->flushed < (64ll << 20)) return;
+    if (pos < 0 || pos - o->flushed < (8ll << 20)) return;
     fflush(o->f);
     sync_file_range(fileno(o->f), o->flushed, pos - o->flushed, SYNC_FILE_RANGE_WRITE);
     o->flushed = pos;
