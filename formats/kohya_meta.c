@@ -41,15 +41,9 @@ sd_status sd_kohya_meta_load(sd_kohya_meta *m, const char *path, sd_error *err)
     sd_arena_init(&m->arena, 1 << 16);
     sd_strmap_init(&m->by_key);
     sd_strmap_init(&m->by_stem);
-    sd_status st = sd_read_file(path, &m->text, err);
-    if (st) return st;
     sd_json *root;
-    st = sd_json_parse(&m->arena, m->text.data ? m->text.data : (char *)"", m->text.len, &root, err);
-    if (st) {
-        char msg[sizeof err->msg];
-        memcpy(msg, err->msg, sizeof msg);
-        return sd_err_set(err, st, "%s: %s", path, msg);
-    }
+    sd_status st = sd_parse_json_file(path, &m->text, &m->arena, &root, err);
+    if (st) return st;
     if (root->type != SD_JSON_OBJECT) return sd_err_set(err, SD_EFORMAT, "%s: not a JSON object", path);
     m->e = calloc(root->len ? root->len : 1, sizeof *m->e);
     if (!m->e) return sd_err_set(err, SD_ENOMEM, "out of memory");

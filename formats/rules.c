@@ -381,26 +381,14 @@ sd_status sd_rules_load_file(sd_rules *r, const char *path, sd_error *err)
 {
     sd_buf text;
     sd_buf_init(&text);
-    sd_status rs = sd_read_file(path, &text, err);
-    if (rs) {
-        sd_buf_free(&text);
-        return rs;
-    }
     sd_arena a;
     sd_arena_init(&a, 1 << 16);
     sd_json *root;
-    sd_status s = sd_json_parse(&a, text.data, text.len, &root, err);
-    if (s) {
+    sd_status s = sd_parse_json_file(path, &text, &a, &root, err);
+    if (!s && (s = sd_rules_load_json(r, root, err))) {
         char m[sizeof err->msg];
         snprintf(m, sizeof m, "%s", err->msg);
         sd_err_set(err, s, "%s: %s", path, m);
-    } else {
-        s = sd_rules_load_json(r, root, err);
-        if (s) {
-            char m[sizeof err->msg];
-            snprintf(m, sizeof m, "%s", err->msg);
-            sd_err_set(err, s, "%s: %s", path, m);
-        }
     }
     sd_arena_free(&a);
     sd_buf_free(&text);

@@ -16,22 +16,13 @@ static sd_status read_array(sd_meta_run *m, const char *path, const char *origin
 {
     sd_buf text;
     sd_buf_init(&text);
-    sd_status rs = sd_read_file(path, &text, err);
-    if (rs) {
-        sd_buf_free(&text);
-        return rs;
-    }
     sd_arena a;
     sd_arena_init(&a, 1 << 20);
     sd_json *root;
-    sd_status st = sd_json_parse(&a, text.data ? text.data : (char *)"", text.len, &root, err);
-    if (st) {
-        char msg[sizeof err->msg];
-        snprintf(msg, sizeof msg, "%s", err->msg);
-        sd_err_set(err, st, "%s: %s", path, msg);
-    } else if (root->type != SD_JSON_ARRAY) {
+    sd_status st = sd_parse_json_file(path, &text, &a, &root, err);
+    if (!st && root->type != SD_JSON_ARRAY)
         st = sd_err_set(err, SD_EFORMAT, "%s: expected a JSON array of posts or JSON lines", path);
-    } else {
+    if (!st) {
         long idx = 0;
         sd_buf one;
         sd_buf_init(&one);

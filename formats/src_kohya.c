@@ -17,11 +17,6 @@ sd_status sd_read_kohya(sd_meta_run *m, const char *path, const char *image_root
 {
     sd_buf text;
     sd_buf_init(&text);
-    sd_status rs = sd_read_file(path, &text, err);
-    if (rs) {
-        sd_buf_free(&text);
-        return rs;
-    }
     const char *origin = sd_meta_keep(m, path);
     char *dcopy = strdup(path);
     const char *root = image_root ? sd_meta_keep(m, image_root) : sd_meta_keep(m, dirname(dcopy));
@@ -29,14 +24,10 @@ sd_status sd_read_kohya(sd_meta_run *m, const char *path, const char *image_root
     sd_arena a;
     sd_arena_init(&a, 1 << 20);
     sd_json *doc;
-    sd_status st = sd_json_parse(&a, text.data ? text.data : (char *)"", text.len, &doc, err);
-    if (st) {
-        char msg[sizeof err->msg];
-        snprintf(msg, sizeof msg, "%s", err->msg);
-        sd_err_set(err, st, "%s: %s", path, msg);
-    } else if (doc->type != SD_JSON_OBJECT) {
+    sd_status st = sd_parse_json_file(path, &text, &a, &doc, err);
+    if (!st && doc->type != SD_JSON_OBJECT)
         st = sd_err_set(err, SD_EFORMAT, "%s: expected a kohya metadata object {key: {caption, tags}}", path);
-    } else {
+    if (!st) {
         long idx = 0;
         for (const sd_json *e = doc->child; e; e = e->next) {
             idx++;

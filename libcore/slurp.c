@@ -26,3 +26,18 @@ sd_status sd_read_file(const char *path, sd_buf *out, sd_error *err)
     sd_buf_cstr(out);
     return SD_OK;
 }
+
+/* Read and parse a whole JSON file. text receives the file and must outlive
+ * the tree (strings point into it); errors name the file. */
+sd_status sd_parse_json_file(const char *path, sd_buf *text, sd_arena *a, sd_json **root, sd_error *err)
+{
+    sd_status st = sd_read_file(path, text, err);
+    if (st) return st;
+    st = sd_json_parse(a, text->data ? text->data : (char *)"", text->len, root, err);
+    if (st) {
+        char msg[sizeof err->msg];
+        memcpy(msg, err->msg, sizeof msg);
+        sd_err_set(err, st, "%s: %s", path, msg);
+    }
+    return st;
+}

@@ -47,10 +47,8 @@ static sd_status load_cls_map(const char *path, sd_arena *a, sd_json **out, char
 {
     sd_buf b;
     sd_buf_init(&b);
-    sd_status st = sd_read_file(path, &b, err);
+    sd_status st = sd_parse_json_file(path, &b, a, out, err);
     *text = b.data;
-    if (st) return st;
-    st = sd_json_parse(a, b.data, b.len, out, err);
     if (!st && (*out)->type != SD_JSON_OBJECT) st = sd_err_set(err, SD_EFORMAT, "%s: expected {\"cls\": \"prompt\"}", path);
     return st;
 }
