@@ -1,0 +1,325 @@
+#include "safetensors.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "arena.h"
+#include "buf.h"
+#include "json.h"
+#include "outfile.h"
+#include "strmap.h"
+
+struct sd_safetensors {
+    const unsigned char *base; /* whole file (mapped) or caller memory */
+    size_t len;
+    int mapped;
+    char *header; /* mutable copy of the JSON header (strings point into it) */
+    sd_arena arena;
+    sd_st_tensor *t;
+    size_t n;
+    sd_st_meta *meta;
+    size_t nmeta;
+    sd_strmap by_name;
+};
+
+static const struct {
+    const char *name;
+    size_t size;
+} dtypes[] = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"I16", 2},     {"I32", 4},      {"I64", 8},
+              {"F16", 2},  {"BF16", 2}, {"F32", 4}, {"F64", 8}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+
+/* The safetensors name of a dtype ("F16"). */
+const char *sd_st_dtype_name(sd_st_dtype d)
+{
+    return (size_t)d < sizeof dtypes / sizeof *dtypes ? dtypes[d].name : "?";
+}
+
+/* Bytes per element. */
+size_t sd_st_dtype_size(sd_st_dtype d)
+{
+    return (size_t)d < sizeof dtypes / sizeof *dtypes ? dtypes[d].size : 0;
+}
+
+/* dtype by name; -1 if unknown. */
+static int dtype_parse(const char *s)
+{
+    for (size_t i = 0; i < sizeof dtypes / sizeof *dtypes; i++)
+        if (strcmp(dtypes[i].name, s) == 0) return (int)i;
+    return -1;
+}
+
+/* A JSON number that is a whole number in [0, 2^53]. */
+static int json_u64(const sd_json *v, uint64_t *out)
+{
+    if (!v || v->type != SD_JSON_NUMBER || !(v->num >= 0) || v->num > 9007199254740992.0 || v->num != (double)(uint64_t)v->num)
+        return -1;
+    *out = (uint64_t)v->num;
+    return 0;
+}
+
+/* Order tensors by data offset, for the coverage check. */
+static int by_offset(const void *a, const void *b)
+{
+    const sd_st_tensor *x = *(const sd_st_tensor *const *)a, *y = *(const sd_st_tensor *const *)b;
+    uintptr_t px = (uintptr_t)x->data, py = (uintptr_t)y->data;
+    return px < py ? -1 : px > py;
+}
+
+/* Validate and index the header of a file held in st->base/len. */
+static sd_status parse(sd_safetensors *st, const char *name, sd_error *err)
+{
+    if (st->len < 8) return sd_err_set(err, SD_ETRUNC, "%s: shorter than the 8-byte header length", name);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | st->base[i];
+    if (hlen > SD_ST_MAX_HEADER) return sd_err_set(err, SD_EFORMAT, "%s: header length %llu over the 100 MB limit", name, (unsigned long long)hlen);
+    if (hlen > st->len - 8) return sd_err_set(err, SD_ETRUNC, "%s: header of %llu bytes runs past the end of the file", name, (unsigned long long)hlen);
+    st->header = malloc(hlen + 1);
+    if (!st->header) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    memcpy(st->header, st->base + 8, hlen);
+    st->header[hlen] = 0;
+    sd_json *root;
+    sd_error jerr;
+    if (sd_json_parse(&st->arena, st->header, hlen, &root, &jerr))
+        return sd_err_set(err, SD_EPARSE, "%s: header: %s", name, jerr.msg);
+    if (root->type != SD_JSON_OBJECT) return sd_err_set(err, SD_EFORMAT, "%s: header is not a JSON object", name);
+    const unsigned char *data = st->base + 8 + hlen;
+    uint64_t data_len = st->len - 8 - hlen;
+    st->t = sd_arena_alloc(&st->arena, (root->len ? root->len : 1) * sizeof *st->t);
+    if (!st->t) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    for (const sd_json *e = root->child; e; e = e->next) {
+        if (strcmp(e->key, "__metadata__") == 0) {
+            if (e->type != SD_JSON_OBJECT) return sd_err_set(err, SD_EFORMAT, "%s: __metadata__ is not an object", name);
+            st->meta = sd_arena_alloc(&st->arena, (e->len ? e->len : 1) * sizeof *st->meta);
+            if (!st->meta) return sd_err_set(err, SD_ENOMEM, "out of memory");
+            for (const sd_json *m = e->child; m; m = m->next) {
+                if (m->type != SD_JSON_STRING) return sd_err_set(err, SD_EFORMAT, "%s: __metadata__ value of '%s' is not a string", name, m->key);
+                st->meta[st->nmeta].key = m->key;
+                st->meta[st->nmeta].value = m->str;
+                st->nmeta++;
+            }
+            continue;
+        }
+        if (e->type != SD_JSON_OBJECT) return sd_err_set(err, SD_EFORMAT, "%s: tensor '%s' is not an object", name, e->key);
+        const sd_json *dt = sd_json_get(e, "dtype"), *sh = sd_json_get(e, "shape"), *off = sd_json_get(e, "data_offsets");
+        if (!dt || !sh || !off)
+            return sd_err_set(err, SD_EFORMAT, "%s: tensor '%s' needs dtype, shape and data_offsets", name, e->key);
+        int d = dt->type == SD_JSON_STRING ? dtype_parse(dt->str) : -1;
+        if (d < 0) return sd_err_set(err, SD_EUNSUPPORTED, "%s: tensor '%s': unknown dtype", name, e->key);
+        if (sh->type != SD_JSON_ARRAY || sh->len > SD_ST_MAX_DIMS)
+            return sd_err_set(err, SD_EFORMAT, "%s: tensor '%s': shape must be an array of at most %d sizes", name, e->key, SD_ST_MAX_DIMS);
+        sd_st_tensor *t = &st->t[st->n];
+        memset(t, 0, sizeof *t);
+        t->name = e->key;
+        t->dtype = (sd_st_dtype)d;
+        uint64_t count = 1;
+        for (const sd_json *s = sh->child; s; s = s->next) {
+            uint64_t v;
+            if (json_u64(s, &v)) return sd_err_set(err, SD_EFORMAT, "%s: tensor '%s': bad shape entry", name, e->key);
+            if (v && count > UINT64_MAX / v) return sd_err_set(err, SD_ERANGE, "%s: tensor '%s': shape overflows", name, e->key);
+            count *= v;
+            t->shape[t->ndim++] = v;
+        }
+        uint64_t b, en;
+        if (off->type != SD_JSON_ARRAY || off->len != 2 || json_u64(off->child, &b) || json_u64(off->child->next, &en) || en < b)
+            return sd_err_set(err, SD_EFORMAT, "%s: tensor '%s': data_offsets must be [begin, end]", name, e->key);
+        if (en > data_len) return sd_err_set(err, SD_ETRUNC, "%s: tensor '%s' ends past the end of the file", name, e->key);
+        if (count > UINT64_MAX / dtypes[d].size || count * dtypes[d].size != en - b)
+            return sd_err_set(err, SD_EFORMAT, "%s: tensor '%s': %llu bytes for shape and dtype %s, offsets give %llu", name,
+                              e->key, (unsigned long long)(count * dtypes[d].size), dtypes[d].name, (unsigned long long)(en - b));
+        t->nbytes = en - b;
+        t->data = data + b;
+        sd_strmap_slot *slot = sd_strmap_put(&st->by_name, e->key, e->key_len);
+        if (!slot) return sd_err_set(err, SD_ENOMEM, "out of memory");
+        if (slot->nval) return sd_err_set(err, SD_EFORMAT, "%s: tensor '%s' appears twice", name, e->key);
+        slot->nval = (double)(st->n + 1);
+        st->n++;
+    }
+    /* the buffer must be covered exactly: contiguous from 0, no overlaps, no holes */
+    const sd_st_tensor **ord = malloc((st->n ? st->n : 1) * sizeof *ord);
+    if (!ord) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    for (size_t i = 0; i < st->n; i++) ord[i] = &st->t[i];
+    qsort(ord, st->n, sizeof *ord, by_offset);
+    const unsigned char *at = data;
+    sd_status s = SD_OK;
+    for (size_t i = 0; i < st->n && !s; i++) {
+        if ((const unsigned char *)ord[i]->data != at)
+            s = sd_err_set(err, SD_EFORMAT, "%s: tensor '%s' %s", name, ord[i]->name,
+                           (const unsigned char *)ord[i]->data < at ? "overlaps another" : "leaves a hole before it");
+        at += ord[i]->nbytes;
+    }
+    if (!s && at != data + data_len)
+        s = sd_err_set(err, SD_EFORMAT, "%s: %llu bytes after the last tensor", name, (unsigned long long)(data + data_len - at));
+    free(ord);
+    return s;
+}
+
+/* Fresh, empty reader state. */
+static sd_safetensors *new_reader(void)
+{
+    sd_safetensors *st = calloc(1, sizeof *st);
+    if (!st) return NULL;
+    sd_arena_init(&st->arena, 1 << 16);
+    sd_strmap_init(&st->by_name);
+    return st;
+}
+
+/* Open and validate a file; tensors are read in place from the mapping. */
+sd_status sd_st_open(sd_safetensors **out, const char *path, sd_error *err)
+{
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return sd_err_set(err, errno == ENOENT ? SD_ENOTFOUND : SD_EIO, "%s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return sd_err_set(err, SD_EIO, "%s: not a regular file", path);
+    }
+    sd_safetensors *st = new_reader();
+    if (!st) {
+        close(fd);
+        return sd_err_set(err, SD_ENOMEM, "out of memory");
+    }
+    st->len = (size_t)sb.st_size;
+    if (st->len) {
+        void *p = mmap(NULL, st->len, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            close(fd);
+            sd_st_close(st);
+            return sd_err_set(err, SD_EIO, "%s: mmap: %s", path, strerror(errno));
+        }
+        st->base = p;
+        st->mapped = 1;
+    }
+    close(fd);
+    sd_status s = parse(st, path, err);
+    if (s) {
+        sd_st_close(st);
+        return s;
+    }
+    *out = st;
+    return SD_OK;
+}
+
+/* Validate a file already in memory (the caller keeps it alive). */
+sd_status sd_st_open_memory(sd_safetensors **out, const void *data, size_t len, const char *name, sd_error *err)
+{
+    *out = NULL;
+    sd_safetensors *st = new_reader();
+    if (!st) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    st->base = data;
+    st->len = len;
+    sd_status s = parse(st, name, err);
+    if (s) {
+        sd_st_close(st);
+        return s;
+    }
+    *out = st;
+    return SD_OK;
+}
+
+/* Unmap and free. */
+void sd_st_close(sd_safetensors *st)
+{
+    if (!st) return;
+    if (st->mapped) munmap((void *)st->base, st->len);
+    free(st->header);
+    sd_arena_free(&st->arena);
+    sd_strmap_free(&st->by_name);
+    free(st);
+}
+
+/* Number of tensors. */
+size_t sd_st_count(const sd_safetensors *st)
+{
+    return st->n;
+}
+
+/* Tensor i in header order. */
+const sd_st_tensor *sd_st_tensor_at(const sd_safetensors *st, size_t i)
+{
+    return i < st->n ? &st->t[i] : NULL;
+}
+
+/* Tensor by name; NULL when absent. */
+const sd_st_tensor *sd_st_find(const sd_safetensors *st, const char *name)
+{
+    const sd_strmap_slot *s = sd_strmap_get(&st->by_name, name, strlen(name));
+    return s ? &st->t[(size_t)s->nval - 1] : NULL;
+}
+
+/* Number of __metadata__ entries. */
+size_t sd_st_meta_count(const sd_safetensors *st)
+{
+    return st->nmeta;
+}
+
+/* Metadata entry i. */
+const sd_st_meta *sd_st_meta_at(const sd_safetensors *st, size_t i)
+{
+    return i < st->nmeta ? &st->meta[i] : NULL;
+}
+
+/* Write tensors (in the given order, back to back) and metadata as a
+ * safetensors file, atomically. The header is space-padded to a multiple of
+ * 8 as the reference writer does, so data stays 8-byte aligned. */
+sd_status sd_st_write(const char *path, const sd_st_tensor *t, size_t n, const sd_st_meta *meta, size_t nmeta,
+                      sd_error *err)
+{
+    sd_buf h;
+    sd_buf_init(&h);
+    sd_buf_putc(&h, '{');
+    int first = 1;
+    if (nmeta) {
+        sd_buf_json_key(&h, &first, "__metadata__");
+        sd_buf_putc(&h, '{');
+        for (size_t i = 0; i < nmeta; i++) {
+            if (i) sd_buf_putc(&h, ',');
+            sd_buf_json_cstr(&h, meta[i].key);
+            sd_buf_putc(&h, ':');
+            sd_buf_json_cstr(&h, meta[i].value);
+        }
+        sd_buf_putc(&h, '}');
+    }
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t count = 1;
+        for (int k = 0; k < t[i].ndim; k++) count *= t[i].shape[k];
+        uint64_t bytes = count * sd_st_dtype_size(t[i].dtype);
+        if (bytes != t[i].nbytes) {
+            sd_buf_free(&h);
+            return sd_err_set(err, SD_EINVAL, "%s: tensor '%s': nbytes does not match shape and dtype", path, t[i].name);
+        }
+        sd_buf_json_key(&h, &first, t[i].name);
+        sd_buf_printf(&h, "{\"dtype\":\"%s\",\"shape\":[", sd_st_dtype_name(t[i].dtype));
+        for (int k = 0; k < t[i].ndim; k++) sd_buf_printf(&h, "%s%llu", k ? "," : "", (unsigned long long)t[i].shape[k]);
+        sd_buf_printf(&h, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off, (unsigned long long)(off + bytes));
+        off += bytes;
+    }
+    sd_buf_putc(&h, '}');
+    while (h.len % 8) sd_buf_putc(&h, ' ');
+    if (h.oom) {
+        sd_buf_free(&h);
+        return sd_err_set(err, SD_ENOMEM, "out of memory");
+    }
+    sd_outfile o;
+    sd_status s = sd_outfile_open(&o, path, err);
+    if (s) {
+        sd_buf_free(&h);
+        return s;
+    }
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
+    int bad = fwrite(len8, 1, 8, o.f) != 8 || fwrite(h.data, 1, h.len, o.f) != h.len;
+    for (size_t i = 0; i < n && !bad; i++) bad = t[i].nbytes && fwrite(t[i].data, 1, t[i].nbytes, o.f) != t[i].nbytes;
+    sd_buf_free(&h);
+    if (bad) {
+        sd_outfile_abort(&o);
+        return sd_err_set(err, SD_EIO, "%s: write failed: %s", path, strerror(errno));
+    }
+    return sd_outfile_commit(&o, err);
+}

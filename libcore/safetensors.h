@@ -1,0 +1,57 @@
+/* Reading and writing safetensors files (the weight format of diffusers and
+ * of single-file checkpoints). Reading maps the file and validates the whole
+ * header before anything is trusted: sizes, offsets, overlaps, dtypes. */
+#ifndef SDTK_SAFETENSORS_H
+#define SDTK_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+enum { SD_ST_MAX_DIMS = 8, SD_ST_MAX_HEADER = 100 << 20 };
+
+typedef enum {
+    SD_ST_BOOL,
+    SD_ST_U8,
+    SD_ST_I8,
+    SD_ST_I16,
+    SD_ST_I32,
+    SD_ST_I64,
+    SD_ST_F16,
+    SD_ST_BF16,
+    SD_ST_F32,
+    SD_ST_F64,
+    SD_ST_F8_E4M3,
+    SD_ST_F8_E5M2
+} sd_st_dtype;
+
+typedef struct {
+    const char *name;
+    sd_st_dtype dtype;
+    int ndim;
+    uint64_t shape[SD_ST_MAX_DIMS];
+    uint64_t nbytes;
+    const void *data; /* points into the mapping */
+} sd_st_tensor;
+
+typedef struct {
+    const char *key, *value;
+} sd_st_meta;
+
+typedef struct sd_safetensors sd_safetensors;
+
+sd_status sd_st_open(sd_safetensors **out, const char *path, sd_error *err);
+sd_status sd_st_open_memory(sd_safetensors **out, const void *data, size_t len, const char *name, sd_error *err);
+void sd_st_close(sd_safetensors *st);
+size_t sd_st_count(const sd_safetensors *st);
+const sd_st_tensor *sd_st_tensor_at(const sd_safetensors *st, size_t i);
+const sd_st_tensor *sd_st_find(const sd_safetensors *st, const char *name);
+size_t sd_st_meta_count(const sd_safetensors *st);
+const sd_st_meta *sd_st_meta_at(const sd_safetensors *st, size_t i);
+const char *sd_st_dtype_name(sd_st_dtype d);
+size_t sd_st_dtype_size(sd_st_dtype d);
+sd_status sd_st_write(const char *path, const sd_st_tensor *t, size_t n, const sd_st_meta *meta, size_t nmeta,
+                      sd_error *err);
+
+#endif

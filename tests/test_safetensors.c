@@ -1,0 +1,201 @@
+/* safetensors reader and writer: a file written by the reference Python
+ * implementation (tests/golden/safetensors) reads back exactly; our writer's
+ * files read back; every truncation and every single-byte corruption of the
+ * header is either rejected or still self-consistent; hand-made bad headers
+ * (overlap, hole, size mismatch, duplicates, huge length) are rejected. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "arena.h"
+#include "buf.h"
+#include "check.h"
+#include "json.h"
+#include "safetensors.h"
+#include "slurp.h"
+
+#ifndef GOLDEN_DIR
+#define GOLDEN_DIR "tests/golden/safetensors"
+#endif
+
+/* Compare the golden file with its description written by the same script. */
+static void test_golden(void)
+{
+    sd_safetensors *st;
+    sd_error err;
+    if (!CHECK(sd_st_open(&st, GOLDEN_DIR "/tiny.safetensors", &err) == SD_OK)) {
+        fprintf(stderr, "  %s\n", err.msg);
+        return;
+    }
+    sd_buf text;
+    sd_buf_init(&text);
+    sd_arena a;
+    sd_arena_init(&a, 4096);
+    sd_json *root;
+    if (!CHECK(sd_parse_json_file(GOLDEN_DIR "/tiny.json", &text, &a, &root, &err) == SD_OK)) return;
+    const sd_json *tensors = sd_json_get(root, "tensors");
+    CHECK(sd_st_count(st) == tensors->len);
+    for (const sd_json *e = tensors->child; e; e = e->next) {
+        const sd_st_tensor *t = sd_st_find(st, e->key);
+        if (!CHECK(t != NULL)) continue;
+        CHECK_STR(sd_st_dtype_name(t->dtype), sd_json_str(sd_json_get(e, "dtype")));
+        const sd_json *shape = sd_json_get(e, "shape");
+        int ok = t->ndim == (int)shape->len;
+        int k = 0;
+        for (const sd_json *s = shape->child; s && ok; s = s->next, k++) ok = t->shape[k] == (uint64_t)s->num;
+        CHECK(ok);
+        CHECK(t->nbytes == (uint64_t)sd_json_get(e, "nbytes")->num);
+        uint64_t sum = 0;
+        for (uint64_t i = 0; i < t->nbytes; i++) sum += ((const unsigned char *)t->data)[i];
+        CHECK(sum == (uint64_t)sd_json_get(e, "byte_sum")->num);
+        k = 0;
+        int head_ok = 1;
+        for (const sd_json *h = sd_json_get(e, "head")->child; h; h = h->next, k++)
+            head_ok &= ((const unsigned char *)t->data)[k] == (unsigned)h->num;
+        CHECK(head_ok);
+    }
+    const sd_json *meta = sd_json_get(root, "metadata");
+    CHECK(sd_st_meta_count(st) == meta->len);
+    for (size_t i = 0; i < sd_st_meta_count(st); i++) {
+        const sd_st_meta *m = sd_st_meta_at(st, i);
+        CHECK_STR(m->value, sd_json_str(sd_json_get(meta, m->key)));
+    }
+    sd_st_close(st);
+    sd_arena_free(&a);
+    sd_buf_free(&text);
+}
+
+/* Our writer: tensors and metadata come back byte for byte; header padded. */
+static void test_write_roundtrip(void)
+{
+    float w[6] = {1, -2, 3.5f, 0, 1e-3f, 7};
+    uint16_t h[3] = {0x3c00, 0xc000, 0x7bff};
+    sd_st_tensor t[3] = {{"w", SD_ST_F32, 2, {2, 3}, sizeof w, w},
+                         {"h", SD_ST_F16, 1, {3}, sizeof h, h},
+                         {"scalar_empty", SD_ST_F32, 1, {0}, 0, NULL}};
+    sd_st_meta meta[1] = {{"producer", "sdtk \"test\""}};
+    char path[] = "/tmp/sdtk-st-XXXXXX";
+    int fd = mkstemp(path);
+    close(fd);
+    sd_error err;
+    if (!CHECK(sd_st_write(path, t, 3, meta, 1, &err) == SD_OK)) return;
+    sd_safetensors *st;
+    if (!CHECK(sd_st_open(&st, path, &err) == SD_OK)) {
+        fprintf(stderr, "  %s\n", err.msg);
+        return;
+    }
+    const sd_st_tensor *rw = sd_st_find(st, "w"), *rh = sd_st_find(st, "h"), *re = sd_st_find(st, "scalar_empty");
+    CHECK(rw && rw->nbytes == sizeof w && memcmp(rw->data, w, sizeof w) == 0 && rw->ndim == 2 && rw->shape[1] == 3);
+    CHECK(rh && rh->nbytes == sizeof h && memcmp(rh->data, h, sizeof h) == 0 && rh->dtype == SD_ST_F16);
+    CHECK(re && re->nbytes == 0);
+    CHECK(sd_st_meta_count(st) == 1 && strcmp(sd_st_meta_at(st, 0)->value, "sdtk \"test\"") == 0);
+    sd_st_close(st);
+    sd_buf file;
+    sd_buf_init(&file);
+    sd_read_file(path, &file, &err);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | (unsigned char)file.data[i];
+    CHECK(hl % 8 == 0);
+    sd_buf_free(&file);
+    /* a size that does not match the shape is refused */
+    t[0].nbytes = 8;
+    CHECK(sd_st_write(path, t, 1, NULL, 0, &err) == SD_EINVAL);
+    unlink(path);
+}
+
+/* Every prefix of the golden file and every single-byte change of its header
+ * area: rejected with an error, or (for harmless changes) a consistent parse. */
+static void test_corruptions(void)
+{
+    sd_buf file;
+    sd_buf_init(&file);
+    sd_error err;
+    if (!CHECK(sd_read_file(GOLDEN_DIR "/tiny.safetensors", &file, &err) == SD_OK)) return;
+    size_t n = file.len;
+    unsigned char *buf = malloc(n);
+    int accepted_prefix = 0, inconsistent = 0, tried = 0;
+    for (size_t cut = 0; cut < n; cut++) {
+        memcpy(buf, file.data, cut);
+        sd_safetensors *st;
+        if (sd_st_open_memory(&st, buf, cut, "cut", &err) == SD_OK) {
+            accepted_prefix++;
+            sd_st_close(st);
+        }
+    }
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | (unsigned char)file.data[i];
+    static const unsigned char vals[] = {0x00, 0x22, 0x2c, 0x30, 0x39, 0x5b, 0x5d, 0x7b, 0x7d, 0xff};
+    for (size_t pos = 0; pos < 8 + hl; pos++) {
+        for (size_t v = 0; v < sizeof vals; v++) {
+            if ((unsigned char)file.data[pos] == vals[v]) continue;
+            memcpy(buf, file.data, n);
+            buf[pos] = vals[v];
+            tried++;
+            sd_safetensors *st;
+            if (sd_st_open_memory(&st, buf, n, "flip", &err) != SD_OK) continue;
+            for (size_t i = 0; i < sd_st_count(st); i++) { /* accepted: must still be consistent */
+                const sd_st_tensor *t = sd_st_tensor_at(st, i);
+                uint64_t count = 1;
+                for (int k = 0; k < t->ndim; k++) count *= t->shape[k];
+                const unsigned char *p = t->data;
+                if (count * sd_st_dtype_size(t->dtype) != t->nbytes || p < buf || p + t->nbytes > buf + n) inconsistent++;
+            }
+            sd_st_close(st);
+        }
+    }
+    CHECK(accepted_prefix == 0);
+    CHECK(inconsistent == 0);
+    CHECK(tried > 5000);
+    printf("safetensors: %zu truncations and %d header byte changes tried\n", n, tried);
+    free(buf);
+    sd_buf_free(&file);
+}
+
+/* Build "len + header + data" in memory and try to open it. */
+static sd_status try_header(const char *header, size_t data_len, sd_error *err)
+{
+    size_t hl = strlen(header);
+    unsigned char *b = calloc(1, 8 + hl + data_len + 1);
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)hl >> (8 * i));
+    memcpy(b + 8, header, hl);
+    sd_safetensors *st;
+    sd_status s = sd_st_open_memory(&st, b, 8 + hl + data_len, "hand-made", err);
+    if (!s) sd_st_close(st);
+    free(b);
+    return s;
+}
+
+static void test_bad_headers(void)
+{
+    sd_error err;
+    CHECK(try_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, &err) == SD_OK);
+    CHECK(try_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                     "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, &err) == SD_EFORMAT);  /* overlap */
+    CHECK(try_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, &err) == SD_EFORMAT);     /* hole */
+    CHECK(try_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 8, &err) == SD_EFORMAT);     /* tail */
+    CHECK(try_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, &err) == SD_EFORMAT);     /* size */
+    CHECK(try_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,16]}}", 8, &err) == SD_ETRUNC);    /* past end */
+    CHECK(try_header("{\"a\":{\"dtype\":\"Q4\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, &err) == SD_EUNSUPPORTED);
+    CHECK(try_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                     "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", 16, &err) == SD_EFORMAT);    /* duplicate */
+    CHECK(try_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,8]}}", 8, &err) == SD_EFORMAT);
+    CHECK(try_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,8]}}", 8, &err) ==
+          SD_ERANGE);
+    CHECK(try_header("[1,2]", 0, &err) == SD_EFORMAT);
+    CHECK(try_header("{\"__metadata__\":{\"a\":1}}", 0, &err) == SD_EFORMAT);
+    /* a header length past the end, and one over the 100 MB limit */
+    unsigned char b[16] = {0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, '{', '}'};
+    sd_safetensors *st;
+    CHECK(sd_st_open_memory(&st, b, 10, "big", &err) != SD_OK);
+    CHECK(sd_st_open(&st, "/nonexistent.safetensors", &err) == SD_ENOTFOUND);
+}
+
+int main(void)
+{
+    test_golden();
+    test_write_roundtrip();
+    test_corruptions();
+    test_bad_headers();
+    return check_done("test_safetensors");
+}
