@@ -335,6 +335,28 @@ class Pack(unittest.TestCase):
         rc, _, err = run("merge", "-o", shard, shard)
         self.assertEqual(rc, 2)
 
+    def test_merge_refuses_caches_of_different_models(self):
+        d = self.p("mm")
+        for i in range(4):
+            self.latents(os.path.join(d, "a%d.npz" % i), 64, 64)
+        for name in ("x.lmdb", "y.lmdb"):
+            rc, _, err = run("import-kohya", d, "-o", self.p(name), "-q")
+            self.assertEqual(rc, 0, err)
+        if not shutil.which("mdb_load"):
+            self.skipTest("mdb_load (lmdb-utils) not installed")
+        for name, h in (("x.lmdb", "vae-aaaa"), ("y.lmdb", "vae-bbbb")):  # stamp a model identity
+            p = subprocess.run(["mdb_load", "-n", "-T", "-s", "meta", self.p(name)], input=b"model_hash\n" + h.encode() + b"\n",
+                               capture_output=True)
+            self.assertEqual(p.returncode, 0, p.stderr)
+        rc, _, err = run("merge", "-o", self.p("xy.lmdb"), self.p("x.lmdb"), self.p("y.lmdb"))
+        self.assertEqual(rc, 2, err)
+        self.assertIn("different models", err)
+        self.assertFalse(os.path.exists(self.p("xy.lmdb")))
+        rc, _, err = run("merge", "--allow-mixed", "-o", self.p("xy.lmdb"), self.p("x.lmdb"), self.p("y.lmdb"), "-q")
+        self.assertEqual(rc, 0, err)
+        rc, _, err = run("merge", "-o", self.p("xx.lmdb"), self.p("x.lmdb"), self.p("x.lmdb"), "-q")
+        self.assertEqual(rc, 0, err)
+
     def test_export_tar_members_load_with_numpy(self):
         d = self.kohya_dir(n=6)
         shard = self.p("t.lmdb")

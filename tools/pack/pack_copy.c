@@ -95,6 +95,45 @@ static int same_file(const char *a, const char *b)
 }
 
 /* Copy inputs into a new shard at output (built under a temporary name). */
+/* A meta value of a shard as a malloc'ed string ("" when absent). */
+static char *meta_or_empty(sd_shard *s, const char *key)
+{
+    char *v = NULL;
+    sd_error e;
+    if (sd_shard_meta_get(s, key, &v, &e) != SD_OK) return strdup("");
+    return v;
+}
+
+/* Latents from different VAEs (or scaling factors) must not be mixed in one
+ * cache by accident: compare every input's model identity with the first. */
+static sd_status check_same_model(const sd_strlist *in, sd_error *err)
+{
+    static const char *const keys[] = {SD_SHARD_META_MODEL, SD_SHARD_META_SCALING};
+    char *first[2] = {NULL, NULL};
+    sd_status st = SD_OK;
+    for (int i = 0; !st && i < in->n; i++) {
+        sd_shard *s;
+        sd_shard_opts ro = {SD_SHARD_RDONLY, 0, 0};
+        if ((st = sd_shard_open(&s, in->v[i], &ro, err))) break;
+        for (int k = 0; k < 2 && !st; k++) {
+            char *v = meta_or_empty(s, keys[k]);
+            if (i == 0) {
+                first[k] = v;
+                continue;
+            }
+            if (v && first[k] && strcmp(v, first[k]) != 0)
+                st = sd_err_set(err, SD_EINVAL, "%s has %s '%s' but %s has '%s': caches of different models; "
+                                "--allow-mixed merges them anyway", in->v[i], keys[k], v, in->v[0], first[k]);
+            free(v);
+        }
+        sd_error ce;
+        sd_shard_close(s, &ce);
+    }
+    free(first[0]);
+    free(first[1]);
+    return st;
+}
+
 static int run_copy(const char *prog, const sd_strlist *in, const char *output, int all_text, const pack_common *pc)
 {
     copy_run r;
@@ -133,8 +172,10 @@ static int copy_main(int argc, char **argv, int compact)
 {
     const char *output = NULL;
     pack_common pc = {0};
+    int allow_mixed = 0;
     const sd_opt opts[] = {
         {"output", 'o', SD_OPT_STR, &output, "SHARD", "the new shard (written as SHARD.partial, renamed at the end)"},
+        {"allow-mixed", 0, SD_OPT_FLAG, &allow_mixed, NULL, "merge: accept inputs whose model_hash or scaling_factor differ"},
         {"strict", 0, SD_OPT_FLAG, &pc.strict, NULL, "exit 1 if any record was skipped"},
         {"quiet", 'q', SD_OPT_FLAG, &pc.quiet, NULL, "only warnings and errors"},
         {"verbose", 'v', SD_OPT_FLAG, &pc.verbose, NULL, "show every skipped record"},
@@ -145,7 +186,8 @@ static int copy_main(int argc, char **argv, int compact)
         "Merge shards into one. Records are copied in input order; a record key already copied is\n"
         "skipped (the first one is kept) and counted. Text embeddings are keyed by content hash, so\n"
         "each is stored once. Every record's header and checksum are checked; corrupt ones are skipped.\n"
-        "Meta entries come from the first shard.",
+        "Meta entries come from the first shard; inputs made with another model (model_hash or\n"
+        "scaling_factor) are refused unless --allow-mixed.",
         opts, "Example:\n  sd-pack merge -o all.lmdb part-0.lmdb part-1.lmdb"};
     const sd_cli compact_cli = {
         "sd-pack compact", "SHARD -o OUT",
@@ -167,6 +209,11 @@ static int copy_main(int argc, char **argv, int compact)
     for (int i = 0; rc < 0 && i < pos.n; i++)
         if (!strcmp(pos.v[i], output) || same_file(pos.v[i], output))
             rc = (sd_cli_usage_error(cli, "output %s is also an input", output), SD_EXIT_USAGE);
+    sd_error err;
+    if (rc < 0 && !compact && !allow_mixed && check_same_model(&pos, &err)) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        rc = err.code == SD_EINVAL ? SD_EXIT_USAGE : SD_EXIT_FATAL;
+    }
     if (rc < 0) rc = run_copy(cli->prog, &pos, output, compact, &pc);
     sd_strlist_free(&pos);
     return rc;
