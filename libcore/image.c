@@ -1,0 +1,281 @@
+#include "image.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <vips/vips.h>
+
+#include "imghdr.h"
+
+/* libvips is process-wide state: set it up once, from one thread, so that
+ * each image then runs on the thread that loads it (sdtk parallelises across
+ * images, so libvips' own worker threads would only oversubscribe the
+ * cores), nothing is cached between unrelated images, and loaders libvips
+ * marks untrusted (ImageMagick, MATLAB, ...) never see hostile input. */
+sd_status sd_image_init(sd_error *err)
+{
+    if (VIPS_INIT("sdtk")) {
+        char *m = vips_error_buffer_copy();
+        sd_err_set(err, SD_EUNSUPPORTED, "libvips init failed: %s", m);
+        g_free(m);
+        return SD_EUNSUPPORTED;
+    }
+    vips_concurrency_set(1);
+    vips_cache_set_max(0);
+    vips_block_untrusted_set(TRUE);
+    return SD_OK;
+}
+
+/* libvips keeps per-thread buffers that leak unless the thread says it is done. */
+void sd_image_thread_done(void) { vips_thread_shutdown(); }
+
+/* Release libvips' global state at the end of the process (leak checkers). */
+void sd_image_shutdown(void) { vips_shutdown(); }
+
+/* A plan must cut a non-empty box inside the resized image. */
+sd_status sd_image_plan_check(const sd_image_plan *p, sd_error *err)
+{
+    if (p->resize_w < 1 || p->resize_h < 1 || p->resize_w > SD_IMGHDR_MAX_SIDE || p->resize_h > SD_IMGHDR_MAX_SIDE)
+        return sd_err_set(err, SD_ERANGE, "resize %dx%d out of range", p->resize_w, p->resize_h);
+    if (p->crop_l < 0 || p->crop_t < 0 || p->crop_r > p->resize_w || p->crop_b > p->resize_h || p->crop_l >= p->crop_r ||
+        p->crop_t >= p->crop_b)
+        return sd_err_set(err, SD_ERANGE, "crop [%d,%d,%d,%d] not inside the %dx%d resized image", p->crop_l, p->crop_t,
+                          p->crop_r, p->crop_b, p->resize_w, p->resize_h);
+    return SD_OK;
+}
+
+/* Name the source in messages the way a user finds it: the file, or the
+ * shard and member. */
+static void src_name(const sd_image_src *src, char *out, size_t n)
+{
+    if (src->member) snprintf(out, n, "%s[%s]", src->path, src->member);
+    else snprintf(out, n, "%s", src->path);
+}
+
+/* The encoded bytes, read with pread so a tar member is read in place and one
+ * shard fd could serve many threads. */
+static sd_status read_bytes(const sd_image_src *src, const char *name, unsigned char **out, size_t *len, sd_error *err)
+{
+    int fd = open(src->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return sd_err_set(err, errno == ENOENT ? SD_ENOTFOUND : SD_EIO, "%s: %s", name, strerror(errno));
+    uint64_t size = src->size;
+    if (size == SD_IMAGE_WHOLE_FILE) {
+        struct stat st;
+        if (fstat(fd, &st) != 0) {
+            close(fd);
+            return sd_err_set(err, SD_EIO, "%s: stat: %s", name, strerror(errno));
+        }
+        size = (uint64_t)st.st_size > src->offset ? (uint64_t)st.st_size - src->offset : 0;
+    }
+    sd_status st = SD_OK;
+    if (size == 0) st = sd_err_set(err, SD_ETRUNC, "%s: empty image (0 bytes)", name);
+    else if (size > SD_IMAGE_MAX_BYTES)
+        st = sd_err_set(err, SD_ERANGE, "%s: %llu bytes, over the %llu-byte limit", name, (unsigned long long)size,
+                        (unsigned long long)SD_IMAGE_MAX_BYTES);
+    unsigned char *buf = st ? NULL : malloc((size_t)size);
+    if (!st && !buf) st = sd_err_set(err, SD_ENOMEM, "%s: no memory for %llu bytes", name, (unsigned long long)size);
+    size_t have = 0;
+    while (!st && have < size) {
+        ssize_t r = pread(fd, buf + have, (size_t)size - have, (off_t)(src->offset + have));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) st = sd_err_set(err, SD_EIO, "%s: read: %s", name, strerror(errno));
+        else if (r == 0) st = sd_err_set(err, SD_ETRUNC, "%s: file ends after %zu of %llu bytes", name, have, (unsigned long long)size);
+        else have += (size_t)r;
+    }
+    close(fd);
+    if (st) {
+        free(buf);
+        return st;
+    }
+    *out = buf;
+    *len = (size_t)size;
+    return SD_OK;
+}
+
+/* libvips' message for a failure; its error buffer is shared by all threads,
+ * so under concurrency the text may name another thread's image as well. */
+static sd_status vips_fail(sd_error *err, sd_status code, const char *name, const char *what)
+{
+    char *m = vips_error_buffer_copy();
+    size_t n = strlen(m);
+    while (n && (m[n - 1] == '\n' || m[n - 1] == ' ')) m[--n] = 0;
+    for (char *c = m; *c; c++)
+        if (*c == '\n') *c = ' ';
+    sd_err_set(err, code, "%s: %s: %s", name, what, n ? m : "unknown libvips error");
+    g_free(m);
+    return code;
+}
+
+/* Refuse decompression bombs from the header alone: the in-memory header
+ * parser for the common formats, libvips' lazy header read for the rest (it
+ * decodes no pixels until asked). */
+static sd_status check_pixels(const unsigned char *buf, size_t len, uint64_t limit, const char *name, sd_error *err)
+{
+    sd_imginfo info;
+    sd_error herr = {0};
+    uint64_t w, h;
+    sd_status st = sd_imghdr_parse(buf, len, &info, &herr);
+    if (st == SD_ERANGE) return sd_err_set(err, SD_ERANGE, "%s: %s", name, herr.msg);
+    if (st == SD_OK) {
+        w = info.width;
+        h = info.height;
+    } else {
+        VipsImage *im = vips_image_new_from_buffer(buf, len, "", NULL);
+        if (!im) return vips_fail(err, SD_EFORMAT, name, "not a readable image");
+        w = (uint64_t)vips_image_get_width(im);
+        h = (uint64_t)vips_image_get_height(im);
+        g_object_unref(im);
+    }
+    if (w * h > limit)
+        return sd_err_set(err, SD_ERANGE, "%s: image %llux%llu has %llu pixels, over the %llu limit (decompression bomb?)",
+                          name, (unsigned long long)w, (unsigned long long)h, (unsigned long long)(w * h),
+                          (unsigned long long)limit);
+    return SD_OK;
+}
+
+/* An RGB image with an embedded profile (Adobe RGB, Display P3, ...) is
+ * moved to sRGB (relative colorimetric); thumbnail does this only for CMYK
+ * unless given an export profile, and with one it also re-maps untagged
+ * images through its perceptual intent (pure red comes out 248,26,16). A
+ * profile lcms cannot read leaves the pixels as they are, as PIL would. */
+static VipsImage *icc_to_srgb(VipsImage *in)
+{
+    VipsImage *t = NULL;
+    if (in->Bands < 3 || in->Type == VIPS_INTERPRETATION_CMYK || !vips_image_get_typeof(in, VIPS_META_ICC_NAME)) return in;
+    if (vips_icc_transform(in, &t, "srgb", "embedded", TRUE, "intent", VIPS_INTENT_RELATIVE, NULL)) {
+        vips_error_clear();
+        return in;
+    }
+    g_object_unref(in);
+    return t;
+}
+
+/* After vips_thumbnail the image is upright and resized but may still be grey,
+ * 16-bit, carry alpha or an RGB profile: to sRGB, flatten onto white at the
+ * format's own white, then 3-band 8-bit sRGB. Takes over `in`. */
+static VipsImage *to_srgb8(VipsImage *in)
+{
+    VipsImage *t = NULL;
+    in = icc_to_srgb(in);
+    if (vips_image_hasalpha(in)) {
+        int wide = in->Type == VIPS_INTERPRETATION_RGB16 || in->Type == VIPS_INTERPRETATION_GREY16;
+        double white = wide ? 65535.0 : 255.0;
+        VipsArrayDouble *bg = vips_array_double_newv(1, white);
+        int rc = vips_flatten(in, &t, "background", bg, "max_alpha", white, NULL);
+        vips_area_unref(VIPS_AREA(bg));
+        g_object_unref(in);
+        if (rc) return NULL;
+        in = t;
+    }
+    if (in->Type != VIPS_INTERPRETATION_sRGB || in->Bands != 3) {
+        int rc = vips_colourspace(in, &t, VIPS_INTERPRETATION_sRGB, NULL);
+        g_object_unref(in);
+        if (rc) return NULL;
+        in = t;
+    }
+    if (in->BandFmt != VIPS_FORMAT_UCHAR) {
+        int rc = vips_cast_uchar(in, &t, NULL);
+        g_object_unref(in);
+        if (rc) return NULL;
+        in = t;
+    }
+    return in;
+}
+
+/* Replace *im with op's output, or drop it on failure. */
+static int step(VipsImage **im, VipsImage *out, int rc)
+{
+    g_object_unref(*im);
+    *im = rc ? NULL : out;
+    return rc;
+}
+
+/* Decode + resize with shrink-on-load: vips_thumbnail to exactly the
+ * record's size (VIPS_SIZE_FORCE may stretch by the bucketer's rounding, as
+ * kohya's cv2/PIL resize to resized_size does), auto-rotated, CMYK to sRGB,
+ * failing on truncated data rather than filling it grey (libvips 8.14's
+ * thumbnail_buffer ignores its own fail_on; the loader option string works). */
+static VipsImage *decode_resized(unsigned char *buf, size_t len, const sd_image_plan *plan)
+{
+    VipsImage *im = NULL;
+    if (vips_thumbnail_buffer(buf, len, &im, plan->resize_w, "height", plan->resize_h, "size", VIPS_SIZE_FORCE,
+                              "option_string", "fail_on=truncated", NULL))
+        return NULL;
+    im = to_srgb8(im);
+    if (!im) return NULL;
+    if (im->Xsize != plan->resize_w || im->Ysize != plan->resize_h) {
+        /* thumbnail rounds to the nearest pixel; should it miss by one,
+         * stretch the last step so the crop box means what the record says */
+        VipsImage *t = NULL;
+        double hs = (double)plan->resize_w / im->Xsize, vs = (double)plan->resize_h / im->Ysize;
+        if (step(&im, t, vips_resize(im, &t, hs, "vscale", vs, NULL))) return NULL;
+    }
+    return im;
+}
+
+/* The whole pipeline to uint8 HWC: bytes in memory, bomb check, then one
+ * lazy libvips chain (thumbnail, colour, crop, flip) evaluated at the end. */
+sd_status sd_image_load_rgb8(const sd_image_src *src, const sd_image_plan *plan, unsigned char *out, sd_error *err)
+{
+    char name[200];
+    src_name(src, name, sizeof name);
+    sd_error perr = {0};
+    sd_status st = sd_image_plan_check(plan, &perr);
+    if (st) return sd_err_set(err, st, "%s: %s", name, perr.msg);
+    unsigned char *buf = NULL;
+    size_t len = 0;
+    if ((st = read_bytes(src, name, &buf, &len, err))) return st;
+    st = check_pixels(buf, len, plan->max_pixels ? plan->max_pixels : SD_IMAGE_MAX_PIXELS, name, err);
+    VipsImage *im = st ? NULL : decode_resized(buf, len, plan);
+    if (!st && !im) st = vips_fail(err, SD_EFORMAT, name, "decode failed");
+    int cw = sd_image_out_w(plan), ch = sd_image_out_h(plan);
+    VipsImage *t = NULL;
+    if (!st && (cw != plan->resize_w || ch != plan->resize_h) &&
+        step(&im, t, vips_extract_area(im, &t, plan->crop_l, plan->crop_t, cw, ch, NULL)))
+        st = vips_fail(err, SD_EFORMAT, name, "crop failed");
+    if (!st && plan->flip && step(&im, t, vips_flip(im, &t, VIPS_DIRECTION_HORIZONTAL, NULL)))
+        st = vips_fail(err, SD_EFORMAT, name, "flip failed");
+    if (!st) {
+        /* evaluate: libvips runs the whole lazy chain here, strip by strip */
+        size_t n = 0;
+        void *px = vips_image_write_to_memory(im, &n);
+        if (!px) st = vips_fail(err, SD_EFORMAT, name, "decode failed");
+        else if (n != (size_t)cw * ch * 3) st = sd_err_set(err, SD_EFORMAT, "%s: decoded %zu bytes, want %dx%dx3", name, n, cw, ch);
+        else memcpy(out, px, n);
+        g_free(px);
+    }
+    if (im) g_object_unref(im);
+    free(buf);
+    return st;
+}
+
+/* kohya's ToTensor + Normalize(0.5, 0.5): x / 255 * 2 - 1, planar. */
+void sd_image_rgb8_to_chw(const unsigned char *hwc, int w, int h, float *chw)
+{
+    size_t n = (size_t)w * h;
+    float *r = chw, *g = chw + n, *b = chw + 2 * n;
+    for (size_t i = 0; i < n; i++) {
+        r[i] = hwc[3 * i] / 127.5f - 1.0f;
+        g[i] = hwc[3 * i + 1] / 127.5f - 1.0f;
+        b[i] = hwc[3 * i + 2] / 127.5f - 1.0f;
+    }
+}
+
+/* The float variant: decode into a scratch HWC buffer, then spread to planes. */
+sd_status sd_image_load_chw(const sd_image_src *src, const sd_image_plan *plan, float *out, sd_error *err)
+{
+    sd_status st = sd_image_plan_check(plan, err);
+    if (st) return st;
+    int w = sd_image_out_w(plan), h = sd_image_out_h(plan);
+    unsigned char *hwc = malloc((size_t)w * h * 3);
+    if (!hwc) return sd_err_set(err, SD_ENOMEM, "no memory for a %dx%d image", w, h);
+    st = sd_image_load_rgb8(src, plan, hwc, err);
+    if (!st) sd_image_rgb8_to_chw(hwc, w, h, out);
+    free(hwc);
+    return st;
+}

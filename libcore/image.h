@@ -1,0 +1,63 @@
+/* The image pipeline (libvips): decode any format libvips reads, from a file or
+ * a tar member read in place, EXIF auto-rotate, colour to 8-bit sRGB (ICC,
+ * CMYK, grey and 16-bit included), transparency flattened onto white, resize
+ * to a record's `resize` size (lanczos3, shrink-on-load where the format
+ * allows it), cut the record's `crop` box, optional horizontal flip, and
+ * hand back uint8 HWC pixels or float CHW in [-1, 1].
+ *
+ * Threading: sd_image_init() once, single-threaded, before any load (it sets
+ * up libvips process-wide: one libvips thread per image, no operation cache,
+ * untrusted loaders blocked); then any number of threads may each load their
+ * own images concurrently. A thread other than main() that loaded images calls
+ * sd_image_thread_done() before it exits; sd_image_shutdown() at the end. */
+#ifndef SDTK_IMAGE_H
+#define SDTK_IMAGE_H
+
+#include <stdint.h>
+
+#include "err.h"
+
+/* Decompression-bomb limit: images whose header claims more pixels than this
+ * are refused before any decoding (PIL's error threshold, 2 * 89478485, about
+ * 13377 x 13377). A plan may set a lower or higher limit. */
+#define SD_IMAGE_MAX_PIXELS 178956970ULL
+/* Largest encoded image read into memory (1 GiB). */
+#define SD_IMAGE_MAX_BYTES (1ULL << 30)
+/* sd_image_src.size meaning "to the end of the file". */
+#define SD_IMAGE_WHOLE_FILE UINT64_MAX
+
+/* Where the encoded bytes are: a whole file (offset 0, size
+ * SD_IMAGE_WHOLE_FILE) or a byte range of a tar shard (record `offset`,
+ * `size`; `member` names it in error messages). */
+typedef struct {
+    const char *path;
+    const char *member;
+    uint64_t offset;
+    uint64_t size;
+} sd_image_src;
+
+/* What to make of it, from a bucketed record: `resize` [w, h], `crop`
+ * [l, t, r, b] inside the resized image, and whether to flip left-right. */
+typedef struct {
+    int resize_w, resize_h;
+    int crop_l, crop_t, crop_r, crop_b;
+    int flip;
+    uint64_t max_pixels; /* 0: SD_IMAGE_MAX_PIXELS */
+} sd_image_plan;
+
+sd_status sd_image_init(sd_error *err);
+void sd_image_thread_done(void);
+void sd_image_shutdown(void);
+
+sd_status sd_image_plan_check(const sd_image_plan *plan, sd_error *err);
+/* Output size of a plan: crop width and height. */
+static inline int sd_image_out_w(const sd_image_plan *p) { return p->crop_r - p->crop_l; }
+static inline int sd_image_out_h(const sd_image_plan *p) { return p->crop_b - p->crop_t; }
+
+/* out: out_w * out_h * 3 bytes, rows top to bottom, RGB interleaved. */
+sd_status sd_image_load_rgb8(const sd_image_src *src, const sd_image_plan *plan, unsigned char *out, sd_error *err);
+/* out: 3 * out_w * out_h floats, planes R, G, B, each x / 127.5 - 1. */
+sd_status sd_image_load_chw(const sd_image_src *src, const sd_image_plan *plan, float *out, sd_error *err);
+void sd_image_rgb8_to_chw(const unsigned char *hwc, int w, int h, float *chw);
+
+#endif

@@ -1,0 +1,326 @@
+#!/usr/bin/env python3
+"""Image pipeline end to end: fixtures built here with PIL (and a hand-made
+16-bit PNG), run through tests/image_dump (sd_image_load_*), checked for exact
+sizes, crop boxes, flips, EXIF rotation, alpha on white, grey/16-bit/CMYK to
+sRGB, tar members by offset, clear errors and bomb refusal.
+With --photos: every photo in $SDTK_PHOTOS at two bucket-style plans against
+PIL's LANCZOS of the same box (exit 77 when SDTK_PHOTOS is not set).
+Usage: e2e_image.py [--photos] IMAGE_DUMP"""
+import io
+import math
+import os
+import struct
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zlib
+
+import numpy as np
+from PIL import Image, ImageOps
+
+FAILS = []
+
+
+def check(ok, what):
+    if not ok:
+        FAILS.append(what)
+        print("FAIL:", what, file=sys.stderr)
+
+
+class Dump:
+    """One image_dump process fed job lines; returns arrays or error text."""
+
+    def __init__(self, exe, tmp):
+        self.p = subprocess.Popen([exe], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.tmp = tmp
+        self.n = 0
+
+    def run(self, path, rw, rh, box=None, flip=0, offset=0, size=-1, fmt="rgb8"):
+        l, t, r, b = box or (0, 0, rw, rh)
+        self.n += 1
+        out = os.path.join(self.tmp, "out%d.raw" % self.n)
+        job = "\t".join(str(x) for x in (path, offset, size, rw, rh, l, t, r, b, flip, fmt, out))
+        self.p.stdin.write(job + "\n")
+        self.p.stdin.flush()
+        ans = self.p.stdout.readline().strip()
+        if ans != "ok":
+            return ans
+        if fmt == "chw":
+            return np.fromfile(out, dtype=np.float32).reshape(3, b - t, r - l)
+        a = np.fromfile(out, dtype=np.uint8)
+        check(a.size == (r - l) * (b - t) * 3, "%s: output size %d != %dx%dx3" % (path, a.size, r - l, b - t))
+        return a.reshape(b - t, r - l, 3)
+
+    def close(self):
+        self.p.stdin.close()
+        check(self.p.wait() == 0, "image_dump exit status")
+
+
+def quadrants(w, h):
+    """Red top-left, green top-right, blue bottom-left, white bottom-right."""
+    a = np.zeros((h, w, 3), np.uint8)
+    a[: h // 2, : w // 2] = (255, 0, 0)
+    a[: h // 2, w // 2 :] = (0, 255, 0)
+    a[h // 2 :, : w // 2] = (0, 0, 255)
+    a[h // 2 :, w // 2 :] = (255, 255, 255)
+    return a
+
+
+def png16(path, arr, colour):
+    """A 16-bit PNG (PIL cannot write 16-bit RGB): colour type 2 or 0."""
+    h, w = arr.shape[:2]
+    raw = b"".join(b"\0" + arr[y].astype(">u2").tobytes() for y in range(h))
+
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xFFFFFFFF)
+
+    ihdr = struct.pack(">IIBBBBB", w, h, 16, colour, 0, 0, 0)
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def png_header_only(path, w, h):
+    """A PNG whose IHDR claims w x h, with a tiny IDAT: a decompression bomb's header."""
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xFFFFFFFF)
+
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+                + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
+
+
+def near(a, colour, tol):
+    return np.abs(a.astype(int) - np.array(colour)).max() <= tol
+
+
+def synthetic(d, tmp):
+    q = quadrants(200, 100)
+    qp = os.path.join(tmp, "quad.png")
+    Image.fromarray(q).save(qp)
+
+    # identity plan: pixels exact; crop of one quadrant; flip
+    a = d.run(qp, 200, 100)
+    check(isinstance(a, np.ndarray) and (a == q).all(), "identity resize+crop is exact")
+    a = d.run(qp, 200, 100, box=(100, 0, 200, 50))
+    check(isinstance(a, np.ndarray) and near(a, (0, 255, 0), 0), "crop of the green quadrant is all green")
+    a = d.run(qp, 200, 100, box=(60, 30, 150, 90), flip=1)
+    check(isinstance(a, np.ndarray) and (a == q[30:90, 60:150][:, ::-1]).all(), "crop + flip equals numpy's")
+
+    # exact output sizes: down, up, stretched by a pixel, odd sizes
+    for rw, rh in ((100, 50), (37, 19), (101, 49), (333, 167), (640, 321), (1, 1)):
+        a = d.run(qp, rw, rh)
+        check(isinstance(a, np.ndarray) and a.shape == (rh, rw, 3), "size %dx%d from 200x100: %s" % (rw, rh, getattr(a, "shape", a)))
+    a = d.run(qp, 100, 50)
+    check(near(a[12, 25], (255, 0, 0), 2) and near(a[12, 75], (0, 255, 0), 2) and near(a[37, 25], (0, 0, 255), 2)
+          and near(a[37, 75], (255, 255, 255), 2), "quadrant centres keep their colours after a 2x shrink")
+
+    # big JPEG: shrink-on-load (>= 4x) still gives exact sizes and the right box
+    big = np.kron(quadrants(8, 6), np.ones((400, 400, 1), np.uint8))  # 3200 x 2400
+    bp = os.path.join(tmp, "big.jpg")
+    Image.fromarray(big).save(bp, quality=95)
+    for rw, rh in ((400, 300), (401, 299), (203, 151), (100, 75), (1217, 913)):
+        a = d.run(bp, rw, rh)
+        check(isinstance(a, np.ndarray) and a.shape == (rh, rw, 3), "JPEG size %dx%d: %s" % (rw, rh, getattr(a, "shape", a)))
+    a = d.run(bp, 400, 300, box=(0, 0, 40, 40))
+    check(isinstance(a, np.ndarray) and near(a, (255, 0, 0), 8), "JPEG 8x shrink: top-left box is red")
+
+    # a gradient against PIL's LANCZOS of the same size
+    g = np.tile(np.linspace(0, 255, 512).astype(np.uint8)[None, :, None], (64, 1, 3))
+    gp = os.path.join(tmp, "grad.png")
+    Image.fromarray(g).save(gp)
+    ref = np.asarray(Image.fromarray(g).resize((200, 25), Image.LANCZOS)).astype(int)
+    a = d.run(gp, 200, 25)
+    check(np.abs(a.astype(int) - ref).mean() < 1.0, "gradient 512->200 within 1 level of PIL LANCZOS")
+
+    # EXIF orientation 6: stored 200x100, displayed 100x200 (rotated 90 clockwise)
+    ep = os.path.join(tmp, "exif6.jpg")
+    ex = Image.Exif()
+    ex[0x0112] = 6
+    Image.fromarray(q).save(ep, quality=95, exif=ex)
+    up = np.asarray(ImageOps.exif_transpose(Image.open(ep)).convert("RGB")).astype(int)
+    a = d.run(ep, 100, 200)
+    check(isinstance(a, np.ndarray) and a.shape == (200, 100, 3) and np.abs(a - up).mean() < 2.0,
+          "EXIF orientation 6 rotated upright like PIL's exif_transpose")
+    check(isinstance(a, np.ndarray) and near(a[20, 80], (255, 0, 0), 12), "orientation 6: red ends top-right")
+
+    # alpha: transparent black becomes white, half-transparent blue blends with white
+    rgba = np.zeros((64, 64, 4), np.uint8)
+    rgba[:, :32] = (255, 0, 0, 255)
+    rgba[:32, 32:] = (0, 0, 0, 0)
+    rgba[32:, 32:] = (0, 0, 255, 128)
+    ap = os.path.join(tmp, "alpha.png")
+    Image.fromarray(rgba, "RGBA").save(ap)
+    a = d.run(ap, 64, 64)
+    check(near(a[:, :32], (255, 0, 0), 0) and near(a[:32, 32:], (255, 255, 255), 0) and near(a[32:, 32:], (127, 127, 255), 1),
+          "alpha flattened onto white")
+    a = d.run(ap, 32, 32)
+    check(near(a[:13, 20:], (255, 255, 255), 1), "alpha flattened onto white after a shrink")
+    lap = os.path.join(tmp, "la.png")
+    Image.fromarray(np.dstack([np.full((16, 16), 50, np.uint8), np.full((16, 16), 0, np.uint8)]), "LA").save(lap)
+    check(near(d.run(lap, 16, 16), (255, 255, 255), 0), "grey+alpha PNG transparent -> white")
+    pp = os.path.join(tmp, "pal.png")
+    Image.fromarray(rgba, "RGBA").convert("P").save(pp, transparency=0)
+    check(isinstance(d.run(pp, 64, 64), np.ndarray), "palette PNG with transparency loads")
+
+    # grey and 16-bit
+    lp = os.path.join(tmp, "grey.png")
+    Image.fromarray(np.full((40, 30), 100, np.uint8), "L").save(lp)
+    check(near(d.run(lp, 30, 40), (100, 100, 100), 1), "8-bit grey -> equal RGB")
+    g16 = os.path.join(tmp, "grey16.png")
+    png16(g16, np.full((40, 30), 40000, np.uint16), 0)
+    check(near(d.run(g16, 30, 40), (156, 156, 156), 2), "16-bit grey -> 8-bit (40000/257)")
+    c16 = os.path.join(tmp, "rgb16.png")
+    png16(c16, np.tile(np.array([60000, 30000, 0], np.uint16), (40, 30, 1)), 2)
+    check(near(d.run(c16, 15, 20), (233, 117, 0), 2), "16-bit RGB -> 8-bit sRGB")
+
+    # CMYK JPEG (PIL writes Adobe-inverted CMYK): red stays red through the CMYK profile
+    cp = os.path.join(tmp, "cmyk.jpg")
+    Image.new("CMYK", (48, 48), (0, 255, 255, 0)).save(cp, quality=95)
+    a = d.run(cp, 48, 48)
+    check(isinstance(a, np.ndarray) and a.shape == (48, 48, 3), "CMYK JPEG loads as 3-band: %s" % (a if isinstance(a, str) else ""))
+    if isinstance(a, np.ndarray):
+        m = a.reshape(-1, 3).mean(0)
+        check(m[0] > 180 and m[1] < 90 and m[2] < 90, "CMYK red converts to sRGB red, got %s" % m)
+
+    # WebP
+    wp = os.path.join(tmp, "q.webp")
+    Image.fromarray(q).save(wp, lossless=True)
+    check((d.run(wp, 200, 100) == q).all(), "lossless WebP identity exact")
+
+    # float CHW in [-1, 1]
+    f = d.run(qp, 200, 100, box=(0, 0, 4, 2), fmt="chw")
+    check(isinstance(f, np.ndarray) and np.allclose(f[:, 0, 0], [1.0, -1.0, -1.0]) and f.shape == (3, 2, 4), "CHW floats of red")
+    f = d.run(lp, 30, 40, box=(0, 0, 1, 1), fmt="chw")
+    check(abs(float(f[1, 0, 0]) - (100 / 127.5 - 1)) < 1e-6, "CHW value = x/127.5 - 1")
+
+    # a tar member read in place by offset and size
+    tp = os.path.join(tmp, "shard.tar")
+    with tarfile.open(tp, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for name, src in (("0001.txt", lp), ("0001.png", qp), ("0002.jpg", bp)):
+            tf.add(src, arcname=name)
+    with tarfile.open(tp) as tf:
+        mem = {m.name: m for m in tf.getmembers()}
+    m = mem["0001.png"]
+    a = d.run(tp, 200, 100, box=(60, 30, 150, 90), offset=m.offset_data, size=m.size)
+    check(isinstance(a, np.ndarray) and (a == q[30:90, 60:150]).all(), "tar member by offset == the file: %s" % (a if isinstance(a, str) else ""))
+    m = mem["0002.jpg"]
+    check((d.run(tp, 400, 300, offset=m.offset_data, size=m.size) == d.run(bp, 400, 300)).all(), "JPEG tar member == file")
+    e = d.run(tp, 100, 100, offset=mem["0002.jpg"].offset_data + 7, size=1000)
+    check(isinstance(e, str) and e.startswith("err") and tp in e, "wrong offset -> error naming the shard: %s" % e)
+
+    # bad files: errors name the file
+    data = open(bp, "rb").read()
+    trunc = os.path.join(tmp, "trunc.jpg")
+    open(trunc, "wb").write(data[: len(data) // 2])
+    e = d.run(trunc, 400, 300)
+    check(isinstance(e, str) and e.startswith("err") and trunc in e, "truncated JPEG -> error naming it: %s" % e)
+    ptr = os.path.join(tmp, "trunc.png")
+    open(ptr, "wb").write(open(qp, "rb").read()[:200])
+    e = d.run(ptr, 200, 100)
+    check(isinstance(e, str) and e.startswith("err") and ptr in e, "truncated PNG -> error naming it: %s" % e)
+    junk = os.path.join(tmp, "junk.jpg")
+    open(junk, "wb").write(b"\xff\xd8\xff\xe0" + bytes(range(256)) * 8)
+    e = d.run(junk, 64, 64)
+    check(isinstance(e, str) and e.startswith("err") and junk in e, "corrupt JPEG -> error naming it: %s" % e)
+    empty = os.path.join(tmp, "empty.png")
+    open(empty, "wb").close()
+    e = d.run(empty, 64, 64)
+    check(isinstance(e, str) and "empty" in e and empty in e, "empty file -> error: %s" % e)
+    e = d.run(os.path.join(tmp, "missing.png"), 64, 64)
+    check(isinstance(e, str) and e.startswith("err not found"), "missing file -> not found: %s" % e)
+    e = d.run(qp, 200, 100, box=(0, 0, 201, 100))
+    check(isinstance(e, str) and "crop" in e and qp in e, "crop outside the resized image refused: %s" % e)
+
+    # decompression bombs: refused from the header, before decoding
+    bomb = os.path.join(tmp, "bomb.png")
+    png_header_only(bomb, 20000, 20000)
+    e = d.run(bomb, 512, 512)
+    check(isinstance(e, str) and "decompression bomb" in e and bomb in e, "PNG claiming 20000x20000 refused: %s" % e)
+    tif = os.path.join(tmp, "bomb.tif")
+    open(tif, "wb").write(tiff_header_only(15000, 15000))
+    e = d.run(tif, 512, 512)
+    check(isinstance(e, str) and "decompression bomb" in e, "TIFF (libvips header path) claiming 15000x15000 refused: %s" % e)
+
+
+def tiff_header_only(w, h):
+    """A little-endian grey TIFF whose IFD claims w x h, with 16 bytes of data."""
+    tags = [(256, 4, w), (257, 4, h), (258, 3, 8), (259, 3, 1), (262, 3, 1), (273, 4, 8), (277, 3, 1), (278, 4, h), (279, 4, 16)]
+    ifd = struct.pack("<H", len(tags)) + b"".join(struct.pack("<HHII", t, ty, 1, v) for t, ty, v in tags) + b"\0\0\0\0"
+    return b"II*\0" + struct.pack("<I", 24) + b"\0" * 16 + ifd
+
+
+def srgb_reference(path):
+    """PIL's view of the photo as the pipeline means it: upright, ICC to sRGB,
+    alpha on white, 8-bit RGB."""
+    im = ImageOps.exif_transpose(Image.open(path))
+    icc = im.info.get("icc_profile")
+    if icc and im.mode in ("RGB", "RGBA"):
+        from PIL import ImageCms
+        src = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+        im = ImageCms.profileToProfile(im, src, ImageCms.createProfile("sRGB"), outputMode=im.mode)
+    if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
+        im = im.convert("RGBA")
+        bg = Image.new("RGBA", im.size, (255, 255, 255, 255))
+        im = Image.alpha_composite(bg, im)
+    return im.convert("RGB")
+
+
+def plan(w, h, area, step=64):
+    """A bucket-like plan: scale to about `area` pixels keeping the aspect, crop
+    the centre to multiples of `step`."""
+    s = math.sqrt(area / (w * h))
+    rw, rh = max(step, round(w * s)), max(step, round(h * s))
+    bw, bh = rw // step * step, rh // step * step
+    l, t = (rw - bw) // 2, (rh - bh) // 2
+    return rw, rh, (l, t, l + bw, t + bh)
+
+
+def photos(d):
+    root = os.environ.get("SDTK_PHOTOS")
+    if not root:
+        print("SKIP: SDTK_PHOTOS not set")
+        sys.exit(77)
+    files = sorted(os.path.join(root, f) for f in os.listdir(root) if f.lower().endswith((".jpg", ".jpeg", ".png", ".webp")))
+    check(len(files) > 0, "photos found in " + root)
+    errs = []
+    for i, f in enumerate(files):
+        ref = srgb_reference(f)
+        areas = (1024 * 1024, 512 * 512) if i % 3 == 0 else (1024 * 1024,)
+        for area in areas:
+            rw, rh, box = plan(ref.width, ref.height, area)
+            a = d.run(f, rw, rh, box=box, flip=i % 2)
+            if not isinstance(a, np.ndarray):
+                check(False, "%s: %s" % (f, a))
+                continue
+            r = np.asarray(ref.resize((rw, rh), Image.LANCZOS, box=None).crop(box))
+            if i % 2:
+                r = r[:, ::-1]
+            mae = np.abs(a.astype(int) - r.astype(int)).mean()
+            errs.append(mae)
+            check(mae < TOL, "%s at %dx%d: mean abs diff %.2f vs PIL LANCZOS >= %.1f" % (f, rw, rh, mae, TOL))
+    if errs:
+        print("photos: %d loads, mean abs diff vs PIL LANCZOS (0..255): mean %.3f, max %.3f"
+              % (len(errs), float(np.mean(errs)), float(np.max(errs))))
+
+
+TOL = 3.0  # mean abs difference per channel, 0..255 units, vs PIL LANCZOS of the same box
+
+
+def main():
+    args = sys.argv[1:]
+    want_photos = "--photos" in args
+    exe = [a for a in args if a != "--photos"][0]
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Dump(exe, tmp)
+        if want_photos:
+            photos(d)
+        else:
+            synthetic(d, tmp)
+        d.close()
+    print("e2e_image%s: %d failures" % (" --photos" if want_photos else "", len(FAILS)))
+    return 1 if FAILS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

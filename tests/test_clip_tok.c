@@ -1,0 +1,218 @@
+/* CLIP tokenizer: every golden caption against transformers' ids (plain,
+ * padded with EOS, padded with 0), kohya chunking recomputed here from the
+ * plain ids, and the load errors. Usage: test_clip_tok DIR (vocab.json,
+ * merges.txt, corpus.jsonl unpacked by test_clip_tok.sh). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "arena.h"
+#include "buf.h"
+#include "check.h"
+#include "clip_tok.h"
+#include "json.h"
+#include "slurp.h"
+#include "utf8.h"
+
+/* Compare an id list with a JSON array of numbers. */
+static int same_ids(const int32_t *ids, size_t n, const sd_json *arr)
+{
+    if (!arr || arr->type != SD_JSON_ARRAY || arr->len != n) return 0;
+    size_t i = 0;
+    for (const sd_json *v = arr->child; v; v = v->next, i++)
+        if (v->num != ids[i]) return 0;
+    return 1;
+}
+
+/* kohya's chunking written the plain way, independent of the library. */
+static size_t kohya_expected(const int32_t *ids, size_t n, int32_t eos, int32_t pad, int max_tokens, int32_t *out)
+{
+    size_t max_len = (size_t)max_tokens + 2, k = 0;
+    int32_t full[227];
+    size_t body = n - 2 > max_len - 2 ? max_len - 2 : n - 2;
+    full[0] = ids[0];
+    for (size_t i = 0; i < body; i++) full[1 + i] = ids[1 + i];
+    full[body + 1] = eos;
+    for (size_t i = body + 2; i < max_len; i++) full[i] = pad;
+    for (size_t i = 1; i < max_len - 75; i += 75, k++) {
+        int32_t *c = out + 77 * k;
+        c[0] = full[0];
+        for (size_t j = 0; j < 75; j++) c[1 + j] = full[i + j];
+        c[76] = full[max_len - 1];
+        if (pad != eos && c[75] != eos && c[75] != pad) c[76] = eos;
+        if (pad != eos && c[1] == pad) c[1] = eos;
+    }
+    return k;
+}
+
+/* Run the golden corpus; returns captions checked. */
+static size_t run_corpus(const sd_clip_tok *t, const sd_clip_tok *t0, sd_clip_work *w, const char *path)
+{
+    sd_buf text, copy;
+    sd_error err;
+    sd_buf_init(&text);
+    sd_buf_init(&copy);
+    if (!CHECK(sd_read_file(path, &text, &err) == SD_OK)) return 0;
+    sd_arena a;
+    sd_arena_init(&a, 1 << 16);
+    sd_clip_ids ids = {0}, ids0 = {0};
+    size_t count = 0, bad = 0, flagged_replace = 0;
+    char *p = text.data, *end = text.data + text.len;
+    while (p < end) {
+        char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        sd_json *rec;
+        sd_arena_reset(&a);
+        if (len && CHECK(sd_json_parse(&a, p, len, &rec, &err) == SD_OK)) {
+            const sd_json *tx = sd_json_get(rec, "text"), *hx = sd_json_get(rec, "hex");
+            sd_buf_clear(&copy);
+            if (tx) sd_buf_put(&copy, tx->str, tx->len);
+            else
+                for (uint32_t i = 0; hx && i + 1 < hx->len; i += 2) {
+                    unsigned v;
+                    sscanf(hx->str + i, "%2x", &v);
+                    sd_buf_putc(&copy, (char)v);
+                }
+            sd_status st = sd_clip_encode(t, w, copy.data ? copy.data : "", copy.len, &ids, &err);
+            int32_t pe[77], p0[77], ch[3 * 77], ex[3 * 77];
+            int ok = st == SD_OK && same_ids(ids.ids, ids.n, sd_json_get(rec, "ids"));
+            if (ok) {
+                sd_clip_pad_ids(ids.ids, ids.n, 49407, 77, pe);
+                ok = same_ids(pe, 77, sd_json_get(rec, "pad_eos"));
+                /* SDXL tokenizer_2 as from_pretrained loads it: pad "!" (id 0), an added token */
+                ok = ok && sd_clip_encode(t0, w, copy.data ? copy.data : "", copy.len, &ids0, &err) == SD_OK;
+                if (ok) sd_clip_pad_ids(ids0.ids, ids0.n, sd_clip_tok_pad(t0), 77, p0);
+                ok = ok && same_ids(p0, 77, sd_json_get(rec, "pad0"));
+                for (int mt = 75; mt <= 225 && ok; mt += 75)
+                    for (int pad = 0; pad < 2 && ok; pad++) {
+                        int32_t pid = pad ? 49407 : 0;
+                        size_t k = sd_clip_kohya_chunks(ids.ids, ids.n, 49407, pid, mt, ch);
+                        size_t ke = kohya_expected(ids.ids, ids.n, 49407, pid, mt, ex);
+                        ok = k == (size_t)mt / 75 && k == ke && memcmp(ch, ex, k * 77 * sizeof *ch) == 0;
+                    }
+            }
+            if (hx && ids.replaced) flagged_replace++;
+            if (!ok && bad++ < 10) {
+                fprintf(stderr, "mismatch: line %zu\n  got:", count + 1);
+                for (size_t i = 0; i < ids.n; i++) fprintf(stderr, " %d", ids.ids[i]);
+                fprintf(stderr, "\n");
+            }
+            check_at(ok, "caption ids match transformers", __FILE__, __LINE__);
+            count++;
+        }
+        p += len + 1;
+    }
+    printf("corpus: %zu captions, %zu differ, %zu invalid-UTF-8 captions reported\n", count, bad, flagged_replace);
+    CHECK(count >= 2000);
+    CHECK(flagged_replace == 10);
+    sd_clip_ids_free(&ids);
+    sd_clip_ids_free(&ids0);
+    sd_arena_free(&a);
+    sd_buf_free(&text);
+    sd_buf_free(&copy);
+    return count;
+}
+
+/* Write a file, for the error cases. */
+static void put_file(const char *dir, const char *name, const char *data)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (f) fputs(data, f), fclose(f);
+}
+
+/* A minimal CLIP-shaped vocabulary: the 256 byte symbols in
+ * bytes_to_unicode order (ids 0..255), the same with </w> (256..511), the
+ * specials (512, 513), then extra members. */
+static void put_vocab(const char *dir, const char *extra)
+{
+    unsigned cps[256], k = 0, m = 0;
+    for (unsigned x = 0; x < 256; x++)
+        if ((x >= '!' && x <= '~') || (x >= 0xa1 && x <= 0xac) || x >= 0xae) cps[k++] = x;
+    for (unsigned x = 0; x < 256; x++)
+        if (!((x >= '!' && x <= '~') || (x >= 0xa1 && x <= 0xac) || x >= 0xae)) cps[k++] = 256 + m++;
+    sd_buf b;
+    sd_buf_init(&b);
+    sd_buf_puts(&b, "{");
+    for (unsigned i = 0; i < 512; i++) {
+        char s[16];
+        int n = sd_utf8_encode(cps[i % 256], s);
+        if (i >= 256) memcpy(s + n, "</w>", 4), n += 4;
+        sd_buf_json_str(&b, s, (size_t)n);
+        sd_buf_printf(&b, ":%u,", i);
+    }
+    sd_buf_printf(&b, "\"<|startoftext|>\":512,\"<|endoftext|>\":513%s}", extra);
+    put_file(dir, "vocab.json", sd_buf_cstr(&b));
+    sd_buf_free(&b);
+}
+
+/* Missing files, malformed and mismatched vocab/merges, pad from config. */
+static void error_cases(const char *tmp)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/err", tmp);
+    mkdir(dir, 0755);
+    sd_clip_tok *t;
+    sd_error err;
+    CHECK(sd_clip_tok_load(dir, &t, &err) == SD_EIO && strstr(err.msg, "vocab.json"));
+    CHECK(sd_clip_tok_load_model(tmp, 2, &t, &err) == SD_EIO && strstr(err.msg, "tokenizer_2/vocab.json"));
+    put_file(dir, "vocab.json", "[1,2]");
+    CHECK(sd_clip_tok_load(dir, &t, &err) == SD_EFORMAT);
+    put_file(dir, "vocab.json", "{\"a\": 1.5}");
+    CHECK(sd_clip_tok_load(dir, &t, &err) == SD_EFORMAT && strstr(err.msg, "integer"));
+    put_file(dir, "vocab.json", "{\"a\": 1");
+    CHECK(sd_clip_tok_load(dir, &t, &err) == SD_EPARSE);
+    put_file(dir, "vocab.json", "{\"a\": 0}");
+    CHECK(sd_clip_tok_load(dir, &t, &err) == SD_EFORMAT && strstr(err.msg, "not a CLIP vocabulary"));
+    put_vocab(dir, ",\"ab\":600,\"ab</w>\":601");
+    CHECK(sd_clip_tok_load(dir, &t, &err) == SD_EIO && strstr(err.msg, "merges.txt"));
+    put_file(dir, "merges.txt", "#version: 0.2\na b c\n");
+    CHECK(sd_clip_tok_load(dir, &t, &err) == SD_EPARSE && strstr(err.msg, ":2:"));
+    put_file(dir, "merges.txt", "#version: 0.2\na b\nb c\n");
+    CHECK(sd_clip_tok_load(dir, &t, &err) == SD_EFORMAT && strstr(err.msg, "do not belong together"));
+    put_file(dir, "merges.txt", "#version: 0.2\na b</w>\na b\n");
+    if (CHECK(sd_clip_tok_load(dir, &t, &err) == SD_OK)) {
+        sd_clip_work *w = sd_clip_work_new();
+        sd_clip_ids ids = {0};
+        CHECK(sd_clip_tok_pad(t) == 513);
+        CHECK(sd_clip_encode(t, w, "ab ab ba", 8, &ids, &err) == SD_OK);
+        int32_t want[] = {512, 601, 601, 'b' - '!', 256 + 'a' - '!', 513};
+        CHECK(ids.n == 6 && memcmp(ids.ids, want, sizeof want) == 0);
+        CHECK(sd_clip_encode(t, w, "\xff" "a", 2, &ids, &err) == SD_OK && ids.replaced == 1);
+        sd_clip_ids_free(&ids);
+        sd_clip_work_free(w);
+        sd_clip_tok_free(t);
+    }
+    put_file(dir, "special_tokens_map.json", "{\"pad_token\": {\"content\": \"!\"}}");
+    put_file(dir, "tokenizer_config.json", "{\"pad_token\": \"<|endoftext|>\"}");
+    if (CHECK(sd_clip_tok_load(dir, &t, &err) == SD_OK)) {
+        CHECK(sd_clip_tok_pad(t) == 0);
+        sd_clip_tok_free(t);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) return fprintf(stderr, "usage: test_clip_tok DIR\n"), 2;
+    sd_clip_tok *t;
+    sd_error err;
+    if (CHECK(sd_clip_tok_load(argv[1], &t, &err) == SD_OK)) {
+        sd_clip_work *w = sd_clip_work_new();
+        CHECK(sd_clip_tok_bos(t) == 49406 && sd_clip_tok_eos(t) == 49407 && sd_clip_tok_pad(t) == 49407);
+        char path[512];
+        snprintf(path, sizeof path, "%s/corpus.jsonl", argv[1]);
+        sd_clip_tok *t0 = NULL;
+        if (CHECK(sd_clip_tok_load(argv[1], &t0, &err) == SD_OK) &&
+            CHECK(sd_clip_tok_set_pad_token(t0, "!", &err) == SD_OK && sd_clip_tok_pad(t0) == 0))
+            run_corpus(t, t0, w, path);
+        sd_clip_tok_free(t0);
+        sd_clip_work_free(w);
+        sd_clip_tok_free(t);
+    } else {
+        fprintf(stderr, "%s\n", err.msg);
+    }
+    error_cases(argv[1]);
+    return check_done("clip_tok");
+}
