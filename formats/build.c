@@ -134,6 +134,25 @@ static char *trim(char *s, size_t *len)
     return s + b;
 }
 
+/* Read a .txt/.caption file: UTF-8 checked, surrounding blanks trimmed.
+ * NULL with *reason and detail set when it cannot be used. */
+static char *read_caption_file(sd_arena *a, const char *path, size_t *n, const char **reason, char *detail,
+                               size_t detail_len)
+{
+    char *t = read_text_file(a, path, n);
+    if (!t) {
+        *reason = "unreadable caption file";
+        snprintf(detail, detail_len, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (sd_utf8_check(t, *n) != *n) {
+        *reason = "caption not UTF-8";
+        snprintf(detail, detail_len, "%s", path);
+        return NULL;
+    }
+    return trim(t, n);
+}
+
 /* Turn a tags value into record tags: an array of strings, or one string
  * split on commas when it has any, else on spaces (booru style). */
 static void add_tags_value(sd_record *r, sd_arena *a, const sd_json *v, sd_tag_cat cat)
@@ -357,34 +376,14 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
         size_t n;
         int found = 0;
         if (in->txt_path) {
-            char *t = read_text_file(a, in->txt_path, &n);
-            if (!t) {
-                *reason = "unreadable caption file";
-                snprintf(detail, detail_len, "%s: %s", in->txt_path, strerror(errno));
-                return -1;
-            }
-            if (sd_utf8_check(t, n) != n) {
-                *reason = "caption not UTF-8";
-                snprintf(detail, detail_len, "%s", in->txt_path);
-                return -1;
-            }
-            t = trim(t, &n);
+            char *t = read_caption_file(a, in->txt_path, &n, reason, detail, detail_len);
+            if (!t) return -1;
             if (n) found = 1;
             sd_record_add_tag_list(r, a, t, n, ',', SD_TAG_GENERAL);
         }
         if (in->cap_path) {
-            char *c = read_text_file(a, in->cap_path, &n);
-            if (!c) {
-                *reason = "unreadable caption file";
-                snprintf(detail, detail_len, "%s: %s", in->cap_path, strerror(errno));
-                return -1;
-            }
-            if (sd_utf8_check(c, n) != n) {
-                *reason = "caption not UTF-8";
-                snprintf(detail, detail_len, "%s", in->cap_path);
-                return -1;
-            }
-            c = trim(c, &n);
+            char *c = read_caption_file(a, in->cap_path, &n, reason, detail, detail_len);
+            if (!c) return -1;
             if (n) {
                 found = 1;
                 r->caption = c;
