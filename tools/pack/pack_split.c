@@ -131,7 +131,7 @@ int pack_split(int argc, char **argv)
     };
     const sd_cli cli = {
         "sd-pack split", "-n N -o 'part-%d.lmdb' SHARD",
-        "Split a shard into N shards balanced by bucket exactly as sd-bucket --split balances JSONL:\n"
+        "Split a shard into N shards balanced by bucket, with the guarantee of sd-bucket --split:\n"
         "within every bucket the records (in bucket-index order) go round-robin from a seeded start,\n"
         "so per-bucket counts differ by at most 1 between parts and so do the totals. Each part\n"
         "carries the text embeddings its records reference and the input's meta entries.",
