@@ -12,6 +12,7 @@ void sd_tally_init(sd_tally *t, int show_limit)
     t->n = 0;
     t->total = 0;
     t->show_limit = show_limit;
+    t->verb = "skip";
 }
 
 /* The entry for reason, created on first use (the last slot absorbs overflow). */
@@ -45,7 +46,7 @@ void sd_skip(sd_tally *t, const char *reason, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(where, sizeof where, fmt, ap);
     va_end(ap);
-    sd_log(SD_LOG_WARN, "skip %s: %s%s", where, reason,
+    sd_log(SD_LOG_WARN, "%s %s: %s%s", t->verb, where, reason,
            t->show_limit >= 0 && e->n == (uint64_t)t->show_limit ? " (further ones of this kind not shown; --verbose shows all)" : "");
 }
 

@@ -19,6 +19,7 @@ typedef struct {
     int n;
     uint64_t total;
     int show_limit; /* messages shown per reason; -1 = all */
+    const char *verb; /* first word of each message: "skip" (default), "problem", ... */
 } sd_tally;
 
 void sd_tally_init(sd_tally *t, int show_limit);

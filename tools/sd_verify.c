@@ -551,6 +551,7 @@ static void verify_shard(const char *path, const options *o, sd_pool *pool, shar
     res->path = path;
     sd_buf_init(&res->examples);
     sd_tally_init(&res->tally, o->verbose ? -1 : (int)o->examples);
+    res->tally.verb = "problem";
     sd_status st = sd_shard_open(&s, path, &so, &err);
     if (st) {
         snprintf(res->open_error, sizeof res->open_error, "%s", err.msg);
