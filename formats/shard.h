@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "buf.h"
+#include "dtype.h"
 #include "err.h"
 
 enum {
@@ -89,7 +90,6 @@ sd_status sd_shard_meta_get(sd_shard *s, const char *key, char **value, sd_error
 
 /* ---- records (format: docs/FORMATS.md) ----------------------------------- */
 
-typedef enum { SD_DT_F16 = 1, SD_DT_BF16 = 2, SD_DT_F32 = 3 } sd_dtype;
 typedef enum { SD_REC_LATENT = 1, SD_REC_TEXT = 2 } sd_rec_kind;
 
 /* What a tensor is. Latent records hold SAMPLE (and SAMPLE_FLIP), or
@@ -142,8 +142,6 @@ typedef struct {
     uint64_t payload_hash; /* XXH3-64 of the payload, as stored */
 } sd_shard_rec;
 
-size_t sd_dtype_size(int dtype);     /* 2, 2, 4; 0 when unknown */
-const char *sd_dtype_name(int dtype); /* "fp16", "bf16", "fp32", "?" */
 /* Serialized size of r: header + name + aligned tensors. */
 size_t sd_shard_rec_size(const sd_shard_rec *r);
 /* Lay out header + name + tensors (from r->t[i].data) at the end of out

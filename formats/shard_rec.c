@@ -84,28 +84,6 @@ static size_t align16(size_t n)
     return (n + 15) & ~(size_t)15;
 }
 
-/* Bytes per element of a stored dtype, 0 for an unknown one. */
-size_t sd_dtype_size(int dtype)
-{
-    switch (dtype) {
-    case SD_DT_F16:
-    case SD_DT_BF16: return 2;
-    case SD_DT_F32: return 4;
-    default: return 0;
-    }
-}
-
-/* The dtype's name as reports and kohya metadata spell it. */
-const char *sd_dtype_name(int dtype)
-{
-    switch (dtype) {
-    case SD_DT_F16: return "fp16";
-    case SD_DT_BF16: return "bf16";
-    case SD_DT_F32: return "fp32";
-    default: return "?";
-    }
-}
-
 /* Header checksum: XXH3-64 of the fixed header up to the checksum field,
  * continued (as seed) over the name and its zero padding. */
 static uint64_t header_hash(const uint8_t *v, size_t payload_off)

@@ -1,0 +1,39 @@
+/* The backend boundary: one table of op entry points per device. The CPU
+ * table points at ops_cpu.h; a CUDA table (issue 7) fills the same slots
+ * with device pointers for the float arguments. Models call ops through a
+ * table only, so they run on any backend unchanged. Signatures and
+ * conventions (backward adds into gradients, NULL skips one) are those of
+ * ops_cpu.h. The exec argument is the CPU thread pool today; a device
+ * backend will need its own context (stream, handles) in that slot. */
+#ifndef SDTK_BACKEND_H
+#define SDTK_BACKEND_H
+
+#include "ops_cpu.h"
+
+typedef struct {
+    const char *name;
+    void (*conv2d_fwd)(sd_pool *, const sd_conv2d_shape *, float *, const float *, const float *, const float *);
+    void (*conv2d_bwd)(sd_pool *, const sd_conv2d_shape *, float *, float *, float *, const float *, const float *,
+                       const float *);
+    void (*group_norm_fwd)(sd_pool *, const sd_gn_shape *, float *, float *, float *, const float *, const float *,
+                           const float *);
+    void (*group_norm_bwd)(sd_pool *, const sd_gn_shape *, float *, float *, float *, const float *, const float *,
+                           const float *, const float *, const float *);
+    void (*linear_fwd)(sd_pool *, const sd_linear_shape *, float *, const float *, const float *, const float *);
+    void (*linear_bwd)(sd_pool *, const sd_linear_shape *, float *, float *, float *, const float *, const float *,
+                       const float *);
+    void (*silu_fwd)(sd_pool *, size_t, float *, const float *);
+    void (*silu_bwd)(sd_pool *, size_t, float *, const float *, const float *);
+    void (*add_fwd)(sd_pool *, size_t, float *, const float *, const float *);
+    void (*add_bwd)(sd_pool *, size_t, float *, float *, const float *);
+    void (*upsample2x_fwd)(sd_pool *, int, int, int, float *, const float *);
+    void (*upsample2x_bwd)(sd_pool *, int, int, int, float *, const float *);
+    void (*attn_fwd)(sd_pool *, const sd_attn_shape *, float *, float *, const float *, const float *,
+                     const float *);
+    void (*attn_bwd)(sd_pool *, const sd_attn_shape *, float *, float *, float *, const float *, const float *,
+                     const float *, const float *, const float *, const float *);
+} sd_backend;
+
+const sd_backend *sd_backend_cpu(void);
+
+#endif

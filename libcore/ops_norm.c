@@ -1,0 +1,125 @@
+/* Group normalisation (torch.nn.GroupNorm) forward and backward. */
+#include <math.h>
+
+#include "ops_cpu.h"
+
+/* Channels must split evenly into groups, as torch requires. */
+sd_status sd_group_norm_check(const sd_gn_shape *s, sd_error *err)
+{
+    if (s->n <= 0 || s->c <= 0 || s->hw <= 0 || s->groups <= 0)
+        return sd_err_set(err, SD_EINVAL, "group_norm: non-positive dimension");
+    if (s->c % s->groups)
+        return sd_err_set(err, SD_EINVAL, "group_norm: %d channels not divisible by %d groups", s->c, s->groups);
+    if (!(s->eps > 0.0f)) return sd_err_set(err, SD_EINVAL, "group_norm: eps must be positive");
+    return SD_OK;
+}
+
+typedef struct {
+    const sd_gn_shape *s;
+    float *y, *mean, *rstd, *dx, *dgamma, *dbeta;
+    const float *x, *gamma, *beta, *dy, *cmean, *crstd;
+} gn_ctx;
+
+/* Forward: each unit is one (image, group), a contiguous run of cg*hw
+ * floats. Two-pass mean then variance keeps fp32 accurate. */
+static void gn_fwd_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const gn_ctx *c = vctx;
+    const sd_gn_shape *s = c->s;
+    (void)worker;
+    size_t cg = (size_t)(s->c / s->groups), hw = (size_t)s->hw, m = cg * hw;
+    for (size_t u = begin; u < end; u++) {
+        const float *xp = c->x + u * m;
+        float *yp = c->y + u * m;
+        float sum = 0.0f;
+        for (size_t i = 0; i < m; i++) sum += xp[i];
+        float mu = sum / (float)m;
+        float var = 0.0f;
+        for (size_t i = 0; i < m; i++) var += (xp[i] - mu) * (xp[i] - mu);
+        float rs = 1.0f / sqrtf(var / (float)m + s->eps);
+        c->mean[u] = mu;
+        c->rstd[u] = rs;
+        size_t c0 = (u % (size_t)s->groups) * cg;
+        for (size_t j = 0; j < cg; j++) {
+            float g = c->gamma ? c->gamma[c0 + j] : 1.0f, b = c->beta ? c->beta[c0 + j] : 0.0f;
+            for (size_t i = 0; i < hw; i++) yp[j * hw + i] = (xp[j * hw + i] - mu) * rs * g + b;
+        }
+    }
+}
+
+/* y = (x - mean) * rstd * gamma + beta per group; saves mean and rstd. */
+void sd_group_norm_fwd(sd_pool *pool, const sd_gn_shape *s, float *y, float *mean, float *rstd, const float *x,
+                       const float *gamma, const float *beta)
+{
+    gn_ctx c = {.s = s, .y = y, .mean = mean, .rstd = rstd, .x = x, .gamma = gamma, .beta = beta};
+    sd_pool_for(pool, (size_t)s->n * (size_t)s->groups, gn_fwd_range, &c);
+}
+
+/* Input gradient per (image, group):
+ * dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma. */
+static void gn_bwd_dx_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const gn_ctx *c = vctx;
+    const sd_gn_shape *s = c->s;
+    (void)worker;
+    size_t cg = (size_t)(s->c / s->groups), hw = (size_t)s->hw, m = cg * hw;
+    for (size_t u = begin; u < end; u++) {
+        const float *xp = c->x + u * m, *dyp = c->dy + u * m;
+        float *dxp = c->dx + u * m;
+        float mu = c->cmean[u], rs = c->crstd[u];
+        size_t c0 = (u % (size_t)s->groups) * cg;
+        float sg = 0.0f, sgx = 0.0f;
+        for (size_t j = 0; j < cg; j++) {
+            float g = c->gamma ? c->gamma[c0 + j] : 1.0f;
+            for (size_t i = 0; i < hw; i++) {
+                float gi = dyp[j * hw + i] * g;
+                sg += gi;
+                sgx += gi * (xp[j * hw + i] - mu) * rs;
+            }
+        }
+        sg /= (float)m;
+        sgx /= (float)m;
+        for (size_t j = 0; j < cg; j++) {
+            float g = c->gamma ? c->gamma[c0 + j] : 1.0f;
+            for (size_t i = 0; i < hw; i++) {
+                size_t k = j * hw + i;
+                float xhat = (xp[k] - mu) * rs;
+                dxp[k] += rs * (dyp[k] * g - sg - xhat * sgx);
+            }
+        }
+    }
+}
+
+/* Affine gradients: each unit is one channel, summed over the batch. */
+static void gn_bwd_affine_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const gn_ctx *c = vctx;
+    const sd_gn_shape *s = c->s;
+    (void)worker;
+    size_t cg = (size_t)(s->c / s->groups), hw = (size_t)s->hw;
+    for (size_t ch = begin; ch < end; ch++) {
+        float sdg = 0.0f, sdb = 0.0f;
+        for (int ni = 0; ni < s->n; ni++) {
+            size_t u = (size_t)ni * (size_t)s->groups + ch / cg;
+            const float *xp = c->x + ((size_t)ni * (size_t)s->c + ch) * hw;
+            const float *dyp = c->dy + ((size_t)ni * (size_t)s->c + ch) * hw;
+            float mu = c->cmean[u], rs = c->crstd[u];
+            for (size_t i = 0; i < hw; i++) {
+                sdg += dyp[i] * (xp[i] - mu) * rs;
+                sdb += dyp[i];
+            }
+        }
+        if (c->dgamma) c->dgamma[ch] += sdg;
+        if (c->dbeta) c->dbeta[ch] += sdb;
+    }
+}
+
+/* dx, dgamma, dbeta from dy and the forward's saved mean/rstd. */
+void sd_group_norm_bwd(sd_pool *pool, const sd_gn_shape *s, float *dx, float *dgamma, float *dbeta,
+                       const float *dy, const float *x, const float *mean, const float *rstd, const float *gamma)
+{
+    gn_ctx c = {.s = s, .dx = dx, .dgamma = dgamma, .dbeta = dbeta, .x = x, .gamma = gamma, .dy = dy,
+                .cmean = mean, .crstd = rstd};
+    if (dx) sd_pool_for(pool, (size_t)s->n * (size_t)s->groups, gn_bwd_dx_range, &c);
+    if (dgamma || dbeta) sd_pool_for(pool, (size_t)s->c, gn_bwd_affine_range, &c);
+}

@@ -1,0 +1,606 @@
+/* Engine ops (libcore/ops_*.c): every op's backward against central finite
+ * differences of its forward, forward values and gradients against torch
+ * autograd (tests/golden/ops, made by tests/golden/make_ops_golden.py),
+ * bit-identical results for 1, 2 and 3 threads, shape validation, and the
+ * flat-buffer tensor allocator. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "check.h"
+#include "safetensors.h"
+#include "tensor.h"
+
+#ifndef GOLDEN_DIR
+#define GOLDEN_DIR "tests/golden/ops"
+#endif
+
+enum { MAX_PARAMS = 4 };
+
+/* One op instance: its inputs/weights (params), their gradients, output,
+ * upstream gradient, saved forward state, and the calls that run it. */
+typedef struct op_case op_case;
+struct op_case {
+    const char *name;
+    int np;
+    const char *pname[MAX_PARAMS];
+    float *p[MAX_PARAMS], *g[MAX_PARAMS];
+    size_t pn[MAX_PARAMS];
+    float *y, *dy, *aux0, *aux1;
+    size_t ny;
+    sd_conv2d_shape conv;
+    sd_gn_shape gn;
+    sd_linear_shape lin;
+    sd_attn_shape attn;
+    int planes, h, w;
+    void (*fwd)(op_case *c, sd_pool *pool);
+    void (*bwd)(op_case *c, sd_pool *pool);
+};
+
+static const sd_backend *be;
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+/* Deterministic uniform floats in [-1, 1) (xorshift64*). */
+static float frand(void)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    uint64_t r = rng_state * 2685821657736338717ull;
+    return (float)((double)(r >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+}
+
+/* A calloc'd buffer, aborting the test program on failure. */
+static float *zalloc(size_t n)
+{
+    float *p = calloc(n ? n : 1, sizeof(float));
+    if (!p) abort();
+    return p;
+}
+
+/* Add one named param of n random floats to a case. */
+static void add_param(op_case *c, const char *name, size_t n)
+{
+    int i = c->np++;
+    c->pname[i] = name;
+    c->pn[i] = n;
+    c->p[i] = zalloc(n);
+    c->g[i] = zalloc(n);
+    for (size_t k = 0; k < n; k++) c->p[i][k] = frand();
+}
+
+/* Output and upstream-gradient buffers of ny floats. */
+static void set_out(op_case *c, size_t ny)
+{
+    c->ny = ny;
+    c->y = zalloc(ny);
+    c->dy = zalloc(ny);
+    for (size_t k = 0; k < ny; k++) c->dy[k] = frand();
+}
+
+/* Release everything a case allocated. */
+static void case_free(op_case *c)
+{
+    for (int i = 0; i < c->np; i++) {
+        free(c->p[i]);
+        free(c->g[i]);
+    }
+    free(c->y);
+    free(c->dy);
+    free(c->aux0);
+    free(c->aux1);
+    memset(c, 0, sizeof(*c));
+}
+
+static void conv_fwd(op_case *c, sd_pool *pool)
+{
+    be->conv2d_fwd(pool, &c->conv, c->y, c->p[0], c->p[1], c->p[2]);
+}
+static void conv_bwd(op_case *c, sd_pool *pool)
+{
+    be->conv2d_bwd(pool, &c->conv, c->g[0], c->g[1], c->g[2], c->dy, c->p[0], c->p[1]);
+}
+
+/* A conv2d case with random x, w, b. */
+static void make_conv(op_case *c, const char *name, sd_conv2d_shape s)
+{
+    sd_error err;
+    memset(c, 0, sizeof(*c));
+    c->name = name;
+    c->conv = s;
+    CHECK(sd_conv2d_check(&s, &err) == SD_OK);
+    add_param(c, "x", (size_t)s.n * s.cin * s.h * s.w);
+    add_param(c, "w", (size_t)s.cout * s.cin * s.kh * s.kw);
+    add_param(c, "b", (size_t)s.cout);
+    set_out(c, (size_t)s.n * s.cout * sd_conv2d_out_h(&s) * sd_conv2d_out_w(&s));
+    c->fwd = conv_fwd;
+    c->bwd = conv_bwd;
+}
+
+static void gn_fwd(op_case *c, sd_pool *pool)
+{
+    be->group_norm_fwd(pool, &c->gn, c->y, c->aux0, c->aux1, c->p[0], c->p[1], c->p[2]);
+}
+static void gn_bwd(op_case *c, sd_pool *pool)
+{
+    be->group_norm_bwd(pool, &c->gn, c->g[0], c->g[1], c->g[2], c->dy, c->p[0], c->aux0, c->aux1, c->p[1]);
+}
+
+/* A group-norm case; x is shifted and scaled so mean and variance matter. */
+static void make_gn(op_case *c, const char *name, sd_gn_shape s)
+{
+    sd_error err;
+    memset(c, 0, sizeof(*c));
+    c->name = name;
+    c->gn = s;
+    CHECK(sd_group_norm_check(&s, &err) == SD_OK);
+    add_param(c, "x", (size_t)s.n * s.c * s.hw);
+    for (size_t k = 0; k < c->pn[0]; k++) c->p[0][k] = c->p[0][k] * 2.0f + 0.5f;
+    add_param(c, "gamma", (size_t)s.c);
+    add_param(c, "beta", (size_t)s.c);
+    set_out(c, c->pn[0]);
+    c->aux0 = zalloc((size_t)s.n * s.groups);
+    c->aux1 = zalloc((size_t)s.n * s.groups);
+    c->fwd = gn_fwd;
+    c->bwd = gn_bwd;
+}
+
+static void lin_fwd(op_case *c, sd_pool *pool)
+{
+    be->linear_fwd(pool, &c->lin, c->y, c->p[0], c->p[1], c->p[2]);
+}
+static void lin_bwd(op_case *c, sd_pool *pool)
+{
+    be->linear_bwd(pool, &c->lin, c->g[0], c->g[1], c->g[2], c->dy, c->p[0], c->p[1]);
+}
+
+/* A linear case x[m,k] w[n,k] b[n]. */
+static void make_linear(op_case *c, const char *name, sd_linear_shape s)
+{
+    sd_error err;
+    memset(c, 0, sizeof(*c));
+    c->name = name;
+    c->lin = s;
+    CHECK(sd_linear_check(&s, &err) == SD_OK);
+    add_param(c, "x", (size_t)s.m * s.k);
+    add_param(c, "w", (size_t)s.n * s.k);
+    add_param(c, "b", (size_t)s.n);
+    set_out(c, (size_t)s.m * s.n);
+    c->fwd = lin_fwd;
+    c->bwd = lin_bwd;
+}
+
+static void silu_fwd(op_case *c, sd_pool *pool)
+{
+    be->silu_fwd(pool, c->ny, c->y, c->p[0]);
+}
+static void silu_bwd(op_case *c, sd_pool *pool)
+{
+    be->silu_bwd(pool, c->ny, c->g[0], c->dy, c->p[0]);
+}
+
+/* A SiLU case over n values spread to +-3 (both tails of the sigmoid). */
+static void make_silu(op_case *c, const char *name, size_t n)
+{
+    memset(c, 0, sizeof(*c));
+    c->name = name;
+    add_param(c, "x", n);
+    for (size_t k = 0; k < n; k++) c->p[0][k] *= 3.0f;
+    set_out(c, n);
+    c->fwd = silu_fwd;
+    c->bwd = silu_bwd;
+}
+
+static void add_fwd(op_case *c, sd_pool *pool)
+{
+    be->add_fwd(pool, c->ny, c->y, c->p[0], c->p[1]);
+}
+static void add_bwd(op_case *c, sd_pool *pool)
+{
+    be->add_bwd(pool, c->ny, c->g[0], c->g[1], c->dy);
+}
+
+/* An add case over n values. */
+static void make_add(op_case *c, const char *name, size_t n)
+{
+    memset(c, 0, sizeof(*c));
+    c->name = name;
+    add_param(c, "a", n);
+    add_param(c, "b", n);
+    set_out(c, n);
+    c->fwd = add_fwd;
+    c->bwd = add_bwd;
+}
+
+static void up_fwd(op_case *c, sd_pool *pool)
+{
+    be->upsample2x_fwd(pool, c->planes, c->h, c->w, c->y, c->p[0]);
+}
+static void up_bwd(op_case *c, sd_pool *pool)
+{
+    be->upsample2x_bwd(pool, c->planes, c->h, c->w, c->g[0], c->dy);
+}
+
+/* A nearest-2x upsample case of planes x h x w. */
+static void make_up(op_case *c, const char *name, int planes, int h, int w)
+{
+    memset(c, 0, sizeof(*c));
+    c->name = name;
+    c->planes = planes;
+    c->h = h;
+    c->w = w;
+    add_param(c, "x", (size_t)planes * h * w);
+    set_out(c, (size_t)planes * h * w * 4);
+    c->fwd = up_fwd;
+    c->bwd = up_bwd;
+}
+
+static void attn_fwd(op_case *c, sd_pool *pool)
+{
+    be->attn_fwd(pool, &c->attn, c->y, c->aux0, c->p[0], c->p[1], c->p[2]);
+}
+static void attn_bwd(op_case *c, sd_pool *pool)
+{
+    be->attn_bwd(pool, &c->attn, c->g[0], c->g[1], c->g[2], c->dy, c->p[0], c->p[1], c->p[2], c->y, c->aux0);
+}
+
+/* An attention case q[b,h,tq,d], k/v[b,h,tk,d], scale 1/sqrt(d). */
+static void make_attn(op_case *c, const char *name, int b, int heads, int tq, int tk, int d, int causal)
+{
+    sd_error err;
+    memset(c, 0, sizeof(*c));
+    c->name = name;
+    c->attn = (sd_attn_shape){.b = b, .heads = heads, .tq = tq, .tk = tk, .d = d, .causal = causal,
+                              .scale = 1.0f / sqrtf((float)d)};
+    CHECK(sd_attn_check(&c->attn, &err) == SD_OK);
+    size_t bh = (size_t)b * heads;
+    add_param(c, "q", bh * tq * d);
+    add_param(c, "k", bh * tk * d);
+    add_param(c, "v", bh * tk * d);
+    for (size_t k = 0; k < c->pn[0]; k++) c->p[0][k] *= 2.0f; /* peakier softmax */
+    set_out(c, bh * tq * d);
+    c->aux0 = zalloc(bh * tq);
+    c->fwd = attn_fwd;
+    c->bwd = attn_bwd;
+}
+
+/* Zero the gradients, run forward then backward with c->dy. */
+static void run_case(op_case *c, sd_pool *pool)
+{
+    for (int i = 0; i < c->np; i++) memset(c->g[i], 0, c->pn[i] * sizeof(float));
+    c->fwd(c, pool);
+    c->bwd(c, pool);
+}
+
+/* The scalar whose gradient backward computes: sum(y * dy), in double. */
+static double loss(op_case *c)
+{
+    c->fwd(c, NULL);
+    double l = 0.0;
+    for (size_t k = 0; k < c->ny; k++) l += (double)c->y[k] * (double)c->dy[k];
+    return l;
+}
+
+/* Central differences (eps 1e-3 on fp32 inputs) for every element of every
+ * param; error |num - ana| / max(1, |ana|) must stay under tol. */
+static double gradcheck(op_case *c, double tol)
+{
+    const float eps = 1e-3f;
+    double worst = 0.0;
+    run_case(c, NULL);
+    for (int i = 0; i < c->np; i++) {
+        double pworst = 0.0;
+        for (size_t k = 0; k < c->pn[i]; k++) {
+            float orig = c->p[i][k];
+            c->p[i][k] = orig + eps;
+            double lp = loss(c);
+            c->p[i][k] = orig - eps;
+            double lm = loss(c);
+            c->p[i][k] = orig;
+            double num = (lp - lm) / (2.0 * (double)eps), ana = c->g[i][k];
+            double e = fabs(num - ana) / fmax(1.0, fabs(ana));
+            if (e > pworst) pworst = e;
+        }
+        if (!CHECK(pworst <= tol)) fprintf(stderr, "  %s d%s: error %.3g > %.3g\n", c->name, c->pname[i], pworst, tol);
+        if (pworst > worst) worst = pworst;
+    }
+    printf("gradcheck %-12s max rel error %.2e\n", c->name, worst);
+    return worst;
+}
+
+/* Copy golden tensor "<case>.<name>" into dst after checking its size. */
+static int load_golden(const sd_safetensors *st, const char *cname, const char *name, float *dst, size_t n)
+{
+    char key[96];
+    snprintf(key, sizeof key, "%s.%s", cname, name);
+    const sd_st_tensor *t = sd_st_find(st, key);
+    if (!CHECK(t != NULL) || !CHECK(t->dtype == SD_ST_F32) || !CHECK(t->nbytes == n * sizeof(float))) {
+        fprintf(stderr, "  golden tensor %s missing or of the wrong size\n", key);
+        return 0;
+    }
+    memcpy(dst, t->data, n * sizeof(float));
+    return 1;
+}
+
+/* Max of |got - want| / max(1, |want|): absolute for small values,
+ * relative for large ones. */
+static double max_err(const float *got, const float *want, size_t n)
+{
+    double worst = 0.0;
+    for (size_t k = 0; k < n; k++) {
+        double e = fabs((double)got[k] - (double)want[k]) / fmax(1.0, fabs((double)want[k]));
+        if (!(e <= worst)) worst = e; /* NaN counts as worst */
+    }
+    return worst;
+}
+
+/* Forward and every gradient against torch (float64 autograd), tol 1e-4. */
+static void golden(op_case *c, const sd_safetensors *st)
+{
+    const double tol = 1e-4;
+    for (int i = 0; i < c->np; i++)
+        if (!load_golden(st, c->name, c->pname[i], c->p[i], c->pn[i])) return;
+    if (!load_golden(st, c->name, "dy", c->dy, c->ny)) return;
+    float *want = zalloc(c->ny > 64 ? c->ny : 64);
+    run_case(c, NULL);
+    double worst = 0.0;
+    if (load_golden(st, c->name, "y", want, c->ny)) {
+        worst = max_err(c->y, want, c->ny);
+        if (!CHECK(worst <= tol)) fprintf(stderr, "  %s y: error %.3g\n", c->name, worst);
+    }
+    double gworst = 0.0;
+    for (int i = 0; i < c->np; i++) {
+        char dname[16];
+        snprintf(dname, sizeof dname, "d%s", c->pname[i]);
+        float *gw = zalloc(c->pn[i]);
+        if (load_golden(st, c->name, dname, gw, c->pn[i])) {
+            double e = max_err(c->g[i], gw, c->pn[i]);
+            if (!CHECK(e <= tol)) fprintf(stderr, "  %s %s: error %.3g\n", c->name, dname, e);
+            if (e > gworst) gworst = e;
+        }
+        free(gw);
+    }
+    printf("golden    %-12s max error y %.2e, grads %.2e\n", c->name, worst, gworst);
+    free(want);
+}
+
+/* Outputs and gradients with 1, 2 and 3 threads must be bit-identical. */
+static void determinism(op_case *c, sd_pool *const *pools, int npools)
+{
+    size_t total = c->ny;
+    for (int i = 0; i < c->np; i++) total += c->pn[i];
+    float *ref = zalloc(total), *got = zalloc(total);
+    for (int pi = 0; pi < npools; pi++) {
+        run_case(c, pools[pi]);
+        float *dst = pi == 0 ? ref : got;
+        memcpy(dst, c->y, c->ny * sizeof(float));
+        size_t off = c->ny;
+        for (int i = 0; i < c->np; i++) {
+            memcpy(dst + off, c->g[i], c->pn[i] * sizeof(float));
+            off += c->pn[i];
+        }
+        if (pi > 0 && !CHECK(memcmp(ref, got, total * sizeof(float)) == 0))
+            fprintf(stderr, "  %s: %d threads differ from 1\n", c->name, sd_pool_size(pools[pi]));
+    }
+    free(ref);
+    free(got);
+}
+
+/* Builds case number i at small (gradcheck/golden-like) or larger size;
+ * returns 0 past the last case. */
+static int make_case(op_case *c, int i, int big)
+{
+    int m = big ? 3 : 1;
+    switch (i) {
+    case 0:
+        make_conv(c, "conv3", (sd_conv2d_shape){.n = 2, .cin = 2, .h = 5 * m, .w = 4 * m, .cout = 3, .kh = 3,
+                                                .kw = 3, .stride = 1, .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1});
+        return 1;
+    case 1:
+        make_conv(c, "convdown", (sd_conv2d_shape){.n = 1, .cin = 2, .h = 6 * m, .w = 5 * m, .cout = 3, .kh = 3,
+                                                   .kw = 3, .stride = 2, .pad_b = 1, .pad_r = 1});
+        return 1;
+    case 2:
+        make_conv(c, "conv1x1", (sd_conv2d_shape){.n = 2, .cin = 3, .h = 3 * m, .w = 3, .cout = 2, .kh = 1, .kw = 1,
+                                                  .stride = 1});
+        return 1;
+    case 3:
+        make_conv(c, "convs2p1", (sd_conv2d_shape){.n = 1, .cin = 2, .h = 5 * m, .w = 6, .cout = 2, .kh = 3, .kw = 3,
+                                                   .stride = 2, .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1});
+        return 1;
+    case 4:
+        make_gn(c, "gn", (sd_gn_shape){.n = 2, .c = 4 * m, .hw = 9, .groups = 2, .eps = 1e-6f});
+        return 1;
+    case 5:
+        make_linear(c, "linear", (sd_linear_shape){.m = 3 * m, .k = 5, .n = 4});
+        return 1;
+    case 6:
+        make_silu(c, "silu", (size_t)20 * m);
+        return 1;
+    case 7:
+        make_add(c, "add", (size_t)12 * m);
+        return 1;
+    case 8:
+        make_up(c, "up", 2 * m, 3, 2);
+        return 1;
+    case 9:
+        make_attn(c, "attn", 1, 2 * m, 4, 4, 3, 0);
+        return 1;
+    case 10:
+        make_attn(c, "attncausal", 1, 2, 4 * m, 4 * m, 3, 1);
+        return 1;
+    case 11:
+        make_attn(c, "attncross", 1, 2, 3 * m, 5, 3, 0);
+        return 1;
+    }
+    return 0;
+}
+
+/* Finite-difference check of every op on small shapes. fp32 forward noise
+ * divided by 2*eps bounds the achievable agreement at about 1e-3. */
+static void test_gradcheck(void)
+{
+    op_case c;
+    for (int i = 0; make_case(&c, i, 0); i++) {
+        gradcheck(&c, 2e-3);
+        case_free(&c);
+    }
+}
+
+/* 1 vs 2 vs 3 threads on larger shapes, so the slices really differ. */
+static void test_determinism(void)
+{
+    sd_pool *pools[3] = {sd_pool_create(1), sd_pool_create(2), sd_pool_create(3)};
+    if (!CHECK(pools[0] && pools[1] && pools[2])) return;
+    op_case c;
+    for (int i = 0; make_case(&c, i, 1); i++) {
+        determinism(&c, pools, 3);
+        case_free(&c);
+    }
+    for (int i = 0; i < 3; i++) sd_pool_destroy(pools[i]);
+}
+
+/* Shapes match the ones tests/golden/make_ops_golden.py writes. */
+static void test_golden(void)
+{
+    sd_safetensors *st;
+    sd_error err;
+    if (!CHECK(sd_st_open(&st, GOLDEN_DIR "/ops.safetensors", &err) == SD_OK)) {
+        fprintf(stderr, "  %s\n", err.msg);
+        return;
+    }
+    op_case c;
+    make_conv(&c, "conv3", (sd_conv2d_shape){.n = 2, .cin = 3, .h = 7, .w = 6, .cout = 4, .kh = 3, .kw = 3,
+                                             .stride = 1, .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1});
+    golden(&c, st);
+    case_free(&c);
+    make_conv(&c, "convdown", (sd_conv2d_shape){.n = 1, .cin = 2, .h = 8, .w = 7, .cout = 3, .kh = 3, .kw = 3,
+                                                .stride = 2, .pad_b = 1, .pad_r = 1});
+    golden(&c, st);
+    case_free(&c);
+    make_conv(&c, "conv1x1",
+              (sd_conv2d_shape){.n = 2, .cin = 4, .h = 5, .w = 5, .cout = 3, .kh = 1, .kw = 1, .stride = 1});
+    golden(&c, st);
+    case_free(&c);
+    make_conv(&c, "convs2p1", (sd_conv2d_shape){.n = 1, .cin = 2, .h = 7, .w = 8, .cout = 3, .kh = 3, .kw = 3,
+                                                .stride = 2, .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1});
+    golden(&c, st);
+    case_free(&c);
+    make_gn(&c, "gn", (sd_gn_shape){.n = 2, .c = 6, .hw = 20, .groups = 3, .eps = 1e-6f});
+    golden(&c, st);
+    case_free(&c);
+    make_linear(&c, "linear", (sd_linear_shape){.m = 10, .k = 7, .n = 4});
+    golden(&c, st);
+    case_free(&c);
+    make_silu(&c, "silu", 120);
+    golden(&c, st);
+    case_free(&c);
+    make_up(&c, "up", 2, 3, 4);
+    golden(&c, st);
+    case_free(&c);
+    make_add(&c, "add", 12);
+    golden(&c, st);
+    case_free(&c);
+    make_attn(&c, "attn", 2, 2, 5, 5, 4, 0);
+    golden(&c, st);
+    case_free(&c);
+    make_attn(&c, "attncausal", 2, 2, 5, 5, 4, 1);
+    golden(&c, st);
+    case_free(&c);
+    make_attn(&c, "attncross", 1, 2, 3, 6, 8, 0);
+    golden(&c, st);
+    case_free(&c);
+    make_attn(&c, "attncausalx", 1, 1, 4, 6, 4, 1);
+    golden(&c, st);
+    case_free(&c);
+    sd_st_close(st);
+}
+
+/* The VAE's asymmetric downsample shape: 512 -> 256 with pads (0,1,0,1);
+ * bad shapes are rejected with SD_EINVAL. */
+static void test_shapes(void)
+{
+    sd_error err;
+    sd_conv2d_shape s = {.n = 1, .cin = 3, .h = 512, .w = 512, .cout = 8, .kh = 3, .kw = 3, .stride = 2,
+                         .pad_b = 1, .pad_r = 1};
+    CHECK(sd_conv2d_check(&s, &err) == SD_OK);
+    CHECK(sd_conv2d_out_h(&s) == 256 && sd_conv2d_out_w(&s) == 256);
+    s.stride = 0;
+    CHECK(sd_conv2d_check(&s, &err) == SD_EINVAL);
+    s.stride = 1;
+    s.pad_l = -1;
+    CHECK(sd_conv2d_check(&s, &err) == SD_EINVAL);
+    s = (sd_conv2d_shape){.n = 1, .cin = 1, .h = 2, .w = 2, .cout = 1, .kh = 3, .kw = 3, .stride = 1};
+    CHECK(sd_conv2d_check(&s, &err) == SD_EINVAL);
+    sd_gn_shape g = {.n = 1, .c = 6, .hw = 4, .groups = 4, .eps = 1e-6f};
+    CHECK(sd_group_norm_check(&g, &err) == SD_EINVAL);
+    g.groups = 3;
+    g.eps = 0.0f;
+    CHECK(sd_group_norm_check(&g, &err) == SD_EINVAL);
+    sd_linear_shape l = {.m = 0, .k = 1, .n = 1};
+    CHECK(sd_linear_check(&l, &err) == SD_EINVAL);
+    sd_attn_shape a = {.b = 1, .heads = 1, .tq = 1, .tk = 1, .d = 1, .scale = 0.0f};
+    CHECK(sd_attn_check(&a, &err) == SD_EINVAL);
+    CHECK(strcmp(sd_backend_cpu()->name, "cpu") == 0);
+}
+
+/* Group norm without affine parameters equals gamma = 1, beta = 0, and
+ * backward into NULL gradients is a no-op that does not crash. */
+static void test_gn_no_affine(void)
+{
+    op_case c;
+    make_gn(&c, "gn", (sd_gn_shape){.n = 2, .c = 4, .hw = 5, .groups = 2, .eps = 1e-5f});
+    for (int i = 0; i < 4; i++) {
+        c.p[1][i] = 1.0f;
+        c.p[2][i] = 0.0f;
+    }
+    c.fwd(&c, NULL);
+    float *y2 = zalloc(c.ny);
+    sd_group_norm_fwd(NULL, &c.gn, y2, c.aux0, c.aux1, c.p[0], NULL, NULL);
+    CHECK(memcmp(y2, c.y, c.ny * sizeof(float)) == 0);
+    sd_group_norm_bwd(NULL, &c.gn, NULL, NULL, NULL, c.dy, c.p[0], c.aux0, c.aux1, NULL);
+    free(y2);
+    case_free(&c);
+}
+
+/* Planning pass with a NULL base counts floats; the real pass hands out
+ * 64-byte aligned, non-overlapping tensors and refuses to overflow. */
+static void test_flat(void)
+{
+    sd_error err;
+    sd_flat f;
+    sd_tensor a, b;
+    int sa[4] = {2, 3, 4, 5}, sb[2] = {7, 3};
+    sd_flat_init(&f, NULL, 0);
+    CHECK(sd_flat_take(&f, &a, 4, sa, &err) == SD_OK);
+    CHECK(sd_flat_take(&f, &b, 2, sb, &err) == SD_OK);
+    CHECK(f.used == 128 + 32);
+    size_t need = f.used;
+    float *buf = aligned_alloc(64, need * sizeof(float));
+    if (!CHECK(buf != NULL)) return;
+    sd_flat_init(&f, buf, need);
+    CHECK(sd_flat_take(&f, &a, 4, sa, &err) == SD_OK);
+    CHECK(sd_flat_take(&f, &b, 2, sb, &err) == SD_OK);
+    CHECK(sd_tensor_numel(&a) == 120 && sd_tensor_numel(&b) == 21);
+    CHECK(a.data == buf && b.data == buf + 128 && ((uintptr_t)b.data & 63) == 0);
+    CHECK(a.dtype == SD_DT_F32 && !sd_tensor_same_shape(&a, &b));
+    CHECK(sd_flat_take(&f, &b, 2, sb, &err) == SD_ENOMEM);
+    int bad[2] = {3, 0};
+    CHECK(sd_flat_take(&f, &b, 2, bad, &err) == SD_EINVAL);
+    CHECK(sd_tensor_init(&b, buf, 5, sa, &err) == SD_EINVAL);
+    free(buf);
+}
+
+int main(void)
+{
+    be = sd_backend_cpu();
+    test_shapes();
+    test_flat();
+    test_gn_no_affine();
+    test_gradcheck();
+    test_determinism();
+    test_golden();
+    return check_done("test_ops");
+}
