@@ -42,6 +42,23 @@ int sd_is_image_name(const char *name, size_t len)
     return 0;
 }
 
+/* Append v in decimal, zero-padded to width digits (as printf's %0*lld). */
+static void put_padded(sd_buf *out, long long v, int width)
+{
+    char tmp[48];
+    int i = (int)sizeof tmp;
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do {
+        tmp[--i] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    int digits = (int)sizeof tmp - i;
+    int pad = width - digits - (v < 0);
+    if (v < 0) sd_buf_putc(out, '-');
+    for (; pad > 0 && pad < 40; pad--) sd_buf_putc(out, '0');
+    sd_buf_put(out, tmp + i, (size_t)digits);
+}
+
 /* Expand an image-path pattern over a post: {field}, {a.b}, {field%N},
  * {field:04d} and {field%N:04d}. 0 on success; -1 with *missing naming the
  * field (arena-free static or pattern text) when a field is absent. */
@@ -88,7 +105,7 @@ int sd_pattern_format(const char *pat, const sd_json *obj, sd_buf *out, const ch
             }
             long long iv = (long long)d;
             if (mod > 0) iv %= mod;
-            sd_buf_printf(out, "%0*lld", (int)width, iv);
+            put_padded(out, iv, (int)width);
         } else {
             sd_buf_put(out, v->str, v->len);
         }

@@ -82,39 +82,37 @@ static int is_consumed(const sd_record *r, const char *name)
 /* Write the record as one JSONL line (schema v1, see docs/FORMATS.md). */
 void sd_record_write_json(sd_buf *b, const sd_record *r, int with_extra)
 {
-    int first = 1;
-    sd_buf_putc(b, '{');
-    sd_buf_json_key(b, &first, "v");
+    int first = 0; /* "v" always opens the object */
+    sd_buf_puts(b, "{\"v\":");
     sd_buf_json_int(b, SD_RECORD_SCHEMA);
-    sd_buf_json_key(b, &first, "key");
+    sd_buf_puts(b, ",\"key\":");
     sd_buf_json_cstr(b, r->key);
     if (r->image) {
-        sd_buf_json_key(b, &first, "image");
+        sd_buf_puts(b, ",\"image\":");
         sd_buf_json_cstr(b, r->image);
     }
     if (r->member) {
-        sd_buf_json_key(b, &first, "member");
+        sd_buf_puts(b, ",\"member\":");
         sd_buf_json_cstr(b, r->member);
         if (r->offset >= 0) {
-            sd_buf_json_key(b, &first, "offset");
+            sd_buf_puts(b, ",\"offset\":");
             sd_buf_json_int(b, r->offset);
         }
         if (r->size >= 0) {
-            sd_buf_json_key(b, &first, "size");
+            sd_buf_puts(b, ",\"size\":");
             sd_buf_json_int(b, r->size);
         }
     }
     if (r->width > 0 && r->height > 0) {
-        sd_buf_json_key(b, &first, "width");
+        sd_buf_puts(b, ",\"width\":");
         sd_buf_json_int(b, r->width);
-        sd_buf_json_key(b, &first, "height");
+        sd_buf_puts(b, ",\"height\":");
         sd_buf_json_int(b, r->height);
     }
-    sd_buf_json_key(b, &first, "caption");
+    sd_buf_puts(b, ",\"caption\":");
     sd_buf_json_cstr(b, r->out_caption ? r->out_caption : (r->caption ? r->caption : ""));
     if (r->ntags) {
-        sd_buf_json_key(b, &first, "tags");
-        sd_buf_putc(b, '{');
+        sd_buf_puts(b, ",\"tags\":{");
         int cfirst = 1;
         unsigned present = 0;
         for (int i = 0; i < r->ntags; i++)
@@ -138,15 +136,14 @@ void sd_record_write_json(sd_buf *b, const sd_record *r, int with_extra)
         sd_buf_putc(b, '}');
     }
     if (r->has_score) {
-        sd_buf_json_key(b, &first, "score");
+        sd_buf_puts(b, ",\"score\":");
         sd_buf_json_num(b, r->score);
     }
     if (r->rating) {
-        sd_buf_json_key(b, &first, "rating");
+        sd_buf_puts(b, ",\"rating\":");
         sd_buf_json_cstr(b, r->rating);
     }
-    sd_buf_json_key(b, &first, "split");
-    sd_buf_puts(b, r->is_val ? "\"val\"" : "\"train\"");
+    sd_buf_puts(b, r->is_val ? ",\"split\":\"val\"" : ",\"split\":\"train\"");
     if (with_extra && r->fields && r->fields->type == SD_JSON_OBJECT) {
         int efirst = 1;
         for (const sd_json *c = r->fields->child; c; c = c->next) {

@@ -46,12 +46,6 @@ int sd_buf_grow(sd_buf *b, size_t extra)
     return 0;
 }
 
-/* Append a NUL-terminated string. */
-void sd_buf_puts(sd_buf *b, const char *s)
-{
-    sd_buf_put(b, s, strlen(s));
-}
-
 /* Append formatted text. */
 void sd_buf_printf(sd_buf *b, const char *fmt, ...)
 {

@@ -40,7 +40,12 @@ static inline void sd_buf_putc(sd_buf *b, char c)
     b->data[b->len++] = c;
 }
 
-void sd_buf_puts(sd_buf *b, const char *s);
+/* Append a NUL-terminated string (inline: a literal's length is a constant). */
+static inline void sd_buf_puts(sd_buf *b, const char *s)
+{
+    sd_buf_put(b, s, strlen(s));
+}
+
 void sd_buf_printf(sd_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 const char *sd_buf_cstr(sd_buf *b);
 
