@@ -166,15 +166,14 @@ static sd_status read_shard(sd_meta_run *m, const char *path, sd_error *err)
     struct archive_entry *e;
     char last_member[1024] = "";
     int pending_image = 0; /* an image member whose offset waits for the next header */
-    int64_t pending_size = 0, pending_hdr = 0;
     for (;;) {
         int r = archive_read_next_header(ar, &e);
         int64_t pos = archive_read_header_position(ar);
-        if (pending_image && (r == ARCHIVE_OK || r == ARCHIVE_WARN || r == ARCHIVE_EOF)) {
-            int64_t padded = (pending_size + 511) / 512 * 512;
-            int64_t off = r == ARCHIVE_EOF ? -1 : pos - padded;
-            s.offset = (archive_filter_count(ar) == 1 && off > pending_hdr) ? off : -1;
-            if (r == ARCHIVE_EOF && archive_filter_count(ar) == 1) s.offset = -2; /* resolve below */
+        if (pending_image && (r == ARCHIVE_OK || r == ARCHIVE_WARN || r == ARCHIVE_EOF) && archive_filter_count(ar) == 1) {
+            /* data ends where the next header starts (the last member: one 512-byte header before
+             * its data); emit() checks the result against bytes libarchive returned */
+            int64_t off = r == ARCHIVE_EOF ? s.header_pos + 512 : pos - (s.size + 511) / 512 * 512;
+            s.offset = off > s.header_pos ? off : -1;
         }
         pending_image = 0;
         if (r == ARCHIVE_EOF) break;
@@ -233,8 +232,6 @@ static sd_status read_shard(sd_meta_run *m, const char *path, sd_error *err)
             s.size = size;
             s.header_pos = pos;
             pending_image = 1;
-            pending_size = size;
-            pending_hdr = pos;
         } else if (!strcmp(ext, "txt") || !strcmp(ext, "text") || !strcmp(ext, "json") || !strcmp(ext, "cls")) {
             sd_arena_reset(&tmp);
             char *t = read_member_text(ar, &tmp, size, &tl);
@@ -261,9 +258,6 @@ static sd_status read_shard(sd_meta_run *m, const char *path, sd_error *err)
                 while (n && (copy[n - 1] == '\n' || copy[n - 1] == '\r' || copy[n - 1] == ' ')) copy[--n] = 0;
             }
         }
-    }
-    if (s.offset == -2) { /* last member: data starts right after its header block(s) */
-        s.offset = s.header_pos + 512;
     }
     emit(m, origin, &s, fd);
     free(s.txt);

@@ -8,32 +8,6 @@ uint64_t sd_hash64(const void *data, size_t len, uint64_t seed)
     return XXH3_64bits_withSeed(data, len, seed);
 }
 
-/* 128-bit XXH3 as 32 lowercase hex digits, for content keys that must not collide. */
-void sd_hash128_hex(const void *data, size_t len, char out[33])
-{
-    XXH128_hash_t h = XXH3_128bits(data, len);
-    static const char hx[] = "0123456789abcdef";
-    for (int i = 0; i < 16; i++) {
-        uint64_t w = i < 8 ? h.high64 : h.low64;
-        int sh = (7 - (i & 7)) * 8;
-        unsigned b = (unsigned)(w >> sh) & 0xffu;
-        out[2 * i] = hx[b >> 4];
-        out[2 * i + 1] = hx[b & 15];
-    }
-    out[32] = 0;
-}
-
-/* A 64-bit hash as 16 hex digits. */
-void sd_hash64_hex(uint64_t h, char out[17])
-{
-    static const char hx[] = "0123456789abcdef";
-    for (int i = 15; i >= 0; i--) {
-        out[i] = hx[h & 15];
-        h >>= 4;
-    }
-    out[16] = 0;
-}
-
 /* splitmix64 finaliser: a cheap stateless PRNG step for seeded shuffles. */
 uint64_t sd_mix64(uint64_t x)
 {

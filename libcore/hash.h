@@ -7,8 +7,6 @@
 #include <stdint.h>
 
 uint64_t sd_hash64(const void *data, size_t len, uint64_t seed);
-void sd_hash128_hex(const void *data, size_t len, char out[33]);
-void sd_hash64_hex(uint64_t h, char out[17]);
 uint64_t sd_mix64(uint64_t x);
 double sd_hash_unit(uint64_t h);
 

@@ -391,14 +391,6 @@ int sd_json_num(const sd_json *v, double *out)
     return -1;
 }
 
-/* Copy a value's JSON text from an unmodified copy of the parsed buffer:
- * pass-through fields cost a memcpy instead of a re-serialisation. */
-void sd_json_write_raw(sd_buf *b, const sd_json *v, const char *pristine)
-{
-    if (pristine) sd_buf_put(b, pristine + v->raw_off, v->raw_len);
-    else sd_json_write(b, v);
-}
-
 /* Write `"name":value` of an object member, from the pristine copy when
  * there is one (one memcpy), else re-serialised. */
 void sd_json_write_member_raw(sd_buf *b, const sd_json *m, const char *pristine)

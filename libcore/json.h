@@ -34,7 +34,7 @@ struct sd_json {
     uint32_t key_off; /* members: where the quoted name starts in the parsed buffer */
     uint32_t raw_off; /* where the value's source text starts in the parsed buffer */
     uint32_t raw_len; /* and its length: a copy of the buffer taken before parsing
-                         gives the value's exact JSON text (sd_json_write_raw) */
+                         gives the value's exact JSON text (sd_json_write_member_raw) */
 };
 
 sd_status sd_json_parse(sd_arena *a, char *text, size_t len, sd_json **out, sd_error *err);
@@ -43,7 +43,6 @@ sd_json *sd_json_path(const sd_json *obj, const char *path, size_t len);
 const char *sd_json_str(const sd_json *v);
 int sd_json_num(const sd_json *v, double *out);
 void sd_json_write(sd_buf *b, const sd_json *v);
-void sd_json_write_raw(sd_buf *b, const sd_json *v, const char *pristine);
 void sd_json_write_member_raw(sd_buf *b, const sd_json *m, const char *pristine);
 
 #endif

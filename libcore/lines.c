@@ -73,7 +73,7 @@ sd_status sd_lines_next(sd_lines *l, char **start, size_t *len, long *first_line
         l->cap = ncap;
     }
     size_t n = l->len - l->keep;
-    l->buf[n] = l->keep ? l->buf[n] : 0; /* terminate when nothing follows */
+    if (!l->keep) l->buf[n] = 0; /* terminate when nothing follows */
     *start = l->buf;
     *len = n;
     *first_line = l->next_line;

@@ -64,8 +64,14 @@ static sd_status rules_from_options(sd_rules *r, const options *o, sd_error *err
         if ((st = sd_rules_add_tags(&r->ratings, o->ratings.v[i], err))) return st;
     for (int i = 0; i < o->where.n; i++)
         if ((st = sd_rules_add_where(r, o->where.v[i], err))) return st;
-    if (o->min_score == o->min_score && o->has_min_score) r->has_min_score = 1, r->min_score = o->min_score;
-    if (o->has_abs_min_score) r->has_abs_min_score = 1, r->abs_min_score = o->abs_min_score;
+    if (o->has_min_score) {
+        r->has_min_score = 1;
+        r->min_score = o->min_score;
+    }
+    if (o->has_abs_min_score) {
+        r->has_abs_min_score = 1;
+        r->abs_min_score = o->abs_min_score;
+    }
     if (o->min_side) r->min_side = (int)o->min_side;
     if (o->min_pixels) r->min_pixels = o->min_pixels;
     if (o->template_) free(r->template_), r->template_ = strdup(o->template_);
@@ -148,9 +154,8 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
         free(cls_text);
         return SD_EXIT_USAGE;
     }
-    sd_build_opts bopts = {o->image_pattern, o->image_root, o->image_pattern ? !o->no_check : 0, cls_map, force_e621};
-    if (!o->no_check && kind != SD_SRC_BOORU) bopts.check_images = 1;
-    if (o->no_check) bopts.check_images = 0;
+    /* images are checked wherever a record names one (booru posts only with --image-pattern) */
+    sd_build_opts bopts = {o->image_pattern, o->image_root, !o->no_check, cls_map, force_e621};
 
     sd_outfile out;
     if (sd_outfile_open(&out, o->out, &err)) {
