@@ -1,0 +1,208 @@
+/* The VAE encoder's forward pass (diffusers Encoder + quant_conv +
+ * DiagonalGaussianDistribution's mean and std), over three ping-pong
+ * activation buffers sized for the largest stage. */
+#include <math.h>
+#include <string.h>
+
+#include "vae.h"
+
+/* Output size of the VAE's stride-2 downsample: pad right/bottom by 1,
+ * 3x3 stride 2, so floor((h - 2) / 2) + 1. */
+static int down_size(int h)
+{
+    return (h + 1 - 3) / 2 + 1;
+}
+
+/* Latent height and width for an h x w image. */
+void sd_vae_latent_size(const sd_vae_config *cfg, int h, int w, int *lh, int *lw)
+{
+    for (int i = 0; i < cfg->nblocks - 1; i++) {
+        h = down_size(h);
+        w = down_size(w);
+    }
+    *lh = h;
+    *lw = w;
+}
+
+/* Floats per image of the largest activation: block i runs at its stage's
+ * resolution with its input (block_out[i-1]) and output widths. */
+static size_t max_act(const sd_vae_config *c, int h, int w)
+{
+    size_t m = 0;
+    for (int i = 0; i < c->nblocks; i++) {
+        size_t cmax = (size_t)c->block_out[i];
+        if (i > 0 && (size_t)c->block_out[i - 1] > cmax) cmax = (size_t)c->block_out[i - 1];
+        size_t a = cmax * (size_t)h * (size_t)w;
+        if (a > m) m = a;
+        if (i < c->nblocks - 1) {
+            h = down_size(h);
+            w = down_size(w);
+        }
+    }
+    size_t out = 2 * (size_t)c->latent_channels * (size_t)h * (size_t)w;
+    return out > m ? out : m;
+}
+
+/* Three activation buffers, attention q/k/v and log-sum-exp, norm stats. */
+size_t sd_vae_workspace_floats(const sd_vae *v, int n, int h, int w)
+{
+    const sd_vae_config *c = &v->cfg;
+    int lh, lw;
+    sd_vae_latent_size(c, h, w, &lh, &lw);
+    size_t t = (size_t)lh * (size_t)lw, top = (size_t)c->block_out[c->nblocks - 1];
+    size_t big = (size_t)n * max_act(c, h, w);
+    size_t attn = c->mid_attention ? (size_t)n * (3 * t * top + t) : 0;
+    return 3 * big + attn + 2 * (size_t)n * (size_t)c->groups;
+}
+
+/* What every layer needs: the backend, pool, weights, batch and scratch. */
+typedef struct {
+    const sd_backend *be;
+    sd_pool *pool;
+    const float *p; /* flat parameters */
+    const sd_vae_config *cfg;
+    int n;
+    float *mean, *rstd; /* group-norm stats [n * groups] */
+} fwd;
+
+/* y = silu(group_norm(x)), y may be x. */
+static void norm_silu(const fwd *f, const sd_vae_norm *nm, int c, int hw, float *y, const float *x)
+{
+    sd_gn_shape s = {.n = f->n, .c = c, .hw = hw, .groups = f->cfg->groups, .eps = f->cfg->eps};
+    f->be->group_norm_fwd(f->pool, &s, y, f->mean, f->rstd, x, f->p + nm->g, f->p + nm->b);
+    f->be->silu_fwd(f->pool, (size_t)f->n * (size_t)c * (size_t)hw, y, y);
+}
+
+/* y = conv(x) with torch's symmetric "same" padding (k / 2 per side). */
+static void conv(const fwd *f, const sd_vae_conv *cv, int h, int w, float *y, const float *x)
+{
+    int p = cv->k / 2;
+    sd_conv2d_shape s = {.n = f->n, .cin = cv->cin, .h = h, .w = w, .cout = cv->cout, .kh = cv->k, .kw = cv->k,
+                         .stride = 1, .pad_t = p, .pad_b = p, .pad_l = p, .pad_r = p};
+    f->be->conv2d_fwd(f->pool, &s, y, x, f->p + cv->w, f->p + cv->b);
+}
+
+/* Downsample2D(padding=0): pad (0, 1, 0, 1), 3x3 stride 2. */
+static void conv_down(const fwd *f, const sd_vae_conv *cv, int h, int w, float *y, const float *x)
+{
+    sd_conv2d_shape s = {.n = f->n, .cin = cv->cin, .h = h, .w = w, .cout = cv->cout, .kh = 3, .kw = 3,
+                         .stride = 2, .pad_t = 0, .pad_b = 1, .pad_l = 0, .pad_r = 1};
+    f->be->conv2d_fwd(f->pool, &s, y, x, f->p + cv->w, f->p + cv->b);
+}
+
+/* ResnetBlock2D (no time embedding, output scale 1): the input in *a is
+ * replaced by shortcut(x) + conv2(silu(norm2(conv1(silu(norm1(x)))))). */
+static void resnet(const fwd *f, const sd_vae_resnet *r, int h, int w, float *a, float *b, float *c)
+{
+    int hw = h * w;
+    norm_silu(f, &r->n1, r->cin, hw, b, a);
+    conv(f, &r->c1, h, w, c, b);
+    norm_silu(f, &r->n2, r->cout, hw, c, c);
+    conv(f, &r->c2, h, w, b, c);
+    if (r->has_sc) {
+        conv(f, &r->sc, h, w, c, a);
+        f->be->add_fwd(f->pool, (size_t)f->n * (size_t)r->cout * (size_t)hw, a, c, b);
+    } else {
+        f->be->add_fwd(f->pool, (size_t)f->n * (size_t)r->cout * (size_t)hw, a, a, b);
+    }
+}
+
+/* [n, rows, cols] -> [n, cols, rows]: NCHW to token-major and back. */
+static void transpose(int n, int rows, int cols, float *y, const float *x)
+{
+    for (int b = 0; b < n; b++) {
+        const float *xb = x + (size_t)b * (size_t)rows * (size_t)cols;
+        float *yb = y + (size_t)b * (size_t)rows * (size_t)cols;
+        for (int r0 = 0; r0 < rows; r0 += 32)
+            for (int c0 = 0; c0 < cols; c0 += 32)
+                for (int r = r0; r < r0 + 32 && r < rows; r++)
+                    for (int c = c0; c < c0 + 32 && c < cols; c++)
+                        yb[(size_t)c * (size_t)rows + (size_t)r] = xb[(size_t)r * (size_t)cols + (size_t)c];
+    }
+}
+
+/* The mid block's single-head self-attention over all hw positions, with
+ * its residual: a += to_out(attn(q, k, v)) of group_norm(a). */
+static void attention(const fwd *f, const sd_vae_attn *at, int hw, float *a, float *b, float *c, float *q, float *k,
+                      float *v, float *lse)
+{
+    int C = at->c;
+    sd_gn_shape gs = {.n = f->n, .c = C, .hw = hw, .groups = f->cfg->groups, .eps = f->cfg->eps};
+    f->be->group_norm_fwd(f->pool, &gs, b, f->mean, f->rstd, a, f->p + at->n.g, f->p + at->n.b);
+    transpose(f->n, C, hw, c, b); /* c: [n, hw, C] */
+    sd_linear_shape ls = {.m = f->n * hw, .k = C, .n = C};
+    f->be->linear_fwd(f->pool, &ls, q, c, f->p + at->wq, f->p + at->bq);
+    f->be->linear_fwd(f->pool, &ls, k, c, f->p + at->wk, f->p + at->bk);
+    f->be->linear_fwd(f->pool, &ls, v, c, f->p + at->wv, f->p + at->bv);
+    sd_attn_shape as = {.b = f->n, .heads = 1, .tq = hw, .tk = hw, .d = C, .causal = 0,
+                        .scale = (float)(1.0 / sqrt((double)C))};
+    f->be->attn_fwd(f->pool, &as, b, lse, q, k, v);
+    f->be->linear_fwd(f->pool, &ls, c, b, f->p + at->wo, f->p + at->bo);
+    transpose(f->n, hw, C, b, c); /* b: [n, C, hw] */
+    f->be->add_fwd(f->pool, (size_t)f->n * (size_t)C * (size_t)hw, a, a, b);
+}
+
+/* The posterior from the moments [n, 2L, hw]: mean = first L channels,
+ * std = exp(0.5 * clamp(logvar, -30, 20)) of the rest, as diffusers'
+ * DiagonalGaussianDistribution computes them. */
+static void moments(int n, int L, size_t hw, const float *m, float *mean, float *std)
+{
+    for (int b = 0; b < n; b++) {
+        const float *mb = m + (size_t)b * 2 * (size_t)L * hw;
+        memcpy(mean + (size_t)b * (size_t)L * hw, mb, (size_t)L * hw * sizeof(float));
+        float *sb = std + (size_t)b * (size_t)L * hw;
+        const float *lv = mb + (size_t)L * hw;
+        for (size_t i = 0; i < (size_t)L * hw; i++) {
+            float x = lv[i] < -30.0f ? -30.0f : lv[i] > 20.0f ? 20.0f : lv[i];
+            sb[i] = expf(0.5f * x);
+        }
+    }
+}
+
+/* conv_in, the down blocks, the mid block, norm_out + silu + conv_out,
+ * quant_conv, then mean and std. */
+sd_status sd_vae_encode(const sd_vae *v, const sd_backend *be, sd_pool *pool, int n, int h, int w, const float *x,
+                        float *mean, float *std, float *ws, sd_error *err)
+{
+    const sd_vae_config *cfg = &v->cfg;
+    if (n < 1 || h < 3 || w < 3) return sd_err_set(err, SD_EINVAL, "VAE encode: bad input size %dx%dx%d", n, h, w);
+    size_t big = (size_t)n * max_act(cfg, h, w);
+    float *a = ws, *b = ws + big, *c = ws + 2 * big, *tail = ws + 3 * big;
+    int lh, lw;
+    sd_vae_latent_size(cfg, h, w, &lh, &lw);
+    size_t t = (size_t)lh * (size_t)lw, top = (size_t)cfg->block_out[cfg->nblocks - 1];
+    float *q = tail, *k = NULL, *vv = NULL, *lse = NULL;
+    if (cfg->mid_attention) {
+        k = q + (size_t)n * t * top;
+        vv = k + (size_t)n * t * top;
+        lse = vv + (size_t)n * t * top;
+        tail = lse + (size_t)n * t;
+    }
+    fwd f = {.be = be, .pool = pool, .p = v->w.data, .cfg = cfg, .n = n, .mean = tail,
+             .rstd = tail + (size_t)n * (size_t)cfg->groups};
+
+    conv(&f, &v->conv_in, h, w, a, x);
+    for (int i = 0; i < cfg->nblocks; i++) {
+        for (int j = 0; j < cfg->layers_per_block; j++) resnet(&f, &v->res[i][j], h, w, a, b, c);
+        if (i < cfg->nblocks - 1) {
+            conv_down(&f, &v->down[i], h, w, b, a);
+            float *s = a;
+            a = b;
+            b = s;
+            h = down_size(h);
+            w = down_size(w);
+        }
+    }
+    resnet(&f, &v->mid[0], h, w, a, b, c);
+    if (cfg->mid_attention) attention(&f, &v->attn, h * w, a, b, c, q, k, vv, lse);
+    resnet(&f, &v->mid[1], h, w, a, b, c);
+    norm_silu(&f, &v->norm_out, (int)top, h * w, b, a);
+    conv(&f, &v->conv_out, h, w, c, b);
+    const float *m = c;
+    if (cfg->use_quant_conv) {
+        conv(&f, &v->quant, h, w, b, c);
+        m = b;
+    }
+    moments(n, cfg->latent_channels, (size_t)h * (size_t)w, m, mean, std);
+    return SD_OK;
+}

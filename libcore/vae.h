@@ -1,0 +1,95 @@
+/* The Stable Diffusion VAE encoder (diffusers AutoencoderKL.encode): images
+ * in [-1, 1] to the posterior's mean and std, for SD 1.x/2.x and SDXL.
+ *
+ * Weights come from a diffusers folder (model/vae/ or a vae/ folder itself:
+ * config.json + diffusion_pytorch_model.safetensors), a single-file
+ * checkpoint (first_stage_model.* in the original ldm names, attention
+ * projections stored as 1x1 convs), or a standalone VAE file (ldm or
+ * diffusers names, no prefix). The config comes from config.json when there
+ * is one, else it is inferred from weight shapes (see sd_vae_load). Only
+ * the encoder and quant_conv are loaded; the decoder is ignored.
+ *
+ * Forward only: the VAE is frozen in SD training. Ops go through the
+ * backend table (backend.h), so the same code runs on any backend. */
+#ifndef SDTK_VAE_H
+#define SDTK_VAE_H
+
+#include <stddef.h>
+
+#include "backend.h"
+#include "err.h"
+#include "weights.h"
+
+enum { SD_VAE_MAX_BLOCKS = 6, SD_VAE_MAX_LAYERS = 4 };
+
+typedef struct {
+    int in_channels;     /* 3 */
+    int latent_channels; /* 4 */
+    int nblocks;         /* len(block_out_channels) */
+    int block_out[SD_VAE_MAX_BLOCKS];
+    int layers_per_block;
+    int groups;         /* norm_num_groups */
+    int use_quant_conv; /* 1 */
+    int mid_attention;  /* mid_block_add_attention */
+    float eps;          /* 1e-6 in every diffusers VAE norm */
+    double scaling_factor, shift_factor;
+    char scale_source[32]; /* where scaling_factor came from, for logs */
+} sd_vae_config;
+
+/* Where to read and what to assume; zero-initialised means "infer". */
+typedef struct {
+    const char *config_path; /* a diffusers config.json overriding inference */
+    int groups;              /* >0: norm groups for files without a config (default 32) */
+    double scaling_factor;   /* >0: overrides config and inference */
+} sd_vae_opts;
+
+typedef struct {
+    size_t g, b; /* gamma, beta */
+} sd_vae_norm;
+
+typedef struct {
+    size_t w, b;
+    int cin, cout, k;
+} sd_vae_conv;
+
+typedef struct {
+    sd_vae_norm n1, n2;
+    sd_vae_conv c1, c2, sc;
+    int cin, cout, has_sc;
+} sd_vae_resnet;
+
+typedef struct {
+    sd_vae_norm n;
+    size_t wq, bq, wk, bk, wv, bv, wo, bo;
+    int c;
+} sd_vae_attn;
+
+typedef struct {
+    sd_vae_config cfg;
+    sd_weights w;
+    sd_vae_conv conv_in, conv_out, quant;
+    sd_vae_resnet res[SD_VAE_MAX_BLOCKS][SD_VAE_MAX_LAYERS];
+    sd_vae_conv down[SD_VAE_MAX_BLOCKS];
+    sd_vae_resnet mid[2];
+    sd_vae_attn attn;
+    sd_vae_norm norm_out;
+    char layout[64]; /* "diffusers", "ldm single-file", ... for logs */
+} sd_vae;
+
+/* Build the layer table and the flat parameter buffer for cfg. */
+sd_status sd_vae_build(sd_vae *v, const sd_vae_config *cfg, sd_error *err);
+/* Load from a model folder, a vae/ folder or a .safetensors file. */
+sd_status sd_vae_load(sd_vae *v, const char *path, const sd_vae_opts *opts, sd_error *err);
+void sd_vae_free(sd_vae *v);
+
+/* Latent size for an h x w image. */
+void sd_vae_latent_size(const sd_vae_config *cfg, int h, int w, int *lh, int *lw);
+/* Floats of scratch memory sd_vae_encode needs for n images of h x w. */
+size_t sd_vae_workspace_floats(const sd_vae *v, int n, int h, int w);
+/* x [n, 3, h, w] in [-1, 1] -> mean, std [n, latent, lh, lw] (the
+ * unscaled posterior; multiply by scaling_factor when sampling). ws holds
+ * sd_vae_workspace_floats floats. */
+sd_status sd_vae_encode(const sd_vae *v, const sd_backend *be, sd_pool *pool, int n, int h, int w, const float *x,
+                        float *mean, float *std, float *ws, sd_error *err);
+
+#endif
