@@ -32,6 +32,26 @@ typedef struct {
                      const float *);
     void (*attn_bwd)(sd_pool *, const sd_attn_shape *, float *, float *, float *, const float *, const float *,
                      const float *, const float *, const float *, const float *);
+    void (*layer_norm_fwd)(sd_pool *, const sd_ln_shape *, float *, float *, float *, const float *, const float *,
+                           const float *);
+    void (*layer_norm_bwd)(sd_pool *, const sd_ln_shape *, float *, float *, float *, const float *, const float *,
+                           const float *, const float *, const float *);
+    void (*gelu_fwd)(sd_pool *, size_t, float *, const float *);
+    void (*gelu_bwd)(sd_pool *, size_t, float *, const float *, const float *);
+    void (*quick_gelu_fwd)(sd_pool *, size_t, float *, const float *);
+    void (*quick_gelu_bwd)(sd_pool *, size_t, float *, const float *, const float *);
+    void (*geglu_fwd)(sd_pool *, size_t, size_t, float *, const float *);
+    void (*geglu_bwd)(sd_pool *, size_t, size_t, float *, const float *, const float *);
+    void (*scale_fwd)(sd_pool *, size_t, float *, const float *, float);
+    void (*scale_bwd)(sd_pool *, size_t, float *, const float *, float);
+    void (*mul_fwd)(sd_pool *, size_t, float *, const float *, const float *);
+    void (*mul_bwd)(sd_pool *, size_t, float *, float *, const float *, const float *, const float *);
+    void (*concat_fwd)(sd_pool *, const sd_concat_shape *, float *, const float *, const float *);
+    void (*concat_bwd)(sd_pool *, const sd_concat_shape *, float *, float *, const float *);
+    void (*add_bcast_channel_fwd)(sd_pool *, int, int, int, float *, const float *, const float *);
+    void (*add_bcast_channel_bwd)(sd_pool *, int, int, int, float *, float *, const float *);
+    void (*timestep_emb_fwd)(sd_pool *, const sd_temb_shape *, float *, const float *);
+    void (*timestep_emb_bwd)(sd_pool *, const sd_temb_shape *, float *, const float *, const float *);
 } sd_backend;
 
 const sd_backend *sd_backend_cpu(void);

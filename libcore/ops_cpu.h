@@ -60,11 +60,77 @@ void sd_linear_fwd(sd_pool *pool, const sd_linear_shape *s, float *y, const floa
 void sd_linear_bwd(sd_pool *pool, const sd_linear_shape *s, float *dx, float *dw, float *db, const float *dy,
                    const float *x, const float *w);
 
-/* Element-wise ops over n floats. y may alias x (silu) or a/b (add). */
+/* layer_norm over the last dim (torch F.layer_norm): x, y [m, c]; gamma,
+ * beta [c] or NULL; mean, rstd [m] saved by forward for backward. */
+typedef struct {
+    int m, c;
+    float eps;
+} sd_ln_shape;
+
+sd_status sd_layer_norm_check(const sd_ln_shape *s, sd_error *err);
+void sd_layer_norm_fwd(sd_pool *pool, const sd_ln_shape *s, float *y, float *mean, float *rstd, const float *x,
+                       const float *gamma, const float *beta);
+void sd_layer_norm_bwd(sd_pool *pool, const sd_ln_shape *s, float *dx, float *dgamma, float *dbeta,
+                       const float *dy, const float *x, const float *mean, const float *rstd, const float *gamma);
+
+/* Element-wise ops over n floats. y may alias x (silu, gelu, quick_gelu,
+ * scale) or a/b (add, mul). Backward of silu, gelu, quick_gelu and mul
+ * needs the forward's inputs, so those must not have been overwritten. */
 void sd_silu_fwd(sd_pool *pool, size_t n, float *y, const float *x);
 void sd_silu_bwd(sd_pool *pool, size_t n, float *dx, const float *dy, const float *x);
 void sd_add_fwd(sd_pool *pool, size_t n, float *y, const float *a, const float *b);
 void sd_add_bwd(sd_pool *pool, size_t n, float *da, float *db, const float *dy);
+/* y = alpha * x with a constant alpha (no gradient for alpha). */
+void sd_scale_fwd(sd_pool *pool, size_t n, float *y, const float *x, float alpha);
+void sd_scale_bwd(sd_pool *pool, size_t n, float *dx, const float *dy, float alpha);
+/* y = a * b element-wise. */
+void sd_mul_fwd(sd_pool *pool, size_t n, float *y, const float *a, const float *b);
+void sd_mul_bwd(sd_pool *pool, size_t n, float *da, float *db, const float *dy, const float *a, const float *b);
+/* Exact GELU, x * Phi(x) with the erf (torch F.gelu, approximate='none'). */
+void sd_gelu_fwd(sd_pool *pool, size_t n, float *y, const float *x);
+void sd_gelu_bwd(sd_pool *pool, size_t n, float *dx, const float *dy, const float *x);
+/* CLIP's quick_gelu, x * sigmoid(1.702 x). */
+void sd_quick_gelu_fwd(sd_pool *pool, size_t n, float *y, const float *x);
+void sd_quick_gelu_bwd(sd_pool *pool, size_t n, float *dx, const float *dy, const float *x);
+
+/* GEGLU (diffusers): x [m, 2n] holds [a | gate] per row, y [m, n] =
+ * a * gelu(gate) with the exact GELU. y must not alias x. */
+void sd_geglu_fwd(sd_pool *pool, size_t m, size_t n, float *y, const float *x);
+void sd_geglu_bwd(sd_pool *pool, size_t m, size_t n, float *dx, const float *dy, const float *x);
+
+/* Channel concat of NCHW tensors: a [n, c1, hw], b [n, c2, hw] -> y
+ * [n, c1 + c2, hw] (torch.cat dim 1, the UNet's skip connections);
+ * backward splits dy back into da and db. */
+typedef struct {
+    int n, c1, c2, hw;
+} sd_concat_shape;
+
+sd_status sd_concat_check(const sd_concat_shape *s, sd_error *err);
+void sd_concat_fwd(sd_pool *pool, const sd_concat_shape *s, float *y, const float *a, const float *b);
+void sd_concat_bwd(sd_pool *pool, const sd_concat_shape *s, float *da, float *db, const float *dy);
+
+/* Per-channel broadcast add: y[n, c, hw] = x[n, c, hw] + b[n, c] (the
+ * UNet's time embedding added to feature maps); y may alias x. */
+void sd_add_bcast_channel_fwd(sd_pool *pool, int n, int c, int hw, float *y, const float *x, const float *b);
+void sd_add_bcast_channel_bwd(sd_pool *pool, int n, int c, int hw, float *dx, float *db, const float *dy);
+
+/* Sinusoidal timestep embedding, diffusers' get_timestep_embedding:
+ * t [n] (may be fractional) -> y [n, dim]. half = dim / 2,
+ * freq_i = exp(-ln(max_period) * i / (half - freq_shift)),
+ * arg = scale * t * freq_i; rows are [sin | cos], or [cos | sin] with
+ * flip_sin_to_cos; an odd dim gets a zero last column. SD's UNet uses
+ * flip_sin_to_cos = 1, freq_shift = 0, scale = 1, max_period = 10000. */
+typedef struct {
+    int n, dim;
+    int flip_sin_to_cos;
+    float freq_shift;
+    float scale;
+    float max_period;
+} sd_temb_shape;
+
+sd_status sd_timestep_emb_check(const sd_temb_shape *s, sd_error *err);
+void sd_timestep_emb_fwd(sd_pool *pool, const sd_temb_shape *s, float *y, const float *t);
+void sd_timestep_emb_bwd(sd_pool *pool, const sd_temb_shape *s, float *dt, const float *dy, const float *t);
 
 /* Nearest 2x upsample: x [planes, h, w] -> y [planes, 2h, 2w], planes = n*c. */
 void sd_upsample2x_fwd(sd_pool *pool, int planes, int h, int w, float *y, const float *x);

@@ -1,12 +1,14 @@
-/* Element-wise ops (SiLU, add) and nearest 2x upsampling, forward and
- * backward. Each thread owns a contiguous slice of the output. */
+/* Element-wise ops (SiLU, add, scale, mul) and nearest 2x upsampling,
+ * forward and backward. Each thread owns a contiguous slice of the output.
+ * The GELU family lives in ops_act.c. */
 #include <math.h>
 
 #include "ops_cpu.h"
 
 typedef struct {
     float *out, *out2;
-    const float *a, *b;
+    const float *a, *b, *c;
+    float alpha;
     int h, w;
 } elem_ctx;
 
@@ -78,6 +80,71 @@ void sd_add_bwd(sd_pool *pool, size_t n, float *da, float *db, const float *dy)
 {
     elem_ctx c = {.out = da, .out2 = db, .a = dy};
     if (da || db) sd_pool_for(pool, n, add_bwd_range, &c);
+}
+
+/* y = alpha * x. */
+static void scale_fwd_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const elem_ctx *c = vctx;
+    (void)worker;
+    for (size_t i = begin; i < end; i++) c->out[i] = c->alpha * c->a[i];
+}
+
+/* y = alpha * x with a constant alpha (the VAE latent scale, the
+ * attention scale); y may be x. */
+void sd_scale_fwd(sd_pool *pool, size_t n, float *y, const float *x, float alpha)
+{
+    elem_ctx c = {.out = y, .a = x, .alpha = alpha};
+    sd_pool_for(pool, n, scale_fwd_range, &c);
+}
+
+/* dx += alpha * dy. */
+static void scale_bwd_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const elem_ctx *c = vctx;
+    (void)worker;
+    for (size_t i = begin; i < end; i++) c->out[i] += c->alpha * c->a[i];
+}
+
+/* alpha is a constant, not a parameter, so only x gets a gradient. */
+void sd_scale_bwd(sd_pool *pool, size_t n, float *dx, const float *dy, float alpha)
+{
+    elem_ctx c = {.out = dx, .a = dy, .alpha = alpha};
+    if (dx) sd_pool_for(pool, n, scale_bwd_range, &c);
+}
+
+/* y = a * b. */
+static void mul_fwd_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const elem_ctx *c = vctx;
+    (void)worker;
+    for (size_t i = begin; i < end; i++) c->out[i] = c->a[i] * c->b[i];
+}
+
+/* Element-wise product of two same-shaped tensors (gates); y may alias a
+ * or b only when backward is not needed, since it reads both. */
+void sd_mul_fwd(sd_pool *pool, size_t n, float *y, const float *a, const float *b)
+{
+    elem_ctx c = {.out = y, .a = a, .b = b};
+    sd_pool_for(pool, n, mul_fwd_range, &c);
+}
+
+/* da += dy * b, db += dy * a. */
+static void mul_bwd_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const elem_ctx *c = vctx;
+    (void)worker;
+    for (size_t i = begin; i < end; i++) {
+        if (c->out) c->out[i] += c->c[i] * c->b[i];
+        if (c->out2) c->out2[i] += c->c[i] * c->a[i];
+    }
+}
+
+/* Each factor's gradient is dy times the other factor. */
+void sd_mul_bwd(sd_pool *pool, size_t n, float *da, float *db, const float *dy, const float *a, const float *b)
+{
+    elem_ctx c = {.out = da, .out2 = db, .a = a, .b = b, .c = dy};
+    if (da || db) sd_pool_for(pool, n, mul_bwd_range, &c);
 }
 
 /* Upsample forward: each unit is one input row, written to two output rows. */

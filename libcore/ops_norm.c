@@ -1,4 +1,5 @@
-/* Group normalisation (torch.nn.GroupNorm) forward and backward. */
+/* Group normalisation (torch.nn.GroupNorm) and layer normalisation over
+ * the last dim (torch.nn.LayerNorm) forward and backward. */
 #include <math.h>
 
 #include "ops_cpu.h"
@@ -122,4 +123,35 @@ void sd_group_norm_bwd(sd_pool *pool, const sd_gn_shape *s, float *dx, float *dg
                 .cmean = mean, .crstd = rstd};
     if (dx) sd_pool_for(pool, (size_t)s->n * (size_t)s->groups, gn_bwd_dx_range, &c);
     if (dgamma || dbeta) sd_pool_for(pool, (size_t)s->c, gn_bwd_affine_range, &c);
+}
+
+/* Layer norm of [m, c] is group norm of [m, c, 1] with one group: the same
+ * per-row statistics and per-channel affine, so it shares that code. */
+static sd_gn_shape ln_as_gn(const sd_ln_shape *s)
+{
+    return (sd_gn_shape){.n = s->m, .c = s->c, .hw = 1, .groups = 1, .eps = s->eps};
+}
+
+/* Positive dims and eps, reported under the layer norm's own name. */
+sd_status sd_layer_norm_check(const sd_ln_shape *s, sd_error *err)
+{
+    if (s->m <= 0 || s->c <= 0) return sd_err_set(err, SD_EINVAL, "layer_norm: non-positive dimension");
+    if (!(s->eps > 0.0f)) return sd_err_set(err, SD_EINVAL, "layer_norm: eps must be positive");
+    return SD_OK;
+}
+
+/* y = (x - mean) * rstd * gamma + beta per row; saves mean and rstd [m]. */
+void sd_layer_norm_fwd(sd_pool *pool, const sd_ln_shape *s, float *y, float *mean, float *rstd, const float *x,
+                       const float *gamma, const float *beta)
+{
+    sd_gn_shape g = ln_as_gn(s);
+    sd_group_norm_fwd(pool, &g, y, mean, rstd, x, gamma, beta);
+}
+
+/* dx per row, dgamma and dbeta per channel summed over rows in order. */
+void sd_layer_norm_bwd(sd_pool *pool, const sd_ln_shape *s, float *dx, float *dgamma, float *dbeta,
+                       const float *dy, const float *x, const float *mean, const float *rstd, const float *gamma)
+{
+    sd_gn_shape g = ln_as_gn(s);
+    sd_group_norm_bwd(pool, &g, dx, dgamma, dbeta, dy, x, mean, rstd, gamma);
 }

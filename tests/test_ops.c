@@ -34,7 +34,12 @@ struct op_case {
     sd_gn_shape gn;
     sd_linear_shape lin;
     sd_attn_shape attn;
+    sd_ln_shape ln;
+    sd_concat_shape cat;
+    sd_temb_shape temb;
     int planes, h, w;
+    int rows, cols; /* geglu [rows, 2 cols] -> [rows, cols]; bcast [rows, cols, w] + [rows, cols] */
+    float alpha;    /* scale */
     void (*fwd)(op_case *c, sd_pool *pool);
     void (*bwd)(op_case *c, sd_pool *pool);
 };
@@ -266,6 +271,193 @@ static void make_attn(op_case *c, const char *name, int b, int heads, int tq, in
     c->bwd = attn_bwd;
 }
 
+static void ln_fwd(op_case *c, sd_pool *pool)
+{
+    be->layer_norm_fwd(pool, &c->ln, c->y, c->aux0, c->aux1, c->p[0], c->p[1], c->p[2]);
+}
+static void ln_bwd(op_case *c, sd_pool *pool)
+{
+    be->layer_norm_bwd(pool, &c->ln, c->g[0], c->g[1], c->g[2], c->dy, c->p[0], c->aux0, c->aux1, c->p[1]);
+}
+
+/* A layer-norm case x[m, c] (shifted and scaled), gamma, beta [c]. */
+static void make_ln(op_case *c, const char *name, sd_ln_shape s)
+{
+    sd_error err;
+    memset(c, 0, sizeof(*c));
+    c->name = name;
+    c->ln = s;
+    CHECK(sd_layer_norm_check(&s, &err) == SD_OK);
+    add_param(c, "x", (size_t)s.m * s.c);
+    for (size_t k = 0; k < c->pn[0]; k++) c->p[0][k] = c->p[0][k] * 2.0f + 0.5f;
+    add_param(c, "gamma", (size_t)s.c);
+    add_param(c, "beta", (size_t)s.c);
+    set_out(c, c->pn[0]);
+    c->aux0 = zalloc((size_t)s.m);
+    c->aux1 = zalloc((size_t)s.m);
+    c->fwd = ln_fwd;
+    c->bwd = ln_bwd;
+}
+
+static void gelu_fwd(op_case *c, sd_pool *pool)
+{
+    be->gelu_fwd(pool, c->ny, c->y, c->p[0]);
+}
+static void gelu_bwd(op_case *c, sd_pool *pool)
+{
+    be->gelu_bwd(pool, c->ny, c->g[0], c->dy, c->p[0]);
+}
+static void qgelu_fwd(op_case *c, sd_pool *pool)
+{
+    be->quick_gelu_fwd(pool, c->ny, c->y, c->p[0]);
+}
+static void qgelu_bwd(op_case *c, sd_pool *pool)
+{
+    be->quick_gelu_bwd(pool, c->ny, c->g[0], c->dy, c->p[0]);
+}
+
+/* A one-input activation case over n values spread to +-3, like SiLU's. */
+static void make_act(op_case *c, const char *name, size_t n, int quick)
+{
+    make_silu(c, name, n);
+    c->fwd = quick ? qgelu_fwd : gelu_fwd;
+    c->bwd = quick ? qgelu_bwd : gelu_bwd;
+}
+
+static void geglu_fwd(op_case *c, sd_pool *pool)
+{
+    be->geglu_fwd(pool, (size_t)c->rows, (size_t)c->cols, c->y, c->p[0]);
+}
+static void geglu_bwd(op_case *c, sd_pool *pool)
+{
+    be->geglu_bwd(pool, (size_t)c->rows, (size_t)c->cols, c->g[0], c->dy, c->p[0]);
+}
+
+/* A GEGLU case x[rows, 2 cols] -> y[rows, cols], x spread to +-2. */
+static void make_geglu(op_case *c, const char *name, int rows, int cols)
+{
+    memset(c, 0, sizeof(*c));
+    c->name = name;
+    c->rows = rows;
+    c->cols = cols;
+    add_param(c, "x", (size_t)rows * cols * 2);
+    for (size_t k = 0; k < c->pn[0]; k++) c->p[0][k] *= 2.0f;
+    set_out(c, (size_t)rows * cols);
+    c->fwd = geglu_fwd;
+    c->bwd = geglu_bwd;
+}
+
+static void cat_fwd(op_case *c, sd_pool *pool)
+{
+    be->concat_fwd(pool, &c->cat, c->y, c->p[0], c->p[1]);
+}
+static void cat_bwd(op_case *c, sd_pool *pool)
+{
+    be->concat_bwd(pool, &c->cat, c->g[0], c->g[1], c->dy);
+}
+
+/* A channel-concat case a[n, c1, hw], b[n, c2, hw]. */
+static void make_cat(op_case *c, const char *name, sd_concat_shape s)
+{
+    sd_error err;
+    memset(c, 0, sizeof(*c));
+    c->name = name;
+    c->cat = s;
+    CHECK(sd_concat_check(&s, &err) == SD_OK);
+    add_param(c, "a", (size_t)s.n * s.c1 * s.hw);
+    add_param(c, "b", (size_t)s.n * s.c2 * s.hw);
+    set_out(c, (size_t)s.n * (s.c1 + s.c2) * s.hw);
+    c->fwd = cat_fwd;
+    c->bwd = cat_bwd;
+}
+
+static void scale_fwd(op_case *c, sd_pool *pool)
+{
+    be->scale_fwd(pool, c->ny, c->y, c->p[0], c->alpha);
+}
+static void scale_bwd(op_case *c, sd_pool *pool)
+{
+    be->scale_bwd(pool, c->ny, c->g[0], c->dy, c->alpha);
+}
+
+/* A scale case over n values with the VAE's latent factor 0.18215. */
+static void make_scale(op_case *c, const char *name, size_t n)
+{
+    memset(c, 0, sizeof(*c));
+    c->name = name;
+    c->alpha = 0.18215f;
+    add_param(c, "x", n);
+    set_out(c, n);
+    c->fwd = scale_fwd;
+    c->bwd = scale_bwd;
+}
+
+static void mul_fwd(op_case *c, sd_pool *pool)
+{
+    be->mul_fwd(pool, c->ny, c->y, c->p[0], c->p[1]);
+}
+static void mul_bwd(op_case *c, sd_pool *pool)
+{
+    be->mul_bwd(pool, c->ny, c->g[0], c->g[1], c->dy, c->p[0], c->p[1]);
+}
+
+/* An element-wise product case over n values. */
+static void make_mul(op_case *c, const char *name, size_t n)
+{
+    make_add(c, name, n);
+    c->fwd = mul_fwd;
+    c->bwd = mul_bwd;
+}
+
+static void temb_fwd(op_case *c, sd_pool *pool)
+{
+    be->timestep_emb_fwd(pool, &c->temb, c->y, c->p[0]);
+}
+static void temb_bwd(op_case *c, sd_pool *pool)
+{
+    be->timestep_emb_bwd(pool, &c->temb, c->g[0], c->dy, c->p[0]);
+}
+
+/* A timestep-embedding case; t spread to +-3 (finite differences on
+ * fp32 t lose digits for large t; the golden case covers t up to 999). */
+static void make_temb(op_case *c, const char *name, sd_temb_shape s)
+{
+    sd_error err;
+    memset(c, 0, sizeof(*c));
+    c->name = name;
+    c->temb = s;
+    CHECK(sd_timestep_emb_check(&s, &err) == SD_OK);
+    add_param(c, "t", (size_t)s.n);
+    for (size_t k = 0; k < c->pn[0]; k++) c->p[0][k] *= 3.0f;
+    set_out(c, (size_t)s.n * s.dim);
+    c->fwd = temb_fwd;
+    c->bwd = temb_bwd;
+}
+
+static void bcast_fwd(op_case *c, sd_pool *pool)
+{
+    be->add_bcast_channel_fwd(pool, c->rows, c->cols, c->w, c->y, c->p[0], c->p[1]);
+}
+static void bcast_bwd(op_case *c, sd_pool *pool)
+{
+    be->add_bcast_channel_bwd(pool, c->rows, c->cols, c->w, c->g[0], c->g[1], c->dy);
+}
+
+/* A per-channel broadcast add case x[n, ch, hw] + b[n, ch]. */
+static void make_bcast(op_case *c, const char *name, int n, int ch, int hw)
+{
+    memset(c, 0, sizeof(*c));
+    c->name = name;
+    c->rows = n;
+    c->cols = ch;
+    c->w = hw;
+    add_param(c, "x", (size_t)n * ch * hw);
+    add_param(c, "b", (size_t)n * ch);
+    set_out(c, (size_t)n * ch * hw);
+    c->fwd = bcast_fwd;
+    c->bwd = bcast_bwd;
+}
+
 /* Zero the gradients, run forward then backward with c->dy. */
 static void run_case(op_case *c, sd_pool *pool)
 {
@@ -434,6 +626,34 @@ static int make_case(op_case *c, int i, int big)
     case 11:
         make_attn(c, "attncross", 1, 2, 3 * m, 5, 3, 0);
         return 1;
+    case 12:
+        make_ln(c, "ln", (sd_ln_shape){.m = 3 * m, .c = 6, .eps = 1e-5f});
+        return 1;
+    case 13:
+        make_act(c, "gelu", (size_t)20 * m, 0);
+        return 1;
+    case 14:
+        make_act(c, "quick_gelu", (size_t)20 * m, 1);
+        return 1;
+    case 15:
+        make_geglu(c, "geglu", 3 * m, 4);
+        return 1;
+    case 16:
+        make_cat(c, "concat", (sd_concat_shape){.n = 2, .c1 = 2 * m, .c2 = 3, .hw = 4});
+        return 1;
+    case 17:
+        make_scale(c, "scale", (size_t)12 * m);
+        return 1;
+    case 18:
+        make_mul(c, "mul", (size_t)12 * m);
+        return 1;
+    case 19:
+        make_temb(c, "temb", (sd_temb_shape){.n = 3 * m, .dim = 9, .flip_sin_to_cos = 1, .freq_shift = 0.0f,
+                                             .scale = 1.0f, .max_period = 10000.0f});
+        return 1;
+    case 20:
+        make_bcast(c, "bcast", 2, 3 * m, 5);
+        return 1;
     }
     return 0;
 }
@@ -460,6 +680,45 @@ static void test_determinism(void)
         case_free(&c);
     }
     for (int i = 0; i < 3; i++) sd_pool_destroy(pools[i]);
+}
+
+/* The second layer of ops (layer norm onwards), shapes as in
+ * tests/golden/make_ops_golden.py. */
+static void golden_new_ops(const sd_safetensors *st)
+{
+    op_case c;
+    make_ln(&c, "ln", (sd_ln_shape){.m = 10, .c = 8, .eps = 1e-5f});
+    golden(&c, st);
+    case_free(&c);
+    make_act(&c, "gelu", 120, 0);
+    golden(&c, st);
+    case_free(&c);
+    make_act(&c, "quick_gelu", 120, 1);
+    golden(&c, st);
+    case_free(&c);
+    make_geglu(&c, "geglu", 6, 5);
+    golden(&c, st);
+    case_free(&c);
+    make_cat(&c, "concat", (sd_concat_shape){.n = 2, .c1 = 3, .c2 = 2, .hw = 20});
+    golden(&c, st);
+    case_free(&c);
+    make_scale(&c, "scale", 15);
+    golden(&c, st);
+    case_free(&c);
+    make_mul(&c, "mul", 12);
+    golden(&c, st);
+    case_free(&c);
+    make_temb(&c, "temb", (sd_temb_shape){.n = 6, .dim = 32, .flip_sin_to_cos = 1, .freq_shift = 0.0f,
+                                          .scale = 1.0f, .max_period = 10000.0f});
+    golden(&c, st);
+    case_free(&c);
+    make_temb(&c, "temb_ddpm", (sd_temb_shape){.n = 4, .dim = 7, .flip_sin_to_cos = 0, .freq_shift = 1.0f,
+                                               .scale = 2.0f, .max_period = 1000.0f});
+    golden(&c, st);
+    case_free(&c);
+    make_bcast(&c, "bcast", 2, 3, 20);
+    golden(&c, st);
+    case_free(&c);
 }
 
 /* Shapes match the ones tests/golden/make_ops_golden.py writes. */
@@ -515,6 +774,7 @@ static void test_golden(void)
     make_attn(&c, "attncausalx", 1, 1, 4, 6, 4, 1);
     golden(&c, st);
     case_free(&c);
+    golden_new_ops(st);
     sd_st_close(st);
 }
 
@@ -543,6 +803,23 @@ static void test_shapes(void)
     CHECK(sd_linear_check(&l, &err) == SD_EINVAL);
     sd_attn_shape a = {.b = 1, .heads = 1, .tq = 1, .tk = 1, .d = 1, .scale = 0.0f};
     CHECK(sd_attn_check(&a, &err) == SD_EINVAL);
+    sd_ln_shape ln = {.m = 2, .c = 0, .eps = 1e-5f};
+    CHECK(sd_layer_norm_check(&ln, &err) == SD_EINVAL);
+    ln.c = 4;
+    ln.eps = 0.0f;
+    CHECK(sd_layer_norm_check(&ln, &err) == SD_EINVAL);
+    sd_concat_shape cs = {.n = 1, .c1 = 2, .c2 = 0, .hw = 4};
+    CHECK(sd_concat_check(&cs, &err) == SD_EINVAL);
+    sd_temb_shape ts = {.n = 1, .dim = 320, .flip_sin_to_cos = 1, .scale = 1.0f, .max_period = 10000.0f};
+    CHECK(sd_timestep_emb_check(&ts, &err) == SD_OK);
+    ts.dim = 1;
+    CHECK(sd_timestep_emb_check(&ts, &err) == SD_EINVAL);
+    ts.dim = 2;
+    ts.freq_shift = 1.0f; /* divisor half - shift = 0 */
+    CHECK(sd_timestep_emb_check(&ts, &err) == SD_EINVAL);
+    ts.freq_shift = 0.0f;
+    ts.max_period = 0.0f;
+    CHECK(sd_timestep_emb_check(&ts, &err) == SD_EINVAL);
     CHECK(strcmp(sd_backend_cpu()->name, "cpu") == 0);
 }
 
@@ -562,6 +839,45 @@ static void test_gn_no_affine(void)
     CHECK(memcmp(y2, c.y, c.ny * sizeof(float)) == 0);
     sd_group_norm_bwd(NULL, &c.gn, NULL, NULL, NULL, c.dy, c.p[0], c.aux0, c.aux1, NULL);
     free(y2);
+    case_free(&c);
+}
+
+/* Layer norm without affine equals gamma = 1, beta = 0 and skips NULL
+ * gradients; the broadcast add works in place; concat backward fills only
+ * the gradient asked for; t = 0 embeds as cos = 1, sin = 0 (flipped: cos
+ * first) with the odd dim's pad column zero. */
+static void test_second_layer_edges(void)
+{
+    op_case c;
+    make_ln(&c, "ln", (sd_ln_shape){.m = 3, .c = 5, .eps = 1e-5f});
+    for (int i = 0; i < 5; i++) {
+        c.p[1][i] = 1.0f;
+        c.p[2][i] = 0.0f;
+    }
+    c.fwd(&c, NULL);
+    float *y2 = zalloc(c.ny);
+    sd_layer_norm_fwd(NULL, &c.ln, y2, c.aux0, c.aux1, c.p[0], NULL, NULL);
+    CHECK(memcmp(y2, c.y, c.ny * sizeof(float)) == 0);
+    sd_layer_norm_bwd(NULL, &c.ln, NULL, NULL, NULL, c.dy, c.p[0], c.aux0, c.aux1, NULL);
+    free(y2);
+    case_free(&c);
+
+    make_bcast(&c, "bcast", 2, 3, 4);
+    c.fwd(&c, NULL);
+    sd_add_bcast_channel_fwd(NULL, 2, 3, 4, c.p[0], c.p[0], c.p[1]);
+    CHECK(memcmp(c.p[0], c.y, c.ny * sizeof(float)) == 0);
+    case_free(&c);
+
+    make_cat(&c, "concat", (sd_concat_shape){.n = 2, .c1 = 1, .c2 = 2, .hw = 3});
+    sd_concat_bwd(NULL, &c.cat, NULL, c.g[1], c.dy);
+    CHECK(c.g[1][0] == c.dy[3] && c.g[1][11] == c.dy[17]);
+    case_free(&c);
+
+    make_temb(&c, "temb", (sd_temb_shape){.n = 1, .dim = 5, .flip_sin_to_cos = 1, .freq_shift = 0.0f,
+                                          .scale = 1.0f, .max_period = 10000.0f});
+    c.p[0][0] = 0.0f;
+    c.fwd(&c, NULL);
+    CHECK(c.y[0] == 1.0f && c.y[1] == 1.0f && c.y[2] == 0.0f && c.y[3] == 0.0f && c.y[4] == 0.0f);
     case_free(&c);
 }
 
@@ -599,6 +915,7 @@ int main(void)
     test_shapes();
     test_flat();
     test_gn_no_affine();
+    test_second_layer_edges();
     test_gradcheck();
     test_determinism();
     test_golden();

@@ -6,6 +6,7 @@ case small fp32 inputs, weights, an upstream gradient dy, the forward output
 y and the autograd gradients, all named "<case>.<tensor>". Torch computes in
 float64 from the fp32 inputs, so the expected values carry no fp32 rounding
 of their own; tests/test_ops.c compares its fp32 results with them."""
+import math
 import os
 
 import numpy as np
@@ -65,6 +66,58 @@ case("attncross", lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
 # causal with Tq != Tk: torch masks key j > query i (top-left aligned)
 case("attncausalx", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
      {"q": rand(1, 1, 4, 4), "k": rand(1, 1, 6, 4), "v": rand(1, 1, 6, 4)})
+
+
+# Second layer of ops, appended after the first so the rng order (and with
+# it every value above) is unchanged.
+def timestep_emb(t, dim, flip, shift, scale, max_period):
+    """diffusers' get_timestep_embedding in float64 (diffusers itself casts
+    to float32, which would round t * freq for t near 1000)."""
+    half = dim // 2
+    freq = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float64) / (half - shift))
+    arg = scale * (t[:, None] * freq[None, :])
+    emb = torch.cat([torch.sin(arg), torch.cos(arg)], dim=-1)
+    if flip:
+        emb = torch.cat([emb[:, half:], emb[:, :half]], dim=-1)
+    return F.pad(emb, (0, dim % 2))
+
+
+def geglu(x):
+    hidden, gate = x.chunk(2, dim=-1)
+    return hidden * F.gelu(gate)
+
+
+# layer norm over the last dim of [B, T, C] tokens, CLIP's eps
+case("ln", lambda x, gamma, beta: F.layer_norm(x, (8,), gamma, beta, eps=1e-5),
+     {"x": rand(2, 5, 8) * 2 + 0.5, "gamma": rand(8), "beta": rand(8)})
+case("gelu", lambda x: F.gelu(x, approximate="none"), {"x": rand(2, 3, 4, 5) * 3})
+case("quick_gelu", lambda x: x * torch.sigmoid(1.702 * x), {"x": rand(2, 3, 4, 5) * 3})
+case("geglu", geglu, {"x": rand(2, 3, 10) * 2})
+case("concat", lambda a, b: torch.cat([a, b], dim=1), {"a": rand(2, 3, 4, 5), "b": rand(2, 2, 4, 5)})
+case("scale", lambda x: 0.18215 * x, {"x": rand(3, 5)})
+case("mul", lambda a, b: a * b, {"a": rand(3, 4), "b": rand(3, 4)})
+# SD's UNet: flip_sin_to_cos=True, downscale_freq_shift=0; then the DDPM
+# defaults (no flip, shift 1) with a scale and a shorter period
+case("temb", lambda t: timestep_emb(t, 32, True, 0, 1, 10000),
+     {"t": np.array([0, 1, 250.5, 999, 517.25, 63], dtype=np.float32)})
+case("temb_ddpm", lambda t: timestep_emb(t, 7, False, 1, 2.0, 1000),
+     {"t": np.array([0, 3.5, 40, 120.25], dtype=np.float32)})
+case("bcast", lambda x, b: x + b[:, :, None, None], {"x": rand(2, 3, 4, 5), "b": rand(2, 3)})
+
+
+def check_timestep_emb_against_diffusers():
+    """If diffusers is installed, show how far its own float32 embedding is
+    from the float64 one stored above (the rounding of t * freq)."""
+    try:
+        from diffusers.models.embeddings import get_timestep_embedding
+    except ImportError:
+        return
+    t = torch.tensor(out["temb.t"])
+    ref = get_timestep_embedding(t, 32, flip_sin_to_cos=True, downscale_freq_shift=0).numpy()
+    print("diffusers float32 temb vs float64 golden: max abs diff", float(np.abs(ref - out["temb.y"]).max()))
+
+
+check_timestep_emb_against_diffusers()
 
 path = os.path.join(here, "ops.safetensors")
 save_file(out, path, metadata={"torch": torch.__version__, "generator": "make_ops_golden.py"})

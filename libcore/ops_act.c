@@ -1,0 +1,140 @@
+/* The GELU family of activations, forward and backward: exact GELU (the
+ * UNet's feed-forward), CLIP's quick_gelu, and GEGLU (a gated GELU over a
+ * projection split in two halves). Each thread owns a contiguous slice of
+ * the output (elements, or rows for GEGLU). */
+#include <math.h>
+
+#include "ops_cpu.h"
+
+static const float inv_sqrt2 = 0.70710678118654752440f;
+static const float inv_sqrt_2pi = 0.39894228040143267794f;
+static const float quick_gelu_k = 1.702f;
+
+typedef struct {
+    float *out;
+    const float *x, *dy;
+    size_t n; /* GEGLU: output columns per row */
+} act_ctx;
+
+/* gelu(x) = x * Phi(x), Phi the standard normal CDF written with erf. */
+static float gelu_val(float x)
+{
+    return 0.5f * x * (1.0f + erff(x * inv_sqrt2));
+}
+
+/* gelu'(x) = Phi(x) + x * phi(x), phi the standard normal density. */
+static float gelu_grad(float x)
+{
+    return 0.5f * (1.0f + erff(x * inv_sqrt2)) + x * inv_sqrt_2pi * expf(-0.5f * x * x);
+}
+
+/* y = gelu(x) over one slice. */
+static void gelu_fwd_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const act_ctx *c = vctx;
+    (void)worker;
+    for (size_t i = begin; i < end; i++) c->out[i] = gelu_val(c->x[i]);
+}
+
+/* Exact (erf) GELU, torch's default F.gelu; y may be x. */
+void sd_gelu_fwd(sd_pool *pool, size_t n, float *y, const float *x)
+{
+    act_ctx c = {.out = y, .x = x};
+    sd_pool_for(pool, n, gelu_fwd_range, &c);
+}
+
+/* dx += dy * gelu'(x) over one slice. */
+static void gelu_bwd_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const act_ctx *c = vctx;
+    (void)worker;
+    for (size_t i = begin; i < end; i++) c->out[i] += c->dy[i] * gelu_grad(c->x[i]);
+}
+
+/* Needs the forward's input, not its output. */
+void sd_gelu_bwd(sd_pool *pool, size_t n, float *dx, const float *dy, const float *x)
+{
+    act_ctx c = {.out = dx, .x = x, .dy = dy};
+    if (dx) sd_pool_for(pool, n, gelu_bwd_range, &c);
+}
+
+/* y = x * sigmoid(1.702 x) over one slice. */
+static void qgelu_fwd_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const act_ctx *c = vctx;
+    (void)worker;
+    for (size_t i = begin; i < end; i++) {
+        float x = c->x[i];
+        c->out[i] = x / (1.0f + expf(-quick_gelu_k * x));
+    }
+}
+
+/* CLIP's quick_gelu (OpenAI CLIP, SD 1.x text encoder); y may be x. */
+void sd_quick_gelu_fwd(sd_pool *pool, size_t n, float *y, const float *x)
+{
+    act_ctx c = {.out = y, .x = x};
+    sd_pool_for(pool, n, qgelu_fwd_range, &c);
+}
+
+/* d/dx = s + k x s (1 - s) with s = sigmoid(k x), k = 1.702. */
+static void qgelu_bwd_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const act_ctx *c = vctx;
+    (void)worker;
+    for (size_t i = begin; i < end; i++) {
+        float x = c->x[i];
+        float sg = 1.0f / (1.0f + expf(-quick_gelu_k * x));
+        c->out[i] += c->dy[i] * (sg + quick_gelu_k * x * sg * (1.0f - sg));
+    }
+}
+
+/* Needs the forward's input, not its output. */
+void sd_quick_gelu_bwd(sd_pool *pool, size_t n, float *dx, const float *dy, const float *x)
+{
+    act_ctx c = {.out = dx, .x = x, .dy = dy};
+    if (dx) sd_pool_for(pool, n, qgelu_bwd_range, &c);
+}
+
+/* GEGLU forward: each unit is one row, y[j] = a[j] * gelu(gate[j]). */
+static void geglu_fwd_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const act_ctx *c = vctx;
+    size_t n = c->n;
+    (void)worker;
+    for (size_t r = begin; r < end; r++) {
+        const float *a = c->x + r * 2 * n, *gate = a + n;
+        float *yr = c->out + r * n;
+        for (size_t j = 0; j < n; j++) yr[j] = a[j] * gelu_val(gate[j]);
+    }
+}
+
+/* diffusers' GEGLU after its projection: hidden, gate = x.chunk(2, -1);
+ * y = hidden * gelu(gate). */
+void sd_geglu_fwd(sd_pool *pool, size_t m, size_t n, float *y, const float *x)
+{
+    act_ctx c = {.out = y, .x = x, .n = n};
+    sd_pool_for(pool, m, geglu_fwd_range, &c);
+}
+
+/* GEGLU backward per row: da += dy * gelu(gate), dgate += dy * a * gelu'(gate). */
+static void geglu_bwd_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const act_ctx *c = vctx;
+    size_t n = c->n;
+    (void)worker;
+    for (size_t r = begin; r < end; r++) {
+        const float *a = c->x + r * 2 * n, *gate = a + n, *dyr = c->dy + r * n;
+        float *da = c->out + r * 2 * n, *dgate = da + n;
+        for (size_t j = 0; j < n; j++) {
+            da[j] += dyr[j] * gelu_val(gate[j]);
+            dgate[j] += dyr[j] * a[j] * gelu_grad(gate[j]);
+        }
+    }
+}
+
+/* dx [m, 2n] gets both halves' gradients; needs the forward's input. */
+void sd_geglu_bwd(sd_pool *pool, size_t m, size_t n, float *dx, const float *dy, const float *x)
+{
+    act_ctx c = {.out = dx, .x = x, .dy = dy, .n = n};
+    if (dx) sd_pool_for(pool, m, geglu_bwd_range, &c);
+}
