@@ -46,6 +46,7 @@ static size_t max_act(const sd_vae_config *c, int h, int w)
 /* Three activation buffers, attention q/k/v and log-sum-exp, norm stats. */
 size_t sd_vae_workspace_floats(const sd_vae *v, int n, int h, int w)
 {
+    n = 1; /* sd_vae_encode runs one image at a time */
     const sd_vae_config *c = &v->cfg;
     int lh, lw;
     sd_vae_latent_size(c, h, w, &lh, &lw);
@@ -160,12 +161,11 @@ static void moments(int n, int L, size_t hw, const float *m, float *mean, float 
 }
 
 /* conv_in, the down blocks, the mid block, norm_out + silu + conv_out,
- * quant_conv, then mean and std. */
-sd_status sd_vae_encode(const sd_vae *v, const sd_backend *be, sd_pool *pool, int n, int h, int w, const float *x,
-                        float *mean, float *std, float *ws, sd_error *err)
+ * quant_conv, then mean and std, for n images at once. */
+static void encode_batch(const sd_vae *v, const sd_backend *be, sd_pool *pool, int n, int h, int w, const float *x,
+                         float *mean, float *std, float *ws)
 {
     const sd_vae_config *cfg = &v->cfg;
-    if (n < 1 || h < 3 || w < 3) return sd_err_set(err, SD_EINVAL, "VAE encode: bad input size %dx%dx%d", n, h, w);
     size_t big = (size_t)n * max_act(cfg, h, w);
     float *a = ws, *b = ws + big, *c = ws + 2 * big, *tail = ws + 3 * big;
     int lh, lw;
@@ -204,5 +204,20 @@ sd_status sd_vae_encode(const sd_vae *v, const sd_backend *be, sd_pool *pool, in
         m = b;
     }
     moments(n, cfg->latent_channels, (size_t)h * (size_t)w, m, mean, std);
+}
+
+/* One image at a time through encode_batch: an image's latents then never
+ * depend on which images share its batch (GEMM tilings may differ with the
+ * row count), so resumed or split sd-latents runs give the same bytes; on
+ * the CPU a single 512x512 image already fills every thread. */
+sd_status sd_vae_encode(const sd_vae *v, const sd_backend *be, sd_pool *pool, int n, int h, int w, const float *x,
+                        float *mean, float *std, float *ws, sd_error *err)
+{
+    if (n < 1 || h < 3 || w < 3) return sd_err_set(err, SD_EINVAL, "VAE encode: bad input size %dx%dx%d", n, h, w);
+    int lh, lw;
+    sd_vae_latent_size(&v->cfg, h, w, &lh, &lw);
+    size_t px = (size_t)3 * (size_t)h * (size_t)w, lat = (size_t)v->cfg.latent_channels * (size_t)lh * (size_t)lw;
+    for (int i = 0; i < n; i++)
+        encode_batch(v, be, pool, 1, h, w, x + (size_t)i * px, mean + (size_t)i * lat, std + (size_t)i * lat, ws);
     return SD_OK;
 }

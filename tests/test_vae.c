@@ -2,7 +2,8 @@
  * tests/golden/make_vae_golden.py): an SD-shaped and an SDXL-shaped tiny
  * AutoencoderKL, each loaded from its diffusers folder (fp32) and from its
  * single-file ldm checkpoint (fp16 / bf16, config inferred from shapes),
- * mean and std within 1e-4; results bit-identical for 1, 2 and 3 threads;
+ * mean and std within 1e-4; results bit-identical for 1, 2 and 3 threads
+ * and for an image encoded alone or inside a batch;
  * clear errors for missing files, wrong shapes and files without a VAE. */
 #include <math.h>
 #include <stdio.h>
@@ -101,6 +102,20 @@ static void check_model(const char *label, const char *path, const sd_vae_opts *
                 CHECK(encode(&v, g, t, m2, s2));
                 CHECK(memcmp(m2, mean, nl * sizeof(float)) == 0);
                 CHECK(memcmp(s2, std, nl * sizeof(float)) == 0);
+            }
+            /* each image alone gives the bytes it gave inside the batch:
+             * sd-latents relies on it (resumed and split runs batch
+             * differently) */
+            golden one = *g;
+            one.n = 1;
+            size_t per = nl / (size_t)g->n, px = (size_t)3 * (size_t)g->h * (size_t)g->w;
+            for (int i = 0; i < g->n && m2 && s2; i++) {
+                sd_st_tensor xi = *g->x;
+                xi.data = (const float *)g->x->data + (size_t)i * px;
+                one.x = &xi;
+                CHECK(encode(&v, &one, 2, m2, s2));
+                CHECK(memcmp(m2, mean + (size_t)i * per, per * sizeof(float)) == 0);
+                CHECK(memcmp(s2, std + (size_t)i * per, per * sizeof(float)) == 0);
             }
             free(m2);
             free(s2);

@@ -1,0 +1,56 @@
+/* sd-latents internals: the job list read from a bucketed JSONL stream
+ * (latents_jobs.c) and the run that decodes, encodes and writes it
+ * (latents_run.c). tools/sd_latents.c is only the command line. */
+#ifndef SDTK_LATENTS_H
+#define SDTK_LATENTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "image.h"
+#include "tally.h"
+
+/* One image to cache: where it is, its plan from sd-bucket, its key. */
+typedef struct {
+    char *name;   /* sd-meta `key`: the record name */
+    char *image;  /* file, or the tar holding the member */
+    char *member; /* tar member or NULL */
+    uint64_t offset, size;
+    int bucket_w, bucket_h;
+    int orig_w, orig_h;
+    sd_image_plan plan; /* resize + crop (flip is per variant) */
+    size_t seq;         /* position in the input, for a stable order */
+    uint8_t key[16];    /* record key: hash of name, plan, options, model */
+    int state;          /* JOB_TODO, JOB_DONE, JOB_STALE */
+    uint8_t old_key[16];
+} latent_job;
+
+enum { JOB_TODO = 0, JOB_DONE = 1, JOB_STALE = 2 };
+
+typedef struct {
+    latent_job *v;
+    size_t n, cap;
+    uint64_t lines, other_shard;
+} job_list;
+
+/* Read every record of path ("-": stdin), keep those of shard `index` of
+ * `count` (by a hash of the name), skip bad ones into tally; then sort by
+ * bucket (stable). */
+sd_status jobs_read(job_list *l, const char *path, int index, int count, sd_tally *tally, sd_error *err);
+void jobs_free(job_list *l);
+
+/* Everything the run needs from the command line. */
+typedef struct {
+    const char *input, *output, *vae_path, *vae_config, *device, *dtype_name;
+    int vae_groups;
+    double scale;
+    int shard_index, shard_count;
+    int batch, threads, flip, sample, nosync, strict, quiet;
+    uint64_t seed;
+} latents_opts;
+
+/* The whole tool: returns an SD_EXIT_* code. */
+int latents_run(const latents_opts *o);
+
+#endif

@@ -1,0 +1,177 @@
+/* sd-latents input: bucketed JSONL records (sd-meta | sd-bucket) into a job
+ * list, this process's part of it, sorted by bucket for batching. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena.h"
+#include "hash.h"
+#include "json.h"
+#include "latents.h"
+
+/* A JSON array of `n` integers into out; 0 on success. */
+static int int_array(const sd_json *a, int n, int *out)
+{
+    if (!a || a->type != SD_JSON_ARRAY || (int)a->len != n) return -1;
+    int i = 0;
+    for (const sd_json *e = a->child; e; e = e->next, i++) {
+        double d;
+        if (sd_json_num(e, &d) || d != (double)(int)d || d < 0 || d > 1e7) return -1;
+        out[i] = (int)d;
+    }
+    return 0;
+}
+
+/* A non-negative integer member; 0 when present and valid, 1 when absent. */
+static int opt_u64(const sd_json *obj, const char *key, uint64_t *out)
+{
+    const sd_json *m = sd_json_get(obj, key);
+    double d;
+    if (!m) return 1;
+    if (sd_json_num(m, &d) || d < 0 || d != (double)(uint64_t)d) return -1;
+    *out = (uint64_t)d;
+    return 0;
+}
+
+/* A string member copied to the heap, NULL when absent or not a string. */
+static char *dup_str(const sd_json *obj, const char *key)
+{
+    const sd_json *m = sd_json_get(obj, key);
+    if (!m || m->type != SD_JSON_STRING || memchr(m->str, 0, m->len)) return NULL;
+    char *s = malloc(m->len + 1);
+    if (s) {
+        memcpy(s, m->str, m->len);
+        s[m->len] = 0;
+    }
+    return s;
+}
+
+/* Free one job's strings. */
+static void job_free(latent_job *j)
+{
+    free(j->name);
+    free(j->image);
+    free(j->member);
+}
+
+/* Turn one parsed record into a job; a reason string when it cannot be. */
+static const char *job_from(const sd_json *r, latent_job *j)
+{
+    int b[2], rs[2], c[4], o[2];
+    memset(j, 0, sizeof(*j));
+    if (r->type != SD_JSON_OBJECT) return "not a JSON object";
+    j->name = dup_str(r, "key");
+    if (!j->name || !j->name[0] || strlen(j->name) > 511) return "no usable key (1..511 bytes)";
+    j->image = dup_str(r, "image");
+    if (!j->image) return "no image path";
+    if (int_array(sd_json_get(r, "bucket"), 2, b) || int_array(sd_json_get(r, "resize"), 2, rs) ||
+        int_array(sd_json_get(r, "crop"), 4, c))
+        return "not bucketed (no bucket/resize/crop: run sd-bucket first)";
+    if (b[0] % 8 || b[1] % 8 || b[0] < 8 || b[1] < 8) return "bucket size is not a positive multiple of 8";
+    j->bucket_w = b[0];
+    j->bucket_h = b[1];
+    j->plan = (sd_image_plan){.resize_w = rs[0], .resize_h = rs[1], .crop_l = c[0], .crop_t = c[1],
+                              .crop_r = c[2], .crop_b = c[3]};
+    sd_error e = {0};
+    if (sd_image_plan_check(&j->plan, &e)) return "bad resize/crop";
+    if (sd_image_out_w(&j->plan) != b[0] || sd_image_out_h(&j->plan) != b[1]) return "crop size differs from bucket";
+    if (int_array(sd_json_get(r, "original_size"), 2, o) == 0) {
+        j->orig_w = o[0];
+        j->orig_h = o[1];
+    } else {
+        j->orig_w = rs[0];
+        j->orig_h = rs[1];
+    }
+    j->member = dup_str(r, "member");
+    j->size = SD_IMAGE_WHOLE_FILE;
+    int ho = opt_u64(r, "offset", &j->offset), hs = opt_u64(r, "size", &j->size);
+    if (ho < 0 || hs < 0) return "bad offset/size";
+    if (j->member && (ho || hs)) return "tar member without offset/size (compressed tar? unpack it)";
+    return NULL;
+}
+
+/* Append a job, growing the list. */
+static int push(job_list *l, const latent_job *j)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 1024;
+        latent_job *v = realloc(l->v, cap * sizeof(*v));
+        if (!v) return -1;
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = *j;
+    return 0;
+}
+
+/* Bucket order (width, then height), then input order: stable batching. */
+static int by_bucket(const void *a, const void *b)
+{
+    const latent_job *x = a, *y = b;
+    if (x->bucket_w != y->bucket_w) return x->bucket_w < y->bucket_w ? -1 : 1;
+    if (x->bucket_h != y->bucket_h) return x->bucket_h < y->bucket_h ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Read, select and sort (see latents.h). */
+sd_status jobs_read(job_list *l, const char *path, int index, int count, sd_tally *tally, sd_error *err)
+{
+    memset(l, 0, sizeof(*l));
+    int is_stdin = strcmp(path, "-") == 0;
+    FILE *f = is_stdin ? stdin : fopen(path, "r");
+    if (!f) return sd_err_set(err, SD_EIO, "%s: cannot open: %s", path, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    sd_arena a;
+    sd_arena_init(&a, 1 << 16);
+    sd_status st = SD_OK;
+    while (!st && (len = getline(&line, &cap, f)) >= 0) {
+        l->lines++;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) len--;
+        if (len == 0) continue;
+        sd_json *root = NULL;
+        sd_error pe = {0};
+        sd_arena_reset(&a);
+        if (sd_json_parse(&a, line, (size_t)len, &root, &pe)) {
+            sd_skip(tally, "malformed JSON", "%s:%llu: %s", path, (unsigned long long)l->lines, pe.msg);
+            continue;
+        }
+        latent_job j;
+        const char *why = job_from(root, &j);
+        if (why) {
+            sd_skip(tally, why, "%s:%llu (%s)", path, (unsigned long long)l->lines, j.name ? j.name : "no key");
+            job_free(&j);
+            continue;
+        }
+        if (count > 1 && (int)(sd_hash64(j.name, strlen(j.name), 0) % (uint64_t)count) != index) {
+            l->other_shard++;
+            job_free(&j);
+            continue;
+        }
+        j.seq = l->n;
+        if (push(l, &j)) {
+            job_free(&j);
+            st = sd_err_set(err, SD_ENOMEM, "out of memory reading %s", path);
+        }
+    }
+    if (!st && ferror(f)) st = sd_err_set(err, SD_EIO, "%s: read error", path);
+    free(line);
+    sd_arena_free(&a);
+    if (!is_stdin) fclose(f);
+    if (st) {
+        jobs_free(l);
+        return st;
+    }
+    qsort(l->v, l->n, sizeof(*l->v), by_bucket);
+    return SD_OK;
+}
+
+/* Free the list and every job's strings. */
+void jobs_free(job_list *l)
+{
+    for (size_t i = 0; i < l->n; i++) job_free(&l->v[i]);
+    free(l->v);
+    memset(l, 0, sizeof(*l));
+}

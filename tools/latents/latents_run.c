@@ -1,0 +1,469 @@
+/* sd-latents: decode + resize + crop (libvips), VAE encode (the engine),
+ * write records into one LMDB shard, one transaction per batch, so a kill
+ * loses at most the batch in flight and a rerun skips what is stored.
+ *
+ * Batches are cut at fixed positions of the bucket-sorted job list (every
+ * `batch` jobs of one bucket), whatever is already stored, so a resumed run
+ * encodes exactly the batches an uninterrupted run would have: with the
+ * engine's thread-count-independent ops, the shard's records are then
+ * bit-identical to an uninterrupted run's. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "buf.h"
+#include "cli.h"
+#include "f16.h"
+#include "hash.h"
+#include "keyset.h"
+#include "log.h"
+#include "pool.h"
+#include "progress.h"
+#include "shard.h"
+#include "latents.h"
+#include "vae.h"
+
+typedef struct {
+    const latents_opts *o;
+    sd_vae vae;
+    const sd_backend *be;
+    sd_pool *pool;
+    sd_shard *shard;
+    job_list jobs;
+    sd_tally tally;
+    int dtype;
+    char model_hash[17];
+    float *img, *mean, *std, *ws;
+    size_t img_cap, lat_cap, ws_cap;
+    sd_status *dec_st; /* per job of a batch */
+    char (*dec_msg)[256];
+    unsigned char *conv; /* one tensor in the stored dtype */
+    size_t conv_cap;
+    sd_buf rec;
+    double t_decode, t_encode, t_write;
+    uint64_t written, cached, bad, replaced;
+} run;
+
+/* Grow a float buffer to at least n floats (contents not kept). */
+static int ensure(float **p, size_t *cap, size_t n)
+{
+    if (n <= *cap) return 0;
+    free(*p);
+    *p = aligned_alloc(64, (n * sizeof(float) + 63) & ~(size_t)63);
+    *cap = *p ? n : 0;
+    return *p ? 0 : -1;
+}
+
+/* The stored dtype from its name. */
+static int parse_dtype(const char *s)
+{
+    if (!s || !strcmp(s, "fp16")) return SD_DT_F16;
+    if (!strcmp(s, "bf16")) return SD_DT_BF16;
+    if (!strcmp(s, "fp32")) return SD_DT_F32;
+    return 0;
+}
+
+/* The record key: everything that decides the stored bytes (name, plan,
+ * mode, flip, dtype, seed, model), so a changed plan or model is a new key
+ * and a rerun with the same inputs finds its records. */
+static void job_key(const run *r, latent_job *j)
+{
+    sd_buf b;
+    sd_buf_init(&b);
+    sd_buf_printf(&b, "%s%c%d,%d,%d,%d,%d,%d|%d,%d|%s|%d|%d|%d|%llu|%s", j->name, 0, j->plan.resize_w,
+                  j->plan.resize_h, j->plan.crop_l, j->plan.crop_t, j->plan.crop_r, j->plan.crop_b, j->orig_w,
+                  j->orig_h, j->member ? j->member : "", r->o->sample, r->o->flip, r->dtype,
+                  (unsigned long long)r->o->seed, r->model_hash);
+    sd_key128 k = sd_key128_of(b.data, b.len);
+    memcpy(j->key, &k.lo, 8);
+    memcpy(j->key + 8, &k.hi, 8);
+    sd_buf_free(&b);
+}
+
+/* Mark each job done (its name maps to its key), stale (its name maps to
+ * another key: re-made with other options or model, replaced) or to do. */
+static sd_status classify(run *r, sd_error *err)
+{
+    sd_shard_txn *t = NULL;
+    sd_status st = sd_shard_read_begin(r->shard, &t, err);
+    for (size_t i = 0; i < r->jobs.n && !st; i++) {
+        latent_job *j = &r->jobs.v[i];
+        job_key(r, j);
+        const void *k;
+        size_t kl;
+        sd_error e = {0};
+        sd_status g = sd_shard_get_name(t, j->name, strlen(j->name), &k, &kl, &e);
+        if (g == SD_ENOTFOUND) j->state = JOB_TODO;
+        else if (g) st = sd_err_set(err, g, "%s", e.msg);
+        else if (kl == 16 && !memcmp(k, j->key, 16)) j->state = JOB_DONE;
+        else if (kl == 16) {
+            j->state = JOB_STALE;
+            memcpy(j->old_key, k, 16);
+        } else
+            st = sd_err_set(err, SD_EFORMAT, "%s: record %s has a %zu-byte key; not written by sd-latents",
+                            sd_shard_path(r->shard), j->name, kl);
+    }
+    if (t) sd_shard_read_end(t);
+    return st;
+}
+
+/* A shard made with another VAE must not be mixed with this one. */
+static sd_status check_meta(run *r, sd_error *err)
+{
+    char *old = NULL;
+    sd_error e = {0};
+    sd_status st = sd_shard_meta_get(r->shard, SD_SHARD_META_MODEL, &old, &e);
+    if (st == SD_ENOTFOUND) return SD_OK;
+    if (st) return sd_err_set(err, st, "%s", e.msg);
+    if (strcmp(old, r->model_hash) != 0)
+        st = sd_err_set(err, SD_EINVAL,
+                        "%s holds latents of another VAE (model_hash %s, this one is %s); "
+                        "write to a new shard or remove it",
+                        sd_shard_path(r->shard), old, r->model_hash);
+    free(old);
+    return st;
+}
+
+/* producer, model_hash, scaling_factor, dtypes and options, in the open batch. */
+static sd_status write_meta(run *r, sd_error *err)
+{
+    char buf[512];
+    const latents_opts *o = r->o;
+    snprintf(buf, sizeof buf, "sd-latents %s", sd_version());
+    sd_status st = sd_shard_meta_set(r->shard, SD_SHARD_META_PRODUCER, buf, err);
+    if (!st) st = sd_shard_meta_set(r->shard, SD_SHARD_META_MODEL, r->model_hash, err);
+    snprintf(buf, sizeof buf, "%.17g", r->vae.cfg.scaling_factor);
+    if (!st) st = sd_shard_meta_set(r->shard, SD_SHARD_META_SCALING, buf, err);
+    snprintf(buf, sizeof buf, "{\"latent\": \"%s\"}", sd_dtype_name(r->dtype));
+    if (!st) st = sd_shard_meta_set(r->shard, SD_SHARD_META_DTYPES, buf, err);
+    sd_buf b;
+    sd_buf_init(&b);
+    sd_buf_puts(&b, "{\"vae\": ");
+    sd_buf_json_cstr(&b, o->vae_path);
+    sd_buf_printf(&b, ", \"mode\": \"%s\", \"flip\": %s, \"seed\": %llu, \"shard\": \"%d/%d\"}",
+                  o->sample ? "sample" : "mean_std", o->flip ? "true" : "false", (unsigned long long)o->seed,
+                  o->shard_index, o->shard_count);
+    if (!st) st = sd_shard_meta_set(r->shard, SD_SHARD_META_OPTIONS, sd_buf_cstr(&b), err);
+    sd_buf_free(&b);
+    return st;
+}
+
+/* Per batch: the jobs being decoded and where their pixels go. */
+typedef struct {
+    run *r;
+    latent_job **jobs;
+    size_t chw;
+} dec_ctx;
+
+/* Decode one job per unit into its slot; failures are kept per job. */
+static void decode_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    dec_ctx *c = vctx;
+    (void)worker;
+    for (size_t i = begin; i < end; i++) {
+        latent_job *j = c->jobs[i];
+        sd_image_src src = {.path = j->image, .member = j->member, .offset = j->offset, .size = j->size};
+        sd_error e = {0};
+        c->r->dec_st[i] = sd_image_load_chw(&src, &j->plan, c->r->img + i * c->chw, &e);
+        if (c->r->dec_st[i]) snprintf(c->r->dec_msg[i], sizeof c->r->dec_msg[i], "%s", e.msg);
+    }
+}
+
+/* Mirror each CHW image left-right: the flipped variant of a decoded image. */
+static void flip_lr(float *dst, const float *src, int planes, int h, int w)
+{
+    for (int p = 0; p < planes * h; p++) {
+        const float *s = src + (size_t)p * (size_t)w;
+        float *d = dst + (size_t)p * (size_t)w;
+        for (int x = 0; x < w; x++) d[x] = s[w - 1 - x];
+    }
+}
+
+/* splitmix64: the per-record noise stream for --sample. */
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* mean + std * N(0, 1) in place of mean (Box-Muller), seeded by the record
+ * name, the variant and --seed, so a sample never depends on batch order. */
+static void sample_into(float *mean, const float *std, size_t n, const char *name, int variant, uint64_t seed)
+{
+    uint64_t s = sd_hash64(name, strlen(name), seed) ^ (uint64_t)variant * 0xD6E8FEB86659FD93ull;
+    for (size_t i = 0; i < n; i += 2) {
+        double u1 = ((double)(splitmix(&s) >> 11) + 1.0) / 9007199254740993.0;
+        double u2 = (double)(splitmix(&s) >> 11) / 9007199254740992.0;
+        double rad = sqrt(-2.0 * log(u1));
+        mean[i] += std[i] * (float)(rad * cos(2.0 * M_PI * u2));
+        if (i + 1 < n) mean[i + 1] += std[i + 1] * (float)(rad * sin(2.0 * M_PI * u2));
+    }
+}
+
+/* n floats into the stored dtype at dst. */
+static void store(unsigned char *dst, const float *src, size_t n, int dtype)
+{
+    if (dtype == SD_DT_F32) {
+        memcpy(dst, src, n * 4);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h = dtype == SD_DT_F16 ? sd_f32_to_f16(src[i]) : sd_f32_to_bf16(src[i]);
+        memcpy(dst + 2 * i, &h, 2);
+    }
+}
+
+/* Build job j's record from its latents (variants: 1 or 2 with --flip;
+ * image k of the batch, `ok` images per variant) and put it. */
+static sd_status put_record(run *r, latent_job *j, size_t k, size_t ok, size_t lat, int lc, int lh, int lw,
+                            sd_error *err)
+{
+    const latents_opts *o = r->o;
+    int variants = o->flip ? 2 : 1, nt = 0;
+    size_t esz = sd_dtype_size(r->dtype), need = 4 * lat * esz;
+    if (need > r->conv_cap) {
+        unsigned char *c = realloc(r->conv, need);
+        if (!c) return sd_err_set(err, SD_ENOMEM, "out of memory");
+        r->conv = c;
+        r->conv_cap = need;
+    }
+    sd_shard_rec rec = {.kind = SD_REC_LATENT, .orig_w = (uint32_t)j->orig_w, .orig_h = (uint32_t)j->orig_h,
+                        .bucket_w = (uint32_t)j->bucket_w, .bucket_h = (uint32_t)j->bucket_h, .name = j->name,
+                        .name_len = strlen(j->name)};
+    rec.crop[0] = j->plan.crop_l;
+    rec.crop[1] = j->plan.crop_t;
+    rec.crop[2] = j->plan.crop_r;
+    rec.crop[3] = j->plan.crop_b;
+    rec.flags = (uint16_t)((o->flip ? SD_REC_F_FLIPPED : 0) | (o->sample ? 0 : SD_REC_F_MEANSTD));
+    for (int v = 0; v < variants; v++) {
+        float *m = r->mean + (v * ok + k) * lat, *s = r->std + (v * ok + k) * lat;
+        if (o->sample) sample_into(m, s, lat, j->name, v, o->seed);
+        int roles[2];
+        int nr = o->sample ? 1 : 2;
+        roles[0] = o->sample ? (v ? SD_ROLE_SAMPLE_FLIP : SD_ROLE_SAMPLE) : (v ? SD_ROLE_MEAN_FLIP : SD_ROLE_MEAN);
+        roles[1] = v ? SD_ROLE_STD_FLIP : SD_ROLE_STD;
+        for (int t = 0; t < nr; t++) {
+            unsigned char *dst = r->conv + (size_t)nt * lat * esz;
+            store(dst, t ? s : m, lat, r->dtype);
+            rec.t[nt] = (sd_shard_tensor){.dtype = (uint8_t)r->dtype, .role = (uint8_t)roles[t], .ndim = 3,
+                                          .shape = {(uint32_t)lc, (uint32_t)lh, (uint32_t)lw, 0}, .data = dst};
+            nt++;
+        }
+    }
+    rec.ntensors = nt;
+    sd_status st = sd_shard_rec_build(&rec, &r->rec, err);
+    if (!st && j->state == JOB_STALE) {
+        st = sd_shard_del(r->shard, j->old_key, 16, err);
+        r->replaced++;
+    }
+    if (!st) st = sd_shard_put(r->shard, j->key, 16, r->rec.data, r->rec.len, err);
+    return st;
+}
+
+/* Decode, encode and write one batch of jobs of one bucket. */
+static sd_status do_batch(run *r, latent_job **todo, size_t m, int *meta_pending, sd_error *err)
+{
+    const latents_opts *o = r->o;
+    int w = todo[0]->bucket_w, h = todo[0]->bucket_h, variants = o->flip ? 2 : 1;
+    size_t chw = 3 * (size_t)w * (size_t)h;
+    int lh, lw, lc = r->vae.cfg.latent_channels;
+    sd_vae_latent_size(&r->vae.cfg, h, w, &lh, &lw);
+    size_t lat = (size_t)lc * (size_t)lh * (size_t)lw, n = m * (size_t)variants;
+    if (ensure(&r->img, &r->img_cap, n * chw) || ensure(&r->mean, &r->lat_cap, n * lat) ||
+        ensure(&r->ws, &r->ws_cap, sd_vae_workspace_floats(&r->vae, (int)n, h, w)))
+        return sd_err_set(err, SD_ENOMEM, "out of memory for a batch of %zu images of %dx%d (try a smaller --batch)",
+                          n, w, h);
+    free(r->std);
+    r->std = malloc(n * lat * sizeof(float));
+    if (!r->std) return sd_err_set(err, SD_ENOMEM, "out of memory");
+
+    double t0 = sd_now();
+    dec_ctx dc = {r, todo, chw};
+    sd_pool_for(r->pool, m, decode_range, &dc);
+    size_t ok = 0;
+    for (size_t i = 0; i < m; i++) {
+        if (r->dec_st[i]) {
+            sd_skip(&r->tally, "unreadable image", "%s (%s): %s", todo[i]->name, todo[i]->image, r->dec_msg[i]);
+            r->bad++;
+            todo[i] = NULL;
+            continue;
+        }
+        if (ok != i) memmove(r->img + ok * chw, r->img + i * chw, chw * sizeof(float));
+        todo[ok++] = todo[i];
+    }
+    if (o->flip)
+        for (size_t i = 0; i < ok; i++) flip_lr(r->img + (ok + i) * chw, r->img + i * chw, 3, h, w);
+    double t1 = sd_now();
+    r->t_decode += t1 - t0;
+    if (!ok) return SD_OK;
+    size_t ne = ok * (size_t)variants;
+    sd_status st = sd_vae_encode(&r->vae, r->be, r->pool, (int)ne, h, w, r->img, r->mean, r->std, r->ws, err);
+    double t2 = sd_now();
+    r->t_encode += t2 - t1;
+    if (!st) st = sd_shard_begin(r->shard, err);
+    if (!st && *meta_pending) {
+        st = write_meta(r, err);
+        *meta_pending = 0;
+    }
+    for (size_t i = 0; i < ok && !st; i++) st = put_record(r, todo[i], i, ok, lat, lc, lh, lw, err);
+    if (!st) st = sd_shard_commit(r->shard, err);
+    else sd_shard_abort(r->shard);
+    if (!st) r->written += ok;
+    r->t_write += sd_now() - t2;
+    return st;
+}
+
+/* Walk the bucket-sorted jobs in fixed batches, running those with work. */
+static sd_status run_batches(run *r, sd_error *err)
+{
+    const latents_opts *o = r->o;
+    size_t todo_total = 0;
+    for (size_t i = 0; i < r->jobs.n; i++) todo_total += r->jobs.v[i].state != JOB_DONE;
+    r->cached = r->jobs.n - todo_total;
+    latent_job **todo = malloc((size_t)o->batch * sizeof(*todo));
+    r->dec_st = calloc((size_t)o->batch, sizeof(*r->dec_st));
+    r->dec_msg = calloc((size_t)o->batch, sizeof(*r->dec_msg));
+    if (!todo || !r->dec_st || !r->dec_msg) {
+        free(todo);
+        return sd_err_set(err, SD_ENOMEM, "out of memory");
+    }
+    sd_progress prog;
+    sd_progress_init(&prog, "sd-latents", "images", todo_total, !o->quiet);
+    int meta_pending = 1;
+    uint64_t done = 0;
+    double last_stage = sd_now();
+    sd_status st = SD_OK;
+    size_t i = 0;
+    while (i < r->jobs.n && !st) {
+        size_t g = i; /* one bucket: [i, e) */
+        while (g < r->jobs.n && r->jobs.v[g].bucket_w == r->jobs.v[i].bucket_w &&
+               r->jobs.v[g].bucket_h == r->jobs.v[i].bucket_h)
+            g++;
+        for (size_t b = i; b < g && !st; b += (size_t)o->batch) {
+            size_t m = 0;
+            for (size_t k = b; k < g && k < b + (size_t)o->batch; k++)
+                if (r->jobs.v[k].state != JOB_DONE) todo[m++] = &r->jobs.v[k];
+            if (!m) continue;
+            st = do_batch(r, todo, m, &meta_pending, err);
+            done += m;
+            sd_progress_update(&prog, done, r->bad);
+            if (!o->quiet && sd_now() - last_stage > 30) {
+                last_stage = sd_now();
+                sd_log(SD_LOG_INFO, "stages: decode %.1f img/s, encode %.2f img/s, write %.0f img/s",
+                       r->t_decode > 0 ? (double)done / r->t_decode : 0, r->t_encode > 0 ? (double)r->written / r->t_encode : 0,
+                       r->t_write > 0 ? (double)r->written / r->t_write : 0);
+            }
+        }
+        i = g;
+    }
+    sd_progress_finish(&prog);
+    free(todo);
+    return st;
+}
+
+/* Release everything the run holds. */
+static void run_free(run *r)
+{
+    if (r->shard) {
+        sd_error e = {0};
+        if (sd_shard_close(r->shard, &e)) sd_log(SD_LOG_ERROR, "%s", e.msg);
+    }
+    jobs_free(&r->jobs);
+    sd_vae_free(&r->vae);
+    if (r->pool) sd_pool_destroy(r->pool);
+    free(r->img);
+    free(r->mean);
+    free(r->std);
+    free(r->ws);
+    free(r->dec_st);
+    free(r->dec_msg);
+    free(r->conv);
+    sd_buf_free(&r->rec);
+}
+
+/* Each pool worker releases its libvips thread state. */
+static void image_thread_done(void *ctx, int worker, size_t begin, size_t end)
+{
+    (void)ctx;
+    (void)worker;
+    (void)begin;
+    (void)end;
+    sd_image_thread_done();
+}
+
+/* Load the VAE, read the jobs, open the shard, run, report. */
+int latents_run(const latents_opts *o)
+{
+    run r;
+    memset(&r, 0, sizeof r);
+    r.o = o;
+    sd_buf_init(&r.rec);
+    sd_tally_init(&r.tally, 10);
+    sd_error err = {0};
+    sd_status st = SD_OK;
+    r.dtype = parse_dtype(o->dtype_name);
+    r.be = sd_backend_cpu();
+    if (!r.dtype) st = sd_err_set(&err, SD_EINVAL, "--dtype %s: expected fp16, bf16 or fp32", o->dtype_name);
+    if (!st) st = sd_image_init(&err);
+    sd_vae_opts vo = {.config_path = o->vae_config, .groups = o->vae_groups, .scaling_factor = o->scale};
+    double t0 = sd_now();
+    if (!st) st = sd_vae_load(&r.vae, o->vae_path, &vo, &err);
+    if (!st) {
+        snprintf(r.model_hash, sizeof r.model_hash, "%016llx",
+                 (unsigned long long)sd_hash64(r.vae.w.data, sd_weights_bytes(&r.vae.w), 0));
+        sd_log(SD_LOG_INFO, "VAE %s (%s): %d blocks, %zu MB of weights, scaling factor %g (%s), model_hash %s, %.1f s",
+               o->vae_path, r.vae.layout, r.vae.cfg.nblocks, sd_weights_bytes(&r.vae.w) >> 20,
+               r.vae.cfg.scaling_factor, r.vae.cfg.scale_source, r.model_hash, sd_now() - t0);
+    }
+    if (!st) st = jobs_read(&r.jobs, o->input, o->shard_index, o->shard_count, &r.tally, &err);
+    if (!st) {
+        sd_keyset names;
+        sd_keyset_init(&names);
+        size_t k = 0;
+        for (size_t i = 0; i < r.jobs.n; i++) {
+            latent_job *j = &r.jobs.v[i];
+            if (sd_keyset_insert(&names, sd_key128_of(j->name, strlen(j->name))) == 0) {
+                sd_skip(&r.tally, "duplicate key", "%s: key %s seen before", o->input, j->name);
+                free(j->name);
+                free(j->image);
+                free(j->member);
+                continue;
+            }
+            r.jobs.v[k++] = *j;
+        }
+        r.jobs.n = k;
+        sd_keyset_free(&names);
+    }
+    sd_shard_opts so = {SD_SHARD_CREATE | (o->nosync ? SD_SHARD_NOSYNC : 0), 0, 0};
+    if (!st) st = sd_shard_open(&r.shard, o->output, &so, &err);
+    if (!st) st = check_meta(&r, &err);
+    if (!st) st = classify(&r, &err);
+    if (!st) {
+        r.pool = o->threads > 1 ? sd_pool_create(o->threads) : NULL;
+        sd_log(SD_LOG_INFO, "%zu records for this process (%llu lines read, %llu for other shards), batch %d, %d threads",
+               r.jobs.n, (unsigned long long)r.jobs.lines, (unsigned long long)r.jobs.other_shard, o->batch,
+               o->threads);
+        st = run_batches(&r, &err);
+        if (r.pool) sd_pool_for(r.pool, (size_t)sd_pool_size(r.pool), image_thread_done, NULL);
+    }
+    if (st) sd_log(SD_LOG_ERROR, "%s", err.msg);
+    if (r.written + r.bad)
+        sd_log(SD_LOG_INFO,
+               "%llu written (%llu replaced stale), %llu already cached, %llu bad; "
+               "stages: decode %.1f img/s (%.1f s), encode %.2f img/s (%.1f s), write %.0f img/s (%.2f s)",
+               (unsigned long long)r.written, (unsigned long long)r.replaced, (unsigned long long)r.cached,
+               (unsigned long long)r.bad, r.t_decode > 0 ? (double)(r.written + r.bad) / r.t_decode : 0, r.t_decode,
+               r.t_encode > 0 ? (double)r.written / r.t_encode : 0, r.t_encode,
+               r.t_write > 0 ? (double)r.written / r.t_write : 0, r.t_write);
+    else if (!st)
+        sd_log(SD_LOG_INFO, "nothing to do: %llu records already cached", (unsigned long long)r.cached);
+    sd_tally_log(&r.tally, "records");
+    int code = st ? SD_EXIT_FATAL : (o->strict && r.tally.total ? SD_EXIT_SKIPPED : SD_EXIT_OK);
+    run_free(&r);
+    sd_image_shutdown();
+    return code;
+}

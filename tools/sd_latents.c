@@ -1,0 +1,97 @@
+/* sd-latents: cache VAE latents of a bucketed JSONL stream into one shard.
+ * This file is the command line only; the work is in tools/latents/. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "err.h"
+#include "latents/latents.h"
+#include "log.h"
+#include "pool.h"
+
+/* "i/N" with 0 <= i < N; 0 on success. */
+static int parse_part(const char *s, int *index, int *count)
+{
+    char *end;
+    long i = strtol(s, &end, 10);
+    if (end == s || *end != '/') return -1;
+    const char *p = end + 1;
+    long n = strtol(p, &end, 10);
+    if (end == p || *end || n < 1 || n > 1 << 20 || i < 0 || i >= n) return -1;
+    *index = (int)i;
+    *count = (int)n;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    latents_opts o = {.device = "cpu", .dtype_name = "fp16", .shard_count = 1};
+    const char *part = NULL;
+    long batch = 1, threads = 0, groups = 0, seed = 0;
+    int quiet = 0, verbose = 0;
+    const sd_opt opts[] = {
+        {"output", 'o', SD_OPT_STR, &o.output, "SHARD", "the shard to write (created if missing, else resumed)"},
+        {"vae", 0, SD_OPT_STR, &o.vae_path, "PATH",
+         "diffusers model folder, its vae/ folder, or a .safetensors file (single-file checkpoint or VAE)"},
+        {"vae-config", 0, SD_OPT_STR, &o.vae_config, "FILE", "a diffusers config.json for a single-file VAE"},
+        {"vae-groups", 0, SD_OPT_INT, &groups, "N", "norm groups when no config.json says (default 32)"},
+        {"scale", 0, SD_OPT_DOUBLE, &o.scale, "X",
+         "scaling factor recorded in the shard (default: config.json, 0.13025 for SDXL checkpoints, else 0.18215)"},
+        {"device", 0, SD_OPT_STR, &o.device, "DEV", "cpu (default); cuda:K needs the CUDA backend (not in this build)"},
+        {"shard", 0, SD_OPT_STR, &part, "I/N", "cache only records whose key hashes to part I of N (one process per GPU)"},
+        {"batch", 'b', SD_OPT_INT, &batch, "N", "images per VAE batch, all of one bucket (default 1)"},
+        {"threads", 'j', SD_OPT_INT, &threads, "N", "CPU threads for decoding and the CPU engine (default: all CPUs)"},
+        {"flip", 0, SD_OPT_FLAG, &o.flip, NULL, "also store the left-right flipped image's latents"},
+        {"sample", 0, SD_OPT_FLAG, &o.sample, NULL,
+         "store one sample (mean + std * noise, like kohya) instead of mean and std"},
+        {"seed", 0, SD_OPT_INT, &seed, "N", "noise seed for --sample (per record: hash of the key and N)"},
+        {"dtype", 0, SD_OPT_STR, &o.dtype_name, "T", "stored type: fp16 (default), bf16 or fp32"},
+        {"nosync", 0, SD_OPT_FLAG, &o.nosync, NULL,
+         "no fsync per batch (a killed process loses nothing; a power loss may lose recent batches)"},
+        {"strict", 0, SD_OPT_FLAG, &o.strict, NULL, "exit 1 when any record was skipped"},
+        {"quiet", 'q', SD_OPT_FLAG, &quiet, NULL, "only warnings and errors"},
+        {"verbose", 'v', SD_OPT_FLAG, &verbose, NULL, "debug messages"},
+        {NULL, 0, 0, NULL, NULL, NULL}};
+    sd_cli cli = {"sd-latents", "[OPTIONS] --vae PATH -o SHARD [INPUT.jsonl|-]",
+                  "Decode, resize and crop every record of a bucketed JSONL stream (sd-meta | sd-bucket) as its "
+                  "`resize` and `crop` say, encode it with the VAE and store the posterior's mean and std (or one "
+                  "sample) in an LMDB shard, one transaction per batch. Rerunning resumes: records already stored "
+                  "with the same plan, options and VAE are skipped; records whose plan or options changed are "
+                  "replaced. Unreadable images are reported and counted; the run goes on.",
+                  opts,
+                  "Examples:\n"
+                  "  sd-meta data/ | sd-bucket --plan sdxl | sd-latents --vae sdxl-model/ -o cache/latents.shard\n"
+                  "  sd-latents --vae vae.safetensors --shard 0/4 -o cache/part0.shard bucketed.jsonl   # 4 processes\n"};
+    sd_strlist pos = {0};
+    int rc = sd_cli_parse(&cli, argc, argv, &pos);
+    if (rc >= 0) return rc;
+    sd_log_setup("sd-latents", quiet ? SD_LOG_WARN : verbose ? SD_LOG_DEBUG : SD_LOG_INFO);
+    if (pos.n > 1) sd_cli_usage_error(&cli, "one input stream at most (got %d)", pos.n);
+    o.input = pos.n ? pos.v[0] : "-";
+    if (!o.output) sd_cli_usage_error(&cli, "no output shard (-o SHARD)");
+    if (!o.vae_path) sd_cli_usage_error(&cli, "no VAE (--vae PATH)");
+    if (part && parse_part(part, &o.shard_index, &o.shard_count))
+        sd_cli_usage_error(&cli, "--shard %s: expected I/N with 0 <= I < N", part);
+    if (batch < 1 || batch > 1024) sd_cli_usage_error(&cli, "--batch must be 1..1024");
+    if (threads < 0 || threads > 1024) sd_cli_usage_error(&cli, "--threads must be 0..1024");
+    if (groups < 0 || groups > 4096) sd_cli_usage_error(&cli, "--vae-groups must be 0..4096");
+    if (seed < 0) sd_cli_usage_error(&cli, "--seed must not be negative");
+    if (o.scale < 0) sd_cli_usage_error(&cli, "--scale must be positive");
+    if (strcmp(o.device, "cpu") != 0) {
+        if (strncmp(o.device, "cuda", 4) == 0) {
+            sd_log(SD_LOG_ERROR, "--device %s: this build has no CUDA backend yet; use --device cpu", o.device);
+            sd_strlist_free(&pos);
+            return SD_EXIT_USAGE;
+        }
+        sd_cli_usage_error(&cli, "--device %s: expected cpu or cuda:K", o.device);
+    }
+    o.batch = (int)batch;
+    o.threads = threads > 0 ? (int)threads : sd_default_threads();
+    o.vae_groups = (int)groups;
+    o.seed = (uint64_t)seed;
+    o.quiet = quiet;
+    rc = latents_run(&o);
+    sd_strlist_free(&pos);
+    return rc;
+}
