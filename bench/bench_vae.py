@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""The PyTorch side of bench_vae.sh (run by hand; needs torch + diffusers
+from PyPI).
+
+  bench_vae.py make DIR        the real SD VAE architecture (diffusers
+                               AutoencoderKL defaults of SD 1.x/2.x/SDXL:
+                               blocks 128/256/512/512, 2 resnets each, 32
+                               norm groups) with seeded random weights,
+                               written as DIR/vae/{config.json,
+                               diffusion_pytorch_model.safetensors}, and a
+                               fixed 512x512 input DIR/x.f32 (raw fp32)
+  bench_vae.py time DIR THREADS REPS
+                               encode DIR/x.f32 with torch fp32 on THREADS
+                               threads, REPS timed runs after one warm-up;
+                               prints the best and the median seconds and
+                               writes the mean to DIR/torch_mean.f32"""
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+from diffusers import AutoencoderKL
+
+
+def build():
+    torch.manual_seed(0)
+    nb = 4
+    return AutoencoderKL(block_out_channels=(128, 256, 512, 512), layers_per_block=2,
+                         down_block_types=("DownEncoderBlock2D",) * nb,
+                         up_block_types=("UpDecoderBlock2D",) * nb,
+                         norm_num_groups=32, latent_channels=4, sample_size=512).eval()
+
+
+def make(d):
+    m = build()
+    with torch.no_grad():  # spread the weights so activations are not tiny
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    m.save_pretrained(os.path.join(d, "vae"), safe_serialization=True)
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-1, 1, size=(1, 3, 512, 512)).astype(np.float32)
+    x.tofile(os.path.join(d, "x.f32"))
+
+
+def time_it(d, threads, reps):
+    torch.set_num_threads(threads)
+    m = AutoencoderKL.from_pretrained(os.path.join(d, "vae")).eval()
+    x = torch.from_numpy(np.fromfile(os.path.join(d, "x.f32"), dtype=np.float32).reshape(1, 3, 512, 512))
+    ts = []
+    with torch.inference_mode():
+        mean = m.encode(x).latent_dist.mean  # warm-up (oneDNN primitive creation)
+        for _ in range(reps):
+            t = time.perf_counter()
+            mean = m.encode(x).latent_dist.mean
+            ts.append(time.perf_counter() - t)
+    mean.numpy().astype(np.float32).tofile(os.path.join(d, "torch_mean.f32"))
+    print("pytorch %s fp32, %d thread(s): best %.3f s, median %.3f s" % (torch.__version__, threads, min(ts),
+                                                                         statistics.median(ts)))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "make":
+        make(sys.argv[2])
+    else:
+        time_it(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
