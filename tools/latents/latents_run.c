@@ -36,7 +36,7 @@ typedef struct {
     int dtype;
     char model_hash[17];
     float *img, *mean, *std, *ws;
-    size_t img_cap, lat_cap, ws_cap;
+    size_t img_cap, lat_cap, std_cap, ws_cap;
     sd_status *dec_st; /* per job of a batch */
     char (*dec_msg)[256];
     unsigned char *conv; /* one tensor in the stored dtype */
@@ -274,12 +274,10 @@ static sd_status do_batch(run *r, latent_job **todo, size_t m, int *meta_pending
     sd_vae_latent_size(&r->vae.cfg, h, w, &lh, &lw);
     size_t lat = (size_t)lc * (size_t)lh * (size_t)lw, n = m * (size_t)variants;
     if (ensure(&r->img, &r->img_cap, n * chw) || ensure(&r->mean, &r->lat_cap, n * lat) ||
+        ensure(&r->std, &r->std_cap, n * lat) ||
         ensure(&r->ws, &r->ws_cap, sd_vae_workspace_floats(&r->vae, (int)n, h, w)))
         return sd_err_set(err, SD_ENOMEM, "out of memory for a batch of %zu images of %dx%d (try a smaller --batch)",
                           n, w, h);
-    free(r->std);
-    r->std = malloc(n * lat * sizeof(float));
-    if (!r->std) return sd_err_set(err, SD_ENOMEM, "out of memory");
 
     double t0 = sd_now();
     dec_ctx dc = {r, todo, chw};
