@@ -35,6 +35,8 @@ static const sd_backend cpu_backend = {
     .add_bcast_channel_bwd = sd_add_bcast_channel_bwd,
     .timestep_emb_fwd = sd_timestep_emb_fwd,
     .timestep_emb_bwd = sd_timestep_emb_bwd,
+    .embedding_fwd = sd_embedding_fwd,
+    .embedding_bwd = sd_embedding_bwd,
 };
 
 /* The table every caller uses until a device backend is chosen. */

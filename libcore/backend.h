@@ -52,6 +52,9 @@ typedef struct {
     void (*add_bcast_channel_bwd)(sd_pool *, int, int, int, float *, float *, const float *);
     void (*timestep_emb_fwd)(sd_pool *, const sd_temb_shape *, float *, const float *);
     void (*timestep_emb_bwd)(sd_pool *, const sd_temb_shape *, float *, const float *, const float *);
+    void (*embedding_fwd)(sd_pool *, const sd_embedding_shape *, float *, const int32_t *, const float *,
+                          const float *);
+    void (*embedding_bwd)(sd_pool *, const sd_embedding_shape *, float *, float *, const float *, const int32_t *);
 } sd_backend;
 
 const sd_backend *sd_backend_cpu(void);

@@ -14,6 +14,7 @@
 #define SDTK_OPS_CPU_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "err.h"
 #include "pool.h"
@@ -152,5 +153,22 @@ void sd_attn_fwd(sd_pool *pool, const sd_attn_shape *s, float *y, float *lse, co
                  const float *v);
 void sd_attn_bwd(sd_pool *pool, const sd_attn_shape *s, float *dq, float *dk, float *dv, const float *dy,
                  const float *q, const float *k, const float *v, const float *y, const float *lse);
+
+/* Token + position embeddings (CLIP text): ids [n, t] index tok [vocab,
+ * dim]; y [n, t, dim] = tok[ids] + pos[0..t) with pos [npos, dim], or no
+ * positions when npos is 0. Ids are checked by sd_embedding_check_ids, not
+ * by the ops. Backward scatters into dtok and sums over the batch into
+ * dpos, each thread owning whole table rows (deterministic). */
+typedef struct {
+    int n, t, dim;
+    int vocab, npos;
+} sd_embedding_shape;
+
+sd_status sd_embedding_check(const sd_embedding_shape *s, sd_error *err);
+sd_status sd_embedding_check_ids(const sd_embedding_shape *s, const int32_t *ids, sd_error *err);
+void sd_embedding_fwd(sd_pool *pool, const sd_embedding_shape *s, float *y, const int32_t *ids, const float *tok,
+                      const float *pos);
+void sd_embedding_bwd(sd_pool *pool, const sd_embedding_shape *s, float *dtok, float *dpos, const float *dy,
+                      const int32_t *ids);
 
 #endif

@@ -37,6 +37,8 @@ struct op_case {
     sd_ln_shape ln;
     sd_concat_shape cat;
     sd_temb_shape temb;
+    sd_embedding_shape emb;
+    int32_t *ids; /* embedding: token ids [emb.n * emb.t], not a param */
     int planes, h, w;
     int rows, cols; /* geglu [rows, 2 cols] -> [rows, cols]; bcast [rows, cols, w] + [rows, cols] */
     float alpha;    /* scale */
@@ -96,6 +98,7 @@ static void case_free(op_case *c)
     free(c->dy);
     free(c->aux0);
     free(c->aux1);
+    free(c->ids);
     memset(c, 0, sizeof(*c));
 }
 
@@ -458,6 +461,42 @@ static void make_bcast(op_case *c, const char *name, int n, int ch, int hw)
     c->bwd = bcast_bwd;
 }
 
+static void emb_fwd(op_case *c, sd_pool *pool)
+{
+    be->embedding_fwd(pool, &c->emb, c->y, c->ids, c->p[0], c->np > 1 ? c->p[1] : NULL);
+}
+static void emb_bwd(op_case *c, sd_pool *pool)
+{
+    be->embedding_bwd(pool, &c->emb, c->g[0], c->np > 1 ? c->g[1] : NULL, c->dy, c->ids);
+}
+
+/* A token + position embedding case: random tables, ids drawn with
+ * repeats (so rows of dtok sum several tokens) and id 0 and vocab - 1
+ * always present; npos 0 means no position table. */
+static void make_embedding(op_case *c, const char *name, sd_embedding_shape s)
+{
+    sd_error err;
+    memset(c, 0, sizeof(*c));
+    c->name = name;
+    c->emb = s;
+    CHECK(sd_embedding_check(&s, &err) == SD_OK);
+    add_param(c, "tok", (size_t)s.vocab * s.dim);
+    if (s.npos > 0) add_param(c, "pos", (size_t)s.npos * s.dim);
+    size_t n = (size_t)s.n * s.t;
+    c->ids = calloc(n, sizeof(int32_t));
+    if (!c->ids) abort();
+    for (size_t k = 0; k < n; k++) {
+        int id = (int)((frand() + 1.0f) * 0.5f * (float)s.vocab / 2.0f); /* lower half: repeats */
+        c->ids[k] = id < 0 ? 0 : id >= s.vocab ? s.vocab - 1 : id;
+    }
+    c->ids[0] = 0;
+    c->ids[n - 1] = s.vocab - 1;
+    CHECK(sd_embedding_check_ids(&s, c->ids, &err) == SD_OK);
+    set_out(c, n * (size_t)s.dim);
+    c->fwd = emb_fwd;
+    c->bwd = emb_bwd;
+}
+
 /* Zero the gradients, run forward then backward with c->dy. */
 static void run_case(op_case *c, sd_pool *pool)
 {
@@ -654,6 +693,13 @@ static int make_case(op_case *c, int i, int big)
     case 20:
         make_bcast(c, "bcast", 2, 3 * m, 5);
         return 1;
+    case 21:
+        make_embedding(c, "embedding", (sd_embedding_shape){.n = 2 * m, .t = 3 * m, .dim = 4, .vocab = 7 * m,
+                                                            .npos = 4 * m});
+        return 1;
+    case 22:
+        make_embedding(c, "embed_nopos", (sd_embedding_shape){.n = 2, .t = 3 * m, .dim = 3, .vocab = 5 * m});
+        return 1;
     }
     return 0;
 }
@@ -680,6 +726,20 @@ static void test_determinism(void)
         case_free(&c);
     }
     for (int i = 0; i < 3; i++) sd_pool_destroy(pools[i]);
+}
+
+/* The token + position embedding with the golden script's ids (int32):
+ * CLIP-like padding, repeated ids, a position table longer than t. */
+static void golden_embedding(const sd_safetensors *st)
+{
+    op_case c;
+    make_embedding(&c, "embedding", (sd_embedding_shape){.n = 2, .t = 6, .dim = 5, .vocab = 9, .npos = 8});
+    const sd_st_tensor *t = sd_st_find(st, "embedding.ids");
+    if (CHECK(t && t->dtype == SD_ST_I32 && t->nbytes == 12 * sizeof(int32_t))) {
+        memcpy(c.ids, t->data, t->nbytes);
+        golden(&c, st);
+    }
+    case_free(&c);
 }
 
 /* The second layer of ops (layer norm onwards), shapes as in
@@ -719,6 +779,7 @@ static void golden_new_ops(const sd_safetensors *st)
     make_bcast(&c, "bcast", 2, 3, 20);
     golden(&c, st);
     case_free(&c);
+    golden_embedding(st);
 }
 
 /* Shapes match the ones tests/golden/make_ops_golden.py writes. */
@@ -820,6 +881,19 @@ static void test_shapes(void)
     ts.freq_shift = 0.0f;
     ts.max_period = 0.0f;
     CHECK(sd_timestep_emb_check(&ts, &err) == SD_EINVAL);
+    sd_embedding_shape es = {.n = 1, .t = 5, .dim = 4, .vocab = 10, .npos = 4};
+    CHECK(sd_embedding_check(&es, &err) == SD_EINVAL); /* t > npos */
+    es.npos = 0;
+    CHECK(sd_embedding_check(&es, &err) == SD_OK);
+    es.vocab = 0;
+    CHECK(sd_embedding_check(&es, &err) == SD_EINVAL);
+    es.vocab = 10;
+    int32_t ids[5] = {0, 9, 3, 10, 1};
+    CHECK(sd_embedding_check_ids(&es, ids, &err) == SD_ERANGE && strstr(err.msg, "token id 10") != NULL);
+    ids[3] = -1;
+    CHECK(sd_embedding_check_ids(&es, ids, &err) == SD_ERANGE);
+    ids[3] = 2;
+    CHECK(sd_embedding_check_ids(&es, ids, &err) == SD_OK);
     CHECK(strcmp(sd_backend_cpu()->name, "cpu") == 0);
 }
 

@@ -119,6 +119,18 @@ def check_timestep_emb_against_diffusers():
 
 check_timestep_emb_against_diffusers()
 
+
+
+# Token + position embedding (CLIP text), appended after every other case so
+# their rng draws are unchanged. The ids are data, not a differentiated
+# input: stored as int32, with CLIP-like repeats (a start id 7, padding by
+# the end id 8) so rows of the token gradient sum several tokens; the
+# position table (8 rows) is longer than the sequence (6), as CLIP's 77 is.
+emb_ids = np.array([[7, 3, 3, 5, 8, 8], [7, 0, 2, 3, 8, 8]], dtype=np.int32)
+case("embedding", lambda tok, pos: F.embedding(torch.tensor(emb_ids, dtype=torch.long), tok) + pos[:6],
+     {"tok": rand(9, 5), "pos": rand(8, 5)})
+out["embedding.ids"] = emb_ids
+
 path = os.path.join(here, "ops.safetensors")
 save_file(out, path, metadata={"torch": torch.__version__, "generator": "make_ops_golden.py"})
 print("wrote", path, os.path.getsize(path), "bytes,", len(out), "tensors")
