@@ -1,0 +1,433 @@
+/* The UNet against diffusers (tests/golden/unet, made by
+ * tests/golden/make_unet_golden.py): SD1-, SD2- and SDXL-shaped tiny
+ * UNet2DConditionModels loaded from their diffusers folders (fp16) and
+ * single-file ldm checkpoints (bf16; the same weights), forward output
+ * within 1e-4 (absolute; outputs are O(1)), MSE loss within 1e-5 relative,
+ * and the loss gradient of every parameter: per tensor, its L2 norm within
+ * 1e-4 relative, its dot product with a fixed pseudo-random vector within
+ * 1e-4 of |g| |r|, and the full tensors stored within 1e-4 of their largest
+ * magnitude. 1 and 2 threads give bit-identical outputs and gradients.
+ * Also: config inference from ldm names, config and weight save/load round
+ * trips, seeded random init, and load errors. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "safetensors.h"
+#include "unet.h"
+
+#ifndef GOLDEN_DIR
+#define GOLDEN_DIR "tests/golden/unet"
+#endif
+
+/* The golden inputs and expected values of one config. */
+typedef struct {
+    sd_safetensors *st;
+    const sd_st_tensor *x, *t, *ctx, *text, *tids, *target, *out, *loss, *stats;
+    const char *names; /* grad_names metadata, one per line */
+    int n, c, h, w, tctx;
+} golden;
+
+/* A tensor of the golden file, NULL with a failed check when absent. */
+static const sd_st_tensor *need(const golden *g, const char *name)
+{
+    const sd_st_tensor *t = sd_st_find(g->st, name);
+    if (!CHECK(t != NULL)) fprintf(stderr, "golden tensor %s missing\n", name);
+    return t;
+}
+
+/* Open <name>/expected.safetensors; 0 on failure (already reported). */
+static int golden_open(golden *g, const char *name)
+{
+    char path[512];
+    sd_error err = {0};
+    memset(g, 0, sizeof(*g));
+    snprintf(path, sizeof path, "%s/%s/expected.safetensors", GOLDEN_DIR, name);
+    if (!CHECK(sd_st_open(&g->st, path, &err) == SD_OK)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 0;
+    }
+    g->x = need(g, "x");
+    g->t = need(g, "t");
+    g->ctx = need(g, "ctx");
+    g->target = need(g, "target");
+    g->out = need(g, "out");
+    g->loss = need(g, "loss");
+    g->stats = need(g, "grad_stats");
+    g->text = sd_st_find(g->st, "text");
+    g->tids = sd_st_find(g->st, "tids");
+    for (size_t i = 0; i < sd_st_meta_count(g->st); i++)
+        if (strcmp(sd_st_meta_at(g->st, i)->key, "grad_names") == 0) g->names = sd_st_meta_at(g->st, i)->value;
+    if (!CHECK(g->x && g->t && g->ctx && g->target && g->out && g->loss && g->stats && g->names)) return 0;
+    g->n = (int)g->x->shape[0];
+    g->c = (int)g->x->shape[1];
+    g->h = (int)g->x->shape[2];
+    g->w = (int)g->x->shape[3];
+    g->tctx = (int)g->ctx->shape[1];
+    return 1;
+}
+
+/* One forward + backward: the output, the loss and the parameter gradients. */
+typedef struct {
+    float *out, *grad;
+    double loss;
+    size_t nout;
+} result;
+
+/* Run the golden inputs through u on `threads` threads: forward, MSE loss
+ * against the target, backward of the loss into r->grad. */
+static int run(const sd_unet *u, const golden *g, int threads, result *r)
+{
+    sd_error err = {0};
+    sd_unet_graph gr;
+    memset(r, 0, sizeof(*r));
+    if (!CHECK(sd_unet_plan(u, g->n, g->h, g->w, g->tctx, &gr, &err) == SD_OK)) {
+        fprintf(stderr, "plan: %s\n", err.msg);
+        return 0;
+    }
+    sd_pool *pool = threads > 1 ? sd_pool_create(threads) : NULL;
+    float *act = calloc(gr.nact, sizeof(float)), *dact = malloc(gr.nact * sizeof(float));
+    r->nout = g->out->nbytes / 4;
+    r->out = malloc(r->nout * sizeof(float));
+    r->grad = calloc(u->w.total, sizeof(float));
+    float *dout = malloc(r->nout * sizeof(float));
+    int ok = CHECK(act && dact && r->out && r->grad && dout);
+    if (ok) {
+        memcpy(act + gr.x, g->x->data, g->x->nbytes);
+        memcpy(act + gr.t, g->t->data, g->t->nbytes);
+        memcpy(act + gr.ctx, g->ctx->data, g->ctx->nbytes);
+        if (u->cfg.text_time) {
+            ok = CHECK(g->text && g->tids);
+            if (ok) {
+                memcpy(act + gr.text, g->text->data, g->text->nbytes);
+                memcpy(act + gr.tids, g->tids->data, g->tids->nbytes);
+            }
+        }
+    }
+    if (ok) {
+        const sd_backend *be = sd_backend_cpu();
+        sd_unet_forward(u, &gr, be, pool, u->w.data, act);
+        memcpy(r->out, act + gr.out, r->nout * sizeof(float));
+        const float *tg = g->target->data;
+        double sum = 0;
+        for (size_t i = 0; i < r->nout; i++) {
+            double d = (double)r->out[i] - (double)tg[i];
+            sum += d * d;
+            dout[i] = (float)(2.0 * d / (double)r->nout);
+        }
+        r->loss = sum / (double)r->nout;
+        sd_unet_backward(u, &gr, be, pool, u->w.data, act, dact, dout, r->grad);
+    }
+    free(act);
+    free(dact);
+    free(dout);
+    if (pool) sd_pool_destroy(pool);
+    sd_unet_graph_free(&gr);
+    return ok;
+}
+
+/* Release a result. */
+static void result_free(result *r)
+{
+    free(r->out);
+    free(r->grad);
+}
+
+/* Element i of a float64 golden tensor (its data may not be 8-aligned). */
+static double getd(const sd_st_tensor *t, size_t i)
+{
+    double d;
+    memcpy(&d, (const unsigned char *)t->data + 8 * i, 8);
+    return d;
+}
+
+/* The projection vector of make_unet_golden.py, element i. */
+static double rvec(size_t i)
+{
+    uint32_t u = (uint32_t)((uint64_t)i * 2654435761u + 12345u);
+    return (double)u / 4294967296.0 - 0.5;
+}
+
+/* The slot of a diffusers parameter name, NULL when the model lacks it. */
+static const sd_weight_slot *slot(const sd_unet *u, const char *name)
+{
+    for (size_t i = 0; i < u->w.nslots; i++)
+        if (strcmp(u->w.slots[i].name, name) == 0) return &u->w.slots[i];
+    return NULL;
+}
+
+/* Every parameter gradient against the golden statistics; returns the
+ * largest relative errors through *enorm and *eproj. */
+static void check_grads(const sd_unet *u, const golden *g, const float *grad, double *enorm, double *eproj,
+                        double *efull)
+{
+    size_t np = (size_t)g->stats->shape[0], seen = 0;
+    *enorm = *eproj = *efull = 0;
+    const char *p = g->names;
+    for (size_t i = 0; i < np && p && *p; i++) {
+        const char *e = strchr(p, '\n');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)len, p);
+        p = e ? e + 1 : p + len;
+        const sd_weight_slot *s = slot(u, name);
+        if (!CHECK(s != NULL)) {
+            fprintf(stderr, "model has no parameter %s\n", name);
+            continue;
+        }
+        seen++;
+        const float *gr = grad + s->off;
+        double nn = 0, pp = 0, rr = 0;
+        for (size_t j = 0; j < s->n; j++) {
+            nn += (double)gr[j] * gr[j];
+            pp += (double)gr[j] * rvec(j);
+            rr += rvec(j) * rvec(j);
+        }
+        double ref = getd(g->stats, 3 * i), en = fabs(sqrt(nn) - ref) / (ref > 0 ? ref : 1);
+        double ep = fabs(pp - getd(g->stats, 3 * i + 1)) / ((ref > 0 ? ref : 1) * sqrt(rr));
+        if (!(en <= *enorm)) *enorm = en;
+        if (!(ep <= *eproj)) *eproj = ep;
+        if (!CHECK(en <= 1e-4 && ep <= 1e-4))
+            fprintf(stderr, "%s: gradient norm %.6e want %.6e (rel %.2e), projection rel %.2e\n", name, sqrt(nn), ref,
+                    en, ep);
+        char full[300];
+        snprintf(full, sizeof full, "grad.%s", name);
+        const sd_st_tensor *ft = sd_st_find(g->st, full);
+        if (ft && CHECK(ft->nbytes == s->n * 4)) {
+            const float *want = ft->data;
+            double m = 0, mx = 0;
+            for (size_t j = 0; j < s->n; j++) {
+                double d = fabs((double)gr[j] - want[j]);
+                if (!(d <= m)) m = d;
+                if (fabs(want[j]) > mx) mx = fabs(want[j]);
+            }
+            double ef = m / (mx > 0 ? mx : 1);
+            if (!(ef <= *efull)) *efull = ef;
+            if (!CHECK(ef <= 1e-4)) fprintf(stderr, "%s: full gradient max error %.2e of %.2e\n", name, m, mx);
+        }
+    }
+    CHECK(seen == np && seen == u->w.nslots);
+}
+
+/* Largest absolute difference from a golden fp32 tensor. */
+static double max_err(const float *a, const sd_st_tensor *b)
+{
+    const float *e = b->data;
+    double m = 0;
+    for (size_t i = 0; i < b->nbytes / 4; i++) {
+        double d = fabs((double)a[i] - (double)e[i]);
+        if (!(d <= m)) m = d;
+    }
+    return m;
+}
+
+/* Load path with opts and check output, loss and gradients; with
+ * determinism also 2 threads against 1, bit for bit. */
+static void check_model(const char *label, const char *path, const sd_unet_opts *opts, const golden *g,
+                        int determinism)
+{
+    sd_unet u;
+    sd_error err = {0};
+    if (!CHECK(sd_unet_load(&u, path, opts, &err) == SD_OK)) {
+        fprintf(stderr, "%s: %s\n", label, err.msg);
+        return;
+    }
+    result r;
+    if (run(&u, g, 1, &r)) {
+        double eo = max_err(r.out, g->out), want = getd(g->loss, 0);
+        double el = fabs(r.loss - want) / want, en, ep, ef;
+        check_grads(&u, g, r.grad, &en, &ep, &ef);
+        printf("%-26s %-32s out %.2e loss %.2e grad norm %.2e proj %.2e full %.2e\n", label, u.layout, eo, el, en,
+               ep, ef);
+        CHECK(eo <= 1e-4);
+        CHECK(el <= 1e-5);
+        if (determinism) {
+            result r2;
+            if (run(&u, g, 2, &r2)) {
+                CHECK(memcmp(r2.out, r.out, r.nout * sizeof(float)) == 0);
+                CHECK(memcmp(r2.grad, r.grad, u.w.total * sizeof(float)) == 0);
+            }
+            result_free(&r2);
+        }
+    }
+    result_free(&r);
+    sd_unet_free(&u);
+}
+
+/* The structure inferred from an ldm single file without config.json
+ * matches the real config except the attention heads (not in the
+ * weights: SD1's 8, or 64-wide heads with linear projections). */
+static void check_inferred(const char *name, int groups)
+{
+    char path[512], conf[512];
+    sd_error err = {0};
+    sd_unet_config want;
+    sd_unet_config_default(&want);
+    snprintf(conf, sizeof conf, "%s/%s/unet/config.json", GOLDEN_DIR, name);
+    if (!CHECK(sd_unet_config_read(conf, &want, &err) == SD_OK)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return;
+    }
+    snprintf(path, sizeof path, "%s/%s/single.safetensors", GOLDEN_DIR, name);
+    sd_unet_opts o = {.groups = groups};
+    sd_unet u;
+    if (!CHECK(sd_unet_load(&u, path, &o, &err) == SD_OK)) {
+        fprintf(stderr, "%s inferred: %s\n", name, err.msg);
+        return;
+    }
+    sd_unet_config got = u.cfg;
+    CHECK(got.nblocks == want.nblocks && got.in_channels == want.in_channels &&
+          got.out_channels == want.out_channels && got.mid_attn == want.mid_attn &&
+          got.cross_dim == want.cross_dim && got.linear_proj == want.linear_proj &&
+          got.text_time == want.text_time && got.add_in_dim == want.add_in_dim);
+    for (int i = 0; i < want.nblocks; i++)
+        CHECK(got.block_out[i] == want.block_out[i] && got.layers[i] == want.layers[i] &&
+              got.down_attn[i] == want.down_attn[i] && got.up_attn[i] == want.up_attn[i] &&
+              got.depth[i] == want.depth[i] && got.depth_up[i] == want.depth_up[i]);
+    CHECK(strstr(u.layout, "ldm") != NULL);
+    sd_unet_free(&u);
+}
+
+/* config.json written and read back is the same config; weights saved in
+ * both layouts load back bit-identical. */
+static void check_roundtrip(const char *name)
+{
+    char path[512], dir[] = "/tmp/sdtk_unet_XXXXXX", f[600];
+    sd_error err = {0};
+    snprintf(path, sizeof path, "%s/%s", GOLDEN_DIR, name);
+    sd_unet u, v;
+    if (!CHECK(mkdtemp(dir) != NULL)) return;
+    if (!CHECK(sd_unet_load(&u, path, NULL, &err) == SD_OK)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return;
+    }
+    snprintf(f, sizeof f, "%s/config.json", dir);
+    CHECK(sd_unet_config_write(&u.cfg, f, &err) == SD_OK);
+    sd_unet_config c;
+    sd_unet_config_default(&c);
+    CHECK(sd_unet_config_read(f, &c, &err) == SD_OK);
+    CHECK(memcmp(&c, &u.cfg, sizeof c) == 0);
+    snprintf(f, sizeof f, "%s/diffusion_pytorch_model.safetensors", dir);
+    CHECK(sd_unet_save(&u, u.w.data, f, SD_UNET_NAMES_DIFFUSERS, "", SD_ST_F32, &err) == SD_OK);
+    if (CHECK(sd_unet_load(&v, dir, NULL, &err) == SD_OK)) {
+        CHECK(v.w.total == u.w.total && memcmp(v.w.data, u.w.data, u.w.total * sizeof(float)) == 0);
+        CHECK(strcmp(v.layout, "diffusers") == 0);
+        sd_unet_free(&v);
+    }
+    unlink(f);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    snprintf(f, sizeof f, "%s/single.safetensors", dir);
+    /* the golden weights are exact in bf16, so a bf16 file holds them all */
+    CHECK(sd_unet_save(&u, u.w.data, f, SD_UNET_NAMES_LDM, "model.diffusion_model.", SD_ST_BF16, &err) == SD_OK);
+    sd_unet_opts o = {.config_path = path};
+    if (CHECK(sd_unet_load(&v, f, &o, &err) == SD_OK)) {
+        CHECK(v.w.total == u.w.total && memcmp(v.w.data, u.w.data, u.w.total * sizeof(float)) == 0);
+        CHECK(strstr(v.layout, "model.diffusion_model.") != NULL);
+        sd_unet_free(&v);
+    }
+    unlink(f);
+    unlink(path);
+    rmdir(dir);
+    sd_unet_free(&u);
+}
+
+/* Random init: reproducible per seed, norms 1/0, weights within torch's
+ * +-1/sqrt(fan_in) bound and not all equal. */
+static void check_init(void)
+{
+    sd_unet_config c;
+    sd_error err = {0};
+    sd_unet_config_default(&c);
+    char conf[512];
+    snprintf(conf, sizeof conf, "%s/sd1/unet/config.json", GOLDEN_DIR);
+    if (!CHECK(sd_unet_config_read(conf, &c, &err) == SD_OK)) return;
+    sd_unet a, b;
+    if (!CHECK(sd_unet_build(&a, &c, &err) == SD_OK && sd_unet_build(&b, &c, &err) == SD_OK)) return;
+    sd_unet_init_random(&a, 42);
+    sd_unet_init_random(&b, 42);
+    CHECK(memcmp(a.w.data, b.w.data, a.w.total * sizeof(float)) == 0);
+    sd_unet_init_random(&b, 43);
+    CHECK(memcmp(a.w.data, b.w.data, a.w.total * sizeof(float)) != 0);
+    const sd_weight_slot *g = slot(&a, "conv_norm_out.weight"), *z = slot(&a, "conv_norm_out.bias");
+    const sd_weight_slot *w = slot(&a, "conv_in.weight");
+    if (CHECK(g && z && w)) {
+        CHECK(a.w.data[g->off] == 1.0f && a.w.data[z->off] == 0.0f);
+        float bound = 1.0f / sqrtf(4.0f * 9.0f), lo = 0, hi = 0;
+        for (size_t i = 0; i < w->n; i++) {
+            float v = a.w.data[w->off + i];
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+        }
+        CHECK(lo >= -bound && hi <= bound && hi - lo > bound);
+    }
+    sd_unet_free(&a);
+    sd_unet_free(&b);
+}
+
+/* Load failures name the file and the reason. */
+static void check_errors(void)
+{
+    sd_unet u;
+    sd_error err = {0};
+    char path[512], conf[512];
+    CHECK(sd_unet_load(&u, "/nonexistent/unet.safetensors", NULL, &err) != SD_OK);
+    CHECK(strstr(err.msg, "/nonexistent/unet.safetensors") != NULL);
+    CHECK(sd_unet_load(&u, GOLDEN_DIR, NULL, &err) == SD_ENOTFOUND);
+    snprintf(path, sizeof path, "%s/sd1/expected.safetensors", GOLDEN_DIR);
+    CHECK(sd_unet_load(&u, path, NULL, &err) == SD_EFORMAT);
+    CHECK(strstr(err.msg, "no UNet") != NULL);
+    /* SDXL's config on SD1's weights: a tensor is missing or misshapen */
+    snprintf(path, sizeof path, "%s/sd1/single.safetensors", GOLDEN_DIR);
+    snprintf(conf, sizeof conf, "%s/sdxl/unet/config.json", GOLDEN_DIR);
+    sd_unet_opts o = {.config_path = conf};
+    sd_status rc = sd_unet_load(&u, path, &o, &err);
+    CHECK(rc == SD_EFORMAT || rc == SD_ENOTFOUND);
+    CHECK(strstr(err.msg, "single.safetensors") != NULL);
+    /* the default 32 norm groups cannot split 8 channels */
+    CHECK(sd_unet_load(&u, path, NULL, &err) == SD_EINVAL);
+    CHECK(strstr(err.msg, "norm groups") != NULL);
+    /* a plan for latents the up path cannot restore */
+    snprintf(path, sizeof path, "%s/sd1", GOLDEN_DIR);
+    if (CHECK(sd_unet_load(&u, path, NULL, &err) == SD_OK)) {
+        sd_unet_graph g;
+        CHECK(sd_unet_plan(&u, 1, 18, 16, 4, &g, &err) == SD_EINVAL);
+        CHECK(strstr(err.msg, "multiples of 4") != NULL);
+        sd_unet_free(&u);
+    }
+}
+
+/* Both layouts of one golden config. */
+static void check_config(const char *name, int single)
+{
+    golden g;
+    char path[512], conf[512], label[64];
+    if (!golden_open(&g, name)) return;
+    snprintf(path, sizeof path, "%s/%s", GOLDEN_DIR, name);
+    snprintf(label, sizeof label, "%s diffusers folder", name);
+    check_model(label, path, NULL, &g, 1);
+    if (single) {
+        snprintf(path, sizeof path, "%s/%s/single.safetensors", GOLDEN_DIR, name);
+        snprintf(conf, sizeof conf, "%s/%s/unet/config.json", GOLDEN_DIR, name);
+        sd_unet_opts o = {.config_path = conf};
+        snprintf(label, sizeof label, "%s single file", name);
+        check_model(label, path, &o, &g, 0);
+    }
+    sd_st_close(g.st);
+}
+
+int main(void)
+{
+    check_config("sd1", 1);
+    check_config("sd2", 0);
+    check_config("sdxl", 1);
+    check_inferred("sd1", 4);
+    check_roundtrip("sd1");
+    check_roundtrip("sdxl");
+    check_init();
+    check_errors();
+    return check_done("test_unet");
+}
