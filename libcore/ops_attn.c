@@ -1,10 +1,20 @@
-/* Scaled dot-product attention forward and backward. Scores are never
- * stored: forward keeps the log-sum-exp of each row, backward recomputes
- * the probabilities from it (the flash-attention recipe, without tiling
- * yet), so memory is O(T*d) even for the VAE's 16k-token attention. */
+/* Scaled dot-product attention forward and backward, blockwise (the
+ * flash-attention recipe on sgemm): forward walks key tiles per query tile
+ * with an online softmax and keeps only the log-sum-exp of each row;
+ * backward recomputes the probabilities tile by tile from it. Scores live
+ * in one query-tile x key-tile block per worker, so memory is O(T*d) even
+ * for the VAE's 16k-token attention. Tile sizes depend on the shape only
+ * and every unit (a query tile for y and dq, a key tile for dk and dv) is
+ * owned by one worker, so results are bit-identical for any thread count.
+ * The row-by-row loops at the end are the reference and the fallback when
+ * scratch cannot be allocated. */
 #include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
-#include "ops_cpu.h"
+#include "gemm.h"
+#include "ops_ref.h"
 
 /* Positive dims and a positive, finite scale. */
 sd_status sd_attn_check(const sd_attn_shape *s, sd_error *err)
@@ -15,11 +25,314 @@ sd_status sd_attn_check(const sd_attn_shape *s, sd_error *err)
     return SD_OK;
 }
 
+enum {
+    QTILE = 256, /* query rows per tile, at most */
+    KTILE = 256, /* key rows per tile, at most */
+    MIN_UNITS = 8
+};
+
+typedef struct {
+    const sd_attn_shape *s;
+    int qt, kt, nqt, nkt; /* tile sizes, tiles per (batch, head) */
+    float *scratch;
+    size_t sstride;
+    float *drow; /* D_i = dy_i . y_i for every query row (backward) */
+    float *y, *lse, *dq, *dk, *dv;
+    const float *q, *k, *v, *dy, *cy, *clse;
+} gattn;
+
+/* Tile size for a sequence of len rows: at most cap, small enough for
+ * MIN_UNITS tiles; a function of the shape only. */
+static int tile_of(int len, int cap)
+{
+    int t = (len + MIN_UNITS - 1) / MIN_UNITS;
+    return t > cap ? cap : t < 1 ? 1 : t;
+}
+
+/* Tile sizes and counts for shape s. */
+static void gattn_plan(gattn *g, const sd_attn_shape *s)
+{
+    g->s = s;
+    g->qt = tile_of(s->tq, QTILE);
+    g->kt = tile_of(s->tk, KTILE);
+    g->nqt = (s->tq + g->qt - 1) / g->qt;
+    g->nkt = (s->tk + g->kt - 1) / g->kt;
+}
+
+/* Keys query row i may see among the nk keys from j0: all of them, or
+ * those with j <= i under the causal mask (0 when none). */
+static int row_keys(const sd_attn_shape *s, int i, int j0, int nk)
+{
+    if (!s->causal) return nk;
+    int lim = i - j0 + 1;
+    return lim < 0 ? 0 : lim > nk ? nk : lim;
+}
+
+/* e^x for x <= 0 without libm, in a loop the compiler vectorises (this file
+ * is built with -O3 -fno-trapping-math): x = n ln2 + r with |r| <= ln2/2,
+ * e^r by its Taylor series to r^7 (truncation < 6e-9), 2^n put in the
+ * exponent bits. Relative error about 1e-7; below -87 the result is
+ * e^-87 (1.6e-38), which a softmax sum cannot tell from 0. */
+static float exp_neg(float x)
+{
+    x = x < -87.0f ? -87.0f : x;
+    float fn = (x * 1.44269504f + 12582912.0f) - 12582912.0f; /* round(x / ln2), by the 1.5 * 2^23 shift */
+    float r = x - fn * 0.693359375f;                         /* ln2 = 355/512 (exact) ... */
+    r = r + fn * 2.12194440e-4f;                              /* ... - 2.12194440e-4 */
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union {
+        int32_t i;
+        float f;
+    } two_n = {.i = ((int32_t)fn + 127) * (1 << 23)};
+    return p * two_n.f;
+}
+
+/* x[j] = e^(x[j] - m) for j < n; returns their sum, taken in 8 interleaved
+ * partial sums added in a fixed order. */
+static float exp_shift_sum(int n, float *restrict x, float m)
+{
+    float acc[8] = {0};
+    int j = 0;
+    for (; j < n; j++) x[j] = exp_neg(x[j] - m);
+    for (j = 0; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++) acc[l] += x[j + l];
+    for (; j < n; j++) acc[j & 7] += x[j];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+/* Maximum of x[0..n) and m, in 8 interleaved partial maxima. */
+static float row_max(int n, const float *restrict x, float m)
+{
+    float mx[8] = {m, m, m, m, m, m, m, m};
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++) mx[l] = x[j + l] > mx[l] ? x[j + l] : mx[l];
+    for (; j < n; j++) mx[0] = x[j] > mx[0] ? x[j] : mx[0];
+    for (int l = 1; l < 8; l++) mx[0] = mx[l] > mx[0] ? mx[l] : mx[0];
+    return mx[0];
+}
+
+/* Softmax backward on one row of n entries: p = e^(s - lse) into s and
+ * dp = p (dp - D) scale, lse and D one value for the row (query rows) or one
+ * per entry (key rows, the transposed blocks; then lse_v and d_v are set). */
+static void grad_row(int n, float *restrict sr, float *restrict dp, float lse, float D, const float *restrict lse_v,
+                     const float *restrict d_v, float scale)
+{
+    if (lse_v)
+        for (int j = 0; j < n; j++) sr[j] = exp_neg(sr[j] - lse_v[j]);
+    else
+        for (int j = 0; j < n; j++) sr[j] = exp_neg(sr[j] - lse);
+    if (!dp) return;
+    if (d_v)
+        for (int j = 0; j < n; j++) dp[j] = sr[j] * (dp[j] - d_v[j]) * scale;
+    else
+        for (int j = 0; j < n; j++) dp[j] = sr[j] * (dp[j] - D) * scale;
+}
+
+/* Forward: one unit is a query tile of one (batch, head). Per key tile,
+ * S = scale q k^T; the running row maxima m and sums l absorb it, y is
+ * rescaled where a maximum grew and gains exp(S - m) v. */
+static void gattn_fwd_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const gattn *g = vctx;
+    const sd_attn_shape *s = g->s;
+    size_t d = (size_t)s->d;
+    float *S = g->scratch + (size_t)worker * g->sstride, *m = S + (size_t)g->qt * (size_t)g->kt, *l = m + g->qt;
+    for (size_t u = begin; u < end; u++) {
+        size_t bh = u / (size_t)g->nqt;
+        int i0 = (int)(u % (size_t)g->nqt) * g->qt, nq = s->tq - i0 < g->qt ? s->tq - i0 : g->qt;
+        size_t row0 = bh * (size_t)s->tq + (size_t)i0;
+        const float *qb = g->q + row0 * d, *kb = g->k + bh * (size_t)s->tk * d, *vb = g->v + bh * (size_t)s->tk * d;
+        float *yb = g->y + row0 * d;
+        memset(yb, 0, (size_t)nq * d * sizeof(float));
+        for (int i = 0; i < nq; i++) {
+            m[i] = -INFINITY;
+            l[i] = 0.0f;
+        }
+        int kend = s->causal && i0 + nq < s->tk ? i0 + nq : s->tk;
+        for (int j0 = 0; j0 < kend; j0 += g->kt) {
+            int nk = kend - j0 < g->kt ? kend - j0 : g->kt;
+            sd_sgemm(0, 1, nq, nk, s->d, s->scale, qb, s->d, kb + (size_t)j0 * d, s->d, 0.0f, S, nk);
+            for (int i = 0; i < nq; i++) {
+                float *row = S + (size_t)i * (size_t)nk;
+                int lim = row_keys(s, i0 + i, j0, nk);
+                float mx = row_max(lim, row, m[i]);
+                float sum = exp_shift_sum(lim, row, mx);
+                for (int j = lim; j < nk; j++) row[j] = 0.0f;
+                if (mx > m[i]) {
+                    float a = exp_neg(m[i] - mx);
+                    float *yr = yb + (size_t)i * d;
+                    for (size_t t = 0; t < d; t++) yr[t] *= a;
+                    l[i] *= a;
+                    m[i] = mx;
+                }
+                l[i] += sum;
+            }
+            sd_sgemm(0, 0, nq, s->d, nk, 1.0f, S, nk, vb + (size_t)j0 * d, s->d, 1.0f, yb, s->d);
+        }
+        for (int i = 0; i < nq; i++) {
+            float *yr = yb + (size_t)i * d, inv = 1.0f / l[i];
+            for (size_t t = 0; t < d; t++) yr[t] *= inv;
+            g->lse[row0 + (size_t)i] = m[i] + logf(l[i]);
+        }
+    }
+}
+
+/* y = softmax(q k^T * scale) v; lse saved for backward. */
+void sd_attn_fwd(sd_pool *pool, const sd_attn_shape *s, float *y, float *lse, const float *q, const float *k,
+                 const float *v)
+{
+    gattn g = {.y = y, .lse = lse, .q = q, .k = k, .v = v};
+    gattn_plan(&g, s);
+    size_t per = (size_t)g.qt * (size_t)g.kt + 2 * (size_t)g.qt;
+    g.sstride = sd_scratch_stride(per);
+    g.scratch = sd_scratch_alloc(sd_pool_size(pool), per);
+    if (!g.scratch) {
+        sd_attn_fwd_ref(pool, s, y, lse, q, k, v);
+        return;
+    }
+    sd_pool_for(pool, (size_t)s->b * (size_t)s->heads * (size_t)g.nqt, gattn_fwd_range, &g);
+    free(g.scratch);
+}
+
+/* D_i = dy_i . y_i for query rows [begin, end): the softmax backward's
+ * row term, shared by the dq and the dk pass. */
+static void gattn_drow_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const gattn *g = vctx;
+    size_t d = (size_t)g->s->d;
+    (void)worker;
+    for (size_t r = begin; r < end; r++) {
+        const float *a = g->dy + r * d, *b = g->cy + r * d;
+        float acc = 0.0f;
+        for (size_t t = 0; t < d; t++) acc += a[t] * b[t];
+        g->drow[r] = acc;
+    }
+}
+
+/* P = exp(S - lse) and dS = P (dP - D) scale over an nq x nk block (row i
+ * is query i0 + i, column j key j0 + j); masked entries get 0. With trans
+ * the blocks are nk x nq (row = key). dS overwrites dP, P overwrites S. */
+static void softmax_grad(const gattn *g, size_t row0, int i0, int j0, int nq, int nk, int trans, float *S,
+                         float *dP)
+{
+    const sd_attn_shape *s = g->s;
+    if (!trans) {
+        for (int i = 0; i < nq; i++) {
+            int lim = row_keys(s, i0 + i, j0, nk);
+            float *sr = S + (size_t)i * (size_t)nk, *dr = dP ? dP + (size_t)i * (size_t)nk : NULL;
+            grad_row(lim, sr, dr, g->clse[row0 + (size_t)i], g->drow[row0 + (size_t)i], NULL, NULL, s->scale);
+            for (int j = lim; j < nk; j++) {
+                sr[j] = 0.0f;
+                if (dr) dr[j] = 0.0f;
+            }
+        }
+        return;
+    }
+    for (int j = 0; j < nk; j++) {
+        /* key j0 + j is seen by queries i0 + i >= j0 + j under the mask */
+        int first = s->causal ? j0 + j - i0 : 0;
+        first = first < 0 ? 0 : first > nq ? nq : first;
+        float *sr = S + (size_t)j * (size_t)nq, *dr = dP ? dP + (size_t)j * (size_t)nq : NULL;
+        for (int i = 0; i < first; i++) {
+            sr[i] = 0.0f;
+            if (dr) dr[i] = 0.0f;
+        }
+        grad_row(nq - first, sr + first, dr ? dr + first : NULL, 0.0f, 0.0f, g->clse + row0 + (size_t)first,
+                 g->drow + row0 + (size_t)first, s->scale);
+    }
+}
+
+/* dq: one unit is a query tile; per key tile S = scale q k^T,
+ * dP = dy v^T, dS from softmax_grad, dq += dS k. */
+static void gattn_dq_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const gattn *g = vctx;
+    const sd_attn_shape *s = g->s;
+    size_t d = (size_t)s->d, blk = (size_t)g->qt * (size_t)g->kt;
+    float *S = g->scratch + (size_t)worker * g->sstride, *dP = S + blk;
+    for (size_t u = begin; u < end; u++) {
+        size_t bh = u / (size_t)g->nqt;
+        int i0 = (int)(u % (size_t)g->nqt) * g->qt, nq = s->tq - i0 < g->qt ? s->tq - i0 : g->qt;
+        size_t row0 = bh * (size_t)s->tq + (size_t)i0;
+        const float *qb = g->q + row0 * d, *dyb = g->dy + row0 * d;
+        const float *kb = g->k + bh * (size_t)s->tk * d, *vb = g->v + bh * (size_t)s->tk * d;
+        int kend = s->causal && i0 + nq < s->tk ? i0 + nq : s->tk;
+        for (int j0 = 0; j0 < kend; j0 += g->kt) {
+            int nk = kend - j0 < g->kt ? kend - j0 : g->kt;
+            sd_sgemm(0, 1, nq, nk, s->d, s->scale, qb, s->d, kb + (size_t)j0 * d, s->d, 0.0f, S, nk);
+            sd_sgemm(0, 1, nq, nk, s->d, 1.0f, dyb, s->d, vb + (size_t)j0 * d, s->d, 0.0f, dP, nk);
+            softmax_grad(g, row0, i0, j0, nq, nk, 0, S, dP);
+            sd_sgemm(0, 0, nq, s->d, nk, 1.0f, dP, nk, kb + (size_t)j0 * d, s->d, 1.0f, g->dq + row0 * d, s->d);
+        }
+    }
+}
+
+/* dk, dv: one unit is a key tile; per query tile that sees it, the
+ * transposed blocks S^T = scale k q^T and dP^T = v dy^T give P^T and
+ * dS^T; dv += P^T dy and dk += dS^T q. */
+static void gattn_dkv_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const gattn *g = vctx;
+    const sd_attn_shape *s = g->s;
+    size_t d = (size_t)s->d, blk = (size_t)g->qt * (size_t)g->kt;
+    float *St = g->scratch + (size_t)worker * g->sstride, *dPt = g->dk ? St + blk : NULL;
+    for (size_t u = begin; u < end; u++) {
+        size_t bh = u / (size_t)g->nkt;
+        int j0 = (int)(u % (size_t)g->nkt) * g->kt, nk = s->tk - j0 < g->kt ? s->tk - j0 : g->kt;
+        size_t key0 = bh * (size_t)s->tk + (size_t)j0;
+        const float *kb = g->k + key0 * d, *vb = g->v + key0 * d;
+        for (int i0 = s->causal ? j0 : 0; i0 < s->tq; i0 += g->qt) {
+            int nq = s->tq - i0 < g->qt ? s->tq - i0 : g->qt;
+            size_t row0 = bh * (size_t)s->tq + (size_t)i0;
+            const float *qb = g->q + row0 * d, *dyb = g->dy + row0 * d;
+            sd_sgemm(0, 1, nk, nq, s->d, s->scale, kb, s->d, qb, s->d, 0.0f, St, nq);
+            if (dPt) sd_sgemm(0, 1, nk, nq, s->d, 1.0f, vb, s->d, dyb, s->d, 0.0f, dPt, nq);
+            softmax_grad(g, row0, i0, j0, nq, nk, 1, St, dPt);
+            if (g->dv) sd_sgemm(0, 0, nk, s->d, nq, 1.0f, St, nq, dyb, s->d, 1.0f, g->dv + key0 * d, s->d);
+            if (dPt) sd_sgemm(0, 0, nk, s->d, nq, 1.0f, dPt, nq, qb, s->d, 1.0f, g->dk + key0 * d, s->d);
+        }
+    }
+}
+
+/* Gradients for q, k, v from dy, the inputs, and the forward's y and lse. */
+void sd_attn_bwd(sd_pool *pool, const sd_attn_shape *s, float *dq, float *dk, float *dv, const float *dy,
+                 const float *q, const float *k, const float *v, const float *y, const float *lse)
+{
+    if (!dq && !dk && !dv) return;
+    gattn g = {.dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .dy = dy, .cy = y, .clse = lse};
+    gattn_plan(&g, s);
+    size_t rows = (size_t)s->b * (size_t)s->heads * (size_t)s->tq;
+    size_t per = 2 * (size_t)g.qt * (size_t)g.kt;
+    g.sstride = sd_scratch_stride(per);
+    g.scratch = sd_scratch_alloc(sd_pool_size(pool), per);
+    g.drow = malloc(rows * sizeof(float));
+    if (!g.scratch || !g.drow) {
+        free(g.scratch);
+        free(g.drow);
+        sd_attn_bwd_ref(pool, s, dq, dk, dv, dy, q, k, v, y, lse);
+        return;
+    }
+    sd_pool_for(pool, rows, gattn_drow_range, &g);
+    size_t bh = (size_t)s->b * (size_t)s->heads;
+    if (dq) sd_pool_for(pool, bh * (size_t)g.nqt, gattn_dq_range, &g);
+    if (dk || dv) sd_pool_for(pool, bh * (size_t)g.nkt, gattn_dkv_range, &g);
+    free(g.scratch);
+    free(g.drow);
+}
+
 typedef struct {
     const sd_attn_shape *s;
     float *y, *lse, *dq, *dk, *dv;
     const float *q, *k, *v, *dy, *cy, *clse;
-} attn_ctx;
+} ref_ctx;
 
 /* Plain dot product of two d-vectors. */
 static float dot(const float *a, const float *b, int d)
@@ -38,9 +351,9 @@ static int keys_for_row(const sd_attn_shape *s, int i)
 
 /* Forward: each unit is one query row (batch, head, i). Two passes over
  * the keys: the row maximum, then exp-sum and the weighted sum of values. */
-static void attn_fwd_range(void *vctx, int worker, size_t begin, size_t end)
+static void ref_fwd_range(void *vctx, int worker, size_t begin, size_t end)
 {
-    const attn_ctx *c = vctx;
+    const ref_ctx *c = vctx;
     const sd_attn_shape *s = c->s;
     size_t d = (size_t)s->d, tq = (size_t)s->tq, tk = (size_t)s->tk;
     (void)worker;
@@ -67,18 +380,18 @@ static void attn_fwd_range(void *vctx, int worker, size_t begin, size_t end)
     }
 }
 
-/* y = softmax(q k^T * scale) v; lse saved for backward. */
-void sd_attn_fwd(sd_pool *pool, const sd_attn_shape *s, float *y, float *lse, const float *q, const float *k,
+/* Reference y = softmax(q k^T * scale) v, row by row; lse saved. */
+void sd_attn_fwd_ref(sd_pool *pool, const sd_attn_shape *s, float *y, float *lse, const float *q, const float *k,
                  const float *v)
 {
-    attn_ctx c = {.s = s, .y = y, .lse = lse, .q = q, .k = k, .v = v};
-    sd_pool_for(pool, (size_t)s->b * (size_t)s->heads * (size_t)s->tq, attn_fwd_range, &c);
+    ref_ctx c = {.s = s, .y = y, .lse = lse, .q = q, .k = k, .v = v};
+    sd_pool_for(pool, (size_t)s->b * (size_t)s->heads * (size_t)s->tq, ref_fwd_range, &c);
 }
 
 /* dq for one query row: dq_i += scale * sum_j p_ij (dy_i.v_j - dy_i.y_i) k_j. */
-static void attn_bwd_dq_range(void *vctx, int worker, size_t begin, size_t end)
+static void ref_bwd_dq_range(void *vctx, int worker, size_t begin, size_t end)
 {
-    const attn_ctx *c = vctx;
+    const ref_ctx *c = vctx;
     const sd_attn_shape *s = c->s;
     size_t d = (size_t)s->d, tq = (size_t)s->tq, tk = (size_t)s->tk;
     (void)worker;
@@ -100,9 +413,9 @@ static void attn_bwd_dq_range(void *vctx, int worker, size_t begin, size_t end)
 
 /* dk and dv for one key row j, summing over the query rows that see it:
  * dv_j += sum_i p_ij dy_i; dk_j += scale * sum_i p_ij (dy_i.v_j - D_i) q_i. */
-static void attn_bwd_dkv_range(void *vctx, int worker, size_t begin, size_t end)
+static void ref_bwd_dkv_range(void *vctx, int worker, size_t begin, size_t end)
 {
-    const attn_ctx *c = vctx;
+    const ref_ctx *c = vctx;
     const sd_attn_shape *s = c->s;
     size_t d = (size_t)s->d, tq = (size_t)s->tq, tk = (size_t)s->tk;
     (void)worker;
@@ -125,12 +438,12 @@ static void attn_bwd_dkv_range(void *vctx, int worker, size_t begin, size_t end)
     }
 }
 
-/* Gradients for q, k, v from dy, the inputs, and the forward's y and lse. */
-void sd_attn_bwd(sd_pool *pool, const sd_attn_shape *s, float *dq, float *dk, float *dv, const float *dy,
+/* Reference gradients for q, k, v, row by row. */
+void sd_attn_bwd_ref(sd_pool *pool, const sd_attn_shape *s, float *dq, float *dk, float *dv, const float *dy,
                  const float *q, const float *k, const float *v, const float *y, const float *lse)
 {
-    attn_ctx c = {.s = s, .dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .dy = dy, .cy = y, .clse = lse};
+    ref_ctx c = {.s = s, .dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .dy = dy, .cy = y, .clse = lse};
     size_t bh = (size_t)s->b * (size_t)s->heads;
-    if (dq) sd_pool_for(pool, bh * (size_t)s->tq, attn_bwd_dq_range, &c);
-    if (dk || dv) sd_pool_for(pool, bh * (size_t)s->tk, attn_bwd_dkv_range, &c);
+    if (dq) sd_pool_for(pool, bh * (size_t)s->tq, ref_bwd_dq_range, &c);
+    if (dk || dv) sd_pool_for(pool, bh * (size_t)s->tk, ref_bwd_dkv_range, &c);
 }

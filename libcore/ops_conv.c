@@ -1,6 +1,21 @@
-/* conv2d forward and backward by direct loops (correctness first; a GEMM or
- * oneDNN path replaces the inner loops later, behind the same signature). */
-#include "ops_cpu.h"
+/* conv2d forward and backward on sgemm. 3x3 stride-1 convs with 32+ input
+ * channels run as Winograd F(2x2, 3x3) (conv_wino.c), forward and input
+ * gradient. The rest is GEMM over im2col tiles: y[cout, P] = w[cout, K]
+ * col[K, P] with K = cin*kh*kw, built a few output rows at a time in a
+ * bounded per-worker scratch (1x1 stride-1 unpadded convs use x itself as
+ * col). Work is cut into units of a fixed shape that depends on the conv
+ * shape only (output-row tiles forward, input-channel blocks backward),
+ * each unit owns its outputs and calls single-threaded sgemm, so results
+ * are bit-identical for any thread count. The direct loops first in this
+ * file are the reference and the fallback when scratch cannot be
+ * allocated. */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conv_wino.h"
+#include "gemm.h"
+#include "ops_ref.h"
 
 /* Output height: floor((h + pads - kh) / stride) + 1, as torch computes it. */
 int sd_conv2d_out_h(const sd_conv2d_shape *s)
@@ -44,12 +59,12 @@ typedef struct {
     int oh, ow;
     float *y, *dx, *dw, *db;
     const float *x, *w, *b, *dy;
-} conv_ctx;
+} ref_ctx;
 
 /* Forward: each unit is one output plane (image, out channel). */
-static void conv_fwd_range(void *vctx, int worker, size_t begin, size_t end)
+static void ref_fwd_range(void *vctx, int worker, size_t begin, size_t end)
 {
-    const conv_ctx *c = vctx;
+    const ref_ctx *c = vctx;
     const sd_conv2d_shape *s = c->s;
     (void)worker;
     size_t ohw = (size_t)c->oh * (size_t)c->ow, hw = (size_t)s->h * (size_t)s->w;
@@ -79,19 +94,19 @@ static void conv_fwd_range(void *vctx, int worker, size_t begin, size_t end)
     }
 }
 
-/* y = conv(x, w) + b for the whole batch. */
-void sd_conv2d_fwd(sd_pool *pool, const sd_conv2d_shape *s, float *y, const float *x, const float *w,
+/* Reference y = conv(x, w) + b for the whole batch, by direct loops. */
+void sd_conv2d_fwd_ref(sd_pool *pool, const sd_conv2d_shape *s, float *y, const float *x, const float *w,
                    const float *b)
 {
-    conv_ctx c = {.s = s, .oh = sd_conv2d_out_h(s), .ow = sd_conv2d_out_w(s), .y = y, .x = x, .w = w, .b = b};
-    sd_pool_for(pool, (size_t)s->n * (size_t)s->cout, conv_fwd_range, &c);
+    ref_ctx c = {.s = s, .oh = sd_conv2d_out_h(s), .ow = sd_conv2d_out_w(s), .y = y, .x = x, .w = w, .b = b};
+    sd_pool_for(pool, (size_t)s->n * (size_t)s->cout, ref_fwd_range, &c);
 }
 
 /* Input gradient: each unit is one input plane (image, in channel), so
  * every dx element is written by exactly one thread. */
-static void conv_bwd_dx_range(void *vctx, int worker, size_t begin, size_t end)
+static void ref_bwd_dx_range(void *vctx, int worker, size_t begin, size_t end)
 {
-    const conv_ctx *c = vctx;
+    const ref_ctx *c = vctx;
     const sd_conv2d_shape *s = c->s;
     (void)worker;
     size_t ohw = (size_t)c->oh * (size_t)c->ow, hw = (size_t)s->h * (size_t)s->w;
@@ -121,9 +136,9 @@ static void conv_bwd_dx_range(void *vctx, int worker, size_t begin, size_t end)
 
 /* Weight and bias gradients: each unit is one output channel, summing over
  * the batch in a fixed order, so no cross-thread reduction is needed. */
-static void conv_bwd_dw_range(void *vctx, int worker, size_t begin, size_t end)
+static void ref_bwd_dw_range(void *vctx, int worker, size_t begin, size_t end)
 {
-    const conv_ctx *c = vctx;
+    const ref_ctx *c = vctx;
     const sd_conv2d_shape *s = c->s;
     (void)worker;
     size_t ohw = (size_t)c->oh * (size_t)c->ow, hw = (size_t)s->h * (size_t)s->w;
@@ -162,12 +177,322 @@ static void conv_bwd_dw_range(void *vctx, int worker, size_t begin, size_t end)
     }
 }
 
+/* Reference dx += conv^T(dy, w); dw += dy (x) x; db += sum(dy), by direct loops. */
+void sd_conv2d_bwd_ref(sd_pool *pool, const sd_conv2d_shape *s, float *dx, float *dw, float *db, const float *dy,
+                   const float *x, const float *w)
+{
+    ref_ctx c = {.s = s, .oh = sd_conv2d_out_h(s), .ow = sd_conv2d_out_w(s), .dx = dx, .dw = dw, .db = db,
+                  .x = x, .w = w, .dy = dy};
+    if (dx) sd_pool_for(pool, (size_t)s->n * (size_t)s->cin, ref_bwd_dx_range, &c);
+    if (dw || db) sd_pool_for(pool, (size_t)s->cout, ref_bwd_dw_range, &c);
+}
+
+/* ---- GEMM path ---- */
+
+enum {
+    TILE_PIXELS = 2048,         /* output pixels per im2col tile, at most */
+    SCRATCH_FLOATS = 1u << 21,  /* im2col floats per worker, at most (8 MiB) */
+    MIN_UNITS = 8               /* tiles or channel blocks per image, at least, when the shape allows */
+};
+
+typedef struct {
+    const sd_conv2d_shape *s;
+    int oh, ow;
+    size_t P, HW, K, khw; /* output pixels, input pixels, cin*kh*kw, kh*kw */
+    int pointwise;        /* 1x1, stride 1, no padding: x is its own col */
+    int rows, ntiles;     /* output rows per tile, tiles per image */
+    int cb, nblocks;      /* input channels per backward block, blocks */
+    float *scratch;
+    size_t sstride;
+    float *y, *dx, *dw, *db;
+    const float *x, *w, *b, *dy;
+} gconv;
+
+/* Output rows per tile so a tile's col block (kdim rows) fits the scratch
+ * bound and an image has at least MIN_UNITS tiles when it has the rows for
+ * them. Depends on the shape only, never on the thread count. */
+static int tile_rows(int oh, int ow, size_t kdim)
+{
+    size_t px = TILE_PIXELS;
+    if (px > SCRATCH_FLOATS / kdim) px = SCRATCH_FLOATS / kdim;
+    size_t rows = px / (size_t)ow;
+    size_t most = ((size_t)oh + MIN_UNITS - 1) / MIN_UNITS;
+    if (rows > most) rows = most;
+    return rows < 1 ? 1 : (int)rows;
+}
+
+/* Fill in the derived sizes and the tiling for forward (bwd = 0) or
+ * backward (bwd = 1, tiles sized for one channel block's col rows). */
+static void gconv_plan(gconv *g, const sd_conv2d_shape *s, int bwd)
+{
+    g->s = s;
+    g->oh = sd_conv2d_out_h(s);
+    g->ow = sd_conv2d_out_w(s);
+    g->P = (size_t)g->oh * (size_t)g->ow;
+    g->HW = (size_t)s->h * (size_t)s->w;
+    g->khw = (size_t)s->kh * (size_t)s->kw;
+    g->K = (size_t)s->cin * g->khw;
+    g->pointwise = s->kh == 1 && s->kw == 1 && s->stride == 1 && !s->pad_t && !s->pad_b && !s->pad_l && !s->pad_r;
+    g->cb = (s->cin + MIN_UNITS - 1) / MIN_UNITS;
+    g->nblocks = (s->cin + g->cb - 1) / g->cb;
+    g->rows = tile_rows(g->oh, g->ow, bwd ? (size_t)g->cb * g->khw : g->K);
+    g->ntiles = (g->oh + g->rows - 1) / g->rows;
+}
+
+/* sgemm takes int sizes and strides: planes and K must fit (they do for
+ * any image below 46k x 46k); larger shapes take the reference loops. */
+static int gemm_dims_fit(const gconv *g)
+{
+    return g->P <= INT_MAX && g->HW <= INT_MAX && g->K <= INT_MAX;
+}
+
+/* Columns [r0*ow, r1*ow) of the col matrix for input channels [c0, c1) of
+ * one image: row ((ci-c0)*kh + ky)*kw + kx holds x[ci] at the input pixel
+ * each output pixel's tap (ky, kx) reads, 0 in the padding. */
+static void im2col(const gconv *g, const float *x, int c0, int c1, int r0, int r1, float *col)
+{
+    const sd_conv2d_shape *s = g->s;
+    size_t T = (size_t)(r1 - r0) * (size_t)g->ow, ow = (size_t)g->ow;
+    float *dst = col;
+    for (int ci = c0; ci < c1; ci++) {
+        const float *xp = x + (size_t)ci * g->HW;
+        for (int ky = 0; ky < s->kh; ky++) {
+            for (int kx = 0; kx < s->kw; kx++, dst += T) {
+                int ox0, ox1, off = kx - s->pad_l;
+                valid_range(off, s->stride, s->w, g->ow, &ox0, &ox1);
+                for (int oy = r0; oy < r1; oy++) {
+                    float *d = dst + (size_t)(oy - r0) * ow;
+                    int iy = oy * s->stride - s->pad_t + ky;
+                    if (iy < 0 || iy >= s->h || ox0 >= ox1) {
+                        memset(d, 0, ow * sizeof(float));
+                        continue;
+                    }
+                    const float *xr = xp + (size_t)iy * (size_t)s->w;
+                    memset(d, 0, (size_t)ox0 * sizeof(float));
+                    if (s->stride == 1)
+                        memcpy(d + ox0, xr + ox0 + off, (size_t)(ox1 - ox0) * sizeof(float));
+                    else
+                        for (int ox = ox0; ox < ox1; ox++) d[ox] = xr[ox * s->stride + off];
+                    memset(d + ox1, 0, (size_t)(g->ow - ox1) * sizeof(float));
+                }
+            }
+        }
+    }
+}
+
+/* The adjoint of im2col: add each col entry into the dx pixel it was read
+ * from, in a fixed order (channel, tap, row, column). */
+static void col2im_add(const gconv *g, float *dx, int c0, int c1, int r0, int r1, const float *col)
+{
+    const sd_conv2d_shape *s = g->s;
+    size_t T = (size_t)(r1 - r0) * (size_t)g->ow, ow = (size_t)g->ow;
+    const float *src = col;
+    for (int ci = c0; ci < c1; ci++) {
+        float *xp = dx + (size_t)ci * g->HW;
+        for (int ky = 0; ky < s->kh; ky++) {
+            for (int kx = 0; kx < s->kw; kx++, src += T) {
+                int ox0, ox1, off = kx - s->pad_l;
+                valid_range(off, s->stride, s->w, g->ow, &ox0, &ox1);
+                for (int oy = r0; oy < r1; oy++) {
+                    int iy = oy * s->stride - s->pad_t + ky;
+                    if (iy < 0 || iy >= s->h) continue;
+                    const float *d = src + (size_t)(oy - r0) * ow;
+                    float *xr = xp + (size_t)iy * (size_t)s->w;
+                    for (int ox = ox0; ox < ox1; ox++) xr[ox * s->stride + off] += d[ox];
+                }
+            }
+        }
+    }
+}
+
+/* Forward: each unit is one tile of output rows of one image, all output
+ * channels: y_tile = w col_tile (+ bias, written first). */
+static void gconv_fwd_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const gconv *g = vctx;
+    const sd_conv2d_shape *s = g->s;
+    float *col = g->scratch ? g->scratch + (size_t)worker * g->sstride : NULL;
+    for (size_t u = begin; u < end; u++) {
+        size_t ni = u / (size_t)g->ntiles;
+        int r0 = (int)(u % (size_t)g->ntiles) * g->rows;
+        int r1 = r0 + g->rows < g->oh ? r0 + g->rows : g->oh;
+        size_t T = (size_t)(r1 - r0) * (size_t)g->ow;
+        float *yt = g->y + ni * (size_t)s->cout * g->P + (size_t)r0 * (size_t)g->ow;
+        if (g->b)
+            for (int co = 0; co < s->cout; co++) {
+                float *yr = yt + (size_t)co * g->P, bv = g->b[co];
+                for (size_t i = 0; i < T; i++) yr[i] = bv;
+            }
+        const float *xi = g->x + ni * (size_t)s->cin * g->HW;
+        const float *bm;
+        size_t ldb;
+        if (g->pointwise) {
+            bm = xi + (size_t)r0 * (size_t)g->ow;
+            ldb = g->HW;
+        } else {
+            im2col(g, xi, 0, s->cin, r0, r1, col);
+            bm = col;
+            ldb = T;
+        }
+        sd_sgemm(0, 0, s->cout, (int)T, (int)g->K, 1.0f, g->w, (int)g->K, bm, (int)ldb, g->b ? 1.0f : 0.0f, yt,
+                 (int)g->P);
+    }
+}
+
+/* y = conv(x, w) + b for the whole batch. */
+void sd_conv2d_fwd(sd_pool *pool, const sd_conv2d_shape *s, float *y, const float *x, const float *w,
+                   const float *b)
+{
+    if (s->kh == 3 && s->kw == 3 && s->stride == 1) {
+        sd_wino_shape ws = {.n = s->n, .cin = s->cin, .cout = s->cout, .h = s->h, .w = s->w, .pt = s->pad_t,
+                            .pb = s->pad_b, .pl = s->pad_l, .pr = s->pad_r};
+        if (sd_wino_ok(&ws) && sd_wino_conv(pool, &ws, y, x, w, b)) return;
+    }
+    gconv g = {.y = y, .x = x, .w = w, .b = b};
+    gconv_plan(&g, s, 0);
+    if (!gemm_dims_fit(&g)) {
+        sd_conv2d_fwd_ref(pool, s, y, x, w, b);
+        return;
+    }
+    if (!g.pointwise) {
+        size_t per = g.K * (size_t)g.rows * (size_t)g.ow;
+        g.sstride = sd_scratch_stride(per);
+        g.scratch = sd_scratch_alloc(sd_pool_size(pool), per);
+        if (!g.scratch) {
+            sd_conv2d_fwd_ref(pool, s, y, x, w, b);
+            return;
+        }
+    }
+    sd_pool_for(pool, (size_t)s->n * (size_t)g.ntiles, gconv_fwd_range, &g);
+    free(g.scratch);
+}
+
+/* Input channels [c0, c1) of backward block blk. */
+static void block_channels(const gconv *g, size_t blk, int *c0, int *c1)
+{
+    *c0 = (int)blk * g->cb;
+    *c1 = *c0 + g->cb < g->s->cin ? *c0 + g->cb : g->s->cin;
+}
+
+/* Input gradient: each unit is one block of input channels of one image,
+ * which it owns: per tile, dcol = w[:, block]^T dy_tile, then col2im adds
+ * it into dx (pointwise convs add the GEMM straight into dx). */
+static void gconv_dx_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const gconv *g = vctx;
+    const sd_conv2d_shape *s = g->s;
+    float *col = g->scratch ? g->scratch + (size_t)worker * g->sstride : NULL;
+    for (size_t u = begin; u < end; u++) {
+        size_t ni = u / (size_t)g->nblocks;
+        int c0, c1;
+        block_channels(g, u % (size_t)g->nblocks, &c0, &c1);
+        int kb = (c1 - c0) * (int)g->khw;
+        float *dxi = g->dx + ni * (size_t)s->cin * g->HW;
+        for (int r0 = 0; r0 < g->oh; r0 += g->rows) {
+            int r1 = r0 + g->rows < g->oh ? r0 + g->rows : g->oh;
+            size_t T = (size_t)(r1 - r0) * (size_t)g->ow;
+            const float *dyt = g->dy + ni * (size_t)s->cout * g->P + (size_t)r0 * (size_t)g->ow;
+            const float *wb = g->w + (size_t)c0 * g->khw;
+            if (g->pointwise) {
+                sd_sgemm(1, 0, kb, (int)T, s->cout, 1.0f, wb, (int)g->K, dyt, (int)g->P, 1.0f,
+                         dxi + (size_t)c0 * g->HW + (size_t)r0 * (size_t)g->ow, (int)g->HW);
+            } else {
+                sd_sgemm(1, 0, kb, (int)T, s->cout, 1.0f, wb, (int)g->K, dyt, (int)g->P, 0.0f, col, (int)T);
+                col2im_add(g, dxi, c0, c1, r0, r1, col);
+            }
+        }
+    }
+}
+
+/* Weight gradient: each unit is one block of input channels, i.e. the
+ * columns [c0*kh*kw, c1*kh*kw) of dw, summed over images and tiles in
+ * order: dw[:, block] += dy_tile col_tile[block]^T. */
+static void gconv_dw_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const gconv *g = vctx;
+    const sd_conv2d_shape *s = g->s;
+    float *col = g->scratch ? g->scratch + (size_t)worker * g->sstride : NULL;
+    for (size_t blk = begin; blk < end; blk++) {
+        int c0, c1;
+        block_channels(g, blk, &c0, &c1);
+        int kb = (c1 - c0) * (int)g->khw;
+        for (int ni = 0; ni < s->n; ni++) {
+            const float *xi = g->x + (size_t)ni * (size_t)s->cin * g->HW;
+            for (int r0 = 0; r0 < g->oh; r0 += g->rows) {
+                int r1 = r0 + g->rows < g->oh ? r0 + g->rows : g->oh;
+                size_t T = (size_t)(r1 - r0) * (size_t)g->ow;
+                const float *dyt = g->dy + (size_t)ni * (size_t)s->cout * g->P + (size_t)r0 * (size_t)g->ow;
+                const float *bm;
+                size_t ldb;
+                if (g->pointwise) {
+                    bm = xi + (size_t)c0 * g->HW + (size_t)r0 * (size_t)g->ow;
+                    ldb = g->HW;
+                } else {
+                    im2col(g, xi, c0, c1, r0, r1, col);
+                    bm = col;
+                    ldb = T;
+                }
+                sd_sgemm(0, 1, s->cout, kb, (int)T, 1.0f, dyt, (int)g->P, bm, (int)ldb, 1.0f,
+                         g->dw + (size_t)c0 * g->khw, (int)g->K);
+            }
+        }
+    }
+}
+
+/* Sum of n floats in 8 interleaved partial sums added up in a fixed order:
+ * vectorisable, and the same result wherever it runs. */
+static float sum_f32(const float *p, size_t n)
+{
+    float acc[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) acc[l] += p[i + (size_t)l];
+    for (; i < n; i++) acc[i & 7] += p[i];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+/* Bias gradient: each unit is one output channel, images in order. */
+static void gconv_db_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const gconv *g = vctx;
+    const sd_conv2d_shape *s = g->s;
+    (void)worker;
+    for (size_t co = begin; co < end; co++) {
+        float acc = 0.0f;
+        for (int ni = 0; ni < s->n; ni++) acc += sum_f32(g->dy + ((size_t)ni * (size_t)s->cout + co) * g->P, g->P);
+        g->db[co] += acc;
+    }
+}
+
 /* dx += conv^T(dy, w); dw += dy (x) x; db += sum(dy). */
 void sd_conv2d_bwd(sd_pool *pool, const sd_conv2d_shape *s, float *dx, float *dw, float *db, const float *dy,
                    const float *x, const float *w)
 {
-    conv_ctx c = {.s = s, .oh = sd_conv2d_out_h(s), .ow = sd_conv2d_out_w(s), .dx = dx, .dw = dw, .db = db,
-                  .x = x, .w = w, .dy = dy};
-    if (dx) sd_pool_for(pool, (size_t)s->n * (size_t)s->cin, conv_bwd_dx_range, &c);
-    if (dw || db) sd_pool_for(pool, (size_t)s->cout, conv_bwd_dw_range, &c);
+    gconv g = {.dw = dw, .db = db, .x = x, .w = w, .dy = dy};
+    gconv_plan(&g, s, 1);
+    if (dx && s->kh == 3 && s->kw == 3 && s->stride == 1) {
+        /* the input gradient of a 3x3 stride-1 conv is a 3x3 stride-1 conv
+         * of dy with the flipped, transposed weights and pads 2 - pad */
+        sd_wino_shape ws = {.n = s->n, .cin = s->cout, .cout = s->cin, .h = g.oh, .w = g.ow, .pt = 2 - s->pad_t,
+                            .pb = 2 - s->pad_b, .pl = 2 - s->pad_l, .pr = 2 - s->pad_r, .flip = 1, .acc = 1};
+        if (sd_wino_ok(&ws) && sd_wino_conv(pool, &ws, dx, dy, w, NULL)) dx = NULL;
+    }
+    g.dx = dx;
+    if (!gemm_dims_fit(&g)) {
+        sd_conv2d_bwd_ref(pool, s, dx, dw, db, dy, x, w);
+        return;
+    }
+    if (!g.pointwise && (dx || dw)) {
+        size_t per = (size_t)g.cb * g.khw * (size_t)g.rows * (size_t)g.ow;
+        g.sstride = sd_scratch_stride(per);
+        g.scratch = sd_scratch_alloc(sd_pool_size(pool), per);
+        if (!g.scratch) {
+            sd_conv2d_bwd_ref(pool, s, dx, dw, db, dy, x, w);
+            return;
+        }
+    }
+    if (dx) sd_pool_for(pool, (size_t)s->n * (size_t)g.nblocks, gconv_dx_range, &g);
+    if (dw) sd_pool_for(pool, (size_t)g.nblocks, gconv_dw_range, &g);
+    if (db) sd_pool_for(pool, (size_t)s->cout, gconv_db_range, &g);
+    free(g.scratch);
 }

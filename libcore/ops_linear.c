@@ -1,6 +1,11 @@
-/* Linear layer y = x w^T + b (torch layout) forward and backward by
- * plain loops; an OpenBLAS/oneDNN GEMM replaces them later. */
-#include "ops_cpu.h"
+/* Linear layer y = x w^T + b (torch layout) forward and backward on
+ * sgemm. Work is cut into blocks whose size depends on the shape only
+ * (rows of x for y and dx, output features for dw and db); each block is
+ * owned by one worker and computed by one single-threaded sgemm call, so
+ * results are bit-identical for any thread count. The plain loops at the
+ * end are the reference (tests, benches). */
+#include "gemm.h"
+#include "ops_ref.h"
 
 /* All three dims must be positive. */
 sd_status sd_linear_check(const sd_linear_shape *s, sd_error *err)
@@ -9,16 +14,108 @@ sd_status sd_linear_check(const sd_linear_shape *s, sd_error *err)
     return SD_OK;
 }
 
+enum {
+    ROW_BLOCK = 256, /* rows of x per forward / dx unit, at most */
+    FEAT_BLOCK = 64, /* output features per dw / db unit, at most */
+    MIN_UNITS = 8    /* units per op, at least, when the shape allows */
+};
+
+typedef struct {
+    const sd_linear_shape *s;
+    int rb, fb; /* rows per row block, features per feature block */
+    float *y, *dx, *dw, *db;
+    const float *x, *w, *b, *dy;
+} glin;
+
+/* Block size for a dimension of length len: at most cap, small enough for
+ * MIN_UNITS blocks; a function of the shape only. */
+static int block_of(int len, int cap)
+{
+    int b = (len + MIN_UNITS - 1) / MIN_UNITS;
+    return b > cap ? cap : b < 1 ? 1 : b;
+}
+
+/* Forward: one unit is a block of rows; bias first, then y += x w^T. */
+static void glin_fwd_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const glin *g = vctx;
+    const sd_linear_shape *s = g->s;
+    (void)worker;
+    for (size_t u = begin; u < end; u++) {
+        int r0 = (int)u * g->rb, rows = s->m - r0 < g->rb ? s->m - r0 : g->rb;
+        float *yb = g->y + (size_t)r0 * (size_t)s->n;
+        if (g->b)
+            for (int r = 0; r < rows; r++)
+                for (int o = 0; o < s->n; o++) yb[(size_t)r * (size_t)s->n + (size_t)o] = g->b[o];
+        sd_sgemm(0, 1, rows, s->n, s->k, 1.0f, g->x + (size_t)r0 * (size_t)s->k, s->k, g->w, s->k,
+                 g->b ? 1.0f : 0.0f, yb, s->n);
+    }
+}
+
+/* y[m, n] = x[m, k] w[n, k]^T + b[n]. */
+void sd_linear_fwd(sd_pool *pool, const sd_linear_shape *s, float *y, const float *x, const float *w,
+                   const float *b)
+{
+    glin g = {.s = s, .rb = block_of(s->m, ROW_BLOCK), .y = y, .x = x, .w = w, .b = b};
+    sd_pool_for(pool, (size_t)((s->m + g.rb - 1) / g.rb), glin_fwd_range, &g);
+}
+
+/* Input gradient: one unit is a block of rows, dx += dy w. */
+static void glin_dx_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const glin *g = vctx;
+    const sd_linear_shape *s = g->s;
+    (void)worker;
+    for (size_t u = begin; u < end; u++) {
+        int r0 = (int)u * g->rb, rows = s->m - r0 < g->rb ? s->m - r0 : g->rb;
+        sd_sgemm(0, 0, rows, s->k, s->n, 1.0f, g->dy + (size_t)r0 * (size_t)s->n, s->n, g->w, s->k, 1.0f,
+                 g->dx + (size_t)r0 * (size_t)s->k, s->k);
+    }
+}
+
+/* Weight and bias gradients: one unit is a block of output features,
+ * dw[block] += dy[:, block]^T x (the whole row sum in one sgemm call);
+ * db sums each feature's column over the rows in order. */
+static void glin_dw_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const glin *g = vctx;
+    const sd_linear_shape *s = g->s;
+    (void)worker;
+    for (size_t u = begin; u < end; u++) {
+        int o0 = (int)u * g->fb, nf = s->n - o0 < g->fb ? s->n - o0 : g->fb;
+        if (g->dw)
+            sd_sgemm(1, 0, nf, s->k, s->m, 1.0f, g->dy + o0, s->n, g->x, s->k, 1.0f,
+                     g->dw + (size_t)o0 * (size_t)s->k, s->k);
+        if (!g->db) continue;
+        float acc[FEAT_BLOCK] = {0};
+        for (int r = 0; r < s->m; r++) {
+            const float *dyr = g->dy + (size_t)r * (size_t)s->n + o0;
+            for (int o = 0; o < nf; o++) acc[o] += dyr[o];
+        }
+        for (int o = 0; o < nf; o++) g->db[o0 + o] += acc[o];
+    }
+}
+
+/* dx += dy w; dw += dy^T x; db += column sums of dy. */
+void sd_linear_bwd(sd_pool *pool, const sd_linear_shape *s, float *dx, float *dw, float *db, const float *dy,
+                   const float *x, const float *w)
+{
+    glin g = {.s = s, .rb = block_of(s->m, ROW_BLOCK), .fb = block_of(s->n, FEAT_BLOCK), .dx = dx, .dw = dw,
+              .db = db, .x = x, .w = w, .dy = dy};
+    if (dx) sd_pool_for(pool, (size_t)((s->m + g.rb - 1) / g.rb), glin_dx_range, &g);
+    if (dw || db) sd_pool_for(pool, (size_t)((s->n + g.fb - 1) / g.fb), glin_dw_range, &g);
+}
+
 typedef struct {
     const sd_linear_shape *s;
     float *y, *dx, *dw, *db;
     const float *x, *w, *b, *dy;
-} lin_ctx;
+} ref_ctx;
 
 /* Forward: each unit is one row of y. */
-static void lin_fwd_range(void *vctx, int worker, size_t begin, size_t end)
+static void ref_fwd_range(void *vctx, int worker, size_t begin, size_t end)
 {
-    const lin_ctx *c = vctx;
+    const ref_ctx *c = vctx;
     size_t k = (size_t)c->s->k, n = (size_t)c->s->n;
     (void)worker;
     for (size_t r = begin; r < end; r++) {
@@ -32,18 +129,18 @@ static void lin_fwd_range(void *vctx, int worker, size_t begin, size_t end)
     }
 }
 
-/* y[m, n] = x[m, k] w[n, k]^T + b[n]. */
-void sd_linear_fwd(sd_pool *pool, const sd_linear_shape *s, float *y, const float *x, const float *w,
+/* Reference y[m, n] = x[m, k] w[n, k]^T + b[n] by loops. */
+void sd_linear_fwd_ref(sd_pool *pool, const sd_linear_shape *s, float *y, const float *x, const float *w,
                    const float *b)
 {
-    lin_ctx c = {.s = s, .y = y, .x = x, .w = w, .b = b};
-    sd_pool_for(pool, (size_t)s->m, lin_fwd_range, &c);
+    ref_ctx c = {.s = s, .y = y, .x = x, .w = w, .b = b};
+    sd_pool_for(pool, (size_t)s->m, ref_fwd_range, &c);
 }
 
 /* Input gradient: each unit is one row, dx[r] += dy[r] w. */
-static void lin_bwd_dx_range(void *vctx, int worker, size_t begin, size_t end)
+static void ref_bwd_dx_range(void *vctx, int worker, size_t begin, size_t end)
 {
-    const lin_ctx *c = vctx;
+    const ref_ctx *c = vctx;
     size_t k = (size_t)c->s->k, n = (size_t)c->s->n;
     (void)worker;
     for (size_t r = begin; r < end; r++) {
@@ -58,9 +155,9 @@ static void lin_bwd_dx_range(void *vctx, int worker, size_t begin, size_t end)
 
 /* Weight and bias gradients: each unit is one output feature, summing
  * over rows in order, so no cross-thread reduction. */
-static void lin_bwd_dw_range(void *vctx, int worker, size_t begin, size_t end)
+static void ref_bwd_dw_range(void *vctx, int worker, size_t begin, size_t end)
 {
-    const lin_ctx *c = vctx;
+    const ref_ctx *c = vctx;
     size_t m = (size_t)c->s->m, k = (size_t)c->s->k, n = (size_t)c->s->n;
     (void)worker;
     for (size_t o = begin; o < end; o++) {
@@ -77,11 +174,11 @@ static void lin_bwd_dw_range(void *vctx, int worker, size_t begin, size_t end)
     }
 }
 
-/* dx += dy w; dw += dy^T x; db += column sums of dy. */
-void sd_linear_bwd(sd_pool *pool, const sd_linear_shape *s, float *dx, float *dw, float *db, const float *dy,
+/* Reference dx += dy w; dw += dy^T x; db += column sums of dy, by loops. */
+void sd_linear_bwd_ref(sd_pool *pool, const sd_linear_shape *s, float *dx, float *dw, float *db, const float *dy,
                    const float *x, const float *w)
 {
-    lin_ctx c = {.s = s, .dx = dx, .dw = dw, .db = db, .x = x, .w = w, .dy = dy};
-    if (dx) sd_pool_for(pool, (size_t)s->m, lin_bwd_dx_range, &c);
-    if (dw || db) sd_pool_for(pool, (size_t)s->n, lin_bwd_dw_range, &c);
+    ref_ctx c = {.s = s, .dx = dx, .dw = dw, .db = db, .x = x, .w = w, .dy = dy};
+    if (dx) sd_pool_for(pool, (size_t)s->m, ref_bwd_dx_range, &c);
+    if (dw || db) sd_pool_for(pool, (size_t)s->n, ref_bwd_dw_range, &c);
 }

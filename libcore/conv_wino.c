@@ -1,0 +1,281 @@
+/* Winograd F(2x2, 3x3): each 2x2 output tile comes from a 4x4 input tile d
+ * as y = A^T [(G g G^T) . (B^T d B)] A, so a conv becomes 16 independent
+ * GEMMs (one per position of the 4x4 transformed tile) over channels:
+ * M_f[cout, tiles] = U_f[cout, cin] V_f[cin, tiles]. The transforms only
+ * add, subtract and halve (exact in fp32 but for the rounding of the sums),
+ * so the result stays within a few ulps of the direct sum.
+ *
+ * Work is cut into units of whole tile rows of one image, their count and
+ * size a function of the shape only; each unit transforms its input tiles
+ * into per-worker scratch, runs the 16 single-threaded sgemm calls and
+ * writes its own output rows, so results are bit-identical for any thread
+ * count. The transforms are element-wise loops over a row of tiles, which
+ * the compiler vectorises (the file is built with -O3). */
+#include "conv_wino.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemm.h"
+
+enum {
+    TILE_N = 256,            /* tiles per unit (the GEMMs' n), target */
+    SCRATCH = 1u << 22,      /* transformed floats per worker, at most, when a tile row allows */
+    MIN_UNITS = 8,           /* units per image, at least, when the tile rows allow */
+    MIN_CIN = 32             /* input channels below which im2col is faster */
+};
+
+typedef struct {
+    const sd_wino_shape *s;
+    int oh, ow;
+    int ntx, nty;       /* tiles per row, tile rows */
+    int rows, nblk;     /* tile rows per unit, units per image */
+    size_t ntp;         /* tiles per unit: rows * ntx */
+    float *U;           /* transformed weights [16][cout][cin] */
+    float *scratch;
+    size_t sstride;
+    float *y;
+    const float *x, *w, *b;
+} wctx;
+
+/* Pads 0..2 (so the flipped conv of the input gradient is one too), a
+ * non-empty output, and enough input channels for the 16 GEMMs to beat one
+ * im2col GEMM: measured, cin 16 is still slower, cin 32 faster (128 output
+ * channels at 256x256; the conv_in of a VAE, cin 3, is 2x slower). */
+int sd_wino_ok(const sd_wino_shape *s)
+{
+    if (s->cin < MIN_CIN) return 0;
+    if (s->pt < 0 || s->pb < 0 || s->pl < 0 || s->pr < 0) return 0;
+    if (s->pt > 2 || s->pb > 2 || s->pl > 2 || s->pr > 2) return 0;
+    return s->h + s->pt + s->pb >= 3 && s->w + s->pl + s->pr >= 3;
+}
+
+/* U_f[m][k] = (G g G^T)_f for each output channel m in [begin, end) and
+ * input channel k, g the 3x3 filter, G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1]. */
+static void weights_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const wctx *c = vctx;
+    const sd_wino_shape *s = c->s;
+    size_t plane = (size_t)s->cout * (size_t)s->cin;
+    (void)worker;
+    for (size_t m = begin; m < end; m++) {
+        for (int k = 0; k < s->cin; k++) {
+            float g[3][3], t[4][3];
+            if (!s->flip) {
+                const float *src = c->w + (m * (size_t)s->cin + (size_t)k) * 9;
+                for (int i = 0; i < 3; i++)
+                    for (int j = 0; j < 3; j++) g[i][j] = src[i * 3 + j];
+            } else {
+                const float *src = c->w + ((size_t)k * (size_t)s->cout + m) * 9;
+                for (int i = 0; i < 3; i++)
+                    for (int j = 0; j < 3; j++) g[i][j] = src[(2 - i) * 3 + (2 - j)];
+            }
+            for (int j = 0; j < 3; j++) {
+                t[0][j] = g[0][j];
+                t[1][j] = 0.5f * (g[0][j] + g[1][j] + g[2][j]);
+                t[2][j] = 0.5f * (g[0][j] - g[1][j] + g[2][j]);
+                t[3][j] = g[2][j];
+            }
+            float *u = c->U + m * (size_t)s->cin + (size_t)k;
+            for (int i = 0; i < 4; i++) {
+                u[(size_t)(i * 4 + 0) * plane] = t[i][0];
+                u[(size_t)(i * 4 + 1) * plane] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+                u[(size_t)(i * 4 + 2) * plane] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+                u[(size_t)(i * 4 + 3) * plane] = t[i][2];
+            }
+        }
+    }
+}
+
+/* Even and odd columns of one zero-padded input row: ev[j] = row[2j - pl],
+ * od[j] = row[2j + 1 - pl] for j in [0, n), 0 outside the image; the
+ * columns where both lie inside are copied without bounds checks. */
+static void split_row(const float *restrict xr, int w, int pl, int n, float *restrict ev, float *restrict od)
+{
+    int lo = (pl + 1) / 2, hi = (w + pl) / 2;
+    if (hi > n) hi = n;
+    if (lo > hi) lo = hi;
+    for (int j = 0; j < n; j++) {
+        if (j == lo) j = hi;
+        if (j >= n) break;
+        int i0 = 2 * j - pl, i1 = i0 + 1;
+        ev[j] = i0 >= 0 && i0 < w ? xr[i0] : 0.0f;
+        od[j] = i1 >= 0 && i1 < w ? xr[i1] : 0.0f;
+    }
+    for (int j = lo; j < hi; j++) {
+        ev[j] = xr[2 * j - pl];
+        od[j] = xr[2 * j + 1 - pl];
+    }
+}
+
+/* The row pass of B^T d B, B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1],
+ * element-wise over n columns of the four input rows d0..d3. restrict
+ * parameters (not locals) are what lets the compiler vectorise. */
+static void input_rows(size_t n, const float *restrict d0, const float *restrict d1, const float *restrict d2,
+                       const float *restrict d3, float *restrict e0, float *restrict e1, float *restrict e2,
+                       float *restrict e3)
+{
+    for (size_t j = 0; j < n; j++) {
+        e0[j] = d0[j] - d2[j];
+        e1[j] = d1[j] + d2[j];
+        e2[j] = d2[j] - d1[j];
+        e3[j] = d1[j] - d3[j];
+    }
+}
+
+/* The column pass on one row-pass row split into even and odd columns:
+ * tile t's columns 2t..2t+3 are ev[t], od[t], ev[t+1], od[t+1]; v0..v3
+ * receive the row's four transformed positions of tiles [0, n). */
+static void input_cols(int n, const float *restrict ev, const float *restrict od, float *restrict v0,
+                       float *restrict v1, float *restrict v2, float *restrict v3)
+{
+    for (int t = 0; t < n; t++) {
+        v0[t] = ev[t] - ev[t + 1];
+        v1[t] = od[t] + ev[t + 1];
+        v2[t] = ev[t + 1] - od[t];
+        v3[t] = od[t] - od[t + 1];
+    }
+}
+
+/* Transform the input tiles of tile rows [ty0, ty1) of image ni into
+ * V[16][cin][ntp]: per tile row, its four input rows split into even and
+ * odd columns (rows[r], rows[r] + n), the row pass into e, the column pass
+ * into V. */
+static void transform_input(const wctx *c, size_t ni, int ty0, int ty1, float *V, float *work)
+{
+    const sd_wino_shape *s = c->s;
+    size_t hw = (size_t)s->h * (size_t)s->w, n = (size_t)c->ntx + 1;
+    float *rows[4] = {work, work + 2 * n, work + 4 * n, work + 6 * n}, *e = work + 8 * n;
+    for (int ci = 0; ci < s->cin; ci++) {
+        const float *xp = c->x + (ni * (size_t)s->cin + (size_t)ci) * hw;
+        for (int ty = ty0; ty < ty1; ty++) {
+            for (int r = 0; r < 4; r++) {
+                int iy = 2 * ty - s->pt + r;
+                if (iy >= 0 && iy < s->h)
+                    split_row(xp + (size_t)iy * (size_t)s->w, s->w, s->pl, (int)n, rows[r], rows[r] + n);
+                else
+                    memset(rows[r], 0, 2 * n * sizeof(float));
+            }
+            input_rows(2 * n, rows[0], rows[1], rows[2], rows[3], e, e + 2 * n, e + 4 * n, e + 6 * n);
+            float *v = V + (size_t)ci * c->ntp + (size_t)(ty - ty0) * (size_t)c->ntx;
+            size_t fs = (size_t)s->cin * c->ntp;
+            for (int r = 0; r < 4; r++) {
+                float *vr = v + (size_t)(4 * r) * fs;
+                input_cols(c->ntx, e + 2 * n * (size_t)r, e + 2 * n * (size_t)r + n, vr, vr + fs, vr + 2 * fs,
+                           vr + 3 * fs);
+            }
+        }
+    }
+}
+
+/* The row pass of A^T m A, A^T = [1 1 1 0; 0 1 -1 -1], element-wise over
+ * n tiles of one column position: m0..m3 are the planes of rows 0..3. */
+static void output_rows(int n, const float *restrict m0, const float *restrict m1, const float *restrict m2,
+                        const float *restrict m3, float *restrict t0, float *restrict t1)
+{
+    for (int t = 0; t < n; t++) {
+        t0[t] = m0[t] + m1[t] + m2[t];
+        t1[t] = m1[t] - m2[t] - m3[t];
+    }
+}
+
+/* The column pass for one output row: tile t's two pixels from its
+ * row-pass values t0..t3 plus the bias, stored into y[2t], y[2t + 1] for
+ * n tiles (and y[2n] from tile n when odd is set: an odd-width row). */
+static void output_cols(int n, int odd, const float *restrict t0, const float *restrict t1,
+                        const float *restrict t2, const float *restrict t3, float bias, float *restrict y)
+{
+    for (int t = 0; t < n; t++) {
+        y[2 * t] = t0[t] + t1[t] + t2[t] + bias;
+        y[2 * t + 1] = t1[t] - t2[t] - t3[t] + bias;
+    }
+    if (odd) y[2 * n] = t0[n] + t1[n] + t2[n] + bias;
+}
+
+/* output_cols adding into y (the input gradient) instead of storing. */
+static void output_cols_acc(int n, int odd, const float *restrict t0, const float *restrict t1,
+                            const float *restrict t2, const float *restrict t3, float bias, float *restrict y)
+{
+    for (int t = 0; t < n; t++) {
+        y[2 * t] += t0[t] + t1[t] + t2[t] + bias;
+        y[2 * t + 1] += t1[t] - t2[t] - t3[t] + bias;
+    }
+    if (odd) y[2 * n] += t0[n] + t1[n] + t2[n] + bias;
+}
+
+/* Inverse-transform M[16][cout][ntp] of tile rows [ty0, ty1) of image ni
+ * into its output rows (row pass into work, then the column pass), adding
+ * the bias, storing or adding into y. */
+static void transform_output(const wctx *c, size_t ni, int ty0, int ty1, const float *Mb, float *work)
+{
+    const sd_wino_shape *s = c->s;
+    size_t ohw = (size_t)c->oh * (size_t)c->ow, fs = (size_t)s->cout * c->ntp, np = (size_t)c->ntx;
+    int full = c->ow / 2, odd = c->ow & 1;
+    for (int co = 0; co < s->cout; co++) {
+        float *yp = c->y + (ni * (size_t)s->cout + (size_t)co) * ohw, bias = c->b ? c->b[co] : 0.0f;
+        for (int ty = ty0; ty < ty1; ty++) {
+            const float *m = Mb + (size_t)co * c->ntp + (size_t)(ty - ty0) * np;
+            for (int cc = 0; cc < 4; cc++)
+                output_rows(c->ntx, m + (size_t)cc * fs, m + (size_t)(4 + cc) * fs, m + (size_t)(8 + cc) * fs,
+                            m + (size_t)(12 + cc) * fs, work + (size_t)cc * np, work + (size_t)(4 + cc) * np);
+            for (int a = 0; a < 2 && 2 * ty + a < c->oh; a++) {
+                const float *t = work + (size_t)(4 * a) * np;
+                float *yr = yp + (size_t)(2 * ty + a) * (size_t)c->ow;
+                (s->acc ? output_cols_acc : output_cols)(full, odd, t, t + np, t + 2 * np, t + 3 * np, bias, yr);
+            }
+        }
+    }
+}
+
+/* One unit: tile rows of one image through transform, 16 GEMMs, inverse. */
+static void units_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const wctx *c = vctx;
+    const sd_wino_shape *s = c->s;
+    float *V = c->scratch + (size_t)worker * c->sstride;
+    float *Mb = V + 16 * (size_t)s->cin * c->ntp, *work = Mb + 16 * (size_t)s->cout * c->ntp;
+    size_t plane = (size_t)s->cout * (size_t)s->cin;
+    for (size_t u = begin; u < end; u++) {
+        size_t ni = u / (size_t)c->nblk;
+        int ty0 = (int)(u % (size_t)c->nblk) * c->rows;
+        int ty1 = ty0 + c->rows < c->nty ? ty0 + c->rows : c->nty;
+        transform_input(c, ni, ty0, ty1, V, work);
+        int n = (ty1 - ty0) * c->ntx;
+        for (int f = 0; f < 16; f++)
+            sd_sgemm(0, 0, s->cout, n, s->cin, 1.0f, c->U + (size_t)f * plane, s->cin,
+                     V + (size_t)f * (size_t)s->cin * c->ntp, (int)c->ntp, 0.0f, Mb + (size_t)f * (size_t)s->cout * c->ntp,
+                     (int)c->ntp);
+        transform_output(c, ni, ty0, ty1, Mb, work);
+    }
+}
+
+/* Plan, transform the weights, run the units (see conv_wino.h). */
+int sd_wino_conv(sd_pool *pool, const sd_wino_shape *s, float *y, const float *x, const float *w, const float *b)
+{
+    wctx c = {.s = s, .y = y, .x = x, .w = w, .b = b};
+    c.oh = s->h + s->pt + s->pb - 2;
+    c.ow = s->w + s->pl + s->pr - 2;
+    c.ntx = (c.ow + 1) / 2;
+    c.nty = (c.oh + 1) / 2;
+    size_t per_row = 16 * ((size_t)s->cin + (size_t)s->cout) * (size_t)c.ntx;
+    int rows = TILE_N / c.ntx;
+    if ((size_t)rows > SCRATCH / per_row) rows = (int)(SCRATCH / per_row);
+    if (rows > (c.nty + MIN_UNITS - 1) / MIN_UNITS) rows = (c.nty + MIN_UNITS - 1) / MIN_UNITS;
+    c.rows = rows < 1 ? 1 : rows;
+    c.nblk = (c.nty + c.rows - 1) / c.rows;
+    c.ntp = (size_t)c.rows * (size_t)c.ntx;
+    size_t per = per_row * (size_t)c.rows + 16 * ((size_t)c.ntx + 1);
+    c.sstride = sd_scratch_stride(per);
+    c.U = malloc(16 * (size_t)s->cout * (size_t)s->cin * sizeof(float));
+    c.scratch = sd_scratch_alloc(sd_pool_size(pool), per);
+    if (!c.U || !c.scratch) {
+        free(c.U);
+        free(c.scratch);
+        return 0;
+    }
+    sd_pool_for(pool, (size_t)s->cout, weights_range, &c);
+    sd_pool_for(pool, (size_t)s->n * (size_t)c.nblk, units_range, &c);
+    free(c.U);
+    free(c.scratch);
+    return 1;
+}
