@@ -1,42 +1,185 @@
-/* The CPU backend table: the reference ops of ops_cpu.h. */
+/* The CPU backend table: the reference ops of ops_cpu.h behind the table's
+ * void *exec signatures, and host memory behind its memory entries. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "backend.h"
+
+/* One wrapper per op: the table's entries take void *exec, the ops take
+ * sd_pool *, and calling a function through a pointer of another type is
+ * undefined behaviour (UBSan's -fsanitize=function reports it), so each
+ * entry is a real function of the table's type that converts exec back. */
+#define CPU_OP(op, params, args)                                                                                     \
+    static void cpu_##op params                                                                                      \
+    {                                                                                                                \
+        sd_pool *pool = exec;                                                                                        \
+        sd_##op args;                                                                                                \
+    }
+
+CPU_OP(conv2d_fwd, (void *exec, const sd_conv2d_shape *s, float *y, const float *x, const float *w, const float *b),
+       (pool, s, y, x, w, b))
+CPU_OP(conv2d_bwd,
+       (void *exec, const sd_conv2d_shape *s, float *dx, float *dw, float *db, const float *dy, const float *x,
+        const float *w),
+       (pool, s, dx, dw, db, dy, x, w))
+CPU_OP(group_norm_fwd,
+       (void *exec, const sd_gn_shape *s, float *y, float *mean, float *rstd, const float *x, const float *gamma,
+        const float *beta),
+       (pool, s, y, mean, rstd, x, gamma, beta))
+CPU_OP(group_norm_bwd,
+       (void *exec, const sd_gn_shape *s, float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
+        const float *mean, const float *rstd, const float *gamma),
+       (pool, s, dx, dgamma, dbeta, dy, x, mean, rstd, gamma))
+CPU_OP(linear_fwd, (void *exec, const sd_linear_shape *s, float *y, const float *x, const float *w, const float *b),
+       (pool, s, y, x, w, b))
+CPU_OP(linear_bwd,
+       (void *exec, const sd_linear_shape *s, float *dx, float *dw, float *db, const float *dy, const float *x,
+        const float *w),
+       (pool, s, dx, dw, db, dy, x, w))
+CPU_OP(silu_fwd, (void *exec, size_t n, float *y, const float *x), (pool, n, y, x))
+CPU_OP(silu_bwd, (void *exec, size_t n, float *dx, const float *dy, const float *x), (pool, n, dx, dy, x))
+CPU_OP(add_fwd, (void *exec, size_t n, float *y, const float *a, const float *b), (pool, n, y, a, b))
+CPU_OP(add_bwd, (void *exec, size_t n, float *da, float *db, const float *dy), (pool, n, da, db, dy))
+CPU_OP(upsample2x_fwd, (void *exec, int planes, int h, int w, float *y, const float *x), (pool, planes, h, w, y, x))
+CPU_OP(upsample2x_bwd, (void *exec, int planes, int h, int w, float *dx, const float *dy),
+       (pool, planes, h, w, dx, dy))
+CPU_OP(attn_fwd,
+       (void *exec, const sd_attn_shape *s, float *y, float *lse, const float *q, const float *k, const float *v),
+       (pool, s, y, lse, q, k, v))
+CPU_OP(attn_bwd,
+       (void *exec, const sd_attn_shape *s, float *dq, float *dk, float *dv, const float *dy, const float *q,
+        const float *k, const float *v, const float *y, const float *lse),
+       (pool, s, dq, dk, dv, dy, q, k, v, y, lse))
+CPU_OP(layer_norm_fwd,
+       (void *exec, const sd_ln_shape *s, float *y, float *mean, float *rstd, const float *x, const float *gamma,
+        const float *beta),
+       (pool, s, y, mean, rstd, x, gamma, beta))
+CPU_OP(layer_norm_bwd,
+       (void *exec, const sd_ln_shape *s, float *dx, float *dgamma, float *dbeta, const float *dy, const float *x,
+        const float *mean, const float *rstd, const float *gamma),
+       (pool, s, dx, dgamma, dbeta, dy, x, mean, rstd, gamma))
+CPU_OP(gelu_fwd, (void *exec, size_t n, float *y, const float *x), (pool, n, y, x))
+CPU_OP(gelu_bwd, (void *exec, size_t n, float *dx, const float *dy, const float *x), (pool, n, dx, dy, x))
+CPU_OP(quick_gelu_fwd, (void *exec, size_t n, float *y, const float *x), (pool, n, y, x))
+CPU_OP(quick_gelu_bwd, (void *exec, size_t n, float *dx, const float *dy, const float *x), (pool, n, dx, dy, x))
+CPU_OP(geglu_fwd, (void *exec, size_t m, size_t n, float *y, const float *x), (pool, m, n, y, x))
+CPU_OP(geglu_bwd, (void *exec, size_t m, size_t n, float *dx, const float *dy, const float *x),
+       (pool, m, n, dx, dy, x))
+CPU_OP(scale_fwd, (void *exec, size_t n, float *y, const float *x, float alpha), (pool, n, y, x, alpha))
+CPU_OP(scale_bwd, (void *exec, size_t n, float *dx, const float *dy, float alpha), (pool, n, dx, dy, alpha))
+CPU_OP(mul_fwd, (void *exec, size_t n, float *y, const float *a, const float *b), (pool, n, y, a, b))
+CPU_OP(mul_bwd, (void *exec, size_t n, float *da, float *db, const float *dy, const float *a, const float *b),
+       (pool, n, da, db, dy, a, b))
+CPU_OP(concat_fwd, (void *exec, const sd_concat_shape *s, float *y, const float *a, const float *b),
+       (pool, s, y, a, b))
+CPU_OP(concat_bwd, (void *exec, const sd_concat_shape *s, float *da, float *db, const float *dy), (pool, s, da, db, dy))
+CPU_OP(add_bcast_channel_fwd, (void *exec, int n, int c, int hw, float *y, const float *x, const float *b),
+       (pool, n, c, hw, y, x, b))
+CPU_OP(add_bcast_channel_bwd, (void *exec, int n, int c, int hw, float *dx, float *db, const float *dy),
+       (pool, n, c, hw, dx, db, dy))
+CPU_OP(timestep_emb_fwd, (void *exec, const sd_temb_shape *s, float *y, const float *t), (pool, s, y, t))
+CPU_OP(timestep_emb_bwd, (void *exec, const sd_temb_shape *s, float *dt, const float *dy, const float *t),
+       (pool, s, dt, dy, t))
+CPU_OP(transpose_fwd, (void *exec, int n, int rows, int cols, float *y, const float *x), (pool, n, rows, cols, y, x))
+CPU_OP(transpose_bwd, (void *exec, int n, int rows, int cols, float *dx, const float *dy),
+       (pool, n, rows, cols, dx, dy))
+CPU_OP(gauss_std_fwd, (void *exec, size_t n, float *y, const float *x), (pool, n, y, x))
+CPU_OP(gauss_std_bwd, (void *exec, size_t n, float *dx, const float *dy, const float *x), (pool, n, dx, dy, x))
+CPU_OP(embedding_fwd,
+       (void *exec, const sd_embedding_shape *s, float *y, const int32_t *ids, const float *tok, const float *pos),
+       (pool, s, y, ids, tok, pos))
+CPU_OP(embedding_bwd,
+       (void *exec, const sd_embedding_shape *s, float *dtok, float *dpos, const float *dy, const int32_t *ids),
+       (pool, s, dtok, dpos, dy, ids))
+
+/* Host memory, 64-byte aligned like sd_flat_take's tensors; a zero-byte
+ * request still returns a unique pointer. */
+static void *cpu_alloc(void *exec, size_t bytes)
+{
+    (void)exec;
+    size_t rounded = (bytes + 63) / 64 * 64;
+    return aligned_alloc(64, rounded ? rounded : 64);
+}
+
+/* Gives back what cpu_alloc returned (NULL is a no-op). */
+static void cpu_release(void *exec, void *p)
+{
+    (void)exec;
+    free(p);
+}
+
+/* Host to "device" is host to host here; memmove so a caller copying
+ * within one buffer needs no special case. */
+static void cpu_copy(void *exec, void *dst, const void *src, size_t bytes)
+{
+    (void)exec;
+    if (bytes) memmove(dst, src, bytes);
+}
+
+/* Clears bytes of backend memory. */
+static void cpu_zero(void *exec, void *p, size_t bytes)
+{
+    (void)exec;
+    if (bytes) memset(p, 0, bytes);
+}
+
+/* CPU ops are finished when they return and cannot fail, so there is
+ * nothing to wait for and no error to report. */
+static sd_status cpu_sync(void *exec, sd_error *err)
+{
+    (void)exec;
+    (void)err;
+    return SD_OK;
+}
 
 static const sd_backend cpu_backend = {
     .name = "cpu",
-    .conv2d_fwd = sd_conv2d_fwd,
-    .conv2d_bwd = sd_conv2d_bwd,
-    .group_norm_fwd = sd_group_norm_fwd,
-    .group_norm_bwd = sd_group_norm_bwd,
-    .linear_fwd = sd_linear_fwd,
-    .linear_bwd = sd_linear_bwd,
-    .silu_fwd = sd_silu_fwd,
-    .silu_bwd = sd_silu_bwd,
-    .add_fwd = sd_add_fwd,
-    .add_bwd = sd_add_bwd,
-    .upsample2x_fwd = sd_upsample2x_fwd,
-    .upsample2x_bwd = sd_upsample2x_bwd,
-    .attn_fwd = sd_attn_fwd,
-    .attn_bwd = sd_attn_bwd,
-    .layer_norm_fwd = sd_layer_norm_fwd,
-    .layer_norm_bwd = sd_layer_norm_bwd,
-    .gelu_fwd = sd_gelu_fwd,
-    .gelu_bwd = sd_gelu_bwd,
-    .quick_gelu_fwd = sd_quick_gelu_fwd,
-    .quick_gelu_bwd = sd_quick_gelu_bwd,
-    .geglu_fwd = sd_geglu_fwd,
-    .geglu_bwd = sd_geglu_bwd,
-    .scale_fwd = sd_scale_fwd,
-    .scale_bwd = sd_scale_bwd,
-    .mul_fwd = sd_mul_fwd,
-    .mul_bwd = sd_mul_bwd,
-    .concat_fwd = sd_concat_fwd,
-    .concat_bwd = sd_concat_bwd,
-    .add_bcast_channel_fwd = sd_add_bcast_channel_fwd,
-    .add_bcast_channel_bwd = sd_add_bcast_channel_bwd,
-    .timestep_emb_fwd = sd_timestep_emb_fwd,
-    .timestep_emb_bwd = sd_timestep_emb_bwd,
-    .embedding_fwd = sd_embedding_fwd,
-    .embedding_bwd = sd_embedding_bwd,
+    .is_device = 0,
+    .alloc = cpu_alloc,
+    .release = cpu_release,
+    .h2d = cpu_copy,
+    .d2h = cpu_copy,
+    .d2d = cpu_copy,
+    .zero = cpu_zero,
+    .sync = cpu_sync,
+    .conv2d_fwd = cpu_conv2d_fwd,
+    .conv2d_bwd = cpu_conv2d_bwd,
+    .group_norm_fwd = cpu_group_norm_fwd,
+    .group_norm_bwd = cpu_group_norm_bwd,
+    .linear_fwd = cpu_linear_fwd,
+    .linear_bwd = cpu_linear_bwd,
+    .silu_fwd = cpu_silu_fwd,
+    .silu_bwd = cpu_silu_bwd,
+    .add_fwd = cpu_add_fwd,
+    .add_bwd = cpu_add_bwd,
+    .upsample2x_fwd = cpu_upsample2x_fwd,
+    .upsample2x_bwd = cpu_upsample2x_bwd,
+    .attn_fwd = cpu_attn_fwd,
+    .attn_bwd = cpu_attn_bwd,
+    .layer_norm_fwd = cpu_layer_norm_fwd,
+    .layer_norm_bwd = cpu_layer_norm_bwd,
+    .gelu_fwd = cpu_gelu_fwd,
+    .gelu_bwd = cpu_gelu_bwd,
+    .quick_gelu_fwd = cpu_quick_gelu_fwd,
+    .quick_gelu_bwd = cpu_quick_gelu_bwd,
+    .geglu_fwd = cpu_geglu_fwd,
+    .geglu_bwd = cpu_geglu_bwd,
+    .scale_fwd = cpu_scale_fwd,
+    .scale_bwd = cpu_scale_bwd,
+    .mul_fwd = cpu_mul_fwd,
+    .mul_bwd = cpu_mul_bwd,
+    .concat_fwd = cpu_concat_fwd,
+    .concat_bwd = cpu_concat_bwd,
+    .add_bcast_channel_fwd = cpu_add_bcast_channel_fwd,
+    .add_bcast_channel_bwd = cpu_add_bcast_channel_bwd,
+    .timestep_emb_fwd = cpu_timestep_emb_fwd,
+    .timestep_emb_bwd = cpu_timestep_emb_bwd,
+    .transpose_fwd = cpu_transpose_fwd,
+    .transpose_bwd = cpu_transpose_bwd,
+    .gauss_std_fwd = cpu_gauss_std_fwd,
+    .gauss_std_bwd = cpu_gauss_std_bwd,
+    .embedding_fwd = cpu_embedding_fwd,
+    .embedding_bwd = cpu_embedding_bwd,
 };
 
 /* The table every caller uses until a device backend is chosen. */

@@ -1,10 +1,29 @@
-/* The backend boundary: one table of op entry points per device. The CPU
- * table points at ops_cpu.h; a CUDA table (issue 7) fills the same slots
- * with device pointers for the float arguments. Models call ops through a
- * table only, so they run on any backend unchanged. Signatures and
- * conventions (backward adds into gradients, NULL skips one) are those of
- * ops_cpu.h. The exec argument is the CPU thread pool today; a device
- * backend will need its own context (stream, handles) in that slot. */
+/* The backend boundary: one table of entry points per device. Models call
+ * ops and move memory only through a table, so the same model code runs on
+ * the CPU (sd_backend_cpu) and on a GPU (sd_backend_cuda in
+ * libcore/cuda/sd_cuda.h) unchanged.
+ *
+ * exec: every entry takes the backend's execution context first, opaque to
+ * the model. The CPU table's exec is the sd_pool * (NULL = one thread); the
+ * CUDA table's is its sd_cuda * (device, stream, cuBLAS/cuDNN handles,
+ * caching allocator). A caller holding an sd_pool * passes it as it is.
+ *
+ * Memory: every pointer an op receives lives in the backend's memory (host
+ * memory for the CPU, device memory for CUDA: never dereference it on the
+ * host when is_device is set). alloc/release hand out that memory (64-byte
+ * aligned; NULL when it runs out), h2d/d2h/d2d copy bytes into, out of and
+ * within it, zero clears bytes. On the CPU these are malloc and memcpy.
+ *
+ * Order and errors: a device backend queues ops and copies in call order
+ * on one stream, so each sees the results of the ones before it. h2d
+ * returns once src may be reused, d2h once dst holds the data. Ops return
+ * nothing: a device failure (launch, cuDNN, cuBLAS, out of memory) is kept
+ * in exec, the first one wins, and sync waits for the queued work and
+ * returns it (then clears it). On the CPU everything is done on return and
+ * sync returns SD_OK.
+ *
+ * Op signatures and conventions (backward adds into gradients, NULL skips
+ * one) are those of ops_cpu.h, with void *exec in place of sd_pool *. */
 #ifndef SDTK_BACKEND_H
 #define SDTK_BACKEND_H
 
@@ -12,49 +31,59 @@
 
 typedef struct {
     const char *name;
-    void (*conv2d_fwd)(sd_pool *, const sd_conv2d_shape *, float *, const float *, const float *, const float *);
-    void (*conv2d_bwd)(sd_pool *, const sd_conv2d_shape *, float *, float *, float *, const float *, const float *,
+    int is_device; /* pointers are device memory, not host-readable */
+    void *(*alloc)(void *, size_t bytes);
+    void (*release)(void *, void *p);
+    void (*h2d)(void *, void *dst, const void *src, size_t bytes);
+    void (*d2h)(void *, void *dst, const void *src, size_t bytes);
+    void (*d2d)(void *, void *dst, const void *src, size_t bytes);
+    void (*zero)(void *, void *p, size_t bytes);
+    sd_status (*sync)(void *, sd_error *err);
+    void (*conv2d_fwd)(void *, const sd_conv2d_shape *, float *, const float *, const float *, const float *);
+    void (*conv2d_bwd)(void *, const sd_conv2d_shape *, float *, float *, float *, const float *, const float *,
                        const float *);
-    void (*group_norm_fwd)(sd_pool *, const sd_gn_shape *, float *, float *, float *, const float *, const float *,
+    void (*group_norm_fwd)(void *, const sd_gn_shape *, float *, float *, float *, const float *, const float *,
                            const float *);
-    void (*group_norm_bwd)(sd_pool *, const sd_gn_shape *, float *, float *, float *, const float *, const float *,
+    void (*group_norm_bwd)(void *, const sd_gn_shape *, float *, float *, float *, const float *, const float *,
                            const float *, const float *, const float *);
-    void (*linear_fwd)(sd_pool *, const sd_linear_shape *, float *, const float *, const float *, const float *);
-    void (*linear_bwd)(sd_pool *, const sd_linear_shape *, float *, float *, float *, const float *, const float *,
+    void (*linear_fwd)(void *, const sd_linear_shape *, float *, const float *, const float *, const float *);
+    void (*linear_bwd)(void *, const sd_linear_shape *, float *, float *, float *, const float *, const float *,
                        const float *);
-    void (*silu_fwd)(sd_pool *, size_t, float *, const float *);
-    void (*silu_bwd)(sd_pool *, size_t, float *, const float *, const float *);
-    void (*add_fwd)(sd_pool *, size_t, float *, const float *, const float *);
-    void (*add_bwd)(sd_pool *, size_t, float *, float *, const float *);
-    void (*upsample2x_fwd)(sd_pool *, int, int, int, float *, const float *);
-    void (*upsample2x_bwd)(sd_pool *, int, int, int, float *, const float *);
-    void (*attn_fwd)(sd_pool *, const sd_attn_shape *, float *, float *, const float *, const float *,
-                     const float *);
-    void (*attn_bwd)(sd_pool *, const sd_attn_shape *, float *, float *, float *, const float *, const float *,
+    void (*silu_fwd)(void *, size_t, float *, const float *);
+    void (*silu_bwd)(void *, size_t, float *, const float *, const float *);
+    void (*add_fwd)(void *, size_t, float *, const float *, const float *);
+    void (*add_bwd)(void *, size_t, float *, float *, const float *);
+    void (*upsample2x_fwd)(void *, int, int, int, float *, const float *);
+    void (*upsample2x_bwd)(void *, int, int, int, float *, const float *);
+    void (*attn_fwd)(void *, const sd_attn_shape *, float *, float *, const float *, const float *, const float *);
+    void (*attn_bwd)(void *, const sd_attn_shape *, float *, float *, float *, const float *, const float *,
                      const float *, const float *, const float *, const float *);
-    void (*layer_norm_fwd)(sd_pool *, const sd_ln_shape *, float *, float *, float *, const float *, const float *,
+    void (*layer_norm_fwd)(void *, const sd_ln_shape *, float *, float *, float *, const float *, const float *,
                            const float *);
-    void (*layer_norm_bwd)(sd_pool *, const sd_ln_shape *, float *, float *, float *, const float *, const float *,
+    void (*layer_norm_bwd)(void *, const sd_ln_shape *, float *, float *, float *, const float *, const float *,
                            const float *, const float *, const float *);
-    void (*gelu_fwd)(sd_pool *, size_t, float *, const float *);
-    void (*gelu_bwd)(sd_pool *, size_t, float *, const float *, const float *);
-    void (*quick_gelu_fwd)(sd_pool *, size_t, float *, const float *);
-    void (*quick_gelu_bwd)(sd_pool *, size_t, float *, const float *, const float *);
-    void (*geglu_fwd)(sd_pool *, size_t, size_t, float *, const float *);
-    void (*geglu_bwd)(sd_pool *, size_t, size_t, float *, const float *, const float *);
-    void (*scale_fwd)(sd_pool *, size_t, float *, const float *, float);
-    void (*scale_bwd)(sd_pool *, size_t, float *, const float *, float);
-    void (*mul_fwd)(sd_pool *, size_t, float *, const float *, const float *);
-    void (*mul_bwd)(sd_pool *, size_t, float *, float *, const float *, const float *, const float *);
-    void (*concat_fwd)(sd_pool *, const sd_concat_shape *, float *, const float *, const float *);
-    void (*concat_bwd)(sd_pool *, const sd_concat_shape *, float *, float *, const float *);
-    void (*add_bcast_channel_fwd)(sd_pool *, int, int, int, float *, const float *, const float *);
-    void (*add_bcast_channel_bwd)(sd_pool *, int, int, int, float *, float *, const float *);
-    void (*timestep_emb_fwd)(sd_pool *, const sd_temb_shape *, float *, const float *);
-    void (*timestep_emb_bwd)(sd_pool *, const sd_temb_shape *, float *, const float *, const float *);
-    void (*embedding_fwd)(sd_pool *, const sd_embedding_shape *, float *, const int32_t *, const float *,
-                          const float *);
-    void (*embedding_bwd)(sd_pool *, const sd_embedding_shape *, float *, float *, const float *, const int32_t *);
+    void (*gelu_fwd)(void *, size_t, float *, const float *);
+    void (*gelu_bwd)(void *, size_t, float *, const float *, const float *);
+    void (*quick_gelu_fwd)(void *, size_t, float *, const float *);
+    void (*quick_gelu_bwd)(void *, size_t, float *, const float *, const float *);
+    void (*geglu_fwd)(void *, size_t, size_t, float *, const float *);
+    void (*geglu_bwd)(void *, size_t, size_t, float *, const float *, const float *);
+    void (*scale_fwd)(void *, size_t, float *, const float *, float);
+    void (*scale_bwd)(void *, size_t, float *, const float *, float);
+    void (*mul_fwd)(void *, size_t, float *, const float *, const float *);
+    void (*mul_bwd)(void *, size_t, float *, float *, const float *, const float *, const float *);
+    void (*concat_fwd)(void *, const sd_concat_shape *, float *, const float *, const float *);
+    void (*concat_bwd)(void *, const sd_concat_shape *, float *, float *, const float *);
+    void (*add_bcast_channel_fwd)(void *, int, int, int, float *, const float *, const float *);
+    void (*add_bcast_channel_bwd)(void *, int, int, int, float *, float *, const float *);
+    void (*timestep_emb_fwd)(void *, const sd_temb_shape *, float *, const float *);
+    void (*timestep_emb_bwd)(void *, const sd_temb_shape *, float *, const float *, const float *);
+    void (*transpose_fwd)(void *, int, int, int, float *, const float *);
+    void (*transpose_bwd)(void *, int, int, int, float *, const float *);
+    void (*gauss_std_fwd)(void *, size_t, float *, const float *);
+    void (*gauss_std_bwd)(void *, size_t, float *, const float *, const float *);
+    void (*embedding_fwd)(void *, const sd_embedding_shape *, float *, const int32_t *, const float *, const float *);
+    void (*embedding_bwd)(void *, const sd_embedding_shape *, float *, float *, const float *, const int32_t *);
 } sd_backend;
 
 const sd_backend *sd_backend_cpu(void);

@@ -1,14 +1,10 @@
 /* The GELU family of activations, forward and backward: exact GELU (the
  * UNet's feed-forward), CLIP's quick_gelu, and GEGLU (a gated GELU over a
  * projection split in two halves). Each thread owns a contiguous slice of
- * the output (elements, or rows for GEGLU). */
-#include <math.h>
-
+ * the output (elements, or rows for GEGLU). The scalar formulas live in
+ * ops_math.h, shared with the CUDA kernels. */
 #include "ops_cpu.h"
-
-static const float inv_sqrt2 = 0.70710678118654752440f;
-static const float inv_sqrt_2pi = 0.39894228040143267794f;
-static const float quick_gelu_k = 1.702f;
+#include "ops_math.h"
 
 typedef struct {
     float *out;
@@ -16,24 +12,12 @@ typedef struct {
     size_t n; /* GEGLU: output columns per row */
 } act_ctx;
 
-/* gelu(x) = x * Phi(x), Phi the standard normal CDF written with erf. */
-static float gelu_val(float x)
-{
-    return 0.5f * x * (1.0f + erff(x * inv_sqrt2));
-}
-
-/* gelu'(x) = Phi(x) + x * phi(x), phi the standard normal density. */
-static float gelu_grad(float x)
-{
-    return 0.5f * (1.0f + erff(x * inv_sqrt2)) + x * inv_sqrt_2pi * expf(-0.5f * x * x);
-}
-
 /* y = gelu(x) over one slice. */
 static void gelu_fwd_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const act_ctx *c = vctx;
     (void)worker;
-    for (size_t i = begin; i < end; i++) c->out[i] = gelu_val(c->x[i]);
+    for (size_t i = begin; i < end; i++) c->out[i] = sdm_gelu(c->x[i]);
 }
 
 /* Exact (erf) GELU, torch's default F.gelu; y may be x. */
@@ -48,7 +32,7 @@ static void gelu_bwd_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const act_ctx *c = vctx;
     (void)worker;
-    for (size_t i = begin; i < end; i++) c->out[i] += c->dy[i] * gelu_grad(c->x[i]);
+    for (size_t i = begin; i < end; i++) c->out[i] += c->dy[i] * sdm_gelu_grad(c->x[i]);
 }
 
 /* Needs the forward's input, not its output. */
@@ -63,10 +47,7 @@ static void qgelu_fwd_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const act_ctx *c = vctx;
     (void)worker;
-    for (size_t i = begin; i < end; i++) {
-        float x = c->x[i];
-        c->out[i] = x / (1.0f + expf(-quick_gelu_k * x));
-    }
+    for (size_t i = begin; i < end; i++) c->out[i] = sdm_quick_gelu(c->x[i]);
 }
 
 /* CLIP's quick_gelu (OpenAI CLIP, SD 1.x text encoder); y may be x. */
@@ -81,11 +62,7 @@ static void qgelu_bwd_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const act_ctx *c = vctx;
     (void)worker;
-    for (size_t i = begin; i < end; i++) {
-        float x = c->x[i];
-        float sg = 1.0f / (1.0f + expf(-quick_gelu_k * x));
-        c->out[i] += c->dy[i] * (sg + quick_gelu_k * x * sg * (1.0f - sg));
-    }
+    for (size_t i = begin; i < end; i++) c->out[i] += c->dy[i] * sdm_quick_gelu_grad(c->x[i]);
 }
 
 /* Needs the forward's input, not its output. */
@@ -104,7 +81,7 @@ static void geglu_fwd_range(void *vctx, int worker, size_t begin, size_t end)
     for (size_t r = begin; r < end; r++) {
         const float *a = c->x + r * 2 * n, *gate = a + n;
         float *yr = c->out + r * n;
-        for (size_t j = 0; j < n; j++) yr[j] = a[j] * gelu_val(gate[j]);
+        for (size_t j = 0; j < n; j++) yr[j] = a[j] * sdm_gelu(gate[j]);
     }
 }
 
@@ -126,8 +103,8 @@ static void geglu_bwd_range(void *vctx, int worker, size_t begin, size_t end)
         const float *a = c->x + r * 2 * n, *gate = a + n, *dyr = c->dy + r * n;
         float *da = c->out + r * 2 * n, *dgate = da + n;
         for (size_t j = 0; j < n; j++) {
-            da[j] += dyr[j] * gelu_val(gate[j]);
-            dgate[j] += dyr[j] * a[j] * gelu_grad(gate[j]);
+            da[j] += dyr[j] * sdm_gelu(gate[j]);
+            dgate[j] += dyr[j] * a[j] * sdm_gelu_grad(gate[j]);
         }
     }
 }

@@ -133,6 +133,19 @@ sd_status sd_timestep_emb_check(const sd_temb_shape *s, sd_error *err);
 void sd_timestep_emb_fwd(sd_pool *pool, const sd_temb_shape *s, float *y, const float *t);
 void sd_timestep_emb_bwd(sd_pool *pool, const sd_temb_shape *s, float *dt, const float *dy, const float *t);
 
+/* Batched transpose: x [n, rows, cols] -> y [n, cols, rows] (NCHW feature
+ * maps to token-major [n, hw, c] and back, around the VAE's attention);
+ * backward adds dy [n, cols, rows] transposed back into dx [n, rows, cols].
+ * y must not alias x. */
+void sd_transpose_fwd(sd_pool *pool, int n, int rows, int cols, float *y, const float *x);
+void sd_transpose_bwd(sd_pool *pool, int n, int rows, int cols, float *dx, const float *dy);
+
+/* The VAE posterior's std from its logvar, y = exp(0.5 * clamp(x, -30,
+ * 20)) (diffusers' DiagonalGaussianDistribution); y may be x. Backward
+ * needs the forward's input. */
+void sd_gauss_std_fwd(sd_pool *pool, size_t n, float *y, const float *x);
+void sd_gauss_std_bwd(sd_pool *pool, size_t n, float *dx, const float *dy, const float *x);
+
 /* Nearest 2x upsample: x [planes, h, w] -> y [planes, 2h, 2w], planes = n*c. */
 void sd_upsample2x_fwd(sd_pool *pool, int planes, int h, int w, float *y, const float *x);
 void sd_upsample2x_bwd(sd_pool *pool, int planes, int h, int w, float *dx, const float *dy);

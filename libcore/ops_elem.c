@@ -1,9 +1,8 @@
 /* Element-wise ops (SiLU, add, scale, mul) and nearest 2x upsampling,
  * forward and backward. Each thread owns a contiguous slice of the output.
  * The GELU family lives in ops_act.c. */
-#include <math.h>
-
 #include "ops_cpu.h"
+#include "ops_math.h"
 
 typedef struct {
     float *out, *out2;
@@ -17,10 +16,7 @@ static void silu_fwd_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const elem_ctx *c = vctx;
     (void)worker;
-    for (size_t i = begin; i < end; i++) {
-        float x = c->a[i];
-        c->out[i] = x / (1.0f + expf(-x));
-    }
+    for (size_t i = begin; i < end; i++) c->out[i] = sdm_silu(c->a[i]);
 }
 
 /* y = silu(x); y may be x. */
@@ -35,11 +31,7 @@ static void silu_bwd_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const elem_ctx *c = vctx;
     (void)worker;
-    for (size_t i = begin; i < end; i++) {
-        float x = c->b[i];
-        float sg = 1.0f / (1.0f + expf(-x));
-        c->out[i] += c->a[i] * sg * (1.0f + x * (1.0f - sg));
-    }
+    for (size_t i = begin; i < end; i++) c->out[i] += c->a[i] * sdm_silu_grad(c->b[i]);
 }
 
 /* dx += dy * silu'(x); needs the forward's input, not its output. */

@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "ops_cpu.h"
+#include "ops_math.h"
 
 /* dim >= 2 so there is at least one frequency; the exponent's divisor
  * half - freq_shift must be positive; max_period and scale finite. */
@@ -25,12 +26,11 @@ typedef struct {
     const float *t, *dy;
 } temb_ctx;
 
-/* freq_i = exp(-ln(max_period) * i / (half - freq_shift)), in diffusers'
- * order of fp32 operations. */
+/* freq_i = exp(-ln(max_period) * i / (half - freq_shift)), the formula
+ * shared with the CUDA kernel (ops_math.h). */
 static float temb_freq(const sd_temb_shape *s, int i)
 {
-    float denom = (float)(s->dim / 2) - s->freq_shift;
-    return expf(-logf(s->max_period) * (float)i / denom);
+    return sdm_temb_freq(s->dim, s->freq_shift, s->max_period, i);
 }
 
 /* Forward: one row per timestep, [sin | cos] or [cos | sin], zero pad. */

@@ -2,7 +2,6 @@
  * DiagonalGaussianDistribution's mean and std), over three ping-pong
  * activation buffers sized for the largest stage. */
 #include <math.h>
-#include <string.h>
 
 #include "vae.h"
 
@@ -56,10 +55,11 @@ size_t sd_vae_workspace_floats(const sd_vae *v, int n, int h, int w)
     return 3 * big + attn + 2 * (size_t)n * (size_t)c->groups;
 }
 
-/* What every layer needs: the backend, pool, weights, batch and scratch. */
+/* What every layer needs: the backend, its exec context, weights, batch
+ * and scratch (all in the backend's memory). */
 typedef struct {
     const sd_backend *be;
-    sd_pool *pool;
+    void *pool;     /* the backend's exec: an sd_pool * on the CPU */
     const float *p; /* flat parameters */
     const sd_vae_config *cfg;
     int n;
@@ -108,20 +108,6 @@ static void resnet(const fwd *f, const sd_vae_resnet *r, int h, int w, float *a,
     }
 }
 
-/* [n, rows, cols] -> [n, cols, rows]: NCHW to token-major and back. */
-static void transpose(int n, int rows, int cols, float *y, const float *x)
-{
-    for (int b = 0; b < n; b++) {
-        const float *xb = x + (size_t)b * (size_t)rows * (size_t)cols;
-        float *yb = y + (size_t)b * (size_t)rows * (size_t)cols;
-        for (int r0 = 0; r0 < rows; r0 += 32)
-            for (int c0 = 0; c0 < cols; c0 += 32)
-                for (int r = r0; r < r0 + 32 && r < rows; r++)
-                    for (int c = c0; c < c0 + 32 && c < cols; c++)
-                        yb[(size_t)c * (size_t)rows + (size_t)r] = xb[(size_t)r * (size_t)cols + (size_t)c];
-    }
-}
-
 /* The mid block's single-head self-attention over all hw positions, with
  * its residual: a += to_out(attn(q, k, v)) of group_norm(a). */
 static void attention(const fwd *f, const sd_vae_attn *at, int hw, float *a, float *b, float *c, float *q, float *k,
@@ -130,7 +116,7 @@ static void attention(const fwd *f, const sd_vae_attn *at, int hw, float *a, flo
     int C = at->c;
     sd_gn_shape gs = {.n = f->n, .c = C, .hw = hw, .groups = f->cfg->groups, .eps = f->cfg->eps};
     f->be->group_norm_fwd(f->pool, &gs, b, f->mean, f->rstd, a, f->p + at->n.g, f->p + at->n.b);
-    transpose(f->n, C, hw, c, b); /* c: [n, hw, C] */
+    f->be->transpose_fwd(f->pool, f->n, C, hw, c, b); /* c: [n, hw, C] */
     sd_linear_shape ls = {.m = f->n * hw, .k = C, .n = C};
     f->be->linear_fwd(f->pool, &ls, q, c, f->p + at->wq, f->p + at->bq);
     f->be->linear_fwd(f->pool, &ls, k, c, f->p + at->wk, f->p + at->bk);
@@ -139,31 +125,27 @@ static void attention(const fwd *f, const sd_vae_attn *at, int hw, float *a, flo
                         .scale = (float)(1.0 / sqrt((double)C))};
     f->be->attn_fwd(f->pool, &as, b, lse, q, k, v);
     f->be->linear_fwd(f->pool, &ls, c, b, f->p + at->wo, f->p + at->bo);
-    transpose(f->n, hw, C, b, c); /* b: [n, C, hw] */
+    f->be->transpose_fwd(f->pool, f->n, hw, C, b, c); /* b: [n, C, hw] */
     f->be->add_fwd(f->pool, (size_t)f->n * (size_t)C * (size_t)hw, a, a, b);
 }
 
 /* The posterior from the moments [n, 2L, hw]: mean = first L channels,
  * std = exp(0.5 * clamp(logvar, -30, 20)) of the rest, as diffusers'
- * DiagonalGaussianDistribution computes them. */
-static void moments(int n, int L, size_t hw, const float *m, float *mean, float *std)
+ * DiagonalGaussianDistribution computes them (the gauss_std op). */
+static void moments(const fwd *f, int L, size_t hw, const float *m, float *mean, float *std)
 {
-    for (int b = 0; b < n; b++) {
-        const float *mb = m + (size_t)b * 2 * (size_t)L * hw;
-        memcpy(mean + (size_t)b * (size_t)L * hw, mb, (size_t)L * hw * sizeof(float));
-        float *sb = std + (size_t)b * (size_t)L * hw;
-        const float *lv = mb + (size_t)L * hw;
-        for (size_t i = 0; i < (size_t)L * hw; i++) {
-            float x = lv[i] < -30.0f ? -30.0f : lv[i] > 20.0f ? 20.0f : lv[i];
-            sb[i] = expf(0.5f * x);
-        }
+    size_t per = (size_t)L * hw;
+    for (int b = 0; b < f->n; b++) {
+        const float *mb = m + (size_t)b * 2 * per;
+        f->be->d2d(f->pool, mean + (size_t)b * per, mb, per * sizeof(float));
+        f->be->gauss_std_fwd(f->pool, per, std + (size_t)b * per, mb + per);
     }
 }
 
 /* conv_in, the down blocks, the mid block, norm_out + silu + conv_out,
  * quant_conv, then mean and std, for n images at once. */
-static void encode_batch(const sd_vae *v, const sd_backend *be, sd_pool *pool, int n, int h, int w, const float *x,
-                         float *mean, float *std, float *ws)
+static void encode_batch(const sd_vae *v, const sd_backend *be, void *exec, const float *params, int n, int h, int w,
+                         const float *x, float *mean, float *std, float *ws)
 {
     const sd_vae_config *cfg = &v->cfg;
     size_t big = (size_t)n * max_act(cfg, h, w);
@@ -178,7 +160,7 @@ static void encode_batch(const sd_vae *v, const sd_backend *be, sd_pool *pool, i
         lse = vv + (size_t)n * t * top;
         tail = lse + (size_t)n * t;
     }
-    fwd f = {.be = be, .pool = pool, .p = v->w.data, .cfg = cfg, .n = n, .mean = tail,
+    fwd f = {.be = be, .pool = exec, .p = params, .cfg = cfg, .n = n, .mean = tail,
              .rstd = tail + (size_t)n * (size_t)cfg->groups};
 
     conv(&f, &v->conv_in, h, w, a, x);
@@ -203,21 +185,30 @@ static void encode_batch(const sd_vae *v, const sd_backend *be, sd_pool *pool, i
         conv(&f, &v->quant, h, w, b, c);
         m = b;
     }
-    moments(n, cfg->latent_channels, (size_t)h * (size_t)w, m, mean, std);
+    moments(&f, cfg->latent_channels, (size_t)h * (size_t)w, m, mean, std);
 }
 
 /* One image at a time through encode_batch: an image's latents then never
  * depend on which images share its batch (GEMM tilings may differ with the
  * row count), so resumed or split sd-latents runs give the same bytes; on
- * the CPU a single 512x512 image already fills every thread. */
-sd_status sd_vae_encode(const sd_vae *v, const sd_backend *be, sd_pool *pool, int n, int h, int w, const float *x,
-                        float *mean, float *std, float *ws, sd_error *err)
+ * the CPU a single 512x512 image already fills every thread. Ends with the
+ * backend's sync, so a device failure is reported here. */
+sd_status sd_vae_encode_on(const sd_vae *v, const sd_backend *be, void *exec, const float *params, int n, int h,
+                           int w, const float *x, float *mean, float *std, float *ws, sd_error *err)
 {
     if (n < 1 || h < 3 || w < 3) return sd_err_set(err, SD_EINVAL, "VAE encode: bad input size %dx%dx%d", n, h, w);
     int lh, lw;
     sd_vae_latent_size(&v->cfg, h, w, &lh, &lw);
     size_t px = (size_t)3 * (size_t)h * (size_t)w, lat = (size_t)v->cfg.latent_channels * (size_t)lh * (size_t)lw;
     for (int i = 0; i < n; i++)
-        encode_batch(v, be, pool, 1, h, w, x + (size_t)i * px, mean + (size_t)i * lat, std + (size_t)i * lat, ws);
-    return SD_OK;
+        encode_batch(v, be, exec, params, 1, h, w, x + (size_t)i * px, mean + (size_t)i * lat, std + (size_t)i * lat,
+                     ws);
+    return be->sync(exec, err);
+}
+
+/* The host-memory case: parameters from the model's own flat buffer. */
+sd_status sd_vae_encode(const sd_vae *v, const sd_backend *be, sd_pool *pool, int n, int h, int w, const float *x,
+                        float *mean, float *std, float *ws, sd_error *err)
+{
+    return sd_vae_encode_on(v, be, pool, v->w.data, n, h, w, x, mean, std, ws, err);
 }

@@ -91,5 +91,10 @@ size_t sd_vae_workspace_floats(const sd_vae *v, int n, int h, int w);
  * sd_vae_workspace_floats floats. */
 sd_status sd_vae_encode(const sd_vae *v, const sd_backend *be, sd_pool *pool, int n, int h, int w, const float *x,
                         float *mean, float *std, float *ws, sd_error *err);
+/* The same on any backend: exec is the backend's context and params, x,
+ * mean, std and ws live in its memory (params: a copy of v->w.data,
+ * v->w.total floats). Returns the backend's sync status. */
+sd_status sd_vae_encode_on(const sd_vae *v, const sd_backend *be, void *exec, const float *params, int n, int h,
+                           int w, const float *x, float *mean, float *std, float *ws, sd_error *err);
 
 #endif

@@ -1,0 +1,363 @@
+/* conv2d on cuDNN (legacy convolution API): forward, backward data,
+ * backward filter, bias through cudnnAddTensor / ConvolutionBackwardBias.
+ *
+ * cuDNN pads symmetrically; the engine's conv pads each side on its own
+ * (the VAE downsample is pad (t, b, l, r) = (0, 1, 0, 1)). Asymmetric
+ * shapes get an explicitly zero-padded copy of the input in scratch and
+ * run with no cuDNN padding; their input gradient is computed into a
+ * padded scratch and its interior added to dx.
+ *
+ * Per shape a plan keeps the descriptors and, per direction, the algorithm
+ * chosen once from cuDNN's heuristics (cudnnGet*Algorithm_v7: no trial
+ * runs, so nothing is written while choosing): the first one whose math is
+ * allowed (strict fp32 = FMA math unless TF32 is on), whose workspace fits
+ * the context's limit, and, for the backward passes, deterministic when
+ * such an algorithm exists. Backward adds into dx/dw/db (beta = 1). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_int.h"
+
+struct sdc_conv_plan {
+    sd_conv2d_shape s;
+    int padded; /* explicit padding copy */
+    int hp, wp; /* input size cuDNN sees */
+    cudnnTensorDescriptor_t xd, yd, bd;
+    cudnnFilterDescriptor_t wd;
+    cudnnConvolutionDescriptor_t cd;
+    int have_fwd, have_bwd_data, have_bwd_filter;
+    cudnnConvolutionFwdAlgo_t fwd;
+    cudnnConvolutionBwdDataAlgo_t bwd_data;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    cudnnMathType_t fwd_math, bwd_data_math, bwd_filter_math;
+    size_t fwd_ws, bwd_data_ws, bwd_filter_ws;
+};
+
+/* Field-by-field shape equality (the plan cache key). */
+static int same_shape(const sd_conv2d_shape *a, const sd_conv2d_shape *b)
+{
+    return a->n == b->n && a->cin == b->cin && a->h == b->h && a->w == b->w && a->cout == b->cout &&
+           a->kh == b->kh && a->kw == b->kw && a->stride == b->stride && a->pad_t == b->pad_t &&
+           a->pad_b == b->pad_b && a->pad_l == b->pad_l && a->pad_r == b->pad_r;
+}
+
+/* Descriptors of one plan (NULL handles are skipped by cuDNN's destroy). */
+static void plan_free(sdc_conv_plan *p)
+{
+    if (!p) return;
+    if (p->xd) cudnnDestroyTensorDescriptor(p->xd);
+    if (p->yd) cudnnDestroyTensorDescriptor(p->yd);
+    if (p->bd) cudnnDestroyTensorDescriptor(p->bd);
+    if (p->wd) cudnnDestroyFilterDescriptor(p->wd);
+    if (p->cd) cudnnDestroyConvolutionDescriptor(p->cd);
+    free(p);
+}
+
+/* Every plan of the context (called by sd_cuda_destroy). */
+void sdc_conv_plans_free(sd_cuda *c)
+{
+    for (size_t i = 0; i < c->nplans; i++) plan_free(c->plans[i]);
+    free(c->plans);
+    c->plans = NULL;
+    c->nplans = c->capplans = 0;
+}
+
+/* Descriptors for shape s: NCHW fp32 tensors, cross-correlation (torch's
+ * conv), fp32 compute; padding in cuDNN when symmetric, else explicit. */
+static sdc_conv_plan *plan_new(sd_cuda *c, const sd_conv2d_shape *s)
+{
+    sdc_conv_plan *p = calloc(1, sizeof *p);
+    if (!p) {
+        sdc_fail(c, SD_ENOMEM, "out of host memory for a convolution plan");
+        return NULL;
+    }
+    p->s = *s;
+    p->padded = s->pad_t != s->pad_b || s->pad_l != s->pad_r;
+    p->hp = p->padded ? s->h + s->pad_t + s->pad_b : s->h;
+    p->wp = p->padded ? s->w + s->pad_l + s->pad_r : s->w;
+    int ph = p->padded ? 0 : s->pad_t, pw = p->padded ? 0 : s->pad_l;
+    int oh = sd_conv2d_out_h(s), ow = sd_conv2d_out_w(s);
+    int ok = sdc_dnn_ok(c, cudnnCreateTensorDescriptor(&p->xd), "descriptor") &&
+             sdc_dnn_ok(c, cudnnCreateTensorDescriptor(&p->yd), "descriptor") &&
+             sdc_dnn_ok(c, cudnnCreateTensorDescriptor(&p->bd), "descriptor") &&
+             sdc_dnn_ok(c, cudnnCreateFilterDescriptor(&p->wd), "descriptor") &&
+             sdc_dnn_ok(c, cudnnCreateConvolutionDescriptor(&p->cd), "descriptor") &&
+             sdc_dnn_ok(c,
+                        cudnnSetTensor4dDescriptor(p->xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s->n, s->cin, p->hp,
+                                                   p->wp),
+                        "conv2d input descriptor") &&
+             sdc_dnn_ok(c,
+                        cudnnSetTensor4dDescriptor(p->yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, s->n, s->cout, oh,
+                                                   ow),
+                        "conv2d output descriptor") &&
+             sdc_dnn_ok(c, cudnnSetTensor4dDescriptor(p->bd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, s->cout, 1, 1),
+                        "conv2d bias descriptor") &&
+             sdc_dnn_ok(c,
+                        cudnnSetFilter4dDescriptor(p->wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, s->cout, s->cin, s->kh,
+                                                   s->kw),
+                        "conv2d filter descriptor") &&
+             sdc_dnn_ok(c,
+                        cudnnSetConvolution2dDescriptor(p->cd, ph, pw, s->stride, s->stride, 1, 1,
+                                                        CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+                        "conv2d descriptor");
+    if (ok) {
+        int n, ch, h, w;
+        ok = sdc_dnn_ok(c, cudnnGetConvolution2dForwardOutputDim(p->cd, p->xd, p->wd, &n, &ch, &h, &w),
+                        "conv2d output size");
+        if (ok && (n != s->n || ch != s->cout || h != oh || w != ow)) {
+            sdc_fail(c, SD_EINVAL, "conv2d: cuDNN output %dx%dx%dx%d, engine expects %dx%dx%dx%d", n, ch, h, w, s->n,
+                     s->cout, oh, ow);
+            ok = 0;
+        }
+    }
+    if (!ok) {
+        plan_free(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* The plan for s, made on first use. */
+static sdc_conv_plan *plan_get(sd_cuda *c, const sd_conv2d_shape *s)
+{
+    for (size_t i = 0; i < c->nplans; i++)
+        if (same_shape(&c->plans[i]->s, s)) return c->plans[i];
+    if (c->nplans == c->capplans) {
+        size_t cap = c->capplans ? 2 * c->capplans : 16;
+        sdc_conv_plan **np = realloc(c->plans, cap * sizeof *np);
+        if (!np) {
+            sdc_fail(c, SD_ENOMEM, "out of host memory for convolution plans");
+            return NULL;
+        }
+        c->plans = np;
+        c->capplans = cap;
+    }
+    sdc_conv_plan *p = plan_new(c, s);
+    if (p) c->plans[c->nplans++] = p;
+    return p;
+}
+
+/* The math type to run an algorithm with: its own when TF32 is allowed,
+ * else FMA (no tensor-core TF32 rounding of fp32 inputs). */
+static cudnnMathType_t run_math(const sd_cuda *c, cudnnMathType_t offered)
+{
+    return c->opts.allow_tf32 ? offered : CUDNN_FMA_MATH;
+}
+
+/* Forward algorithm: heuristic order, first that runs with our math
+ * within the workspace limit; IMPLICIT_GEMM (no workspace) otherwise. */
+static int choose_fwd(sd_cuda *c, sdc_conv_plan *p)
+{
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int got = 0;
+    cudnnSetConvolutionMathType(p->cd, c->opts.allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
+    if (!sdc_dnn_ok(c,
+                    cudnnGetConvolutionForwardAlgorithm_v7(c->dnn, p->xd, p->wd, p->cd, p->yd,
+                                                           CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf),
+                    "conv2d forward heuristics"))
+        return 0;
+    for (int i = 0; i < got; i++) {
+        size_t ws = 0;
+        cudnnMathType_t m = run_math(c, perf[i].mathType);
+        if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
+        if (cudnnSetConvolutionMathType(p->cd, m) != CUDNN_STATUS_SUCCESS) continue;
+        if (cudnnGetConvolutionForwardWorkspaceSize(c->dnn, p->xd, p->wd, p->cd, p->yd, perf[i].algo, &ws) !=
+                CUDNN_STATUS_SUCCESS ||
+            ws > c->opts.conv_workspace)
+            continue;
+        p->fwd = perf[i].algo;
+        p->fwd_math = m;
+        p->fwd_ws = ws;
+        return p->have_fwd = 1;
+    }
+    p->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+    p->fwd_math = CUDNN_FMA_MATH;
+    cudnnSetConvolutionMathType(p->cd, p->fwd_math);
+    if (!sdc_dnn_ok(c, cudnnGetConvolutionForwardWorkspaceSize(c->dnn, p->xd, p->wd, p->cd, p->yd, p->fwd, &p->fwd_ws),
+                    "conv2d forward workspace"))
+        return 0;
+    return p->have_fwd = 1;
+}
+
+/* Backward-data algorithm: deterministic ones first, then any; ALGO_1
+ * (deterministic) as the fallback. */
+static int choose_bwd_data(sd_cuda *c, sdc_conv_plan *p)
+{
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    int got = 0;
+    cudnnSetConvolutionMathType(p->cd, c->opts.allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
+    if (!sdc_dnn_ok(c,
+                    cudnnGetConvolutionBackwardDataAlgorithm_v7(c->dnn, p->wd, p->yd, p->cd, p->xd,
+                                                                CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf),
+                    "conv2d backward-data heuristics"))
+        return 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < got; i++) {
+            size_t ws = 0;
+            cudnnMathType_t m = run_math(c, perf[i].mathType);
+            if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
+            if (pass == 0 && perf[i].determinism != CUDNN_DETERMINISTIC) continue;
+            if (cudnnSetConvolutionMathType(p->cd, m) != CUDNN_STATUS_SUCCESS) continue;
+            if (cudnnGetConvolutionBackwardDataWorkspaceSize(c->dnn, p->wd, p->yd, p->cd, p->xd, perf[i].algo, &ws) !=
+                    CUDNN_STATUS_SUCCESS ||
+                ws > c->opts.conv_workspace)
+                continue;
+            p->bwd_data = perf[i].algo;
+            p->bwd_data_math = m;
+            p->bwd_data_ws = ws;
+            return p->have_bwd_data = 1;
+        }
+    }
+    p->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+    p->bwd_data_math = CUDNN_FMA_MATH;
+    cudnnSetConvolutionMathType(p->cd, p->bwd_data_math);
+    if (!sdc_dnn_ok(c,
+                    cudnnGetConvolutionBackwardDataWorkspaceSize(c->dnn, p->wd, p->yd, p->cd, p->xd, p->bwd_data,
+                                                                 &p->bwd_data_ws),
+                    "conv2d backward-data workspace"))
+        return 0;
+    return p->have_bwd_data = 1;
+}
+
+/* Backward-filter algorithm: as backward data. */
+static int choose_bwd_filter(sd_cuda *c, sdc_conv_plan *p)
+{
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    int got = 0;
+    cudnnSetConvolutionMathType(p->cd, c->opts.allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
+    if (!sdc_dnn_ok(c,
+                    cudnnGetConvolutionBackwardFilterAlgorithm_v7(c->dnn, p->xd, p->yd, p->cd, p->wd,
+                                                                  CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &got, perf),
+                    "conv2d backward-filter heuristics"))
+        return 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < got; i++) {
+            size_t ws = 0;
+            cudnnMathType_t m = run_math(c, perf[i].mathType);
+            if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
+            if (pass == 0 && perf[i].determinism != CUDNN_DETERMINISTIC) continue;
+            if (cudnnSetConvolutionMathType(p->cd, m) != CUDNN_STATUS_SUCCESS) continue;
+            if (cudnnGetConvolutionBackwardFilterWorkspaceSize(c->dnn, p->xd, p->yd, p->cd, p->wd, perf[i].algo,
+                                                               &ws) != CUDNN_STATUS_SUCCESS ||
+                ws > c->opts.conv_workspace)
+                continue;
+            p->bwd_filter = perf[i].algo;
+            p->bwd_filter_math = m;
+            p->bwd_filter_ws = ws;
+            return p->have_bwd_filter = 1;
+        }
+    }
+    p->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+    p->bwd_filter_math = CUDNN_FMA_MATH;
+    cudnnSetConvolutionMathType(p->cd, p->bwd_filter_math);
+    if (!sdc_dnn_ok(c,
+                    cudnnGetConvolutionBackwardFilterWorkspaceSize(c->dnn, p->xd, p->yd, p->cd, p->wd, p->bwd_filter,
+                                                                   &p->bwd_filter_ws),
+                    "conv2d backward-filter workspace"))
+        return 0;
+    return p->have_bwd_filter = 1;
+}
+
+/* The input as cuDNN sees it: x itself, or a zero-padded scratch copy
+ * (*scratch set; the caller releases it). NULL on failure. */
+static const float *padded_input(sd_cuda *c, const sdc_conv_plan *p, const float *x, float **scratch)
+{
+    *scratch = NULL;
+    if (!p->padded) return x;
+    const sd_conv2d_shape *s = &p->s;
+    size_t planes = (size_t)s->n * (size_t)s->cin;
+    float *xp = sdc_alloc(c, planes * (size_t)p->hp * (size_t)p->wp * sizeof(float));
+    if (!xp) return NULL;
+    if (!sdc_cuda_ok(c, sdk_pad(c, planes, s->h, s->w, s->pad_t, s->pad_b, s->pad_l, s->pad_r, xp, x), "conv2d pad")) {
+        sdc_release(c, xp);
+        return NULL;
+    }
+    *scratch = xp;
+    return xp;
+}
+
+/* Workspace of `bytes` from the allocator (NULL and no error for 0);
+ * *ok cleared on failure. */
+static void *workspace(sd_cuda *c, size_t bytes, int *ok)
+{
+    if (!bytes) return NULL;
+    void *w = sdc_alloc(c, bytes);
+    if (!w) *ok = 0;
+    return w;
+}
+
+/* y = conv(x, w) + b. */
+void sdc_conv2d_fwd(sd_cuda *c, const sd_conv2d_shape *s, float *y, const float *x, const float *w, const float *b)
+{
+    sdc_conv_plan *p = plan_get(c, s);
+    if (!p || (!p->have_fwd && !choose_fwd(c, p))) return;
+    float *xp;
+    const float *xin = padded_input(c, p, x, &xp);
+    if (!xin) return;
+    int ok = 1;
+    void *ws = workspace(c, p->fwd_ws, &ok);
+    const float one = 1.0f, zero = 0.0f;
+    if (ok && sdc_dnn_ok(c, cudnnSetConvolutionMathType(p->cd, p->fwd_math), "conv2d math type") &&
+        sdc_dnn_ok(c,
+                   cudnnConvolutionForward(c->dnn, &one, p->xd, xin, p->wd, w, p->cd, p->fwd, ws, p->fwd_ws, &zero,
+                                           p->yd, y),
+                   "conv2d forward") &&
+        b)
+        sdc_dnn_ok(c, cudnnAddTensor(c->dnn, &one, p->bd, b, &one, p->yd, y), "conv2d bias");
+    sdc_release(c, ws);
+    sdc_release(c, xp);
+}
+
+/* Input gradient: straight into dx with beta = 1, or through a padded
+ * scratch whose interior is added to dx. */
+static void conv_bwd_data(sd_cuda *c, sdc_conv_plan *p, float *dx, const float *dy, const float *w)
+{
+    if (!p->have_bwd_data && !choose_bwd_data(c, p)) return;
+    const sd_conv2d_shape *s = &p->s;
+    size_t planes = (size_t)s->n * (size_t)s->cin;
+    int ok = 1;
+    float *dxp = p->padded ? workspace(c, planes * (size_t)p->hp * (size_t)p->wp * sizeof(float), &ok) : NULL;
+    void *ws = ok ? workspace(c, p->bwd_data_ws, &ok) : NULL;
+    const float one = 1.0f, zero = 0.0f;
+    if (ok && sdc_dnn_ok(c, cudnnSetConvolutionMathType(p->cd, p->bwd_data_math), "conv2d math type") &&
+        sdc_dnn_ok(c,
+                   cudnnConvolutionBackwardData(c->dnn, &one, p->wd, w, p->yd, dy, p->cd, p->bwd_data, ws,
+                                                p->bwd_data_ws, dxp ? &zero : &one, p->xd, dxp ? dxp : dx),
+                   "conv2d backward data") &&
+        dxp)
+        sdc_cuda_ok(c, sdk_crop_add(c, planes, s->h, s->w, s->pad_t, s->pad_b, s->pad_l, s->pad_r, dx, dxp),
+                    "conv2d unpad");
+    sdc_release(c, ws);
+    sdc_release(c, dxp);
+}
+
+/* Weight gradient, accumulated into dw (beta = 1). */
+static void conv_bwd_filter(sd_cuda *c, sdc_conv_plan *p, float *dw, const float *dy, const float *x)
+{
+    if (!p->have_bwd_filter && !choose_bwd_filter(c, p)) return;
+    float *xp;
+    const float *xin = padded_input(c, p, x, &xp);
+    if (!xin) return;
+    int ok = 1;
+    void *ws = workspace(c, p->bwd_filter_ws, &ok);
+    const float one = 1.0f;
+    if (ok && sdc_dnn_ok(c, cudnnSetConvolutionMathType(p->cd, p->bwd_filter_math), "conv2d math type"))
+        sdc_dnn_ok(c,
+                   cudnnConvolutionBackwardFilter(c->dnn, &one, p->xd, xin, p->yd, dy, p->cd, p->bwd_filter, ws,
+                                                  p->bwd_filter_ws, &one, p->wd, dw),
+                   "conv2d backward filter");
+    sdc_release(c, ws);
+    sdc_release(c, xp);
+}
+
+/* dx, dw, db each added into when not NULL. */
+void sdc_conv2d_bwd(sd_cuda *c, const sd_conv2d_shape *s, float *dx, float *dw, float *db, const float *dy,
+                    const float *x, const float *w)
+{
+    sdc_conv_plan *p = plan_get(c, s);
+    if (!p) return;
+    const float one = 1.0f;
+    if (db) sdc_dnn_ok(c, cudnnConvolutionBackwardBias(c->dnn, &one, p->yd, dy, &one, p->bd, db), "conv2d bias grad");
+    if (dw) conv_bwd_filter(c, p, dw, dy, x);
+    if (dx) conv_bwd_data(c, p, dx, dy, w);
+}

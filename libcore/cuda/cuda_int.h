@@ -1,0 +1,67 @@
+/* The CUDA context behind sd_cuda *, shared by the host C files of the
+ * backend (context and allocator, cuDNN convolutions, cuBLAS linear, the
+ * table). Not for model code. */
+#ifndef SDTK_CUDA_INT_H
+#define SDTK_CUDA_INT_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include "cuda_kernels.h"
+#include "sd_cuda.h"
+
+/* One device allocation the caching allocator tracks. */
+typedef struct {
+    void *p;
+    size_t size;
+    int used;
+} sdc_block;
+
+typedef struct sdc_conv_plan sdc_conv_plan;
+
+struct sd_cuda {
+    int device;
+    sd_cuda_opts opts;
+    size_t smem_optin;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    cudnnHandle_t dnn;
+    sdc_block *blk;
+    size_t nblk, capblk;
+    size_t in_use, cached, peak;
+    int failed; /* an op failed since the last sync: later ops are skipped */
+    sd_error err;
+    sdc_conv_plan **plans;
+    size_t nplans, capplans;
+};
+
+/* Record the first failure since the last sync; later ones are dropped
+ * (they usually follow from the first). */
+void sdc_fail(sd_cuda *c, sd_status code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* 1 when e is cudaSuccess, else records "what: reason" and returns 0. */
+int sdc_cuda_ok(sd_cuda *c, cudaError_t e, const char *what);
+int sdc_dnn_ok(sd_cuda *c, cudnnStatus_t e, const char *what);
+int sdc_blas_ok(sd_cuda *c, cublasStatus_t e, const char *what);
+
+/* The table's memory entries (cuda_ctx.c). */
+void *sdc_mem_alloc(void *exec, size_t bytes);
+void sdc_mem_release(void *exec, void *p);
+void sdc_mem_h2d(void *exec, void *dst, const void *src, size_t bytes);
+void sdc_mem_d2h(void *exec, void *dst, const void *src, size_t bytes);
+void sdc_mem_d2d(void *exec, void *dst, const void *src, size_t bytes);
+void sdc_mem_zero(void *exec, void *p, size_t bytes);
+sd_status sdc_sync(void *exec, sd_error *err);
+
+/* cuDNN convolutions (cuda_conv.c); plans freed with the context. */
+void sdc_conv2d_fwd(sd_cuda *c, const sd_conv2d_shape *s, float *y, const float *x, const float *w, const float *b);
+void sdc_conv2d_bwd(sd_cuda *c, const sd_conv2d_shape *s, float *dx, float *dw, float *db, const float *dy,
+                    const float *x, const float *w);
+void sdc_conv_plans_free(sd_cuda *c);
+
+/* cuBLAS linear layers (cuda_linear.c). */
+void sdc_linear_fwd(sd_cuda *c, const sd_linear_shape *s, float *y, const float *x, const float *w, const float *b);
+void sdc_linear_bwd(sd_cuda *c, const sd_linear_shape *s, float *dx, float *dw, float *db, const float *dy,
+                    const float *x, const float *w);
+
+#endif

@@ -1,0 +1,87 @@
+/* The hand-written kernels' launchers (defined in the .cu files, callable
+ * from C) and the context services they use. Every launcher queues its
+ * kernels on the context's stream and returns the launch status; shapes
+ * and conventions are those of ops_cpu.h (backward adds into gradients,
+ * NULL skips one). Pointers are device memory. */
+#ifndef SDTK_CUDA_KERNELS_H
+#define SDTK_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "ops_cpu.h"
+
+typedef struct sd_cuda sd_cuda;
+
+/* Context services for launchers: the stream, scratch memory from the
+ * caching allocator (NULL when out of memory, the error recorded), and the
+ * shared memory one block may opt in to. */
+cudaStream_t sdc_stream(const sd_cuda *c);
+void *sdc_alloc(sd_cuda *c, size_t bytes);
+void sdc_release(sd_cuda *c, void *p);
+size_t sdc_smem_optin(const sd_cuda *c);
+
+/* Element-wise activations, by kind. */
+typedef enum { SDK_SILU, SDK_GELU, SDK_QUICK_GELU, SDK_GAUSS_STD } sdk_act;
+cudaError_t sdk_act_fwd(sd_cuda *c, sdk_act kind, size_t n, float *y, const float *x);
+cudaError_t sdk_act_bwd(sd_cuda *c, sdk_act kind, size_t n, float *dx, const float *dy, const float *x);
+
+cudaError_t sdk_add_fwd(sd_cuda *c, size_t n, float *y, const float *a, const float *b);
+cudaError_t sdk_add_bwd(sd_cuda *c, size_t n, float *da, float *db, const float *dy);
+cudaError_t sdk_scale_fwd(sd_cuda *c, size_t n, float *y, const float *x, float alpha);
+cudaError_t sdk_scale_bwd(sd_cuda *c, size_t n, float *dx, const float *dy, float alpha);
+cudaError_t sdk_mul_fwd(sd_cuda *c, size_t n, float *y, const float *a, const float *b);
+cudaError_t sdk_mul_bwd(sd_cuda *c, size_t n, float *da, float *db, const float *dy, const float *a, const float *b);
+cudaError_t sdk_geglu_fwd(sd_cuda *c, size_t m, size_t n, float *y, const float *x);
+cudaError_t sdk_geglu_bwd(sd_cuda *c, size_t m, size_t n, float *dx, const float *dy, const float *x);
+cudaError_t sdk_upsample2x_fwd(sd_cuda *c, int planes, int h, int w, float *y, const float *x);
+cudaError_t sdk_upsample2x_bwd(sd_cuda *c, int planes, int h, int w, float *dx, const float *dy);
+cudaError_t sdk_concat_fwd(sd_cuda *c, const sd_concat_shape *s, float *y, const float *a, const float *b);
+cudaError_t sdk_concat_bwd(sd_cuda *c, const sd_concat_shape *s, float *da, float *db, const float *dy);
+cudaError_t sdk_add_bcast_fwd(sd_cuda *c, int n, int ch, int hw, float *y, const float *x, const float *b);
+cudaError_t sdk_add_bcast_bwd(sd_cuda *c, int n, int ch, int hw, float *dx, float *db, const float *dy);
+cudaError_t sdk_temb_fwd(sd_cuda *c, const sd_temb_shape *s, float *y, const float *t);
+cudaError_t sdk_temb_bwd(sd_cuda *c, const sd_temb_shape *s, float *dt, const float *dy, const float *t);
+cudaError_t sdk_embedding_fwd(sd_cuda *c, const sd_embedding_shape *s, float *y, const int32_t *ids,
+                              const float *tok, const float *pos);
+cudaError_t sdk_embedding_bwd(sd_cuda *c, const sd_embedding_shape *s, float *dtok, float *dpos, const float *dy,
+                              const int32_t *ids);
+/* y [n, cols, rows] = x [n, rows, cols] transposed; accumulate adds. */
+cudaError_t sdk_transpose(sd_cuda *c, int n, int rows, int cols, float *y, const float *x, int accumulate);
+
+/* Convolution and linear helpers: zero-padded copy of [planes, h, w] into
+ * [planes, h + pt + pb, w + pl + pr]; dx [planes, h, w] += the interior of
+ * the padded gradient; y [m, n] rows set to b; out[j] += sum over rows of
+ * x [m, n] column j. */
+cudaError_t sdk_pad(sd_cuda *c, size_t planes, int h, int w, int pt, int pb, int pl, int pr, float *xp,
+                    const float *x);
+cudaError_t sdk_crop_add(sd_cuda *c, size_t planes, int h, int w, int pt, int pb, int pl, int pr, float *dx,
+                         const float *dxp);
+cudaError_t sdk_bias_rows(sd_cuda *c, size_t m, size_t n, float *y, const float *b);
+cudaError_t sdk_col_sum_add(sd_cuda *c, size_t m, size_t n, float *out, const float *x);
+
+/* Group norm (layer norm is [m, c, 1] with one group), statistics from
+ * per-chunk two-pass partials combined in double. */
+cudaError_t sdk_group_norm_fwd(sd_cuda *c, const sd_gn_shape *s, float *y, float *mean, float *rstd,
+                               const float *x, const float *gamma, const float *beta);
+cudaError_t sdk_group_norm_bwd(sd_cuda *c, const sd_gn_shape *s, float *dx, float *dgamma, float *dbeta,
+                               const float *dy, const float *x, const float *mean, const float *rstd,
+                               const float *gamma);
+
+/* Flash-style attention: forward saves lse, backward recomputes scores. */
+cudaError_t sdk_attn_fwd(sd_cuda *c, const sd_attn_shape *s, float *y, float *lse, const float *q, const float *k,
+                         const float *v);
+cudaError_t sdk_attn_bwd(sd_cuda *c, const sd_attn_shape *s, float *dq, float *dk, float *dv, const float *dy,
+                         const float *q, const float *k, const float *v, const float *y, const float *lse);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,60 @@
+/* The CUDA backend: the engine's ops on one NVIDIA GPU, behind the same
+ * backend table as the CPU (backend.h). Convolutions run on cuDNN (legacy
+ * convolution API, algorithm chosen once per shape), linear layers on
+ * cuBLAS with fp32 accumulation, attention, norms and element-wise ops on
+ * hand-written kernels (the .cu files here, scalar formulas shared with the
+ * CPU in ops_math.h).
+ *
+ * One context per device and process: its exec pointer (sd_cuda *) goes
+ * where the CPU table takes its sd_pool *. Everything runs in order on the
+ * context's stream; device memory comes from the context's caching
+ * allocator (be->alloc / be->release), so steady-state steps never call
+ * cudaMalloc. fp32 only for now; strict fp32 by default (no TF32).
+ *
+ * Nothing here has been run by the project: it is compiled and linked in
+ * CI, and `sd-selftest --device cuda:K` checks it against the CPU on a
+ * user's GPU (docs/GPU.md). */
+#ifndef SDTK_SD_CUDA_H
+#define SDTK_SD_CUDA_H
+
+#include <stddef.h>
+
+#include "backend.h"
+#include "err.h"
+
+typedef struct sd_cuda sd_cuda;
+
+typedef struct {
+    int allow_tf32;        /* 1: TF32 tensor cores in cuDNN and cuBLAS (~1e-3 relative error) */
+    size_t conv_workspace; /* largest cuDNN workspace one convolution may use, bytes; 0: 1 GiB */
+} sd_cuda_opts;
+
+typedef struct {
+    char name[256];
+    int cc_major, cc_minor, sm_count;
+    size_t total_bytes, free_bytes;
+    int driver_version, runtime_version, cudnn_version, cublas_version;
+} sd_cuda_info;
+
+/* The caching allocator's bytes: handed out, held for reuse, and the peak
+ * of handed out since creation. */
+typedef struct {
+    size_t in_use, cached, peak;
+} sd_cuda_mem;
+
+/* Devices the CUDA runtime sees; 0 with the runtime's reason in err when
+ * there is no driver, no device, or the driver is too old. */
+int sd_cuda_device_count(sd_error *err);
+/* Context on device (0-based): stream, cuBLAS and cuDNN handles. */
+sd_status sd_cuda_create(sd_cuda **out, int device, const sd_cuda_opts *opts, sd_error *err);
+/* Waits for queued work, frees every device block, handle and plan. */
+void sd_cuda_destroy(sd_cuda *c);
+/* The backend table; its exec argument is an sd_cuda *. */
+const sd_backend *sd_backend_cuda(void);
+
+void sd_cuda_get_info(sd_cuda *c, sd_cuda_info *info);
+void sd_cuda_get_mem(const sd_cuda *c, sd_cuda_mem *m);
+/* Gives cached (unused) blocks back to the driver. */
+void sd_cuda_trim(sd_cuda *c);
+
+#endif

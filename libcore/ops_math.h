@@ -1,0 +1,96 @@
+/* Scalar formulas of the element-wise ops, written once for both backends:
+ * the CPU ops (ops_elem.c, ops_act.c, ops_embed.c, ops_layout.c) and the
+ * CUDA kernels (the .cu files of libcore/cuda) include this header, so the
+ * CPU tests (finite differences, torch golden values) check the very
+ * expressions the GPU runs. Under nvcc each function is __host__
+ * __device__; the CUDA math library's expf/erff/sinf/cosf differ from
+ * glibc's by an ulp or two, so CPU and GPU agree to rounding, not bit for
+ * bit.
+ *
+ * Plain C11 and C++ at once: no compound literals, no C-only keywords. */
+#ifndef SDTK_OPS_MATH_H
+#define SDTK_OPS_MATH_H
+
+#include <math.h>
+
+#if defined(__CUDACC__)
+#define SDM_FN static __host__ __device__ __forceinline__
+#else
+#define SDM_FN static inline
+#endif
+
+#define SDM_INV_SQRT2 0.70710678118654752440f
+#define SDM_INV_SQRT_2PI 0.39894228040143267794f
+#define SDM_QUICK_GELU_K 1.702f
+#define SDM_LOGVAR_MIN (-30.0f)
+#define SDM_LOGVAR_MAX 20.0f
+
+/* The logistic function, as every sigmoid-based op here writes it. */
+SDM_FN float sdm_sigmoid(float x)
+{
+    return 1.0f / (1.0f + expf(-x));
+}
+
+/* silu(x) = x * sigmoid(x), written as one division. */
+SDM_FN float sdm_silu(float x)
+{
+    return x / (1.0f + expf(-x));
+}
+
+/* d silu / dx = s * (1 + x * (1 - s)) with s = sigmoid(x). */
+SDM_FN float sdm_silu_grad(float x)
+{
+    float sg = sdm_sigmoid(x);
+    return sg * (1.0f + x * (1.0f - sg));
+}
+
+/* Exact GELU: x * Phi(x), Phi the standard normal CDF written with erf. */
+SDM_FN float sdm_gelu(float x)
+{
+    return 0.5f * x * (1.0f + erff(x * SDM_INV_SQRT2));
+}
+
+/* gelu'(x) = Phi(x) + x * phi(x), phi the standard normal density. */
+SDM_FN float sdm_gelu_grad(float x)
+{
+    return 0.5f * (1.0f + erff(x * SDM_INV_SQRT2)) + x * SDM_INV_SQRT_2PI * expf(-0.5f * x * x);
+}
+
+/* CLIP's quick_gelu: x * sigmoid(1.702 x), written as one division. */
+SDM_FN float sdm_quick_gelu(float x)
+{
+    return x / (1.0f + expf(-SDM_QUICK_GELU_K * x));
+}
+
+/* d/dx = s + k x s (1 - s) with s = sigmoid(k x), k = 1.702. */
+SDM_FN float sdm_quick_gelu_grad(float x)
+{
+    float sg = 1.0f / (1.0f + expf(-SDM_QUICK_GELU_K * x));
+    return sg + SDM_QUICK_GELU_K * x * sg * (1.0f - sg);
+}
+
+/* The VAE posterior's std from its logvar: exp(0.5 * clamp(x, -30, 20)),
+ * as diffusers' DiagonalGaussianDistribution computes it. */
+SDM_FN float sdm_gauss_std(float x)
+{
+    float c = x < SDM_LOGVAR_MIN ? SDM_LOGVAR_MIN : x > SDM_LOGVAR_MAX ? SDM_LOGVAR_MAX : x;
+    return expf(0.5f * c);
+}
+
+/* d std / d logvar = 0.5 * std inside the clamp range (bounds included,
+ * as torch's clamp backward), 0 outside. */
+SDM_FN float sdm_gauss_std_grad(float x)
+{
+    if (x < SDM_LOGVAR_MIN || x > SDM_LOGVAR_MAX) return 0.0f;
+    return 0.5f * expf(0.5f * x);
+}
+
+/* Timestep embedding frequency i: exp(-ln(max_period) * i / (dim / 2 -
+ * freq_shift)), in diffusers' order of fp32 operations. */
+SDM_FN float sdm_temb_freq(int dim, float freq_shift, float max_period, int i)
+{
+    float denom = (float)(dim / 2) - freq_shift;
+    return expf(-logf(max_period) * (float)i / denom);
+}
+
+#endif

@@ -1,0 +1,176 @@
+/* The backend boundary (backend.h): every table entry is filled (CPU, and
+ * the CUDA table when the build has one: no GPU needed to read a table),
+ * the CPU memory entries, calls through the table equal direct calls, and
+ * the two ops the VAE needed to stop touching tensor memory itself
+ * (transpose, posterior std) against plain loops and finite differences,
+ * bit-identical for 1 and 3 threads. */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "check.h"
+#include "ops_math.h"
+#ifdef SDTK_HAVE_CUDA
+#include "sd_cuda.h"
+#endif
+
+/* Every entry of the table, by name: adding a member to sd_backend
+ * without listing it here fails the size check below. */
+#define ENTRIES(X)                                                                                                   \
+    X(alloc) X(release) X(h2d) X(d2h) X(d2d) X(zero) X(sync) X(conv2d_fwd) X(conv2d_bwd) X(group_norm_fwd)          \
+    X(group_norm_bwd) X(linear_fwd) X(linear_bwd) X(silu_fwd) X(silu_bwd) X(add_fwd) X(add_bwd) X(upsample2x_fwd)  \
+    X(upsample2x_bwd) X(attn_fwd) X(attn_bwd) X(layer_norm_fwd) X(layer_norm_bwd) X(gelu_fwd) X(gelu_bwd)           \
+    X(quick_gelu_fwd) X(quick_gelu_bwd) X(geglu_fwd) X(geglu_bwd) X(scale_fwd) X(scale_bwd) X(mul_fwd) X(mul_bwd)   \
+    X(concat_fwd) X(concat_bwd) X(add_bcast_channel_fwd) X(add_bcast_channel_bwd) X(timestep_emb_fwd)              \
+    X(timestep_emb_bwd) X(transpose_fwd) X(transpose_bwd) X(gauss_std_fwd) X(gauss_std_bwd) X(embedding_fwd)       \
+    X(embedding_bwd)
+
+#define COUNT_ONE(m) +1
+#define CHECK_ONE(m)                                                                                                 \
+    if (!be->m) {                                                                                                    \
+        fprintf(stderr, "%s backend: no %s\n", be->name, #m);                                                        \
+        missing++;                                                                                                   \
+    }
+
+/* No NULL entry, and the list above covers the whole struct. */
+static void check_complete(const sd_backend *be)
+{
+    int missing = 0;
+    ENTRIES(CHECK_ONE)
+    CHECK(missing == 0);
+    size_t listed = 0 ENTRIES(COUNT_ONE);
+    CHECK(sizeof(sd_backend) == offsetof(sd_backend, alloc) + listed * sizeof(void (*)(void)));
+}
+
+/* Deterministic values in [lo, hi). */
+static void fill(float *p, size_t n, uint32_t seed, float lo, float hi)
+{
+    uint32_t s = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        p[i] = lo + (hi - lo) * (float)(s >> 8) / 16777216.0f;
+    }
+}
+
+/* alloc/h2d/d2d/zero/d2h/release/sync on the CPU table. */
+static void test_memory(void)
+{
+    const sd_backend *be = sd_backend_cpu();
+    float src[300], back[300];
+    fill(src, 300, 1, -1, 1);
+    float *a = be->alloc(NULL, sizeof src), *b = be->alloc(NULL, sizeof src);
+    if (!CHECK(a && b)) return;
+    CHECK(((uintptr_t)a & 63) == 0 && ((uintptr_t)b & 63) == 0);
+    be->h2d(NULL, a, src, sizeof src);
+    be->d2d(NULL, b, a, sizeof src);
+    be->zero(NULL, a, 100 * sizeof(float));
+    be->d2h(NULL, back, b, sizeof back);
+    CHECK(memcmp(back, src, sizeof src) == 0);
+    be->d2h(NULL, back, a, sizeof back);
+    int zeros = 1;
+    for (int i = 0; i < 100; i++) zeros &= back[i] == 0.0f;
+    CHECK(zeros && memcmp(back + 100, src + 100, 200 * sizeof(float)) == 0);
+    sd_error err = {0};
+    CHECK(be->sync(NULL, &err) == SD_OK);
+    void *z = be->alloc(NULL, 0);
+    CHECK(z != NULL);
+    be->release(NULL, z);
+    be->release(NULL, NULL);
+    be->release(NULL, a);
+    be->release(NULL, b);
+}
+
+/* The table's wrapper gives the same bytes as the op itself. */
+static void test_through_table(void)
+{
+    const sd_backend *be = sd_backend_cpu();
+    sd_pool *pool = sd_pool_create(2);
+    float x[1000], y1[1000], y2[1000];
+    fill(x, 1000, 2, -5, 5);
+    sd_silu_fwd(pool, 1000, y1, x);
+    be->silu_fwd(pool, 1000, y2, x);
+    CHECK(memcmp(y1, y2, sizeof y1) == 0);
+    sd_linear_shape ls = {.m = 7, .k = 9, .n = 5};
+    float w[45], bias[5], out1[35], out2[35];
+    fill(w, 45, 3, -1, 1);
+    fill(bias, 5, 4, -1, 1);
+    sd_linear_fwd(NULL, &ls, out1, x, w, bias);
+    be->linear_fwd(NULL, &ls, out2, x, w, bias);
+    CHECK(memcmp(out1, out2, sizeof out1) == 0);
+    sd_pool_destroy(pool);
+}
+
+/* Transpose against indexing, backward adds, any thread count. */
+static void test_transpose(void)
+{
+    enum { N = 3, R = 37, C = 70 };
+    static float x[N * R * C], y[N * R * C], y3[N * R * C], dx[N * R * C], dx0[N * R * C];
+    fill(x, N * R * C, 5, -1, 1);
+    fill(dx0, N * R * C, 6, -1, 1);
+    sd_pool *pool = sd_pool_create(3);
+    sd_transpose_fwd(NULL, N, R, C, y, x);
+    sd_transpose_fwd(pool, N, R, C, y3, x);
+    int ok = memcmp(y, y3, sizeof y) == 0;
+    for (int b = 0; b < N; b++)
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) ok &= y[(b * C + c) * R + r] == x[(b * R + r) * C + c];
+    CHECK(ok);
+    memcpy(dx, dx0, sizeof dx);
+    sd_transpose_bwd(pool, N, R, C, dx, y); /* transposing back adds x */
+    ok = 1;
+    for (int i = 0; i < N * R * C; i++) ok &= dx[i] == dx0[i] + x[i];
+    CHECK(ok);
+    sd_transpose_bwd(pool, N, R, C, NULL, y); /* NULL gradient: nothing */
+    sd_pool_destroy(pool);
+}
+
+/* Posterior std: value, clamp, derivative by central differences. */
+static void test_gauss_std(void)
+{
+    enum { N = 2000 };
+    static float x[N], y[N], dy[N], dx[N];
+    fill(x, N, 7, -40, 30);
+    fill(dy, N, 8, -1, 1);
+    sd_gauss_std_fwd(NULL, N, y, x);
+    memset(dx, 0, sizeof dx);
+    sd_gauss_std_bwd(NULL, N, dx, dy, x);
+    int ok = 1;
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        float c = x[i] < -30.0f ? -30.0f : x[i] > 20.0f ? 20.0f : x[i];
+        ok &= y[i] == expf(0.5f * c);
+        if (x[i] < -30.0f || x[i] > 20.0f) {
+            ok &= dx[i] == 0.0f;
+            continue;
+        }
+        if (x[i] < -29.9f || x[i] > 19.9f) continue;
+        double h = 1e-3, num = dy[i] * (exp(0.5 * (x[i] + h)) - exp(0.5 * (x[i] - h))) / (2 * h);
+        double e = fabs(num - dx[i]) / fmax(1.0, fabs(num));
+        if (e > worst) worst = e;
+    }
+    CHECK(ok);
+    printf("gauss_std: max relative gradient error %.2e\n", worst);
+    CHECK(worst < 1e-5);
+    CHECK(sdm_gauss_std_grad(20.0f) > 0.0f && sdm_gauss_std_grad(20.001f) == 0.0f); /* torch: bounds included */
+    float same[4] = {-31.0f, 0.0f, 1.0f, 25.0f};
+    sd_gauss_std_fwd(NULL, 4, same, same); /* in place */
+    CHECK(same[0] == expf(-15.0f) && same[1] == 1.0f && same[3] == expf(10.0f));
+}
+
+int main(void)
+{
+    check_complete(sd_backend_cpu());
+    CHECK(strcmp(sd_backend_cpu()->name, "cpu") == 0 && !sd_backend_cpu()->is_device);
+#ifdef SDTK_HAVE_CUDA
+    check_complete(sd_backend_cuda());
+    CHECK(strcmp(sd_backend_cuda()->name, "cuda") == 0 && sd_backend_cuda()->is_device);
+#endif
+    test_memory();
+    test_through_table();
+    test_transpose();
+    test_gauss_std();
+    return check_done("test_backend");
+}
