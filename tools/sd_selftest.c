@@ -55,6 +55,7 @@ typedef struct {
     buf_spec b[MAXB];
     void (*fwd)(const target *t, float **p);
     void (*bwd)(const target *t, float **p);
+    double tol; /* 0: the run's tolerance */
 } op_case;
 
 #define SZ(x) ((size_t)(x))
@@ -220,7 +221,7 @@ static void emb_b(const target *t, float **p)
       {"dy", SZ(s.n) * SZ(s.cout) * SZ((s.h + s.pad_t + s.pad_b - s.kh) / s.stride + 1) *                              \
                  SZ((s.w + s.pad_l + s.pad_r - s.kw) / s.stride + 1),                                                  \
        IN, -1, 1}},                                                                                                    \
-     F_, B_}
+     F_, B_, 0}
 #define NORM_CASE(nm, rows, ch, units, F_, B_)                                                                         \
     {nm, 10,                                                                                                           \
      {{"x", SZ(rows) * SZ(ch), IN, -2, 3},                                                                             \
@@ -233,7 +234,7 @@ static void emb_b(const target *t, float **p)
       {"dgamma", SZ(ch), GRAD, -1, 1},                                                                                 \
       {"dbeta", SZ(ch), GRAD, -1, 1},                                                                                  \
       {"dy", SZ(rows) * SZ(ch), IN, -1, 1}},                                                                           \
-     F_, B_}
+     F_, B_, 0}
 #define ATTN_CASE(nm, s, F_, B_)                                                                                       \
     {nm, 9,                                                                                                            \
      {{"q", SZ(s.b) * SZ(s.heads) * SZ(s.tq) * SZ(s.d), IN, -1, 1},                                                    \
@@ -245,9 +246,10 @@ static void emb_b(const target *t, float **p)
       {"dk", SZ(s.b) * SZ(s.heads) * SZ(s.tk) * SZ(s.d), GRAD, -1, 1},                                                 \
       {"dv", SZ(s.b) * SZ(s.heads) * SZ(s.tk) * SZ(s.d), GRAD, -1, 1},                                                 \
       {"dy", SZ(s.b) * SZ(s.heads) * SZ(s.tq) * SZ(s.d), IN, -1, 1}},                                                  \
-     F_, B_}
+     F_, B_, 0}
 #define UNARY_CASE(nm, nin, nout, lo, hi, F_, B_)                                                                      \
-    {nm, 4, {{"x", nin, IN, lo, hi}, {"y", nout, OUT, 0, 0}, {"dx", nin, GRAD, -1, 1}, {"dy", nout, IN, -1, 1}}, F_, B_}
+    {nm, 4, {{"x", nin, IN, lo, hi}, {"y", nout, OUT, 0, 0}, {"dx", nin, GRAD, -1, 1}, {"dy", nout, IN, -1, 1}},    \
+     F_, B_, 0}
 #define BINARY_CASE(nm, na, nb_, nout, F_, B_)                                                                         \
     {nm, 6,                                                                                                            \
      {{"a", na, IN, -2, 2},                                                                                            \
@@ -256,7 +258,7 @@ static void emb_b(const target *t, float **p)
       {"da", na, GRAD, -1, 1},                                                                                         \
       {"db", nb_, GRAD, -1, 1},                                                                                        \
       {"dy", nout, IN, -1, 1}},                                                                                        \
-     F_, B_}
+     F_, B_, 0}
 
 
 /* Deterministic uniform values in [lo, hi) from a per-buffer seed. */
@@ -360,7 +362,8 @@ static int check_ops(const target *dev, const target *ref, double tol)
           {"db", SZ(lin_bias.n), GRAD, -1, 1},
           {"dy", SZ(lin_bias.m) * SZ(lin_bias.n), IN, -1, 1}},
          lin_bias_fwd,
-         lin_bias_bwd},
+         lin_bias_bwd,
+         0},
         {"linear no bias",
          6,
          {{"x", SZ(lin_nobias.m) * SZ(lin_nobias.k), IN, -1, 1},
@@ -370,7 +373,8 @@ static int check_ops(const target *dev, const target *ref, double tol)
           {"dw", SZ(lin_nobias.n) * SZ(lin_nobias.k), GRAD, -1, 1},
           {"dy", SZ(lin_nobias.m) * SZ(lin_nobias.n), IN, -1, 1}},
          lin_nobias_fwd,
-         lin_nobias_bwd},
+         lin_nobias_bwd,
+         0},
         ATTN_CASE("attention cross", at_cross, at_cross_fwd, at_cross_bwd),
         ATTN_CASE("attention causal", at_causal, at_causal_fwd, at_causal_bwd),
         ATTN_CASE("attention d=512 (VAE)", at_vae, at_vae_fwd, at_vae_bwd),
@@ -382,7 +386,17 @@ static int check_ops(const target *dev, const target *ref, double tol)
         UNARY_CASE("geglu", SZ(GEGLU_M) * 2 * GEGLU_N, SZ(GEGLU_M) * GEGLU_N, -4, 4, geglu_f, geglu_b),
         UNARY_CASE("upsample2x", SZ(UP_P) * UP_H * UP_W, SZ(UP_P) * 4 * UP_H * UP_W, -1, 1, up_f, up_b),
         UNARY_CASE("transpose", SZ(TR_N) * TR_R * TR_C, SZ(TR_N) * TR_R * TR_C, -1, 1, tr_f, tr_b),
-        UNARY_CASE("timestep_emb", SZ(temb_shape.n), SZ(temb_shape.n) * SZ(temb_shape.dim), 0, 999, temb_f, temb_b),
+        /* t up to 999: CUDA's expf may differ from glibc's by 2 ulp in a frequency, which moves
+         * t * freq by up to 1.2e-4 rad (simulated: forward 2.4e-4, backward 5.5e-4) */
+        {"timestep_emb",
+         4,
+         {{"t", SZ(temb_shape.n), IN, 0, 999},
+          {"y", SZ(temb_shape.n) * SZ(temb_shape.dim), OUT, 0, 0},
+          {"dt", SZ(temb_shape.n), GRAD, -1, 1},
+          {"dy", SZ(temb_shape.n) * SZ(temb_shape.dim), IN, -1, 1}},
+         temb_f,
+         temb_b,
+         2e-3},
         BINARY_CASE("add", ELEM_N, ELEM_N, ELEM_N, add_f, add_b),
         BINARY_CASE("mul", ELEM_N, ELEM_N, ELEM_N, mul_f, mul_b),
         BINARY_CASE("concat", SZ(cat_shape.n) * SZ(cat_shape.c1) * SZ(cat_shape.hw),
@@ -397,7 +411,8 @@ static int check_ops(const target *dev, const target *ref, double tol)
           {"db", SZ(BC_N) * BC_C, GRAD, -1, 1},
           {"dy", SZ(BC_N) * BC_C * BC_HW, IN, -1, 1}},
          bc_f,
-         bc_b},
+         bc_b,
+         0},
         {"embedding",
          7,
          {{"ids", SZ(emb_shape.n) * SZ(emb_shape.t), IDS, 0, (float)emb_shape.vocab},
@@ -408,7 +423,8 @@ static int check_ops(const target *dev, const target *ref, double tol)
           {"dpos", SZ(emb_shape.npos) * SZ(emb_shape.dim), GRAD, -1, 1},
           {"dy", SZ(emb_shape.n) * SZ(emb_shape.t) * SZ(emb_shape.dim), IN, -1, 1}},
          emb_f,
-         emb_b},
+         emb_b,
+         0},
     };
     int failures = 0;
     printf("%-28s %-21s %-21s %s\n", "op", "forward abs / rel", "backward abs / rel", "result");
@@ -438,7 +454,8 @@ static int check_ops(const target *dev, const target *ref, double tol)
                 if (oc->b[i].role == OUT) diff_add(&f, a[i], b[i], oc->b[i].n);
                 if (oc->b[i].role == GRAD) diff_add(&g, a[i], b[i], oc->b[i].n);
             }
-            int pass = f.mixed <= tol && g.mixed <= tol;
+            double t = oc->tol > tol ? oc->tol : tol;
+            int pass = f.mixed <= t && g.mixed <= t;
             printf("%-28s %9.2e / %-9.2e %9.2e / %-9.2e %s\n", oc->name, f.abs, f.ref > 0 ? f.abs / f.ref : f.abs,
                    g.abs, g.ref > 0 ? g.abs / g.ref : g.abs, pass ? "pass" : "FAIL");
             failures += !pass;
