@@ -97,4 +97,21 @@ sd_status sd_vae_encode(const sd_vae *v, const sd_backend *be, sd_pool *pool, in
 sd_status sd_vae_encode_on(const sd_vae *v, const sd_backend *be, void *exec, const float *params, int n, int h,
                            int w, const float *x, float *mean, float *std, float *ws, sd_error *err);
 
+/* The encoder on any backend from host buffers (vae_runner.c): parameters
+ * copied into the backend's memory once by init; encode copies x [n, 3, h,
+ * w] in, runs sd_vae_encode_on on buffers the runner keeps (grown on
+ * demand) and copies mean and std out. Switching a tool from the CPU to a
+ * GPU is replacing sd_vae_encode by sd_vae_runner_encode. */
+typedef struct {
+    const sd_backend *be;
+    void *exec;
+    float *params, *ws, *x, *mean, *std; /* the backend's memory */
+    size_t ws_cap, x_cap, mean_cap, std_cap;
+} sd_vae_runner;
+
+sd_status sd_vae_runner_init(sd_vae_runner *r, const sd_vae *v, const sd_backend *be, void *exec, sd_error *err);
+sd_status sd_vae_runner_encode(sd_vae_runner *r, const sd_vae *v, int n, int h, int w, const float *x, float *mean,
+                               float *std, sd_error *err);
+void sd_vae_runner_free(sd_vae_runner *r);
+
 #endif

@@ -3,7 +3,8 @@
  * the CPU memory entries, calls through the table equal direct calls, and
  * the two ops the VAE needed to stop touching tensor memory itself
  * (transpose, posterior std) against plain loops and finite differences,
- * bit-identical for 1 and 3 threads. */
+ * bit-identical for 1 and 3 threads, and the VAE runner (host buffers in,
+ * the backend's memory inside) equal to sd_vae_encode bit for bit. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -13,6 +14,11 @@
 #include "backend.h"
 #include "check.h"
 #include "ops_math.h"
+#include "safetensors.h"
+#include "vae.h"
+#ifndef GOLDEN_VAE
+#define GOLDEN_VAE "tests/golden/vae/sd"
+#endif
 #ifdef SDTK_HAVE_CUDA
 #include "sd_cuda.h"
 #endif
@@ -160,6 +166,57 @@ static void test_gauss_std(void)
     CHECK(same[0] == expf(-15.0f) && same[1] == 1.0f && same[3] == expf(10.0f));
 }
 
+/* sd_vae_runner on the CPU table: the golden VAE's moments equal
+ * sd_vae_encode's bytes, for a first call of one image and a second of
+ * the whole batch (buffers grown), and stay within 1e-4 of diffusers. */
+static void test_vae_runner(void)
+{
+    sd_vae v;
+    sd_error err = {0};
+    sd_safetensors *st = NULL;
+    if (!CHECK(sd_vae_load(&v, GOLDEN_VAE "/vae", NULL, &err) == SD_OK)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return;
+    }
+    if (!CHECK(sd_st_open(&st, GOLDEN_VAE "/expected.safetensors", &err) == SD_OK)) {
+        fprintf(stderr, "%s\n", err.msg);
+        sd_vae_free(&v);
+        return;
+    }
+    const sd_st_tensor *x = sd_st_find(st, "x"), *em = sd_st_find(st, "mean");
+    if (CHECK(x && em && x->ndim == 4)) {
+        int n = (int)x->shape[0], h = (int)x->shape[2], w = (int)x->shape[3];
+        size_t nl = em->nbytes / sizeof(float), per = nl / (size_t)n;
+        float *m1 = malloc(nl * sizeof(float)), *s1 = malloc(nl * sizeof(float));
+        float *m2 = malloc(nl * sizeof(float)), *s2 = malloc(nl * sizeof(float));
+        float *ws = malloc(sd_vae_workspace_floats(&v, n, h, w) * sizeof(float));
+        sd_pool *pool = sd_pool_create(2);
+        sd_vae_runner r;
+        if (CHECK(m1 && s1 && m2 && s2 && ws) &&
+            CHECK(sd_vae_encode(&v, sd_backend_cpu(), pool, n, h, w, x->data, m1, s1, ws, &err) == SD_OK) &&
+            CHECK(sd_vae_runner_init(&r, &v, sd_backend_cpu(), pool, &err) == SD_OK)) {
+            CHECK(sd_vae_runner_encode(&r, &v, 1, h, w, x->data, m2, s2, &err) == SD_OK);
+            CHECK(memcmp(m2, m1, per * sizeof(float)) == 0 && memcmp(s2, s1, per * sizeof(float)) == 0);
+            CHECK(sd_vae_runner_encode(&r, &v, n, h, w, x->data, m2, s2, &err) == SD_OK);
+            CHECK(memcmp(m2, m1, nl * sizeof(float)) == 0 && memcmp(s2, s1, nl * sizeof(float)) == 0);
+            double e = 0;
+            for (size_t i = 0; i < nl; i++) e = fmax(e, fabs((double)m2[i] - (double)((const float *)em->data)[i]));
+            CHECK(e < 1e-4);
+            CHECK(sd_vae_runner_encode(&r, &v, 0, h, w, x->data, m2, s2, &err) == SD_EINVAL);
+            sd_vae_runner_free(&r);
+            sd_vae_runner_free(&r); /* twice is harmless */
+        }
+        sd_pool_destroy(pool);
+        free(m1);
+        free(s1);
+        free(m2);
+        free(s2);
+        free(ws);
+    }
+    sd_st_close(st);
+    sd_vae_free(&v);
+}
+
 int main(void)
 {
     check_complete(sd_backend_cpu());
@@ -172,5 +229,6 @@ int main(void)
     test_through_table();
     test_transpose();
     test_gauss_std();
+    test_vae_runner();
     return check_done("test_backend");
 }

@@ -499,22 +499,18 @@ static int check_vae(const target *t, const char *dir, double tol)
     }
     int n = (int)x->shape[0], h = (int)x->shape[2], w = (int)x->shape[3];
     size_t nl = em->nbytes / sizeof(float), ws = sd_vae_workspace_floats(&v, n, h, w);
-    const sd_backend *be = t->be;
-    float *dp = be->alloc(t->ex, v.w.total * sizeof(float)), *dx = be->alloc(t->ex, x->nbytes);
-    float *dm = be->alloc(t->ex, nl * sizeof(float)), *ds = be->alloc(t->ex, nl * sizeof(float));
-    float *dws = be->alloc(t->ex, ws * sizeof(float));
     float *m = malloc(nl * sizeof(float)), *s = malloc(nl * sizeof(float));
     float *cm = malloc(nl * sizeof(float)), *cs = malloc(nl * sizeof(float)), *cws = malloc(ws * sizeof(float));
     int rc = -1;
-    if (dp && dx && dm && ds && dws && m && s && cm && cs && cws) {
-        be->h2d(t->ex, dp, v.w.data, v.w.total * sizeof(float));
-        be->h2d(t->ex, dx, x->data, x->nbytes);
+    sd_vae_runner r = {0};
+    if (!m || !s || !cm || !cs || !cws) {
+        fprintf(stderr, "sd-selftest: golden VAE: out of memory\n");
+    } else {
+        /* the runner: what a tool uses to encode host images on a backend */
         double t0 = sd_now();
-        sd_status r1 = sd_vae_encode_on(&v, be, t->ex, dp, n, h, w, dx, dm, ds, dws, &err);
+        sd_status r1 = sd_vae_runner_init(&r, &v, t->be, t->ex, &err);
+        if (!r1) r1 = sd_vae_runner_encode(&r, &v, n, h, w, x->data, m, s, &err);
         double dt = sd_now() - t0;
-        be->d2h(t->ex, m, dm, nl * sizeof(float));
-        be->d2h(t->ex, s, ds, nl * sizeof(float));
-        if (!r1) r1 = be->sync(t->ex, &err);
         sd_status r2 = r1 ? r1 : sd_vae_encode(&v, sd_backend_cpu(), NULL, n, h, w, x->data, cm, cs, cws, &err);
         if (r1 || r2) {
             fprintf(stderr, "sd-selftest: golden VAE encode: %s\n", err.msg);
@@ -528,14 +524,8 @@ static int check_vae(const target *t, const char *dir, double tol)
             printf("golden VAE (%s, %dx3x%dx%d, %.3f s): max error vs diffusers %.2e, vs CPU %.2e  %s\n", dir, n, h,
                    w, dt, g.abs, c.abs, rc ? "pass" : "FAIL");
         }
-    } else {
-        fprintf(stderr, "sd-selftest: golden VAE: out of memory\n");
     }
-    be->release(t->ex, dp);
-    be->release(t->ex, dx);
-    be->release(t->ex, dm);
-    be->release(t->ex, ds);
-    be->release(t->ex, dws);
+    sd_vae_runner_free(&r);
     free(m);
     free(s);
     free(cm);

@@ -1,0 +1,82 @@
+/* The VAE encoder on any backend from host buffers: the parameters are
+ * copied into the backend's memory once, the workspace and the image and
+ * latent buffers live there and grow on demand, and each call copies a
+ * batch in, encodes it and copies the moments back. This is what a tool
+ * needs to switch from the CPU to a GPU (sd-latents --device cuda:K):
+ * replace sd_vae_encode by sd_vae_runner_encode. On the CPU backend the
+ * copies are memcpy and the results equal sd_vae_encode's bit for bit. */
+#include <string.h>
+
+#include "vae.h"
+
+/* Release one buffer of the runner and clear its pointer. */
+static void drop(sd_vae_runner *r, float **p)
+{
+    if (*p) r->be->release(r->exec, *p);
+    *p = NULL;
+}
+
+/* *p holds at least `need` floats afterwards (contents not kept). */
+static sd_status grow(sd_vae_runner *r, float **p, size_t *cap, size_t need, const char *what, sd_error *err)
+{
+    if (*p && *cap >= need) return SD_OK;
+    drop(r, p);
+    *cap = 0;
+    *p = r->be->alloc(r->exec, need * sizeof(float));
+    if (!*p) {
+        sd_error why = {0};
+        sd_status st = r->be->sync(r->exec, &why); /* a device backend has the reason */
+        return sd_err_set(err, SD_ENOMEM, "VAE on %s: cannot allocate the %s (%zu MiB)%s%s", r->be->name, what,
+                          need * sizeof(float) >> 20, st ? ": " : "", st ? why.msg : "");
+    }
+    *cap = need;
+    return SD_OK;
+}
+
+/* Parameters into the backend's memory. */
+sd_status sd_vae_runner_init(sd_vae_runner *r, const sd_vae *v, const sd_backend *be, void *exec, sd_error *err)
+{
+    memset(r, 0, sizeof *r);
+    r->be = be;
+    r->exec = exec;
+    size_t cap = 0;
+    sd_status st = grow(r, &r->params, &cap, v->w.total, "parameters", err);
+    if (st) return st;
+    be->h2d(exec, r->params, v->w.data, v->w.total * sizeof(float));
+    return be->sync(exec, err);
+}
+
+/* x [n, 3, h, w] in host memory -> mean, std [n, latent, lh, lw] in host
+ * memory, through the backend. */
+sd_status sd_vae_runner_encode(sd_vae_runner *r, const sd_vae *v, int n, int h, int w, const float *x, float *mean,
+                               float *std, sd_error *err)
+{
+    if (n < 1 || h < 3 || w < 3) return sd_err_set(err, SD_EINVAL, "VAE encode: bad input size %dx%dx%d", n, h, w);
+    int lh, lw;
+    sd_vae_latent_size(&v->cfg, h, w, &lh, &lw);
+    size_t px = (size_t)n * 3 * (size_t)h * (size_t)w;
+    size_t lat = (size_t)n * (size_t)v->cfg.latent_channels * (size_t)lh * (size_t)lw;
+    sd_status st = grow(r, &r->ws, &r->ws_cap, sd_vae_workspace_floats(v, n, h, w), "workspace", err);
+    if (!st) st = grow(r, &r->x, &r->x_cap, px, "image buffer", err);
+    if (!st) st = grow(r, &r->mean, &r->mean_cap, lat, "latent buffer", err);
+    if (!st) st = grow(r, &r->std, &r->std_cap, lat, "latent buffer", err);
+    if (st) return st;
+    r->be->h2d(r->exec, r->x, x, px * sizeof(float));
+    st = sd_vae_encode_on(v, r->be, r->exec, r->params, n, h, w, r->x, r->mean, r->std, r->ws, err);
+    if (st) return st;
+    r->be->d2h(r->exec, mean, r->mean, lat * sizeof(float));
+    r->be->d2h(r->exec, std, r->std, lat * sizeof(float));
+    return r->be->sync(r->exec, err);
+}
+
+/* Everything the runner holds in the backend's memory. */
+void sd_vae_runner_free(sd_vae_runner *r)
+{
+    if (!r->be) return;
+    drop(r, &r->params);
+    drop(r, &r->ws);
+    drop(r, &r->x);
+    drop(r, &r->mean);
+    drop(r, &r->std);
+    r->ws_cap = r->x_cap = r->mean_cap = r->std_cap = 0;
+}
