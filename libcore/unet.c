@@ -29,6 +29,13 @@ static size_t take(plan *p, size_t n)
     return off;
 }
 
+/* Reserve an op's output of n floats. */
+static void take_y(plan *p, sd_unet_op *o, size_t n)
+{
+    o->y = take(p, n);
+    o->ny = n;
+}
+
 /* Append an op record with no tensors yet; NULL (and the error set) when
  * out of memory, after which every later push fails too. */
 static sd_unet_op *push(plan *p, sd_unet_op_kind kind)
@@ -77,7 +84,7 @@ static size_t op_conv(plan *p, const sd_unet_conv *cv, int n, int h, int w, int 
     o->x = x;
     o->w = cv->w;
     o->b = cv->b;
-    o->y = take(p, (size_t)n * (size_t)cv->cout * (size_t)yh * (size_t)yw);
+    take_y(p, o, (size_t)n * (size_t)cv->cout * (size_t)yh * (size_t)yw);
     if (oh) *oh = yh;
     if (ow) *ow = yw;
     return o->y;
@@ -96,7 +103,7 @@ static size_t op_gn(plan *p, const sd_unet_norm *nm, int n, int c, int hw, float
     o->b = nm->b;
     o->s1 = take(p, (size_t)n * (size_t)s.groups);
     o->s2 = take(p, (size_t)n * (size_t)s.groups);
-    o->y = take(p, (size_t)n * (size_t)c * (size_t)hw);
+    take_y(p, o, (size_t)n * (size_t)c * (size_t)hw);
     return o->y;
 }
 
@@ -111,7 +118,7 @@ static size_t op_linear(plan *p, const sd_unet_linear *l, int m, size_t x)
     o->x = x;
     o->w = l->w;
     o->b = l->b;
-    o->y = take(p, (size_t)m * (size_t)l->out);
+    take_y(p, o, (size_t)m * (size_t)l->out);
     return o->y;
 }
 
@@ -123,7 +130,7 @@ static size_t op_elem(plan *p, sd_unet_op_kind kind, size_t n, size_t x, size_t 
     o->s.n = n;
     o->x = x;
     o->x2 = x2;
-    o->y = take(p, n);
+    take_y(p, o, n);
     return o->y;
 }
 
@@ -140,19 +147,32 @@ static size_t op_ln(plan *p, const sd_unet_norm *nm, int m, int c, size_t x)
     o->b = nm->b;
     o->s1 = take(p, (size_t)m);
     o->s2 = take(p, (size_t)m);
-    o->y = take(p, (size_t)m * (size_t)c);
+    take_y(p, o, (size_t)m * (size_t)c);
     return o->y;
 }
 
-/* y [a, c, b, d] = x [a, b, c, d]. */
+/* y [n, cols, rows] = x [n, rows, cols]. */
+static size_t op_trans(plan *p, int n, int rows, int cols, size_t x)
+{
+    sd_unet_op *o = push(p, UOP_TRANS);
+    if (!o) return 0;
+    o->s.tr.n = n;
+    o->s.tr.rows = rows;
+    o->s.tr.cols = cols;
+    o->x = x;
+    take_y(p, o, (size_t)n * (size_t)rows * (size_t)cols);
+    return o->y;
+}
+
+/* y [a, c, b, d] = x [a, b, c, d] with the backend's transpose: one for
+ * d = 1; else [a, b, c*d] -> [a, c*d, b] = [a, c, d, b], then each (a, c)
+ * block [d, b] -> [b, d]. With b or c of 1 the layout is already right. */
 static size_t op_swap(plan *p, int a, int b, int c, int d, size_t x)
 {
-    sd_unet_op *o = push(p, UOP_SWAP);
-    if (!o) return 0;
-    o->s.sw = (sd_unet_swap_shape){a, b, c, d};
-    o->x = x;
-    o->y = take(p, (size_t)a * (size_t)b * (size_t)c * (size_t)d);
-    return o->y;
+    if (b == 1 || c == 1) return x;
+    if (d == 1) return op_trans(p, a, b, c, x);
+    size_t t = op_trans(p, a, b, c * d, x);
+    return op_trans(p, a * c, d, b, t);
 }
 
 /* y = [a | b] along channels of [n, c1, hw] and [n, c2, hw]. */
@@ -165,7 +185,7 @@ static size_t op_concat(plan *p, int n, int c1, int c2, int hw, size_t a, size_t
     o->s.cat = s;
     o->x = a;
     o->x2 = b;
-    o->y = take(p, (size_t)n * (size_t)(c1 + c2) * (size_t)hw);
+    take_y(p, o, (size_t)n * (size_t)(c1 + c2) * (size_t)hw);
     return o->y;
 }
 
@@ -180,7 +200,7 @@ static size_t op_temb(plan *p, int n, int dim, size_t x)
     if (!o) return 0;
     o->s.temb = s;
     o->x = x;
-    o->y = take(p, (size_t)n * (size_t)dim);
+    take_y(p, o, (size_t)n * (size_t)dim);
     return o->y;
 }
 
@@ -207,7 +227,7 @@ static size_t attention(plan *p, const sd_unet_linear *wq, const sd_unet_linear 
     o->x2 = kh;
     o->x3 = vh;
     o->s1 = take(p, (size_t)n * (size_t)heads * (size_t)tq);
-    o->y = take(p, (size_t)n * (size_t)inner * (size_t)tq);
+    take_y(p, o, (size_t)n * (size_t)inner * (size_t)tq);
     size_t merged = op_swap(p, n, heads, tq, d, o->y);
     return op_linear(p, wo, n * tq, merged);
 }
@@ -232,7 +252,7 @@ static size_t tblock(plan *p, const sd_unet_tblock *b, int heads, int n, int t, 
     o->s.gg.m = (size_t)n * (size_t)t;
     o->s.gg.n = (size_t)b->ff1.out / 2;
     o->x = f1;
-    o->y = take(p, o->s.gg.m * o->s.gg.n);
+    take_y(p, o, o->s.gg.m * o->s.gg.n);
     size_t f2 = op_linear(p, &b->ff2, n * t, o->y);
     return op_elem(p, UOP_ADD, m, h, f2);
 }
@@ -273,7 +293,7 @@ static size_t resnet(plan *p, const sd_unet_resnet *r, int n, int h, int w, size
     o->s.bc.hw = hw;
     o->x = a;
     o->x2 = tp;
-    o->y = take(p, cells);
+    take_y(p, o, cells);
     a = op_gn(p, &r->n2, n, r->cout, hw, c->eps, o->y);
     a = op_elem(p, UOP_SILU, cells, a, SIZE_MAX);
     a = op_conv(p, &r->c2, n, h, w, 1, a, NULL, NULL);
@@ -378,7 +398,7 @@ sd_status sd_unet_plan(const sd_unet *u, int n, int h, int w, int tctx, sd_unet_
             o->s.up.h = h;
             o->s.up.w = w;
             o->x = x;
-            o->y = take(&p, (size_t)n * (size_t)ch * (size_t)h * (size_t)w * 4);
+            take_y(&p, o, (size_t)n * (size_t)ch * (size_t)h * (size_t)w * 4);
             h *= 2;
             w *= 2;
             x = op_conv(&p, &u->up_conv[i], n, h, w, 1, o->y, NULL, NULL);
@@ -388,6 +408,7 @@ sd_status sd_unet_plan(const sd_unet *u, int n, int h, int w, int tctx, sd_unet_
     x = op_elem(&p, UOP_SILU, (size_t)n * (size_t)ch * (size_t)h * (size_t)w, x, SIZE_MAX);
     g->out = op_conv(&p, &u->conv_out, n, h, w, 1, x, NULL, NULL);
     if (!p.rc && sk.n != 0) p.rc = sd_err_set(err, SD_EINVAL, "UNet plan: %d skip connections left over", sk.n);
+    if (!p.rc) p.rc = sd_unet_plan_grads(g, err);
     if (p.rc) sd_unet_graph_free(g);
     return p.rc;
 }
@@ -400,58 +421,6 @@ void sd_unet_graph_free(sd_unet_graph *g)
     g->nops = g->cap = 0;
 }
 
-/* Work of one swap call, split over output rows. */
-typedef struct {
-    const sd_unet_swap_shape *s;
-    float *out;
-    const float *in;
-} swap_ctx;
-
-/* Forward: unit u = (i, k) is output row y[i][k][:][:], gathered from
- * x[i][:][k][:]. */
-static void swap_fwd_range(void *vctx, int worker, size_t begin, size_t end)
-{
-    const swap_ctx *c = vctx;
-    size_t B = (size_t)c->s->b, C = (size_t)c->s->c, D = (size_t)c->s->d;
-    (void)worker;
-    for (size_t u = begin; u < end; u++) {
-        size_t i = u / C, k = u % C;
-        const float *x = c->in + i * B * C * D + k * D;
-        float *y = c->out + u * B * D;
-        for (size_t j = 0; j < B; j++) memcpy(y + j * D, x + j * C * D, D * sizeof(float));
-    }
-}
-
-/* y [a, c, b, d] = x [a, b, c, d], each thread owning whole output rows. */
-void sd_unet_swap_fwd(sd_pool *pool, const sd_unet_swap_shape *s, float *y, const float *x)
-{
-    swap_ctx c = {.s = s, .out = y, .in = x};
-    sd_pool_for(pool, (size_t)s->a * (size_t)s->c, swap_fwd_range, &c);
-}
-
-/* Backward: unit u = (i, j) is the gradient row dx[i][j][:][:], added from
- * dy[i][:][j][:]. */
-static void swap_bwd_range(void *vctx, int worker, size_t begin, size_t end)
-{
-    const swap_ctx *c = vctx;
-    size_t B = (size_t)c->s->b, C = (size_t)c->s->c, D = (size_t)c->s->d;
-    (void)worker;
-    for (size_t u = begin; u < end; u++) {
-        size_t i = u / B, j = u % B;
-        const float *dy = c->in + i * B * C * D + j * D;
-        float *dx = c->out + u * C * D;
-        for (size_t k = 0; k < C; k++)
-            for (size_t e = 0; e < D; e++) dx[k * D + e] += dy[k * B * D + e];
-    }
-}
-
-/* dx [a, b, c, d] += dy [a, c, b, d] swapped back. */
-void sd_unet_swap_bwd(sd_pool *pool, const sd_unet_swap_shape *s, float *dx, const float *dy)
-{
-    swap_ctx c = {.s = s, .out = dx, .in = dy};
-    sd_pool_for(pool, (size_t)s->a * (size_t)s->b, swap_bwd_range, &c);
-}
-
 /* A parameter pointer, or NULL for an absent bias. */
 static const float *param(const float *params, size_t off)
 {
@@ -459,7 +428,7 @@ static const float *param(const float *params, size_t off)
 }
 
 /* Run every planned op in order. */
-void sd_unet_forward(const sd_unet *u, const sd_unet_graph *g, const sd_backend *be, sd_pool *pool,
+void sd_unet_forward(const sd_unet *u, const sd_unet_graph *g, const sd_backend *be, void *exec,
                      const float *params, float *act)
 {
     (void)u;
@@ -468,23 +437,23 @@ void sd_unet_forward(const sd_unet *u, const sd_unet_graph *g, const sd_backend 
         float *y = act + o->y;
         const float *x = act + o->x;
         switch (o->kind) {
-        case UOP_CONV: be->conv2d_fwd(pool, &o->s.conv, y, x, params + o->w, param(params, o->b)); break;
+        case UOP_CONV: be->conv2d_fwd(exec, &o->s.conv, y, x, params + o->w, param(params, o->b)); break;
         case UOP_GN:
-            be->group_norm_fwd(pool, &o->s.gn, y, act + o->s1, act + o->s2, x, params + o->w, params + o->b);
+            be->group_norm_fwd(exec, &o->s.gn, y, act + o->s1, act + o->s2, x, params + o->w, params + o->b);
             break;
-        case UOP_LINEAR: be->linear_fwd(pool, &o->s.lin, y, x, params + o->w, param(params, o->b)); break;
-        case UOP_SILU: be->silu_fwd(pool, o->s.n, y, x); break;
-        case UOP_ADD: be->add_fwd(pool, o->s.n, y, x, act + o->x2); break;
-        case UOP_UP2X: be->upsample2x_fwd(pool, o->s.up.planes, o->s.up.h, o->s.up.w, y, x); break;
-        case UOP_ATTN: be->attn_fwd(pool, &o->s.attn, y, act + o->s1, x, act + o->x2, act + o->x3); break;
+        case UOP_LINEAR: be->linear_fwd(exec, &o->s.lin, y, x, params + o->w, param(params, o->b)); break;
+        case UOP_SILU: be->silu_fwd(exec, o->s.n, y, x); break;
+        case UOP_ADD: be->add_fwd(exec, o->s.n, y, x, act + o->x2); break;
+        case UOP_UP2X: be->upsample2x_fwd(exec, o->s.up.planes, o->s.up.h, o->s.up.w, y, x); break;
+        case UOP_ATTN: be->attn_fwd(exec, &o->s.attn, y, act + o->s1, x, act + o->x2, act + o->x3); break;
         case UOP_LN:
-            be->layer_norm_fwd(pool, &o->s.ln, y, act + o->s1, act + o->s2, x, params + o->w, params + o->b);
+            be->layer_norm_fwd(exec, &o->s.ln, y, act + o->s1, act + o->s2, x, params + o->w, params + o->b);
             break;
-        case UOP_GEGLU: be->geglu_fwd(pool, o->s.gg.m, o->s.gg.n, y, x); break;
-        case UOP_CONCAT: be->concat_fwd(pool, &o->s.cat, y, x, act + o->x2); break;
-        case UOP_BCAST: be->add_bcast_channel_fwd(pool, o->s.bc.n, o->s.bc.c, o->s.bc.hw, y, x, act + o->x2); break;
-        case UOP_TEMB: be->timestep_emb_fwd(pool, &o->s.temb, y, x); break;
-        case UOP_SWAP: sd_unet_swap_fwd(pool, &o->s.sw, y, x); break;
+        case UOP_GEGLU: be->geglu_fwd(exec, o->s.gg.m, o->s.gg.n, y, x); break;
+        case UOP_CONCAT: be->concat_fwd(exec, &o->s.cat, y, x, act + o->x2); break;
+        case UOP_BCAST: be->add_bcast_channel_fwd(exec, o->s.bc.n, o->s.bc.c, o->s.bc.hw, y, x, act + o->x2); break;
+        case UOP_TEMB: be->timestep_emb_fwd(exec, &o->s.temb, y, x); break;
+        case UOP_TRANS: be->transpose_fwd(exec, o->s.tr.n, o->s.tr.rows, o->s.tr.cols, y, x); break;
         }
     }
 }

@@ -164,7 +164,8 @@ typedef struct sd_unet_op sd_unet_op;
 typedef struct {
     sd_unet_op *ops;
     size_t nops, cap;
-    size_t nact;   /* floats of the activation buffer (and of its gradient) */
+    size_t nact;   /* floats of the activation buffer */
+    size_t ndact;  /* floats of the activation-gradient buffer */
     size_t nconst; /* floats of the inputs at the start */
     size_t x;      /* [n, in_channels, h, w] noisy latents */
     size_t t;      /* [n] timesteps (float) */
@@ -181,18 +182,21 @@ sd_status sd_unet_plan(const sd_unet *u, int n, int h, int w, int tctx, sd_unet_
 void sd_unet_graph_free(sd_unet_graph *g);
 
 /* Run the planned ops over act (g->nact floats, inputs written) with the
- * parameters params (u->w.total floats; u->w.data or a device copy). */
-void sd_unet_forward(const sd_unet *u, const sd_unet_graph *g, const sd_backend *be, sd_pool *pool,
+ * parameters params (u->w.total floats; u->w.data or a device copy). Every
+ * tensor is touched through the backend table only (exec is its context:
+ * the sd_pool * on the CPU), so act and params may be device memory. */
+void sd_unet_forward(const sd_unet *u, const sd_unet_graph *g, const sd_backend *be, void *exec,
                      const float *params, float *act);
 
 /* ---- backward (unet_bwd.c) -------------------------------------------------- */
 
-/* Given act from sd_unet_forward and dout [n, out_channels, h, w], zero
- * dact (g->nact floats, scratch) and run every op's backward in reverse,
+/* Given act from sd_unet_forward and dout [n, out_channels, h, w] (both in
+ * the backend's memory), run every op's backward in reverse with dact
+ * (g->ndact floats, scratch, no need to clear) for the activations' gradients,
  * ADDING the parameter gradients into dparams (u->w.total floats, same
  * offsets as params; the caller zeroes it once per optimizer step, so
  * gradient accumulation is a sum over micro-batches). */
-void sd_unet_backward(const sd_unet *u, const sd_unet_graph *g, const sd_backend *be, sd_pool *pool,
+void sd_unet_backward(const sd_unet *u, const sd_unet_graph *g, const sd_backend *be, void *exec,
                       const float *params, const float *act, float *dact, const float *dout, float *dparams);
 
 #endif

@@ -21,12 +21,8 @@ typedef enum {
     UOP_CONCAT, /* y = channel concat of x, x2 */
     UOP_BCAST,  /* y = x + x2 broadcast over each channel plane */
     UOP_TEMB,   /* y = sinusoidal embedding of x (timesteps) */
-    UOP_SWAP    /* y [a, c, b, d] = x [a, b, c, d] (NCHW <-> tokens, heads) */
+    UOP_TRANS   /* y [n, cols, rows] = x [n, rows, cols] (NCHW <-> tokens, heads) */
 } sd_unet_op_kind;
-
-typedef struct {
-    int a, b, c, d;
-} sd_unet_swap_shape;
 
 struct sd_unet_op {
     sd_unet_op_kind kind;
@@ -38,7 +34,9 @@ struct sd_unet_op {
         sd_ln_shape ln;
         sd_concat_shape cat;
         sd_temb_shape temb;
-        sd_unet_swap_shape sw;
+        struct {
+            int n, rows, cols;   /* transpose */
+        } tr;
         size_t n;                /* silu, add: elements */
         struct {
             size_t m, n;         /* geglu: rows, output columns */
@@ -51,13 +49,20 @@ struct sd_unet_op {
         } bc;
     } s;
     size_t x, x2, x3; /* inputs */
-    size_t y;         /* output */
+    size_t y, ny;     /* output and its floats */
     size_t s1, s2;    /* saved statistics */
     size_t w, b;      /* parameters, SIZE_MAX when absent */
+    /* backward: gradient offsets in dact of the output and the inputs
+     * (SIZE_MAX: no gradient), and which input gradients start here (their
+     * last reader in the forward order is this op: zeroed before it adds) */
+    size_t gy, gx, gx2, gx3;
+    unsigned zero; /* bit 0: gx, bit 1: gx2, bit 2: gx3 */
 };
 
-/* The host-side layout op behind UOP_SWAP (no backend slot yet). */
-void sd_unet_swap_fwd(sd_pool *pool, const sd_unet_swap_shape *s, float *y, const float *x);
-void sd_unet_swap_bwd(sd_pool *pool, const sd_unet_swap_shape *s, float *dx, const float *dy);
+/* Lay out the gradient buffer (unet_bwd.c): each activation's gradient
+ * lives from its last reader's backward to its producer's, and blocks of
+ * gradients no longer live are reused; sets the ops' g* offsets, their zero
+ * bits and g->ndact. */
+sd_status sd_unet_plan_grads(sd_unet_graph *g, sd_error *err);
 
 #endif

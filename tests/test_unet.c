@@ -90,7 +90,7 @@ static int run(const sd_unet *u, const golden *g, int threads, result *r)
         return 0;
     }
     sd_pool *pool = threads > 1 ? sd_pool_create(threads) : NULL;
-    float *act = calloc(gr.nact, sizeof(float)), *dact = malloc(gr.nact * sizeof(float));
+    float *act = calloc(gr.nact, sizeof(float)), *dact = malloc(gr.ndact * sizeof(float));
     r->nout = g->out->nbytes / 4;
     r->out = malloc(r->nout * sizeof(float));
     r->grad = calloc(u->w.total, sizeof(float));

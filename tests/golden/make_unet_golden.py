@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Golden files for the UNet (libcore/unet*.c), run by hand, not in CI:
-    python3 tests/golden/make_unet_golden.py
+"""Golden files for the UNet (libcore/unet*.c) and the trainer's math
+(trainer/), run by hand, not in CI:
+    python3 tests/golden/make_unet_golden.py [unet] [train]
 (needs torch, diffusers, safetensors, numpy from PyPI).
 
 For three tiny UNet2DConditionModel configs with random weights it writes,
@@ -20,6 +21,10 @@ under tests/golden/unet/<name>/:
       per line) plus a few gradients in full (grad.<name>). diffusers
       computes all of it in float64 from the same weights (its timestep
       embedding stays float32, as in any dtype).
+
+  sd1/train.safetensors  the training math on the sd1 model (see
+      make_train): losses, gradient norms and parameter changes after AdamW
+      steps, as diffusers' train_text_to_image.py computes them
 
 Weights are rounded to 8 significant bits so fp16 and bf16 hold them
 exactly: both files describe the same model.
@@ -204,9 +209,114 @@ def make(name, cfg):
     print(f"{name}: {sum(p.numel() for p in model.parameters())} parameters, loss {loss.item():.6f}")
 
 
+TRAIN = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, max_grad_norm=0.05, snr_gamma=5.0,
+             steps=[[999, 37], [500, 1], [250, 750]], full=["conv_in.weight", "conv_norm_out.bias"])
+
+
+def param_stats(model, before):
+    """Per parameter (sorted names): L2 norm and projection of the change
+    from `before`, and the change's largest magnitude."""
+    names = sorted(k for k, _ in model.named_parameters())
+    params = dict(model.named_parameters())
+    stats = np.zeros((len(names), 3))
+    for i, k in enumerate(names):
+        dlt = (params[k].detach() - before[k]).numpy().astype(np.float64).reshape(-1)
+        stats[i] = [np.sqrt((dlt * dlt).sum()), (dlt * rvec(dlt.size)).sum(), np.abs(dlt).max()]
+    return names, stats
+
+
+def make_train():
+    """tests/golden/unet/sd1/train.safetensors: the training math of
+    diffusers' train_text_to_image.py on the sd1 model, in float64.
+    eps: 3 steps (epsilon target, clipping at max_grad_norm, AdamW with
+    weight decay), given scaled latents x0, text ctx, and per step noise and
+    timesteps; losses, gradient norms before clipping and the parameter
+    change after the 3 steps (stats as grad_stats, full for a few).
+    v: from the same start, one step with v-prediction, min-SNR-gamma 5 and
+    gradient accumulation over two micro-batches of one sample each."""
+    from diffusers import DDPMScheduler
+    from diffusers.training_utils import compute_snr
+    import torch.nn.functional as F
+
+    d = os.path.join(HERE, "sd1")
+    sched = DDPMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
+                          num_train_timesteps=1000)
+    g = torch.Generator().manual_seed(200)
+    x0 = (torch.randn(2, 4, 16, 16, generator=g) * 0.18215 * 5).float()
+    ctx = torch.randn(2, 5, 8, generator=g).float()
+    noise = [torch.randn(2, 4, 16, 16, generator=g).float() for _ in TRAIN["steps"]]
+    ts = [torch.tensor(t) for t in TRAIN["steps"]]
+
+    def load():
+        m = UNet2DConditionModel.from_pretrained(os.path.join(d, "unet")).double()
+        opt = torch.optim.AdamW(m.parameters(), lr=TRAIN["lr"], betas=TRAIN["betas"], eps=TRAIN["eps"],
+                                weight_decay=TRAIN["weight_decay"])
+        return m, opt, {k: v.detach().clone() for k, v in m.named_parameters()}
+
+    def loss_of(m, pred, i, rows, weighted):
+        sched.register_to_config(prediction_type=pred)
+        x, n, t = x0[rows].double(), noise[i][rows].double(), ts[i][rows]
+        noisy = sched.add_noise(x, n, t)
+        target = n if pred == "epsilon" else sched.get_velocity(x, n, t)
+        out = m(noisy, t, encoder_hidden_states=ctx[rows].double()).sample
+        if not weighted:
+            return F.mse_loss(out, target, reduction="mean")
+        snr = compute_snr(sched, t).double()
+        w = torch.stack([snr, TRAIN["snr_gamma"] * torch.ones_like(t, dtype=torch.float64)], dim=1).min(dim=1)[0]
+        w = w / (snr + 1) if pred == "v_prediction" else w / snr
+        per = F.mse_loss(out, target, reduction="none").mean(dim=[1, 2, 3]) * w
+        return per.mean()
+
+    out = {"x0": x0, "ctx": ctx}
+    for i in range(len(ts)):
+        out[f"noise{i}"] = noise[i]
+        out[f"t{i}"] = ts[i].float()
+
+    m, opt, before = load()
+    losses, norms = [], []
+    for i in range(len(ts)):
+        opt.zero_grad()
+        loss = loss_of(m, "epsilon", i, slice(0, 2), False)
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(m.parameters(), TRAIN["max_grad_norm"]).item())
+        assert norms[-1] > TRAIN["max_grad_norm"], "clipping must be active"
+        opt.step()
+        losses.append(loss.item())
+    names, stats = param_stats(m, before)
+    out["eps_loss"] = torch.tensor(losses, dtype=torch.float64)
+    out["eps_gnorm"] = torch.tensor(norms, dtype=torch.float64)
+    out["eps_stats"] = torch.from_numpy(stats)
+    params = dict(m.named_parameters())
+    for k in TRAIN["full"]:
+        out["eps_delta." + k] = (params[k].detach() - before[k]).float().contiguous()
+
+    m, opt, before = load()
+    opt.zero_grad()
+    total = 0.0
+    for r in range(2):
+        loss = loss_of(m, "v_prediction", 0, slice(r, r + 1), True) / 2
+        loss.backward()
+        total += loss.item()
+    vnorm = torch.nn.utils.clip_grad_norm_(m.parameters(), TRAIN["max_grad_norm"]).item()
+    opt.step()
+    _, vstats = param_stats(m, before)
+    out["v_loss"] = torch.tensor([total], dtype=torch.float64)
+    out["v_gnorm"] = torch.tensor([vnorm], dtype=torch.float64)
+    out["v_stats"] = torch.from_numpy(vstats)
+    meta = {"names": "\n".join(names), "lr": repr(TRAIN["lr"]), "weight_decay": repr(TRAIN["weight_decay"]),
+            "max_grad_norm": repr(TRAIN["max_grad_norm"]), "snr_gamma": repr(TRAIN["snr_gamma"])}
+    save_file({k: v.contiguous() for k, v in out.items()}, os.path.join(d, "train.safetensors"), metadata=meta)
+    print(f"train: eps losses {losses} grad norms {norms}; v loss {total:.6f} grad norm {vnorm:.6f}")
+
+
 def main():
-    for name, cfg in CONFIGS.items():
-        make(name, cfg)
+    import sys
+    what = sys.argv[1:] or ["unet", "train"]
+    if "unet" in what:
+        for name, cfg in CONFIGS.items():
+            make(name, cfg)
+    if "train" in what:
+        make_train()
 
 
 if __name__ == "__main__":

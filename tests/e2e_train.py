@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""End-to-end tests of sd-train on a generated shard (test_train
+--make-shard) with the tiny golden SD1 UNet: a run killed with SIGKILL
+after a checkpoint and rerun (it resumes from -o DIR/latest) ends with
+weights and training state byte-identical to an uninterrupted run; SIGTERM
+saves a checkpoint and exits 0, and the rerun again ends identical;
+metrics lines are written; the checkpoint's unet/ loads back (a second run
+from it trains on); a model from --unet-config alone trains and its loss
+falls; bad usage exits 2.
+Usage: e2e_train.py SD_TRAIN TEST_TRAIN UNET_DIR"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+TRAIN = MAKE = UNET = None
+COMMON = ["--batch", "2", "--accum", "2", "--steps", "10", "--save-every", "2", "--keep", "0", "--seed", "5",
+          "--lr", "1e-3", "--lr-schedule", "cosine", "--warmup", "2", "--dropout", "0.2", "--snr-gamma", "5",
+          "--prediction", "v_prediction", "-j", "1", "-q"]
+
+
+def run(*args, ok=(0,)):
+    """Run sd-train; returns (code, stderr); asserts the code."""
+    p = subprocess.run([TRAIN] + [str(a) for a in args], capture_output=True)
+    if p.returncode not in ok:
+        raise AssertionError("%s -> %d\n%s" % (" ".join(map(str, args)), p.returncode, p.stderr.decode()))
+    return p.returncode, p.stderr.decode()
+
+
+def final(out, step=10):
+    """The bytes of checkpoint-<step>'s weights and state."""
+    d = os.path.join(out, "checkpoint-%d" % step)
+    with open(os.path.join(d, "unet", "diffusion_pytorch_model.safetensors"), "rb") as f:
+        w = f.read()
+    with open(os.path.join(d, "state.safetensors"), "rb") as f:
+        s = f.read()
+    return w, s
+
+
+def latest(out):
+    """The step out/latest names, or -1."""
+    try:
+        with open(os.path.join(out, "latest")) as f:
+            return int(f.read().strip().split("-")[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+class Train(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.shard = os.path.join(cls.tmp.name, "cache.shard")
+        subprocess.run([MAKE, "--make-shard", cls.shard], check=True)
+        cls.ref = os.path.join(cls.tmp.name, "ref")
+        run("--unet", UNET, "-o", cls.ref, "--metrics", os.path.join(cls.tmp.name, "m.jsonl"), *COMMON, cls.shard)
+        cls.want = final(cls.ref)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def interrupted(self, name, sig):
+        """Start a run, send sig once a checkpoint before the end exists,
+        rerun to the end; the result must equal the reference run."""
+        out = os.path.join(self.tmp.name, name)
+        p = subprocess.Popen([TRAIN, "--unet", UNET, "-o", out] + COMMON + [self.shard], stderr=subprocess.PIPE)
+        t0 = time.time()
+        while latest(out) < 2 and p.poll() is None and time.time() - t0 < 120:
+            time.sleep(0.005)
+        p.send_signal(sig)
+        _, err = p.communicate()
+        stopped_at = latest(out)
+        self.assertGreaterEqual(stopped_at, 2, err.decode())
+        if sig == signal.SIGTERM:
+            self.assertEqual(p.returncode, 0, err.decode())
+        else:
+            self.assertEqual(p.returncode, -signal.SIGKILL)
+        self.assertLess(stopped_at, 10, "the run finished before the signal: nothing was tested")
+        run("--unet", UNET, "-o", out, *COMMON, self.shard)
+        got = final(out)
+        self.assertTrue(got[0] == self.want[0], "weights differ from the uninterrupted run")
+        self.assertTrue(got[1] == self.want[1], "training state differs from the uninterrupted run")
+        return stopped_at
+
+    def test_kill_resume(self):
+        self.interrupted("killed", signal.SIGKILL)
+
+    def test_term_resume(self):
+        self.interrupted("termed", signal.SIGTERM)
+
+    def test_metrics(self):
+        with open(os.path.join(self.tmp.name, "m.jsonl")) as f:
+            lines = [json.loads(l) for l in f]
+        self.assertEqual([l["step"] for l in lines], list(range(1, 11)))
+        self.assertEqual(lines[0]["lr"], 0.0)  # warmup starts at 0, as diffusers
+        self.assertTrue(all(l["images"] > 0 and l["loss"] > 0 for l in lines))
+
+    def test_continue_from_checkpoint_unet(self):
+        """A checkpoint's unet/ is a diffusers folder: train on from it."""
+        out = os.path.join(self.tmp.name, "cont")
+        run("--unet", os.path.join(self.ref, "checkpoint-10"), "-o", out, "--steps", "2", "-q", self.shard)
+        self.assertEqual(latest(out), 2)
+
+    def test_from_scratch_loss_falls(self):
+        out = os.path.join(self.tmp.name, "scratch")
+        m = os.path.join(self.tmp.name, "scratch.jsonl")
+        run("--unet-config", os.path.join(UNET, "unet", "config.json"), "--init-seed", "3", "-o", out,
+            "--steps", "60", "--batch", "4", "--lr", "3e-3", "--metrics", m, "-q", self.shard)
+        with open(m) as f:
+            loss = [json.loads(l)["loss"] for l in f]
+        first, last = sum(loss[:10]) / 10, sum(loss[-10:]) / 10
+        print("from scratch: mean loss of steps 1-10 %.4f, 51-60 %.4f" % (first, last), file=sys.stderr)
+        self.assertLess(last, 0.8 * first)
+
+    def test_usage(self):
+        code, err = run("-o", os.path.join(self.tmp.name, "x"), self.shard, ok=(2,))
+        self.assertIn("--unet", err)
+        code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--prediction", "x0", self.shard,
+                        ok=(2,))
+        code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "/nonexistent.shard", ok=(3,))
+
+
+if __name__ == "__main__":
+    TRAIN, MAKE, UNET = sys.argv[1:4]
+    unittest.main(argv=sys.argv[:1], verbosity=2)

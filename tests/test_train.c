@@ -1,0 +1,506 @@
+/* The trainer (trainer/): its math against diffusers' train_text_to_image.py
+ * (tests/golden/unet/sd1/train.safetensors, made by
+ * tests/golden/make_unet_golden.py train): 3 AdamW steps with epsilon
+ * targets and global-norm clipping, and one v-prediction step with
+ * min-SNR-gamma weights and two accumulated micro-batches, on the tiny SD1
+ * UNet, from the same latents, text, noise and timesteps: losses within
+ * 1e-5 and gradient norms within 1e-4 relative, the parameter change of
+ * every tensor (its norm and its projection on a fixed vector) within 1e-3
+ * relative. Then on a generated shard: exact resume (a run stopped at a
+ * checkpoint and continued equals an uninterrupted one bit for bit:
+ * weights, moments, RNG), 1 vs 2 threads bit-identical, corrupt and
+ * unusable records skipped and counted, shards of another VAE refused,
+ * a NaN loss stopping with a checkpoint of the last good state, and the
+ * learning-rate schedules. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "f16.h"
+#include "safetensors.h"
+#include "shard.h"
+#include "train.h"
+
+#ifndef GOLDEN_DIR
+#define GOLDEN_DIR "tests/golden/unet"
+#endif
+
+/* Element i of a float64 golden tensor (its data may not be 8-aligned). */
+static double getd(const sd_st_tensor *t, size_t i)
+{
+    double d;
+    memcpy(&d, (const unsigned char *)t->data + 8 * i, 8);
+    return d;
+}
+
+/* The projection vector of make_unet_golden.py, element i. */
+static double rvec(size_t i)
+{
+    uint32_t u = (uint32_t)((uint64_t)i * 2654435761u + 12345u);
+    return (double)u / 4294967296.0 - 0.5;
+}
+
+/* Options of the golden runs: the sd1 model, torch's AdamW settings. */
+static void golden_opts(sd_train_opts *o, const sd_safetensors *g)
+{
+    static char path[512];
+    sd_train_opts_default(o);
+    snprintf(path, sizeof path, "%s/sd1", GOLDEN_DIR);
+    o->unet = path;
+    o->lr.base = 1e-3;
+    o->adam.weight_decay = 1e-2;
+    o->max_grad_norm = 0.05;
+    o->quiet = 1;
+    (void)g;
+}
+
+/* Every parameter's change from before against the golden statistics;
+ * returns the largest relative errors of norm and projection. */
+static void check_change(const sd_trainer *tr, const float *before, const sd_st_tensor *stats, const char *names,
+                         double *en_max, double *ep_max)
+{
+    const sd_weights *w = &tr->unet.w;
+    size_t np = (size_t)stats->shape[0], seen = 0;
+    const char *p = names;
+    *en_max = *ep_max = 0;
+    for (size_t i = 0; i < np && p && *p; i++) {
+        const char *e = strchr(p, '\n');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        const sd_weight_slot *s = NULL;
+        for (size_t k = 0; k < w->nslots && !s; k++)
+            if (strlen(w->slots[k].name) == len && memcmp(w->slots[k].name, p, len) == 0) s = &w->slots[k];
+        p = e ? e + 1 : p + len;
+        if (!CHECK(s != NULL)) continue;
+        seen++;
+        double nn = 0, pp = 0, rr = 0;
+        for (size_t j = 0; j < s->n; j++) {
+            double d = (double)w->data[s->off + j] - (double)before[s->off + j];
+            nn += d * d;
+            pp += d * rvec(j);
+            rr += rvec(j) * rvec(j);
+        }
+        double ref = getd(stats, 3 * i), en = fabs(sqrt(nn) - ref) / ref;
+        double ep = fabs(pp - getd(stats, 3 * i + 1)) / (ref * sqrt(rr));
+        if (!(en <= *en_max)) *en_max = en;
+        if (!(ep <= *ep_max)) *ep_max = ep;
+        if (!CHECK(en <= 1e-3 && ep <= 1e-3))
+            fprintf(stderr, "%s: change norm %.6e want %.6e (rel %.2e), projection rel %.2e\n", s->name, sqrt(nn), ref,
+                    en, ep);
+    }
+    CHECK(seen == np && seen == w->nslots);
+}
+
+/* The golden training math: eps steps with clipping, then the v step with
+ * min-SNR weights and accumulation. */
+static void test_golden(void)
+{
+    char path[512];
+    sd_error err = {0};
+    sd_safetensors *g = NULL;
+    snprintf(path, sizeof path, "%s/sd1/train.safetensors", GOLDEN_DIR);
+    if (!CHECK(sd_st_open(&g, path, &err) == SD_OK)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return;
+    }
+    const char *names = NULL;
+    for (size_t i = 0; i < sd_st_meta_count(g); i++)
+        if (strcmp(sd_st_meta_at(g, i)->key, "names") == 0) names = sd_st_meta_at(g, i)->value;
+    const sd_st_tensor *x0 = sd_st_find(g, "x0"), *ctx = sd_st_find(g, "ctx");
+    const sd_st_tensor *el = sd_st_find(g, "eps_loss"), *eg = sd_st_find(g, "eps_gnorm");
+    const sd_st_tensor *es = sd_st_find(g, "eps_stats"), *vl = sd_st_find(g, "v_loss");
+    const sd_st_tensor *vg = sd_st_find(g, "v_gnorm"), *vs = sd_st_find(g, "v_stats");
+    if (!CHECK(names && x0 && ctx && el && eg && es && vl && vg && vs)) {
+        sd_st_close(g);
+        return;
+    }
+    sd_train_opts o;
+    golden_opts(&o, g);
+    sd_trainer tr;
+    if (!CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
+        fprintf(stderr, "%s\n", err.msg);
+        sd_st_close(g);
+        return;
+    }
+    size_t np = tr.unet.w.total, per = 4 * 16 * 16;
+    float *before = malloc(np * sizeof(float));
+    memcpy(before, tr.unet.w.data, np * sizeof(float));
+    double worst_l = 0, worst_g = 0;
+    for (int s = 0; s < 3; s++) {
+        char nn[16], tn[16];
+        snprintf(nn, sizeof nn, "noise%d", s);
+        snprintf(tn, sizeof tn, "t%d", s);
+        const sd_st_tensor *nz = sd_st_find(g, nn), *tt = sd_st_find(g, tn);
+        if (!CHECK(nz && tt)) break;
+        const float *tf = tt->data;
+        int t[2] = {(int)tf[0], (int)tf[1]};
+        double loss;
+        CHECK(sd_train_micro(&tr, 2, 16, 16, 5, x0->data, ctx->data, NULL, NULL, nz->data, t, 1.0, &loss, &err) ==
+              SD_OK);
+        double gn = sd_train_apply(&tr);
+        double dl = fabs(loss - getd(el, (size_t)s)) / getd(el, (size_t)s);
+        double dg = fabs(gn - getd(eg, (size_t)s)) / getd(eg, (size_t)s);
+        worst_l = dl > worst_l ? dl : worst_l;
+        worst_g = dg > worst_g ? dg : worst_g;
+        CHECK(dl <= 1e-5);
+        CHECK(dg <= 1e-4);
+    }
+    double en, ep;
+    check_change(&tr, before, es, names, &en, &ep);
+    double ef = 0;
+    static const char *full[] = {"conv_in.weight", "conv_norm_out.bias"};
+    for (int k = 0; k < 2; k++) {
+        char fn[64];
+        snprintf(fn, sizeof fn, "eps_delta.%s", full[k]);
+        const sd_st_tensor *ft = sd_st_find(g, fn);
+        const sd_weight_slot *s = NULL;
+        for (size_t i = 0; i < tr.unet.w.nslots; i++)
+            if (strcmp(tr.unet.w.slots[i].name, full[k]) == 0) s = &tr.unet.w.slots[i];
+        if (!CHECK(ft && s && ft->nbytes == s->n * 4)) continue;
+        const float *want = ft->data;
+        double mx = 0, m = 0;
+        for (size_t j = 0; j < s->n; j++) {
+            double d = (double)tr.unet.w.data[s->off + j] - before[s->off + j];
+            m = fabs(d - want[j]) > m ? fabs(d - want[j]) : m;
+            mx = fabs(want[j]) > mx ? fabs(want[j]) : mx;
+        }
+        ef = m / mx > ef ? m / mx : ef;
+        CHECK(m <= 1e-3 * mx);
+    }
+    printf("golden eps, 3 AdamW steps with clipping: loss %.2e grad norm %.2e change norm %.2e proj %.2e full %.2e\n",
+           worst_l, worst_g, en, ep, ef);
+    sd_trainer_close(&tr);
+
+    /* v-prediction, min-SNR-gamma 5, two micro-batches of one sample */
+    o.pred = SD_PRED_V;
+    o.snr_gamma = 5.0;
+    o.accum = 2;
+    if (!CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
+        free(before);
+        sd_st_close(g);
+        return;
+    }
+    const sd_st_tensor *nz = sd_st_find(g, "noise0"), *tt = sd_st_find(g, "t0");
+    const float *tf = tt->data;
+    double total = 0;
+    for (int r = 0; r < 2; r++) {
+        int t = (int)tf[r];
+        double loss;
+        CHECK(sd_train_micro(&tr, 1, 16, 16, 5, (const float *)x0->data + (size_t)r * per,
+                             (const float *)ctx->data + (size_t)r * 5 * 8, NULL, NULL,
+                             (const float *)nz->data + (size_t)r * per, &t, 0.5, &loss, &err) == SD_OK);
+        total += loss / 2;
+    }
+    double gn = sd_train_apply(&tr);
+    double dl = fabs(total - getd(vl, 0)) / getd(vl, 0), dg = fabs(gn - getd(vg, 0)) / getd(vg, 0);
+    CHECK(dl <= 1e-5);
+    CHECK(dg <= 1e-4);
+    check_change(&tr, before, vs, names, &en, &ep);
+    printf("golden v + min-SNR + accumulation, 1 step:     loss %.2e grad norm %.2e change norm %.2e proj %.2e\n", dl,
+           dg, en, ep);
+    sd_trainer_close(&tr);
+    free(before);
+    sd_st_close(g);
+}
+
+/* ---- a generated shard ---------------------------------------------------- */
+
+/* Deterministic pseudo-random floats for test tensors. */
+static float frand(uint32_t *s)
+{
+    *s = *s * 1664525u + 1013904223u;
+    return (float)((*s >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+/* Put one text record (HIDDEN [5, 8], fp16) under key. */
+static int put_text(sd_shard *s, const uint8_t key[16], uint32_t seed, sd_error *err)
+{
+    uint16_t h[5 * 8];
+    for (int i = 0; i < 40; i++) h[i] = sd_f32_to_f16(frand(&seed));
+    sd_shard_rec r;
+    memset(&r, 0, sizeof r);
+    r.kind = SD_REC_TEXT;
+    r.ntensors = 1;
+    r.t[0] = (sd_shard_tensor){SD_DT_F16, SD_ROLE_HIDDEN, 2, {5, 8, 0, 0}, 0, 0, h};
+    sd_buf b;
+    sd_buf_init(&b);
+    int ok = sd_shard_rec_build(&r, &b, err) == SD_OK && sd_shard_put_text(s, key, b.data, b.len, err) == SD_OK;
+    sd_buf_free(&b);
+    return ok;
+}
+
+/* Kinds of broken records the loader must skip. */
+enum { REC_OK, REC_NAN, REC_NO_TEXT };
+
+/* Put latent record i: bucket bw x bh, mean+std or a sample, maybe flipped,
+ * text key text (zeros: none). */
+static int put_latent(sd_shard *s, int i, uint32_t bw, uint32_t bh, int meanstd, int flip, int kind,
+                      const uint8_t text[16], sd_error *err)
+{
+    char name[32];
+    snprintf(name, sizeof name, "img%03d", i);
+    size_t n = 4 * (bh / 8) * (bw / 8);
+    float *d = malloc(4 * n * sizeof(float));
+    uint32_t seed = (uint32_t)i * 977u + 1u;
+    for (size_t j = 0; j < 4 * n; j++) d[j] = j % (2 * n) >= n ? 0.05f + 0.1f * fabsf(frand(&seed)) : frand(&seed);
+    if (kind == REC_NAN) d[3] = NAN;
+    sd_shard_rec r;
+    memset(&r, 0, sizeof r);
+    r.kind = SD_REC_LATENT;
+    r.flags = (uint16_t)((meanstd ? SD_REC_F_MEANSTD : 0) | (flip ? SD_REC_F_FLIPPED : 0));
+    r.orig_w = 100 + (uint32_t)i;
+    r.orig_h = 80;
+    r.bucket_w = bw;
+    r.bucket_h = bh;
+    r.crop[0] = 2;
+    r.crop[1] = 1;
+    r.crop[2] = bw + 2;
+    r.crop[3] = bh + 1;
+    memcpy(r.text_ref, text, 16);
+    r.name = name;
+    r.name_len = strlen(name);
+    int roles[4] = {meanstd ? SD_ROLE_MEAN : SD_ROLE_SAMPLE, meanstd ? SD_ROLE_STD : SD_ROLE_SAMPLE_FLIP,
+                    SD_ROLE_MEAN_FLIP, SD_ROLE_STD_FLIP};
+    int nt = (1 + meanstd) * (1 + flip);
+    for (int k = 0; k < nt; k++)
+        r.t[k] = (sd_shard_tensor){SD_DT_F32, (uint8_t)roles[k], 3, {4, bh / 8, bw / 8, 0}, 0, 0, d + (size_t)k * n};
+    r.ntensors = nt;
+    sd_buf b;
+    sd_buf_init(&b);
+    uint8_t key[16] = {0};
+    memcpy(key, name, strlen(name));
+    int ok = sd_shard_rec_build(&r, &b, err) == SD_OK && sd_shard_put(s, key, 16, b.data, b.len, err) == SD_OK;
+    sd_buf_free(&b);
+    free(d);
+    return ok;
+}
+
+/* A shard of 14 records in two buckets (64x64 and 64x32 pixels), mixed
+ * mean+std / sample / flipped records, one with a NaN and one whose text
+ * is missing, captions shared by pairs, the empty caption's embedding. */
+static int make_shard(const char *path, const char *scale, sd_error *err)
+{
+    sd_shard *s = NULL;
+    sd_shard_opts so = {SD_SHARD_CREATE | SD_SHARD_NOSYNC, 1 << 20, 0};
+    if (sd_shard_open(&s, path, &so, err)) return 0;
+    int ok = sd_shard_meta_set(s, SD_SHARD_META_SCALING, scale, err) == SD_OK &&
+             sd_shard_meta_set(s, SD_SHARD_META_MODEL, "test-vae", err) == SD_OK &&
+             sd_shard_meta_set(s, "empty_text", "ee000000000000000000000000000000", err) == SD_OK;
+    uint8_t empty[16] = {0xee};
+    ok = ok && put_text(s, empty, 99, err);
+    for (int i = 0; i < 14 && ok; i++) {
+        uint8_t text[16] = {0};
+        text[0] = (uint8_t)(1 + i / 2);
+        ok = put_text(s, text, (uint32_t)i / 2 + 5, err);
+        int kind = i == 5 ? REC_NAN : i == 9 ? REC_NO_TEXT : REC_OK;
+        if (kind == REC_NO_TEXT) text[1] = 0x55;
+        ok = ok && put_latent(s, i, 64, i % 3 ? 64 : 32, i % 4 != 0, i % 2, kind, text, err);
+    }
+    return sd_shard_close(s, err) == SD_OK && ok;
+}
+
+/* Options of the shard runs: everything that draws random numbers on. */
+static void shard_opts(sd_train_opts *o, const char *const *shards, const char *out, long steps, int threads)
+{
+    static char path[512];
+    sd_train_opts_default(o);
+    snprintf(path, sizeof path, "%s/sd1", GOLDEN_DIR);
+    o->unet = path;
+    o->shards = shards;
+    o->nshards = 1;
+    o->batch = 2;
+    o->accum = 2;
+    o->dropout = 0.25;
+    o->snr_gamma = 5;
+    o->noise_offset = 0.05;
+    o->pred = SD_PRED_V;
+    o->lr = (sd_lr_sched){SD_LR_COSINE, 1e-3, 2, 6};
+    o->max_steps = steps;
+    o->out_dir = out;
+    o->keep = 0;
+    o->seed = 7;
+    o->threads = threads;
+    o->quiet = 1;
+}
+
+/* Run a trainer to o->max_steps (optionally resuming from out first) and
+ * keep its weights and moments; 0 on failure. */
+static int train(const sd_train_opts *o, int resume, float **w, float **m, float **v, size_t *n, sd_tally *tally)
+{
+    sd_trainer tr;
+    sd_error err = {0};
+    if (!CHECK(sd_trainer_open(&tr, o, &err) == SD_OK)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 0;
+    }
+    int ok = 1;
+    if (resume) ok = CHECK(sd_train_resume(&tr, o->out_dir, &err) == SD_OK);
+    if (ok) ok = CHECK(sd_train_run(&tr, NULL, &err) == SD_OK);
+    if (!ok) fprintf(stderr, "%s\n", err.msg);
+    CHECK(tr.step == o->max_steps);
+    *n = tr.unet.w.total;
+    *w = malloc(*n * sizeof(float));
+    *m = malloc(*n * sizeof(float));
+    *v = malloc(*n * sizeof(float));
+    memcpy(*w, tr.unet.w.data, *n * sizeof(float));
+    memcpy(*m, tr.m, *n * sizeof(float));
+    memcpy(*v, tr.v, *n * sizeof(float));
+    if (tally) *tally = tr.tally;
+    sd_trainer_close(&tr);
+    return ok;
+}
+
+/* rm -r of the test directories (our own files only). */
+static void rmtree(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
+/* Exact resume, thread determinism, skipped records, refused shards, NaN. */
+static void test_shard_runs(void)
+{
+    char dir[] = "/tmp/sdtk_train_XXXXXX", shard[600], other[600], a[600], b[600], c[600];
+    sd_error err = {0};
+    if (!CHECK(mkdtemp(dir) != NULL)) return;
+    snprintf(shard, sizeof shard, "%s/cache.shard", dir);
+    snprintf(other, sizeof other, "%s/other.shard", dir);
+    snprintf(a, sizeof a, "%s/runA", dir);
+    snprintf(b, sizeof b, "%s/runB", dir);
+    snprintf(c, sizeof c, "%s/runC", dir);
+    if (!CHECK(make_shard(shard, "0.18215", &err) && make_shard(other, "0.13025", &err))) {
+        fprintf(stderr, "%s\n", err.msg);
+        rmtree(dir);
+        return;
+    }
+    const char *shards[2] = {shard, other};
+    sd_data d;
+    if (CHECK(sd_data_open(&d, shards, 1, 2, 7, 0, &err) == SD_OK)) {
+        CHECK(d.nitems == 14 && d.nbuckets == 2 && fabs(d.scaling - 0.18215) < 1e-12 && d.has_empty);
+        sd_data_close(&d);
+    }
+    /* a shard of another VAE is refused, unless asked for */
+    CHECK(sd_data_open(&d, shards, 2, 2, 7, 0, &err) == SD_EFORMAT);
+    CHECK(strstr(err.msg, "another VAE") != NULL);
+    if (CHECK(sd_data_open(&d, shards, 2, 2, 7, 1, &err) == SD_OK)) {
+        CHECK(d.nitems == 28);
+        sd_data_close(&d);
+    }
+
+    sd_train_opts o;
+    float *wa, *ma, *va, *wb, *mb, *vb;
+    size_t n;
+    sd_tally ta;
+    shard_opts(&o, shards, a, 6, 1);
+    int ok = train(&o, 0, &wa, &ma, &va, &n, &ta);
+    /* the NaN record and the one without text were skipped, each time seen */
+    CHECK(sd_tally_count(&ta, "latent has non-finite values") >= 1);
+    CHECK(sd_tally_count(&ta, "text embedding missing") >= 1);
+    CHECK(ta.total == sd_tally_count(&ta, "latent has non-finite values") + sd_tally_count(&ta, "text embedding missing"));
+    /* stopped after 3 steps (a kill after its checkpoint loses nothing
+     * more), then resumed to 6 */
+    shard_opts(&o, shards, b, 3, 1);
+    float *w3, *m3, *v3;
+    size_t n3;
+    ok = ok && train(&o, 0, &w3, &m3, &v3, &n3, NULL);
+    if (ok) {
+        free(w3);
+        free(m3);
+        free(v3);
+    }
+    shard_opts(&o, shards, b, 6, 1);
+    ok = ok && train(&o, 1, &wb, &mb, &vb, &n, NULL);
+    if (CHECK(ok)) {
+        CHECK(memcmp(wa, wb, n * sizeof(float)) == 0);
+        CHECK(memcmp(ma, mb, n * sizeof(float)) == 0);
+        CHECK(memcmp(va, vb, n * sizeof(float)) == 0);
+        int diff = 0;
+        for (size_t i = 0; i < n; i++) diff += wa[i] != wa[i];
+        CHECK(diff == 0); /* no NaN crept in */
+        free(wb);
+        free(mb);
+        free(vb);
+    }
+    /* the checkpoint of the finished run loads as a diffusers UNet */
+    char ck[700];
+    snprintf(ck, sizeof ck, "%s/checkpoint-6", b);
+    sd_unet u;
+    if (CHECK(sd_unet_load(&u, ck, NULL, &err) == SD_OK)) {
+        CHECK(u.w.total == n && memcmp(u.w.data, wa, n * sizeof(float)) == 0);
+        sd_unet_free(&u);
+    }
+    /* 2 threads: the same bits */
+    shard_opts(&o, shards, c, 6, 2);
+    if (train(&o, 0, &wb, &mb, &vb, &n, NULL)) {
+        CHECK(memcmp(wa, wb, n * sizeof(float)) == 0);
+        CHECK(memcmp(va, vb, n * sizeof(float)) == 0);
+        free(wb);
+        free(mb);
+        free(vb);
+    }
+    if (ok) {
+        free(wa);
+        free(ma);
+        free(va);
+    }
+
+    /* a NaN loss stops the run with a checkpoint of the state before it */
+    sd_trainer tr;
+    shard_opts(&o, shards, c, 6, 1);
+    o.max_steps = 3;
+    if (CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
+        CHECK(sd_train_resume(&tr, a, &err) == SD_OK && tr.step == 6);
+        tr.o.max_steps = 8;
+        for (size_t i = 0; i < tr.unet.w.nslots; i++)
+            if (strcmp(tr.unet.w.slots[i].name, "conv_out.bias") == 0) tr.unet.w.data[tr.unet.w.slots[i].off] = NAN;
+        CHECK(sd_train_run(&tr, NULL, &err) == SD_ERANGE);
+        CHECK(strstr(err.msg, "non-finite loss") != NULL);
+        CHECK(tr.step == 6);
+        sd_trainer_close(&tr);
+        char p[700];
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/checkpoint-6/state.safetensors", c);
+        CHECK(stat(p, &sb) == 0);
+    }
+    rmtree(dir);
+}
+
+/* diffusers' schedule values at a few steps. */
+static void test_lr(void)
+{
+    sd_lr_sched l = {SD_LR_CONSTANT_WARMUP, 1.0, 4, 10};
+    CHECK(sd_lr_at(&l, 0) == 0.0 && sd_lr_at(&l, 2) == 0.5 && sd_lr_at(&l, 4) == 1.0 && sd_lr_at(&l, 9) == 1.0);
+    l.kind = SD_LR_COSINE;
+    CHECK(fabs(sd_lr_at(&l, 7) - 0.5) < 1e-12 && fabs(sd_lr_at(&l, 10)) < 1e-12);
+    l.kind = SD_LR_LINEAR;
+    CHECK(fabs(sd_lr_at(&l, 7) - 0.5) < 1e-12 && sd_lr_at(&l, 10) == 0.0);
+    l.kind = SD_LR_CONSTANT;
+    CHECK(sd_lr_at(&l, 0) == 1.0);
+    sd_lr_kind k;
+    CHECK(sd_lr_kind_parse("cosine", &k) && k == SD_LR_COSINE && !sd_lr_kind_parse("step", &k));
+    /* alphas_cumprod as diffusers' fp32 schedule has them (to 1e-6) */
+    sd_ddpm s;
+    sd_ddpm_init(&s, 0.00085, 0.012);
+    CHECK(fabs(s.acp[0] / 0.9991499781608582 - 1) < 1e-6 && fabs(s.acp[999] / 0.00466009508818388 - 1) < 1e-6);
+}
+
+/* test_train --make-shard PATH writes the generated shard for
+ * tests/e2e_train.py; with no arguments the tests run. */
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "--make-shard") == 0) {
+        sd_error err = {0};
+        if (make_shard(argv[2], "0.18215", &err)) return 0;
+        fprintf(stderr, "%s: %s\n", argv[2], err.msg);
+        return 1;
+    }
+    test_lr();
+    test_golden();
+    test_shard_runs();
+    return check_done("test_train");
+}

@@ -1,0 +1,153 @@
+/* sd-train: train the SD/SDXL UNet on latent shards. This file is the
+ * command line only; the work is in trainer/. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+#include "err.h"
+#include "log.h"
+#include "pool.h"
+#include "safetensors.h"
+#include "train.h"
+
+static volatile sig_atomic_t stop_flag;
+
+/* SIGINT/SIGTERM: finish the step, save, exit. */
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+/* Whether out/latest exists (a run to resume). */
+static int has_latest(const char *out)
+{
+    char p[4096];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/latest", out);
+    return stat(p, &sb) == 0;
+}
+
+int main(int argc, char **argv)
+{
+    sd_train_opts o;
+    sd_train_opts_default(&o);
+    const char *pred = "epsilon", *sched = "constant", *dtype = "fp32", *resume = NULL;
+    long batch = 1, accum = 1, steps = 1000, warmup = 0, save_every = 0, keep = 2, threads = 0, seed = 0,
+         init_seed = 0;
+    double lr = 1e-4;
+    int quiet = 0, verbose = 0, fresh = 0;
+    const sd_opt opts[] = {
+        {"unet", 0, SD_OPT_STR, &o.unet, "PATH", "the UNet to train: a diffusers model or unet/ folder, or a .safetensors file"},
+        {"unet-config", 0, SD_OPT_STR, &o.unet_config, "FILE",
+         "a diffusers UNet config.json: for a single file without one, or alone to train a new model from scratch"},
+        {"init-seed", 0, SD_OPT_INT, &init_seed, "N", "seed of a new model's random weights (default 0)"},
+        {"output", 'o', SD_OPT_STR, &o.out_dir, "DIR", "checkpoints go to DIR/checkpoint-STEP, DIR/latest names the newest"},
+        {"resume", 0, SD_OPT_STR, &resume, "DIR",
+         "continue from a checkpoint (or DIR/latest); by default a run continues from -o DIR/latest when present"},
+        {"fresh", 0, SD_OPT_FLAG, &fresh, NULL, "start over even when -o DIR has a checkpoint"},
+        {"batch", 'b', SD_OPT_INT, &batch, "N", "samples per micro-batch, all of one bucket (default 1)"},
+        {"accum", 0, SD_OPT_INT, &accum, "N", "micro-batches per optimizer step (default 1)"},
+        {"steps", 0, SD_OPT_INT, &steps, "N", "optimizer steps to train to (default 1000)"},
+        {"lr", 0, SD_OPT_DOUBLE, &lr, "X", "learning rate (default 1e-4)"},
+        {"lr-schedule", 0, SD_OPT_STR, &sched, "NAME", "constant (default), constant_with_warmup, cosine or linear"},
+        {"warmup", 0, SD_OPT_INT, &warmup, "N", "warmup steps of the schedule (default 0)"},
+        {"beta1", 0, SD_OPT_DOUBLE, &o.adam.beta1, "X", "AdamW beta1 (default 0.9)"},
+        {"beta2", 0, SD_OPT_DOUBLE, &o.adam.beta2, "X", "AdamW beta2 (default 0.999)"},
+        {"adam-eps", 0, SD_OPT_DOUBLE, &o.adam.eps, "X", "AdamW epsilon (default 1e-8)"},
+        {"weight-decay", 0, SD_OPT_DOUBLE, &o.adam.weight_decay, "X", "AdamW weight decay (default 1e-2)"},
+        {"max-grad-norm", 0, SD_OPT_DOUBLE, &o.max_grad_norm, "X", "clip the global gradient norm (default 1; 0: off)"},
+        {"prediction", 0, SD_OPT_STR, &pred, "T", "epsilon (default) or v_prediction"},
+        {"snr-gamma", 0, SD_OPT_DOUBLE, &o.snr_gamma, "X", "min-SNR-gamma loss weighting (5 is usual; default off)"},
+        {"noise-offset", 0, SD_OPT_DOUBLE, &o.noise_offset, "X", "noise offset (default 0)"},
+        {"dropout", 0, SD_OPT_DOUBLE, &o.dropout, "P",
+         "probability of training on the shard's empty-caption embedding (default 0)"},
+        {"no-flip", 0, SD_OPT_FLAG, &o.no_flip, NULL, "never use the cached flipped latents"},
+        {"allow-mixed", 0, SD_OPT_FLAG, &o.allow_mixed, NULL, "train on shards made with different VAEs"},
+        {"seed", 0, SD_OPT_INT, &seed, "N", "seed of data order, timesteps and noise (default 0)"},
+        {"save-every", 0, SD_OPT_INT, &save_every, "N", "checkpoint every N steps (default: at the end only)"},
+        {"keep", 0, SD_OPT_INT, &keep, "N", "checkpoints kept (default 2; 0 keeps all)"},
+        {"save-dtype", 0, SD_OPT_STR, &dtype, "T", "unet/ weights as fp32 (default), fp16 or bf16"},
+        {"metrics", 0, SD_OPT_STR, &o.metrics, "FILE", "append one JSON line per step"},
+        {"threads", 'j', SD_OPT_INT, &threads, "N", "CPU threads (default: all CPUs)"},
+        {"quiet", 'q', SD_OPT_FLAG, &quiet, NULL, "only warnings and errors"},
+        {"verbose", 'v', SD_OPT_FLAG, &verbose, NULL, "debug messages"},
+        {NULL, 0, 0, NULL, NULL, NULL}};
+    sd_cli cli = {"sd-train", "[OPTIONS] (--unet PATH | --unet-config FILE) -o DIR SHARD...",
+                  "Train a Stable Diffusion UNet on latent shards (sd-latents): batches of one bucket at a time, "
+                  "latents drawn from the cached mean and std, DDPM noise at uniform timesteps, MSE on the epsilon "
+                  "or v target, AdamW with fp32 master weights, gradient accumulation and clipping, as diffusers' "
+                  "train_text_to_image.py does. Checkpoints are diffusers unet/ folders plus the training state; a "
+                  "killed run resumes exactly where its last checkpoint was.",
+                  opts,
+                  "Examples:\n"
+                  "  sd-train --unet sd15/ -o run/ --batch 4 --lr 1e-5 --save-every 500 cache-*.shard\n"
+                  "  sd-train --unet-config tiny/config.json -o run/ --steps 300 cache.shard   # from scratch\n"};
+    sd_strlist pos = {0};
+    int rc = sd_cli_parse(&cli, argc, argv, &pos);
+    if (rc >= 0) return rc;
+    sd_log_setup("sd-train", quiet ? SD_LOG_WARN : verbose ? SD_LOG_DEBUG : SD_LOG_INFO);
+    const char *bad = NULL;
+    if (pos.n < 1) bad = "no shards to train on";
+    else if (!o.out_dir) bad = "no output directory (-o DIR)";
+    else if (!o.unet && !o.unet_config) bad = "no model (--unet PATH or --unet-config FILE)";
+    else if (batch < 1 || batch > 4096 || accum < 1 || accum > 4096) bad = "--batch and --accum: 1..4096";
+    else if (steps < 0 || warmup < 0 || save_every < 0 || keep < 0 || seed < 0 || init_seed < 0 || threads < 0)
+        bad = "counts and seeds must not be negative";
+    else if (!(lr >= 0) || !(o.dropout >= 0 && o.dropout <= 1) || o.snr_gamma < 0 || o.noise_offset < 0)
+        bad = "--lr, --snr-gamma, --noise-offset must be >= 0 and --dropout in [0, 1]";
+    else if (strcmp(pred, "epsilon") == 0) o.pred = SD_PRED_EPSILON;
+    else if (strcmp(pred, "v_prediction") == 0 || strcmp(pred, "v") == 0) o.pred = SD_PRED_V;
+    else bad = "--prediction: epsilon or v_prediction";
+    if (!bad && !sd_lr_kind_parse(sched, &o.lr.kind))
+        bad = "--lr-schedule: constant, constant_with_warmup, cosine or linear";
+    if (!bad && strcmp(dtype, "fp32") == 0) o.save_dtype = SD_ST_F32;
+    else if (!bad && strcmp(dtype, "fp16") == 0) o.save_dtype = SD_ST_F16;
+    else if (!bad && strcmp(dtype, "bf16") == 0) o.save_dtype = SD_ST_BF16;
+    else if (!bad) bad = "--save-dtype: fp32, fp16 or bf16";
+    if (bad) {
+        sd_cli_usage_error(&cli, "%s", bad);
+        sd_strlist_free(&pos);
+        return SD_EXIT_USAGE;
+    }
+    o.shards = pos.v;
+    o.nshards = pos.n;
+    o.batch = (int)batch;
+    o.accum = (int)accum;
+    o.max_steps = steps;
+    o.lr.base = lr;
+    o.lr.warmup = warmup;
+    o.lr.total = steps;
+    o.save_every = save_every;
+    o.keep = (int)keep;
+    o.seed = (uint64_t)seed;
+    o.init_seed = (uint64_t)init_seed;
+    o.threads = threads > 0 ? (int)threads : sd_default_threads();
+    o.quiet = quiet;
+
+    sd_trainer tr;
+    sd_error err = {0};
+    sd_status st = sd_trainer_open(&tr, &o, &err);
+    if (st) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        sd_strlist_free(&pos);
+        return SD_EXIT_FATAL;
+    }
+    if (!resume && !fresh && has_latest(o.out_dir)) resume = o.out_dir;
+    if (resume) st = sd_train_resume(&tr, resume, &err);
+    if (!st) {
+        sd_log(SD_LOG_INFO, "UNet %s, %zu parameters; %zu records in %zu buckets", tr.unet.layout,
+               tr.unet.w.total, tr.data.nitems, tr.data.nbuckets);
+        signal(SIGINT, on_signal);
+        signal(SIGTERM, on_signal);
+        st = sd_train_run(&tr, &stop_flag, &err);
+    }
+    if (st) sd_log(SD_LOG_ERROR, "%s", err.msg);
+    else if (stop_flag) sd_log(SD_LOG_INFO, "stopped at step %ld (checkpoint saved)", tr.step);
+    sd_trainer_close(&tr);
+    sd_strlist_free(&pos);
+    return st ? SD_EXIT_FATAL : SD_EXIT_OK;
+}

@@ -1,0 +1,307 @@
+/* Training checkpoints: out_dir/checkpoint-<step>/ holding unet/ (a
+ * diffusers folder: config.json + diffusion_pytorch_model.safetensors) and
+ * state.safetensors (AdamW moments, the fp32 master weights when unet/ is
+ * stored in half precision, and in its metadata the step, data cursor, RNG
+ * state and the options a resume must share). Written into a .tmp
+ * directory, every file fsync'ed, then renamed into place; out_dir/latest
+ * names the newest complete one. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "outfile.h"
+#include "safetensors.h"
+#include "train.h"
+
+enum { PATH_CAP = 4096 };
+
+static const char *const ckpt_files[] = {"unet/config.json", "unet/diffusion_pytorch_model.safetensors",
+                                         "state.safetensors"};
+
+/* dir/name into buf (PATH_CAP bytes); callers check their directory's
+ * length first, so nothing is cut. */
+static void pjoin(char *buf, const char *dir, const char *name)
+{
+    int n = snprintf(buf, PATH_CAP, "%s/%s", dir, name);
+    if (n < 0 || n >= PATH_CAP) buf[0] = 0;
+}
+
+/* fsync a directory so renames and new entries in it are durable. */
+static sd_status sync_dir(const char *path, sd_error *err)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return sd_err_set(err, SD_EIO, "%s: %s", path, strerror(errno));
+    int bad = fsync(fd) != 0;
+    close(fd);
+    return bad ? sd_err_set(err, SD_EIO, "%s: fsync: %s", path, strerror(errno)) : SD_OK;
+}
+
+/* mkdir that accepts an existing directory. */
+static sd_status make_dir(const char *path, sd_error *err)
+{
+    if (mkdir(path, 0777) == 0 || errno == EEXIST) return SD_OK;
+    return sd_err_set(err, SD_EIO, "%s: cannot create directory: %s", path, strerror(errno));
+}
+
+/* Remove a checkpoint directory made by this code (only its own files, so
+ * a wrong path never loses anything else). */
+static void remove_ckpt(const char *dir)
+{
+    char p[PATH_CAP];
+    for (size_t i = 0; i < sizeof ckpt_files / sizeof *ckpt_files; i++) {
+        pjoin(p, dir, ckpt_files[i]);
+        unlink(p);
+    }
+    pjoin(p, dir, "unet");
+    rmdir(p);
+    if (rmdir(dir) != 0 && errno != ENOENT) sd_log(SD_LOG_WARN, "%s: not removed: %s", dir, strerror(errno));
+}
+
+/* The step of a "checkpoint-<digits>" name, -1 for anything else. */
+static long ckpt_step(const char *name)
+{
+    if (strncmp(name, "checkpoint-", 11) != 0 || !name[11]) return -1;
+    char *end;
+    long s = strtol(name + 11, &end, 10);
+    return *end || s < 0 ? -1 : s;
+}
+
+/* Sort helper for steps. */
+static int cmp_long(const void *a, const void *b)
+{
+    long x = *(const long *)a, y = *(const long *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Delete all but the newest `keep` checkpoints. */
+static void prune(const char *out, int keep)
+{
+    DIR *d = opendir(out);
+    if (!d || keep <= 0) {
+        if (d) closedir(d);
+        return;
+    }
+    long *steps = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long s = ckpt_step(e->d_name);
+        if (s < 0) continue;
+        if (n == cap) {
+            size_t c = cap ? 2 * cap : 16;
+            long *q = realloc(steps, c * sizeof(long));
+            if (!q) break;
+            steps = q;
+            cap = c;
+        }
+        steps[n++] = s;
+    }
+    closedir(d);
+    qsort(steps, n, sizeof(long), cmp_long);
+    char p[PATH_CAP];
+    for (size_t i = 0; i + (size_t)keep < n; i++) {
+        char nm[64];
+        snprintf(nm, sizeof nm, "checkpoint-%ld", steps[i]);
+        pjoin(p, out, nm);
+        remove_ckpt(p);
+    }
+    free(steps);
+}
+
+/* One flat fp32 buffer as a safetensors tensor. */
+static sd_st_tensor flat(const char *name, const float *p, size_t n)
+{
+    sd_st_tensor t = {.name = name, .dtype = SD_ST_F32, .ndim = 1, .nbytes = n * 4, .data = p};
+    t.shape[0] = n;
+    return t;
+}
+
+/* The training state file: moments (and master weights) plus metadata. */
+static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *err)
+{
+    size_t n = tr->unet.w.total;
+    sd_st_tensor t[3] = {flat("adam_m", tr->m, n), flat("adam_v", tr->v, n), flat("params", tr->unet.w.data, n)};
+    size_t nt = tr->o.save_dtype == SD_ST_F32 ? 2 : 3;
+    char v[12][80];
+    snprintf(v[0], 80, "%ld", tr->step);
+    snprintf(v[1], 80, "%ld", tr->images);
+    snprintf(v[2], 80, "%ld", tr->cur.epoch);
+    snprintf(v[3], 80, "%zu", tr->cur.batch);
+    snprintf(v[4], 80, "%016" PRIx64 "%016" PRIx64 "%016" PRIx64 "%016" PRIx64, tr->rng.s[0], tr->rng.s[1],
+             tr->rng.s[2], tr->rng.s[3]);
+    snprintf(v[5], 80, "%" PRIu64, tr->o.seed);
+    snprintf(v[6], 80, "%016" PRIx64, tr->have_data ? tr->data.fingerprint : 0);
+    snprintf(v[7], 80, "%d", tr->o.batch);
+    snprintf(v[8], 80, "%d", tr->o.accum);
+    snprintf(v[9], 80, "%s", tr->o.pred == SD_PRED_V ? "v_prediction" : "epsilon");
+    snprintf(v[10], 80, "%zu", n);
+    snprintf(v[11], 80, "%.17g", tr->loss_ema);
+    sd_st_meta meta[13] = {{"format", "sdtk-train-state 1"}, {"step", v[0]}, {"images", v[1]}, {"epoch", v[2]},
+                           {"batch", v[3]}, {"rng", v[4]}, {"seed", v[5]}, {"data_fingerprint", v[6]},
+                           {"batch_size", v[7]}, {"accumulation", v[8]}, {"prediction", v[9]},
+                           {"param_floats", v[10]}, {"loss_smooth", v[11]}};
+    return sd_st_write(path, t, nt, meta, 13, err);
+}
+
+/* Write checkpoint-<step> through a .tmp directory and point latest at it. */
+sd_status sd_train_save(sd_trainer *tr, sd_error *err)
+{
+    const char *out = tr->o.out_dir;
+    if (!out) return SD_OK;
+    char tmp[PATH_CAP], fin[PATH_CAP], p[PATH_CAP], name[64];
+    snprintf(name, sizeof name, "checkpoint-%ld", tr->step);
+    if (strlen(out) > PATH_CAP - 128) return sd_err_set(err, SD_EINVAL, "output path too long: %s", out);
+    pjoin(fin, out, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp", fin);
+    sd_status rc = make_dir(out, err);
+    if (rc) return rc;
+    remove_ckpt(tmp); /* a run killed while saving left it */
+    rc = make_dir(tmp, err);
+    pjoin(p, tmp, "unet");
+    if (!rc) rc = make_dir(p, err);
+    pjoin(p, tmp, "unet/config.json");
+    if (!rc) rc = sd_unet_config_write(&tr->unet.cfg, p, err);
+    pjoin(p, tmp, "unet/diffusion_pytorch_model.safetensors");
+    if (!rc) rc = sd_unet_save(&tr->unet, tr->unet.w.data, p, SD_UNET_NAMES_DIFFUSERS, "", tr->o.save_dtype, err);
+    pjoin(p, tmp, "state.safetensors");
+    if (!rc) rc = write_state(tr, p, err);
+    pjoin(p, tmp, "unet");
+    if (!rc) rc = sync_dir(p, err);
+    if (!rc) rc = sync_dir(tmp, err);
+    if (!rc) remove_ckpt(fin); /* the same step saved again (a resumed run's end) */
+    if (!rc && rename(tmp, fin) != 0) rc = sd_err_set(err, SD_EIO, "rename %s -> %s: %s", tmp, fin, strerror(errno));
+    if (!rc) rc = sync_dir(out, err);
+    pjoin(p, out, "latest");
+    char line[80];
+    int len = snprintf(line, sizeof line, "%s\n", name);
+    if (!rc) rc = sd_write_file_atomic(p, line, (size_t)len, err);
+    if (rc) return rc;
+    prune(out, tr->o.keep);
+    if (!tr->o.quiet) sd_log(SD_LOG_INFO, "saved %s", fin);
+    return SD_OK;
+}
+
+/* A metadata value of the state file, NULL when absent. */
+static const char *meta_of(const sd_safetensors *st, const char *key)
+{
+    for (size_t i = 0; i < sd_st_meta_count(st); i++)
+        if (strcmp(sd_st_meta_at(st, i)->key, key) == 0) return sd_st_meta_at(st, i)->value;
+    return NULL;
+}
+
+/* A flat fp32 tensor of the state file into dst (n floats). */
+static sd_status read_flat(const sd_safetensors *st, const char *name, float *dst, size_t n, const char *path,
+                           sd_error *err)
+{
+    const sd_st_tensor *t = sd_st_find(st, name);
+    if (!t || t->dtype != SD_ST_F32 || t->ndim != 1 || t->shape[0] != n)
+        return sd_err_set(err, SD_EFORMAT, "%s: tensor %s missing or not %zu fp32 values", path, name, n);
+    memcpy(dst, t->data, n * 4);
+    return SD_OK;
+}
+
+/* Resolve dir (a checkpoint, or an output directory with latest). */
+static sd_status resolve(const char *dir, char *out, size_t cap, sd_error *err)
+{
+    char p[PATH_CAP];
+    pjoin(p, dir, "latest");
+    FILE *f = fopen(p, "r");
+    if (!f) {
+        snprintf(out, cap, "%s", dir);
+        return SD_OK;
+    }
+    char name[128] = "";
+    int ok = fgets(name, sizeof name, f) != NULL;
+    fclose(f);
+    name[strcspn(name, "\r\n")] = 0;
+    if (!ok || ckpt_step(name) < 0) return sd_err_set(err, SD_EFORMAT, "%s: not a checkpoint name", p);
+    pjoin(out, dir, name);
+    (void)cap;
+    return SD_OK;
+}
+
+/* Check one option the checkpoint was made with against this run's. */
+static sd_status same(const sd_safetensors *st, const char *key, const char *want, const char *path, sd_error *err)
+{
+    const char *v = meta_of(st, key);
+    if (!v || strcmp(v, want) != 0)
+        return sd_err_set(err, SD_EINVAL, "%s: made with %s %s, this run has %s: resume with the same options", path,
+                          key, v ? v : "(none)", want);
+    return SD_OK;
+}
+
+/* Load weights, moments, counters, cursor and RNG state. */
+sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
+{
+    char ck[PATH_CAP], p[PATH_CAP], w[64];
+    if (strlen(dir) > PATH_CAP - 128) return sd_err_set(err, SD_EINVAL, "checkpoint path too long: %s", dir);
+    sd_status rc = resolve(dir, ck, sizeof ck, err);
+    if (rc) return rc;
+    pjoin(p, ck, "state.safetensors");
+    sd_safetensors *st = NULL;
+    rc = sd_st_open(&st, p, err);
+    if (rc) return rc;
+    size_t n = tr->unet.w.total;
+    const char *fmt = meta_of(st, "format");
+    if (!fmt || strcmp(fmt, "sdtk-train-state 1") != 0)
+        rc = sd_err_set(err, SD_EFORMAT, "%s: not an sdtk training state", p);
+    snprintf(w, sizeof w, "%zu", n);
+    if (!rc) rc = same(st, "param_floats", w, p, err);
+    snprintf(w, sizeof w, "%" PRIu64, tr->o.seed);
+    if (!rc) rc = same(st, "seed", w, p, err);
+    snprintf(w, sizeof w, "%d", tr->o.batch);
+    if (!rc) rc = same(st, "batch_size", w, p, err);
+    snprintf(w, sizeof w, "%d", tr->o.accum);
+    if (!rc) rc = same(st, "accumulation", w, p, err);
+    if (!rc) rc = same(st, "prediction", tr->o.pred == SD_PRED_V ? "v_prediction" : "epsilon", p, err);
+    snprintf(w, sizeof w, "%016" PRIx64, tr->have_data ? tr->data.fingerprint : 0);
+    if (!rc) rc = same(st, "data_fingerprint", w, p, err);
+    if (!rc) rc = read_flat(st, "adam_m", tr->m, n, p, err);
+    if (!rc) rc = read_flat(st, "adam_v", tr->v, n, p, err);
+    if (!rc && sd_st_find(st, "params")) {
+        rc = read_flat(st, "params", tr->unet.w.data, n, p, err);
+    } else if (!rc) {
+        /* fp32 unet/ holds the master weights exactly */
+        char wp[PATH_CAP];
+        pjoin(wp, ck, "unet/diffusion_pytorch_model.safetensors");
+        sd_safetensors *ws = NULL;
+        rc = sd_st_open(&ws, wp, err);
+        sd_weight_layout lay = {"", 0};
+        if (!rc) rc = sd_weights_load(&tr->unet.w, ws, &lay, wp, err);
+        if (ws) sd_st_close(ws);
+    }
+    if (!rc) {
+        const char *rs = meta_of(st, "rng");
+        int ok = rs && strlen(rs) == 64;
+        for (int i = 0; i < 4 && ok; i++) {
+            char word[17];
+            memcpy(word, rs + 16 * i, 16);
+            word[16] = 0;
+            char *end;
+            tr->rng.s[i] = strtoull(word, &end, 16);
+            ok = !*end;
+        }
+        const char *s = meta_of(st, "step"), *im = meta_of(st, "images"), *ep = meta_of(st, "epoch");
+        const char *bt = meta_of(st, "batch"), *ls = meta_of(st, "loss_smooth");
+        if (!ok || !s || !im || !ep || !bt) rc = sd_err_set(err, SD_EFORMAT, "%s: incomplete metadata", p);
+        else {
+            tr->step = strtol(s, NULL, 10);
+            tr->images = strtol(im, NULL, 10);
+            tr->cur.epoch = strtol(ep, NULL, 10);
+            tr->cur.batch = (size_t)strtoull(bt, NULL, 10);
+            tr->loss_ema = ls ? strtod(ls, NULL) : NAN;
+        }
+    }
+    memset(tr->grad, 0, n * sizeof(float));
+    sd_st_close(st);
+    if (!rc && !tr->o.quiet) sd_log(SD_LOG_INFO, "resumed from %s at step %ld", ck, tr->step);
+    return rc;
+}

@@ -1,0 +1,444 @@
+/* Shards to training batches: the record index by bucket, seeded epoch
+ * plans, and records to latents, text embeddings and size ids. */
+#include "data.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "f16.h"
+#include "hash.h"
+#include "log.h"
+
+/* One record found while indexing, before grouping by bucket. */
+typedef struct {
+    uint32_t w, h, shard, klen;
+    size_t koff;
+} found;
+
+/* Grow an array of elem-sized entries to hold need; 0 on success. */
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q) return -1;
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+/* Order records by bucket (width, then height), keeping shard and key
+ * order inside a bucket (the index is what made it sortable stably). */
+static int cmp_found(const void *a, const void *b)
+{
+    const found *x = a, *y = b;
+    if (x->w != y->w) return x->w < y->w ? -1 : 1;
+    if (x->h != y->h) return x->h < y->h ? -1 : 1;
+    if (x->shard != y->shard) return x->shard < y->shard ? -1 : 1;
+    return x->koff < y->koff ? -1 : x->koff > y->koff;
+}
+
+/* A meta entry as text, "" when absent. */
+static sd_status meta(sd_shard *s, const char *key, char *out, size_t cap, sd_error *err)
+{
+    char *v = NULL;
+    out[0] = 0;
+    sd_status rc = sd_shard_meta_get(s, key, &v, err);
+    if (rc == SD_ENOTFOUND) return SD_OK;
+    if (rc) return rc;
+    snprintf(out, cap, "%s", v);
+    free(v);
+    return SD_OK;
+}
+
+/* 32 hex digits into 16 bytes; 0 when malformed. */
+static int unhex16(const char *s, uint8_t out[16])
+{
+    if (strlen(s) != 32) return 0;
+    for (int i = 0; i < 16; i++) {
+        unsigned v;
+        if (sscanf(s + 2 * i, "%2x", &v) != 1) return 0;
+        out[i] = (uint8_t)v;
+    }
+    return 1;
+}
+
+/* Check one shard's identity against the first one's. */
+static sd_status check_meta(sd_data *d, int i, const char *path, int allow_mixed, sd_error *err)
+{
+    char sf[64], model[80], empty[80];
+    sd_status rc = meta(d->shards[i], SD_SHARD_META_SCALING, sf, sizeof sf, err);
+    if (!rc) rc = meta(d->shards[i], SD_SHARD_META_MODEL, model, sizeof model, err);
+    if (!rc) rc = meta(d->shards[i], "empty_text", empty, sizeof empty, err);
+    if (rc) return rc;
+    char *end;
+    double s = strtod(sf, &end);
+    if (!sf[0] || *end || !(s > 0))
+        return sd_err_set(err, SD_EFORMAT, "%s: no usable scaling_factor in the shard's meta (got '%s')", path, sf);
+    if (i == 0) {
+        d->scaling = s;
+        snprintf(d->model, sizeof d->model, "%s", model);
+    } else if (!allow_mixed && (s != d->scaling || strcmp(model, d->model) != 0)) {
+        return sd_err_set(err, SD_EFORMAT,
+                          "%s: made with another VAE than the first shard (scaling_factor %s, model_hash '%s' vs "
+                          "%g, '%s'); --allow-mixed trains on both",
+                          path, sf, model, d->scaling, d->model);
+    }
+    if (!d->has_empty && unhex16(empty, d->empty_text)) {
+        d->has_empty = 1;
+        d->empty_shard = i;
+    }
+    return SD_OK;
+}
+
+/* Every record key of one shard, bucket by bucket. */
+static sd_status index_shard(sd_data *d, int si, found **f, size_t *nf, size_t *fcap, sd_error *err)
+{
+    sd_shard_txn *t = NULL;
+    sd_shard_bucket *bk = NULL;
+    size_t nb = 0;
+    sd_status rc = sd_shard_read_begin(d->shards[si], &t, err);
+    if (!rc) rc = sd_shard_buckets(t, &bk, &nb, err);
+    for (size_t b = 0; b < nb && !rc; b++) {
+        sd_shard_cursor *c = NULL;
+        rc = sd_shard_cursor_bucket(t, bk[b].w, bk[b].h, &c, err);
+        while (!rc) {
+            const void *key, *val;
+            size_t klen, vlen;
+            sd_status r2 = sd_shard_cursor_next(c, &key, &klen, &val, &vlen, err);
+            if (r2 == SD_ENOTFOUND) break;
+            if (r2) {
+                rc = r2;
+                break;
+            }
+            if (grow((void **)&d->keys, &d->keys_cap, d->keys_len + klen, 1) ||
+                grow((void **)f, fcap, *nf + 1, sizeof(found))) {
+                rc = sd_err_set(err, SD_ENOMEM, "out of memory indexing shards");
+                break;
+            }
+            memcpy(d->keys + d->keys_len, key, klen);
+            (*f)[(*nf)++] = (found){bk[b].w, bk[b].h, (uint32_t)si, (uint32_t)klen, d->keys_len};
+            d->keys_len += klen;
+        }
+        if (c) sd_shard_cursor_close(c);
+    }
+    free(bk);
+    if (t) sd_shard_read_end(t);
+    return rc;
+}
+
+/* Group the found records into buckets and fingerprint the whole index. */
+static sd_status build_index(sd_data *d, found *f, size_t nf, sd_error *err)
+{
+    qsort(f, nf, sizeof *f, cmp_found);
+    d->items = malloc((nf ? nf : 1) * sizeof(sd_data_item));
+    d->buckets = malloc((nf ? nf : 1) * sizeof(sd_data_bucket));
+    d->perm = malloc((nf ? nf : 1) * sizeof(uint32_t));
+    d->batches = malloc((nf ? nf : 1) * sizeof(sd_data_batch));
+    if (!d->items || !d->buckets || !d->perm || !d->batches)
+        return sd_err_set(err, SD_ENOMEM, "out of memory indexing shards");
+    uint64_t h = 0x5d7a11;
+    for (size_t i = 0; i < nf; i++) {
+        d->items[i] = (sd_data_item){f[i].shard, f[i].klen, f[i].koff};
+        if (!d->nbuckets || d->buckets[d->nbuckets - 1].w != f[i].w || d->buckets[d->nbuckets - 1].h != f[i].h)
+            d->buckets[d->nbuckets++] = (sd_data_bucket){f[i].w, f[i].h, i, 0};
+        d->buckets[d->nbuckets - 1].n++;
+        uint32_t tag[3] = {f[i].shard, f[i].w, f[i].h};
+        h = sd_hash64(tag, sizeof tag, h);
+        h = sd_hash64(d->keys + f[i].koff, f[i].klen, h);
+    }
+    d->nitems = nf;
+    d->fingerprint = h;
+    return SD_OK;
+}
+
+/* Open, check and index every shard. */
+sd_status sd_data_open(sd_data *d, const char *const *paths, int n, int batch, uint64_t seed, int allow_mixed,
+                       sd_error *err)
+{
+    memset(d, 0, sizeof(*d));
+    d->epoch = -1;
+    d->seed = seed;
+    d->batch = batch;
+    if (n < 1 || batch < 1) return sd_err_set(err, SD_EINVAL, "training data: no shards or a batch size below 1");
+    d->shards = calloc((size_t)n, sizeof(*d->shards));
+    if (!d->shards) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    d->nshards = n;
+    found *f = NULL;
+    size_t nf = 0, fcap = 0;
+    sd_status rc = SD_OK;
+    sd_shard_opts so = {SD_SHARD_RDONLY, 0, 0};
+    for (int i = 0; i < n && !rc; i++) {
+        rc = sd_shard_open(&d->shards[i], paths[i], &so, err);
+        if (!rc) rc = check_meta(d, i, paths[i], allow_mixed, err);
+        if (!rc) rc = index_shard(d, i, &f, &nf, &fcap, err);
+    }
+    if (!rc && nf == 0) rc = sd_err_set(err, SD_ENOTFOUND, "training data: the shards hold no latent records");
+    if (!rc) rc = build_index(d, f, nf, err);
+    free(f);
+    if (rc) sd_data_close(d);
+    return rc;
+}
+
+/* Close the shards and free the index. */
+void sd_data_close(sd_data *d)
+{
+    for (int i = 0; i < d->nshards; i++)
+        if (d->shards[i]) sd_shard_close(d->shards[i], NULL);
+    free(d->shards);
+    free(d->keys);
+    free(d->items);
+    free(d->buckets);
+    free(d->perm);
+    free(d->batches);
+    memset(d, 0, sizeof(*d));
+}
+
+/* A generator for one part of one epoch's plan, from the seed alone. */
+static void plan_rng(sd_rng *r, uint64_t seed, long epoch, uint64_t part)
+{
+    uint64_t x[3] = {seed, (uint64_t)epoch, part};
+    sd_rng_seed(r, sd_hash64(x, sizeof x, 0x706c616e));
+}
+
+/* Epoch e: each bucket's records shuffled and cut into batches, then the
+ * batches shuffled (Fisher-Yates, seeded per bucket and epoch). */
+static void plan_epoch(sd_data *d, long e)
+{
+    sd_rng r;
+    d->nbatches = 0;
+    for (size_t b = 0; b < d->nbuckets; b++) {
+        const sd_data_bucket *bk = &d->buckets[b];
+        uint32_t *p = d->perm + bk->first;
+        for (size_t i = 0; i < bk->n; i++) p[i] = (uint32_t)(bk->first + i);
+        plan_rng(&r, d->seed, e, b);
+        for (size_t i = bk->n; i > 1; i--) {
+            size_t j = (size_t)sd_rng_below(&r, i);
+            uint32_t t = p[i - 1];
+            p[i - 1] = p[j];
+            p[j] = t;
+        }
+        for (size_t s = 0; s < bk->n; s += (size_t)d->batch) {
+            size_t m = bk->n - s < (size_t)d->batch ? bk->n - s : (size_t)d->batch;
+            d->batches[d->nbatches++] = (sd_data_batch){(uint32_t)b, bk->first + s, m};
+        }
+    }
+    plan_rng(&r, d->seed, e, UINT64_MAX);
+    for (size_t i = d->nbatches; i > 1; i--) {
+        size_t j = (size_t)sd_rng_below(&r, i);
+        sd_data_batch t = d->batches[i - 1];
+        d->batches[i - 1] = d->batches[j];
+        d->batches[j] = t;
+    }
+    d->epoch = e;
+}
+
+/* Hand out the batch at the cursor and step past it. */
+sd_status sd_data_next(sd_data *d, sd_data_cursor *cur, sd_data_batch *out, sd_error *err)
+{
+    if (cur->epoch < 0) return sd_err_set(err, SD_EINVAL, "data cursor before epoch 0");
+    if (d->epoch != cur->epoch) plan_epoch(d, cur->epoch);
+    if (cur->batch >= d->nbatches) {
+        cur->epoch++;
+        cur->batch = 0;
+        plan_epoch(d, cur->epoch);
+    }
+    *out = d->batches[cur->batch++];
+    return SD_OK;
+}
+
+/* n stored elements of dtype at src (any alignment) as floats; 0 when the
+ * dtype is unknown or a value is not finite. */
+static int to_floats(float *dst, const void *src, size_t n, int dtype)
+{
+    const unsigned char *p = src;
+    for (size_t i = 0; i < n; i++) {
+        float f;
+        uint16_t h;
+        if (dtype == SD_DT_F32) memcpy(&f, p + 4 * i, 4);
+        else if (dtype == SD_DT_F16 || dtype == SD_DT_BF16) {
+            memcpy(&h, p + 2 * i, 2);
+            f = dtype == SD_DT_F16 ? sd_f16_to_f32(h) : sd_bf16_to_f32(h);
+        } else return 0;
+        if (!isfinite(f)) return 0;
+        dst[i] = f;
+    }
+    return 1;
+}
+
+/* Make room for n floats in *p; 0 on success. */
+static int need_floats(float **p, size_t *cap, size_t n)
+{
+    return grow((void **)p, cap, n ? n : 1, sizeof(float));
+}
+
+/* A text record's embedding into ctx [tctx, cross] and pooled; a reason
+ * string when it cannot be used. */
+static const char *load_text(sd_shard_txn *t, const uint8_t key[16], const sd_load_opts *o, int *tctx, float *ctx,
+                             float *pooled, size_t ctx_cap, sd_error *err)
+{
+    const void *val;
+    size_t vlen;
+    sd_shard_rec r;
+    if (sd_shard_get_text(t, key, &val, &vlen, err)) return "text embedding missing";
+    if (sd_shard_rec_parse(val, vlen, &r, err) || sd_shard_rec_check_payload(&r, err) || r.kind != SD_REC_TEXT)
+        return "corrupt text embedding";
+    const sd_shard_tensor *h = sd_shard_rec_tensor(&r, SD_ROLE_HIDDEN);
+    const sd_shard_tensor *h1 = sd_shard_rec_tensor(&r, SD_ROLE_HIDDEN1);
+    const sd_shard_tensor *h2 = sd_shard_rec_tensor(&r, SD_ROLE_HIDDEN2);
+    const sd_shard_tensor *pl = sd_shard_rec_tensor(&r, SD_ROLE_POOLED);
+    const sd_shard_tensor *parts[2] = {h, NULL};
+    int np = 1;
+    if (o->pooled) {
+        if (!h1 || !h2 || !pl) return "text embedding lacks SDXL's two hidden states and pooled output";
+        parts[0] = h1;
+        parts[1] = h2;
+        np = 2;
+        if (pl->ndim != 1 || (int)pl->shape[0] != o->pooled) return "pooled text embedding of another width";
+    } else if (!h) {
+        return "text embedding lacks a single-encoder hidden state";
+    }
+    int T = (int)parts[0]->shape[0], W = 0;
+    for (int i = 0; i < np; i++) {
+        if (parts[i]->ndim != 2 || (int)parts[i]->shape[0] != T) return "text hidden states of different lengths";
+        W += (int)parts[i]->shape[1];
+    }
+    if (W != o->cross_dim) return "text embedding width differs from the UNet's cross_attention_dim";
+    if (*tctx && T != *tctx) return "text length differs from the batch's first record";
+    if ((size_t)T * (size_t)W > ctx_cap) return "text embedding too long";
+    *tctx = T;
+    int col = 0;
+    float row[4096];
+    for (int i = 0; i < np; i++) {
+        int w = (int)parts[i]->shape[1];
+        size_t es = sd_dtype_size(parts[i]->dtype);
+        if (!es || w > 4096) return "text embedding of an unknown dtype or width";
+        for (int k = 0; k < T; k++) {
+            if (!to_floats(row, (const unsigned char *)parts[i]->data + (size_t)k * (size_t)w * es, (size_t)w,
+                           parts[i]->dtype))
+                return "text embedding has non-finite values";
+            memcpy(ctx + (size_t)k * (size_t)W + (size_t)col, row, (size_t)w * sizeof(float));
+        }
+        col += w;
+    }
+    if (o->pooled && !to_floats(pooled, pl->data, (size_t)o->pooled, pl->dtype))
+        return "pooled text embedding has non-finite values";
+    return NULL;
+}
+
+/* One latent record into x0 [c, h, w] (scaled sample) and its size ids; a
+ * reason string when it cannot be used. Draws flip, dropout and noise. */
+static const char *load_latent(sd_data *d, const sd_shard_rec *r, const sd_load_opts *o, sd_rng *rng, int c, int h,
+                               int w, float *x0, float *tmp, float *tids, int *use_empty)
+{
+    int meanstd = (r->flags & SD_REC_F_MEANSTD) != 0;
+    int flip = 0;
+    if ((r->flags & SD_REC_F_FLIPPED) && !o->no_flip) flip = sd_rng_uniform(rng) < 0.5;
+    *use_empty = o->dropout > 0 && sd_rng_uniform(rng) < o->dropout;
+    int rm = meanstd ? (flip ? SD_ROLE_MEAN_FLIP : SD_ROLE_MEAN) : (flip ? SD_ROLE_SAMPLE_FLIP : SD_ROLE_SAMPLE);
+    const sd_shard_tensor *m = sd_shard_rec_tensor(r, rm);
+    const sd_shard_tensor *s = meanstd ? sd_shard_rec_tensor(r, flip ? SD_ROLE_STD_FLIP : SD_ROLE_STD) : NULL;
+    size_t per = (size_t)c * (size_t)h * (size_t)w;
+    if (meanstd) sd_rng_normal(rng, tmp + per, per);
+    if (!m || (meanstd && !s)) return "latent record lacks its tensors";
+    if (m->ndim != 3 || (int)m->shape[0] != c || (int)m->shape[1] != h || (int)m->shape[2] != w)
+        return "latent shape differs from the bucket's";
+    if (!to_floats(x0, m->data, per, m->dtype)) return "latent has non-finite values";
+    if (meanstd) {
+        if (!to_floats(tmp, s->data, per, s->dtype)) return "latent std has non-finite values";
+        for (size_t i = 0; i < per; i++) x0[i] += tmp[i] * tmp[per + i];
+    }
+    float sf = (float)d->scaling;
+    for (size_t i = 0; i < per; i++) x0[i] *= sf;
+    /* SDXL size conditioning: original (h, w), crop (top, left), target (h, w) */
+    tids[0] = (float)r->orig_h;
+    tids[1] = (float)r->orig_w;
+    tids[2] = (float)r->crop[1];
+    tids[3] = (float)r->crop[0];
+    tids[4] = (float)r->bucket_h;
+    tids[5] = (float)r->bucket_w;
+    return NULL;
+}
+
+/* Load every record of the batch that passes its checks. */
+sd_status sd_data_load(sd_data *d, const sd_data_batch *b, const sd_load_opts *o, sd_rng *rng, sd_batch *out,
+                       sd_tally *tally, sd_error *err)
+{
+    const sd_data_bucket *bk = &d->buckets[b->bucket];
+    int c = o->channels, h = (int)bk->h / 8, w = (int)bk->w / 8;
+    size_t per = (size_t)c * (size_t)h * (size_t)w, n = b->n, tmax = 512 * (size_t)o->cross_dim;
+    if (o->dropout > 0 && !d->has_empty)
+        return sd_err_set(err, SD_EINVAL, "conditioning dropout needs the shards' empty_text embedding, none has one");
+    if (need_floats(&out->x0, &out->cap_x0, n * per) || need_floats(&out->ctx, &out->cap_ctx, n * tmax) ||
+        need_floats(&out->text, &out->cap_text, n * (size_t)(o->pooled ? o->pooled : 1)) ||
+        need_floats(&out->tids, &out->cap_tids, n * 6) || need_floats(&out->tmp, &out->cap_tmp, 2 * per))
+        return sd_err_set(err, SD_ENOMEM, "out of memory loading a batch");
+    out->n = 0;
+    out->c = c;
+    out->h = h;
+    out->w = w;
+    out->tctx = 0;
+    sd_shard_txn **tx = calloc((size_t)d->nshards, sizeof(*tx));
+    if (!tx) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    sd_status rc = SD_OK;
+    for (size_t i = 0; i < n && !rc; i++) {
+        const sd_data_item *it = &d->items[d->perm[b->start + i]];
+        if (!tx[it->shard] && (rc = sd_shard_read_begin(d->shards[it->shard], &tx[it->shard], err))) break;
+        if (d->has_empty && !tx[d->empty_shard] &&
+            (rc = sd_shard_read_begin(d->shards[d->empty_shard], &tx[d->empty_shard], err)))
+            break;
+        const void *val = NULL;
+        size_t vlen = 0;
+        sd_shard_rec r;
+        sd_error e = {0};
+        const char *why = NULL;
+        int k = out->n, use_empty = 0, named = 0;
+        if (sd_shard_get(tx[it->shard], d->keys + it->koff, it->klen, &val, &vlen, &e)) why = "record missing";
+        else if (sd_shard_rec_parse(val, vlen, &r, &e)) why = "corrupt latent record";
+        else if ((named = 1, sd_shard_rec_check_payload(&r, &e) || r.kind != SD_REC_LATENT))
+            why = "corrupt latent record";
+        if (!why)
+            why = load_latent(d, &r, o, rng, c, h, w, out->x0 + (size_t)k * per, out->tmp, out->tids + 6 * k,
+                              &use_empty);
+        if (!why) {
+            static const uint8_t zero[16];
+            int tc = out->tctx;
+            if (!use_empty && memcmp(r.text_ref, zero, 16) == 0) why = "record has no text embedding";
+            else
+                why = load_text(tx[use_empty ? (uint32_t)d->empty_shard : it->shard],
+                                use_empty ? d->empty_text : r.text_ref, o,
+                                &tc, out->ctx + (size_t)k * tmax, out->text + (size_t)k * (size_t)o->pooled, tmax,
+                                &e);
+            if (!why) out->tctx = tc;
+        }
+        if (why) {
+            char name[96];
+            if (!named) snprintf(name, sizeof name, "(unnamed, key of %u bytes)", it->klen);
+            else snprintf(name, sizeof name, "%.*s", (int)(r.name_len < 80 ? r.name_len : 80), r.name);
+            sd_skip(tally, why, "%s: record %s", sd_shard_path(d->shards[it->shard]), name);
+            continue;
+        }
+        out->n++;
+    }
+    /* text rows were written at stride tmax: pack them to [n, tctx, cross] */
+    size_t row = (size_t)out->tctx * (size_t)o->cross_dim;
+    for (int k = 1; k < out->n && row; k++) memmove(out->ctx + (size_t)k * row, out->ctx + (size_t)k * tmax, row * 4);
+    for (int i = 0; i < d->nshards; i++)
+        if (tx[i]) sd_shard_read_end(tx[i]);
+    free(tx);
+    return rc;
+}
+
+/* Release a batch's buffers. */
+void sd_batch_free(sd_batch *b)
+{
+    free(b->x0);
+    free(b->ctx);
+    free(b->text);
+    free(b->tids);
+    free(b->tmp);
+    memset(b, 0, sizeof(*b));
+}

@@ -1,0 +1,108 @@
+/* Training data straight from latent shards: every record of every shard
+ * (read-only), grouped by bucket; per epoch a seeded shuffle of each
+ * bucket's records cut into batches (the last one of a bucket may be
+ * smaller), then a seeded shuffle of all batches, so a batch never mixes
+ * latent sizes. The epoch's order depends only on the seed and the epoch
+ * number, so a cursor (epoch, batch) is all a checkpoint needs to resume.
+ *
+ * Loading a batch turns records into training inputs: a latent drawn from
+ * the cached mean + std * N(0, 1) (or the cached sample), the flipped
+ * variant at random when the record has one, times the shard's scaling
+ * factor; the text embedding the record references (SD1/SD2: one hidden
+ * state; SDXL: both encoders' hidden states side by side plus the pooled
+ * one), or the shard's empty-caption embedding for conditioning dropout;
+ * and for SDXL the size ids. Records that fail their checks (corrupt,
+ * non-finite values, wrong shape, missing text) are skipped, counted by
+ * reason and never trained on. */
+#ifndef SDTK_TRAIN_DATA_H
+#define SDTK_TRAIN_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+#include "rng.h"
+#include "shard.h"
+#include "tally.h"
+
+typedef struct {
+    uint32_t shard, klen;
+    size_t koff; /* key bytes in sd_data.keys */
+} sd_data_item;
+
+typedef struct {
+    uint32_t w, h; /* pixels */
+    size_t first, n; /* items[first .. first + n) */
+} sd_data_bucket;
+
+typedef struct {
+    uint32_t bucket;
+    size_t start, n; /* perm[start .. start + n) */
+} sd_data_batch;
+
+typedef struct {
+    sd_shard **shards;
+    int nshards;
+    double scaling;          /* the shards' scaling_factor */
+    char model[80];          /* their model_hash ("" when absent) */
+    unsigned char *keys;
+    size_t keys_len, keys_cap;
+    sd_data_item *items;
+    size_t nitems, items_cap;
+    sd_data_bucket *buckets;
+    size_t nbuckets;
+    uint8_t empty_text[16];  /* the shards' empty-caption embedding key */
+    int has_empty;
+    int empty_shard;
+    uint64_t fingerprint;    /* hash of every shard's keys in order */
+    /* the planned epoch */
+    uint64_t seed;
+    int batch;
+    long epoch;              /* -1 before the first plan */
+    uint32_t *perm;
+    sd_data_batch *batches;
+    size_t nbatches;
+} sd_data;
+
+/* Where the next batch comes from. */
+typedef struct {
+    long epoch;
+    size_t batch;
+} sd_data_cursor;
+
+/* Open every shard read-only and index its records by bucket. Shards must
+ * agree on scaling_factor and model_hash unless allow_mixed. */
+sd_status sd_data_open(sd_data *d, const char *const *paths, int n, int batch, uint64_t seed, int allow_mixed,
+                       sd_error *err);
+void sd_data_close(sd_data *d);
+/* The batch at the cursor (planning its epoch when needed), and the cursor
+ * moved past it (into the next epoch after the last batch). */
+sd_status sd_data_next(sd_data *d, sd_data_cursor *cur, sd_data_batch *out, sd_error *err);
+
+/* What the model expects of each record. */
+typedef struct {
+    int channels;      /* latent channels (UNet in_channels) */
+    int cross_dim;     /* text hidden width (SDXL: both encoders' widths summed) */
+    int pooled;        /* SDXL pooled width, 0 for SD1/SD2 */
+    double dropout;    /* probability of the empty-caption embedding */
+    int no_flip;       /* never use the flipped variant */
+} sd_load_opts;
+
+/* A loaded batch, buffers reused between calls. */
+typedef struct {
+    int n, c, h, w;    /* latents [n, c, h, w] */
+    int tctx;          /* text tokens */
+    float *x0, *ctx, *text, *tids;
+    size_t cap_x0, cap_ctx, cap_text, cap_tids;
+    float *tmp;        /* one record's std or scratch */
+    size_t cap_tmp;
+} sd_batch;
+
+/* Read batch b's records into out, drawing from rng in record order (flip,
+ * dropout, latent noise). Skipped records are counted in tally; out->n may
+ * be smaller than the batch, or 0. */
+sd_status sd_data_load(sd_data *d, const sd_data_batch *b, const sd_load_opts *o, sd_rng *rng, sd_batch *out,
+                       sd_tally *tally, sd_error *err);
+void sd_batch_free(sd_batch *b);
+
+#endif

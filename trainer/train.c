@@ -1,0 +1,313 @@
+/* The training step and loop. */
+#include "train.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "progress.h"
+#include "safetensors.h"
+
+/* diffusers train_text_to_image.py defaults. */
+void sd_train_opts_default(sd_train_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->batch = 1;
+    o->accum = 1;
+    o->pred = SD_PRED_EPSILON;
+    o->adam = (sd_adamw_opts){.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 1e-2};
+    o->lr = (sd_lr_sched){.kind = SD_LR_CONSTANT, .base = 1e-4, .warmup = 500, .total = 0};
+    o->max_grad_norm = 1.0;
+    o->max_steps = 1000;
+    o->save_dtype = SD_ST_F32;
+    o->keep = 2;
+    o->threads = 1;
+}
+
+/* The model: loaded, or built from a config and initialised. */
+static sd_status open_model(sd_trainer *tr, sd_error *err)
+{
+    const sd_train_opts *o = &tr->o;
+    if (o->unet) {
+        sd_unet_opts uo = {.config_path = o->unet_config};
+        return sd_unet_load(&tr->unet, o->unet, &uo, err);
+    }
+    if (!o->unet_config) return sd_err_set(err, SD_EINVAL, "no UNet: give a model path or a config.json");
+    sd_unet_config c;
+    sd_unet_config_default(&c);
+    sd_status rc = sd_unet_config_read(o->unet_config, &c, err);
+    if (!rc) rc = sd_unet_build(&tr->unet, &c, err);
+    if (!rc) {
+        sd_unet_init_random(&tr->unet, o->init_seed);
+        snprintf(tr->unet.layout, sizeof tr->unet.layout, "new (seed %llu)", (unsigned long long)o->init_seed);
+    }
+    return rc;
+}
+
+/* Everything a run needs before its first step. */
+sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
+{
+    memset(tr, 0, sizeof(*tr));
+    tr->o = *o;
+    if (o->batch < 1 || o->accum < 1 || o->max_steps < 0)
+        return sd_err_set(err, SD_EINVAL, "batch and accumulation must be >= 1");
+    sd_status rc = open_model(tr, err);
+    if (rc) return rc;
+    size_t n = tr->unet.w.total;
+    tr->m = calloc(n, sizeof(float));
+    tr->v = calloc(n, sizeof(float));
+    tr->grad = calloc(n, sizeof(float));
+    if (!tr->m || !tr->v || !tr->grad) {
+        sd_trainer_close(tr);
+        return sd_err_set(err, SD_ENOMEM, "out of memory for optimizer state (%zu MB)", 3 * n * 4 >> 20);
+    }
+    sd_ddpm_init(&tr->sched, 0.00085, 0.012);
+    sd_rng_seed(&tr->rng, o->seed);
+    sd_tally_init(&tr->tally, 5);
+    tr->be = sd_backend_cpu();
+    tr->pool = o->threads > 1 ? sd_pool_create(o->threads) : NULL;
+    tr->loss_ema = NAN;
+    if (o->nshards > 0) {
+        rc = sd_data_open(&tr->data, o->shards, o->nshards, o->batch, o->seed, o->allow_mixed, err);
+        if (rc) {
+            sd_trainer_close(tr);
+            return rc;
+        }
+        tr->have_data = 1;
+    }
+    return SD_OK;
+}
+
+/* Free everything. */
+void sd_trainer_close(sd_trainer *tr)
+{
+    sd_unet_free(&tr->unet);
+    free(tr->m);
+    free(tr->v);
+    free(tr->grad);
+    if (tr->have_data) sd_data_close(&tr->data);
+    sd_batch_free(&tr->batch);
+    sd_unet_graph_free(&tr->g);
+    free(tr->act);
+    free(tr->dact);
+    free(tr->noise);
+    free(tr->target);
+    free(tr->dout);
+    free(tr->t);
+    if (tr->pool) sd_pool_destroy(tr->pool);
+    if (tr->metrics) fclose(tr->metrics);
+    memset(tr, 0, sizeof(*tr));
+}
+
+/* Plan the graph for a new input shape and size the buffers. */
+static sd_status prepare(sd_trainer *tr, int n, int h, int w, int tctx, sd_error *err)
+{
+    if (tr->g.ops && tr->gn == n && tr->gh == h && tr->gw == w && tr->gt == tctx) return SD_OK;
+    sd_unet_graph_free(&tr->g);
+    sd_status rc = sd_unet_plan(&tr->unet, n, h, w, tctx, &tr->g, err);
+    if (rc) return rc;
+    tr->gn = n;
+    tr->gh = h;
+    tr->gw = w;
+    tr->gt = tctx;
+    if (tr->g.nact > tr->act_cap || tr->g.ndact > tr->dact_cap) {
+        free(tr->act);
+        free(tr->dact);
+        tr->act_cap = tr->g.nact > tr->act_cap ? tr->g.nact : tr->act_cap;
+        tr->dact_cap = tr->g.ndact > tr->dact_cap ? tr->g.ndact : tr->dact_cap;
+        tr->act = calloc(tr->act_cap, sizeof(float));
+        tr->dact = malloc(tr->dact_cap * sizeof(float));
+        if (!tr->act || !tr->dact) {
+            tr->act_cap = tr->dact_cap = 0;
+            return sd_err_set(err, SD_ENOMEM, "out of memory for UNet activations (%zu MB)",
+                              (tr->g.nact + tr->g.ndact) * sizeof(float) >> 20);
+        }
+    }
+    size_t io = (size_t)n * (size_t)tr->unet.cfg.in_channels * (size_t)h * (size_t)w;
+    if (io > tr->io_cap) {
+        free(tr->noise);
+        free(tr->target);
+        free(tr->dout);
+        free(tr->t);
+        tr->noise = malloc(io * sizeof(float));
+        tr->target = malloc(io * sizeof(float));
+        tr->dout = malloc(io * sizeof(float));
+        tr->t = malloc(io * sizeof(int)); /* io >= n */
+        tr->io_cap = tr->noise && tr->target && tr->dout && tr->t ? io : 0;
+        if (!tr->io_cap) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    }
+    return SD_OK;
+}
+
+/* Noise the latents, predict, compare with the target, backpropagate. */
+sd_status sd_train_micro(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
+                         const float *text, const float *tids, const float *noise, const int *t, double grad_scale,
+                         double *loss, sd_error *err)
+{
+    const sd_unet_config *c = &tr->unet.cfg;
+    if (c->in_channels != c->out_channels)
+        return sd_err_set(err, SD_EUNSUPPORTED, "training needs in_channels == out_channels");
+    for (int b = 0; b < n; b++)
+        if (t[b] < 0 || t[b] >= SD_DDPM_STEPS) return sd_err_set(err, SD_EINVAL, "timestep %d out of range", t[b]);
+    sd_status rc = prepare(tr, n, h, w, tctx, err);
+    if (rc) return rc;
+    const sd_unet_graph *g = &tr->g;
+    size_t per = (size_t)c->in_channels * (size_t)h * (size_t)w, tot = (size_t)n * per;
+    float *act = tr->act;
+    sd_ddpm_add_noise(&tr->sched, n, per, t, x0, noise, act + g->x);
+    for (int b = 0; b < n; b++) act[g->t + (size_t)b] = (float)t[b];
+    memcpy(act + g->ctx, ctx, (size_t)n * (size_t)tctx * (size_t)c->cross_dim * sizeof(float));
+    if (c->text_time) {
+        memcpy(act + g->text, text, (size_t)n * (size_t)(c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim) * 4);
+        memcpy(act + g->tids, tids, (size_t)n * SD_UNET_TIME_IDS * sizeof(float));
+    }
+    sd_unet_forward(&tr->unet, g, tr->be, tr->pool, tr->unet.w.data, act);
+    sd_ddpm_target(&tr->sched, tr->o.pred, n, per, t, x0, noise, tr->target);
+    const float *out = act + g->out;
+    double total = 0;
+    for (int b = 0; b < n; b++) {
+        /* min-SNR-gamma (diffusers): min(snr, gamma) / snr (epsilon) or
+         * / (snr + 1) (v-prediction), on each sample's mean */
+        double wgt = 1.0;
+        if (tr->o.snr_gamma > 0) {
+            double snr = sd_ddpm_snr(&tr->sched, t[b]), mn = snr < tr->o.snr_gamma ? snr : tr->o.snr_gamma;
+            wgt = mn / (tr->o.pred == SD_PRED_V ? snr + 1.0 : snr);
+        }
+        double s = 0;
+        for (size_t i = b * per; i < (b + 1) * per; i++) {
+            double d = (double)out[i] - (double)tr->target[i];
+            s += d * d;
+            tr->dout[i] = (float)(grad_scale * wgt * 2.0 * d / (double)tot);
+        }
+        total += wgt * s;
+    }
+    *loss = total / (double)tot;
+    sd_unet_backward(&tr->unet, g, tr->be, tr->pool, tr->unet.w.data, act, tr->dact, tr->dout, tr->grad);
+    return SD_OK;
+}
+
+/* Clip, step, zero. */
+double sd_train_apply(sd_trainer *tr)
+{
+    size_t n = tr->unet.w.total;
+    double norm = sd_grad_clip(tr->pool, tr->grad, n, tr->o.max_grad_norm);
+    double lr = sd_lr_at(&tr->o.lr, tr->step);
+    sd_adamw_step(tr->pool, &tr->o.adam, lr, tr->step + 1, tr->unet.w.data, tr->m, tr->v, tr->grad, n);
+    memset(tr->grad, 0, n * sizeof(float));
+    tr->step++;
+    return norm;
+}
+
+/* accum micro-batches from the shards, then the update. Batches whose
+ * records were all skipped do not count as micro-batches. */
+sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *err)
+{
+    const sd_unet_config *c = &tr->unet.cfg;
+    int pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0;
+    sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim, .pooled = pooled,
+                       .dropout = tr->o.dropout, .no_flip = tr->o.no_flip};
+    double sum = 0;
+    int done = 0, empty = 0;
+    if (!tr->have_data) return sd_err_set(err, SD_EINVAL, "no training data");
+    while (done < tr->o.accum) {
+        sd_data_batch db;
+        sd_status rc = sd_data_next(&tr->data, &tr->cur, &db, err);
+        if (!rc) rc = sd_data_load(&tr->data, &db, &lo, &tr->rng, &tr->batch, &tr->tally, err);
+        if (rc) return rc;
+        sd_batch *b = &tr->batch;
+        if (b->n == 0) {
+            if (++empty > 1000)
+                return sd_err_set(err, SD_EFORMAT, "1000 batches in a row without a usable record");
+            continue;
+        }
+        empty = 0;
+        rc = prepare(tr, b->n, b->h, b->w, b->tctx, err);
+        if (rc) return rc;
+        size_t per = (size_t)b->c * (size_t)b->h * (size_t)b->w;
+        for (int i = 0; i < b->n; i++) tr->t[i] = (int)sd_rng_below(&tr->rng, SD_DDPM_STEPS);
+        sd_rng_normal(&tr->rng, tr->noise, (size_t)b->n * per);
+        if (tr->o.noise_offset > 0) {
+            /* diffusers: noise += offset * randn(n, c, 1, 1) */
+            float off[64];
+            for (int i = 0; i < b->n; i++) {
+                sd_rng_normal(&tr->rng, off, (size_t)b->c);
+                for (int ch = 0; ch < b->c && ch < 64; ch++)
+                    for (size_t k = 0; k < (size_t)b->h * (size_t)b->w; k++)
+                        tr->noise[(size_t)i * per + (size_t)ch * (size_t)b->h * (size_t)b->w + k] +=
+                            (float)tr->o.noise_offset * off[ch];
+            }
+        }
+        double l;
+        rc = sd_train_micro(tr, b->n, b->h, b->w, b->tctx, b->x0, b->ctx, pooled ? b->text : NULL,
+                            c->text_time ? b->tids : NULL, tr->noise, tr->t, 1.0 / tr->o.accum, &l, err);
+        if (rc) return rc;
+        sum += l;
+        tr->images += b->n;
+        done++;
+    }
+    *loss = sum / tr->o.accum;
+    if (!isfinite(*loss)) {
+        /* the last good state stays: drop this step's gradient */
+        memset(tr->grad, 0, tr->unet.w.total * sizeof(float));
+        *gnorm = NAN;
+        return SD_OK;
+    }
+    *gnorm = sd_train_apply(tr);
+    return SD_OK;
+}
+
+/* One metrics line: step, loss, smoothed loss, lr, gradient norm, images,
+ * seconds. */
+static void log_metrics(sd_trainer *tr, double loss, double gnorm, double lr, double secs)
+{
+    if (!tr->metrics) return;
+    fprintf(tr->metrics,
+            "{\"step\": %ld, \"loss\": %.9g, \"loss_smooth\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+            "\"images\": %ld, \"seconds\": %.3f}\n",
+            tr->step, loss, tr->loss_ema, lr, gnorm, tr->images, secs);
+    fflush(tr->metrics);
+}
+
+/* The loop: steps, progress, metrics, checkpoints, stop and NaN handling. */
+sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *err)
+{
+    const sd_train_opts *o = &tr->o;
+    if (o->metrics && !tr->metrics) {
+        tr->metrics = fopen(o->metrics, "a");
+        if (!tr->metrics) return sd_err_set(err, SD_EIO, "%s: cannot open the metrics file", o->metrics);
+    }
+    double t0 = sd_now(), last = t0;
+    long step0 = tr->step, img0 = tr->images;
+    sd_status rc = SD_OK;
+    while (tr->step < o->max_steps && !(stop && *stop)) {
+        double lr = sd_lr_at(&o->lr, tr->step), loss, gnorm;
+        rc = sd_train_step(tr, &loss, &gnorm, err);
+        if (rc) break;
+        if (!isfinite(loss)) {
+            sd_log(SD_LOG_ERROR, "loss is %g at step %ld: stopping; the checkpoint holds the state before it", loss,
+                   tr->step + 1);
+            rc = sd_train_save(tr, err);
+            if (!rc) rc = sd_err_set(err, SD_ERANGE, "non-finite loss at step %ld", tr->step + 1);
+            return rc;
+        }
+        tr->loss_ema = isnan(tr->loss_ema) ? loss : 0.98 * tr->loss_ema + 0.02 * loss;
+        double now = sd_now();
+        log_metrics(tr, loss, gnorm, lr, now - t0);
+        if (!o->quiet && (now - last >= 2.0 || tr->step == o->max_steps)) {
+            double el = now - t0, its = (double)(tr->step - step0) / (el > 0 ? el : 1);
+            double eta = its > 0 ? (double)(o->max_steps - tr->step) / its : 0;
+            fprintf(stderr, "step %ld/%ld  loss %.5f (smooth %.5f)  lr %.3g  %.2f it/s  %.2f img/s  eta %.0fs\n",
+                    tr->step, o->max_steps, loss, tr->loss_ema, lr, its, (double)(tr->images - img0) / (el > 0 ? el : 1),
+                    eta);
+            last = now;
+        }
+        if (o->save_every > 0 && tr->step % o->save_every == 0 && tr->step < o->max_steps) {
+            rc = sd_train_save(tr, err);
+            if (rc) break;
+        }
+    }
+    if (!rc) rc = sd_train_save(tr, err);
+    if (tr->tally.total) sd_tally_log(&tr->tally, "records");
+    return rc;
+}

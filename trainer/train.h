@@ -1,0 +1,125 @@
+/* The UNet trainer: diffusers' train_text_to_image.py math on cached
+ * latents. Per micro-batch: a batch of one bucket from the shards (data.h),
+ * uniform integer timesteps, Gaussian noise (plus the optional noise
+ * offset), x_t = sqrt(acp) x0 + sqrt(1 - acp) noise, the UNet's prediction,
+ * MSE against the epsilon or v target (optionally min-SNR weighted), and
+ * backward into the flat gradient buffer, divided by the accumulation count
+ * as accelerate does. Per optimizer step: global-norm clipping, AdamW with
+ * fp32 master weights at the scheduled rate, gradients zeroed.
+ *
+ * Checkpoints (ckpt.c) hold the model as a diffusers unet/ folder plus a
+ * training-state file (moments, step, RNG state, data cursor), written to a
+ * temporary directory that is renamed into place, so a killed run never
+ * leaves a half checkpoint; a run resumed from one draws the same batches
+ * and numbers and ends bit-identical to an uninterrupted run. */
+#ifndef SDTK_TRAIN_H
+#define SDTK_TRAIN_H
+
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "backend.h"
+#include "data.h"
+#include "optim.h"
+#include "rng.h"
+#include "sched.h"
+#include "tally.h"
+#include "unet.h"
+
+typedef struct {
+    /* model: a diffusers folder / unet folder / single file, or only a
+     * config.json for a new model initialised from init_seed */
+    const char *unet;
+    const char *unet_config;
+    uint64_t init_seed;
+    /* data */
+    const char *const *shards;
+    int nshards;
+    int allow_mixed;
+    int batch, accum;
+    double dropout; /* conditioning dropout: empty-caption embedding */
+    int no_flip;
+    /* math */
+    sd_prediction pred;
+    double snr_gamma;    /* > 0: min-SNR-gamma loss weights */
+    double noise_offset; /* > 0: noise += offset * N(0, 1) per channel */
+    /* optimizer */
+    sd_adamw_opts adam;
+    sd_lr_sched lr;
+    double max_grad_norm; /* <= 0: no clipping */
+    long max_steps;
+    uint64_t seed;
+    /* checkpoints */
+    const char *out_dir;
+    long save_every;  /* 0: only at the end */
+    int keep;         /* checkpoints kept (0: all) */
+    int save_dtype;   /* SD_ST_F32 / F16 / BF16 for the exported unet/ */
+    const char *metrics; /* JSONL metrics file, or NULL */
+    int threads;
+    int quiet;
+} sd_train_opts;
+
+typedef struct {
+    sd_train_opts o;
+    sd_unet unet;
+    sd_ddpm sched;
+    float *m, *v, *grad; /* unet.w.total floats each */
+    long step;           /* optimizer steps done */
+    long images;         /* samples trained on */
+    sd_rng rng;
+    sd_data data;
+    int have_data;
+    sd_data_cursor cur;
+    sd_batch batch;
+    sd_tally tally;
+    /* the planned graph and its buffers, kept while the shape repeats */
+    sd_unet_graph g;
+    int gn, gh, gw, gt;
+    float *act, *dact;
+    size_t act_cap, dact_cap;
+    float *noise, *target, *dout;
+    int *t;
+    size_t io_cap;
+    sd_pool *pool;
+    const sd_backend *be;
+    FILE *metrics;
+    double loss_ema;
+} sd_trainer;
+
+/* Defaults as diffusers' train_text_to_image.py: lr 1e-4 constant, AdamW
+ * betas (0.9, 0.999), eps 1e-8, weight decay 1e-2, clipping at 1.0,
+ * epsilon prediction, batch 1, no accumulation. */
+void sd_train_opts_default(sd_train_opts *o);
+
+/* Load or create the model, allocate optimizer state, open the shards
+ * (when o->nshards > 0) and start the pool. */
+sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err);
+void sd_trainer_close(sd_trainer *tr);
+
+/* One micro-batch with given inputs: x0 [n, c, h, w] (scaled latents), ctx
+ * [n, tctx, cross], text/tids (SDXL, else NULL), noise like x0 and integer
+ * timesteps t [n]. Adds the gradient of loss * grad_scale into tr->grad;
+ * *loss gets the (weighted) MSE. */
+sd_status sd_train_micro(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
+                         const float *text, const float *tids, const float *noise, const int *t, double grad_scale,
+                         double *loss, sd_error *err);
+/* Clip, AdamW at the scheduled rate, zero the gradients, count the step.
+ * Returns the gradient norm before clipping. */
+double sd_train_apply(sd_trainer *tr);
+/* One optimizer step from the shards: accum micro-batches drawn with the
+ * trainer's RNG. *loss is their mean loss. */
+sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *err);
+/* Run until max_steps or *stop, checkpointing every save_every steps, at
+ * the end, on *stop, and (the state before the bad step) on a NaN loss. */
+sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *err);
+
+/* Checkpoints (ckpt.c): out_dir/checkpoint-<step>/ with unet/ and
+ * state.safetensors, and out_dir/latest naming the newest. */
+sd_status sd_train_save(sd_trainer *tr, sd_error *err);
+/* Continue from a checkpoint directory, or from out_dir/latest when dir is
+ * an output directory. The model and data options must be the ones the
+ * checkpoint was made with (the state records them). */
+sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err);
+
+#endif
