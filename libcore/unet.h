@@ -131,6 +131,9 @@ sd_status sd_unet_config_check(const sd_unet_config *c, sd_error *err);
 
 /* Build the layer table and the zeroed flat parameter buffer for cfg. */
 sd_status sd_unet_build(sd_unet *u, const sd_unet_config *cfg, sd_error *err);
+/* The layer table and the slots' names and shapes only (u->w.data stays
+ * NULL): listings and memory estimates of real-size models. */
+sd_status sd_unet_build_names(sd_unet *u, const sd_unet_config *cfg, sd_error *err);
 /* Load from a model folder (unet/ inside), a unet/ folder or a
  * .safetensors file (diffusers names, or ldm names with or without
  * model.diffusion_model.); the config from config.json (the folder's or

@@ -215,7 +215,7 @@ sd_status sd_unet_config_check(const sd_unet_config *c, sd_error *err)
 /* Register every parameter: embeddings, conv_in, down blocks, mid block,
  * up blocks, output. Channel bookkeeping follows diffusers: up block i's
  * resnet j takes the running width plus the skip it pops. */
-sd_status sd_unet_build(sd_unet *u, const sd_unet_config *cfg, sd_error *err)
+sd_status sd_unet_build_names(sd_unet *u, const sd_unet_config *cfg, sd_error *err)
 {
     sd_status rc = sd_unet_config_check(cfg, err);
     if (rc) return rc;
@@ -284,6 +284,14 @@ sd_status sd_unet_build(sd_unet *u, const sd_unet_config *cfg, sd_error *err)
     }
     if (!rc) rc = add_norm(&r, &u->norm_out, "conv_norm_out", "out.0", c0);
     if (!rc) rc = add_conv(&r, &u->conv_out, "conv_out", "out.2", c0, c->out_channels, 3);
+    if (rc) sd_unet_free(u);
+    return rc;
+}
+
+/* The layer table plus the zeroed parameter buffer. */
+sd_status sd_unet_build(sd_unet *u, const sd_unet_config *cfg, sd_error *err)
+{
+    sd_status rc = sd_unet_build_names(u, cfg, err);
     if (!rc) rc = sd_weights_alloc(&u->w, err);
     if (rc) sd_unet_free(u);
     return rc;

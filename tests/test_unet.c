@@ -419,8 +419,32 @@ static void check_config(const char *name, int single)
     sd_st_close(g.st);
 }
 
-int main(void)
+/* test_unet --list-slots CONFIG prints every parameter slot of that
+ * config (diffusers name, ldm name, shape) without allocating it, for
+ * tests/golden/check_unet_names.py; with no arguments the tests run. */
+static int list_slots(const char *conf)
 {
+    sd_unet_config c;
+    sd_error err = {0};
+    sd_unet u;
+    sd_unet_config_default(&c);
+    if (sd_unet_config_read(conf, &c, &err) || sd_unet_build_names(&u, &c, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    for (size_t i = 0; i < u.w.nslots; i++) {
+        const sd_weight_slot *s = &u.w.slots[i];
+        printf("%s %s", s->name, s->alt);
+        for (int k = 0; k < s->ndim; k++) printf(" %d", s->shape[k]);
+        printf("\n");
+    }
+    sd_unet_free(&u);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && strcmp(argv[1], "--list-slots") == 0) return list_slots(argv[2]);
     check_config("sd1", 1);
     check_config("sd2", 0);
     check_config("sdxl", 1);
