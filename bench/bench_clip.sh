@@ -1,0 +1,34 @@
+#!/bin/bash
+# CLIP text encoding benchmark (run by hand, not in ctest): the real CLIP
+# ViT-L/14 text encoder architecture (SD 1.x's text_encoder) with random
+# weights (the same file for both), a batch of N 77-token captions, sdtk's
+# CPU engine vs PyTorch CPU fp32 in the same run on 1 and 2 threads, in
+# captions/s; PyTorch also one caption per call (sdtk always encodes one at
+# a time, so that a caption's embedding never depends on its batch); then the
+# max abs difference of the two hidden states (a sanity check that both
+# computed the same function).
+# usage: bench/bench_clip.sh BUILD_DIR [N] [REPS]   (after building bench_clip
+#        in a Release build; needs python3 with torch + transformers from PyPI)
+set -eu
+B=$(realpath "${1:-build}")
+N=${2:-16}
+REPS=${3:-3}
+HERE=$(dirname "$(realpath "$0")")
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+python3 "$HERE/bench_clip.py" make "$T" "$N"
+echo "CLIP ViT-L/14 text encoder, $N captions x 77 tokens, $REPS timed runs each; CPU: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+for th in 1 2; do
+    python3 "$HERE/bench_clip.py" time "$T" "$N" "$th" "$REPS" | tee "$T/torch$th.txt"
+    "$B/bench/bench_clip" "$T" "$T/ids.i32" "$N" "$th" "$REPS" "$T/sdtk_hidden.f32" | tee "$T/sdtk$th.txt"
+    python3 - "$T/torch$th.txt" "$T/sdtk$th.txt" "$T/torch_hidden.f32" "$T/sdtk_hidden.f32" << 'PY'
+import re, sys
+import numpy as np
+tb = float(re.search(r"best ([\d.]+)", open(sys.argv[1]).read()).group(1))
+sb = float(re.search(r"best ([\d.]+)", open(sys.argv[2]).read()).group(1))
+a, b = np.fromfile(sys.argv[3], np.float32), np.fromfile(sys.argv[4], np.float32)
+t1 = float(re.search(r"one caption per call: best ([\d.]+)", open(sys.argv[1]).read()).group(1))
+print("  ratio sdtk/pytorch speed (best of each): %.2fx batched, %.2fx one caption per call   "
+      "max |hidden diff| %.2e (mean |value| %.2e)" % (tb / sb, t1 / sb, np.abs(a - b).max(), np.abs(a).mean()))
+PY
+done

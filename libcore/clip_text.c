@@ -1,0 +1,207 @@
+/* The CLIP text encoder's forward pass (transformers' CLIPTextTransformer):
+ * token + position embeddings, pre-LN blocks with causal multi-head
+ * self-attention and an MLP, the final layer norm, the pooled end-token
+ * state and text_projection; one sequence at a time over a scratch
+ * workspace. */
+#include <math.h>
+
+#include "clip_text.h"
+
+/* Offsets are rounded up to 16 floats so every scratch tensor starts on a
+ * cache line. */
+static size_t round16(size_t n)
+{
+    return (n + 15) & ~(size_t)15;
+}
+
+/* The scratch tensors of one sequence, carved from the workspace (in the
+ * backend's memory). */
+typedef struct {
+    float *x;    /* [t, W] residual stream */
+    float *h;    /* [t, W] normed input of a sub-block; merged heads; sub-block output */
+    float *big;  /* [max(3W, mlp), t] q|k|v or the MLP's hidden, feature-major */
+    float *big2; /* [3H, t, D] q, k and v head-major, one after the other; [t, mlp] the MLP's hidden */
+    float *tmp;  /* [W, t] heads on the way back; sub-block outputs, feature-major */
+    float *o;    /* [H, t, D] attention output */
+    float *lse;  /* [H, t] */
+    float *mean; /* [t] layer-norm statistics */
+    float *rstd; /* [t] */
+    float *row;  /* [W] the pooled row after the final LN */
+    size_t total;
+} scratch;
+
+/* Lay the scratch tensors out from base (NULL: only count floats). */
+static void scratch_plan(const sd_clip_text_config *c, int t, float *base, scratch *s)
+{
+    size_t tw = (size_t)t * (size_t)c->width, wide = (size_t)t * (size_t)(3 * c->width > c->mlp ? 3 * c->width : c->mlp);
+    size_t sizes[10] = {tw, tw, wide, wide, tw, tw, (size_t)c->heads * (size_t)t, (size_t)t, (size_t)t,
+                        (size_t)c->width};
+    float **dst[10] = {&s->x, &s->h, &s->big, &s->big2, &s->tmp, &s->o, &s->lse, &s->mean, &s->rstd, &s->row};
+    size_t off = 0;
+    for (int i = 0; i < 10; i++) {
+        *dst[i] = base ? base + off : NULL;
+        off += round16(sizes[i]);
+    }
+    s->total = off;
+}
+
+/* Scratch floats for one sequence of t tokens (sequences run one at a
+ * time, so the batch size does not matter). */
+size_t sd_clip_text_workspace_floats(const sd_clip_text *m, int t)
+{
+    scratch s;
+    scratch_plan(&m->cfg, t, NULL, &s);
+    return s.total;
+}
+
+/* The pooled output's width. */
+int sd_clip_text_pooled_dim(const sd_clip_text *m)
+{
+    return m->cfg.proj > 0 ? m->cfg.proj : m->cfg.width;
+}
+
+/* What every layer needs: the backend and its exec context, the
+ * parameters, config, length and scratch (all in the backend's memory). */
+typedef struct {
+    const sd_backend *be;
+    void *exec;
+    const float *p;
+    const sd_clip_text_config *cfg;
+    int t;
+    scratch *s;
+} fwd;
+
+/* y [rows, W] = layer_norm(x) with the given gamma/beta. */
+static void norm(const fwd *f, const sd_clip_norm *nm, int rows, float *y, const float *x)
+{
+    sd_ln_shape ls = {.m = rows, .c = f->cfg->width, .eps = f->cfg->eps};
+    f->be->layer_norm_fwd(f->exec, &ls, y, f->s->mean, f->s->rstd, x, f->p + nm->g, f->p + nm->b);
+}
+
+/* A linear layer feature-major: yt [out, t] = w [out, in] x^T + b for x
+ * [t, in], i.e. the linear op with the weight as its row operand. With
+ * only t = 77 token rows the op's row blocks would be a few rows each and
+ * every block would repack the whole weight; with the weight's rows split
+ * instead, each weight row is packed once (2-3x faster on the CPU). */
+static void linear_t(const fwd *f, size_t w, size_t b, int out, int in, float *yt, const float *x)
+{
+    sd_linear_shape ls = {.m = out, .k = in, .n = f->t};
+    f->be->linear_fwd(f->exec, &ls, yt, f->p + w, x, NULL);
+    f->be->add_bcast_channel_fwd(f->exec, 1, out, f->t, yt, yt, f->p + b);
+}
+
+/* One CLIPEncoderLayer on the residual stream x:
+ * x += out_proj(attn(split(qkv(ln1(x))))) then x += fc2(act(fc1(ln2(x)))).
+ * Heads are split from q|k|v^T [3H, D, t] by one transpose per [D, t]
+ * plane and merged back by two ([H, t, D] -> [H*D, t] -> [t, W]). */
+static void block(const fwd *f, const sd_clip_layer *L)
+{
+    const sd_clip_text_config *c = f->cfg;
+    scratch *s = f->s;
+    int t = f->t, W = c->width, H = c->heads, D = W / H;
+    size_t tw = (size_t)t * (size_t)W;
+    norm(f, &L->ln1, t, s->h, s->x);
+    linear_t(f, L->wqkv, L->bqkv, 3 * W, W, s->big, s->h);
+    f->be->transpose_fwd(f->exec, 3 * H, D, t, s->big2, s->big);
+    /* causal self-attention, scores scaled by head_dim ** -0.5 */
+    sd_attn_shape as = {.b = 1, .heads = H, .tq = t, .tk = t, .d = D, .causal = 1,
+                        .scale = (float)(1.0 / sqrt((double)D))};
+    f->be->attn_fwd(f->exec, &as, s->o, s->lse, s->big2, s->big2 + tw, s->big2 + 2 * tw);
+    f->be->transpose_fwd(f->exec, H, t, D, s->tmp, s->o);
+    f->be->transpose_fwd(f->exec, 1, W, t, s->h, s->tmp);
+    linear_t(f, L->wo, L->bo, W, W, s->tmp, s->h);
+    f->be->transpose_fwd(f->exec, 1, W, t, s->h, s->tmp);
+    f->be->add_fwd(f->exec, tw, s->x, s->x, s->h);
+    norm(f, &L->ln2, t, s->h, s->x);
+    linear_t(f, L->w1, L->b1, c->mlp, W, s->big, s->h);
+    size_t nh = (size_t)t * (size_t)c->mlp;
+    if (c->act == SD_CLIP_GELU) f->be->gelu_fwd(f->exec, nh, s->big, s->big);
+    else f->be->quick_gelu_fwd(f->exec, nh, s->big, s->big);
+    f->be->transpose_fwd(f->exec, 1, c->mlp, t, s->big2, s->big);
+    linear_t(f, L->w2, L->b2, W, c->mlp, s->tmp, s->big2);
+    f->be->transpose_fwd(f->exec, 1, W, t, s->h, s->tmp);
+    f->be->add_fwd(f->exec, tw, s->x, s->x, s->h);
+}
+
+/* The position transformers pools at: with the legacy eos_token_id 2 the
+ * argmax of the ids (first maximum), else the first position holding
+ * eos_id (argmax of a 0/1 mask: 0 when there is none). */
+static int pool_position(const sd_clip_text_config *c, const int32_t *ids, int t)
+{
+    int best = 0;
+    if (c->eos_id == SD_CLIP_LEGACY_EOS) {
+        for (int i = 1; i < t; i++)
+            if (ids[i] > ids[best]) best = i;
+        return best;
+    }
+    for (int i = 0; i < t; i++)
+        if (ids[i] == c->eos_id) return i;
+    return 0;
+}
+
+/* The selected hidden state of one sequence into dst [t, W]. */
+static void emit_hidden(const fwd *f, const sd_clip_text *m, const sd_clip_text_out *out, float *dst)
+{
+    if (out->final_ln) norm(f, &m->final_ln, f->t, dst, f->s->x);
+    else f->be->d2d(f->exec, dst, f->s->x, (size_t)f->t * (size_t)m->cfg.width * sizeof(float));
+}
+
+/* Embeddings, the blocks up to the last one any output needs, the hidden
+ * state when the selected layer is reached, the pooled row at the end.
+ * ids is the host copy (pooling position), ids_be the backend's. */
+static void encode_one(const sd_clip_text *m, const fwd *f, const int32_t *ids, const int32_t *ids_be,
+                       const sd_clip_text_out *out, float *hidden, float *pooled)
+{
+    const sd_clip_text_config *c = &m->cfg;
+    sd_embedding_shape es = {.n = 1, .t = f->t, .dim = c->width, .vocab = c->vocab, .npos = c->positions};
+    f->be->embedding_fwd(f->exec, &es, f->s->x, ids_be, f->p + m->tok, f->p + m->pos);
+    int want = hidden ? c->layers - out->skip : c->layers, run = pooled ? c->layers : want;
+    for (int l = 0; l <= run; l++) {
+        if (hidden && l == want) emit_hidden(f, m, out, hidden);
+        if (l < run) block(f, &m->layer[l]);
+    }
+    if (!pooled) return;
+    const float *last = f->s->x + (size_t)pool_position(c, ids, f->t) * (size_t)c->width;
+    if (!c->proj) {
+        norm(f, &m->final_ln, 1, pooled, last);
+        return;
+    }
+    norm(f, &m->final_ln, 1, f->s->row, last);
+    sd_linear_shape ps = {.m = 1, .k = c->width, .n = c->proj};
+    f->be->linear_fwd(f->exec, &ps, pooled, f->s->row, f->p + m->proj_w, NULL);
+}
+
+/* Validate the request once on the host ids, then run each sequence alone;
+ * ends with the backend's sync so a device failure is reported here. */
+sd_status sd_clip_text_encode_on(const sd_clip_text *m, const sd_backend *be, void *exec, const float *params, int n,
+                                 int t, const int32_t *ids, const int32_t *ids_be, const sd_clip_text_out *out,
+                                 float *hidden, float *pooled, float *ws, sd_error *err)
+{
+    const sd_clip_text_config *c = &m->cfg;
+    if (n < 1 || t < 1 || t > c->positions)
+        return sd_err_set(err, SD_EINVAL, "CLIP text encode: %d sequences of %d tokens (1..%d tokens allowed)", n, t,
+                          c->positions);
+    if (hidden && (!out || out->skip < 0 || out->skip > c->layers))
+        return sd_err_set(err, SD_EINVAL, "CLIP text encode: skip %d outside 0..%d layers", out ? out->skip : -1,
+                          c->layers);
+    sd_embedding_shape es = {.n = n, .t = t, .dim = c->width, .vocab = c->vocab, .npos = c->positions};
+    sd_status rc = sd_embedding_check_ids(&es, ids, err);
+    if (rc || (!hidden && !pooled)) return rc;
+    scratch s;
+    scratch_plan(c, t, ws, &s);
+    fwd f = {.be = be, .exec = exec, .p = params, .cfg = c, .t = t, .s = &s};
+    size_t per = (size_t)t * (size_t)c->width, pd = (size_t)sd_clip_text_pooled_dim(m);
+    for (int i = 0; i < n; i++)
+        encode_one(m, &f, ids + (size_t)i * (size_t)t, ids_be + (size_t)i * (size_t)t, out,
+                   hidden ? hidden + (size_t)i * per : NULL, pooled ? pooled + (size_t)i * pd : NULL);
+    return be->sync(exec, err);
+}
+
+/* The host-memory case: parameters from the model's own flat buffer, the
+ * ids read in place. */
+sd_status sd_clip_text_encode(const sd_clip_text *m, const sd_backend *be, sd_pool *pool, int n, int t,
+                              const int32_t *ids, const sd_clip_text_out *out, float *hidden, float *pooled, float *ws,
+                              sd_error *err)
+{
+    return sd_clip_text_encode_on(m, be, pool, m->w.data, n, t, ids, ids, out, hidden, pooled, ws, err);
+}
