@@ -28,7 +28,7 @@ int main(int argc, char **argv)
 {
     latents_opts o = {.device = "cpu", .dtype_name = "fp16", .shard_count = 1};
     const char *part = NULL;
-    long batch = 1, threads = 0, groups = 0, seed = 0;
+    long batch = 1, threads = 0, groups = 0, seed = 0, clip_skip = 0;
     int quiet = 0, verbose = 0;
     const sd_opt opts[] = {
         {"output", 'o', SD_OPT_STR, &o.output, "SHARD", "the shard to write (created if missing, else resumed)"},
@@ -38,6 +38,12 @@ int main(int argc, char **argv)
         {"vae-groups", 0, SD_OPT_INT, &groups, "N", "norm groups when no config.json says (default 32)"},
         {"scale", 0, SD_OPT_DOUBLE, &o.scale, "X",
          "scaling factor recorded in the shard (default: config.json, 0.13025 for SDXL checkpoints, else 0.18215)"},
+        {"text", 0, SD_OPT_STR, &o.text_model, "MODEL",
+         "also cache CLIP text embeddings, once per distinct caption: a diffusers model folder (text_encoder/, "
+         "tokenizer/; SDXL: also *_2/) or a single-file checkpoint with --tokenizer"},
+        {"tokenizer", 0, SD_OPT_STR, &o.tokenizer, "DIR", "folder holding tokenizer/ (and tokenizer_2/) for --text"},
+        {"clip-skip", 0, SD_OPT_INT, &clip_skip, "N",
+         "skip N more text-encoder layers than the SD variant's default (kohya's --clip_skip 2 is 1 here)"},
         {"device", 0, SD_OPT_STR, &o.device, "DEV", "cpu (default); cuda:K needs the CUDA backend (not in this build)"},
         {"shard", 0, SD_OPT_STR, &part, "I/N", "cache only records whose key hashes to part I of N (one process per GPU)"},
         {"batch", 'b', SD_OPT_INT, &batch, "N", "images per VAE batch, all of one bucket (default 1)"},
@@ -77,6 +83,8 @@ int main(int argc, char **argv)
     if (threads < 0 || threads > 1024) sd_cli_usage_error(&cli, "--threads must be 0..1024");
     if (groups < 0 || groups > 4096) sd_cli_usage_error(&cli, "--vae-groups must be 0..4096");
     if (seed < 0) sd_cli_usage_error(&cli, "--seed must not be negative");
+    if (clip_skip < 0 || clip_skip > 48) sd_cli_usage_error(&cli, "--clip-skip must be 0..48");
+    if (o.tokenizer && !o.text_model) sd_cli_usage_error(&cli, "--tokenizer needs --text");
     if (o.scale < 0) sd_cli_usage_error(&cli, "--scale must be positive");
     if (strcmp(o.device, "cpu") != 0) {
         if (strncmp(o.device, "cuda", 4) == 0) {
@@ -89,6 +97,7 @@ int main(int argc, char **argv)
     o.batch = (int)batch;
     o.threads = threads > 0 ? (int)threads : sd_default_threads();
     o.vae_groups = (int)groups;
+    o.clip_skip = (int)clip_skip;
     o.seed = (uint64_t)seed;
     o.quiet = quiet;
     rc = latents_run(&o);

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "buf.h"
 #include "err.h"
 #include "image.h"
 #include "tally.h"
@@ -16,12 +17,15 @@ typedef struct {
     char *name;   /* sd-meta `key`: the record name */
     char *image;  /* file, or the tar holding the member */
     char *member; /* tar member or NULL */
+    char *caption; /* the record's caption ("" when it has none) */
+    size_t caption_len;
     uint64_t offset, size;
     int bucket_w, bucket_h;
     int orig_w, orig_h;
     sd_image_plan plan; /* resize + crop (flip is per variant) */
     size_t seq;         /* position in the input, for a stable order */
-    uint8_t key[16];    /* record key: hash of name, plan, options, model */
+    uint8_t text_key[16]; /* with --text: key of the caption's embedding */
+    uint8_t key[16];    /* record key: hash of name, plan, options, model, text key */
     int state;          /* JOB_TODO, JOB_DONE, JOB_STALE */
     uint8_t old_key[16];
 } latent_job;
@@ -43,12 +47,26 @@ void jobs_free(job_list *l);
 /* Everything the run needs from the command line. */
 typedef struct {
     const char *input, *output, *vae_path, *vae_config, *device, *dtype_name;
+    const char *text_model, *tokenizer; /* --text MODEL, --tokenizer DIR */
+    int clip_skip;
     int vae_groups;
     double scale;
     int shard_index, shard_count;
     int batch, threads, flip, sample, nosync, strict, quiet;
     uint64_t seed;
 } latents_opts;
+
+/* Floats per latent and its shape [c, h, w]. */
+typedef struct {
+    size_t n;
+    int c, h, w;
+} latent_shape;
+
+/* latents_record.c */
+void latents_flip_lr(float *dst, const float *src, int planes, int h, int w);
+sd_status latents_record(const latent_job *j, const latents_opts *o, int dtype, float *const mean[2],
+                         float *const std[2], const latent_shape *ls, const uint8_t *text_ref, sd_buf *conv,
+                         sd_buf *out, sd_error *err);
 
 /* The whole tool: returns an SD_EXIT_* code. */
 int latents_run(const latents_opts *o);

@@ -53,6 +53,7 @@ static void job_free(latent_job *j)
     free(j->name);
     free(j->image);
     free(j->member);
+    free(j->caption);
 }
 
 /* Turn one parsed record into a job; a reason string when it cannot be. */
@@ -84,6 +85,14 @@ static const char *job_from(const sd_json *r, latent_job *j)
         j->orig_h = rs[1];
     }
     j->member = dup_str(r, "member");
+    const sd_json *cap = sd_json_get(r, "caption");
+    if (cap && cap->type != SD_JSON_STRING && cap->type != SD_JSON_NULL) return "caption is not a string";
+    size_t cl = cap && cap->type == SD_JSON_STRING ? cap->len : 0;
+    j->caption = malloc(cl + 1);
+    if (!j->caption) return "out of memory";
+    if (cl) memcpy(j->caption, cap->str, cl);
+    j->caption[cl] = 0;
+    j->caption_len = cl;
     j->size = SD_IMAGE_WHOLE_FILE;
     int ho = opt_u64(r, "offset", &j->offset), hs = opt_u64(r, "size", &j->size);
     if (ho < 0 || hs < 0) return "bad offset/size";

@@ -7,7 +7,6 @@
  * encodes exactly the batches an uninterrupted run would have: with the
  * engine's thread-count-independent ops, the shard's records are then
  * bit-identical to an uninterrupted run's. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +14,6 @@
 #include "backend.h"
 #include "buf.h"
 #include "cli.h"
-#include "f16.h"
 #include "hash.h"
 #include "keyset.h"
 #include "log.h"
@@ -23,6 +21,7 @@
 #include "progress.h"
 #include "shard.h"
 #include "latents.h"
+#include "latents_text.h"
 #include "vae.h"
 
 typedef struct {
@@ -39,9 +38,11 @@ typedef struct {
     size_t img_cap, lat_cap, std_cap, ws_cap;
     sd_status *dec_st; /* per job of a batch */
     char (*dec_msg)[256];
-    unsigned char *conv; /* one tensor in the stored dtype */
-    size_t conv_cap;
-    sd_buf rec;
+    sd_buf conv; /* the record's tensors in the stored dtype */
+    sd_buf rec, trec;
+    int text_on;
+    text_cache text;
+    uint8_t empty_key[16];
     double t_decode, t_encode, t_write;
     uint64_t written, cached, bad, replaced;
 } run;
@@ -72,6 +73,10 @@ static void job_key(const run *r, latent_job *j)
 {
     sd_buf b;
     sd_buf_init(&b);
+    if (r->text_on) {
+        text_key(&r->text, j->caption, j->caption_len, j->text_key);
+        sd_buf_put(&b, j->text_key, 16);
+    }
     sd_buf_printf(&b, "%s%c%d,%d,%d,%d,%d,%d|%d,%d|%s|%d|%d|%d|%llu|%s", j->name, 0, j->plan.resize_w,
                   j->plan.resize_h, j->plan.crop_l, j->plan.crop_t, j->plan.crop_r, j->plan.crop_b, j->orig_w,
                   j->orig_h, j->member ? j->member : "", r->o->sample, r->o->flip, r->dtype,
@@ -136,7 +141,11 @@ static sd_status write_meta(run *r, sd_error *err)
     if (!st) st = sd_shard_meta_set(r->shard, SD_SHARD_META_MODEL, r->model_hash, err);
     snprintf(buf, sizeof buf, "%.17g", r->vae.cfg.scaling_factor);
     if (!st) st = sd_shard_meta_set(r->shard, SD_SHARD_META_SCALING, buf, err);
-    snprintf(buf, sizeof buf, "{\"latent\": \"%s\"}", sd_dtype_name(r->dtype));
+    if (r->text_on)
+        snprintf(buf, sizeof buf, "{\"latent\": \"%s\", \"text\": \"%s\"}", sd_dtype_name(r->dtype),
+                 sd_dtype_name(r->dtype));
+    else
+        snprintf(buf, sizeof buf, "{\"latent\": \"%s\"}", sd_dtype_name(r->dtype));
     if (!st) st = sd_shard_meta_set(r->shard, SD_SHARD_META_DTYPES, buf, err);
     sd_buf b;
     sd_buf_init(&b);
@@ -147,6 +156,15 @@ static sd_status write_meta(run *r, sd_error *err)
                   o->shard_index, o->shard_count);
     if (!st) st = sd_shard_meta_set(r->shard, SD_SHARD_META_OPTIONS, sd_buf_cstr(&b), err);
     sd_buf_free(&b);
+    if (!st && r->text_on) {
+        /* the empty caption's embedding, stored once for conditioning
+         * dropout at train time; its key is in meta "empty_text" */
+        char hex[33];
+        for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", r->empty_key[i]);
+        st = text_put(&r->text, r->shard, r->be, r->pool, "", 0, r->empty_key, &r->trec, err);
+        if (!st) st = sd_shard_meta_set(r->shard, "empty_text", hex, err);
+        if (!st) st = sd_shard_meta_set(r->shard, "text_encoder", r->text.ident, err);
+    }
     return st;
 }
 
@@ -171,91 +189,22 @@ static void decode_range(void *vctx, int worker, size_t begin, size_t end)
     }
 }
 
-/* Mirror each CHW image left-right: the flipped variant of a decoded image. */
-static void flip_lr(float *dst, const float *src, int planes, int h, int w)
-{
-    for (int p = 0; p < planes * h; p++) {
-        const float *s = src + (size_t)p * (size_t)w;
-        float *d = dst + (size_t)p * (size_t)w;
-        for (int x = 0; x < w; x++) d[x] = s[w - 1 - x];
-    }
-}
-
-/* splitmix64: the per-record noise stream for --sample. */
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-/* mean + std * N(0, 1) in place of mean (Box-Muller), seeded by the record
- * name, the variant and --seed, so a sample never depends on batch order. */
-static void sample_into(float *mean, const float *std, size_t n, const char *name, int variant, uint64_t seed)
-{
-    uint64_t s = sd_hash64(name, strlen(name), seed) ^ (uint64_t)variant * 0xD6E8FEB86659FD93ull;
-    for (size_t i = 0; i < n; i += 2) {
-        double u1 = ((double)(splitmix(&s) >> 11) + 1.0) / 9007199254740993.0;
-        double u2 = (double)(splitmix(&s) >> 11) / 9007199254740992.0;
-        double rad = sqrt(-2.0 * log(u1));
-        mean[i] += std[i] * (float)(rad * cos(2.0 * M_PI * u2));
-        if (i + 1 < n) mean[i + 1] += std[i + 1] * (float)(rad * sin(2.0 * M_PI * u2));
-    }
-}
-
-/* n floats into the stored dtype at dst. */
-static void store(unsigned char *dst, const float *src, size_t n, int dtype)
-{
-    if (dtype == SD_DT_F32) {
-        memcpy(dst, src, n * 4);
-        return;
-    }
-    for (size_t i = 0; i < n; i++) {
-        uint16_t h = dtype == SD_DT_F16 ? sd_f32_to_f16(src[i]) : sd_f32_to_bf16(src[i]);
-        memcpy(dst + 2 * i, &h, 2);
-    }
-}
-
-/* Build job j's record from its latents (variants: 1 or 2 with --flip;
- * image k of the batch, `ok` images per variant) and put it. */
+/* Build job j's record (latents_record.c) and put it; with --text its
+ * caption's embedding is looked up or computed first. Latents of variant
+ * v of image k of the batch sit at (v * ok + k) * lat. */
 static sd_status put_record(run *r, latent_job *j, size_t k, size_t ok, size_t lat, int lc, int lh, int lw,
                             sd_error *err)
 {
-    const latents_opts *o = r->o;
-    int variants = o->flip ? 2 : 1, nt = 0;
-    size_t esz = sd_dtype_size(r->dtype), need = 4 * lat * esz;
-    if (need > r->conv_cap) {
-        unsigned char *c = realloc(r->conv, need);
-        if (!c) return sd_err_set(err, SD_ENOMEM, "out of memory");
-        r->conv = c;
-        r->conv_cap = need;
+    const uint8_t *text_ref = NULL;
+    if (r->text_on) {
+        sd_status ts = text_put(&r->text, r->shard, r->be, r->pool, j->caption, j->caption_len, j->text_key, &r->trec, err);
+        if (ts) return ts;
+        text_ref = j->text_key;
     }
-    sd_shard_rec rec = {.kind = SD_REC_LATENT, .orig_w = (uint32_t)j->orig_w, .orig_h = (uint32_t)j->orig_h,
-                        .bucket_w = (uint32_t)j->bucket_w, .bucket_h = (uint32_t)j->bucket_h, .name = j->name,
-                        .name_len = strlen(j->name)};
-    rec.crop[0] = j->plan.crop_l;
-    rec.crop[1] = j->plan.crop_t;
-    rec.crop[2] = j->plan.crop_r;
-    rec.crop[3] = j->plan.crop_b;
-    rec.flags = (uint16_t)((o->flip ? SD_REC_F_FLIPPED : 0) | (o->sample ? 0 : SD_REC_F_MEANSTD));
-    for (int v = 0; v < variants; v++) {
-        float *m = r->mean + (v * ok + k) * lat, *s = r->std + (v * ok + k) * lat;
-        if (o->sample) sample_into(m, s, lat, j->name, v, o->seed);
-        int roles[2];
-        int nr = o->sample ? 1 : 2;
-        roles[0] = o->sample ? (v ? SD_ROLE_SAMPLE_FLIP : SD_ROLE_SAMPLE) : (v ? SD_ROLE_MEAN_FLIP : SD_ROLE_MEAN);
-        roles[1] = v ? SD_ROLE_STD_FLIP : SD_ROLE_STD;
-        for (int t = 0; t < nr; t++) {
-            unsigned char *dst = r->conv + (size_t)nt * lat * esz;
-            store(dst, t ? s : m, lat, r->dtype);
-            rec.t[nt] = (sd_shard_tensor){.dtype = (uint8_t)r->dtype, .role = (uint8_t)roles[t], .ndim = 3,
-                                          .shape = {(uint32_t)lc, (uint32_t)lh, (uint32_t)lw, 0}, .data = dst};
-            nt++;
-        }
-    }
-    rec.ntensors = nt;
-    sd_status st = sd_shard_rec_build(&rec, &r->rec, err);
+    float *mean[2] = {r->mean + k * lat, r->mean + (ok + k) * lat};
+    float *std[2] = {r->std + k * lat, r->std + (ok + k) * lat};
+    latent_shape ls = {lat, lc, lh, lw};
+    sd_status st = latents_record(j, r->o, r->dtype, mean, std, &ls, text_ref, &r->conv, &r->rec, err);
     if (!st && j->state == JOB_STALE) {
         st = sd_shard_del(r->shard, j->old_key, 16, err);
         r->replaced++;
@@ -294,7 +243,7 @@ static sd_status do_batch(run *r, latent_job **todo, size_t m, int *meta_pending
         todo[ok++] = todo[i];
     }
     if (o->flip)
-        for (size_t i = 0; i < ok; i++) flip_lr(r->img + (ok + i) * chw, r->img + i * chw, 3, h, w);
+        for (size_t i = 0; i < ok; i++) latents_flip_lr(r->img + (ok + i) * chw, r->img + i * chw, 3, h, w);
     double t1 = sd_now();
     r->t_decode += t1 - t0;
     if (!ok) return SD_OK;
@@ -379,8 +328,10 @@ static void run_free(run *r)
     free(r->ws);
     free(r->dec_st);
     free(r->dec_msg);
-    free(r->conv);
+    sd_buf_free(&r->conv);
     sd_buf_free(&r->rec);
+    sd_buf_free(&r->trec);
+    if (r->text_on) text_close(&r->text);
 }
 
 /* Each pool worker releases its libvips thread state. */
@@ -400,6 +351,8 @@ int latents_run(const latents_opts *o)
     memset(&r, 0, sizeof r);
     r.o = o;
     sd_buf_init(&r.rec);
+    sd_buf_init(&r.trec);
+    sd_buf_init(&r.conv);
     sd_tally_init(&r.tally, 10);
     sd_error err = {0};
     sd_status st = SD_OK;
@@ -417,6 +370,11 @@ int latents_run(const latents_opts *o)
                o->vae_path, r.vae.layout, r.vae.cfg.nblocks, sd_weights_bytes(&r.vae.w) >> 20,
                r.vae.cfg.scaling_factor, r.vae.cfg.scale_source, r.model_hash, sd_now() - t0);
     }
+    if (!st && o->text_model) {
+        st = text_open(&r.text, o->text_model, o->tokenizer, o->clip_skip, r.dtype, &err);
+        r.text_on = !st;
+        if (r.text_on) text_key(&r.text, "", 0, r.empty_key);
+    }
     if (!st) st = jobs_read(&r.jobs, o->input, o->shard_index, o->shard_count, &r.tally, &err);
     if (!st) {
         sd_keyset names;
@@ -429,6 +387,7 @@ int latents_run(const latents_opts *o)
                 free(j->name);
                 free(j->image);
                 free(j->member);
+                free(j->caption);
                 continue;
             }
             r.jobs.v[k++] = *j;
@@ -459,6 +418,16 @@ int latents_run(const latents_opts *o)
                r.t_write > 0 ? (double)r.written / r.t_write : 0, r.t_write);
     else if (!st)
         sd_log(SD_LOG_INFO, "nothing to do: %llu records already cached", (unsigned long long)r.cached);
+    if (r.text_on && r.text.total) {
+        sd_log(SD_LOG_INFO,
+               "text: %llu captions looked up, %llu embeddings computed (%.1f captions/s), %llu already stored; "
+               "one %zu-byte record per distinct caption saved about %.1f MB over one per image; "
+               "%llu captions had invalid UTF-8 (replaced by U+FFFD)",
+               (unsigned long long)r.text.total, (unsigned long long)r.text.encoded,
+               r.text.seconds > 0 ? (double)r.text.encoded / r.text.seconds : 0, (unsigned long long)r.text.reused,
+               r.text.record_bytes, (double)r.text.reused * (double)r.text.record_bytes / 1e6,
+               (unsigned long long)r.text.invalid_utf8);
+    }
     sd_tally_log(&r.tally, "records");
     int code = st ? SD_EXIT_FATAL : (o->strict && r.tally.total ? SD_EXIT_SKIPPED : SD_EXIT_OK);
     run_free(&r);

@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""End-to-end tests of sd-latents --text, the text-embedding cache: a
+dataset whose captions repeat stores each distinct embedding once (the
+empty caption's included), every latent record references its caption's
+embedding, sd-verify checks records and references; a changed caption
+gives a new embedding and replaces only that image's record; SDXL (two
+encoders + pooled) and SD 1.x layouts; records with invalid UTF-8 are refused and counted.
+
+The text encoders are tiny random transformers-layout CLIP models written
+here with numpy (the real 49408-token vocabulary, width 32, 2 layers), the
+tokenizer is the real CLIP one from tests/golden/tokenizer. Their numbers
+are checked against transformers elsewhere (tests/test_clip_text.c).
+Usage: e2e_text.py SD_META SD_BUCKET SD_LATENTS SD_VERIFY VAE_DIR TOKENIZER_GOLDEN_DIR"""
+import gzip
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+try:
+    import numpy as np
+    from PIL import Image
+except ImportError:
+    print("numpy or PIL not available: skipping")
+    sys.exit(77)
+
+META = BUCKET = LATENTS = VERIFY = VAE = TOKDIR = None
+PLAN = ["--plan", "kohya", "-r", "128x128", "--min-bucket", "64", "--steps", "32"]
+
+
+def sh(*args, ok=(0,), stdin=None):
+    """Run a command; returns (code, stdout, stderr); asserts the code."""
+    p = subprocess.run([str(a) for a in args], capture_output=True, input=stdin)
+    if p.returncode not in ok:
+        raise AssertionError("%s -> %d\n%s" % (" ".join(map(str, args)), p.returncode, p.stderr.decode()))
+    return p.returncode, p.stdout.decode(), p.stderr.decode()
+
+
+def entries(shard, db):
+    _, out, _ = sh("mdb_stat", "-n", "-s", db, shard)
+    return int(re.search(r"Entries: (\d+)", out).group(1))
+
+
+def dump(shard, db):
+    _, out, _ = sh("mdb_dump", "-n", "-s", db, shard)
+    lines = out.splitlines()
+    return [l for l in lines[lines.index("HEADER=END") + 1:] if l != "DATA=END"]
+
+
+def save_safetensors(path, tensors):
+    """A safetensors file from numpy fp32 arrays (the format is a JSON
+    header with byte offsets, then the raw little-endian data)."""
+    header, blobs, off = {}, [], 0
+    for k, v in tensors.items():
+        b = np.ascontiguousarray(v, dtype="<f4").tobytes()
+        header[k] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def make_encoder(d, rng, width, act, proj):
+    """A tiny transformers CLIPTextModel(WithProjection) folder."""
+    os.makedirs(d)
+    layers, mlp = 2, 2 * width
+    cfg = {"architectures": ["CLIPTextModelWithProjection" if proj else "CLIPTextModel"],
+           "hidden_size": width, "intermediate_size": mlp, "num_attention_heads": 2,
+           "num_hidden_layers": layers, "max_position_embeddings": 77, "vocab_size": 49408,
+           "hidden_act": act, "layer_norm_eps": 1e-5, "eos_token_id": 2, "bos_token_id": 0,
+           "projection_dim": proj or width}
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    r = lambda *s: rng.standard_normal(s).astype(np.float32) * 0.2
+    t = {"text_model.embeddings.token_embedding.weight": r(49408, width),
+         "text_model.embeddings.position_embedding.weight": r(77, width),
+         "text_model.final_layer_norm.weight": 1 + r(width), "text_model.final_layer_norm.bias": r(width)}
+    for i in range(layers):
+        p = "text_model.encoder.layers.%d." % i
+        for n in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            t[p + "self_attn.%s.weight" % n] = r(width, width)
+            t[p + "self_attn.%s.bias" % n] = r(width)
+        for n in ("layer_norm1", "layer_norm2"):
+            t[p + n + ".weight"] = 1 + r(width)
+            t[p + n + ".bias"] = r(width)
+        t[p + "mlp.fc1.weight"], t[p + "mlp.fc1.bias"] = r(mlp, width), r(mlp)
+        t[p + "mlp.fc2.weight"], t[p + "mlp.fc2.bias"] = r(width, mlp), r(width)
+    if proj:
+        t["text_projection.weight"] = r(proj, width)
+    save_safetensors(os.path.join(d, "model.safetensors"), t)
+
+
+def make_tokenizer(d, pad):
+    os.makedirs(d)
+    for n in ("vocab.json", "merges.txt"):
+        with gzip.open(os.path.join(TOKDIR, n + ".gz"), "rb") as f, open(os.path.join(d, n), "wb") as g:
+            g.write(f.read())
+    with open(os.path.join(d, "special_tokens_map.json"), "w") as f:
+        json.dump({"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": pad,
+                   "unk_token": "<|endoftext|>"}, f)
+
+
+class Text(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="sdtext-")
+        rng = np.random.default_rng(3)
+        cls.sd1 = os.path.join(cls.tmp, "sd1")
+        make_tokenizer(os.path.join(cls.sd1, "tokenizer"), "<|endoftext|>")
+        make_encoder(os.path.join(cls.sd1, "text_encoder"), rng, 32, "quick_gelu", 0)
+        cls.sdxl = os.path.join(cls.tmp, "sdxl")
+        make_tokenizer(os.path.join(cls.sdxl, "tokenizer"), "<|endoftext|>")
+        make_tokenizer(os.path.join(cls.sdxl, "tokenizer_2"), "!")
+        make_encoder(os.path.join(cls.sdxl, "text_encoder"), rng, 32, "quick_gelu", 0)
+        make_encoder(os.path.join(cls.sdxl, "text_encoder_2"), rng, 48, "gelu", 40)
+        # 24 small images, 6 distinct captions (one empty), one invalid UTF-8
+        cls.ds = os.path.join(cls.tmp, "ds")
+        os.makedirs(cls.ds)
+        for i in range(24):
+            im = Image.new("RGB", (96 + 8 * (i % 3), 96), (i * 10 % 256, 80, 160))
+            im.save(os.path.join(cls.ds, "i%02d.png" % i))
+            with open(os.path.join(cls.ds, "i%02d.caption" % i), "w") as f:
+                f.write("placeholder\n")
+        cls.distinct = 5  # "" included; the invalid-UTF-8 caption's records are refused
+
+    caps = [b"a cat", b"a dog, sitting", b"1girl, solo, smile", b"", "caf\u00e9 \u2615".encode(), b"bad \xff byte"]
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def bucketed(self, name, change=None):
+        """sd-meta | sd-bucket, then captions set from caps (sd-meta itself
+        skips empty and invalid-UTF-8 captions; a hand-made stream may not):
+        image i gets caps[i % 6], or `change` for image 0."""
+        _, meta, _ = sh(META, "-q", self.ds)
+        _, out, _ = sh(BUCKET, "-q", *PLAN, "-", stdin=meta.encode())
+        path = os.path.join(self.tmp, name)
+        with open(path, "wb") as f:
+            for line in out.splitlines():
+                r = json.loads(line)
+                i = int(r["key"][1:])
+                cap = change if (change is not None and i == 0) else self.caps[i % 6]
+                r["caption"] = "@@CAPTION@@"
+                f.write(json.dumps(r).encode().replace(b"@@CAPTION@@", cap) + b"\n")
+        return path
+
+    def test_sd1_dedup_and_references(self):
+        jl = self.bucketed("sd1.jsonl")
+        with open(jl, "rb") as f:
+            good = [l for l in f if b"\xff" not in l]
+        n = len(good)
+        manifest = os.path.join(self.tmp, "sd1.manifest.jsonl")
+        with open(manifest, "wb") as f:
+            f.writelines(good)
+        s = os.path.join(self.tmp, "sd1.shard")
+        _, _, err = sh(LATENTS, "--vae", VAE, "--text", self.sd1, "-o", s, jl)
+        self.assertEqual(entries(s, "latents"), n)
+        self.assertEqual(entries(s, "text"), self.distinct, err)  # "" is one of them
+        m = re.search(r"text: (\d+) captions looked up, (\d+) embeddings computed", err)
+        self.assertEqual(int(m.group(2)), self.distinct)
+        # JSON text must be UTF-8: a record with a raw invalid byte is refused
+        # by the parser (reported with its line, counted), not re-encoded
+        self.assertIn("invalid UTF-8 in string", err)
+        self.assertRegex(err, r"4\s+malformed JSON")
+        _, _, verr = sh(VERIFY, "--manifest", manifest, s)
+        self.assertIn("0 problems", verr)
+        # every latent record's text reference is a stored text key
+        texts = set(dump(s, "text")[0::2])
+        for v in dump(s, "latents")[1::2]:
+            ref = v.strip()[128:160]  # header bytes 64..79
+            self.assertIn(" " + ref, texts)
+        # a changed caption: one new embedding, one record replaced
+        jl2 = self.bucketed("sd1b.jsonl", change=b"a cat on a mat")
+        _, _, err = sh(LATENTS, "--vae", VAE, "--text", self.sd1, "-o", s, jl2)
+        self.assertRegex(err, r"1 written \(1 replaced stale\), %d already cached" % (n - 1))
+        self.assertEqual(entries(s, "text"), self.distinct + 1)
+        sh(VERIFY, s)
+
+    def test_sdxl_two_encoders_and_pooled(self):
+        jl = self.bucketed("xl.jsonl")
+        s = os.path.join(self.tmp, "xl.shard")
+        _, _, err = sh(LATENTS, "--vae", VAE, "--text", self.sdxl, "--dtype", "bf16", "-o", s, jl)
+        self.assertIn("SDXL", err)
+        self.assertEqual(entries(s, "text"), self.distinct)
+        sh(VERIFY, s)
+        # text record: 3 tensors, hidden1 [77,32], hidden2 [77,48], pooled [40]
+        v = bytes.fromhex(dump(s, "text")[1].strip())
+        self.assertEqual(v[9], 3)
+        tab = [v[96 + 32 * i: 128 + 32 * i] for i in range(3)]
+        shapes = [(t[2], struct.unpack("<4I", t[4:20])) for t in tab]
+        self.assertEqual(shapes, [(17, (77, 32, 0, 0)), (18, (77, 48, 0, 0)), (19, (40, 0, 0, 0))])
+        self.assertTrue(all(t[0] == 2 for t in tab))  # bf16
+
+    def test_missing_tokenizer_is_a_clear_error(self):
+        jl = self.bucketed("t.jsonl")
+        bad = os.path.join(self.tmp, "notok")
+        shutil.copytree(os.path.join(self.sd1, "text_encoder"), os.path.join(bad, "text_encoder"))
+        code, _, err = sh(LATENTS, "--vae", VAE, "--text", bad, "-o", os.path.join(self.tmp, "x.shard"), jl, ok=(3,))
+        self.assertIn("tokenizer", err)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 7:
+        sys.exit(__doc__)
+    META, BUCKET, LATENTS, VERIFY, VAE, TOKDIR = sys.argv[1:7]
+    unittest.main(argv=sys.argv[:1] + sys.argv[7:], verbosity=2)

@@ -1,0 +1,223 @@
+/* sd-latents --text: CLIP text embeddings cached once per distinct
+ * (caption, encoders, options) in the shard's `text` database, referenced
+ * by each latent record. SD 1.x: CLIP-L last layer + final LN; SD 2.x:
+ * OpenCLIP-H penultimate + final LN; SDXL: CLIP-L penultimate and OpenCLIP
+ * bigG penultimate (no final LN) plus bigG's pooled output. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "dtype.h"
+#include "hash.h"
+#include "keyset.h"
+#include "latents_text.h"
+#include "log.h"
+#include "progress.h"
+#include "shard.h"
+
+/* Whether path is a directory. */
+static int is_dir(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+/* Load encoder `which` (0/1) of the model and its tokenizer. */
+static sd_status open_encoder(text_cache *t, int which, const char *model, const char *tok_dir, sd_error *err)
+{
+    sd_clip_text_opts o = {.which = which};
+    sd_status st = sd_clip_text_load(&t->enc[which], model, &o, err);
+    if (st) return st;
+    t->loaded[which] = 1;
+    return sd_clip_tok_load_model(tok_dir, which + 1, &t->tok[which], err);
+}
+
+/* A 64-bit identity of an encoder: its flat weights. */
+static uint64_t enc_hash(const sd_clip_text *m)
+{
+    return sd_hash64(m->w.data, sd_weights_bytes(&m->w), 0);
+}
+
+/* Load the tokenizer(s) and encoder(s) of `model` (a diffusers folder; or a
+ * single-file checkpoint with tokenizers from tok_dir) and pick the SD
+ * variant: two encoders = SDXL, one with GELU = SD 2.x, else SD 1.x. */
+static sd_status open_all(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int dtype,
+                          sd_error *err)
+{
+    memset(t, 0, sizeof(*t));
+    t->dtype = dtype;
+    t->clip_skip = clip_skip;
+    if (!tok_dir) tok_dir = model;
+    if (!is_dir(tok_dir))
+        return sd_err_set(err, SD_EINVAL,
+                          "%s: tokenizers come from a model folder (tokenizer/, tokenizer_2/); give --tokenizer DIR",
+                          tok_dir);
+    t->work = sd_clip_work_new();
+    if (!t->work) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    sd_status st = open_encoder(t, 0, model, tok_dir, err);
+    if (st) return st;
+    char p2[4096];
+    snprintf(p2, sizeof p2, "%s/text_encoder_2", model);
+    int sdxl = is_dir(p2);
+    if (!sdxl && !is_dir(model)) { /* single file: SDXL has a second encoder in it */
+        sd_clip_text probe;
+        sd_clip_text_opts o = {.which = 1};
+        sd_error e = {0};
+        if (sd_clip_text_load(&probe, model, &o, &e) == SD_OK) {
+            sd_clip_text_free(&probe);
+            sdxl = 1;
+        }
+    }
+    if (sdxl) {
+        st = open_encoder(t, 1, model, tok_dir, err);
+        if (st) return st;
+        t->n = 2;
+        t->variant = TEXT_SDXL;
+        st = sd_clip_text_preset(&t->enc[0], SD_CLIP_SDXL_L, clip_skip, &t->out[0], err);
+        if (!st) st = sd_clip_text_preset(&t->enc[1], SD_CLIP_SDXL_G, clip_skip, &t->out[1], err);
+    } else {
+        t->n = 1;
+        t->variant = t->enc[0].cfg.act == SD_CLIP_GELU ? TEXT_SD2 : TEXT_SD1;
+        st = sd_clip_text_preset(&t->enc[0], t->variant == TEXT_SD2 ? SD_CLIP_SD2 : SD_CLIP_SD1, clip_skip,
+                                 &t->out[0], err);
+    }
+    if (st) return st;
+    snprintf(t->ident, sizeof t->ident, "%s:%016llx:%016llx:skip%d:final%d,%d:dt%d",
+             t->variant == TEXT_SDXL ? "sdxl" : t->variant == TEXT_SD2 ? "sd2" : "sd1",
+             (unsigned long long)enc_hash(&t->enc[0]), (unsigned long long)(t->n > 1 ? enc_hash(&t->enc[1]) : 0),
+             t->out[0].skip, t->out[0].final_ln, t->n > 1 ? t->out[1].final_ln : 0, dtype);
+    sd_log(SD_LOG_INFO, "text: %s, %d encoder(s): %s%s%s", t->variant == TEXT_SDXL ? "SDXL" : t->variant == TEXT_SD2 ? "SD 2.x" : "SD 1.x",
+           t->n, t->enc[0].layout, t->n > 1 ? " + " : "", t->n > 1 ? t->enc[1].layout : "");
+    return SD_OK;
+}
+
+/* open_all, releasing what it loaded when it fails. */
+sd_status text_open(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int dtype, sd_error *err)
+{
+    sd_status st = open_all(t, model, tok_dir, clip_skip, dtype, err);
+    if (st) text_close(t);
+    return st;
+}
+
+/* Release models, tokenizers and buffers. */
+void text_close(text_cache *t)
+{
+    for (int i = 0; i < 2; i++) {
+        if (t->loaded[i]) sd_clip_text_free(&t->enc[i]);
+        if (t->tok[i]) sd_clip_tok_free(t->tok[i]);
+    }
+    if (t->work) sd_clip_work_free(t->work);
+    sd_clip_ids_free(&t->ids);
+    free(t->ws);
+    free(t->hidden);
+    free(t->pooled);
+    free(t->conv);
+    memset(t, 0, sizeof(*t));
+}
+
+/* The text key: XXH3-128 of the encoder identity (weights, variant, layer
+ * choice, dtype) and the caption's exact bytes. */
+void text_key(const text_cache *t, const char *caption, size_t len, uint8_t key[16])
+{
+    size_t il = strlen(t->ident);
+    char *b = malloc(il + 1 + len);
+    sd_key128 k;
+    if (b) {
+        memcpy(b, t->ident, il + 1);
+        memcpy(b + il + 1, caption, len);
+        k = sd_key128_of(b, il + 1 + len);
+        free(b);
+    } else {
+        uint64_t h = sd_hash64(caption, len, sd_hash64(t->ident, il, 0));
+        k.lo = h;
+        k.hi = sd_mix64(h);
+    }
+    memcpy(key, &k.lo, 8);
+    memcpy(key + 8, &k.hi, 8);
+}
+
+/* Grow a float buffer (contents not kept); 0 on success. */
+static int grow(float **p, size_t *cap, size_t n)
+{
+    if (n <= *cap) return 0;
+    free(*p);
+    *p = malloc(n * sizeof(float));
+    *cap = *p ? n : 0;
+    return *p ? 0 : -1;
+}
+
+/* 77 padded ids of caption for tokenizer i. */
+static sd_status tokenize(text_cache *t, int i, const char *caption, size_t len, int32_t *out, sd_error *err)
+{
+    sd_status st = sd_clip_encode(t->tok[i], t->work, caption, len, &t->ids, err);
+    if (st) return st;
+    if (t->ids.replaced) t->invalid_utf8++;
+    sd_clip_pad_ids(t->ids.ids, t->ids.n, sd_clip_tok_pad(t->tok[i]), SD_CLIP_CTX, out);
+    return SD_OK;
+}
+
+/* Encode one caption with every encoder and put its text record under key
+ * in the shard's open batch, unless the shard already has that key. */
+sd_status text_put(text_cache *t, sd_shard *s, const sd_backend *be, sd_pool *pool, const char *caption, size_t len,
+                   const uint8_t key[16], sd_buf *rec, sd_error *err)
+{
+    int found = 0;
+    t->total++;
+    sd_status st = sd_shard_text_exists(s, key, &found, err);
+    if (st) return st;
+    if (found) {
+        t->reused++;
+        return SD_OK;
+    }
+    double t0 = sd_now();
+    size_t esz = sd_dtype_size(t->dtype), need = 0;
+    for (int i = 0; i < t->n; i++) need += (size_t)SD_CLIP_CTX * (size_t)t->enc[i].cfg.width;
+    size_t pdim = t->n > 1 ? (size_t)sd_clip_text_pooled_dim(&t->enc[1]) : 0;
+    size_t wsn = 0;
+    for (int i = 0; i < t->n; i++) {
+        size_t w = sd_clip_text_workspace_floats(&t->enc[i], SD_CLIP_CTX);
+        if (w > wsn) wsn = w;
+    }
+    if (grow(&t->ws, &t->ws_cap, wsn) || grow(&t->hidden, &t->hidden_cap, need) ||
+        grow(&t->pooled, &t->pooled_cap, pdim + 1))
+        return sd_err_set(err, SD_ENOMEM, "out of memory for text encoding");
+    size_t cbytes = (need + pdim) * esz;
+    if (cbytes > t->conv_cap) {
+        unsigned char *c = realloc(t->conv, cbytes);
+        if (!c) return sd_err_set(err, SD_ENOMEM, "out of memory");
+        t->conv = c;
+        t->conv_cap = cbytes;
+    }
+    sd_shard_rec r = {.kind = SD_REC_TEXT};
+    size_t off = 0;
+    for (int i = 0; i < t->n && !st; i++) {
+        int32_t ids[SD_CLIP_CTX];
+        st = tokenize(t, i, caption, len, ids, err);
+        float *h = t->hidden + off;
+        if (!st)
+            st = sd_clip_text_encode(&t->enc[i], be, pool, 1, SD_CLIP_CTX, ids, &t->out[i], h,
+                                     i == 1 ? t->pooled : NULL, t->ws, err);
+        if (st) break;
+        size_t nh = (size_t)SD_CLIP_CTX * (size_t)t->enc[i].cfg.width;
+        sd_dtype_store(t->conv + off * esz, h, nh, t->dtype);
+        int role = t->n == 1 ? SD_ROLE_HIDDEN : i == 0 ? SD_ROLE_HIDDEN1 : SD_ROLE_HIDDEN2;
+        r.t[r.ntensors++] = (sd_shard_tensor){.dtype = (uint8_t)t->dtype, .role = (uint8_t)role, .ndim = 2,
+                                              .shape = {SD_CLIP_CTX, (uint32_t)t->enc[i].cfg.width, 0, 0},
+                                              .data = t->conv + off * esz};
+        off += nh;
+    }
+    if (!st && pdim) {
+        sd_dtype_store(t->conv + off * esz, t->pooled, pdim, t->dtype);
+        r.t[r.ntensors++] = (sd_shard_tensor){.dtype = (uint8_t)t->dtype, .role = SD_ROLE_POOLED, .ndim = 1,
+                                              .shape = {(uint32_t)pdim, 0, 0, 0}, .data = t->conv + off * esz};
+    }
+    if (!st) st = sd_shard_rec_build(&r, rec, err);
+    if (!st) st = sd_shard_put_text(s, key, rec->data, rec->len, err);
+    if (!st) {
+        t->encoded++;
+        t->record_bytes = rec->len;
+    }
+    t->seconds += sd_now() - t0;
+    return st;
+}

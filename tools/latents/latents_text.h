@@ -1,0 +1,44 @@
+/* sd-latents --text: the text-embedding cache (latents_text.c). */
+#ifndef SDTK_LATENTS_TEXT_H
+#define SDTK_LATENTS_TEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "buf.h"
+#include "clip_text.h"
+#include "clip_tok.h"
+#include "err.h"
+#include "shard.h"
+
+typedef enum { TEXT_SD1 = 1, TEXT_SD2 = 2, TEXT_SDXL = 3 } text_variant;
+
+typedef struct {
+    text_variant variant;
+    int n; /* encoders: 1, or 2 for SDXL */
+    sd_clip_text enc[2];
+    int loaded[2];
+    sd_clip_tok *tok[2];
+    sd_clip_text_out out[2];
+    sd_clip_work *work;
+    sd_clip_ids ids;
+    int dtype, clip_skip;
+    char ident[160]; /* encoder identity hashed into every text key */
+    float *ws, *hidden, *pooled;
+    size_t ws_cap, hidden_cap, pooled_cap;
+    unsigned char *conv;
+    size_t conv_cap;
+    /* statistics */
+    uint64_t total, encoded, reused, invalid_utf8;
+    size_t record_bytes;
+    double seconds;
+} text_cache;
+
+sd_status text_open(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int dtype, sd_error *err);
+void text_close(text_cache *t);
+void text_key(const text_cache *t, const char *caption, size_t len, uint8_t key[16]);
+sd_status text_put(text_cache *t, sd_shard *s, const sd_backend *be, sd_pool *pool, const char *caption, size_t len,
+                   const uint8_t key[16], sd_buf *rec, sd_error *err);
+
+#endif
