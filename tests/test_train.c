@@ -10,8 +10,9 @@
  * checkpoint and continued equals an uninterrupted one bit for bit:
  * weights, moments, RNG), 1 vs 2 threads bit-identical, corrupt and
  * unusable records skipped and counted, shards of another VAE refused,
- * a NaN loss stopping with a checkpoint of the last good state, and the
- * learning-rate schedules. */
+ * a NaN loss stopping with a checkpoint of the last good state, the
+ * learning-rate schedules, and an SDXL shard through the loader (hidden
+ * states side by side, pooled embedding, size ids) into the tiny SDXL UNet. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -470,6 +471,114 @@ static void test_shard_runs(void)
     rmtree(dir);
 }
 
+/* An SDXL-style shard record by record through the loader: both hidden
+ * states side by side in ctx (first encoder first), the pooled embedding,
+ * the size ids (original h, w; crop top, left; target h, w), the latent
+ * times the scaling factor; then two training steps of the tiny SDXL UNet
+ * on it. */
+static void test_sdxl_data(void)
+{
+    char dir[] = "/tmp/sdtk_trainxl_XXXXXX", shard[600], out[600];
+    sd_error err = {0};
+    if (!CHECK(mkdtemp(dir) != NULL)) return;
+    snprintf(shard, sizeof shard, "%s/xl.shard", dir);
+    snprintf(out, sizeof out, "%s/run", dir);
+    sd_shard *s = NULL;
+    sd_shard_opts so = {SD_SHARD_CREATE | SD_SHARD_NOSYNC, 1 << 20, 0};
+    float h1[6 * 6], h2[6 * 10], pooled[8], lat[4 * 8 * 8];
+    for (int i = 0; i < 36; i++) h1[i] = (float)i;
+    for (int i = 0; i < 60; i++) h2[i] = 100.0f + (float)i;
+    for (int i = 0; i < 8; i++) pooled[i] = -(float)i;
+    for (int i = 0; i < 256; i++) lat[i] = (float)(i % 7) - 3.0f;
+    uint8_t tkey[16] = {7};
+    int ok = CHECK(sd_shard_open(&s, shard, &so, &err) == SD_OK);
+    ok = ok && CHECK(sd_shard_meta_set(s, SD_SHARD_META_SCALING, "0.13025", &err) == SD_OK);
+    sd_buf b;
+    sd_buf_init(&b);
+    if (ok) {
+        sd_shard_rec r;
+        memset(&r, 0, sizeof r);
+        r.kind = SD_REC_TEXT;
+        r.ntensors = 3;
+        r.t[0] = (sd_shard_tensor){SD_DT_F32, SD_ROLE_HIDDEN1, 2, {6, 6, 0, 0}, 0, 0, h1};
+        r.t[1] = (sd_shard_tensor){SD_DT_F32, SD_ROLE_HIDDEN2, 2, {6, 10, 0, 0}, 0, 0, h2};
+        r.t[2] = (sd_shard_tensor){SD_DT_F32, SD_ROLE_POOLED, 1, {8, 0, 0, 0}, 0, 0, pooled};
+        ok = CHECK(sd_shard_rec_build(&r, &b, &err) == SD_OK && sd_shard_put_text(s, tkey, b.data, b.len, &err) == SD_OK);
+        for (int i = 0; i < 3 && ok; i++) {
+            char name[16];
+            snprintf(name, sizeof name, "xl%d", i);
+            memset(&r, 0, sizeof r);
+            r.kind = SD_REC_LATENT;
+            r.orig_w = 1216;
+            r.orig_h = 832 + (uint32_t)i;
+            r.bucket_w = r.bucket_h = 64;
+            r.crop[0] = 24;
+            r.crop[1] = 10;
+            r.crop[2] = 88;
+            r.crop[3] = 74;
+            memcpy(r.text_ref, tkey, 16);
+            r.name = name;
+            r.name_len = strlen(name);
+            r.ntensors = 1;
+            r.t[0] = (sd_shard_tensor){SD_DT_F32, SD_ROLE_SAMPLE, 3, {4, 8, 8, 0}, 0, 0, lat};
+            uint8_t key[16] = {0};
+            memcpy(key, name, strlen(name));
+            ok = CHECK(sd_shard_rec_build(&r, &b, &err) == SD_OK && sd_shard_put(s, key, 16, b.data, b.len, &err) == SD_OK);
+        }
+    }
+    sd_buf_free(&b);
+    if (s) CHECK(sd_shard_close(s, &err) == SD_OK);
+    const char *shards[1] = {shard};
+    sd_data d;
+    if (ok && CHECK(sd_data_open(&d, shards, 1, 3, 1, 0, &err) == SD_OK)) {
+        sd_data_cursor cur = {0, 0};
+        sd_data_batch db;
+        sd_batch bt;
+        memset(&bt, 0, sizeof bt);
+        sd_tally tally;
+        sd_tally_init(&tally, 5);
+        sd_rng rng;
+        sd_rng_seed(&rng, 1);
+        sd_load_opts lo = {.channels = 4, .cross_dim = 16, .pooled = 8};
+        if (CHECK(sd_data_next(&d, &cur, &db, &err) == SD_OK) &&
+            CHECK(sd_data_load(&d, &db, &lo, &rng, &bt, &tally, &err) == SD_OK) && CHECK(bt.n == 3 && bt.tctx == 6)) {
+            int good = 1;
+            for (int k = 0; k < 3; k++)
+                for (int t = 0; t < 6; t++)
+                    for (int c = 0; c < 16; c++) {
+                        float want = c < 6 ? h1[t * 6 + c] : h2[t * 10 + c - 6];
+                        good &= bt.ctx[((size_t)k * 6 + (size_t)t) * 16 + (size_t)c] == want;
+                    }
+            CHECK(good);
+            CHECK(bt.text[8 + 3] == -3.0f && bt.x0[5] == lat[5] * 0.13025f);
+            float *tid = bt.tids + 6; /* the second record in the batch */
+            CHECK(tid[1] == 1216 && (tid[0] == 832 || tid[0] == 833 || tid[0] == 834) && tid[2] == 10 &&
+                  tid[3] == 24 && tid[4] == 64 && tid[5] == 64);
+        }
+        sd_batch_free(&bt);
+        sd_data_close(&d);
+    }
+    /* two steps of the tiny SDXL UNet on it, checkpointed and loadable */
+    static char unet[512];
+    snprintf(unet, sizeof unet, "%s/sdxl", GOLDEN_DIR);
+    sd_train_opts o;
+    sd_train_opts_default(&o);
+    o.unet = unet;
+    o.shards = shards;
+    o.nshards = 1;
+    o.batch = 2;
+    o.max_steps = 2;
+    o.out_dir = out;
+    o.quiet = 1;
+    sd_trainer tr;
+    if (ok && CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
+        CHECK(sd_train_run(&tr, NULL, &err) == SD_OK);
+        CHECK(tr.step == 2 && tr.images == 3 && tr.tally.total == 0); /* one epoch: a batch of 2 and one of 1 */
+        sd_trainer_close(&tr);
+    }
+    rmtree(dir);
+}
+
 /* diffusers' schedule values at a few steps. */
 static void test_lr(void)
 {
@@ -500,6 +609,7 @@ int main(int argc, char **argv)
         return 1;
     }
     test_lr();
+    test_sdxl_data();
     test_golden();
     test_shard_runs();
     return check_done("test_train");

@@ -442,6 +442,7 @@ static int list_slots(const char *conf)
     return 0;
 }
 
+/* Every golden config, then the load/save/init/error checks. */
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "--list-slots") == 0) return list_slots(argv[2]);

@@ -31,6 +31,7 @@ static int has_latest(const char *out)
     return stat(p, &sb) == 0;
 }
 
+/* Options to sd_train_opts, open, resume when -o has a checkpoint, run. */
 int main(int argc, char **argv)
 {
     sd_train_opts o;
