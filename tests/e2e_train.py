@@ -2,7 +2,7 @@
 """End-to-end tests of sd-train on a generated shard (test_train
 --make-shard) with the tiny golden SD1 UNet: a run killed with SIGKILL
 after a checkpoint and rerun (it resumes from -o DIR/latest) ends with
-weights and training state byte-identical to an uninterrupted run; SIGTERM
+weights, EMA weights and training state byte-identical to an uninterrupted run; SIGTERM
 saves a checkpoint and exits 0, and the rerun again ends identical;
 metrics lines are written; the checkpoint's unet/ loads back (a second run
 from it trains on); a model from --unet-config alone trains and its loss
@@ -20,7 +20,7 @@ import unittest
 TRAIN = MAKE = UNET = None
 COMMON = ["--batch", "2", "--accum", "2", "--steps", "10", "--save-every", "2", "--keep", "0", "--seed", "5",
           "--lr", "1e-3", "--lr-schedule", "cosine", "--warmup", "2", "--dropout", "0.2", "--snr-gamma", "5",
-          "--prediction", "v_prediction", "-j", "1", "-q"]
+          "--prediction", "v_prediction", "--ema-decay", "0.99", "-j", "1", "-q"]
 
 
 def run(*args, ok=(0,)):
@@ -32,13 +32,14 @@ def run(*args, ok=(0,)):
 
 
 def final(out, step=10):
-    """The bytes of checkpoint-<step>'s weights and state."""
+    """The bytes of checkpoint-<step>'s weights, EMA weights and state."""
     d = os.path.join(out, "checkpoint-%d" % step)
-    with open(os.path.join(d, "unet", "diffusion_pytorch_model.safetensors"), "rb") as f:
-        w = f.read()
-    with open(os.path.join(d, "state.safetensors"), "rb") as f:
-        s = f.read()
-    return w, s
+    got = []
+    for name in ("unet/diffusion_pytorch_model.safetensors", "unet_ema/diffusion_pytorch_model.safetensors",
+                 "state.safetensors"):
+        with open(os.path.join(d, name), "rb") as f:
+            got.append(f.read())
+    return got
 
 
 def latest(out):
@@ -84,7 +85,8 @@ class Train(unittest.TestCase):
         run("--unet", UNET, "-o", out, *COMMON, self.shard)
         got = final(out)
         self.assertTrue(got[0] == self.want[0], "weights differ from the uninterrupted run")
-        self.assertTrue(got[1] == self.want[1], "training state differs from the uninterrupted run")
+        self.assertTrue(got[1] == self.want[1], "EMA weights differ from the uninterrupted run")
+        self.assertTrue(got[2] == self.want[2], "training state differs from the uninterrupted run")
         return stopped_at
 
     def test_kill_resume(self):

@@ -56,14 +56,15 @@ static void golden_opts(sd_train_opts *o, const sd_safetensors *g)
     o->lr.base = 1e-3;
     o->adam.weight_decay = 1e-2;
     o->max_grad_norm = 0.05;
+    o->ema_decay = 0.9999;
     o->quiet = 1;
     (void)g;
 }
 
 /* Every parameter's change from before against the golden statistics;
  * returns the largest relative errors of norm and projection. */
-static void check_change(const sd_trainer *tr, const float *before, const sd_st_tensor *stats, const char *names,
-                         double *en_max, double *ep_max)
+static void check_change(const sd_trainer *tr, const float *now, const float *before, const sd_st_tensor *stats,
+                         const char *names, double *en_max, double *ep_max)
 {
     const sd_weights *w = &tr->unet.w;
     size_t np = (size_t)stats->shape[0], seen = 0;
@@ -80,7 +81,7 @@ static void check_change(const sd_trainer *tr, const float *before, const sd_st_
         seen++;
         double nn = 0, pp = 0, rr = 0;
         for (size_t j = 0; j < s->n; j++) {
-            double d = (double)w->data[s->off + j] - (double)before[s->off + j];
+            double d = (double)now[s->off + j] - (double)before[s->off + j];
             nn += d * d;
             pp += d * rvec(j);
             rr += rvec(j) * rvec(j);
@@ -151,7 +152,7 @@ static void test_golden(void)
         CHECK(dg <= 1e-4);
     }
     double en, ep;
-    check_change(&tr, before, es, names, &en, &ep);
+    check_change(&tr, tr.unet.w.data, before, es, names, &en, &ep);
     double ef = 0;
     static const char *full[] = {"conv_in.weight", "conv_norm_out.bias"};
     for (int k = 0; k < 2; k++) {
@@ -174,7 +175,13 @@ static void test_golden(void)
     }
     printf("golden eps, 3 AdamW steps with clipping: loss %.2e grad norm %.2e change norm %.2e proj %.2e full %.2e\n",
            worst_l, worst_g, en, ep, ef);
+    const sd_st_tensor *ems = sd_st_find(g, "ema_stats");
+    if (CHECK(ems && tr.ema && tr.ema_updates == 3)) {
+        check_change(&tr, tr.ema, before, ems, names, &en, &ep);
+        printf("golden EMA (EMAModel, decay 0.9999) after them:  change norm %.2e proj %.2e\n", en, ep);
+    }
     sd_trainer_close(&tr);
+    o.ema_decay = 0;
 
     /* v-prediction, min-SNR-gamma 5, two micro-batches of one sample */
     o.pred = SD_PRED_V;
@@ -200,7 +207,7 @@ static void test_golden(void)
     double dl = fabs(total - getd(vl, 0)) / getd(vl, 0), dg = fabs(gn - getd(vg, 0)) / getd(vg, 0);
     CHECK(dl <= 1e-5);
     CHECK(dg <= 1e-4);
-    check_change(&tr, before, vs, names, &en, &ep);
+    check_change(&tr, tr.unet.w.data, before, vs, names, &en, &ep);
     printf("golden v + min-SNR + accumulation, 1 step:     loss %.2e grad norm %.2e change norm %.2e proj %.2e\n", dl,
            dg, en, ep);
     sd_trainer_close(&tr);
@@ -324,13 +331,17 @@ static void shard_opts(sd_train_opts *o, const char *const *shards, const char *
     o->out_dir = out;
     o->keep = 0;
     o->seed = 7;
+    o->ema_decay = 0.999;
+    o->ema_every = 2;
+    o->save_dtype = SD_ST_BF16; /* the fp32 weights then come from the state file */
     o->threads = threads;
     o->quiet = 1;
 }
 
 /* Run a trainer to o->max_steps (optionally resuming from out first) and
- * keep its weights and moments; 0 on failure. */
-static int train(const sd_train_opts *o, int resume, float **w, float **m, float **v, size_t *n, sd_tally *tally)
+ * keep its weights, moments and EMA weights; 0 on failure. */
+static int train(const sd_train_opts *o, int resume, float **w, float **m, float **v, float **e, size_t *n,
+                 sd_tally *tally)
 {
     sd_trainer tr;
     sd_error err = {0};
@@ -350,6 +361,11 @@ static int train(const sd_train_opts *o, int resume, float **w, float **m, float
     memcpy(*w, tr.unet.w.data, *n * sizeof(float));
     memcpy(*m, tr.m, *n * sizeof(float));
     memcpy(*v, tr.v, *n * sizeof(float));
+    if (e) {
+        *e = malloc(*n * sizeof(float));
+        CHECK(tr.ema != NULL && tr.ema_updates == o->max_steps / 2);
+        if (tr.ema) memcpy(*e, tr.ema, *n * sizeof(float));
+    }
     if (tally) *tally = tr.tally;
     sd_trainer_close(&tr);
     return ok;
@@ -394,11 +410,11 @@ static void test_shard_runs(void)
     }
 
     sd_train_opts o;
-    float *wa, *ma, *va, *wb, *mb, *vb;
+    float *wa, *ma, *va, *ea, *wb, *mb, *vb, *eb;
     size_t n;
     sd_tally ta;
     shard_opts(&o, shards, a, 6, 1);
-    int ok = train(&o, 0, &wa, &ma, &va, &n, &ta);
+    int ok = train(&o, 0, &wa, &ma, &va, &ea, &n, &ta);
     /* the NaN record and the one without text were skipped, each time seen */
     CHECK(sd_tally_count(&ta, "latent has non-finite values") >= 1);
     CHECK(sd_tally_count(&ta, "text embedding missing") >= 1);
@@ -406,48 +422,60 @@ static void test_shard_runs(void)
     /* stopped after 3 steps (a kill after its checkpoint loses nothing
      * more), then resumed to 6 */
     shard_opts(&o, shards, b, 3, 1);
-    float *w3, *m3, *v3;
+    float *w3, *m3, *v3, *e3;
     size_t n3;
-    ok = ok && train(&o, 0, &w3, &m3, &v3, &n3, NULL);
+    ok = ok && train(&o, 0, &w3, &m3, &v3, &e3, &n3, NULL);
     if (ok) {
         free(w3);
         free(m3);
         free(v3);
+        free(e3);
     }
     shard_opts(&o, shards, b, 6, 1);
-    ok = ok && train(&o, 1, &wb, &mb, &vb, &n, NULL);
+    ok = ok && train(&o, 1, &wb, &mb, &vb, &eb, &n, NULL);
     if (CHECK(ok)) {
         CHECK(memcmp(wa, wb, n * sizeof(float)) == 0);
         CHECK(memcmp(ma, mb, n * sizeof(float)) == 0);
         CHECK(memcmp(va, vb, n * sizeof(float)) == 0);
+        CHECK(memcmp(ea, eb, n * sizeof(float)) == 0);
         int diff = 0;
         for (size_t i = 0; i < n; i++) diff += wa[i] != wa[i];
         CHECK(diff == 0); /* no NaN crept in */
         free(wb);
         free(mb);
         free(vb);
+        free(eb);
     }
-    /* the checkpoint of the finished run loads as a diffusers UNet */
+    /* the checkpoint's unet/ and unet_ema/ load as diffusers UNets: the
+     * weights and the EMA weights rounded to bf16 (--save-dtype) */
     char ck[700];
-    snprintf(ck, sizeof ck, "%s/checkpoint-6", b);
     sd_unet u;
-    if (CHECK(sd_unet_load(&u, ck, NULL, &err) == SD_OK)) {
-        CHECK(u.w.total == n && memcmp(u.w.data, wa, n * sizeof(float)) == 0);
-        sd_unet_free(&u);
+    for (int k = 0; k < 2 && ok; k++) {
+        snprintf(ck, sizeof ck, "%s/checkpoint-6/%s", b, k ? "unet_ema" : "unet");
+        if (CHECK(sd_unet_load(&u, ck, NULL, &err) == SD_OK)) {
+            int same = u.w.total == n;
+            const float *want = k ? ea : wa;
+            for (size_t i = 0; i < n && same; i++) same = u.w.data[i] == sd_bf16_to_f32(sd_f32_to_bf16(want[i]));
+            CHECK(same);
+            sd_unet_free(&u);
+        }
     }
     /* 2 threads: the same bits */
     shard_opts(&o, shards, c, 6, 2);
-    if (train(&o, 0, &wb, &mb, &vb, &n, NULL)) {
+    if (train(&o, 0, &wb, &mb, &vb, &eb, &n, NULL)) {
         CHECK(memcmp(wa, wb, n * sizeof(float)) == 0);
         CHECK(memcmp(va, vb, n * sizeof(float)) == 0);
+        CHECK(memcmp(ea, eb, n * sizeof(float)) == 0);
         free(wb);
         free(mb);
         free(vb);
+        free(eb);
     }
     if (ok) {
         free(wa);
         free(ma);
         free(va);
+        free(ea);
     }
 
     /* a NaN loss stops the run with a checkpoint of the state before it */

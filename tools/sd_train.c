@@ -61,6 +61,9 @@ int main(int argc, char **argv)
         {"adam-eps", 0, SD_OPT_DOUBLE, &o.adam.eps, "X", "AdamW epsilon (default 1e-8)"},
         {"weight-decay", 0, SD_OPT_DOUBLE, &o.adam.weight_decay, "X", "AdamW weight decay (default 1e-2)"},
         {"max-grad-norm", 0, SD_OPT_DOUBLE, &o.max_grad_norm, "X", "clip the global gradient norm (default 1; 0: off)"},
+        {"ema-decay", 0, SD_OPT_DOUBLE, &o.ema_decay, "X",
+         "keep an EMA of the weights (diffusers EMAModel; 0.9999 is usual; default off), saved as unet_ema/"},
+        {"ema-every", 0, SD_OPT_INT, &o.ema_every, "N", "update the EMA every N steps (default 1)"},
         {"prediction", 0, SD_OPT_STR, &pred, "T", "epsilon (default) or v_prediction"},
         {"snr-gamma", 0, SD_OPT_DOUBLE, &o.snr_gamma, "X", "min-SNR-gamma loss weighting (5 is usual; default off)"},
         {"noise-offset", 0, SD_OPT_DOUBLE, &o.noise_offset, "X", "noise offset (default 0)"},
@@ -100,6 +103,7 @@ int main(int argc, char **argv)
         bad = "counts and seeds must not be negative";
     else if (!(lr >= 0) || !(o.dropout >= 0 && o.dropout <= 1) || o.snr_gamma < 0 || o.noise_offset < 0)
         bad = "--lr, --snr-gamma, --noise-offset must be >= 0 and --dropout in [0, 1]";
+    else if (!(o.ema_decay >= 0 && o.ema_decay < 1) || o.ema_every < 1) bad = "--ema-decay in [0, 1), --ema-every >= 1";
     else if (strcmp(pred, "epsilon") == 0) o.pred = SD_PRED_EPSILON;
     else if (strcmp(pred, "v_prediction") == 0 || strcmp(pred, "v") == 0) o.pred = SD_PRED_V;
     else bad = "--prediction: epsilon or v_prediction";

@@ -1,7 +1,8 @@
 /* Training checkpoints: out_dir/checkpoint-<step>/ holding unet/ (a
- * diffusers folder: config.json + diffusion_pytorch_model.safetensors) and
- * state.safetensors (AdamW moments, the fp32 master weights when unet/ is
- * stored in half precision, and in its metadata the step, data cursor, RNG
+ * diffusers folder: config.json + diffusion_pytorch_model.safetensors), with
+ * EMA also unet_ema/, and state.safetensors (AdamW moments, the fp32 master
+ * and EMA weights when the folders are stored in half precision, and in its
+ * metadata the step, data cursor, RNG
  * state and the options a resume must share). Written into a .tmp
  * directory, every file fsync'ed, then renamed into place; out_dir/latest
  * names the newest complete one. */
@@ -24,6 +25,7 @@
 enum { PATH_CAP = 4096 };
 
 static const char *const ckpt_files[] = {"unet/config.json", "unet/diffusion_pytorch_model.safetensors",
+                                         "unet_ema/config.json", "unet_ema/diffusion_pytorch_model.safetensors",
                                          "state.safetensors"};
 
 /* dir/name into buf (PATH_CAP bytes); callers check their directory's
@@ -61,6 +63,8 @@ static void remove_ckpt(const char *dir)
         unlink(p);
     }
     pjoin(p, dir, "unet");
+    rmdir(p);
+    pjoin(p, dir, "unet_ema");
     rmdir(p);
     if (rmdir(dir) != 0 && errno != ENOENT) sd_log(SD_LOG_WARN, "%s: not removed: %s", dir, strerror(errno));
 }
@@ -127,10 +131,14 @@ static sd_st_tensor flat(const char *name, const float *p, size_t n)
 /* The training state file: moments (and master weights) plus metadata. */
 static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *err)
 {
-    size_t n = tr->unet.w.total;
-    sd_st_tensor t[3] = {flat("adam_m", tr->m, n), flat("adam_v", tr->v, n), flat("params", tr->unet.w.data, n)};
-    size_t nt = tr->o.save_dtype == SD_ST_F32 ? 2 : 3;
-    char v[12][80];
+    size_t n = tr->unet.w.total, nt = 2;
+    sd_st_tensor t[4] = {flat("adam_m", tr->m, n), flat("adam_v", tr->v, n)};
+    if (tr->o.save_dtype != SD_ST_F32) {
+        /* unet/ (and unet_ema/) are rounded: keep the fp32 originals here */
+        t[nt++] = flat("params", tr->unet.w.data, n);
+        if (tr->ema) t[nt++] = flat("ema", tr->ema, n);
+    }
+    char v[13][80];
     snprintf(v[0], 80, "%ld", tr->step);
     snprintf(v[1], 80, "%ld", tr->images);
     snprintf(v[2], 80, "%ld", tr->cur.epoch);
@@ -144,11 +152,12 @@ static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *e
     snprintf(v[9], 80, "%s", tr->o.pred == SD_PRED_V ? "v_prediction" : "epsilon");
     snprintf(v[10], 80, "%zu", n);
     snprintf(v[11], 80, "%.17g", tr->loss_ema);
-    sd_st_meta meta[13] = {{"format", "sdtk-train-state 1"}, {"step", v[0]}, {"images", v[1]}, {"epoch", v[2]},
+    snprintf(v[12], 80, "%ld", tr->ema ? tr->ema_updates : -1);
+    sd_st_meta meta[14] = {{"ema_updates", v[12]}, {"format", "sdtk-train-state 1"}, {"step", v[0]}, {"images", v[1]}, {"epoch", v[2]},
                            {"batch", v[3]}, {"rng", v[4]}, {"seed", v[5]}, {"data_fingerprint", v[6]},
                            {"batch_size", v[7]}, {"accumulation", v[8]}, {"prediction", v[9]},
                            {"param_floats", v[10]}, {"loss_smooth", v[11]}};
-    return sd_st_write(path, t, nt, meta, 13, err);
+    return sd_st_write(path, t, nt, meta, 14, err);
 }
 
 /* Write checkpoint-<step> through a .tmp directory and point latest at it. */
@@ -171,6 +180,16 @@ sd_status sd_train_save(sd_trainer *tr, sd_error *err)
     if (!rc) rc = sd_unet_config_write(&tr->unet.cfg, p, err);
     pjoin(p, tmp, "unet/diffusion_pytorch_model.safetensors");
     if (!rc) rc = sd_unet_save(&tr->unet, tr->unet.w.data, p, SD_UNET_NAMES_DIFFUSERS, "", tr->o.save_dtype, err);
+    if (tr->ema) {
+        pjoin(p, tmp, "unet_ema");
+        if (!rc) rc = make_dir(p, err);
+        pjoin(p, tmp, "unet_ema/config.json");
+        if (!rc) rc = sd_unet_config_write(&tr->unet.cfg, p, err);
+        pjoin(p, tmp, "unet_ema/diffusion_pytorch_model.safetensors");
+        if (!rc) rc = sd_unet_save(&tr->unet, tr->ema, p, SD_UNET_NAMES_DIFFUSERS, "", tr->o.save_dtype, err);
+        pjoin(p, tmp, "unet_ema");
+        if (!rc) rc = sync_dir(p, err);
+    }
     pjoin(p, tmp, "state.safetensors");
     if (!rc) rc = write_state(tr, p, err);
     pjoin(p, tmp, "unet");
@@ -277,6 +296,25 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
         sd_weight_layout lay = {"", 0};
         if (!rc) rc = sd_weights_load(&tr->unet.w, ws, &lay, wp, err);
         if (ws) sd_st_close(ws);
+    }
+    if (!rc && tr->ema) {
+        const char *eu = meta_of(st, "ema_updates");
+        long upd = eu ? strtol(eu, NULL, 10) : -1;
+        if (upd < 0) rc = sd_err_set(err, SD_EINVAL, "%s: the checkpoint has no EMA weights (trained without EMA)", p);
+        else if (sd_st_find(st, "ema")) rc = read_flat(st, "ema", tr->ema, n, p, err);
+        else {
+            char wp[PATH_CAP];
+            pjoin(wp, ck, "unet_ema/diffusion_pytorch_model.safetensors");
+            sd_safetensors *ws = NULL;
+            rc = sd_st_open(&ws, wp, err);
+            sd_weight_layout lay = {"", 0};
+            float *model = tr->unet.w.data;
+            tr->unet.w.data = tr->ema; /* load the EMA file into the EMA buffer */
+            if (!rc) rc = sd_weights_load(&tr->unet.w, ws, &lay, wp, err);
+            tr->unet.w.data = model;
+            if (ws) sd_st_close(ws);
+        }
+        tr->ema_updates = upd;
     }
     if (!rc) {
         const char *rs = meta_of(st, "rng");

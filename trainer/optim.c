@@ -101,6 +101,37 @@ double sd_grad_clip(sd_pool *pool, float *g, size_t n, double max_norm)
     return norm;
 }
 
+/* EMAModel.get_decay without warmup, update_after_step 0, min_decay 0. */
+double sd_ema_decay(double max_decay, long n)
+{
+    long k = n - 1;
+    if (k <= 0) return 0.0;
+    double d = (1.0 + (double)k) / (10.0 + (double)k);
+    return d < max_decay ? d : max_decay;
+}
+
+/* Work of one EMA update. */
+typedef struct {
+    float *ema;
+    const float *p;
+    float w;
+} ema_ctx;
+
+/* The shadow weights pulled towards the model's by 1 - decay. */
+static void ema_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const ema_ctx *c = vctx;
+    (void)worker;
+    for (size_t i = begin; i < end; i++) c->ema[i] -= c->w * (c->ema[i] - c->p[i]);
+}
+
+/* One EMAModel.step over the flat buffers. */
+void sd_ema_update(sd_pool *pool, float *ema, const float *p, size_t n, double decay)
+{
+    ema_ctx c = {.ema = ema, .p = p, .w = (float)(1.0 - decay)};
+    sd_pool_for(pool, n, ema_range, &c);
+}
+
 /* diffusers' schedule lambdas times the base rate. */
 double sd_lr_at(const sd_lr_sched *l, long s)
 {

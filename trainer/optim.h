@@ -27,6 +27,12 @@ void sd_adamw_step(sd_pool *pool, const sd_adamw_opts *o, double lr, long step, 
  * clipping (NaN/Inf when the gradient is not finite: then g is left as is). */
 double sd_grad_clip(sd_pool *pool, float *g, size_t n, double max_norm);
 
+/* diffusers' EMAModel decay for its n-th update (1-based): 0 for the first,
+ * then min(max_decay, (1 + k) / (10 + k)) with k = n - 1. */
+double sd_ema_decay(double max_decay, long n);
+/* ema -= (1 - decay) * (ema - p) over n floats (EMAModel.step). */
+void sd_ema_update(sd_pool *pool, float *ema, const float *p, size_t n, double decay);
+
 typedef enum { SD_LR_CONSTANT = 0, SD_LR_CONSTANT_WARMUP, SD_LR_COSINE, SD_LR_LINEAR } sd_lr_kind;
 
 typedef struct {

@@ -21,6 +21,7 @@ void sd_train_opts_default(sd_train_opts *o)
     o->max_grad_norm = 1.0;
     o->max_steps = 1000;
     o->save_dtype = SD_ST_F32;
+    o->ema_every = 1;
     o->keep = 2;
     o->threads = 1;
 }
@@ -58,7 +59,11 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
     tr->m = calloc(n, sizeof(float));
     tr->v = calloc(n, sizeof(float));
     tr->grad = calloc(n, sizeof(float));
-    if (!tr->m || !tr->v || !tr->grad) {
+    if (o->ema_decay > 0) {
+        tr->ema = malloc(n * sizeof(float));
+        if (tr->ema) memcpy(tr->ema, tr->unet.w.data, n * sizeof(float));
+    }
+    if (!tr->m || !tr->v || !tr->grad || (o->ema_decay > 0 && !tr->ema)) {
         sd_trainer_close(tr);
         return sd_err_set(err, SD_ENOMEM, "out of memory for optimizer state (%zu MB)", 3 * n * 4 >> 20);
     }
@@ -86,6 +91,7 @@ void sd_trainer_close(sd_trainer *tr)
     free(tr->m);
     free(tr->v);
     free(tr->grad);
+    free(tr->ema);
     if (tr->have_data) sd_data_close(&tr->data);
     sd_batch_free(&tr->batch);
     sd_unet_graph_free(&tr->g);
@@ -187,7 +193,7 @@ sd_status sd_train_micro(sd_trainer *tr, int n, int h, int w, int tctx, const fl
     return SD_OK;
 }
 
-/* Clip, step, zero. */
+/* Clip, step, zero, and the EMA when it is due. */
 double sd_train_apply(sd_trainer *tr)
 {
     size_t n = tr->unet.w.total;
@@ -196,6 +202,10 @@ double sd_train_apply(sd_trainer *tr)
     sd_adamw_step(tr->pool, &tr->o.adam, lr, tr->step + 1, tr->unet.w.data, tr->m, tr->v, tr->grad, n);
     memset(tr->grad, 0, n * sizeof(float));
     tr->step++;
+    if (tr->ema && tr->step % (tr->o.ema_every > 0 ? tr->o.ema_every : 1) == 0) {
+        tr->ema_updates++;
+        sd_ema_update(tr->pool, tr->ema, tr->unet.w.data, n, sd_ema_decay(tr->o.ema_decay, tr->ema_updates));
+    }
     return norm;
 }
 

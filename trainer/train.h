@@ -7,7 +7,11 @@
  * as accelerate does. Per optimizer step: global-norm clipping, AdamW with
  * fp32 master weights at the scheduled rate, gradients zeroed.
  *
- * Checkpoints (ckpt.c) hold the model as a diffusers unet/ folder plus a
+ * With ema_decay, an exponential moving average of the weights follows
+ * every ema_every steps as diffusers' EMAModel computes it.
+ *
+ * Checkpoints (ckpt.c) hold the model as a diffusers unet/ folder (and the
+ * EMA weights as unet_ema/) plus a
  * training-state file (moments, step, RNG state, data cursor), written to a
  * temporary directory that is renamed into place, so a killed run never
  * leaves a half checkpoint; a run resumed from one draws the same batches
@@ -48,6 +52,8 @@ typedef struct {
     sd_adamw_opts adam;
     sd_lr_sched lr;
     double max_grad_norm; /* <= 0: no clipping */
+    double ema_decay;     /* > 0: keep an EMA of the weights (diffusers EMAModel, e.g. 0.9999) */
+    long ema_every;       /* update the EMA every N optimizer steps (default 1) */
     long max_steps;
     uint64_t seed;
     /* checkpoints */
@@ -65,6 +71,8 @@ typedef struct {
     sd_unet unet;
     sd_ddpm sched;
     float *m, *v, *grad; /* unet.w.total floats each */
+    float *ema;          /* the EMA weights, or NULL */
+    long ema_updates;
     long step;           /* optimizer steps done */
     long images;         /* samples trained on */
     sd_rng rng;

@@ -209,7 +209,17 @@ def make(name, cfg):
     print(f"{name}: {sum(p.numel() for p in model.parameters())} parameters, loss {loss.item():.6f}")
 
 
-TRAIN = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, max_grad_norm=0.05, snr_gamma=5.0,
+class _Shadow:
+    """EMA shadow weights shaped like a module for param_stats."""
+
+    def __init__(self, params):
+        self.params = params
+
+    def named_parameters(self):
+        return self.params.items()
+
+
+TRAIN = dict(ema_decay=0.9999, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, max_grad_norm=0.05, snr_gamma=5.0,
              steps=[[999, 37], [500, 1], [250, 750]], full=["conv_in.weight", "conv_norm_out.bias"])
 
 
@@ -231,11 +241,12 @@ def make_train():
     eps: 3 steps (epsilon target, clipping at max_grad_norm, AdamW with
     weight decay), given scaled latents x0, text ctx, and per step noise and
     timesteps; losses, gradient norms before clipping and the parameter
-    change after the 3 steps (stats as grad_stats, full for a few).
+    change after the 3 steps (stats as grad_stats, full for a few), and the
+    change of EMAModel's shadow weights (decay 0.9999, updated each step).
     v: from the same start, one step with v-prediction, min-SNR-gamma 5 and
     gradient accumulation over two micro-batches of one sample each."""
     from diffusers import DDPMScheduler
-    from diffusers.training_utils import compute_snr
+    from diffusers.training_utils import EMAModel, compute_snr
     import torch.nn.functional as F
 
     d = os.path.join(HERE, "sd1")
@@ -273,6 +284,7 @@ def make_train():
         out[f"t{i}"] = ts[i].float()
 
     m, opt, before = load()
+    ema = EMAModel(m.parameters(), decay=TRAIN["ema_decay"])
     losses, norms = [], []
     for i in range(len(ts)):
         opt.zero_grad()
@@ -281,8 +293,11 @@ def make_train():
         norms.append(torch.nn.utils.clip_grad_norm_(m.parameters(), TRAIN["max_grad_norm"]).item())
         assert norms[-1] > TRAIN["max_grad_norm"], "clipping must be active"
         opt.step()
+        ema.step(m.parameters())
         losses.append(loss.item())
     names, stats = param_stats(m, before)
+    shadow = {k: p for (k, _), p in zip(m.named_parameters(), ema.shadow_params)}
+    out["ema_stats"] = torch.from_numpy(param_stats(_Shadow(shadow), before)[1])
     out["eps_loss"] = torch.tensor(losses, dtype=torch.float64)
     out["eps_gnorm"] = torch.tensor(norms, dtype=torch.float64)
     out["eps_stats"] = torch.from_numpy(stats)
