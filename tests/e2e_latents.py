@@ -230,6 +230,19 @@ class Latents(unittest.TestCase):
         self.assertEqual(entries(s), 3)
         sh(LATENTS, "--strict", "--vae", VAE, "-o", s, bj, ok=(1,))
 
+    def test_usage_errors_and_devices(self):
+        s = self.path("usage.shard")
+        for args in (["--batch", "0"], ["--device", "gpu"], ["--shard", "3/3"], ["-j", "-1"]):
+            code, _, err = sh(LATENTS, "--vae", VAE, "-o", s, *args, self.jsonl, ok=(2,))
+            self.assertIn("Try 'sd-latents --help'", err)
+        sh(LATENTS, "-o", s, self.jsonl, ok=(2,))  # no --vae
+        code, _, err = sh(LATENTS, "--vae", VAE, "--dtype", "fp8", "-o", s, self.jsonl, ok=(3,))
+        self.assertIn("--dtype fp8", err)
+        # no GPU here: cuda:K fails clearly (no driver / no device / no CUDA in the build)
+        code, _, err = sh(LATENTS, "--vae", VAE, "--device", "cuda:0", "-o", s, self.jsonl, ok=(3,))
+        self.assertRegex(err, r"CUDA|cuda")
+        self.assertFalse(os.path.exists(s) and entries(s) > 0)
+
     def test_webdataset_members_read_in_place(self):
         d = self.path("wds")
         os.makedirs(d)

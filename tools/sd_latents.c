@@ -1,5 +1,6 @@
 /* sd-latents: cache VAE latents of a bucketed JSONL stream into one shard.
  * This file is the command line only; the work is in tools/latents/. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,18 @@ static int parse_part(const char *s, int *index, int *count)
     return 0;
 }
 
+/* Format a usage problem into msg; returns 1 so checks read as
+ * `if (cond) bad = usage_msg(...)`; the last problem found is reported. */
+static int usage_msg(char *msg, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int usage_msg(char *msg, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, cap, fmt, ap);
+    va_end(ap);
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     latents_opts o = {.device = "cpu", .dtype_name = "fp16", .shard_count = 1};
@@ -44,7 +57,7 @@ int main(int argc, char **argv)
         {"tokenizer", 0, SD_OPT_STR, &o.tokenizer, "DIR", "folder holding tokenizer/ (and tokenizer_2/) for --text"},
         {"clip-skip", 0, SD_OPT_INT, &clip_skip, "N",
          "skip N more text-encoder layers than the SD variant's default (kohya's --clip_skip 2 is 1 here)"},
-        {"device", 0, SD_OPT_STR, &o.device, "DEV", "cpu (default); cuda:K needs the CUDA backend (not in this build)"},
+        {"device", 0, SD_OPT_STR, &o.device, "DEV", "cpu (default) or cuda:K: the VAE on GPU K (decoding and text encoders stay on the CPU)"},
         {"shard", 0, SD_OPT_STR, &part, "I/N", "cache only records whose key hashes to part I of N (one process per GPU)"},
         {"batch", 'b', SD_OPT_INT, &batch, "N", "images per VAE batch, all of one bucket (default 1)"},
         {"threads", 'j', SD_OPT_INT, &threads, "N", "CPU threads for decoding and the CPU engine (default: all CPUs)"},
@@ -73,26 +86,34 @@ int main(int argc, char **argv)
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
     if (rc >= 0) return rc;
     sd_log_setup("sd-latents", quiet ? SD_LOG_WARN : verbose ? SD_LOG_DEBUG : SD_LOG_INFO);
-    if (pos.n > 1) sd_cli_usage_error(&cli, "one input stream at most (got %d)", pos.n);
+    char msg[256];
+    int bad = 0;
+    if (pos.n > 1) bad = usage_msg(msg, sizeof msg, "one input stream at most (got %d)", pos.n);
     o.input = pos.n ? pos.v[0] : "-";
-    if (!o.output) sd_cli_usage_error(&cli, "no output shard (-o SHARD)");
-    if (!o.vae_path) sd_cli_usage_error(&cli, "no VAE (--vae PATH)");
+    if (!o.output) bad = usage_msg(msg, sizeof msg, "no output shard (-o SHARD)");
+    if (!o.vae_path) bad = usage_msg(msg, sizeof msg, "no VAE (--vae PATH)");
     if (part && parse_part(part, &o.shard_index, &o.shard_count))
-        sd_cli_usage_error(&cli, "--shard %s: expected I/N with 0 <= I < N", part);
-    if (batch < 1 || batch > 1024) sd_cli_usage_error(&cli, "--batch must be 1..1024");
-    if (threads < 0 || threads > 1024) sd_cli_usage_error(&cli, "--threads must be 0..1024");
-    if (groups < 0 || groups > 4096) sd_cli_usage_error(&cli, "--vae-groups must be 0..4096");
-    if (seed < 0) sd_cli_usage_error(&cli, "--seed must not be negative");
-    if (clip_skip < 0 || clip_skip > 48) sd_cli_usage_error(&cli, "--clip-skip must be 0..48");
-    if (o.tokenizer && !o.text_model) sd_cli_usage_error(&cli, "--tokenizer needs --text");
-    if (o.scale < 0) sd_cli_usage_error(&cli, "--scale must be positive");
+        bad = usage_msg(msg, sizeof msg, "--shard %s: expected I/N with 0 <= I < N", part);
+    if (batch < 1 || batch > 1024) bad = usage_msg(msg, sizeof msg, "--batch must be 1..1024");
+    if (threads < 0 || threads > 1024) bad = usage_msg(msg, sizeof msg, "--threads must be 0..1024");
+    if (groups < 0 || groups > 4096) bad = usage_msg(msg, sizeof msg, "--vae-groups must be 0..4096");
+    if (seed < 0) bad = usage_msg(msg, sizeof msg, "--seed must not be negative");
+    if (clip_skip < 0 || clip_skip > 48) bad = usage_msg(msg, sizeof msg, "--clip-skip must be 0..48");
+    if (o.tokenizer && !o.text_model) bad = usage_msg(msg, sizeof msg, "--tokenizer needs --text");
+    if (o.scale < 0) bad = usage_msg(msg, sizeof msg, "--scale must be positive");
+    o.cuda_device = -1;
     if (strcmp(o.device, "cpu") != 0) {
-        if (strncmp(o.device, "cuda", 4) == 0) {
-            sd_log(SD_LOG_ERROR, "--device %s: this build has no CUDA backend yet; use --device cpu", o.device);
-            sd_strlist_free(&pos);
-            return SD_EXIT_USAGE;
-        }
-        sd_cli_usage_error(&cli, "--device %s: expected cpu or cuda:K", o.device);
+        char *end;
+        const char *k = strncmp(o.device, "cuda:", 5) == 0 ? o.device + 5 : NULL;
+        long dev = k ? strtol(k, &end, 10) : -1;
+        if (!k || end == k || *end || dev < 0 || dev > 1023)
+            bad = usage_msg(msg, sizeof msg, "--device %s: expected cpu or cuda:K", o.device);
+        o.cuda_device = (int)dev;
+    }
+    if (bad) {
+        sd_cli_usage_error(&cli, "%s", msg);
+        sd_strlist_free(&pos);
+        return SD_EXIT_USAGE;
     }
     o.batch = (int)batch;
     o.threads = threads > 0 ? (int)threads : sd_default_threads();

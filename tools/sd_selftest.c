@@ -943,11 +943,21 @@ int main(int argc, char **argv)
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
     if (rc >= 0) return rc;
-    if (pos.n) sd_cli_usage_error(&cli, "no positional arguments expected");
+    int npos = pos.n;
     sd_strlist_free(&pos);
     int dev = 0;
-    if (parse_device(device, &dev)) sd_cli_usage_error(&cli, "--device %s: expected cuda:K or cpu", device);
-    if (threads < 0 || threads > 1024) sd_cli_usage_error(&cli, "--threads must be 0..1024");
+    if (npos) {
+        sd_cli_usage_error(&cli, "no positional arguments expected");
+        return SD_EXIT_USAGE;
+    }
+    if (parse_device(device, &dev)) {
+        sd_cli_usage_error(&cli, "--device %s: expected cuda:K or cpu", device);
+        return SD_EXIT_USAGE;
+    }
+    if (threads < 0 || threads > 1024) {
+        sd_cli_usage_error(&cli, "--threads must be 0..1024");
+        return SD_EXIT_USAGE;
+    }
     if (do_plan) return plan((size_t)1 << 30);
     sd_pool *pool = sd_pool_create(threads > 0 ? (int)threads : sd_default_threads());
     target ref = {sd_backend_cpu(), pool}, t = {sd_backend_cpu(), NULL};

@@ -650,8 +650,14 @@ int main(int argc, char **argv)
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
     if (rc >= 0) return rc;
     sd_log_setup("sd-verify", o.quiet ? SD_LOG_WARN : o.verbose ? SD_LOG_DEBUG : SD_LOG_INFO);
-    if (pos.n == 0) sd_cli_usage_error(&cli, "no shard given");
-    if (o.threads < 0 || o.examples < 0) sd_cli_usage_error(&cli, "--threads and --examples must not be negative");
+    const char *bad = pos.n == 0 ? "no shard given"
+                      : o.threads < 0 || o.examples < 0 ? "--threads and --examples must not be negative"
+                                                          : NULL;
+    if (bad) {
+        sd_cli_usage_error(&cli, "%s", bad);
+        sd_strlist_free(&pos);
+        return SD_EXIT_USAGE;
+    }
     sd_pool *pool = sd_pool_create(o.threads > 0 ? (int)o.threads : sd_default_threads());
     shard_result *rs = calloc((size_t)pos.n, sizeof *rs);
     if (!pool || !rs) {

@@ -49,6 +49,7 @@ typedef struct {
     const char *input, *output, *vae_path, *vae_config, *device, *dtype_name;
     const char *text_model, *tokenizer; /* --text MODEL, --tokenizer DIR */
     int clip_skip;
+    int cuda_device; /* -1: the CPU */
     int vae_groups;
     double scale;
     int shard_index, shard_count;

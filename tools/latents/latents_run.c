@@ -23,6 +23,9 @@
 #include "latents.h"
 #include "latents_text.h"
 #include "vae.h"
+#ifdef SDTK_HAVE_CUDA
+#include "sd_cuda.h"
+#endif
 
 typedef struct {
     const latents_opts *o;
@@ -36,6 +39,9 @@ typedef struct {
     char model_hash[17];
     float *img, *mean, *std, *ws;
     size_t img_cap, lat_cap, std_cap, ws_cap;
+    sd_vae_runner runner; /* the VAE on its device (the CPU, or a GPU with --device cuda:K) */
+    int runner_ok;
+    void *cuda;           /* sd_cuda * when a GPU runs the VAE */
     sd_status *dec_st; /* per job of a batch */
     char (*dec_msg)[256];
     sd_buf conv; /* the record's tensors in the stored dtype */
@@ -223,8 +229,7 @@ static sd_status do_batch(run *r, latent_job **todo, size_t m, int *meta_pending
     sd_vae_latent_size(&r->vae.cfg, h, w, &lh, &lw);
     size_t lat = (size_t)lc * (size_t)lh * (size_t)lw, n = m * (size_t)variants;
     if (ensure(&r->img, &r->img_cap, n * chw) || ensure(&r->mean, &r->lat_cap, n * lat) ||
-        ensure(&r->std, &r->std_cap, n * lat) ||
-        ensure(&r->ws, &r->ws_cap, sd_vae_workspace_floats(&r->vae, (int)n, h, w)))
+        ensure(&r->std, &r->std_cap, n * lat))
         return sd_err_set(err, SD_ENOMEM, "out of memory for a batch of %zu images of %dx%d (try a smaller --batch)",
                           n, w, h);
 
@@ -248,7 +253,7 @@ static sd_status do_batch(run *r, latent_job **todo, size_t m, int *meta_pending
     r->t_decode += t1 - t0;
     if (!ok) return SD_OK;
     size_t ne = ok * (size_t)variants;
-    sd_status st = sd_vae_encode(&r->vae, r->be, r->pool, (int)ne, h, w, r->img, r->mean, r->std, r->ws, err);
+    sd_status st = sd_vae_runner_encode(&r->runner, &r->vae, (int)ne, h, w, r->img, r->mean, r->std, err);
     double t2 = sd_now();
     r->t_encode += t2 - t1;
     if (!st) st = sd_shard_begin(r->shard, err);
@@ -326,6 +331,10 @@ static void run_free(run *r)
     free(r->mean);
     free(r->std);
     free(r->ws);
+    if (r->runner_ok) sd_vae_runner_free(&r->runner);
+#ifdef SDTK_HAVE_CUDA
+    if (r->cuda) sd_cuda_destroy(r->cuda);
+#endif
     free(r->dec_st);
     free(r->dec_msg);
     sd_buf_free(&r->conv);
@@ -344,6 +353,33 @@ static void image_thread_done(void *ctx, int worker, size_t begin, size_t end)
     sd_image_thread_done();
 }
 
+/* The VAE's device: the CPU engine on the thread pool, or with --device
+ * cuda:K the CUDA backend (parameters copied to the GPU once). Decoding
+ * and the text encoders stay on the CPU pool. */
+static sd_status open_device(run *r, sd_error *err)
+{
+    const sd_backend *be = r->be;
+    void *exec = r->pool;
+    if (r->o->cuda_device >= 0) {
+#ifdef SDTK_HAVE_CUDA
+        sd_cuda *c = NULL;
+        sd_status st = sd_cuda_create(&c, r->o->cuda_device, NULL, err);
+        if (st) return st;
+        r->cuda = c;
+        be = sd_backend_cuda();
+        exec = c;
+        sd_log(SD_LOG_INFO, "VAE on cuda:%d (the CUDA backend has not been run by the sdtk project; "
+               "check it with sd-selftest --device cuda:%d)", r->o->cuda_device, r->o->cuda_device);
+#else
+        return sd_err_set(err, SD_EUNSUPPORTED, "--device cuda:%d: this sd-latents was built without CUDA "
+                          "(nvcc was not found at build time)", r->o->cuda_device);
+#endif
+    }
+    sd_status st = sd_vae_runner_init(&r->runner, &r->vae, be, exec, err);
+    r->runner_ok = !st;
+    return st;
+}
+
 /* Load the VAE, read the jobs, open the shard, run, report. */
 int latents_run(const latents_opts *o)
 {
@@ -359,7 +395,11 @@ int latents_run(const latents_opts *o)
     r.dtype = parse_dtype(o->dtype_name);
     r.be = sd_backend_cpu();
     if (!r.dtype) st = sd_err_set(&err, SD_EINVAL, "--dtype %s: expected fp16, bf16 or fp32", o->dtype_name);
-    if (!st) st = sd_image_init(&err);
+    int image_ok = 0;
+    if (!st) {
+        st = sd_image_init(&err);
+        image_ok = !st;
+    }
     sd_vae_opts vo = {.config_path = o->vae_config, .groups = o->vae_groups, .scaling_factor = o->scale};
     double t0 = sd_now();
     if (!st) st = sd_vae_load(&r.vae, o->vae_path, &vo, &err);
@@ -401,6 +441,9 @@ int latents_run(const latents_opts *o)
     if (!st) st = classify(&r, &err);
     if (!st) {
         r.pool = o->threads > 1 ? sd_pool_create(o->threads) : NULL;
+        st = open_device(&r, &err);
+    }
+    if (!st) {
         sd_log(SD_LOG_INFO, "%zu records for this process (%llu lines read, %llu for other shards), batch %d, %d threads",
                r.jobs.n, (unsigned long long)r.jobs.lines, (unsigned long long)r.jobs.other_shard, o->batch,
                o->threads);
@@ -431,6 +474,6 @@ int latents_run(const latents_opts *o)
     sd_tally_log(&r.tally, "records");
     int code = st ? SD_EXIT_FATAL : (o->strict && r.tally.total ? SD_EXIT_SKIPPED : SD_EXIT_OK);
     run_free(&r);
-    sd_image_shutdown();
+    if (image_ok) sd_image_shutdown();
     return code;
 }
