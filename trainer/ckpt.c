@@ -169,7 +169,8 @@ sd_status sd_train_save(sd_trainer *tr, sd_error *err)
     snprintf(name, sizeof name, "checkpoint-%ld", tr->step);
     if (strlen(out) > PATH_CAP - 128) return sd_err_set(err, SD_EINVAL, "output path too long: %s", out);
     pjoin(fin, out, name);
-    snprintf(tmp, sizeof tmp, "%s.tmp", fin);
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", fin) >= sizeof tmp)
+        return sd_err_set(err, SD_EINVAL, "output path too long: %s", out);
     sd_status rc = make_dir(out, err);
     if (rc) return rc;
     remove_ckpt(tmp); /* a run killed while saving left it */
