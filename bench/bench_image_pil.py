@@ -1,11 +1,21 @@
 #!/usr/bin/env python3
-"""kohya-style image pipeline in PIL, for bench_image.sh: open, convert RGB,
-resize with sd-scripts' rule (cv2 INTER_AREA when both sides shrink, PIL
-LANCZOS otherwise), crop the record's box, to float CHW in [-1, 1].
-cv2 is not in Debian's CI set, so INTER_AREA is PIL's BOX filter, which is the
-same pixel-area average for downscaling.
-usage: bench_image_pil.py time JOBS.tsv          images/s, one thread
-       bench_image_pil.py compare JOBS.tsv IMAGE_DUMP   mean abs diff vs sdtk"""
+"""kohya-style image pipeline, for bench_image.sh. sd-scripts' load_image
+(PIL open, convert("RGB") only when the mode is not RGB, which also drops
+alpha) and trim_and_resize_if_required (cv2 INTER_AREA when both sides
+shrink, PIL LANCZOS otherwise), the record's crop box, then ToTensor +
+Normalize(0.5, 0.5) to float CHW.
+Two variants of the area resize:
+  pil  PIL's BOX filter on the PIL image (cv2 is not in Debian's CI set).
+       Same weights as INTER_AREA for integer factors; for fractional ones
+       BOX takes whole pixels whose centres fall in the box where INTER_AREA
+       weights edge pixels by the part covered. Skips kohya's full-size
+       np.array copy before the resize.
+  cv2  exactly sd-scripts: np.array of the full image, cv2.resize INTER_AREA,
+       with cv2.setNumThreads(1) so it is one core like the others (only
+       when the cv2 module is importable).
+usage: bench_image_pil.py time JOBS.tsv PASSES [pil|cv2]   images/s, one thread
+       bench_image_pil.py compare JOBS.tsv IMAGE_DUMP       mean abs diff vs sdtk"""
+import io
 import os
 import subprocess
 import sys
@@ -15,6 +25,13 @@ import time
 import numpy as np
 from PIL import Image
 
+try:
+    import cv2
+
+    cv2.setNumThreads(1)
+except ImportError:
+    cv2 = None
+
 
 def jobs(path):
     for line in open(path):
@@ -22,20 +39,33 @@ def jobs(path):
         yield f[0], int(f[1]), int(f[2]), [int(x) for x in f[3:9]]
 
 
-def kohya_rgb8(path, off, size, p):
-    """sd-scripts' load_image + trim_and_resize_if_required, centre crop given."""
+def load(path, off, size):
+    """sd-scripts' load_image, reading a tar member in place when given."""
     if off or size >= 0:
-        import io
         with open(path, "rb") as fh:
             fh.seek(off)
             im = Image.open(io.BytesIO(fh.read(size)))
     else:
         im = Image.open(path)
-    im = im.convert("RGB")
+    if im.mode != "RGB":
+        im = im.convert("RGB")
+    return im
+
+
+def kohya_rgb8(path, off, size, p, kind="pil"):
+    """load_image + trim_and_resize_if_required with the record's crop box."""
+    im = load(path, off, size)
     rw, rh, l, t, r, b = p
     w, h = im.size
-    flt = Image.BOX if (w >= rw and h >= rh) else Image.LANCZOS
-    im = im.resize((rw, rh), flt)
+    shrink = w > rw and h > rh  # sd-scripts' rule for INTER_AREA
+    if kind == "cv2":
+        a = np.array(im, np.uint8)
+        if (w, h) != (rw, rh):
+            a = cv2.resize(a, (rw, rh), interpolation=cv2.INTER_AREA) if shrink else \
+                np.asarray(Image.fromarray(a).resize((rw, rh), Image.LANCZOS))
+        return a[t:b, l:r]
+    if (w, h) != (rw, rh):
+        im = im.resize((rw, rh), Image.BOX if shrink else Image.LANCZOS)
     return np.asarray(im)[t:b, l:r]
 
 
@@ -44,21 +74,27 @@ def main():
     js = list(jobs(tsv))
     if mode == "time":
         passes = int(sys.argv[3]) if len(sys.argv) > 3 else 1
-        t0 = time.perf_counter()
+        kind = sys.argv[4] if len(sys.argv) > 4 else "pil"
+        if kind == "cv2" and cv2 is None:
+            print("kohya-style with cv2: skipped (no cv2 module)")
+            return
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(passes):
             for path, off, size, p in js:
-                a = kohya_rgb8(path, off, size, p)
+                a = kohya_rgb8(path, off, size, p, kind)
                 x = a.transpose(2, 0, 1).astype(np.float32) / 127.5 - 1.0  # ToTensor + Normalize(0.5, 0.5)
                 del x
-        s = time.perf_counter() - t0
+        s, cpu = time.perf_counter() - t0, time.process_time() - c0
         n = len(js) * passes
-        print("PIL kohya-style 1 thread: %d images in %.2f s = %.2f images/s" % (n, s, n / s))
+        print("kohya-style %s 1 thread: %d images in %.2f s = %.2f images/s; %.2f CPU s = %.2f images per CPU-second"
+              % ("PIL BOX" if kind == "pil" else "cv2 INTER_AREA", n, s, n / s, cpu, n / cpu))
         return
     exe = sys.argv[3]
+    kinds = ["pil"] + (["cv2"] if cv2 is not None else [])
     with tempfile.TemporaryDirectory() as tmp:
         d = subprocess.Popen([exe], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        maes = []
-        for i, (path, off, size, p) in enumerate(js):
+        maes = {k: [] for k in kinds}
+        for path, off, size, p in js:
             out = os.path.join(tmp, "o.raw")
             d.stdin.write("\t".join(str(x) for x in [path, off, size] + p + [0, "rgb8", out]) + "\n")
             d.stdin.flush()
@@ -68,12 +104,15 @@ def main():
                 continue
             rw, rh, l, t, r, b = p
             ours = np.fromfile(out, np.uint8).reshape(b - t, r - l, 3).astype(int)
-            maes.append(np.abs(ours - kohya_rgb8(path, off, size, p).astype(int)).mean())
+            for k in kinds:
+                maes[k].append(np.abs(ours - kohya_rgb8(path, off, size, p, k).astype(int)).mean())
         d.stdin.close()
         d.wait()
-        m = np.array(maes)
-        print("sdtk vs kohya-style (INTER_AREA=BOX down / LANCZOS up, no ICC, alpha dropped): %d images, mean abs diff"
-              " (0..255) mean %.3f, median %.3f, p90 %.3f, max %.3f" % (len(m), m.mean(), np.median(m), np.percentile(m, 90), m.max()))
+        for k in kinds:
+            m = np.array(maes[k])
+            print("sdtk vs kohya-style %s (LANCZOS up, no ICC, alpha dropped): %d images, mean abs diff (0..255) mean %.3f,"
+                  " median %.3f, p90 %.3f, max %.3f" % ("PIL BOX" if k == "pil" else "cv2 INTER_AREA", len(m), m.mean(),
+                                                       np.median(m), np.percentile(m, 90), m.max()))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@
 
 #include <vips/vips.h>
 
+#include "image_int.h"
 #include "imghdr.h"
 
 /* libvips is process-wide state: set it up once, from one thread, so that
@@ -31,11 +32,21 @@ sd_status sd_image_init(sd_error *err)
     return SD_OK;
 }
 
-/* libvips keeps per-thread buffers that leak unless the thread says it is done. */
-void sd_image_thread_done(void) { vips_thread_shutdown(); }
+/* libvips and the PNG decoder keep per-thread buffers that leak unless the
+ * thread says it is done. */
+void sd_image_thread_done(void)
+{
+    sd_fast_thread_done();
+    vips_thread_shutdown();
+}
 
-/* Release libvips' global state at the end of the process (leak checkers). */
-void sd_image_shutdown(void) { vips_shutdown(); }
+/* Release libvips' global state and the main thread's buffers at the end of
+ * the process (leak checkers). */
+void sd_image_shutdown(void)
+{
+    sd_fast_thread_done();
+    vips_shutdown();
+}
 
 /* A plan must cut a non-empty box inside the resized image. */
 sd_status sd_image_plan_check(const sd_image_plan *p, sd_error *err)
@@ -58,7 +69,7 @@ static void src_name(const sd_image_src *src, char *out, size_t n)
 }
 
 /* The encoded bytes, read with pread so a tar member is read in place and one
- * shard fd could serve many threads. */
+ * shard fd could serve many threads, into the thread's file buffer. */
 static sd_status read_bytes(const sd_image_src *src, const char *name, unsigned char **out, size_t *len, sd_error *err)
 {
     int fd = open(src->path, O_RDONLY | O_CLOEXEC);
@@ -77,7 +88,7 @@ static sd_status read_bytes(const sd_image_src *src, const char *name, unsigned 
     else if (size > SD_IMAGE_MAX_BYTES)
         st = sd_err_set(err, SD_ERANGE, "%s: %llu bytes, over the %llu-byte limit", name, (unsigned long long)size,
                         (unsigned long long)SD_IMAGE_MAX_BYTES);
-    unsigned char *buf = st ? NULL : malloc((size_t)size);
+    unsigned char *buf = st ? NULL : sd_scratch(SD_SCRATCH_FILE, (size_t)size);
     if (!st && !buf) st = sd_err_set(err, SD_ENOMEM, "%s: no memory for %llu bytes", name, (unsigned long long)size);
     size_t have = 0;
     while (!st && have < size) {
@@ -88,10 +99,7 @@ static sd_status read_bytes(const sd_image_src *src, const char *name, unsigned 
         else have += (size_t)r;
     }
     close(fd);
-    if (st) {
-        free(buf);
-        return st;
-    }
+    if (st) return st;
     *out = buf;
     *len = (size_t)size;
     return SD_OK;
@@ -113,18 +121,20 @@ static sd_status vips_fail(sd_error *err, sd_status code, const char *name, cons
 
 /* Refuse decompression bombs from the header alone: the in-memory header
  * parser for the common formats, libvips' lazy header read for the rest (it
- * decodes no pixels until asked). */
-static sd_status check_pixels(const unsigned char *buf, size_t len, uint64_t limit, const char *name, sd_error *err)
+ * decodes no pixels until asked). `info` keeps what the parser found
+ * (format SD_IMG_UNKNOWN when it was libvips). */
+static sd_status check_pixels(const unsigned char *buf, size_t len, uint64_t limit, const char *name, sd_imginfo *info,
+                              sd_error *err)
 {
-    sd_imginfo info;
     sd_error herr = {0};
     uint64_t w, h;
-    sd_status st = sd_imghdr_parse(buf, len, &info, &herr);
+    sd_status st = sd_imghdr_parse(buf, len, info, &herr);
     if (st == SD_ERANGE) return sd_err_set(err, SD_ERANGE, "%s: %s", name, herr.msg);
     if (st == SD_OK) {
-        w = info.width;
-        h = info.height;
+        w = info->width;
+        h = info->height;
     } else {
+        memset(info, 0, sizeof *info);
         VipsImage *im = vips_image_new_from_buffer(buf, len, "", NULL);
         if (!im) return vips_fail(err, SD_EFORMAT, name, "not a readable image");
         w = (uint64_t)vips_image_get_width(im);
@@ -218,9 +228,54 @@ static VipsImage *decode_resized(unsigned char *buf, size_t len, const sd_image_
     return im;
 }
 
-/* The whole pipeline to uint8 HWC: bytes in memory, bomb check, then one
- * lazy libvips chain (thumbnail, colour, crop, flip) evaluated at the end. */
-sd_status sd_image_load_rgb8(const sd_image_src *src, const sd_image_plan *plan, unsigned char *out, sd_error *err)
+/* The profile a direct decoder found, applied to its finished RGB8 output
+ * the way the libvips path applies it (icc_to_srgb: relative colorimetric
+ * to sRGB, an unreadable profile leaves the pixels); a per-pixel map, so
+ * doing it after the resize, crop and flip changes nothing. */
+static sd_status apply_icc(unsigned char *out, int w, int h, const unsigned char *icc, size_t n, const char *name,
+                           sd_error *err)
+{
+    size_t bytes = (size_t)w * h * 3;
+    VipsImage *im = vips_image_new_from_memory(out, bytes, w, h, 3, VIPS_FORMAT_UCHAR);
+    if (!im) return vips_fail(err, SD_EFORMAT, name, "colour conversion failed");
+    im->Type = VIPS_INTERPRETATION_sRGB;
+    vips_image_set_blob_copy(im, VIPS_META_ICC_NAME, icc, n);
+    VipsImage *t = icc_to_srgb(im);
+    sd_status st = SD_OK;
+    if (t != im) {
+        size_t got = 0;
+        void *px = vips_image_write_to_memory(t, &got);
+        if (!px || got != bytes) st = vips_fail(err, SD_EFORMAT, name, "colour conversion failed");
+        else memcpy(out, px, bytes);
+        g_free(px);
+    }
+    g_object_unref(t);
+    return st;
+}
+
+/* The direct decoders (image_dec.c) for JPEG, PNG and WebP when the file and
+ * plan suit them: SD_FAST_DECLINE sends the image down the libvips path. */
+static sd_fast try_fast(const unsigned char *buf, size_t len, const sd_imginfo *info, const sd_image_plan *plan,
+                        unsigned char *out, const char *name, sd_status *st, sd_error *err)
+{
+    unsigned char *icc = NULL;
+    size_t icc_len = 0;
+    sd_fast r = SD_FAST_DECLINE;
+    switch (info->format) {
+    case SD_IMG_JPEG: r = sd_fast_jpeg(buf, len, info, plan, out, &icc, &icc_len); break;
+    case SD_IMG_PNG: r = sd_fast_png(buf, len, info, plan, out, &icc, &icc_len); break;
+    case SD_IMG_WEBP: r = sd_fast_webp(buf, len, info, plan, out, &icc, &icc_len); break;
+    default: break;
+    }
+    if (r == SD_FAST_DONE && icc) *st = apply_icc(out, sd_image_out_w(plan), sd_image_out_h(plan), icc, icc_len, name, err);
+    free(icc);
+    return r;
+}
+
+/* The whole pipeline to uint8 HWC: bytes in memory, bomb check, then a
+ * direct decoder where one fits, else one lazy libvips chain (thumbnail,
+ * colour, crop, flip) evaluated at the end. */
+static sd_status load_rgb8(const sd_image_src *src, const sd_image_plan *plan, unsigned char *out, sd_error *err)
 {
     char name[200];
     src_name(src, name, sizeof name);
@@ -230,7 +285,9 @@ sd_status sd_image_load_rgb8(const sd_image_src *src, const sd_image_plan *plan,
     unsigned char *buf = NULL;
     size_t len = 0;
     if ((st = read_bytes(src, name, &buf, &len, err))) return st;
-    st = check_pixels(buf, len, plan->max_pixels ? plan->max_pixels : SD_IMAGE_MAX_PIXELS, name, err);
+    sd_imginfo info;
+    st = check_pixels(buf, len, plan->max_pixels ? plan->max_pixels : SD_IMAGE_MAX_PIXELS, name, &info, err);
+    if (!st && try_fast(buf, len, &info, plan, out, name, &st, err) == SD_FAST_DONE) return st;
     VipsImage *im = st ? NULL : decode_resized(buf, len, plan);
     if (!st && !im) st = vips_fail(err, SD_EFORMAT, name, "decode failed");
     int cw = sd_image_out_w(plan), ch = sd_image_out_h(plan);
@@ -250,32 +307,42 @@ sd_status sd_image_load_rgb8(const sd_image_src *src, const sd_image_plan *plan,
         g_free(px);
     }
     if (im) g_object_unref(im);
-    free(buf);
     return st;
 }
 
-/* kohya's ToTensor + Normalize(0.5, 0.5): x / 255 * 2 - 1, planar. */
+/* The uint8 entry point: the pipeline, then oversized thread buffers given back. */
+sd_status sd_image_load_rgb8(const sd_image_src *src, const sd_image_plan *plan, unsigned char *out, sd_error *err)
+{
+    sd_status st = load_rgb8(src, plan, out, err);
+    sd_scratch_trim();
+    return st;
+}
+
+/* kohya's ToTensor + Normalize(0.5, 0.5): x / 255 * 2 - 1, planar; a
+ * 256-entry table instead of a divide per value. */
 void sd_image_rgb8_to_chw(const unsigned char *hwc, int w, int h, float *chw)
 {
+    float lut[256];
+    for (int v = 0; v < 256; v++) lut[v] = (float)v / 127.5f - 1.0f;
     size_t n = (size_t)w * h;
     float *r = chw, *g = chw + n, *b = chw + 2 * n;
     for (size_t i = 0; i < n; i++) {
-        r[i] = hwc[3 * i] / 127.5f - 1.0f;
-        g[i] = hwc[3 * i + 1] / 127.5f - 1.0f;
-        b[i] = hwc[3 * i + 2] / 127.5f - 1.0f;
+        r[i] = lut[hwc[3 * i]];
+        g[i] = lut[hwc[3 * i + 1]];
+        b[i] = lut[hwc[3 * i + 2]];
     }
 }
 
-/* The float variant: decode into a scratch HWC buffer, then spread to planes. */
+/* The float variant: decode into the thread's HWC buffer, then spread to planes. */
 sd_status sd_image_load_chw(const sd_image_src *src, const sd_image_plan *plan, float *out, sd_error *err)
 {
     sd_status st = sd_image_plan_check(plan, err);
     if (st) return st;
     int w = sd_image_out_w(plan), h = sd_image_out_h(plan);
-    unsigned char *hwc = malloc((size_t)w * h * 3);
+    unsigned char *hwc = sd_scratch(SD_SCRATCH_HWC, (size_t)w * h * 3);
     if (!hwc) return sd_err_set(err, SD_ENOMEM, "no memory for a %dx%d image", w, h);
-    st = sd_image_load_rgb8(src, plan, hwc, err);
+    st = load_rgb8(src, plan, hwc, err);
     if (!st) sd_image_rgb8_to_chw(hwc, w, h, out);
-    free(hwc);
+    sd_scratch_trim();
     return st;
 }

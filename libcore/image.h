@@ -1,14 +1,17 @@
-/* The image pipeline (libvips): decode any format libvips reads, from a file or
- * a tar member read in place, EXIF auto-rotate, colour to 8-bit sRGB (ICC,
- * CMYK, grey and 16-bit included), transparency flattened onto white, resize
- * to a record's `resize` size (lanczos3, shrink-on-load where the format
- * allows it), cut the record's `crop` box, optional horizontal flip, and
- * hand back uint8 HWC pixels or float CHW in [-1, 1].
+/* The image pipeline: decode any format libvips reads (JPEG, PNG and WebP
+ * through direct decoders when they suit the file), from a file or a tar
+ * member read in place, EXIF auto-rotate, colour to 8-bit sRGB (ICC, CMYK,
+ * grey and 16-bit included), transparency flattened onto white, resize to a
+ * record's `resize` size (an area average, kohya's INTER_AREA, when both
+ * sides shrink, after shrink-on-load where the format allows it; lanczos3
+ * when a side grows), cut the record's `crop` box, optional horizontal flip,
+ * and hand back uint8 HWC pixels or float CHW in [-1, 1].
  *
  * Threading: sd_image_init() once, single-threaded, before any load (it sets
  * up libvips process-wide: one libvips thread per image, no operation cache,
  * untrusted loaders blocked); then any number of threads may each load their
- * own images concurrently. A thread other than main() that loaded images calls
+ * own images concurrently. Each thread keeps its decode buffers from image to
+ * image: a thread other than main() that loaded images calls
  * sd_image_thread_done() before it exits; sd_image_shutdown() at the end. */
 #ifndef SDTK_IMAGE_H
 #define SDTK_IMAGE_H

@@ -1,0 +1,54 @@
+/* Inside sdimage only: the direct decoders for the common formats (JPEG,
+ * PNG, WebP) and the area resizer they feed. image.c tries them first and
+ * falls back to libvips for everything they decline. */
+#ifndef SDTK_IMAGE_INT_H
+#define SDTK_IMAGE_INT_H
+
+#include <stddef.h>
+
+#include "image.h"
+#include "imghdr.h"
+
+/* Area resizer (OpenCV INTER_AREA's weights: each output pixel is the mean
+ * of the source area it covers, partly covered pixels weighted by the part).
+ * Source rows are pushed top to bottom, all of them; only the plan's crop box
+ * is computed, written as RGB8 rows into `out` (cw * ch * 3 bytes), mirrored
+ * when the plan says flip. Both sides must shrink or stay (sw >= resize_w,
+ * sh >= resize_h). Rows passed in must be followed by 16 readable bytes. */
+typedef struct sd_area sd_area;
+/* `channels` bytes per source pixel: 1 grey, 2 grey + alpha, 3 RGB, 4 RGBA;
+ * alpha is flattened onto white. */
+sd_area *sd_area_new(int sw, int sh, int channels, const sd_image_plan *plan, unsigned char *out);
+/* The next source row (sw pixels). Returns 1 once the last row the crop box
+ * needs has been pushed (later rows may be skipped). */
+int sd_area_push(sd_area *a, const unsigned char *row);
+void sd_area_free(sd_area *a);
+
+/* What a direct decoder did with an image. */
+typedef enum {
+    SD_FAST_DONE = 0, /* `out` holds the plan's crop, RGB8 */
+    SD_FAST_DECLINE   /* not for this path (format, feature, upscale, any decoder complaint): use libvips */
+} sd_fast;
+
+/* The decoders: `info` is the header already parsed by imghdr. On DONE,
+ * *icc may hold the file's ICC profile (malloc'ed, the caller applies and
+ * frees it) for an RGB image. */
+sd_fast sd_fast_jpeg(const unsigned char *buf, size_t len, const sd_imginfo *info, const sd_image_plan *plan,
+                     unsigned char *out, unsigned char **icc, size_t *icc_len);
+sd_fast sd_fast_png(const unsigned char *buf, size_t len, const sd_imginfo *info, const sd_image_plan *plan,
+                    unsigned char *out, unsigned char **icc, size_t *icc_len);
+sd_fast sd_fast_webp(const unsigned char *buf, size_t len, const sd_imginfo *info, const sd_image_plan *plan,
+                     unsigned char *out, unsigned char **icc, size_t *icc_len);
+
+/* Per-thread reusable buffers (image_dec.c): the encoded file, the inflated
+ * PNG, the HWC pixels behind sd_image_load_chw. A slot's buffer stays valid
+ * until the next sd_scratch call for that slot on the same thread. */
+enum { SD_SCRATCH_FILE, SD_SCRATCH_INFLATE, SD_SCRATCH_HWC, SD_SCRATCH_SLOTS };
+unsigned char *sd_scratch(int slot, size_t n);
+/* After an image: give back buffers over their slot's limit. */
+void sd_scratch_trim(void);
+/* Frees the calling thread's buffers (sd_image_thread_done and
+ * sd_image_shutdown call it). */
+void sd_fast_thread_done(void);
+
+#endif
