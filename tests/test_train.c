@@ -255,7 +255,8 @@ static int put_latent(sd_shard *s, int i, uint32_t bw, uint32_t bh, int meanstd,
     float *d = malloc(4 * n * sizeof(float));
     uint32_t seed = (uint32_t)i * 977u + 1u;
     for (size_t j = 0; j < 4 * n; j++) d[j] = j % (2 * n) >= n ? 0.05f + 0.1f * fabsf(frand(&seed)) : frand(&seed);
-    if (kind == REC_NAN) d[3] = NAN;
+    if (kind == REC_NAN) /* in both variants: seen whichever one the flip draws */
+        d[3] = d[(meanstd ? 2 * n : n) + 3] = NAN;
     sd_shard_rec r;
     memset(&r, 0, sizeof r);
     r.kind = SD_REC_LATENT;

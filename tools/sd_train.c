@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "cli.h"
+#include "dist.h"
 #include "err.h"
 #include "log.h"
 #include "pool.h"
@@ -31,9 +32,28 @@ static int has_latest(const char *out)
     return stat(p, &sb) == 0;
 }
 
-/* Options to sd_train_opts, open, resume when -o has a checkpoint, run. */
+/* An error on one rank of several: every rank stops (MPI_Abort), the
+ * message names the rank. Alone, the usual exit code. */
+static int fail_all(int code)
+{
+    if (sd_dist_world() > 1) {
+        fprintf(stderr, "sd-train: rank %d of %d failed: stopping all ranks\n", sd_dist_rank(), sd_dist_world());
+        fflush(stderr);
+        sd_dist_abort(code);
+    }
+    sd_dist_finalize();
+    return code;
+}
+
+/* Options to sd_train_opts, join the MPI world when launched by mpirun or
+ * srun, open, resume when -o has a checkpoint, run. */
 int main(int argc, char **argv)
 {
+    sd_error derr = {0};
+    if (sd_dist_init(&argc, &argv, &derr)) {
+        fprintf(stderr, "sd-train: %s\n", derr.msg);
+        return SD_EXIT_FATAL;
+    }
     sd_train_opts o;
     sd_train_opts_default(&o);
     const char *pred = "epsilon", *sched = "constant", *dtype = "fp32", *resume = NULL;
@@ -92,8 +112,16 @@ int main(int argc, char **argv)
                   "  sd-train --unet-config tiny/config.json -o run/ --steps 300 cache.shard   # from scratch\n"};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
-    if (rc >= 0) return rc;
-    sd_log_setup("sd-train", quiet ? SD_LOG_WARN : verbose ? SD_LOG_DEBUG : SD_LOG_INFO);
+    if (rc >= 0) {
+        sd_dist_finalize();
+        return rc;
+    }
+    /* rank 0 logs; the others only warn, their rank in the prefix */
+    int rank = sd_dist_rank(), world = sd_dist_world();
+    char who[48];
+    snprintf(who, sizeof who, rank ? "sd-train[rank %d]" : "sd-train", rank);
+    if (rank) quiet = 1;
+    sd_log_setup(who, quiet ? SD_LOG_WARN : verbose ? SD_LOG_DEBUG : SD_LOG_INFO);
     const char *bad = NULL;
     if (pos.n < 1) bad = "no shards to train on";
     else if (!o.out_dir) bad = "no output directory (-o DIR)";
@@ -116,6 +144,7 @@ int main(int argc, char **argv)
     if (bad) {
         sd_cli_usage_error(&cli, "%s", bad);
         sd_strlist_free(&pos);
+        sd_dist_finalize();
         return SD_EXIT_USAGE;
     }
     o.shards = pos.v;
@@ -139,13 +168,16 @@ int main(int argc, char **argv)
     if (st) {
         sd_log(SD_LOG_ERROR, "%s", err.msg);
         sd_strlist_free(&pos);
-        return SD_EXIT_FATAL;
+        return fail_all(SD_EXIT_FATAL);
     }
     if (!resume && !fresh && has_latest(o.out_dir)) resume = o.out_dir;
     if (resume) st = sd_train_resume(&tr, resume, &err);
     if (!st) {
         sd_log(SD_LOG_INFO, "UNet %s, %zu parameters; %zu records in %zu buckets", tr.unet.layout,
                tr.unet.w.total, tr.data.nitems, tr.data.nbuckets);
+        if (world > 1)
+            sd_log(SD_LOG_INFO, "%s: global batch %d x %d ranks x %d accumulation = %d samples per step",
+                   sd_dist_transport(), o.batch, world, o.accum, o.batch * world * o.accum);
         signal(SIGINT, on_signal);
         signal(SIGTERM, on_signal);
         st = sd_train_run(&tr, &stop_flag, &err);
@@ -154,5 +186,7 @@ int main(int argc, char **argv)
     else if (stop_flag) sd_log(SD_LOG_INFO, "stopped at step %ld (checkpoint saved)", tr.step);
     sd_trainer_close(&tr);
     sd_strlist_free(&pos);
-    return st ? SD_EXIT_FATAL : SD_EXIT_OK;
+    if (st) return fail_all(SD_EXIT_FATAL);
+    sd_dist_finalize();
+    return SD_EXIT_OK;
 }

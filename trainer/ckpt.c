@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dist.h"
 #include "log.h"
 #include "outfile.h"
 #include "safetensors.h"
@@ -138,7 +139,7 @@ static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *e
         t[nt++] = flat("params", tr->unet.w.data, n);
         if (tr->ema) t[nt++] = flat("ema", tr->ema, n);
     }
-    char v[13][80];
+    char v[14][80];
     snprintf(v[0], 80, "%ld", tr->step);
     snprintf(v[1], 80, "%ld", tr->images);
     snprintf(v[2], 80, "%ld", tr->cur.epoch);
@@ -153,15 +154,16 @@ static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *e
     snprintf(v[10], 80, "%zu", n);
     snprintf(v[11], 80, "%.17g", tr->loss_ema);
     snprintf(v[12], 80, "%ld", tr->ema ? tr->ema_updates : -1);
-    sd_st_meta meta[14] = {{"ema_updates", v[12]}, {"format", "sdtk-train-state 1"}, {"step", v[0]}, {"images", v[1]}, {"epoch", v[2]},
+    snprintf(v[13], 80, "%d", tr->world > 0 ? tr->world : 1);
+    sd_st_meta meta[15] = {{"world_size", v[13]}, {"ema_updates", v[12]}, {"format", "sdtk-train-state 1"}, {"step", v[0]}, {"images", v[1]}, {"epoch", v[2]},
                            {"batch", v[3]}, {"rng", v[4]}, {"seed", v[5]}, {"data_fingerprint", v[6]},
                            {"batch_size", v[7]}, {"accumulation", v[8]}, {"prediction", v[9]},
                            {"param_floats", v[10]}, {"loss_smooth", v[11]}};
-    return sd_st_write(path, t, nt, meta, 14, err);
+    return sd_st_write(path, t, nt, meta, 15, err);
 }
 
 /* Write checkpoint-<step> through a .tmp directory and point latest at it. */
-sd_status sd_train_save(sd_trainer *tr, sd_error *err)
+static sd_status save_local(sd_trainer *tr, sd_error *err)
 {
     const char *out = tr->o.out_dir;
     if (!out) return SD_OK;
@@ -206,6 +208,26 @@ sd_status sd_train_save(sd_trainer *tr, sd_error *err)
     if (rc) return rc;
     prune(out, tr->o.keep);
     if (!tr->o.quiet) sd_log(SD_LOG_INFO, "saved %s", fin);
+    return SD_OK;
+}
+
+/* Several ranks: they all finished the step (the step's reduction needs
+ * every rank, and the barrier below confirms it), rank 0 alone writes the
+ * checkpoint (every rank holds the same weights, moments and cursor) and
+ * latest last, so latest only ever names a checkpoint of a step every rank
+ * completed; then all ranks learn whether the write worked. */
+sd_status sd_train_save(sd_trainer *tr, sd_error *err)
+{
+    if (tr->world <= 1) return save_local(tr, err);
+    int ok = 1;
+    sd_status rc = sd_dist_all_ok(1, &ok, err);
+    if (rc) return rc;
+    sd_error e2 = {0};
+    sd_status mine = tr->rank == 0 ? save_local(tr, err) : SD_OK;
+    rc = sd_dist_all_ok(mine == SD_OK, &ok, mine ? &e2 : err);
+    if (mine) return mine;
+    if (rc) return rc;
+    if (!ok) return sd_err_set(err, SD_EIO, "rank 0 could not write checkpoint-%ld (its log says why)", tr->step);
     return SD_OK;
 }
 
@@ -281,6 +303,18 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
     if (!rc) rc = same(st, "batch_size", w, p, err);
     snprintf(w, sizeof w, "%d", tr->o.accum);
     if (!rc) rc = same(st, "accumulation", w, p, err);
+    if (!rc) {
+        /* the global batch is world x batch x accumulation: another world
+         * size keeps the model, moments and cursor but changes the batch */
+        const char *ws = meta_of(st, "world_size");
+        int was = ws ? atoi(ws) : 1, now = tr->world > 0 ? tr->world : 1;
+        if (was != now && tr->rank == 0)
+            sd_log(SD_LOG_WARN,
+                   "%s: made with %d rank(s), this run has %d: the global batch changes from %d to %d samples per "
+                   "step and the batches continue from the saved cursor in another grouping (not an exact "
+                   "continuation)",
+                   p, was, now, was * tr->o.batch * tr->o.accum, now * tr->o.batch * tr->o.accum);
+    }
     if (!rc) rc = same(st, "prediction", tr->o.pred == SD_PRED_V ? "v_prediction" : "epsilon", p, err);
     snprintf(w, sizeof w, "%016" PRIx64, tr->have_data ? tr->data.fingerprint : 0);
     if (!rc) rc = same(st, "data_fingerprint", w, p, err);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dist.h"
 #include "log.h"
 #include "progress.h"
 #include "safetensors.h"
@@ -73,6 +74,8 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
     tr->be = sd_backend_cpu();
     tr->pool = o->threads > 1 ? sd_pool_create(o->threads) : NULL;
     tr->loss_ema = NAN;
+    tr->rank = sd_dist_rank();
+    tr->world = sd_dist_world();
     if (o->nshards > 0) {
         rc = sd_data_open(&tr->data, o->shards, o->nshards, o->batch, o->seed, o->allow_mixed, err);
         if (rc) {
@@ -209,54 +212,101 @@ double sd_train_apply(sd_trainer *tr)
     return norm;
 }
 
-/* accum micro-batches from the shards, then the update. Batches whose
- * records were all skipped do not count as micro-batches. */
+/* splitmix64's finaliser: a well-mixed 64-bit hash of x. */
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* The stream of one batch: seeded by (seed, epoch, batch in the epoch), so
+ * a batch draws the same flips, dropout, latent noise, timesteps and noise
+ * whichever rank computes it and however the global batch is split. */
+static void seed_batch(sd_trainer *tr, const sd_data_cursor *served)
+{
+    uint64_t k = mix64(tr->o.seed ^ 0x7364746b2d747261ULL);
+    k = mix64(k ^ (uint64_t)served->epoch);
+    sd_rng_seed(&tr->rng, mix64(k ^ ((uint64_t)served->batch - 1)));
+}
+
+/* The first world * accum usable batches of the global order from the
+ * cursor, as one process with accumulation world * accum would take them.
+ * In rounds: the next `need` batches, this rank computing those at
+ * positions rank, rank + world, ... (batches of one bucket cost the same,
+ * so the shares balance), each gradient scaled by 1 / (world * accum);
+ * batches whose records were all skipped give nothing, and the ranks agree
+ * on how many were usable (with the losses, image counts and stop
+ * requests, summed in rank order) and take as many more in the next round.
+ * Then the gradients are summed over the ranks and every rank applies the
+ * same update to the same weights. */
 sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *err)
 {
     const sd_unet_config *c = &tr->unet.cfg;
     int pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0;
     sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim, .pooled = pooled,
                        .dropout = tr->o.dropout, .no_flip = tr->o.no_flip};
-    double sum = 0;
-    int done = 0, empty = 0;
+    int world = tr->world > 0 ? tr->world : 1, rank = tr->rank;
+    int slots = world * tr->o.accum, need = slots, empty_rounds = 0;
+    double sum = 0, images = 0, stop = 0;
     if (!tr->have_data) return sd_err_set(err, SD_EINVAL, "no training data");
-    while (done < tr->o.accum) {
-        sd_data_batch db;
-        sd_status rc = sd_data_next(&tr->data, &tr->cur, &db, err);
-        if (!rc) rc = sd_data_load(&tr->data, &db, &lo, &tr->rng, &tr->batch, &tr->tally, err);
-        if (rc) return rc;
-        sd_batch *b = &tr->batch;
-        if (b->n == 0) {
-            if (++empty > 1000)
-                return sd_err_set(err, SD_EFORMAT, "1000 batches in a row without a usable record");
-            continue;
-        }
-        empty = 0;
-        rc = prepare(tr, b->n, b->h, b->w, b->tctx, err);
-        if (rc) return rc;
-        size_t per = (size_t)b->c * (size_t)b->h * (size_t)b->w;
-        for (int i = 0; i < b->n; i++) tr->t[i] = (int)sd_rng_below(&tr->rng, SD_DDPM_STEPS);
-        sd_rng_normal(&tr->rng, tr->noise, (size_t)b->n * per);
-        if (tr->o.noise_offset > 0) {
-            /* diffusers: noise += offset * randn(n, c, 1, 1) */
-            float off[64];
-            for (int i = 0; i < b->n; i++) {
-                sd_rng_normal(&tr->rng, off, (size_t)b->c);
-                for (int ch = 0; ch < b->c && ch < 64; ch++)
-                    for (size_t k = 0; k < (size_t)b->h * (size_t)b->w; k++)
-                        tr->noise[(size_t)i * per + (size_t)ch * (size_t)b->h * (size_t)b->w + k] +=
-                            (float)tr->o.noise_offset * off[ch];
+    while (need > 0) {
+        double red[4] = {0, 0, 0, tr->stop_req && *tr->stop_req ? 1.0 : 0.0}; /* usable, loss, images, stop */
+        for (int slot = 0; slot < need; slot++) {
+            sd_data_batch db;
+            sd_status rc = sd_data_next(&tr->data, &tr->cur, &db, err);
+            if (rc) return rc;
+            if (slot % world != rank) continue;
+            seed_batch(tr, &tr->cur);
+            rc = sd_data_load(&tr->data, &db, &lo, &tr->rng, &tr->batch, &tr->tally, err);
+            if (rc) return rc;
+            sd_batch *b = &tr->batch;
+            if (b->n == 0) continue;
+            rc = prepare(tr, b->n, b->h, b->w, b->tctx, err);
+            if (rc) return rc;
+            size_t per = (size_t)b->c * (size_t)b->h * (size_t)b->w;
+            for (int i = 0; i < b->n; i++) tr->t[i] = (int)sd_rng_below(&tr->rng, SD_DDPM_STEPS);
+            sd_rng_normal(&tr->rng, tr->noise, (size_t)b->n * per);
+            if (tr->o.noise_offset > 0) {
+                /* diffusers: noise += offset * randn(n, c, 1, 1) */
+                float off[64];
+                for (int i = 0; i < b->n; i++) {
+                    sd_rng_normal(&tr->rng, off, (size_t)b->c);
+                    for (int ch = 0; ch < b->c && ch < 64; ch++)
+                        for (size_t k = 0; k < (size_t)b->h * (size_t)b->w; k++)
+                            tr->noise[(size_t)i * per + (size_t)ch * (size_t)b->h * (size_t)b->w + k] +=
+                                (float)tr->o.noise_offset * off[ch];
+                }
             }
+            double l;
+            rc = sd_train_micro(tr, b->n, b->h, b->w, b->tctx, b->x0, b->ctx, pooled ? b->text : NULL,
+                                c->text_time ? b->tids : NULL, tr->noise, tr->t, 1.0 / slots, &l, err);
+            if (rc) return rc;
+            red[0] += 1;
+            red[1] += l;
+            red[2] += b->n;
         }
-        double l;
-        rc = sd_train_micro(tr, b->n, b->h, b->w, b->tctx, b->x0, b->ctx, pooled ? b->text : NULL,
-                            c->text_time ? b->tids : NULL, tr->noise, tr->t, 1.0 / tr->o.accum, &l, err);
-        if (rc) return rc;
-        sum += l;
-        tr->images += b->n;
-        done++;
+        if (world > 1) {
+            sd_status rc = sd_dist_sum_f64(red, 4, err);
+            if (rc) return rc;
+        }
+        need -= (int)red[0];
+        sum += red[1];
+        images += red[2];
+        stop += red[3];
+        if (red[0] > 0) empty_rounds = 0;
+        else if (++empty_rounds > 1000)
+            return sd_err_set(err, SD_EFORMAT, "1000 batches in a row without a usable record");
     }
-    *loss = sum / tr->o.accum;
+    if (world > 1) {
+        sd_status rc = sd_dist_sum_f32(tr->grad, tr->unet.w.total, err);
+        if (rc) return rc;
+        tr->stop_all = stop > 0;
+    }
+    tr->images += (long)images;
+    *loss = sum / slots;
     if (!isfinite(*loss)) {
         /* the last good state stays: drop this step's gradient */
         memset(tr->grad, 0, tr->unet.w.total * sizeof(float));
@@ -283,14 +333,17 @@ static void log_metrics(sd_trainer *tr, double loss, double gnorm, double lr, do
 sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *err)
 {
     const sd_train_opts *o = &tr->o;
-    if (o->metrics && !tr->metrics) {
+    if (o->metrics && !tr->metrics && tr->rank == 0) {
         tr->metrics = fopen(o->metrics, "a");
         if (!tr->metrics) return sd_err_set(err, SD_EIO, "%s: cannot open the metrics file", o->metrics);
     }
     double t0 = sd_now(), last = t0;
     long step0 = tr->step, img0 = tr->images;
     sd_status rc = SD_OK;
-    while (tr->step < o->max_steps && !(stop && *stop)) {
+    tr->stop_req = stop;
+    tr->stop_all = 0;
+    /* several ranks stop together, after the step in which one asked */
+    while (tr->step < o->max_steps && !(tr->world > 1 ? tr->stop_all : stop && *stop)) {
         double lr = sd_lr_at(&o->lr, tr->step), loss, gnorm;
         rc = sd_train_step(tr, &loss, &gnorm, err);
         if (rc) break;

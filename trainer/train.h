@@ -93,6 +93,14 @@ typedef struct {
     const sd_backend *be;
     FILE *metrics;
     double loss_ema;
+    /* data parallel (dist.h): this rank of world; each optimizer step
+     * takes world * accum batches of the global order, this rank the ones
+     * at positions rank, rank + world, ...; stop_req is this process's
+     * stop flag and stop_all whether any rank raised its own (agreed in
+     * the step's reduction, so every rank stops after the same step) */
+    int rank, world;
+    volatile sig_atomic_t *stop_req;
+    int stop_all;
 } sd_trainer;
 
 /* Defaults as diffusers' train_text_to_image.py: lr 1e-4 constant, AdamW
@@ -115,8 +123,11 @@ sd_status sd_train_micro(sd_trainer *tr, int n, int h, int w, int tctx, const fl
 /* Clip, AdamW at the scheduled rate, zero the gradients, count the step.
  * Returns the gradient norm before clipping. */
 double sd_train_apply(sd_trainer *tr);
-/* One optimizer step from the shards: accum micro-batches drawn with the
- * trainer's RNG. *loss is their mean loss. */
+/* One optimizer step from the shards: world * accum batches of the global
+ * order, this rank's share of them computed here (the random draws of each
+ * batch come from a stream seeded by the seed and the batch's place in its
+ * epoch, so they do not depend on which rank computes it), the gradients
+ * and losses summed over the ranks. *loss is the mean over all batches. */
 sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *err);
 /* Run until max_steps or *stop, checkpointing every save_every steps, at
  * the end, on *stop, and (the state before the bad step) on a NaN loss. */

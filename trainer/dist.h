@@ -1,0 +1,38 @@
+/* Data-parallel training across processes: the few collective operations
+ * the trainer needs, behind one interface. With MPI (SDTK_HAVE_MPI, built
+ * when CMake finds it) and a launcher (mpirun, srun) the processes form one
+ * world; otherwise, or before sd_dist_init, the world is this process
+ * alone and every operation is a no-op on a world of one.
+ *
+ * Reductions are deterministic: the float sum visits the ranks in rank
+ * order 0, 1, ..., N-1 for every element, so every rank gets the same bits
+ * and a rerun with the same world size gets the same bits again. */
+#ifndef SDTK_TRAIN_DIST_H
+#define SDTK_TRAIN_DIST_H
+
+#include <stddef.h>
+
+#include "err.h"
+
+/* Join the world when launched by an MPI launcher (its environment says
+ * so); a plain start stays a world of one. Call once, early. */
+sd_status sd_dist_init(int *argc, char ***argv, sd_error *err);
+/* Leave the world (after the last collective). */
+void sd_dist_finalize(void);
+/* Stop every process of the world with this exit code (after a local
+ * error the others could wait forever for). */
+void sd_dist_abort(int code);
+int sd_dist_rank(void);
+int sd_dist_world(void);
+/* What carries the reductions: "none", "MPI (Open MPI ...)" and so on. */
+const char *sd_dist_transport(void);
+
+/* buf[i] = sum over ranks of buf[i], summed in rank order on every rank. */
+sd_status sd_dist_sum_f32(float *buf, size_t n, sd_error *err);
+/* The same for a few doubles (losses, counters). */
+sd_status sd_dist_sum_f64(double *buf, int n, sd_error *err);
+/* Every rank waits for all; returns the smallest ok any rank passed, so a
+ * failure on one rank is seen by all. */
+sd_status sd_dist_all_ok(int ok, int *all_ok, sd_error *err);
+
+#endif

@@ -1,0 +1,217 @@
+/* The world over MPI: launch, rank and size from the launcher, CPU
+ * reductions in a fixed order, errors returned (not fatal inside MPI) so
+ * the message names the rank and the call, and a watchdog (SIGALRM) that
+ * ends a rank whose collective has waited longer than SD_DIST_TIMEOUT
+ * seconds (default 600): a peer that died or hangs never leaves the others waiting forever. */
+#include "dist.h"
+
+#include <mpi.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int g_on, g_rank, g_world = 1;
+static char g_name[160] = "none";
+/* the watchdog: SIGALRM after the timeout while a collective waits; the
+ * message is formatted before the wait (a handler may only write()) */
+static unsigned g_timeout = 600;
+static char g_msg[512];
+static size_t g_msg_len;
+static float *g_recv; /* the reduction's receive buffer, kept */
+static size_t g_recv_cap;
+
+/* SIGALRM during a collective: say which and stop this rank; mpirun then
+ * stops the others. */
+static void on_alarm(int sig)
+{
+    (void)sig;
+    ssize_t w = write(2, g_msg, g_msg_len);
+    (void)w;
+    _exit(3);
+}
+
+/* Arm the watchdog before a collective (what) or disarm it after (NULL). */
+static void watch(const char *what)
+{
+    if (!what) {
+        alarm(0);
+        return;
+    }
+    int len = snprintf(g_msg, sizeof g_msg,
+                       "sd-train: rank %d of %d: %s has waited %u s for the other ranks (SD_DIST_TIMEOUT): one of "
+                       "them died or hangs; stopping\n",
+                       g_rank, g_world, what, g_timeout);
+    g_msg_len = len > 0 && (size_t)len < sizeof g_msg ? (size_t)len : 0;
+    alarm(g_timeout);
+}
+
+/* An MPI return code as an error naming the rank and the call. */
+static sd_status mpi_fail(int code, const char *call, sd_error *err)
+{
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(code, s, &len) != MPI_SUCCESS) snprintf(s, sizeof s, "error %d", code);
+    return sd_err_set(err, SD_EIO, "rank %d of %d: %s failed: %s (another rank probably stopped)", g_rank, g_world,
+                      call, s);
+}
+
+/* Whether a launcher started this process as part of a world. */
+static int launched(void)
+{
+    const char *force = getenv("SD_DIST");
+    if (force && strcmp(force, "mpi") == 0) return 1;
+    if (force && strcmp(force, "none") == 0) return 0;
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK") || getenv("PMI_SIZE");
+}
+
+/* MPI_Init when launched, errors returned, the watchdog started. */
+sd_status sd_dist_init(int *argc, char ***argv, sd_error *err)
+{
+    if (g_on || !launched()) return SD_OK;
+    int rc = MPI_Init(argc, argv);
+    if (rc != MPI_SUCCESS) return sd_err_set(err, SD_EIO, "MPI_Init failed (error %d)", rc);
+    g_on = 1;
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_world);
+    char ver[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    MPI_Get_library_version(ver, &len);
+    ver[strcspn(ver, ",\n")] = 0;
+    ver[100] = 0;
+    snprintf(g_name, sizeof g_name, "MPI (%.100s), %d ranks", ver, g_world);
+    const char *t = getenv("SD_DIST_TIMEOUT");
+    if (t && atoi(t) > 0) g_timeout = (unsigned)atoi(t);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGALRM, &sa, NULL);
+    return SD_OK;
+}
+
+/* MPI_Finalize once, when MPI was started. */
+void sd_dist_finalize(void)
+{
+    if (!g_on) return;
+    watch(NULL);
+    MPI_Finalize();
+    g_on = 0;
+    free(g_recv);
+    g_recv = NULL;
+    g_recv_cap = 0;
+}
+
+/* MPI_Abort ends every rank; a world of one just exits. */
+void sd_dist_abort(int code)
+{
+    if (g_on && g_world > 1) MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code);
+}
+
+/* This process's rank (0 outside a world). */
+int sd_dist_rank(void)
+{
+    return g_rank;
+}
+
+/* The number of ranks (1 outside a world). */
+int sd_dist_world(void)
+{
+    return g_world;
+}
+
+/* The library and world size, for the log. */
+const char *sd_dist_transport(void)
+{
+    return g_name;
+}
+
+/* Sum in rank order, in blocks: every rank sends segment k of the block to
+ * rank k (MPI_Alltoallv), sums the N copies of its own segment in rank
+ * order, then the summed segments go to everyone (MPI_Allgatherv). Each
+ * element crosses the network twice, as in a ring all-reduce, and the
+ * order of the additions never depends on timing or the MPI algorithm. */
+sd_status sd_dist_sum_f32(float *buf, size_t n, sd_error *err)
+{
+    if (!g_on || g_world == 1) return SD_OK;
+    const size_t block = (size_t)1 << 22; /* 16 MiB of floats per round */
+    int N = g_world;
+    size_t seg_max = (block + (size_t)N - 1) / (size_t)N;
+    if (g_recv_cap < seg_max * (size_t)N) {
+        free(g_recv);
+        g_recv = malloc(seg_max * (size_t)N * sizeof(float));
+        g_recv_cap = g_recv ? seg_max * (size_t)N : 0;
+        if (!g_recv) return sd_err_set(err, SD_ENOMEM, "out of memory for the reduction buffer");
+    }
+    int *cnt = malloc(4 * (size_t)N * sizeof(int));
+    if (!cnt) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    int *off = cnt + N, *rcnt = cnt + 2 * N, *roff = cnt + 3 * N;
+    sd_status st = SD_OK;
+    watch("the gradient all-reduce");
+    for (size_t b0 = 0; b0 < n && !st; b0 += block) {
+        size_t m = n - b0 < block ? n - b0 : block;
+        float *p = buf + b0;
+        /* segment k: [off[k], off[k] + cnt[k]) of this block */
+        for (int k = 0; k < N; k++) {
+            size_t lo = m * (size_t)k / (size_t)N, hi = m * (size_t)(k + 1) / (size_t)N;
+            off[k] = (int)lo;
+            cnt[k] = (int)(hi - lo);
+        }
+        int mine = cnt[g_rank];
+        for (int k = 0; k < N; k++) {
+            rcnt[k] = mine;
+            roff[k] = k * mine;
+        }
+        int rc = MPI_Alltoallv(p, cnt, off, MPI_FLOAT, g_recv, rcnt, roff, MPI_FLOAT, MPI_COMM_WORLD);
+        if (rc != MPI_SUCCESS) {
+            st = mpi_fail(rc, "MPI_Alltoallv (gradient sum)", err);
+            break;
+        }
+        float *dst = p + off[g_rank];
+        for (int i = 0; i < mine; i++) {
+            float s = g_recv[i];
+            for (int k = 1; k < N; k++) s += g_recv[(size_t)k * (size_t)mine + (size_t)i];
+            dst[i] = s;
+        }
+        rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, cnt, off, MPI_FLOAT, MPI_COMM_WORLD);
+        if (rc != MPI_SUCCESS) st = mpi_fail(rc, "MPI_Allgatherv (gradient sum)", err);
+    }
+    watch(NULL);
+    free(cnt);
+    return st;
+}
+
+/* A few doubles: gathered whole to every rank, summed in rank order. */
+sd_status sd_dist_sum_f64(double *buf, int n, sd_error *err)
+{
+    if (!g_on || g_world == 1 || n <= 0) return SD_OK;
+    double *all = malloc((size_t)n * (size_t)g_world * sizeof(double));
+    if (!all) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    watch("a small all-gather (losses, counters)");
+    int rc = MPI_Allgather(buf, n, MPI_DOUBLE, all, n, MPI_DOUBLE, MPI_COMM_WORLD);
+    watch(NULL);
+    sd_status st = SD_OK;
+    if (rc != MPI_SUCCESS) st = mpi_fail(rc, "MPI_Allgather", err);
+    else
+        for (int i = 0; i < n; i++) {
+            double s = all[i];
+            for (int k = 1; k < g_world; k++) s += all[(size_t)k * (size_t)n + (size_t)i];
+            buf[i] = s;
+        }
+    free(all);
+    return st;
+}
+
+/* The minimum of ok over all ranks (a barrier too). */
+sd_status sd_dist_all_ok(int ok, int *all_ok, sd_error *err)
+{
+    *all_ok = ok;
+    if (!g_on || g_world == 1) return SD_OK;
+    watch("a barrier (all ranks ok?)");
+    int rc = MPI_Allreduce(&ok, all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    watch(NULL);
+    return rc == MPI_SUCCESS ? SD_OK : mpi_fail(rc, "MPI_Allreduce (all ranks ok?)", err);
+}

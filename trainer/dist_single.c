@@ -1,0 +1,66 @@
+/* The world of one: the build without MPI. */
+#include "dist.h"
+
+#include <stdlib.h>
+
+/* Nothing to join without MPI. */
+sd_status sd_dist_init(int *argc, char ***argv, sd_error *err)
+{
+    (void)argc;
+    (void)argv;
+    (void)err;
+    return SD_OK;
+}
+
+/* Nothing to leave. */
+void sd_dist_finalize(void) {}
+
+/* One process: stopping it stops the world. */
+void sd_dist_abort(int code)
+{
+    exit(code);
+}
+
+/* Always rank 0 of 1. */
+int sd_dist_rank(void)
+{
+    return 0;
+}
+
+/* Always a world of one. */
+int sd_dist_world(void)
+{
+    return 1;
+}
+
+/* Says that no transport was built in. */
+const char *sd_dist_transport(void)
+{
+    return "none (built without MPI)";
+}
+
+/* The sum over one rank is the buffer itself. */
+sd_status sd_dist_sum_f32(float *buf, size_t n, sd_error *err)
+{
+    (void)buf;
+    (void)n;
+    (void)err;
+    return SD_OK;
+}
+
+/* The sum over one rank is the buffer itself. */
+sd_status sd_dist_sum_f64(double *buf, int n, sd_error *err)
+{
+    (void)buf;
+    (void)n;
+    (void)err;
+    return SD_OK;
+}
+
+/* The only rank's ok is everybody's. */
+sd_status sd_dist_all_ok(int ok, int *all_ok, sd_error *err)
+{
+    (void)err;
+    *all_ok = ok;
+    return SD_OK;
+}
