@@ -18,10 +18,10 @@ static size_t round16(size_t n)
  * backend's memory). */
 typedef struct {
     float *x;    /* [t, W] residual stream */
-    float *h;    /* [t, W] normed input of a sub-block; merged heads; sub-block output */
-    float *big;  /* [max(3W, mlp), t] q|k|v or the MLP's hidden, feature-major */
-    float *big2; /* [3H, t, D] q, k and v head-major, one after the other; [t, mlp] the MLP's hidden */
-    float *tmp;  /* [W, t] heads on the way back; sub-block outputs, feature-major */
+    float *h;    /* [t, W] normed input of a sub-block, then merged heads */
+    float *big;  /* [t, max(3W, mlp)] q|k|v rows, then the MLP's hidden */
+    float *tmp;  /* [3W, t] q|k|v transposed; [W, t] heads on the way back; [t, W] sub-block outputs */
+    float *qkv;  /* [3H, t, D] q, k and v head-major, one after the other */
     float *o;    /* [H, t, D] attention output */
     float *lse;  /* [H, t] */
     float *mean; /* [t] layer-norm statistics */
@@ -34,9 +34,9 @@ typedef struct {
 static void scratch_plan(const sd_clip_text_config *c, int t, float *base, scratch *s)
 {
     size_t tw = (size_t)t * (size_t)c->width, wide = (size_t)t * (size_t)(3 * c->width > c->mlp ? 3 * c->width : c->mlp);
-    size_t sizes[10] = {tw, tw, wide, wide, tw, tw, (size_t)c->heads * (size_t)t, (size_t)t, (size_t)t,
+    size_t sizes[10] = {tw, tw, wide, 3 * tw, 3 * tw, tw, (size_t)c->heads * (size_t)t, (size_t)t, (size_t)t,
                         (size_t)c->width};
-    float **dst[10] = {&s->x, &s->h, &s->big, &s->big2, &s->tmp, &s->o, &s->lse, &s->mean, &s->rstd, &s->row};
+    float **dst[10] = {&s->x, &s->h, &s->big, &s->tmp, &s->qkv, &s->o, &s->lse, &s->mean, &s->rstd, &s->row};
     size_t off = 0;
     for (int i = 0; i < 10; i++) {
         *dst[i] = base ? base + off : NULL;
@@ -78,49 +78,57 @@ static void norm(const fwd *f, const sd_clip_norm *nm, int rows, float *y, const
     f->be->layer_norm_fwd(f->exec, &ls, y, f->s->mean, f->s->rstd, x, f->p + nm->g, f->p + nm->b);
 }
 
-/* A linear layer feature-major: yt [out, t] = w [out, in] x^T + b for x
- * [t, in], i.e. the linear op with the weight as its row operand. With
- * only t = 77 token rows the op's row blocks would be a few rows each and
- * every block would repack the whole weight; with the weight's rows split
- * instead, each weight row is packed once (2-3x faster on the CPU). */
-static void linear_t(const fwd *f, size_t w, size_t b, int out, int in, float *yt, const float *x)
+/* y [t, out] = x [t, in] w^T + b. */
+static void linear(const fwd *f, size_t w, size_t b, int out, int in, float *y, const float *x)
 {
-    sd_linear_shape ls = {.m = out, .k = in, .n = f->t};
-    f->be->linear_fwd(f->exec, &ls, yt, f->p + w, x, NULL);
-    f->be->add_bcast_channel_fwd(f->exec, 1, out, f->t, yt, yt, f->p + b);
+    sd_linear_shape ls = {.m = f->t, .k = in, .n = out};
+    f->be->linear_fwd(f->exec, &ls, y, x, f->p + w, f->p + b);
+}
+
+/* [t, 3W] rows of q|k|v, i.e. [t, 3H, D], -> [3H, t, D] (q, k, v each
+ * [H, t, D]) by two transposes: [t, 3H*D] -> [3H*D, t], then each of the
+ * 3H [D, t] planes -> [t, D]. */
+static void split_heads(const fwd *f)
+{
+    int t = f->t, W = f->cfg->width, H = f->cfg->heads;
+    f->be->transpose_fwd(f->exec, 1, t, 3 * W, f->s->tmp, f->s->big);
+    f->be->transpose_fwd(f->exec, 3 * H, W / H, t, f->s->qkv, f->s->tmp);
+}
+
+/* [H, t, D] -> [t, W] with heads side by side in each row: each [t, D]
+ * plane -> [D, t], then [H*D, t] -> [t, H*D]. */
+static void merge_heads(const fwd *f, float *y, const float *o)
+{
+    int t = f->t, W = f->cfg->width, H = f->cfg->heads;
+    f->be->transpose_fwd(f->exec, H, t, W / H, f->s->tmp, o);
+    f->be->transpose_fwd(f->exec, 1, W, t, y, f->s->tmp);
 }
 
 /* One CLIPEncoderLayer on the residual stream x:
- * x += out_proj(attn(split(qkv(ln1(x))))) then x += fc2(act(fc1(ln2(x)))).
- * Heads are split from q|k|v^T [3H, D, t] by one transpose per [D, t]
- * plane and merged back by two ([H, t, D] -> [H*D, t] -> [t, W]). */
+ * x += out_proj(attn(split(qkv(ln1(x))))) then x += fc2(act(fc1(ln2(x)))). */
 static void block(const fwd *f, const sd_clip_layer *L)
 {
     const sd_clip_text_config *c = f->cfg;
     scratch *s = f->s;
-    int t = f->t, W = c->width, H = c->heads, D = W / H;
+    int t = f->t, W = c->width, D = W / c->heads;
     size_t tw = (size_t)t * (size_t)W;
     norm(f, &L->ln1, t, s->h, s->x);
-    linear_t(f, L->wqkv, L->bqkv, 3 * W, W, s->big, s->h);
-    f->be->transpose_fwd(f->exec, 3 * H, D, t, s->big2, s->big);
+    linear(f, L->wqkv, L->bqkv, 3 * W, W, s->big, s->h);
+    split_heads(f);
     /* causal self-attention, scores scaled by head_dim ** -0.5 */
-    sd_attn_shape as = {.b = 1, .heads = H, .tq = t, .tk = t, .d = D, .causal = 1,
+    sd_attn_shape as = {.b = 1, .heads = c->heads, .tq = t, .tk = t, .d = D, .causal = 1,
                         .scale = (float)(1.0 / sqrt((double)D))};
-    f->be->attn_fwd(f->exec, &as, s->o, s->lse, s->big2, s->big2 + tw, s->big2 + 2 * tw);
-    f->be->transpose_fwd(f->exec, H, t, D, s->tmp, s->o);
-    f->be->transpose_fwd(f->exec, 1, W, t, s->h, s->tmp);
-    linear_t(f, L->wo, L->bo, W, W, s->tmp, s->h);
-    f->be->transpose_fwd(f->exec, 1, W, t, s->h, s->tmp);
-    f->be->add_fwd(f->exec, tw, s->x, s->x, s->h);
+    f->be->attn_fwd(f->exec, &as, s->o, s->lse, s->qkv, s->qkv + tw, s->qkv + 2 * tw);
+    merge_heads(f, s->h, s->o);
+    linear(f, L->wo, L->bo, W, W, s->tmp, s->h);
+    f->be->add_fwd(f->exec, tw, s->x, s->x, s->tmp);
     norm(f, &L->ln2, t, s->h, s->x);
-    linear_t(f, L->w1, L->b1, c->mlp, W, s->big, s->h);
+    linear(f, L->w1, L->b1, c->mlp, W, s->big, s->h);
     size_t nh = (size_t)t * (size_t)c->mlp;
     if (c->act == SD_CLIP_GELU) f->be->gelu_fwd(f->exec, nh, s->big, s->big);
     else f->be->quick_gelu_fwd(f->exec, nh, s->big, s->big);
-    f->be->transpose_fwd(f->exec, 1, c->mlp, t, s->big2, s->big);
-    linear_t(f, L->w2, L->b2, W, c->mlp, s->tmp, s->big2);
-    f->be->transpose_fwd(f->exec, 1, W, t, s->h, s->tmp);
-    f->be->add_fwd(f->exec, tw, s->x, s->x, s->h);
+    linear(f, L->w2, L->b2, W, c->mlp, s->tmp, s->big);
+    f->be->add_fwd(f->exec, tw, s->x, s->x, s->tmp);
 }
 
 /* The position transformers pools at: with the legacy eos_token_id 2 the
