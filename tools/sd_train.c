@@ -182,6 +182,9 @@ int main(int argc, char **argv)
         signal(SIGTERM, on_signal);
         st = sd_train_run(&tr, &stop_flag, &err);
     }
+    if (!st && world > 1 && rank == 0)
+        sd_log(SD_LOG_INFO, "gradient sum over %d ranks: %.3f s on rank 0 in this run (waiting for the others included)",
+               world, sd_dist_sum_seconds());
     if (st) sd_log(SD_LOG_ERROR, "%s", err.msg);
     else if (stop_flag) sd_log(SD_LOG_INFO, "stopped at step %ld (checkpoint saved)", tr.step);
     sd_trainer_close(&tr);

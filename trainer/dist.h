@@ -29,6 +29,9 @@ const char *sd_dist_transport(void);
 
 /* buf[i] = sum over ranks of buf[i], summed in rank order on every rank. */
 sd_status sd_dist_sum_f32(float *buf, size_t n, sd_error *err);
+/* Seconds this process spent in sd_dist_sum_f32 (waiting included): the
+ * reduction's share of the step time. */
+double sd_dist_sum_seconds(void);
 /* The same for a few doubles (losses, counters). */
 sd_status sd_dist_sum_f64(double *buf, int n, sd_error *err);
 /* Every rank waits for all; returns the smallest ok any rank passed, so a

@@ -19,6 +19,7 @@ static char g_name[160] = "none";
 static unsigned g_timeout = 600;
 static char g_msg[512];
 static size_t g_msg_len;
+static double g_sum_s; /* seconds in sd_dist_sum_f32 */
 static float *g_recv; /* the reduction's receive buffer, kept */
 static size_t g_recv_cap;
 
@@ -150,6 +151,7 @@ sd_status sd_dist_sum_f32(float *buf, size_t n, sd_error *err)
     if (!cnt) return sd_err_set(err, SD_ENOMEM, "out of memory");
     int *off = cnt + N, *rcnt = cnt + 2 * N, *roff = cnt + 3 * N;
     sd_status st = SD_OK;
+    double t0 = MPI_Wtime();
     watch("the gradient all-reduce");
     for (size_t b0 = 0; b0 < n && !st; b0 += block) {
         size_t m = n - b0 < block ? n - b0 : block;
@@ -180,8 +182,15 @@ sd_status sd_dist_sum_f32(float *buf, size_t n, sd_error *err)
         if (rc != MPI_SUCCESS) st = mpi_fail(rc, "MPI_Allgatherv (gradient sum)", err);
     }
     watch(NULL);
+    g_sum_s += MPI_Wtime() - t0;
     free(cnt);
     return st;
+}
+
+/* The time the gradient sums took so far. */
+double sd_dist_sum_seconds(void)
+{
+    return g_sum_s;
 }
 
 /* A few doubles: gathered whole to every rank, summed in rank order. */
