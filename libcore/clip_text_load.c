@@ -4,12 +4,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "arena.h"
 #include "buf.h"
 #include "clip_text.h"
 #include "json.h"
+#include "model_dir.h"
 #include "slurp.h"
 
 /* The slot name of the fused q|k|v projection in the transformers layout,
@@ -350,45 +350,6 @@ static sd_status load_weights(sd_clip_text *m, const sd_safetensors *st, const l
     return SD_OK;
 }
 
-/* Whether path is a directory. */
-static int is_dir(const char *path)
-{
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
-/* Whether path names an existing file. */
-static int is_file(const char *path)
-{
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
-/* Resolve a folder to its weights file and config: model/text_encoder/
- * (text_encoder_2/ for the second encoder) or the encoder folder itself. */
-static sd_status resolve_folder(const char *dir, int which, char *weights, char *config, size_t cap, sd_error *err)
-{
-    const char *subs[2] = {which ? "/text_encoder_2/" : "/text_encoder/", "/"};
-    static const char *files[] = {"model.safetensors", "model.fp16.safetensors"};
-    for (size_t s = 0; s < 2; s++) {
-        for (size_t f = 0; f < 2; f++) {
-            snprintf(weights, cap, "%s%s%s", dir, subs[s], files[f]);
-            if (!is_file(weights)) continue;
-            snprintf(config, cap, "%s%sconfig.json", dir, subs[s]);
-            if (!is_file(config)) config[0] = 0;
-            return SD_OK;
-        }
-        snprintf(weights, cap, "%s%smodel.safetensors.index.json", dir, subs[s]);
-        if (is_file(weights))
-            return sd_err_set(err, SD_EUNSUPPORTED, "%s: sharded weights are not supported (save the text encoder "
-                              "as one model.safetensors)", weights);
-    }
-    return sd_err_set(err, SD_ENOTFOUND,
-                      "%s: no %smodel.safetensors or model.safetensors in it (a diffusers model folder, its %s "
-                      "folder, or a .safetensors file is expected)",
-                      dir, subs[0] + 1, which ? "text_encoder_2/" : "text_encoder/");
-}
-
 /* Load one text encoder from a folder or a file, config from config.json
  * (the folder's, or opts->config_path) or inferred from the weights. */
 sd_status sd_clip_text_load(sd_clip_text *m, const char *path, const sd_clip_text_opts *opts, sd_error *err)
@@ -400,7 +361,10 @@ sd_status sd_clip_text_load(sd_clip_text *m, const char *path, const sd_clip_tex
         return sd_err_set(err, SD_EINVAL, "text encoder %d: only 0 (first) and 1 (second) exist", opts->which);
     config[0] = 0;
     sd_status rc = SD_OK;
-    if (is_dir(path)) rc = resolve_folder(path, opts->which, weights, config, sizeof weights, err);
+    static const char *const files[] = {"model.safetensors", "model.fp16.safetensors"};
+    if (sd_is_dir(path))
+        rc = sd_model_component(path, opts->which ? "text_encoder_2" : "text_encoder", files, 2, weights, config,
+                                sizeof weights, err);
     else if ((size_t)snprintf(weights, sizeof weights, "%s", path) >= sizeof weights)
         rc = sd_err_set(err, SD_EINVAL, "path too long: %s", path);
     if (rc) return rc;

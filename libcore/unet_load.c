@@ -12,6 +12,7 @@
 #include "buf.h"
 #include "f16.h"
 #include "json.h"
+#include "model_dir.h"
 #include "outfile.h"
 #include "slurp.h"
 #include "unet.h"
@@ -857,39 +858,6 @@ static int detect_layout(const sd_safetensors *st, sd_weight_layout *lay, char *
     return 0;
 }
 
-/* Whether path is a directory. */
-static int is_dir(const char *path)
-{
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
-/* Whether path is a regular file. */
-static int is_file(const char *path)
-{
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
-/* A model folder's unet/ or a unet/ folder itself: weights and config. */
-static sd_status resolve_folder(const char *dir, char *weights, char *config, size_t cap, sd_error *err)
-{
-    static const char *subs[] = {"/unet/", "/"};
-    static const char *files[] = {"diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.fp16.safetensors"};
-    for (size_t s = 0; s < 2; s++)
-        for (size_t f = 0; f < 2; f++) {
-            snprintf(weights, cap, "%s%s%s", dir, subs[s], files[f]);
-            if (!is_file(weights)) continue;
-            snprintf(config, cap, "%s%sconfig.json", dir, subs[s]);
-            if (!is_file(config)) config[0] = 0;
-            return SD_OK;
-        }
-    return sd_err_set(err, SD_ENOTFOUND,
-                      "%s: no unet/diffusion_pytorch_model.safetensors or diffusion_pytorch_model.safetensors in it "
-                      "(a diffusers model folder, its unet/ folder, or a .safetensors file is expected)",
-                      dir);
-}
-
 /* Load weights and config from a folder or a file. */
 sd_status sd_unet_load(sd_unet *u, const char *path, const sd_unet_opts *opts, sd_error *err)
 {
@@ -898,7 +866,8 @@ sd_status sd_unet_load(sd_unet *u, const char *path, const sd_unet_opts *opts, s
     if (!opts) opts = &none;
     config[0] = 0;
     sd_status rc = SD_OK;
-    if (is_dir(path)) rc = resolve_folder(path, weights, config, sizeof weights, err);
+    static const char *const files[] = {"diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.fp16.safetensors"};
+    if (sd_is_dir(path)) rc = sd_model_component(path, "unet", files, 2, weights, config, sizeof weights, err);
     else if ((size_t)snprintf(weights, sizeof weights, "%s", path) >= sizeof weights)
         rc = sd_err_set(err, SD_EINVAL, "path too long: %s", path);
     if (rc) return rc;

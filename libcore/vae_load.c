@@ -2,11 +2,11 @@
  * config (config.json or inferred from shapes) and loading. */
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "arena.h"
 #include "buf.h"
 #include "json.h"
+#include "model_dir.h"
 #include "slurp.h"
 #include "vae.h"
 
@@ -313,39 +313,6 @@ static void infer_config(const sd_safetensors *st, const sd_weight_layout *lay, 
         }
 }
 
-/* Whether path is a directory. */
-static int is_dir(const char *path)
-{
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
-/* Whether path names an existing file. */
-static int is_file(const char *path)
-{
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
-/* Resolve a folder to its weights file and config: model/vae/ or vae/. */
-static sd_status resolve_folder(const char *dir, char *weights, char *config, size_t cap, sd_error *err)
-{
-    static const char *subs[] = {"/vae/", "/"};
-    static const char *files[] = {"diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.fp16.safetensors"};
-    for (size_t s = 0; s < 2; s++)
-        for (size_t f = 0; f < 2; f++) {
-            snprintf(weights, cap, "%s%s%s", dir, subs[s], files[f]);
-            if (!is_file(weights)) continue;
-            snprintf(config, cap, "%s%sconfig.json", dir, subs[s]);
-            if (!is_file(config)) config[0] = 0;
-            return SD_OK;
-        }
-    return sd_err_set(err, SD_ENOTFOUND,
-                      "%s: no vae/diffusion_pytorch_model.safetensors or diffusion_pytorch_model.safetensors in it "
-                      "(a diffusers model folder, its vae/ folder, or a .safetensors file is expected)",
-                      dir);
-}
-
 /* Load the encoder from a folder or a file, config from config.json
  * (folder's, or opts->config_path) or inferred from the weights. */
 sd_status sd_vae_load(sd_vae *v, const char *path, const sd_vae_opts *opts, sd_error *err)
@@ -355,7 +322,8 @@ sd_status sd_vae_load(sd_vae *v, const char *path, const sd_vae_opts *opts, sd_e
     if (!opts) opts = &none;
     config[0] = 0;
     sd_status rc = SD_OK;
-    if (is_dir(path)) rc = resolve_folder(path, weights, config, sizeof weights, err);
+    static const char *const files[] = {"diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.fp16.safetensors"};
+    if (sd_is_dir(path)) rc = sd_model_component(path, "vae", files, 2, weights, config, sizeof weights, err);
     else if ((size_t)snprintf(weights, sizeof weights, "%s", path) >= sizeof weights)
         rc = sd_err_set(err, SD_EINVAL, "path too long: %s", path);
     if (rc) return rc;

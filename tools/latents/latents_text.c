@@ -6,22 +6,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "dtype.h"
 #include "hash.h"
 #include "keyset.h"
 #include "latents_text.h"
 #include "log.h"
+#include "model_dir.h"
 #include "progress.h"
 #include "shard.h"
-
-/* Whether path is a directory. */
-static int is_dir(const char *path)
-{
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
 
 /* Load encoder `which` (0/1) of the model and its tokenizer. */
 static sd_status open_encoder(text_cache *t, int which, const char *model, const char *tok_dir, sd_error *err)
@@ -49,7 +42,7 @@ static sd_status open_all(text_cache *t, const char *model, const char *tok_dir,
     t->dtype = dtype;
     t->clip_skip = clip_skip;
     if (!tok_dir) tok_dir = model;
-    if (!is_dir(tok_dir))
+    if (!sd_is_dir(tok_dir))
         return sd_err_set(err, SD_EINVAL,
                           "%s: tokenizers come from a model folder (tokenizer/, tokenizer_2/); give --tokenizer DIR",
                           tok_dir);
@@ -59,8 +52,8 @@ static sd_status open_all(text_cache *t, const char *model, const char *tok_dir,
     if (st) return st;
     char p2[4096];
     snprintf(p2, sizeof p2, "%s/text_encoder_2", model);
-    int sdxl = is_dir(p2);
-    if (!sdxl && !is_dir(model)) { /* single file: SDXL has a second encoder in it */
+    int sdxl = sd_is_dir(p2);
+    if (!sdxl && !sd_is_dir(model)) { /* single file: SDXL has a second encoder in it */
         sd_clip_text probe;
         sd_clip_text_opts o = {.which = 1};
         sd_error e = {0};

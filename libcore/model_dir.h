@@ -1,0 +1,19 @@
+/* Finding a model component's files in a diffusers folder: the weights and
+ * config.json of vae/, unet/, text_encoder/ ... given either the model
+ * folder or the component's own folder. Shared by every model loader. */
+#ifndef SDTK_MODEL_DIR_H
+#define SDTK_MODEL_DIR_H
+
+#include <stddef.h>
+
+#include "err.h"
+
+int sd_is_dir(const char *path);
+int sd_is_file(const char *path);
+/* The first of files[] found in DIR/SUB/ or else in DIR/ itself goes to
+ * weights, that folder's config.json to config ("" when it has none).
+ * A sharded checkpoint (FILE.index.json) is refused with its own message. */
+sd_status sd_model_component(const char *dir, const char *sub, const char *const *files, size_t nfiles,
+                             char *weights, char *config, size_t cap, sd_error *err);
+
+#endif
