@@ -1,0 +1,33 @@
+#!/bin/bash
+# UNet training-step benchmark (run by hand, not in ctest): one step
+# (forward + MSE + backward + clipping + AdamW) of the real-size SD 1.5 UNet
+# at 64x64 latents, batch 1, 77 text tokens, random weights (the same file
+# for both), sdtk's trainer vs PyTorch CPU fp32 eager (diffusers
+# UNet2DConditionModel + torch.optim.AdamW) in the same run, one process at
+# a time; then where sdtk's time goes per op class (conv, attention, linear,
+# norm, elementwise, optimizer; bench_train times each backend call). The
+# warm-up losses of both must agree (same weights, inputs and timestep).
+# Each process needs about 16 GB of memory (weights, gradients, two AdamW
+# moments: 4 x 3.4 GB, plus activations).
+# usage: bench/bench_train.sh BUILD_DIR [THREADS] [STEPS]   (after building
+#        bench_train in a Release build; needs python3 with torch + diffusers)
+set -eu
+B=$(realpath "${1:-build}")
+TH=${2:-$(nproc)}
+STEPS=${3:-2}
+HERE=$(dirname "$(realpath "$0")")
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+python3 "$HERE/bench_train.py" make "$T"
+echo "UNet training step, SD 1.5 architecture, 64x64 latents, batch 1, $TH threads, best of $STEPS after a warm-up; CPU: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+python3 "$HERE/bench_train.py" time "$T" "$TH" "$STEPS" | tee "$T/torch.txt"
+"$B/bench/bench_train" "$T/unet" "$T/x0.f32" "$T/noise.f32" "$T/ctx.f32" 64 64 77 "$TH" "$STEPS" | tee "$T/sdtk.txt"
+python3 - "$T/torch.txt" "$T/sdtk.txt" << 'PY'
+import re, sys
+tt, st = open(sys.argv[1]).read(), open(sys.argv[2]).read()
+tb = float(re.search(r"pytorch best ([\d.]+)", tt).group(1))
+sb = float(re.search(r"sdtk best ([\d.]+)", st).group(1))
+tl = float(re.search(r"warm-up\): .*loss ([\d.]+)", tt).group(1))
+sl = float(re.search(r"sdtk warm-up loss ([\d.]+)", st).group(1))
+print("ratio sdtk/pytorch speed (best step of each): %.2fx   warm-up loss pytorch %.6f sdtk %.6f" % (tb / sb, tl, sl))
+PY
