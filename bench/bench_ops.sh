@@ -3,22 +3,31 @@
 # encoder's representative layers at 512x512, vs PyTorch CPU fp32 (oneDNN convs) in the
 # same run: ROUNDS rounds alternating sdtk and torch at 2 threads then 1 thread, each
 # number the best of REPEATS; the table shows the best over rounds (the VM is shared, so
-# single runs vary by ~15%).
-# Needs: pip install torch. Usage: bench/bench_ops.sh [BUILD_DIR] [ROUNDS] [REPEATS] [--bwd]
+# single runs vary by ~15%). --bwd adds backward; --cpu times 1 thread only, by the
+# computing thread's CPU time (steady while other jobs load the machine).
+# Needs: pip install torch. Usage: bench/bench_ops.sh [BUILD_DIR] [ROUNDS] [REPEATS] [--bwd] [--cpu]
 set -eu
-build=${1:-build}; rounds=${2:-3}; reps=${3:-3}; bwd=${4:-}
+build=${1:-build}; rounds=${2:-3}; reps=${3:-3}; shift $(( $# < 3 ? $# : 3 ))
+flags=""; threads="2 1"
+for a in "$@"; do
+  case "$a" in
+    --bwd) flags="$flags --bwd" ;;
+    --cpu) flags="$flags --cpu"; threads=1 ;;
+    *) echo "bench_ops.sh: unknown option $a" >&2; exit 2 ;;
+  esac
+done
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 for r in $(seq "$rounds"); do
-  for t in 2 1; do
-    "$build/bench/bench_ops" "$t" "$reps" $bwd > "$tmp/sdtk.$t.$r"
-    python3 "$here/bench_ops_torch.py" "$t" "$reps" $bwd > "$tmp/torch.$t.$r"
+  for t in $threads; do
+    "$build/bench/bench_ops" "$t" "$reps" $flags > "$tmp/sdtk.$t.$r"
+    python3 "$here/bench_ops_torch.py" "$t" "$reps" $flags > "$tmp/torch.$t.$r"
   done
   echo "round $r done" >&2
 done
-python3 - "$tmp" "$rounds" <<'PY'
+python3 - "$tmp" "$rounds" "$threads" "$flags" <<'PY'
 import glob, re, sys
-d, rounds = sys.argv[1], int(sys.argv[2])
+d, rounds, threads, flags = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4]
 def best(who, t):
     """layer -> {'fwd': ms, 'bwd': ms}, the minimum over rounds."""
     out = {}
@@ -29,9 +38,10 @@ def best(who, t):
                 cur = out.setdefault(name, {}).get(kind)
                 out[name][kind] = min(cur, float(ms)) if cur is not None else float(ms)
     return out
-for t in (2, 1):
+for t in threads:
     s, p = best("sdtk", t), best("torch", t)
-    print(f"\n{t} thread(s), best of {rounds} rounds: ms (torch/sdtk = speed-up)")
+    clock = "CPU ms" if "--cpu" in flags else "ms"
+    print(f"\n{t} thread(s), best of {rounds} rounds: {clock} (x = torch/sdtk, the speed-up)")
     print(f"{'layer':26s} {'sdtk fwd':>9s} {'torch fwd':>9s} {'x':>5s}" + ("  {:>9s} {:>9s} {:>5s}".format("sdtk bwd", "torch bwd", "x") if any('bwd' in v for v in s.values()) else ""))
     tot = [0.0, 0.0]
     for name, v in s.items():

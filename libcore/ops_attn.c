@@ -26,8 +26,8 @@ sd_status sd_attn_check(const sd_attn_shape *s, sd_error *err)
 }
 
 enum {
-    QTILE = 256, /* query rows per tile, at most */
-    KTILE = 256, /* key rows per tile, at most */
+    QTILE = 512, /* query rows per tile, at most */
+    KTILE = 512, /* key rows per tile, at most */
     MIN_UNITS = 8
 };
 
@@ -68,16 +68,18 @@ static int row_keys(const sd_attn_shape *s, int i, int j0, int nk)
     return lim < 0 ? 0 : lim > nk ? nk : lim;
 }
 
-/* e^x for x <= 0 without libm, in a loop the compiler vectorises (this file
- * is built with -O3 -fno-trapping-math): x = n ln2 + r with |r| <= ln2/2,
- * e^r by its Taylor series to r^7 (truncation < 6e-9), 2^n put in the
- * exponent bits. Relative error about 1e-7; below -87 the result is
- * e^-87 (1.6e-38), which a softmax sum cannot tell from 0. */
+/* e^x without libm, in a loop the compiler vectorises (this file is built
+ * with -O3 -fno-trapping-math): x = n ln2 + r with |r| <= ln2/2, e^r by its
+ * Taylor series to r^7 (truncation < 6e-9), 2^n put in the exponent bits.
+ * Relative error about 1e-7. x is clamped to [-87, 88] first (so n fits the
+ * exponent: below -87 the result is e^-87 = 1.6e-38, which no softmax sum
+ * can tell from 0; softmax arguments are <= 0 here anyway); NaN stays NaN. */
 static float exp_neg(float x)
 {
-    x = x < -87.0f ? -87.0f : x;
-    float fn = (x * 1.44269504f + 12582912.0f) - 12582912.0f; /* round(x / ln2), by the 1.5 * 2^23 shift */
-    float r = x - fn * 0.693359375f;                         /* ln2 = 355/512 (exact) ... */
+    float c = x > -87.0f ? x : -87.0f; /* NaN becomes -87 here (so the int conversion is defined) ... */
+    c = c < 88.0f ? c : 88.0f;
+    float fn = (c * 1.44269504f + 12582912.0f) - 12582912.0f; /* round(c / ln2), by the 1.5 * 2^23 shift */
+    float r = c - fn * 0.693359375f;                         /* ln2 = 355/512 (exact) ... */
     r = r + fn * 2.12194440e-4f;                              /* ... - 2.12194440e-4 */
     float p = 1.0f / 5040.0f;
     p = p * r + 1.0f / 720.0f;
@@ -91,7 +93,7 @@ static float exp_neg(float x)
         int32_t i;
         float f;
     } two_n = {.i = ((int32_t)fn + 127) * (1 << 23)};
-    return p * two_n.f;
+    return x == x ? p * two_n.f : x; /* ... and NaN again here */
 }
 
 /* x[j] = e^(x[j] - m) for j < n; returns their sum, taken in 8 interleaved

@@ -202,6 +202,7 @@ typedef struct {
     int pointwise;        /* 1x1, stride 1, no padding: x is its own col */
     int rows, ntiles;     /* output rows per tile, tiles per image */
     int cb, nblocks;      /* input channels per backward block, blocks */
+    int ob, noblocks;     /* output channels per pointwise dw block, blocks */
     float *scratch;
     size_t sstride;
     float *y, *dx, *dw, *db;
@@ -235,6 +236,8 @@ static void gconv_plan(gconv *g, const sd_conv2d_shape *s, int bwd)
     g->pointwise = s->kh == 1 && s->kw == 1 && s->stride == 1 && !s->pad_t && !s->pad_b && !s->pad_l && !s->pad_r;
     g->cb = (s->cin + MIN_UNITS - 1) / MIN_UNITS;
     g->nblocks = (s->cin + g->cb - 1) / g->cb;
+    g->ob = (s->cout + MIN_UNITS - 1) / MIN_UNITS;
+    g->noblocks = (s->cout + g->ob - 1) / g->ob;
     g->rows = tile_rows(g->oh, g->ow, bwd ? (size_t)g->cb * g->khw : g->K);
     g->ntiles = (g->oh + g->rows - 1) / g->rows;
 }
@@ -376,7 +379,7 @@ static void block_channels(const gconv *g, size_t blk, int *c0, int *c1)
 
 /* Input gradient: each unit is one block of input channels of one image,
  * which it owns: per tile, dcol = w[:, block]^T dy_tile, then col2im adds
- * it into dx (pointwise convs add the GEMM straight into dx). */
+ * it into dx. */
 static void gconv_dx_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const gconv *g = vctx;
@@ -392,21 +395,35 @@ static void gconv_dx_range(void *vctx, int worker, size_t begin, size_t end)
             int r1 = r0 + g->rows < g->oh ? r0 + g->rows : g->oh;
             size_t T = (size_t)(r1 - r0) * (size_t)g->ow;
             const float *dyt = g->dy + ni * (size_t)s->cout * g->P + (size_t)r0 * (size_t)g->ow;
-            const float *wb = g->w + (size_t)c0 * g->khw;
-            if (g->pointwise) {
-                sd_sgemm(1, 0, kb, (int)T, s->cout, 1.0f, wb, (int)g->K, dyt, (int)g->P, 1.0f,
-                         dxi + (size_t)c0 * g->HW + (size_t)r0 * (size_t)g->ow, (int)g->HW);
-            } else {
-                sd_sgemm(1, 0, kb, (int)T, s->cout, 1.0f, wb, (int)g->K, dyt, (int)g->P, 0.0f, col, (int)T);
-                col2im_add(g, dxi, c0, c1, r0, r1, col);
-            }
+            sd_sgemm(1, 0, kb, (int)T, s->cout, 1.0f, g->w + (size_t)c0 * g->khw, (int)g->K, dyt, (int)g->P, 0.0f,
+                     col, (int)T);
+            col2im_add(g, dxi, c0, c1, r0, r1, col);
         }
+    }
+}
+
+/* Input gradient of a pointwise conv: tiles do not overlap there, so each
+ * unit is a tile of one image, all channels: dx_tile += w^T dy_tile. */
+static void gconv_dx_pointwise_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const gconv *g = vctx;
+    const sd_conv2d_shape *s = g->s;
+    (void)worker;
+    for (size_t u = begin; u < end; u++) {
+        size_t ni = u / (size_t)g->ntiles;
+        int r0 = (int)(u % (size_t)g->ntiles) * g->rows;
+        int r1 = r0 + g->rows < g->oh ? r0 + g->rows : g->oh;
+        size_t T = (size_t)(r1 - r0) * (size_t)g->ow, off = (size_t)r0 * (size_t)g->ow;
+        sd_sgemm(1, 0, s->cin, (int)T, s->cout, 1.0f, g->w, s->cin, g->dy + ni * (size_t)s->cout * g->P + off,
+                 (int)g->P, 1.0f, g->dx + ni * (size_t)s->cin * g->HW + off, (int)g->HW);
     }
 }
 
 /* Weight gradient: each unit is one block of input channels, i.e. the
  * columns [c0*kh*kw, c1*kh*kw) of dw, summed over images and tiles in
- * order: dw[:, block] += dy_tile col_tile[block]^T. */
+ * order: dw[:, block] += dy_tile col_tile[block]^T. Each col element is
+ * built once; the GEMM repacks dy_tile once per block, cheap next to its
+ * cout * kb * T multiply-adds while kb = cb*kh*kw is large. */
 static void gconv_dw_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const gconv *g = vctx;
@@ -422,18 +439,32 @@ static void gconv_dw_range(void *vctx, int worker, size_t begin, size_t end)
                 int r1 = r0 + g->rows < g->oh ? r0 + g->rows : g->oh;
                 size_t T = (size_t)(r1 - r0) * (size_t)g->ow;
                 const float *dyt = g->dy + (size_t)ni * (size_t)s->cout * g->P + (size_t)r0 * (size_t)g->ow;
-                const float *bm;
-                size_t ldb;
-                if (g->pointwise) {
-                    bm = xi + (size_t)c0 * g->HW + (size_t)r0 * (size_t)g->ow;
-                    ldb = g->HW;
-                } else {
-                    im2col(g, xi, c0, c1, r0, r1, col);
-                    bm = col;
-                    ldb = T;
-                }
-                sd_sgemm(0, 1, s->cout, kb, (int)T, 1.0f, dyt, (int)g->P, bm, (int)ldb, 1.0f,
+                im2col(g, xi, c0, c1, r0, r1, col);
+                sd_sgemm(0, 1, s->cout, kb, (int)T, 1.0f, dyt, (int)g->P, col, (int)T, 1.0f,
                          g->dw + (size_t)c0 * g->khw, (int)g->K);
+            }
+        }
+    }
+}
+
+/* Weight gradient of a pointwise conv: there kb would be just cb, so the
+ * blocks are of output channels instead (rows [co0, co1) of dw, all its
+ * columns): dw[block] += dy_tile[block] x_tile^T, x read in place. */
+static void gconv_dw_pointwise_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const gconv *g = vctx;
+    const sd_conv2d_shape *s = g->s;
+    (void)worker;
+    for (size_t blk = begin; blk < end; blk++) {
+        int co0 = (int)blk * g->ob, nco = s->cout - co0 < g->ob ? s->cout - co0 : g->ob;
+        for (int ni = 0; ni < s->n; ni++) {
+            const float *xi = g->x + (size_t)ni * (size_t)s->cin * g->HW;
+            const float *dyi = g->dy + ((size_t)ni * (size_t)s->cout + (size_t)co0) * g->P;
+            for (int r0 = 0; r0 < g->oh; r0 += g->rows) {
+                int r1 = r0 + g->rows < g->oh ? r0 + g->rows : g->oh;
+                size_t T = (size_t)(r1 - r0) * (size_t)g->ow, off = (size_t)r0 * (size_t)g->ow;
+                sd_sgemm(0, 1, nco, s->cin, (int)T, 1.0f, dyi + off, (int)g->P, xi + off, (int)g->HW, 1.0f,
+                         g->dw + (size_t)co0 * (size_t)s->cin, s->cin);
             }
         }
     }
@@ -491,8 +522,14 @@ void sd_conv2d_bwd(sd_pool *pool, const sd_conv2d_shape *s, float *dx, float *dw
             return;
         }
     }
-    if (dx) sd_pool_for(pool, (size_t)s->n * (size_t)g.nblocks, gconv_dx_range, &g);
-    if (dw) sd_pool_for(pool, (size_t)g.nblocks, gconv_dw_range, &g);
+    if (dx && g.pointwise)
+        sd_pool_for(pool, (size_t)s->n * (size_t)g.ntiles, gconv_dx_pointwise_range, &g);
+    else if (dx)
+        sd_pool_for(pool, (size_t)s->n * (size_t)g.nblocks, gconv_dx_range, &g);
+    if (dw && g.pointwise)
+        sd_pool_for(pool, (size_t)g.noblocks, gconv_dw_pointwise_range, &g);
+    else if (dw)
+        sd_pool_for(pool, (size_t)g.nblocks, gconv_dw_range, &g);
     if (db) sd_pool_for(pool, (size_t)s->cout, gconv_db_range, &g);
     free(g.scratch);
 }

@@ -1,9 +1,12 @@
 /* Linear layer y = x w^T + b (torch layout) forward and backward on
  * sgemm. Work is cut into blocks whose size depends on the shape only
- * (rows of x for y and dx, output features for dw and db); each block is
- * owned by one worker and computed by one single-threaded sgemm call, so
- * results are bit-identical for any thread count. The plain loops at the
- * end are the reference (tests, benches). */
+ * (rows of y and dx, or their columns when there are few rows; output
+ * features for dw and db); each block is owned by one worker and computed
+ * by one single-threaded sgemm call, so results are bit-identical for any
+ * thread count. The plain loops at the end are the reference (tests,
+ * benches). */
+#include <string.h>
+
 #include "gemm.h"
 #include "ops_ref.h"
 
@@ -17,12 +20,14 @@ sd_status sd_linear_check(const sd_linear_shape *s, sd_error *err)
 enum {
     ROW_BLOCK = 256, /* rows of x per forward / dx unit, at most */
     FEAT_BLOCK = 64, /* output features per dw / db unit, at most */
-    MIN_UNITS = 8    /* units per op, at least, when the shape allows */
+    MIN_UNITS = 8,   /* units per op, at least, when the shape allows */
+    FEW_ROWS = 512   /* below this many rows, forward and dx split columns */
 };
 
 typedef struct {
     const sd_linear_shape *s;
-    int rb, fb; /* rows per row block, features per feature block */
+    int rb, cb, ncb; /* forward / dx unit: rows, columns, column blocks */
+    int fb;          /* dw / db unit: output features */
     float *y, *dx, *dw, *db;
     const float *x, *w, *b, *dy;
 } glin;
@@ -35,20 +40,49 @@ static int block_of(int len, int cap)
     return b > cap ? cap : b < 1 ? 1 : b;
 }
 
-/* Forward: one unit is a block of rows; bias first, then y += x w^T. */
+/* Units of the forward and dx (whose output has cols columns): blocks of
+ * rows when there are many; with few rows (CLIP's 77 tokens, embeddings of
+ * a batch) all rows and blocks of columns instead, so each unit packs only
+ * its slice of the weight rather than every unit the whole of it. Returns
+ * the unit count. */
+static size_t plan_units(glin *g, int cols)
+{
+    const sd_linear_shape *s = g->s;
+    if (s->m >= FEW_ROWS) {
+        g->rb = block_of(s->m, ROW_BLOCK);
+        g->cb = cols;
+    } else {
+        g->rb = s->m;
+        g->cb = block_of(cols, cols);
+    }
+    g->ncb = (cols + g->cb - 1) / g->cb;
+    return (size_t)((s->m + g->rb - 1) / g->rb) * (size_t)g->ncb;
+}
+
+/* Unit u's rows [*r0, *r0 + *nr) and columns [*c0, *c0 + *nc) of an output
+ * with cols columns. */
+static void unit_span(const glin *g, size_t u, int cols, int *r0, int *nr, int *c0, int *nc)
+{
+    *r0 = (int)(u / (size_t)g->ncb) * g->rb;
+    *c0 = (int)(u % (size_t)g->ncb) * g->cb;
+    *nr = g->s->m - *r0 < g->rb ? g->s->m - *r0 : g->rb;
+    *nc = cols - *c0 < g->cb ? cols - *c0 : g->cb;
+}
+
+/* Forward: one unit is a block of y; bias first, then y += x w^T. */
 static void glin_fwd_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const glin *g = vctx;
     const sd_linear_shape *s = g->s;
     (void)worker;
     for (size_t u = begin; u < end; u++) {
-        int r0 = (int)u * g->rb, rows = s->m - r0 < g->rb ? s->m - r0 : g->rb;
-        float *yb = g->y + (size_t)r0 * (size_t)s->n;
+        int r0, nr, c0, nc;
+        unit_span(g, u, s->n, &r0, &nr, &c0, &nc);
+        float *yb = g->y + (size_t)r0 * (size_t)s->n + (size_t)c0;
         if (g->b)
-            for (int r = 0; r < rows; r++)
-                for (int o = 0; o < s->n; o++) yb[(size_t)r * (size_t)s->n + (size_t)o] = g->b[o];
-        sd_sgemm(0, 1, rows, s->n, s->k, 1.0f, g->x + (size_t)r0 * (size_t)s->k, s->k, g->w, s->k,
-                 g->b ? 1.0f : 0.0f, yb, s->n);
+            for (int r = 0; r < nr; r++) memcpy(yb + (size_t)r * (size_t)s->n, g->b + c0, (size_t)nc * sizeof(float));
+        sd_sgemm(0, 1, nr, nc, s->k, 1.0f, g->x + (size_t)r0 * (size_t)s->k, s->k, g->w + (size_t)c0 * (size_t)s->k,
+                 s->k, g->b ? 1.0f : 0.0f, yb, s->n);
     }
 }
 
@@ -56,20 +90,22 @@ static void glin_fwd_range(void *vctx, int worker, size_t begin, size_t end)
 void sd_linear_fwd(sd_pool *pool, const sd_linear_shape *s, float *y, const float *x, const float *w,
                    const float *b)
 {
-    glin g = {.s = s, .rb = block_of(s->m, ROW_BLOCK), .y = y, .x = x, .w = w, .b = b};
-    sd_pool_for(pool, (size_t)((s->m + g.rb - 1) / g.rb), glin_fwd_range, &g);
+    glin g = {.s = s, .y = y, .x = x, .w = w, .b = b};
+    size_t units = plan_units(&g, s->n);
+    sd_pool_for(pool, units, glin_fwd_range, &g);
 }
 
-/* Input gradient: one unit is a block of rows, dx += dy w. */
+/* Input gradient: one unit is a block of dx, dx += dy w. */
 static void glin_dx_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const glin *g = vctx;
     const sd_linear_shape *s = g->s;
     (void)worker;
     for (size_t u = begin; u < end; u++) {
-        int r0 = (int)u * g->rb, rows = s->m - r0 < g->rb ? s->m - r0 : g->rb;
-        sd_sgemm(0, 0, rows, s->k, s->n, 1.0f, g->dy + (size_t)r0 * (size_t)s->n, s->n, g->w, s->k, 1.0f,
-                 g->dx + (size_t)r0 * (size_t)s->k, s->k);
+        int r0, nr, c0, nc;
+        unit_span(g, u, s->k, &r0, &nr, &c0, &nc);
+        sd_sgemm(0, 0, nr, nc, s->n, 1.0f, g->dy + (size_t)r0 * (size_t)s->n, s->n, g->w + c0, s->k, 1.0f,
+                 g->dx + (size_t)r0 * (size_t)s->k + (size_t)c0, s->k);
     }
 }
 
@@ -88,9 +124,12 @@ static void glin_dw_range(void *vctx, int worker, size_t begin, size_t end)
                      g->dw + (size_t)o0 * (size_t)s->k, s->k);
         if (!g->db) continue;
         float acc[FEAT_BLOCK] = {0};
+        int nf8 = nf & ~7;
         for (int r = 0; r < s->m; r++) {
             const float *dyr = g->dy + (size_t)r * (size_t)s->n + o0;
-            for (int o = 0; o < nf; o++) acc[o] += dyr[o];
+            for (int o0v = 0; o0v < nf8; o0v += 8) /* groups of 8: vectorised at -O2 */
+                for (int l = 0; l < 8; l++) acc[o0v + l] += dyr[o0v + l];
+            for (int o = nf8; o < nf; o++) acc[o] += dyr[o];
         }
         for (int o = 0; o < nf; o++) g->db[o0 + o] += acc[o];
     }
@@ -100,9 +139,11 @@ static void glin_dw_range(void *vctx, int worker, size_t begin, size_t end)
 void sd_linear_bwd(sd_pool *pool, const sd_linear_shape *s, float *dx, float *dw, float *db, const float *dy,
                    const float *x, const float *w)
 {
-    glin g = {.s = s, .rb = block_of(s->m, ROW_BLOCK), .fb = block_of(s->n, FEAT_BLOCK), .dx = dx, .dw = dw,
-              .db = db, .x = x, .w = w, .dy = dy};
-    if (dx) sd_pool_for(pool, (size_t)((s->m + g.rb - 1) / g.rb), glin_dx_range, &g);
+    glin g = {.s = s, .fb = block_of(s->n, FEAT_BLOCK), .dx = dx, .dw = dw, .db = db, .x = x, .w = w, .dy = dy};
+    if (dx) {
+        size_t units = plan_units(&g, s->k);
+        sd_pool_for(pool, units, glin_dx_range, &g);
+    }
     if (dw || db) sd_pool_for(pool, (size_t)((s->n + g.fb - 1) / g.fb), glin_dw_range, &g);
 }
 

@@ -233,6 +233,7 @@ int main(void)
     conv_case("1x1", (sd_conv2d_shape){.n = 2, .cin = 33, .h = 21, .w = 19, .cout = 40, .kh = 1, .kw = 1, .stride = 1});
     linear_case("blocks", (sd_linear_shape){.m = 2100, .k = 70, .n = 130});
     linear_case("tiny", (sd_linear_shape){.m = 3, .k = 1, .n = 2});
+    linear_case("few-rows", (sd_linear_shape){.m = 77, .k = 45, .n = 101}); /* column blocks */
     /* attention: tiles capped at 256 with ragged ends, cross lengths, causal */
     attn_case("long", (sd_attn_shape){.b = 1, .heads = 1, .tq = 2100, .tk = 2300, .d = 3});
     attn_case("causal", (sd_attn_shape){.b = 1, .heads = 2, .tq = 300, .tk = 300, .d = 16, .causal = 1});
