@@ -9,6 +9,14 @@
 # warm-up losses of both must agree (same weights, inputs and timestep).
 # Each process needs about 16 GB of memory (weights, gradients, two AdamW
 # moments: 4 x 3.4 GB, plus activations).
+# Measured (2 shared cores of an AMD EPYC, load 2.5-6 from other work, 2
+# threads, 2026-11-22, two runs): PyTorch 2.15 best step 33.9 s (forward+
+# backward 25.9 s, clip+AdamW 8.0 s), sdtk best 68.7 s (forward+backward 64.6 s,
+# clip+AdamW 4.1 s): 0.49x in both runs (0.49x with 1 timed step each, 39.2 vs
+# 80.6 s). sdtk by op class in its best step: conv 31.4 s (46%), attention
+# 17.2 s (25%), linear 12.0 s (17%), norm 0.8 s (1%), elementwise 3.0 s (4%),
+# optimizer 4.1 s (6%). Losses agree: warm-up 1.124317 (torch) vs 1.124318,
+# after one AdamW step 1.324678 vs 1.324688.
 # usage: bench/bench_train.sh BUILD_DIR [THREADS] [STEPS]   (after building
 #        bench_train in a Release build; needs python3 with torch + diffusers)
 set -eu
