@@ -11,7 +11,6 @@ here with numpy (the real 49408-token vocabulary, width 32, 2 layers), the
 tokenizer is the real CLIP one from tests/golden/tokenizer. Their numbers
 are checked against transformers elsewhere (tests/test_clip_text.c).
 Usage: e2e_text.py SD_META SD_BUCKET SD_LATENTS SD_VERIFY VAE_DIR TOKENIZER_GOLDEN_DIR"""
-import gzip
 import json
 import os
 import re
@@ -25,6 +24,8 @@ import unittest
 try:
     import numpy as np
     from PIL import Image
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from tiny_clip import make_encoder, make_tokenizer as _make_tokenizer
 except ImportError:
     print("numpy or PIL not available: skipping")
     sys.exit(77)
@@ -52,67 +53,13 @@ def dump(shard, db):
     return [l for l in lines[lines.index("HEADER=END") + 1:] if l != "DATA=END"]
 
 
-def save_safetensors(path, tensors):
-    """A safetensors file from numpy fp32 arrays (the format is a JSON
-    header with byte offsets, then the raw little-endian data)."""
-    header, blobs, off = {}, [], 0
-    for k, v in tensors.items():
-        b = np.ascontiguousarray(v, dtype="<f4").tobytes()
-        header[k] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
-
-def make_encoder(d, rng, width, act, proj):
-    """A tiny transformers CLIPTextModel(WithProjection) folder."""
-    os.makedirs(d)
-    layers, mlp = 2, 2 * width
-    cfg = {"architectures": ["CLIPTextModelWithProjection" if proj else "CLIPTextModel"],
-           "hidden_size": width, "intermediate_size": mlp, "num_attention_heads": 2,
-           "num_hidden_layers": layers, "max_position_embeddings": 77, "vocab_size": 49408,
-           "hidden_act": act, "layer_norm_eps": 1e-5, "eos_token_id": 2, "bos_token_id": 0,
-           "projection_dim": proj or width}
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(cfg, f)
-    r = lambda *s: rng.standard_normal(s).astype(np.float32) * 0.2
-    t = {"text_model.embeddings.token_embedding.weight": r(49408, width),
-         "text_model.embeddings.position_embedding.weight": r(77, width),
-         "text_model.final_layer_norm.weight": 1 + r(width), "text_model.final_layer_norm.bias": r(width)}
-    for i in range(layers):
-        p = "text_model.encoder.layers.%d." % i
-        for n in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            t[p + "self_attn.%s.weight" % n] = r(width, width)
-            t[p + "self_attn.%s.bias" % n] = r(width)
-        for n in ("layer_norm1", "layer_norm2"):
-            t[p + n + ".weight"] = 1 + r(width)
-            t[p + n + ".bias"] = r(width)
-        t[p + "mlp.fc1.weight"], t[p + "mlp.fc1.bias"] = r(mlp, width), r(mlp)
-        t[p + "mlp.fc2.weight"], t[p + "mlp.fc2.bias"] = r(width, mlp), r(width)
-    if proj:
-        t["text_projection.weight"] = r(proj, width)
-    save_safetensors(os.path.join(d, "model.safetensors"), t)
-
-
-def make_tokenizer(d, pad):
-    os.makedirs(d)
-    for n in ("vocab.json", "merges.txt"):
-        with gzip.open(os.path.join(TOKDIR, n + ".gz"), "rb") as f, open(os.path.join(d, n), "wb") as g:
-            g.write(f.read())
-    with open(os.path.join(d, "special_tokens_map.json"), "w") as f:
-        json.dump({"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": pad,
-                   "unk_token": "<|endoftext|>"}, f)
-
-
 class Text(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="sdtext-")
         rng = np.random.default_rng(3)
         cls.sd1 = os.path.join(cls.tmp, "sd1")
+        make_tokenizer = lambda d, pad: _make_tokenizer(d, TOKDIR, pad)
         make_tokenizer(os.path.join(cls.sd1, "tokenizer"), "<|endoftext|>")
         make_encoder(os.path.join(cls.sd1, "text_encoder"), rng, 32, "quick_gelu", 0)
         cls.sdxl = os.path.join(cls.tmp, "sdxl")
