@@ -359,16 +359,10 @@ sd_status sd_clip_text_load(sd_clip_text *m, const char *path, const sd_clip_tex
     if (!opts) opts = &none;
     if (opts->which < 0 || opts->which > 1)
         return sd_err_set(err, SD_EINVAL, "text encoder %d: only 0 (first) and 1 (second) exist", opts->which);
-    config[0] = 0;
-    sd_status rc = SD_OK;
     static const char *const files[] = {"model.safetensors", "model.fp16.safetensors"};
-    if (sd_is_dir(path))
-        rc = sd_model_component(path, opts->which ? "text_encoder_2" : "text_encoder", files, 2, weights, config,
-                                sizeof weights, err);
-    else if ((size_t)snprintf(weights, sizeof weights, "%s", path) >= sizeof weights)
-        rc = sd_err_set(err, SD_EINVAL, "path too long: %s", path);
+    sd_status rc = sd_model_files(path, opts->which ? "text_encoder_2" : "text_encoder", files, 2, opts->config_path,
+                                  weights, config, sizeof weights, err);
     if (rc) return rc;
-    if (opts->config_path) snprintf(config, sizeof config, "%s", opts->config_path);
 
     sd_safetensors *st = NULL;
     rc = sd_st_open(&st, weights, err);

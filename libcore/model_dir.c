@@ -44,3 +44,19 @@ sd_status sd_model_component(const char *dir, const char *sub, const char *const
                       "is expected)",
                       dir, sub, files[0], files[0], sub);
 }
+
+/* Weights and config for a loader's PATH (see model_dir.h). */
+sd_status sd_model_files(const char *path, const char *sub, const char *const *files, size_t nfiles,
+                         const char *config_override, char *weights, char *config, size_t cap, sd_error *err)
+{
+    config[0] = 0;
+    if (sd_is_dir(path)) {
+        sd_status rc = sd_model_component(path, sub, files, nfiles, weights, config, cap, err);
+        if (rc) return rc;
+    } else if ((size_t)snprintf(weights, cap, "%s", path) >= cap) {
+        return sd_err_set(err, SD_EINVAL, "path too long: %s", path);
+    }
+    if (config_override && (size_t)snprintf(config, cap, "%s", config_override) >= cap)
+        return sd_err_set(err, SD_EINVAL, "path too long: %s", config_override);
+    return SD_OK;
+}

@@ -16,4 +16,10 @@ int sd_is_file(const char *path);
 sd_status sd_model_component(const char *dir, const char *sub, const char *const *files, size_t nfiles,
                              char *weights, char *config, size_t cap, sd_error *err);
 
+/* What every loader does with its PATH argument: a folder goes through
+ * sd_model_component, a file is the weights itself (no config); a given
+ * config_override (a --*-config option) replaces the config found. */
+sd_status sd_model_files(const char *path, const char *sub, const char *const *files, size_t nfiles,
+                         const char *config_override, char *weights, char *config, size_t cap, sd_error *err);
+
 #endif

@@ -320,14 +320,9 @@ sd_status sd_vae_load(sd_vae *v, const char *path, const sd_vae_opts *opts, sd_e
     char weights[4096], config[4096];
     sd_vae_opts none = {0};
     if (!opts) opts = &none;
-    config[0] = 0;
-    sd_status rc = SD_OK;
     static const char *const files[] = {"diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.fp16.safetensors"};
-    if (sd_is_dir(path)) rc = sd_model_component(path, "vae", files, 2, weights, config, sizeof weights, err);
-    else if ((size_t)snprintf(weights, sizeof weights, "%s", path) >= sizeof weights)
-        rc = sd_err_set(err, SD_EINVAL, "path too long: %s", path);
+    sd_status rc = sd_model_files(path, "vae", files, 2, opts->config_path, weights, config, sizeof weights, err);
     if (rc) return rc;
-    if (opts->config_path) snprintf(config, sizeof config, "%s", opts->config_path);
 
     sd_safetensors *st = NULL;
     rc = sd_st_open(&st, weights, err);
