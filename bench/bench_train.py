@@ -6,7 +6,8 @@ embeddings [1, 77, 768] as raw fp32); `time DIR THREADS STEPS` times
 training steps on them as sdtk does them: x_t from the DDPM scaled_linear
 schedule at t = 500, the UNet, MSE against the noise, backward, gradient
 clipping at 1, torch.optim.AdamW (lr 1e-4, weight decay 1e-2), zero_grad;
-CPU fp32 eager, after one warm-up step. Needs torch and diffusers."""
+CPU fp32 eager (or `time DIR THREADS STEPS cuda [tf32]` on the GPU), after
+one warm-up step. Needs torch and diffusers."""
 import os
 import sys
 import time
@@ -32,24 +33,31 @@ def load(d, name, shape):
     return torch.from_numpy(np.fromfile(os.path.join(d, name + ".f32"), np.float32).reshape(shape))
 
 
-def timed(d, threads, steps):
+def timed(d, threads, steps, device="cpu", tf32=False):
     torch.set_num_threads(threads)
-    u = UNet2DConditionModel.from_pretrained(os.path.join(d, "unet")).float().train()
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    u = UNet2DConditionModel.from_pretrained(os.path.join(d, "unet")).float().train().to(device)
     sched = DDPMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", num_train_timesteps=1000)
     opt = torch.optim.AdamW(u.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
     x0, noise, ctx = load(d, "x0", (1, 4, H, W)), load(d, "noise", (1, 4, H, W)), load(d, "ctx", (1, TCTX, CROSS))
     t = torch.tensor([500])
+    gpu = device != "cpu"
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
     best = 1e30
     for s in range(steps + 1):
+        sync()
         a = time.perf_counter()
-        xt = sched.add_noise(x0, noise, t)
-        pred = u(xt, t, encoder_hidden_states=ctx).sample
-        loss = torch.nn.functional.mse_loss(pred, noise)
+        xt = sched.add_noise(x0, noise, t).to(device)  # host inputs, as sd-train has them
+        pred = u(xt, t.to(device), encoder_hidden_states=ctx.to(device)).sample
+        loss = torch.nn.functional.mse_loss(pred, noise.to(device))
         loss.backward()
+        sync()
         b = time.perf_counter()
         torch.nn.utils.clip_grad_norm_(u.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        sync()
         c = time.perf_counter()
         print("pytorch step %d%s: %.2f s (forward+backward %.2f s, clip+AdamW %.2f s), loss %.6f"
               % (s, "" if s else " (warm-up)", c - a, b - a, c - b, loss.item()), flush=True)
@@ -62,4 +70,5 @@ if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2])
     else:
-        timed(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        timed(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *(sys.argv[5:6] or ["cpu"]),
+              len(sys.argv) > 6 and sys.argv[6] == "tf32")

@@ -1,8 +1,11 @@
-/* VAE encode benchmark (bench_vae.sh runs it): load a VAE, encode one raw
- * fp32 [1, 3, H, W] input REPS times on THREADS threads after a warm-up,
- * print the best and median seconds and, with --profile, the time of each
- * op kind; write the mean to OUT for comparison with PyTorch's.
- * usage: bench_vae VAE_DIR X.f32 H W THREADS REPS OUT.f32 */
+/* VAE encode benchmark (bench_vae.sh and bench_gpu.sh run it): load a VAE,
+ * encode a batch of BATCH copies of one raw fp32 [1, 3, H, W] input REPS
+ * times after a warm-up, print the best and median seconds per batch and
+ * images/s, and write the first image's mean to OUT for comparison with
+ * PyTorch's. DEVICE is cpu (THREADS threads), cuda:K (strict fp32) or
+ * cuda:K:tf32; on a GPU the time includes copying the batch in and the
+ * moments out (sd_vae_runner, what sd-latents does).
+ * usage: bench_vae VAE_DIR X.f32 H W THREADS REPS OUT.f32 [DEVICE [BATCH]] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +13,9 @@
 #include "backend.h"
 #include "progress.h"
 #include "vae.h"
+#ifdef SDTK_HAVE_CUDA
+#include "sd_cuda.h"
+#endif
 
 /* Ascending order of doubles, for the median. */
 static int cmp_double(const void *a, const void *b)
@@ -18,14 +24,51 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The backend named by DEVICE: the CPU table with a pool, or a CUDA
+ * context; 0 on success. */
+static int open_device(const char *dev, int threads, const sd_backend **be, void **exec, sd_pool **pool,
+                       void **cuda)
+{
+    *pool = NULL;
+    *cuda = NULL;
+    if (strcmp(dev, "cpu") == 0) {
+        *be = sd_backend_cpu();
+        *pool = threads > 1 ? sd_pool_create(threads) : NULL;
+        *exec = *pool;
+        return 0;
+    }
+#ifdef SDTK_HAVE_CUDA
+    int k = 0, tf32 = 0;
+    char mode[16] = "";
+    if (sscanf(dev, "cuda:%d:%15s", &k, mode) >= 1 || strcmp(dev, "cuda") == 0) {
+        tf32 = strcmp(mode, "tf32") == 0;
+        sd_error err = {0};
+        sd_cuda_opts o = {.allow_tf32 = tf32};
+        sd_cuda *c = NULL;
+        if (sd_cuda_create(&c, k, &o, &err)) {
+            fprintf(stderr, "bench_vae: %s\n", err.msg);
+            return 1;
+        }
+        *be = sd_backend_cuda();
+        *exec = c;
+        *cuda = c;
+        return 0;
+    }
+#endif
+    fprintf(stderr, "bench_vae: unknown or unsupported device %s\n", dev);
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 8) {
-        fprintf(stderr, "usage: bench_vae VAE_DIR X.f32 H W THREADS REPS OUT.f32\n");
+    if (argc < 8 || argc > 10) {
+        fprintf(stderr, "usage: bench_vae VAE_DIR X.f32 H W THREADS REPS OUT.f32 [DEVICE [BATCH]]\n");
         return 2;
     }
     int h = atoi(argv[3]), w = atoi(argv[4]), threads = atoi(argv[5]), reps = atoi(argv[6]);
-    if (h < 8 || w < 8 || threads < 1 || reps < 1 || reps > 100) return 2;
+    const char *dev = argc > 8 ? argv[8] : "cpu";
+    int batch = argc > 9 ? atoi(argv[9]) : 1;
+    if (h < 8 || w < 8 || threads < 1 || reps < 1 || reps > 1000 || batch < 1 || batch > 256) return 2;
     sd_vae v;
     sd_error err = {0};
     if (sd_vae_load(&v, argv[1], NULL, &err)) {
@@ -33,44 +76,56 @@ int main(int argc, char **argv)
         return 1;
     }
     size_t px = (size_t)3 * (size_t)h * (size_t)w;
-    float *x = malloc(px * sizeof(float));
+    float *x = malloc(px * (size_t)batch * sizeof(float));
     FILE *f = fopen(argv[2], "rb");
     if (!x || !f || fread(x, sizeof(float), px, f) != px) {
         fprintf(stderr, "bench_vae: cannot read %s\n", argv[2]);
         return 1;
     }
     fclose(f);
+    for (int i = 1; i < batch; i++) memcpy(x + (size_t)i * px, x, px * sizeof(float));
     int lh, lw;
     sd_vae_latent_size(&v.cfg, h, w, &lh, &lw);
-    size_t lat = (size_t)v.cfg.latent_channels * (size_t)lh * (size_t)lw;
-    size_t wsn = sd_vae_workspace_floats(&v, 1, h, w);
-    float *mean = malloc(lat * sizeof(float)), *std = malloc(lat * sizeof(float)), *ws = malloc(wsn * sizeof(float));
+    size_t lat = (size_t)v.cfg.latent_channels * (size_t)lh * (size_t)lw * (size_t)batch;
+    float *mean = malloc(lat * sizeof(float)), *std = malloc(lat * sizeof(float));
     double *ts = calloc((size_t)reps, sizeof(double));
-    if (!mean || !std || !ws || !ts) return 1;
-    sd_pool *pool = threads > 1 ? sd_pool_create(threads) : NULL;
-    const sd_backend *be = sd_backend_cpu();
-    if (sd_vae_encode(&v, be, pool, 1, h, w, x, mean, std, ws, &err)) { /* warm-up: pages, caches */
+    if (!mean || !std || !ts) return 1;
+    const sd_backend *be;
+    void *exec, *cuda;
+    sd_pool *pool;
+    if (open_device(dev, threads, &be, &exec, &pool, &cuda)) return 1;
+    sd_vae_runner run;
+    if (sd_vae_runner_init(&run, &v, be, exec, &err) ||
+        sd_vae_runner_encode(&run, &v, batch, h, w, x, mean, std, &err)) { /* warm-up: pages, algorithm choice */
         fprintf(stderr, "bench_vae: %s\n", err.msg);
         return 1;
     }
     for (int r = 0; r < reps; r++) {
         double t0 = sd_now();
-        sd_vae_encode(&v, be, pool, 1, h, w, x, mean, std, ws, &err);
+        if (sd_vae_runner_encode(&run, &v, batch, h, w, x, mean, std, &err)) {
+            fprintf(stderr, "bench_vae: %s\n", err.msg);
+            return 1;
+        }
         ts[r] = sd_now() - t0;
     }
     qsort(ts, (size_t)reps, sizeof(double), cmp_double);
-    printf("sdtk cpu fp32, %d thread(s): best %.3f s, median %.3f s (workspace %zu MB, weights %zu MB)\n", threads,
-           ts[0], ts[reps / 2], wsn * sizeof(float) >> 20, sd_weights_bytes(&v.w) >> 20);
+    printf("sdtk %s fp32, %d thread(s), batch %d, %dx%d: best %.4f s, median %.4f s, %.2f images/s "
+           "(workspace %zu MB, weights %zu MB)\n",
+           dev, threads, batch, w, h, ts[0], ts[reps / 2], batch / ts[reps / 2],
+           sd_vae_workspace_floats(&v, batch, h, w) * sizeof(float) >> 20, sd_weights_bytes(&v.w) >> 20);
     f = fopen(argv[7], "wb");
     if (f) {
-        fwrite(mean, sizeof(float), lat, f);
+        fwrite(mean, sizeof(float), lat / (size_t)batch, f);
         fclose(f);
     }
+    sd_vae_runner_free(&run);
+#ifdef SDTK_HAVE_CUDA
+    if (cuda) sd_cuda_destroy(cuda);
+#endif
     if (pool) sd_pool_destroy(pool);
     free(x);
     free(mean);
     free(std);
-    free(ws);
     free(ts);
     sd_vae_free(&v);
     return 0;

@@ -85,6 +85,16 @@ CPU_OP(transpose_bwd, (void *exec, int n, int rows, int cols, float *dx, const f
        (pool, n, rows, cols, dx, dy))
 CPU_OP(gauss_std_fwd, (void *exec, size_t n, float *y, const float *x), (pool, n, y, x))
 CPU_OP(gauss_std_bwd, (void *exec, size_t n, float *dx, const float *dy, const float *x), (pool, n, dx, dy, x))
+CPU_OP(adamw_fwd, (void *exec, const sd_adamw_args *a, size_t n, float *p, float *m, float *v, const float *g),
+       (pool, a, n, p, m, v, g))
+CPU_OP(ema_fwd, (void *exec, size_t n, float *ema, const float *p, float w), (pool, n, ema, p, w))
+
+/* The sum is ready on return on the CPU. */
+static double cpu_sum_squares(void *exec, size_t n, const float *x)
+{
+    return sd_sum_squares(exec, n, x);
+}
+
 CPU_OP(embedding_fwd,
        (void *exec, const sd_embedding_shape *s, float *y, const int32_t *ids, const float *tok, const float *pos),
        (pool, s, y, ids, tok, pos))
@@ -180,6 +190,9 @@ static const sd_backend cpu_backend = {
     .gauss_std_bwd = cpu_gauss_std_bwd,
     .embedding_fwd = cpu_embedding_fwd,
     .embedding_bwd = cpu_embedding_bwd,
+    .sum_squares = cpu_sum_squares,
+    .adamw = cpu_adamw_fwd,
+    .ema = cpu_ema_fwd,
 };
 
 /* The table every caller uses until a device backend is chosen. */

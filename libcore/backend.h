@@ -84,6 +84,11 @@ typedef struct {
     void (*gauss_std_bwd)(void *, size_t, float *, const float *, const float *);
     void (*embedding_fwd)(void *, const sd_embedding_shape *, float *, const int32_t *, const float *, const float *);
     void (*embedding_bwd)(void *, const sd_embedding_shape *, float *, float *, const float *, const int32_t *);
+    /* optimizer: sum_squares waits for the queued work and returns the sum
+     * (NaN after a device failure, which sync then reports) */
+    double (*sum_squares)(void *, size_t, const float *);
+    void (*adamw)(void *, const sd_adamw_args *, size_t, float *, float *, float *, const float *);
+    void (*ema)(void *, size_t, float *, const float *, float);
 } sd_backend;
 
 const sd_backend *sd_backend_cpu(void);

@@ -162,3 +162,16 @@ int sd_cli_parse(const sd_cli *cli, int argc, char **argv, sd_strlist *positiona
     }
     return -1;
 }
+
+/* One spelling of devices for every tool: cpu, cuda, cuda:K. */
+int sd_cli_parse_device(const char *s, int *device)
+{
+    if (strcmp(s, "cpu") == 0) return *device = -1, 0;
+    if (strcmp(s, "cuda") == 0) return *device = 0, 0;
+    if (strncmp(s, "cuda:", 5) != 0) return -1;
+    char *end;
+    long k = strtol(s + 5, &end, 10);
+    if (end == s + 5 || *end || k < 0 || k > 1023) return -1;
+    *device = (int)k;
+    return 0;
+}

@@ -37,6 +37,9 @@ int sd_cli_parse(const sd_cli *cli, int argc, char **argv, sd_strlist *positiona
 void sd_cli_usage_error(const sd_cli *cli, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 const char *sd_version(void);
 void sd_strlist_free(sd_strlist *l);
+/* A --device value: "cpu" gives -1, "cuda" 0, "cuda:K" K (0..1023);
+ * returns -1 for anything else. */
+int sd_cli_parse_device(const char *s, int *device);
 int sd_strlist_push(sd_strlist *l, const char *s);
 
 #endif

@@ -146,6 +146,21 @@ void sd_transpose_bwd(sd_pool *pool, int n, int rows, int cols, float *dx, const
 void sd_gauss_std_fwd(sd_pool *pool, size_t n, float *y, const float *x);
 void sd_gauss_std_bwd(sd_pool *pool, size_t n, float *dx, const float *dy, const float *x);
 
+/* Optimizer ops (ops_optim.c), the trainer's step on whichever backend
+ * holds the weights. An AdamW step's constants, computed once per step in
+ * double and rounded as torch rounds them; gscale multiplies each gradient
+ * first (the clipping factor, 1 when none). */
+typedef struct {
+    float decay, b1, b2, step_size, bc2_sqrt, eps, gscale;
+} sd_adamw_args;
+/* Sum of squares of x in double over fixed chunks of 65536 added in
+ * order: the same value for any thread count. */
+double sd_sum_squares(sd_pool *pool, size_t n, const float *x);
+/* p, m, v updated by one AdamW step from gradient g (n floats each). */
+void sd_adamw_fwd(sd_pool *pool, const sd_adamw_args *a, size_t n, float *p, float *m, float *v, const float *g);
+/* ema = ema - one_minus_decay * (ema - p) over n floats. */
+void sd_ema_fwd(sd_pool *pool, size_t n, float *ema, const float *p, float one_minus_decay);
+
 /* Nearest 2x upsample: x [planes, h, w] -> y [planes, 2h, 2w], planes = n*c. */
 void sd_upsample2x_fwd(sd_pool *pool, int planes, int h, int w, float *y, const float *x);
 void sd_upsample2x_bwd(sd_pool *pool, int planes, int h, int w, float *dx, const float *dy);

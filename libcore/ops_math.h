@@ -93,4 +93,25 @@ SDM_FN float sdm_temb_freq(int dim, float freq_shift, float max_period, int i)
     return expf(-logf(max_period) * (float)i / denom);
 }
 
+/* One element of torch's single-tensor AdamW in fp32: decoupled weight
+ * decay (p *= 1 - lr wd), the moments, then p -= lr / bc1 * m / (sqrt(v) /
+ * sqrt(bc2) + eps); g arrives already scaled by the clipping factor. */
+SDM_FN void sdm_adamw(float *p, float *m, float *v, float g, float decay, float b1, float b2, float step_size,
+                      float bc2_sqrt, float eps)
+{
+    float pp = *p * decay;
+    float mm = *m + (g - *m) * (1.0f - b1);
+    float vv = *v * b2 + (1.0f - b2) * g * g;
+    float denom = sqrtf(vv) / bc2_sqrt + eps;
+    *p = pp - step_size * (mm / denom);
+    *m = mm;
+    *v = vv;
+}
+
+/* diffusers' EMAModel step for one weight: ema -= (1 - decay) (ema - p). */
+SDM_FN float sdm_ema(float ema, float p, float one_minus_decay)
+{
+    return ema - one_minus_decay * (ema - p);
+}
+
 #endif

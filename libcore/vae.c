@@ -42,10 +42,10 @@ static size_t max_act(const sd_vae_config *c, int h, int w)
     return out > m ? out : m;
 }
 
-/* Three activation buffers, attention q/k/v and log-sum-exp, norm stats. */
-size_t sd_vae_workspace_floats(const sd_vae *v, int n, int h, int w)
+/* Three activation buffers, attention q/k/v and log-sum-exp, norm stats,
+ * for n images in one pass. */
+size_t sd_vae_batch_workspace_floats(const sd_vae *v, int n, int h, int w)
 {
-    n = 1; /* sd_vae_encode runs one image at a time */
     const sd_vae_config *c = &v->cfg;
     int lh, lw;
     sd_vae_latent_size(c, h, w, &lh, &lw);
@@ -53,6 +53,13 @@ size_t sd_vae_workspace_floats(const sd_vae *v, int n, int h, int w)
     size_t big = (size_t)n * max_act(c, h, w);
     size_t attn = c->mid_attention ? (size_t)n * (3 * t * top + t) : 0;
     return 3 * big + attn + 2 * (size_t)n * (size_t)c->groups;
+}
+
+/* sd_vae_encode runs one image at a time: one image's scratch. */
+size_t sd_vae_workspace_floats(const sd_vae *v, int n, int h, int w)
+{
+    (void)n;
+    return sd_vae_batch_workspace_floats(v, 1, h, w);
 }
 
 /* What every layer needs: the backend, its exec context, weights, batch
@@ -203,6 +210,19 @@ sd_status sd_vae_encode_on(const sd_vae *v, const sd_backend *be, void *exec, co
     for (int i = 0; i < n; i++)
         encode_batch(v, be, exec, params, 1, h, w, x + (size_t)i * px, mean + (size_t)i * lat, std + (size_t)i * lat,
                      ws);
+    return be->sync(exec, err);
+}
+
+/* All n images in one pass: what keeps a GPU busy (one 512x512 image does
+ * not fill it). An image's latents may differ in the last bits from the
+ * same image's in a batch of another size (the convolution algorithms
+ * chosen depend on the batch size), so callers use fixed batch boundaries
+ * when results must be reproducible. */
+sd_status sd_vae_encode_batch_on(const sd_vae *v, const sd_backend *be, void *exec, const float *params, int n,
+                                 int h, int w, const float *x, float *mean, float *std, float *ws, sd_error *err)
+{
+    if (n < 1 || h < 3 || w < 3) return sd_err_set(err, SD_EINVAL, "VAE encode: bad input size %dx%dx%d", n, h, w);
+    encode_batch(v, be, exec, params, n, h, w, x, mean, std, ws);
     return be->sync(exec, err);
 }
 

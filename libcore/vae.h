@@ -84,8 +84,11 @@ void sd_vae_free(sd_vae *v);
 
 /* Latent size for an h x w image. */
 void sd_vae_latent_size(const sd_vae_config *cfg, int h, int w, int *lh, int *lw);
-/* Floats of scratch memory sd_vae_encode needs for n images of h x w. */
+/* Floats of scratch memory sd_vae_encode needs for n images of h x w (it
+ * runs them one at a time: the same for any n). */
 size_t sd_vae_workspace_floats(const sd_vae *v, int n, int h, int w);
+/* Floats of scratch memory sd_vae_encode_batch_on needs for n images. */
+size_t sd_vae_batch_workspace_floats(const sd_vae *v, int n, int h, int w);
 /* x [n, 3, h, w] in [-1, 1] -> mean, std [n, latent, lh, lw] (the
  * unscaled posterior; multiply by scaling_factor when sampling). ws holds
  * sd_vae_workspace_floats floats. */
@@ -96,15 +99,25 @@ sd_status sd_vae_encode(const sd_vae *v, const sd_backend *be, sd_pool *pool, in
  * v->w.total floats). Returns the backend's sync status. */
 sd_status sd_vae_encode_on(const sd_vae *v, const sd_backend *be, void *exec, const float *params, int n, int h,
                            int w, const float *x, float *mean, float *std, float *ws, sd_error *err);
+/* All n images in one pass (a GPU's way: one image does not fill it); ws
+ * holds sd_vae_batch_workspace_floats(v, n, h, w) floats. Latents may
+ * differ in the last bits from sd_vae_encode_on's. */
+sd_status sd_vae_encode_batch_on(const sd_vae *v, const sd_backend *be, void *exec, const float *params, int n,
+                                 int h, int w, const float *x, float *mean, float *std, float *ws, sd_error *err);
 
 /* The encoder on any backend from host buffers (vae_runner.c): parameters
  * copied into the backend's memory once by init; encode copies x [n, 3, h,
  * w] in, runs sd_vae_encode_on on buffers the runner keeps (grown on
  * demand) and copies mean and std out. Switching a tool from the CPU to a
- * GPU is replacing sd_vae_encode by sd_vae_runner_encode. */
+ * GPU is replacing sd_vae_encode by sd_vae_runner_encode. On the CPU the
+ * images go one at a time (sd_vae_encode_on: bit-identical to
+ * sd_vae_encode); on any other backend the batch goes in one pass
+ * (sd_vae_encode_batch_on), or one at a time when its scratch does not fit
+ * in the device's memory. */
 typedef struct {
     const sd_backend *be;
     void *exec;
+    int whole_batch; /* 1: sd_vae_encode_batch_on */
     float *params, *ws, *x, *mean, *std; /* the backend's memory */
     size_t ws_cap, x_cap, mean_cap, std_cap;
 } sd_vae_runner;

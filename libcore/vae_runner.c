@@ -39,6 +39,7 @@ sd_status sd_vae_runner_init(sd_vae_runner *r, const sd_vae *v, const sd_backend
     memset(r, 0, sizeof *r);
     r->be = be;
     r->exec = exec;
+    r->whole_batch = be != sd_backend_cpu();
     size_t cap = 0;
     sd_status st = grow(r, &r->params, &cap, v->w.total, "parameters", err);
     if (st) return st;
@@ -56,13 +57,21 @@ sd_status sd_vae_runner_encode(sd_vae_runner *r, const sd_vae *v, int n, int h, 
     sd_vae_latent_size(&v->cfg, h, w, &lh, &lw);
     size_t px = (size_t)n * 3 * (size_t)h * (size_t)w;
     size_t lat = (size_t)n * (size_t)v->cfg.latent_channels * (size_t)lh * (size_t)lw;
-    sd_status st = grow(r, &r->ws, &r->ws_cap, sd_vae_workspace_floats(v, n, h, w), "workspace", err);
+    int whole = r->whole_batch && n > 1;
+    sd_status st = SD_ENOMEM;
+    if (whole) { /* too big for the device: one image at a time */
+        sd_error why = {0};
+        st = grow(r, &r->ws, &r->ws_cap, sd_vae_batch_workspace_floats(v, n, h, w), "workspace", &why);
+        whole = st == SD_OK;
+    }
+    if (!whole) st = grow(r, &r->ws, &r->ws_cap, sd_vae_workspace_floats(v, n, h, w), "workspace", err);
     if (!st) st = grow(r, &r->x, &r->x_cap, px, "image buffer", err);
     if (!st) st = grow(r, &r->mean, &r->mean_cap, lat, "latent buffer", err);
     if (!st) st = grow(r, &r->std, &r->std_cap, lat, "latent buffer", err);
     if (st) return st;
     r->be->h2d(r->exec, r->x, x, px * sizeof(float));
-    st = sd_vae_encode_on(v, r->be, r->exec, r->params, n, h, w, r->x, r->mean, r->std, r->ws, err);
+    st = (whole ? sd_vae_encode_batch_on : sd_vae_encode_on)(v, r->be, r->exec, r->params, n, h, w, r->x, r->mean,
+                                                              r->std, r->ws, err);
     if (st) return st;
     r->be->d2h(r->exec, mean, r->mean, lat * sizeof(float));
     r->be->d2h(r->exec, std, r->std, lat * sizeof(float));

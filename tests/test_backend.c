@@ -32,7 +32,7 @@
     X(quick_gelu_fwd) X(quick_gelu_bwd) X(geglu_fwd) X(geglu_bwd) X(scale_fwd) X(scale_bwd) X(mul_fwd) X(mul_bwd)   \
     X(concat_fwd) X(concat_bwd) X(add_bcast_channel_fwd) X(add_bcast_channel_bwd) X(timestep_emb_fwd)              \
     X(timestep_emb_bwd) X(transpose_fwd) X(transpose_bwd) X(gauss_std_fwd) X(gauss_std_bwd) X(embedding_fwd)       \
-    X(embedding_bwd)
+    X(embedding_bwd) X(sum_squares) X(adamw) X(ema)
 
 #define COUNT_ONE(m) +1
 #define CHECK_ONE(m)                                                                                                 \
@@ -203,6 +203,16 @@ static void test_vae_runner(void)
             for (size_t i = 0; i < nl; i++) e = fmax(e, fabs((double)m2[i] - (double)((const float *)em->data)[i]));
             CHECK(e < 1e-4);
             CHECK(sd_vae_runner_encode(&r, &v, 0, h, w, x->data, m2, s2, &err) == SD_EINVAL);
+            /* the whole batch in one pass (a GPU runner's way): the same
+             * function, to rounding */
+            r.whole_batch = 1;
+            memset(m2, 0, nl * sizeof(float));
+            CHECK(sd_vae_runner_encode(&r, &v, n, h, w, x->data, m2, s2, &err) == SD_OK);
+            double eb = 0;
+            for (size_t i = 0; i < nl; i++)
+                eb = fmax(eb, fmax(fabs((double)m2[i] - (double)m1[i]), fabs((double)s2[i] - (double)s1[i])));
+            CHECK(eb < 1e-5);
+            CHECK(r.ws_cap >= sd_vae_batch_workspace_floats(&v, n, h, w));
             sd_vae_runner_free(&r);
             sd_vae_runner_free(&r); /* twice is harmless */
         }

@@ -101,15 +101,8 @@ int main(int argc, char **argv)
     if (clip_skip < 0 || clip_skip > 48) bad = usage_msg(msg, sizeof msg, "--clip-skip must be 0..48");
     if (o.tokenizer && !o.text_model) bad = usage_msg(msg, sizeof msg, "--tokenizer needs --text");
     if (o.scale < 0) bad = usage_msg(msg, sizeof msg, "--scale must be positive");
-    o.cuda_device = -1;
-    if (strcmp(o.device, "cpu") != 0) {
-        char *end;
-        const char *k = strncmp(o.device, "cuda:", 5) == 0 ? o.device + 5 : NULL;
-        long dev = k ? strtol(k, &end, 10) : -1;
-        if (!k || end == k || *end || dev < 0 || dev > 1023)
-            bad = usage_msg(msg, sizeof msg, "--device %s: expected cpu or cuda:K", o.device);
-        o.cuda_device = (int)dev;
-    }
+    if (sd_cli_parse_device(o.device, &o.cuda_device))
+        bad = usage_msg(msg, sizeof msg, "--device %s: expected cpu or cuda:K", o.device);
     if (bad) {
         sd_cli_usage_error(&cli, "%s", msg);
         sd_strlist_free(&pos);

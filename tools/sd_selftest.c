@@ -20,6 +20,7 @@
 #include "pool.h"
 #include "progress.h"
 #include "safetensors.h"
+#include "selftest_unet.h"
 #include "vae.h"
 #ifdef SDTK_HAVE_CUDA
 #include "sd_cuda.h"
@@ -27,6 +28,9 @@
 
 #ifndef SDTK_GOLDEN_VAE
 #define SDTK_GOLDEN_VAE "tests/golden/vae/sd"
+#endif
+#ifndef SDTK_GOLDEN_UNET
+#define SDTK_GOLDEN_UNET "tests/golden/unet"
 #endif
 
 enum { EXIT_NO_GPU = 4, MAXB = 12 };
@@ -76,6 +80,8 @@ static const sd_attn_shape at_causal = {.b = 1, .heads = 2, .tq = 100, .tk = 100
                                         .scale = 0.125f};
 static const sd_attn_shape at_vae = {.b = 1, .heads = 1, .tq = 256, .tk = 256, .d = 512, .causal = 0,
                                      .scale = 0.0441941738f};
+static const sd_attn_shape at_vae_odd = {.b = 2, .heads = 1, .tq = 300, .tk = 300, .d = 512, .causal = 0,
+                                         .scale = 0.0441941738f};
 static const sd_concat_shape cat_shape = {.n = 2, .c1 = 3, .c2 = 5, .hw = 37};
 static const sd_temb_shape temb_shape = {.n = 6, .dim = 321, .flip_sin_to_cos = 1, .freq_shift = 0.0f, .scale = 1.0f,
                                          .max_period = 10000.0f};
@@ -156,6 +162,8 @@ static void at_causal_fwd(const target *t, float **p) { attn_fwd(t, &at_causal, 
 static void at_causal_bwd(const target *t, float **p) { attn_bwd(t, &at_causal, p); }
 static void at_vae_fwd(const target *t, float **p) { attn_fwd(t, &at_vae, p); }
 static void at_vae_bwd(const target *t, float **p) { attn_bwd(t, &at_vae, p); }
+static void at_vae_odd_fwd(const target *t, float **p) { attn_fwd(t, &at_vae_odd, p); }
+static void at_vae_odd_bwd(const target *t, float **p) { attn_bwd(t, &at_vae_odd, p); }
 
 /* Activations: x | y | dx | dy. */
 static void silu_f(const target *t, float **p) { t->be->silu_fwd(t->ex, ELEM_N, p[1], p[0]); }
@@ -186,6 +194,17 @@ static void tr_f(const target *t, float **p) { t->be->transpose_fwd(t->ex, TR_N,
 static void tr_b(const target *t, float **p) { t->be->transpose_bwd(t->ex, TR_N, TR_R, TR_C, p[2], p[3]); }
 static void temb_f(const target *t, float **p) { t->be->timestep_emb_fwd(t->ex, &temb_shape, p[1], p[0]); }
 static void temb_b(const target *t, float **p) { t->be->timestep_emb_bwd(t->ex, &temb_shape, p[2], p[3], p[0]); }
+
+/* Optimizer: p m v (updated in place) | g | sum of squares / n | ema. */
+static const sd_adamw_args adamw_args = {.decay = 0.9999f, .b1 = 0.9f, .b2 = 0.999f, .step_size = 1e-3f,
+                                         .bc2_sqrt = 0.0447f, .eps = 1e-8f, .gscale = 0.7f};
+static void opt_f(const target *t, float **p)
+{
+    float mean_sq = (float)(t->be->sum_squares(t->ex, ELEM_N, p[3]) / ELEM_N);
+    t->be->h2d(t->ex, p[4], &mean_sq, sizeof mean_sq);
+    t->be->adamw(t->ex, &adamw_args, ELEM_N, p[0], p[1], p[2], p[3]);
+}
+static void opt_b(const target *t, float **p) { t->be->ema(t->ex, ELEM_N, p[5], p[0], 0.05f); }
 
 /* Broadcast add: x b | y | dx db | dy. */
 static void bc_f(const target *t, float **p)
@@ -378,6 +397,7 @@ static int check_ops(const target *dev, const target *ref, double tol)
         ATTN_CASE("attention cross", at_cross, at_cross_fwd, at_cross_bwd),
         ATTN_CASE("attention causal", at_causal, at_causal_fwd, at_causal_bwd),
         ATTN_CASE("attention d=512 (VAE)", at_vae, at_vae_fwd, at_vae_bwd),
+        ATTN_CASE("attention d=512 T=300 b=2", at_vae_odd, at_vae_odd_fwd, at_vae_odd_bwd),
         UNARY_CASE("silu", ELEM_N, ELEM_N, -8, 8, silu_f, silu_b),
         UNARY_CASE("gelu", ELEM_N, ELEM_N, -8, 8, gelu_f, gelu_b),
         UNARY_CASE("quick_gelu", ELEM_N, ELEM_N, -8, 8, qgelu_f, qgelu_b),
@@ -412,6 +432,17 @@ static int check_ops(const target *dev, const target *ref, double tol)
           {"dy", SZ(BC_N) * BC_C * BC_HW, IN, -1, 1}},
          bc_f,
          bc_b,
+         0},
+        {"sum_squares + adamw / ema",
+         6,
+         {{"p", ELEM_N, GRAD, -1, 1},
+          {"m", ELEM_N, GRAD, -0.1f, 0.1f},
+          {"v", ELEM_N, GRAD, 0, 0.01f},
+          {"g", ELEM_N, IN, -1, 1},
+          {"mean_sq", 1, OUT, 0, 0},
+          {"ema", ELEM_N, GRAD, -1, 1}},
+         opt_f,
+         opt_b,
          0},
         {"embedding",
          7,
@@ -899,28 +930,17 @@ static int plan(size_t conv_ws_cap)
     return rc ? SD_EXIT_FATAL : SD_EXIT_OK;
 }
 
-/* "cuda:K", "cuda" (device 0) or "cpu"; *dev = -1 for the CPU. */
-static int parse_device(const char *s, int *dev)
-{
-    if (strcmp(s, "cpu") == 0) return *dev = -1, 0;
-    if (strcmp(s, "cuda") == 0) return *dev = 0, 0;
-    if (strncmp(s, "cuda:", 5) != 0) return -1;
-    char *end;
-    long k = strtol(s + 5, &end, 10);
-    if (end == s + 5 || *end || k < 0 || k > 1023) return -1;
-    *dev = (int)k;
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
-    const char *device = "cuda:0", *golden = SDTK_GOLDEN_VAE;
+    const char *device = "cuda:0", *golden = SDTK_GOLDEN_VAE, *golden_unet = SDTK_GOLDEN_UNET;
     int no_probe = 0, tf32 = 0, do_plan = 0;
     long threads = 0;
     const sd_opt opts[] = {
         {"device", 'd', SD_OPT_STR, &device, "DEV", "cuda:K (default cuda:0), or cpu to check the harness itself"},
         {"golden", 0, SD_OPT_STR, &golden, "DIR",
          "tiny golden VAE folder (vae/ + expected.safetensors; default: the source tree's tests/golden/vae/sd)"},
+        {"golden-unet", 0, SD_OPT_STR, &golden_unet, "DIR",
+         "tiny golden UNets (sd1/, sdxl/; default: the source tree's tests/golden/unet)"},
         {"no-probe", 0, SD_OPT_FLAG, &no_probe, NULL, "skip the throughput probe"},
         {"tf32", 0, SD_OPT_FLAG, &tf32, NULL, "allow TF32 tensor cores (checked with a 2e-2 tolerance)"},
         {"threads", 'j', SD_OPT_INT, &threads, "N", "CPU threads for the reference (default: all CPUs)"},
@@ -931,7 +951,7 @@ int main(int argc, char **argv)
     sd_cli cli = {"sd-selftest", "[OPTIONS]",
                   "Run every engine op (forward and backward) on a device and on the CPU reference with the same "
                   "random inputs and print the largest absolute and relative differences per op with pass/fail; "
-                  "encode the tiny golden VAE on the device against diffusers' values; then a short throughput "
+                  "encode the tiny golden VAE on the device against diffusers' values; one training micro-batch of the tiny golden SD and SDXL UNets through the trainer on the device against the CPU (loss and every gradient); then a short throughput "
                   "probe (a 512x512 convolution, a 4096^3 GEMM, the VAE's attention, VAE encodes). Exit 0 when "
                   "everything passed, 1 when a check failed, 4 when there is no usable GPU or this build has no "
                   "CUDA backend.",
@@ -950,7 +970,7 @@ int main(int argc, char **argv)
         sd_cli_usage_error(&cli, "no positional arguments expected");
         return SD_EXIT_USAGE;
     }
-    if (parse_device(device, &dev)) {
+    if (sd_cli_parse_device(device, &dev)) {
         sd_cli_usage_error(&cli, "--device %s: expected cuda:K or cpu", device);
         return SD_EXIT_USAGE;
     }
@@ -998,8 +1018,14 @@ int main(int argc, char **argv)
     if (dev < 0) printf("device cpu: the CPU backend on one thread against the pool (a check of the harness)\n");
     int fails = check_ops(&t, &ref, tol);
     int vae = fails < 0 ? -1 : check_vae(&t, golden, tf32 ? 2e-2 : 1e-4);
+    int unet = 1;
+    const char *unets[] = {"sd1", "sdxl"};
+    for (int i = 0; i < 2 && vae >= 0 && unet >= 0; i++) {
+        int r = selftest_unet(golden_unet, unets[i], dev, tf32, tf32 ? 2e-2 : 1e-4);
+        unet = r < 0 ? -1 : unet && r;
+    }
     int probe_rc = 0;
-    if (fails >= 0 && vae >= 0 && !no_probe && dev >= 0) probe_rc = probe(&t);
+    if (fails >= 0 && vae >= 0 && unet >= 0 && !no_probe && dev >= 0) probe_rc = probe(&t);
 #ifdef SDTK_HAVE_CUDA
     if (cu) {
         sd_cuda_mem m;
@@ -1010,11 +1036,11 @@ int main(int argc, char **argv)
     }
 #endif
     sd_pool_destroy(pool);
-    if (fails < 0 || vae < 0 || probe_rc) {
+    if (fails < 0 || vae < 0 || unet < 0 || probe_rc) {
         printf("sd-selftest: stopped by an error (above)\n");
         return SD_EXIT_FATAL;
     }
-    printf("sd-selftest: %d op case%s failed, golden VAE %s\n", fails, fails == 1 ? "" : "s",
-           vae ? "passed" : "FAILED");
-    return fails || !vae ? 1 : SD_EXIT_OK;
+    printf("sd-selftest: %d op case%s failed, golden VAE %s, tiny UNets %s\n", fails, fails == 1 ? "" : "s",
+           vae ? "passed" : "FAILED", unet ? "passed" : "FAILED");
+    return fails || !vae || !unet ? 1 : SD_EXIT_OK;
 }

@@ -218,6 +218,8 @@ static sd_status save_local(sd_trainer *tr, sd_error *err)
  * completed; then all ranks learn whether the write worked. */
 sd_status sd_train_save(sd_trainer *tr, sd_error *err)
 {
+    sd_status hs = sd_train_sync_host(tr, err); /* a GPU run's state into the host buffers */
+    if (hs) return hs;
     if (tr->world <= 1) return save_local(tr, err);
     int ok = 1;
     sd_status rc = sd_dist_all_ok(1, &ok, err);
@@ -374,6 +376,8 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
         }
     }
     memset(tr->grad, 0, n * sizeof(float));
+    tr->dev_stale = tr->cuda != NULL; /* a GPU run uploads the loaded state before its next step */
+    tr->host_stale = 0;
     sd_st_close(st);
     if (!rc && !tr->o.quiet) sd_log(SD_LOG_INFO, "resumed from %s at step %ld", ck, tr->step);
     return rc;

@@ -2,102 +2,44 @@
 #include "optim.h"
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
-enum { NORM_CHUNK = 1 << 16 };
+#include "ops_cpu.h"
 
-/* Work of one AdamW call. */
-typedef struct {
-    const sd_adamw_opts *o;
-    float *p, *m, *v;
-    const float *g;
-    float decay, b1, b2, step_size, bc2_sqrt, eps;
-} adamw_ctx;
-
-/* torch's single-tensor AdamW arithmetic in fp32 on one slice. */
-static void adamw_range(void *vctx, int worker, size_t begin, size_t end)
+/* The per-step constants of AdamW: bias corrections in double, rounded
+ * to fp32 as torch's single-tensor path does. */
+sd_adamw_args sd_adamw_args_at(const sd_adamw_opts *o, double lr, long step, double gscale)
 {
-    const adamw_ctx *c = vctx;
-    (void)worker;
-    for (size_t i = begin; i < end; i++) {
-        float g = c->g[i];
-        float p = c->p[i] * c->decay;
-        float m = c->m[i] + (g - c->m[i]) * (1.0f - c->b1);
-        float v = c->v[i] * c->b2 + (1.0f - c->b2) * g * g;
-        float denom = sqrtf(v) / c->bc2_sqrt + c->eps;
-        c->p[i] = p - c->step_size * (m / denom);
-        c->m[i] = m;
-        c->v[i] = v;
-    }
+    double bc1 = 1.0 - pow(o->beta1, (double)step), bc2 = 1.0 - pow(o->beta2, (double)step);
+    sd_adamw_args a = {.decay = (float)(1.0 - lr * o->weight_decay), .b1 = (float)o->beta1, .b2 = (float)o->beta2,
+                       .step_size = (float)(lr / bc1), .bc2_sqrt = (float)sqrt(bc2), .eps = (float)o->eps,
+                       .gscale = (float)gscale};
+    return a;
 }
 
-/* Bias corrections in double, the element loop in fp32. */
+/* One AdamW step on the host. */
 void sd_adamw_step(sd_pool *pool, const sd_adamw_opts *o, double lr, long step, float *p, float *m, float *v,
                    const float *g, size_t n)
 {
-    double bc1 = 1.0 - pow(o->beta1, (double)step), bc2 = 1.0 - pow(o->beta2, (double)step);
-    adamw_ctx c = {.o = o, .p = p, .m = m, .v = v, .g = g, .decay = (float)(1.0 - lr * o->weight_decay),
-                   .b1 = (float)o->beta1, .b2 = (float)o->beta2, .step_size = (float)(lr / bc1),
-                   .bc2_sqrt = (float)sqrt(bc2), .eps = (float)o->eps};
-    sd_pool_for(pool, n, adamw_range, &c);
+    sd_adamw_args a = sd_adamw_args_at(o, lr, step, 1.0);
+    sd_adamw_fwd(pool, &a, n, p, m, v, g);
 }
 
-/* Work of one norm or scale call. */
-typedef struct {
-    float *g;
-    size_t n;
-    double *part;
-    float scale;
-} norm_ctx;
-
-/* Sum of squares of fixed chunks, in double. */
-static void sumsq_range(void *vctx, int worker, size_t begin, size_t end)
+/* torch's clip_grad_norm_ factor for a norm: max_norm / (norm + 1e-6)
+ * when that is below 1, else 1 (and 1 for a non-finite norm). */
+double sd_clip_factor(double norm, double max_norm)
 {
-    const norm_ctx *c = vctx;
-    (void)worker;
-    for (size_t k = begin; k < end; k++) {
-        size_t a = k * NORM_CHUNK, b = a + NORM_CHUNK < c->n ? a + NORM_CHUNK : c->n;
-        double s = 0;
-        for (size_t i = a; i < b; i++) s += (double)c->g[i] * (double)c->g[i];
-        c->part[k] = s;
-    }
+    if (!(max_norm > 0) || !isfinite(norm)) return 1.0;
+    double coef = max_norm / (norm + 1e-6);
+    return coef < 1.0 ? coef : 1.0;
 }
 
-/* g *= scale on one slice. */
-static void scale_range(void *vctx, int worker, size_t begin, size_t end)
-{
-    const norm_ctx *c = vctx;
-    (void)worker;
-    for (size_t i = begin; i < end; i++) c->g[i] *= c->scale;
-}
-
-/* Chunk sums added in order: the same norm for any thread count. */
+/* Norm from the chunked sum of squares, then g scaled in place. */
 double sd_grad_clip(sd_pool *pool, float *g, size_t n, double max_norm)
 {
-    size_t nk = (n + NORM_CHUNK - 1) / NORM_CHUNK;
-    double *part = calloc(nk ? nk : 1, sizeof(double)), total = 0;
-    if (!part) {
-        /* no memory for the partials: one thread, same chunk order */
-        for (size_t k = 0; k < nk; k++) {
-            double s = 0;
-            for (size_t i = k * NORM_CHUNK; i < n && i < (k + 1) * NORM_CHUNK; i++) s += (double)g[i] * g[i];
-            total += s;
-        }
-    } else {
-        norm_ctx c = {.g = g, .n = n, .part = part};
-        sd_pool_for(pool, nk, sumsq_range, &c);
-        for (size_t k = 0; k < nk; k++) total += part[k];
-        free(part);
-    }
-    double norm = sqrt(total);
-    if (max_norm > 0 && isfinite(norm)) {
-        double coef = max_norm / (norm + 1e-6);
-        if (coef < 1.0) {
-            norm_ctx c = {.g = g, .n = n, .scale = (float)coef};
-            sd_pool_for(pool, n, scale_range, &c);
-        }
-    }
+    double norm = sqrt(sd_sum_squares(pool, n, g));
+    double coef = sd_clip_factor(norm, max_norm);
+    if (coef < 1.0) sd_scale_fwd(pool, n, g, g, (float)coef);
     return norm;
 }
 
@@ -110,26 +52,10 @@ double sd_ema_decay(double max_decay, long n)
     return d < max_decay ? d : max_decay;
 }
 
-/* Work of one EMA update. */
-typedef struct {
-    float *ema;
-    const float *p;
-    float w;
-} ema_ctx;
-
-/* The shadow weights pulled towards the model's by 1 - decay. */
-static void ema_range(void *vctx, int worker, size_t begin, size_t end)
-{
-    const ema_ctx *c = vctx;
-    (void)worker;
-    for (size_t i = begin; i < end; i++) c->ema[i] -= c->w * (c->ema[i] - c->p[i]);
-}
-
 /* One EMAModel.step over the flat buffers. */
 void sd_ema_update(sd_pool *pool, float *ema, const float *p, size_t n, double decay)
 {
-    ema_ctx c = {.ema = ema, .p = p, .w = (float)(1.0 - decay)};
-    sd_pool_for(pool, n, ema_range, &c);
+    sd_ema_fwd(pool, n, ema, p, (float)(1.0 - decay));
 }
 
 /* diffusers' schedule lambdas times the base rate. */

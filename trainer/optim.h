@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 
+#include "ops_cpu.h"
 #include "pool.h"
 
 typedef struct {
@@ -21,6 +22,12 @@ typedef struct {
  * (sqrt(v) / sqrt(1 - b2^step) + eps). */
 void sd_adamw_step(sd_pool *pool, const sd_adamw_opts *o, double lr, long step, float *p, float *m, float *v,
                    const float *g, size_t n);
+/* The same step's constants for a backend's adamw op, with the gradient
+ * scaled by gscale (the clipping factor) as it is read. */
+sd_adamw_args sd_adamw_args_at(const sd_adamw_opts *o, double lr, long step, double gscale);
+/* torch's clip_grad_norm_ factor: min(1, max_norm / (norm + 1e-6)); 1
+ * without clipping (max_norm <= 0) or for a non-finite norm. */
+double sd_clip_factor(double norm, double max_norm);
 
 /* L2 norm of g (n floats); with max_norm > 0 scale g by min(1, max_norm /
  * (norm + 1e-6)) as torch's clip_grad_norm_ does. Returns the norm before

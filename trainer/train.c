@@ -9,6 +9,9 @@
 #include "log.h"
 #include "progress.h"
 #include "safetensors.h"
+#ifdef SDTK_HAVE_CUDA
+#include "sd_cuda.h"
+#endif
 
 /* diffusers train_text_to_image.py defaults. */
 void sd_train_opts_default(sd_train_opts *o)
@@ -25,6 +28,7 @@ void sd_train_opts_default(sd_train_opts *o)
     o->ema_every = 1;
     o->keep = 2;
     o->threads = 1;
+    o->device = -1;
 }
 
 /* The model: loaded, or built from a config and initialised. */
@@ -45,6 +49,50 @@ static sd_status open_model(sd_trainer *tr, sd_error *err)
         snprintf(tr->unet.layout, sizeof tr->unet.layout, "new (seed %llu)", (unsigned long long)o->init_seed);
     }
     return rc;
+}
+
+/* The backend the UNet runs on: the CPU table on the pool (the weights and
+ * gradients are the host buffers), or a CUDA context with device copies of
+ * the weights and gradients. */
+static sd_status open_backend(sd_trainer *tr, sd_error *err)
+{
+    tr->be = sd_backend_cpu();
+    tr->exec = tr->pool;
+    tr->d_w = tr->unet.w.data;
+    tr->d_grad = tr->grad;
+    tr->d_m = tr->m;
+    tr->d_v = tr->v;
+    tr->d_ema = tr->ema;
+    if (tr->o.device < 0) return SD_OK;
+#ifdef SDTK_HAVE_CUDA
+    sd_cuda_opts co = {.allow_tf32 = tr->o.tf32};
+    sd_cuda *c = NULL;
+    sd_status rc = sd_cuda_create(&c, tr->o.device, &co, err);
+    if (rc) return rc;
+    tr->cuda = c;
+    tr->be = sd_backend_cuda();
+    tr->exec = c;
+    size_t bytes = tr->unet.w.total * sizeof(float);
+    float **bufs[] = {&tr->d_w, &tr->d_grad, &tr->d_m, &tr->d_v, &tr->d_ema};
+    int nb = tr->ema ? 5 : 4;
+    tr->d_ema = NULL;
+    for (int i = 0; i < nb; i++) {
+        *bufs[i] = tr->be->alloc(c, bytes);
+        if (!*bufs[i]) {
+            for (int j = 0; j < i; j++) tr->be->release(c, *bufs[j]);
+            tr->d_w = tr->d_grad = tr->d_m = tr->d_v = tr->d_ema = NULL;
+            return sd_err_set(err, SD_ENOMEM, "cuda:%d: no room for the weights, gradients and AdamW moments "
+                              "(%d x %zu MiB)", tr->o.device, nb, bytes >> 20);
+        }
+    }
+    tr->be->zero(c, tr->d_grad, bytes);
+    tr->dev_stale = 1;
+    return tr->be->sync(c, err);
+#else
+    return sd_err_set(err, SD_EUNSUPPORTED,
+                      "--device cuda:%d: this build has no CUDA backend (configure where nvcc and cuDNN are installed)",
+                      tr->o.device);
+#endif
 }
 
 /* Everything a run needs before its first step. */
@@ -71,8 +119,12 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
     sd_ddpm_init(&tr->sched, 0.00085, 0.012);
     sd_rng_seed(&tr->rng, o->seed);
     sd_tally_init(&tr->tally, 5);
-    tr->be = sd_backend_cpu();
     tr->pool = o->threads > 1 ? sd_pool_create(o->threads) : NULL;
+    rc = open_backend(tr, err);
+    if (rc) {
+        sd_trainer_close(tr);
+        return rc;
+    }
     tr->loss_ema = NAN;
     tr->rank = sd_dist_rank();
     tr->world = sd_dist_world();
@@ -90,6 +142,15 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
 /* Free everything. */
 void sd_trainer_close(sd_trainer *tr)
 {
+    if (tr->cuda) {
+        float **dev[] = {&tr->d_w, &tr->d_grad, &tr->d_m, &tr->d_v, &tr->d_ema, &tr->d_act, &tr->d_dact, &tr->d_dout};
+        for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+            if (*dev[i]) tr->be->release(tr->exec, *dev[i]);
+#ifdef SDTK_HAVE_CUDA
+        sd_cuda_destroy(tr->cuda);
+#endif
+    }
+    free(tr->stage);
     sd_unet_free(&tr->unet);
     free(tr->m);
     free(tr->v);
@@ -121,16 +182,27 @@ static sd_status prepare(sd_trainer *tr, int n, int h, int w, int tctx, sd_error
     tr->gw = w;
     tr->gt = tctx;
     if (tr->g.nact > tr->act_cap || tr->g.ndact > tr->dact_cap) {
-        free(tr->act);
-        free(tr->dact);
         tr->act_cap = tr->g.nact > tr->act_cap ? tr->g.nact : tr->act_cap;
         tr->dact_cap = tr->g.ndact > tr->dact_cap ? tr->g.ndact : tr->dact_cap;
-        tr->act = calloc(tr->act_cap, sizeof(float));
-        tr->dact = malloc(tr->dact_cap * sizeof(float));
-        if (!tr->act || !tr->dact) {
+        if (tr->cuda) {
+            if (tr->d_act) tr->be->release(tr->exec, tr->d_act);
+            if (tr->d_dact) tr->be->release(tr->exec, tr->d_dact);
+            tr->d_act = tr->be->alloc(tr->exec, tr->act_cap * sizeof(float));
+            tr->d_dact = tr->be->alloc(tr->exec, tr->dact_cap * sizeof(float));
+            if (tr->d_act) tr->be->zero(tr->exec, tr->d_act, tr->act_cap * sizeof(float));
+        } else {
+            free(tr->act);
+            free(tr->dact);
+            tr->act = calloc(tr->act_cap, sizeof(float));
+            tr->dact = malloc(tr->dact_cap * sizeof(float));
+            tr->d_act = tr->act;
+            tr->d_dact = tr->dact;
+        }
+        if (!tr->d_act || !tr->d_dact) {
+            size_t mb = (tr->act_cap + tr->dact_cap) * sizeof(float) >> 20;
             tr->act_cap = tr->dact_cap = 0;
-            return sd_err_set(err, SD_ENOMEM, "out of memory for UNet activations (%zu MB)",
-                              (tr->g.nact + tr->g.ndact) * sizeof(float) >> 20);
+            return sd_err_set(err, SD_ENOMEM, "out of %s memory for UNet activations (%zu MiB)",
+                              tr->cuda ? "GPU" : "host", mb);
         }
     }
     size_t io = (size_t)n * (size_t)tr->unet.cfg.in_channels * (size_t)h * (size_t)w;
@@ -139,14 +211,52 @@ static sd_status prepare(sd_trainer *tr, int n, int h, int w, int tctx, sd_error
         free(tr->target);
         free(tr->dout);
         free(tr->t);
+        free(tr->stage);
+        if (tr->cuda && tr->d_dout) tr->be->release(tr->exec, tr->d_dout);
         tr->noise = malloc(io * sizeof(float));
         tr->target = malloc(io * sizeof(float));
         tr->dout = malloc(io * sizeof(float));
         tr->t = malloc(io * sizeof(int)); /* io >= n */
-        tr->io_cap = tr->noise && tr->target && tr->dout && tr->t ? io : 0;
+        tr->stage = tr->cuda ? malloc((3 * io) * sizeof(float)) : NULL; /* x_t, timesteps, output */
+        tr->d_dout = tr->cuda ? tr->be->alloc(tr->exec, io * sizeof(float)) : tr->dout;
+        tr->io_cap = tr->noise && tr->target && tr->dout && tr->t && tr->d_dout && (tr->stage || !tr->cuda) ? io : 0;
         if (!tr->io_cap) return sd_err_set(err, SD_ENOMEM, "out of memory");
     }
     return SD_OK;
+}
+
+/* Host bytes into the backend's buffer; nothing when they are the same
+ * buffer (the CPU). */
+static void put(sd_trainer *tr, float *dst, const float *src, size_t floats)
+{
+    if (dst != src) tr->be->h2d(tr->exec, dst, src, floats * sizeof(float));
+}
+
+/* The host's weights, moments and EMA onto the device when they changed
+ * there (a new run, a resume); nothing on the CPU. */
+static void push_state(sd_trainer *tr)
+{
+    if (!tr->dev_stale) return;
+    size_t n = tr->unet.w.total;
+    put(tr, tr->d_w, tr->unet.w.data, n);
+    put(tr, tr->d_m, tr->m, n);
+    put(tr, tr->d_v, tr->v, n);
+    if (tr->ema) put(tr, tr->d_ema, tr->ema, n);
+    tr->dev_stale = 0;
+}
+
+/* The device's weights, moments and EMA into the host buffers. */
+sd_status sd_train_sync_host(sd_trainer *tr, sd_error *err)
+{
+    if (!tr->cuda || !tr->host_stale) return SD_OK;
+    size_t bytes = tr->unet.w.total * sizeof(float);
+    tr->be->d2h(tr->exec, tr->unet.w.data, tr->d_w, bytes);
+    tr->be->d2h(tr->exec, tr->m, tr->d_m, bytes);
+    tr->be->d2h(tr->exec, tr->v, tr->d_v, bytes);
+    if (tr->ema) tr->be->d2h(tr->exec, tr->ema, tr->d_ema, bytes);
+    sd_status rc = tr->be->sync(tr->exec, err);
+    if (!rc) tr->host_stale = 0;
+    return rc;
 }
 
 /* Noise the latents, predict, compare with the target, backpropagate. */
@@ -163,17 +273,29 @@ sd_status sd_train_micro(sd_trainer *tr, int n, int h, int w, int tctx, const fl
     if (rc) return rc;
     const sd_unet_graph *g = &tr->g;
     size_t per = (size_t)c->in_channels * (size_t)h * (size_t)w, tot = (size_t)n * per;
-    float *act = tr->act;
-    sd_ddpm_add_noise(&tr->sched, n, per, t, x0, noise, act + g->x);
-    for (int b = 0; b < n; b++) act[g->t + (size_t)b] = (float)t[b];
-    memcpy(act + g->ctx, ctx, (size_t)n * (size_t)tctx * (size_t)c->cross_dim * sizeof(float));
+    float *act = tr->d_act;
+    push_state(tr);
+    /* the inputs are written in place on the CPU, staged on a GPU */
+    float *xt = tr->cuda ? tr->stage : act + g->x, *tt = tr->cuda ? tr->stage + tot : act + g->t;
+    sd_ddpm_add_noise(&tr->sched, n, per, t, x0, noise, xt);
+    for (int b = 0; b < n; b++) tt[b] = (float)t[b];
+    put(tr, act + g->x, xt, tot);
+    put(tr, act + g->t, tt, (size_t)n);
+    put(tr, act + g->ctx, ctx, (size_t)n * (size_t)tctx * (size_t)c->cross_dim);
     if (c->text_time) {
-        memcpy(act + g->text, text, (size_t)n * (size_t)(c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim) * 4);
-        memcpy(act + g->tids, tids, (size_t)n * SD_UNET_TIME_IDS * sizeof(float));
+        put(tr, act + g->text, text, (size_t)n * (size_t)(c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim));
+        put(tr, act + g->tids, tids, (size_t)n * SD_UNET_TIME_IDS);
     }
-    sd_unet_forward(&tr->unet, g, tr->be, tr->pool, tr->unet.w.data, act);
+    sd_unet_forward(&tr->unet, g, tr->be, tr->exec, tr->d_w, act);
     sd_ddpm_target(&tr->sched, tr->o.pred, n, per, t, x0, noise, tr->target);
     const float *out = act + g->out;
+    if (tr->cuda) {
+        float *host = tr->stage + 2 * tot;
+        tr->be->d2h(tr->exec, host, out, tot * sizeof(float));
+        rc = tr->be->sync(tr->exec, err);
+        if (rc) return rc;
+        out = host;
+    }
     double total = 0;
     for (int b = 0; b < n; b++) {
         /* min-SNR-gamma (diffusers): min(snr, gamma) / snr (epsilon) or
@@ -192,23 +314,45 @@ sd_status sd_train_micro(sd_trainer *tr, int n, int h, int w, int tctx, const fl
         total += wgt * s;
     }
     *loss = total / (double)tot;
-    sd_unet_backward(&tr->unet, g, tr->be, tr->pool, tr->unet.w.data, act, tr->dact, tr->dout, tr->grad);
-    return SD_OK;
+    put(tr, tr->d_dout, tr->dout, tot);
+    sd_unet_backward(&tr->unet, g, tr->be, tr->exec, tr->d_w, act, tr->d_dact, tr->d_dout, tr->d_grad);
+    return tr->cuda ? tr->be->sync(tr->exec, err) : SD_OK;
 }
 
-/* Clip, step, zero, and the EMA when it is due. */
+/* A GPU run's gradient into the host buffer (for the reduction, clipping
+ * and AdamW); nothing on the CPU. */
+sd_status sd_train_grad_to_host(sd_trainer *tr, sd_error *err)
+{
+    if (!tr->cuda) return SD_OK;
+    tr->be->d2h(tr->exec, tr->grad, tr->d_grad, tr->unet.w.total * sizeof(float));
+    return tr->be->sync(tr->exec, err);
+}
+
+/* Zero the gradients on the backend. */
+static void zero_grad(sd_trainer *tr)
+{
+    tr->be->zero(tr->exec, tr->d_grad, tr->unet.w.total * sizeof(float));
+}
+
+/* On the backend that holds the weights: the norm from the chunked sum of
+ * squares, the clipping factor folded into AdamW's reading of the
+ * gradient (bit for bit what clipping in place then stepping gives). */
 double sd_train_apply(sd_trainer *tr)
 {
     size_t n = tr->unet.w.total;
-    double norm = sd_grad_clip(tr->pool, tr->grad, n, tr->o.max_grad_norm);
+    const sd_backend *be = tr->be;
+    push_state(tr);
+    double norm = sqrt(be->sum_squares(tr->exec, n, tr->d_grad));
     double lr = sd_lr_at(&tr->o.lr, tr->step);
-    sd_adamw_step(tr->pool, &tr->o.adam, lr, tr->step + 1, tr->unet.w.data, tr->m, tr->v, tr->grad, n);
-    memset(tr->grad, 0, n * sizeof(float));
+    sd_adamw_args a = sd_adamw_args_at(&tr->o.adam, lr, tr->step + 1, sd_clip_factor(norm, tr->o.max_grad_norm));
+    be->adamw(tr->exec, &a, n, tr->d_w, tr->d_m, tr->d_v, tr->d_grad);
+    zero_grad(tr);
     tr->step++;
     if (tr->ema && tr->step % (tr->o.ema_every > 0 ? tr->o.ema_every : 1) == 0) {
         tr->ema_updates++;
-        sd_ema_update(tr->pool, tr->ema, tr->unet.w.data, n, sd_ema_decay(tr->o.ema_decay, tr->ema_updates));
+        be->ema(tr->exec, n, tr->d_ema, tr->d_w, (float)(1.0 - sd_ema_decay(tr->o.ema_decay, tr->ema_updates)));
     }
+    tr->host_stale = tr->cuda != NULL;
     return norm;
 }
 
@@ -301,15 +445,18 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
             return sd_err_set(err, SD_EFORMAT, "1000 batches in a row without a usable record");
     }
     if (world > 1) {
-        sd_status rc = sd_dist_sum_f32(tr->grad, tr->unet.w.total, err);
+        /* MPI sums host memory: a GPU's gradient goes through the host */
+        sd_status rc = sd_train_grad_to_host(tr, err);
+        if (!rc) rc = sd_dist_sum_f32(tr->grad, tr->unet.w.total, err);
         if (rc) return rc;
+        put(tr, tr->d_grad, tr->grad, tr->unet.w.total);
         tr->stop_all = stop > 0;
     }
     tr->images += (long)images;
     *loss = sum / slots;
     if (!isfinite(*loss)) {
         /* the last good state stays: drop this step's gradient */
-        memset(tr->grad, 0, tr->unet.w.total * sizeof(float));
+        zero_grad(tr);
         *gnorm = NAN;
         return SD_OK;
     }

@@ -64,6 +64,11 @@ typedef struct {
     const char *metrics; /* JSONL metrics file, or NULL */
     int threads;
     int quiet;
+    /* -1: the CPU; K >= 0: the UNet's forward and backward on cuda:K (the
+     * optimizer, EMA and checkpoints stay on the host's fp32 master
+     * weights); tf32: allow TF32 tensor cores there */
+    int device;
+    int tf32;
 } sd_train_opts;
 
 typedef struct {
@@ -90,7 +95,19 @@ typedef struct {
     int *t;
     size_t io_cap;
     sd_pool *pool;
+    /* the backend the UNet and the optimizer run on and its exec argument
+     * (the pool on the CPU, a CUDA context on a GPU); d_* are the
+     * backend's weights, moments, EMA, activations and gradients: the host
+     * buffers themselves on the CPU, device buffers on a GPU, where the
+     * host copies (unet.w.data, m, v, ema) are filled only when a
+     * checkpoint needs them (host_stale) and uploaded after they were
+     * loaded (dev_stale) */
     const sd_backend *be;
+    void *exec;
+    void *cuda;
+    float *d_w, *d_m, *d_v, *d_ema, *d_act, *d_dact, *d_dout, *d_grad;
+    float *stage; /* GPU: host staging of the noisy latents, timesteps, output */
+    int dev_stale, host_stale;
     FILE *metrics;
     double loss_ema;
     /* data parallel (dist.h): this rank of world; each optimizer step
@@ -120,8 +137,15 @@ void sd_trainer_close(sd_trainer *tr);
 sd_status sd_train_micro(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
                          const float *text, const float *tids, const float *noise, const int *t, double grad_scale,
                          double *loss, sd_error *err);
-/* Clip, AdamW at the scheduled rate, zero the gradients, count the step.
- * Returns the gradient norm before clipping. */
+/* The gradients so far into tr->grad (a GPU run keeps them on the
+ * device). */
+sd_status sd_train_grad_to_host(sd_trainer *tr, sd_error *err);
+/* The weights, moments and EMA into the host buffers (a GPU run keeps
+ * them on the device; checkpoints call this). */
+sd_status sd_train_sync_host(sd_trainer *tr, sd_error *err);
+/* Clip, AdamW at the scheduled rate, zero the gradients, count the step,
+ * on the trainer's backend. Returns the gradient norm before clipping (NaN
+ * after a device failure, which the next step reports). */
 double sd_train_apply(sd_trainer *tr);
 /* One optimizer step from the shards: world * accum batches of the global
  * order, this rank's share of them computed here (the random draws of each

@@ -1,6 +1,8 @@
 /* The CUDA backend table: each entry takes the sd_cuda * as exec, skips
  * its work when an earlier op of this sync window failed (the first error
  * is what sync reports), and records a failed launch. */
+#include <math.h>
+
 #include "cuda_int.h"
 
 /* The context, or NULL when an earlier failure is pending. */
@@ -316,6 +318,31 @@ static void cu_embedding_bwd(void *exec, const sd_embedding_shape *s, float *dto
     if (c) done(c, sdk_embedding_bwd(c, s, dtok, dpos, dy, ids), "embedding backward");
 }
 
+/* The gradient's sum of squares, waited for; NaN after a failure. */
+static double cu_sum_squares(void *exec, size_t n, const float *x)
+{
+    sd_cuda *c = live(exec);
+    double s = 0;
+    if (!c) return NAN;
+    cudaError_t e = sdk_sum_squares(c, n, x, &s);
+    done(c, e, "sum of squares");
+    return e == cudaSuccess ? s : NAN;
+}
+
+/* One AdamW step. */
+static void cu_adamw(void *exec, const sd_adamw_args *a, size_t n, float *p, float *m, float *v, const float *g)
+{
+    sd_cuda *c = live(exec);
+    if (c) done(c, sdk_adamw(c, a, n, p, m, v, g), "AdamW");
+}
+
+/* One EMA update. */
+static void cu_ema(void *exec, size_t n, float *ema, const float *p, float one_minus_decay)
+{
+    sd_cuda *c = live(exec);
+    if (c) done(c, sdk_ema(c, n, ema, p, one_minus_decay), "EMA update");
+}
+
 static const sd_backend cuda_backend = {
     .name = "cuda",
     .is_device = 1,
@@ -364,6 +391,9 @@ static const sd_backend cuda_backend = {
     .gauss_std_bwd = cu_gauss_std_bwd,
     .embedding_fwd = cu_embedding_fwd,
     .embedding_bwd = cu_embedding_bwd,
+    .sum_squares = cu_sum_squares,
+    .adamw = cu_adamw,
+    .ema = cu_ema,
 };
 
 /* The CUDA table; pass an sd_cuda * as exec. */

@@ -80,6 +80,12 @@ cudaError_t sdk_attn_fwd(sd_cuda *c, const sd_attn_shape *s, float *y, float *ls
 cudaError_t sdk_attn_bwd(sd_cuda *c, const sd_attn_shape *s, float *dq, float *dk, float *dv, const float *dy,
                          const float *q, const float *k, const float *v, const float *y, const float *lse);
 
+/* Optimizer: the sum of squares of x (waits for it: the value is in
+ * *host_out on return), AdamW, EMA (ops_cpu.h's conventions). */
+cudaError_t sdk_sum_squares(sd_cuda *c, size_t n, const float *x, double *host_out);
+cudaError_t sdk_adamw(sd_cuda *c, const sd_adamw_args *a, size_t n, float *p, float *m, float *v, const float *g);
+cudaError_t sdk_ema(sd_cuda *c, size_t n, float *ema, const float *p, float one_minus_decay);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,49 @@
+#!/bin/bash
+# The GPU check and VAE benchmark (run by hand on a machine with an NVIDIA
+# GPU; docs/GPU.md): sd-selftest on cuda:0 (every op against the CPU, the
+# tiny golden VAE, the throughput probe), then the real SD VAE architecture
+# with random weights encoding 512x512 images in batches of 1 and 8, sdtk's
+# CUDA backend vs PyTorch (diffusers AutoencoderKL) on the same GPU in the
+# same run, strict fp32 and TF32, with the max difference of the means.
+# usage: bench/bench_gpu.sh BUILD_DIR [LOG_DIR [vae]]   (Release build with
+#        the CUDA backend; python3 with torch + diffusers; vae: only the VAE
+#        benchmark)
+set -u
+B=$(realpath "${1:-build}")
+LOG=${2:-$(mktemp -d)}
+mkdir -p "$LOG"
+HERE=$(dirname "$(realpath "$0")")
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+if [ "${3:-}" != vae ]; then
+echo "== sd-selftest --device cuda:0"
+timeout 900 "$B/tools/sd-selftest" --device cuda:0 --golden "$HERE/../tests/golden/vae/sd" 2>&1 | tee "$LOG/selftest.txt"
+echo "selftest exit ${PIPESTATUS[0]}"
+echo "== sd-selftest --device cuda:0 --tf32 --no-probe"
+timeout 900 "$B/tools/sd-selftest" --device cuda:0 --tf32 --no-probe --golden "$HERE/../tests/golden/vae/sd" > "$LOG/selftest_tf32.txt" 2>&1
+echo "selftest --tf32 exit $?: $(tail -1 "$LOG/selftest_tf32.txt")"
+fi
+python3 "$HERE/bench_vae.py" make "$T" || exit 1
+echo "== VAE encoder, SD architecture, random weights, 512x512"
+for mode in strict tf32; do
+    for batch in 1 8; do
+        dev=cuda:0
+        [ $mode = tf32 ] && dev=cuda:0:tf32
+        python3 "$HERE/bench_vae.py" gpu "$T" $batch 10 $([ $mode = tf32 ] && echo tf32) 2>&1 | tee "$T/torch.txt"
+        timeout 600 "$B/bench/bench_vae" "$T/vae" "$T/x.f32" 512 512 1 10 "$T/sdtk_mean.f32" $dev $batch 2>&1 |
+            tee "$T/sdtk.txt"
+        python3 - "$T/torch.txt" "$T/sdtk.txt" "$T/torch_mean.f32" "$T/sdtk_mean.f32" << 'PY'
+import re, sys
+import numpy as np
+try:
+    tm = float(re.search(r"median ([\d.]+)", open(sys.argv[1]).read()).group(1))
+    sm = float(re.search(r"median ([\d.]+)", open(sys.argv[2]).read()).group(1))
+    a, b = np.fromfile(sys.argv[3], np.float32), np.fromfile(sys.argv[4], np.float32)
+    print("  sdtk/pytorch speed (medians): %.2fx   max |mean diff| %.2e (mean |value| %.2e)"
+          % (tm / sm, np.abs(a - b).max(), np.abs(a).mean()))
+except Exception as e:
+    print("  no comparison:", e)
+PY
+    done
+done 2>&1 | tee "$LOG/vae.txt"

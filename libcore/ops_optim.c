@@ -1,0 +1,97 @@
+/* The optimizer's element-wise work on the CPU: the global gradient norm's
+ * sum of squares, the AdamW update and the EMA of the weights, split over
+ * the pool. The formulas are ops_math.h's, shared with the CUDA kernels. */
+#include <stdlib.h>
+
+#include "ops_cpu.h"
+#include "ops_math.h"
+
+enum { SUMSQ_CHUNK = 1 << 16 };
+
+/* Work of one sum-of-squares call. */
+typedef struct {
+    const float *x;
+    size_t n;
+    double *part;
+} sumsq_ctx;
+
+/* Sum of squares of whole chunks, each in double. */
+static void sumsq_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const sumsq_ctx *c = vctx;
+    (void)worker;
+    for (size_t k = begin; k < end; k++) {
+        size_t a = k * SUMSQ_CHUNK, b = a + SUMSQ_CHUNK < c->n ? a + SUMSQ_CHUNK : c->n;
+        double s = 0;
+        for (size_t i = a; i < b; i++) s += (double)c->x[i] * (double)c->x[i];
+        c->part[k] = s;
+    }
+}
+
+/* Chunk sums added in order: the same total for any thread count (and
+ * without memory for the partials, one thread in the same order). */
+double sd_sum_squares(sd_pool *pool, size_t n, const float *x)
+{
+    size_t nk = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    double *part = calloc(nk ? nk : 1, sizeof(double)), total = 0;
+    if (!part) {
+        for (size_t k = 0; k < nk; k++) {
+            double s = 0;
+            for (size_t i = k * SUMSQ_CHUNK; i < n && i < (k + 1) * SUMSQ_CHUNK; i++) s += (double)x[i] * x[i];
+            total += s;
+        }
+        return total;
+    }
+    sumsq_ctx c = {.x = x, .n = n, .part = part};
+    sd_pool_for(pool, nk, sumsq_range, &c);
+    for (size_t k = 0; k < nk; k++) total += part[k];
+    free(part);
+    return total;
+}
+
+/* Work of one AdamW call. */
+typedef struct {
+    const sd_adamw_args *a;
+    float *p, *m, *v;
+    const float *g;
+} adamw_ctx;
+
+/* AdamW on one slice; gscale = 1 leaves g exactly as it is. */
+static void adamw_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const adamw_ctx *c = vctx;
+    const sd_adamw_args *a = c->a;
+    (void)worker;
+    for (size_t i = begin; i < end; i++)
+        sdm_adamw(c->p + i, c->m + i, c->v + i, c->g[i] * a->gscale, a->decay, a->b1, a->b2, a->step_size,
+                  a->bc2_sqrt, a->eps);
+}
+
+/* One AdamW step over the pool. */
+void sd_adamw_fwd(sd_pool *pool, const sd_adamw_args *a, size_t n, float *p, float *m, float *v, const float *g)
+{
+    adamw_ctx c = {.a = a, .p = p, .m = m, .v = v, .g = g};
+    sd_pool_for(pool, n, adamw_range, &c);
+}
+
+/* Work of one EMA update. */
+typedef struct {
+    float *ema;
+    const float *p;
+    float w;
+} ema_ctx;
+
+/* The shadow weights of one slice pulled towards the model's. */
+static void ema_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const ema_ctx *c = vctx;
+    (void)worker;
+    for (size_t i = begin; i < end; i++) c->ema[i] = sdm_ema(c->ema[i], c->p[i], c->w);
+}
+
+/* One EMAModel.step over the pool. */
+void sd_ema_fwd(sd_pool *pool, size_t n, float *ema, const float *p, float one_minus_decay)
+{
+    ema_ctx c = {.ema = ema, .p = p, .w = one_minus_decay};
+    sd_pool_for(pool, n, ema_range, &c);
+}
