@@ -31,17 +31,21 @@ for mode in strict tf32; do
         dev=cuda:0
         [ $mode = tf32 ] && dev=cuda:0:tf32
         python3 "$HERE/bench_vae.py" gpu "$T" $batch 10 $([ $mode = tf32 ] && echo tf32) 2>&1 | tee "$T/torch.txt"
+        # cuDNN's heuristic algorithm choice (the default), then its timed search (as torch's cudnn.benchmark)
         timeout 600 "$B/bench/bench_vae" "$T/vae" "$T/x.f32" 512 512 1 10 "$T/sdtk_mean.f32" $dev $batch 2>&1 |
             tee "$T/sdtk.txt"
-        python3 - "$T/torch.txt" "$T/sdtk.txt" "$T/torch_mean.f32" "$T/sdtk_mean.f32" << 'PY'
+        timeout 600 "$B/bench/bench_vae" "$T/vae" "$T/x.f32" 512 512 1 10 "$T/sdtk_search_mean.f32" \
+            ${dev/cuda:0/cuda:0:search} $batch 2>&1 | tee "$T/sdtk_search.txt"
+        python3 - "$T/torch.txt" "$T/sdtk.txt" "$T/sdtk_search.txt" "$T/torch_mean.f32" "$T/sdtk_mean.f32" \
+            "$T/sdtk_search_mean.f32" << 'PY'
 import re, sys
 import numpy as np
 try:
-    tm = float(re.search(r"median ([\d.]+)", open(sys.argv[1]).read()).group(1))
-    sm = float(re.search(r"median ([\d.]+)", open(sys.argv[2]).read()).group(1))
-    a, b = np.fromfile(sys.argv[3], np.float32), np.fromfile(sys.argv[4], np.float32)
-    print("  sdtk/pytorch speed (medians): %.2fx   max |mean diff| %.2e (mean |value| %.2e)"
-          % (tm / sm, np.abs(a - b).max(), np.abs(a).mean()))
+    med = [float(re.search(r"median ([\d.]+)", open(f).read()).group(1)) for f in sys.argv[1:4]]
+    a, b, c = (np.fromfile(f, np.float32) for f in sys.argv[4:7])
+    print("  sdtk/pytorch speed (medians): %.2fx heuristic, %.2fx searched   max |mean diff| %.2e / %.2e "
+          "(mean |value| %.2e)" % (med[0] / med[1], med[0] / med[2], np.abs(a - b).max(), np.abs(a - c).max(),
+                                   np.abs(a).mean()))
 except Exception as e:
     print("  no comparison:", e)
 PY

@@ -38,12 +38,11 @@ static int open_device(const char *dev, int threads, const sd_backend **be, void
         return 0;
     }
 #ifdef SDTK_HAVE_CUDA
-    int k = 0, tf32 = 0;
-    char mode[16] = "";
-    if (sscanf(dev, "cuda:%d:%15s", &k, mode) >= 1 || strcmp(dev, "cuda") == 0) {
-        tf32 = strcmp(mode, "tf32") == 0;
+    int k = 0;
+    char mode[32] = "";
+    if (sscanf(dev, "cuda:%d:%31s", &k, mode) >= 1 || strcmp(dev, "cuda") == 0) {
         sd_error err = {0};
-        sd_cuda_opts o = {.allow_tf32 = tf32};
+        sd_cuda_opts o = {.allow_tf32 = strstr(mode, "tf32") != NULL, .conv_search = strstr(mode, "search") != NULL};
         sd_cuda *c = NULL;
         if (sd_cuda_create(&c, k, &o, &err)) {
             fprintf(stderr, "bench_vae: %s\n", err.msg);
@@ -112,7 +111,10 @@ int main(int argc, char **argv)
     printf("sdtk %s fp32, %d thread(s), batch %d, %dx%d: best %.4f s, median %.4f s, %.2f images/s "
            "(workspace %zu MB, weights %zu MB)\n",
            dev, threads, batch, w, h, ts[0], ts[reps / 2], batch / ts[reps / 2],
-           sd_vae_workspace_floats(&v, batch, h, w) * sizeof(float) >> 20, sd_weights_bytes(&v.w) >> 20);
+           (batch > 1 && strcmp(dev, "cpu") != 0 ? sd_vae_batch_workspace_floats(&v, batch, h, w)
+                                                 : sd_vae_workspace_floats(&v, batch, h, w)) *
+                   sizeof(float) >> 20,
+           sd_weights_bytes(&v.w) >> 20);
     f = fopen(argv[7], "wb");
     if (f) {
         fwrite(mean, sizeof(float), lat / (size_t)batch, f);

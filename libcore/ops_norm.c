@@ -22,7 +22,10 @@ typedef struct {
 } gn_ctx;
 
 /* Forward: each unit is one (image, group), a contiguous run of cg*hw
- * floats. Two-pass mean then variance keeps fp32 accurate. */
+ * floats. Two-pass mean then variance, both summed in double: a VAE group
+ * holds up to millions of values, and a float running sum over them loses
+ * the mean of a smooth image (then the variance of nearly constant
+ * activations is mostly that error, which rstd amplifies). */
 static void gn_fwd_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const gn_ctx *c = vctx;
@@ -32,12 +35,15 @@ static void gn_fwd_range(void *vctx, int worker, size_t begin, size_t end)
     for (size_t u = begin; u < end; u++) {
         const float *xp = c->x + u * m;
         float *yp = c->y + u * m;
-        float sum = 0.0f;
+        double sum = 0.0;
         for (size_t i = 0; i < m; i++) sum += xp[i];
-        float mu = sum / (float)m;
-        float var = 0.0f;
-        for (size_t i = 0; i < m; i++) var += (xp[i] - mu) * (xp[i] - mu);
-        float rs = 1.0f / sqrtf(var / (float)m + s->eps);
+        float mu = (float)(sum / (double)m);
+        double var = 0.0;
+        for (size_t i = 0; i < m; i++) {
+            double d = (double)xp[i] - (double)mu;
+            var += d * d;
+        }
+        float rs = (float)(1.0 / sqrt(var / (double)m + (double)s->eps));
         c->mean[u] = mu;
         c->rstd[u] = rs;
         size_t c0 = (u % (size_t)s->groups) * cg;
@@ -69,17 +75,16 @@ static void gn_bwd_dx_range(void *vctx, int worker, size_t begin, size_t end)
         float *dxp = c->dx + u * m;
         float mu = c->cmean[u], rs = c->crstd[u];
         size_t c0 = (u % (size_t)s->groups) * cg;
-        float sg = 0.0f, sgx = 0.0f;
+        double sgd = 0.0, sgxd = 0.0; /* group sums in double, as the forward's */
         for (size_t j = 0; j < cg; j++) {
             float g = c->gamma ? c->gamma[c0 + j] : 1.0f;
             for (size_t i = 0; i < hw; i++) {
                 float gi = dyp[j * hw + i] * g;
-                sg += gi;
-                sgx += gi * (xp[j * hw + i] - mu) * rs;
+                sgd += gi;
+                sgxd += gi * (xp[j * hw + i] - mu) * rs;
             }
         }
-        sg /= (float)m;
-        sgx /= (float)m;
+        float sg = (float)(sgd / (double)m), sgx = (float)(sgxd / (double)m);
         for (size_t j = 0; j < cg; j++) {
             float g = c->gamma ? c->gamma[c0 + j] : 1.0f;
             for (size_t i = 0; i < hw; i++) {
@@ -99,7 +104,7 @@ static void gn_bwd_affine_range(void *vctx, int worker, size_t begin, size_t end
     (void)worker;
     size_t cg = (size_t)(s->c / s->groups), hw = (size_t)s->hw;
     for (size_t ch = begin; ch < end; ch++) {
-        float sdg = 0.0f, sdb = 0.0f;
+        double sdg = 0.0, sdb = 0.0;
         for (int ni = 0; ni < s->n; ni++) {
             size_t u = (size_t)ni * (size_t)s->groups + ch / cg;
             const float *xp = c->x + ((size_t)ni * (size_t)s->c + ch) * hw;
@@ -110,8 +115,8 @@ static void gn_bwd_affine_range(void *vctx, int worker, size_t begin, size_t end
                 sdb += dyp[i];
             }
         }
-        if (c->dgamma) c->dgamma[ch] += sdg;
-        if (c->dbeta) c->dbeta[ch] += sdb;
+        if (c->dgamma) c->dgamma[ch] += (float)sdg;
+        if (c->dbeta) c->dbeta[ch] += (float)sdb;
     }
 }
 

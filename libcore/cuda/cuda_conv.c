@@ -179,6 +179,38 @@ static int choose_fwd(sd_cuda *c, sdc_conv_plan *p)
     return p->have_fwd = 1;
 }
 
+/* With opts.conv_search: the forward algorithms timed on this shape by
+ * cuDNN (cudnnFindConvolutionForwardAlgorithmEx, on the op's own input,
+ * weights and output, which the real call then overwrites), the fastest
+ * one with our math within the workspace limit. 0 when none qualified
+ * (the heuristic choice follows). */
+static int search_fwd(sd_cuda *c, sdc_conv_plan *p, const float *x, const float *w, float *y)
+{
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    int got = 0;
+    size_t wsb = c->opts.conv_workspace;
+    void *ws = NULL;
+    while (wsb >= ((size_t)1 << 20) && !(ws = sdc_alloc(c, wsb))) {
+        sdc_sync(c, NULL); /* clear the failed allocation; try half */
+        wsb /= 2;
+    }
+    if (!ws) wsb = 0;
+    cudnnSetConvolutionMathType(p->cd, c->opts.allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
+    cudnnStatus_t st = cudnnFindConvolutionForwardAlgorithmEx(c->dnn, p->xd, x, p->wd, w, p->cd, p->yd, y,
+                                                              CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf, ws, wsb);
+    sdc_release(c, ws);
+    if (st != CUDNN_STATUS_SUCCESS) return 0;
+    for (int i = 0; i < got; i++) {
+        if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > wsb) continue;
+        if (!c->opts.allow_tf32 && perf[i].mathType != CUDNN_FMA_MATH) continue;
+        p->fwd = perf[i].algo;
+        p->fwd_math = perf[i].mathType;
+        p->fwd_ws = perf[i].memory;
+        return p->have_fwd = 1;
+    }
+    return 0;
+}
+
 /* Backward-data algorithm: deterministic ones first, then any; ALGO_1
  * (deterministic) as the fallback. */
 static int choose_bwd_data(sd_cuda *c, sdc_conv_plan *p)
@@ -290,10 +322,14 @@ static void *workspace(sd_cuda *c, size_t bytes, int *ok)
 void sdc_conv2d_fwd(sd_cuda *c, const sd_conv2d_shape *s, float *y, const float *x, const float *w, const float *b)
 {
     sdc_conv_plan *p = plan_get(c, s);
-    if (!p || (!p->have_fwd && !choose_fwd(c, p))) return;
+    if (!p) return;
     float *xp;
     const float *xin = padded_input(c, p, x, &xp);
     if (!xin) return;
+    if (!p->have_fwd && !(c->opts.conv_search && search_fwd(c, p, xin, w, y)) && !choose_fwd(c, p)) {
+        sdc_release(c, xp);
+        return;
+    }
     int ok = 1;
     void *ws = workspace(c, p->fwd_ws, &ok);
     const float one = 1.0f, zero = 0.0f;
