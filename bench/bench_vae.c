@@ -2,7 +2,8 @@
  * encode a batch of BATCH copies of one raw fp32 [1, 3, H, W] input REPS
  * times after a warm-up, print the best and median seconds per batch and
  * images/s, and write the first image's mean to OUT for comparison with
- * PyTorch's. DEVICE is cpu (THREADS threads), cuda:K (strict fp32) or
+ * PyTorch's. Last, one more encode with every op timed (and on a GPU
+ * waited for): the time per op class. DEVICE is cpu (THREADS threads), cuda:K (strict fp32) or
  * cuda:K:tf32; on a GPU the time includes copying the batch in and the
  * moments out (sd_vae_runner, what sd-latents does).
  * usage: bench_vae VAE_DIR X.f32 H W THREADS REPS OUT.f32 [DEVICE [BATCH]] */
@@ -11,6 +12,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "prof_backend.h"
 #include "progress.h"
 #include "vae.h"
 #ifdef SDTK_HAVE_CUDA
@@ -94,7 +96,7 @@ int main(int argc, char **argv)
     sd_pool *pool;
     if (open_device(dev, threads, &be, &exec, &pool, &cuda)) return 1;
     sd_vae_runner run;
-    if (sd_vae_runner_init(&run, &v, be, exec, &err) ||
+    if (sd_vae_runner_init(&run, &v, be, exec, &err) || !(run.whole_batch = be->is_device && batch > 1, 1) ||
         sd_vae_runner_encode(&run, &v, batch, h, w, x, mean, std, &err)) { /* warm-up: pages, algorithm choice */
         fprintf(stderr, "bench_vae: %s\n", err.msg);
         return 1;
@@ -115,6 +117,17 @@ int main(int argc, char **argv)
                                                  : sd_vae_workspace_floats(&v, batch, h, w)) *
                    sizeof(float) >> 20,
            sd_weights_bytes(&v.w) >> 20);
+    memset(tsum, 0, sizeof tsum);
+    run.be = prof_backend(be);
+    double t0 = sd_now();
+    if (sd_vae_runner_encode(&run, &v, batch, h, w, x, mean, std, &err)) {
+        fprintf(stderr, "bench_vae: %s\n", err.msg);
+        return 1;
+    }
+    printf("  profiled encode %.4f s:", sd_now() - t0);
+    for (int k = 0; k < C_N; k++) printf(" %s %.4f s,", class_name[k], tsum[k]);
+    printf("\n");
+    run.be = be;
     f = fopen(argv[7], "wb");
     if (f) {
         fwrite(mean, sizeof(float), lat / (size_t)batch, f);
