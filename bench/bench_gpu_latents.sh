@@ -4,20 +4,22 @@
 # sd-meta | sd-bucket | sd-latents --device cpu and --device cuda:0 with the
 # same VAE and seed, each shard checked by sd-verify, then the latents of
 # the two shards compared record by record (sd-pack export-tar, numpy).
-# usage: bench/bench_gpu_latents.sh BUILD_DIR IMAGES VAE   (python3 with numpy)
+# usage: bench/bench_gpu_latents.sh BUILD_DIR IMAGES VAE [BATCH]   (python3
+#        with numpy; BATCH images per VAE batch, default 1)
 set -u
 B=$(realpath "${1:-build}")
 IMAGES=$2
 VAE=$3
+BATCH=${4:-1}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 "$B/tools/sd-meta" "$IMAGES" -o "$T/meta.jsonl" 2>/dev/null || exit 1
 "$B/tools/sd-bucket" --resolution 512x512 -o "$T/buckets.jsonl" -q "$T/meta.jsonl" || exit 1
-echo "== sd-latents on $(wc -l < "$T/buckets.jsonl") images of $IMAGES, VAE $VAE: cpu vs cuda:0"
+echo "== sd-latents on $(wc -l < "$T/buckets.jsonl") images of $IMAGES, VAE $VAE, batch $BATCH: cpu vs cuda:0"
 for dev in cpu cuda:0; do
     d=${dev%%:*}
     t0=$(date +%s%N)
-    "$B/tools/sd-latents" --device $dev --vae "$VAE" --dtype fp32 --seed 5 -o "$T/$d.shard" "$T/buckets.jsonl" \
+    "$B/tools/sd-latents" --device $dev --vae "$VAE" --dtype fp32 --seed 5 --batch "$BATCH" -o "$T/$d.shard" "$T/buckets.jsonl" \
         2> "$T/$d.log" || { echo "$dev: sd-latents failed"; cat "$T/$d.log"; }
     echo "$dev: $(( ($(date +%s%N) - t0) / 1000000 )) ms wall; $(tail -1 "$T/$d.log")"
     "$B/tools/sd-verify" --manifest "$T/buckets.jsonl" "$T/$d.shard" 2>&1 | tail -1

@@ -44,7 +44,8 @@ static int open_device(const char *dev, int threads, const sd_backend **be, void
     char mode[32] = "";
     if (sscanf(dev, "cuda:%d:%31s", &k, mode) >= 1 || strcmp(dev, "cuda") == 0) {
         sd_error err = {0};
-        sd_cuda_opts o = {.allow_tf32 = strstr(mode, "tf32") != NULL, .conv_search = strstr(mode, "search") != NULL};
+        sd_cuda_opts o = {.allow_tf32 = strstr(mode, "tf32") != NULL, .conv_search = strstr(mode, "search") != NULL,
+                          .conv_workspace = strstr(mode, "ws8g") ? (size_t)8 << 30 : 0};
         sd_cuda *c = NULL;
         if (sd_cuda_create(&c, k, &o, &err)) {
             fprintf(stderr, "bench_vae: %s\n", err.msg);
@@ -96,7 +97,7 @@ int main(int argc, char **argv)
     sd_pool *pool;
     if (open_device(dev, threads, &be, &exec, &pool, &cuda)) return 1;
     sd_vae_runner run;
-    if (sd_vae_runner_init(&run, &v, be, exec, &err) || !(run.whole_batch = be->is_device && batch > 1, 1) ||
+    if (sd_vae_runner_init(&run, &v, be, exec, &err) ||
         sd_vae_runner_encode(&run, &v, batch, h, w, x, mean, std, &err)) { /* warm-up: pages, algorithm choice */
         fprintf(stderr, "bench_vae: %s\n", err.msg);
         return 1;

@@ -39,6 +39,7 @@ sd_status sd_vae_runner_init(sd_vae_runner *r, const sd_vae *v, const sd_backend
     memset(r, 0, sizeof *r);
     r->be = be;
     r->exec = exec;
+    r->whole_batch = be->is_device;
     size_t cap = 0;
     sd_status st = grow(r, &r->params, &cap, v->w.total, "parameters", err);
     if (st) return st;

@@ -26,7 +26,8 @@ typedef struct sd_cuda sd_cuda;
 
 typedef struct {
     int allow_tf32;        /* 1: TF32 tensor cores in cuDNN and cuBLAS (~1e-3 relative error) */
-    size_t conv_workspace; /* largest cuDNN workspace one convolution may use, bytes; 0: 1 GiB */
+    size_t conv_workspace; /* largest cuDNN workspace one convolution may use, bytes; 0: an eighth of the
+                            * free device memory, 1 to 8 GiB */
     int conv_search;       /* 1: time cuDNN's forward algorithms per shape and take the fastest (as torch's
                             * cudnn.benchmark); the choice, and so the last bits, may vary from run to run */
 } sd_cuda_opts;
