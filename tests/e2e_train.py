@@ -125,6 +125,15 @@ class Train(unittest.TestCase):
         code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--prediction", "x0", self.shard,
                         ok=(2,))
         code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "/nonexistent.shard", ok=(3,))
+        code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--device", "gpu0", self.shard,
+                        ok=(2,))
+        self.assertIn("--device", err)
+        code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--nccl", self.shard, ok=(2,))
+        self.assertIn("--nccl", err)
+        # a GPU the machine does not have (none here, or not that many): a clear fatal error, no traceback
+        code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--device", "cuda:1000", self.shard,
+                        ok=(3,))
+        self.assertRegex(err, "CUDA|cuda")
 
 
 if __name__ == "__main__":

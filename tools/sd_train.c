@@ -114,6 +114,9 @@ int main(int argc, char **argv)
          "cpu (default) or cuda:K: the UNet's forward and backward on GPU K (AdamW, EMA and checkpoints stay on "
          "the host); plain cuda under mpirun/srun takes the GPU of the process's local rank"},
         {"tf32", 0, SD_OPT_FLAG, &o.tf32, NULL, "allow TF32 tensor cores on the GPU (faster, ~1e-3 relative error)"},
+        {"nccl", 0, SD_OPT_FLAG, &o.nccl, NULL,
+         "sum gradients over NCCL even with one process (a check of the path; several GPU ranks use NCCL whenever "
+         "the build has it)"},
         {"quiet", 'q', SD_OPT_FLAG, &quiet, NULL, "only warnings and errors"},
         {"verbose", 'v', SD_OPT_FLAG, &verbose, NULL, "debug messages"},
         {NULL, 0, 0, NULL, NULL, NULL}};
@@ -155,6 +158,7 @@ int main(int argc, char **argv)
     else bad = "--prediction: epsilon or v_prediction";
     if (!bad && sd_cli_parse_device(device, &o.device)) bad = "--device: cpu, cuda or cuda:K";
     if (!bad && strcmp(device, "cuda") == 0) o.device = local_rank();
+    if (!bad && o.nccl && o.device < 0) bad = "--nccl sums GPU gradients: it needs --device cuda or cuda:K";
     if (!bad && !sd_lr_kind_parse(sched, &o.lr.kind))
         bad = "--lr-schedule: constant, constant_with_warmup, cosine or linear";
     if (!bad && strcmp(dtype, "fp32") == 0) o.save_dtype = SD_ST_F32;

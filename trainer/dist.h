@@ -34,6 +34,8 @@ sd_status sd_dist_sum_f32(float *buf, size_t n, sd_error *err);
 double sd_dist_sum_seconds(void);
 /* The same for a few doubles (losses, counters). */
 sd_status sd_dist_sum_f64(double *buf, int n, sd_error *err);
+/* buf (bytes) from rank 0 to every rank (the NCCL id, for one). */
+sd_status sd_dist_bcast(void *buf, size_t bytes, sd_error *err);
 /* Every rank waits for all; returns the smallest ok any rank passed, so a
  * failure on one rank is seen by all. */
 sd_status sd_dist_all_ok(int ok, int *all_ok, sd_error *err);

@@ -214,6 +214,17 @@ sd_status sd_dist_sum_f64(double *buf, int n, sd_error *err)
     return st;
 }
 
+/* Rank 0's bytes to everyone. */
+sd_status sd_dist_bcast(void *buf, size_t bytes, sd_error *err)
+{
+    if (!g_on || g_world == 1) return SD_OK;
+    if (bytes > (size_t)1 << 30) return sd_err_set(err, SD_EINVAL, "broadcast of %zu bytes: too large", bytes);
+    watch("a broadcast from rank 0");
+    int rc = MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD);
+    watch(NULL);
+    return rc == MPI_SUCCESS ? SD_OK : mpi_fail(rc, "MPI_Bcast", err);
+}
+
 /* The minimum of ok over all ranks (a barrier too). */
 sd_status sd_dist_all_ok(int ok, int *all_ok, sd_error *err)
 {

@@ -70,3 +70,12 @@ sd_status sd_dist_all_ok(int ok, int *all_ok, sd_error *err)
     *all_ok = ok;
     return SD_OK;
 }
+
+/* A world of one already has rank 0's bytes. */
+sd_status sd_dist_bcast(void *buf, size_t bytes, sd_error *err)
+{
+    (void)buf;
+    (void)bytes;
+    (void)err;
+    return SD_OK;
+}

@@ -12,6 +12,9 @@
 #ifdef SDTK_HAVE_CUDA
 #include "sd_cuda.h"
 #endif
+#ifdef SDTK_HAVE_NCCL
+#include "nccl_sum.h"
+#endif
 
 /* diffusers train_text_to_image.py defaults. */
 void sd_train_opts_default(sd_train_opts *o)
@@ -63,7 +66,8 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
     tr->d_m = tr->m;
     tr->d_v = tr->v;
     tr->d_ema = tr->ema;
-    if (tr->o.device < 0) return SD_OK;
+    if (tr->o.device < 0)
+        return tr->o.nccl ? sd_err_set(err, SD_EINVAL, "NCCL sums GPU gradients: it needs --device cuda:K") : SD_OK;
 #ifdef SDTK_HAVE_CUDA
     sd_cuda_opts co = {.allow_tf32 = tr->o.tf32};
     sd_cuda *c = NULL;
@@ -87,7 +91,20 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
     }
     tr->be->zero(c, tr->d_grad, bytes);
     tr->dev_stale = 1;
-    return tr->be->sync(c, err);
+    rc = tr->be->sync(c, err);
+    if (rc || !(tr->world > 1 || tr->o.nccl)) return rc;
+#ifdef SDTK_HAVE_NCCL
+    sd_nccl *nc = NULL;
+    rc = sd_nccl_open(&nc, tr->rank, tr->world, err);
+    if (rc) return rc;
+    tr->nccl = nc;
+    if (!tr->o.quiet && tr->rank == 0)
+        sd_log(SD_LOG_INFO, "gradient sums over %s, %d rank%s", sd_nccl_version(nc), tr->world, tr->world == 1 ? "" : "s");
+    return SD_OK;
+#else
+    if (tr->o.nccl) return sd_err_set(err, SD_EUNSUPPORTED, "--nccl: this build has no NCCL (the CUDA toolkit's libnccl)");
+    return SD_OK; /* several GPU ranks sum through the host over MPI */
+#endif
 #else
     return sd_err_set(err, SD_EUNSUPPORTED,
                       "--device cuda:%d: this build has no CUDA backend (configure where nvcc and cuDNN are installed)",
@@ -120,14 +137,14 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
     sd_rng_seed(&tr->rng, o->seed);
     sd_tally_init(&tr->tally, 5);
     tr->pool = o->threads > 1 ? sd_pool_create(o->threads) : NULL;
+    tr->rank = sd_dist_rank();
+    tr->world = sd_dist_world();
     rc = open_backend(tr, err);
     if (rc) {
         sd_trainer_close(tr);
         return rc;
     }
     tr->loss_ema = NAN;
-    tr->rank = sd_dist_rank();
-    tr->world = sd_dist_world();
     if (o->nshards > 0) {
         rc = sd_data_open(&tr->data, o->shards, o->nshards, o->batch, o->seed, o->allow_mixed, err);
         if (rc) {
@@ -142,6 +159,9 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
 /* Free everything. */
 void sd_trainer_close(sd_trainer *tr)
 {
+#ifdef SDTK_HAVE_NCCL
+    sd_nccl_close(tr->nccl);
+#endif
     if (tr->cuda) {
         float **dev[] = {&tr->d_w, &tr->d_grad, &tr->d_m, &tr->d_v, &tr->d_ema, &tr->d_act, &tr->d_dact, &tr->d_dout};
         for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
@@ -444,14 +464,20 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
         else if (++empty_rounds > 1000)
             return sd_err_set(err, SD_EFORMAT, "1000 batches in a row without a usable record");
     }
-    if (world > 1) {
+    if (tr->nccl) {
+#if defined(SDTK_HAVE_NCCL) && defined(SDTK_HAVE_CUDA)
+        /* on the GPU, queued behind the backward pass */
+        sd_status rc = sd_nccl_sum_f32(tr->nccl, tr->d_grad, tr->unet.w.total, sd_cuda_stream(tr->cuda), err);
+        if (rc) return rc;
+#endif
+    } else if (world > 1) {
         /* MPI sums host memory: a GPU's gradient goes through the host */
         sd_status rc = sd_train_grad_to_host(tr, err);
         if (!rc) rc = sd_dist_sum_f32(tr->grad, tr->unet.w.total, err);
         if (rc) return rc;
         put(tr, tr->d_grad, tr->grad, tr->unet.w.total);
-        tr->stop_all = stop > 0;
     }
+    if (world > 1) tr->stop_all = stop > 0;
     tr->images += (long)images;
     *loss = sum / slots;
     if (!isfinite(*loss)) {

@@ -69,6 +69,7 @@ typedef struct {
      * weights); tf32: allow TF32 tensor cores there */
     int device;
     int tf32;
+    int nccl; /* GPU: sum gradients over NCCL even in a world of one (a check of the path) */
 } sd_train_opts;
 
 typedef struct {
@@ -108,6 +109,7 @@ typedef struct {
     float *d_w, *d_m, *d_v, *d_ema, *d_act, *d_dact, *d_dout, *d_grad;
     float *stage; /* GPU: host staging of the noisy latents, timesteps, output */
     int dev_stale, host_stale;
+    void *nccl; /* sd_nccl *: GPU ranks' gradient sums (nccl_sum.h), or NULL */
     FILE *metrics;
     double loss_ema;
     /* data parallel (dist.h): this rank of world; each optimizer step

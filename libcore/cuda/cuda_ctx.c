@@ -342,3 +342,15 @@ sd_status sdc_sync(void *exec, sd_error *err)
     memset(&c->err, 0, sizeof c->err);
     return st;
 }
+
+/* The stream every op of the context runs on. */
+void *sd_cuda_stream(sd_cuda *c)
+{
+    return (void *)c->stream;
+}
+
+/* The device the context was made on. */
+int sd_cuda_device(const sd_cuda *c)
+{
+    return c->device;
+}

@@ -1,0 +1,27 @@
+/* Gradient sums on GPUs over NCCL (built when the CUDA toolkit has it):
+ * one communicator per process over the world's ranks, its unique id made
+ * by rank 0 and broadcast over the world's MPI (dist.h), all-reduces
+ * queued on the CUDA context's stream behind the backward pass, so the
+ * gradient never leaves the GPU. A world of one works too (the --nccl
+ * check of the path on a single GPU). NCCL's ring/tree sums are not in
+ * rank order: results match the MPI path to rounding, not bit for bit,
+ * and repeat run to run on the same machines and world size. */
+#ifndef SDTK_TRAIN_NCCL_SUM_H
+#define SDTK_TRAIN_NCCL_SUM_H
+
+#include <stddef.h>
+
+#include "err.h"
+
+typedef struct sd_nccl sd_nccl;
+
+/* Join the communicator of rank of world on the current CUDA device. */
+sd_status sd_nccl_open(sd_nccl **out, int rank, int world, sd_error *err);
+/* buf[i] = sum over ranks of buf[i], in place, n floats of device memory,
+ * queued on stream (a cudaStream_t). */
+sd_status sd_nccl_sum_f32(sd_nccl *c, float *buf, size_t n, void *stream, sd_error *err);
+void sd_nccl_close(sd_nccl *c);
+/* "NCCL 2.28.x", for the log. */
+const char *sd_nccl_version(sd_nccl *c);
+
+#endif
