@@ -114,6 +114,10 @@ int main(int argc, char **argv)
          "cpu (default) or cuda:K: the UNet's forward and backward on GPU K (AdamW, EMA and checkpoints stay on "
          "the host); plain cuda under mpirun/srun takes the GPU of the process's local rank"},
         {"tf32", 0, SD_OPT_FLAG, &o.tf32, NULL, "allow TF32 tensor cores on the GPU (faster, ~1e-3 relative error)"},
+        {"zero1", 0, SD_OPT_FLAG, &o.zero1, NULL,
+         "under mpirun on CPUs: each rank keeps only its share of the AdamW moments (ZeRO stage 1: gradients "
+         "reduce-scattered, AdamW on the own share, weights all-gathered), cutting their memory by the number of "
+         "ranks; checkpoints still hold the whole state"},
         {"nccl", 0, SD_OPT_FLAG, &o.nccl, NULL,
          "sum gradients over NCCL even with one process (a check of the path; several GPU ranks use NCCL whenever "
          "the build has it)"},
@@ -159,6 +163,7 @@ int main(int argc, char **argv)
     if (!bad && sd_cli_parse_device(device, &o.device)) bad = "--device: cpu, cuda or cuda:K";
     if (!bad && strcmp(device, "cuda") == 0) o.device = local_rank();
     if (!bad && o.nccl && o.device < 0) bad = "--nccl sums GPU gradients: it needs --device cuda or cuda:K";
+    if (!bad && o.zero1 && o.device >= 0) bad = "--zero1 shards the CPU optimizer; not with --device cuda";
     if (!bad && !sd_lr_kind_parse(sched, &o.lr.kind))
         bad = "--lr-schedule: constant, constant_with_warmup, cosine or linear";
     if (!bad && strcmp(dtype, "fp32") == 0) o.save_dtype = SD_ST_F32;

@@ -216,10 +216,23 @@ static sd_status save_local(sd_trainer *tr, sd_error *err)
  * checkpoint (every rank holds the same weights, moments and cursor) and
  * latest last, so latest only ever names a checkpoint of a step every rank
  * completed; then all ranks learn whether the write worked. */
+static sd_status save_all(sd_trainer *tr, sd_error *err);
+
+/* The state the checkpoint holds in host memory first: a GPU run's
+ * weights and moments copied back, ZeRO-1's moment shards gathered whole
+ * (and sharded again afterwards). */
 sd_status sd_train_save(sd_trainer *tr, sd_error *err)
 {
-    sd_status hs = sd_train_sync_host(tr, err); /* a GPU run's state into the host buffers */
-    if (hs) return hs;
+    sd_status rc = sd_train_sync_host(tr, err);
+    if (!rc) rc = sd_train_moments_full(tr, err);
+    if (!rc) rc = save_all(tr, err);
+    sd_train_moments_shard(tr);
+    return rc;
+}
+
+/* Rank 0 writes; every rank learns whether it worked. */
+static sd_status save_all(sd_trainer *tr, sd_error *err)
+{
     if (tr->world <= 1) return save_local(tr, err);
     int ok = 1;
     sd_status rc = sd_dist_all_ok(1, &ok, err);
@@ -291,8 +304,12 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
     if (rc) return rc;
     pjoin(p, ck, "state.safetensors");
     sd_safetensors *st = NULL;
-    rc = sd_st_open(&st, p, err);
-    if (rc) return rc;
+    rc = sd_train_moments_full(tr, err); /* ZeRO-1: whole buffers to read into */
+    if (!rc) rc = sd_st_open(&st, p, err);
+    if (rc) {
+        sd_train_moments_shard(tr);
+        return rc;
+    }
     size_t n = tr->unet.w.total;
     const char *fmt = meta_of(st, "format");
     if (!fmt || strcmp(fmt, "sdtk-train-state 1") != 0)
@@ -378,6 +395,7 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
     memset(tr->grad, 0, n * sizeof(float));
     tr->dev_stale = tr->cuda != NULL; /* a GPU run uploads the loaded state before its next step */
     tr->host_stale = 0;
+    sd_train_moments_shard(tr); /* ZeRO-1: keep this rank's segments */
     sd_st_close(st);
     if (!rc && !tr->o.quiet) sd_log(SD_LOG_INFO, "resumed from %s at step %ld", ck, tr->step);
     return rc;

@@ -27,8 +27,25 @@ int sd_dist_world(void);
 /* What carries the reductions: "none", "MPI (Open MPI ...)" and so on. */
 const char *sd_dist_transport(void);
 
-/* buf[i] = sum over ranks of buf[i], summed in rank order on every rank. */
+/* buf[i] = sum over ranks of buf[i], summed in rank order on every rank:
+ * sd_dist_reduce_scatter_f32 then sd_dist_allgather_f32. */
 sd_status sd_dist_sum_f32(float *buf, size_t n, sd_error *err);
+
+/* The layout both halves of the sum use, which ZeRO-1 shards the
+ * optimizer by: n floats in blocks of SD_DIST_BLOCK, block b split in
+ * world contiguous segments, segment r owned by rank r. */
+enum { SD_DIST_BLOCK = 1 << 22 };
+/* Blocks of n floats. */
+size_t sd_dist_blocks(size_t n);
+/* [*lo, *hi) of the whole buffer: rank's segment of block b. */
+void sd_dist_segment(size_t n, size_t b, int rank, int world, size_t *lo, size_t *hi);
+/* Floats rank owns in total. */
+size_t sd_dist_owned(size_t n, int rank, int world);
+/* Each rank's own segments get the rank-order sum of all ranks' values
+ * there; the rest of buf is left as it was. */
+sd_status sd_dist_reduce_scatter_f32(float *buf, size_t n, sd_error *err);
+/* Every segment from its owner to all ranks. */
+sd_status sd_dist_allgather_f32(float *buf, size_t n, sd_error *err);
 /* Seconds this process spent in sd_dist_sum_f32 (waiting included): the
  * reduction's share of the step time. */
 double sd_dist_sum_seconds(void);

@@ -130,38 +130,45 @@ const char *sd_dist_transport(void)
     return g_name;
 }
 
-/* Sum in rank order, in blocks: every rank sends segment k of the block to
- * rank k (MPI_Alltoallv), sums the N copies of its own segment in rank
- * order, then the summed segments go to everyone (MPI_Allgatherv). Each
- * element crosses the network twice, as in a ring all-reduce, and the
- * order of the additions never depends on timing or the MPI algorithm. */
-sd_status sd_dist_sum_f32(float *buf, size_t n, sd_error *err)
+/* Room for one block's segments from every rank. */
+static sd_status recv_room(size_t seg_max, sd_error *err)
+{
+    size_t need = seg_max * (size_t)g_world;
+    if (g_recv_cap >= need) return SD_OK;
+    free(g_recv);
+    g_recv = malloc(need * sizeof(float));
+    g_recv_cap = g_recv ? need : 0;
+    return g_recv ? SD_OK : sd_err_set(err, SD_ENOMEM, "out of memory for the reduction buffer");
+}
+
+/* Counts and offsets (within block b) of every rank's segment. */
+static void block_layout(size_t n, size_t b, int *cnt, int *off)
+{
+    for (int k = 0; k < g_world; k++) {
+        size_t lo, hi;
+        sd_dist_segment(n, b, k, g_world, &lo, &hi);
+        off[k] = (int)(lo - b * SD_DIST_BLOCK);
+        cnt[k] = (int)(hi - lo);
+    }
+}
+
+/* Per block: every rank sends segment k to rank k (MPI_Alltoallv), which
+ * sums the N copies of its own segment in rank order. The order of the
+ * additions never depends on timing or the MPI algorithm. */
+sd_status sd_dist_reduce_scatter_f32(float *buf, size_t n, sd_error *err)
 {
     if (!g_on || g_world == 1) return SD_OK;
-    const size_t block = (size_t)1 << 22; /* 16 MiB of floats per round */
     int N = g_world;
-    size_t seg_max = (block + (size_t)N - 1) / (size_t)N;
-    if (g_recv_cap < seg_max * (size_t)N) {
-        free(g_recv);
-        g_recv = malloc(seg_max * (size_t)N * sizeof(float));
-        g_recv_cap = g_recv ? seg_max * (size_t)N : 0;
-        if (!g_recv) return sd_err_set(err, SD_ENOMEM, "out of memory for the reduction buffer");
-    }
+    sd_status st = recv_room((SD_DIST_BLOCK + (size_t)N - 1) / (size_t)N, err);
+    if (st) return st;
     int *cnt = malloc(4 * (size_t)N * sizeof(int));
     if (!cnt) return sd_err_set(err, SD_ENOMEM, "out of memory");
     int *off = cnt + N, *rcnt = cnt + 2 * N, *roff = cnt + 3 * N;
-    sd_status st = SD_OK;
     double t0 = MPI_Wtime();
-    watch("the gradient all-reduce");
-    for (size_t b0 = 0; b0 < n && !st; b0 += block) {
-        size_t m = n - b0 < block ? n - b0 : block;
-        float *p = buf + b0;
-        /* segment k: [off[k], off[k] + cnt[k]) of this block */
-        for (int k = 0; k < N; k++) {
-            size_t lo = m * (size_t)k / (size_t)N, hi = m * (size_t)(k + 1) / (size_t)N;
-            off[k] = (int)lo;
-            cnt[k] = (int)(hi - lo);
-        }
+    watch("the gradient reduce-scatter");
+    for (size_t b = 0; b < sd_dist_blocks(n) && !st; b++) {
+        float *p = buf + b * SD_DIST_BLOCK;
+        block_layout(n, b, cnt, off);
         int mine = cnt[g_rank];
         for (int k = 0; k < N; k++) {
             rcnt[k] = mine;
@@ -178,13 +185,41 @@ sd_status sd_dist_sum_f32(float *buf, size_t n, sd_error *err)
             for (int k = 1; k < N; k++) s += g_recv[(size_t)k * (size_t)mine + (size_t)i];
             dst[i] = s;
         }
-        rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, p, cnt, off, MPI_FLOAT, MPI_COMM_WORLD);
-        if (rc != MPI_SUCCESS) st = mpi_fail(rc, "MPI_Allgatherv (gradient sum)", err);
     }
     watch(NULL);
     g_sum_s += MPI_Wtime() - t0;
     free(cnt);
     return st;
+}
+
+/* Per block, every rank's segment to everyone (MPI_Allgatherv in place). */
+sd_status sd_dist_allgather_f32(float *buf, size_t n, sd_error *err)
+{
+    if (!g_on || g_world == 1) return SD_OK;
+    int N = g_world;
+    int *cnt = malloc(2 * (size_t)N * sizeof(int));
+    if (!cnt) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    int *off = cnt + N;
+    sd_status st = SD_OK;
+    double t0 = MPI_Wtime();
+    watch("an all-gather of the segments");
+    for (size_t b = 0; b < sd_dist_blocks(n) && !st; b++) {
+        block_layout(n, b, cnt, off);
+        int rc = MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf + b * SD_DIST_BLOCK, cnt, off, MPI_FLOAT,
+                                MPI_COMM_WORLD);
+        if (rc != MPI_SUCCESS) st = mpi_fail(rc, "MPI_Allgatherv", err);
+    }
+    watch(NULL);
+    g_sum_s += MPI_Wtime() - t0;
+    free(cnt);
+    return st;
+}
+
+/* Each element crosses the network twice, as in a ring all-reduce. */
+sd_status sd_dist_sum_f32(float *buf, size_t n, sd_error *err)
+{
+    sd_status st = sd_dist_reduce_scatter_f32(buf, n, err);
+    return st ? st : sd_dist_allgather_f32(buf, n, err);
 }
 
 /* The time the gradient sums took so far. */

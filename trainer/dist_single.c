@@ -79,3 +79,21 @@ sd_status sd_dist_bcast(void *buf, size_t bytes, sd_error *err)
     (void)err;
     return SD_OK;
 }
+
+/* A world of one owns everything: already summed. */
+sd_status sd_dist_reduce_scatter_f32(float *buf, size_t n, sd_error *err)
+{
+    (void)buf;
+    (void)n;
+    (void)err;
+    return SD_OK;
+}
+
+/* A world of one holds every segment. */
+sd_status sd_dist_allgather_f32(float *buf, size_t n, sd_error *err)
+{
+    (void)buf;
+    (void)n;
+    (void)err;
+    return SD_OK;
+}

@@ -122,14 +122,30 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
     sd_status rc = open_model(tr, err);
     if (rc) return rc;
     size_t n = tr->unet.w.total;
-    tr->m = calloc(n, sizeof(float));
-    tr->v = calloc(n, sizeof(float));
+    tr->rank = sd_dist_rank();
+    tr->world = sd_dist_world();
+    if (o->zero1 && o->device >= 0) {
+        sd_trainer_close(tr);
+        return sd_err_set(err, SD_EUNSUPPORTED, "--zero1 shards the CPU optimizer; GPU ranks keep whole moments");
+    }
+    if (o->zero1) {
+        size_t own = sd_dist_owned(n, tr->rank, tr->world);
+        tr->m_sh = calloc(own ? own : 1, sizeof(float));
+        tr->v_sh = calloc(own ? own : 1, sizeof(float));
+        if (!tr->m_sh || !tr->v_sh) {
+            sd_trainer_close(tr);
+            return sd_err_set(err, SD_ENOMEM, "out of memory for the optimizer shard");
+        }
+    } else {
+        tr->m = calloc(n, sizeof(float));
+        tr->v = calloc(n, sizeof(float));
+    }
     tr->grad = calloc(n, sizeof(float));
     if (o->ema_decay > 0) {
         tr->ema = malloc(n * sizeof(float));
         if (tr->ema) memcpy(tr->ema, tr->unet.w.data, n * sizeof(float));
     }
-    if (!tr->m || !tr->v || !tr->grad || (o->ema_decay > 0 && !tr->ema)) {
+    if ((!o->zero1 && (!tr->m || !tr->v)) || !tr->grad || (o->ema_decay > 0 && !tr->ema)) {
         sd_trainer_close(tr);
         return sd_err_set(err, SD_ENOMEM, "out of memory for optimizer state (%zu MB)", 3 * n * 4 >> 20);
     }
@@ -137,8 +153,6 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
     sd_rng_seed(&tr->rng, o->seed);
     sd_tally_init(&tr->tally, 5);
     tr->pool = o->threads > 1 ? sd_pool_create(o->threads) : NULL;
-    tr->rank = sd_dist_rank();
-    tr->world = sd_dist_world();
     rc = open_backend(tr, err);
     if (rc) {
         sd_trainer_close(tr);
@@ -171,6 +185,8 @@ void sd_trainer_close(sd_trainer *tr)
 #endif
     }
     free(tr->stage);
+    free(tr->m_sh);
+    free(tr->v_sh);
     sd_unet_free(&tr->unet);
     free(tr->m);
     free(tr->v);
@@ -376,6 +392,84 @@ double sd_train_apply(sd_trainer *tr)
     return norm;
 }
 
+/* Copy between the full moments and this rank's packed segments. */
+static void moments_copy(sd_trainer *tr, int to_shard)
+{
+    size_t n = tr->unet.w.total, off = 0, lo, hi;
+    for (size_t b = 0; b < sd_dist_blocks(n); b++) {
+        sd_dist_segment(n, b, tr->rank, tr->world, &lo, &hi);
+        size_t len = (hi - lo) * sizeof(float);
+        if (to_shard) {
+            memcpy(tr->m_sh + off, tr->m + lo, len);
+            memcpy(tr->v_sh + off, tr->v + lo, len);
+        } else {
+            memcpy(tr->m + lo, tr->m_sh + off, len);
+            memcpy(tr->v + lo, tr->v_sh + off, len);
+        }
+        off += hi - lo;
+    }
+}
+
+/* Every rank's segments into whole m and v on every rank (a checkpoint
+ * writes them; a resume reads into them). */
+sd_status sd_train_moments_full(sd_trainer *tr, sd_error *err)
+{
+    if (!tr->o.zero1) return SD_OK;
+    size_t n = tr->unet.w.total;
+    if (!tr->m) tr->m = calloc(n, sizeof(float));
+    if (!tr->v) tr->v = calloc(n, sizeof(float));
+    if (!tr->m || !tr->v) return sd_err_set(err, SD_ENOMEM, "out of memory for the whole AdamW moments");
+    moments_copy(tr, 0);
+    sd_status rc = sd_dist_allgather_f32(tr->m, n, err);
+    return rc ? rc : sd_dist_allgather_f32(tr->v, n, err);
+}
+
+/* Back to this rank's segments only. */
+void sd_train_moments_shard(sd_trainer *tr)
+{
+    if (!tr->o.zero1 || !tr->m || !tr->v) return;
+    moments_copy(tr, 1);
+    free(tr->m);
+    free(tr->v);
+    tr->m = tr->v = NULL;
+}
+
+/* ZeRO-1's optimizer step, after the reduce-scatter left each rank the
+ * summed gradient of its own segments: the global norm from every rank's
+ * sum of squares (added in rank order), AdamW on the own segments with
+ * the packed moments, then the updated weights all-gathered. The same
+ * arithmetic per element as sd_train_apply; the norm's sum is grouped by
+ * segment, so it may differ from the whole-buffer chunks in the last bits. */
+static sd_status apply_zero1(sd_trainer *tr, double *gnorm, sd_error *err)
+{
+    size_t n = tr->unet.w.total, off, lo, hi;
+    double ss = 0;
+    for (size_t b = 0; b < sd_dist_blocks(n); b++) {
+        sd_dist_segment(n, b, tr->rank, tr->world, &lo, &hi);
+        ss += sd_sum_squares(tr->pool, hi - lo, tr->grad + lo);
+    }
+    sd_status rc = sd_dist_sum_f64(&ss, 1, err);
+    if (rc) return rc;
+    double norm = sqrt(ss), lr = sd_lr_at(&tr->o.lr, tr->step);
+    sd_adamw_args a = sd_adamw_args_at(&tr->o.adam, lr, tr->step + 1, sd_clip_factor(norm, tr->o.max_grad_norm));
+    off = 0;
+    for (size_t b = 0; b < sd_dist_blocks(n); b++) {
+        sd_dist_segment(n, b, tr->rank, tr->world, &lo, &hi);
+        sd_adamw_fwd(tr->pool, &a, hi - lo, tr->unet.w.data + lo, tr->m_sh + off, tr->v_sh + off, tr->grad + lo);
+        off += hi - lo;
+    }
+    rc = sd_dist_allgather_f32(tr->unet.w.data, n, err);
+    if (rc) return rc;
+    zero_grad(tr);
+    tr->step++;
+    if (tr->ema && tr->step % (tr->o.ema_every > 0 ? tr->o.ema_every : 1) == 0) {
+        tr->ema_updates++;
+        sd_ema_fwd(tr->pool, n, tr->ema, tr->unet.w.data, (float)(1.0 - sd_ema_decay(tr->o.ema_decay, tr->ema_updates)));
+    }
+    *gnorm = norm;
+    return SD_OK;
+}
+
 /* splitmix64's finaliser: a well-mixed 64-bit hash of x. */
 static uint64_t mix64(uint64_t x)
 {
@@ -470,6 +564,10 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
         sd_status rc = sd_nccl_sum_f32(tr->nccl, tr->d_grad, tr->unet.w.total, sd_cuda_stream(tr->cuda), err);
         if (rc) return rc;
 #endif
+    } else if (tr->o.zero1) {
+        /* each rank gets the sum of its own segments only */
+        sd_status rc = sd_dist_reduce_scatter_f32(tr->grad, tr->unet.w.total, err);
+        if (rc) return rc;
     } else if (world > 1) {
         /* MPI sums host memory: a GPU's gradient goes through the host */
         sd_status rc = sd_train_grad_to_host(tr, err);
@@ -486,6 +584,7 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
         *gnorm = NAN;
         return SD_OK;
     }
+    if (tr->o.zero1) return apply_zero1(tr, gnorm, err);
     *gnorm = sd_train_apply(tr);
     return SD_OK;
 }

@@ -70,6 +70,7 @@ typedef struct {
     int device;
     int tf32;
     int nccl; /* GPU: sum gradients over NCCL even in a world of one (a check of the path) */
+    int zero1; /* CPU ranks: shard the AdamW moments across ranks (ZeRO stage 1) */
 } sd_train_opts;
 
 typedef struct {
@@ -110,6 +111,9 @@ typedef struct {
     float *stage; /* GPU: host staging of the noisy latents, timesteps, output */
     int dev_stale, host_stale;
     void *nccl; /* sd_nccl *: GPU ranks' gradient sums (nccl_sum.h), or NULL */
+    /* ZeRO-1: this rank's segments of the moments (dist.h's layout), packed;
+     * m and v are then NULL except while a checkpoint is written or read */
+    float *m_sh, *v_sh;
     FILE *metrics;
     double loss_ema;
     /* data parallel (dist.h): this rank of world; each optimizer step
@@ -158,6 +162,12 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
 /* Run until max_steps or *stop, checkpointing every save_every steps, at
  * the end, on *stop, and (the state before the bad step) on a NaN loss. */
 sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *err);
+
+/* ZeRO-1 around checkpoints: the full moments gathered into m and v from
+ * every rank's shard (collective), and back to the shards (m, v freed).
+ * Both do nothing without zero1. */
+sd_status sd_train_moments_full(sd_trainer *tr, sd_error *err);
+void sd_train_moments_shard(sd_trainer *tr);
 
 /* Checkpoints (ckpt.c): out_dir/checkpoint-<step>/ with unet/ and
  * state.safetensors, and out_dir/latest naming the newest. */
