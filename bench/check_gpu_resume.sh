@@ -3,7 +3,8 @@
 # an NVIDIA GPU; docs/GPU.md): a tiny UNet (CONFIG) trained STEPS steps on
 # SHARD on cuda:0 twice, then once killed with SIGKILL midway and resumed
 # from its last checkpoint; the final weights of the three compared bit for
-# bit (cmp of the checkpoints' safetensors).
+# bit (cmp of the checkpoints' safetensors); and a run whose gradient sums go
+# through NCCL in a world of one (--nccl) against the plain run.
 # usage: bench/check_gpu_resume.sh BUILD_DIR SHARD CONFIG [STEPS]
 set -u
 B=$(realpath "${1:-build}")
@@ -32,3 +33,9 @@ cmp -s "$T/a/$f" "$T/b/$f" && echo "two uninterrupted cuda:0 runs: final weights
     echo "two uninterrupted cuda:0 runs: final weights DIFFER"
 cmp -s "$T/a/$f" "$T/c/$f" && echo "killed + resumed vs uninterrupted: final weights bit-identical" ||
     echo "killed + resumed vs uninterrupted: final weights DIFFER"
+if run "$T/n" --nccl 2> "$T/n.log"; then
+    cmp -s "$T/a/$f" "$T/n/$f" && echo "--nccl (world of one) vs plain: final weights bit-identical" ||
+        echo "--nccl (world of one) vs plain: final weights DIFFER"
+else
+    echo "--nccl run failed: $(tail -2 "$T/n.log")"
+fi

@@ -15,12 +15,19 @@
 #define THREADS 256
 #define MAX_BLOCKS 65536
 
-/* Blocks for a grid-stride loop over n items (at least one). */
-static unsigned blocks_for(size_t n)
+/* Blocks of `threads` for a grid-stride loop over n items: at least one,
+ * at most MAX_BLOCKS (the loop covers the rest). */
+extern "C" unsigned sdk_grid_blocks(size_t n, unsigned threads)
 {
-    size_t b = (n + THREADS - 1) / THREADS;
+    size_t b = (n + threads - 1) / threads;
     if (b > MAX_BLOCKS) b = MAX_BLOCKS;
     return b ? (unsigned)b : 1u;
+}
+
+/* Blocks of THREADS for n items. */
+static unsigned blocks_for(size_t n)
+{
+    return sdk_grid_blocks(n, THREADS);
 }
 
 /* Index of the first item of this thread and the grid's stride. */

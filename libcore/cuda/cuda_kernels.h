@@ -27,6 +27,9 @@ void *sdc_alloc(sd_cuda *c, size_t bytes);
 void sdc_release(sd_cuda *c, void *p);
 size_t sdc_smem_optin(const sd_cuda *c);
 
+/* Blocks of `threads` for a grid-stride loop over n items (1 to 65536). */
+unsigned sdk_grid_blocks(size_t n, unsigned threads);
+
 /* Element-wise activations, by kind. */
 typedef enum { SDK_SILU, SDK_GELU, SDK_QUICK_GELU, SDK_GAUSS_STD } sdk_act;
 cudaError_t sdk_act_fwd(sd_cuda *c, sdk_act kind, size_t n, float *y, const float *x);

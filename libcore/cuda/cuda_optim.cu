@@ -6,15 +6,12 @@
 #include "ops_math.h"
 
 #define OPT_THREADS 256
-#define OPT_MAX_BLOCKS 65536
 #define SUMSQ_BLOCKS 1024
 
-/* Blocks for a grid-stride loop over n items (at least one). */
+/* Blocks for a grid-stride loop over n items. */
 static unsigned opt_blocks(size_t n)
 {
-    size_t b = (n + OPT_THREADS - 1) / OPT_THREADS;
-    if (b > OPT_MAX_BLOCKS) b = OPT_MAX_BLOCKS;
-    return b ? (unsigned)b : 1u;
+    return sdk_grid_blocks(n, OPT_THREADS);
 }
 
 /* part[block] = sum of x[i]^2 over the block's grid-stride items, in
