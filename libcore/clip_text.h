@@ -136,4 +136,25 @@ sd_status sd_clip_text_encode_on(const sd_clip_text *m, const sd_backend *be, vo
                                  int t, const int32_t *ids, const int32_t *ids_be, const sd_clip_text_out *out,
                                  float *hidden, float *pooled, float *ws, sd_error *err);
 
+/* The encoder on any backend from host buffers (clip_text_runner.c), as
+ * sd_vae_runner is for the VAE: init copies the parameters into the
+ * backend's memory once; encode copies ids [n, t] in, runs
+ * sd_clip_text_encode_on on buffers the runner keeps (grown on demand) and
+ * copies hidden [n, t, width] and pooled [n, pooled_dim] out (either may be
+ * NULL). On the CPU backend the results equal sd_clip_text_encode's bit for
+ * bit. free releases everything; calling it twice is harmless. */
+typedef struct {
+    const sd_backend *be;
+    void *exec;
+    float *params, *ws, *hidden, *pooled; /* the backend's memory */
+    int32_t *ids_be;
+    size_t ws_cap, ids_cap, hidden_cap, pooled_cap; /* bytes */
+} sd_clip_text_runner;
+
+sd_status sd_clip_text_runner_init(sd_clip_text_runner *r, const sd_clip_text *m, const sd_backend *be, void *exec,
+                                   sd_error *err);
+sd_status sd_clip_text_runner_encode(sd_clip_text_runner *r, const sd_clip_text *m, int n, int t, const int32_t *ids,
+                                     const sd_clip_text_out *out, float *hidden, float *pooled, sd_error *err);
+void sd_clip_text_runner_free(sd_clip_text_runner *r);
+
 #endif

@@ -4,8 +4,9 @@
  * layout (transformers names, or OpenCLIP's fused in_proj and transposed
  * text_projection; fp32/fp16/bf16), hidden states and pooled output within
  * 1e-4; bit-identical for 1, 2 and 3 threads and for a sequence encoded
- * alone or inside a batch; clear errors for missing files, wrong shapes,
- * bad ids and bad options. */
+ * alone or inside a batch; the runner (parameters and buffers in the
+ * backend's memory) bit-identical to sd_clip_text_encode on the CPU; clear
+ * errors for missing files, wrong shapes, bad ids and bad options. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -247,6 +248,88 @@ static void check_sdxl(void)
     sd_st_close(g.st);
 }
 
+/* sd_clip_text_runner on the CPU table against sd_clip_text_encode for the
+ * golden ids of one encoder: bit-identical hidden states and pooled
+ * output, with the runner's buffers first sized for one sequence, grown
+ * for all of them, then reused for one again; pooled-free and hidden-free
+ * calls; bad sizes and ids refused before anything runs; free twice. */
+static void check_runner(const char *name, sd_clip_text_opts opts, sd_clip_variant variant)
+{
+    int failed_before = check_failures;
+    golden g;
+    if (!golden_open(&g, name)) return;
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", GOLDEN_DIR, name);
+    sd_clip_text m;
+    sd_clip_text_out o;
+    sd_error err = {0};
+    if (!CHECK(sd_clip_text_load(&m, dir, &opts, &err) == SD_OK)) {
+        fprintf(stderr, "runner %s: %s\n", name, err.msg);
+        sd_st_close(g.st);
+        return;
+    }
+    size_t ph = (size_t)g.t * (size_t)m.cfg.width, pp = (size_t)sd_clip_text_pooled_dim(&m);
+    size_t nh = (size_t)g.n * ph, np = (size_t)g.n * pp;
+    float *href = calloc(nh, sizeof(float)), *pref = calloc(np, sizeof(float));
+    float *h = calloc(nh, sizeof(float)), *p = calloc(np, sizeof(float));
+    int32_t *bad = malloc((size_t)g.t * sizeof(int32_t));
+    sd_pool *pool = sd_pool_create(2);
+    sd_clip_text_runner r;
+    if (!CHECK(href && pref && h && p && bad && pool) ||
+        !CHECK(sd_clip_text_preset(&m, variant, 0, &o, &err) == SD_OK) ||
+        !CHECK(encode(&m, &g, 0, g.n, 1, &o, href, pref)) ||
+        !CHECK(sd_clip_text_runner_init(&r, &m, sd_backend_cpu(), pool, &err) == SD_OK))
+        goto done;
+    /* one sequence: buffers sized for n = 1 */
+    CHECK(sd_clip_text_runner_encode(&r, &m, 1, g.t, g.ids, &o, h, p, &err) == SD_OK);
+    CHECK(memcmp(h, href, ph * sizeof(float)) == 0);
+    CHECK(memcmp(p, pref, pp * sizeof(float)) == 0);
+    CHECK(r.hidden_cap == ph * sizeof(float) && r.pooled_cap == pp * sizeof(float));
+    /* all of them: the buffers grow */
+    memset(h, 0, nh * sizeof(float));
+    memset(p, 0, np * sizeof(float));
+    CHECK(sd_clip_text_runner_encode(&r, &m, g.n, g.t, g.ids, &o, h, p, &err) == SD_OK);
+    CHECK(memcmp(h, href, nh * sizeof(float)) == 0);
+    CHECK(memcmp(p, pref, np * sizeof(float)) == 0);
+    CHECK(r.hidden_cap == nh * sizeof(float) && r.pooled_cap == np * sizeof(float));
+    CHECK(r.ids_cap == (size_t)g.n * (size_t)g.t * sizeof(int32_t));
+    /* the last one alone: the same buffers again */
+    const float *hb = r.hidden, *pb = r.pooled, *wb = r.ws;
+    const int32_t *last = g.ids + (size_t)(g.n - 1) * (size_t)g.t;
+    CHECK(sd_clip_text_runner_encode(&r, &m, 1, g.t, last, &o, h, p, &err) == SD_OK);
+    CHECK(memcmp(h, href + (size_t)(g.n - 1) * ph, ph * sizeof(float)) == 0);
+    CHECK(memcmp(p, pref + (size_t)(g.n - 1) * pp, pp * sizeof(float)) == 0);
+    CHECK(r.hidden == hb && r.pooled == pb && r.ws == wb && r.hidden_cap == nh * sizeof(float));
+    /* hidden only, then pooled only */
+    memset(h, 0, nh * sizeof(float));
+    CHECK(sd_clip_text_runner_encode(&r, &m, g.n, g.t, g.ids, &o, h, NULL, &err) == SD_OK);
+    CHECK(memcmp(h, href, nh * sizeof(float)) == 0);
+    memset(p, 0, np * sizeof(float));
+    CHECK(sd_clip_text_runner_encode(&r, &m, g.n, g.t, g.ids, NULL, NULL, p, &err) == SD_OK);
+    CHECK(memcmp(p, pref, np * sizeof(float)) == 0);
+    /* refused: no sequences, too many tokens, an id outside the vocabulary */
+    CHECK(sd_clip_text_runner_encode(&r, &m, 0, g.t, g.ids, &o, h, p, &err) == SD_EINVAL);
+    CHECK(sd_clip_text_runner_encode(&r, &m, 1, m.cfg.positions + 1, g.ids, &o, h, p, &err) == SD_EINVAL);
+    memcpy(bad, g.ids, (size_t)g.t * sizeof(int32_t));
+    bad[0] = m.cfg.vocab;
+    CHECK(sd_clip_text_runner_encode(&r, &m, 1, g.t, bad, &o, h, p, &err) == SD_ERANGE);
+    printf("%s encoder %d: runner on the CPU table vs sd_clip_text_encode, 1, %d, 1 sequences: %s\n", name,
+           opts.which + 1, g.n, check_failures == failed_before ? "bit-identical" : "FAILED");
+    sd_clip_text_runner_free(&r);
+    CHECK(r.params == NULL && r.ws == NULL && r.ids_be == NULL && r.hidden == NULL && r.pooled == NULL);
+    sd_clip_text_runner_free(&r); /* twice is harmless */
+    CHECK(sd_clip_text_runner_encode(&r, &m, 1, g.t, g.ids, &o, h, p, &err) == SD_EINVAL); /* freed */
+done:
+    if (pool) sd_pool_destroy(pool);
+    free(href);
+    free(pref);
+    free(h);
+    free(p);
+    free(bad);
+    sd_clip_text_free(&m);
+    sd_st_close(g.st);
+}
+
 /* A config.json naming more layers than the file holds, in a temp file. */
 static int write_config(char *path, size_t cap)
 {
@@ -335,6 +418,10 @@ int main(void)
     check_sd1();
     check_sd2();
     check_sdxl();
+    check_runner("sd1", (sd_clip_text_opts){0}, SD_CLIP_SD1);
+    check_runner("sd2", (sd_clip_text_opts){0}, SD_CLIP_SD2);
+    check_runner("sdxl", (sd_clip_text_opts){0}, SD_CLIP_SDXL_L);
+    check_runner("sdxl", (sd_clip_text_opts){.which = 1}, SD_CLIP_SDXL_G);
     check_errors();
     return check_done("test_clip_text");
 }

@@ -57,7 +57,7 @@ int main(int argc, char **argv)
         {"tokenizer", 0, SD_OPT_STR, &o.tokenizer, "DIR", "folder holding tokenizer/ (and tokenizer_2/) for --text"},
         {"clip-skip", 0, SD_OPT_INT, &clip_skip, "N",
          "skip N more text-encoder layers than the SD variant's default (kohya's --clip_skip 2 is 1 here)"},
-        {"device", 0, SD_OPT_STR, &o.device, "DEV", "cpu (default) or cuda:K: the VAE on GPU K (decoding and text encoders stay on the CPU)"},
+        {"device", 0, SD_OPT_STR, &o.device, "DEV", "cpu (default) or cuda:K: the VAE and the --text encoders on GPU K (decoding stays on the CPU)"},
         {"shard", 0, SD_OPT_STR, &part, "I/N", "cache only records whose key hashes to part I of N (one process per GPU)"},
         {"batch", 'b', SD_OPT_INT, &batch, "N", "images per VAE batch, all of one bucket (default 1)"},
         {"threads", 'j', SD_OPT_INT, &threads, "N", "CPU threads for decoding and the CPU engine (default: all CPUs)"},

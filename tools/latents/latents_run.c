@@ -41,7 +41,7 @@ typedef struct {
     size_t img_cap, lat_cap, std_cap, ws_cap;
     sd_vae_runner runner; /* the VAE on its device (the CPU, or a GPU with --device cuda:K) */
     int runner_ok;
-    void *cuda;           /* sd_cuda * when a GPU runs the VAE */
+    void *cuda;           /* sd_cuda * when a GPU runs the VAE and the text encoders */
     sd_status *dec_st; /* per job of a batch */
     char (*dec_msg)[256];
     sd_buf conv; /* the record's tensors in the stored dtype */
@@ -167,7 +167,7 @@ static sd_status write_meta(run *r, sd_error *err)
          * dropout at train time; its key is in meta "empty_text" */
         char hex[33];
         for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", r->empty_key[i]);
-        st = text_put(&r->text, r->shard, r->be, r->pool, "", 0, r->empty_key, &r->trec, err);
+        st = text_put(&r->text, r->shard, "", 0, r->empty_key, &r->trec, err);
         if (!st) st = sd_shard_meta_set(r->shard, "empty_text", hex, err);
         if (!st) st = sd_shard_meta_set(r->shard, "text_encoder", r->text.ident, err);
     }
@@ -203,7 +203,7 @@ static sd_status put_record(run *r, latent_job *j, size_t k, size_t ok, size_t l
 {
     const uint8_t *text_ref = NULL;
     if (r->text_on) {
-        sd_status ts = text_put(&r->text, r->shard, r->be, r->pool, j->caption, j->caption_len, j->text_key, &r->trec, err);
+        sd_status ts = text_put(&r->text, r->shard, j->caption, j->caption_len, j->text_key, &r->trec, err);
         if (ts) return ts;
         text_ref = j->text_key;
     }
@@ -326,6 +326,7 @@ static void run_free(run *r)
     }
     jobs_free(&r->jobs);
     sd_vae_free(&r->vae);
+    if (r->text_on) text_close(&r->text); /* its runners' device memory goes before the context */
     if (r->pool) sd_pool_destroy(r->pool);
     free(r->img);
     free(r->mean);
@@ -340,7 +341,6 @@ static void run_free(run *r)
     sd_buf_free(&r->conv);
     sd_buf_free(&r->rec);
     sd_buf_free(&r->trec);
-    if (r->text_on) text_close(&r->text);
 }
 
 /* Each pool worker releases its libvips thread state. */
@@ -353,9 +353,9 @@ static void image_thread_done(void *ctx, int worker, size_t begin, size_t end)
     sd_image_thread_done();
 }
 
-/* The VAE's device: the CPU engine on the thread pool, or with --device
- * cuda:K the CUDA backend (parameters copied to the GPU once). Decoding
- * and the text encoders stay on the CPU pool. */
+/* The device of the VAE and, with --text, the text encoders: the CPU
+ * engine on the thread pool, or with --device cuda:K the CUDA backend
+ * (parameters copied to the GPU once). Decoding stays on the CPU pool. */
 static sd_status open_device(run *r, sd_error *err)
 {
     const sd_backend *be = r->be;
@@ -368,8 +368,8 @@ static sd_status open_device(run *r, sd_error *err)
         r->cuda = c;
         be = sd_backend_cuda();
         exec = c;
-        sd_log(SD_LOG_INFO, "VAE on cuda:%d (the CUDA backend has not been run by the sdtk project; "
-               "check it with sd-selftest --device cuda:%d)", r->o->cuda_device, r->o->cuda_device);
+        sd_log(SD_LOG_INFO, "VAE%s on cuda:%d (sd-selftest --device cuda:%d checks the backend)",
+               r->text_on ? " and text encoders" : "", r->o->cuda_device, r->o->cuda_device);
 #else
         return sd_err_set(err, SD_EUNSUPPORTED, "--device cuda:%d: this sd-latents was built without CUDA "
                           "(nvcc was not found at build time)", r->o->cuda_device);
@@ -377,6 +377,7 @@ static sd_status open_device(run *r, sd_error *err)
     }
     sd_status st = sd_vae_runner_init(&r->runner, &r->vae, be, exec, err);
     r->runner_ok = !st;
+    if (!st && r->text_on) st = text_device(&r->text, be, exec, err);
     return st;
 }
 

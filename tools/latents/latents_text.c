@@ -93,16 +93,26 @@ sd_status text_open(text_cache *t, const char *model, const char *tok_dir, int c
     return st;
 }
 
-/* Release models, tokenizers and buffers. */
+/* Put every encoder on the backend that runs the VAE (the CPU pool, or a
+ * GPU with --device cuda:K): its parameters are copied there once, and
+ * text_put encodes through these runners. */
+sd_status text_device(text_cache *t, const sd_backend *be, void *exec, sd_error *err)
+{
+    sd_status st = SD_OK;
+    for (int i = 0; i < t->n && !st; i++) st = sd_clip_text_runner_init(&t->run[i], &t->enc[i], be, exec, err);
+    return st;
+}
+
+/* Release models, runners, tokenizers and buffers. */
 void text_close(text_cache *t)
 {
     for (int i = 0; i < 2; i++) {
+        sd_clip_text_runner_free(&t->run[i]); /* a no-op when never initialised */
         if (t->loaded[i]) sd_clip_text_free(&t->enc[i]);
         if (t->tok[i]) sd_clip_tok_free(t->tok[i]);
     }
     if (t->work) sd_clip_work_free(t->work);
     sd_clip_ids_free(&t->ids);
-    free(t->ws);
     free(t->hidden);
     free(t->pooled);
     free(t->conv);
@@ -152,8 +162,8 @@ static sd_status tokenize(text_cache *t, int i, const char *caption, size_t len,
 
 /* Encode one caption with every encoder and put its text record under key
  * in the shard's open batch, unless the shard already has that key. */
-sd_status text_put(text_cache *t, sd_shard *s, const sd_backend *be, sd_pool *pool, const char *caption, size_t len,
-                   const uint8_t key[16], sd_buf *rec, sd_error *err)
+sd_status text_put(text_cache *t, sd_shard *s, const char *caption, size_t len, const uint8_t key[16], sd_buf *rec,
+                   sd_error *err)
 {
     int found = 0;
     t->total++;
@@ -167,13 +177,7 @@ sd_status text_put(text_cache *t, sd_shard *s, const sd_backend *be, sd_pool *po
     size_t esz = sd_dtype_size(t->dtype), need = 0;
     for (int i = 0; i < t->n; i++) need += (size_t)SD_CLIP_CTX * (size_t)t->enc[i].cfg.width;
     size_t pdim = t->n > 1 ? (size_t)sd_clip_text_pooled_dim(&t->enc[1]) : 0;
-    size_t wsn = 0;
-    for (int i = 0; i < t->n; i++) {
-        size_t w = sd_clip_text_workspace_floats(&t->enc[i], SD_CLIP_CTX);
-        if (w > wsn) wsn = w;
-    }
-    if (grow(&t->ws, &t->ws_cap, wsn) || grow(&t->hidden, &t->hidden_cap, need) ||
-        grow(&t->pooled, &t->pooled_cap, pdim + 1))
+    if (grow(&t->hidden, &t->hidden_cap, need) || grow(&t->pooled, &t->pooled_cap, pdim + 1))
         return sd_err_set(err, SD_ENOMEM, "out of memory for text encoding");
     size_t cbytes = (need + pdim) * esz;
     if (cbytes > t->conv_cap) {
@@ -189,8 +193,8 @@ sd_status text_put(text_cache *t, sd_shard *s, const sd_backend *be, sd_pool *po
         st = tokenize(t, i, caption, len, ids, err);
         float *h = t->hidden + off;
         if (!st)
-            st = sd_clip_text_encode(&t->enc[i], be, pool, 1, SD_CLIP_CTX, ids, &t->out[i], h,
-                                     i == 1 ? t->pooled : NULL, t->ws, err);
+            st = sd_clip_text_runner_encode(&t->run[i], &t->enc[i], 1, SD_CLIP_CTX, ids, &t->out[i], h,
+                                            i == 1 ? t->pooled : NULL, err);
         if (st) break;
         size_t nh = (size_t)SD_CLIP_CTX * (size_t)t->enc[i].cfg.width;
         sd_dtype_store(t->conv + off * esz, h, nh, t->dtype);

@@ -25,8 +25,9 @@ typedef struct {
     sd_clip_ids ids;
     int dtype, clip_skip;
     char ident[160]; /* encoder identity hashed into every text key */
-    float *ws, *hidden, *pooled;
-    size_t ws_cap, hidden_cap, pooled_cap;
+    sd_clip_text_runner run[2]; /* each encoder on its device (text_device) */
+    float *hidden, *pooled;      /* host copies of the outputs */
+    size_t hidden_cap, pooled_cap;
     unsigned char *conv;
     size_t conv_cap;
     /* statistics */
@@ -36,9 +37,10 @@ typedef struct {
 } text_cache;
 
 sd_status text_open(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int dtype, sd_error *err);
+sd_status text_device(text_cache *t, const sd_backend *be, void *exec, sd_error *err);
 void text_close(text_cache *t);
 void text_key(const text_cache *t, const char *caption, size_t len, uint8_t key[16]);
-sd_status text_put(text_cache *t, sd_shard *s, const sd_backend *be, sd_pool *pool, const char *caption, size_t len,
-                   const uint8_t key[16], sd_buf *rec, sd_error *err);
+sd_status text_put(text_cache *t, sd_shard *s, const char *caption, size_t len, const uint8_t key[16], sd_buf *rec,
+                   sd_error *err);
 
 #endif
