@@ -200,3 +200,28 @@ const sd_backend *sd_backend_cpu(void)
 {
     return &cpu_backend;
 }
+
+/* Grow-only buffers: a runner's steady state allocates nothing. */
+sd_status sd_backend_grow(const sd_backend *be, void *exec, void **p, size_t *cap, size_t bytes, const char *who,
+                          const char *what, sd_error *err)
+{
+    if (*p && *cap >= bytes) return SD_OK;
+    sd_backend_drop(be, exec, p);
+    *cap = 0;
+    *p = be->alloc(exec, bytes);
+    if (!*p) {
+        sd_error why = {0};
+        sd_status st = be->sync(exec, &why); /* a device backend has the reason */
+        return sd_err_set(err, SD_ENOMEM, "%s on %s: cannot allocate the %s (%zu MiB)%s%s", who, be->name, what,
+                          bytes >> 20, st ? ": " : "", st ? why.msg : "");
+    }
+    *cap = bytes;
+    return SD_OK;
+}
+
+/* Release and forget. */
+void sd_backend_drop(const sd_backend *be, void *exec, void **p)
+{
+    if (*p) be->release(exec, *p);
+    *p = NULL;
+}

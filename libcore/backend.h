@@ -93,4 +93,13 @@ typedef struct {
 
 const sd_backend *sd_backend_cpu(void);
 
+/* Buffers a model runner keeps in a backend's memory (vae_runner.c,
+ * clip_text_runner.c): *p holds at least `bytes` afterwards (contents not
+ * kept; *cap its size in bytes). Out of memory is SD_ENOMEM naming who and
+ * what, with a device backend's own reason. */
+sd_status sd_backend_grow(const sd_backend *be, void *exec, void **p, size_t *cap, size_t bytes, const char *who,
+                          const char *what, sd_error *err);
+/* Releases *p when set and clears it, so a second release is harmless. */
+void sd_backend_drop(const sd_backend *be, void *exec, void **p);
+
 #endif

@@ -10,30 +10,10 @@
 
 #include "clip_text.h"
 
-/* Release one buffer of the runner and clear its pointer, so a second free
- * or a later grow never releases it again. */
-static void drop(sd_clip_text_runner *r, void **p)
-{
-    if (*p) r->be->release(r->exec, *p);
-    *p = NULL;
-}
-
-/* *p holds at least `bytes` bytes afterwards (contents not kept); a device
- * backend's own reason is added to the error when it runs out. */
+/* A runner buffer of at least `bytes` (sd_backend_grow). */
 static sd_status grow(sd_clip_text_runner *r, void **p, size_t *cap, size_t bytes, const char *what, sd_error *err)
 {
-    if (*p && *cap >= bytes) return SD_OK;
-    drop(r, p);
-    *cap = 0;
-    *p = r->be->alloc(r->exec, bytes);
-    if (!*p) {
-        sd_error why = {0};
-        sd_status st = r->be->sync(r->exec, &why);
-        return sd_err_set(err, SD_ENOMEM, "CLIP text encoder on %s: cannot allocate the %s (%zu MiB)%s%s",
-                          r->be->name, what, bytes >> 20, st ? ": " : "", st ? why.msg : "");
-    }
-    *cap = bytes;
-    return SD_OK;
+    return sd_backend_grow(r->be, r->exec, p, cap, bytes, "CLIP text encoder", what, err);
 }
 
 /* Parameters into the backend's memory once, so each encode only moves
@@ -92,7 +72,7 @@ void sd_clip_text_runner_free(sd_clip_text_runner *r)
 {
     if (!r->be) return;
     void *bufs[5] = {r->params, r->ws, r->ids_be, r->hidden, r->pooled};
-    for (int i = 0; i < 5; i++) drop(r, &bufs[i]);
+    for (int i = 0; i < 5; i++) sd_backend_drop(r->be, r->exec, &bufs[i]);
     r->params = r->ws = r->hidden = r->pooled = NULL;
     r->ids_be = NULL;
     r->ws_cap = r->ids_cap = r->hidden_cap = r->pooled_cap = 0;

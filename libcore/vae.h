@@ -121,7 +121,7 @@ typedef struct {
     void *exec;
     int whole_batch; /* 1: sd_vae_encode_batch_on (init: 1 on a device) */
     float *params, *ws, *x, *mean, *std; /* the backend's memory */
-    size_t ws_cap, x_cap, mean_cap, std_cap;
+    size_t ws_cap, x_cap, mean_cap, std_cap; /* bytes */
 } sd_vae_runner;
 
 sd_status sd_vae_runner_init(sd_vae_runner *r, const sd_vae *v, const sd_backend *be, void *exec, sd_error *err);

@@ -9,28 +9,21 @@
 
 #include "vae.h"
 
-/* Release one buffer of the runner and clear its pointer. */
-static void drop(sd_vae_runner *r, float **p)
+/* A runner buffer of at least `floats` (sd_backend_grow; *cap in bytes). */
+static sd_status grow(sd_vae_runner *r, float **p, size_t *cap, size_t floats, const char *what, sd_error *err)
 {
-    if (*p) r->be->release(r->exec, *p);
-    *p = NULL;
+    void *v = *p;
+    sd_status st = sd_backend_grow(r->be, r->exec, &v, cap, floats * sizeof(float), "VAE", what, err);
+    *p = v;
+    return st;
 }
 
-/* *p holds at least `need` floats afterwards (contents not kept). */
-static sd_status grow(sd_vae_runner *r, float **p, size_t *cap, size_t need, const char *what, sd_error *err)
+/* Release one buffer and clear its pointer. */
+static void drop(sd_vae_runner *r, float **p)
 {
-    if (*p && *cap >= need) return SD_OK;
-    drop(r, p);
-    *cap = 0;
-    *p = r->be->alloc(r->exec, need * sizeof(float));
-    if (!*p) {
-        sd_error why = {0};
-        sd_status st = r->be->sync(r->exec, &why); /* a device backend has the reason */
-        return sd_err_set(err, SD_ENOMEM, "VAE on %s: cannot allocate the %s (%zu MiB)%s%s", r->be->name, what,
-                          need * sizeof(float) >> 20, st ? ": " : "", st ? why.msg : "");
-    }
-    *cap = need;
-    return SD_OK;
+    void *v = *p;
+    sd_backend_drop(r->be, r->exec, &v);
+    *p = NULL;
 }
 
 /* Parameters into the backend's memory. */

@@ -212,7 +212,7 @@ static void test_vae_runner(void)
             for (size_t i = 0; i < nl; i++)
                 eb = fmax(eb, fmax(fabs((double)m2[i] - (double)m1[i]), fabs((double)s2[i] - (double)s1[i])));
             CHECK(eb < 1e-5);
-            CHECK(r.ws_cap >= sd_vae_batch_workspace_floats(&v, n, h, w));
+            CHECK(r.ws_cap >= sd_vae_batch_workspace_floats(&v, n, h, w) * sizeof(float));
             sd_vae_runner_free(&r);
             sd_vae_runner_free(&r); /* twice is harmless */
         }
