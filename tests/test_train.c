@@ -46,19 +46,18 @@ static double rvec(size_t i)
     return (double)u / 4294967296.0 - 0.5;
 }
 
-/* Options of the golden runs: the sd1 model, torch's AdamW settings. */
-static void golden_opts(sd_train_opts *o, const sd_safetensors *g)
+/* Options of the golden runs: the model (sd1, sdxl), torch's AdamW settings. */
+static void golden_opts(sd_train_opts *o, const char *model)
 {
     static char path[512];
     sd_train_opts_default(o);
-    snprintf(path, sizeof path, "%s/sd1", GOLDEN_DIR);
+    snprintf(path, sizeof path, "%s/%s", GOLDEN_DIR, model);
     o->unet = path;
     o->lr.base = 1e-3;
     o->adam.weight_decay = 1e-2;
     o->max_grad_norm = 0.05;
     o->ema_decay = 0.9999;
     o->quiet = 1;
-    (void)g;
 }
 
 /* Every parameter's change from before against the golden statistics;
@@ -121,7 +120,7 @@ static void test_golden(void)
         return;
     }
     sd_train_opts o;
-    golden_opts(&o, g);
+    golden_opts(&o, "sd1");
     sd_trainer tr;
     if (!CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
         fprintf(stderr, "%s\n", err.msg);
@@ -629,6 +628,73 @@ static void test_lr(void)
 
 /* test_train --make-shard PATH writes the generated shard for
  * tests/e2e_train.py; with no arguments the tests run. */
+/* The SDXL-shaped model's 3 clipped AdamW steps (make_unet_golden.py
+ * train_sdxl): text_time conditioning from the pooled embedding and the
+ * six time ids, losses, gradient norms and every parameter's change. */
+static void test_golden_sdxl(void)
+{
+    char path[512];
+    sd_error err = {0};
+    sd_safetensors *g = NULL;
+    snprintf(path, sizeof path, "%s/sdxl/train.safetensors", GOLDEN_DIR);
+    if (!CHECK(sd_st_open(&g, path, &err) == SD_OK)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return;
+    }
+    const char *names = NULL;
+    for (size_t i = 0; i < sd_st_meta_count(g); i++)
+        if (strcmp(sd_st_meta_at(g, i)->key, "names") == 0) names = sd_st_meta_at(g, i)->value;
+    const sd_st_tensor *x0 = sd_st_find(g, "x0"), *ctx = sd_st_find(g, "ctx"), *text = sd_st_find(g, "text");
+    const sd_st_tensor *tids = sd_st_find(g, "tids"), *el = sd_st_find(g, "eps_loss");
+    const sd_st_tensor *eg = sd_st_find(g, "eps_gnorm"), *es = sd_st_find(g, "eps_stats");
+    sd_train_opts o;
+    golden_opts(&o, "sdxl");
+    o.ema_decay = 0;
+    sd_trainer tr;
+    if (!CHECK(names && x0 && ctx && text && tids && el && eg && es) ||
+        !CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
+        fprintf(stderr, "%s\n", err.msg);
+        sd_st_close(g);
+        return;
+    }
+    size_t np = tr.unet.w.total;
+    float *before = malloc(np * sizeof(float));
+    if (!CHECK(before != NULL)) {
+        sd_trainer_close(&tr);
+        sd_st_close(g);
+        return;
+    }
+    memcpy(before, tr.unet.w.data, np * sizeof(float));
+    double worst_l = 0, worst_g = 0;
+    int tctx = (int)ctx->shape[1];
+    for (int s = 0; s < 3; s++) {
+        char nn[16], tn[16];
+        snprintf(nn, sizeof nn, "noise%d", s);
+        snprintf(tn, sizeof tn, "t%d", s);
+        const sd_st_tensor *nz = sd_st_find(g, nn), *tt = sd_st_find(g, tn);
+        if (!CHECK(nz && tt)) break;
+        const float *tf = tt->data;
+        int t[2] = {(int)tf[0], (int)tf[1]};
+        double loss;
+        CHECK(sd_train_micro(&tr, 2, 16, 16, tctx, x0->data, ctx->data, text->data, tids->data, nz->data, t, 1.0,
+                             &loss, &err) == SD_OK);
+        double gn = sd_train_apply(&tr);
+        double dl = fabs(loss - getd(el, (size_t)s)) / getd(el, (size_t)s);
+        double dg = fabs(gn - getd(eg, (size_t)s)) / getd(eg, (size_t)s);
+        worst_l = dl > worst_l ? dl : worst_l;
+        worst_g = dg > worst_g ? dg : worst_g;
+        CHECK(dl <= 1e-5);
+        CHECK(dg <= 1e-4);
+    }
+    double en, ep;
+    check_change(&tr, tr.unet.w.data, before, es, names, &en, &ep);
+    printf("golden SDXL eps, 3 AdamW steps with clipping: loss %.2e grad norm %.2e change norm %.2e proj %.2e\n",
+           worst_l, worst_g, en, ep);
+    free(before);
+    sd_trainer_close(&tr);
+    sd_st_close(g);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "--make-shard") == 0) {
@@ -640,6 +706,7 @@ int main(int argc, char **argv)
     test_lr();
     test_sdxl_data();
     test_golden();
+    test_golden_sdxl();
     test_shard_runs();
     return check_done("test_train");
 }

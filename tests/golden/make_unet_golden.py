@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Golden files for the UNet (libcore/unet*.c) and the trainer's math
 (trainer/), run by hand, not in CI:
-    python3 tests/golden/make_unet_golden.py [unet] [train]
+    python3 tests/golden/make_unet_golden.py [unet] [train] [train_sdxl]
 (needs torch, diffusers, safetensors, numpy from PyPI).
 
 For three tiny UNet2DConditionModel configs with random weights it writes,
@@ -25,6 +25,8 @@ under tests/golden/unet/<name>/:
   sd1/train.safetensors  the training math on the sd1 model (see
       make_train): losses, gradient norms and parameter changes after AdamW
       steps, as diffusers' train_text_to_image.py computes them
+  sdxl/train.safetensors  the same 3 clipped AdamW steps on the sdxl model
+      (make_train_sdxl), with its text_time conditioning
 
 Weights are rounded to 8 significant bits so fp16 and bf16 hold them
 exactly: both files describe the same model.
@@ -324,14 +326,65 @@ def make_train():
     print(f"train: eps losses {losses} grad norms {norms}; v loss {total:.6f} grad norm {vnorm:.6f}")
 
 
+def make_train_sdxl():
+    """tests/golden/unet/sdxl/train.safetensors: the eps part of make_train
+    on the SDXL-shaped model (text_time conditioning: pooled text embeds and
+    the six time ids per sample), in float64: 3 steps with clipping active
+    and AdamW; losses, gradient norms and every parameter's change."""
+    from diffusers import DDPMScheduler
+    import torch.nn.functional as F
+
+    d = os.path.join(HERE, "sdxl")
+    sched = DDPMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
+                          num_train_timesteps=1000)
+    m = UNet2DConditionModel.from_pretrained(os.path.join(d, "unet")).double()
+    cfg = m.config
+    pooled = cfg.projection_class_embeddings_input_dim - 6 * cfg.addition_time_embed_dim
+    g = torch.Generator().manual_seed(300)
+    x0 = (torch.randn(2, 4, 16, 16, generator=g) * 0.13025 * 5).float()
+    ctx = torch.randn(2, 6, cfg.cross_attention_dim, generator=g).float()
+    text = torch.randn(2, pooled, generator=g).float()
+    tids = torch.tensor([[1024, 768, 0, 64, 1024, 1024], [640, 1536, 32, 0, 768, 1280]], dtype=torch.float32)
+    noise = [torch.randn(2, 4, 16, 16, generator=g).float() for _ in TRAIN["steps"]]
+    ts = [torch.tensor(t) for t in TRAIN["steps"]]
+    opt = torch.optim.AdamW(m.parameters(), lr=TRAIN["lr"], betas=TRAIN["betas"], eps=TRAIN["eps"],
+                            weight_decay=TRAIN["weight_decay"])
+    before = {k: v.detach().clone() for k, v in m.named_parameters()}
+    out = {"x0": x0, "ctx": ctx, "text": text, "tids": tids}
+    losses, norms = [], []
+    for i in range(len(ts)):
+        out[f"noise{i}"] = noise[i]
+        out[f"t{i}"] = ts[i].float()
+        opt.zero_grad()
+        x, n, t = x0.double(), noise[i].double(), ts[i]
+        pred = m(sched.add_noise(x, n, t), t, encoder_hidden_states=ctx.double(),
+                 added_cond_kwargs={"text_embeds": text.double(), "time_ids": tids.double()}).sample
+        loss = F.mse_loss(pred, n, reduction="mean")
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(m.parameters(), TRAIN["max_grad_norm"]).item())
+        assert norms[-1] > TRAIN["max_grad_norm"], "clipping must be active"
+        opt.step()
+        losses.append(loss.item())
+    names, stats = param_stats(m, before)
+    out["eps_loss"] = torch.tensor(losses, dtype=torch.float64)
+    out["eps_gnorm"] = torch.tensor(norms, dtype=torch.float64)
+    out["eps_stats"] = torch.from_numpy(stats)
+    meta = {"names": "\n".join(names), "lr": repr(TRAIN["lr"]), "weight_decay": repr(TRAIN["weight_decay"]),
+            "max_grad_norm": repr(TRAIN["max_grad_norm"])}
+    save_file({k: v.contiguous() for k, v in out.items()}, os.path.join(d, "train.safetensors"), metadata=meta)
+    print(f"train sdxl: eps losses {losses} grad norms {norms}")
+
+
 def main():
     import sys
-    what = sys.argv[1:] or ["unet", "train"]
+    what = sys.argv[1:] or ["unet", "train", "train_sdxl"]
     if "unet" in what:
         for name, cfg in CONFIGS.items():
             make(name, cfg)
     if "train" in what:
         make_train()
+    if "train_sdxl" in what:
+        make_train_sdxl()
 
 
 if __name__ == "__main__":
