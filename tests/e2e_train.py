@@ -119,6 +119,33 @@ class Train(unittest.TestCase):
         print("from scratch: mean loss of steps 1-10 %.4f, 51-60 %.4f" % (first, last), file=sys.stderr)
         self.assertLess(last, 0.8 * first)
 
+    def test_validation(self):
+        """--val: the loss on a held-out shard at the start, every --val-every steps and at the
+        end; it depends on the weights only (two seeds with lr 0 give the same values), it
+        falls as the model trains, and it never changes the training itself."""
+        vals = []
+        for seed in (1, 2):
+            out = os.path.join(self.tmp.name, "val%d" % seed)
+            m = out + ".jsonl"
+            run("--unet", UNET, "-o", out, "--steps", "4", "--batch", "2", "--lr", "0", "--seed", seed,
+                "--val", self.shard, "--val-every", "2", "--metrics", m, "-q", self.shard)
+            with open(m) as f:
+                vals.append([(r["step"], r["val_loss"]) for r in map(json.loads, f) if "val_loss" in r])
+        self.assertEqual([s for s, _ in vals[0]], [0, 2, 4])
+        self.assertEqual(vals[0], vals[1])
+        self.assertEqual(len(set(v for _, v in vals[0])), 1)  # lr 0: the weights never move
+        out = os.path.join(self.tmp.name, "val-train")
+        m = out + ".jsonl"
+        run("--unet", UNET, "-o", out, "--val", self.shard, "--metrics", m, *COMMON, self.shard)
+        with open(m) as f:
+            v = [r["val_loss"] for r in map(json.loads, f) if "val_loss" in r]
+        print("validation loss: start %.5f, end %.5f" % (v[0], v[-1]), file=sys.stderr)
+        self.assertLess(v[-1], v[0])
+        self.assertEqual(final(out), self.want)  # the same training (and state) as without --val
+        code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--val", "/nonexistent.shard",
+                        self.shard, ok=(3,))
+        self.assertIn("nonexistent", err)
+
     def test_usage(self):
         code, err = run("-o", os.path.join(self.tmp.name, "x"), self.shard, ok=(2,))
         self.assertIn("--unet", err)

@@ -114,6 +114,11 @@ int main(int argc, char **argv)
          "cpu (default) or cuda:K: the UNet's forward and backward on GPU K (AdamW, EMA and checkpoints stay on "
          "the host); plain cuda under mpirun/srun takes the GPU of the process's local rank"},
         {"tf32", 0, SD_OPT_FLAG, &o.tf32, NULL, "allow TF32 tensor cores on the GPU (faster, ~1e-3 relative error)"},
+        {"val", 0, SD_OPT_STR, &o.val_shard, "SHARD",
+         "a shard of held-out records (e.g. one part of sd-pack split): its loss, with noise and timesteps fixed per "
+         "record whatever the seed, at the start, every --val-every steps and at the end (log and metrics "
+         "val_loss)"},
+        {"val-every", 0, SD_OPT_INT, &o.val_every, "N", "validate every N steps (default: at each checkpoint)"},
         {"zero1", 0, SD_OPT_FLAG, &o.zero1, NULL,
          "under mpirun on CPUs: each rank keeps only its share of the AdamW moments (ZeRO stage 1: gradients "
          "reduce-scattered, AdamW on the own share, weights all-gathered), cutting their memory by the number of "
@@ -163,6 +168,7 @@ int main(int argc, char **argv)
     if (!bad && sd_cli_parse_device(device, &o.device)) bad = "--device: cpu, cuda or cuda:K";
     if (!bad && strcmp(device, "cuda") == 0) o.device = local_rank();
     if (!bad && o.nccl && o.device < 0) bad = "--nccl sums GPU gradients: it needs --device cuda or cuda:K";
+    if (!bad && o.val_every < 0) bad = "--val-every must not be negative";
     if (!bad && o.zero1 && o.device >= 0) bad = "--zero1 shards the CPU optimizer; not with --device cuda";
     if (!bad && !sd_lr_kind_parse(sched, &o.lr.kind))
         bad = "--lr-schedule: constant, constant_with_warmup, cosine or linear";

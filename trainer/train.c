@@ -167,6 +167,16 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         }
         tr->have_data = 1;
     }
+    tr->val_loss = NAN;
+    if (o->val_shard) {
+        /* a fixed order, whatever the training seed */
+        rc = sd_data_open(&tr->val, &o->val_shard, 1, o->batch, 0x76616c69646174ULL, o->allow_mixed, err);
+        if (rc) {
+            sd_trainer_close(tr);
+            return rc;
+        }
+        tr->have_val = 1;
+    }
     return SD_OK;
 }
 
@@ -193,6 +203,8 @@ void sd_trainer_close(sd_trainer *tr)
     free(tr->grad);
     free(tr->ema);
     if (tr->have_data) sd_data_close(&tr->data);
+    if (tr->have_val) sd_data_close(&tr->val);
+    sd_batch_free(&tr->vbatch);
     sd_batch_free(&tr->batch);
     sd_unet_graph_free(&tr->g);
     free(tr->act);
@@ -296,9 +308,9 @@ sd_status sd_train_sync_host(sd_trainer *tr, sd_error *err)
 }
 
 /* Noise the latents, predict, compare with the target, backpropagate. */
-sd_status sd_train_micro(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
-                         const float *text, const float *tids, const float *noise, const int *t, double grad_scale,
-                         double *loss, sd_error *err)
+static sd_status pass(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
+                      const float *text, const float *tids, const float *noise, const int *t, double grad_scale,
+                      int backward, double *loss, sd_error *err)
 {
     const sd_unet_config *c = &tr->unet.cfg;
     if (c->in_channels != c->out_channels)
@@ -337,7 +349,7 @@ sd_status sd_train_micro(sd_trainer *tr, int n, int h, int w, int tctx, const fl
         /* min-SNR-gamma (diffusers): min(snr, gamma) / snr (epsilon) or
          * / (snr + 1) (v-prediction), on each sample's mean */
         double wgt = 1.0;
-        if (tr->o.snr_gamma > 0) {
+        if (tr->o.snr_gamma > 0 && backward) { /* validation: plain MSE, comparable across settings */
             double snr = sd_ddpm_snr(&tr->sched, t[b]), mn = snr < tr->o.snr_gamma ? snr : tr->o.snr_gamma;
             wgt = mn / (tr->o.pred == SD_PRED_V ? snr + 1.0 : snr);
         }
@@ -350,9 +362,26 @@ sd_status sd_train_micro(sd_trainer *tr, int n, int h, int w, int tctx, const fl
         total += wgt * s;
     }
     *loss = total / (double)tot;
+    if (!backward) return SD_OK;
     put(tr, tr->d_dout, tr->dout, tot);
     sd_unet_backward(&tr->unet, g, tr->be, tr->exec, tr->d_w, act, tr->d_dact, tr->d_dout, tr->d_grad);
     return tr->cuda ? tr->be->sync(tr->exec, err) : SD_OK;
+}
+
+/* One training micro-batch: forward, loss, backward into the gradient. */
+sd_status sd_train_micro(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
+                         const float *text, const float *tids, const float *noise, const int *t, double grad_scale,
+                         double *loss, sd_error *err)
+{
+    return pass(tr, n, h, w, tctx, x0, ctx, text, tids, noise, t, grad_scale, 1, loss, err);
+}
+
+/* The loss alone (validation): the gradient is not touched. */
+sd_status sd_train_eval(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
+                        const float *text, const float *tids, const float *noise, const int *t, double *loss,
+                        sd_error *err)
+{
+    return pass(tr, n, h, w, tctx, x0, ctx, text, tids, noise, t, 1.0, 0, loss, err);
 }
 
 /* A GPU run's gradient into the host buffer (for the reduction, clipping
@@ -589,6 +618,66 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
     return SD_OK;
 }
 
+/* Every validation batch in order; this rank takes those at positions
+ * rank, rank + world, ...; losses and image counts summed over ranks. */
+sd_status sd_train_validate(sd_trainer *tr, double *loss, long *images, sd_error *err)
+{
+    const sd_unet_config *c = &tr->unet.cfg;
+    int pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0;
+    sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim, .pooled = pooled, .no_flip = 1};
+    int world = tr->world > 0 ? tr->world : 1;
+    double red[2] = {0, 0};
+    sd_tally vt;
+    sd_tally_init(&vt, 5);
+    sd_data_cursor cur = {0, 0};
+    sd_status rc = SD_OK;
+    sd_rng rng; /* its own stream: the training's state (saved in checkpoints) stays untouched */
+    if (!tr->have_val) return sd_err_set(err, SD_EINVAL, "no validation shard");
+    for (size_t k = 0; !rc && cur.epoch == 0; k++) {
+        sd_data_batch db;
+        rc = sd_data_next(&tr->val, &cur, &db, err);
+        if (rc || (int)(k % (size_t)world) != tr->rank) continue;
+        sd_rng_seed(&rng, mix64(0x76616c2d6c6f7373ULL ^ (uint64_t)k));
+        rc = sd_data_load(&tr->val, &db, &lo, &rng, &tr->vbatch, &vt, err);
+        sd_batch *b = &tr->vbatch;
+        if (rc || b->n == 0) continue;
+        rc = prepare(tr, b->n, b->h, b->w, b->tctx, err);
+        if (rc) break;
+        size_t per = (size_t)b->c * (size_t)b->h * (size_t)b->w;
+        for (int i = 0; i < b->n; i++) tr->t[i] = (int)sd_rng_below(&rng, SD_DDPM_STEPS);
+        sd_rng_normal(&rng, tr->noise, (size_t)b->n * per);
+        double l;
+        rc = sd_train_eval(tr, b->n, b->h, b->w, b->tctx, b->x0, b->ctx, pooled ? b->text : NULL,
+                           c->text_time ? b->tids : NULL, tr->noise, tr->t, &l, err);
+        red[0] += l * b->n;
+        red[1] += b->n;
+    }
+    if (!rc && world > 1) rc = sd_dist_sum_f64(red, 2, err);
+    if (vt.total) sd_tally_log(&vt, "validation records");
+    if (rc) return rc;
+    if (red[1] == 0) return sd_err_set(err, SD_EFORMAT, "the validation shard has no usable record");
+    *loss = red[0] / red[1];
+    *images = (long)red[1];
+    tr->val_loss = *loss;
+    return SD_OK;
+}
+
+/* Validate, log and write the metrics line. */
+static sd_status validate_and_log(sd_trainer *tr, sd_error *err)
+{
+    double loss;
+    long images;
+    sd_status rc = sd_train_validate(tr, &loss, &images, err);
+    if (rc) return rc;
+    if (!tr->o.quiet && tr->rank == 0)
+        sd_log(SD_LOG_INFO, "step %ld: validation loss %.6f over %ld images", tr->step, loss, images);
+    if (tr->metrics) {
+        fprintf(tr->metrics, "{\"step\": %ld, \"val_loss\": %.9g, \"val_images\": %ld}\n", tr->step, loss, images);
+        fflush(tr->metrics);
+    }
+    return SD_OK;
+}
+
 /* One metrics line: step, loss, smoothed loss, lr, gradient norm, images,
  * seconds. */
 static void log_metrics(sd_trainer *tr, double loss, double gnorm, double lr, double secs)
@@ -614,6 +703,12 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
     sd_status rc = SD_OK;
     tr->stop_req = stop;
     tr->stop_all = 0;
+    long val_step = -1; /* the step of the last validation */
+    if (tr->have_val && tr->step == 0) { /* the baseline of a new run */
+        rc = validate_and_log(tr, err);
+        if (rc) return rc;
+        val_step = 0;
+    }
     /* several ranks stop together, after the step in which one asked */
     while (tr->step < o->max_steps && !(tr->world > 1 ? tr->stop_all : stop && *stop)) {
         double lr = sd_lr_at(&o->lr, tr->step), loss, gnorm;
@@ -637,11 +732,18 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
                     eta);
             last = now;
         }
-        if (o->save_every > 0 && tr->step % o->save_every == 0 && tr->step < o->max_steps) {
+        int saving = o->save_every > 0 && tr->step % o->save_every == 0 && tr->step < o->max_steps;
+        if (tr->have_val && (o->val_every > 0 ? tr->step % o->val_every == 0 : saving)) {
+            rc = validate_and_log(tr, err);
+            if (rc) break;
+            val_step = tr->step;
+        }
+        if (saving) {
             rc = sd_train_save(tr, err);
             if (rc) break;
         }
     }
+    if (!rc && tr->have_val && val_step != tr->step) rc = validate_and_log(tr, err);
     if (!rc) rc = sd_train_save(tr, err);
     if (tr->tally.total) sd_tally_log(&tr->tally, "records");
     return rc;

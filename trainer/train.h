@@ -71,6 +71,10 @@ typedef struct {
     int tf32;
     int nccl; /* GPU: sum gradients over NCCL even in a world of one (a check of the path) */
     int zero1; /* CPU ranks: shard the AdamW moments across ranks (ZeRO stage 1) */
+    /* validation: a shard of held-out records, its loss at the start, every
+     * val_every steps (0: at checkpoints) and at the end */
+    const char *val_shard;
+    long val_every;
 } sd_train_opts;
 
 typedef struct {
@@ -87,6 +91,10 @@ typedef struct {
     int have_data;
     sd_data_cursor cur;
     sd_batch batch;
+    sd_data val; /* the validation shard, when o.val_shard */
+    int have_val;
+    sd_batch vbatch;
+    double val_loss; /* the last validation's, NaN before one */
     sd_tally tally;
     /* the planned graph and its buffers, kept while the shape repeats */
     sd_unet_graph g;
@@ -159,6 +167,17 @@ double sd_train_apply(sd_trainer *tr);
  * epoch, so they do not depend on which rank computes it), the gradients
  * and losses summed over the ranks. *loss is the mean over all batches. */
 sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *err);
+/* The loss alone for given inputs (validation): the gradient is not
+ * touched; plain MSE (no min-SNR weights), so runs with different
+ * weighting compare. */
+sd_status sd_train_eval(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
+                        const float *text, const float *tids, const float *noise, const int *t, double *loss,
+                        sd_error *err);
+/* The mean loss over every record of the validation shard, with latent
+ * noise, timesteps and noise drawn from a stream fixed by the record's
+ * batch (not by the training seed), no flips and no dropout: the same
+ * model gives the same value in any run. Ranks split the batches. */
+sd_status sd_train_validate(sd_trainer *tr, double *loss, long *images, sd_error *err);
 /* Run until max_steps or *stop, checkpointing every save_every steps, at
  * the end, on *stop, and (the state before the bad step) on a NaN loss. */
 sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *err);
