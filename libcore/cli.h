@@ -3,6 +3,9 @@
 #ifndef SDTK_CLI_H
 #define SDTK_CLI_H
 
+#include "arena.h"
+#include "buf.h"
+
 typedef enum {
     SD_OPT_FLAG,   /* int, set to 1 */
     SD_OPT_INT,    /* long */
@@ -41,5 +44,25 @@ void sd_strlist_free(sd_strlist *l);
  * returns -1 for anything else. */
 int sd_cli_parse_device(const char *s, int *device);
 int sd_strlist_push(sd_strlist *l, const char *s);
+
+/* --config FILE (a JSON object of options: long names as keys, nested
+ * objects read as dotted keys whose last part is the option, '_' as '-',
+ * keys starting with '_' ignored) and --set KEY=VALUE, expanded into option
+ * words (cli_config.c): argv0, the files' options, the command line's own
+ * words, then the --set ones, so later ones win. The tool lists config and
+ * set in its table for --help; sd_cli_parse then runs on out->argc/argv.
+ * Returns -1 to go on, or an exit code after the message. Option values
+ * point into out: free it after the last use of an option. */
+typedef struct {
+    int argc, cap;
+    char **argv;
+    sd_arena arena;
+    sd_strlist keep; /* the files' text, which parsed strings point into */
+} sd_cli_args;
+int sd_cli_expand(const sd_cli *cli, int argc, char **argv, sd_cli_args *out);
+void sd_cli_args_free(sd_cli_args *a);
+/* Every option's current value as one JSON object: the effective
+ * configuration, which --config reads back. */
+void sd_cli_values_json(const sd_cli *cli, sd_buf *b);
 
 #endif

@@ -146,6 +146,37 @@ class Train(unittest.TestCase):
                         self.shard, ok=(3,))
         self.assertIn("nonexistent", err)
 
+    def test_config(self):
+        """--config FILE (grouped or flat keys) and --set KEY=VALUE: the file, then the command line,
+        then --set; every checkpoint holds the effective options as train_config.json, and a run
+        started from that file alone repeats the run byte for byte."""
+        cfg = os.path.join(self.tmp.name, "cfg.json")
+        with open(cfg, "w") as f:
+            json.dump({"_comment": "grouped keys: the last part names the option",
+                       "model": {"unet": UNET}, "optimizer": {"lr": 0.5, "weight_decay": 0.05},
+                       "data": {"batch": 2}, "steps": 4, "ema": {"ema_decay": 0.9}, "seed": 7, "quiet": True}, f)
+        out = os.path.join(self.tmp.name, "cfg-run")
+        # the command line's --lr beats the file's, --set beats both
+        run("--config", cfg, "--lr", "0.1", "--set", "optimizer.lr=2e-3", "-o", out, "-j", "1", self.shard)
+        with open(os.path.join(out, "checkpoint-4", "train_config.json")) as f:
+            eff = json.load(f)
+        self.assertEqual(eff["lr"], 2e-3)
+        self.assertEqual(eff["weight-decay"], 0.05)
+        self.assertEqual((eff["batch"], eff["steps"], eff["seed"], eff["ema-decay"]), (2, 4, 7, 0.9))
+        self.assertEqual(eff["_shards"], [self.shard])
+        again = os.path.join(self.tmp.name, "cfg-again")
+        run("--config", os.path.join(out, "checkpoint-4", "train_config.json"), "--set", "output=" + again,
+            self.shard)
+        self.assertEqual(final(again, 4), final(out, 4))
+        for bad in ({"optimizer": {"no_such_option": 1}}, {"lr": True}, {"quiet": "yes"}, [1, 2]):
+            with open(cfg, "w") as f:
+                json.dump(bad, f)
+            code, err = run("--config", cfg, "-o", out, self.shard, ok=(2,))
+            self.assertIn(cfg, err)
+        code, err = run("--config", "/nonexistent.json", "-o", out, self.shard, ok=(2,))
+        code, err = run("--unet", UNET, "--set", "lr", "-o", out, self.shard, ok=(2,))
+        self.assertIn("KEY=VALUE", err)
+
     def test_usage(self):
         code, err = run("-o", os.path.join(self.tmp.name, "x"), self.shard, ok=(2,))
         self.assertIn("--unet", err)

@@ -45,8 +45,6 @@ static int fail_all(int code)
     return code;
 }
 
-/* Options to sd_train_opts, join the MPI world when launched by mpirun or
- * srun, open, resume when -o has a checkpoint, run. */
 /* This process's rank among those on its machine, from the launcher's
  * environment (Open MPI, SLURM, MPICH), so that "--device cuda" under
  * mpirun or srun gives each process its own GPU; 0 when launched alone. */
@@ -60,6 +58,8 @@ static int local_rank(void)
     return 0;
 }
 
+/* Options to sd_train_opts, join the MPI world when launched by mpirun or
+ * srun, open, resume when -o has a checkpoint, run. */
 int main(int argc, char **argv)
 {
     sd_error derr = {0};
@@ -70,11 +70,17 @@ int main(int argc, char **argv)
     sd_train_opts o;
     sd_train_opts_default(&o);
     const char *pred = "epsilon", *sched = "constant", *dtype = "fp32", *resume = NULL, *device = "cpu";
+    const char *config_file = NULL; /* read by sd_cli_expand; listed for --help */
+    sd_strlist sets = {0};
     long batch = 1, accum = 1, steps = 1000, warmup = 0, save_every = 0, keep = 2, threads = 0, seed = 0,
          init_seed = 0;
     double lr = 1e-4;
     int quiet = 0, verbose = 0, fresh = 0;
     const sd_opt opts[] = {
+        {"config", 0, SD_OPT_STR, &config_file, "FILE",
+         "options from a JSON file: long names as keys, or grouped (\"optimizer\": {\"lr\": 1e-5}); the command "
+         "line overrides it; every checkpoint has the effective one as train_config.json, which --config reads back"},
+        {"set", 0, SD_OPT_LIST, &sets, "KEY=VALUE", "override one option last, dotted keys allowed (optimizer.lr=1e-5)"},
         {"unet", 0, SD_OPT_STR, &o.unet, "PATH", "the UNet to train: a diffusers model or unet/ folder, or a .safetensors file"},
         {"unet-config", 0, SD_OPT_STR, &o.unet_config, "FILE",
          "a diffusers UNet config.json: for a single file without one, or alone to train a new model from scratch"},
@@ -139,10 +145,19 @@ int main(int argc, char **argv)
                   "Examples:\n"
                   "  sd-train --unet sd15/ -o run/ --batch 4 --lr 1e-5 --save-every 500 cache-*.shard\n"
                   "  sd-train --unet-config tiny/config.json -o run/ --steps 300 cache.shard   # from scratch\n"
+                  "  sd-train --config run/checkpoint-500/train_config.json --set optimizer.lr=5e-6 cache-*.shard\n"
                   "  mpirun -np 8 sd-train --device cuda --unet sd15/ -o run/ --batch 4 cache-*.shard   # 8 GPUs\n"};
     sd_strlist pos = {0};
-    int rc = sd_cli_parse(&cli, argc, argv, &pos);
+    sd_cli_args args;
+    int rc = sd_cli_expand(&cli, argc, argv, &args);
     if (rc >= 0) {
+        sd_dist_finalize();
+        return rc;
+    }
+    rc = sd_cli_parse(&cli, args.argc, args.argv, &pos);
+    if (rc >= 0) {
+        sd_cli_args_free(&args);
+        sd_strlist_free(&pos);
         sd_dist_finalize();
         return rc;
     }
@@ -179,6 +194,8 @@ int main(int argc, char **argv)
     if (bad) {
         sd_cli_usage_error(&cli, "%s", bad);
         sd_strlist_free(&pos);
+        sd_cli_args_free(&args);
+        sd_strlist_free(&sets);
         sd_dist_finalize();
         return SD_EXIT_USAGE;
     }
@@ -196,6 +213,18 @@ int main(int argc, char **argv)
     o.init_seed = (uint64_t)init_seed;
     o.threads = threads > 0 ? (int)threads : sd_default_threads();
     o.quiet = quiet;
+    /* the effective configuration, saved with every checkpoint */
+    sd_buf cfg;
+    sd_buf_init(&cfg);
+    sd_cli_values_json(&cli, &cfg);
+    if (cfg.len) cfg.len--; /* reopen the object for the shards */
+    sd_buf_puts(&cfg, ", \"_shards\": [");
+    for (int i = 0; i < pos.n; i++) {
+        if (i) sd_buf_puts(&cfg, ", ");
+        sd_buf_json_cstr(&cfg, pos.v[i]);
+    }
+    sd_buf_puts(&cfg, "]}\n");
+    o.config_json = cfg.oom ? NULL : cfg.data;
 
     sd_trainer tr;
     sd_error err = {0};
@@ -203,6 +232,9 @@ int main(int argc, char **argv)
     if (st) {
         sd_log(SD_LOG_ERROR, "%s", err.msg);
         sd_strlist_free(&pos);
+        sd_buf_free(&cfg);
+        sd_cli_args_free(&args);
+        sd_strlist_free(&sets);
         return fail_all(SD_EXIT_FATAL);
     }
     if (!resume && !fresh && has_latest(o.out_dir)) resume = o.out_dir;
@@ -224,6 +256,9 @@ int main(int argc, char **argv)
     else if (stop_flag) sd_log(SD_LOG_INFO, "stopped at step %ld (checkpoint saved)", tr.step);
     sd_trainer_close(&tr);
     sd_strlist_free(&pos);
+    sd_buf_free(&cfg);
+    sd_cli_args_free(&args);
+    sd_strlist_free(&sets);
     if (st) return fail_all(SD_EXIT_FATAL);
     sd_dist_finalize();
     return SD_EXIT_OK;

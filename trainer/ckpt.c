@@ -27,7 +27,7 @@ enum { PATH_CAP = 4096 };
 
 static const char *const ckpt_files[] = {"unet/config.json", "unet/diffusion_pytorch_model.safetensors",
                                          "unet_ema/config.json", "unet_ema/diffusion_pytorch_model.safetensors",
-                                         "state.safetensors"};
+                                         "state.safetensors", "train_config.json"};
 
 /* dir/name into buf (PATH_CAP bytes); callers check their directory's
  * length first, so nothing is cut. */
@@ -195,6 +195,8 @@ static sd_status save_local(sd_trainer *tr, sd_error *err)
     }
     pjoin(p, tmp, "state.safetensors");
     if (!rc) rc = write_state(tr, p, err);
+    pjoin(p, tmp, "train_config.json");
+    if (!rc && tr->o.config_json) rc = sd_write_file_atomic(p, tr->o.config_json, strlen(tr->o.config_json), err);
     pjoin(p, tmp, "unet");
     if (!rc) rc = sync_dir(p, err);
     if (!rc) rc = sync_dir(tmp, err);

@@ -75,6 +75,7 @@ typedef struct {
      * val_every steps (0: at checkpoints) and at the end */
     const char *val_shard;
     long val_every;
+    const char *config_json; /* the effective options, written into every checkpoint, or NULL */
 } sd_train_opts;
 
 typedef struct {
