@@ -148,3 +148,22 @@ sd_status sd_write_file_atomic(const char *path, const void *data, size_t len, s
     }
     return sd_outfile_commit(&o, err);
 }
+
+/* Each prefix ending at a '/' first, then the whole path; existing ones
+ * are fine. */
+sd_status sd_make_dirs(const char *path, sd_error *err)
+{
+    char p[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof p) return sd_err_set(err, SD_EINVAL, "bad directory path '%s'", path);
+    memcpy(p, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (p[i] != '/' && p[i] != 0) continue;
+        char c = p[i];
+        p[i] = 0;
+        if (mkdir(p, 0777) != 0 && errno != EEXIST)
+            return sd_err_set(err, SD_EIO, "%s: cannot create directory: %s", p, strerror(errno));
+        p[i] = c;
+    }
+    return SD_OK;
+}

@@ -21,5 +21,7 @@ sd_status sd_outfile_commit(sd_outfile *o, sd_error *err);
 void sd_outfile_abort(sd_outfile *o);
 void sd_outfile_writeback(sd_outfile *o);
 sd_status sd_write_file_atomic(const char *path, const void *data, size_t len, sd_error *err);
+/* mkdir -p: path and every missing parent (0777 less the umask). */
+sd_status sd_make_dirs(const char *path, sd_error *err);
 
 #endif

@@ -9,6 +9,7 @@ from it trains on); a model from --unet-config alone trains and its loss
 falls; bad usage exits 2.
 Usage: e2e_train.py SD_TRAIN TEST_TRAIN UNET_DIR"""
 import json
+import struct
 import os
 import signal
 import subprocess
@@ -40,6 +41,78 @@ def final(out, step=10):
         with open(os.path.join(d, name), "rb") as f:
             got.append(f.read())
     return got
+
+
+def crc32c(data):
+    """CRC-32C (Castagnoli), bit by bit: an independent check of the writer's."""
+    c = 0xFFFFFFFF
+    for b in data:
+        c ^= b
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+    return c ^ 0xFFFFFFFF
+
+
+def masked(c):
+    return (((c >> 15) | (c << 17)) + 0xa282ead8) & 0xFFFFFFFF
+
+
+def pb_fields(b):
+    """(field, wire type, value) of a protobuf message: varint, fixed64, bytes, fixed32."""
+    i, out = 0, []
+    while i < len(b):
+        key, i = varint(b, i)
+        f, wt = key >> 3, key & 7
+        if wt == 0:
+            v, i = varint(b, i)
+        elif wt == 1:
+            v, i = b[i:i + 8], i + 8
+        elif wt == 2:
+            n, i = varint(b, i)
+            v, i = b[i:i + n], i + n
+        elif wt == 5:
+            v, i = b[i:i + 4], i + 4
+        else:
+            raise ValueError("wire type %d" % wt)
+        out.append((f, wt, v))
+    return out
+
+
+def varint(b, i):
+    v = shift = 0
+    while True:
+        c = b[i]
+        i += 1
+        v |= (c & 0x7F) << shift
+        shift += 7
+        if not c & 0x80:
+            return v, i
+
+
+def tb_scalars(path):
+    """The TFRecord frames of an event file, CRCs checked: the file_version and {tag: [(step, value)]}."""
+    with open(path, "rb") as f:
+        data = f.read()
+    i, version, scalars = 0, None, {}
+    while i < len(data):
+        (n,) = struct.unpack("<Q", data[i:i + 8])
+        (lc,) = struct.unpack("<I", data[i + 8:i + 12])
+        assert lc == masked(crc32c(data[i:i + 8])), "length CRC"
+        rec = data[i + 12:i + 12 + n]
+        (dc,) = struct.unpack("<I", data[i + 12 + n:i + 16 + n])
+        assert dc == masked(crc32c(rec)), "data CRC"
+        i += 16 + n
+        step = 0
+        for f, wt, v in pb_fields(rec):
+            if f == 2:
+                step = v
+            elif f == 3:
+                version = v.decode()
+            elif f == 5:
+                for sf, _, sv in pb_fields(v):
+                    fields = {ff: vv for ff, _, vv in pb_fields(sv)}
+                    scalars.setdefault(fields[1].decode(), []).append((step, struct.unpack("<f", fields[2])[0]))
+    return version, scalars
 
 
 def latest(out):
@@ -176,6 +249,31 @@ class Train(unittest.TestCase):
         code, err = run("--config", "/nonexistent.json", "-o", out, self.shard, ok=(2,))
         code, err = run("--unet", UNET, "--set", "lr", "-o", out, self.shard, ok=(2,))
         self.assertIn("KEY=VALUE", err)
+
+    def test_tensorboard(self):
+        """--tensorboard DIR: an event file TensorBoard reads (read back here by an independent
+        TFRecord/protobuf reader with the CRCs checked): loss, smoothed loss, lr and gradient norm
+        every step and the validation loss, equal to the metrics file's values in float32."""
+        out = os.path.join(self.tmp.name, "tb-run")
+        tb = os.path.join(self.tmp.name, "tb", "logs")  # parents made as needed
+        m = out + ".jsonl"
+        run("--unet", UNET, "-o", out, "--steps", "4", "--batch", "2", "--val", self.shard, "--val-every", "2",
+            "--metrics", m, "--tensorboard", tb, "-q", self.shard)
+        files = os.listdir(tb)
+        self.assertEqual(len(files), 1)
+        self.assertTrue(files[0].startswith("events.out.tfevents."))
+        version, sc = tb_scalars(os.path.join(tb, files[0]))
+        self.assertEqual(version, "brain.Event:2")
+        self.assertEqual(sorted(sc), ["train/grad_norm", "train/loss", "train/loss_smooth", "train/lr", "val/loss"])
+        with open(m) as f:
+            rows = [json.loads(l) for l in f]
+        train = [r for r in rows if "loss" in r]
+        val = [r for r in rows if "val_loss" in r]
+        f32 = lambda x: struct.unpack("<f", struct.pack("<f", x))[0]
+        self.assertEqual(sc["train/loss"], [(r["step"], f32(r["loss"])) for r in train])
+        self.assertEqual(sc["train/grad_norm"], [(r["step"], f32(r["grad_norm"])) for r in train])
+        self.assertEqual(sc["val/loss"], [(r["step"], f32(r["val_loss"])) for r in val])
+        self.assertEqual([st for st, _ in sc["val/loss"]], [0, 2, 4])
 
     def test_usage(self):
         code, err = run("-o", os.path.join(self.tmp.name, "x"), self.shard, ok=(2,))

@@ -115,6 +115,9 @@ int main(int argc, char **argv)
         {"keep", 0, SD_OPT_INT, &keep, "N", "checkpoints kept (default 2; 0 keeps all)"},
         {"save-dtype", 0, SD_OPT_STR, &dtype, "T", "unet/ weights as fp32 (default), fp16 or bf16"},
         {"metrics", 0, SD_OPT_STR, &o.metrics, "FILE", "append one JSON line per step"},
+        {"tensorboard", 0, SD_OPT_STR, &o.tensorboard, "DIR",
+         "write TensorBoard event files there (loss, smoothed loss, lr, gradient norm, validation loss): "
+         "tensorboard --logdir DIR"},
         {"threads", 'j', SD_OPT_INT, &threads, "N", "CPU threads (default: all CPUs)"},
         {"device", 0, SD_OPT_STR, &device, "DEV",
          "cpu (default) or cuda:K: the UNet's forward and backward on GPU K (AdamW, EMA and checkpoints stay on "

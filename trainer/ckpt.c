@@ -173,7 +173,7 @@ static sd_status save_local(sd_trainer *tr, sd_error *err)
     pjoin(fin, out, name);
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", fin) >= sizeof tmp)
         return sd_err_set(err, SD_EINVAL, "output path too long: %s", out);
-    sd_status rc = make_dir(out, err);
+    sd_status rc = sd_make_dirs(out, err); /* -o a/b/run: parents too */
     if (rc) return rc;
     remove_ckpt(tmp); /* a run killed while saving left it */
     rc = make_dir(tmp, err);

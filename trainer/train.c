@@ -215,6 +215,7 @@ void sd_trainer_close(sd_trainer *tr)
     free(tr->t);
     if (tr->pool) sd_pool_destroy(tr->pool);
     if (tr->metrics) fclose(tr->metrics);
+    sd_tb_close(&tr->tb);
     memset(tr, 0, sizeof(*tr));
 }
 
@@ -675,19 +676,26 @@ static sd_status validate_and_log(sd_trainer *tr, sd_error *err)
         fprintf(tr->metrics, "{\"step\": %ld, \"val_loss\": %.9g, \"val_images\": %ld}\n", tr->step, loss, images);
         fflush(tr->metrics);
     }
-    return SD_OK;
+    return sd_tb_scalar(&tr->tb, "val/loss", tr->step, loss, err);
 }
 
 /* One metrics line: step, loss, smoothed loss, lr, gradient norm, images,
  * seconds. */
-static void log_metrics(sd_trainer *tr, double loss, double gnorm, double lr, double secs)
+static sd_status log_metrics(sd_trainer *tr, double loss, double gnorm, double lr, double secs, sd_error *err)
 {
-    if (!tr->metrics) return;
-    fprintf(tr->metrics,
-            "{\"step\": %ld, \"loss\": %.9g, \"loss_smooth\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-            "\"images\": %ld, \"seconds\": %.3f}\n",
-            tr->step, loss, tr->loss_ema, lr, gnorm, tr->images, secs);
-    fflush(tr->metrics);
+    if (tr->metrics) {
+        fprintf(tr->metrics,
+                "{\"step\": %ld, \"loss\": %.9g, \"loss_smooth\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
+                "\"images\": %ld, \"seconds\": %.3f}\n",
+                tr->step, loss, tr->loss_ema, lr, gnorm, tr->images, secs);
+        fflush(tr->metrics);
+    }
+    if (!tr->tb.f) return SD_OK;
+    const char *tags[] = {"train/loss", "train/loss_smooth", "train/lr", "train/grad_norm"};
+    double v[] = {loss, tr->loss_ema, lr, gnorm};
+    sd_status rc = SD_OK;
+    for (int i = 0; i < 4 && !rc; i++) rc = sd_tb_scalar(&tr->tb, tags[i], tr->step, v[i], err);
+    return rc;
 }
 
 /* The loop: steps, progress, metrics, checkpoints, stop and NaN handling. */
@@ -697,6 +705,10 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
     if (o->metrics && !tr->metrics && tr->rank == 0) {
         tr->metrics = fopen(o->metrics, "a");
         if (!tr->metrics) return sd_err_set(err, SD_EIO, "%s: cannot open the metrics file", o->metrics);
+    }
+    if (o->tensorboard && !tr->tb.f && tr->rank == 0) {
+        sd_status trc = sd_tb_open(&tr->tb, o->tensorboard, err);
+        if (trc) return trc;
     }
     double t0 = sd_now(), last = t0;
     long step0 = tr->step, img0 = tr->images;
@@ -723,7 +735,8 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
         }
         tr->loss_ema = isnan(tr->loss_ema) ? loss : 0.98 * tr->loss_ema + 0.02 * loss;
         double now = sd_now();
-        log_metrics(tr, loss, gnorm, lr, now - t0);
+        rc = log_metrics(tr, loss, gnorm, lr, now - t0, err);
+        if (rc) break;
         if (!o->quiet && (now - last >= 2.0 || tr->step == o->max_steps)) {
             double el = now - t0, its = (double)(tr->step - step0) / (el > 0 ? el : 1);
             double eta = its > 0 ? (double)(o->max_steps - tr->step) / its : 0;

@@ -29,6 +29,7 @@
 #include "rng.h"
 #include "sched.h"
 #include "tally.h"
+#include "tb_events.h"
 #include "unet.h"
 
 typedef struct {
@@ -76,6 +77,7 @@ typedef struct {
     const char *val_shard;
     long val_every;
     const char *config_json; /* the effective options, written into every checkpoint, or NULL */
+    const char *tensorboard; /* a directory for TensorBoard event files (rank 0), or NULL */
 } sd_train_opts;
 
 typedef struct {
@@ -124,6 +126,7 @@ typedef struct {
      * m and v are then NULL except while a checkpoint is written or read */
     float *m_sh, *v_sh;
     FILE *metrics;
+    sd_tb tb; /* TensorBoard scalars, when o.tensorboard (rank 0) */
     double loss_ema;
     /* data parallel (dist.h): this rank of world; each optimizer step
      * takes world * accum batches of the global order, this rank the ones

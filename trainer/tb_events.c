@@ -1,0 +1,133 @@
+/* TensorBoard event files (tb_events.h): the protobuf encoding of Event,
+ * Summary and Summary.Value written by hand (three messages, five fields),
+ * the TFRecord framing and its CRC-32C. */
+#include "tb_events.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "outfile.h"
+
+/* CRC-32C, reflected polynomial 0x82F63B78, a bit at a time: event
+ * records are a few hundred bytes, so no table is kept. */
+uint32_t sd_crc32c(const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    }
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* TFRecord's masked CRC: rotated right by 15, plus a constant. */
+static uint32_t masked_crc(const void *data, size_t n)
+{
+    uint32_t c = sd_crc32c(data, n);
+    return ((c >> 15) | (c << 17)) + 0xa282ead8u;
+}
+
+/* A protobuf message under construction. */
+typedef struct {
+    unsigned char b[512];
+    size_t n;
+} pb;
+
+/* Base-128 varint. */
+static void pb_varint(pb *m, uint64_t v)
+{
+    while (v >= 0x80 && m->n < sizeof m->b) {
+        m->b[m->n++] = (unsigned char)(v | 0x80);
+        v >>= 7;
+    }
+    if (m->n < sizeof m->b) m->b[m->n++] = (unsigned char)v;
+}
+
+/* Little-endian bytes of a fixed-size field. */
+static void pb_fixed(pb *m, const void *v, size_t k)
+{
+    if (m->n + k > sizeof m->b) return;
+    memcpy(m->b + m->n, v, k); /* x86 and the usual ARM ABIs are little-endian */
+    m->n += k;
+}
+
+/* A length-delimited field (string or message). */
+static void pb_bytes(pb *m, int field, const void *v, size_t k)
+{
+    pb_varint(m, (uint64_t)field << 3 | 2);
+    pb_varint(m, k);
+    if (m->n + k > sizeof m->b) return;
+    memcpy(m->b + m->n, v, k);
+    m->n += k;
+}
+
+/* Event{wall_time = 1 (double), step = 2 (int64), then `field` bytes}. */
+static void event(pb *e, int64_t step, int field, const void *v, size_t k)
+{
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    double wall = (double)tv.tv_sec + (double)tv.tv_usec * 1e-6;
+    e->n = 0;
+    pb_varint(e, 1 << 3 | 1);
+    pb_fixed(e, &wall, 8);
+    pb_varint(e, 2 << 3 | 0);
+    pb_varint(e, (uint64_t)step);
+    pb_bytes(e, field, v, k);
+}
+
+/* One TFRecord frame, flushed. */
+static sd_status frame(sd_tb *tb, const pb *e, sd_error *err)
+{
+    uint64_t len = e->n;
+    uint32_t lc = masked_crc(&len, 8), dc = masked_crc(e->b, e->n);
+    if (fwrite(&len, 8, 1, tb->f) != 1 || fwrite(&lc, 4, 1, tb->f) != 1 || fwrite(e->b, 1, e->n, tb->f) != e->n ||
+        fwrite(&dc, 4, 1, tb->f) != 1 || fflush(tb->f) != 0)
+        return sd_err_set(err, SD_EIO, "%s: write failed: %s", tb->path, strerror(errno));
+    return SD_OK;
+}
+
+sd_status sd_tb_open(sd_tb *tb, const char *dir, sd_error *err)
+{
+    memset(tb, 0, sizeof *tb);
+    sd_status mk = sd_make_dirs(dir, err);
+    if (mk) return mk;
+    char host[256] = "localhost";
+    gethostname(host, sizeof host - 1);
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    if ((size_t)snprintf(tb->path, sizeof tb->path, "%s/events.out.tfevents.%ld.%s", dir, (long)tv.tv_sec, host) >=
+        sizeof tb->path)
+        return sd_err_set(err, SD_EINVAL, "%s: path too long", dir);
+    tb->f = fopen(tb->path, "ab");
+    if (!tb->f) return sd_err_set(err, SD_EIO, "%s: %s", tb->path, strerror(errno));
+    pb e;
+    static const char version[] = "brain.Event:2";
+    event(&e, 0, 3, version, sizeof version - 1); /* Event.file_version = 3 */
+    sd_status rc = frame(tb, &e, err);
+    if (rc) sd_tb_close(tb);
+    return rc;
+}
+
+sd_status sd_tb_scalar(sd_tb *tb, const char *tag, int64_t step, double value, sd_error *err)
+{
+    if (!tb->f) return SD_OK;
+    pb val = {.n = 0}, sum = {.n = 0}, e;
+    size_t tl = strlen(tag);
+    if (tl > 200) tl = 200;
+    pb_bytes(&val, 1, tag, tl); /* Value.tag = 1 */
+    float f = (float)value;
+    pb_varint(&val, 2 << 3 | 5); /* Value.simple_value = 2, fixed32 */
+    pb_fixed(&val, &f, 4);
+    pb_bytes(&sum, 1, val.b, val.n);   /* Summary.value = 1 */
+    event(&e, step, 5, sum.b, sum.n); /* Event.summary = 5 */
+    return frame(tb, &e, err);
+}
+
+void sd_tb_close(sd_tb *tb)
+{
+    if (tb->f) fclose(tb->f);
+    tb->f = NULL;
+}
