@@ -275,6 +275,31 @@ class Train(unittest.TestCase):
         self.assertEqual(sc["val/loss"], [(r["step"], f32(r["val_loss"])) for r in val])
         self.assertEqual([st for st, _ in sc["val/loss"]], [0, 2, 4])
 
+    def test_save_single(self):
+        """--save-single: each checkpoint also holds unet.safetensors and unet_ema.safetensors with the
+        original model.diffusion_model.* names; loaded back (with the folder's config.json) they give the
+        same loss as the checkpoint's diffusers folders."""
+        out = os.path.join(self.tmp.name, "single")
+        run("--unet", UNET, "-o", out, "--steps", "2", "--batch", "2", "--ema-decay", "0.9", "--save-single",
+            "--save-dtype", "bf16", "-q", self.shard)
+        ck = os.path.join(out, "checkpoint-2")
+        with open(os.path.join(ck, "unet.safetensors"), "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            head = json.loads(f.read(n))
+        names = [k for k in head if k != "__metadata__"]
+        self.assertTrue(names and all(k.startswith("model.diffusion_model.") for k in names))
+        self.assertTrue(all(head[k]["dtype"] == "BF16" for k in names))
+        for sub in ("unet", "unet_ema"):
+            losses = []
+            for model in (os.path.join(ck, sub), os.path.join(ck, sub + ".safetensors")):
+                m = os.path.join(self.tmp.name, "single-%s-%d.jsonl" % (sub, len(losses)))
+                run("--unet", model, "--unet-config", os.path.join(ck, sub, "config.json"), "-o",
+                    os.path.join(self.tmp.name, "single-load-%s-%d" % (sub, len(losses))), "--steps", "2",
+                    "--batch", "2", "--lr", "0", "--metrics", m, "-q", self.shard)
+                with open(m) as f:
+                    losses.append([json.loads(l)["loss"] for l in f])
+            self.assertEqual(losses[0], losses[1], sub)
+
     def test_usage(self):
         code, err = run("-o", os.path.join(self.tmp.name, "x"), self.shard, ok=(2,))
         self.assertIn("--unet", err)

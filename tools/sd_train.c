@@ -114,6 +114,9 @@ int main(int argc, char **argv)
         {"save-every", 0, SD_OPT_INT, &save_every, "N", "checkpoint every N steps (default: at the end only)"},
         {"keep", 0, SD_OPT_INT, &keep, "N", "checkpoints kept (default 2; 0 keeps all)"},
         {"save-dtype", 0, SD_OPT_STR, &dtype, "T", "unet/ weights as fp32 (default), fp16 or bf16"},
+        {"save-single", 0, SD_OPT_FLAG, &o.save_single, NULL,
+         "also write each checkpoint's UNet (and EMA UNet) as one safetensors file with the original "
+         "model.diffusion_model.* names, as UIs load a UNet alone"},
         {"metrics", 0, SD_OPT_STR, &o.metrics, "FILE", "append one JSON line per step"},
         {"tensorboard", 0, SD_OPT_STR, &o.tensorboard, "DIR",
          "write TensorBoard event files there (loss, smoothed loss, lr, gradient norm, validation loss): "

@@ -27,7 +27,8 @@ enum { PATH_CAP = 4096 };
 
 static const char *const ckpt_files[] = {"unet/config.json", "unet/diffusion_pytorch_model.safetensors",
                                          "unet_ema/config.json", "unet_ema/diffusion_pytorch_model.safetensors",
-                                         "state.safetensors", "train_config.json"};
+                                         "state.safetensors", "train_config.json", "unet.safetensors",
+                                         "unet_ema.safetensors"};
 
 /* dir/name into buf (PATH_CAP bytes); callers check their directory's
  * length first, so nothing is cut. */
@@ -192,6 +193,16 @@ static sd_status save_local(sd_trainer *tr, sd_error *err)
         if (!rc) rc = sd_unet_save(&tr->unet, tr->ema, p, SD_UNET_NAMES_DIFFUSERS, "", tr->o.save_dtype, err);
         pjoin(p, tmp, "unet_ema");
         if (!rc) rc = sync_dir(p, err);
+    }
+    if (tr->o.save_single) { /* one file with the original ldm names, for UIs that load a UNet alone */
+        pjoin(p, tmp, "unet.safetensors");
+        if (!rc)
+            rc = sd_unet_save(&tr->unet, tr->unet.w.data, p, SD_UNET_NAMES_LDM, "model.diffusion_model.",
+                              tr->o.save_dtype, err);
+        pjoin(p, tmp, "unet_ema.safetensors");
+        if (!rc && tr->ema)
+            rc = sd_unet_save(&tr->unet, tr->ema, p, SD_UNET_NAMES_LDM, "model.diffusion_model.", tr->o.save_dtype,
+                              err);
     }
     pjoin(p, tmp, "state.safetensors");
     if (!rc) rc = write_state(tr, p, err);

@@ -78,6 +78,7 @@ typedef struct {
     long val_every;
     const char *config_json; /* the effective options, written into every checkpoint, or NULL */
     const char *tensorboard; /* a directory for TensorBoard event files (rank 0), or NULL */
+    int save_single; /* also unet.safetensors (and unet_ema.safetensors): one file, ldm names */
 } sd_train_opts;
 
 typedef struct {
