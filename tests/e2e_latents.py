@@ -232,7 +232,8 @@ class Latents(unittest.TestCase):
 
     def test_usage_errors_and_devices(self):
         s = self.path("usage.shard")
-        for args in (["--batch", "0"], ["--device", "gpu"], ["--shard", "3/3"], ["-j", "-1"]):
+        for args in (["--batch", "0"], ["--device", "gpu"], ["--shard", "3/3"], ["-j", "-1"], ["--tf32"],
+                     ["--cudnn-search"]):
             code, _, err = sh(LATENTS, "--vae", VAE, "-o", s, *args, self.jsonl, ok=(2,))
             self.assertIn("Try 'sd-latents --help'", err)
         sh(LATENTS, "-o", s, self.jsonl, ok=(2,))  # no --vae

@@ -50,6 +50,8 @@ typedef struct {
     const char *text_model, *tokenizer; /* --text MODEL, --tokenizer DIR */
     int clip_skip;
     int cuda_device; /* -1: the CPU */
+    int tf32;        /* GPU: TF32 tensor cores (part of the record key: other bytes) */
+    int cudnn_search; /* GPU: cuDNN's timed algorithm choice (the last bits may vary by run) */
     int vae_groups;
     double scale;
     int shard_index, shard_count;

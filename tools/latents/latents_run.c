@@ -73,7 +73,7 @@ static int parse_dtype(const char *s)
 }
 
 /* The record key: everything that decides the stored bytes (name, plan,
- * mode, flip, dtype, seed, model), so a changed plan or model is a new key
+ * mode, flip, dtype, seed, model, TF32), so a changed plan or model is a new key
  * and a rerun with the same inputs finds its records. */
 static void job_key(const run *r, latent_job *j)
 {
@@ -87,6 +87,7 @@ static void job_key(const run *r, latent_job *j)
                   j->plan.resize_h, j->plan.crop_l, j->plan.crop_t, j->plan.crop_r, j->plan.crop_b, j->orig_w,
                   j->orig_h, j->member ? j->member : "", r->o->sample, r->o->flip, r->dtype,
                   (unsigned long long)r->o->seed, r->model_hash);
+    if (r->o->tf32) sd_buf_puts(&b, "|tf32"); /* other numerics: other records (none added without it) */
     sd_key128 k = sd_key128_of(b.data, b.len);
     memcpy(j->key, &k.lo, 8);
     memcpy(j->key + 8, &k.hi, 8);
@@ -363,7 +364,8 @@ static sd_status open_device(run *r, sd_error *err)
     if (r->o->cuda_device >= 0) {
 #ifdef SDTK_HAVE_CUDA
         sd_cuda *c = NULL;
-        sd_status st = sd_cuda_create(&c, r->o->cuda_device, NULL, err);
+        sd_cuda_opts co = {.allow_tf32 = r->o->tf32, .conv_search = r->o->cudnn_search};
+        sd_status st = sd_cuda_create(&c, r->o->cuda_device, &co, err);
         if (st) return st;
         r->cuda = c;
         be = sd_backend_cuda();
