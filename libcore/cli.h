@@ -62,7 +62,9 @@ typedef struct {
 int sd_cli_expand(const sd_cli *cli, int argc, char **argv, sd_cli_args *out);
 void sd_cli_args_free(sd_cli_args *a);
 /* Every option's current value as one JSON object: the effective
- * configuration, which --config reads back. */
-void sd_cli_values_json(const sd_cli *cli, sd_buf *b);
+ * configuration, which --config reads back; the options named in skip
+ * (NULL-terminated, or NULL) left out. A false flag in a file or --set
+ * drops the flag's earlier words, so it turns off what came before. */
+void sd_cli_values_json(const sd_cli *cli, const char *const *skip, sd_buf *b);
 
 #endif

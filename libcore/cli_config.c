@@ -45,6 +45,21 @@ static int push_word(sd_cli_args *a, char *w)
     return 0;
 }
 
+/* A false flag: every earlier --name (or -c) word dropped, so a later
+ * source can turn off what an earlier one set. */
+static void drop_flag(sd_cli_args *a, const sd_opt *o)
+{
+    int k = 1;
+    for (int i = 1; i < a->argc; i++) {
+        const char *w = a->argv[i];
+        int hit = (w[0] == '-' && w[1] == '-' && strcmp(w + 2, o->name) == 0) ||
+                  (o->short_name && w[0] == '-' && w[1] == o->short_name && w[2] == 0);
+        if (!hit) a->argv[k++] = a->argv[i];
+    }
+    a->argc = k;
+    a->argv[k] = NULL;
+}
+
 /* "--name" and, unless a flag, the value, as words. */
 static int push_opt(sd_cli_args *a, const sd_opt *o, const char *val, size_t len)
 {
@@ -81,7 +96,10 @@ static int add_member(const sd_cli *cli, sd_cli_args *a, const char *path, const
     int bad = 0, rc = 0;
     switch (v->type) {
     case SD_JSON_NULL: break;
-    case SD_JSON_FALSE: bad = o->kind != SD_OPT_FLAG; break;
+    case SD_JSON_FALSE:
+        bad = o->kind != SD_OPT_FLAG;
+        if (!bad) drop_flag(a, o);
+        break;
     case SD_JSON_TRUE:
         if (o->kind == SD_OPT_FLAG) rc = push_opt(a, o, NULL, 0);
         else bad = 1;
@@ -144,7 +162,10 @@ static int add_set(const sd_cli *cli, sd_cli_args *a, const char *kv)
     const char *v = eq + 1;
     if (o->kind == SD_OPT_FLAG) {
         if (strcmp(v, "true") == 0 || strcmp(v, "1") == 0) return push_opt(a, o, NULL, 0) ? SD_EXIT_FATAL : 0;
-        if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0) return 0;
+        if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0) {
+            drop_flag(a, o);
+            return 0;
+        }
         sd_cli_usage_error(cli, "--set %s: --%s is a flag: true or false", kv, o->name);
         return SD_EXIT_USAGE;
     }
@@ -172,7 +193,7 @@ int sd_cli_expand(const sd_cli *cli, int argc, char **argv, sd_cli_args *out)
     memset(out, 0, sizeof *out);
     sd_arena_init(&out->arena, 4096);
     if (push_word(out, argv[0])) return SD_EXIT_FATAL;
-    int rc = 0, only_pos = 0;
+    int rc = 0;
     /* the files first, wherever --config stands */
     for (int i = 1; i < argc && !rc; i++) {
         int used = 0;
@@ -186,24 +207,30 @@ int sd_cli_expand(const sd_cli *cli, int argc, char **argv, sd_cli_args *out)
         }
         if (used) i += used - 1;
     }
-    /* then the command line's own words */
+    /* then the command line's own options (its words after "--" wait) */
+    int dashdash = argc;
     for (int i = 1; i < argc && !rc; i++) {
         int used = 0;
-        if (!only_pos && strcmp(argv[i], "--") == 0) only_pos = 1;
-        if (!only_pos && (take(argc, argv, i, "config", &used) || take(argc, argv, i, "set", &used))) {
+        if (strcmp(argv[i], "--") == 0) {
+            dashdash = i;
+            break;
+        }
+        if (take(argc, argv, i, "config", &used) || take(argc, argv, i, "set", &used)) {
             i += used - 1;
             continue;
         }
         if (push_word(out, argv[i])) rc = SD_EXIT_FATAL;
     }
-    /* --set last: it overrides both */
-    for (int i = 1; i < argc && !rc; i++) {
+    /* --set last among the options: it overrides both */
+    for (int i = 1; i < dashdash && !rc; i++) {
         int used = 0;
-        if (strcmp(argv[i], "--") == 0) break;
         const char *kv = take(argc, argv, i, "set", &used);
         if (kv) rc = add_set(cli, out, kv);
         if (used) i += used - 1;
     }
+    /* and "--" with what follows it, untouched */
+    for (int i = dashdash; i < argc && !rc; i++)
+        if (push_word(out, argv[i])) rc = SD_EXIT_FATAL;
     if (rc) {
         sd_cli_args_free(out);
         return rc;
@@ -220,13 +247,18 @@ void sd_cli_args_free(sd_cli_args *a)
     memset(a, 0, sizeof *a);
 }
 
-/* Option names as keys, current values as values; --config reads it back. */
-void sd_cli_values_json(const sd_cli *cli, sd_buf *b)
+/* Option names as keys, current values as values; --config reads it back.
+ * skip: option names left out (run control such as resume or fresh, which
+ * must not come back with the file), NULL-terminated, or NULL. */
+void sd_cli_values_json(const sd_cli *cli, const char *const *skip, sd_buf *b)
 {
     int first = 1;
     sd_buf_puts(b, "{");
     for (const sd_opt *o = cli->opts; o && o->name; o++) {
         if (strcmp(o->name, "config") == 0 || strcmp(o->name, "set") == 0) continue;
+        int skipped = 0;
+        for (const char *const *k = skip; k && *k && !skipped; k++) skipped = strcmp(*k, o->name) == 0;
+        if (skipped) continue;
         if (o->kind == SD_OPT_STR && !*(const char **)o->dest) continue;
         sd_buf_json_key(b, &first, o->name);
         switch (o->kind) {

@@ -56,6 +56,7 @@ sd_status sd_vae_runner_encode(sd_vae_runner *r, const sd_vae *v, int n, int h, 
         sd_error why = {0};
         st = grow(r, &r->ws, &r->ws_cap, sd_vae_batch_workspace_floats(v, n, h, w), "workspace", &why);
         whole = st == SD_OK;
+        if (!whole) r->whole_batch = 0; /* not again for every batch: each failed try empties the cache */
     }
     if (!whole) st = grow(r, &r->ws, &r->ws_cap, sd_vae_workspace_floats(v, n, h, w), "workspace", err);
     if (!st) st = grow(r, &r->x, &r->x_cap, px, "image buffer", err);

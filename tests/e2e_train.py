@@ -203,7 +203,11 @@ class Train(unittest.TestCase):
             run("--unet", UNET, "-o", out, "--steps", "4", "--batch", "2", "--lr", "0", "--seed", seed,
                 "--val", self.shard, "--val-every", "2", "--metrics", m, "-q", self.shard)
             with open(m) as f:
-                vals.append([(r["step"], r["val_loss"]) for r in map(json.loads, f) if "val_loss" in r])
+                rows = [r for r in map(json.loads, f) if "val_loss" in r]
+            vals.append([(r["step"], r["val_loss"]) for r in rows])
+            # the generated shard: 14 records, one with a NaN latent and one without its text (skipped):
+            # every usable record exactly once
+            self.assertEqual({r["val_images"] for r in rows}, {12})
         self.assertEqual([s for s, _ in vals[0]], [0, 2, 4])
         self.assertEqual(vals[0], vals[1])
         self.assertEqual(len(set(v for _, v in vals[0])), 1)  # lr 0: the weights never move
@@ -249,6 +253,17 @@ class Train(unittest.TestCase):
         code, err = run("--config", "/nonexistent.json", "-o", out, self.shard, ok=(2,))
         code, err = run("--unet", UNET, "--set", "lr", "-o", out, self.shard, ok=(2,))
         self.assertIn("KEY=VALUE", err)
+        # a false flag turns off an earlier source's; --set before "--" still applies; run control
+        # (fresh, resume) is never written to the effective file
+        with open(cfg, "w") as f:
+            json.dump({"unet": UNET, "steps": 2, "batch": 2, "no_flip": True, "quiet": True}, f)
+        out2 = os.path.join(self.tmp.name, "cfg-flag")
+        run("--config", cfg, "--set", "no-flip=false", "--fresh", "-o", out2, "--", self.shard)
+        with open(os.path.join(out2, "checkpoint-2", "train_config.json")) as f:
+            eff = json.load(f)
+        self.assertIs(eff["no-flip"], False)
+        self.assertNotIn("fresh", eff)
+        self.assertNotIn("resume", eff)
 
     def test_tensorboard(self):
         """--tensorboard DIR: an event file TensorBoard reads (read back here by an independent
@@ -269,10 +284,14 @@ class Train(unittest.TestCase):
             rows = [json.loads(l) for l in f]
         train = [r for r in rows if "loss" in r]
         val = [r for r in rows if "val_loss" in r]
-        f32 = lambda x: struct.unpack("<f", struct.pack("<f", x))[0]
-        self.assertEqual(sc["train/loss"], [(r["step"], f32(r["loss"])) for r in train])
-        self.assertEqual(sc["train/grad_norm"], [(r["step"], f32(r["grad_norm"])) for r in train])
-        self.assertEqual(sc["val/loss"], [(r["step"], f32(r["val_loss"])) for r in val])
+        def same(tag, rows, key):  # float32 of the value against the metrics' 9-digit decimal of the double
+            got = sc[tag]
+            self.assertEqual([st for st, _ in got], [r["step"] for r in rows], tag)
+            for (_, v), r in zip(got, rows):
+                self.assertLessEqual(abs(v - r[key]), 1.2e-7 * abs(r[key]), tag)
+        same("train/loss", train, "loss")
+        same("train/grad_norm", train, "grad_norm")
+        same("val/loss", val, "val_loss")
         self.assertEqual([st for st, _ in sc["val/loss"]], [0, 2, 4])
 
     def test_save_single(self):
@@ -299,6 +318,18 @@ class Train(unittest.TestCase):
                 with open(m) as f:
                     losses.append([json.loads(l)["loss"] for l in f])
             self.assertEqual(losses[0], losses[1], sub)
+
+    def test_fresh_keeps_its_checkpoints(self):
+        """--fresh in a directory with a longer earlier run: --keep prunes only this run's
+        checkpoints (never the one just written, which latest names), and leaves the
+        earlier run's later steps alone."""
+        out = os.path.join(self.tmp.name, "fresh")
+        run("--unet", UNET, "-o", out, "--steps", "4", "--batch", "2", "--save-every", "2", "--keep", "1", "-q",
+            self.shard)
+        self.assertEqual(sorted(os.listdir(out)), ["checkpoint-4", "latest"])
+        run("--unet", UNET, "-o", out, "--steps", "2", "--batch", "2", "--keep", "1", "--fresh", "-q", self.shard)
+        self.assertEqual(sorted(os.listdir(out)), ["checkpoint-2", "checkpoint-4", "latest"])
+        self.assertEqual(latest(out), 2)
 
     def test_usage(self):
         code, err = run("-o", os.path.join(self.tmp.name, "x"), self.shard, ok=(2,))

@@ -123,8 +123,8 @@ int main(int argc, char **argv)
          "tensorboard --logdir DIR"},
         {"threads", 'j', SD_OPT_INT, &threads, "N", "CPU threads (default: all CPUs)"},
         {"device", 0, SD_OPT_STR, &device, "DEV",
-         "cpu (default) or cuda:K: the UNet's forward and backward on GPU K (AdamW, EMA and checkpoints stay on "
-         "the host); plain cuda under mpirun/srun takes the GPU of the process's local rank"},
+         "cpu (default) or cuda:K: the UNet, clipping, AdamW and the EMA on GPU K (weights and moments come back "
+         "to the host only for checkpoints); plain cuda under mpirun/srun takes the GPU of the process's local rank"},
         {"tf32", 0, SD_OPT_FLAG, &o.tf32, NULL, "allow TF32 tensor cores on the GPU (faster, ~1e-3 relative error)"},
         {"val", 0, SD_OPT_STR, &o.val_shard, "SHARD",
          "a shard of held-out records (e.g. one part of sd-pack split): its loss, with noise and timesteps fixed per "
@@ -222,7 +222,8 @@ int main(int argc, char **argv)
     /* the effective configuration, saved with every checkpoint */
     sd_buf cfg;
     sd_buf_init(&cfg);
-    sd_cli_values_json(&cli, &cfg);
+    static const char *const run_control[] = {"resume", "fresh", NULL}; /* never replayed from the file */
+    sd_cli_values_json(&cli, run_control, &cfg);
     if (cfg.len) cfg.len--; /* reopen the object for the shards */
     sd_buf_puts(&cfg, ", \"_shards\": [");
     for (int i = 0; i < pos.n; i++) {

@@ -87,8 +87,9 @@ static int cmp_long(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Delete all but the newest `keep` checkpoints. */
-static void prune(const char *out, int keep)
+/* Delete all but the newest `keep` checkpoints up to the one just written
+ * (step current, always kept); later steps are left alone. */
+static void prune(const char *out, int keep, long current)
 {
     DIR *d = opendir(out);
     if (!d || keep <= 0) {
@@ -100,7 +101,7 @@ static void prune(const char *out, int keep)
     struct dirent *e;
     while ((e = readdir(d))) {
         long s = ckpt_step(e->d_name);
-        if (s < 0) continue;
+        if (s < 0 || s > current) continue; /* a later step is another run's (--fresh): not ours to delete */
         if (n == cap) {
             size_t c = cap ? 2 * cap : 16;
             long *q = realloc(steps, c * sizeof(long));
@@ -219,7 +220,7 @@ static sd_status save_local(sd_trainer *tr, sd_error *err)
     int len = snprintf(line, sizeof line, "%s\n", name);
     if (!rc) rc = sd_write_file_atomic(p, line, (size_t)len, err);
     if (rc) return rc;
-    prune(out, tr->o.keep);
+    prune(out, tr->o.keep, tr->step);
     if (!tr->o.quiet) sd_log(SD_LOG_INFO, "saved %s", fin);
     return SD_OK;
 }
@@ -267,15 +268,25 @@ static const char *meta_of(const sd_safetensors *st, const char *key)
     return NULL;
 }
 
-/* A flat fp32 tensor of the state file into dst (n floats). */
-static sd_status read_flat(const sd_safetensors *st, const char *name, float *dst, size_t n, const char *path,
-                           sd_error *err)
+/* A flat fp32 tensor of n values in the state file, checked. */
+static sd_status flat_of(const sd_safetensors *st, const char *name, size_t n, const char *path,
+                         const sd_st_tensor **out, sd_error *err)
 {
     const sd_st_tensor *t = sd_st_find(st, name);
     if (!t || t->dtype != SD_ST_F32 || t->ndim != 1 || t->shape[0] != n)
         return sd_err_set(err, SD_EFORMAT, "%s: tensor %s missing or not %zu fp32 values", path, name, n);
-    memcpy(dst, t->data, n * 4);
+    *out = t;
     return SD_OK;
+}
+
+/* A flat fp32 tensor of the state file into dst (n floats). */
+static sd_status read_flat(const sd_safetensors *st, const char *name, float *dst, size_t n, const char *path,
+                           sd_error *err)
+{
+    const sd_st_tensor *t = NULL;
+    sd_status rc = flat_of(st, name, n, path, &t, err);
+    if (!rc) memcpy(dst, t->data, n * 4);
+    return rc;
 }
 
 /* Resolve dir (a checkpoint, or an output directory with latest). */
@@ -317,12 +328,8 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
     if (rc) return rc;
     pjoin(p, ck, "state.safetensors");
     sd_safetensors *st = NULL;
-    rc = sd_train_moments_full(tr, err); /* ZeRO-1: whole buffers to read into */
-    if (!rc) rc = sd_st_open(&st, p, err);
-    if (rc) {
-        sd_train_moments_shard(tr);
-        return rc;
-    }
+    rc = sd_st_open(&st, p, err);
+    if (rc) return rc;
     size_t n = tr->unet.w.total;
     const char *fmt = meta_of(st, "format");
     if (!fmt || strcmp(fmt, "sdtk-train-state 1") != 0)
@@ -350,8 +357,15 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
     if (!rc) rc = same(st, "prediction", tr->o.pred == SD_PRED_V ? "v_prediction" : "epsilon", p, err);
     snprintf(w, sizeof w, "%016" PRIx64, tr->have_data ? tr->data.fingerprint : 0);
     if (!rc) rc = same(st, "data_fingerprint", w, p, err);
-    if (!rc) rc = read_flat(st, "adam_m", tr->m, n, p, err);
-    if (!rc) rc = read_flat(st, "adam_v", tr->v, n, p, err);
+    if (tr->o.zero1) { /* each rank takes its segments from the mapped file: no whole copy */
+        const sd_st_tensor *tm = NULL, *tv = NULL;
+        if (!rc) rc = flat_of(st, "adam_m", n, p, &tm, err);
+        if (!rc) rc = flat_of(st, "adam_v", n, p, &tv, err);
+        if (!rc) sd_train_moments_from(tr, tm->data, tv->data);
+    } else {
+        if (!rc) rc = read_flat(st, "adam_m", tr->m, n, p, err);
+        if (!rc) rc = read_flat(st, "adam_v", tr->v, n, p, err);
+    }
     if (!rc && sd_st_find(st, "params")) {
         rc = read_flat(st, "params", tr->unet.w.data, n, p, err);
     } else if (!rc) {
@@ -408,7 +422,6 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
     memset(tr->grad, 0, n * sizeof(float));
     tr->dev_stale = tr->cuda != NULL; /* a GPU run uploads the loaded state before its next step */
     tr->host_stale = 0;
-    sd_train_moments_shard(tr); /* ZeRO-1: keep this rank's segments */
     sd_st_close(st);
     if (!rc && !tr->o.quiet) sd_log(SD_LOG_INFO, "resumed from %s at step %ld", ck, tr->step);
     return rc;

@@ -215,6 +215,33 @@ sd_status sd_dist_allgather_f32(float *buf, size_t n, sd_error *err)
     return st;
 }
 
+/* Per block, the segments to rank 0 (MPI_Gatherv): only rank 0 holds the
+ * whole buffer. */
+sd_status sd_dist_gather_f32(float *full, const float *own, size_t n, sd_error *err)
+{
+    int N = g_on ? g_world : 1;
+    if (N == 1) {
+        memcpy(full, own, n * sizeof(float));
+        return SD_OK;
+    }
+    int *cnt = malloc(2 * (size_t)N * sizeof(int));
+    if (!cnt) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    int *off = cnt + N;
+    sd_status st = SD_OK;
+    size_t o = 0;
+    watch("a gather to rank 0");
+    for (size_t b = 0; b < sd_dist_blocks(n) && !st; b++) {
+        block_layout(n, b, cnt, off);
+        int rc = MPI_Gatherv(own + o, cnt[g_rank], MPI_FLOAT, g_rank == 0 ? full + b * SD_DIST_BLOCK : NULL, cnt,
+                             off, MPI_FLOAT, 0, MPI_COMM_WORLD);
+        if (rc != MPI_SUCCESS) st = mpi_fail(rc, "MPI_Gatherv", err);
+        o += (size_t)cnt[g_rank];
+    }
+    watch(NULL);
+    free(cnt);
+    return st;
+}
+
 /* Each element crosses the network twice, as in a ring all-reduce. */
 sd_status sd_dist_sum_f32(float *buf, size_t n, sd_error *err)
 {

@@ -422,43 +422,39 @@ double sd_train_apply(sd_trainer *tr)
     return norm;
 }
 
-/* Copy between the full moments and this rank's packed segments. */
-static void moments_copy(sd_trainer *tr, int to_shard)
-{
-    size_t n = tr->unet.w.total, off = 0, lo, hi;
-    for (size_t b = 0; b < sd_dist_blocks(n); b++) {
-        sd_dist_segment(n, b, tr->rank, tr->world, &lo, &hi);
-        size_t len = (hi - lo) * sizeof(float);
-        if (to_shard) {
-            memcpy(tr->m_sh + off, tr->m + lo, len);
-            memcpy(tr->v_sh + off, tr->v + lo, len);
-        } else {
-            memcpy(tr->m + lo, tr->m_sh + off, len);
-            memcpy(tr->v + lo, tr->v_sh + off, len);
-        }
-        off += hi - lo;
-    }
-}
-
-/* Every rank's segments into whole m and v on every rank (a checkpoint
- * writes them; a resume reads into them). */
+/* Every rank's segments into whole m and v on rank 0, which writes the
+ * checkpoint; the other ranks only send (their memory stays n + 2n/ranks). */
 sd_status sd_train_moments_full(sd_trainer *tr, sd_error *err)
 {
     if (!tr->o.zero1) return SD_OK;
     size_t n = tr->unet.w.total;
-    if (!tr->m) tr->m = calloc(n, sizeof(float));
-    if (!tr->v) tr->v = calloc(n, sizeof(float));
-    if (!tr->m || !tr->v) return sd_err_set(err, SD_ENOMEM, "out of memory for the whole AdamW moments");
-    moments_copy(tr, 0);
-    sd_status rc = sd_dist_allgather_f32(tr->m, n, err);
-    return rc ? rc : sd_dist_allgather_f32(tr->v, n, err);
+    if (tr->rank == 0) {
+        if (!tr->m) tr->m = malloc(n * sizeof(float));
+        if (!tr->v) tr->v = malloc(n * sizeof(float));
+        if (!tr->m || !tr->v) return sd_err_set(err, SD_ENOMEM, "out of memory for the whole AdamW moments");
+    }
+    sd_status rc = sd_dist_gather_f32(tr->m, tr->m_sh, n, err);
+    return rc ? rc : sd_dist_gather_f32(tr->v, tr->v_sh, n, err);
 }
 
-/* Back to this rank's segments only. */
+/* This rank's segments of whole moments (a state file's) into the packed
+ * shards. */
+void sd_train_moments_from(sd_trainer *tr, const float *m, const float *v)
+{
+    size_t n = tr->unet.w.total, off = 0, lo, hi;
+    for (size_t b = 0; b < sd_dist_blocks(n); b++) {
+        sd_dist_segment(n, b, tr->rank, tr->world, &lo, &hi);
+        memcpy(tr->m_sh + off, m + lo, (hi - lo) * sizeof(float));
+        memcpy(tr->v_sh + off, v + lo, (hi - lo) * sizeof(float));
+        off += hi - lo;
+    }
+}
+
+/* The whole moments dropped again after a checkpoint (the shards hold
+ * the state). */
 void sd_train_moments_shard(sd_trainer *tr)
 {
-    if (!tr->o.zero1 || !tr->m || !tr->v) return;
-    moments_copy(tr, 1);
+    if (!tr->o.zero1) return;
     free(tr->m);
     free(tr->v);
     tr->m = tr->v = NULL;
@@ -634,10 +630,11 @@ sd_status sd_train_validate(sd_trainer *tr, double *loss, long *images, sd_error
     sd_status rc = SD_OK;
     sd_rng rng; /* its own stream: the training's state (saved in checkpoints) stays untouched */
     if (!tr->have_val) return sd_err_set(err, SD_EINVAL, "no validation shard");
-    for (size_t k = 0; !rc && cur.epoch == 0; k++) {
+    for (size_t k = 0; !rc; k++) {
         sd_data_batch db;
         rc = sd_data_next(&tr->val, &cur, &db, err);
-        if (rc || (int)(k % (size_t)world) != tr->rank) continue;
+        if (rc || cur.epoch != 0) break; /* past the last batch: sd_data_next rolled into epoch 1 */
+        if ((int)(k % (size_t)world) != tr->rank) continue;
         sd_rng_seed(&rng, mix64(0x76616c2d6c6f7373ULL ^ (uint64_t)k));
         rc = sd_data_load(&tr->val, &db, &lo, &rng, &tr->vbatch, &vt, err);
         sd_batch *b = &tr->vbatch;

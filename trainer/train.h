@@ -65,9 +65,9 @@ typedef struct {
     const char *metrics; /* JSONL metrics file, or NULL */
     int threads;
     int quiet;
-    /* -1: the CPU; K >= 0: the UNet's forward and backward on cuda:K (the
-     * optimizer, EMA and checkpoints stay on the host's fp32 master
-     * weights); tf32: allow TF32 tensor cores there */
+    /* -1: the CPU; K >= 0: the UNet's forward and backward, clipping, AdamW
+     * and the EMA on cuda:K (the host copies of weights and moments are
+     * refreshed for checkpoints); tf32: allow TF32 tensor cores there */
     int device;
     int tf32;
     int nccl; /* GPU: sum gradients over NCCL even in a world of one (a check of the path) */
@@ -187,11 +187,13 @@ sd_status sd_train_validate(sd_trainer *tr, double *loss, long *images, sd_error
  * the end, on *stop, and (the state before the bad step) on a NaN loss. */
 sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *err);
 
-/* ZeRO-1 around checkpoints: the full moments gathered into m and v from
- * every rank's shard (collective), and back to the shards (m, v freed).
- * Both do nothing without zero1. */
+/* ZeRO-1 around checkpoints: every rank's shard gathered into whole m and
+ * v on rank 0 (collective; the others only send), and those freed again;
+ * both do nothing without zero1. A resume fills the shards straight from
+ * the state file's whole moments (sd_train_moments_from). */
 sd_status sd_train_moments_full(sd_trainer *tr, sd_error *err);
 void sd_train_moments_shard(sd_trainer *tr);
+void sd_train_moments_from(sd_trainer *tr, const float *m, const float *v);
 
 /* Checkpoints (ckpt.c): out_dir/checkpoint-<step>/ with unet/ and
  * state.safetensors, and out_dir/latest naming the newest. */

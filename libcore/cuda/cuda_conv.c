@@ -191,7 +191,9 @@ static int search_fwd(sd_cuda *c, sdc_conv_plan *p, const float *x, const float 
     size_t wsb = c->opts.conv_workspace;
     void *ws = NULL;
     while (wsb >= ((size_t)1 << 20) && !(ws = sdc_alloc(c, wsb))) {
-        sdc_sync(c, NULL); /* clear the failed allocation; try half */
+        /* forget only this allocation's failure (the op was live on entry), try half */
+        c->failed = 0;
+        memset(&c->err, 0, sizeof c->err);
         wsb /= 2;
     }
     if (!ws) wsb = 0;

@@ -379,7 +379,7 @@ static sd_status open_device(run *r, sd_error *err)
     }
     sd_status st = sd_vae_runner_init(&r->runner, &r->vae, be, exec, err);
     r->runner_ok = !st;
-    if (!st && r->text_on) st = text_device(&r->text, be, exec, err);
+    if (!st && r->text_on) st = text_device(&r->text, be, exec, r->cuda && r->o->tf32, err);
     return st;
 }
 

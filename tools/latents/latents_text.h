@@ -37,7 +37,7 @@ typedef struct {
 } text_cache;
 
 sd_status text_open(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int dtype, sd_error *err);
-sd_status text_device(text_cache *t, const sd_backend *be, void *exec, sd_error *err);
+sd_status text_device(text_cache *t, const sd_backend *be, void *exec, int tf32, sd_error *err);
 void text_close(text_cache *t);
 void text_key(const text_cache *t, const char *caption, size_t len, uint8_t key[16]);
 sd_status text_put(text_cache *t, sd_shard *s, const char *caption, size_t len, const uint8_t key[16], sd_buf *rec,
