@@ -231,7 +231,7 @@ int main(int argc, char **argv)
         sd_buf_json_cstr(&cfg, pos.v[i]);
     }
     sd_buf_puts(&cfg, "]}\n");
-    o.config_json = cfg.oom ? NULL : cfg.data;
+    o.config_json = cfg.oom ? NULL : sd_buf_cstr(&cfg);
 
     sd_trainer tr;
     sd_error err = {0};
