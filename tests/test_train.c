@@ -96,26 +96,67 @@ static void check_change(const sd_trainer *tr, const float *now, const float *be
     CHECK(seen == np && seen == w->nslots);
 }
 
-/* The golden training math: eps steps with clipping, then the v step with
- * min-SNR weights and accumulation. */
-static void test_golden(void)
+/* dir/<model>/train.safetensors and its "names" metadata; NULL (a failed
+ * check) when missing. */
+static sd_safetensors *golden_file(const char *model, const char **names)
 {
     char path[512];
     sd_error err = {0};
     sd_safetensors *g = NULL;
-    snprintf(path, sizeof path, "%s/sd1/train.safetensors", GOLDEN_DIR);
+    snprintf(path, sizeof path, "%s/%s/train.safetensors", GOLDEN_DIR, model);
     if (!CHECK(sd_st_open(&g, path, &err) == SD_OK)) {
         fprintf(stderr, "%s\n", err.msg);
-        return;
+        return NULL;
     }
-    const char *names = NULL;
+    *names = NULL;
     for (size_t i = 0; i < sd_st_meta_count(g); i++)
-        if (strcmp(sd_st_meta_at(g, i)->key, "names") == 0) names = sd_st_meta_at(g, i)->value;
+        if (strcmp(sd_st_meta_at(g, i)->key, "names") == 0) *names = sd_st_meta_at(g, i)->value;
+    return g;
+}
+
+/* The golden file's 3 epsilon steps (noise<s>, t<s>) on tr: losses within
+ * 1e-5 and gradient norms within 1e-4 of torch's; the worst of each out.
+ * text and tids are the SDXL conditioning, NULL for SD. */
+static void golden_eps_steps(sd_trainer *tr, const sd_safetensors *g, int tctx, const float *text, const float *tids,
+                             double *worst_l, double *worst_g)
+{
+    sd_error err = {0};
     const sd_st_tensor *x0 = sd_st_find(g, "x0"), *ctx = sd_st_find(g, "ctx");
     const sd_st_tensor *el = sd_st_find(g, "eps_loss"), *eg = sd_st_find(g, "eps_gnorm");
-    const sd_st_tensor *es = sd_st_find(g, "eps_stats"), *vl = sd_st_find(g, "v_loss");
-    const sd_st_tensor *vg = sd_st_find(g, "v_gnorm"), *vs = sd_st_find(g, "v_stats");
-    if (!CHECK(names && x0 && ctx && el && eg && es && vl && vg && vs)) {
+    *worst_l = *worst_g = 0;
+    if (!CHECK(x0 && ctx && el && eg)) return;
+    for (int s = 0; s < 3; s++) {
+        char nn[16], tn[16];
+        snprintf(nn, sizeof nn, "noise%d", s);
+        snprintf(tn, sizeof tn, "t%d", s);
+        const sd_st_tensor *nz = sd_st_find(g, nn), *tt = sd_st_find(g, tn);
+        if (!CHECK(nz && tt)) break;
+        const float *tf = tt->data;
+        int t[2] = {(int)tf[0], (int)tf[1]};
+        double loss;
+        CHECK(sd_train_micro(tr, 2, 16, 16, tctx, x0->data, ctx->data, text, tids, nz->data, t, 1.0, &loss, &err) ==
+              SD_OK);
+        double gn = sd_train_apply(tr);
+        double dl = fabs(loss - getd(el, (size_t)s)) / getd(el, (size_t)s);
+        double dg = fabs(gn - getd(eg, (size_t)s)) / getd(eg, (size_t)s);
+        *worst_l = dl > *worst_l ? dl : *worst_l;
+        *worst_g = dg > *worst_g ? dg : *worst_g;
+        CHECK(dl <= 1e-5);
+        CHECK(dg <= 1e-4);
+    }
+}
+
+/* The golden training math: eps steps with clipping, then the v step with
+ * min-SNR weights and accumulation. */
+static void test_golden(void)
+{
+    sd_error err = {0};
+    const char *names;
+    sd_safetensors *g = golden_file("sd1", &names);
+    if (!g) return;
+    const sd_st_tensor *x0 = sd_st_find(g, "x0"), *es = sd_st_find(g, "eps_stats"), *vl = sd_st_find(g, "v_loss");
+    const sd_st_tensor *vg = sd_st_find(g, "v_gnorm"), *vs = sd_st_find(g, "v_stats"), *ctx = sd_st_find(g, "ctx");
+    if (!CHECK(names && x0 && ctx && es && vl && vg && vs)) {
         sd_st_close(g);
         return;
     }
@@ -130,26 +171,8 @@ static void test_golden(void)
     size_t np = tr.unet.w.total, per = 4 * 16 * 16;
     float *before = malloc(np * sizeof(float));
     memcpy(before, tr.unet.w.data, np * sizeof(float));
-    double worst_l = 0, worst_g = 0;
-    for (int s = 0; s < 3; s++) {
-        char nn[16], tn[16];
-        snprintf(nn, sizeof nn, "noise%d", s);
-        snprintf(tn, sizeof tn, "t%d", s);
-        const sd_st_tensor *nz = sd_st_find(g, nn), *tt = sd_st_find(g, tn);
-        if (!CHECK(nz && tt)) break;
-        const float *tf = tt->data;
-        int t[2] = {(int)tf[0], (int)tf[1]};
-        double loss;
-        CHECK(sd_train_micro(&tr, 2, 16, 16, 5, x0->data, ctx->data, NULL, NULL, nz->data, t, 1.0, &loss, &err) ==
-              SD_OK);
-        double gn = sd_train_apply(&tr);
-        double dl = fabs(loss - getd(el, (size_t)s)) / getd(el, (size_t)s);
-        double dg = fabs(gn - getd(eg, (size_t)s)) / getd(eg, (size_t)s);
-        worst_l = dl > worst_l ? dl : worst_l;
-        worst_g = dg > worst_g ? dg : worst_g;
-        CHECK(dl <= 1e-5);
-        CHECK(dg <= 1e-4);
-    }
+    double worst_l, worst_g;
+    golden_eps_steps(&tr, g, 5, NULL, NULL, &worst_l, &worst_g);
     double en, ep;
     check_change(&tr, tr.unet.w.data, before, es, names, &en, &ep);
     double ef = 0;
@@ -633,26 +656,17 @@ static void test_lr(void)
  * six time ids, losses, gradient norms and every parameter's change. */
 static void test_golden_sdxl(void)
 {
-    char path[512];
     sd_error err = {0};
-    sd_safetensors *g = NULL;
-    snprintf(path, sizeof path, "%s/sdxl/train.safetensors", GOLDEN_DIR);
-    if (!CHECK(sd_st_open(&g, path, &err) == SD_OK)) {
-        fprintf(stderr, "%s\n", err.msg);
-        return;
-    }
-    const char *names = NULL;
-    for (size_t i = 0; i < sd_st_meta_count(g); i++)
-        if (strcmp(sd_st_meta_at(g, i)->key, "names") == 0) names = sd_st_meta_at(g, i)->value;
-    const sd_st_tensor *x0 = sd_st_find(g, "x0"), *ctx = sd_st_find(g, "ctx"), *text = sd_st_find(g, "text");
-    const sd_st_tensor *tids = sd_st_find(g, "tids"), *el = sd_st_find(g, "eps_loss");
-    const sd_st_tensor *eg = sd_st_find(g, "eps_gnorm"), *es = sd_st_find(g, "eps_stats");
+    const char *names;
+    sd_safetensors *g = golden_file("sdxl", &names);
+    if (!g) return;
+    const sd_st_tensor *ctx = sd_st_find(g, "ctx"), *text = sd_st_find(g, "text"), *tids = sd_st_find(g, "tids");
+    const sd_st_tensor *es = sd_st_find(g, "eps_stats");
     sd_train_opts o;
     golden_opts(&o, "sdxl");
     o.ema_decay = 0;
     sd_trainer tr;
-    if (!CHECK(names && x0 && ctx && text && tids && el && eg && es) ||
-        !CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
+    if (!CHECK(names && ctx && text && tids && es) || !CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
         fprintf(stderr, "%s\n", err.msg);
         sd_st_close(g);
         return;
@@ -665,27 +679,8 @@ static void test_golden_sdxl(void)
         return;
     }
     memcpy(before, tr.unet.w.data, np * sizeof(float));
-    double worst_l = 0, worst_g = 0;
-    int tctx = (int)ctx->shape[1];
-    for (int s = 0; s < 3; s++) {
-        char nn[16], tn[16];
-        snprintf(nn, sizeof nn, "noise%d", s);
-        snprintf(tn, sizeof tn, "t%d", s);
-        const sd_st_tensor *nz = sd_st_find(g, nn), *tt = sd_st_find(g, tn);
-        if (!CHECK(nz && tt)) break;
-        const float *tf = tt->data;
-        int t[2] = {(int)tf[0], (int)tf[1]};
-        double loss;
-        CHECK(sd_train_micro(&tr, 2, 16, 16, tctx, x0->data, ctx->data, text->data, tids->data, nz->data, t, 1.0,
-                             &loss, &err) == SD_OK);
-        double gn = sd_train_apply(&tr);
-        double dl = fabs(loss - getd(el, (size_t)s)) / getd(el, (size_t)s);
-        double dg = fabs(gn - getd(eg, (size_t)s)) / getd(eg, (size_t)s);
-        worst_l = dl > worst_l ? dl : worst_l;
-        worst_g = dg > worst_g ? dg : worst_g;
-        CHECK(dl <= 1e-5);
-        CHECK(dg <= 1e-4);
-    }
+    double worst_l, worst_g;
+    golden_eps_steps(&tr, g, (int)ctx->shape[1], text->data, tids->data, &worst_l, &worst_g);
     double en, ep;
     check_change(&tr, tr.unet.w.data, before, es, names, &en, &ep);
     printf("golden SDXL eps, 3 AdamW steps with clipping: loss %.2e grad norm %.2e change norm %.2e proj %.2e\n",
