@@ -4,7 +4,9 @@
 # ranks x 1 against 2 x 1 x accumulation 2), the tiny golden SD1 UNet on the
 # generated test shard. Prints images/s of each, the scaling efficiency
 # (2-rank images/s over twice the 1-process figure) and the gradient sum's
-# share of rank 0's training time. By hand, never in tests.
+# share of rank 0's training time; then the same 2 ranks with --zero1 (the
+# moments sharded: reduce-scatter + all-gather instead of the all-reduce).
+# By hand, never in tests.
 # Usage: bench/bench_train_mpi.sh [BUILD_DIR] [STEPS]
 set -eu
 build=${1:-build}
@@ -20,8 +22,13 @@ rate() { grep '^step ' "$1" | tail -1 | sed -E 's/.* ([0-9.]+) it\/s +([0-9.]+) 
 "$build/tools/sd-train" "${common[@]}" --accum 2 -o "$tmp/one" "$tmp/c.shard" 2>"$tmp/one.log"
 mpirun --oversubscribe --allow-run-as-root -np 2 "$build/tools/sd-train" "${common[@]}" --accum 1 -o "$tmp/two" \
   "$tmp/c.shard" 2>"$tmp/two.log"
+mpirun --oversubscribe --allow-run-as-root -np 2 "$build/tools/sd-train" "${common[@]}" --accum 1 --zero1 \
+  -o "$tmp/zero1" "$tmp/c.shard" 2>"$tmp/zero1.log"
 read -r its1 img1 < <(rate "$tmp/one.log")
 read -r its2 img2 < <(rate "$tmp/two.log")
+read -r itsz imgz < <(rate "$tmp/zero1.log")
+same=$(cmp -s "$tmp/two/checkpoint-$steps/unet/diffusion_pytorch_model.safetensors" \
+  "$tmp/zero1/checkpoint-$steps/unet/diffusion_pytorch_model.safetensors" && echo "bit-identical" || echo "DIFFERENT")
 red=$(sed -nE 's/.*gradient sum over 2 ranks: ([0-9.]+) s.*/\1/p' "$tmp/two.log")
 echo "cpus: $(nproc); UNet: tests/golden/unet/sd1; global batch 4; $steps steps"
 python3 - "$its1" "$img1" "$its2" "$img2" "$red" "$steps" <<'PY'
@@ -34,3 +41,4 @@ print("scaling efficiency: %.0f%% (2-rank img/s / (2 x 1-process img/s))" % (100
 print("gradient sum on rank 0: %.3f s of %.2f s training (%.1f%%, waiting for the other rank included)" %
       (red, loop2, 100 * red / loop2))
 PY
+echo "2 ranks with --zero1: $imgz img/s; final weights vs plain 2 ranks: $same"
