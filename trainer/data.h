@@ -1,7 +1,8 @@
 /* Training data straight from latent shards: every record of every shard
  * (read-only), grouped by bucket; per epoch a seeded shuffle of each
  * bucket's records cut into batches (the last one of a bucket may be
- * smaller), then a seeded shuffle of all batches, so a batch never mixes
+ * smaller, or with sd_data_set_carry filled from the next epoch's
+ * shuffle), then a seeded shuffle of all batches, so a batch never mixes
  * latent sizes. The epoch's order depends only on the seed and the epoch
  * number, so a cursor (epoch, batch) is all a checkpoint needs to resume.
  *
@@ -59,9 +60,11 @@ typedef struct {
     uint64_t seed;
     int batch;
     long epoch;              /* -1 before the first plan */
-    uint32_t *perm;
+    uint32_t *perm;          /* the epoch's records, batch after batch */
     sd_data_batch *batches;
     size_t nbatches;
+    int carry;               /* a bucket's partial last batch continues into the next epoch */
+    uint32_t *order;         /* carry: two consecutive epochs' shuffles of one bucket */
 } sd_data;
 
 /* Where the next batch comes from. */
@@ -75,6 +78,14 @@ typedef struct {
 sd_status sd_data_open(sd_data *d, const char *const *paths, int n, int batch, uint64_t seed, int allow_mixed,
                        sd_error *err);
 void sd_data_close(sd_data *d);
+/* Full batches only (training): each bucket's records are one endless
+ * stream, epoch after epoch's shuffle, cut into batches of `batch`; an
+ * epoch holds the batches that start inside it, so the last one of a
+ * bucket takes the first records of the next epoch's shuffle instead of
+ * running short (a bucket smaller than the batch still gives one short
+ * batch). Still a function of (seed, epoch) alone. Off by default (the
+ * validation set keeps every record exactly once). */
+sd_status sd_data_set_carry(sd_data *d, sd_error *err);
 /* The batch at the cursor (planning its epoch when needed), and the cursor
  * moved past it (into the next epoch after the last batch). */
 sd_status sd_data_next(sd_data *d, sd_data_cursor *cur, sd_data_batch *out, sd_error *err);

@@ -161,6 +161,10 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
     tr->loss_ema = NAN;
     if (o->nshards > 0) {
         rc = sd_data_open(&tr->data, o->shards, o->nshards, o->batch, o->seed, o->allow_mixed, err);
+        if (!rc && !o->no_carry) {
+            rc = sd_data_set_carry(&tr->data, err);
+            if (rc) sd_data_close(&tr->data);
+        }
         if (rc) {
             sd_trainer_close(tr);
             return rc;

@@ -43,6 +43,7 @@ typedef struct {
     int nshards;
     int allow_mixed;
     int batch, accum;
+    int no_carry; /* 1: a bucket's last batch of an epoch may be short (else it takes the next epoch's first) */
     double dropout; /* conditioning dropout: empty-caption embedding */
     int no_flip;
     /* math */
