@@ -331,6 +331,16 @@ class Train(unittest.TestCase):
         self.assertEqual(sorted(os.listdir(out)), ["checkpoint-2", "checkpoint-4", "latest"])
         self.assertEqual(latest(out), 2)
 
+    def test_carry_is_a_resume_option(self):
+        """Full or short last batches decide the data order: a checkpoint made with --no-carry
+        resumes only with it (a clear error otherwise), and resumes fine with it."""
+        out = os.path.join(self.tmp.name, "carry")
+        run("--unet", UNET, "-o", out, "--steps", "2", "--batch", "4", "--no-carry", "-q", self.shard)
+        code, err = run("--unet", UNET, "-o", out, "--steps", "4", "--batch", "4", "-q", self.shard, ok=(3,))
+        self.assertIn("--no-carry", err)
+        run("--unet", UNET, "-o", out, "--steps", "4", "--batch", "4", "--no-carry", "-q", self.shard)
+        self.assertEqual(latest(out), 4)
+
     def test_usage(self):
         code, err = run("-o", os.path.join(self.tmp.name, "x"), self.shard, ok=(2,))
         self.assertIn("--unet", err)

@@ -157,11 +157,12 @@ static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *e
     snprintf(v[11], 80, "%.17g", tr->loss_ema);
     snprintf(v[12], 80, "%ld", tr->ema ? tr->ema_updates : -1);
     snprintf(v[13], 80, "%d", tr->world > 0 ? tr->world : 1);
-    sd_st_meta meta[15] = {{"world_size", v[13]}, {"ema_updates", v[12]}, {"format", "sdtk-train-state 1"}, {"step", v[0]}, {"images", v[1]}, {"epoch", v[2]},
+    sd_st_meta meta[16] = {{"world_size", v[13]}, {"ema_updates", v[12]}, {"format", "sdtk-train-state 1"}, {"step", v[0]}, {"images", v[1]}, {"epoch", v[2]},
                            {"batch", v[3]}, {"rng", v[4]}, {"seed", v[5]}, {"data_fingerprint", v[6]},
                            {"batch_size", v[7]}, {"accumulation", v[8]}, {"prediction", v[9]},
-                           {"param_floats", v[10]}, {"loss_smooth", v[11]}};
-    return sd_st_write(path, t, nt, meta, 15, err);
+                           {"param_floats", v[10]}, {"loss_smooth", v[11]},
+                           {"batches", tr->o.no_carry ? "short" : "full"}};
+    return sd_st_write(path, t, nt, meta, 16, err);
 }
 
 /* Write checkpoint-<step> through a .tmp directory and point latest at it. */
@@ -355,6 +356,12 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
                    p, was, now, was * tr->o.batch * tr->o.accum, now * tr->o.batch * tr->o.accum);
     }
     if (!rc) rc = same(st, "prediction", tr->o.pred == SD_PRED_V ? "v_prediction" : "epsilon", p, err);
+    if (!rc) { /* how epochs are cut decides the data order; states from before full batches cut short ones */
+        const char *was = meta_of(st, "batches"), *now = tr->o.no_carry ? "short" : "full";
+        if (strcmp(was ? was : "short", now) != 0)
+            rc = sd_err_set(err, SD_EINVAL, "%s: made with %s last batches per bucket, this run has %s: resume %s",
+                            p, was ? was : "short", now, tr->o.no_carry ? "without --no-carry" : "with --no-carry");
+    }
     snprintf(w, sizeof w, "%016" PRIx64, tr->have_data ? tr->data.fingerprint : 0);
     if (!rc) rc = same(st, "data_fingerprint", w, p, err);
     if (tr->o.zero1) { /* each rank takes its segments from the mapped file: no whole copy */
