@@ -61,6 +61,10 @@ typedef struct {
 } sd_cli_args;
 int sd_cli_expand(const sd_cli *cli, int argc, char **argv, sd_cli_args *out);
 void sd_cli_args_free(sd_cli_args *a);
+/* One more config, given as bytes, appended to out's words (after a
+ * successful sd_cli_expand): what the config fuzz target drives. Returns 0
+ * or an exit code after the message. */
+int sd_cli_expand_config_text(const sd_cli *cli, sd_cli_args *out, const char *data, size_t len);
 /* Every option's current value as one JSON object: the effective
  * configuration, which --config reads back; the options named in skip
  * (NULL-terminated, or NULL) left out. A false flag in a file or --set

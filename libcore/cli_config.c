@@ -125,29 +125,52 @@ static int add_member(const sd_cli *cli, sd_cli_args *a, const char *path, const
     return 0;
 }
 
+/* Expand one config text; it is taken over (kept with the words, which
+ * point into it, or freed on failure). */
+static int add_text(const sd_cli *cli, sd_cli_args *a, sd_buf *text, const char *name)
+{
+    sd_error err = {0};
+    sd_json *root = NULL;
+    int rc = 0;
+    if (sd_json_parse(&a->arena, text->data, text->len, &root, &err)) {
+        sd_cli_usage_error(cli, "--config %s: %s", name, err.msg);
+        rc = SD_EXIT_USAGE;
+    } else if (root->type != SD_JSON_OBJECT) {
+        sd_cli_usage_error(cli, "--config %s: expected a JSON object of options", name);
+        rc = SD_EXIT_USAGE;
+    } else {
+        rc = add_member(cli, a, "", root, name);
+    }
+    if (!rc && sd_strlist_push(&a->keep, text->data)) rc = SD_EXIT_FATAL;
+    if (rc) sd_buf_free(text);
+    return rc;
+}
+
 /* Read and expand one config file. */
 static int add_file(const sd_cli *cli, sd_cli_args *a, const char *file)
 {
     sd_buf text;
     sd_buf_init(&text);
     sd_error err = {0};
-    sd_json *root = NULL;
-    sd_status st = sd_read_file(file, &text, &err);
-    if (!st) st = sd_json_parse(&a->arena, text.data, text.len, &root, &err);
-    int rc = 0;
-    if (st) {
+    if (sd_read_file(file, &text, &err)) {
+        sd_buf_free(&text);
         sd_cli_usage_error(cli, "--config %s: %s", file, err.msg);
-        rc = SD_EXIT_USAGE;
-    } else if (root->type != SD_JSON_OBJECT) {
-        sd_cli_usage_error(cli, "--config %s: expected a JSON object of options", file);
-        rc = SD_EXIT_USAGE;
-    } else {
-        rc = add_member(cli, a, "", root, file);
+        return SD_EXIT_USAGE;
     }
-    /* the parsed strings live in the text buffer: keep it with the words */
-    if (!rc && sd_strlist_push(&a->keep, text.data)) rc = SD_EXIT_FATAL;
-    if (rc) sd_buf_free(&text);
-    return rc;
+    return add_text(cli, a, &text, file);
+}
+
+/* A config given as bytes (the fuzz target's entry): as one more file. */
+int sd_cli_expand_config_text(const sd_cli *cli, sd_cli_args *a, const char *data, size_t len)
+{
+    sd_buf text;
+    sd_buf_init(&text);
+    sd_buf_put(&text, data, len);
+    if (text.oom || !text.data) {
+        sd_buf_free(&text);
+        return SD_EXIT_FATAL;
+    }
+    return add_text(cli, a, &text, "(config text)");
 }
 
 /* One --set KEY=VALUE. */
