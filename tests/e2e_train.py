@@ -18,6 +18,8 @@ import tempfile
 import time
 import unittest
 
+from train_ckpt import ckpt_bytes, latest
+
 TRAIN = MAKE = UNET = None
 COMMON = ["--batch", "2", "--accum", "2", "--steps", "10", "--save-every", "2", "--keep", "0", "--seed", "5",
           "--lr", "1e-3", "--lr-schedule", "cosine", "--warmup", "2", "--dropout", "0.2", "--snr-gamma", "5",
@@ -33,14 +35,8 @@ def run(*args, ok=(0,)):
 
 
 def final(out, step=10):
-    """The bytes of checkpoint-<step>'s weights, EMA weights and state."""
-    d = os.path.join(out, "checkpoint-%d" % step)
-    got = []
-    for name in ("unet/diffusion_pytorch_model.safetensors", "unet_ema/diffusion_pytorch_model.safetensors",
-                 "state.safetensors"):
-        with open(os.path.join(d, name), "rb") as f:
-            got.append(f.read())
-    return got
+    """The reference run's checkpoint files: by default the last of COMMON's 10 steps."""
+    return ckpt_bytes(out, step)
 
 
 def crc32c(data):
@@ -113,15 +109,6 @@ def tb_scalars(path):
                     fields = {ff: vv for ff, _, vv in pb_fields(sv)}
                     scalars.setdefault(fields[1].decode(), []).append((step, struct.unpack("<f", fields[2])[0]))
     return version, scalars
-
-
-def latest(out):
-    """The step out/latest names, or -1."""
-    try:
-        with open(os.path.join(out, "latest")) as f:
-            return int(f.read().strip().split("-")[1])
-    except (OSError, ValueError, IndexError):
-        return -1
 
 
 class Train(unittest.TestCase):

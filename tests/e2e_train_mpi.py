@@ -23,6 +23,8 @@ import unittest
 
 import numpy as np
 
+from train_ckpt import ckpt_bytes as files, latest
+
 TRAIN = MAKE = UNET = None
 MPIRUN = shutil.which("mpirun")
 # fp32, 4 AdamW steps at lr 1e-3 from the same weights: the two runs add the
@@ -67,26 +69,6 @@ def st_load(path):
         else:
             out[k] = np.frombuffer(raw, dtype={"F32": np.float32, "F16": np.float16}[v["dtype"]]).astype(np.float32)
     return out, meta
-
-
-def files(out, step):
-    """The bytes of checkpoint-<step>'s weights, EMA weights and state."""
-    d = os.path.join(out, "checkpoint-%d" % step)
-    got = []
-    for name in ("unet/diffusion_pytorch_model.safetensors", "unet_ema/diffusion_pytorch_model.safetensors",
-                 "state.safetensors"):
-        with open(os.path.join(d, name), "rb") as f:
-            got.append(f.read())
-    return got
-
-
-def latest(out):
-    """The step out/latest names, or -1."""
-    try:
-        with open(os.path.join(out, "latest")) as f:
-            return int(f.read().strip().split("-")[1])
-    except (OSError, ValueError, IndexError):
-        return -1
 
 
 def children(pid):

@@ -1,10 +1,11 @@
-/* AdamW, gradient clipping and learning-rate schedules. */
+/* AdamW's per-step constants, the clipping factor, the EMA decay and the
+ * learning-rate schedules; the element-wise work is the backend's
+ * (sum_squares, adamw, ema: ops_optim.c on the CPU). */
 #include "optim.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "ops_cpu.h"
 
 /* The per-step constants of AdamW: bias corrections in double, rounded
  * to fp32 as torch's single-tensor path does. */
@@ -17,14 +18,6 @@ sd_adamw_args sd_adamw_args_at(const sd_adamw_opts *o, double lr, long step, dou
     return a;
 }
 
-/* One AdamW step on the host. */
-void sd_adamw_step(sd_pool *pool, const sd_adamw_opts *o, double lr, long step, float *p, float *m, float *v,
-                   const float *g, size_t n)
-{
-    sd_adamw_args a = sd_adamw_args_at(o, lr, step, 1.0);
-    sd_adamw_fwd(pool, &a, n, p, m, v, g);
-}
-
 /* torch's clip_grad_norm_ factor for a norm: max_norm / (norm + 1e-6)
  * when that is below 1, else 1 (and 1 for a non-finite norm). */
 double sd_clip_factor(double norm, double max_norm)
@@ -34,15 +27,6 @@ double sd_clip_factor(double norm, double max_norm)
     return coef < 1.0 ? coef : 1.0;
 }
 
-/* Norm from the chunked sum of squares, then g scaled in place. */
-double sd_grad_clip(sd_pool *pool, float *g, size_t n, double max_norm)
-{
-    double norm = sqrt(sd_sum_squares(pool, n, g));
-    double coef = sd_clip_factor(norm, max_norm);
-    if (coef < 1.0) sd_scale_fwd(pool, n, g, g, (float)coef);
-    return norm;
-}
-
 /* EMAModel.get_decay without warmup, update_after_step 0, min_decay 0. */
 double sd_ema_decay(double max_decay, long n)
 {
@@ -50,12 +34,6 @@ double sd_ema_decay(double max_decay, long n)
     if (k <= 0) return 0.0;
     double d = (1.0 + (double)k) / (10.0 + (double)k);
     return d < max_decay ? d : max_decay;
-}
-
-/* One EMAModel.step over the flat buffers. */
-void sd_ema_update(sd_pool *pool, float *ema, const float *p, size_t n, double decay)
-{
-    sd_ema_fwd(pool, n, ema, p, (float)(1.0 - decay));
 }
 
 /* diffusers' schedule lambdas times the base rate. */

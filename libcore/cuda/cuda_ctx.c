@@ -348,9 +348,3 @@ void *sd_cuda_stream(sd_cuda *c)
 {
     return (void *)c->stream;
 }
-
-/* The device the context was made on. */
-int sd_cuda_device(const sd_cuda *c)
-{
-    return c->device;
-}

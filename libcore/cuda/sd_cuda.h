@@ -60,8 +60,6 @@ void sd_cuda_get_mem(const sd_cuda *c, sd_cuda_mem *m);
 /* The context's stream (a cudaStream_t), for libraries that queue work
  * behind the backend's ops (NCCL). */
 void *sd_cuda_stream(sd_cuda *c);
-/* The context's device number. */
-int sd_cuda_device(const sd_cuda *c);
 /* Gives cached (unused) blocks back to the driver. */
 void sd_cuda_trim(sd_cuda *c);
 
