@@ -22,7 +22,8 @@ enum {
     TILE_N = 256,            /* tiles per unit (the GEMMs' n), target */
     SCRATCH = 1u << 22,      /* transformed floats per worker, at most, when a tile row allows */
     MIN_UNITS = 8,           /* units per image, at least, when the tile rows allow */
-    MIN_CIN = 32             /* input channels below which im2col is faster */
+    MIN_CIN = 32,            /* input channels below which im2col is faster */
+    MIN_TILES = 32           /* tiles per unit below which im2col is faster */
 };
 
 typedef struct {
@@ -38,16 +39,42 @@ typedef struct {
     const float *x, *w, *b;
 } wctx;
 
+/* Output size, tiles, and the units: whole tile rows of one image, about
+ * TILE_N tiles each within the scratch bound, MIN_UNITS per image when the
+ * tile rows allow. A function of the shape only. */
+static void wino_plan(wctx *c, const sd_wino_shape *s)
+{
+    c->s = s;
+    c->oh = s->h + s->pt + s->pb - 2;
+    c->ow = s->w + s->pl + s->pr - 2;
+    c->ntx = (c->ow + 1) / 2;
+    c->nty = (c->oh + 1) / 2;
+    size_t per_row = 16 * ((size_t)s->cin + (size_t)s->cout) * (size_t)c->ntx;
+    int rows = TILE_N / c->ntx;
+    if ((size_t)rows > SCRATCH / per_row) rows = (int)(SCRATCH / per_row);
+    if (rows > (c->nty + MIN_UNITS - 1) / MIN_UNITS) rows = (c->nty + MIN_UNITS - 1) / MIN_UNITS;
+    c->rows = rows < 1 ? 1 : rows;
+    c->nblk = (c->nty + c->rows - 1) / c->rows;
+    c->ntp = (size_t)c->rows * (size_t)c->ntx;
+}
+
 /* Pads 0..2 (so the flipped conv of the input gradient is one too), a
- * non-empty output, and enough input channels for the 16 GEMMs to beat one
- * im2col GEMM: measured, cin 16 is still slower, cin 32 faster (128 output
- * channels at 256x256; the conv_in of a VAE, cin 3, is 2x slower). */
+ * non-empty output, and a shape where the 16 GEMMs beat one im2col GEMM:
+ * enough input channels (measured: cin 16 is still slower, cin 32 faster,
+ * 128 output channels at 256x256; the conv_in of a VAE, cin 3, is 2x
+ * slower) and enough tiles per unit, since each unit's 16 GEMMs read all
+ * the transformed weights: measured at 1280 channels, 8 tiles a unit (16x16
+ * images) take 2.4x the time of im2col and 4 (8x8) 4.7x, while at 640
+ * channels 32 tiles (32x32) are 1.25x faster than im2col. */
 int sd_wino_ok(const sd_wino_shape *s)
 {
     if (s->cin < MIN_CIN) return 0;
     if (s->pt < 0 || s->pb < 0 || s->pl < 0 || s->pr < 0) return 0;
     if (s->pt > 2 || s->pb > 2 || s->pl > 2 || s->pr > 2) return 0;
-    return s->h + s->pt + s->pb >= 3 && s->w + s->pl + s->pr >= 3;
+    if (s->h + s->pt + s->pb < 3 || s->w + s->pl + s->pr < 3) return 0;
+    wctx c;
+    wino_plan(&c, s);
+    return c.ntp >= MIN_TILES;
 }
 
 /* U_f[m][k] = (G g G^T)_f for each output channel m in [begin, end) and
@@ -252,18 +279,9 @@ static void units_range(void *vctx, int worker, size_t begin, size_t end)
 /* Plan, transform the weights, run the units (see conv_wino.h). */
 int sd_wino_conv(sd_pool *pool, const sd_wino_shape *s, float *y, const float *x, const float *w, const float *b)
 {
-    wctx c = {.s = s, .y = y, .x = x, .w = w, .b = b};
-    c.oh = s->h + s->pt + s->pb - 2;
-    c.ow = s->w + s->pl + s->pr - 2;
-    c.ntx = (c.ow + 1) / 2;
-    c.nty = (c.oh + 1) / 2;
+    wctx c = {.y = y, .x = x, .w = w, .b = b};
+    wino_plan(&c, s);
     size_t per_row = 16 * ((size_t)s->cin + (size_t)s->cout) * (size_t)c.ntx;
-    int rows = TILE_N / c.ntx;
-    if ((size_t)rows > SCRATCH / per_row) rows = (int)(SCRATCH / per_row);
-    if (rows > (c.nty + MIN_UNITS - 1) / MIN_UNITS) rows = (c.nty + MIN_UNITS - 1) / MIN_UNITS;
-    c.rows = rows < 1 ? 1 : rows;
-    c.nblk = (c.nty + c.rows - 1) / c.rows;
-    c.ntp = (size_t)c.rows * (size_t)c.ntx;
     size_t per = per_row * (size_t)c.rows + 16 * ((size_t)c.ntx + 1);
     c.sstride = sd_scratch_stride(per);
     c.U = malloc(16 * (size_t)s->cout * (size_t)s->cin * sizeof(float));

@@ -192,7 +192,8 @@ void sd_conv2d_bwd_ref(sd_pool *pool, const sd_conv2d_shape *s, float *dx, float
 enum {
     TILE_PIXELS = 2048,         /* output pixels per im2col tile, at most */
     SCRATCH_FLOATS = 1u << 21,  /* im2col floats per worker, at most (8 MiB) */
-    MIN_UNITS = 8               /* tiles or channel blocks per image, at least, when the shape allows */
+    MIN_UNITS = 8,              /* tiles or channel blocks per image, at least, when the shape allows */
+    MIN_TILE_PIXELS = 256       /* tile units narrower than this split channels instead (plan_tiles) */
 };
 
 typedef struct {
@@ -203,6 +204,7 @@ typedef struct {
     int rows, ntiles;     /* output rows per tile, tiles per image */
     int cb, nblocks;      /* input channels per backward block, blocks */
     int ob, noblocks;     /* output channels per pointwise dw block, blocks */
+    int fb, nfblocks;     /* channels a tile unit writes (plan_tiles), blocks of them */
     float *scratch;
     size_t sstride;
     float *y, *dx, *dw, *db;
@@ -210,20 +212,46 @@ typedef struct {
 } gconv;
 
 /* Output rows per tile so a tile's col block (kdim rows) fits the scratch
- * bound and an image has at least MIN_UNITS tiles when it has the rows for
- * them. Depends on the shape only, never on the thread count. */
-static int tile_rows(int oh, int ow, size_t kdim)
+ * bound and, with capped set, an image has at least MIN_UNITS tiles when it
+ * has the rows for them. Depends on the shape only, never on the thread
+ * count. */
+static int tile_rows(int oh, int ow, size_t kdim, int capped)
 {
     size_t px = TILE_PIXELS;
     if (px > SCRATCH_FLOATS / kdim) px = SCRATCH_FLOATS / kdim;
     size_t rows = px / (size_t)ow;
     size_t most = ((size_t)oh + MIN_UNITS - 1) / MIN_UNITS;
-    if (rows > most) rows = most;
+    if (capped && rows > most) rows = most;
     return rows < 1 ? 1 : (int)rows;
 }
 
+/* Row tiles and channel blocks for units that each own a tile of rows
+ * and a block of the nch channels they write (forward: output channels;
+ * pointwise input gradient: input channels): tiles of MIN_TILE_PIXELS or
+ * more, MIN_UNITS per image when the image has the rows. An image too
+ * small for that (the UNet's 16x16 and 8x8 levels) gets fewer, wider tiles
+ * and its channels cut into blocks instead, so each GEMM still multiplies a
+ * wide tile (a narrow one spends its time packing the weights). */
+static void plan_tiles(gconv *g, size_t kdim, int nch)
+{
+    g->fb = nch;
+    g->nfblocks = 1;
+    g->rows = tile_rows(g->oh, g->ow, kdim, 1);
+    if ((size_t)g->rows * (size_t)g->ow < MIN_TILE_PIXELS && g->rows < g->oh) {
+        g->rows = tile_rows(g->oh, g->ow, kdim, 0);
+        size_t tiles = (size_t)g->s->n * (size_t)((g->oh + g->rows - 1) / g->rows);
+        if (tiles < MIN_UNITS) {
+            size_t want = (MIN_UNITS + tiles - 1) / tiles;
+            g->fb = (int)(((size_t)nch + want - 1) / want);
+            g->nfblocks = (nch + g->fb - 1) / g->fb;
+        }
+    }
+}
+
 /* Fill in the derived sizes and the tiling for forward (bwd = 0) or
- * backward (bwd = 1, tiles sized for one channel block's col rows). */
+ * backward (bwd = 1). Backward units are input-channel blocks (but for the
+ * pointwise input gradient), so tiles there are as wide as one block's col
+ * rows in scratch allow. */
 static void gconv_plan(gconv *g, const sd_conv2d_shape *s, int bwd)
 {
     g->s = s;
@@ -238,7 +266,12 @@ static void gconv_plan(gconv *g, const sd_conv2d_shape *s, int bwd)
     g->nblocks = (s->cin + g->cb - 1) / g->cb;
     g->ob = (s->cout + MIN_UNITS - 1) / MIN_UNITS;
     g->noblocks = (s->cout + g->ob - 1) / g->ob;
-    g->rows = tile_rows(g->oh, g->ow, bwd ? (size_t)g->cb * g->khw : g->K);
+    if (!bwd)
+        plan_tiles(g, g->K, s->cout);
+    else if (g->pointwise)
+        plan_tiles(g, (size_t)s->cout, s->cin);
+    else
+        g->rows = tile_rows(g->oh, g->ow, (size_t)g->cb * g->khw, 0);
     g->ntiles = (g->oh + g->rows - 1) / g->rows;
 }
 
@@ -308,22 +341,24 @@ static void col2im_add(const gconv *g, float *dx, int c0, int c1, int r0, int r1
     }
 }
 
-/* Forward: each unit is one tile of output rows of one image, all output
- * channels: y_tile = w col_tile (+ bias, written first). */
+/* Forward: each unit is one tile of output rows of one image and one
+ * block of output channels (all of them but for small images):
+ * y_tile[block] = w[block] col_tile (+ bias, written first). */
 static void gconv_fwd_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const gconv *g = vctx;
     const sd_conv2d_shape *s = g->s;
     float *col = g->scratch ? g->scratch + (size_t)worker * g->sstride : NULL;
     for (size_t u = begin; u < end; u++) {
-        size_t ni = u / (size_t)g->ntiles;
-        int r0 = (int)(u % (size_t)g->ntiles) * g->rows;
+        size_t ni = u / ((size_t)g->ntiles * (size_t)g->nfblocks), rest = u % ((size_t)g->ntiles * (size_t)g->nfblocks);
+        int r0 = (int)(rest / (size_t)g->nfblocks) * g->rows;
         int r1 = r0 + g->rows < g->oh ? r0 + g->rows : g->oh;
+        int co0 = (int)(rest % (size_t)g->nfblocks) * g->fb, nco = s->cout - co0 < g->fb ? s->cout - co0 : g->fb;
         size_t T = (size_t)(r1 - r0) * (size_t)g->ow;
-        float *yt = g->y + ni * (size_t)s->cout * g->P + (size_t)r0 * (size_t)g->ow;
+        float *yt = g->y + (ni * (size_t)s->cout + (size_t)co0) * g->P + (size_t)r0 * (size_t)g->ow;
         if (g->b)
-            for (int co = 0; co < s->cout; co++) {
-                float *yr = yt + (size_t)co * g->P, bv = g->b[co];
+            for (int co = 0; co < nco; co++) {
+                float *yr = yt + (size_t)co * g->P, bv = g->b[co0 + co];
                 for (size_t i = 0; i < T; i++) yr[i] = bv;
             }
         const float *xi = g->x + ni * (size_t)s->cin * g->HW;
@@ -337,8 +372,8 @@ static void gconv_fwd_range(void *vctx, int worker, size_t begin, size_t end)
             bm = col;
             ldb = T;
         }
-        sd_sgemm(0, 0, s->cout, (int)T, (int)g->K, 1.0f, g->w, (int)g->K, bm, (int)ldb, g->b ? 1.0f : 0.0f, yt,
-                 (int)g->P);
+        sd_sgemm(0, 0, nco, (int)T, (int)g->K, 1.0f, g->w + (size_t)co0 * g->K, (int)g->K, bm, (int)ldb,
+                 g->b ? 1.0f : 0.0f, yt, (int)g->P);
     }
 }
 
@@ -366,7 +401,7 @@ void sd_conv2d_fwd(sd_pool *pool, const sd_conv2d_shape *s, float *y, const floa
             return;
         }
     }
-    sd_pool_for(pool, (size_t)s->n * (size_t)g.ntiles, gconv_fwd_range, &g);
+    sd_pool_for(pool, (size_t)s->n * (size_t)g.ntiles * (size_t)g.nfblocks, gconv_fwd_range, &g);
     free(g.scratch);
 }
 
@@ -403,19 +438,21 @@ static void gconv_dx_range(void *vctx, int worker, size_t begin, size_t end)
 }
 
 /* Input gradient of a pointwise conv: tiles do not overlap there, so each
- * unit is a tile of one image, all channels: dx_tile += w^T dy_tile. */
+ * unit is a tile of one image and a block of input channels (all of them
+ * but for small images): dx_tile[block] += w[:, block]^T dy_tile. */
 static void gconv_dx_pointwise_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const gconv *g = vctx;
     const sd_conv2d_shape *s = g->s;
     (void)worker;
     for (size_t u = begin; u < end; u++) {
-        size_t ni = u / (size_t)g->ntiles;
-        int r0 = (int)(u % (size_t)g->ntiles) * g->rows;
+        size_t ni = u / ((size_t)g->ntiles * (size_t)g->nfblocks), rest = u % ((size_t)g->ntiles * (size_t)g->nfblocks);
+        int r0 = (int)(rest / (size_t)g->nfblocks) * g->rows;
         int r1 = r0 + g->rows < g->oh ? r0 + g->rows : g->oh;
+        int c0 = (int)(rest % (size_t)g->nfblocks) * g->fb, nc = s->cin - c0 < g->fb ? s->cin - c0 : g->fb;
         size_t T = (size_t)(r1 - r0) * (size_t)g->ow, off = (size_t)r0 * (size_t)g->ow;
-        sd_sgemm(1, 0, s->cin, (int)T, s->cout, 1.0f, g->w, s->cin, g->dy + ni * (size_t)s->cout * g->P + off,
-                 (int)g->P, 1.0f, g->dx + ni * (size_t)s->cin * g->HW + off, (int)g->HW);
+        sd_sgemm(1, 0, nc, (int)T, s->cout, 1.0f, g->w + c0, s->cin, g->dy + ni * (size_t)s->cout * g->P + off,
+                 (int)g->P, 1.0f, g->dx + (ni * (size_t)s->cin + (size_t)c0) * g->HW + off, (int)g->HW);
     }
 }
 
@@ -523,7 +560,7 @@ void sd_conv2d_bwd(sd_pool *pool, const sd_conv2d_shape *s, float *dx, float *dw
         }
     }
     if (dx && g.pointwise)
-        sd_pool_for(pool, (size_t)s->n * (size_t)g.ntiles, gconv_dx_pointwise_range, &g);
+        sd_pool_for(pool, (size_t)s->n * (size_t)g.ntiles * (size_t)g.nfblocks, gconv_dx_pointwise_range, &g);
     else if (dx)
         sd_pool_for(pool, (size_t)s->n * (size_t)g.nblocks, gconv_dx_range, &g);
     if (dw && g.pointwise)

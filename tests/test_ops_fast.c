@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "conv_wino.h"
 #include "ops_ref.h"
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
@@ -73,6 +74,18 @@ static sd_pool *pools[3];
 
 /* conv2d: forward and all gradients (added onto random initial values)
  * against the reference, NULL gradients skipped, 1/2/3 threads equal. */
+/* Whether the conv's forward (bwd 0) or input gradient (bwd 1) runs as
+ * Winograd, as ops_conv.c decides it. */
+static int takes_wino(const sd_conv2d_shape *s, int bwd)
+{
+    if (s->kh != 3 || s->kw != 3 || s->stride != 1) return 0;
+    sd_wino_shape w = {.n = s->n, .cin = bwd ? s->cout : s->cin, .cout = bwd ? s->cin : s->cout,
+                       .h = bwd ? sd_conv2d_out_h(s) : s->h, .w = bwd ? sd_conv2d_out_w(s) : s->w,
+                       .pt = bwd ? 2 - s->pad_t : s->pad_t, .pb = bwd ? 2 - s->pad_b : s->pad_b,
+                       .pl = bwd ? 2 - s->pad_l : s->pad_l, .pr = bwd ? 2 - s->pad_r : s->pad_r, .flip = bwd};
+    return sd_wino_ok(&w);
+}
+
 static void conv_case(const char *name, sd_conv2d_shape s)
 {
     sd_error e;
@@ -207,17 +220,36 @@ int main(void)
 {
     for (int i = 0; i < 3; i++) pools[i] = sd_pool_create(i + 1);
     if (!CHECK(pools[0] && pools[1] && pools[2])) return 1;
-    /* Winograd forward and input gradient (32+ channels): ragged tile rows
-     * and columns, several units of several tile rows, pads 0..2; a 3-channel
-     * input takes im2col forward and Winograd for its input gradient */
-    conv_case("wino", (sd_conv2d_shape){.n = 2, .cin = 33, .h = 37, .w = 41, .cout = 35, .kh = 3, .kw = 3,
-                                        .stride = 1, .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1});
-    conv_case("wino-pads", (sd_conv2d_shape){.n = 1, .cin = 32, .h = 16, .w = 7, .cout = 32, .kh = 3, .kw = 3,
-                                             .stride = 1, .pad_t = 0, .pad_b = 2, .pad_l = 2, .pad_r = 0});
-    conv_case("wino-wide", (sd_conv2d_shape){.n = 1, .cin = 32, .h = 5, .w = 300, .cout = 40, .kh = 3, .kw = 3,
-                                             .stride = 1, .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1});
-    conv_case("rgb-in", (sd_conv2d_shape){.n = 1, .cin = 3, .h = 30, .w = 26, .cout = 40, .kh = 3, .kw = 3,
-                                          .stride = 1, .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1});
+    /* Winograd forward and input gradient (32+ channels, 32+ tiles per
+     * unit): ragged tile rows and columns, several units of several tile
+     * rows, pads 0..2; a 3-channel input takes im2col forward and Winograd
+     * for its input gradient */
+    sd_conv2d_shape wino = {.n = 2, .cin = 33, .h = 37, .w = 41, .cout = 35, .kh = 3, .kw = 3, .stride = 1,
+                            .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1};
+    sd_conv2d_shape wpads = {.n = 1, .cin = 32, .h = 40, .w = 23, .cout = 32, .kh = 3, .kw = 3, .stride = 1,
+                             .pad_t = 0, .pad_b = 2, .pad_l = 2, .pad_r = 0};
+    sd_conv2d_shape wwide = {.n = 1, .cin = 32, .h = 5, .w = 300, .cout = 40, .kh = 3, .kw = 3, .stride = 1,
+                             .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1};
+    sd_conv2d_shape rgb = {.n = 1, .cin = 3, .h = 46, .w = 26, .cout = 40, .kh = 3, .kw = 3, .stride = 1,
+                           .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1};
+    CHECK(takes_wino(&wino, 0) && takes_wino(&wino, 1) && takes_wino(&wpads, 0) && takes_wino(&wpads, 1));
+    CHECK(takes_wino(&wwide, 0) && !takes_wino(&rgb, 0) && takes_wino(&rgb, 1));
+    conv_case("wino", wino);
+    conv_case("wino-pads", wpads);
+    conv_case("wino-wide", wwide);
+    conv_case("rgb-in", rgb);
+    /* small images (the UNet's 16x16 and 8x8 levels): too few tiles per
+     * unit for Winograd, so im2col, whose forward (and the pointwise input
+     * gradient) cut output (input) channels into blocks there, one image
+     * or several */
+    sd_conv2d_shape small = {.n = 1, .cin = 40, .h = 6, .w = 6, .cout = 45, .kh = 3, .kw = 3, .stride = 1,
+                             .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1};
+    CHECK(!takes_wino(&small, 0) && !takes_wino(&small, 1));
+    conv_case("small", small);
+    small.n = 3;
+    conv_case("small-n3", small);
+    conv_case("small-1x1", (sd_conv2d_shape){.n = 2, .cin = 45, .h = 7, .w = 5, .cout = 38, .kh = 1, .kw = 1,
+                                             .stride = 1});
     /* im2col: the VAE downsample, stride 2 with pad 1, a 3x3 with pad 3
      * (too much for Winograd), a 4x5 kernel; channel blocks with a ragged
      * last block */
