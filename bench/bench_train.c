@@ -10,6 +10,9 @@
  * With DEVICE cuda:K (or cuda:K:tf32) the UNet runs on that GPU as
  * sd-train --device runs it; the op classes are not timed there (the
  * calls are asynchronous), only forward+backward and the optimizer step.
+ * DEVICE may end in modes joined by '+': :tf32 (GPU), :ckpt (gradient
+ * checkpointing), e.g. cpu:ckpt or cuda:0:tf32+ckpt. The activation
+ * buffer's size is printed after the steps.
  * usage: bench_train UNET_DIR X0.f32 NOISE.f32 CTX.f32 H W T THREADS STEPS [DEVICE] */
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,7 +55,8 @@ int main(int argc, char **argv)
     snprintf(base, sizeof base, "%s", dev);
     char *mode = strchr(base + (strncmp(base, "cuda:", 5) == 0 ? 5 : 0), ':');
     if (mode) *mode++ = 0;
-    o.tf32 = mode && strcmp(mode, "tf32") == 0;
+    o.tf32 = mode && strstr(mode, "tf32") != NULL;
+    o.checkpointing = mode && strstr(mode, "ckpt") != NULL;
     if (sd_cli_parse_device(base, &o.device)) {
         fprintf(stderr, "bench_train: bad device %s\n", dev);
         return 2;
@@ -102,6 +106,8 @@ int main(int argc, char **argv)
             best_cls[C_N] = c - b;
         }
     }
+    printf("sdtk activations %.1f MiB%s, their gradients %.1f MiB\n", (double)tr.g.nact * 4 / 1048576.0,
+           o.checkpointing ? " (gradient checkpointing)" : "", (double)tr.g.ndact * 4 / 1048576.0);
     if (o.device >= 0) {
         printf("sdtk %s best %.3f s (optimizer %.3f s)\n", dev, best, best_cls[C_N]);
         printf("sdtk best %.3f s\n", best);

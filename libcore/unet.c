@@ -13,19 +13,47 @@ static size_t round16(size_t n)
     return (n + 15) & ~(size_t)15;
 }
 
-/* Planning state: the graph being built, the model and the first error. */
+/* One reservation of the activation buffer while planning: its planning
+ * offset (they only grow), size, and the checkpointed segment it belongs to
+ * (-1: kept for the whole step). */
+typedef struct {
+    size_t off, len;
+    long seg;
+} alloc;
+
+/* Planning state: the graph being built, the model, the reservations, the
+ * segment being planned (-1 outside one; checkpoint off: always -1) and the
+ * first error. */
 typedef struct {
     sd_unet_graph *g;
     const sd_unet *u;
+    int checkpoint;
+    long seg;
+    size_t seg_begin;
+    alloc *a;
+    size_t na, acap;
     sd_status rc;
     sd_error *err;
 } plan;
 
-/* Reserve n floats of the activation buffer. */
+/* Reserve n floats of the activation buffer (a planning offset: the
+ * segments' reservations move to the shared region when planning ends). */
 static size_t take(plan *p, size_t n)
 {
     size_t off = p->g->nact;
+    if (p->rc) return off;
+    if (p->na == p->acap) {
+        size_t cap = p->acap ? 2 * p->acap : 1024;
+        alloc *a = realloc(p->a, cap * sizeof(*a));
+        if (!a) {
+            p->rc = sd_err_set(p->err, SD_ENOMEM, "out of memory planning the UNet");
+            return off;
+        }
+        p->a = a;
+        p->acap = cap;
+    }
     p->g->nact += round16(n ? n : 1);
+    p->a[p->na++] = (alloc){.off = off, .len = p->g->nact - off, .seg = p->seg};
     return off;
 }
 
@@ -204,6 +232,49 @@ static size_t op_temb(plan *p, int n, int dim, size_t x)
     return o->y;
 }
 
+/* Open a checkpointed segment at the next op (nothing without checkpointing). */
+static void seg_open(plan *p)
+{
+    if (!p->checkpoint) return;
+    p->seg = (long)p->g->nsegs;
+    p->seg_begin = p->g->nops;
+}
+
+/* The reservation that starts at planning offset off (binary search: they
+ * are in offset order), or SIZE_MAX. */
+static size_t alloc_at(const plan *p, size_t off)
+{
+    size_t lo = 0, hi = p->na;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (p->a[mid].off < off) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < p->na && p->a[lo].off == off ? lo : SIZE_MAX;
+}
+
+/* Close the segment: its output out (the last op's) is kept, the rest of
+ * its reservations stay in the shared region. */
+static void seg_close(plan *p, size_t out)
+{
+    if (!p->checkpoint || p->rc) return;
+    sd_unet_graph *g = p->g;
+    size_t a = alloc_at(p, out);
+    if (a == SIZE_MAX || !g->nops || g->ops[g->nops - 1].y != out) {
+        p->rc = sd_err_set(p->err, SD_EINVAL, "UNet plan: a checkpointed segment's output is not its last op's");
+        return;
+    }
+    p->a[a].seg = -1;
+    sd_unet_seg *sg = realloc(g->segs, (g->nsegs + 1) * sizeof(*sg));
+    if (!sg) {
+        p->rc = sd_err_set(p->err, SD_ENOMEM, "out of memory planning the UNet");
+        return;
+    }
+    g->segs = sg;
+    g->segs[g->nsegs++] = (sd_unet_seg){.begin = p->seg_begin, .end = g->nops};
+    p->seg = -1;
+}
+
 /* Attention (diffusers Attention with AttnProcessor2_0): q from xq [n, tq,
  * cq], k and v from xkv [n, tk, ckv], heads split and merged around the
  * scaled dot product, then to_out. Returns [n, tq, out]. */
@@ -239,6 +310,7 @@ static size_t tblock(plan *p, const sd_unet_tblock *b, int heads, int n, int t, 
                      int tctx)
 {
     size_t m = (size_t)n * (size_t)t * (size_t)c;
+    seg_open(p);
     size_t l1 = op_ln(p, &b->ln1, n * t, c, h);
     size_t a1 = attention(p, &b->q1, &b->k1, &b->v1, &b->o1, heads, n, t, t, l1, l1);
     h = op_elem(p, UOP_ADD, m, h, a1);
@@ -254,7 +326,9 @@ static size_t tblock(plan *p, const sd_unet_tblock *b, int heads, int n, int t, 
     o->x = f1;
     take_y(p, o, o->s.gg.m * o->s.gg.n);
     size_t f2 = op_linear(p, &b->ff2, n * t, o->y);
-    return op_elem(p, UOP_ADD, m, h, f2);
+    size_t y = op_elem(p, UOP_ADD, m, h, f2);
+    seg_close(p, y);
+    return y;
 }
 
 /* Transformer2DModel on x [n, c, h*w]: group norm (eps 1e-6), to tokens,
@@ -282,6 +356,7 @@ static size_t resnet(plan *p, const sd_unet_resnet *r, int n, int h, int w, size
     const sd_unet_config *c = &p->u->cfg;
     int hw = h * w;
     size_t cells = (size_t)n * (size_t)r->cout * (size_t)hw;
+    seg_open(p);
     size_t a = op_gn(p, &r->n1, n, r->cin, hw, c->eps, x);
     a = op_elem(p, UOP_SILU, (size_t)n * (size_t)r->cin * (size_t)hw, a, SIZE_MAX);
     a = op_conv(p, &r->c1, n, h, w, 1, a, NULL, NULL);
@@ -298,7 +373,9 @@ static size_t resnet(plan *p, const sd_unet_resnet *r, int n, int h, int w, size
     a = op_elem(p, UOP_SILU, cells, a, SIZE_MAX);
     a = op_conv(p, &r->c2, n, h, w, 1, a, NULL, NULL);
     size_t sc = r->has_sc ? op_conv(p, &r->sc, n, h, w, 1, x, NULL, NULL) : x;
-    return op_elem(p, UOP_ADD, cells, sc, a);
+    size_t y = op_elem(p, UOP_ADD, cells, sc, a);
+    seg_close(p, y);
+    return y;
 }
 
 /* The skip connections the down path leaves for the up path. */
@@ -308,10 +385,74 @@ typedef struct {
     int n;
 } skips;
 
+/* Where a planning offset lives in act: kept reservations packed from 0
+ * in order, each segment's from the start of the shared region (after the
+ * kept ones), so segments overlap there. */
+static size_t relocate(const plan *p, const size_t *phys, size_t off)
+{
+    if (off == SIZE_MAX) return off;
+    return phys[alloc_at(p, off)];
+}
+
+/* Move the checkpointed segments' reservations into the shared region and
+ * rewrite every offset; first check that no op outside a segment reads its
+ * intermediates (they are gone once another segment runs). */
+static sd_status place_segments(plan *p)
+{
+    sd_unet_graph *g = p->g;
+    for (size_t j = 0, sg = 0; j < g->nops; j++) {
+        while (sg < g->nsegs && g->segs[sg].end <= j) sg++;
+        long mine = sg < g->nsegs && g->segs[sg].begin <= j ? (long)sg : -1;
+        const sd_unet_op *o = &g->ops[j];
+        const size_t in[3] = {o->x, o->x2, o->x3};
+        for (int k = 0; k < 3; k++) {
+            size_t a = in[k] == SIZE_MAX ? SIZE_MAX : alloc_at(p, in[k]);
+            if (in[k] != SIZE_MAX && a == SIZE_MAX)
+                return sd_err_set(p->err, SD_EINVAL, "UNet plan: op %zu reads an unknown tensor", j);
+            if (a != SIZE_MAX && p->a[a].seg >= 0 && p->a[a].seg != mine)
+                return sd_err_set(p->err, SD_EINVAL, "UNet plan: op %zu reads inside checkpointed segment %ld", j,
+                                  p->a[a].seg);
+        }
+    }
+    size_t *phys = malloc((p->na ? p->na : 1) * sizeof(size_t)), kept = 0, shared = 0, cur = 0;
+    if (!phys) return sd_err_set(p->err, SD_ENOMEM, "out of memory planning the UNet");
+    long last = -1;
+    for (size_t i = 0; i < p->na; i++) {
+        if (p->a[i].seg < 0) {
+            phys[i] = kept;
+            kept += p->a[i].len;
+            continue;
+        }
+        if (p->a[i].seg != last) cur = 0;
+        last = p->a[i].seg;
+        phys[i] = cur; /* within the shared region, shifted below */
+        cur += p->a[i].len;
+        if (cur > shared) shared = cur;
+    }
+    for (size_t i = 0; i < p->na; i++)
+        if (p->a[i].seg >= 0) phys[i] += kept;
+    for (size_t j = 0; j < g->nops; j++) {
+        sd_unet_op *o = &g->ops[j];
+        o->x = relocate(p, phys, o->x);
+        o->x2 = relocate(p, phys, o->x2);
+        o->x3 = relocate(p, phys, o->x3);
+        o->y = relocate(p, phys, o->y);
+        o->s1 = relocate(p, phys, o->s1);
+        o->s2 = relocate(p, phys, o->s2);
+    }
+    size_t *io[] = {&g->x, &g->t, &g->ctx, &g->text, &g->tids, &g->out};
+    for (size_t i = 0; i < sizeof io / sizeof io[0]; i++) *io[i] = relocate(p, phys, *io[i]);
+    g->nact = kept + shared;
+    g->nrecompute = shared;
+    free(phys);
+    return SD_OK;
+}
+
 /* Plan the whole forward: embeddings, conv_in, down blocks (pushing their
  * outputs), mid block, up blocks (concatenating them back in reverse), the
  * output norm and conv. Mirrors UNet2DConditionModel.forward. */
-sd_status sd_unet_plan(const sd_unet *u, int n, int h, int w, int tctx, sd_unet_graph *g, sd_error *err)
+sd_status sd_unet_plan(const sd_unet *u, int n, int h, int w, int tctx, int checkpoint, sd_unet_graph *g,
+                       sd_error *err)
 {
     const sd_unet_config *c = &u->cfg;
     int f = 1 << (c->nblocks - 1);
@@ -323,7 +464,7 @@ sd_status sd_unet_plan(const sd_unet *u, int n, int h, int w, int tctx, sd_unet_
     g->h = h;
     g->w = w;
     g->tctx = tctx;
-    plan p = {.g = g, .u = u, .err = err};
+    plan p = {.g = g, .u = u, .checkpoint = checkpoint, .seg = -1, .err = err};
     /* inputs first: [0, nconst) gets no gradient */
     g->x = take(&p, (size_t)n * (size_t)c->in_channels * (size_t)h * (size_t)w);
     g->t = take(&p, (size_t)n);
@@ -409,16 +550,20 @@ sd_status sd_unet_plan(const sd_unet *u, int n, int h, int w, int tctx, sd_unet_
     g->out = op_conv(&p, &u->conv_out, n, h, w, 1, x, NULL, NULL);
     if (!p.rc && sk.n != 0) p.rc = sd_err_set(err, SD_EINVAL, "UNet plan: %d skip connections left over", sk.n);
     if (!p.rc) p.rc = sd_unet_plan_grads(g, err);
+    if (!p.rc && checkpoint) p.rc = place_segments(&p);
+    free(p.a);
     if (p.rc) sd_unet_graph_free(g);
     return p.rc;
 }
 
-/* Release the op list. */
+/* Release the op list and the segments. */
 void sd_unet_graph_free(sd_unet_graph *g)
 {
     free(g->ops);
+    free(g->segs);
     g->ops = NULL;
-    g->nops = g->cap = 0;
+    g->segs = NULL;
+    g->nops = g->cap = g->nsegs = 0;
 }
 
 /* A parameter pointer, or NULL for an absent bias. */
@@ -432,7 +577,14 @@ void sd_unet_forward(const sd_unet *u, const sd_unet_graph *g, const sd_backend 
                      const float *params, float *act)
 {
     (void)u;
-    for (size_t i = 0; i < g->nops; i++) {
+    sd_unet_run_ops(g, 0, g->nops, be, exec, params, act);
+}
+
+/* Each op of [begin, end) through its backend entry. */
+void sd_unet_run_ops(const sd_unet_graph *g, size_t begin, size_t end, const sd_backend *be, void *exec,
+                     const float *params, float *act)
+{
+    for (size_t i = begin; i < end; i++) {
         const sd_unet_op *o = &g->ops[i];
         float *y = act + o->y;
         const float *x = act + o->x;

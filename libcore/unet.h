@@ -160,6 +160,14 @@ sd_status sd_unet_save(const sd_unet *u, const float *params, const char *path, 
 
 typedef struct sd_unet_op sd_unet_op;
 
+/* A checkpointed segment: ops [begin, end) (a resnet or a transformer
+ * block) whose intermediates live in the shared recompute region, only the
+ * output of op end - 1 kept; the backward reruns ops [begin, end - 1) just
+ * before it needs them. */
+typedef struct {
+    size_t begin, end;
+} sd_unet_seg;
+
 /* One planned forward pass. Activations [0, nconst) are the inputs (no
  * gradient is computed for them); the caller writes them at x, t, ctx and,
  * for text_time models, text and tids before sd_unet_forward, and reads the
@@ -176,12 +184,22 @@ typedef struct {
     size_t text;   /* [n, add_in_dim - 6 * add_time_dim] pooled text embedding (text_time) */
     size_t tids;   /* [n, 6] original h, w, crop top, left, target h, w (text_time) */
     size_t out;    /* [n, out_channels, h, w] */
+    size_t outp;   /* the op that writes out */
     int n, h, w, tctx;
+    /* gradient checkpointing: the segments, in op order, and the floats of
+     * act that they share at its end (0 without checkpointing) */
+    sd_unet_seg *segs;
+    size_t nsegs, nrecompute;
 } sd_unet_graph;
 
 /* Plan a forward pass for n latents of h x w (multiples of
- * 2^(nblocks - 1)) and tctx text tokens. */
-sd_status sd_unet_plan(const sd_unet *u, int n, int h, int w, int tctx, sd_unet_graph *g, sd_error *err);
+ * 2^(nblocks - 1)) and tctx text tokens. With checkpoint set, every resnet
+ * and transformer block keeps only its output: its intermediates share one
+ * region and are recomputed in the backward (one more forward of those
+ * blocks per step, the activation buffer a fraction of the size; gradients
+ * bit-identical either way). */
+sd_status sd_unet_plan(const sd_unet *u, int n, int h, int w, int tctx, int checkpoint, sd_unet_graph *g,
+                       sd_error *err);
 void sd_unet_graph_free(sd_unet_graph *g);
 
 /* Run the planned ops over act (g->nact floats, inputs written) with the
@@ -198,8 +216,10 @@ void sd_unet_forward(const sd_unet *u, const sd_unet_graph *g, const sd_backend 
  * (g->ndact floats, scratch, no need to clear) for the activations' gradients,
  * ADDING the parameter gradients into dparams (u->w.total floats, same
  * offsets as params; the caller zeroes it once per optimizer step, so
- * gradient accumulation is a sum over micro-batches). */
+ * gradient accumulation is a sum over micro-batches). A checkpointed plan
+ * rewrites the shared recompute region of act (the rest stays as the
+ * forward left it). */
 void sd_unet_backward(const sd_unet *u, const sd_unet_graph *g, const sd_backend *be, void *exec,
-                      const float *params, const float *act, float *dact, const float *dout, float *dparams);
+                      const float *params, float *act, float *dact, const float *dout, float *dparams);
 
 #endif

@@ -110,21 +110,23 @@ sd_status sd_unet_plan_grads(sd_unet_graph *g, sd_error *err)
         g->ops[i].zero = 0;
     }
     for (size_t j = 0; j < n; j++) {
-        const size_t in[3] = {g->ops[j].x, g->ops[j].x2, g->ops[j].x3};
+        sd_unet_op *o = &g->ops[j];
+        const size_t in[3] = {o->x, o->x2, o->x3};
         for (int k = 0; k < 3; k++) {
             size_t p = in[k] == SIZE_MAX ? SIZE_MAX : producer(g, in[k]);
+            o->px[k] = p;
             if (p != SIZE_MAX && (last[p] == SIZE_MAX || last[p] < j)) last[p] = j;
         }
     }
     size_t outp = producer(g, g->out);
+    g->outp = outp;
     int oom = 0;
     if (outp != SIZE_MAX) g->ops[outp].gy = fl_alloc(&f, round16(g->ops[outp].ny));
     for (size_t j = n; j-- > 0;) {
         sd_unet_op *o = &g->ops[j];
         size_t *gx[3] = {&o->gx, &o->gx2, &o->gx3};
-        const size_t in[3] = {o->x, o->x2, o->x3};
         for (int k = 0; k < 3; k++) {
-            size_t p = in[k] == SIZE_MAX ? SIZE_MAX : producer(g, in[k]);
+            size_t p = o->px[k];
             if (p == SIZE_MAX) continue;
             if (last[p] == j && g->ops[p].gy == SIZE_MAX) {
                 g->ops[p].gy = fl_alloc(&f, round16(g->ops[p].ny));
@@ -154,21 +156,27 @@ static float *gp(float *dact, size_t off)
 }
 
 /* Seed the output's gradient, then each op's backward from the last to
- * the first, zeroing each input gradient where it starts. */
+ * the first, zeroing each input gradient where it starts; entering a
+ * checkpointed segment (at its last op), first rerun its forward to refill
+ * the intermediates it shares with the other segments. */
 void sd_unet_backward(const sd_unet *u, const sd_unet_graph *g, const sd_backend *be, void *exec,
-                      const float *params, const float *act, float *dact, const float *dout, float *dparams)
+                      const float *params, float *act, float *dact, const float *dout, float *dparams)
 {
     const sd_unet_config *c = &u->cfg;
-    size_t outp = producer(g, g->out);
-    if (outp == SIZE_MAX) return;
-    be->d2d(exec, dact + g->ops[outp].gy, dout,
+    if (g->outp == SIZE_MAX) return;
+    be->d2d(exec, dact + g->ops[g->outp].gy, dout,
             (size_t)g->n * (size_t)c->out_channels * (size_t)g->h * (size_t)g->w * sizeof(float));
+    size_t seg = g->nsegs;
     for (size_t i = g->nops; i-- > 0;) {
+        if (seg > 0 && i + 1 == g->segs[seg - 1].end) {
+            seg--;
+            sd_unet_run_ops(g, g->segs[seg].begin, i, be, exec, params, act);
+        }
         const sd_unet_op *o = &g->ops[i];
         if (o->gy == SIZE_MAX) continue; /* nothing reads this output */
-        const size_t gin[3] = {o->gx, o->gx2, o->gx3}, nin[3] = {o->x, o->x2, o->x3};
+        const size_t gin[3] = {o->gx, o->gx2, o->gx3};
         for (int k = 0; k < 3; k++)
-            if (o->zero & (1u << k)) be->zero(exec, dact + gin[k], g->ops[producer(g, nin[k])].ny * sizeof(float));
+            if (o->zero & (1u << k)) be->zero(exec, dact + gin[k], g->ops[o->px[k]].ny * sizeof(float));
         const float *dy = dact + o->gy, *x = act + o->x;
         float *dx = gp(dact, o->gx), *dx2 = gp(dact, o->gx2), *dx3 = gp(dact, o->gx3);
         switch (o->kind) {

@@ -57,12 +57,19 @@ struct sd_unet_op {
      * last reader in the forward order is this op: zeroed before it adds) */
     size_t gy, gx, gx2, gx3;
     unsigned zero; /* bit 0: gx, bit 1: gx2, bit 2: gx3 */
+    size_t px[3];  /* the ops that wrote x, x2, x3 (SIZE_MAX: an input or none) */
 };
+
+/* Run ops [begin, end) of the plan, in order (the forward, and the
+ * backward's recomputation of a checkpointed segment). */
+void sd_unet_run_ops(const sd_unet_graph *g, size_t begin, size_t end, const sd_backend *be, void *exec,
+                     const float *params, float *act);
 
 /* Lay out the gradient buffer (unet_bwd.c): each activation's gradient
  * lives from its last reader's backward to its producer's, and blocks of
  * gradients no longer live are reused; sets the ops' g* offsets, their zero
- * bits and g->ndact. */
+ * bits, their producers px, g->outp and g->ndact. Runs on the planning
+ * offsets, where outputs grow with the op index. */
 sd_status sd_unet_plan_grads(sd_unet_graph *g, sd_error *err);
 
 #endif

@@ -162,6 +162,16 @@ class Train(unittest.TestCase):
         self.assertEqual(lines[0]["lr"], 0.0)  # warmup starts at 0, as diffusers
         self.assertTrue(all(l["images"] > 0 and l["loss"] > 0 for l in lines))
 
+    def test_gradient_checkpointing(self):
+        """--gradient-checkpointing recomputes blocks in the backward: the same training bit for
+        bit (weights, EMA, state), and a run may switch it on or off when it resumes."""
+        out = os.path.join(self.tmp.name, "ckpt-on")
+        run("--unet", UNET, "-o", out, "--gradient-checkpointing", *COMMON, self.shard)
+        self.assertEqual(final(out), self.want)
+        out2 = os.path.join(self.tmp.name, "ckpt-off-from-4")
+        run("--unet", UNET, "-o", out2, "--resume", os.path.join(out, "checkpoint-4"), *COMMON, self.shard)
+        self.assertEqual(final(out2), self.want)
+
     def test_continue_from_checkpoint_unet(self):
         """A checkpoint's unet/ is a diffusers folder: train on from it."""
         out = os.path.join(self.tmp.name, "cont")

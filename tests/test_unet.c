@@ -76,19 +76,23 @@ typedef struct {
     float *out, *grad;
     double loss;
     size_t nout;
+    size_t nact, nsegs; /* the plan's activation floats and checkpointed segments */
 } result;
 
-/* Run the golden inputs through u on `threads` threads: forward, MSE loss
- * against the target, backward of the loss into r->grad. */
-static int run(const sd_unet *u, const golden *g, int threads, result *r)
+/* Run the golden inputs through u on `threads` threads, gradient
+ * checkpointing on or off: forward, MSE loss against the target, backward
+ * of the loss into r->grad. */
+static int run(const sd_unet *u, const golden *g, int threads, int checkpoint, result *r)
 {
     sd_error err = {0};
     sd_unet_graph gr;
     memset(r, 0, sizeof(*r));
-    if (!CHECK(sd_unet_plan(u, g->n, g->h, g->w, g->tctx, &gr, &err) == SD_OK)) {
+    if (!CHECK(sd_unet_plan(u, g->n, g->h, g->w, g->tctx, checkpoint, &gr, &err) == SD_OK)) {
         fprintf(stderr, "plan: %s\n", err.msg);
         return 0;
     }
+    r->nact = gr.nact;
+    r->nsegs = gr.nsegs;
     sd_pool *pool = threads > 1 ? sd_pool_create(threads) : NULL;
     float *act = calloc(gr.nact, sizeof(float)), *dact = malloc(gr.ndact * sizeof(float));
     r->nout = g->out->nbytes / 4;
@@ -237,7 +241,7 @@ static void check_model(const char *label, const char *path, const sd_unet_opts 
         return;
     }
     result r;
-    if (run(&u, g, 1, &r)) {
+    if (run(&u, g, 1, 0, &r)) {
         double eo = max_err(r.out, g->out), want = getd(g->loss, 0);
         double el = fabs(r.loss - want) / want, en, ep, ef;
         check_grads(&u, g, r.grad, &en, &ep, &ef);
@@ -247,11 +251,30 @@ static void check_model(const char *label, const char *path, const sd_unet_opts 
         CHECK(el <= 1e-5);
         if (determinism) {
             result r2;
-            if (run(&u, g, 2, &r2)) {
+            if (run(&u, g, 2, 0, &r2)) {
                 CHECK(memcmp(r2.out, r.out, r.nout * sizeof(float)) == 0);
                 CHECK(memcmp(r2.grad, r.grad, u.w.total * sizeof(float)) == 0);
             }
             result_free(&r2);
+            /* gradient checkpointing: every resnet and transformer block a
+             * segment, a smaller activation buffer, the same bits */
+            result r3;
+            if (run(&u, g, 2, 1, &r3)) {
+                size_t blocks = 0;
+                for (int i = 0; i < u.cfg.nblocks; i++) {
+                    blocks += (size_t)u.cfg.layers[i] * (1 + (u.cfg.down_attn[i] ? (size_t)u.cfg.depth[i] : 0));
+                    blocks += (size_t)(u.cfg.layers[u.cfg.nblocks - 1 - i] + 1) *
+                              (1 + (u.cfg.up_attn[i] ? (size_t)u.cfg.depth_up[i] : 0));
+                }
+                if (u.cfg.mid_attn) blocks += 2 + (size_t)u.cfg.depth[u.cfg.nblocks - 1];
+                printf("%-26s checkpointed: %zu segments, activations %zu -> %zu floats\n", label, r3.nsegs, r.nact,
+                       r3.nact);
+                CHECK(r3.nsegs == blocks);
+                CHECK(r3.nact < r.nact * 3 / 4);
+                CHECK(memcmp(r3.out, r.out, r.nout * sizeof(float)) == 0);
+                CHECK(memcmp(r3.grad, r.grad, u.w.total * sizeof(float)) == 0);
+            }
+            result_free(&r3);
         }
     }
     result_free(&r);
@@ -394,7 +417,7 @@ static void check_errors(void)
     snprintf(path, sizeof path, "%s/sd1", GOLDEN_DIR);
     if (CHECK(sd_unet_load(&u, path, NULL, &err) == SD_OK)) {
         sd_unet_graph g;
-        CHECK(sd_unet_plan(&u, 1, 18, 16, 4, &g, &err) == SD_EINVAL);
+        CHECK(sd_unet_plan(&u, 1, 18, 16, 4, 0, &g, &err) == SD_EINVAL);
         CHECK(strstr(err.msg, "multiples of 4") != NULL);
         sd_unet_free(&u);
     }

@@ -40,16 +40,17 @@ static int inputs_open(inputs *in, const char *path)
     return 0;
 }
 
-/* One micro-batch on a trainer for `device`; the loss and the gradient
- * (malloc'd) out. 0 on success. */
-static int one_micro(const char *model, int device, int tf32, const inputs *in, double *loss, float **grad,
-                     size_t *n)
+/* One micro-batch on a trainer for `device`, with gradient checkpointing
+ * or without; the loss and the gradient (malloc'd) out. 0 on success. */
+static int one_micro(const char *model, int device, int tf32, int checkpoint, const inputs *in, double *loss,
+                     float **grad, size_t *n)
 {
     sd_train_opts o;
     sd_train_opts_default(&o);
     o.unet = model;
     o.device = device;
     o.tf32 = tf32;
+    o.checkpointing = checkpoint;
     o.quiet = 1;
     sd_trainer tr;
     sd_error err = {0};
@@ -86,26 +87,33 @@ int selftest_unet(const char *dir, const char *name, int device, int tf32, doubl
         if (in.st) sd_st_close(in.st);
         return -1;
     }
-    double lg, lc;
-    float *gg = NULL, *gc = NULL;
-    size_t ng = 0, nc = 0;
-    int rc = -1;
-    if (!one_micro(model, device, tf32, &in, &lg, &gg, &ng) && !one_micro(model, -1, 0, &in, &lc, &gc, &nc) &&
-        ng == nc) {
-        double emax = 0, gmax = 0;
-        for (size_t i = 0; i < ng; i++) {
-            double e = fabs((double)gg[i] - (double)gc[i]);
-            if (e != e) e = INFINITY;
-            if (e > emax) emax = e;
-            if (fabs((double)gc[i]) > gmax) gmax = fabs((double)gc[i]);
+    double lc;
+    float *gc = NULL;
+    size_t nc = 0;
+    int rc = one_micro(model, -1, 0, 0, &in, &lc, &gc, &nc) ? -1 : 1;
+    /* the device without and with gradient checkpointing (the backward
+     * recomputing each block's forward), each against the CPU */
+    for (int ck = 0; ck < 2 && rc == 1; ck++) {
+        double lg;
+        float *gg = NULL;
+        size_t ng = 0;
+        rc = -1;
+        if (!one_micro(model, device, tf32, ck, &in, &lg, &gg, &ng) && ng == nc) {
+            double emax = 0, gmax = 0;
+            for (size_t i = 0; i < ng; i++) {
+                double e = fabs((double)gg[i] - (double)gc[i]);
+                if (e != e) e = INFINITY;
+                if (e > emax) emax = e;
+                if (fabs((double)gc[i]) > gmax) gmax = fabs((double)gc[i]);
+            }
+            double rel = gmax > 0 ? emax / gmax : emax, lrel = fabs(lg - lc) / (fabs(lc) > 0 ? fabs(lc) : 1);
+            rc = rel <= tol && lrel <= tol;
+            printf("tiny UNet %-4s (%zu parameters) one training micro-batch%s: loss %.7f vs CPU %.7f, gradient max "
+                   "error %.2e of max |grad| %.2e (%.2e)  %s\n",
+                   name, ng, ck ? ", checkpointed" : "", lg, lc, emax, gmax, rel, rc ? "pass" : "FAIL");
         }
-        double rel = gmax > 0 ? emax / gmax : emax, lrel = fabs(lg - lc) / (fabs(lc) > 0 ? fabs(lc) : 1);
-        rc = rel <= tol && lrel <= tol;
-        printf("tiny UNet %-4s (%zu parameters) one training micro-batch: loss %.7f vs CPU %.7f, gradient max error "
-               "%.2e of max |grad| %.2e (%.2e)  %s\n",
-               name, ng, lg, lc, emax, gmax, rel, rc ? "pass" : "FAIL");
+        free(gg);
     }
-    free(gg);
     free(gc);
     sd_st_close(in.st);
     return rc;

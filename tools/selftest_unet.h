@@ -3,9 +3,9 @@
 #define SDTK_SELFTEST_UNET_H
 
 /* One training micro-batch of the tiny golden UNet `name` (sd1, sdxl) under
- * dir, through the trainer on cuda:device and on the CPU with the same
- * inputs: prints the loss and the gradient error; 1 passed, 0 failed, -1
- * error. */
+ * dir, through the trainer on cuda:device (without and with gradient
+ * checkpointing) and on the CPU with the same inputs: prints the loss and
+ * the gradient error; 1 passed, 0 failed, -1 error. */
 int selftest_unet(const char *dir, const char *name, int device, int tf32, double tol);
 
 #endif

@@ -223,13 +223,28 @@ void sd_trainer_close(sd_trainer *tr)
     memset(tr, 0, sizeof(*tr));
 }
 
+/* Say how much memory the planned graph takes, so users see what
+ * --gradient-checkpointing saves. */
+static void log_graph(const sd_trainer *tr, int n, int h, int w)
+{
+    double mib = sizeof(float) / 1048576.0;
+    if (tr->o.checkpointing)
+        sd_log(SD_LOG_INFO, "UNet graph, %d x %dx%d latents: activations %.1f MiB (checkpointed: %.1f MiB of them "
+               "shared by the recomputed blocks), their gradients %.1f MiB", n, h, w, (double)tr->g.nact * mib,
+               (double)tr->g.nrecompute * mib, (double)tr->g.ndact * mib);
+    else
+        sd_log(SD_LOG_INFO, "UNet graph, %d x %dx%d latents: activations %.1f MiB, their gradients %.1f MiB", n, h, w,
+               (double)tr->g.nact * mib, (double)tr->g.ndact * mib);
+}
+
 /* Plan the graph for a new input shape and size the buffers. */
 static sd_status prepare(sd_trainer *tr, int n, int h, int w, int tctx, sd_error *err)
 {
     if (tr->g.ops && tr->gn == n && tr->gh == h && tr->gw == w && tr->gt == tctx) return SD_OK;
     sd_unet_graph_free(&tr->g);
-    sd_status rc = sd_unet_plan(&tr->unet, n, h, w, tctx, &tr->g, err);
+    sd_status rc = sd_unet_plan(&tr->unet, n, h, w, tctx, tr->o.checkpointing, &tr->g, err);
     if (rc) return rc;
+    if (!tr->o.quiet && tr->rank == 0) log_graph(tr, n, h, w);
     tr->gn = n;
     tr->gh = h;
     tr->gw = w;

@@ -71,6 +71,7 @@ typedef struct {
      * refreshed for checkpoints); tf32: allow TF32 tensor cores there */
     int device;
     int tf32;
+    int checkpointing; /* gradient checkpointing: recompute resnets and transformer blocks in the backward */
     int nccl; /* GPU: sum gradients over NCCL even in a world of one (a check of the path) */
     int zero1; /* CPU ranks: shard the AdamW moments across ranks (ZeRO stage 1) */
     /* validation: a shard of held-out records, its loss at the start, every
