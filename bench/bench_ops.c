@@ -67,7 +67,7 @@ typedef struct {
 } bufs;
 
 static const sd_linear_shape lin = {.m = 4096, .k = 512, .n = 512};
-static const sd_attn_shape att = {.b = 1, .heads = 1, .tq = 4096, .tk = 4096, .d = 512, .scale = 0.04419417f};
+static sd_attn_shape att = {.b = 1, .heads = 1, .tq = 4096, .tk = 4096, .d = 512, .scale = 0.04419417f};
 
 /* One forward (bwd = 0) or backward (bwd = 1) run of layer l. */
 static void run(sd_pool *pool, const layer *l, bufs *B, int bwd)
@@ -122,16 +122,16 @@ static void setup(const layer *l, bufs *B)
             B->dbq[i] = rnd((size_t)lin.n, 0.0f);
         }
     } else {
-        size_t n = (size_t)att.tq * att.d;
+        size_t n = (size_t)att.b * att.heads * att.tq * att.d, nk = (size_t)att.b * att.heads * att.tk * att.d;
         B->q = rnd(n, 1.0f);
-        B->k = rnd(n, 1.0f);
-        B->v = rnd(n, 1.0f);
+        B->k = rnd(nk, 1.0f);
+        B->v = rnd(nk, 1.0f);
         B->y = rnd(n, 0.0f);
         B->dy = rnd(n, 1.0f);
         B->dq = rnd(n, 0.0f);
-        B->dk = rnd(n, 0.0f);
-        B->dv = rnd(n, 0.0f);
-        B->lse = rnd((size_t)att.tq, 0.0f);
+        B->dk = rnd(nk, 0.0f);
+        B->dv = rnd(nk, 0.0f);
+        B->lse = rnd((size_t)att.b * att.heads * att.tq, 0.0f);
     }
 }
 
@@ -159,7 +159,7 @@ static double best_ms(sd_pool *pool, const layer *l, bufs *B, int bwd, int reps)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: bench_ops THREADS REPEATS [--bwd] [--ref] [--cpu] [--only N] [--conv CIN COUT HW]\n");
+        fprintf(stderr, "usage: bench_ops THREADS REPEATS [--bwd] [--ref] [--cpu] [--only N] [--conv CIN COUT HW] [--attn HEADS TQ TK D]\n");
         return 2;
     }
     int threads = atoi(argv[1]), reps = atoi(argv[2]), bwd = 0, only = -1, custom[3] = {0, 0, 0};
@@ -170,6 +170,15 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--conv") && i + 3 < argc)
             for (int k = 0; k < 3; k++) custom[k] = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--attn") && i + 4 < argc) {
+            att.heads = atoi(argv[++i]);
+            att.tq = atoi(argv[++i]);
+            att.tk = atoi(argv[++i]);
+            att.d = atoi(argv[++i]);
+            if (att.heads < 1 || att.tq < 1 || att.tk < 1 || att.d < 1) return 2;
+            att.scale = 1.0f / sqrtf((float)att.d);
+            only = 7;
+        }
         else {
             fprintf(stderr, "bench_ops: unknown option %s\n", argv[i]);
             return 2;
@@ -185,6 +194,11 @@ int main(int argc, char **argv)
         {.name = "linear qkv 3x 512 T4096", .kind = 1},
         {.name = "sdpa T4096 d512", .kind = 2},
     };
+    char attn_name[64];
+    if (only == 7 && att.d != 512) {
+        snprintf(attn_name, sizeof attn_name, "sdpa %dh T%d x %d d%d", att.heads, att.tq, att.tk, att.d);
+        layers[7].name = attn_name;
+    }
     if (custom[0] > 0 && custom[1] > 0 && custom[2] > 0) {
         layers[0] = conv("conv (--conv)", custom[0], custom[1], custom[2], 3, 1, 1, 1);
         only = 0;

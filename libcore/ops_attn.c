@@ -49,12 +49,15 @@ static int tile_of(int len, int cap)
     return t > cap ? cap : t < 1 ? 1 : t;
 }
 
-/* Tile sizes and counts for shape s. */
-static void gattn_plan(gattn *g, const sd_attn_shape *s)
+/* Tile sizes and counts for shape s. Query tiles are the forward's units,
+ * so MIN_UNITS of them per head; key tiles are units only in the split
+ * backward (key_units set), elsewhere they are as long as KTILE allows (a
+ * cross-attention's 77 keys one tile, not 8 of 10). */
+static void gattn_plan(gattn *g, const sd_attn_shape *s, int key_units)
 {
     g->s = s;
     g->qt = tile_of(s->tq, QTILE);
-    g->kt = tile_of(s->tk, KTILE);
+    g->kt = key_units ? tile_of(s->tk, KTILE) : s->tk < KTILE ? s->tk : KTILE;
     g->nqt = (s->tq + g->qt - 1) / g->qt;
     g->nkt = (s->tk + g->kt - 1) / g->kt;
 }
@@ -192,7 +195,7 @@ void sd_attn_fwd(sd_pool *pool, const sd_attn_shape *s, float *y, float *lse, co
                  const float *v)
 {
     gattn g = {.y = y, .lse = lse, .q = q, .k = k, .v = v};
-    gattn_plan(&g, s);
+    gattn_plan(&g, s, 0);
     size_t per = (size_t)g.qt * (size_t)g.kt + 2 * (size_t)g.qt;
     g.sstride = sd_scratch_stride(per);
     g.scratch = sd_scratch_alloc(sd_pool_size(pool), per);
@@ -304,13 +307,54 @@ static void gattn_dkv_range(void *vctx, int worker, size_t begin, size_t end)
     }
 }
 
-/* Gradients for q, k, v from dy, the inputs, and the forward's y and lse. */
+/* dq, dk, dv in one pass (five GEMMs per block where the split passes take
+ * seven): one unit is a whole (batch, head), which owns its dq rows as well
+ * as its dk and dv rows, so dq can gather every key tile's share in order
+ * without a second pass. Per key tile j, per query tile i that sees it:
+ * S = scale q_i k_j^T, P from softmax_grad; dv_j += P^T dy_i;
+ * dP = dy_i v_j^T, dS; dk_j += dS^T q_i; dq_i += dS k_j. Each gradient
+ * gathers its terms in the same order as the split passes do. */
+static void gattn_bwd_head_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const gattn *g = vctx;
+    const sd_attn_shape *s = g->s;
+    size_t d = (size_t)s->d, blk = (size_t)g->qt * (size_t)g->kt;
+    float *S = g->scratch + (size_t)worker * g->sstride, *dP = g->dk || g->dq ? S + blk : NULL;
+    for (size_t bh = begin; bh < end; bh++) {
+        const float *qh = g->q + bh * (size_t)s->tq * d, *dyh = g->dy + bh * (size_t)s->tq * d;
+        size_t key0 = bh * (size_t)s->tk;
+        for (int j0 = 0; j0 < s->tk; j0 += g->kt) {
+            int nk = s->tk - j0 < g->kt ? s->tk - j0 : g->kt;
+            const float *kb = g->k + (key0 + (size_t)j0) * d, *vb = g->v + (key0 + (size_t)j0) * d;
+            for (int i0 = s->causal ? j0 / g->qt * g->qt : 0; i0 < s->tq; i0 += g->qt) {
+                int nq = s->tq - i0 < g->qt ? s->tq - i0 : g->qt;
+                size_t row0 = bh * (size_t)s->tq + (size_t)i0;
+                const float *qb = qh + (size_t)i0 * d, *dyb = dyh + (size_t)i0 * d;
+                sd_sgemm(0, 1, nq, nk, s->d, s->scale, qb, s->d, kb, s->d, 0.0f, S, nk);
+                if (dP) sd_sgemm(0, 1, nq, nk, s->d, 1.0f, dyb, s->d, vb, s->d, 0.0f, dP, nk);
+                softmax_grad(g, row0, i0, j0, nq, nk, 0, S, dP);
+                if (g->dv)
+                    sd_sgemm(1, 0, nk, s->d, nq, 1.0f, S, nk, dyb, s->d, 1.0f, g->dv + (key0 + (size_t)j0) * d, s->d);
+                if (g->dk)
+                    sd_sgemm(1, 0, nk, s->d, nq, 1.0f, dP, nk, qb, s->d, 1.0f, g->dk + (key0 + (size_t)j0) * d, s->d);
+                if (g->dq) sd_sgemm(0, 0, nq, s->d, nk, 1.0f, dP, nk, kb, s->d, 1.0f, g->dq + row0 * d, s->d);
+            }
+        }
+    }
+}
+
+/* Gradients for q, k, v from dy, the inputs, and the forward's y and lse:
+ * with MIN_UNITS or more (batch, head) pairs one fused pass over them,
+ * else the split passes over query and key tiles (one head, e.g. the
+ * VAE's, still splits across workers). The choice is the shape's. */
 void sd_attn_bwd(sd_pool *pool, const sd_attn_shape *s, float *dq, float *dk, float *dv, const float *dy,
                  const float *q, const float *k, const float *v, const float *y, const float *lse)
 {
     if (!dq && !dk && !dv) return;
     gattn g = {.dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .dy = dy, .cy = y, .clse = lse};
-    gattn_plan(&g, s);
+    size_t bh = (size_t)s->b * (size_t)s->heads;
+    int fused = bh >= MIN_UNITS;
+    gattn_plan(&g, s, !fused);
     size_t rows = (size_t)s->b * (size_t)s->heads * (size_t)s->tq;
     size_t per = 2 * (size_t)g.qt * (size_t)g.kt;
     g.sstride = sd_scratch_stride(per);
@@ -323,9 +367,12 @@ void sd_attn_bwd(sd_pool *pool, const sd_attn_shape *s, float *dq, float *dk, fl
         return;
     }
     sd_pool_for(pool, rows, gattn_drow_range, &g);
-    size_t bh = (size_t)s->b * (size_t)s->heads;
-    if (dq) sd_pool_for(pool, bh * (size_t)g.nqt, gattn_dq_range, &g);
-    if (dk || dv) sd_pool_for(pool, bh * (size_t)g.nkt, gattn_dkv_range, &g);
+    if (fused) {
+        sd_pool_for(pool, bh, gattn_bwd_head_range, &g);
+    } else {
+        if (dq) sd_pool_for(pool, bh * (size_t)g.nqt, gattn_dq_range, &g);
+        if (dk || dv) sd_pool_for(pool, bh * (size_t)g.nkt, gattn_dkv_range, &g);
+    }
     free(g.scratch);
     free(g.drow);
 }

@@ -272,6 +272,10 @@ int main(void)
     attn_case("causal-x", (sd_attn_shape){.b = 2, .heads = 1, .tq = 37, .tk = 53, .d = 8, .causal = 1});
     attn_case("causal-y", (sd_attn_shape){.b = 1, .heads = 2, .tq = 61, .tk = 19, .d = 5, .causal = 1});
     attn_case("cross", (sd_attn_shape){.b = 2, .heads = 3, .tq = 77, .tk = 9, .d = 40});
+    /* 8+ (batch, head) pairs: the fused backward, one unit per head */
+    attn_case("fused", (sd_attn_shape){.b = 2, .heads = 4, .tq = 300, .tk = 300, .d = 16, .causal = 1});
+    attn_case("fused-x", (sd_attn_shape){.b = 1, .heads = 8, .tq = 130, .tk = 77, .d = 40});
+    attn_case("fused-long", (sd_attn_shape){.b = 1, .heads = 8, .tq = 600, .tk = 1100, .d = 5});
     for (int i = 0; i < 3; i++) sd_pool_destroy(pools[i]);
     return check_done("test_ops_fast");
 }
