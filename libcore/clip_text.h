@@ -18,10 +18,12 @@
  * one, else it is inferred from weight shapes (see sd_clip_text_load).
  *
  * Ops and copies go through the backend table (backend.h), so the same code
- * runs on any backend. Sequences are encoded one at a time: a caption's
- * embedding then never depends on which captions share its batch (GEMM
- * results differ with the row count; the text cache keys embeddings by
- * caption). */
+ * runs on any backend. A caption's embedding never depends on which
+ * captions share its batch (the text cache keys embeddings by caption): on
+ * a host backend, whose linear gives each row the same bits whatever the
+ * row count (gemm_rows.h), up to SD_CLIP_BATCH captions run through the
+ * model together; a device backend (cuBLAS results differ with the row
+ * count) encodes them one at a time. */
 #ifndef SDTK_CLIP_TEXT_H
 #define SDTK_CLIP_TEXT_H
 
@@ -32,7 +34,9 @@
 #include "err.h"
 #include "weights.h"
 
-enum { SD_CLIP_MAX_LAYERS = 64, SD_CLIP_LEGACY_EOS = 2 };
+/* SD_CLIP_BATCH: sequences per pass through the model on a host backend
+ * (bench/bench_clip.sh: 8 packs each weight once per 616 rows). */
+enum { SD_CLIP_MAX_LAYERS = 64, SD_CLIP_LEGACY_EOS = 2, SD_CLIP_BATCH = 8 };
 
 typedef enum { SD_CLIP_QUICK_GELU = 1, SD_CLIP_GELU = 2 } sd_clip_act;
 
@@ -115,8 +119,9 @@ void sd_clip_text_free(sd_clip_text *m);
 sd_status sd_clip_text_preset(const sd_clip_text *m, sd_clip_variant v, int extra_skip, sd_clip_text_out *out,
                               sd_error *err);
 
-/* Floats of scratch memory sd_clip_text_encode needs for t tokens. */
-size_t sd_clip_text_workspace_floats(const sd_clip_text *m, int t);
+/* Floats of scratch memory sd_clip_text_encode(_on) needs for n
+ * sequences of t tokens (a chunk of at most SD_CLIP_BATCH of them). */
+size_t sd_clip_text_workspace_floats(const sd_clip_text *m, int n, int t);
 /* Floats per sequence of the pooled output: proj if the model has a
  * text_projection, else width. */
 int sd_clip_text_pooled_dim(const sd_clip_text *m);
@@ -124,7 +129,7 @@ int sd_clip_text_pooled_dim(const sd_clip_text *m);
  * (the state `out` selects) and pooled [n, pooled_dim] (the final LN of
  * the last layer at the end-token position, projected when the model has
  * text_projection); either output may be NULL. ws holds
- * sd_clip_text_workspace_floats(m, t) floats. */
+ * sd_clip_text_workspace_floats(m, n, t) floats. */
 sd_status sd_clip_text_encode(const sd_clip_text *m, const sd_backend *be, sd_pool *pool, int n, int t,
                               const int32_t *ids, const sd_clip_text_out *out, float *hidden, float *pooled, float *ws,
                               sd_error *err);

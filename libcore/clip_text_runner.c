@@ -48,7 +48,7 @@ sd_status sd_clip_text_runner_encode(sd_clip_text_runner *r, const sd_clip_text 
     size_t nid = (size_t)n * (size_t)t;
     size_t nh = nid * (size_t)m->cfg.width, np = (size_t)n * (size_t)sd_clip_text_pooled_dim(m);
     void *ws = r->ws, *ib = r->ids_be, *hb = r->hidden, *pb = r->pooled;
-    sd_status st = grow(r, &ws, &r->ws_cap, sd_clip_text_workspace_floats(m, t) * sizeof(float), "workspace", err);
+    sd_status st = grow(r, &ws, &r->ws_cap, sd_clip_text_workspace_floats(m, n, t) * sizeof(float), "workspace", err);
     r->ws = ws;
     if (!st) st = grow(r, &ib, &r->ids_cap, nid * sizeof(int32_t), "token ids", err);
     r->ids_be = ib;

@@ -5,6 +5,15 @@
  * ops_math.h, shared with the CUDA kernels. */
 #include "ops_cpu.h"
 #include "ops_math.h"
+#include "vexp.h"
+
+/* Loops built twice, for AVX2 and for any x86-64; the loader picks one
+ * per machine (GCC's target_clones). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define SD_ACT_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define SD_ACT_CLONES
+#endif
 
 typedef struct {
     float *out;
@@ -42,12 +51,18 @@ void sd_gelu_bwd(sd_pool *pool, size_t n, float *dx, const float *dy, const floa
     if (dx) sd_pool_for(pool, n, gelu_bwd_range, &c);
 }
 
-/* y = x * sigmoid(1.702 x) over one slice. */
-static void qgelu_fwd_range(void *vctx, int worker, size_t begin, size_t end)
+/* y = x * sigmoid(1.702 x) over one slice, as x / (1 + e^(-1.702 x)) with
+ * the polynomial exp (vexp.h) so the loop vectorises: glibc's expf call per
+ * element took 6% of a CLIP-L encode. Built for AVX2 and for any x86-64
+ * (target_clones; this file is compiled with -O3 -fno-trapping-math); both
+ * give the same bits, as nothing is contracted into an FMA in ISO C mode. */
+SD_ACT_CLONES static void qgelu_fwd_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const act_ctx *c = vctx;
+    float *out = c->out;
+    const float *x = c->x;
     (void)worker;
-    for (size_t i = begin; i < end; i++) c->out[i] = sdm_quick_gelu(c->x[i]);
+    for (size_t i = begin; i < end; i++) out[i] = x[i] / (1.0f + sd_vexpf(-SDM_QUICK_GELU_K * x[i]));
 }
 
 /* CLIP's quick_gelu (OpenAI CLIP, SD 1.x text encoder); y may be x. */

@@ -4,12 +4,31 @@
  * the posterior's std. Each thread owns whole output rows or a slice. */
 #include "ops_cpu.h"
 #include "ops_math.h"
+#include "transpose8.h"
 
 typedef struct {
     float *out;
     const float *in, *dy;
     size_t rows, cols; /* of the forward's input */
+    int avx2;          /* forward: 8 x 8 blocks by sd_transpose8_avx2 */
 } layout_ctx;
+
+/* One tile, x's rows [r0, r1) by columns [c0, c1), into y: whole 8 x 8
+ * blocks through AVX2 registers when the CPU has it, the ragged rest (or
+ * everything) by the plain loop. A copy, so both ways give the same y. */
+static void tr_tile(const layout_ctx *c, float *yb, const float *xb, size_t r0, size_t r1, size_t c0, size_t c1)
+{
+    size_t r8 = r0, c8 = c0;
+    if (c->avx2) {
+        r8 = r0 + (r1 - r0) / 8 * 8;
+        c8 = c0 + (c1 - c0) / 8 * 8;
+        for (size_t col = c0; col < c8; col += 8)
+            for (size_t r = r0; r < r8; r += 8)
+                sd_transpose8_avx2(yb + col * c->rows + r, c->rows, xb + r * c->cols + col, c->cols);
+    }
+    for (size_t col = c0; col < c1; col++)
+        for (size_t r = col < c8 ? r8 : r0; r < r1; r++) yb[col * c->rows + r] = xb[r * c->cols + col];
+}
 
 /* Transpose forward: unit u is a block of 32 output rows (image b, x's
  * columns col0..col0+32), filled 32x32 tile by tile so both sides stay in
@@ -23,18 +42,14 @@ static void tr_fwd_range(void *vctx, int worker, size_t begin, size_t end)
         size_t b = u / nb, c0 = (u % nb) * 32, c1 = c0 + 32 < c->cols ? c0 + 32 : c->cols;
         const float *xb = c->in + b * c->rows * c->cols;
         float *yb = c->out + b * c->rows * c->cols;
-        for (size_t r0 = 0; r0 < c->rows; r0 += 32) {
-            size_t r1 = r0 + 32 < c->rows ? r0 + 32 : c->rows;
-            for (size_t col = c0; col < c1; col++)
-                for (size_t r = r0; r < r1; r++) yb[col * c->rows + r] = xb[r * c->cols + col];
-        }
+        for (size_t r0 = 0; r0 < c->rows; r0 += 32) tr_tile(c, yb, xb, r0, r0 + 32 < c->rows ? r0 + 32 : c->rows, c0, c1);
     }
 }
 
 /* y [n, cols, rows] = x [n, rows, cols] transposed per image. */
 void sd_transpose_fwd(sd_pool *pool, int n, int rows, int cols, float *y, const float *x)
 {
-    layout_ctx c = {.out = y, .in = x, .rows = (size_t)rows, .cols = (size_t)cols};
+    layout_ctx c = {.out = y, .in = x, .rows = (size_t)rows, .cols = (size_t)cols, .avx2 = sd_transpose8_ok()};
     sd_pool_for(pool, (size_t)n * (((size_t)cols + 31) / 32), tr_fwd_range, &c);
 }
 

@@ -1,13 +1,18 @@
-/* Linear layer y = x w^T + b (torch layout) forward and backward on
- * sgemm. Work is cut into blocks whose size depends on the shape only
- * (rows of y and dx, or their columns when there are few rows; output
- * features for dw and db); each block is owned by one worker and computed
- * by one single-threaded sgemm call, so results are bit-identical for any
- * thread count. The plain loops at the end are the reference (tests,
+/* Linear layer y = x w^T + b (torch layout). The forward runs on the
+ * engine's own sgemm (gemm_rows.h), whose every output element is one
+ * fused multiply-add chain over k: a row's result depends on nothing but
+ * that row, the weight and the bias (not on the row count, the thread
+ * count or the split). The backward runs on OpenBLAS sgemm, cut into
+ * blocks whose size depends on the shape only (rows of dx, or its columns
+ * when there are few rows; output features for dw and db); each block is
+ * owned by one worker and computed by one single-threaded sgemm call, so
+ * results are bit-identical for any thread count. The plain loops at the end are the reference (tests,
  * benches). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "gemm.h"
+#include "gemm_rows.h"
 #include "ops_ref.h"
 
 /* All three dims must be positive. */
@@ -18,18 +23,18 @@ sd_status sd_linear_check(const sd_linear_shape *s, sd_error *err)
 }
 
 enum {
-    ROW_BLOCK = 256, /* rows of x per forward / dx unit, at most */
+    ROW_BLOCK = 256, /* rows of dx per unit, at most */
     FEAT_BLOCK = 64, /* output features per dw / db unit, at most */
     MIN_UNITS = 8,   /* units per op, at least, when the shape allows */
-    FEW_ROWS = 512   /* below this many rows, forward and dx split columns */
+    FEW_ROWS = 512   /* below this many rows, dx splits columns */
 };
 
 typedef struct {
     const sd_linear_shape *s;
-    int rb, cb, ncb; /* forward / dx unit: rows, columns, column blocks */
+    int rb, cb, ncb; /* dx unit: rows, columns, column blocks */
     int fb;          /* dw / db unit: output features */
-    float *y, *dx, *dw, *db;
-    const float *x, *w, *b, *dy;
+    float *dx, *dw, *db;
+    const float *x, *w, *dy;
 } glin;
 
 /* Block size for a dimension of length len: at most cap, small enough for
@@ -40,9 +45,8 @@ static int block_of(int len, int cap)
     return b > cap ? cap : b < 1 ? 1 : b;
 }
 
-/* Units of the forward and dx (whose output has cols columns): blocks of
- * rows when there are many; with few rows (CLIP's 77 tokens, embeddings of
- * a batch) all rows and blocks of columns instead, so each unit packs only
+/* Units of dx (cols columns): blocks of rows when there are many; with
+ * few rows all rows and blocks of columns instead, so each unit packs only
  * its slice of the weight rather than every unit the whole of it. Returns
  * the unit count. */
 static size_t plan_units(glin *g, int cols)
@@ -69,30 +73,51 @@ static void unit_span(const glin *g, size_t u, int cols, int *r0, int *nr, int *
     *nc = cols - *c0 < g->cb ? cols - *c0 : g->cb;
 }
 
-/* Forward: one unit is a block of y; bias first, then y += x w^T. */
-static void glin_fwd_range(void *vctx, int worker, size_t begin, size_t end)
+/* The forward's split: one unit per worker, a contiguous slice of output
+ * columns (a multiple of 16) over all rows, so each worker packs only its
+ * slice of w. Any split gives the same bits (gemm_rows.h), so the slices
+ * may follow the thread count. */
+typedef struct {
+    const sd_linear_shape *s;
+    int units, cols; /* units and columns per unit */
+    sd_gemm_rows_isa isa;
+    float *scratch; /* per worker, or NULL: the unpacked loops */
+    float *y;
+    const float *x, *w, *b;
+} grows;
+
+/* Unit u's columns through sd_gemm_rows (or, without scratch, the
+ * reference loops that give the same bits). */
+static void grows_range(void *vctx, int worker, size_t begin, size_t end)
 {
-    const glin *g = vctx;
+    const grows *g = vctx;
     const sd_linear_shape *s = g->s;
-    (void)worker;
     for (size_t u = begin; u < end; u++) {
-        int r0, nr, c0, nc;
-        unit_span(g, u, s->n, &r0, &nr, &c0, &nc);
-        float *yb = g->y + (size_t)r0 * (size_t)s->n + (size_t)c0;
-        if (g->b)
-            for (int r = 0; r < nr; r++) memcpy(yb + (size_t)r * (size_t)s->n, g->b + c0, (size_t)nc * sizeof(float));
-        sd_sgemm(0, 1, nr, nc, s->k, 1.0f, g->x + (size_t)r0 * (size_t)s->k, s->k, g->w + (size_t)c0 * (size_t)s->k,
-                 s->k, g->b ? 1.0f : 0.0f, yb, s->n);
+        int c0 = (int)u * g->cols, nc = s->n - c0 < g->cols ? s->n - c0 : g->cols;
+        if (nc <= 0) continue;
+        const float *w = g->w + (size_t)c0 * (size_t)s->k, *b = g->b ? g->b + c0 : NULL;
+        float *y = g->y + c0;
+        if (g->scratch)
+            sd_gemm_rows(g->isa, s->m, nc, s->k, g->x, (size_t)s->k, w, (size_t)s->k, b, y, (size_t)s->n,
+                         g->scratch + (size_t)worker * sd_scratch_stride(sd_gemm_rows_scratch_floats()));
+        else sd_gemm_rows_ref(s->m, nc, s->k, g->x, (size_t)s->k, w, (size_t)s->k, b, y, (size_t)s->n);
     }
 }
 
-/* y[m, n] = x[m, k] w[n, k]^T + b[n]. */
+/* y[m, n] = x[m, k] w[n, k]^T + b[n] on gemm_rows: a row of y is the same
+ * bits whatever m, so a caller may batch independent rows (the CLIP text
+ * encoder batches captions). The kernel is chosen here, once per call. */
 void sd_linear_fwd(sd_pool *pool, const sd_linear_shape *s, float *y, const float *x, const float *w,
                    const float *b)
 {
-    glin g = {.s = s, .y = y, .x = x, .w = w, .b = b};
-    size_t units = plan_units(&g, s->n);
-    sd_pool_for(pool, units, glin_fwd_range, &g);
+    int workers = sd_pool_size(pool);
+    grows g = {.s = s, .units = workers > 0 ? workers : 1, .isa = sd_gemm_rows_best_isa(), .y = y, .x = x,
+               .w = w, .b = b};
+    int per = (s->n + g.units - 1) / g.units;
+    g.cols = (per + SD_GEMM_ROWS_NR - 1) / SD_GEMM_ROWS_NR * SD_GEMM_ROWS_NR;
+    g.scratch = sd_scratch_alloc(g.units, sd_gemm_rows_scratch_floats());
+    sd_pool_for(pool, (size_t)g.units, grows_range, &g);
+    free(g.scratch);
 }
 
 /* Input gradient: one unit is a block of dx, dx += dy w. */

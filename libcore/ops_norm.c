@@ -145,12 +145,70 @@ sd_status sd_layer_norm_check(const sd_ln_shape *s, sd_error *err)
     return SD_OK;
 }
 
+/* Sum of a[0..n) in double, in four interleaved partial sums added in a
+ * fixed order: a quarter of the serial chain of one running sum (a
+ * layer-norm row of a batch of CLIP captions spent most of its time
+ * waiting on that chain). */
+static double sum4(const float *a, size_t n)
+{
+    double p0 = 0.0, p1 = 0.0, p2 = 0.0, p3 = 0.0;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        p0 += (double)a[i];
+        p1 += (double)a[i + 1];
+        p2 += (double)a[i + 2];
+        p3 += (double)a[i + 3];
+    }
+    for (; i < n; i++) p0 += (double)a[i];
+    return (p0 + p2) + (p1 + p3);
+}
+
+/* Sum of (a[i] - mu)^2 in double, the same way. */
+static double sumsq4(const float *a, size_t n, double mu)
+{
+    double p0 = 0.0, p1 = 0.0, p2 = 0.0, p3 = 0.0;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        double d0 = (double)a[i] - mu, d1 = (double)a[i + 1] - mu, d2 = (double)a[i + 2] - mu, d3 = (double)a[i + 3] - mu;
+        p0 += d0 * d0;
+        p1 += d1 * d1;
+        p2 += d2 * d2;
+        p3 += d3 * d3;
+    }
+    for (; i < n; i++) p0 += ((double)a[i] - mu) * ((double)a[i] - mu);
+    return (p0 + p2) + (p1 + p3);
+}
+
+/* Layer norm forward: each unit is one row of c floats; mean, then
+ * variance around it, in double (as the group norm), then the affine
+ * output in one pass over the row. */
+static void ln_fwd_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const gn_ctx *c = vctx;
+    size_t n = (size_t)c->s->c;
+    (void)worker;
+    for (size_t u = begin; u < end; u++) {
+        const float *xp = c->x + u * n;
+        float *yp = c->y + u * n;
+        float mu = (float)(sum4(xp, n) / (double)n);
+        float rs = (float)(1.0 / sqrt(sumsq4(xp, n, (double)mu) / (double)n + (double)c->s->eps));
+        c->mean[u] = mu;
+        c->rstd[u] = rs;
+        if (c->gamma && c->beta)
+            for (size_t j = 0; j < n; j++) yp[j] = (xp[j] - mu) * rs * c->gamma[j] + c->beta[j];
+        else
+            for (size_t j = 0; j < n; j++)
+                yp[j] = (xp[j] - mu) * rs * (c->gamma ? c->gamma[j] : 1.0f) + (c->beta ? c->beta[j] : 0.0f);
+    }
+}
+
 /* y = (x - mean) * rstd * gamma + beta per row; saves mean and rstd [m]. */
 void sd_layer_norm_fwd(sd_pool *pool, const sd_ln_shape *s, float *y, float *mean, float *rstd, const float *x,
                        const float *gamma, const float *beta)
 {
     sd_gn_shape g = ln_as_gn(s);
-    sd_group_norm_fwd(pool, &g, y, mean, rstd, x, gamma, beta);
+    gn_ctx c = {.s = &g, .y = y, .mean = mean, .rstd = rstd, .x = x, .gamma = gamma, .beta = beta};
+    sd_pool_for(pool, (size_t)s->m, ln_fwd_range, &c);
 }
 
 /* dx per row, dgamma and dbeta per channel summed over rows in order. */

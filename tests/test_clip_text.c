@@ -4,7 +4,8 @@
  * layout (transformers names, or OpenCLIP's fused in_proj and transposed
  * text_projection; fp32/fp16/bf16), hidden states and pooled output within
  * 1e-4; bit-identical for 1, 2 and 3 threads and for a sequence encoded
- * alone or inside a batch; the runner (parameters and buffers in the
+ * alone or inside a batch (also one of 19, several chunks, at any
+ * position); the runner (parameters and buffers in the
  * backend's memory) bit-identical to sd_clip_text_encode on the CPU; clear
  * errors for missing files, wrong shapes, bad ids and bad options. */
 #include <math.h>
@@ -70,7 +71,7 @@ static int encode(const sd_clip_text *m, const golden *g, int first, int n, int 
 {
     sd_error err = {0};
     sd_pool *pool = threads > 1 ? sd_pool_create(threads) : NULL;
-    float *ws = malloc(sd_clip_text_workspace_floats(m, g->t) * sizeof(float));
+    float *ws = malloc(sd_clip_text_workspace_floats(m, n, g->t) * sizeof(float));
     int ok = ws && sd_clip_text_encode(m, sd_backend_cpu(), pool, n, g->t, g->ids + (size_t)first * (size_t)g->t, o,
                                        hidden, pooled, ws, &err) == SD_OK;
     if (!ok) fprintf(stderr, "encode: %s\n", err.msg);
@@ -330,6 +331,66 @@ done:
     sd_st_close(g.st);
 }
 
+/* A caption's embedding must not depend on its batch: 19 sequences made of
+ * the golden ones in a mixed order (each at several positions, first and
+ * last of a SD_CLIP_BATCH chunk included, the last chunk short) encoded in
+ * one call on 1 and 2 threads, every hidden state and pooled row bitwise
+ * equal to that sequence encoded alone. */
+static void check_batch_positions(const char *name, sd_clip_text_opts opts, sd_clip_variant variant)
+{
+    enum { NB = 19 };
+    golden g;
+    if (!golden_open(&g, name)) return;
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", GOLDEN_DIR, name);
+    sd_clip_text m;
+    sd_clip_text_out o;
+    sd_error err = {0};
+    if (!CHECK(sd_clip_text_load(&m, dir, &opts, &err) == SD_OK)) {
+        fprintf(stderr, "batch %s: %s\n", name, err.msg);
+        sd_st_close(g.st);
+        return;
+    }
+    size_t ph = (size_t)g.t * (size_t)m.cfg.width, pp = (size_t)sd_clip_text_pooled_dim(&m);
+    int32_t *ids = malloc((size_t)NB * (size_t)g.t * sizeof(int32_t));
+    int src[NB];
+    float *alone_h = calloc((size_t)g.n * ph, sizeof(float)), *alone_p = calloc((size_t)g.n * pp, sizeof(float));
+    float *h = calloc((size_t)NB * ph, sizeof(float)), *p = calloc((size_t)NB * pp, sizeof(float));
+    float *ws = malloc(sd_clip_text_workspace_floats(&m, NB, g.t) * sizeof(float));
+    int same = 1;
+    if (!CHECK(ids && alone_h && alone_p && h && p && ws) ||
+        !CHECK(sd_clip_text_preset(&m, variant, 0, &o, &err) == SD_OK))
+        goto done;
+    for (int i = 0; i < g.n; i++) CHECK(encode(&m, &g, i, 1, 1, &o, alone_h + (size_t)i * ph, alone_p + (size_t)i * pp));
+    for (int i = 0; i < NB; i++) {
+        src[i] = (i * 7 + i / 4) % g.n;
+        memcpy(ids + (size_t)i * (size_t)g.t, g.ids + (size_t)src[i] * (size_t)g.t, (size_t)g.t * sizeof(int32_t));
+    }
+    for (int threads = 1; threads <= 2; threads++) {
+        sd_pool *pool = threads > 1 ? sd_pool_create(threads) : NULL;
+        memset(h, 0, (size_t)NB * ph * sizeof(float));
+        memset(p, 0, (size_t)NB * pp * sizeof(float));
+        CHECK(sd_clip_text_encode(&m, sd_backend_cpu(), pool, NB, g.t, ids, &o, h, p, ws, &err) == SD_OK);
+        for (int i = 0; i < NB; i++) {
+            same &= memcmp(h + (size_t)i * ph, alone_h + (size_t)src[i] * ph, ph * sizeof(float)) == 0;
+            same &= memcmp(p + (size_t)i * pp, alone_p + (size_t)src[i] * pp, pp * sizeof(float)) == 0;
+        }
+        if (pool) sd_pool_destroy(pool);
+    }
+    CHECK(same);
+    printf("%s encoder %d: %d sequences in one call (chunks of %d) vs each alone, 1 and 2 threads: %s\n", name,
+           opts.which + 1, NB, SD_CLIP_BATCH, same ? "bit-identical" : "DIFFERENT");
+done:
+    free(ids);
+    free(alone_h);
+    free(alone_p);
+    free(h);
+    free(p);
+    free(ws);
+    sd_clip_text_free(&m);
+    sd_st_close(g.st);
+}
+
 /* A config.json naming more layers than the file holds, in a temp file. */
 static int write_config(char *path, size_t cap)
 {
@@ -390,7 +451,7 @@ static void check_errors(void)
     /* encode: ids outside the vocabulary, too many tokens, bad skip */
     sd_clip_text_opts ok = {.heads = 2};
     if (!CHECK(sd_clip_text_load(&m, path, &ok, &err) == SD_OK)) return;
-    float *ws = malloc(sd_clip_text_workspace_floats(&m, 78) * sizeof(float));
+    float *ws = malloc(sd_clip_text_workspace_floats(&m, 1, 78) * sizeof(float));
     float *hidden = calloc((size_t)78 * (size_t)m.cfg.width, sizeof(float));
     int32_t ids[78] = {496, 5, 500, 497};
     sd_clip_text_out out = {.skip = 0, .final_ln = 1};
@@ -422,6 +483,8 @@ int main(void)
     check_runner("sd2", (sd_clip_text_opts){0}, SD_CLIP_SD2);
     check_runner("sdxl", (sd_clip_text_opts){0}, SD_CLIP_SDXL_L);
     check_runner("sdxl", (sd_clip_text_opts){.which = 1}, SD_CLIP_SDXL_G);
+    check_batch_positions("sd1", (sd_clip_text_opts){0}, SD_CLIP_SD1);
+    check_batch_positions("sdxl", (sd_clip_text_opts){.which = 1}, SD_CLIP_SDXL_G);
     check_errors();
     return check_done("test_clip_text");
 }

@@ -1,0 +1,169 @@
+/* sd_gemm_rows: packing, blocking and edge tiles around the micro-kernels
+ * (gemm_rows_kern.h), the portable kernel and the unpacked reference. See
+ * gemm_rows.h for the one rule all of them keep: an output element is the
+ * fused multiply-add chain over k in order, starting from its bias. */
+#include <math.h>
+#include <string.h>
+
+#include "gemm_rows.h"
+#include "gemm_rows_kern.h"
+
+enum { MR = SD_GEMM_ROWS_MR, NR = SD_GEMM_ROWS_NR, KC = SD_GEMM_ROWS_KC, NC = SD_GEMM_ROWS_NC };
+
+/* AVX2 when both the build and the CPU have it (the CPU model is the
+ * compiler runtime's, read here, never cached by sdtk). */
+sd_gemm_rows_isa sd_gemm_rows_best_isa(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (sd_gemm_rows_have_avx2() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return SD_GEMM_ROWS_AVX2;
+#endif
+    return SD_GEMM_ROWS_PORTABLE;
+}
+
+/* One packed block of w: NC columns by KC steps. */
+size_t sd_gemm_rows_scratch_floats(void)
+{
+    return (size_t)NC * KC;
+}
+
+/* The portable micro-kernel: per row, 16 lanes each advanced by one fmaf
+ * per k step, in the order the AVX2 kernel's lanes take. */
+void sd_gemm_rows_kern_c(int kc, const float *const *a, const float *bp, const float *init, float *c, size_t ldc)
+{
+    for (int r = 0; r < MR; r++) {
+        float acc[NR];
+        memcpy(acc, init ? init : c + (size_t)r * ldc, sizeof acc);
+        const float *ar = a[r], *b = bp;
+        for (int p = 0; p < kc; p++, b += NR)
+            for (int j = 0; j < NR; j++) acc[j] = fmaf(ar[p], b[j], acc[j]);
+        memcpy(c + (size_t)r * ldc, acc, sizeof acc);
+    }
+}
+
+/* w[n, k0 .. k0 + kc) transposed into panels: panel q holds, for each of
+ * the kc steps, the 16 weights of columns 16q .. 16q + 15 (zeros past n).
+ * A copy, so every way of doing it gives the same panels: the AVX2 one
+ * moves 8 x 8 blocks, this one the rest. */
+static void pack_block(sd_gemm_rows_isa isa, float *dst, const float *w, size_t ldw, int n, int k0, int kc)
+{
+    for (int c0 = 0; c0 < n; c0 += NR, dst += (size_t)kc * NR) {
+        int nc = n - c0 < NR ? n - c0 : NR, done = 0;
+        if (isa == SD_GEMM_ROWS_AVX2 && nc == NR) {
+            const float *src = w + (size_t)c0 * ldw + (size_t)k0;
+            int next = n - c0 - NR < NR ? n - c0 - NR : NR;
+            done = sd_gemm_rows_pack_avx2(dst, src, ldw, kc, next > 0 ? src + NR * ldw : NULL, next > 0 ? next : 0);
+        }
+        for (int j = 0; j < nc; j++) {
+            const float *src = w + (size_t)(c0 + j) * ldw + (size_t)k0;
+            for (int p = done; p < kc; p++) dst[(size_t)p * NR + (size_t)j] = src[p];
+        }
+        for (int j = nc; j < NR; j++)
+            for (int p = 0; p < kc; p++) dst[(size_t)p * NR + (size_t)j] = 0.0f;
+    }
+}
+
+/* One micro-tile through the chosen kernel. */
+static void run_kernel(sd_gemm_rows_isa isa, int kc, const float *const *a, const float *bp, const float *init,
+                       float *c, size_t ldc)
+{
+    if (isa == SD_GEMM_ROWS_AVX2) sd_gemm_rows_kern_avx2(kc, a, bp, init, c, ldc);
+    else sd_gemm_rows_kern_c(kc, a, bp, init, c, ldc);
+}
+
+/* A tile with fewer than 6 rows or 16 columns: the kernel runs on a copy
+ * (its start values: the first nc of init in every row, or c's; missing
+ * rows repeat the last real one, missing columns see zero weights) and
+ * only the real part goes back. Lanes never mix, so the real elements get
+ * exactly the bits a full tile would give them. */
+static void run_edge(sd_gemm_rows_isa isa, int kc, const float *const *a, const float *bp, const float *init,
+                     float *c, size_t ldc, int mr, int nc)
+{
+    float t[MR * NR] = {0};
+    for (int r = 0; r < mr; r++) memcpy(t + r * NR, init ? init : c + (size_t)r * ldc, (size_t)nc * sizeof(float));
+    run_kernel(isa, kc, a, bp, NULL, t, NR);
+    for (int r = 0; r < mr; r++) memcpy(c + (size_t)r * ldc, t + r * NR, (size_t)nc * sizeof(float));
+}
+
+/* Asks for cache lines [first, first + count) of the next row block's
+ * slice of x (rows of `lines` lines each, up to 6 rows, `left` of them
+ * real) while the current block runs, a share per panel: the first panel
+ * of a block would otherwise wait on L3 for all 6 rows. Timing only. */
+static void prefetch_next(const float *xn, size_t ldx, int left, int lines, int first, int count)
+{
+    int rows = left < MR ? left : MR;
+    for (int l = first; l < first + count && l < rows * lines; l++)
+        __builtin_prefetch(xn + (size_t)(l / lines) * ldx + (size_t)(l % lines) * 16);
+}
+
+/* Asks for the y tile the next kernel call starts from (rows of 16 floats,
+ * one or two lines each): y is too big for L2 when m is large, and the
+ * kernel's first loads would wait on it. Timing only. */
+static void prefetch_tile(const float *c, size_t ldc, int rows)
+{
+    for (int r = 0; r < rows; r++) {
+        __builtin_prefetch(c + (size_t)r * ldc, 1);
+        __builtin_prefetch(c + (size_t)r * ldc + NR - 1, 1);
+    }
+}
+
+/* The step that cuts len into the fewest blocks of at most cap, as even as
+ * a multiple of unit allows (320 -> 160 + 160, not 256 + 64: a thin last
+ * block wastes a pass over x). */
+static int even_block(int len, int cap, int unit)
+{
+    int blocks = (len + cap - 1) / cap, step = (len + blocks - 1) / blocks;
+    step = (step + unit - 1) / unit * unit;
+    return step > cap ? cap : step;
+}
+
+/* Per block of NC columns and KC steps of k, the block of w is packed once
+ * (384 KB: stays in L2) and every 6-row block of x (its 6 x kc slice in
+ * L1; copying it to a contiguous buffer measured slower) runs over all its
+ * panels; the first k block starts each tile from the bias, so y is never
+ * written before its first real value. */
+void sd_gemm_rows(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, size_t ldx, const float *w, size_t ldw,
+                  const float *bias, float *y, size_t ldy, float *scratch)
+{
+    static const float zeros[NR]; /* the start of every chain without a bias (read-only) */
+    int nstep = even_block(n, NC, NR), kstep = even_block(k, KC, 8);
+    for (int j0 = 0; j0 < n; j0 += nstep) {
+        int nb = n - j0 < nstep ? n - j0 : nstep;
+        for (int k0 = 0; k0 < k; k0 += kstep) {
+            int kc = k - k0 < kstep ? k - k0 : kstep;
+            pack_block(isa, scratch, w + (size_t)j0 * ldw, ldw, nb, k0, kc);
+            int panels = (nb + NR - 1) / NR, lines = (kc + 15) / 16, per = (MR * lines + panels - 1) / panels;
+            for (int i0 = 0; i0 < m; i0 += MR) {
+                int mr = m - i0 < MR ? m - i0 : MR;
+                const float *a[MR];
+                for (int r = 0; r < MR; r++) a[r] = x + (size_t)(i0 + (r < mr ? r : mr - 1)) * ldx + (size_t)k0;
+                const float *bp = scratch;
+                float *c = y + (size_t)i0 * ldy + (size_t)j0;
+                for (int q = 0, c0 = 0; c0 < nb; q++, c0 += NR, bp += (size_t)kc * NR) {
+                    int nc = nb - c0 < NR ? nb - c0 : NR;
+                    if (i0 + MR < m) prefetch_next(x + (size_t)(i0 + MR) * ldx + (size_t)k0, ldx, m - i0 - MR, lines, q * per, per);
+                    if (c0 + NR < nb) prefetch_tile(c + c0 + NR, ldy, mr);
+                    else if (i0 + MR < m) prefetch_tile(c + (size_t)MR * ldy, ldy, m - i0 - MR < MR ? m - i0 - MR : MR);
+                    const float *init = k0 ? NULL : bias ? bias + j0 + c0 : zeros;
+                    if (mr == MR && nc == NR) run_kernel(isa, kc, a, bp, init, c + c0, ldy);
+                    else run_edge(isa, kc, a, bp, init, c + c0, ldy, mr, nc);
+                }
+            }
+        }
+    }
+}
+
+/* Each element's chain straight from x and w. */
+void sd_gemm_rows_ref(int m, int n, int k, const float *x, size_t ldx, const float *w, size_t ldw, const float *bias,
+                      float *y, size_t ldy)
+{
+    for (int i = 0; i < m; i++) {
+        const float *xr = x + (size_t)i * ldx;
+        for (int j = 0; j < n; j++) {
+            const float *wr = w + (size_t)j * ldw;
+            float acc = bias ? bias[j] : 0.0f;
+            for (int p = 0; p < k; p++) acc = fmaf(xr[p], wr[p], acc);
+            y[(size_t)i * ldy + (size_t)j] = acc;
+        }
+    }
+}

@@ -1,0 +1,55 @@
+/* The engine's own sgemm for the linear forward, y = b + x w^T (torch's
+ * weight layout [n, k]), single-threaded per call. Unlike a BLAS sgemm its
+ * result is a function of the row alone: every output element is one
+ * sequential chain of fused multiply-adds, acc = b[j] (or 0), then
+ * acc = fmaf(x[i][p], w[j][p], acc) for p = 0, 1, ..., k-1 in that order,
+ * whatever the row count m, the row's position, the caller's split into
+ * blocks, and whichever kernel (AVX2+FMA micro-kernel, its edge tiles, the
+ * portable C fallback, the unpacked reference) computes it. A row's result
+ * is therefore bit-identical when it is computed alone or inside a batch,
+ * which is what lets the CLIP text encoder run several captions through one
+ * GEMM without a caption's embedding depending on its neighbours.
+ *
+ * Structure (gemm_rows.c): w is packed per call, in blocks of up to
+ * SD_GEMM_ROWS_NC columns by SD_GEMM_ROWS_KC steps of k, into panels of 16
+ * output columns; a 6 x 16
+ * micro-kernel (gemm_rows_avx2.c: 12 ymm accumulators) runs each row block
+ * over each panel, keeping the tile of y in registers across the k block
+ * and in y between blocks (a float store and reload changes nothing). */
+#ifndef SDTK_GEMM_ROWS_H
+#define SDTK_GEMM_ROWS_H
+
+#include <stddef.h>
+
+enum {
+    SD_GEMM_ROWS_MR = 6,  /* rows of a micro-tile */
+    SD_GEMM_ROWS_NR = 16, /* columns of a micro-tile and of a packed panel */
+    SD_GEMM_ROWS_KC = 512, /* k values per packed block */
+    SD_GEMM_ROWS_NC = 192  /* output columns per packed block (with KC: 384 KB, in L2) */
+};
+
+/* Which micro-kernel runs the tiles; every choice gives the same bits. */
+typedef enum { SD_GEMM_ROWS_PORTABLE = 0, SD_GEMM_ROWS_AVX2 = 1 } sd_gemm_rows_isa;
+
+/* The fastest kernel this CPU runs (AVX2 and FMA: SD_GEMM_ROWS_AVX2). Asks
+ * the compiler runtime's CPU model (filled once at program start by
+ * libgcc/compiler-rt, not by sdtk), so it is cheap enough to call once
+ * per op. */
+sd_gemm_rows_isa sd_gemm_rows_best_isa(void);
+
+/* Floats of scratch sd_gemm_rows needs (one packed block of w, 384 KB). */
+size_t sd_gemm_rows_scratch_floats(void);
+
+/* y[m, n] (row stride ldy) = bias[n] + x[m, k] (row stride ldx)
+ * w[n, k]^T (row stride ldw); bias may be NULL (zeros). scratch holds
+ * sd_gemm_rows_scratch_floats() floats, 32-byte aligned. m, n, k > 0. */
+void sd_gemm_rows(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, size_t ldx, const float *w, size_t ldw,
+                  const float *bias, float *y, size_t ldy, float *scratch);
+
+/* The same result by direct loops over w, no packing and no scratch: the
+ * fallback when scratch cannot be allocated and the oracle of the bitwise
+ * tests. */
+void sd_gemm_rows_ref(int m, int n, int k, const float *x, size_t ldx, const float *w, size_t ldw, const float *bias,
+                      float *y, size_t ldy);
+
+#endif

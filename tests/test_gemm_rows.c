@@ -1,0 +1,213 @@
+/* The linear forward's own sgemm (libcore/gemm_rows.h): a row's result must
+ * not depend on anything but the row. Bitwise (memcmp): the AVX2 kernel,
+ * the portable kernel and the unpacked reference agree on every shape
+ * (m, n, k not multiples of the 6 x 16 tile or of the 256-step k block,
+ * k = 1, n = 1, m = 1, row strides wider than the rows); rows computed
+ * alone (m = 1), in a block at an offset, or inside m = 77 * 8 are equal;
+ * sd_linear_fwd on 1, 2 and 3 threads equals the reference. Against a
+ * double-precision product the error stays within a bound of k float
+ * roundings of the absolute terms. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "gemm.h"
+#include "gemm_rows.h"
+#include "ops_cpu.h"
+
+/* Uniform values in [-1, 1) from a fixed LCG, so failures reproduce. */
+static void fill(float *p, size_t n, unsigned *s)
+{
+    for (size_t i = 0; i < n; i++) {
+        *s = *s * 1664525u + 1013904223u;
+        p[i] = (float)(*s >> 8) / 8388608.0f - 1.0f;
+    }
+}
+
+/* Operands of one shape with row strides ldx >= k and ldy >= n (the gaps
+ * hold values that must not be read, and a sentinel that must not be
+ * written). */
+typedef struct {
+    int m, n, k;
+    size_t ldx, ldy;
+    float *x, *w, *b, *y;
+} operands;
+
+/* Allocate and fill one shape; 0 when out of memory. */
+static int make(operands *o, int m, int n, int k, int pad, unsigned seed)
+{
+    o->m = m;
+    o->n = n;
+    o->k = k;
+    o->ldx = (size_t)k + (size_t)pad;
+    o->ldy = (size_t)n + (size_t)pad;
+    o->x = malloc((size_t)m * o->ldx * sizeof(float));
+    o->w = malloc((size_t)n * (size_t)k * sizeof(float));
+    o->b = malloc((size_t)n * sizeof(float));
+    o->y = malloc((size_t)m * o->ldy * sizeof(float));
+    if (!o->x || !o->w || !o->b || !o->y) return 0;
+    fill(o->x, (size_t)m * o->ldx, &seed);
+    fill(o->w, (size_t)n * (size_t)k, &seed);
+    fill(o->b, (size_t)n, &seed);
+    return 1;
+}
+
+/* Release one shape's buffers. */
+static void drop(operands *o)
+{
+    free(o->x);
+    free(o->w);
+    free(o->b);
+    free(o->y);
+}
+
+/* y through sd_gemm_rows with isa into a fresh buffer filled with the
+ * sentinel 7; NULL when out of memory. */
+static float *run(const operands *o, sd_gemm_rows_isa isa, int bias)
+{
+    size_t ny = (size_t)o->m * o->ldy;
+    float *y = malloc(ny * sizeof(float)), *scr = sd_scratch_alloc(1, sd_gemm_rows_scratch_floats());
+    if (y && scr) {
+        for (size_t i = 0; i < ny; i++) y[i] = 7.0f;
+        sd_gemm_rows(isa, o->m, o->n, o->k, o->x, o->ldx, o->w, (size_t)o->k, bias ? o->b : NULL, y, o->ldy, scr);
+    }
+    free(scr);
+    return y;
+}
+
+/* Largest |y - exact| / (sum |x w| + |b|) over the shape, with exact the
+ * double-precision product. */
+static double rel_err(const operands *o, const float *y)
+{
+    double worst = 0.0;
+    for (int i = 0; i < o->m; i++)
+        for (int j = 0; j < o->n; j++) {
+            double acc = o->b[j], mag = fabs(o->b[j]);
+            for (int p = 0; p < o->k; p++) {
+                double t = (double)o->x[(size_t)i * o->ldx + (size_t)p] * (double)o->w[(size_t)j * (size_t)o->k + (size_t)p];
+                acc += t;
+                mag += fabs(t);
+            }
+            double e = fabs((double)y[(size_t)i * o->ldy + (size_t)j] - acc) / (mag > 0 ? mag : 1.0);
+            if (!(e <= worst)) worst = e;
+        }
+    return worst;
+}
+
+/* Every kernel and the reference give the same bits, the sentinel in the
+ * row gaps survives, and the error is within k roundings. */
+static void check_shape(int m, int n, int k, int pad)
+{
+    operands o;
+    if (!CHECK(make(&o, m, n, k, pad, (unsigned)(m * 131 + n * 31 + k)))) {
+        drop(&o);
+        return;
+    }
+    size_t ny = (size_t)m * o.ldy;
+    for (int bias = 0; bias <= 1; bias++) {
+        float *ref = malloc(ny * sizeof(float));
+        float *port = run(&o, SD_GEMM_ROWS_PORTABLE, bias), *best = run(&o, sd_gemm_rows_best_isa(), bias);
+        if (CHECK(ref && port && best)) {
+            for (size_t i = 0; i < ny; i++) ref[i] = 7.0f;
+            sd_gemm_rows_ref(m, n, k, o.x, o.ldx, o.w, (size_t)k, bias ? o.b : NULL, ref, o.ldy);
+            int same = memcmp(ref, port, ny * sizeof(float)) == 0 && memcmp(ref, best, ny * sizeof(float)) == 0;
+            if (!CHECK(same)) fprintf(stderr, "  m %d n %d k %d pad %d bias %d: kernels differ\n", m, n, k, pad, bias);
+            int kept = 1;
+            for (int i = 0; i < m; i++)
+                for (size_t j = (size_t)n; j < o.ldy; j++) kept &= best[(size_t)i * o.ldy + j] == 7.0f;
+            CHECK(kept);
+            if (bias) {
+                double e = rel_err(&o, best);
+                if (!CHECK(e <= 1.2e-7 * (k + 1))) fprintf(stderr, "  m %d n %d k %d: error %.3g\n", m, n, k, e);
+            }
+        }
+        free(ref);
+        free(port);
+        free(best);
+    }
+    drop(&o);
+}
+
+/* Rows of one big product computed alone (m = 1, each at its own
+ * address), in blocks of 5 starting at odd offsets, and all at once with
+ * m = 77 * 8: bitwise equal, on the best kernel and the portable one. */
+static void check_rows_alone(sd_gemm_rows_isa isa, int n, int k)
+{
+    operands o;
+    int m = 77 * 8;
+    if (!CHECK(make(&o, m, n, k, 0, 99u))) {
+        drop(&o);
+        return;
+    }
+    float *all = run(&o, isa, 1), *part = malloc((size_t)5 * (size_t)n * sizeof(float));
+    float *scr = sd_scratch_alloc(1, sd_gemm_rows_scratch_floats());
+    int alone = 1, blocks = 1;
+    if (CHECK(all && part && scr)) {
+        for (int i = 0; i < m; i += 37) { /* a row alone, in a buffer of its own */
+            sd_gemm_rows(isa, 1, n, k, o.x + (size_t)i * o.ldx, o.ldx, o.w, (size_t)k, o.b, part, (size_t)n, scr);
+            alone &= memcmp(part, all + (size_t)i * o.ldy, (size_t)n * sizeof(float)) == 0;
+        }
+        for (int i = 3; i + 5 <= m; i += 101) { /* rows i..i+4: a block straddling tile edges */
+            sd_gemm_rows(isa, 5, n, k, o.x + (size_t)i * o.ldx, o.ldx, o.w, (size_t)k, o.b, part, (size_t)n, scr);
+            blocks &= memcmp(part, all + (size_t)i * o.ldy, (size_t)5 * (size_t)n * sizeof(float)) == 0;
+        }
+    }
+    CHECK(alone);
+    CHECK(blocks);
+    printf("rows of m = %d, n %d, k %d (%s kernel) vs alone and in blocks of 5: %s\n", m, n, k,
+           isa == SD_GEMM_ROWS_AVX2 ? "avx2" : "portable", alone && blocks ? "bit-identical" : "DIFFERENT");
+    free(all);
+    free(part);
+    free(scr);
+    drop(&o);
+}
+
+/* sd_linear_fwd (the CPU table's linear) on 1, 2, 3 threads equals the
+ * reference bit for bit, with and without bias, and a row alone too. */
+static void check_linear_op(int m, int n, int k)
+{
+    operands o;
+    if (!CHECK(make(&o, m, n, k, 0, 5u))) {
+        drop(&o);
+        return;
+    }
+    size_t ny = (size_t)m * (size_t)n;
+    float *ref = malloc(ny * sizeof(float)), *y = malloc(ny * sizeof(float));
+    if (CHECK(ref && y)) {
+        sd_linear_shape s = {.m = m, .k = k, .n = n};
+        for (int bias = 0; bias <= 1; bias++) {
+            sd_gemm_rows_ref(m, n, k, o.x, (size_t)k, o.w, (size_t)k, bias ? o.b : NULL, ref, (size_t)n);
+            for (int t = 1; t <= 3; t++) {
+                sd_pool *pool = t > 1 ? sd_pool_create(t) : NULL;
+                memset(y, 0, ny * sizeof(float));
+                sd_linear_fwd(pool, &s, y, o.x, o.w, bias ? o.b : NULL);
+                if (!CHECK(memcmp(y, ref, ny * sizeof(float)) == 0))
+                    fprintf(stderr, "  linear m %d n %d k %d, %d threads, bias %d: differs\n", m, n, k, t, bias);
+                if (pool) sd_pool_destroy(pool);
+            }
+            sd_linear_shape one = {.m = 1, .k = k, .n = n};
+            sd_linear_fwd(NULL, &one, y, o.x + (size_t)(m - 1) * (size_t)k, o.w, bias ? o.b : NULL);
+            CHECK(memcmp(y, ref + (size_t)(m - 1) * (size_t)n, (size_t)n * sizeof(float)) == 0);
+        }
+    }
+    free(ref);
+    free(y);
+    drop(&o);
+}
+
+int main(void)
+{
+    printf("best kernel: %s\n", sd_gemm_rows_best_isa() == SD_GEMM_ROWS_AVX2 ? "avx2+fma" : "portable");
+    static const int shapes[][4] = {{1, 1, 1, 0},   {1, 16, 1, 0},   {6, 16, 8, 0},   {7, 1, 5, 3},    {1, 17, 9, 0},
+                                    {5, 15, 1, 2},  {13, 33, 257, 1}, {12, 32, 256, 0}, {77, 40, 300, 0}, {19, 257, 513, 5}, {7, 200, 1030, 0},
+                                    {6, 300, 31, 0}, {11, 47, 7, 4}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        check_shape(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+    check_rows_alone(sd_gemm_rows_best_isa(), 400, 1100);
+    check_rows_alone(SD_GEMM_ROWS_PORTABLE, 40, 1030);
+    check_linear_op(77, 100, 70);
+    check_linear_op(616, 520, 600);
+    check_linear_op(3, 1, 1);
+    return check_done("test_gemm_rows");
+}
