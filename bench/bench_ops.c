@@ -6,8 +6,8 @@
  * layer N alone (0-based), --conv CIN COUT HW runs one 3x3 pad-1 conv of
  * that shape instead, --cpu reports the calling thread's CPU time rather
  * than wall time (with 1 thread: steadier while others load the machine).
- * usage: bench_ops THREADS REPEATS [--bwd] [--ref] [--cpu] [--only N]
- *                  [--conv CIN COUT HW] */
+ * usage: bench_ops THREADS REPEATS [--bwd] [--ref] [--cpu] [--only N] [--linear M K N]
+ *                  [--conv CIN COUT HW] [--attn HEADS TQ TK D] */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -66,7 +66,7 @@ typedef struct {
     float *q, *k, *v, *lse, *dq, *dk, *dv;
 } bufs;
 
-static const sd_linear_shape lin = {.m = 4096, .k = 512, .n = 512};
+static sd_linear_shape lin = {.m = 4096, .k = 512, .n = 512};
 static sd_attn_shape att = {.b = 1, .heads = 1, .tq = 4096, .tk = 4096, .d = 512, .scale = 0.04419417f};
 
 /* One forward (bwd = 0) or backward (bwd = 1) run of layer l. */
@@ -159,7 +159,7 @@ static double best_ms(sd_pool *pool, const layer *l, bufs *B, int bwd, int reps)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: bench_ops THREADS REPEATS [--bwd] [--ref] [--cpu] [--only N] [--conv CIN COUT HW] [--attn HEADS TQ TK D]\n");
+        fprintf(stderr, "usage: bench_ops THREADS REPEATS [--bwd] [--ref] [--cpu] [--only N] [--conv CIN COUT HW] [--attn HEADS TQ TK D] [--linear M K N]\n");
         return 2;
     }
     int threads = atoi(argv[1]), reps = atoi(argv[2]), bwd = 0, only = -1, custom[3] = {0, 0, 0};
@@ -170,7 +170,13 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--conv") && i + 3 < argc)
             for (int k = 0; k < 3; k++) custom[k] = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--attn") && i + 4 < argc) {
+        else if (!strcmp(argv[i], "--linear") && i + 3 < argc) {
+            lin.m = atoi(argv[++i]);
+            lin.k = atoi(argv[++i]);
+            lin.n = atoi(argv[++i]);
+            if (lin.m < 1 || lin.k < 1 || lin.n < 1) return 2;
+            only = 6;
+        } else if (!strcmp(argv[i], "--attn") && i + 4 < argc) {
             att.heads = atoi(argv[++i]);
             att.tq = atoi(argv[++i]);
             att.tk = atoi(argv[++i]);
@@ -194,7 +200,11 @@ int main(int argc, char **argv)
         {.name = "linear qkv 3x 512 T4096", .kind = 1},
         {.name = "sdpa T4096 d512", .kind = 2},
     };
-    char attn_name[64];
+    char attn_name[64], lin_name[64];
+    if (only == 6 && lin.k != 512) {
+        snprintf(lin_name, sizeof lin_name, "linear 3x %dx%d->%d", lin.m, lin.k, lin.n);
+        layers[6].name = lin_name;
+    }
     if (only == 7 && att.d != 512) {
         snprintf(attn_name, sizeof attn_name, "sdpa %dh T%d x %d d%d", att.heads, att.tq, att.tk, att.d);
         layers[7].name = attn_name;

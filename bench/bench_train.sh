@@ -17,25 +17,39 @@
 # 17.2 s (25%), linear 12.0 s (17%), norm 0.8 s (1%), elementwise 3.0 s (4%),
 # optimizer 4.1 s (6%). Losses agree: warm-up 1.124317 (torch) vs 1.124318,
 # after one AdamW step 1.324678 vs 1.324688.
-# usage: bench/bench_train.sh BUILD_DIR [THREADS] [STEPS]   (after building
-#        bench_train in a Release build; needs python3 with torch + diffusers)
+# usage: bench/bench_train.sh BUILD_DIR [THREADS] [STEPS] [ROUNDS] [MODE]
+#        (after building bench_train in a Release build; needs python3 with
+#        torch + diffusers). ROUNDS (default 1) alternates PyTorch and sdtk
+#        that many times and takes each side's best step over all rounds, so
+#        a busy spell on a shared machine does not hit one side only. MODE is
+#        bench_train's device string, e.g. cpu:ckpt for gradient
+#        checkpointing (default cpu).
 set -eu
 B=$(realpath "${1:-build}")
 TH=${2:-$(nproc)}
 STEPS=${3:-2}
+ROUNDS=${4:-1}
+MODE=${5:-cpu}
 HERE=$(dirname "$(realpath "$0")")
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 python3 "$HERE/bench_train.py" make "$T"
-echo "UNet training step, SD 1.5 architecture, 64x64 latents, batch 1, $TH threads, best of $STEPS after a warm-up; CPU: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
-python3 "$HERE/bench_train.py" time "$T" "$TH" "$STEPS" | tee "$T/torch.txt"
-"$B/bench/bench_train" "$T/unet" "$T/x0.f32" "$T/noise.f32" "$T/ctx.f32" 64 64 77 "$TH" "$STEPS" | tee "$T/sdtk.txt"
-python3 - "$T/torch.txt" "$T/sdtk.txt" << 'PY'
+echo "UNet training step, SD 1.5 architecture, 64x64 latents, batch 1, $TH threads, best of $STEPS after a warm-up, $ROUNDS round(s), sdtk $MODE; CPU: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+for r in $(seq 1 "$ROUNDS"); do
+    echo "round $r: load average $(cut -d' ' -f1-3 /proc/loadavg)"
+    python3 "$HERE/bench_train.py" time "$T" "$TH" "$STEPS" | tee "$T/torch$r.txt"
+    "$B/bench/bench_train" "$T/unet" "$T/x0.f32" "$T/noise.f32" "$T/ctx.f32" 64 64 77 "$TH" "$STEPS" "$MODE" |
+        tee "$T/sdtk$r.txt"
+done
+python3 - "$T" "$ROUNDS" << 'PY'
 import re, sys
-tt, st = open(sys.argv[1]).read(), open(sys.argv[2]).read()
-tb = float(re.search(r"pytorch best ([\d.]+)", tt).group(1))
-sb = float(re.search(r"sdtk best ([\d.]+)", st).group(1))
-tl = float(re.search(r"warm-up\): .*loss ([\d.]+)", tt).group(1))
-sl = float(re.search(r"sdtk warm-up loss ([\d.]+)", st).group(1))
+T, rounds = sys.argv[1], int(sys.argv[2])
+tt = [open("%s/torch%d.txt" % (T, r)).read() for r in range(1, rounds + 1)]
+st = [open("%s/sdtk%d.txt" % (T, r)).read() for r in range(1, rounds + 1)]
+tb = min(float(re.search(r"pytorch best ([\d.]+)", t).group(1)) for t in tt)
+sb = min(float(re.search(r"sdtk best ([\d.]+)", s).group(1)) for s in st)
+tl = float(re.search(r"warm-up\): .*loss ([\d.]+)", tt[0]).group(1))
+sl = float(re.search(r"sdtk warm-up loss ([\d.]+)", st[0]).group(1))
+print("pytorch best %.3f s, sdtk best %.3f s over %d round(s)" % (tb, sb, rounds))
 print("ratio sdtk/pytorch speed (best step of each): %.2fx   warm-up loss pytorch %.6f sdtk %.6f" % (tb / sb, tl, sl))
 PY

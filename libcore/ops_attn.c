@@ -15,6 +15,8 @@
 
 #include "gemm.h"
 #include "ops_ref.h"
+#include "vexp.h"
+#include "vexp_avx2.h"
 
 /* Positive dims and a positive, finite scale. */
 sd_status sd_attn_check(const sd_attn_shape *s, sd_error *err)
@@ -34,6 +36,7 @@ enum {
 typedef struct {
     const sd_attn_shape *s;
     int qt, kt, nqt, nkt; /* tile sizes, tiles per (batch, head) */
+    int avx2;             /* exponentials through sd_vexp_shift_avx2 */
     float *scratch;
     size_t sstride;
     float *drow; /* D_i = dy_i . y_i for every query row (backward) */
@@ -56,6 +59,7 @@ static int tile_of(int len, int cap)
 static void gattn_plan(gattn *g, const sd_attn_shape *s, int key_units)
 {
     g->s = s;
+    g->avx2 = sd_vexp_avx2_usable();
     g->qt = tile_of(s->tq, QTILE);
     g->kt = key_units ? tile_of(s->tk, KTILE) : s->tk < KTILE ? s->tk : KTILE;
     g->nqt = (s->tq + g->qt - 1) / g->qt;
@@ -71,41 +75,23 @@ static int row_keys(const sd_attn_shape *s, int i, int j0, int nk)
     return lim < 0 ? 0 : lim > nk ? nk : lim;
 }
 
-/* e^x without libm, in a loop the compiler vectorises (this file is built
- * with -O3 -fno-trapping-math): x = n ln2 + r with |r| <= ln2/2, e^r by its
- * Taylor series to r^7 (truncation < 6e-9), 2^n put in the exponent bits.
- * Relative error about 1e-7. x is clamped to [-87, 88] first (so n fits the
- * exponent: below -87 the result is e^-87 = 1.6e-38, which no softmax sum
- * can tell from 0; softmax arguments are <= 0 here anyway); NaN stays NaN. */
-static float exp_neg(float x)
+/* x[j] = e^(x[j] - m) for j < n, 8 wide with avx2 (the same bits). */
+static void exp_shift(int n, float *restrict x, float m, int avx2)
 {
-    float c = x > -87.0f ? x : -87.0f; /* NaN becomes -87 here (so the int conversion is defined) ... */
-    c = c < 88.0f ? c : 88.0f;
-    float fn = (c * 1.44269504f + 12582912.0f) - 12582912.0f; /* round(c / ln2), by the 1.5 * 2^23 shift */
-    float r = c - fn * 0.693359375f;                         /* ln2 = 355/512 (exact) ... */
-    r = r + fn * 2.12194440e-4f;                              /* ... - 2.12194440e-4 */
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    union {
-        int32_t i;
-        float f;
-    } two_n = {.i = ((int32_t)fn + 127) * (1 << 23)};
-    return x == x ? p * two_n.f : x; /* ... and NaN again here */
+    if (avx2) {
+        sd_vexp_shift_avx2(n, x, m);
+        return;
+    }
+    for (int j = 0; j < n; j++) x[j] = sd_vexpf(x[j] - m);
 }
 
 /* x[j] = e^(x[j] - m) for j < n; returns their sum, taken in 8 interleaved
  * partial sums added in a fixed order. */
-static float exp_shift_sum(int n, float *restrict x, float m)
+static float exp_shift_sum(int n, float *restrict x, float m, int avx2)
 {
     float acc[8] = {0};
     int j = 0;
-    for (; j < n; j++) x[j] = exp_neg(x[j] - m);
+    exp_shift(n, x, m, avx2);
     for (j = 0; j + 8 <= n; j += 8)
         for (int l = 0; l < 8; l++) acc[l] += x[j + l];
     for (; j < n; j++) acc[j & 7] += x[j];
@@ -128,12 +114,12 @@ static float row_max(int n, const float *restrict x, float m)
  * dp = p (dp - D) scale, lse and D one value for the row (query rows) or one
  * per entry (key rows, the transposed blocks; then lse_v and d_v are set). */
 static void grad_row(int n, float *restrict sr, float *restrict dp, float lse, float D, const float *restrict lse_v,
-                     const float *restrict d_v, float scale)
+                     const float *restrict d_v, float scale, int avx2)
 {
     if (lse_v)
-        for (int j = 0; j < n; j++) sr[j] = exp_neg(sr[j] - lse_v[j]);
+        for (int j = 0; j < n; j++) sr[j] = sd_vexpf(sr[j] - lse_v[j]);
     else
-        for (int j = 0; j < n; j++) sr[j] = exp_neg(sr[j] - lse);
+        exp_shift(n, sr, lse, avx2);
     if (!dp) return;
     if (d_v)
         for (int j = 0; j < n; j++) dp[j] = sr[j] * (dp[j] - d_v[j]) * scale;
@@ -169,10 +155,10 @@ static void gattn_fwd_range(void *vctx, int worker, size_t begin, size_t end)
                 float *row = S + (size_t)i * (size_t)nk;
                 int lim = row_keys(s, i0 + i, j0, nk);
                 float mx = row_max(lim, row, m[i]);
-                float sum = exp_shift_sum(lim, row, mx);
+                float sum = exp_shift_sum(lim, row, mx, g->avx2);
                 for (int j = lim; j < nk; j++) row[j] = 0.0f;
                 if (mx > m[i]) {
-                    float a = exp_neg(m[i] - mx);
+                    float a = sd_vexpf(m[i] - mx);
                     float *yr = yb + (size_t)i * d;
                     for (size_t t = 0; t < d; t++) yr[t] *= a;
                     l[i] *= a;
@@ -233,7 +219,7 @@ static void softmax_grad(const gattn *g, size_t row0, int i0, int j0, int nq, in
         for (int i = 0; i < nq; i++) {
             int lim = row_keys(s, i0 + i, j0, nk);
             float *sr = S + (size_t)i * (size_t)nk, *dr = dP ? dP + (size_t)i * (size_t)nk : NULL;
-            grad_row(lim, sr, dr, g->clse[row0 + (size_t)i], g->drow[row0 + (size_t)i], NULL, NULL, s->scale);
+            grad_row(lim, sr, dr, g->clse[row0 + (size_t)i], g->drow[row0 + (size_t)i], NULL, NULL, s->scale, g->avx2);
             for (int j = lim; j < nk; j++) {
                 sr[j] = 0.0f;
                 if (dr) dr[j] = 0.0f;
@@ -251,7 +237,7 @@ static void softmax_grad(const gattn *g, size_t row0, int i0, int j0, int nq, in
             if (dr) dr[i] = 0.0f;
         }
         grad_row(nq - first, sr + first, dr ? dr + first : NULL, 0.0f, 0.0f, g->clse + row0 + (size_t)first,
-                 g->drow + row0 + (size_t)first, s->scale);
+                 g->drow + row0 + (size_t)first, s->scale, 0);
     }
 }
 
