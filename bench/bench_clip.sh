@@ -3,10 +3,19 @@
 # ViT-L/14 text encoder architecture (SD 1.x's text_encoder) with random
 # weights (the same file for both), a batch of N 77-token captions, sdtk's
 # CPU engine vs PyTorch CPU fp32 in the same run on 1 and 2 threads, in
-# captions/s; PyTorch also one caption per call (sdtk always encodes one at
-# a time, so that a caption's embedding never depends on its batch); then the
-# max abs difference of the two hidden states (a sanity check that both
-# computed the same function).
+# captions/s (wall time, and per CPU-second of the process: the steadier
+# figure on a shared VM); PyTorch also one caption per call. sdtk runs up to
+# 8 captions through the model together (SD_CLIP_BATCH; its linear gives a
+# row the same bits whatever the row count, so a caption's embedding never
+# depends on its batch). Then the max abs difference of the two hidden states
+# (a sanity check that both computed the same function).
+# Measured (2-core AMD EPYC VM, AVX2, shared; `bench_clip.sh build 16 4`):
+#   1 thread, load 2-3: sdtk 4.72 captions/s, PyTorch 4.53 batched: 1.04x
+#     (1.08x in CPU time), 3.93 one per call: 1.20x
+#   1 thread, load ~1.3: sdtk 5.35, PyTorch 5.58 batched: 0.96x, one per
+#     call 4.07: 1.31x; 2 threads: sdtk 9.57, PyTorch 7.80: 1.23x
+#   hidden states agree to 7.9e-6. So sdtk is at PyTorch's batched speed on
+#   1 thread, not reliably above it (docs/ARCHITECTURE.md, CLIP "Speed").
 # usage: bench/bench_clip.sh BUILD_DIR [N] [REPS]   (after building bench_clip
 #        in a Release build; needs python3 with torch + transformers from PyPI)
 set -eu
