@@ -36,22 +36,31 @@ typedef struct {
     sd_error *err;
 } plan;
 
+/* Room for one more element in the planner's array *arr (used entries
+ * `used`, capacity *cap, elements of `size` bytes), doubling it; 0 and the
+ * plan's error set when out of memory. */
+static int room(plan *p, void **arr, size_t used, size_t *cap, size_t size, size_t first)
+{
+    if (used < *cap) return 1;
+    size_t n = *cap ? 2 * *cap : first;
+    void *a = realloc(*arr, n * size);
+    if (!a) {
+        p->rc = sd_err_set(p->err, SD_ENOMEM, "out of memory planning the UNet");
+        return 0;
+    }
+    *arr = a;
+    *cap = n;
+    return 1;
+}
+
 /* Reserve n floats of the activation buffer (a planning offset: the
  * segments' reservations move to the shared region when planning ends). */
 static size_t take(plan *p, size_t n)
 {
     size_t off = p->g->nact;
-    if (p->rc) return off;
-    if (p->na == p->acap) {
-        size_t cap = p->acap ? 2 * p->acap : 1024;
-        alloc *a = realloc(p->a, cap * sizeof(*a));
-        if (!a) {
-            p->rc = sd_err_set(p->err, SD_ENOMEM, "out of memory planning the UNet");
-            return off;
-        }
-        p->a = a;
-        p->acap = cap;
-    }
+    void *arr = p->a;
+    if (p->rc || !room(p, &arr, p->na, &p->acap, sizeof(alloc), 1024)) return off;
+    p->a = arr;
     p->g->nact += round16(n ? n : 1);
     p->a[p->na++] = (alloc){.off = off, .len = p->g->nact - off, .seg = p->seg};
     return off;
@@ -69,17 +78,9 @@ static void take_y(plan *p, sd_unet_op *o, size_t n)
 static sd_unet_op *push(plan *p, sd_unet_op_kind kind)
 {
     sd_unet_graph *g = p->g;
-    if (p->rc) return NULL;
-    if (g->nops == g->cap) {
-        size_t cap = g->cap ? 2 * g->cap : 256;
-        sd_unet_op *o = realloc(g->ops, cap * sizeof(*o));
-        if (!o) {
-            p->rc = sd_err_set(p->err, SD_ENOMEM, "out of memory planning the UNet");
-            return NULL;
-        }
-        g->ops = o;
-        g->cap = cap;
-    }
+    void *arr = g->ops;
+    if (p->rc || !room(p, &arr, g->nops, &g->cap, sizeof(sd_unet_op), 256)) return NULL;
+    g->ops = arr;
     sd_unet_op *o = &g->ops[g->nops++];
     memset(o, 0, sizeof(*o));
     o->kind = kind;
