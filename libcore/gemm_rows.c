@@ -86,24 +86,26 @@ static void run_edge(sd_gemm_rows_isa isa, int kc, const float *const *a, const 
 }
 
 /* Asks for cache lines [first, first + count) of the next row block's
- * slice of x (rows of `lines` lines each, up to 6 rows, `left` of them
- * real) while the current block runs, a share per panel: the first panel
- * of a block would otherwise wait on L3 for all 6 rows. Timing only. */
-static void prefetch_next(const float *xn, size_t ldx, int left, int lines, int first, int count)
+ * slice of x (rows of kc floats, up to 6 rows, `left` of them real) while
+ * the current block runs, a share per panel: the first panel of a block
+ * would otherwise wait on L3 for all 6 rows. Timing only. */
+static void prefetch_next(const float *xn, size_t ldx, int left, int kc, int first, int count)
 {
-    int rows = left < MR ? left : MR;
-    for (int l = first; l < first + count && l < rows * lines; l++)
-        __builtin_prefetch(xn + (size_t)(l / lines) * ldx + (size_t)(l % lines) * 16);
+    int rows = left < MR ? left : MR, lines = (kc + 15) / 16;
+    for (int l = first; l < first + count && l < rows * lines; l++) {
+        int at = (l % lines) * 16; /* the line's first float, kept inside the row's slice */
+        __builtin_prefetch(xn + (size_t)(l / lines) * ldx + (size_t)(at < kc ? at : kc - 1));
+    }
 }
 
-/* Asks for the y tile the next kernel call starts from (rows of 16 floats,
- * one or two lines each): y is too big for L2 when m is large, and the
+/* Asks for the y tile the next kernel call starts from (rows of cols <= 16
+ * floats, one or two lines each): y is too big for L2 when m is large, and the
  * kernel's first loads would wait on it. Timing only. */
-static void prefetch_tile(const float *c, size_t ldc, int rows)
+static void prefetch_tile(const float *c, size_t ldc, int rows, int cols)
 {
     for (int r = 0; r < rows; r++) {
         __builtin_prefetch(c + (size_t)r * ldc, 1);
-        __builtin_prefetch(c + (size_t)r * ldc + NR - 1, 1);
+        __builtin_prefetch(c + (size_t)r * ldc + cols - 1, 1);
     }
 }
 
@@ -132,7 +134,7 @@ void sd_gemm_rows(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, siz
         for (int k0 = 0; k0 < k; k0 += kstep) {
             int kc = k - k0 < kstep ? k - k0 : kstep;
             pack_block(isa, scratch, w + (size_t)j0 * ldw, ldw, nb, k0, kc);
-            int panels = (nb + NR - 1) / NR, lines = (kc + 15) / 16, per = (MR * lines + panels - 1) / panels;
+            int panels = (nb + NR - 1) / NR, per = (MR * ((kc + 15) / 16) + panels - 1) / panels;
             for (int i0 = 0; i0 < m; i0 += MR) {
                 int mr = m - i0 < MR ? m - i0 : MR;
                 const float *a[MR];
@@ -141,9 +143,11 @@ void sd_gemm_rows(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, siz
                 float *c = y + (size_t)i0 * ldy + (size_t)j0;
                 for (int q = 0, c0 = 0; c0 < nb; q++, c0 += NR, bp += (size_t)kc * NR) {
                     int nc = nb - c0 < NR ? nb - c0 : NR;
-                    if (i0 + MR < m) prefetch_next(x + (size_t)(i0 + MR) * ldx + (size_t)k0, ldx, m - i0 - MR, lines, q * per, per);
-                    if (c0 + NR < nb) prefetch_tile(c + c0 + NR, ldy, mr);
-                    else if (i0 + MR < m) prefetch_tile(c + (size_t)MR * ldy, ldy, m - i0 - MR < MR ? m - i0 - MR : MR);
+                    int left = m - i0 - MR; /* rows after this block */
+                    if (left > 0) prefetch_next(x + (size_t)(i0 + MR) * ldx + (size_t)k0, ldx, left, kc, q * per, per);
+                    if (c0 + NR < nb) prefetch_tile(c + c0 + NR, ldy, mr, nb - c0 - NR < NR ? nb - c0 - NR : NR);
+                    else if (left > 0)
+                        prefetch_tile(c + (size_t)MR * ldy, ldy, left < MR ? left : MR, nb < NR ? nb : NR);
                     const float *init = k0 ? NULL : bias ? bias + j0 + c0 : zeros;
                     if (mr == MR && nc == NR) run_kernel(isa, kc, a, bp, init, c + c0, ldy);
                     else run_edge(isa, kc, a, bp, init, c + c0, ldy, mr, nc);

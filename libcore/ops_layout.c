@@ -42,7 +42,8 @@ static void tr_fwd_range(void *vctx, int worker, size_t begin, size_t end)
         size_t b = u / nb, c0 = (u % nb) * 32, c1 = c0 + 32 < c->cols ? c0 + 32 : c->cols;
         const float *xb = c->in + b * c->rows * c->cols;
         float *yb = c->out + b * c->rows * c->cols;
-        for (size_t r0 = 0; r0 < c->rows; r0 += 32) tr_tile(c, yb, xb, r0, r0 + 32 < c->rows ? r0 + 32 : c->rows, c0, c1);
+        for (size_t r0 = 0; r0 < c->rows; r0 += 32)
+            tr_tile(c, yb, xb, r0, r0 + 32 < c->rows ? r0 + 32 : c->rows, c0, c1);
     }
 }
 

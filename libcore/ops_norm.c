@@ -169,7 +169,8 @@ static double sumsq4(const float *a, size_t n, double mu)
     double p0 = 0.0, p1 = 0.0, p2 = 0.0, p3 = 0.0;
     size_t i = 0;
     for (; i + 4 <= n; i += 4) {
-        double d0 = (double)a[i] - mu, d1 = (double)a[i + 1] - mu, d2 = (double)a[i + 2] - mu, d3 = (double)a[i + 3] - mu;
+        double d0 = (double)a[i] - mu, d1 = (double)a[i + 1] - mu;
+        double d2 = (double)a[i + 2] - mu, d3 = (double)a[i + 3] - mu;
         p0 += d0 * d0;
         p1 += d1 * d1;
         p2 += d2 * d2;

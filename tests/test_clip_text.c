@@ -361,7 +361,8 @@ static void check_batch_positions(const char *name, sd_clip_text_opts opts, sd_c
     if (!CHECK(ids && alone_h && alone_p && h && p && ws) ||
         !CHECK(sd_clip_text_preset(&m, variant, 0, &o, &err) == SD_OK))
         goto done;
-    for (int i = 0; i < g.n; i++) CHECK(encode(&m, &g, i, 1, 1, &o, alone_h + (size_t)i * ph, alone_p + (size_t)i * pp));
+    for (int i = 0; i < g.n; i++)
+        CHECK(encode(&m, &g, i, 1, 1, &o, alone_h + (size_t)i * ph, alone_p + (size_t)i * pp));
     for (int i = 0; i < NB; i++) {
         src[i] = (i * 7 + i / 4) % g.n;
         memcpy(ids + (size_t)i * (size_t)g.t, g.ids + (size_t)src[i] * (size_t)g.t, (size_t)g.t * sizeof(int32_t));

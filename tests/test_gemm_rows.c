@@ -85,7 +85,8 @@ static double rel_err(const operands *o, const float *y)
         for (int j = 0; j < o->n; j++) {
             double acc = o->b[j], mag = fabs(o->b[j]);
             for (int p = 0; p < o->k; p++) {
-                double t = (double)o->x[(size_t)i * o->ldx + (size_t)p] * (double)o->w[(size_t)j * (size_t)o->k + (size_t)p];
+                double t = (double)o->x[(size_t)i * o->ldx + (size_t)p] *
+                           (double)o->w[(size_t)j * (size_t)o->k + (size_t)p];
                 acc += t;
                 mag += fabs(t);
             }
@@ -199,9 +200,12 @@ static void check_linear_op(int m, int n, int k)
 int main(void)
 {
     printf("best kernel: %s\n", sd_gemm_rows_best_isa() == SD_GEMM_ROWS_AVX2 ? "avx2+fma" : "portable");
-    static const int shapes[][4] = {{1, 1, 1, 0},   {1, 16, 1, 0},   {6, 16, 8, 0},   {7, 1, 5, 3},    {1, 17, 9, 0},
-                                    {5, 15, 1, 2},  {13, 33, 257, 1}, {12, 32, 256, 0}, {77, 40, 300, 0}, {19, 257, 513, 5}, {7, 200, 1030, 0},
-                                    {6, 300, 31, 0}, {11, 47, 7, 4}};
+    /* m, n, k, row padding: single elements, exact and ragged tiles, k across the 512-step blocks, n across
+     * the 192-column blocks */
+    static const int shapes[][4] = {{1, 1, 1, 0},     {1, 16, 1, 0},    {6, 16, 8, 0},     {7, 1, 5, 3},
+                                    {1, 17, 9, 0},    {5, 15, 1, 2},    {13, 33, 257, 1},  {12, 32, 256, 0},
+                                    {77, 40, 300, 0}, {19, 257, 513, 5}, {7, 200, 1030, 0}, {6, 300, 31, 0},
+                                    {11, 47, 7, 4}};
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         check_shape(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
     check_rows_alone(sd_gemm_rows_best_isa(), 400, 1100);
