@@ -4,7 +4,8 @@ dataset whose captions repeat stores each distinct embedding once (the
 empty caption's included), every latent record references its caption's
 embedding, sd-verify checks records and references; a changed caption
 gives a new embedding and replaces only that image's record; SDXL (two
-encoders + pooled) and SD 1.x layouts; records with invalid UTF-8 are refused and counted.
+encoders + pooled) and SD 1.x layouts; records with invalid UTF-8 are refused and counted;
+--batch 8 (a batch's captions encoded together) stores the bytes --batch 1 does.
 
 The text encoders are tiny random transformers-layout CLIP models written
 here with numpy (the real 49408-token vocabulary, width 32, 2 layers), the
@@ -145,6 +146,22 @@ class Text(unittest.TestCase):
         shapes = [(t[2], struct.unpack("<4I", t[4:20])) for t in tab]
         self.assertEqual(shapes, [(17, (77, 32, 0, 0)), (18, (77, 48, 0, 0)), (19, (40, 0, 0, 0))])
         self.assertTrue(all(t[0] == 2 for t in tab))  # bf16
+
+    def test_batches_store_the_same_embeddings(self):
+        # --batch 8 encodes a batch's new captions together (several per
+        # pass through the encoder); the text records must be the bytes one
+        # caption per call gives, with the same counts
+        jl = self.bucketed("b.jsonl")
+        for model, name in ((self.sd1, "sd1"), (self.sdxl, "sdxl")):
+            runs = []
+            for batch in ("1", "8"):
+                s = os.path.join(self.tmp, "b%s_%s.shard" % (batch, name))
+                _, _, err = sh(LATENTS, "--vae", VAE, "--text", model, "--batch", batch, "-o", s, jl)
+                counts = re.search(r"text: (\d+) captions looked up, (\d+) embeddings computed", err).groups()
+                runs.append((dump(s, "text"), counts))
+            self.assertEqual(runs[0][1], runs[1][1], name)
+            self.assertEqual(len(runs[0][0]), 2 * self.distinct, name)
+            self.assertEqual(runs[0][0], runs[1][0], name)
 
     def test_missing_tokenizer_is_a_clear_error(self):
         jl = self.bucketed("t.jsonl")

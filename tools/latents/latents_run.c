@@ -196,18 +196,34 @@ static void decode_range(void *vctx, int worker, size_t begin, size_t end)
     }
 }
 
-/* Build job j's record (latents_record.c) and put it; with --text its
- * caption's embedding is looked up or computed first. Latents of variant
- * v of image k of the batch sit at (v * ok + k) * lat. */
+/* With --text: the captions of the batch's m jobs looked up, and the
+ * missing ones encoded together and stored (text_put_many), before the
+ * records that refer to them. */
+static sd_status put_texts(run *r, latent_job **jobs, size_t m, sd_error *err)
+{
+    const char **caps = malloc(m * sizeof(*caps));
+    size_t *lens = malloc(m * sizeof(*lens));
+    const uint8_t **keys = malloc(m * sizeof(*keys));
+    sd_status st = caps && lens && keys ? SD_OK : sd_err_set(err, SD_ENOMEM, "out of memory");
+    for (size_t i = 0; i < m && !st; i++) {
+        caps[i] = jobs[i]->caption;
+        lens[i] = jobs[i]->caption_len;
+        keys[i] = jobs[i]->text_key;
+    }
+    if (!st) st = text_put_many(&r->text, r->shard, m, caps, lens, keys, &r->trec, err);
+    free(caps);
+    free(lens);
+    free(keys);
+    return st;
+}
+
+/* Build job j's record (latents_record.c) and put it; with --text it
+ * refers to its caption's embedding (put_texts stored it). Latents of
+ * variant v of image k of the batch sit at (v * ok + k) * lat. */
 static sd_status put_record(run *r, latent_job *j, size_t k, size_t ok, size_t lat, int lc, int lh, int lw,
                             sd_error *err)
 {
-    const uint8_t *text_ref = NULL;
-    if (r->text_on) {
-        sd_status ts = text_put(&r->text, r->shard, j->caption, j->caption_len, j->text_key, &r->trec, err);
-        if (ts) return ts;
-        text_ref = j->text_key;
-    }
+    const uint8_t *text_ref = r->text_on ? j->text_key : NULL;
     float *mean[2] = {r->mean + k * lat, r->mean + (ok + k) * lat};
     float *std[2] = {r->std + k * lat, r->std + (ok + k) * lat};
     latent_shape ls = {lat, lc, lh, lw};
@@ -262,6 +278,7 @@ static sd_status do_batch(run *r, latent_job **todo, size_t m, int *meta_pending
         st = write_meta(r, err);
         *meta_pending = 0;
     }
+    if (!st && r->text_on) st = put_texts(r, todo, ok, err);
     for (size_t i = 0; i < ok && !st; i++) st = put_record(r, todo[i], i, ok, lat, lc, lh, lw, err);
     if (!st) st = sd_shard_commit(r->shard, err);
     else sd_shard_abort(r->shard);

@@ -163,61 +163,108 @@ static sd_status tokenize(text_cache *t, int i, const char *caption, size_t len,
     return SD_OK;
 }
 
-/* Encode one caption with every encoder and put its text record under key
- * in the shard's open batch, unless the shard already has that key. */
-sd_status text_put(text_cache *t, sd_shard *s, const char *caption, size_t len, const uint8_t key[16], sd_buf *rec,
-                   sd_error *err)
+/* Caption j of the pending list: its text record (every encoder's hidden
+ * state, the pooled output, in the cache's dtype) put under its key. np is
+ * the number of pending captions, whose outputs lie encoder by encoder in
+ * t->hidden ([np, 77, width] each) and t->pooled ([np, pdim]). */
+static sd_status put_one(text_cache *t, sd_shard *s, size_t j, size_t np, size_t pdim, const uint8_t *key, sd_buf *rec,
+                         sd_error *err)
 {
-    int found = 0;
-    t->total++;
-    sd_status st = sd_shard_text_exists(s, key, &found, err);
-    if (st) return st;
-    if (found) {
-        t->reused++;
-        return SD_OK;
-    }
-    double t0 = sd_now();
-    size_t esz = sd_dtype_size(t->dtype), need = 0;
-    for (int i = 0; i < t->n; i++) need += (size_t)SD_CLIP_CTX * (size_t)t->enc[i].cfg.width;
-    size_t pdim = t->n > 1 ? (size_t)sd_clip_text_pooled_dim(&t->enc[1]) : 0;
-    if (grow(&t->hidden, &t->hidden_cap, need) || grow(&t->pooled, &t->pooled_cap, pdim + 1))
-        return sd_err_set(err, SD_ENOMEM, "out of memory for text encoding");
-    size_t cbytes = (need + pdim) * esz;
-    if (cbytes > t->conv_cap) {
-        unsigned char *c = realloc(t->conv, cbytes);
-        if (!c) return sd_err_set(err, SD_ENOMEM, "out of memory");
-        t->conv = c;
-        t->conv_cap = cbytes;
-    }
+    size_t esz = sd_dtype_size(t->dtype), off = 0, base = 0;
     sd_shard_rec r = {.kind = SD_REC_TEXT};
-    size_t off = 0;
-    for (int i = 0; i < t->n && !st; i++) {
-        int32_t ids[SD_CLIP_CTX];
-        st = tokenize(t, i, caption, len, ids, err);
-        float *h = t->hidden + off;
-        if (!st)
-            st = sd_clip_text_runner_encode(&t->run[i], &t->enc[i], 1, SD_CLIP_CTX, ids, &t->out[i], h,
-                                            i == 1 ? t->pooled : NULL, err);
-        if (st) break;
+    for (int i = 0; i < t->n; i++) {
         size_t nh = (size_t)SD_CLIP_CTX * (size_t)t->enc[i].cfg.width;
-        sd_dtype_store(t->conv + off * esz, h, nh, t->dtype);
+        sd_dtype_store(t->conv + off * esz, t->hidden + base + j * nh, nh, t->dtype);
         int role = t->n == 1 ? SD_ROLE_HIDDEN : i == 0 ? SD_ROLE_HIDDEN1 : SD_ROLE_HIDDEN2;
         r.t[r.ntensors++] = (sd_shard_tensor){.dtype = (uint8_t)t->dtype, .role = (uint8_t)role, .ndim = 2,
                                               .shape = {SD_CLIP_CTX, (uint32_t)t->enc[i].cfg.width, 0, 0},
                                               .data = t->conv + off * esz};
         off += nh;
+        base += np * nh;
     }
-    if (!st && pdim) {
-        sd_dtype_store(t->conv + off * esz, t->pooled, pdim, t->dtype);
+    if (pdim) {
+        sd_dtype_store(t->conv + off * esz, t->pooled + j * pdim, pdim, t->dtype);
         r.t[r.ntensors++] = (sd_shard_tensor){.dtype = (uint8_t)t->dtype, .role = SD_ROLE_POOLED, .ndim = 1,
                                               .shape = {(uint32_t)pdim, 0, 0, 0}, .data = t->conv + off * esz};
     }
-    if (!st) st = sd_shard_rec_build(&r, rec, err);
+    sd_status st = sd_shard_rec_build(&r, rec, err);
     if (!st) st = sd_shard_put_text(s, key, rec->data, rec->len, err);
     if (!st) {
         t->encoded++;
         t->record_bytes = rec->len;
     }
-    t->seconds += sd_now() - t0;
     return st;
+}
+
+/* Whether key is among the first n pending keys. */
+static int pending_has(const uint8_t *const *keys, const size_t *pend, size_t n, const uint8_t *key)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!memcmp(keys[pend[i]], key, 16)) return 1;
+    return 0;
+}
+
+/* Encode every caption of the list the shard does not hold yet (each
+ * distinct key once) in one call per encoder, then put their text
+ * records. The encoder runs several captions through the model at once on
+ * the CPU (clip_text.h), and a caption's embedding never depends on which
+ * others share the call, so this stores exactly what one call per caption
+ * would; a caption met again counts as reused, as it would then be found
+ * in the shard. */
+sd_status text_put_many(text_cache *t, sd_shard *s, size_t count, const char *const *captions, const size_t *lens,
+                        const uint8_t *const *keys, sd_buf *rec, sd_error *err)
+{
+    size_t *pend = malloc((count ? count : 1) * sizeof(*pend)), np = 0;
+    if (!pend) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    sd_status st = SD_OK;
+    for (size_t c = 0; c < count && !st; c++) {
+        int found = 0;
+        t->total++;
+        st = sd_shard_text_exists(s, keys[c], &found, err);
+        if (!st && (found || pending_has(keys, pend, np, keys[c]))) t->reused++;
+        else if (!st) pend[np++] = c;
+    }
+    if (st || !np) {
+        free(pend);
+        return st;
+    }
+    double t0 = sd_now();
+    size_t esz = sd_dtype_size(t->dtype), need = 0;
+    for (int i = 0; i < t->n; i++) need += (size_t)SD_CLIP_CTX * (size_t)t->enc[i].cfg.width;
+    size_t pdim = t->n > 1 ? (size_t)sd_clip_text_pooled_dim(&t->enc[1]) : 0;
+    int32_t *ids = malloc(np * (size_t)SD_CLIP_CTX * sizeof(int32_t));
+    size_t cbytes = (need + pdim) * esz;
+    if (!ids || grow(&t->hidden, &t->hidden_cap, np * need) || grow(&t->pooled, &t->pooled_cap, np * pdim + 1))
+        st = sd_err_set(err, SD_ENOMEM, "out of memory for text encoding");
+    if (!st && cbytes > t->conv_cap) {
+        unsigned char *c = realloc(t->conv, cbytes);
+        if (!c) st = sd_err_set(err, SD_ENOMEM, "out of memory");
+        else {
+            t->conv = c;
+            t->conv_cap = cbytes;
+        }
+    }
+    size_t base = 0;
+    for (int i = 0; i < t->n && !st; i++) {
+        for (size_t j = 0; j < np && !st; j++)
+            st = tokenize(t, i, captions[pend[j]], lens[pend[j]], ids + j * SD_CLIP_CTX, err);
+        if (!st)
+            st = sd_clip_text_runner_encode(&t->run[i], &t->enc[i], (int)np, SD_CLIP_CTX, ids, &t->out[i],
+                                            t->hidden + base, i == 1 ? t->pooled : NULL, err);
+        base += np * (size_t)SD_CLIP_CTX * (size_t)t->enc[i].cfg.width;
+    }
+    for (size_t j = 0; j < np && !st; j++) st = put_one(t, s, j, np, pdim, keys[pend[j]], rec, err);
+    t->seconds += sd_now() - t0;
+    free(ids);
+    free(pend);
+    return st;
+}
+
+/* One caption: text_put_many with a list of one. */
+sd_status text_put(text_cache *t, sd_shard *s, const char *caption, size_t len, const uint8_t key[16], sd_buf *rec,
+                   sd_error *err)
+{
+    const char *c[1] = {caption};
+    const uint8_t *k[1] = {key};
+    return text_put_many(t, s, 1, c, &len, k, rec, err);
 }

@@ -40,7 +40,13 @@ sd_status text_open(text_cache *t, const char *model, const char *tok_dir, int c
 sd_status text_device(text_cache *t, const sd_backend *be, void *exec, int tf32, sd_error *err);
 void text_close(text_cache *t);
 void text_key(const text_cache *t, const char *caption, size_t len, uint8_t key[16]);
+/* Put the text record of caption under key unless the shard holds it. */
 sd_status text_put(text_cache *t, sd_shard *s, const char *caption, size_t len, const uint8_t key[16], sd_buf *rec,
                    sd_error *err);
+/* The same for a list (a batch's captions): the missing ones are encoded
+ * together, several per pass through the model on the CPU; the same
+ * records and counts as text_put on each in turn. */
+sd_status text_put_many(text_cache *t, sd_shard *s, size_t count, const char *const *captions, const size_t *lens,
+                        const uint8_t *const *keys, sd_buf *rec, sd_error *err);
 
 #endif
