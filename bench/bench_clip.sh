@@ -9,13 +9,11 @@
 # row the same bits whatever the row count, so a caption's embedding never
 # depends on its batch). Then the max abs difference of the two hidden states
 # (a sanity check that both computed the same function).
-# Measured (2-core AMD EPYC VM, AVX2, shared; `bench_clip.sh build 16 4`):
-#   1 thread, load 2-3: sdtk 4.72 captions/s, PyTorch 4.53 batched: 1.04x
-#     (1.08x in CPU time), 3.93 one per call: 1.20x
-#   1 thread, load ~1.3: sdtk 5.35, PyTorch 5.58 batched: 0.96x, one per
-#     call 4.07: 1.31x; 2 threads: sdtk 9.57, PyTorch 7.80: 1.23x
-#   hidden states agree to 7.9e-6. So sdtk is at PyTorch's batched speed on
-#   1 thread, not reliably above it (docs/ARCHITECTURE.md, CLIP "Speed").
+# Measured (2-core AMD EPYC VM, AVX2, shared, load 1.3-3.3; `bench_clip.sh
+# build 16 4|5`), five runs, 1 thread: sdtk 4.72-5.41 captions/s, PyTorch
+# batched 4.06-5.58: 0.96x, 1.03x, 1.04x, 1.31x, 1.32x (CPU time 0.96-1.26x);
+# one caption per call 1.20-1.58x; 2 threads (second core free) 1.12-1.23x.
+# Hidden states agree to 7.9e-6. See docs/ARCHITECTURE.md, CLIP "Speed".
 # usage: bench/bench_clip.sh BUILD_DIR [N] [REPS]   (after building bench_clip
 #        in a Release build; needs python3 with torch + transformers from PyPI)
 set -eu
