@@ -63,6 +63,20 @@ static void pack_block(sd_gemm_rows_isa isa, float *dst, const float *w, size_t 
     }
 }
 
+/* The same panels from w stored [k, n] (w_kn): step p of panel q is the
+ * 16 consecutive floats of w's row k0 + p from column 16q, a plain copy. */
+static void pack_block_kn(float *dst, const float *w, size_t ldw, int n, int k0, int kc)
+{
+    for (int c0 = 0; c0 < n; c0 += NR, dst += (size_t)kc * NR) {
+        int nc = n - c0 < NR ? n - c0 : NR;
+        for (int p = 0; p < kc; p++) {
+            float *d = dst + (size_t)p * NR;
+            memcpy(d, w + (size_t)(k0 + p) * ldw + (size_t)c0, (size_t)nc * sizeof(float));
+            for (int j = nc; j < NR; j++) d[j] = 0.0f;
+        }
+    }
+}
+
 /* One micro-tile through the chosen kernel. */
 static void run_kernel(sd_gemm_rows_isa isa, int kc, const float *const *a, const float *bp, const float *init,
                        float *c, size_t ldc)
@@ -119,13 +133,21 @@ static int even_block(int len, int cap, int unit)
     return step > cap ? cap : step;
 }
 
+/* The linear's case: w [n, k], chains from the bias. */
+void sd_gemm_rows(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, size_t ldx, const float *w, size_t ldw,
+                  const float *bias, float *y, size_t ldy, float *scratch)
+{
+    sd_gemm_rows_ex(isa, m, n, k, x, ldx, w, ldw, (sd_gemm_rows_mode){0}, bias, y, ldy, scratch);
+}
+
 /* Per block of NC columns and KC steps of k, the block of w is packed once
  * (384 KB: stays in L2) and every 6-row block of x (its 6 x kc slice in
  * L1; copying it to a contiguous buffer measured slower) runs over all its
- * panels; the first k block starts each tile from the bias, so y is never
- * written before its first real value. */
-void sd_gemm_rows(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, size_t ldx, const float *w, size_t ldw,
-                  const float *bias, float *y, size_t ldy, float *scratch)
+ * panels; the first k block starts each tile from the bias (or, when
+ * accumulating, from y), so y is never written before its first real
+ * value. */
+void sd_gemm_rows_ex(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, size_t ldx, const float *w, size_t ldw,
+                     sd_gemm_rows_mode mode, const float *bias, float *y, size_t ldy, float *scratch)
 {
     static const float zeros[NR]; /* the start of every chain without a bias (read-only) */
     int nstep = even_block(n, NC, NR), kstep = even_block(k, KC, 8);
@@ -133,7 +155,8 @@ void sd_gemm_rows(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, siz
         int nb = n - j0 < nstep ? n - j0 : nstep;
         for (int k0 = 0; k0 < k; k0 += kstep) {
             int kc = k - k0 < kstep ? k - k0 : kstep;
-            pack_block(isa, scratch, w + (size_t)j0 * ldw, ldw, nb, k0, kc);
+            if (mode.w_kn) pack_block_kn(scratch, w + j0, ldw, nb, k0, kc);
+            else pack_block(isa, scratch, w + (size_t)j0 * ldw, ldw, nb, k0, kc);
             int panels = (nb + NR - 1) / NR, per = (MR * ((kc + 15) / 16) + panels - 1) / panels;
             for (int i0 = 0; i0 < m; i0 += MR) {
                 int mr = m - i0 < MR ? m - i0 : MR;
@@ -148,7 +171,7 @@ void sd_gemm_rows(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, siz
                     if (c0 + NR < nb) prefetch_tile(c + c0 + NR, ldy, mr, nb - c0 - NR < NR ? nb - c0 - NR : NR);
                     else if (left > 0)
                         prefetch_tile(c + (size_t)MR * ldy, ldy, left < MR ? left : MR, nb < NR ? nb : NR);
-                    const float *init = k0 ? NULL : bias ? bias + j0 + c0 : zeros;
+                    const float *init = k0 || mode.accumulate ? NULL : bias ? bias + j0 + c0 : zeros;
                     if (mr == MR && nc == NR) run_kernel(isa, kc, a, bp, init, c + c0, ldy);
                     else run_edge(isa, kc, a, bp, init, c + c0, ldy, mr, nc);
                 }

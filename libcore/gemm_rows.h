@@ -46,6 +46,18 @@ size_t sd_gemm_rows_scratch_floats(void);
 void sd_gemm_rows(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, size_t ldx, const float *w, size_t ldw,
                   const float *bias, float *y, size_t ldy, float *scratch);
 
+/* How sd_gemm_rows_ex reads w and where each chain starts. */
+typedef struct {
+    int w_kn;       /* w is [k, n] (row stride ldw): y = x w, e.g. attention's P v */
+    int accumulate; /* chains start from y's contents (y += x w^T), bias ignored */
+} sd_gemm_rows_mode;
+
+/* sd_gemm_rows with w in either layout and optionally adding into y; the
+ * same rule: element (i, j) is one fused multiply-add chain over p in
+ * order, x[i][p] times w's (j, p) element, from bias[j], 0 or y[i][j]. */
+void sd_gemm_rows_ex(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, size_t ldx, const float *w, size_t ldw,
+                     sd_gemm_rows_mode mode, const float *bias, float *y, size_t ldy, float *scratch);
+
 /* The same result by direct loops over w, no packing and no scratch: the
  * fallback when scratch cannot be allocated and the oracle of the bitwise
  * tests. */

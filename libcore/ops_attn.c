@@ -1,12 +1,16 @@
 /* Scaled dot-product attention forward and backward, blockwise (the
- * flash-attention recipe on sgemm): forward walks key tiles per query tile
- * with an online softmax and keeps only the log-sum-exp of each row;
- * backward recomputes the probabilities tile by tile from it. Scores live
- * in one query-tile x key-tile block per worker, so memory is O(T*d) even
- * for the VAE's 16k-token attention. Tile sizes depend on the shape only
- * and every unit (a query tile for y and dq, a key tile for dk and dv) is
- * owned by one worker, so results are bit-identical for any thread count.
- * The row-by-row loops at the end are the reference and the fallback when
+ * flash-attention recipe): forward walks key tiles per query tile with an
+ * online softmax and keeps only the log-sum-exp of each row; backward
+ * recomputes the probabilities tile by tile from it. Scores live in one
+ * query-tile x key-tile block per worker, so memory is O(T*d) even for the
+ * VAE's 16k-token attention. The block products run on the row-exact GEMM
+ * (gemm_rows.h: faster than OpenBLAS at these 40..512-wide shapes, no
+ * separate pass to clear or scale its output), but for the fused
+ * backward's two products with a transposed block, which stay on sgemm.
+ * Tile sizes depend on the shape only and every unit (a query tile for y
+ * and dq, a key tile for dk and dv, or a whole head) is owned by one
+ * worker, so results are bit-identical for any thread count. The
+ * row-by-row loops at the end are the reference and the fallback when
  * scratch cannot be allocated. */
 #include <math.h>
 #include <stdint.h>
@@ -14,6 +18,7 @@
 #include <string.h>
 
 #include "gemm.h"
+#include "gemm_rows.h"
 #include "ops_ref.h"
 #include "vexp.h"
 #include "vexp_avx2.h"
@@ -37,7 +42,8 @@ typedef struct {
     const sd_attn_shape *s;
     int qt, kt, nqt, nkt; /* tile sizes, tiles per (batch, head) */
     int avx2;             /* exponentials through sd_vexp_shift_avx2 */
-    float *scratch;
+    sd_gemm_rows_isa isa; /* the row-exact GEMM's kernel */
+    float *scratch;       /* per worker: the GEMM's packing block, then the score blocks */
     size_t sstride;
     float *drow; /* D_i = dy_i . y_i for every query row (backward) */
     float *y, *lse, *dq, *dk, *dv;
@@ -60,10 +66,47 @@ static void gattn_plan(gattn *g, const sd_attn_shape *s, int key_units)
 {
     g->s = s;
     g->avx2 = sd_vexp_avx2_usable();
+    g->isa = sd_gemm_rows_best_isa();
     g->qt = tile_of(s->tq, QTILE);
     g->kt = key_units ? tile_of(s->tk, KTILE) : s->tk < KTILE ? s->tk : KTILE;
     g->nqt = (s->tq + g->qt - 1) / g->qt;
     g->nkt = (s->tk + g->kt - 1) / g->kt;
+}
+
+/* Floats of a worker's scratch: the GEMM's packing block, then `blocks`
+ * score blocks of qt x kt, then `rows` floats per query row. */
+static size_t worker_floats(const gattn *g, int blocks, int rows)
+{
+    return sd_gemm_rows_scratch_floats() + (size_t)blocks * (size_t)g->qt * (size_t)g->kt +
+           (size_t)rows * (size_t)g->qt;
+}
+
+/* Worker w's packing block; its score blocks follow it. */
+static float *worker_pack(const gattn *g, int worker)
+{
+    return g->scratch + (size_t)worker * g->sstride;
+}
+
+/* Scores of na rows of a against nb rows of b (both d wide): out[i][j] =
+ * scale * (a_i . b_j), the dot product one FMA chain in order; since
+ * fma(x, y, z) = fma(y, x, z) the transposed block (keys against queries)
+ * holds exactly the same values, so every pass sees the same P. */
+static void scores(const gattn *g, float *pack, const float *a, int na, const float *b, int nb, float *out)
+{
+    int d = g->s->d;
+    float sc = g->s->scale;
+    sd_gemm_rows(g->isa, na, nb, d, a, (size_t)d, b, (size_t)d, NULL, out, (size_t)nb, pack);
+    size_t n = (size_t)na * (size_t)nb;
+    for (size_t i = 0; i < n; i++) out[i] *= sc;
+}
+
+/* acc[na, d] += p[na, nk] b[nk, d], each element one FMA chain over the nk
+ * keys (or queries) in order from acc's old value. */
+static void add_product(const gattn *g, float *pack, const float *p, int na, int nk, const float *b, float *acc)
+{
+    int d = g->s->d;
+    sd_gemm_rows_mode mode = {.w_kn = 1, .accumulate = 1};
+    sd_gemm_rows_ex(g->isa, na, d, nk, p, (size_t)nk, b, (size_t)d, mode, NULL, acc, (size_t)d, pack);
 }
 
 /* Keys query row i may see among the nk keys from j0: all of them, or
@@ -135,7 +178,8 @@ static void gattn_fwd_range(void *vctx, int worker, size_t begin, size_t end)
     const gattn *g = vctx;
     const sd_attn_shape *s = g->s;
     size_t d = (size_t)s->d;
-    float *S = g->scratch + (size_t)worker * g->sstride, *m = S + (size_t)g->qt * (size_t)g->kt, *l = m + g->qt;
+    float *pk = worker_pack(g, worker), *S = pk + sd_gemm_rows_scratch_floats();
+    float *m = S + (size_t)g->qt * (size_t)g->kt, *l = m + g->qt;
     for (size_t u = begin; u < end; u++) {
         size_t bh = u / (size_t)g->nqt;
         int i0 = (int)(u % (size_t)g->nqt) * g->qt, nq = s->tq - i0 < g->qt ? s->tq - i0 : g->qt;
@@ -150,7 +194,7 @@ static void gattn_fwd_range(void *vctx, int worker, size_t begin, size_t end)
         int kend = s->causal && i0 + nq < s->tk ? i0 + nq : s->tk;
         for (int j0 = 0; j0 < kend; j0 += g->kt) {
             int nk = kend - j0 < g->kt ? kend - j0 : g->kt;
-            sd_sgemm(0, 1, nq, nk, s->d, s->scale, qb, s->d, kb + (size_t)j0 * d, s->d, 0.0f, S, nk);
+            scores(g, pk, qb, nq, kb + (size_t)j0 * d, nk, S);
             for (int i = 0; i < nq; i++) {
                 float *row = S + (size_t)i * (size_t)nk;
                 int lim = row_keys(s, i0 + i, j0, nk);
@@ -166,7 +210,7 @@ static void gattn_fwd_range(void *vctx, int worker, size_t begin, size_t end)
                 }
                 l[i] += sum;
             }
-            sd_sgemm(0, 0, nq, s->d, nk, 1.0f, S, nk, vb + (size_t)j0 * d, s->d, 1.0f, yb, s->d);
+            add_product(g, pk, S, nq, nk, vb + (size_t)j0 * d, yb);
         }
         for (int i = 0; i < nq; i++) {
             float *yr = yb + (size_t)i * d, inv = 1.0f / l[i];
@@ -182,7 +226,7 @@ void sd_attn_fwd(sd_pool *pool, const sd_attn_shape *s, float *y, float *lse, co
 {
     gattn g = {.y = y, .lse = lse, .q = q, .k = k, .v = v};
     gattn_plan(&g, s, 0);
-    size_t per = (size_t)g.qt * (size_t)g.kt + 2 * (size_t)g.qt;
+    size_t per = worker_floats(&g, 1, 2);
     g.sstride = sd_scratch_stride(per);
     g.scratch = sd_scratch_alloc(sd_pool_size(pool), per);
     if (!g.scratch) {
@@ -248,7 +292,7 @@ static void gattn_dq_range(void *vctx, int worker, size_t begin, size_t end)
     const gattn *g = vctx;
     const sd_attn_shape *s = g->s;
     size_t d = (size_t)s->d, blk = (size_t)g->qt * (size_t)g->kt;
-    float *S = g->scratch + (size_t)worker * g->sstride, *dP = S + blk;
+    float *pk = worker_pack(g, worker), *S = pk + sd_gemm_rows_scratch_floats(), *dP = S + blk;
     for (size_t u = begin; u < end; u++) {
         size_t bh = u / (size_t)g->nqt;
         int i0 = (int)(u % (size_t)g->nqt) * g->qt, nq = s->tq - i0 < g->qt ? s->tq - i0 : g->qt;
@@ -258,10 +302,10 @@ static void gattn_dq_range(void *vctx, int worker, size_t begin, size_t end)
         int kend = s->causal && i0 + nq < s->tk ? i0 + nq : s->tk;
         for (int j0 = 0; j0 < kend; j0 += g->kt) {
             int nk = kend - j0 < g->kt ? kend - j0 : g->kt;
-            sd_sgemm(0, 1, nq, nk, s->d, s->scale, qb, s->d, kb + (size_t)j0 * d, s->d, 0.0f, S, nk);
-            sd_sgemm(0, 1, nq, nk, s->d, 1.0f, dyb, s->d, vb + (size_t)j0 * d, s->d, 0.0f, dP, nk);
+            scores(g, pk, qb, nq, kb + (size_t)j0 * d, nk, S);
+            sd_gemm_rows(g->isa, nq, nk, s->d, dyb, d, vb + (size_t)j0 * d, d, NULL, dP, (size_t)nk, pk);
             softmax_grad(g, row0, i0, j0, nq, nk, 0, S, dP);
-            sd_sgemm(0, 0, nq, s->d, nk, 1.0f, dP, nk, kb + (size_t)j0 * d, s->d, 1.0f, g->dq + row0 * d, s->d);
+            add_product(g, pk, dP, nq, nk, kb + (size_t)j0 * d, g->dq + row0 * d);
         }
     }
 }
@@ -274,7 +318,7 @@ static void gattn_dkv_range(void *vctx, int worker, size_t begin, size_t end)
     const gattn *g = vctx;
     const sd_attn_shape *s = g->s;
     size_t d = (size_t)s->d, blk = (size_t)g->qt * (size_t)g->kt;
-    float *St = g->scratch + (size_t)worker * g->sstride, *dPt = g->dk ? St + blk : NULL;
+    float *pk = worker_pack(g, worker), *St = pk + sd_gemm_rows_scratch_floats(), *dPt = g->dk ? St + blk : NULL;
     for (size_t u = begin; u < end; u++) {
         size_t bh = u / (size_t)g->nkt;
         int j0 = (int)(u % (size_t)g->nkt) * g->kt, nk = s->tk - j0 < g->kt ? s->tk - j0 : g->kt;
@@ -284,11 +328,11 @@ static void gattn_dkv_range(void *vctx, int worker, size_t begin, size_t end)
             int nq = s->tq - i0 < g->qt ? s->tq - i0 : g->qt;
             size_t row0 = bh * (size_t)s->tq + (size_t)i0;
             const float *qb = g->q + row0 * d, *dyb = g->dy + row0 * d;
-            sd_sgemm(0, 1, nk, nq, s->d, s->scale, kb, s->d, qb, s->d, 0.0f, St, nq);
-            if (dPt) sd_sgemm(0, 1, nk, nq, s->d, 1.0f, vb, s->d, dyb, s->d, 0.0f, dPt, nq);
+            scores(g, pk, kb, nk, qb, nq, St);
+            if (dPt) sd_gemm_rows(g->isa, nk, nq, s->d, vb, d, dyb, d, NULL, dPt, (size_t)nq, pk);
             softmax_grad(g, row0, i0, j0, nq, nk, 1, St, dPt);
-            if (g->dv) sd_sgemm(0, 0, nk, s->d, nq, 1.0f, St, nq, dyb, s->d, 1.0f, g->dv + key0 * d, s->d);
-            if (dPt) sd_sgemm(0, 0, nk, s->d, nq, 1.0f, dPt, nq, qb, s->d, 1.0f, g->dk + key0 * d, s->d);
+            if (g->dv) add_product(g, pk, St, nk, nq, dyb, g->dv + key0 * d);
+            if (dPt) add_product(g, pk, dPt, nk, nq, qb, g->dk + key0 * d);
         }
     }
 }
@@ -299,13 +343,14 @@ static void gattn_dkv_range(void *vctx, int worker, size_t begin, size_t end)
  * without a second pass. Per key tile j, per query tile i that sees it:
  * S = scale q_i k_j^T, P from softmax_grad; dv_j += P^T dy_i;
  * dP = dy_i v_j^T, dS; dk_j += dS^T q_i; dq_i += dS k_j. Each gradient
- * gathers its terms in the same order as the split passes do. */
+ * gathers its tiles in the same order as the split passes do (not the same
+ * bits: dv and dk take sgemm on the transposed blocks here). */
 static void gattn_bwd_head_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const gattn *g = vctx;
     const sd_attn_shape *s = g->s;
     size_t d = (size_t)s->d, blk = (size_t)g->qt * (size_t)g->kt;
-    float *S = g->scratch + (size_t)worker * g->sstride, *dP = g->dk || g->dq ? S + blk : NULL;
+    float *pk = worker_pack(g, worker), *S = pk + sd_gemm_rows_scratch_floats(), *dP = g->dk || g->dq ? S + blk : NULL;
     for (size_t bh = begin; bh < end; bh++) {
         const float *qh = g->q + bh * (size_t)s->tq * d, *dyh = g->dy + bh * (size_t)s->tq * d;
         size_t key0 = bh * (size_t)s->tk;
@@ -316,14 +361,14 @@ static void gattn_bwd_head_range(void *vctx, int worker, size_t begin, size_t en
                 int nq = s->tq - i0 < g->qt ? s->tq - i0 : g->qt;
                 size_t row0 = bh * (size_t)s->tq + (size_t)i0;
                 const float *qb = qh + (size_t)i0 * d, *dyb = dyh + (size_t)i0 * d;
-                sd_sgemm(0, 1, nq, nk, s->d, s->scale, qb, s->d, kb, s->d, 0.0f, S, nk);
-                if (dP) sd_sgemm(0, 1, nq, nk, s->d, 1.0f, dyb, s->d, vb, s->d, 0.0f, dP, nk);
+                scores(g, pk, qb, nq, kb, nk, S);
+                if (dP) sd_gemm_rows(g->isa, nq, nk, s->d, dyb, d, vb, d, NULL, dP, (size_t)nk, pk);
                 softmax_grad(g, row0, i0, j0, nq, nk, 0, S, dP);
                 if (g->dv)
                     sd_sgemm(1, 0, nk, s->d, nq, 1.0f, S, nk, dyb, s->d, 1.0f, g->dv + (key0 + (size_t)j0) * d, s->d);
                 if (g->dk)
                     sd_sgemm(1, 0, nk, s->d, nq, 1.0f, dP, nk, qb, s->d, 1.0f, g->dk + (key0 + (size_t)j0) * d, s->d);
-                if (g->dq) sd_sgemm(0, 0, nq, s->d, nk, 1.0f, dP, nk, kb, s->d, 1.0f, g->dq + row0 * d, s->d);
+                if (g->dq) add_product(g, pk, dP, nq, nk, kb, g->dq + row0 * d);
             }
         }
     }
@@ -342,7 +387,7 @@ void sd_attn_bwd(sd_pool *pool, const sd_attn_shape *s, float *dq, float *dk, fl
     int fused = bh >= MIN_UNITS;
     gattn_plan(&g, s, !fused);
     size_t rows = (size_t)s->b * (size_t)s->heads * (size_t)s->tq;
-    size_t per = 2 * (size_t)g.qt * (size_t)g.kt;
+    size_t per = worker_floats(&g, 2, 0);
     g.sstride = sd_scratch_stride(per);
     g.scratch = sd_scratch_alloc(sd_pool_size(pool), per);
     g.drow = malloc(rows * sizeof(float));

@@ -6,7 +6,8 @@
  * alone (m = 1), in a block at an offset, or inside m = 77 * 8 are equal;
  * sd_linear_fwd on 1, 2 and 3 threads equals the reference. Against a
  * double-precision product the error stays within a bound of k float
- * roundings of the absolute terms. */
+ * roundings of the absolute terms. sd_gemm_rows_ex's [k, n] weights and
+ * accumulation give the chains they promise. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,6 +165,51 @@ static void check_rows_alone(sd_gemm_rows_isa isa, int n, int k)
     drop(&o);
 }
 
+/* sd_gemm_rows_ex's modes (attention's products): w stored [k, n] gives
+ * the bits of w [n, k], and accumulating starts every chain from y's old
+ * value (checked against direct fmaf chains), on both kernels, ragged
+ * tiles and blocks, with and without a bias (ignored when accumulating). */
+static void check_modes(int m, int n, int k)
+{
+    operands o;
+    size_t ldt = (size_t)n + 3, ny = (size_t)m * (size_t)n;
+    float *wt = malloc((size_t)k * ldt * sizeof(float)), *y0 = malloc(ny * sizeof(float));
+    float *want = malloc(ny * sizeof(float)), *y = malloc(ny * sizeof(float));
+    float *scr = sd_scratch_alloc(1, sd_gemm_rows_scratch_floats());
+    unsigned seed = 17u;
+    if (!CHECK(make(&o, m, n, k, 0, 41u) && wt && y0 && want && y && scr)) goto done;
+    for (int p = 0; p < k; p++)
+        for (size_t j = 0; j < ldt; j++) wt[(size_t)p * ldt + j] = j < (size_t)n ? o.w[j * (size_t)k + (size_t)p] : NAN;
+    fill(y0, ny, &seed);
+    for (int acc = 0; acc <= 1; acc++) {
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) {
+                float a = acc ? y0[(size_t)i * n + j] : o.b[j];
+                for (int p = 0; p < k; p++) a = fmaf(o.x[(size_t)i * o.ldx + p], o.w[(size_t)j * k + p], a);
+                want[(size_t)i * n + j] = a;
+            }
+        for (int isa = 0; isa <= 1; isa++) {
+            sd_gemm_rows_isa use = isa ? sd_gemm_rows_best_isa() : SD_GEMM_ROWS_PORTABLE;
+            for (int kn = 0; kn <= 1; kn++) {
+                memcpy(y, y0, ny * sizeof(float));
+                sd_gemm_rows_mode mode = {.w_kn = kn, .accumulate = acc};
+                sd_gemm_rows_ex(use, m, n, k, o.x, o.ldx, kn ? wt : o.w, kn ? ldt : (size_t)k, mode, o.b, y, (size_t)n,
+                                scr);
+                if (!CHECK(memcmp(y, want, ny * sizeof(float)) == 0))
+                    fprintf(stderr, "  modes m %d n %d k %d: accumulate %d, w [k, n] %d, isa %d differ\n", m, n, k,
+                            acc, kn, (int)use);
+            }
+        }
+    }
+done:
+    free(wt);
+    free(y0);
+    free(want);
+    free(y);
+    free(scr);
+    drop(&o);
+}
+
 /* sd_linear_fwd (the CPU table's linear) on 1, 2, 3 threads equals the
  * reference bit for bit, with and without bias, and a row alone too. */
 static void check_linear_op(int m, int n, int k)
@@ -210,6 +256,10 @@ int main(void)
         check_shape(shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
     check_rows_alone(sd_gemm_rows_best_isa(), 400, 1100);
     check_rows_alone(SD_GEMM_ROWS_PORTABLE, 40, 1030);
+    check_modes(13, 33, 257);
+    check_modes(7, 200, 1030);
+    check_modes(512, 40, 512);
+    check_modes(77, 77, 64);
     check_linear_op(77, 100, 70);
     check_linear_op(616, 520, 600);
     check_linear_op(3, 1, 1);
