@@ -9,14 +9,17 @@
 # warm-up losses of both must agree (same weights, inputs and timestep).
 # Each process needs about 16 GB of memory (weights, gradients, two AdamW
 # moments: 4 x 3.4 GB, plus activations).
-# Measured (2 shared cores of an AMD EPYC, load 2.5-6 from other work, 2
-# threads, 2026-11-22, two runs): PyTorch 2.15 best step 33.9 s (forward+
-# backward 25.9 s, clip+AdamW 8.0 s), sdtk best 68.7 s (forward+backward 64.6 s,
-# clip+AdamW 4.1 s): 0.49x in both runs (0.49x with 1 timed step each, 39.2 vs
-# 80.6 s). sdtk by op class in its best step: conv 31.4 s (46%), attention
-# 17.2 s (25%), linear 12.0 s (17%), norm 0.8 s (1%), elementwise 3.0 s (4%),
-# optimizer 4.1 s (6%). Losses agree: warm-up 1.124317 (torch) vs 1.124318,
-# after one AdamW step 1.324678 vs 1.324688.
+# Measured (2 cores of an AMD EPYC VM, 2026-11-22, after this session's conv,
+# attention and GEMM changes): 2 threads, load 1-2: PyTorch 2.15 best 38.4 s,
+# sdtk 27.5 s (1.39x; 2 rounds at 6b24264) and PyTorch 39.3 s, sdtk 25.0 s
+# (1.57x; 1 round at d67021f: conv 9.3 s, linear 5.8 s, attention 4.8 s, norm
+# 0.4 s, elementwise 1.5 s, AdamW 3.0 s); 1 thread with another job on the
+# second core: PyTorch 64.5 s, sdtk 50.7 s (1.27x, at de9d9e4, before the
+# GEMM and exp changes). Before all of them (an earlier, quieter run):
+# PyTorch 33.9 s, sdtk 68.7 s (0.49x). Losses agree: warm-up 1.124317 both,
+# after one AdamW step 1.324678 vs 1.324681. With cpu:ckpt (gradient
+# checkpointing) the activations take 655.3 MiB instead of 2577.5 and the
+# step about 1.4x as long.
 # usage: bench/bench_train.sh BUILD_DIR [THREADS] [STEPS] [ROUNDS] [MODE]
 #        (after building bench_train in a Release build; needs python3 with
 #        torch + diffusers). ROUNDS (default 1) alternates PyTorch and sdtk
