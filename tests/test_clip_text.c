@@ -249,6 +249,22 @@ static void check_sdxl(void)
     sd_st_close(g.st);
 }
 
+/* The golden files and the model of the folder `name`, loaded with opts;
+ * 0 (after reporting, with `what` naming the check) when either fails. */
+static int open_both(const char *name, const sd_clip_text_opts *opts, const char *what, golden *g, sd_clip_text *m)
+{
+    if (!golden_open(g, name)) return 0;
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", GOLDEN_DIR, name);
+    sd_error err = {0};
+    if (!CHECK(sd_clip_text_load(m, dir, opts, &err) == SD_OK)) {
+        fprintf(stderr, "%s %s: %s\n", what, name, err.msg);
+        sd_st_close(g->st);
+        return 0;
+    }
+    return 1;
+}
+
 /* sd_clip_text_runner on the CPU table against sd_clip_text_encode for the
  * golden ids of one encoder: bit-identical hidden states and pooled
  * output, with the runner's buffers first sized for one sequence, grown
@@ -258,17 +274,10 @@ static void check_runner(const char *name, sd_clip_text_opts opts, sd_clip_varia
 {
     int failed_before = check_failures;
     golden g;
-    if (!golden_open(&g, name)) return;
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/%s", GOLDEN_DIR, name);
     sd_clip_text m;
     sd_clip_text_out o;
     sd_error err = {0};
-    if (!CHECK(sd_clip_text_load(&m, dir, &opts, &err) == SD_OK)) {
-        fprintf(stderr, "runner %s: %s\n", name, err.msg);
-        sd_st_close(g.st);
-        return;
-    }
+    if (!open_both(name, &opts, "runner", &g, &m)) return;
     size_t ph = (size_t)g.t * (size_t)m.cfg.width, pp = (size_t)sd_clip_text_pooled_dim(&m);
     size_t nh = (size_t)g.n * ph, np = (size_t)g.n * pp;
     float *href = calloc(nh, sizeof(float)), *pref = calloc(np, sizeof(float));
@@ -340,17 +349,10 @@ static void check_batch_positions(const char *name, sd_clip_text_opts opts, sd_c
 {
     enum { NB = 19 };
     golden g;
-    if (!golden_open(&g, name)) return;
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/%s", GOLDEN_DIR, name);
     sd_clip_text m;
     sd_clip_text_out o;
     sd_error err = {0};
-    if (!CHECK(sd_clip_text_load(&m, dir, &opts, &err) == SD_OK)) {
-        fprintf(stderr, "batch %s: %s\n", name, err.msg);
-        sd_st_close(g.st);
-        return;
-    }
+    if (!open_both(name, &opts, "batch", &g, &m)) return;
     size_t ph = (size_t)g.t * (size_t)m.cfg.width, pp = (size_t)sd_clip_text_pooled_dim(&m);
     int32_t *ids = malloc((size_t)NB * (size_t)g.t * sizeof(int32_t));
     int src[NB];
