@@ -103,6 +103,9 @@ int main(int argc, char **argv)
         {"ema-decay", 0, SD_OPT_DOUBLE, &o.ema_decay, "X",
          "keep an EMA of the weights (diffusers EMAModel; 0.9999 is usual; default off), saved as unet_ema/"},
         {"ema-every", 0, SD_OPT_INT, &o.ema_every, "N", "update the EMA every N steps (default 1)"},
+        {"ema-on-cpu", 0, SD_OPT_FLAG, &o.ema_host, NULL,
+         "with --device cuda: keep the EMA in host memory, saving a copy of the weights on the GPU; each update "
+         "copies the weights over (use --ema-every to do that less often)"},
         {"prediction", 0, SD_OPT_STR, &pred, "T", "epsilon (default) or v_prediction"},
         {"snr-gamma", 0, SD_OPT_DOUBLE, &o.snr_gamma, "X", "min-SNR-gamma loss weighting (5 is usual; default off)"},
         {"noise-offset", 0, SD_OPT_DOUBLE, &o.noise_offset, "X", "noise offset (default 0)"},

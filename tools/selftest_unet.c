@@ -77,6 +77,47 @@ static int one_micro(const char *model, int device, int tf32, int checkpoint, co
     return rc;
 }
 
+/* Three optimizer steps on the same micro-batch with an EMA (decay 0.9)
+ * kept on the device or, with host set, in host memory (--ema-on-cpu); the
+ * EMA weights (malloc'd) out. 0 on success. */
+static int ema_after_steps(const char *model, int device, int tf32, int host, const inputs *in, float **ema,
+                           size_t *n)
+{
+    sd_train_opts o;
+    sd_train_opts_default(&o);
+    o.unet = model;
+    o.device = device;
+    o.tf32 = tf32;
+    o.ema_decay = 0.9;
+    o.ema_host = host;
+    o.quiet = 1;
+    sd_trainer tr;
+    sd_error err = {0};
+    if (sd_trainer_open(&tr, &o, &err)) {
+        fprintf(stderr, "sd-selftest: UNet %s: %s\n", model, err.msg);
+        return -1;
+    }
+    int b = (int)in->x->shape[0], t[64], rc = b > 64 ? -1 : 0;
+    for (int i = 0; i < b && i < 64; i++) t[i] = (int)((const float *)in->t->data)[i];
+    for (int step = 0; step < 3 && !rc; step++) {
+        double loss;
+        rc = sd_train_micro(&tr, b, (int)in->x->shape[2], (int)in->x->shape[3], (int)in->ctx->shape[1], in->x->data,
+                            in->ctx->data, in->text ? in->text->data : NULL, in->tids ? in->tids->data : NULL,
+                            in->target->data, t, 1.0, &loss, &err)
+                 ? -1
+                 : 0;
+        if (!rc) sd_train_apply(&tr);
+    }
+    if (!rc && sd_train_sync_host(&tr, &err)) rc = -1;
+    if (rc) fprintf(stderr, "sd-selftest: UNet %s EMA on %s: %s\n", model, tr.be->name, err.msg);
+    *n = tr.unet.w.total;
+    *ema = rc ? NULL : malloc(*n * sizeof(float));
+    if (*ema) memcpy(*ema, tr.ema, *n * sizeof(float));
+    else rc = -1;
+    sd_trainer_close(&tr);
+    return rc;
+}
+
 int selftest_unet(const char *dir, const char *name, int device, int tf32, double tol)
 {
     char path[4096], model[4096];
@@ -115,6 +156,29 @@ int selftest_unet(const char *dir, const char *name, int device, int tf32, doubl
         free(gg);
     }
     free(gc);
+    /* the EMA kept in host memory (--ema-on-cpu) against the EMA on the device */
+    float *ed = NULL, *eh = NULL;
+    size_t nd = 0, nh = 0;
+    if (rc == 1) {
+        rc = -1;
+        if (!ema_after_steps(model, device, tf32, 0, &in, &ed, &nd) &&
+            !ema_after_steps(model, device, tf32, 1, &in, &eh, &nh) && nd == nh) {
+            double emax = 0, vmax = 0;
+            for (size_t i = 0; i < nd; i++) {
+                double e = fabs((double)ed[i] - (double)eh[i]);
+                if (e != e) e = INFINITY;
+                if (e > emax) emax = e;
+                if (fabs((double)ed[i]) > vmax) vmax = fabs((double)ed[i]);
+            }
+            double rel = vmax > 0 ? emax / vmax : emax;
+            rc = rel <= 1e-6;
+            printf("tiny UNet %-4s 3 AdamW steps, EMA in host memory vs on the device: max error %.2e of max |ema| "
+                   "%.2e (%.2e)  %s\n",
+                   name, emax, vmax, rel, rc ? "pass" : "FAIL");
+        }
+    }
+    free(ed);
+    free(eh);
     sd_st_close(in.st);
     return rc;
 }

@@ -78,7 +78,7 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
     tr->exec = c;
     size_t bytes = tr->unet.w.total * sizeof(float);
     float **bufs[] = {&tr->d_w, &tr->d_grad, &tr->d_m, &tr->d_v, &tr->d_ema};
-    int nb = tr->ema ? 5 : 4;
+    int nb = tr->ema && !tr->o.ema_host ? 5 : 4; /* --ema-on-cpu: the EMA stays in host memory */
     tr->d_ema = NULL;
     for (int i = 0; i < nb; i++) {
         *bufs[i] = tr->be->alloc(c, bytes);
@@ -309,7 +309,7 @@ static void push_state(sd_trainer *tr)
     put(tr, tr->d_w, tr->unet.w.data, n);
     put(tr, tr->d_m, tr->m, n);
     put(tr, tr->d_v, tr->v, n);
-    if (tr->ema) put(tr, tr->d_ema, tr->ema, n);
+    if (tr->ema && tr->d_ema) put(tr, tr->d_ema, tr->ema, n);
     tr->dev_stale = 0;
 }
 
@@ -321,7 +321,7 @@ sd_status sd_train_sync_host(sd_trainer *tr, sd_error *err)
     tr->be->d2h(tr->exec, tr->unet.w.data, tr->d_w, bytes);
     tr->be->d2h(tr->exec, tr->m, tr->d_m, bytes);
     tr->be->d2h(tr->exec, tr->v, tr->d_v, bytes);
-    if (tr->ema) tr->be->d2h(tr->exec, tr->ema, tr->d_ema, bytes);
+    if (tr->ema && tr->d_ema) tr->be->d2h(tr->exec, tr->ema, tr->d_ema, bytes);
     sd_status rc = tr->be->sync(tr->exec, err);
     if (!rc) tr->host_stale = 0;
     return rc;
@@ -435,7 +435,13 @@ double sd_train_apply(sd_trainer *tr)
     tr->step++;
     if (tr->ema && tr->step % (tr->o.ema_every > 0 ? tr->o.ema_every : 1) == 0) {
         tr->ema_updates++;
-        be->ema(tr->exec, n, tr->d_ema, tr->d_w, (float)(1.0 - sd_ema_decay(tr->o.ema_decay, tr->ema_updates)));
+        float rate = (float)(1.0 - sd_ema_decay(tr->o.ema_decay, tr->ema_updates));
+        if (tr->d_ema) {
+            be->ema(tr->exec, n, tr->d_ema, tr->d_w, rate);
+        } else { /* a GPU run with the EMA on the host: the weights come over first */
+            be->d2h(tr->exec, tr->unet.w.data, tr->d_w, n * sizeof(float));
+            sd_ema_fwd(tr->pool, n, tr->ema, tr->unet.w.data, rate);
+        }
     }
     tr->host_stale = tr->cuda != NULL;
     return norm;

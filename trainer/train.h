@@ -56,6 +56,7 @@ typedef struct {
     double max_grad_norm; /* <= 0: no clipping */
     double ema_decay;     /* > 0: keep an EMA of the weights (diffusers EMAModel, e.g. 0.9999) */
     long ema_every;       /* update the EMA every N optimizer steps (default 1) */
+    int ema_host;         /* GPU runs: keep the EMA in host memory (the weights copied over per update) */
     long max_steps;
     uint64_t seed;
     /* checkpoints */
