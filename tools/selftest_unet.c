@@ -40,82 +40,65 @@ static int inputs_open(inputs *in, const char *path)
     return 0;
 }
 
-/* One micro-batch on a trainer for `device`, with gradient checkpointing
- * or without; the loss and the gradient (malloc'd) out. 0 on success. */
-static int one_micro(const char *model, int device, int tf32, int checkpoint, const inputs *in, double *loss,
-                     float **grad, size_t *n)
+/* Options for a quiet trainer of model on device (-1: the CPU). */
+static sd_train_opts opts_for(const char *model, int device, int tf32)
 {
     sd_train_opts o;
     sd_train_opts_default(&o);
     o.unet = model;
     o.device = device;
     o.tf32 = tf32;
-    o.checkpointing = checkpoint;
     o.quiet = 1;
-    sd_trainer tr;
-    sd_error err = {0};
-    if (sd_trainer_open(&tr, &o, &err)) {
-        fprintf(stderr, "sd-selftest: UNet %s: %s\n", model, err.msg);
-        return -1;
-    }
-    int b = (int)in->x->shape[0];
-    int t[64];
-    for (int i = 0; i < b && i < 64; i++) t[i] = (int)((const float *)in->t->data)[i];
-    int rc = b > 64 ? -1 : 0;
-    if (!rc && (sd_train_micro(&tr, b, (int)in->x->shape[2], (int)in->x->shape[3], (int)in->ctx->shape[1],
-                               in->x->data, in->ctx->data, in->text ? in->text->data : NULL,
-                               in->tids ? in->tids->data : NULL, in->target->data, t, 1.0, loss, &err) ||
-                sd_train_grad_to_host(&tr, &err))) {
-        fprintf(stderr, "sd-selftest: UNet %s on %s: %s\n", model, tr.be->name, err.msg);
-        rc = -1;
-    }
-    *n = tr.unet.w.total;
-    *grad = rc ? NULL : malloc(*n * sizeof(float));
-    if (*grad) memcpy(*grad, tr.grad, *n * sizeof(float));
-    else rc = -1;
-    sd_trainer_close(&tr);
-    return rc;
+    return o;
 }
 
-/* Three optimizer steps on the same micro-batch with an EMA (decay 0.9)
- * kept on the device or, with host set, in host memory (--ema-on-cpu); the
- * EMA weights (malloc'd) out. 0 on success. */
-static int ema_after_steps(const char *model, int device, int tf32, int host, const inputs *in, float **ema,
-                           size_t *n)
+/* One micro-batch of the golden inputs on an open trainer; its loss out. */
+static sd_status micro_on(sd_trainer *tr, const inputs *in, double *loss, sd_error *err)
 {
-    sd_train_opts o;
-    sd_train_opts_default(&o);
-    o.unet = model;
-    o.device = device;
-    o.tf32 = tf32;
-    o.ema_decay = 0.9;
-    o.ema_host = host;
-    o.quiet = 1;
+    int b = (int)in->x->shape[0], t[64];
+    if (b > 64) return sd_err_set(err, SD_EINVAL, "golden batch of %d: at most 64", b);
+    for (int i = 0; i < b; i++) t[i] = (int)((const float *)in->t->data)[i];
+    return sd_train_micro(tr, b, (int)in->x->shape[2], (int)in->x->shape[3], (int)in->ctx->shape[1], in->x->data,
+                          in->ctx->data, in->text ? in->text->data : NULL, in->tids ? in->tids->data : NULL,
+                          in->target->data, t, 1.0, loss, err);
+}
+
+/* Open a trainer with o, run `steps` micro-batches (each followed by an
+ * optimizer step when steps > 1), bring the state to the host and copy
+ * out the gradient (steps 1) or the EMA weights (malloc'd). 0 on success. */
+static int run_trainer(const sd_train_opts *o, const inputs *in, int steps, double *loss, float **out, size_t *n)
+{
     sd_trainer tr;
     sd_error err = {0};
-    if (sd_trainer_open(&tr, &o, &err)) {
-        fprintf(stderr, "sd-selftest: UNet %s: %s\n", model, err.msg);
+    *out = NULL;
+    if (sd_trainer_open(&tr, o, &err)) {
+        fprintf(stderr, "sd-selftest: UNet %s: %s\n", o->unet, err.msg);
         return -1;
     }
-    int b = (int)in->x->shape[0], t[64], rc = b > 64 ? -1 : 0;
-    for (int i = 0; i < b && i < 64; i++) t[i] = (int)((const float *)in->t->data)[i];
-    for (int step = 0; step < 3 && !rc; step++) {
-        double loss;
-        rc = sd_train_micro(&tr, b, (int)in->x->shape[2], (int)in->x->shape[3], (int)in->ctx->shape[1], in->x->data,
-                            in->ctx->data, in->text ? in->text->data : NULL, in->tids ? in->tids->data : NULL,
-                            in->target->data, t, 1.0, &loss, &err)
-                 ? -1
-                 : 0;
-        if (!rc) sd_train_apply(&tr);
+    sd_status rc = SD_OK;
+    for (int s = 0; s < steps && !rc; s++) {
+        rc = micro_on(&tr, in, loss, &err);
+        if (!rc && steps > 1) sd_train_apply(&tr);
     }
-    if (!rc && sd_train_sync_host(&tr, &err)) rc = -1;
-    if (rc) fprintf(stderr, "sd-selftest: UNet %s EMA on %s: %s\n", model, tr.be->name, err.msg);
+    if (!rc) rc = steps > 1 ? sd_train_sync_host(&tr, &err) : sd_train_grad_to_host(&tr, &err);
+    if (rc) fprintf(stderr, "sd-selftest: UNet %s on %s: %s\n", o->unet, tr.be->name, err.msg);
+    const float *src = steps > 1 ? tr.ema : tr.grad;
     *n = tr.unet.w.total;
-    *ema = rc ? NULL : malloc(*n * sizeof(float));
-    if (*ema) memcpy(*ema, tr.ema, *n * sizeof(float));
-    else rc = -1;
+    if (!rc && src && (*out = malloc(*n * sizeof(float)))) memcpy(*out, src, *n * sizeof(float));
     sd_trainer_close(&tr);
-    return rc;
+    return *out ? 0 : -1;
+}
+
+/* The largest |a - b| (NaN counts as infinite) and the largest |b|. */
+static void max_diff(const float *a, const float *b, size_t n, double *emax, double *vmax)
+{
+    *emax = *vmax = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)a[i] - (double)b[i]);
+        if (e != e) e = INFINITY;
+        if (e > *emax) *emax = e;
+        if (fabs((double)b[i]) > *vmax) *vmax = fabs((double)b[i]);
+    }
 }
 
 int selftest_unet(const char *dir, const char *name, int device, int tf32, double tol)
@@ -128,48 +111,43 @@ int selftest_unet(const char *dir, const char *name, int device, int tf32, doubl
         if (in.st) sd_st_close(in.st);
         return -1;
     }
-    double lc;
+    double lc, emax, vmax;
     float *gc = NULL;
     size_t nc = 0;
-    int rc = one_micro(model, -1, 0, 0, &in, &lc, &gc, &nc) ? -1 : 1;
+    sd_train_opts cpu = opts_for(model, -1, 0);
+    int rc = run_trainer(&cpu, &in, 1, &lc, &gc, &nc) ? -1 : 1;
     /* the device without and with gradient checkpointing (the backward
      * recomputing each block's forward), each against the CPU */
     for (int ck = 0; ck < 2 && rc == 1; ck++) {
         double lg;
         float *gg = NULL;
         size_t ng = 0;
+        sd_train_opts o = opts_for(model, device, tf32);
+        o.checkpointing = ck;
         rc = -1;
-        if (!one_micro(model, device, tf32, ck, &in, &lg, &gg, &ng) && ng == nc) {
-            double emax = 0, gmax = 0;
-            for (size_t i = 0; i < ng; i++) {
-                double e = fabs((double)gg[i] - (double)gc[i]);
-                if (e != e) e = INFINITY;
-                if (e > emax) emax = e;
-                if (fabs((double)gc[i]) > gmax) gmax = fabs((double)gc[i]);
-            }
-            double rel = gmax > 0 ? emax / gmax : emax, lrel = fabs(lg - lc) / (fabs(lc) > 0 ? fabs(lc) : 1);
+        if (!run_trainer(&o, &in, 1, &lg, &gg, &ng) && ng == nc) {
+            max_diff(gg, gc, ng, &emax, &vmax);
+            double rel = vmax > 0 ? emax / vmax : emax, lrel = fabs(lg - lc) / (fabs(lc) > 0 ? fabs(lc) : 1);
             rc = rel <= tol && lrel <= tol;
             printf("tiny UNet %-4s (%zu parameters) one training micro-batch%s: loss %.7f vs CPU %.7f, gradient max "
                    "error %.2e of max |grad| %.2e (%.2e)  %s\n",
-                   name, ng, ck ? ", checkpointed" : "", lg, lc, emax, gmax, rel, rc ? "pass" : "FAIL");
+                   name, ng, ck ? ", checkpointed" : "", lg, lc, emax, vmax, rel, rc ? "pass" : "FAIL");
         }
         free(gg);
     }
     free(gc);
-    /* the EMA kept in host memory (--ema-on-cpu) against the EMA on the device */
+    /* three AdamW steps with the EMA (decay 0.9) in host memory
+     * (--ema-on-cpu) against the EMA kept on the device */
     float *ed = NULL, *eh = NULL;
     size_t nd = 0, nh = 0;
     if (rc == 1) {
+        sd_train_opts od = opts_for(model, device, tf32), oh = od;
+        od.ema_decay = oh.ema_decay = 0.9;
+        oh.ema_host = 1;
+        double loss;
         rc = -1;
-        if (!ema_after_steps(model, device, tf32, 0, &in, &ed, &nd) &&
-            !ema_after_steps(model, device, tf32, 1, &in, &eh, &nh) && nd == nh) {
-            double emax = 0, vmax = 0;
-            for (size_t i = 0; i < nd; i++) {
-                double e = fabs((double)ed[i] - (double)eh[i]);
-                if (e != e) e = INFINITY;
-                if (e > emax) emax = e;
-                if (fabs((double)ed[i]) > vmax) vmax = fabs((double)ed[i]);
-            }
+        if (!run_trainer(&od, &in, 3, &loss, &ed, &nd) && !run_trainer(&oh, &in, 3, &loss, &eh, &nh) && nd == nh) {
+            max_diff(eh, ed, nd, &emax, &vmax);
             double rel = vmax > 0 ? emax / vmax : emax;
             rc = rel <= 1e-6;
             printf("tiny UNet %-4s 3 AdamW steps, EMA in host memory vs on the device: max error %.2e of max |ema| "
