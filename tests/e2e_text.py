@@ -5,7 +5,7 @@ empty caption's included), every latent record references its caption's
 embedding, sd-verify checks records and references; a changed caption
 gives a new embedding and replaces only that image's record; SDXL (two
 encoders + pooled) and SD 1.x layouts; records with invalid UTF-8 are refused and counted;
---batch 8 (a batch's captions encoded together) stores the bytes --batch 1 does.
+--text-batch 32 (captions encoded together) stores the bytes --text-batch 1 does.
 
 The text encoders are tiny random transformers-layout CLIP models written
 here with numpy (the real 49408-token vocabulary, width 32, 2 layers), the
@@ -148,15 +148,16 @@ class Text(unittest.TestCase):
         self.assertTrue(all(t[0] == 2 for t in tab))  # bf16
 
     def test_batches_store_the_same_embeddings(self):
-        # --batch 8 encodes a batch's new captions together (several per
-        # pass through the encoder); the text records must be the bytes one
-        # caption per call gives, with the same counts
+        # captions are encoded --text-batch at a time (several per pass
+        # through the encoder, whatever the image --batch); the text records
+        # must be the bytes one caption per call gives, with the same counts
         jl = self.bucketed("b.jsonl")
         for model, name in ((self.sd1, "sd1"), (self.sdxl, "sdxl")):
             runs = []
-            for batch in ("1", "8"):
+            for batch, tb in (("1", "1"), ("8", "32")):
                 s = os.path.join(self.tmp, "b%s_%s.shard" % (batch, name))
-                _, _, err = sh(LATENTS, "--vae", VAE, "--text", model, "--batch", batch, "-o", s, jl)
+                _, _, err = sh(LATENTS, "--vae", VAE, "--text", model, "--batch", batch, "--text-batch", tb,
+                               "-o", s, jl)
                 counts = re.search(r"text: (\d+) captions looked up, (\d+) embeddings computed", err).groups()
                 runs.append((dump(s, "text"), counts))
             self.assertEqual(runs[0][1], runs[1][1], name)

@@ -41,7 +41,7 @@ int main(int argc, char **argv)
 {
     latents_opts o = {.device = "cpu", .dtype_name = "fp16", .shard_count = 1};
     const char *part = NULL;
-    long batch = 1, threads = 0, groups = 0, seed = 0, clip_skip = 0;
+    long batch = 1, text_batch = 32, threads = 0, groups = 0, seed = 0, clip_skip = 0;
     int quiet = 0, verbose = 0;
     const sd_opt opts[] = {
         {"output", 'o', SD_OPT_STR, &o.output, "SHARD", "the shard to write (created if missing, else resumed)"},
@@ -66,6 +66,8 @@ int main(int argc, char **argv)
          "fp32 on an H100); the choice depends on timing, so a resumed run's latents may differ in the last bits"},
         {"shard", 0, SD_OPT_STR, &part, "I/N", "cache only records whose key hashes to part I of N (one process per GPU)"},
         {"batch", 'b', SD_OPT_INT, &batch, "N", "images per VAE batch, all of one bucket (default 1)"},
+        {"text-batch", 0, SD_OPT_INT, &text_batch, "N",
+         "--text: captions per text transaction, their new ones encoded together before any image (default 32)"},
         {"threads", 'j', SD_OPT_INT, &threads, "N", "CPU threads for decoding and the CPU engine (default: all CPUs)"},
         {"flip", 0, SD_OPT_FLAG, &o.flip, NULL, "also store the left-right flipped image's latents"},
         {"sample", 0, SD_OPT_FLAG, &o.sample, NULL,
@@ -101,6 +103,7 @@ int main(int argc, char **argv)
     if (part && parse_part(part, &o.shard_index, &o.shard_count))
         bad = usage_msg(msg, sizeof msg, "--shard %s: expected I/N with 0 <= I < N", part);
     if (batch < 1 || batch > 1024) bad = usage_msg(msg, sizeof msg, "--batch must be 1..1024");
+    if (text_batch < 1 || text_batch > 1024) bad = usage_msg(msg, sizeof msg, "--text-batch must be 1..1024");
     if (threads < 0 || threads > 1024) bad = usage_msg(msg, sizeof msg, "--threads must be 0..1024");
     if (groups < 0 || groups > 4096) bad = usage_msg(msg, sizeof msg, "--vae-groups must be 0..4096");
     if (seed < 0) bad = usage_msg(msg, sizeof msg, "--seed must not be negative");
@@ -117,6 +120,7 @@ int main(int argc, char **argv)
         return SD_EXIT_USAGE;
     }
     o.batch = (int)batch;
+    o.text_batch = (int)text_batch;
     o.threads = threads > 0 ? (int)threads : sd_default_threads();
     o.vae_groups = (int)groups;
     o.clip_skip = (int)clip_skip;

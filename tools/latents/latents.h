@@ -55,7 +55,7 @@ typedef struct {
     int vae_groups;
     double scale;
     int shard_index, shard_count;
-    int batch, threads, flip, sample, nosync, strict, quiet;
+    int batch, text_batch, threads, flip, sample, nosync, strict, quiet;
     uint64_t seed;
 } latents_opts;
 

@@ -6,7 +6,9 @@
  * `batch` jobs of one bucket), whatever is already stored, so a resumed run
  * encodes exactly the batches an uninterrupted run would have: with the
  * engine's thread-count-independent ops, the shard's records are then
- * bit-identical to an uninterrupted run's. */
+ * bit-identical to an uninterrupted run's. With --text the captions come
+ * first, in their own transactions (run_texts), so the text encoder sees
+ * several captions per call whatever the image batch is. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +51,7 @@ typedef struct {
     int text_on;
     text_cache text;
     uint8_t empty_key[16];
+    int meta_pending; /* the shard's meta goes into the next transaction */
     double t_decode, t_encode, t_write;
     uint64_t written, cached, bad, replaced;
 } run;
@@ -196,29 +199,8 @@ static void decode_range(void *vctx, int worker, size_t begin, size_t end)
     }
 }
 
-/* With --text: the captions of the batch's m jobs looked up, and the
- * missing ones encoded together and stored (text_put_many), before the
- * records that refer to them. */
-static sd_status put_texts(run *r, latent_job **jobs, size_t m, sd_error *err)
-{
-    const char **caps = malloc(m * sizeof(*caps));
-    size_t *lens = malloc(m * sizeof(*lens));
-    const uint8_t **keys = malloc(m * sizeof(*keys));
-    sd_status st = caps && lens && keys ? SD_OK : sd_err_set(err, SD_ENOMEM, "out of memory");
-    for (size_t i = 0; i < m && !st; i++) {
-        caps[i] = jobs[i]->caption;
-        lens[i] = jobs[i]->caption_len;
-        keys[i] = jobs[i]->text_key;
-    }
-    if (!st) st = text_put_many(&r->text, r->shard, m, caps, lens, keys, &r->trec, err);
-    free(caps);
-    free(lens);
-    free(keys);
-    return st;
-}
-
 /* Build job j's record (latents_record.c) and put it; with --text it
- * refers to its caption's embedding (put_texts stored it). Latents of
+ * refers to its caption's embedding (run_texts stored it). Latents of
  * variant v of image k of the batch sit at (v * ok + k) * lat. */
 static sd_status put_record(run *r, latent_job *j, size_t k, size_t ok, size_t lat, int lc, int lh, int lw,
                             sd_error *err)
@@ -237,7 +219,7 @@ static sd_status put_record(run *r, latent_job *j, size_t k, size_t ok, size_t l
 }
 
 /* Decode, encode and write one batch of jobs of one bucket. */
-static sd_status do_batch(run *r, latent_job **todo, size_t m, int *meta_pending, sd_error *err)
+static sd_status do_batch(run *r, latent_job **todo, size_t m, sd_error *err)
 {
     const latents_opts *o = r->o;
     int w = todo[0]->bucket_w, h = todo[0]->bucket_h, variants = o->flip ? 2 : 1;
@@ -274,16 +256,66 @@ static sd_status do_batch(run *r, latent_job **todo, size_t m, int *meta_pending
     double t2 = sd_now();
     r->t_encode += t2 - t1;
     if (!st) st = sd_shard_begin(r->shard, err);
-    if (!st && *meta_pending) {
+    if (!st && r->meta_pending) {
         st = write_meta(r, err);
-        *meta_pending = 0;
+        r->meta_pending = 0;
     }
-    if (!st && r->text_on) st = put_texts(r, todo, ok, err);
     for (size_t i = 0; i < ok && !st; i++) st = put_record(r, todo[i], i, ok, lat, lc, lh, lw, err);
     if (!st) st = sd_shard_commit(r->shard, err);
     else sd_shard_abort(r->shard);
     if (!st) r->written += ok;
     r->t_write += sd_now() - t2;
+    return st;
+}
+
+/* Up to --text-batch captions of jobs still to do from *next on, in job
+ * order, into caps/lens/keys; returns how many, *next past them. */
+static size_t text_window(run *r, size_t *next, const char **caps, size_t *lens, const uint8_t **keys)
+{
+    size_t m = 0;
+    for (; *next < r->jobs.n && m < (size_t)r->o->text_batch; ++*next) {
+        latent_job *j = &r->jobs.v[*next];
+        if (j->state == JOB_DONE) continue;
+        caps[m] = j->caption;
+        lens[m] = j->caption_len;
+        keys[m++] = j->text_key;
+    }
+    return m;
+}
+
+/* With --text, before any image: the caption of every job still to do,
+ * --text-batch jobs per transaction, the shard's missing ones encoded
+ * together (text_put_many: several captions per pass through the model,
+ * which is what makes the CPU encoder fast, whatever --batch is). An
+ * embedding does not depend on the captions beside it, so this stores
+ * what one call per caption would; a kill loses at most one window, and
+ * the image records written later find their captions stored. */
+static sd_status run_texts(run *r, sd_error *err)
+{
+    size_t w = (size_t)r->o->text_batch, todo_total = 0, next = 0, done = 0;
+    const char **caps = malloc(w * sizeof(*caps));
+    size_t *lens = malloc(w * sizeof(*lens));
+    const uint8_t **keys = malloc(w * sizeof(*keys));
+    sd_status st = caps && lens && keys ? SD_OK : sd_err_set(err, SD_ENOMEM, "out of memory");
+    for (size_t i = 0; i < r->jobs.n; i++) todo_total += r->jobs.v[i].state != JOB_DONE;
+    sd_progress prog;
+    sd_progress_init(&prog, "sd-latents text", "captions", todo_total, !r->o->quiet);
+    size_t m;
+    while (!st && (m = text_window(r, &next, caps, lens, keys)) > 0) {
+        st = sd_shard_begin(r->shard, err);
+        if (st) break;
+        if (r->meta_pending) st = write_meta(r, err);
+        if (!st) st = text_put_many(&r->text, r->shard, m, caps, lens, keys, &r->trec, err);
+        if (!st) st = sd_shard_commit(r->shard, err);
+        else sd_shard_abort(r->shard);
+        if (!st) r->meta_pending = 0;
+        done += m;
+        sd_progress_update(&prog, done, 0);
+    }
+    sd_progress_finish(&prog);
+    free(caps);
+    free(lens);
+    free(keys);
     return st;
 }
 
@@ -303,7 +335,6 @@ static sd_status run_batches(run *r, sd_error *err)
     }
     sd_progress prog;
     sd_progress_init(&prog, "sd-latents", "images", todo_total, !o->quiet);
-    int meta_pending = 1;
     uint64_t done = 0;
     double last_stage = sd_now();
     sd_status st = SD_OK;
@@ -318,7 +349,7 @@ static sd_status run_batches(run *r, sd_error *err)
             for (size_t k = b; k < g && k < b + (size_t)o->batch; k++)
                 if (r->jobs.v[k].state != JOB_DONE) todo[m++] = &r->jobs.v[k];
             if (!m) continue;
-            st = do_batch(r, todo, m, &meta_pending, err);
+            st = do_batch(r, todo, m, err);
             done += m;
             sd_progress_update(&prog, done, r->bad);
             if (!o->quiet && sd_now() - last_stage > 30) {
@@ -467,7 +498,9 @@ int latents_run(const latents_opts *o)
         sd_log(SD_LOG_INFO, "%zu records for this process (%llu lines read, %llu for other shards), batch %d, %d threads",
                r.jobs.n, (unsigned long long)r.jobs.lines, (unsigned long long)r.jobs.other_shard, o->batch,
                o->threads);
-        st = run_batches(&r, &err);
+        r.meta_pending = 1;
+        if (r.text_on) st = run_texts(&r, &err);
+        if (!st) st = run_batches(&r, &err);
         if (r.pool) sd_pool_for(r.pool, (size_t)sd_pool_size(r.pool), image_thread_done, NULL);
     }
     if (st) sd_log(SD_LOG_ERROR, "%s", err.msg);
