@@ -220,12 +220,29 @@ static void gattn_fwd_range(void *vctx, int worker, size_t begin, size_t end)
     }
 }
 
+/* The forward's query tiles: as long as QTILE allows while all heads
+ * together still give MIN_UNITS units (CLIP's 12 heads of 77 tokens: one
+ * tile per head, not 8 short ones each re-packing the keys). A row's
+ * result does not depend on its tile (row-exact products, per-row
+ * softmax; the key tiles stay as gattn_plan set them), so this is timing
+ * only, and the backward keeps its own tiles. */
+static void fwd_query_tiles(gattn *g)
+{
+    const sd_attn_shape *s = g->s;
+    long pairs = (long)s->b * s->heads, per = pairs >= MIN_UNITS ? 1 : (MIN_UNITS + pairs - 1) / pairs;
+    g->qt = tile_of(s->tq, QTILE);
+    long qt = (s->tq + per - 1) / per;
+    if (qt > g->qt) g->qt = qt > QTILE ? QTILE : (int)qt;
+    g->nqt = (s->tq + g->qt - 1) / g->qt;
+}
+
 /* y = softmax(q k^T * scale) v; lse saved for backward. */
 void sd_attn_fwd(sd_pool *pool, const sd_attn_shape *s, float *y, float *lse, const float *q, const float *k,
                  const float *v)
 {
     gattn g = {.y = y, .lse = lse, .q = q, .k = k, .v = v};
     gattn_plan(&g, s, 0);
+    fwd_query_tiles(&g);
     size_t per = worker_floats(&g, 1, 2);
     g.sstride = sd_scratch_stride(per);
     g.scratch = sd_scratch_alloc(sd_pool_size(pool), per);
