@@ -38,6 +38,8 @@ W(C_ELEM, add_bwd, (void *e, size_t n, FP a, FP b, CF c), (e, n, a, b, c))
 W(C_ELEM, upsample2x_fwd, (void *e, int x, int y, int z, FP a, CF b), (e, x, y, z, a, b))
 W(C_ELEM, upsample2x_bwd, (void *e, int x, int y, int z, FP a, CF b), (e, x, y, z, a, b))
 W(C_ATTN, attn_fwd, (void *e, const sd_attn_shape *s, FP a, FP b, CF c, CF d, CF f), (e, s, a, b, c, d, f))
+W(C_ATTN, attn_rows_fwd, (void *e, const sd_attn_shape *s, int ld, FP a, FP b, CF c, CF d, CF f),
+  (e, s, ld, a, b, c, d, f))
 W(C_ATTN, attn_bwd, (void *e, const sd_attn_shape *s, FP a, FP b, FP c, CF d, CF f, CF g, CF h, CF i, CF j),
   (e, s, a, b, c, d, f, g, h, i, j))
 W(C_NORM, layer_norm_fwd, (void *e, const sd_ln_shape *s, FP a, FP b, FP c, CF d, CF f, CF g), (e, s, a, b, c, d, f, g))
@@ -76,7 +78,7 @@ const sd_backend *prof_backend(const sd_backend *be)
     if (real.name) prof.name = w_##name
     P(conv2d_fwd); P(conv2d_bwd); P(group_norm_fwd); P(group_norm_bwd); P(linear_fwd); P(linear_bwd);
     P(silu_fwd); P(silu_bwd); P(add_fwd); P(add_bwd); P(upsample2x_fwd); P(upsample2x_bwd); P(attn_fwd);
-    P(attn_bwd); P(layer_norm_fwd); P(layer_norm_bwd); P(gelu_fwd); P(gelu_bwd); P(quick_gelu_fwd);
+    P(attn_rows_fwd); P(attn_bwd); P(layer_norm_fwd); P(layer_norm_bwd); P(gelu_fwd); P(gelu_bwd); P(quick_gelu_fwd);
     P(quick_gelu_bwd); P(geglu_fwd); P(geglu_bwd); P(scale_fwd); P(scale_bwd); P(mul_fwd); P(mul_bwd);
     P(concat_fwd); P(concat_bwd); P(add_bcast_channel_fwd); P(add_bcast_channel_bwd); P(timestep_emb_fwd);
     P(timestep_emb_bwd); P(transpose_fwd); P(transpose_bwd); P(gauss_std_fwd); P(gauss_std_bwd);

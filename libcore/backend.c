@@ -46,6 +46,10 @@ CPU_OP(upsample2x_bwd, (void *exec, int planes, int h, int w, float *dx, const f
 CPU_OP(attn_fwd,
        (void *exec, const sd_attn_shape *s, float *y, float *lse, const float *q, const float *k, const float *v),
        (pool, s, y, lse, q, k, v))
+CPU_OP(attn_rows_fwd,
+       (void *exec, const sd_attn_shape *s, int ld, float *y, float *lse, const float *q, const float *k,
+        const float *v),
+       (pool, s, ld, y, lse, q, k, v))
 CPU_OP(attn_bwd,
        (void *exec, const sd_attn_shape *s, float *dq, float *dk, float *dv, const float *dy, const float *q,
         const float *k, const float *v, const float *y, const float *lse),
@@ -165,6 +169,7 @@ static const sd_backend cpu_backend = {
     .upsample2x_fwd = cpu_upsample2x_fwd,
     .upsample2x_bwd = cpu_upsample2x_bwd,
     .attn_fwd = cpu_attn_fwd,
+    .attn_rows_fwd = cpu_attn_rows_fwd,
     .attn_bwd = cpu_attn_bwd,
     .layer_norm_fwd = cpu_layer_norm_fwd,
     .layer_norm_bwd = cpu_layer_norm_bwd,

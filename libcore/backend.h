@@ -23,7 +23,9 @@
  * sync returns SD_OK.
  *
  * Op signatures and conventions (backward adds into gradients, NULL skips
- * one) are those of ops_cpu.h, with void *exec in place of sd_pool *. */
+ * one) are those of ops_cpu.h, with void *exec in place of sd_pool *.
+ * Optional entries (marked so below) may be NULL: the caller then takes
+ * the general ops instead. */
 #ifndef SDTK_BACKEND_H
 #define SDTK_BACKEND_H
 
@@ -58,6 +60,9 @@ typedef struct {
     void (*attn_fwd)(void *, const sd_attn_shape *, float *, float *, const float *, const float *, const float *);
     void (*attn_bwd)(void *, const sd_attn_shape *, float *, float *, float *, const float *, const float *,
                      const float *, const float *, const float *, const float *);
+    /* optional: attention on token-major rows (sd_attn_rows_fwd); CPU only */
+    void (*attn_rows_fwd)(void *, const sd_attn_shape *, int, float *, float *, const float *, const float *,
+                          const float *);
     void (*layer_norm_fwd)(void *, const sd_ln_shape *, float *, float *, float *, const float *, const float *,
                            const float *);
     void (*layer_norm_bwd)(void *, const sd_ln_shape *, float *, float *, float *, const float *, const float *,

@@ -6,7 +6,9 @@
  * linear gives a row the same bits whatever the row count, and every other
  * op works per row or per sequence), so the weights are packed once per
  * chunk instead of once per caption; a device backend runs them one at a
- * time (cuBLAS picks its kernels by the row count). */
+ * time (cuBLAS picks its kernels by the row count). Where the backend has
+ * attn_rows_fwd (the CPU) attention reads the fused q|k|v rows as they are;
+ * elsewhere the heads are transposed out and back around attn_fwd. */
 #include <math.h>
 
 #include "clip_text.h"
@@ -24,9 +26,10 @@ typedef struct {
     float *x;    /* [nb, t, W] residual stream */
     float *h;    /* [nb, t, W] normed input of a sub-block, then merged heads */
     float *big;  /* [nb, t, max(3W, mlp)] q|k|v rows, then the MLP's hidden */
-    float *tmp;  /* [nb, 3W, t] q|k|v transposed; [nb, W, t] heads on the way back; [nb, t, W] sub-block outputs */
-    float *qkv;  /* [nb, 3H, t, D] per sequence q, k and v head-major, one after the other */
-    float *o;    /* [nb, H, t, D] attention output */
+    float *tmp;  /* [nb, t, W] sub-block outputs; without attn_rows_fwd also [nb, 3W, t] q|k|v transposed,
+                    [nb, W, t] heads on the way back */
+    float *qkv;  /* [nb, 3H, t, D] per sequence q, k and v head-major (without attn_rows_fwd) */
+    float *o;    /* [nb, H, t, D] attention output (without attn_rows_fwd) */
     float *lse;  /* [nb, H, t] */
     float *mean; /* [nb, t] layer-norm statistics */
     float *rstd; /* [nb, t] */
@@ -134,6 +137,18 @@ static void attend(const fwd *f)
     }
 }
 
+/* The same attention straight from the q|k|v rows in big into h with the
+ * heads side by side (no transposes), where the backend has that op. */
+static void attend_rows(const fwd *f)
+{
+    const sd_clip_text_config *c = f->cfg;
+    scratch *s = f->s;
+    int W = c->width, D = W / c->heads;
+    sd_attn_shape as = {.b = f->nb, .heads = c->heads, .tq = f->t, .tk = f->t, .d = D, .causal = 1,
+                        .scale = (float)(1.0 / sqrt((double)D))};
+    f->be->attn_rows_fwd(f->exec, &as, 3 * W, s->h, s->lse, s->big, s->big + W, s->big + 2 * W);
+}
+
 /* One CLIPEncoderLayer on the residual stream x:
  * x += out_proj(attn(split(qkv(ln1(x))))) then x += fc2(act(fc1(ln2(x)))). */
 static void block(const fwd *f, const sd_clip_layer *L)
@@ -144,9 +159,13 @@ static void block(const fwd *f, const sd_clip_layer *L)
     size_t tw = (size_t)rows * (size_t)W;
     norm(f, &L->ln1, rows, s->h, s->x);
     linear(f, L->wqkv, L->bqkv, 3 * W, W, s->big, s->h);
-    split_heads(f);
-    attend(f);
-    merge_heads(f, s->h, s->o);
+    if (f->be->attn_rows_fwd) {
+        attend_rows(f);
+    } else {
+        split_heads(f);
+        attend(f);
+        merge_heads(f, s->h, s->o);
+    }
     linear(f, L->wo, L->bo, W, W, s->tmp, s->h);
     f->be->add_fwd(f->exec, tw, s->x, s->x, s->tmp);
     norm(f, &L->ln2, rows, s->h, s->x);

@@ -46,6 +46,7 @@ typedef struct {
     float *scratch;       /* per worker: the GEMM's packing block, then the score blocks */
     size_t sstride;
     float *drow; /* D_i = dy_i . y_i for every query row (backward) */
+    int ld;      /* forward only: 0 head-major, else token-major with q/k/v rows ld floats apart */
     float *y, *lse, *dq, *dk, *dv;
     const float *q, *k, *v, *dy, *cy, *clse;
 } gattn;
@@ -87,26 +88,38 @@ static float *worker_pack(const gattn *g, int worker)
     return g->scratch + (size_t)worker * g->sstride;
 }
 
+/* scores() with rows of a and b lda and ldb floats apart. */
+static void scores_ld(const gattn *g, float *pack, const float *a, size_t lda, int na, const float *b, size_t ldb,
+                      int nb, float *out)
+{
+    float sc = g->s->scale;
+    sd_gemm_rows(g->isa, na, nb, g->s->d, a, lda, b, ldb, NULL, out, (size_t)nb, pack);
+    size_t n = (size_t)na * (size_t)nb;
+    for (size_t i = 0; i < n; i++) out[i] *= sc;
+}
+
 /* Scores of na rows of a against nb rows of b (both d wide): out[i][j] =
  * scale * (a_i . b_j), the dot product one FMA chain in order; since
  * fma(x, y, z) = fma(y, x, z) the transposed block (keys against queries)
  * holds exactly the same values, so every pass sees the same P. */
 static void scores(const gattn *g, float *pack, const float *a, int na, const float *b, int nb, float *out)
 {
-    int d = g->s->d;
-    float sc = g->s->scale;
-    sd_gemm_rows(g->isa, na, nb, d, a, (size_t)d, b, (size_t)d, NULL, out, (size_t)nb, pack);
-    size_t n = (size_t)na * (size_t)nb;
-    for (size_t i = 0; i < n; i++) out[i] *= sc;
+    scores_ld(g, pack, a, (size_t)g->s->d, na, b, (size_t)g->s->d, nb, out);
+}
+
+/* add_product() with rows of b and acc ldb and ldacc floats apart. */
+static void add_product_ld(const gattn *g, float *pack, const float *p, int na, int nk, const float *b, size_t ldb,
+                           float *acc, size_t ldacc)
+{
+    sd_gemm_rows_mode mode = {.w_kn = 1, .accumulate = 1};
+    sd_gemm_rows_ex(g->isa, na, g->s->d, nk, p, (size_t)nk, b, ldb, mode, NULL, acc, ldacc, pack);
 }
 
 /* acc[na, d] += p[na, nk] b[nk, d], each element one FMA chain over the nk
  * keys (or queries) in order from acc's old value. */
 static void add_product(const gattn *g, float *pack, const float *p, int na, int nk, const float *b, float *acc)
 {
-    int d = g->s->d;
-    sd_gemm_rows_mode mode = {.w_kn = 1, .accumulate = 1};
-    sd_gemm_rows_ex(g->isa, na, d, nk, p, (size_t)nk, b, (size_t)d, mode, NULL, acc, (size_t)d, pack);
+    add_product_ld(g, pack, p, na, nk, b, (size_t)g->s->d, acc, (size_t)g->s->d);
 }
 
 /* Keys query row i may see among the nk keys from j0: all of them, or
@@ -170,6 +183,30 @@ static void grad_row(int n, float *restrict sr, float *restrict dp, float lse, f
         for (int j = 0; j < n; j++) dp[j] = sr[j] * (dp[j] - D) * scale;
 }
 
+/* Where the forward's unit finds its rows: the first query row i0 of
+ * (batch, head) bh in q and y, its first key row in k and v, and the row
+ * strides (d head-major; token-major: ld for q, k, v and heads * d for y). */
+typedef struct {
+    const float *q, *k, *v;
+    float *y;
+    size_t ldi, ldy;
+} fwd_rows;
+
+/* The unit's row pointers in either layout. */
+static fwd_rows fwd_rows_of(const gattn *g, size_t bh, int i0)
+{
+    const sd_attn_shape *s = g->s;
+    size_t d = (size_t)s->d;
+    if (!g->ld) {
+        size_t row0 = bh * (size_t)s->tq + (size_t)i0, key0 = bh * (size_t)s->tk * d;
+        return (fwd_rows){g->q + row0 * d, g->k + key0, g->v + key0, g->y + row0 * d, d, d};
+    }
+    size_t b = bh / (size_t)s->heads, h = bh % (size_t)s->heads, ld = (size_t)g->ld, w = (size_t)s->heads * d;
+    size_t qrow = b * (size_t)s->tq + (size_t)i0, krow = b * (size_t)s->tk;
+    return (fwd_rows){g->q + qrow * ld + h * d, g->k + krow * ld + h * d, g->v + krow * ld + h * d,
+                      g->y + qrow * w + h * d, ld, w};
+}
+
 /* Forward: one unit is a query tile of one (batch, head). Per key tile,
  * S = scale q k^T; the running row maxima m and sums l absorb it, y is
  * rescaled where a maximum grew and gains exp(S - m) v. */
@@ -183,18 +220,16 @@ static void gattn_fwd_range(void *vctx, int worker, size_t begin, size_t end)
     for (size_t u = begin; u < end; u++) {
         size_t bh = u / (size_t)g->nqt;
         int i0 = (int)(u % (size_t)g->nqt) * g->qt, nq = s->tq - i0 < g->qt ? s->tq - i0 : g->qt;
-        size_t row0 = bh * (size_t)s->tq + (size_t)i0;
-        const float *qb = g->q + row0 * d, *kb = g->k + bh * (size_t)s->tk * d, *vb = g->v + bh * (size_t)s->tk * d;
-        float *yb = g->y + row0 * d;
-        memset(yb, 0, (size_t)nq * d * sizeof(float));
+        fwd_rows r = fwd_rows_of(g, bh, i0);
         for (int i = 0; i < nq; i++) {
+            memset(r.y + (size_t)i * r.ldy, 0, d * sizeof(float));
             m[i] = -INFINITY;
             l[i] = 0.0f;
         }
         int kend = s->causal && i0 + nq < s->tk ? i0 + nq : s->tk;
         for (int j0 = 0; j0 < kend; j0 += g->kt) {
             int nk = kend - j0 < g->kt ? kend - j0 : g->kt;
-            scores(g, pk, qb, nq, kb + (size_t)j0 * d, nk, S);
+            scores_ld(g, pk, r.q, r.ldi, nq, r.k + (size_t)j0 * r.ldi, r.ldi, nk, S);
             for (int i = 0; i < nq; i++) {
                 float *row = S + (size_t)i * (size_t)nk;
                 int lim = row_keys(s, i0 + i, j0, nk);
@@ -203,17 +238,18 @@ static void gattn_fwd_range(void *vctx, int worker, size_t begin, size_t end)
                 for (int j = lim; j < nk; j++) row[j] = 0.0f;
                 if (mx > m[i]) {
                     float a = sd_vexpf(m[i] - mx);
-                    float *yr = yb + (size_t)i * d;
+                    float *yr = r.y + (size_t)i * r.ldy;
                     for (size_t t = 0; t < d; t++) yr[t] *= a;
                     l[i] *= a;
                     m[i] = mx;
                 }
                 l[i] += sum;
             }
-            add_product(g, pk, S, nq, nk, vb + (size_t)j0 * d, yb);
+            add_product_ld(g, pk, S, nq, nk, r.v + (size_t)j0 * r.ldi, r.ldi, r.y, r.ldy);
         }
+        size_t row0 = bh * (size_t)s->tq + (size_t)i0;
         for (int i = 0; i < nq; i++) {
-            float *yr = yb + (size_t)i * d, inv = 1.0f / l[i];
+            float *yr = r.y + (size_t)i * r.ldy, inv = 1.0f / l[i];
             for (size_t t = 0; t < d; t++) yr[t] *= inv;
             g->lse[row0 + (size_t)i] = m[i] + logf(l[i]);
         }
@@ -236,22 +272,40 @@ static void fwd_query_tiles(gattn *g)
     g->nqt = (s->tq + g->qt - 1) / g->qt;
 }
 
-/* y = softmax(q k^T * scale) v; lse saved for backward. */
-void sd_attn_fwd(sd_pool *pool, const sd_attn_shape *s, float *y, float *lse, const float *q, const float *k,
-                 const float *v)
+static void attn_fwd_ref_any(sd_pool *pool, const sd_attn_shape *s, int ld, float *y, float *lse, const float *q,
+                             const float *k, const float *v);
+
+/* The forward in either layout (ld 0: head-major). */
+static void attn_fwd_any(sd_pool *pool, const sd_attn_shape *s, int ld, float *y, float *lse, const float *q,
+                         const float *k, const float *v)
 {
-    gattn g = {.y = y, .lse = lse, .q = q, .k = k, .v = v};
+    gattn g = {.y = y, .lse = lse, .q = q, .k = k, .v = v, .ld = ld};
     gattn_plan(&g, s, 0);
     fwd_query_tiles(&g);
     size_t per = worker_floats(&g, 1, 2);
     g.sstride = sd_scratch_stride(per);
     g.scratch = sd_scratch_alloc(sd_pool_size(pool), per);
     if (!g.scratch) {
-        sd_attn_fwd_ref(pool, s, y, lse, q, k, v);
+        attn_fwd_ref_any(pool, s, ld, y, lse, q, k, v);
         return;
     }
     sd_pool_for(pool, (size_t)s->b * (size_t)s->heads * (size_t)g.nqt, gattn_fwd_range, &g);
     free(g.scratch);
+}
+
+/* y = softmax(q k^T * scale) v; lse saved for backward. */
+void sd_attn_fwd(sd_pool *pool, const sd_attn_shape *s, float *y, float *lse, const float *q, const float *k,
+                 const float *v)
+{
+    attn_fwd_any(pool, s, 0, y, lse, q, k, v);
+}
+
+/* The forward on token-major rows, as a fused q|k|v projection leaves
+ * them: no transposes before or after (the CLIP text encoder). */
+void sd_attn_rows_fwd(sd_pool *pool, const sd_attn_shape *s, int ld, float *y, float *lse, const float *q,
+                      const float *k, const float *v)
+{
+    attn_fwd_any(pool, s, ld, y, lse, q, k, v);
 }
 
 /* D_i = dy_i . y_i for query rows [begin, end): the softmax backward's
@@ -427,6 +481,7 @@ void sd_attn_bwd(sd_pool *pool, const sd_attn_shape *s, float *dq, float *dk, fl
 
 typedef struct {
     const sd_attn_shape *s;
+    int ld; /* forward: 0 head-major, else token-major rows ld apart */
     float *y, *lse, *dq, *dk, *dv;
     const float *q, *k, *v, *dy, *cy, *clse;
 } ref_ctx;
@@ -459,17 +514,26 @@ static void ref_fwd_range(void *vctx, int worker, size_t begin, size_t end)
         int i = (int)(u % tq), nk = keys_for_row(s, i);
         const float *qr = c->q + u * d, *kb = c->k + bh * tk * d, *vb = c->v + bh * tk * d;
         float *yr = c->y + u * d;
+        size_t ldk = d;
+        if (c->ld) { /* token-major: batch b, head h */
+            size_t b = bh / (size_t)s->heads, h = bh % (size_t)s->heads, ld = (size_t)c->ld;
+            qr = c->q + (b * tq + (size_t)i) * ld + h * d;
+            kb = c->k + b * tk * ld + h * d;
+            vb = c->v + b * tk * ld + h * d;
+            yr = c->y + (b * tq + (size_t)i) * (size_t)s->heads * d + h * d;
+            ldk = ld;
+        }
         float mx = -INFINITY;
         for (int j = 0; j < nk; j++) {
-            float sc = dot(qr, kb + (size_t)j * d, s->d) * s->scale;
+            float sc = dot(qr, kb + (size_t)j * ldk, s->d) * s->scale;
             if (sc > mx) mx = sc;
         }
         for (size_t t = 0; t < d; t++) yr[t] = 0.0f;
         float l = 0.0f;
         for (int j = 0; j < nk; j++) {
-            float p = expf(dot(qr, kb + (size_t)j * d, s->d) * s->scale - mx);
+            float p = expf(dot(qr, kb + (size_t)j * ldk, s->d) * s->scale - mx);
             l += p;
-            const float *vr = vb + (size_t)j * d;
+            const float *vr = vb + (size_t)j * ldk;
             for (size_t t = 0; t < d; t++) yr[t] += p * vr[t];
         }
         for (size_t t = 0; t < d; t++) yr[t] /= l;
@@ -477,12 +541,26 @@ static void ref_fwd_range(void *vctx, int worker, size_t begin, size_t end)
     }
 }
 
+/* The reference forward in either layout (ld 0: head-major). */
+static void attn_fwd_ref_any(sd_pool *pool, const sd_attn_shape *s, int ld, float *y, float *lse, const float *q,
+                             const float *k, const float *v)
+{
+    ref_ctx c = {.s = s, .ld = ld, .y = y, .lse = lse, .q = q, .k = k, .v = v};
+    sd_pool_for(pool, (size_t)s->b * (size_t)s->heads * (size_t)s->tq, ref_fwd_range, &c);
+}
+
 /* Reference y = softmax(q k^T * scale) v, row by row; lse saved. */
 void sd_attn_fwd_ref(sd_pool *pool, const sd_attn_shape *s, float *y, float *lse, const float *q, const float *k,
                  const float *v)
 {
-    ref_ctx c = {.s = s, .y = y, .lse = lse, .q = q, .k = k, .v = v};
-    sd_pool_for(pool, (size_t)s->b * (size_t)s->heads * (size_t)s->tq, ref_fwd_range, &c);
+    attn_fwd_ref_any(pool, s, 0, y, lse, q, k, v);
+}
+
+/* The reference on token-major rows (sd_attn_rows_fwd's layout). */
+void sd_attn_rows_fwd_ref(sd_pool *pool, const sd_attn_shape *s, int ld, float *y, float *lse, const float *q,
+                          const float *k, const float *v)
+{
+    attn_fwd_ref_any(pool, s, ld, y, lse, q, k, v);
 }
 
 /* dq for one query row: dq_i += scale * sum_j p_ij (dy_i.v_j - dy_i.y_i) k_j. */

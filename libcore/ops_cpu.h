@@ -181,6 +181,14 @@ void sd_attn_fwd(sd_pool *pool, const sd_attn_shape *s, float *y, float *lse, co
                  const float *v);
 void sd_attn_bwd(sd_pool *pool, const sd_attn_shape *s, float *dq, float *dk, float *dv, const float *dy,
                  const float *q, const float *k, const float *v, const float *y, const float *lse);
+/* The forward on token-major rows: q, k, v element (batch n, head h,
+ * token i, c) at [(n * t + i) * ld + h * d + c] (t = tq for q, tk for k
+ * and v; e.g. the three column blocks of a fused q|k|v projection, ld =
+ * 3 * heads * d), y [b, tq, heads * d] with the heads side by side, lse
+ * [b, heads, tq]. Every value bit-identical to sd_attn_fwd on the same
+ * data transposed to head-major (tests/test_ops_fast.c). */
+void sd_attn_rows_fwd(sd_pool *pool, const sd_attn_shape *s, int ld, float *y, float *lse, const float *q,
+                      const float *k, const float *v);
 
 /* Token + position embeddings (CLIP text): ids [n, t] index tok [vocab,
  * dim]; y [n, t, dim] = tok[ids] + pos[0..t) with pos [npos, dim], or no

@@ -17,6 +17,8 @@ void sd_linear_bwd_ref(sd_pool *pool, const sd_linear_shape *s, float *dx, float
                        const float *x, const float *w);
 void sd_attn_fwd_ref(sd_pool *pool, const sd_attn_shape *s, float *y, float *lse, const float *q, const float *k,
                      const float *v);
+void sd_attn_rows_fwd_ref(sd_pool *pool, const sd_attn_shape *s, int ld, float *y, float *lse, const float *q,
+                          const float *k, const float *v);
 void sd_attn_bwd_ref(sd_pool *pool, const sd_attn_shape *s, float *dq, float *dk, float *dv, const float *dy,
                      const float *q, const float *k, const float *v, const float *y, const float *lse);
 

@@ -216,6 +216,54 @@ static void attn_case(const char *name, sd_attn_shape s)
     free(dvr), free(y1), free(l1), free(dq1), free(dk1), free(dv1), free(dk), free(dv);
 }
 
+/* Element (n, h, i, c) of a token-major tensor (rows ld apart, head h's
+ * d columns at h * d + off) copied to and from head-major [b, heads, t, d]. */
+static void to_head_major(const sd_attn_shape *s, int t, const float *rows, size_t ld, size_t off, float *hm, int back)
+{
+    for (int n = 0; n < s->b; n++)
+        for (int h = 0; h < s->heads; h++)
+            for (int i = 0; i < t; i++)
+                for (int c = 0; c < s->d; c++) {
+                    float *r = (float *)rows + ((size_t)n * t + i) * ld + off + (size_t)h * s->d + c;
+                    float *m = hm + (((size_t)n * s->heads + h) * t + i) * s->d + c;
+                    if (back) *r = *m;
+                    else *m = *r;
+                }
+}
+
+/* attention on token-major rows (q|k|v side by side in one row, as the
+ * CLIP encoder's fused projection leaves them; y with the heads side by
+ * side): y and lse bit-identical to the head-major op on the same data
+ * transposed, 1/2/3 threads, and the row-major reference to the head-major
+ * reference. */
+static void attn_rows_case(const char *name, sd_attn_shape s)
+{
+    s.scale = 1.0f / sqrtf((float)s.d);
+    int W = s.heads * s.d, t = s.tq > s.tk ? s.tq : s.tk;
+    size_t ld = 3 * (size_t)W + 5, bh = (size_t)s.b * s.heads; /* a ragged row stride too */
+    size_t nq = bh * s.tq * s.d, nk = bh * s.tk * s.d;
+    float *rows = buf((size_t)s.b * t * ld, 0), *q = buf(nq, 1), *k = buf(nk, 1), *v = buf(nk, 1);
+    to_head_major(&s, s.tq, rows, ld, 0, q, 0);
+    to_head_major(&s, s.tk, rows, ld, (size_t)W, k, 0);
+    to_head_major(&s, s.tk, rows, ld, 2 * (size_t)W, v, 0);
+    float *y = buf(nq, 1), *l = buf(bh * s.tq, 1), *yr = buf(nq, 1), *lr = buf(bh * s.tq, 1);
+    float *yt = buf(nq, 1), *want = buf(nq, 1);
+    sd_attn_fwd(pools[0], &s, y, l, q, k, v);
+    to_head_major(&s, s.tq, want, (size_t)W, 0, y, 1); /* y as [b, tq, W] */
+    for (int th = 0; th < 3; th++) {
+        sd_attn_rows_fwd(pools[th], &s, (int)ld, yt, lr, rows, rows + W, rows + 2 * W);
+        same(name, "rows y", sd_pool_size(pools[th]), yt, want, nq);
+        same(name, "rows lse", sd_pool_size(pools[th]), lr, l, bh * s.tq);
+    }
+    sd_attn_fwd_ref(NULL, &s, y, l, q, k, v);
+    to_head_major(&s, s.tq, want, (size_t)W, 0, y, 1);
+    sd_attn_rows_fwd_ref(NULL, &s, (int)ld, yr, lr, rows, rows + W, rows + 2 * W);
+    same(name, "rows ref y", 1, yr, want, nq);
+    same(name, "rows ref lse", 1, lr, l, bh * s.tq);
+    printf("attn   %-10s rows ok\n", name);
+    free(rows), free(q), free(k), free(v), free(y), free(l), free(yr), free(lr), free(yt), free(want);
+}
+
 int main(void)
 {
     for (int i = 0; i < 3; i++) pools[i] = sd_pool_create(i + 1);
@@ -272,6 +320,9 @@ int main(void)
     attn_case("causal-x", (sd_attn_shape){.b = 2, .heads = 1, .tq = 37, .tk = 53, .d = 8, .causal = 1});
     attn_case("causal-y", (sd_attn_shape){.b = 1, .heads = 2, .tq = 61, .tk = 19, .d = 5, .causal = 1});
     attn_case("cross", (sd_attn_shape){.b = 2, .heads = 3, .tq = 77, .tk = 9, .d = 40});
+    attn_rows_case("clip", (sd_attn_shape){.b = 3, .heads = 4, .tq = 77, .tk = 77, .d = 16, .causal = 1});
+    attn_rows_case("one-head", (sd_attn_shape){.b = 1, .heads = 1, .tq = 600, .tk = 600, .d = 8, .causal = 1});
+    attn_rows_case("cross", (sd_attn_shape){.b = 2, .heads = 3, .tq = 40, .tk = 9, .d = 24});
     /* 8+ (batch, head) pairs: the fused backward, one unit per head */
     attn_case("fused", (sd_attn_shape){.b = 2, .heads = 4, .tq = 300, .tk = 300, .d = 16, .causal = 1});
     attn_case("fused-x", (sd_attn_shape){.b = 1, .heads = 8, .tq = 130, .tk = 77, .d = 40});
