@@ -13,7 +13,8 @@ Two variants of the area resize:
   cv2  exactly sd-scripts: np.array of the full image, cv2.resize INTER_AREA,
        with cv2.setNumThreads(1) so it is one core like the others (only
        when the cv2 module is importable).
-usage: bench_image_pil.py time JOBS.tsv PASSES [pil|cv2]   images/s, one thread
+usage: bench_image_pil.py time JOBS.tsv PASSES [pil|cv2]   images/s, one thread,
+                                                            then CPU time per format
        bench_image_pil.py compare JOBS.tsv IMAGE_DUMP       mean abs diff vs sdtk"""
 import io
 import os
@@ -37,6 +38,20 @@ def jobs(path):
     for line in open(path):
         f = line.rstrip("\n").split("\t")
         yield f[0], int(f[1]), int(f[2]), [int(x) for x in f[3:9]]
+
+
+def file_format(path, off):
+    """jpeg, png, webp or other, from the first bytes (as sdtk's header reader names them)."""
+    with open(path, "rb") as fh:
+        fh.seek(off)
+        b = fh.read(12)
+    if b[:3] == b"\xff\xd8\xff":
+        return "jpeg"
+    if b[:8] == b"\x89PNG\r\n\x1a\n":
+        return "png"
+    if b[:4] == b"RIFF" and b[8:12] == b"WEBP":
+        return "webp"
+    return "other"
 
 
 def load(path, off, size):
@@ -78,16 +93,27 @@ def main():
         if kind == "cv2" and cv2 is None:
             print("kohya-style with cv2: skipped (no cv2 module)")
             return
+        fmts = [file_format(path, off) for path, off, size, p in js]
+        by_fmt = {}  # format -> [images, CPU seconds]
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(passes):
-            for path, off, size, p in js:
+            for (path, off, size, p), fmt in zip(js, fmts):
+                c1 = time.process_time()
                 a = kohya_rgb8(path, off, size, p, kind)
                 x = a.transpose(2, 0, 1).astype(np.float32) / 127.5 - 1.0  # ToTensor + Normalize(0.5, 0.5)
                 del x
+                e = by_fmt.setdefault(fmt, [0, 0.0])
+                e[0] += 1
+                e[1] += time.process_time() - c1
         s, cpu = time.perf_counter() - t0, time.process_time() - c0
         n = len(js) * passes
-        print("kohya-style %s 1 thread: %d images in %.2f s = %.2f images/s; %.2f CPU s = %.2f images per CPU-second"
-              % ("PIL BOX" if kind == "pil" else "cv2 INTER_AREA", n, s, n / s, cpu, n / cpu))
+        name = "kohya-style %s 1 thread" % ("PIL BOX" if kind == "pil" else "cv2 INTER_AREA")
+        print("%s: %d images in %.2f s = %.2f images/s; %.2f CPU s = %.2f images per CPU-second"
+              % (name, n, s, n / s, cpu, n / cpu))
+        for fmt in ("jpeg", "png", "webp", "other"):
+            if fmt in by_fmt and by_fmt[fmt][1] > 0:
+                k, c = by_fmt[fmt]
+                print("%s %s: %d images, %.3f CPU s = %.2f images per CPU-second" % (name, fmt, k, c, k / c))
         return
     exe = sys.argv[3]
     kinds = ["pil"] + (["cv2"] if cv2 is not None else [])

@@ -44,8 +44,9 @@ static void jpeg_on_message(j_common_ptr c, int level)
 }
 
 /* The DCT scale: the largest 1/d (d = 8, 4, 2, 1) whose output, rounded up
- * as libjpeg does, still covers the resize size on both sides. */
-static int jpeg_denom(unsigned w, unsigned h, const sd_image_plan *p)
+ * as libjpeg does, still covers the resize size on both sides (shared with
+ * bench_decode, whose decoder floor must decode at the same scale). */
+int sd_jpeg_denom(unsigned w, unsigned h, const sd_image_plan *p)
 {
     for (unsigned d = 8; d > 1; d /= 2)
         if ((w + d - 1) / d >= (unsigned)p->resize_w && (h + d - 1) / d >= (unsigned)p->resize_h) return (int)d;
@@ -97,7 +98,7 @@ sd_fast sd_fast_jpeg(const unsigned char *buf, size_t len, const sd_imginfo *inf
         }
     }
     c.scale_num = 1;
-    c.scale_denom = (unsigned)jpeg_denom(c.image_width, c.image_height, plan);
+    c.scale_denom = (unsigned)sd_jpeg_denom(c.image_width, c.image_height, plan);
     jpeg_start_decompress(&c);
     if (c.output_components != chan) longjmp(fail.jump, 1);
     area = sd_area_new((int)c.output_width, (int)c.output_height, chan, plan, out);

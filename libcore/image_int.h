@@ -40,6 +40,11 @@ sd_fast sd_fast_png(const unsigned char *buf, size_t len, const sd_imginfo *info
 sd_fast sd_fast_webp(const unsigned char *buf, size_t len, const sd_imginfo *info, const sd_image_plan *plan,
                      unsigned char *out, unsigned char **icc, size_t *icc_len);
 
+/* The JPEG DCT scale denominator sd_fast_jpeg decodes a w x h image at for
+ * this plan: the largest of 8, 4, 2, 1 whose output still covers the resize
+ * size on both sides. */
+int sd_jpeg_denom(unsigned w, unsigned h, const sd_image_plan *plan);
+
 /* Per-thread reusable buffers (image_dec.c): the encoded file, the inflated
  * PNG, the HWC pixels behind sd_image_load_chw. A slot's buffer stays valid
  * until the next sd_scratch call for that slot on the same thread. */
