@@ -3,17 +3,10 @@
  * projection split in two halves). Each thread owns a contiguous slice of
  * the output (elements, or rows for GEGLU). The scalar formulas live in
  * ops_math.h, shared with the CUDA kernels. */
+#include "clones.h"
 #include "ops_cpu.h"
 #include "ops_math.h"
 #include "vexp.h"
-
-/* Loops built twice, for AVX2 and for any x86-64; the loader picks one
- * per machine (GCC's target_clones). */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define SD_ACT_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define SD_ACT_CLONES
-#endif
 
 typedef struct {
     float *out;
@@ -56,7 +49,7 @@ void sd_gelu_bwd(sd_pool *pool, size_t n, float *dx, const float *dy, const floa
  * element took 6% of a CLIP-L encode. Built for AVX2 and for any x86-64
  * (target_clones; this file is compiled with -O3 -fno-trapping-math); both
  * give the same bits, as nothing is contracted into an FMA in ISO C mode. */
-SD_ACT_CLONES static void qgelu_fwd_range(void *vctx, int worker, size_t begin, size_t end)
+SD_CLONES static void qgelu_fwd_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const act_ctx *c = vctx;
     float *out = c->out;
