@@ -1,5 +1,6 @@
 /* The backend boundary (backend.h): every table entry is filled (CPU, and
- * the CUDA table when the build has one: no GPU needed to read a table),
+ * the CUDA table when the build has one: no GPU needed to read a table;
+ * optional entries on the CPU only),
  * the CPU memory entries, calls through the table equal direct calls, and
  * the two ops the VAE needed to stop touching tensor memory itself
  * (transpose, posterior std) against plain loops and finite differences,
@@ -33,6 +34,8 @@
     X(concat_fwd) X(concat_bwd) X(add_bcast_channel_fwd) X(add_bcast_channel_bwd) X(timestep_emb_fwd)              \
     X(timestep_emb_bwd) X(transpose_fwd) X(transpose_bwd) X(gauss_std_fwd) X(gauss_std_bwd) X(embedding_fwd)       \
     X(embedding_bwd) X(sum_squares) X(adamw) X(ema)
+/* Entries a backend may leave NULL (backend.h: the caller falls back). */
+#define OPTIONAL_ENTRIES(X) X(attn_rows_fwd)
 
 #define COUNT_ONE(m) +1
 #define CHECK_ONE(m)                                                                                                 \
@@ -41,13 +44,15 @@
         missing++;                                                                                                   \
     }
 
-/* No NULL entry, and the list above covers the whole struct. */
+/* No NULL entry but optional ones (none on the CPU), and the lists above
+ * cover the whole struct. */
 static void check_complete(const sd_backend *be)
 {
     int missing = 0;
     ENTRIES(CHECK_ONE)
+    if (!be->is_device) OPTIONAL_ENTRIES(CHECK_ONE)
     CHECK(missing == 0);
-    size_t listed = 0 ENTRIES(COUNT_ONE);
+    size_t listed = 0 ENTRIES(COUNT_ONE) OPTIONAL_ENTRIES(COUNT_ONE);
     CHECK(sizeof(sd_backend) == offsetof(sd_backend, alloc) + listed * sizeof(void (*)(void)));
 }
 
