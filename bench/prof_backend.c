@@ -29,6 +29,8 @@ W(C_NORM, group_norm_fwd, (void *e, const sd_gn_shape *s, FP a, FP b, FP c, CF d
 W(C_NORM, group_norm_bwd, (void *e, const sd_gn_shape *s, FP a, FP b, FP c, CF d, CF f, CF g, CF h, CF i),
   (e, s, a, b, c, d, f, g, h, i))
 W(C_LINEAR, linear_fwd, (void *e, const sd_linear_shape *s, FP a, CF b, CF c, CF d), (e, s, a, b, c, d))
+W(C_LINEAR, linear_act_fwd, (void *e, const sd_linear_shape *s, sd_act act, FP a, CF b, CF c, CF d),
+  (e, s, act, a, b, c, d))
 W(C_LINEAR, linear_bwd, (void *e, const sd_linear_shape *s, FP a, FP b, FP c, CF d, CF f, CF g),
   (e, s, a, b, c, d, f, g))
 W(C_ELEM, silu_fwd, (void *e, size_t n, FP a, CF b), (e, n, a, b))
@@ -76,7 +78,7 @@ const sd_backend *prof_backend(const sd_backend *be)
     prof = real;
 #define P(name) \
     if (real.name) prof.name = w_##name
-    P(conv2d_fwd); P(conv2d_bwd); P(group_norm_fwd); P(group_norm_bwd); P(linear_fwd); P(linear_bwd);
+    P(conv2d_fwd); P(conv2d_bwd); P(group_norm_fwd); P(group_norm_bwd); P(linear_fwd); P(linear_act_fwd); P(linear_bwd);
     P(silu_fwd); P(silu_bwd); P(add_fwd); P(add_bwd); P(upsample2x_fwd); P(upsample2x_bwd); P(attn_fwd);
     P(attn_rows_fwd); P(attn_bwd); P(layer_norm_fwd); P(layer_norm_bwd); P(gelu_fwd); P(gelu_bwd); P(quick_gelu_fwd);
     P(quick_gelu_bwd); P(geglu_fwd); P(geglu_bwd); P(scale_fwd); P(scale_bwd); P(mul_fwd); P(mul_bwd);

@@ -32,6 +32,9 @@ CPU_OP(group_norm_bwd,
        (pool, s, dx, dgamma, dbeta, dy, x, mean, rstd, gamma))
 CPU_OP(linear_fwd, (void *exec, const sd_linear_shape *s, float *y, const float *x, const float *w, const float *b),
        (pool, s, y, x, w, b))
+CPU_OP(linear_act_fwd,
+       (void *exec, const sd_linear_shape *s, sd_act act, float *y, const float *x, const float *w, const float *b),
+       (pool, s, act, y, x, w, b))
 CPU_OP(linear_bwd,
        (void *exec, const sd_linear_shape *s, float *dx, float *dw, float *db, const float *dy, const float *x,
         const float *w),
@@ -161,6 +164,7 @@ static const sd_backend cpu_backend = {
     .group_norm_fwd = cpu_group_norm_fwd,
     .group_norm_bwd = cpu_group_norm_bwd,
     .linear_fwd = cpu_linear_fwd,
+    .linear_act_fwd = cpu_linear_act_fwd,
     .linear_bwd = cpu_linear_bwd,
     .silu_fwd = cpu_silu_fwd,
     .silu_bwd = cpu_silu_bwd,

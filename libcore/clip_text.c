@@ -149,6 +149,23 @@ static void attend_rows(const fwd *f)
     f->be->attn_rows_fwd(f->exec, &as, 3 * W, s->h, s->lse, s->big, s->big + W, s->big + 2 * W);
 }
 
+/* y [rows, mlp] = act(fc1(x)): in one pass where the backend fuses the
+ * activation into the linear (the CPU; the same bits), else two ops. */
+static void mlp_in(const fwd *f, const sd_clip_layer *L, int rows, float *y, const float *x)
+{
+    const sd_clip_text_config *c = f->cfg;
+    if (f->be->linear_act_fwd) {
+        sd_linear_shape ls = {.m = rows, .k = c->width, .n = c->mlp};
+        f->be->linear_act_fwd(f->exec, &ls, c->act == SD_CLIP_GELU ? SD_ACT_GELU : SD_ACT_QUICK_GELU, y, x,
+                              f->p + L->w1, f->p + L->b1);
+        return;
+    }
+    linear(f, L->w1, L->b1, c->mlp, c->width, y, x);
+    size_t nh = (size_t)rows * (size_t)c->mlp;
+    if (c->act == SD_CLIP_GELU) f->be->gelu_fwd(f->exec, nh, y, y);
+    else f->be->quick_gelu_fwd(f->exec, nh, y, y);
+}
+
 /* One CLIPEncoderLayer on the residual stream x:
  * x += out_proj(attn(split(qkv(ln1(x))))) then x += fc2(act(fc1(ln2(x)))). */
 static void block(const fwd *f, const sd_clip_layer *L)
@@ -169,10 +186,7 @@ static void block(const fwd *f, const sd_clip_layer *L)
     linear(f, L->wo, L->bo, W, W, s->tmp, s->h);
     f->be->add_fwd(f->exec, tw, s->x, s->x, s->tmp);
     norm(f, &L->ln2, rows, s->h, s->x);
-    linear(f, L->w1, L->b1, c->mlp, W, s->big, s->h);
-    size_t nh = (size_t)rows * (size_t)c->mlp;
-    if (c->act == SD_CLIP_GELU) f->be->gelu_fwd(f->exec, nh, s->big, s->big);
-    else f->be->quick_gelu_fwd(f->exec, nh, s->big, s->big);
+    mlp_in(f, L, rows, s->big, s->h);
     linear(f, L->w2, L->b2, W, c->mlp, s->tmp, s->big);
     f->be->add_fwd(f->exec, tw, s->x, s->x, s->tmp);
 }

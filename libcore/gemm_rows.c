@@ -145,7 +145,8 @@ void sd_gemm_rows(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, siz
  * L1; copying it to a contiguous buffer measured slower) runs over all its
  * panels; the first k block starts each tile from the bias (or, when
  * accumulating, from y), so y is never written before its first real
- * value. */
+ * value; after the last k block each row block's strip goes through
+ * mode.finish. */
 void sd_gemm_rows_ex(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, size_t ldx, const float *w, size_t ldw,
                      sd_gemm_rows_mode mode, const float *bias, float *y, size_t ldy, float *scratch)
 {
@@ -175,6 +176,7 @@ void sd_gemm_rows_ex(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, 
                     if (mr == MR && nc == NR) run_kernel(isa, kc, a, bp, init, c + c0, ldy);
                     else run_edge(isa, kc, a, bp, init, c + c0, ldy, mr, nc);
                 }
+                if (mode.finish && k0 + kc == k) mode.finish(mode.finish_ctx, c, ldy, mr, nb);
             }
         }
     }

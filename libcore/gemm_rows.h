@@ -50,6 +50,11 @@ void sd_gemm_rows(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, siz
 typedef struct {
     int w_kn;       /* w is [k, n] (row stride ldw): y = x w, e.g. attention's P v */
     int accumulate; /* chains start from y's contents (y += x w^T), bias ignored */
+    /* called once on each block of y whose chains are complete (rows x
+     * cols at y, stride ldy), right after its last k step, while the block
+     * is in cache: e.g. an activation in place. NULL: none. */
+    void (*finish)(const void *ctx, float *y, size_t ldy, int rows, int cols);
+    const void *finish_ctx;
 } sd_gemm_rows_mode;
 
 /* sd_gemm_rows with w in either layout and optionally adding into y; the

@@ -14,12 +14,18 @@ typedef struct {
     size_t n; /* GEGLU: output columns per row */
 } act_ctx;
 
+/* out[i] = gelu(x[i]) for i < n. */
+static void gelu_slice(float *out, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = sdm_gelu(x[i]);
+}
+
 /* y = gelu(x) over one slice. */
 static void gelu_fwd_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const act_ctx *c = vctx;
     (void)worker;
-    for (size_t i = begin; i < end; i++) c->out[i] = sdm_gelu(c->x[i]);
+    gelu_slice(c->out + begin, c->x + begin, end - begin);
 }
 
 /* Exact (erf) GELU, torch's default F.gelu; y may be x. */
@@ -49,13 +55,17 @@ void sd_gelu_bwd(sd_pool *pool, size_t n, float *dx, const float *dy, const floa
  * element took 6% of a CLIP-L encode. Built for AVX2 and for any x86-64
  * (target_clones; this file is compiled with -O3 -fno-trapping-math); both
  * give the same bits, as nothing is contracted into an FMA in ISO C mode. */
-SD_CLONES static void qgelu_fwd_range(void *vctx, int worker, size_t begin, size_t end)
+SD_CLONES static void qgelu_slice(float *out, const float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) out[i] = x[i] / (1.0f + sd_vexpf(-SDM_QUICK_GELU_K * x[i]));
+}
+
+/* y = quick_gelu(x) over one slice of the op. */
+static void qgelu_fwd_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const act_ctx *c = vctx;
-    float *out = c->out;
-    const float *x = c->x;
     (void)worker;
-    for (size_t i = begin; i < end; i++) out[i] = x[i] / (1.0f + sd_vexpf(-SDM_QUICK_GELU_K * x[i]));
+    qgelu_slice(c->out + begin, c->x + begin, end - begin);
 }
 
 /* CLIP's quick_gelu (OpenAI CLIP, SD 1.x text encoder); y may be x. */
@@ -63,6 +73,17 @@ void sd_quick_gelu_fwd(sd_pool *pool, size_t n, float *y, const float *x)
 {
     act_ctx c = {.out = y, .x = x};
     sd_pool_for(pool, n, qgelu_fwd_range, &c);
+}
+
+/* The activation on a block of rows, through the same slice functions as
+ * the ops, so the fused linear gives their bits. */
+void sd_act_rows(sd_act act, float *y, size_t ldy, int rows, int cols)
+{
+    for (int r = 0; r < rows && act != SD_ACT_NONE; r++) {
+        float *yr = y + (size_t)r * ldy;
+        if (act == SD_ACT_GELU) gelu_slice(yr, yr, (size_t)cols);
+        else qgelu_slice(yr, yr, (size_t)cols);
+    }
 }
 
 /* d/dx = s + k x s (1 - s) with s = sigmoid(k x), k = 1.702. */

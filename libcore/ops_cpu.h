@@ -61,6 +61,15 @@ void sd_linear_fwd(sd_pool *pool, const sd_linear_shape *s, float *y, const floa
 void sd_linear_bwd(sd_pool *pool, const sd_linear_shape *s, float *dx, float *dw, float *db, const float *dy,
                    const float *x, const float *w);
 
+/* An activation applied in place by sd_act_rows and the fused linear. */
+typedef enum { SD_ACT_NONE = 0, SD_ACT_GELU = 1, SD_ACT_QUICK_GELU = 2 } sd_act;
+
+/* y = act(x w^T + b), the activation applied to each block of y as soon as
+ * it is final, while it is still in cache; bit-identical to sd_linear_fwd
+ * followed by sd_gelu_fwd / sd_quick_gelu_fwd. Forward only (inference). */
+void sd_linear_act_fwd(sd_pool *pool, const sd_linear_shape *s, sd_act act, float *y, const float *x,
+                       const float *w, const float *b);
+
 /* layer_norm over the last dim (torch F.layer_norm): x, y [m, c]; gamma,
  * beta [c] or NULL; mean, rstd [m] saved by forward for backward. */
 typedef struct {
@@ -93,6 +102,9 @@ void sd_gelu_bwd(sd_pool *pool, size_t n, float *dx, const float *dy, const floa
 /* CLIP's quick_gelu, x * sigmoid(1.702 x). */
 void sd_quick_gelu_fwd(sd_pool *pool, size_t n, float *y, const float *x);
 void sd_quick_gelu_bwd(sd_pool *pool, size_t n, float *dx, const float *dy, const float *x);
+/* act in place on rows x cols floats (rows ldy apart), on the calling
+ * thread: the same bits as the ops above on those elements. */
+void sd_act_rows(sd_act act, float *y, size_t ldy, int rows, int cols);
 
 /* GEGLU (diffusers): x [m, 2n] holds [a | gate] per row, y [m, n] =
  * a * gelu(gate) with the exact GELU. y must not alias x. */

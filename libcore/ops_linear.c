@@ -81,10 +81,17 @@ typedef struct {
     const sd_linear_shape *s;
     int units, cols; /* units and columns per unit */
     sd_gemm_rows_isa isa;
+    sd_act act;
     float *scratch; /* per worker, or NULL: the unpacked loops */
     float *y;
     const float *x, *w, *b;
 } grows;
+
+/* gemm_rows' finish hook: the activation on a completed block of y. */
+static void act_block(const void *ctx, float *y, size_t ldy, int rows, int cols)
+{
+    sd_act_rows(*(const sd_act *)ctx, y, ldy, rows, cols);
+}
 
 /* Unit u's columns through sd_gemm_rows (or, without scratch, the
  * reference loops that give the same bits). */
@@ -97,10 +104,14 @@ static void grows_range(void *vctx, int worker, size_t begin, size_t end)
         if (nc <= 0) continue;
         const float *w = g->w + (size_t)c0 * (size_t)s->k, *b = g->b ? g->b + c0 : NULL;
         float *y = g->y + c0;
-        if (g->scratch)
-            sd_gemm_rows(g->isa, s->m, nc, s->k, g->x, (size_t)s->k, w, (size_t)s->k, b, y, (size_t)s->n,
-                         g->scratch + (size_t)worker * sd_scratch_stride(sd_gemm_rows_scratch_floats()));
-        else sd_gemm_rows_ref(s->m, nc, s->k, g->x, (size_t)s->k, w, (size_t)s->k, b, y, (size_t)s->n);
+        sd_gemm_rows_mode mode = {.finish = g->act ? act_block : NULL, .finish_ctx = &g->act};
+        if (g->scratch) {
+            sd_gemm_rows_ex(g->isa, s->m, nc, s->k, g->x, (size_t)s->k, w, (size_t)s->k, mode, b, y, (size_t)s->n,
+                            g->scratch + (size_t)worker * sd_scratch_stride(sd_gemm_rows_scratch_floats()));
+        } else {
+            sd_gemm_rows_ref(s->m, nc, s->k, g->x, (size_t)s->k, w, (size_t)s->k, b, y, (size_t)s->n);
+            sd_act_rows(g->act, y, (size_t)s->n, s->m, nc);
+        }
     }
 }
 
@@ -110,9 +121,16 @@ static void grows_range(void *vctx, int worker, size_t begin, size_t end)
 void sd_linear_fwd(sd_pool *pool, const sd_linear_shape *s, float *y, const float *x, const float *w,
                    const float *b)
 {
+    sd_linear_act_fwd(pool, s, SD_ACT_NONE, y, x, w, b);
+}
+
+/* The same with an activation on each finished block of y (ops_cpu.h). */
+void sd_linear_act_fwd(sd_pool *pool, const sd_linear_shape *s, sd_act act, float *y, const float *x,
+                       const float *w, const float *b)
+{
     int workers = sd_pool_size(pool);
-    grows g = {.s = s, .units = workers > 0 ? workers : 1, .isa = sd_gemm_rows_best_isa(), .y = y, .x = x,
-               .w = w, .b = b};
+    grows g = {.s = s, .units = workers > 0 ? workers : 1, .isa = sd_gemm_rows_best_isa(), .act = act, .y = y,
+               .x = x, .w = w, .b = b};
     int per = (s->n + g.units - 1) / g.units;
     g.cols = (per + SD_GEMM_ROWS_NR - 1) / SD_GEMM_ROWS_NR * SD_GEMM_ROWS_NR;
     g.scratch = sd_scratch_alloc(g.units, sd_gemm_rows_scratch_floats());

@@ -35,7 +35,7 @@
     X(timestep_emb_bwd) X(transpose_fwd) X(transpose_bwd) X(gauss_std_fwd) X(gauss_std_bwd) X(embedding_fwd)       \
     X(embedding_bwd) X(sum_squares) X(adamw) X(ema)
 /* Entries a backend may leave NULL (backend.h: the caller falls back). */
-#define OPTIONAL_ENTRIES(X) X(attn_rows_fwd)
+#define OPTIONAL_ENTRIES(X) X(attn_rows_fwd) X(linear_act_fwd)
 
 #define COUNT_ONE(m) +1
 #define CHECK_ONE(m)                                                                                                 \
@@ -50,7 +50,9 @@ static void check_complete(const sd_backend *be)
 {
     int missing = 0;
     ENTRIES(CHECK_ONE)
-    if (!be->is_device) OPTIONAL_ENTRIES(CHECK_ONE)
+    if (!be->is_device) {
+        OPTIONAL_ENTRIES(CHECK_ONE)
+    }
     CHECK(missing == 0);
     size_t listed = 0 ENTRIES(COUNT_ONE) OPTIONAL_ENTRIES(COUNT_ONE);
     CHECK(sizeof(sd_backend) == offsetof(sd_backend, alloc) + listed * sizeof(void (*)(void)));

@@ -170,6 +170,27 @@ static void linear_case(const char *name, sd_linear_shape s)
     free(y1), free(dx1), free(dw1), free(db1), free(dw);
 }
 
+/* linear + activation in one pass: bit-identical to the linear followed by
+ * the activation op, for both activations and 1/2/3 threads (several k
+ * blocks, ragged rows and columns), and with no activation to the linear. */
+static void linear_act_case(const char *name, sd_linear_shape s)
+{
+    size_t nx = (size_t)s.m * s.k, nw = (size_t)s.n * s.k, ny = (size_t)s.m * s.n;
+    float *x = buf(nx, 0), *w = buf(nw, 0), *b = buf((size_t)s.n, 0), *want = buf(ny, 1), *got = buf(ny, 1);
+    for (int a = 0; a < 3; a++) {
+        sd_linear_fwd(pools[0], &s, want, x, w, b);
+        if (a == SD_ACT_GELU) sd_gelu_fwd(pools[0], ny, want, want);
+        if (a == SD_ACT_QUICK_GELU) sd_quick_gelu_fwd(pools[0], ny, want, want);
+        for (int t = 0; t < 3; t++) {
+            memset(got, 0, ny * sizeof(float));
+            sd_linear_act_fwd(pools[t], &s, (sd_act)a, got, x, w, b);
+            same(name, a == 0 ? "no act" : a == 1 ? "gelu" : "quick_gelu", sd_pool_size(pools[t]), got, want, ny);
+        }
+    }
+    printf("linear %-10s act ok\n", name);
+    free(x), free(w), free(b), free(want), free(got);
+}
+
 /* attention: y, lse and dq, dk, dv against the reference, dk alone and dv
  * alone equal to the full backward's, 1/2/3 threads equal. */
 static void attn_case(const char *name, sd_attn_shape s)
@@ -314,6 +335,8 @@ int main(void)
     linear_case("blocks", (sd_linear_shape){.m = 2100, .k = 70, .n = 130});
     linear_case("tiny", (sd_linear_shape){.m = 3, .k = 1, .n = 2});
     linear_case("few-rows", (sd_linear_shape){.m = 77, .k = 45, .n = 101}); /* column blocks */
+    linear_act_case("act", (sd_linear_shape){.m = 37, .k = 1100, .n = 230});
+    linear_act_case("act-tiny", (sd_linear_shape){.m = 1, .k = 3, .n = 5});
     /* attention: tiles capped at 256 with ragged ends, cross lengths, causal */
     attn_case("long", (sd_attn_shape){.b = 1, .heads = 1, .tq = 2100, .tk = 2300, .d = 3});
     attn_case("causal", (sd_attn_shape){.b = 1, .heads = 2, .tq = 300, .tk = 300, .d = 16, .causal = 1});
