@@ -154,6 +154,7 @@ typedef struct {
     float *params, *ws, *hidden, *pooled; /* the backend's memory */
     int32_t *ids_be;
     size_t ws_cap, ids_cap, hidden_cap, pooled_cap; /* bytes */
+    int params_borrowed; /* a host backend: params is the model's own buffer, not a copy */
 } sd_clip_text_runner;
 
 sd_status sd_clip_text_runner_init(sd_clip_text_runner *r, const sd_clip_text *m, const sd_backend *be, void *exec,

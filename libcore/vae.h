@@ -122,6 +122,7 @@ typedef struct {
     int whole_batch; /* 1: sd_vae_encode_batch_on (init: 1 on a device) */
     float *params, *ws, *x, *mean, *std; /* the backend's memory */
     size_t ws_cap, x_cap, mean_cap, std_cap; /* bytes */
+    int params_borrowed; /* a host backend: params is the model's own buffer, not a copy */
 } sd_vae_runner;
 
 sd_status sd_vae_runner_init(sd_vae_runner *r, const sd_vae *v, const sd_backend *be, void *exec, sd_error *err);

@@ -4,7 +4,8 @@
  * batch in, encodes it and copies the moments back. This is what a tool
  * needs to switch from the CPU to a GPU (sd-latents --device cuda:K):
  * replace sd_vae_encode by sd_vae_runner_encode. On the CPU backend the
- * copies are memcpy and the results equal sd_vae_encode's bit for bit. */
+ * parameters are the model's own (no copy), the other copies are memcpy,
+ * and the results equal sd_vae_encode's bit for bit. */
 #include <string.h>
 
 #include "vae.h"
@@ -26,13 +27,20 @@ static void drop(sd_vae_runner *r, float **p)
     *p = NULL;
 }
 
-/* Parameters into the backend's memory. */
+/* Parameters into the backend's memory; a host backend's memory is host
+ * memory, so there the model's own buffer serves (a second copy of the
+ * weights would only double the resident size). */
 sd_status sd_vae_runner_init(sd_vae_runner *r, const sd_vae *v, const sd_backend *be, void *exec, sd_error *err)
 {
     memset(r, 0, sizeof *r);
     r->be = be;
     r->exec = exec;
     r->whole_batch = be->is_device;
+    if (!be->is_device) {
+        r->params = v->w.data;
+        r->params_borrowed = 1;
+        return SD_OK;
+    }
     size_t cap = 0;
     sd_status st = grow(r, &r->params, &cap, v->w.total, "parameters", err);
     if (st) return st;
@@ -76,6 +84,7 @@ sd_status sd_vae_runner_encode(sd_vae_runner *r, const sd_vae *v, int n, int h, 
 void sd_vae_runner_free(sd_vae_runner *r)
 {
     if (!r->be) return;
+    if (r->params_borrowed) r->params = NULL; /* the model's, not ours */
     drop(r, &r->params);
     drop(r, &r->ws);
     drop(r, &r->x);
