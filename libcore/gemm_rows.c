@@ -3,28 +3,34 @@
  * gemm_rows.h for the one rule all of them keep: an output element is the
  * fused multiply-add chain over k in order, starting from its bias. */
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
+#include "dtype.h"
+#include "f16.h"
 #include "gemm_rows.h"
 #include "gemm_rows_kern.h"
 
 enum { MR = SD_GEMM_ROWS_MR, NR = SD_GEMM_ROWS_NR, KC = SD_GEMM_ROWS_KC, NC = SD_GEMM_ROWS_NC };
 
-/* AVX2 when both the build and the CPU have it (the CPU model is the
- * compiler runtime's, read here, never cached by sdtk). */
+/* AVX2 when both the build and the CPU have it, with FMA and F16C (every
+ * AVX2 CPU has both; F16C widens fp16 weights). The CPU model is the
+ * compiler runtime's, read here, never cached by sdtk. */
 sd_gemm_rows_isa sd_gemm_rows_best_isa(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
-    if (sd_gemm_rows_have_avx2() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    if (sd_gemm_rows_have_avx2() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
         return SD_GEMM_ROWS_AVX2;
 #endif
     return SD_GEMM_ROWS_PORTABLE;
 }
 
-/* One packed block of w: NC columns by KC steps. */
+/* One packed block of w (NC columns by KC steps), then room for one
+ * panel's rows widened from 16-bit weights (NR rows by KC steps). */
 size_t sd_gemm_rows_scratch_floats(void)
 {
-    return (size_t)NC * KC;
+    return (size_t)NC * KC + (size_t)NR * KC;
 }
 
 /* The portable micro-kernel: per row, 16 lanes each advanced by one fmaf
@@ -60,6 +66,39 @@ static void pack_block(sd_gemm_rows_isa isa, float *dst, const float *w, size_t 
         }
         for (int j = nc; j < NR; j++)
             for (int p = 0; p < kc; p++) dst[(size_t)p * NR + (size_t)j] = 0.0f;
+    }
+}
+
+/* Rows [0, rows) of a 16-bit w (fp16 or bf16), steps [k0, k0 + kc), as
+ * floats into dst (rows kc apart): both widenings are exact. */
+static void widen_rows(sd_gemm_rows_isa isa, float *dst, const uint16_t *w, size_t ldw, int rows, int k0, int kc,
+                       int dtype)
+{
+    for (int j = 0; j < rows; j++) {
+        const uint16_t *src = w + (size_t)j * ldw + (size_t)k0;
+        float *d = dst + (size_t)j * (size_t)kc;
+        if (dtype == SD_DT_BF16) {
+            for (int p = 0; p < kc; p++) {
+                uint32_t bits = (uint32_t)src[p] << 16;
+                memcpy(d + p, &bits, sizeof bits);
+            }
+        } else if (isa == SD_GEMM_ROWS_AVX2) {
+            sd_gemm_rows_widen_f16_avx2(d, src, kc);
+        } else {
+            for (int p = 0; p < kc; p++) d[p] = sd_f16_to_f32(src[p]);
+        }
+    }
+}
+
+/* pack_block for 16-bit w: each panel's rows widened into tmp first, then
+ * packed from there as float rows, so the panels hold the exact floats. */
+static void pack_block_half(sd_gemm_rows_isa isa, float *dst, const uint16_t *w, size_t ldw, int n, int k0, int kc,
+                            int dtype, float *tmp)
+{
+    for (int c0 = 0; c0 < n; c0 += NR, dst += (size_t)kc * NR) {
+        int nc = n - c0 < NR ? n - c0 : NR;
+        widen_rows(isa, tmp, w + (size_t)c0 * ldw, ldw, nc, k0, kc, dtype);
+        pack_block(isa, dst, tmp, (size_t)kc, nc, 0, kc);
     }
 }
 
@@ -147,16 +186,21 @@ void sd_gemm_rows(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, siz
  * accumulating, from y), so y is never written before its first real
  * value; after the last k block each row block's strip goes through
  * mode.finish. */
-void sd_gemm_rows_ex(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, size_t ldx, const float *w, size_t ldw,
+void sd_gemm_rows_ex(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, size_t ldx, const void *wv, size_t ldw,
                      sd_gemm_rows_mode mode, const float *bias, float *y, size_t ldy, float *scratch)
 {
+    const float *w = wv;
+    int half = mode.w_dtype == SD_DT_F16 || mode.w_dtype == SD_DT_BF16;
     static const float zeros[NR]; /* the start of every chain without a bias (read-only) */
     int nstep = even_block(n, NC, NR), kstep = even_block(k, KC, 8);
     for (int j0 = 0; j0 < n; j0 += nstep) {
         int nb = n - j0 < nstep ? n - j0 : nstep;
         for (int k0 = 0; k0 < k; k0 += kstep) {
             int kc = k - k0 < kstep ? k - k0 : kstep;
-            if (mode.w_kn) pack_block_kn(scratch, w + j0, ldw, nb, k0, kc);
+            if (half)
+                pack_block_half(isa, scratch, (const uint16_t *)wv + (size_t)j0 * ldw, ldw, nb, k0, kc, mode.w_dtype,
+                                scratch + (size_t)NC * KC);
+            else if (mode.w_kn) pack_block_kn(scratch, w + j0, ldw, nb, k0, kc);
             else pack_block(isa, scratch, w + (size_t)j0 * ldw, ldw, nb, k0, kc);
             int panels = (nb + NR - 1) / NR, per = (MR * ((kc + 15) / 16) + panels - 1) / panels;
             for (int i0 = 0; i0 < m; i0 += MR) {

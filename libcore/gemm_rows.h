@@ -37,7 +37,8 @@ typedef enum { SD_GEMM_ROWS_PORTABLE = 0, SD_GEMM_ROWS_AVX2 = 1 } sd_gemm_rows_i
  * per op. */
 sd_gemm_rows_isa sd_gemm_rows_best_isa(void);
 
-/* Floats of scratch sd_gemm_rows needs (one packed block of w, 384 KB). */
+/* Floats of scratch sd_gemm_rows needs (one packed block of w, 384 KB, and
+ * a panel's rows widened from 16-bit weights, 32 KB). */
 size_t sd_gemm_rows_scratch_floats(void);
 
 /* y[m, n] (row stride ldy) = bias[n] + x[m, k] (row stride ldx)
@@ -49,6 +50,9 @@ void sd_gemm_rows(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, siz
 /* How sd_gemm_rows_ex reads w and where each chain starts. */
 typedef struct {
     int w_kn;       /* w is [k, n] (row stride ldw): y = x w, e.g. attention's P v */
+    int w_dtype;    /* 0 or SD_DT_F32: w holds floats; SD_DT_F16 / SD_DT_BF16: 16-bit
+                       values ([n, k] only), widened to float exactly while packing,
+                       so y equals the float weights' y bit for bit */
     int accumulate; /* chains start from y's contents (y += x w^T), bias ignored */
     /* called once on each block of y whose chains are complete (rows x
      * cols at y, stride ldy), right after its last k step, while the block
@@ -60,7 +64,7 @@ typedef struct {
 /* sd_gemm_rows with w in either layout and optionally adding into y; the
  * same rule: element (i, j) is one fused multiply-add chain over p in
  * order, x[i][p] times w's (j, p) element, from bias[j], 0 or y[i][j]. */
-void sd_gemm_rows_ex(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, size_t ldx, const float *w, size_t ldw,
+void sd_gemm_rows_ex(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, size_t ldx, const void *w, size_t ldw,
                      sd_gemm_rows_mode mode, const float *bias, float *y, size_t ldy, float *scratch);
 
 /* The same result by direct loops over w, no packing and no scratch: the

@@ -4,6 +4,7 @@
  * sequential chain. Compiled for AVX2 by a target attribute, not by a
  * build flag, so the rest of the engine stays plain x86-64 code and the
  * kernel is only called after a run-time CPU check. */
+#include "f16.h"
 #include "gemm_rows_kern.h"
 #include "transpose8.h"
 
@@ -98,6 +99,15 @@ int sd_gemm_rows_pack_avx2(float *dst, const float *w, size_t ldw, int kc, const
     return kc8;
 }
 
+/* fp16 to float, 8 at a time by vcvtph2ps (exact), the rest one by one. */
+__attribute__((target("avx2,f16c"))) void sd_gemm_rows_widen_f16_avx2(float *dst, const uint16_t *src, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++) dst[i] = sd_f16_to_f32(src[i]);
+}
+
 #else
 
 /* Not an x86 build: no AVX2 kernel. */
@@ -112,6 +122,12 @@ void sd_gemm_rows_kern_avx2(int kc, const float *const *a, const float *bp, cons
                             size_t ldc)
 {
     sd_gemm_rows_kern_c(kc, a, bp, init, c, ldc);
+}
+
+/* Never called without AVX2; the scalar conversion, the same values. */
+void sd_gemm_rows_widen_f16_avx2(float *dst, const uint16_t *src, int n)
+{
+    for (int i = 0; i < n; i++) dst[i] = sd_f16_to_f32(src[i]);
 }
 
 /* Never called without AVX2; packs nothing, so the caller copies all. */

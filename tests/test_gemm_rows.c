@@ -10,9 +10,12 @@
  * accumulation give the chains they promise. */
 #include <math.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "check.h"
+#include "dtype.h"
+#include "f16.h"
 #include "gemm.h"
 #include "gemm_rows.h"
 #include "ops_cpu.h"
@@ -210,6 +213,46 @@ done:
     drop(&o);
 }
 
+/* 16-bit weights (fp16, bf16): y equals, bit for bit, y from float weights
+ * holding the same values (the widening is exact), on both kernels, with
+ * a row stride past k, ragged tiles and several k and column blocks; fp16
+ * values include subnormals, bf16 ones the full exponent range. */
+static void check_half_weights(int m, int n, int k)
+{
+    operands o;
+    size_t ldw = (size_t)k + 5, ny = (size_t)m * (size_t)n;
+    uint16_t *h = malloc((size_t)n * ldw * sizeof(uint16_t));
+    float *wf = malloc((size_t)n * (size_t)k * sizeof(float)), *want = malloc(ny * sizeof(float));
+    float *y = malloc(ny * sizeof(float)), *scr = sd_scratch_alloc(1, sd_gemm_rows_scratch_floats());
+    if (!CHECK(make(&o, m, n, k, 0, 43u) && h && wf && want && y && scr)) goto done;
+    for (int dt = SD_DT_F16; dt <= SD_DT_BF16; dt++) {
+        for (int j = 0; j < n; j++)
+            for (int p = 0; p < k; p++) {
+                float v = o.w[(size_t)j * k + p] * (p % 7 == 3 ? 1e-6f : p % 11 == 5 ? 300.0f : 1.0f);
+                uint16_t b = dt == SD_DT_F16 ? sd_f32_to_f16(v) : sd_f32_to_bf16(v);
+                h[(size_t)j * ldw + p] = b;
+                wf[(size_t)j * k + p] = dt == SD_DT_F16 ? sd_f16_to_f32(b) : sd_bf16_to_f32(b);
+            }
+        for (int isa = 0; isa <= 1; isa++) {
+            sd_gemm_rows_isa use = isa ? sd_gemm_rows_best_isa() : SD_GEMM_ROWS_PORTABLE;
+            sd_gemm_rows(use, m, n, k, o.x, o.ldx, wf, (size_t)k, o.b, want, (size_t)n, scr);
+            sd_gemm_rows_mode mode = {.w_dtype = dt};
+            sd_gemm_rows_ex(use, m, n, k, o.x, o.ldx, h, ldw, mode, o.b, y, (size_t)n, scr);
+            if (!CHECK(memcmp(y, want, ny * sizeof(float)) == 0))
+                fprintf(stderr, "  half weights m %d n %d k %d: %s, isa %d differ\n", m, n, k, sd_dtype_name(dt),
+                        (int)use);
+        }
+    }
+    printf("16-bit weights m %d n %d k %d: fp16 and bf16 equal to their float values\n", m, n, k);
+done:
+    free(h);
+    free(wf);
+    free(want);
+    free(y);
+    free(scr);
+    drop(&o);
+}
+
 /* sd_linear_fwd (the CPU table's linear) on 1, 2, 3 threads equals the
  * reference bit for bit, with and without bias, and a row alone too. */
 static void check_linear_op(int m, int n, int k)
@@ -260,6 +303,9 @@ int main(void)
     check_modes(7, 200, 1030);
     check_modes(512, 40, 512);
     check_modes(77, 77, 64);
+    check_half_weights(13, 33, 257);
+    check_half_weights(7, 200, 1030);
+    check_half_weights(1, 16, 9);
     check_linear_op(77, 100, 70);
     check_linear_op(616, 520, 600);
     check_linear_op(3, 1, 1);
