@@ -29,8 +29,8 @@ W(C_NORM, group_norm_fwd, (void *e, const sd_gn_shape *s, FP a, FP b, FP c, CF d
 W(C_NORM, group_norm_bwd, (void *e, const sd_gn_shape *s, FP a, FP b, FP c, CF d, CF f, CF g, CF h, CF i),
   (e, s, a, b, c, d, f, g, h, i))
 W(C_LINEAR, linear_fwd, (void *e, const sd_linear_shape *s, FP a, CF b, CF c, CF d), (e, s, a, b, c, d))
-W(C_LINEAR, linear_act_fwd, (void *e, const sd_linear_shape *s, sd_act act, FP a, CF b, CF c, CF d),
-  (e, s, act, a, b, c, d))
+W(C_LINEAR, linear_act_fwd, (void *e, const sd_linear_shape *s, sd_act act, int t, FP a, CF b, const void *c, CF d),
+  (e, s, act, t, a, b, c, d))
 W(C_LINEAR, linear_bwd, (void *e, const sd_linear_shape *s, FP a, FP b, FP c, CF d, CF f, CF g),
   (e, s, a, b, c, d, f, g))
 W(C_ELEM, silu_fwd, (void *e, size_t n, FP a, CF b), (e, n, a, b))

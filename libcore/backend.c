@@ -33,8 +33,9 @@ CPU_OP(group_norm_bwd,
 CPU_OP(linear_fwd, (void *exec, const sd_linear_shape *s, float *y, const float *x, const float *w, const float *b),
        (pool, s, y, x, w, b))
 CPU_OP(linear_act_fwd,
-       (void *exec, const sd_linear_shape *s, sd_act act, float *y, const float *x, const float *w, const float *b),
-       (pool, s, act, y, x, w, b))
+       (void *exec, const sd_linear_shape *s, sd_act act, int wdtype, float *y, const float *x, const void *w,
+        const float *b),
+       (pool, s, act, wdtype, y, x, w, b))
 CPU_OP(linear_bwd,
        (void *exec, const sd_linear_shape *s, float *dx, float *dw, float *db, const float *dy, const float *x,
         const float *w),

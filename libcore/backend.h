@@ -52,7 +52,7 @@ typedef struct {
     void (*linear_bwd)(void *, const sd_linear_shape *, float *, float *, float *, const float *, const float *,
                        const float *);
     /* optional: linear + activation in one pass (sd_linear_act_fwd); CPU only */
-    void (*linear_act_fwd)(void *, const sd_linear_shape *, sd_act, float *, const float *, const float *,
+    void (*linear_act_fwd)(void *, const sd_linear_shape *, sd_act, int, float *, const float *, const void *,
                            const float *);
     void (*silu_fwd)(void *, size_t, float *, const float *);
     void (*silu_bwd)(void *, size_t, float *, const float *, const float *);

@@ -12,6 +12,7 @@
 #include <math.h>
 
 #include "clip_text.h"
+#include "dtype.h"
 
 /* Offsets are rounded up to 16 floats so every scratch tensor starts on a
  * cache line. */
@@ -156,8 +157,8 @@ static void mlp_in(const fwd *f, const sd_clip_layer *L, int rows, float *y, con
     const sd_clip_text_config *c = f->cfg;
     if (f->be->linear_act_fwd) {
         sd_linear_shape ls = {.m = rows, .k = c->width, .n = c->mlp};
-        f->be->linear_act_fwd(f->exec, &ls, c->act == SD_CLIP_GELU ? SD_ACT_GELU : SD_ACT_QUICK_GELU, y, x,
-                              f->p + L->w1, f->p + L->b1);
+        f->be->linear_act_fwd(f->exec, &ls, c->act == SD_CLIP_GELU ? SD_ACT_GELU : SD_ACT_QUICK_GELU, SD_DT_F32, y,
+                              x, f->p + L->w1, f->p + L->b1);
         return;
     }
     linear(f, L->w1, L->b1, c->mlp, c->width, y, x);

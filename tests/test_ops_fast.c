@@ -11,6 +11,8 @@
 
 #include "check.h"
 #include "conv_wino.h"
+#include "dtype.h"
+#include "f16.h"
 #include "ops_ref.h"
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
@@ -183,12 +185,27 @@ static void linear_act_case(const char *name, sd_linear_shape s)
         if (a == SD_ACT_QUICK_GELU) sd_quick_gelu_fwd(pools[0], ny, want, want);
         for (int t = 0; t < 3; t++) {
             memset(got, 0, ny * sizeof(float));
-            sd_linear_act_fwd(pools[t], &s, (sd_act)a, got, x, w, b);
+            sd_linear_act_fwd(pools[t], &s, (sd_act)a, SD_DT_F32, got, x, w, b);
             same(name, a == 0 ? "no act" : a == 1 ? "gelu" : "quick_gelu", sd_pool_size(pools[t]), got, want, ny);
         }
     }
-    printf("linear %-10s act ok\n", name);
-    free(x), free(w), free(b), free(want), free(got);
+    /* 16-bit weights: the bits of float weights holding the same values */
+    uint16_t *h = malloc(nw * sizeof(uint16_t));
+    if (!h) abort();
+    for (int dt = SD_DT_F16; dt <= SD_DT_BF16; dt++) {
+        for (size_t i = 0; i < nw; i++) {
+            h[i] = dt == SD_DT_F16 ? sd_f32_to_f16(w[i]) : sd_f32_to_bf16(w[i]);
+            w[i] = dt == SD_DT_F16 ? sd_f16_to_f32(h[i]) : sd_bf16_to_f32(h[i]);
+        }
+        sd_linear_act_fwd(pools[0], &s, SD_ACT_QUICK_GELU, SD_DT_F32, want, x, w, b);
+        for (int t = 0; t < 3; t++) {
+            memset(got, 0, ny * sizeof(float));
+            sd_linear_act_fwd(pools[t], &s, SD_ACT_QUICK_GELU, dt, got, x, h, b);
+            same(name, sd_dtype_name(dt), sd_pool_size(pools[t]), got, want, ny);
+        }
+    }
+    printf("linear %-10s act ok, fp16/bf16 weights ok\n", name);
+    free(x), free(w), free(b), free(want), free(got), free(h);
 }
 
 /* attention: y, lse and dq, dk, dv against the reference, dk alone and dv
