@@ -84,6 +84,8 @@ typedef struct {
     const sd_backend *be;
     void *exec;
     const float *p;
+    const uint16_t *ph; /* the layers' matrices when wdtype is fp16 / bf16 (host memory) */
+    int wdtype;
     const sd_clip_text_config *cfg;
     int nb, t; /* sequences in this chunk, tokens each */
     scratch *s;
@@ -96,11 +98,18 @@ static void norm(const fwd *f, const sd_clip_norm *nm, int rows, float *y, const
     f->be->layer_norm_fwd(f->exec, &ls, y, f->s->mean, f->s->rstd, x, f->p + nm->g, f->p + nm->b);
 }
 
-/* y [nb * t, out] = x [nb * t, in] w^T + b. */
+/* A layer matrix at offset w: in the 16-bit buffer or among the floats. */
+static const void *matrix(const fwd *f, size_t w)
+{
+    return f->wdtype ? (const void *)(f->ph + w) : (const void *)(f->p + w);
+}
+
+/* y [nb * t, out] = x [nb * t, in] w^T + b, w one of the layers' matrices. */
 static void linear(const fwd *f, size_t w, size_t b, int out, int in, float *y, const float *x)
 {
     sd_linear_shape ls = {.m = f->nb * f->t, .k = in, .n = out};
-    f->be->linear_fwd(f->exec, &ls, y, x, f->p + w, f->p + b);
+    if (f->wdtype) f->be->linear_act_fwd(f->exec, &ls, SD_ACT_NONE, f->wdtype, y, x, matrix(f, w), f->p + b);
+    else f->be->linear_fwd(f->exec, &ls, y, x, f->p + w, f->p + b);
 }
 
 /* Per sequence, [t, 3W] rows of q|k|v, i.e. [t, 3H, D], -> [3H, t, D]
@@ -157,8 +166,8 @@ static void mlp_in(const fwd *f, const sd_clip_layer *L, int rows, float *y, con
     const sd_clip_text_config *c = f->cfg;
     if (f->be->linear_act_fwd) {
         sd_linear_shape ls = {.m = rows, .k = c->width, .n = c->mlp};
-        f->be->linear_act_fwd(f->exec, &ls, c->act == SD_CLIP_GELU ? SD_ACT_GELU : SD_ACT_QUICK_GELU, SD_DT_F32, y,
-                              x, f->p + L->w1, f->p + L->b1);
+        f->be->linear_act_fwd(f->exec, &ls, c->act == SD_CLIP_GELU ? SD_ACT_GELU : SD_ACT_QUICK_GELU,
+                              f->wdtype ? f->wdtype : SD_DT_F32, y, x, matrix(f, L->w1), f->p + L->b1);
         return;
     }
     linear(f, L->w1, L->b1, c->mlp, c->width, y, x);
@@ -266,12 +275,15 @@ sd_status sd_clip_text_encode_on(const sd_clip_text *m, const sd_backend *be, vo
         return sd_err_set(err, SD_EINVAL, "CLIP text encode: skip %d outside 0..%d layers", out ? out->skip : -1,
                           c->layers);
     sd_embedding_shape es = {.n = n, .t = t, .dim = c->width, .vocab = c->vocab, .npos = c->positions};
+    if (m->wdtype && (be->is_device || !be->linear_act_fwd))
+        return sd_err_set(err, SD_EUNSUPPORTED, "CLIP text encode: %s weights need the CPU backend (%s has no "
+                          "16-bit linear)", sd_dtype_name(m->wdtype), be->name);
     sd_status rc = sd_embedding_check_ids(&es, ids, err);
     if (rc || (!hidden && !pooled)) return rc;
     int chunk = chunk_of(be, n);
     scratch s;
     scratch_plan(c, chunk, t, ws, &s);
-    fwd f = {.be = be, .exec = exec, .p = params, .cfg = c, .t = t, .s = &s};
+    fwd f = {.be = be, .exec = exec, .p = params, .ph = m->half, .wdtype = m->wdtype, .cfg = c, .t = t, .s = &s};
     size_t per = (size_t)t * (size_t)c->width, pd = (size_t)sd_clip_text_pooled_dim(m);
     for (int i = 0; i < n; i += chunk) {
         f.nb = n - i < chunk ? n - i : chunk;

@@ -80,6 +80,12 @@ typedef struct {
 typedef struct {
     sd_clip_text_config cfg;
     sd_weights w;
+    /* After sd_clip_text_to_16bit: the layers' four matrices (wqkv, wo, w1,
+     * w2, their offsets in elements of `half`) in fp16 or bf16, the other
+     * parameters in w; wdtype 0 while every weight is in w. */
+    int wdtype;
+    uint16_t *half;
+    size_t half_total;
     size_t tok, pos;
     sd_clip_layer layer[SD_CLIP_MAX_LAYERS];
     sd_clip_norm final_ln;
@@ -110,6 +116,14 @@ sd_status sd_clip_text_build(sd_clip_text *m, const sd_clip_text_config *cfg, sd
  * file (single-file checkpoint or standalone encoder). */
 sd_status sd_clip_text_load(sd_clip_text *m, const char *path, const sd_clip_text_opts *opts, sd_error *err);
 void sd_clip_text_free(sd_clip_text *m);
+/* Hold the layers' matrices (nearly all of the weights) in fp16 or bf16
+ * instead of fp32: half the memory; the CPU linear widens them exactly while
+ * packing, so the encoder computes with exactly the values they hold, in
+ * fp32. *exact is set to 1 when every value was representable (fp16 files
+ * into fp16: embeddings bit-identical to the fp32 model's), else 0
+ * (rounded to nearest-even). Host backends only (sd_clip_text_encode_on
+ * refuses a device); call before sd_clip_text_runner_init. */
+sd_status sd_clip_text_to_16bit(sd_clip_text *m, int dtype, int *exact, sd_error *err);
 
 /* The output an SD variant uses for this loaded model, plus extra_skip
  * more layers skipped (diffusers' clip_skip argument; kohya's and A1111's

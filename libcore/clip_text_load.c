@@ -127,6 +127,10 @@ sd_status sd_clip_text_build(sd_clip_text *m, const sd_clip_text_config *cfg, sd
 void sd_clip_text_free(sd_clip_text *m)
 {
     sd_weights_free(&m->w);
+    free(m->half);
+    m->half = NULL;
+    m->half_total = 0;
+    m->wdtype = 0;
 }
 
 /* Where one text encoder sits in a file: the prefix of its names, the

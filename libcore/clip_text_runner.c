@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "clip_text.h"
+#include "dtype.h"
 
 /* A runner buffer of at least `bytes` (sd_backend_grow). */
 static sd_status grow(sd_clip_text_runner *r, void **p, size_t *cap, size_t bytes, const char *what, sd_error *err)
@@ -30,6 +31,9 @@ sd_status sd_clip_text_runner_init(sd_clip_text_runner *r, const sd_clip_text *m
         r->params_borrowed = 1;
         return SD_OK;
     }
+    if (m->wdtype)
+        return sd_err_set(err, SD_EUNSUPPORTED, "CLIP text encoder: %s weights run on the CPU only, not on %s",
+                          sd_dtype_name(m->wdtype), be->name);
     size_t cap = 0;
     void *p = NULL;
     sd_status st = grow(r, &p, &cap, m->w.total * sizeof(float), "parameters", err);

@@ -16,6 +16,8 @@
 
 #include "check.h"
 #include "clip_text.h"
+#include "dtype.h"
+#include "f16.h"
 #include "safetensors.h"
 
 #ifndef GOLDEN_DIR
@@ -477,6 +479,96 @@ static void check_errors(void)
     sd_clip_text_free(&m);
 }
 
+/* Each layer matrix of m (fp32) multiplied by (1 + 2^-12), leaving values
+ * no 16-bit type holds exactly, or rounded through dtype (round = 1). */
+static void touch_matrices(sd_clip_text *m, int dtype, int round)
+{
+    for (int l = 0; l < m->cfg.layers; l++) {
+        const sd_clip_layer *L = &m->layer[l];
+        size_t off[4] = {L->wqkv, L->wo, L->w1, L->w2}, W = (size_t)m->cfg.width, F = (size_t)m->cfg.mlp;
+        size_t n[4] = {3 * W * W, W * W, F * W, W * F};
+        for (int k = 0; k < 4; k++)
+            for (size_t i = 0; i < n[k]; i++) {
+                float *v = m->w.data + off[k] + i;
+                if (!round) *v *= 1.0f + 1.0f / 4096.0f;
+                else *v = dtype == SD_DT_F16 ? sd_f16_to_f32(sd_f32_to_f16(*v)) : sd_bf16_to_f32(sd_f32_to_bf16(*v));
+            }
+    }
+}
+
+/* Layer matrices held in fp16 / bf16 (sd_clip_text_to_16bit): with the
+ * golden weights (exact in both types) hidden states and pooled output
+ * bit-identical to the fp32 model's and reported exact; with weights no
+ * 16-bit type holds, reported inexact and bit-identical to an fp32 model
+ * whose matrices were rounded the same way (the arithmetic is fp32 on
+ * exactly the stored values), and close to the unrounded one. The matrices
+ * in 2 bytes a value, the rest as fp32; the CPU runner gives the same bits;
+ * a second conversion and fp32 are refused. */
+static void check_16bit(const char *name, sd_clip_text_opts opts, sd_clip_variant variant)
+{
+    golden g;
+    sd_clip_text m32, m16;
+    sd_clip_text_out o;
+    sd_error err = {0};
+    if (!open_both(name, &opts, "16-bit", &g, &m32)) return;
+    size_t nh = (size_t)g.n * (size_t)g.t * (size_t)m32.cfg.width, np = (size_t)g.n * (size_t)sd_clip_text_pooled_dim(&m32);
+    float *h32 = calloc(nh, sizeof(float)), *p32 = calloc(np, sizeof(float));
+    float *h16 = calloc(nh, sizeof(float)), *p16 = calloc(np, sizeof(float));
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/%s", GOLDEN_DIR, name);
+    if (!CHECK(h32 && p32 && h16 && p16) || !CHECK(sd_clip_text_preset(&m32, variant, 0, &o, &err) == SD_OK)) goto done;
+    size_t bytes32 = sd_weights_bytes(&m32.w);
+    for (int touched = 0; touched <= 1; touched++) {
+        for (int dt = SD_DT_F16; dt <= SD_DT_BF16; dt++) {
+            if (!CHECK(sd_clip_text_load(&m16, dir, &opts, &err) == SD_OK)) goto done;
+            if (touched) touch_matrices(&m16, dt, 0);
+            int exact = -1;
+            CHECK(sd_clip_text_to_16bit(&m16, dt, &exact, &err) == SD_OK);
+            CHECK(exact == !touched);
+            size_t W = (size_t)m16.cfg.width, mats = (size_t)m16.cfg.layers * (4 * W * W + 2 * W * (size_t)m16.cfg.mlp);
+            CHECK(m16.half_total == mats); /* the four matrices of every layer, 2 bytes each */
+            CHECK(sd_weights_bytes(&m16.w) + mats * 4 <= bytes32 + 64 * m16.w.nslots); /* the rest kept as fp32 */
+            CHECK(sd_clip_text_to_16bit(&m16, dt, &exact, &err) != SD_OK); /* already converted */
+            /* the fp32 reference: the same weights, matrices rounded when touched */
+            sd_clip_text_free(&m32);
+            CHECK(sd_clip_text_load(&m32, dir, &opts, &err) == SD_OK);
+            if (touched) {
+                touch_matrices(&m32, dt, 0);
+                touch_matrices(&m32, dt, 1);
+            }
+            CHECK(encode(&m32, &g, 0, g.n, 1, &o, h32, p32));
+            CHECK(encode(&m16, &g, 0, g.n, 2, &o, h16, p16));
+            int same = !memcmp(h16, h32, nh * sizeof(float)) && !memcmp(p16, p32, np * sizeof(float));
+            CHECK(same);
+            sd_clip_text_runner r;
+            if (CHECK(sd_clip_text_runner_init(&r, &m16, sd_backend_cpu(), NULL, &err) == SD_OK)) {
+                memset(h16, 0, nh * sizeof(float));
+                CHECK(sd_clip_text_runner_encode(&r, &m16, g.n, g.t, g.ids, &o, h16, NULL, &err) == SD_OK);
+                CHECK(!memcmp(h16, h32, nh * sizeof(float)));
+                sd_clip_text_runner_free(&r);
+            }
+            double far = 0;
+            if (touched) { /* against the unrounded fp32 model: close, not equal */
+                sd_clip_text_free(&m32);
+                CHECK(sd_clip_text_load(&m32, dir, &opts, &err) == SD_OK);
+                touch_matrices(&m32, dt, 0);
+                CHECK(encode(&m32, &g, 0, g.n, 1, &o, h32, NULL));
+                for (size_t i = 0; i < nh; i++) far = fmax(far, fabs((double)h16[i] - (double)h32[i]));
+                CHECK(far > 0 && far < 0.05);
+            }
+            printf("%s %s matrices (%s weights): %s, %zu + %zu bytes vs %zu, max |diff| to unrounded fp32 %.2e\n",
+                   name, sd_dtype_name(dt), touched ? "touched" : "golden", same ? "bit-identical" : "DIFFERENT",
+                   sd_weights_bytes(&m16.w), m16.half_total * 2, bytes32, far);
+            sd_clip_text_free(&m16);
+        }
+    }
+    CHECK(sd_clip_text_to_16bit(&m32, SD_DT_F32, &(int){0}, &err) != SD_OK);
+done:
+    sd_clip_text_free(&m32);
+    sd_st_close(g.st);
+    free(h32), free(p32), free(h16), free(p16);
+}
+
 int main(void)
 {
     check_sd1();
@@ -488,6 +580,8 @@ int main(void)
     check_runner("sdxl", (sd_clip_text_opts){.which = 1}, SD_CLIP_SDXL_G);
     check_batch_positions("sd1", (sd_clip_text_opts){0}, SD_CLIP_SD1);
     check_batch_positions("sdxl", (sd_clip_text_opts){.which = 1}, SD_CLIP_SDXL_G);
+    check_16bit("sd1", (sd_clip_text_opts){0}, SD_CLIP_SD1);
+    check_16bit("sdxl", (sd_clip_text_opts){.which = 1}, SD_CLIP_SDXL_G);
     check_errors();
     return check_done("test_clip_text");
 }
