@@ -5,7 +5,8 @@ empty caption's included), every latent record references its caption's
 embedding, sd-verify checks records and references; a changed caption
 gives a new embedding and replaces only that image's record; SDXL (two
 encoders + pooled) and SD 1.x layouts; records with invalid UTF-8 are refused and counted;
---text-batch 32 (captions encoded together) stores the bytes --text-batch 1 does.
+--text-batch 32 (captions encoded together) stores the bytes --text-batch 1 does;
+--text-weights fp16 on fp16-exact weights stores the fp32 records, bf16 on others new keys.
 
 The text encoders are tiny random transformers-layout CLIP models written
 here with numpy (the real 49408-token vocabulary, width 32, 2 layers), the
@@ -163,6 +164,36 @@ class Text(unittest.TestCase):
             self.assertEqual(runs[0][1], runs[1][1], name)
             self.assertEqual(len(runs[0][0]), 2 * self.distinct, name)
             self.assertEqual(runs[0][0], runs[1][0], name)
+
+    def test_16bit_encoder_weights(self):
+        # --text-weights fp16 on a model whose weights fp16 holds exactly:
+        # the same text records, keys and bytes, as fp32; bf16 on the
+        # random fp32 model rounds, so its embeddings get their own keys
+        jl = self.bucketed("w16.jsonl")
+        exact = os.path.join(self.tmp, "sd1f16")
+        shutil.copytree(os.path.join(self.sd1, "tokenizer"), os.path.join(exact, "tokenizer"))
+        make_encoder(os.path.join(exact, "text_encoder"), np.random.default_rng(5), 32, "quick_gelu", 0,
+                     f16_exact=True)
+        runs = {}
+        for model, wt in ((exact, "fp32"), (exact, "fp16"), (self.sd1, "fp32"), (self.sd1, "bf16")):
+            s = os.path.join(self.tmp, "w16_%s_%s.shard" % (os.path.basename(model), wt))
+            _, _, err = sh(LATENTS, "--vae", VAE, "--text", model, "--text-weights", wt, "-o", s, jl)
+            if wt != "fp32":
+                self.assertIn("encoder matrices held as " + wt, err)
+                self.assertIn("exact" if model == exact else "rounded", err)
+            sh(VERIFY, s)
+            runs[(model, wt)] = dump(s, "text")
+        self.assertEqual(runs[(exact, "fp16")], runs[(exact, "fp32")])
+        self.assertEqual(len(runs[(self.sd1, "bf16")]), 2 * self.distinct)
+        keys = lambda d: set(d[0::2])
+        self.assertFalse(keys(runs[(self.sd1, "bf16")]) & keys(runs[(self.sd1, "fp32")]))
+        # a GPU keeps fp32 weights; unknown types are refused
+        code, _, err = sh(LATENTS, "--vae", VAE, "--text", self.sd1, "--text-weights", "fp16", "--device", "cuda:0",
+                          "-o", os.path.join(self.tmp, "w16x.shard"), jl, ok=(2,))
+        self.assertIn("--text-weights fp16 is for the CPU", err)
+        code, _, err = sh(LATENTS, "--vae", VAE, "--text", self.sd1, "--text-weights", "fp8",
+                          "-o", os.path.join(self.tmp, "w16y.shard"), jl, ok=(3,))
+        self.assertIn("--text-weights fp8", err)
 
     def test_missing_tokenizer_is_a_clear_error(self):
         jl = self.bucketed("t.jsonl")

@@ -33,8 +33,9 @@ def save_safetensors(path, tensors):
     os.replace(tmp, path)
 
 
-def make_encoder(d, rng, width, act="quick_gelu", proj=0, layers=2, heads=2):
-    """A CLIPTextModel (CLIPTextModelWithProjection when proj) folder."""
+def make_encoder(d, rng, width, act="quick_gelu", proj=0, layers=2, heads=2, f16_exact=False):
+    """A CLIPTextModel (CLIPTextModelWithProjection when proj) folder; with
+    f16_exact every weight is a value fp16 holds exactly (stored as fp32)."""
     os.makedirs(d, exist_ok=True)
     mlp = 2 * width
     cfg = {"architectures": ["CLIPTextModelWithProjection" if proj else "CLIPTextModel"],
@@ -46,7 +47,8 @@ def make_encoder(d, rng, width, act="quick_gelu", proj=0, layers=2, heads=2):
         json.dump(cfg, f, indent=2)
 
     def r(*s):
-        return rng.standard_normal(s).astype(np.float32) * 0.2
+        v = rng.standard_normal(s).astype(np.float32) * 0.2
+        return v.astype(np.float16).astype(np.float32) if f16_exact else v
     t = {"text_model.embeddings.token_embedding.weight": r(VOCAB, width),
          "text_model.embeddings.position_embedding.weight": r(POSITIONS, width),
          "text_model.final_layer_norm.weight": 1 + r(width), "text_model.final_layer_norm.bias": r(width)}

@@ -55,6 +55,9 @@ int main(int argc, char **argv)
          "also cache CLIP text embeddings, once per distinct caption: a diffusers model folder (text_encoder/, "
          "tokenizer/; SDXL: also *_2/) or a single-file checkpoint with --tokenizer"},
         {"tokenizer", 0, SD_OPT_STR, &o.tokenizer, "DIR", "folder holding tokenizer/ (and tokenizer_2/) for --text"},
+        {"text-weights", 0, SD_OPT_STR, &o.text_weights, "T",
+         "--text on the CPU: hold the encoders' layer matrices as fp32 (default), fp16 or bf16 (half the memory; "
+         "fp32 arithmetic; fp16 files into fp16 give the fp32 embeddings bit for bit)"},
         {"clip-skip", 0, SD_OPT_INT, &clip_skip, "N",
          "skip N more text-encoder layers than the SD variant's default (kohya's --clip_skip 2 is 1 here)"},
         {"device", 0, SD_OPT_STR, &o.device, "DEV", "cpu (default) or cuda:K: the VAE and the --text encoders on GPU K (decoding stays on the CPU)"},
@@ -109,11 +112,15 @@ int main(int argc, char **argv)
     if (seed < 0) bad = usage_msg(msg, sizeof msg, "--seed must not be negative");
     if (clip_skip < 0 || clip_skip > 48) bad = usage_msg(msg, sizeof msg, "--clip-skip must be 0..48");
     if (o.tokenizer && !o.text_model) bad = usage_msg(msg, sizeof msg, "--tokenizer needs --text");
+    if (o.text_weights && !o.text_model) bad = usage_msg(msg, sizeof msg, "--text-weights needs --text");
     if (o.scale < 0) bad = usage_msg(msg, sizeof msg, "--scale must be positive");
     if (sd_cli_parse_device(o.device, &o.cuda_device))
         bad = usage_msg(msg, sizeof msg, "--device %s: expected cpu or cuda:K", o.device);
     else if ((o.tf32 || o.cudnn_search) && o.cuda_device < 0)
         bad = usage_msg(msg, sizeof msg, "--tf32 and --cudnn-search are GPU options: add --device cuda:K");
+    else if (o.text_weights && strcmp(o.text_weights, "fp32") && o.cuda_device >= 0)
+        bad = usage_msg(msg, sizeof msg, "--text-weights %s is for the CPU encoder; on a GPU the weights stay fp32",
+                        o.text_weights);
     if (bad) {
         sd_cli_usage_error(&cli, "%s", msg);
         sd_strlist_free(&pos);

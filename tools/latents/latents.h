@@ -48,6 +48,7 @@ void jobs_free(job_list *l);
 typedef struct {
     const char *input, *output, *vae_path, *vae_config, *device, *dtype_name;
     const char *text_model, *tokenizer; /* --text MODEL, --tokenizer DIR */
+    const char *text_weights;           /* --text-weights fp32|fp16|bf16 (NULL: fp32) */
     int clip_skip;
     int cuda_device; /* -1: the CPU */
     int tf32;        /* GPU: TF32 tensor cores (part of the record key: other bytes) */

@@ -462,7 +462,9 @@ int latents_run(const latents_opts *o)
                r.vae.cfg.scaling_factor, r.vae.cfg.scale_source, r.model_hash, sd_now() - t0);
     }
     if (!st && o->text_model) {
-        st = text_open(&r.text, o->text_model, o->tokenizer, o->clip_skip, r.dtype, &err);
+        int wdt = o->text_weights ? parse_dtype(o->text_weights) : SD_DT_F32;
+        if (!wdt) st = sd_err_set(&err, SD_EINVAL, "--text-weights %s: expected fp32, fp16 or bf16", o->text_weights);
+        else st = text_open(&r.text, o->text_model, o->tokenizer, o->clip_skip, r.dtype, wdt, &err);
         r.text_on = !st;
         if (r.text_on) text_key(&r.text, "", 0, r.empty_key);
     }

@@ -35,7 +35,32 @@ static uint64_t enc_hash(const sd_clip_text *m)
 /* Load the tokenizer(s) and encoder(s) of `model` (a diffusers folder; or a
  * single-file checkpoint with tokenizers from tok_dir) and pick the SD
  * variant: two encoders = SDXL, one with GELU = SD 2.x, else SD 1.x. */
-static sd_status open_all(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int dtype,
+/* --text-weights fp16|bf16: every encoder's layer matrices to 16 bits,
+ * after the identity was taken from the fp32 weights. Exact conversions
+ * (fp16 files into fp16) give the fp32 model's embeddings bit for bit, so
+ * they keep its identity and its stored records; rounded ones are other
+ * numbers and get other text keys. */
+static sd_status weights_16bit(text_cache *t, int wdtype, sd_error *err)
+{
+    if (wdtype != SD_DT_F16 && wdtype != SD_DT_BF16) return SD_OK;
+    int all_exact = 1;
+    size_t before = 0, after = 0;
+    for (int i = 0; i < t->n; i++) {
+        int exact = 0;
+        before += sd_weights_bytes(&t->enc[i].w);
+        sd_status st = sd_clip_text_to_16bit(&t->enc[i], wdtype, &exact, err);
+        if (st) return st;
+        after += sd_weights_bytes(&t->enc[i].w) + t->enc[i].half_total * 2;
+        all_exact &= exact;
+    }
+    size_t il = strlen(t->ident);
+    if (!all_exact) snprintf(t->ident + il, sizeof t->ident - il, "|w%s", sd_dtype_name(wdtype));
+    sd_log(SD_LOG_INFO, "text: encoder matrices held as %s, %zu -> %zu MB (%s)", sd_dtype_name(wdtype), before >> 20,
+           after >> 20, all_exact ? "exact: the fp32 embeddings bit for bit" : "rounded: embeddings get their own keys");
+    return SD_OK;
+}
+
+static sd_status open_all(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int dtype, int wdtype,
                           sd_error *err)
 {
     memset(t, 0, sizeof(*t));
@@ -82,13 +107,14 @@ static sd_status open_all(text_cache *t, const char *model, const char *tok_dir,
              t->out[0].skip, t->out[0].final_ln, t->n > 1 ? t->out[1].final_ln : 0, dtype);
     sd_log(SD_LOG_INFO, "text: %s, %d encoder(s): %s%s%s", t->variant == TEXT_SDXL ? "SDXL" : t->variant == TEXT_SD2 ? "SD 2.x" : "SD 1.x",
            t->n, t->enc[0].layout, t->n > 1 ? " + " : "", t->n > 1 ? t->enc[1].layout : "");
-    return SD_OK;
+    return weights_16bit(t, wdtype, err);
 }
 
 /* open_all, releasing what it loaded when it fails. */
-sd_status text_open(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int dtype, sd_error *err)
+sd_status text_open(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int dtype, int wdtype,
+                    sd_error *err)
 {
-    sd_status st = open_all(t, model, tok_dir, clip_skip, dtype, err);
+    sd_status st = open_all(t, model, tok_dir, clip_skip, dtype, wdtype, err);
     if (st) text_close(t);
     return st;
 }

@@ -24,7 +24,7 @@ typedef struct {
     sd_clip_work *work;
     sd_clip_ids ids;
     int dtype, clip_skip;
-    char ident[160]; /* encoder identity hashed into every text key */
+    char ident[168]; /* encoder identity hashed into every text key */
     sd_clip_text_runner run[2]; /* each encoder on its device (text_device) */
     float *hidden, *pooled;      /* host copies of the outputs */
     size_t hidden_cap, pooled_cap;
@@ -36,7 +36,10 @@ typedef struct {
     double seconds;
 } text_cache;
 
-sd_status text_open(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int dtype, sd_error *err);
+/* wdtype: SD_DT_F16 / SD_DT_BF16 holds the encoders' layer matrices in 16
+ * bits (CPU only); anything else keeps fp32. */
+sd_status text_open(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int dtype, int wdtype,
+                    sd_error *err);
 sd_status text_device(text_cache *t, const sd_backend *be, void *exec, int tf32, sd_error *err);
 void text_close(text_cache *t);
 void text_key(const text_cache *t, const char *caption, size_t len, uint8_t key[16]);
