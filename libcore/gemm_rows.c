@@ -77,16 +77,12 @@ static void widen_rows(sd_gemm_rows_isa isa, float *dst, const uint16_t *w, size
     for (int j = 0; j < rows; j++) {
         const uint16_t *src = w + (size_t)j * ldw + (size_t)k0;
         float *d = dst + (size_t)j * (size_t)kc;
-        if (dtype == SD_DT_BF16) {
-            for (int p = 0; p < kc; p++) {
-                uint32_t bits = (uint32_t)src[p] << 16;
-                memcpy(d + p, &bits, sizeof bits);
-            }
-        } else if (isa == SD_GEMM_ROWS_AVX2) {
-            sd_gemm_rows_widen_f16_avx2(d, src, kc);
-        } else {
+        if (isa == SD_GEMM_ROWS_AVX2 && dtype == SD_DT_BF16) sd_gemm_rows_widen_bf16_avx2(d, src, kc);
+        else if (isa == SD_GEMM_ROWS_AVX2) sd_gemm_rows_widen_f16_avx2(d, src, kc);
+        else if (dtype == SD_DT_BF16)
+            for (int p = 0; p < kc; p++) d[p] = sd_bf16_to_f32(src[p]);
+        else
             for (int p = 0; p < kc; p++) d[p] = sd_f16_to_f32(src[p]);
-        }
     }
 }
 

@@ -108,6 +108,17 @@ __attribute__((target("avx2,f16c"))) void sd_gemm_rows_widen_f16_avx2(float *dst
     for (; i < n; i++) dst[i] = sd_f16_to_f32(src[i]);
 }
 
+/* bf16 to float, 8 at a time: the 16 bits become the top half (exact). */
+__attribute__((target("avx2"))) void sd_gemm_rows_widen_bf16_avx2(float *dst, const uint16_t *src, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm256_slli_epi32(w, 16));
+    }
+    for (; i < n; i++) dst[i] = sd_bf16_to_f32(src[i]);
+}
+
 #else
 
 /* Not an x86 build: no AVX2 kernel. */
@@ -128,6 +139,12 @@ void sd_gemm_rows_kern_avx2(int kc, const float *const *a, const float *bp, cons
 void sd_gemm_rows_widen_f16_avx2(float *dst, const uint16_t *src, int n)
 {
     for (int i = 0; i < n; i++) dst[i] = sd_f16_to_f32(src[i]);
+}
+
+/* Never called without AVX2; the scalar conversion, the same values. */
+void sd_gemm_rows_widen_bf16_avx2(float *dst, const uint16_t *src, int n)
+{
+    for (int i = 0; i < n; i++) dst[i] = sd_bf16_to_f32(src[i]);
 }
 
 /* Never called without AVX2; packs nothing, so the caller copies all. */

@@ -22,6 +22,8 @@ void sd_gemm_rows_kern_avx2(int kc, const float *const *a, const float *bp, cons
 int sd_gemm_rows_pack_avx2(float *dst, const float *w, size_t ldw, int kc, const float *next, int next_rows);
 /* dst[i] = the float of fp16 src[i], i < n, by F16C (AVX2 builds and CPUs). */
 void sd_gemm_rows_widen_f16_avx2(float *dst, const uint16_t *src, int n);
+/* dst[i] = the float of bf16 src[i], i < n (AVX2 builds and CPUs). */
+void sd_gemm_rows_widen_bf16_avx2(float *dst, const uint16_t *src, int n);
 /* Portable C with fmaf, any CPU (gemm_rows.c). */
 void sd_gemm_rows_kern_c(int kc, const float *const *a, const float *bp, const float *init, float *c, size_t ldc);
 /* Whether this build has the AVX2 kernel at all (x86 compilers only). */
