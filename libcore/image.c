@@ -9,6 +9,9 @@
 #include <unistd.h>
 
 #include <vips/vips.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include "image_int.h"
 #include "imghdr.h"
@@ -318,15 +321,69 @@ sd_status sd_image_load_rgb8(const sd_image_src *src, const sd_image_plan *plan,
     return st;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/* Sixteen bytes to floats v / 127.5f - 1.0f: the operations the table's
+ * entries are made with (IEEE divide and subtract), so the same values. */
+__attribute__((target("avx2"))) static inline void put16(__m128i bytes, float *dst)
+{
+    const __m256 k = _mm256_set1_ps(127.5f), one = _mm256_set1_ps(1.0f);
+    __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+    __m256 hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
+    _mm256_storeu_ps(dst, _mm256_sub_ps(_mm256_div_ps(lo, k), one));
+    _mm256_storeu_ps(dst + 8, _mm256_sub_ps(_mm256_div_ps(hi, k), one));
+}
+
+/* The pshufb mask that picks, from third k of 48 interleaved RGB bytes, the
+ * bytes of channel c (pixel j's lies at 3j + c - 16k when in 0..15). */
+__attribute__((target("avx2"))) static __m128i pick_mask(int c, int k)
+{
+    signed char m[16];
+    for (int j = 0; j < 16; j++) {
+        int at = 3 * j + c - 16 * k;
+        m[j] = (signed char)(at >= 0 && at < 16 ? at : -1);
+    }
+    return _mm_loadu_si128((const __m128i *)m);
+}
+
+/* The planes 16 pixels a step with AVX2 (each channel's 16 bytes picked
+ * from the three 16-byte thirds and merged); returns how many pixels it did
+ * (the rest go through the table). */
+__attribute__((target("avx2"))) static size_t chw_avx2(const unsigned char *hwc, size_t n, float *r, float *g, float *b)
+{
+    __m128i m[3][3];
+    for (int c = 0; c < 3; c++)
+        for (int k = 0; k < 3; k++) m[c][k] = pick_mask(c, k);
+    float *plane[3] = {r, g, b};
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m128i *p = (const __m128i *)(hwc + 3 * i);
+        __m128i x0 = _mm_loadu_si128(p), x1 = _mm_loadu_si128(p + 1), x2 = _mm_loadu_si128(p + 2);
+        for (int c = 0; c < 3; c++) {
+            __m128i v = _mm_or_si128(_mm_shuffle_epi8(x0, m[c][0]), _mm_shuffle_epi8(x1, m[c][1]));
+            put16(_mm_or_si128(v, _mm_shuffle_epi8(x2, m[c][2])), plane[c] + i);
+        }
+    }
+    return i;
+}
+#else
+/* Not an x86-64 GCC-compatible build: all pixels go through the table. */
+static size_t chw_avx2(const unsigned char *hwc, size_t n, float *r, float *g, float *b)
+{
+    (void)hwc, (void)n, (void)r, (void)g, (void)b;
+    return 0;
+}
+#endif
+
 /* kohya's ToTensor + Normalize(0.5, 0.5): x / 255 * 2 - 1, planar; a
- * 256-entry table instead of a divide per value. */
+ * 256-entry table instead of a divide per value, or the same divides 8
+ * wide with AVX2 (the same floats either way). */
 void sd_image_rgb8_to_chw(const unsigned char *hwc, int w, int h, float *chw)
 {
     float lut[256];
     for (int v = 0; v < 256; v++) lut[v] = (float)v / 127.5f - 1.0f;
     size_t n = (size_t)w * h;
     float *r = chw, *g = chw + n, *b = chw + 2 * n;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = sd_image_avx2() ? chw_avx2(hwc, n, r, g, b) : 0; i < n; i++) {
         r[i] = lut[hwc[3 * i]];
         g[i] = lut[hwc[3 * i + 1]];
         b[i] = lut[hwc[3 * i + 2]];

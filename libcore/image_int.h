@@ -24,6 +24,13 @@ sd_area *sd_area_new(int sw, int sh, int channels, const sd_image_plan *plan, un
 int sd_area_push(sd_area *a, const unsigned char *row);
 void sd_area_free(sd_area *a);
 
+/* Whether the image loops run their AVX2 versions (the CPU has AVX2 and
+ * no test turned them off); both versions give the same bytes. */
+int sd_image_avx2(void);
+/* Tests only, before any load: 1 keeps every image on the portable (SSE2
+ * or plain C) loops, to compare them with the AVX2 ones. */
+void sd_image_portable_only(int on);
+
 /* What a direct decoder did with an image. */
 typedef enum {
     SD_FAST_DONE = 0, /* `out` holds the plan's crop, RGB8 */

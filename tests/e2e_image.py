@@ -3,8 +3,11 @@
 16-bit PNG), run through tests/image_dump (sd_image_load_*), checked for exact
 sizes, crop boxes, flips, EXIF rotation, alpha on white, grey/16-bit/CMYK to
 sRGB, tar members by offset, clear errors and bomb refusal; the direct
-decoders (PNG pixels exact, the area resize against a float INTER_AREA,
-JPEG DCT-scaled decode, ICC profiles) and the files they leave to libvips.
+decoders (PNG pixels exact, every filter type in runs and mixes at odd
+sizes, the area resize against a float INTER_AREA, JPEG DCT-scaled decode,
+ICC profiles) and the files they leave to libvips. Every job runs twice,
+with the AVX2 loops and without (image_dump --portable): the bytes must be
+the same.
 With --photos: every photo in $SDTK_PHOTOS at two bucket-style plans against
 PIL's decode of the same box resized by a float INTER_AREA when both sides
 shrink, by PIL's LANCZOS otherwise (exit 77 when SDTK_PHOTOS is not set).
@@ -34,8 +37,8 @@ def check(ok, what):
 class Dump:
     """One image_dump process fed job lines; returns arrays or error text."""
 
-    def __init__(self, exe, tmp):
-        self.p = subprocess.Popen([exe], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    def __init__(self, cmd, tmp):
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.tmp = tmp
         self.n = 0
 
@@ -58,6 +61,25 @@ class Dump:
     def close(self):
         self.p.stdin.close()
         check(self.p.wait() == 0, "image_dump exit status")
+
+
+class Twin:
+    """Two image_dump processes, one held to the portable loops: each job
+    runs on both and the answers (pixels, or error text) must be equal."""
+
+    def __init__(self, exe, tmp):
+        os.mkdir(os.path.join(tmp, "portable"))
+        self.fast, self.portable = Dump([exe], tmp), Dump([exe, "--portable"], os.path.join(tmp, "portable"))
+
+    def run(self, path, rw, rh, **kw):
+        a, b = self.fast.run(path, rw, rh, **kw), self.portable.run(path, rw, rh, **kw)
+        same = type(a) is type(b) and (a == b if isinstance(a, str) else a.tobytes() == b.tobytes())
+        check(same, "%s %dx%d %s: AVX2 and portable loops differ" % (path, rw, rh, kw))
+        return a
+
+    def close(self):
+        self.fast.close()
+        self.portable.close()
 
 
 def quadrants(w, h):
@@ -120,8 +142,66 @@ def noise(h, w, c, seed):
     return np.clip(base + np.arange(c) * 50, 0, 255).astype(np.uint8)
 
 
+def png_filtered(path, a, types):
+    """An 8-bit PNG of a (h x w x c) whose row y is filtered with types[y]
+    (0 None, 1 Sub, 2 Up, 3 Average, 4 Paeth), written by hand so that every
+    filter and every run of them is certain to be there."""
+    h, w, c = a.shape
+    x = a.reshape(h, w * c).astype(int)
+    rows, prev = [], np.zeros(w * c, int)
+    for y in range(h):
+        r = x[y]
+        left = np.concatenate([np.zeros(c, int), r[:-c]])
+        upleft = np.concatenate([np.zeros(c, int), prev[:-c]])
+        pa, pb, pc = np.abs(prev - upleft), np.abs(left - upleft), np.abs(left + prev - 2 * upleft)
+        paeth = np.where((pa <= pb) & (pa <= pc), left, np.where(pb <= pc, prev, upleft))
+        pred = [0, left, prev, (left + prev) // 2, paeth][types[y]]
+        rows.append(bytes([types[y]]) + ((r - pred) & 255).astype(np.uint8).tobytes())
+        prev = r
+
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xFFFFFFFF)
+
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, {1: 0, 2: 4, 3: 2, 4: 6}[c], 0, 0, 0)
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"".join(rows)))
+                + chunk(b"IEND", b""))
+
+
+def on_white(a):
+    """What the pipeline makes of 8-bit pixels with or without alpha: RGB,
+    grey replicated, alpha flattened onto white with its exact rounding."""
+    c = a.shape[2]
+    rgb = np.repeat(a[..., :1], 3, 2).astype(int) if c <= 2 else a[..., :3].astype(int)
+    if c in (2, 4):
+        t = (255 - rgb) * a[..., -1:].astype(int) + 128
+        rgb = 255 - ((t + (t >> 8)) >> 8)
+    return rgb.astype(np.uint8)
+
+
+def unfilter_exact(d, tmp):
+    """PNG unfiltering: rows in runs of one type (Paeth pairs among them)
+    and in random mixes, widths from 1 pixel, every channel count; at the
+    same size the pipeline must give the pixels back exactly."""
+    rng = np.random.default_rng(11)
+    for c in (1, 2, 3, 4):
+        for w, h in ((1, 1), (1, 6), (2, 5), (3, 9), (5, 2), (17, 13), (64, 31)):
+            a = noise(h, w, c, w * h + c)
+            a[..., -1] = rng.integers(0, 256, (h, w)) if c in (2, 4) else a[..., -1]
+            for name, types in (("runs", [4, 4, 4, 1, 1, 3, 3, 4, 4, 0, 2, 2, 4] * 3), ("mixed", list(rng.integers(0, 5, h)))):
+                p = os.path.join(tmp, "f%d_%dx%d_%s.png" % (c, w, h, name))
+                png_filtered(p, a, types[:h])
+                got = d.run(p, w, h)
+                check(isinstance(got, np.ndarray) and np.array_equal(got, on_white(a)),
+                      "PNG %d channels %dx%d filters %s: pixels exact" % (c, w, h, name))
+                got = d.run(p, w, h, box=(0, h // 2, w, h), flip=1)
+                check(isinstance(got, np.ndarray) and np.array_equal(got, on_white(a)[h // 2:, ::-1]),
+                      "PNG %d channels %dx%d filters %s: lower half flipped exact" % (c, w, h, name))
+
+
 def direct_decoders(d, tmp):
     """The JPEG/PNG/WebP paths that bypass libvips, and their fallbacks."""
+    unfilter_exact(d, tmp)
     # PNG: pixels exact at identity for every 8-bit colour type (alpha on white, as the pipeline means it)
     for mode, c in (("RGB", 3), ("RGBA", 4), ("L", 1), ("LA", 2)):
         a = noise(37, 53, c, c)
@@ -430,7 +510,7 @@ def main():
     want_photos = "--photos" in args
     exe = [a for a in args if a != "--photos"][0]
     with tempfile.TemporaryDirectory() as tmp:
-        d = Dump(exe, tmp)
+        d = Twin(exe, tmp)
         if want_photos:
             photos(d)
         else:

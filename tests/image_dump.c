@@ -1,12 +1,15 @@
 /* Test driver for the image pipeline: one job per stdin line,
  * "path offset size rw rh l t r b flip fmt out" (tab-separated; size -1 = whole
  * file; fmt rgb8 or chw), writes the raw pixels to `out` and prints "ok" or
- * "err CODE MESSAGE" per line, so one process serves a whole test run. */
+ * "err CODE MESSAGE" per line, so one process serves a whole test run.
+ * usage: image_dump [--portable]   (--portable: never the AVX2 loops, so a
+ * test can check that both give the same bytes) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "image.h"
+#include "image_int.h"
 
 /* Run one job line; the answer goes to stdout. */
 static void job(char *line)
@@ -39,9 +42,14 @@ static void job(char *line)
     free(buf);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     sd_error err = {0};
+    if (argc > 2 || (argc == 2 && strcmp(argv[1], "--portable") != 0)) {
+        fprintf(stderr, "usage: image_dump [--portable] < jobs\n");
+        return 2;
+    }
+    if (argc == 2) sd_image_portable_only(1);
     if (sd_image_init(&err)) {
         fprintf(stderr, "image_dump: %s\n", err.msg);
         return 3;
