@@ -31,12 +31,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <jpeglib.h>
 #include <libdeflate.h>
 #include <webp/decode.h>
 
 #include "image.h"
 #include "image_int.h"
+#include "image_jpeg.h"
 #include "imghdr.h"
 
 /* ---- the job list and the thread runner ---- */
@@ -316,29 +316,14 @@ static int shrinks(const bench_job *j)
     return j->info.width >= (uint32_t)j->plan.resize_w && j->info.height >= (uint32_t)j->plan.resize_h;
 }
 
-typedef struct {
-    struct jpeg_error_mgr pub;
-    jmp_buf jump;
-} jpeg_fail;
-
-/* libjpeg's fatal errors jump back to the decode, which then fails. */
-static void jpeg_on_error(j_common_ptr c) { longjmp(((jpeg_fail *)c->err)->jump, 1); }
-
-/* Warnings fail the job too (the pipeline would hand such a file to libvips). */
-static void jpeg_on_message(j_common_ptr c, int level)
-{
-    if (level < 0) longjmp(((jpeg_fail *)c->err)->jump, 1);
-}
 
 /* libjpeg-turbo as sd_fast_jpeg drives it: markers saved for the ICC
  * profile, RGB or grey out, the same DCT scale, all scanlines read. */
 static int floor_jpeg(const bench_job *j, floor_state *s)
 {
     struct jpeg_decompress_struct c;
-    jpeg_fail fail;
-    c.err = jpeg_std_error(&fail.pub);
-    fail.pub.error_exit = jpeg_on_error;
-    fail.pub.emit_message = jpeg_on_message;
+    sd_jpeg_fail fail; /* errors and warnings fail the job, as they end the pipeline's fast path */
+    sd_jpeg_fail_init(&c, &fail);
     if (setjmp(fail.jump)) {
         jpeg_destroy_decompress(&c);
         return -1;

@@ -13,6 +13,7 @@
  * warnings included, is declined: libvips then decodes the file and decides
  * what is an error, so broken files behave exactly as before. */
 #include "image_int.h"
+#include "image_jpeg.h"
 
 #include <setjmp.h>
 #include <stdint.h>
@@ -20,7 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <jpeglib.h>
 #include <libdeflate.h>
 #include <webp/decode.h>
 #if defined(__SSE2__)
@@ -32,19 +32,22 @@
 
 /* ---- JPEG ---- */
 
-typedef struct {
-    struct jpeg_error_mgr pub;
-    jmp_buf jump;
-} jpeg_fail;
-
 /* libjpeg's fatal errors must not return: jump back to the decoder. */
-static void jpeg_on_error(j_common_ptr c) { longjmp(((jpeg_fail *)c->err)->jump, 1); }
+static void jpeg_on_error(j_common_ptr c) { longjmp(((sd_jpeg_fail *)c->err)->jump, 1); }
 
 /* Warnings (corrupt data, premature end) end the fast path as well: libvips
  * with fail_on=truncated then makes the call. Trace messages are ignored. */
 static void jpeg_on_message(j_common_ptr c, int level)
 {
-    if (level < 0) longjmp(((jpeg_fail *)c->err)->jump, 1);
+    if (level < 0) longjmp(((sd_jpeg_fail *)c->err)->jump, 1);
+}
+
+/* The error manager both JPEG readers use (image_jpeg.h). */
+void sd_jpeg_fail_init(struct jpeg_decompress_struct *c, sd_jpeg_fail *f)
+{
+    c->err = jpeg_std_error(&f->pub);
+    f->pub.error_exit = jpeg_on_error;
+    f->pub.emit_message = jpeg_on_message;
 }
 
 /* The DCT scale: the largest 1/d (d = 8, 4, 2, 1) whose output, rounded up
@@ -65,13 +68,11 @@ sd_fast sd_fast_jpeg(const unsigned char *buf, size_t len, const sd_imginfo *inf
     if (info->format != SD_IMG_JPEG || info->orientation != 1) return SD_FAST_DECLINE;
     if (info->width < (uint32_t)plan->resize_w || info->height < (uint32_t)plan->resize_h) return SD_FAST_DECLINE;
     struct jpeg_decompress_struct c;
-    jpeg_fail fail;
+    sd_jpeg_fail fail;
     sd_area *volatile area = NULL;
     unsigned char *volatile rows = NULL;
     JOCTET *volatile prof = NULL;
-    c.err = jpeg_std_error(&fail.pub);
-    fail.pub.error_exit = jpeg_on_error;
-    fail.pub.emit_message = jpeg_on_message;
+    sd_jpeg_fail_init(&c, &fail);
     if (setjmp(fail.jump)) {
         jpeg_destroy_decompress(&c);
         sd_area_free(area);
