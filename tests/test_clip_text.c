@@ -504,7 +504,7 @@ static void touch_matrices(sd_clip_text *m, int dtype, int round)
  * exactly the stored values), and close to the unrounded one. The matrices
  * in 2 bytes a value, the rest as fp32; the CPU runner gives the same bits;
  * a second conversion and fp32 are refused. */
-static void check_16bit(const char *name, sd_clip_text_opts opts, sd_clip_variant variant)
+static void check_16bit(const char *name, const char *file, sd_clip_text_opts opts, sd_clip_variant variant)
 {
     golden g;
     sd_clip_text m32, m16;
@@ -514,8 +514,15 @@ static void check_16bit(const char *name, sd_clip_text_opts opts, sd_clip_varian
     size_t nh = (size_t)g.n * (size_t)g.t * (size_t)m32.cfg.width, np = (size_t)g.n * (size_t)sd_clip_text_pooled_dim(&m32);
     float *h32 = calloc(nh, sizeof(float)), *p32 = calloc(np, sizeof(float));
     float *h16 = calloc(nh, sizeof(float)), *p16 = calloc(np, sizeof(float));
-    char dir[512];
-    snprintf(dir, sizeof dir, "%s/%s", GOLDEN_DIR, name);
+    char dir[512]; /* the model folder, or a single file in it */
+    snprintf(dir, sizeof dir, "%s/%s%s%s", GOLDEN_DIR, name, file ? "/" : "", file ? file : "");
+    sd_clip_text_free(&m32); /* open_both loaded the folder: start from the same source as m16 */
+    if (!CHECK(sd_clip_text_load(&m32, dir, &opts, &err) == SD_OK)) {
+        fprintf(stderr, "16-bit %s: %s\n", dir, err.msg);
+        sd_st_close(g.st);
+        free(h32), free(p32), free(h16), free(p16);
+        return;
+    }
     if (!CHECK(h32 && p32 && h16 && p16) || !CHECK(sd_clip_text_preset(&m32, variant, 0, &o, &err) == SD_OK)) goto done;
     size_t bytes32 = sd_weights_bytes(&m32.w);
     for (int touched = 0; touched <= 1; touched++) {
@@ -556,8 +563,8 @@ static void check_16bit(const char *name, sd_clip_text_opts opts, sd_clip_varian
                 for (size_t i = 0; i < nh; i++) far = fmax(far, fabs((double)h16[i] - (double)h32[i]));
                 CHECK(far > 0 && far < 0.05);
             }
-            printf("%s %s matrices (%s weights): %s, %zu + %zu bytes vs %zu, max |diff| to unrounded fp32 %.2e\n",
-                   name, sd_dtype_name(dt), touched ? "touched" : "golden", same ? "bit-identical" : "DIFFERENT",
+            printf("%s%s%s %s matrices (%s weights): %s, %zu + %zu bytes vs %zu, max |diff| to unrounded fp32 %.2e\n",
+                   name, file ? "/" : "", file ? file : "", sd_dtype_name(dt), touched ? "touched" : "golden", same ? "bit-identical" : "DIFFERENT",
                    sd_weights_bytes(&m16.w), m16.half_total * 2, bytes32, far);
             sd_clip_text_free(&m16);
         }
@@ -580,8 +587,10 @@ int main(void)
     check_runner("sdxl", (sd_clip_text_opts){.which = 1}, SD_CLIP_SDXL_G);
     check_batch_positions("sd1", (sd_clip_text_opts){0}, SD_CLIP_SD1);
     check_batch_positions("sdxl", (sd_clip_text_opts){.which = 1}, SD_CLIP_SDXL_G);
-    check_16bit("sd1", (sd_clip_text_opts){0}, SD_CLIP_SD1);
-    check_16bit("sdxl", (sd_clip_text_opts){.which = 1}, SD_CLIP_SDXL_G);
+    check_16bit("sd1", NULL, (sd_clip_text_opts){0}, SD_CLIP_SD1);
+    check_16bit("sd2", NULL, (sd_clip_text_opts){0}, SD_CLIP_SD2);
+    check_16bit("sd2", "single.safetensors", (sd_clip_text_opts){.heads = 3}, SD_CLIP_SD2); /* OpenCLIP, bf16 */
+    check_16bit("sdxl", NULL, (sd_clip_text_opts){.which = 1}, SD_CLIP_SDXL_G);
     check_errors();
     return check_done("test_clip_text");
 }
