@@ -9,11 +9,11 @@
 # row the same bits whatever the row count, so a caption's embedding never
 # depends on its batch). Then the max abs difference of the two hidden states
 # (a sanity check that both computed the same function).
-# Measured (2-core AMD EPYC VM, AVX2, shared, load 1.3-3.3; `bench_clip.sh
-# build 16 4|5`), five runs, 1 thread: sdtk 4.72-5.41 captions/s, PyTorch
-# batched 4.06-5.58: 0.96x, 1.03x, 1.04x, 1.31x, 1.32x (CPU time 0.96-1.26x);
-# one caption per call 1.20-1.58x; 2 threads (second core free) 1.12-1.23x.
-# Hidden states agree to 7.9e-6. See docs/ARCHITECTURE.md, CLIP "Speed".
+# Measured (2-core AMD EPYC VM, AVX2, shared, load 0.5-2; `bench_clip.sh
+# build 16 3 3` twice at a6eaa34): sdtk / PyTorch batched per round, 1 thread
+# 0.99-1.23x (median 1.15x of 6), 2 threads 0.99-1.19x (median 1.06x); one
+# caption per call 1.3-2.0x. Hidden states agree to 8.1e-6. Older figures and
+# where the time goes: docs/ARCHITECTURE.md, CLIP "Speed".
 # ROUNDS > 1 alternates the two sides that many times per thread count (the
 # VM's load drifts over a minute; a ratio taken within one round is steadier)
 # and ends with every round's ratio and their median.
