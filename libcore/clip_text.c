@@ -85,7 +85,7 @@ typedef struct {
     void *exec;
     const float *p;
     const uint16_t *ph; /* the layers' matrices when wdtype is fp16 / bf16 (host memory) */
-    int wdtype;
+    int wdtype;         /* the layers' matrices: SD_DT_F32 (in p), SD_DT_F16 or SD_DT_BF16 (in ph) */
     const sd_clip_text_config *cfg;
     int nb, t; /* sequences in this chunk, tokens each */
     scratch *s;
@@ -98,18 +98,22 @@ static void norm(const fwd *f, const sd_clip_norm *nm, int rows, float *y, const
     f->be->layer_norm_fwd(f->exec, &ls, y, f->s->mean, f->s->rstd, x, f->p + nm->g, f->p + nm->b);
 }
 
-/* A layer matrix at offset w: in the 16-bit buffer or among the floats. */
-static const void *matrix(const fwd *f, size_t w)
-{
-    return f->wdtype ? (const void *)(f->ph + w) : (const void *)(f->p + w);
-}
-
-/* y [nb * t, out] = x [nb * t, in] w^T + b, w one of the layers' matrices. */
-static void linear(const fwd *f, size_t w, size_t b, int out, int in, float *y, const float *x)
+/* y [nb * t, out] = act(x [nb * t, in] w^T + b), w one of the layers'
+ * matrices: one call where the backend has linear_act_fwd (the CPU, which
+ * also reads 16-bit matrices; the same bits as the two ops), else
+ * linear_fwd and the activation op. */
+static void linear(const fwd *f, size_t w, size_t b, int out, int in, sd_act act, float *y, const float *x)
 {
     sd_linear_shape ls = {.m = f->nb * f->t, .k = in, .n = out};
-    if (f->wdtype) f->be->linear_act_fwd(f->exec, &ls, SD_ACT_NONE, f->wdtype, y, x, matrix(f, w), f->p + b);
-    else f->be->linear_fwd(f->exec, &ls, y, x, f->p + w, f->p + b);
+    if (f->be->linear_act_fwd) {
+        const void *wp = f->wdtype == SD_DT_F32 ? (const void *)(f->p + w) : (const void *)(f->ph + w);
+        f->be->linear_act_fwd(f->exec, &ls, act, f->wdtype, y, x, wp, f->p + b);
+        return;
+    }
+    f->be->linear_fwd(f->exec, &ls, y, x, f->p + w, f->p + b);
+    size_t n = (size_t)ls.m * (size_t)out;
+    if (act == SD_ACT_GELU) f->be->gelu_fwd(f->exec, n, y, y);
+    else if (act == SD_ACT_QUICK_GELU) f->be->quick_gelu_fwd(f->exec, n, y, y);
 }
 
 /* Per sequence, [t, 3W] rows of q|k|v, i.e. [t, 3H, D], -> [3H, t, D]
@@ -159,23 +163,6 @@ static void attend_rows(const fwd *f)
     f->be->attn_rows_fwd(f->exec, &as, 3 * W, s->h, s->lse, s->big, s->big + W, s->big + 2 * W);
 }
 
-/* y [rows, mlp] = act(fc1(x)): in one pass where the backend fuses the
- * activation into the linear (the CPU; the same bits), else two ops. */
-static void mlp_in(const fwd *f, const sd_clip_layer *L, int rows, float *y, const float *x)
-{
-    const sd_clip_text_config *c = f->cfg;
-    if (f->be->linear_act_fwd) {
-        sd_linear_shape ls = {.m = rows, .k = c->width, .n = c->mlp};
-        f->be->linear_act_fwd(f->exec, &ls, c->act == SD_CLIP_GELU ? SD_ACT_GELU : SD_ACT_QUICK_GELU,
-                              f->wdtype ? f->wdtype : SD_DT_F32, y, x, matrix(f, L->w1), f->p + L->b1);
-        return;
-    }
-    linear(f, L->w1, L->b1, c->mlp, c->width, y, x);
-    size_t nh = (size_t)rows * (size_t)c->mlp;
-    if (c->act == SD_CLIP_GELU) f->be->gelu_fwd(f->exec, nh, y, y);
-    else f->be->quick_gelu_fwd(f->exec, nh, y, y);
-}
-
 /* One CLIPEncoderLayer on the residual stream x:
  * x += out_proj(attn(split(qkv(ln1(x))))) then x += fc2(act(fc1(ln2(x)))). */
 static void block(const fwd *f, const sd_clip_layer *L)
@@ -185,7 +172,7 @@ static void block(const fwd *f, const sd_clip_layer *L)
     int rows = f->nb * f->t, W = c->width;
     size_t tw = (size_t)rows * (size_t)W;
     norm(f, &L->ln1, rows, s->h, s->x);
-    linear(f, L->wqkv, L->bqkv, 3 * W, W, s->big, s->h);
+    linear(f, L->wqkv, L->bqkv, 3 * W, W, SD_ACT_NONE, s->big, s->h);
     if (f->be->attn_rows_fwd) {
         attend_rows(f);
     } else {
@@ -193,11 +180,11 @@ static void block(const fwd *f, const sd_clip_layer *L)
         attend(f);
         merge_heads(f, s->h, s->o);
     }
-    linear(f, L->wo, L->bo, W, W, s->tmp, s->h);
+    linear(f, L->wo, L->bo, W, W, SD_ACT_NONE, s->tmp, s->h);
     f->be->add_fwd(f->exec, tw, s->x, s->x, s->tmp);
     norm(f, &L->ln2, rows, s->h, s->x);
-    mlp_in(f, L, rows, s->big, s->h);
-    linear(f, L->w2, L->b2, W, c->mlp, s->tmp, s->big);
+    linear(f, L->w1, L->b1, c->mlp, W, c->act == SD_CLIP_GELU ? SD_ACT_GELU : SD_ACT_QUICK_GELU, s->big, s->h);
+    linear(f, L->w2, L->b2, W, c->mlp, SD_ACT_NONE, s->tmp, s->big);
     f->be->add_fwd(f->exec, tw, s->x, s->x, s->tmp);
 }
 
@@ -283,7 +270,8 @@ sd_status sd_clip_text_encode_on(const sd_clip_text *m, const sd_backend *be, vo
     int chunk = chunk_of(be, n);
     scratch s;
     scratch_plan(c, chunk, t, ws, &s);
-    fwd f = {.be = be, .exec = exec, .p = params, .ph = m->half, .wdtype = m->wdtype, .cfg = c, .t = t, .s = &s};
+    fwd f = {.be = be, .exec = exec, .p = params, .ph = m->half, .wdtype = m->wdtype ? m->wdtype : SD_DT_F32,
+             .cfg = c, .t = t, .s = &s};
     size_t per = (size_t)t * (size_t)c->width, pd = (size_t)sd_clip_text_pooled_dim(m);
     for (int i = 0; i < n; i += chunk) {
         f.nb = n - i < chunk ? n - i : chunk;

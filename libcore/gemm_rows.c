@@ -222,16 +222,24 @@ void sd_gemm_rows_ex(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, 
     }
 }
 
+/* Element i of w as a float: floats as they are, 16-bit values widened
+ * exactly. */
+static float weight_at(const void *w, int w_dtype, size_t i)
+{
+    if (w_dtype == SD_DT_F16) return sd_f16_to_f32(((const uint16_t *)w)[i]);
+    if (w_dtype == SD_DT_BF16) return sd_bf16_to_f32(((const uint16_t *)w)[i]);
+    return ((const float *)w)[i];
+}
+
 /* Each element's chain straight from x and w. */
-void sd_gemm_rows_ref(int m, int n, int k, const float *x, size_t ldx, const float *w, size_t ldw, const float *bias,
-                      float *y, size_t ldy)
+void sd_gemm_rows_ref(int m, int n, int k, const float *x, size_t ldx, const void *w, size_t ldw, int w_dtype,
+                      const float *bias, float *y, size_t ldy)
 {
     for (int i = 0; i < m; i++) {
         const float *xr = x + (size_t)i * ldx;
         for (int j = 0; j < n; j++) {
-            const float *wr = w + (size_t)j * ldw;
             float acc = bias ? bias[j] : 0.0f;
-            for (int p = 0; p < k; p++) acc = fmaf(xr[p], wr[p], acc);
+            for (int p = 0; p < k; p++) acc = fmaf(xr[p], weight_at(w, w_dtype, (size_t)j * ldw + (size_t)p), acc);
             y[(size_t)i * ldy + (size_t)j] = acc;
         }
     }

@@ -67,10 +67,11 @@ typedef struct {
 void sd_gemm_rows_ex(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, size_t ldx, const void *w, size_t ldw,
                      sd_gemm_rows_mode mode, const float *bias, float *y, size_t ldy, float *scratch);
 
-/* The same result by direct loops over w, no packing and no scratch: the
- * fallback when scratch cannot be allocated and the oracle of the bitwise
- * tests. */
-void sd_gemm_rows_ref(int m, int n, int k, const float *x, size_t ldx, const float *w, size_t ldw, const float *bias,
-                      float *y, size_t ldy);
+/* The same result by direct loops over w ([n, k], floats or the 16-bit
+ * values of w_dtype as in sd_gemm_rows_mode), no packing and no scratch:
+ * the fallback when scratch cannot be allocated and the oracle of the
+ * bitwise tests. */
+void sd_gemm_rows_ref(int m, int n, int k, const float *x, size_t ldx, const void *w, size_t ldw, int w_dtype,
+                      const float *bias, float *y, size_t ldy);
 
 #endif

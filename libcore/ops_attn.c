@@ -266,8 +266,7 @@ static void fwd_query_tiles(gattn *g)
 {
     const sd_attn_shape *s = g->s;
     long pairs = (long)s->b * s->heads, per = pairs >= MIN_UNITS ? 1 : (MIN_UNITS + pairs - 1) / pairs;
-    g->qt = tile_of(s->tq, QTILE);
-    long qt = (s->tq + per - 1) / per;
+    long qt = (s->tq + per - 1) / per; /* gattn_plan's qt is the floor */
     if (qt > g->qt) g->qt = qt > QTILE ? QTILE : (int)qt;
     g->nqt = (s->tq + g->qt - 1) / g->qt;
 }

@@ -66,7 +66,7 @@ typedef enum { SD_ACT_NONE = 0, SD_ACT_GELU = 1, SD_ACT_QUICK_GELU = 2 } sd_act;
 
 /* y = act(x w^T + b), the activation applied to each block of y as soon as
  * it is final, while it is still in cache; bit-identical to sd_linear_fwd
- * followed by sd_gelu_fwd / sd_quick_gelu_fwd. w holds floats (wdtype 0 or
+ * followed by sd_gelu_fwd / sd_quick_gelu_fwd. w holds floats (wdtype
  * SD_DT_F32) or 16-bit values (SD_DT_F16, SD_DT_BF16: half the memory, the
  * bits of float weights holding the same values). Forward only (inference). */
 void sd_linear_act_fwd(sd_pool *pool, const sd_linear_shape *s, sd_act act, int wdtype, float *y, const float *x,

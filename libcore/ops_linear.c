@@ -8,13 +8,10 @@
  * owned by one worker and computed by one single-threaded sgemm call, so
  * results are bit-identical for any thread count. The plain loops at the end are the reference (tests,
  * benches). */
-#include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dtype.h"
-#include "f16.h"
 #include "gemm.h"
 #include "gemm_rows.h"
 #include "ops_ref.h"
@@ -86,37 +83,12 @@ typedef struct {
     int units, cols; /* units and columns per unit */
     sd_gemm_rows_isa isa;
     sd_act act;
-    int wdtype;     /* 0 / SD_DT_F32, SD_DT_F16 or SD_DT_BF16 */
+    int wdtype;     /* SD_DT_F32, SD_DT_F16 or SD_DT_BF16 */
     float *scratch; /* per worker, or NULL: the unpacked loops */
     float *y;
     const float *x, *b;
     const void *w;
 } grows;
-
-/* Element (j, p) of a weight of the given dtype, as a float (exact). */
-static float weight_at(const void *w, int wdtype, size_t i)
-{
-    if (wdtype == SD_DT_F16) return sd_f16_to_f32(((const uint16_t *)w)[i]);
-    if (wdtype == SD_DT_BF16) return sd_bf16_to_f32(((const uint16_t *)w)[i]);
-    return ((const float *)w)[i];
-}
-
-/* The unpacked fallback for columns [c0, c0 + nc): each chain as
- * sd_gemm_rows_ref forms it, reading the weights in their dtype. */
-static void grows_ref(const grows *g, int c0, int nc)
-{
-    const sd_linear_shape *s = g->s;
-    for (int i = 0; i < s->m; i++) {
-        const float *xr = g->x + (size_t)i * (size_t)s->k;
-        for (int j = c0; j < c0 + nc; j++) {
-            float acc = g->b ? g->b[j] : 0.0f;
-            for (int p = 0; p < s->k; p++)
-                acc = fmaf(xr[p], weight_at(g->w, g->wdtype, (size_t)j * (size_t)s->k + (size_t)p), acc);
-            g->y[(size_t)i * (size_t)s->n + (size_t)j] = acc;
-        }
-    }
-    sd_act_rows(g->act, g->y + c0, (size_t)s->n, s->m, nc);
-}
 
 /* gemm_rows' finish hook: the activation on a completed block of y. */
 static void act_block(const void *ctx, float *y, size_t ldy, int rows, int cols)
@@ -133,14 +105,17 @@ static void grows_range(void *vctx, int worker, size_t begin, size_t end)
     for (size_t u = begin; u < end; u++) {
         int c0 = (int)u * g->cols, nc = s->n - c0 < g->cols ? s->n - c0 : g->cols;
         if (nc <= 0) continue;
-        size_t esz = g->wdtype == SD_DT_F16 || g->wdtype == SD_DT_BF16 ? 2 : 4;
-        const void *w = (const char *)g->w + (size_t)c0 * (size_t)s->k * esz;
+        const void *w = (const char *)g->w + (size_t)c0 * (size_t)s->k * sd_dtype_size(g->wdtype);
         const float *b = g->b ? g->b + c0 : NULL;
+        float *y = g->y + c0;
         sd_gemm_rows_mode mode = {.w_dtype = g->wdtype, .finish = g->act ? act_block : NULL, .finish_ctx = &g->act};
-        if (g->scratch)
-            sd_gemm_rows_ex(g->isa, s->m, nc, s->k, g->x, (size_t)s->k, w, (size_t)s->k, mode, b, g->y + c0,
-                            (size_t)s->n, g->scratch + (size_t)worker * sd_scratch_stride(sd_gemm_rows_scratch_floats()));
-        else grows_ref(g, c0, nc);
+        if (g->scratch) {
+            sd_gemm_rows_ex(g->isa, s->m, nc, s->k, g->x, (size_t)s->k, w, (size_t)s->k, mode, b, y, (size_t)s->n,
+                            g->scratch + (size_t)worker * sd_scratch_stride(sd_gemm_rows_scratch_floats()));
+        } else {
+            sd_gemm_rows_ref(s->m, nc, s->k, g->x, (size_t)s->k, w, (size_t)s->k, g->wdtype, b, y, (size_t)s->n);
+            sd_act_rows(g->act, y, (size_t)s->n, s->m, nc);
+        }
     }
 }
 

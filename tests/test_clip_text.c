@@ -510,19 +510,17 @@ static void check_16bit(const char *name, const char *file, sd_clip_text_opts op
     sd_clip_text m32, m16;
     sd_clip_text_out o;
     sd_error err = {0};
-    if (!open_both(name, &opts, "16-bit", &g, &m32)) return;
-    size_t nh = (size_t)g.n * (size_t)g.t * (size_t)m32.cfg.width, np = (size_t)g.n * (size_t)sd_clip_text_pooled_dim(&m32);
-    float *h32 = calloc(nh, sizeof(float)), *p32 = calloc(np, sizeof(float));
-    float *h16 = calloc(nh, sizeof(float)), *p16 = calloc(np, sizeof(float));
     char dir[512]; /* the model folder, or a single file in it */
     snprintf(dir, sizeof dir, "%s/%s%s%s", GOLDEN_DIR, name, file ? "/" : "", file ? file : "");
-    sd_clip_text_free(&m32); /* open_both loaded the folder: start from the same source as m16 */
+    if (!golden_open(&g, name)) return;
     if (!CHECK(sd_clip_text_load(&m32, dir, &opts, &err) == SD_OK)) {
         fprintf(stderr, "16-bit %s: %s\n", dir, err.msg);
         sd_st_close(g.st);
-        free(h32), free(p32), free(h16), free(p16);
         return;
     }
+    size_t nh = (size_t)g.n * (size_t)g.t * (size_t)m32.cfg.width, np = (size_t)g.n * (size_t)sd_clip_text_pooled_dim(&m32);
+    float *h32 = calloc(nh, sizeof(float)), *p32 = calloc(np, sizeof(float));
+    float *h16 = calloc(nh, sizeof(float)), *p16 = calloc(np, sizeof(float));
     if (!CHECK(h32 && p32 && h16 && p16) || !CHECK(sd_clip_text_preset(&m32, variant, 0, &o, &err) == SD_OK)) goto done;
     size_t bytes32 = sd_weights_bytes(&m32.w);
     for (int touched = 0; touched <= 1; touched++) {

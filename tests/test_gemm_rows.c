@@ -115,7 +115,7 @@ static void check_shape(int m, int n, int k, int pad)
         float *port = run(&o, SD_GEMM_ROWS_PORTABLE, bias), *best = run(&o, sd_gemm_rows_best_isa(), bias);
         if (CHECK(ref && port && best)) {
             for (size_t i = 0; i < ny; i++) ref[i] = 7.0f;
-            sd_gemm_rows_ref(m, n, k, o.x, o.ldx, o.w, (size_t)k, bias ? o.b : NULL, ref, o.ldy);
+            sd_gemm_rows_ref(m, n, k, o.x, o.ldx, o.w, (size_t)k, SD_DT_F32, bias ? o.b : NULL, ref, o.ldy);
             int same = memcmp(ref, port, ny * sizeof(float)) == 0 && memcmp(ref, best, ny * sizeof(float)) == 0;
             if (!CHECK(same)) fprintf(stderr, "  m %d n %d k %d pad %d bias %d: kernels differ\n", m, n, k, pad, bias);
             int kept = 1;
@@ -242,6 +242,9 @@ static void check_half_weights(int m, int n, int k)
                 fprintf(stderr, "  half weights m %d n %d k %d: %s, isa %d differ\n", m, n, k, sd_dtype_name(dt),
                         (int)use);
         }
+        sd_gemm_rows_ref(m, n, k, o.x, o.ldx, h, ldw, dt, o.b, y, (size_t)n); /* the unpacked fallback */
+        if (!CHECK(memcmp(y, want, ny * sizeof(float)) == 0))
+            fprintf(stderr, "  half weights m %d n %d k %d: %s reference differs\n", m, n, k, sd_dtype_name(dt));
     }
     printf("16-bit weights m %d n %d k %d: fp16 and bf16 equal to their float values\n", m, n, k);
 done:
@@ -267,7 +270,7 @@ static void check_linear_op(int m, int n, int k)
     if (CHECK(ref && y)) {
         sd_linear_shape s = {.m = m, .k = k, .n = n};
         for (int bias = 0; bias <= 1; bias++) {
-            sd_gemm_rows_ref(m, n, k, o.x, (size_t)k, o.w, (size_t)k, bias ? o.b : NULL, ref, (size_t)n);
+            sd_gemm_rows_ref(m, n, k, o.x, (size_t)k, o.w, (size_t)k, SD_DT_F32, bias ? o.b : NULL, ref, (size_t)n);
             for (int t = 1; t <= 3; t++) {
                 sd_pool *pool = t > 1 ? sd_pool_create(t) : NULL;
                 memset(y, 0, ny * sizeof(float));

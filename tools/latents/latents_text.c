@@ -32,9 +32,6 @@ static uint64_t enc_hash(const sd_clip_text *m)
     return sd_hash64(m->w.data, sd_weights_bytes(&m->w), 0);
 }
 
-/* Load the tokenizer(s) and encoder(s) of `model` (a diffusers folder; or a
- * single-file checkpoint with tokenizers from tok_dir) and pick the SD
- * variant: two encoders = SDXL, one with GELU = SD 2.x, else SD 1.x. */
 /* --text-weights fp16|bf16: every encoder's layer matrices to 16 bits,
  * after the identity was taken from the fp32 weights. Exact conversions
  * (fp16 files into fp16) give the fp32 model's embeddings bit for bit, so
@@ -60,6 +57,10 @@ static sd_status weights_16bit(text_cache *t, int wdtype, sd_error *err)
     return SD_OK;
 }
 
+/* Load the tokenizer(s) and encoder(s) of `model` (a diffusers folder; or a
+ * single-file checkpoint with tokenizers from tok_dir) and pick the SD
+ * variant: two encoders = SDXL, one with GELU = SD 2.x, else SD 1.x; the
+ * identity is taken, then the weights stored as wdtype says. */
 static sd_status open_all(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int dtype, int wdtype,
                           sd_error *err)
 {
