@@ -5,7 +5,8 @@
 #    step (loss) and at the end (every weight);
 # 2. one training step of the real-size SD 1.5 UNet (random weights, 64x64
 #    latents, batch 1) on the GPU, sdtk vs PyTorch eager (diffusers) in the
-#    same run, strict fp32 and TF32.
+#    same run, strict fp32 and TF32; sdtk with attention through cuBLAS
+#    (the default) and on its flash kernel (sd-train --attn-flash).
 # usage: bench/bench_gpu_train.sh BUILD_DIR SHARD CONFIG [STEPS]   (python3
 #        with torch, diffusers, numpy, safetensors)
 set -u
@@ -50,7 +51,13 @@ for mode in strict tf32; do
     [ $mode = tf32 ] && dev=cuda:0:tf32
     python3 "$HERE/bench_train.py" time "$T" 1 5 cuda $([ $mode = tf32 ] && echo tf32) | tee "$T/torch.txt"
     "$B/bench/bench_train" "$T/unet" "$T/x0.f32" "$T/noise.f32" "$T/ctx.f32" 64 64 77 16 5 $dev | tee "$T/sdtk.txt"
-    python3 - "$T/torch.txt" "$T/sdtk.txt" << 'PY'
+    # the same with attention on the flash kernel (sd-train --attn-flash)
+    fdev=$dev:flash
+    [ $mode = tf32 ] && fdev=$dev+flash
+    "$B/bench/bench_train" "$T/unet" "$T/x0.f32" "$T/noise.f32" "$T/ctx.f32" 64 64 77 16 5 $fdev | tee "$T/sdtk_flash.txt"
+    for f in sdtk sdtk_flash; do
+    echo "  $f:"
+    python3 - "$T/torch.txt" "$T/$f.txt" << 'PY'
 import re, sys
 try:
     tt, st = open(sys.argv[1]).read(), open(sys.argv[2]).read()
@@ -65,4 +72,5 @@ try:
 except Exception as e:
     print("  no comparison:", e)
 PY
+    done
 done

@@ -10,7 +10,8 @@
  * With DEVICE cuda:K (or cuda:K:tf32) the UNet runs on that GPU as
  * sd-train --device runs it; the op classes are not timed there (the
  * calls are asynchronous), only forward+backward and the optimizer step.
- * DEVICE may end in modes joined by '+': :tf32 (GPU), :ckpt (gradient
+ * DEVICE may end in modes joined by '+': :tf32 (GPU), :flash (GPU:
+ * attention on the flash kernel, sd-train --attn-flash), :ckpt (gradient
  * checkpointing), e.g. cpu:ckpt or cuda:0:tf32+ckpt. The activation
  * buffer's size is printed after the steps.
  * usage: bench_train UNET_DIR X0.f32 NOISE.f32 CTX.f32 H W T THREADS STEPS [DEVICE] */
@@ -57,6 +58,7 @@ int main(int argc, char **argv)
     if (mode) *mode++ = 0;
     o.tf32 = mode && strstr(mode, "tf32") != NULL;
     o.checkpointing = mode && strstr(mode, "ckpt") != NULL;
+    o.attn_flash = mode && strstr(mode, "flash") != NULL;
     if (sd_cli_parse_device(base, &o.device)) {
         fprintf(stderr, "bench_train: bad device %s\n", dev);
         return 2;

@@ -3,8 +3,11 @@
  * times after a warm-up, print the best and median seconds per batch and
  * images/s, and write the first image's mean to OUT for comparison with
  * PyTorch's. Last, one more encode with every op timed (and on a GPU
- * waited for): the time per op class. DEVICE is cpu (THREADS threads), cuda:K (strict fp32) or
- * cuda:K:tf32; on a GPU the time includes copying the batch in and the
+ * waited for): the time per op class. DEVICE is cpu (THREADS threads) or
+ * cuda:K (strict fp32), optionally followed by modes, e.g.
+ * cuda:0:search:tf32: tf32 (TF32 tensor cores), search (timed cuDNN
+ * algorithm choice), ws8g (8 GiB cuDNN workspace), flash (attention on the
+ * flash kernel); on a GPU the time includes copying the batch in and the
  * moments out (sd_vae_runner, what sd-latents does).
  * usage: bench_vae VAE_DIR X.f32 H W THREADS REPS OUT.f32 [DEVICE [BATCH]] */
 #include <stdio.h>
@@ -45,7 +48,8 @@ static int open_device(const char *dev, int threads, const sd_backend **be, void
     if (sscanf(dev, "cuda:%d:%31s", &k, mode) >= 1 || strcmp(dev, "cuda") == 0) {
         sd_error err = {0};
         sd_cuda_opts o = {.allow_tf32 = strstr(mode, "tf32") != NULL, .conv_search = strstr(mode, "search") != NULL,
-                          .conv_workspace = strstr(mode, "ws8g") ? (size_t)8 << 30 : 0};
+                          .conv_workspace = strstr(mode, "ws8g") ? (size_t)8 << 30 : 0,
+                          .attn_flash = strstr(mode, "flash") != NULL};
         sd_cuda *c = NULL;
         if (sd_cuda_create(&c, k, &o, &err)) {
             fprintf(stderr, "bench_vae: %s\n", err.msg);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_blocks.h"
 #include "backend.h"
 #include "check.h"
 #include "ops_math.h"
@@ -173,6 +174,42 @@ static void test_gauss_std(void)
     CHECK(same[0] == expf(-15.0f) && same[1] == 1.0f && same[3] == expf(10.0f));
 }
 
+/* The CUDA attention's blocks of scores (attn_blocks.h): every block
+ * within the cap, whole heads while one head fits, query rows of one head
+ * (at least one) when it does not; the blocks tile every head's queries. */
+static void test_attn_blocking(void)
+{
+    const sd_attn_shape shapes[] = {
+        {.b = 1, .heads = 8, .tq = 4096, .tk = 4096, .d = 40},   /* SD UNet 64x64: 4 heads per block */
+        {.b = 2, .heads = 8, .tq = 4096, .tk = 77, .d = 40},     /* cross-attention: all heads at once */
+        {.b = 1, .heads = 1, .tq = 16384, .tk = 16384, .d = 512}, /* VAE at 1024^2: 4096 rows */
+        {.b = 8, .heads = 1, .tq = 4096, .tk = 4096, .d = 512},  /* VAE batch 8 */
+        {.b = 3, .heads = 5, .tq = 70, .tk = 45, .d = 16},
+    };
+    const size_t caps[] = {0, 6400, 100, 1};
+    int ok = 1;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        for (size_t c = 0; c < sizeof caps / sizeof caps[0]; c++) {
+            const sd_attn_shape *s = &shapes[i];
+            size_t cap = caps[c] ? caps[c] : SD_ATTN_BLOCK_FLOATS, per = (size_t)s->tq * (size_t)s->tk;
+            size_t bh = (size_t)s->b * (size_t)s->heads;
+            sd_attn_blocks k = sd_attn_blocking(s, caps[c]);
+            size_t floats = sd_attn_block_bytes(s, caps[c]) / sizeof(float);
+            int whole = per <= cap;
+            ok &= k.heads >= 1 && (size_t)k.heads <= bh && k.rows >= 1 && k.rows <= s->tq;
+            ok &= floats == (size_t)k.heads * (size_t)k.rows * (size_t)s->tk;
+            ok &= floats <= cap || (k.heads == 1 && k.rows == 1); /* one row is the least a block holds */
+            ok &= whole ? k.rows == s->tq && ((size_t)k.heads == bh || (size_t)(k.heads + 1) * per > cap)
+                        : k.heads == 1 && ((size_t)(k.rows + 1) * (size_t)s->tk > cap);
+        }
+    }
+    CHECK(ok);
+    sd_attn_blocks unet = sd_attn_blocking(&shapes[0], 0), vae = sd_attn_blocking(&shapes[2], 0);
+    CHECK(unet.heads == 4 && unet.rows == 4096);
+    CHECK(vae.heads == 1 && vae.rows == 4096);
+    CHECK(sd_attn_block_bytes(&shapes[2], 0) == (size_t)256 << 20);
+}
+
 /* sd_vae_runner on the CPU table: the golden VAE's moments equal
  * sd_vae_encode's bytes, for a first call of one image and a second of
  * the whole batch (buffers grown), and stay within 1e-4 of diffusers. */
@@ -246,6 +283,7 @@ int main(void)
     test_through_table();
     test_transpose();
     test_gauss_std();
+    test_attn_blocking();
     test_vae_runner();
     return check_done("test_backend");
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "attn_blocks.h"
 #include "backend.h"
 #include "cli.h"
 #include "err.h"
@@ -356,9 +357,10 @@ static void diff_add(diff *d, const float *a, const float *b, size_t n)
     }
 }
 
-/* Every case on dev against the CPU (ref); prints one line per case and
- * returns the number of failures (or -1 on a device error). */
-static int check_ops(const target *dev, const target *ref, double tol)
+/* Every case on dev against the CPU (ref), or those whose name starts with
+ * `only` (when not NULL), each printed with `tag` after its name; returns
+ * the number of failures (or -1 on a device error). */
+static int check_ops(const target *dev, const target *ref, double tol, const char *only, const char *tag)
 {
     /* automatic storage: the sizes below are not C constant expressions */
     const op_case cases[] = {
@@ -458,9 +460,10 @@ static int check_ops(const target *dev, const target *ref, double tol)
          0},
     };
     int failures = 0;
-    printf("%-28s %-21s %-21s %s\n", "op", "forward abs / rel", "backward abs / rel", "result");
+    if (!only) printf("%-28s %-21s %-21s %s\n", "op", "forward abs / rel", "backward abs / rel", "result");
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const op_case *oc = &cases[ci];
+        if (only && strncmp(oc->name, only, strlen(only)) != 0) continue;
         float *init[MAXB] = {0}, *a[MAXB] = {0}, *b[MAXB] = {0};
         int ok = 1;
         for (int i = 0; i < oc->nb; i++) {
@@ -487,7 +490,9 @@ static int check_ops(const target *dev, const target *ref, double tol)
             }
             double t = oc->tol > tol ? oc->tol : tol;
             int pass = f.mixed <= t && g.mixed <= t;
-            printf("%-28s %9.2e / %-9.2e %9.2e / %-9.2e %s\n", oc->name, f.abs, f.ref > 0 ? f.abs / f.ref : f.abs,
+            char label[96];
+            snprintf(label, sizeof label, "%s%s", oc->name, tag);
+            printf("%-28s %9.2e / %-9.2e %9.2e / %-9.2e %s\n", label, f.abs, f.ref > 0 ? f.abs / f.ref : f.abs,
                    g.abs, g.ref > 0 ? g.abs / g.ref : g.abs, pass ? "pass" : "FAIL");
             failures += !pass;
         }
@@ -656,10 +661,11 @@ static void probe_free(const target *t, float **p, int k)
     for (int i = 0; i < k; i++) t->be->release(t->ex, p[i]);
 }
 
-/* Throughput of the heaviest VAE layers and a big GEMM, and VAE encodes
- * of 512x512 images with the SD architecture (random weights): what a
- * cache run will see. 0 on success. */
-static int probe(const target *t)
+/* Throughput of the heaviest VAE layers and a big GEMM (attention also on
+ * `flash`, the context that always takes the flash kernel, when not NULL),
+ * and VAE encodes of 512x512 images with the SD architecture (random
+ * weights): what a cache run will see. 0 on success. */
+static int probe(const target *t, const target *flash)
 {
     sd_error err = {0};
     float *p[8] = {0};
@@ -682,14 +688,20 @@ static int probe(const target *t)
     probe_free(t, p, 3);
     size_t an[] = {SZ(4096) * 512, SZ(4096) * 512, SZ(4096) * 512, SZ(4096) * 512, 4096,
                    SZ(4096) * 512, SZ(4096) * 512, SZ(4096) * 512};
-    if (probe_bufs(t, p, an, 8)) {
-        double flop = 4.0 * 4096 * 4096 * 512;
-        double f = time_best(t, probe_attn_fwd, p, 3, &err), b = f < 0 ? -1 : time_best(t, probe_attn_bwd, p, 2, &err);
-        if (f < 0 || b < 0) return fprintf(stderr, "sd-selftest: probe: %s\n", err.msg), 1;
-        printf("attention T=4096 d=512 (VAE mid block at 512x512): forward %.2f ms (%.0f GFLOP/s), backward %.2f ms\n",
-               f * 1e3, flop / f * 1e-9, b * 1e3);
+    for (int pass = 0; pass < 2; pass++) {
+        const target *at = pass ? flash : t;
+        if (!at) break;
+        if (probe_bufs(at, p, an, 8)) {
+            double flop = 4.0 * 4096 * 4096 * 512;
+            double f = time_best(at, probe_attn_fwd, p, 3, &err);
+            double b = f < 0 ? -1 : time_best(at, probe_attn_bwd, p, 2, &err);
+            if (f < 0 || b < 0) return fprintf(stderr, "sd-selftest: probe: %s\n", err.msg), 1;
+            printf("attention T=4096 d=512 (VAE mid block at 512x512), %s: forward %.2f ms (%.0f GFLOP/s), "
+                   "backward %.2f ms\n",
+                   pass ? "flash kernel" : "default", f * 1e3, flop / f * 1e-9, b * 1e3);
+        }
+        probe_free(at, p, 8);
     }
-    probe_free(t, p, 8);
     sd_vae v;
     sd_vae_config cfg = sd_vae_arch();
     if (sd_vae_build(&v, &cfg, &err)) return fprintf(stderr, "sd-selftest: probe: %s\n", err.msg), 1;
@@ -803,7 +815,7 @@ static void rec_linear(void *ex, const sd_linear_shape *s, float *y, const float
     rec_add(d, (SZ(s->m) * SZ(s->k) + SZ(s->m) * SZ(s->n) + SZ(s->n) * SZ(s->k) + SZ(s->n)) * sizeof(float), 0);
 }
 
-/* attention: q, k, v, y, lse (no score matrix). */
+/* attention: q, k, v, y, lse; the score block in scratch. */
 static void rec_attn(void *ex, const sd_attn_shape *s, float *y, float *lse, const float *q, const float *k,
                      const float *v)
 {
@@ -811,7 +823,9 @@ static void rec_attn(void *ex, const sd_attn_shape *s, float *y, float *lse, con
     char d[96];
     size_t bh = SZ(s->b) * SZ(s->heads);
     snprintf(d, sizeof d, "attention T=%d d=%d", s->tq, s->d);
-    rec_add(d, (bh * (2 * SZ(s->tq) + 2 * SZ(s->tk)) * SZ(s->d) + bh * SZ(s->tq)) * sizeof(float), 0);
+    /* scratch: one block of scores (attn_blocks.h), the cuBLAS path's */
+    rec_add(d, (bh * (2 * SZ(s->tq) + 2 * SZ(s->tk)) * SZ(s->d) + bh * SZ(s->tq)) * sizeof(float),
+            sd_attn_block_bytes(s, 0));
 }
 
 /* transpose: in and out. */
@@ -1016,7 +1030,29 @@ int main(int argc, char **argv)
     }
 #endif
     if (dev < 0) printf("device cpu: the CPU backend on one thread against the pool (a check of the harness)\n");
-    int fails = check_ops(&t, &ref, tol);
+    int fails = check_ops(&t, &ref, tol, NULL, "");
+    target flash = {0};
+#ifdef SDTK_HAVE_CUDA
+    /* attention goes through cuBLAS in blocks of scores: checked again with
+     * blocks small enough to split heads into groups and heads into query
+     * rows (with the causal mask), and on the flash kernel, the fallback
+     * when blocks do not fit */
+    sd_cuda *cu_small = NULL, *cu_flash = NULL;
+    if (cu && fails >= 0) {
+        sd_error err = {0};
+        sd_cuda_opts so = {.allow_tf32 = tf32, .attn_block = 6400}, fo = {.allow_tf32 = tf32, .attn_flash = 1};
+        if (sd_cuda_create(&cu_small, dev, &so, &err) || sd_cuda_create(&cu_flash, dev, &fo, &err)) {
+            fprintf(stderr, "sd-selftest: %s\n", err.msg);
+            fails = -1;
+        } else {
+            target small = {sd_backend_cuda(), cu_small};
+            flash = (target){sd_backend_cuda(), cu_flash};
+            int f = check_ops(&small, &ref, tol, "attention", " [blocks]");
+            int g = f < 0 ? -1 : check_ops(&flash, &ref, tol, "attention", " [flash]");
+            fails = f < 0 || g < 0 ? -1 : fails + f + g;
+        }
+    }
+#endif
     int vae = fails < 0 ? -1 : check_vae(&t, golden, tf32 ? 2e-2 : 1e-4);
     int unet = 1;
     const char *unets[] = {"sd1", "sdxl"};
@@ -1025,7 +1061,7 @@ int main(int argc, char **argv)
         unet = r < 0 ? -1 : unet && r;
     }
     int probe_rc = 0;
-    if (fails >= 0 && vae >= 0 && unet >= 0 && !no_probe && dev >= 0) probe_rc = probe(&t);
+    if (fails >= 0 && vae >= 0 && unet >= 0 && !no_probe && dev >= 0) probe_rc = probe(&t, flash.be ? &flash : NULL);
 #ifdef SDTK_HAVE_CUDA
     if (cu) {
         sd_cuda_mem m;
@@ -1034,6 +1070,8 @@ int main(int argc, char **argv)
                mib(m.peak), mib(m.cached + m.in_use));
         sd_cuda_destroy(cu);
     }
+    if (cu_small) sd_cuda_destroy(cu_small);
+    if (cu_flash) sd_cuda_destroy(cu_flash);
 #endif
     sd_pool_destroy(pool);
     if (fails < 0 || vae < 0 || unet < 0 || probe_rc) {

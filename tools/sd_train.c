@@ -132,6 +132,9 @@ int main(int argc, char **argv)
          "cpu (default) or cuda:K: the UNet, clipping, AdamW and the EMA on GPU K (weights and moments come back "
          "to the host only for checkpoints); plain cuda under mpirun/srun takes the GPU of the process's local rank"},
         {"tf32", 0, SD_OPT_FLAG, &o.tf32, NULL, "allow TF32 tensor cores on the GPU (faster, ~1e-3 relative error)"},
+        {"attn-flash", 0, SD_OPT_FLAG, &o.attn_flash, NULL,
+         "GPU: attention on the flash kernel, which keeps no scores in memory, instead of cuBLAS with blocks of "
+         "scores (up to 512 MiB of scratch; taken anyway when that memory cannot be had); slower"},
         {"gradient-checkpointing", 0, SD_OPT_FLAG, &o.checkpointing, NULL,
          "keep only each resnet's and transformer block's output and recompute the rest in the backward: far "
          "less activation memory for about one more forward pass per step; the same gradients bit for bit"},

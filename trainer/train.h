@@ -72,6 +72,7 @@ typedef struct {
      * refreshed for checkpoints); tf32: allow TF32 tensor cores there */
     int device;
     int tf32;
+    int attn_flash; /* GPU: attention on the flash kernel (no score blocks in memory; slower) */
     int checkpointing; /* gradient checkpointing: recompute resnets and transformer blocks in the backward */
     int nccl; /* GPU: sum gradients over NCCL even in a world of one (a check of the path) */
     int zero1; /* CPU ranks: shard the AdamW moments across ranks (ZeRO stage 1) */

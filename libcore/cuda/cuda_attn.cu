@@ -272,6 +272,12 @@ extern "C" cudaError_t sdk_attn_fwd(sd_cuda *c, const sd_attn_shape *s, float *y
     return cudaGetLastError();
 }
 
+extern "C" cudaError_t sdk_attn_drow(sd_cuda *c, size_t rows, int d, const float *dy, const float *y, float *drow)
+{
+    attn_drow_kernel<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, sdc_stream(c)>>>(rows, d, dy, y, drow);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t sdk_attn_bwd(sd_cuda *c, const sd_attn_shape *s, float *dq, float *dk, float *dv,
                                     const float *dy, const float *q, const float *k, const float *v, const float *y,
                                     const float *lse)
@@ -281,8 +287,7 @@ extern "C" cudaError_t sdk_attn_bwd(sd_cuda *c, const sd_attn_shape *s, float *d
     float *drow = (float *)sdc_alloc(c, rows * sizeof(float));
     if (!drow) return cudaErrorMemoryAllocation;
     cudaStream_t st = sdc_stream(c);
-    attn_drow_kernel<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, st>>>(rows, s->d, dy, y, drow);
-    cudaError_t e = cudaGetLastError();
+    cudaError_t e = sdk_attn_drow(c, rows, s->d, dy, y, drow);
     dim3 grid;
     size_t smem;
     if (e == cudaSuccess && dq) {

@@ -219,7 +219,7 @@ static void cu_upsample2x_bwd(void *exec, int planes, int h, int w, float *dx, c
     if (c) done(c, sdk_upsample2x_bwd(c, planes, h, w, dx, dy), "upsample2x backward");
 }
 
-/* Shared memory the attention kernels need per block, against the
+/* Shared memory the flash attention kernels need per block, against the
  * device's limit: a clear error for heads too wide for one block. */
 static int attn_fits(sd_cuda *c, const sd_attn_shape *s)
 {
@@ -230,20 +230,23 @@ static int attn_fits(sd_cuda *c, const sd_attn_shape *s)
     return 0;
 }
 
-/* Flash-style attention forward. */
+/* Attention forward: through cuBLAS with blocks of scores, or the flash
+ * kernel when the context asks for it or that scratch is not available. */
 static void cu_attn_fwd(void *exec, const sd_attn_shape *s, float *y, float *lse, const float *q, const float *k,
                         const float *v)
 {
     sd_cuda *c = live(exec);
-    if (c && attn_fits(c, s)) done(c, sdk_attn_fwd(c, s, y, lse, q, k, v), "attention forward");
+    if (!c || (!c->opts.attn_flash && sdc_attn_gemm_fwd(c, s, y, lse, q, k, v))) return;
+    if (attn_fits(c, s)) done(c, sdk_attn_fwd(c, s, y, lse, q, k, v), "attention forward");
 }
 
-/* Attention backward (scores recomputed from lse). */
+/* Attention backward (scores recomputed from lse), the same two ways. */
 static void cu_attn_bwd(void *exec, const sd_attn_shape *s, float *dq, float *dk, float *dv, const float *dy,
                         const float *q, const float *k, const float *v, const float *y, const float *lse)
 {
     sd_cuda *c = live(exec);
-    if (c && attn_fits(c, s)) done(c, sdk_attn_bwd(c, s, dq, dk, dv, dy, q, k, v, y, lse), "attention backward");
+    if (!c || (!c->opts.attn_flash && sdc_attn_gemm_bwd(c, s, dq, dk, dv, dy, q, k, v, y, lse))) return;
+    if (attn_fits(c, s)) done(c, sdk_attn_bwd(c, s, dq, dk, dv, dy, q, k, v, y, lse), "attention backward");
 }
 
 /* Channel concat forward. */

@@ -223,10 +223,12 @@ static sdc_block *find_free(sd_cuda *c, size_t size)
 
 /* Device memory from the cache, else from cudaMalloc; when the device is
  * full, the unused cache goes back to the driver and the call is retried.
- * NULL (with the error recorded) when even that fails. */
-void *sdc_alloc(sd_cuda *c, size_t bytes)
+ * NULL when even that fails, with nothing recorded: for callers that have
+ * another way (attention falls back to its flash kernel); *why says why. */
+void *sdc_try_alloc(sd_cuda *c, size_t bytes, cudaError_t *why)
 {
     size_t size = round_size(bytes);
+    *why = cudaSuccess;
     sdc_block *b = find_free(c, size);
     if (b) {
         b->used = 1;
@@ -239,7 +241,7 @@ void *sdc_alloc(sd_cuda *c, size_t bytes)
         size_t cap = c->capblk ? 2 * c->capblk : 64;
         sdc_block *nb = realloc(c->blk, cap * sizeof *nb);
         if (!nb) {
-            sdc_fail(c, SD_ENOMEM, "out of host memory for the device block list");
+            *why = cudaErrorMemoryAllocation;
             return NULL;
         }
         c->blk = nb;
@@ -254,14 +256,25 @@ void *sdc_alloc(sd_cuda *c, size_t bytes)
     }
     if (e != cudaSuccess) {
         cudaGetLastError();
-        sdc_fail(c, e == cudaErrorMemoryAllocation ? SD_ENOMEM : SD_EIO,
-                 "CUDA allocation of %zu bytes failed: %s (%zu bytes in use by sdtk)", size, cudaGetErrorString(e),
-                 c->in_use);
+        *why = e;
         return NULL;
     }
     c->blk[c->nblk++] = (sdc_block){.p = p, .size = size, .used = 1};
     c->in_use += size;
     if (c->in_use > c->peak) c->peak = c->in_use;
+    return p;
+}
+
+/* sdc_try_alloc for callers with no other way: NULL with the error
+ * recorded in the context. */
+void *sdc_alloc(sd_cuda *c, size_t bytes)
+{
+    cudaError_t e;
+    void *p = sdc_try_alloc(c, bytes, &e);
+    if (!p)
+        sdc_fail(c, e == cudaErrorMemoryAllocation ? SD_ENOMEM : SD_EIO,
+                 "CUDA allocation of %zu bytes failed: %s (%zu bytes in use by sdtk)", round_size(bytes),
+                 cudaGetErrorString(e), c->in_use);
     return p;
 }
 

@@ -59,9 +59,19 @@ void sdc_conv2d_bwd(sd_cuda *c, const sd_conv2d_shape *s, float *dx, float *dw, 
                     const float *x, const float *w);
 void sdc_conv_plans_free(sd_cuda *c);
 
-/* cuBLAS linear layers (cuda_linear.c). */
+/* cuBLAS linear layers (cuda_linear.c), and the compute type every cuBLAS
+ * call uses: fp32, or TF32 tensor cores when the context allows them. */
+cublasComputeType_t sdc_blas_compute(const sd_cuda *c);
 void sdc_linear_fwd(sd_cuda *c, const sd_linear_shape *s, float *y, const float *x, const float *w, const float *b);
 void sdc_linear_bwd(sd_cuda *c, const sd_linear_shape *s, float *dx, float *dw, float *db, const float *dy,
                     const float *x, const float *w);
+
+/* Attention through cuBLAS with the score matrix in blocks
+ * (cuda_attn_gemm.c): 1 when queued, 0 when its scratch could not be had
+ * and nothing was queued (the caller takes the flash kernel). */
+int sdc_attn_gemm_fwd(sd_cuda *c, const sd_attn_shape *s, float *y, float *lse, const float *q, const float *k,
+                      const float *v);
+int sdc_attn_gemm_bwd(sd_cuda *c, const sd_attn_shape *s, float *dq, float *dk, float *dv, const float *dy,
+                      const float *q, const float *k, const float *v, const float *y, const float *lse);
 
 #endif

@@ -24,6 +24,8 @@ typedef struct sd_cuda sd_cuda;
  * shared memory one block may opt in to. */
 cudaStream_t sdc_stream(const sd_cuda *c);
 void *sdc_alloc(sd_cuda *c, size_t bytes);
+/* The same without recording a failure (*why says what it was). */
+void *sdc_try_alloc(sd_cuda *c, size_t bytes, cudaError_t *why);
 void sdc_release(sd_cuda *c, void *p);
 size_t sdc_smem_optin(const sd_cuda *c);
 
@@ -82,6 +84,16 @@ cudaError_t sdk_attn_fwd(sd_cuda *c, const sd_attn_shape *s, float *y, float *ls
                          const float *v);
 cudaError_t sdk_attn_bwd(sd_cuda *c, const sd_attn_shape *s, float *dq, float *dk, float *dv, const float *dy,
                          const float *q, const float *k, const float *v, const float *y, const float *lse);
+/* drow[r] = dy_r . y_r over rows of d: the backward's D. */
+cudaError_t sdk_attn_drow(sd_cuda *c, size_t rows, int d, const float *dy, const float *y, float *drow);
+/* Score blocks of attention through cuBLAS (cuda_scores.cu): `rows` rows
+ * of tk scores, n query rows per head starting at query q0, lse and drow
+ * of the block's first head (tq apart per head). Forward: scores to
+ * probabilities, lse written. Backward: scores to probabilities and, when
+ * dp is not NULL, dp (dy v^T) to the score gradients. */
+cudaError_t sdk_attn_softmax(sd_cuda *c, int rows, int n, int tk, int q0, int tq, int causal, float *s, float *lse);
+cudaError_t sdk_attn_dscores(sd_cuda *c, int rows, int n, int tk, int q0, int tq, int causal, float scale, float *s,
+                             float *dp, const float *lse, const float *drow);
 
 /* Optimizer: the sum of squares of x (waits for it: the value is in
  * *host_out on return), AdamW, EMA (ops_cpu.h's conventions). */

@@ -11,7 +11,7 @@
 #include "cuda_int.h"
 
 /* fp32 compute, or TF32 tensor cores when allowed. */
-static cublasComputeType_t compute_type(const sd_cuda *c)
+cublasComputeType_t sdc_blas_compute(const sd_cuda *c)
 {
     return c->opts.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
@@ -23,7 +23,7 @@ static int gemm(sd_cuda *c, cublasOperation_t ta, cublasOperation_t tb, int m, i
     const float one = 1.0f;
     return sdc_blas_ok(c,
                        cublasGemmEx(c->blas, ta, tb, m, n, k, &one, a, CUDA_R_32F, lda, b, CUDA_R_32F, ldb, &beta, out,
-                                    CUDA_R_32F, ldc, compute_type(c), CUBLAS_GEMM_DEFAULT),
+                                    CUDA_R_32F, ldc, sdc_blas_compute(c), CUBLAS_GEMM_DEFAULT),
                        what);
 }
 

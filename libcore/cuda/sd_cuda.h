@@ -1,9 +1,9 @@
 /* The CUDA backend: the engine's ops on one NVIDIA GPU, behind the same
  * backend table as the CPU (backend.h). Convolutions run on cuDNN (legacy
  * convolution API, algorithm chosen once per shape), linear layers on
- * cuBLAS with fp32 accumulation, attention, norms and element-wise ops on
- * hand-written kernels (the .cu files here, scalar formulas shared with the
- * CPU in ops_math.h).
+ * cuBLAS with fp32 accumulation, attention on cuBLAS (scores in blocks)
+ * or a flash kernel, norms and element-wise ops on hand-written kernels
+ * (the .cu files here, scalar formulas shared with the CPU in ops_math.h).
  *
  * One context per device and process: its exec pointer (sd_cuda *) goes
  * where the CPU table takes its sd_pool *. Everything runs in order on the
@@ -11,9 +11,9 @@
  * allocator (be->alloc / be->release), so steady-state steps never call
  * cudaMalloc. fp32 only for now; strict fp32 by default (no TF32).
  *
- * Nothing here has been run by the project: it is compiled and linked in
- * CI, and `sd-selftest --device cuda:K` checks it against the CPU on a
- * user's GPU (docs/GPU.md). */
+ * Compiled and linked in CI (no GPU there); `sd-selftest --device cuda:K`
+ * checks it against the CPU on a user's GPU. What has run on which GPU:
+ * docs/GPU.md. */
 #ifndef SDTK_SD_CUDA_H
 #define SDTK_SD_CUDA_H
 
@@ -30,6 +30,10 @@ typedef struct {
                             * free device memory, 1 to 8 GiB */
     int conv_search;       /* 1: time cuDNN's forward algorithms per shape and take the fastest (as torch's
                             * cudnn.benchmark); the choice, and so the last bits, may vary from run to run */
+    int attn_flash;        /* 1: attention always on the flash kernel (no score matrix, plain fp32 FMA); 0:
+                            * through cuBLAS with scores in blocks of up to 256 MiB (512 MiB for the backward),
+                            * the flash kernel when that memory cannot be had */
+    size_t attn_block;     /* floats in one block of scores; 0: 2^26 (attn_blocks.h; small values are for tests) */
 } sd_cuda_opts;
 
 typedef struct {
