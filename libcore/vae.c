@@ -204,13 +204,27 @@ sd_status sd_vae_encode_on(const sd_vae *v, const sd_backend *be, void *exec, co
                            int w, const float *x, float *mean, float *std, float *ws, sd_error *err)
 {
     if (n < 1 || h < 3 || w < 3) return sd_err_set(err, SD_EINVAL, "VAE encode: bad input size %dx%dx%d", n, h, w);
+    sd_vae_encode_queue(v, be, exec, params, n, h, w, 1, x, mean, std, ws);
+    return be->sync(exec, err);
+}
+
+/* The ops of an encode, queued without waiting for them (a device runs
+ * them while the caller goes on; the next sync reports a failure): one
+ * image at a time (per_image, sd_vae_encode_on's order) or all in one
+ * pass (sd_vae_encode_batch_on's). The size must have been checked. */
+void sd_vae_encode_queue(const sd_vae *v, const sd_backend *be, void *exec, const float *params, int n, int h, int w,
+                         int per_image, const float *x, float *mean, float *std, float *ws)
+{
+    if (!per_image) {
+        encode_batch(v, be, exec, params, n, h, w, x, mean, std, ws);
+        return;
+    }
     int lh, lw;
     sd_vae_latent_size(&v->cfg, h, w, &lh, &lw);
     size_t px = (size_t)3 * (size_t)h * (size_t)w, lat = (size_t)v->cfg.latent_channels * (size_t)lh * (size_t)lw;
     for (int i = 0; i < n; i++)
         encode_batch(v, be, exec, params, 1, h, w, x + (size_t)i * px, mean + (size_t)i * lat, std + (size_t)i * lat,
                      ws);
-    return be->sync(exec, err);
 }
 
 /* All n images in one pass: what keeps a GPU busy (one 512x512 image does
@@ -222,7 +236,7 @@ sd_status sd_vae_encode_batch_on(const sd_vae *v, const sd_backend *be, void *ex
                                  int h, int w, const float *x, float *mean, float *std, float *ws, sd_error *err)
 {
     if (n < 1 || h < 3 || w < 3) return sd_err_set(err, SD_EINVAL, "VAE encode: bad input size %dx%dx%d", n, h, w);
-    encode_batch(v, be, exec, params, n, h, w, x, mean, std, ws);
+    sd_vae_encode_queue(v, be, exec, params, n, h, w, 0, x, mean, std, ws);
     return be->sync(exec, err);
 }
 

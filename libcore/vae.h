@@ -105,6 +105,12 @@ sd_status sd_vae_encode_on(const sd_vae *v, const sd_backend *be, void *exec, co
 sd_status sd_vae_encode_batch_on(const sd_vae *v, const sd_backend *be, void *exec, const float *params, int n,
                                  int h, int w, const float *x, float *mean, float *std, float *ws, sd_error *err);
 
+/* sd_vae_encode_on (per_image) or sd_vae_encode_batch_on without the
+ * final sync: the ops are queued and the call returns; on a device they
+ * run while the caller works, and the next be->sync reports a failure. */
+void sd_vae_encode_queue(const sd_vae *v, const sd_backend *be, void *exec, const float *params, int n, int h, int w,
+                         int per_image, const float *x, float *mean, float *std, float *ws);
+
 /* The encoder on any backend from host buffers (vae_runner.c): parameters
  * copied into the backend's memory once by init; encode copies x [n, 3, h,
  * w] in, runs sd_vae_encode_on on buffers the runner keeps (grown on
@@ -115,7 +121,10 @@ sd_status sd_vae_encode_batch_on(const sd_vae *v, const sd_backend *be, void *ex
  * set by init from be->is_device) a batch goes in one pass
  * (sd_vae_encode_batch_on: on an H100 batch 8 ran 1.2x faster per image
  * than batch 1 with TF32, docs/GPU.md), or one at a time when its scratch
- * does not fit in the device's memory. */
+ * does not fit in the device's memory. encode = submit + collect: submit
+ * copies the batch in and queues its encode (x may be reused on return),
+ * collect waits for it and copies the moments out, so a caller can
+ * prepare the next batch while a device encodes this one. */
 typedef struct {
     const sd_backend *be;
     void *exec;
@@ -123,11 +132,14 @@ typedef struct {
     float *params, *ws, *x, *mean, *std; /* the backend's memory */
     size_t ws_cap, x_cap, mean_cap, std_cap; /* bytes */
     int params_borrowed; /* a host backend: params is the model's own buffer, not a copy */
+    size_t pending; /* floats of mean (and of std) a submitted batch has not collected yet; 0: none */
 } sd_vae_runner;
 
 sd_status sd_vae_runner_init(sd_vae_runner *r, const sd_vae *v, const sd_backend *be, void *exec, sd_error *err);
 sd_status sd_vae_runner_encode(sd_vae_runner *r, const sd_vae *v, int n, int h, int w, const float *x, float *mean,
                                float *std, sd_error *err);
+sd_status sd_vae_runner_submit(sd_vae_runner *r, const sd_vae *v, int n, int h, int w, const float *x, sd_error *err);
+sd_status sd_vae_runner_collect(sd_vae_runner *r, float *mean, float *std, sd_error *err);
 void sd_vae_runner_free(sd_vae_runner *r);
 
 #endif

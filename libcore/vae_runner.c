@@ -48,12 +48,13 @@ sd_status sd_vae_runner_init(sd_vae_runner *r, const sd_vae *v, const sd_backend
     return be->sync(exec, err);
 }
 
-/* x [n, 3, h, w] in host memory -> mean, std [n, latent, lh, lw] in host
- * memory, through the backend. */
-sd_status sd_vae_runner_encode(sd_vae_runner *r, const sd_vae *v, int n, int h, int w, const float *x, float *mean,
-                               float *std, sd_error *err)
+/* x [n, 3, h, w] in host memory into the backend and its encode queued
+ * (on a host backend: run); x may be reused when this returns. One batch
+ * at a time: the previous one must have been collected. */
+sd_status sd_vae_runner_submit(sd_vae_runner *r, const sd_vae *v, int n, int h, int w, const float *x, sd_error *err)
 {
     if (n < 1 || h < 3 || w < 3) return sd_err_set(err, SD_EINVAL, "VAE encode: bad input size %dx%dx%d", n, h, w);
+    if (r->pending) return sd_err_set(err, SD_EINVAL, "VAE encode: the previous batch was not collected");
     int lh, lw;
     sd_vae_latent_size(&v->cfg, h, w, &lh, &lw);
     size_t px = (size_t)n * 3 * (size_t)h * (size_t)w;
@@ -72,12 +73,32 @@ sd_status sd_vae_runner_encode(sd_vae_runner *r, const sd_vae *v, int n, int h, 
     if (!st) st = grow(r, &r->std, &r->std_cap, lat, "latent buffer", err);
     if (st) return st;
     r->be->h2d(r->exec, r->x, x, px * sizeof(float));
-    st = (whole ? sd_vae_encode_batch_on : sd_vae_encode_on)(v, r->be, r->exec, r->params, n, h, w, r->x, r->mean,
-                                                              r->std, r->ws, err);
+    sd_vae_encode_queue(v, r->be, r->exec, r->params, n, h, w, !whole, r->x, r->mean, r->std, r->ws);
+    r->pending = lat;
+    return SD_OK;
+}
+
+/* Waits for the submitted batch and copies its mean and std [n, latent,
+ * lh, lw] into host memory; the first failure since submit is returned. */
+sd_status sd_vae_runner_collect(sd_vae_runner *r, float *mean, float *std, sd_error *err)
+{
+    size_t lat = r->pending;
+    if (!lat) return sd_err_set(err, SD_EINVAL, "VAE encode: no batch submitted");
+    r->pending = 0;
+    sd_status st = r->be->sync(r->exec, err);
     if (st) return st;
     r->be->d2h(r->exec, mean, r->mean, lat * sizeof(float));
     r->be->d2h(r->exec, std, r->std, lat * sizeof(float));
     return r->be->sync(r->exec, err);
+}
+
+/* Submit and collect in one call: x [n, 3, h, w] in host memory -> mean,
+ * std [n, latent, lh, lw] in host memory, through the backend. */
+sd_status sd_vae_runner_encode(sd_vae_runner *r, const sd_vae *v, int n, int h, int w, const float *x, float *mean,
+                               float *std, sd_error *err)
+{
+    sd_status st = sd_vae_runner_submit(r, v, n, h, w, x, err);
+    return st ? st : sd_vae_runner_collect(r, mean, std, err);
 }
 
 /* Everything the runner holds in the backend's memory. */

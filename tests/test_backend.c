@@ -247,6 +247,21 @@ static void test_vae_runner(void)
             for (size_t i = 0; i < nl; i++) e = fmax(e, fabs((double)m2[i] - (double)((const float *)em->data)[i]));
             CHECK(e < 1e-4);
             CHECK(sd_vae_runner_encode(&r, &v, 0, h, w, x->data, m2, s2, &err) == SD_EINVAL);
+            /* submit, then collect (sd-latents prepares the next batch in
+             * between): the same bytes; one batch in flight at a time */
+            float *xc = malloc(x->nbytes);
+            if (CHECK(xc != NULL)) {
+                memcpy(xc, x->data, x->nbytes);
+                memset(m2, 0, nl * sizeof(float));
+                CHECK(sd_vae_runner_collect(&r, m2, s2, &err) == SD_EINVAL);
+                CHECK(sd_vae_runner_submit(&r, &v, n, h, w, xc, &err) == SD_OK);
+                memset(xc, 0, x->nbytes); /* the input may be reused once submitted */
+                CHECK(sd_vae_runner_submit(&r, &v, n, h, w, xc, &err) == SD_EINVAL);
+                CHECK(sd_vae_runner_collect(&r, m2, s2, &err) == SD_OK);
+                CHECK(memcmp(m2, m1, nl * sizeof(float)) == 0 && memcmp(s2, s1, nl * sizeof(float)) == 0);
+                CHECK(sd_vae_runner_collect(&r, m2, s2, &err) == SD_EINVAL);
+            }
+            free(xc);
             /* the whole batch in one pass (a GPU runner's way): the same
              * function, to rounding */
             r.whole_batch = 1;

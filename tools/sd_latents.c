@@ -86,7 +86,8 @@ int main(int argc, char **argv)
     sd_cli cli = {"sd-latents", "[OPTIONS] --vae PATH -o SHARD [INPUT.jsonl|-]",
                   "Decode, resize and crop every record of a bucketed JSONL stream (sd-meta | sd-bucket) as its "
                   "`resize` and `crop` say, encode it with the VAE and store the posterior's mean and std (or one "
-                  "sample) in an LMDB shard, one transaction per batch. Rerunning resumes: records already stored "
+                  "sample) in an LMDB shard, one transaction per batch (on a GPU a batch encodes while the next "
+                  "decodes). Rerunning resumes: records already stored "
                   "with the same plan, options and VAE are skipped; records whose plan or options changed are "
                   "replaced. Unreadable images are reported and counted; the run goes on.",
                   opts,

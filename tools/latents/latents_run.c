@@ -1,6 +1,8 @@
 /* sd-latents: decode + resize + crop (libvips), VAE encode (the engine),
  * write records into one LMDB shard, one transaction per batch, so a kill
- * loses at most the batch in flight and a rerun skips what is stored.
+ * loses at most the batches in flight and a rerun skips what is stored.
+ * On a GPU the encode of one batch overlaps the decode of the next and the
+ * writing of the one before (run_batches).
  *
  * Batches are cut at fixed positions of the bucket-sorted job list (every
  * `batch` jobs of one bucket), whatever is already stored, so a resumed run
@@ -218,20 +220,32 @@ static sd_status put_record(run *r, latent_job *j, size_t k, size_t ok, size_t l
     return st;
 }
 
-/* Decode, encode and write one batch of jobs of one bucket. */
-static sd_status do_batch(run *r, latent_job **todo, size_t m, sd_error *err)
+/* One batch between its decode and its records: the jobs that decoded
+ * (ok of them; with --flip each has a mirrored copy behind the others)
+ * and the bucket's image and latent sizes. */
+typedef struct {
+    latent_job **todo;
+    size_t ok;
+    int h, w, lc, lh, lw;
+    size_t lat;
+} batch;
+
+/* Decode m jobs of one bucket into r->img; unreadable ones are reported,
+ * counted and dropped, the rest packed to the front (b->ok of them). */
+static sd_status decode_batch(run *r, batch *b, size_t m, sd_error *err)
 {
     const latents_opts *o = r->o;
-    int w = todo[0]->bucket_w, h = todo[0]->bucket_h, variants = o->flip ? 2 : 1;
-    size_t chw = 3 * (size_t)w * (size_t)h;
-    int lh, lw, lc = r->vae.cfg.latent_channels;
-    sd_vae_latent_size(&r->vae.cfg, h, w, &lh, &lw);
-    size_t lat = (size_t)lc * (size_t)lh * (size_t)lw, n = m * (size_t)variants;
-    if (ensure(&r->img, &r->img_cap, n * chw) || ensure(&r->mean, &r->lat_cap, n * lat) ||
-        ensure(&r->std, &r->std_cap, n * lat))
+    latent_job **todo = b->todo;
+    b->w = todo[0]->bucket_w;
+    b->h = todo[0]->bucket_h;
+    b->lc = r->vae.cfg.latent_channels;
+    sd_vae_latent_size(&r->vae.cfg, b->h, b->w, &b->lh, &b->lw);
+    b->lat = (size_t)b->lc * (size_t)b->lh * (size_t)b->lw;
+    b->ok = 0;
+    size_t chw = 3 * (size_t)b->w * (size_t)b->h, n = m * (size_t)(o->flip ? 2 : 1);
+    if (ensure(&r->img, &r->img_cap, n * chw))
         return sd_err_set(err, SD_ENOMEM, "out of memory for a batch of %zu images of %dx%d (try a smaller --batch)",
-                          n, w, h);
-
+                          n, b->w, b->h);
     double t0 = sd_now();
     dec_ctx dc = {r, todo, chw};
     sd_pool_for(r->pool, m, decode_range, &dc);
@@ -247,24 +261,55 @@ static sd_status do_batch(run *r, latent_job **todo, size_t m, sd_error *err)
         todo[ok++] = todo[i];
     }
     if (o->flip)
-        for (size_t i = 0; i < ok; i++) latents_flip_lr(r->img + (ok + i) * chw, r->img + i * chw, 3, h, w);
-    double t1 = sd_now();
-    r->t_decode += t1 - t0;
-    if (!ok) return SD_OK;
-    size_t ne = ok * (size_t)variants;
-    sd_status st = sd_vae_runner_encode(&r->runner, &r->vae, (int)ne, h, w, r->img, r->mean, r->std, err);
-    double t2 = sd_now();
-    r->t_encode += t2 - t1;
-    if (!st) st = sd_shard_begin(r->shard, err);
+        for (size_t i = 0; i < ok; i++) latents_flip_lr(r->img + (ok + i) * chw, r->img + i * chw, 3, b->h, b->w);
+    b->ok = ok;
+    r->t_decode += sd_now() - t0;
+    return SD_OK;
+}
+
+/* Images (and flipped copies) of a batch. */
+static size_t batch_images(const run *r, const batch *b)
+{
+    return b->ok * (size_t)(r->o->flip ? 2 : 1);
+}
+
+/* The batch's images to the VAE's device and its encode queued: on a GPU
+ * it runs while the next batch decodes and this one's predecessor is
+ * written; on the CPU it runs here. r->img is free again on return. */
+static sd_status submit_batch(run *r, const batch *b, sd_error *err)
+{
+    double t0 = sd_now();
+    sd_status st = sd_vae_runner_submit(&r->runner, &r->vae, (int)batch_images(r, b), b->h, b->w, r->img, err);
+    r->t_encode += sd_now() - t0;
+    return st;
+}
+
+/* Waits for the submitted batch's moments, into r->mean and r->std. */
+static sd_status collect_batch(run *r, const batch *b, sd_error *err)
+{
+    size_t n = batch_images(r, b) * b->lat;
+    if (ensure(&r->mean, &r->lat_cap, n) || ensure(&r->std, &r->std_cap, n))
+        return sd_err_set(err, SD_ENOMEM, "out of memory for the latents of %zu images", batch_images(r, b));
+    double t0 = sd_now();
+    sd_status st = sd_vae_runner_collect(&r->runner, r->mean, r->std, err);
+    r->t_encode += sd_now() - t0;
+    return st;
+}
+
+/* The collected batch's records, in one transaction. */
+static sd_status write_batch(run *r, const batch *b, sd_error *err)
+{
+    double t0 = sd_now();
+    sd_status st = sd_shard_begin(r->shard, err);
     if (!st && r->meta_pending) {
         st = write_meta(r, err);
         r->meta_pending = 0;
     }
-    for (size_t i = 0; i < ok && !st; i++) st = put_record(r, todo[i], i, ok, lat, lc, lh, lw, err);
+    for (size_t i = 0; i < b->ok && !st; i++) st = put_record(r, b->todo[i], i, b->ok, b->lat, b->lc, b->lh, b->lw, err);
     if (!st) st = sd_shard_commit(r->shard, err);
     else sd_shard_abort(r->shard);
-    if (!st) r->written += ok;
-    r->t_write += sd_now() - t2;
+    if (!st) r->written += b->ok;
+    r->t_write += sd_now() - t0;
     return st;
 }
 
@@ -319,18 +364,24 @@ static sd_status run_texts(run *r, sd_error *err)
     return st;
 }
 
-/* Walk the bucket-sorted jobs in fixed batches, running those with work. */
+/* Walk the bucket-sorted jobs in fixed batches, running those with work:
+ * batch k decodes while batch k - 1 encodes (a GPU works meanwhile),
+ * then k - 1 is collected, k submitted, and k - 1's records written while
+ * k encodes. Each batch is still encoded and written whole, one
+ * transaction each, so a kill loses at most the two batches in flight. */
 static sd_status run_batches(run *r, sd_error *err)
 {
     const latents_opts *o = r->o;
     size_t todo_total = 0;
     for (size_t i = 0; i < r->jobs.n; i++) todo_total += r->jobs.v[i].state != JOB_DONE;
     r->cached = r->jobs.n - todo_total;
-    latent_job **todo = malloc((size_t)o->batch * sizeof(*todo));
+    batch cur = {.todo = malloc((size_t)o->batch * sizeof(latent_job *))};
+    batch prev = {.todo = malloc((size_t)o->batch * sizeof(latent_job *))};
     r->dec_st = calloc((size_t)o->batch, sizeof(*r->dec_st));
     r->dec_msg = calloc((size_t)o->batch, sizeof(*r->dec_msg));
-    if (!todo || !r->dec_st || !r->dec_msg) {
-        free(todo);
+    if (!cur.todo || !prev.todo || !r->dec_st || !r->dec_msg) {
+        free(cur.todo);
+        free(prev.todo);
         return sd_err_set(err, SD_ENOMEM, "out of memory");
     }
     sd_progress prog;
@@ -338,6 +389,7 @@ static sd_status run_batches(run *r, sd_error *err)
     uint64_t done = 0;
     double last_stage = sd_now();
     sd_status st = SD_OK;
+    int in_flight = 0; /* prev is submitted, not yet collected */
     size_t i = 0;
     while (i < r->jobs.n && !st) {
         size_t g = i; /* one bucket: [i, e) */
@@ -347,9 +399,21 @@ static sd_status run_batches(run *r, sd_error *err)
         for (size_t b = i; b < g && !st; b += (size_t)o->batch) {
             size_t m = 0;
             for (size_t k = b; k < g && k < b + (size_t)o->batch; k++)
-                if (r->jobs.v[k].state != JOB_DONE) todo[m++] = &r->jobs.v[k];
+                if (r->jobs.v[k].state != JOB_DONE) cur.todo[m++] = &r->jobs.v[k];
             if (!m) continue;
-            st = do_batch(r, todo, m, err);
+            st = decode_batch(r, &cur, m, err);
+            if (!st && cur.ok) {
+                if (in_flight) st = collect_batch(r, &prev, err);
+                sd_status sub = st ? st : submit_batch(r, &cur, err);
+                if (in_flight && !st) st = write_batch(r, &prev, err);
+                in_flight = sub == SD_OK;
+                if (!st) st = sub;
+                if (in_flight) {
+                    batch t = prev;
+                    prev = cur;
+                    cur = t;
+                }
+            }
             done += m;
             sd_progress_update(&prog, done, r->bad);
             if (!o->quiet && sd_now() - last_stage > 30) {
@@ -361,8 +425,13 @@ static sd_status run_batches(run *r, sd_error *err)
         }
         i = g;
     }
+    if (in_flight && !st) {
+        st = collect_batch(r, &prev, err);
+        if (!st) st = write_batch(r, &prev, err);
+    }
     sd_progress_finish(&prog);
-    free(todo);
+    free(cur.todo);
+    free(prev.todo);
     return st;
 }
 
@@ -509,10 +578,11 @@ int latents_run(const latents_opts *o)
     if (r.written + r.bad)
         sd_log(SD_LOG_INFO,
                "%llu written (%llu replaced stale), %llu already cached, %llu bad; "
-               "stages: decode %.1f img/s (%.1f s), encode %.2f img/s (%.1f s), write %.0f img/s (%.2f s)",
+               "stages: decode %.1f img/s (%.1f s), encode %.2f img/s (%.1f s%s), write %.0f img/s (%.2f s)",
                (unsigned long long)r.written, (unsigned long long)r.replaced, (unsigned long long)r.cached,
                (unsigned long long)r.bad, r.t_decode > 0 ? (double)(r.written + r.bad) / r.t_decode : 0, r.t_decode,
                r.t_encode > 0 ? (double)r.written / r.t_encode : 0, r.t_encode,
+               r.cuda ? " waited for: the rest ran during decoding and writing" : "",
                r.t_write > 0 ? (double)r.written / r.t_write : 0, r.t_write);
     else if (!st)
         sd_log(SD_LOG_INFO, "nothing to do: %llu records already cached", (unsigned long long)r.cached);
