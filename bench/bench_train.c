@@ -76,6 +76,16 @@ int main(int argc, char **argv)
     size_t lat = (size_t)tr.unet.cfg.in_channels * (size_t)h * (size_t)w;
     float *x0 = read_f32(argv[2], lat), *noise = read_f32(argv[3], lat);
     float *ctx = read_f32(argv[4], (size_t)tctx * (size_t)tr.unet.cfg.cross_dim);
+    float *text = NULL, *tids = NULL;
+    if (tr.unet.cfg.text_time) { /* SDXL: text.f32 and tids.f32 beside CTX.f32 (bench_train.py make DIR sdxl) */
+        char path[4096];
+        const char *slash = strrchr(argv[4], '/');
+        int dir = slash ? (int)(slash - argv[4]) : 1;
+        snprintf(path, sizeof path, "%.*s/text.f32", dir, slash ? argv[4] : ".");
+        text = read_f32(path, (size_t)(tr.unet.cfg.add_in_dim - SD_UNET_TIME_IDS * tr.unet.cfg.add_time_dim));
+        snprintf(path, sizeof path, "%.*s/tids.f32", dir, slash ? argv[4] : ".");
+        tids = read_f32(path, SD_UNET_TIME_IDS);
+    }
     int t = 500;
     double best = 1e30, best_cls[C_N + 1] = {0}, first_loss = 0;
     int profiled = o.device >= 0 ? steps + 1 : -1;
@@ -83,7 +93,7 @@ int main(int argc, char **argv)
         memset(tsum, 0, sizeof tsum);
         if (s == profiled) tr.be = prof;
         double loss, a = sd_now();
-        if (sd_train_micro(&tr, 1, h, w, tctx, x0, ctx, NULL, NULL, noise, &t, 1.0, &loss, &err)) {
+        if (sd_train_micro(&tr, 1, h, w, tctx, x0, ctx, text, tids, noise, &t, 1.0, &loss, &err)) {
             fprintf(stderr, "bench_train: %s\n", err.msg);
             return 1;
         }
@@ -128,6 +138,8 @@ done:
     free(x0);
     free(noise);
     free(ctx);
+    free(text);
+    free(tids);
     sd_trainer_close(&tr);
     return 0;
 }

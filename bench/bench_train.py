@@ -2,7 +2,10 @@
 """PyTorch side of bench_train.sh: `make DIR` writes a real-size SD 1.5
 UNet2DConditionModel with seeded random weights (DIR/unet/, the diffusers
 layout sdtk loads) and the fixed inputs (x0, noise [1, 4, 64, 64], text
-embeddings [1, 77, 768] as raw fp32); `time DIR THREADS STEPS` times
+embeddings [1, 77, 768] as raw fp32); `make DIR sdxl` the SDXL base UNet
+(2.6B parameters, 10 GB) with text embeddings [1, 77, 2048], the pooled
+embedding [1, 1280] (text.f32) and the time ids [1, 6] (tids.f32), and a
+file DIR/sdxl that marks it; `time DIR THREADS STEPS` times
 training steps on them as sdtk does them: x_t from the DDPM scaled_linear
 schedule at t = 500, the UNet, MSE against the noise, backward, gradient
 clipping at 1, torch.optim.AdamW (lr 1e-4, weight decay 1e-2), zero_grad;
@@ -17,16 +20,34 @@ import torch
 from diffusers import DDPMScheduler, UNet2DConditionModel
 
 H = W = 64
-TCTX, CROSS = 77, 768
+TCTX, CROSS, CROSS_XL, POOLED_XL = 77, 768, 2048, 1280
 
 
-def make(d):
+def sdxl_unet():
+    """diffusers' SDXL base UNet configuration (stabilityai/stable-diffusion-xl-base-1.0)."""
+    return UNet2DConditionModel(
+        sample_size=128, cross_attention_dim=CROSS_XL, block_out_channels=(320, 640, 1280),
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+        transformer_layers_per_block=(1, 2, 10), attention_head_dim=(5, 10, 20), use_linear_projection=True,
+        addition_embed_type="text_time", addition_time_embed_dim=256,
+        projection_class_embeddings_input_dim=2816)
+
+
+def make(d, kind="sd15"):
     torch.manual_seed(0)
-    u = UNet2DConditionModel(sample_size=64, cross_attention_dim=CROSS, attention_head_dim=8)
+    xl = kind == "sdxl"
+    u = sdxl_unet() if xl else UNet2DConditionModel(sample_size=64, cross_attention_dim=CROSS, attention_head_dim=8)
     u.save_pretrained(os.path.join(d, "unet"), safe_serialization=True)
     rng = np.random.default_rng(0)
-    for name, shape in (("x0", (1, 4, H, W)), ("noise", (1, 4, H, W)), ("ctx", (1, TCTX, CROSS))):
+    files = [("x0", (1, 4, H, W)), ("noise", (1, 4, H, W)), ("ctx", (1, TCTX, CROSS_XL if xl else CROSS))]
+    if xl:
+        files.append(("text", (1, POOLED_XL)))
+        open(os.path.join(d, "sdxl"), "w").close()
+    for name, shape in files:
         rng.standard_normal(shape).astype(np.float32).tofile(os.path.join(d, name + ".f32"))
+    if xl:  # original size, crop top-left, target size of a 512x512 image
+        np.array([[512, 512, 0, 0, 512, 512]], np.float32).tofile(os.path.join(d, "tids.f32"))
 
 
 def load(d, name, shape):
@@ -38,9 +59,15 @@ def timed(d, threads, steps, device="cpu", tf32=False):
     torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
     u = UNet2DConditionModel.from_pretrained(os.path.join(d, "unet")).float().train().to(device)
+    xl = os.path.exists(os.path.join(d, "sdxl"))
+    if os.environ.get("BENCH_CKPT"):
+        u.enable_gradient_checkpointing()
     sched = DDPMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", num_train_timesteps=1000)
     opt = torch.optim.AdamW(u.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
-    x0, noise, ctx = load(d, "x0", (1, 4, H, W)), load(d, "noise", (1, 4, H, W)), load(d, "ctx", (1, TCTX, CROSS))
+    x0, noise = load(d, "x0", (1, 4, H, W)), load(d, "noise", (1, 4, H, W))
+    ctx = load(d, "ctx", (1, TCTX, CROSS_XL if xl else CROSS))
+    added = {"text_embeds": load(d, "text", (1, POOLED_XL)).to(device),
+             "time_ids": load(d, "tids", (1, 6)).to(device)} if xl else None
     t = torch.tensor([500])
     gpu = device != "cpu"
     sync = torch.cuda.synchronize if gpu else (lambda: None)
@@ -49,7 +76,7 @@ def timed(d, threads, steps, device="cpu", tf32=False):
         sync()
         a = time.perf_counter()
         xt = sched.add_noise(x0, noise, t).to(device)  # host inputs, as sd-train has them
-        pred = u(xt, t.to(device), encoder_hidden_states=ctx.to(device)).sample
+        pred = u(xt, t.to(device), encoder_hidden_states=ctx.to(device), added_cond_kwargs=added).sample
         loss = torch.nn.functional.mse_loss(pred, noise.to(device))
         loss.backward()
         sync()
@@ -68,7 +95,7 @@ def timed(d, threads, steps, device="cpu", tf32=False):
 
 if __name__ == "__main__":
     if sys.argv[1] == "make":
-        make(sys.argv[2])
+        make(sys.argv[2], *(sys.argv[3:4] or ["sd15"]))
     else:
         timed(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *(sys.argv[5:6] or ["cpu"]),
               len(sys.argv) > 6 and sys.argv[6] == "tf32")

@@ -34,10 +34,14 @@ sd_status sd_model_component(const char *dir, const char *sub, const char *const
             if (!sd_is_file(config)) config[0] = 0;
             return SD_OK;
         }
-        snprintf(weights, cap, "%s%s%s.index.json", dir, where[s], files[0]);
-        if (sd_is_file(weights))
-            return sd_err_set(err, SD_EUNSUPPORTED, "%s: sharded weights are not supported (save the %s as one %s)",
-                              weights, sub, files[0]);
+        /* sharded: sd_st_open reads FILE.index.json and its shards as one file */
+        if ((size_t)snprintf(weights, cap, "%s%s%s.index.json", dir, where[s], files[0]) >= cap)
+            return sd_err_set(err, SD_EINVAL, "path too long: %s", dir);
+        if (sd_is_file(weights)) {
+            snprintf(config, cap, "%s%sconfig.json", dir, where[s]);
+            if (!sd_is_file(config)) config[0] = 0;
+            return SD_OK;
+        }
     }
     return sd_err_set(err, SD_ENOTFOUND,
                       "%s: no %s/%s or %s in it (a diffusers model folder, its %s/ folder, or a .safetensors file "

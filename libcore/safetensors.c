@@ -12,6 +12,7 @@
 #include "buf.h"
 #include "json.h"
 #include "outfile.h"
+#include "slurp.h"
 #include "strmap.h"
 
 struct sd_safetensors {
@@ -25,6 +26,9 @@ struct sd_safetensors {
     sd_st_meta *meta;
     size_t nmeta;
     sd_strmap by_name;
+    sd_buf index;            /* a sharded checkpoint: the index.json text (strings point into it) */
+    sd_safetensors **parts;  /* and its shards, whose mappings the tensors point into */
+    size_t nparts;
 };
 
 static const struct {
@@ -165,13 +169,32 @@ static sd_safetensors *new_reader(void)
     if (!st) return NULL;
     sd_arena_init(&st->arena, 1 << 16);
     sd_strmap_init(&st->by_name);
+    sd_buf_init(&st->index);
     return st;
 }
 
-/* Open and validate a file; tensors are read in place from the mapping. */
+static sd_status open_index(sd_safetensors *st, const char *path, sd_error *err);
+
+/* Whether a path names a sharded checkpoint's index (FILE.index.json). */
+static int is_index(const char *path)
+{
+    size_t n = strlen(path), k = strlen(".index.json");
+    return n > k && strcmp(path + n - k, ".index.json") == 0;
+}
+
+/* Open and validate a file; tensors are read in place from the mapping.
+ * A path ending in .index.json opens a sharded checkpoint as one file. */
 sd_status sd_st_open(sd_safetensors **out, const char *path, sd_error *err)
 {
     *out = NULL;
+    if (is_index(path)) {
+        sd_safetensors *st = new_reader();
+        if (!st) return sd_err_set(err, SD_ENOMEM, "out of memory");
+        sd_status s = open_index(st, path, err);
+        if (s) sd_st_close(st);
+        else *out = st;
+        return s;
+    }
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return sd_err_set(err, errno == ENOENT ? SD_ENOTFOUND : SD_EIO, "%s: %s", path, strerror(errno));
     struct stat sb;
@@ -227,6 +250,9 @@ void sd_st_close(sd_safetensors *st)
 {
     if (!st) return;
     if (st->mapped) munmap((void *)st->base, st->len);
+    for (size_t i = 0; i < st->nparts; i++) sd_st_close(st->parts[i]);
+    free(st->parts);
+    sd_buf_free(&st->index);
     free(st->header);
     sd_arena_free(&st->arena);
     sd_strmap_free(&st->by_name);
@@ -262,6 +288,115 @@ size_t sd_st_meta_count(const sd_safetensors *st)
 const sd_st_meta *sd_st_meta_at(const sd_safetensors *st, size_t i)
 {
     return i < st->nmeta ? &st->meta[i] : NULL;
+}
+
+/* A shard's file name as an index gives it: a plain name, read from the
+ * index's own folder (an index must not reach files elsewhere). */
+static int plain_name(const char *s)
+{
+    return *s && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
+}
+
+/* The shard of index entry `name` in st->parts (opened on first use);
+ * -1 with err set when it cannot be. */
+static long shard_of(sd_safetensors *st, const char *path, const char *name, const char ***names, sd_error *err)
+{
+    for (size_t i = 0; i < st->nparts; i++)
+        if (strcmp((*names)[i], name) == 0) return (long)i;
+    if (!plain_name(name)) {
+        sd_err_set(err, SD_EFORMAT, "%s: shard '%s' is not a plain file name in the index's folder", path, name);
+        return -1;
+    }
+    const char *slash = strrchr(path, '/');
+    int dir = slash ? (int)(slash - path) : 1;
+    char file[4096];
+    if ((size_t)snprintf(file, sizeof file, "%.*s/%s", dir, slash ? path : ".", name) >= sizeof file) {
+        sd_err_set(err, SD_EINVAL, "%s: path too long", path);
+        return -1;
+    }
+    sd_safetensors **np = realloc(st->parts, (st->nparts + 1) * sizeof *np);
+    const char **nn = np ? realloc(*names, (st->nparts + 1) * sizeof *nn) : NULL;
+    if (np) st->parts = np;
+    if (!nn) {
+        sd_err_set(err, SD_ENOMEM, "out of memory");
+        return -1;
+    }
+    *names = nn;
+    sd_safetensors *part = NULL;
+    if (sd_st_open(&part, file, err)) return -1; /* its message names the shard */
+    st->parts[st->nparts] = part;
+    nn[st->nparts] = name;
+    return (long)st->nparts++;
+}
+
+/* A sharded checkpoint (diffusers and transformers write one above a size
+ * limit: FILE.index.json with a weight_map from tensor name to shard file):
+ * every shard is opened and validated as a file of its own, and their
+ * tensors are seen as one file's, the first shard's metadata as its. The
+ * index and the shards must agree exactly: each listed tensor is in the
+ * shard the index names, each shard tensor is listed there, no name is
+ * listed twice. */
+static sd_status open_index(sd_safetensors *st, const char *path, sd_error *err)
+{
+    sd_json *root;
+    sd_status s = sd_parse_json_file(path, &st->index, &st->arena, &root, err);
+    if (s) return s;
+    const sd_json *map = root->type == SD_JSON_OBJECT ? sd_json_get(root, "weight_map") : NULL;
+    if (!map || map->type != SD_JSON_OBJECT || !map->len)
+        return sd_err_set(err, SD_EFORMAT, "%s: no weight_map object (not a safetensors index)", path);
+    const char **names = NULL;
+    sd_strmap listed;
+    sd_strmap_init(&listed);
+    for (const sd_json *e = map->child; e && !s; e = e->next) {
+        if (e->type != SD_JSON_STRING) {
+            s = sd_err_set(err, SD_EFORMAT, "%s: weight_map entry '%s' is not a file name", path, e->key);
+            break;
+        }
+        long k = shard_of(st, path, e->str, &names, err);
+        sd_strmap_slot *slot = k < 0 ? NULL : sd_strmap_put(&listed, e->key, e->key_len);
+        if (k < 0) s = err->code ? err->code : SD_EFORMAT;
+        else if (!slot) s = sd_err_set(err, SD_ENOMEM, "out of memory");
+        else if (slot->nval) s = sd_err_set(err, SD_EFORMAT, "%s: weight_map lists '%s' twice", path, e->key);
+        else slot->nval = (double)(k + 1);
+    }
+    size_t total = 0;
+    for (size_t p = 0; p < st->nparts && !s; p++) total += st->parts[p]->n;
+    if (!s && total != map->len) { /* some listed tensor is not where the index says, or a shard has extras */
+        for (const sd_json *e = map->child; e && !s; e = e->next) {
+            const sd_strmap_slot *slot = sd_strmap_get(&listed, e->key, e->key_len);
+            const sd_safetensors *part = st->parts[(size_t)slot->nval - 1];
+            if (!sd_st_find(part, e->key))
+                s = sd_err_set(err, SD_EFORMAT, "%s: the index puts '%s' in %s, which does not hold it", path, e->key,
+                               e->str);
+        }
+    }
+    st->t = s ? NULL : sd_arena_alloc(&st->arena, (total ? total : 1) * sizeof *st->t);
+    if (!s && !st->t) s = sd_err_set(err, SD_ENOMEM, "out of memory");
+    for (size_t p = 0; p < st->nparts && !s; p++) {
+        const sd_safetensors *part = st->parts[p];
+        for (size_t i = 0; i < part->n && !s; i++) {
+            const sd_st_tensor *t = &part->t[i];
+            const sd_strmap_slot *ls = sd_strmap_get(&listed, t->name, strlen(t->name));
+            sd_strmap_slot *slot = ls ? sd_strmap_put(&st->by_name, t->name, strlen(t->name)) : NULL;
+            if (!ls)
+                s = sd_err_set(err, SD_EFORMAT, "%s: tensor '%s' of %s is not in the index", path, t->name, names[p]);
+            else if ((size_t)ls->nval - 1 != p)
+                s = sd_err_set(err, SD_EFORMAT, "%s: tensor '%s' is in %s, the index puts it in %s", path, t->name,
+                               names[p], names[(size_t)ls->nval - 1]);
+            else if (!slot) s = sd_err_set(err, SD_ENOMEM, "out of memory");
+            else { /* unique: the index names one shard per tensor, and a shard holds a name once */
+                st->t[st->n] = *t;
+                slot->nval = (double)++st->n;
+            }
+        }
+    }
+    if (!s && st->nparts) {
+        st->meta = st->parts[0]->meta;
+        st->nmeta = st->parts[0]->nmeta;
+    }
+    sd_strmap_free(&listed);
+    free(names);
+    return s;
 }
 
 /* Write tensors (in the given order, back to back) and metadata as a

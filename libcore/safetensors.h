@@ -1,6 +1,9 @@
 /* Reading and writing safetensors files (the weight format of diffusers and
  * of single-file checkpoints). Reading maps the file and validates the whole
- * header before anything is trusted: sizes, offsets, overlaps, dtypes. */
+ * header before anything is trusted: sizes, offsets, overlaps, dtypes.
+ * sd_st_open of a sharded checkpoint's FILE.index.json opens every shard
+ * it names (plain names in its folder) and shows their tensors as one
+ * file's, after checking that the index and the shards agree. */
 #ifndef SDTK_SAFETENSORS_H
 #define SDTK_SAFETENSORS_H
 

@@ -191,11 +191,115 @@ static void test_bad_headers(void)
     CHECK(sd_st_open(&st, "/nonexistent.safetensors", &err) == SD_ENOTFOUND);
 }
 
+/* Writes text to dir/name. */
+static void put_text(const char *dir, const char *name, const char *text)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+/* Opens dir/m.safetensors.index.json: the status, the message in err. */
+static sd_status open_index(const char *dir, sd_safetensors **st, sd_error *err)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/m.safetensors.index.json", dir);
+    return sd_st_open(st, path, err);
+}
+
+/* A sharded checkpoint (index.json + shards, as save_pretrained writes):
+ * read as one file through its index; every way the index and the shards
+ * can disagree is refused with a message naming the tensor or shard. */
+static void test_sharded(void)
+{
+    char dir[] = "/tmp/sdtk-shards-XXXXXX";
+    if (!CHECK(mkdtemp(dir) != NULL)) return;
+    float a[4] = {1, 2, 3, 4}, b[2] = {-1, 0.5f}, c[3] = {7, 8, 9};
+    sd_st_tensor s1[2] = {{"a", SD_ST_F32, 2, {2, 2}, sizeof a, a}, {"b", SD_ST_F32, 1, {2}, sizeof b, b}};
+    sd_st_tensor s2[1] = {{"c", SD_ST_F32, 1, {3}, sizeof c, c}};
+    sd_st_meta meta[1] = {{"format", "pt"}};
+    char p1[512], p2[512];
+    snprintf(p1, sizeof p1, "%s/m-00001-of-00002.safetensors", dir);
+    snprintf(p2, sizeof p2, "%s/m-00002-of-00002.safetensors", dir);
+    sd_error err = {0};
+    if (!CHECK(sd_st_write(p1, s1, 2, meta, 1, &err) == SD_OK && sd_st_write(p2, s2, 1, NULL, 0, &err) == SD_OK))
+        return;
+    const char *good = "{\"metadata\": {\"total_size\": 36}, \"weight_map\": {\"a\": \"m-00001-of-00002.safetensors\", "
+                       "\"c\": \"m-00002-of-00002.safetensors\", \"b\": \"m-00001-of-00002.safetensors\"}}";
+    put_text(dir, "m.safetensors.index.json", good);
+    sd_safetensors *st = NULL;
+    if (CHECK(open_index(dir, &st, &err) == SD_OK)) {
+        const sd_st_tensor *ta = sd_st_find(st, "a"), *tb = sd_st_find(st, "b"), *tc = sd_st_find(st, "c");
+        CHECK(sd_st_count(st) == 3 && ta && tb && tc);
+        CHECK(ta && ta->ndim == 2 && ta->shape[1] == 2 && memcmp(ta->data, a, sizeof a) == 0);
+        CHECK(tb && memcmp(tb->data, b, sizeof b) == 0 && tc && memcmp(tc->data, c, sizeof c) == 0);
+        CHECK(sd_st_find(st, "d") == NULL);
+        CHECK(sd_st_meta_count(st) == 1 && strcmp(sd_st_meta_at(st, 0)->key, "format") == 0);
+        sd_st_close(st);
+    } else {
+        fprintf(stderr, "  %s\n", err.msg);
+    }
+    static const struct {
+        const char *index, *says;
+    } bad[] = {
+        {"{\"weight_map\": {\"a\": \"m-00001-of-00002.safetensors\", \"c\": \"m-00002-of-00002.safetensors\"}}",
+         "'b' of m-00001-of-00002.safetensors is not in the index"},
+        {"{\"weight_map\": {\"a\": \"m-00001-of-00002.safetensors\", \"b\": \"m-00001-of-00002.safetensors\", "
+         "\"c\": \"m-00001-of-00002.safetensors\"}}",
+         "puts 'c' in m-00001-of-00002.safetensors, which does not hold it"},
+        {"{\"weight_map\": {\"a\": \"m-00001-of-00002.safetensors\", \"b\": \"m-00001-of-00002.safetensors\", "
+         "\"c\": \"m-00002-of-00002.safetensors\", \"d\": \"m-00002-of-00002.safetensors\"}}",
+         "puts 'd' in m-00002-of-00002.safetensors"},
+        {"{\"weight_map\": {\"a\": \"m-00001-of-00002.safetensors\", \"b\": \"m-00001-of-00002.safetensors\", "
+         "\"c\": \"../m-00002-of-00002.safetensors\"}}",
+         "not a plain file name"},
+        {"{\"weight_map\": {\"a\": \"m-00001-of-00002.safetensors\", \"b\": \"m-00001-of-00002.safetensors\", "
+         "\"c\": \"missing.safetensors\"}}",
+         "missing.safetensors"},
+        {"{\"weight_map\": {\"a\": \"m-00001-of-00002.safetensors\", \"a\": \"m-00001-of-00002.safetensors\", "
+         "\"b\": \"m-00001-of-00002.safetensors\", \"c\": \"m-00002-of-00002.safetensors\"}}",
+         "lists 'a' twice"},
+        {"{\"weight_map\": {\"a\": 3}}", "is not a file name"},
+        {"{\"metadata\": {}}", "no weight_map"},
+        {"[1, 2]", "no weight_map"},
+        {"{\"weight_map\": {\"a\": ", ""},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        put_text(dir, "m.safetensors.index.json", bad[i].index);
+        st = NULL;
+        err = (sd_error){0};
+        int refused = CHECK(open_index(dir, &st, &err) != SD_OK && st == NULL);
+        if (refused && !CHECK(strstr(err.msg, bad[i].says) != NULL))
+            fprintf(stderr, "  index %zu: '%s' lacks '%s'\n", i, err.msg, bad[i].says);
+        if (st) sd_st_close(st);
+    }
+    /* the same tensor in both shards: the one the index does not name is refused */
+    sd_st_tensor dup[1] = {{"a", SD_ST_F32, 2, {2, 2}, sizeof a, a}};
+    if (CHECK(sd_st_write(p2, dup, 1, NULL, 0, &err) == SD_OK)) {
+        put_text(dir, "m.safetensors.index.json",
+                 "{\"weight_map\": {\"a\": \"m-00002-of-00002.safetensors\", \"b\": \"m-00001-of-00002.safetensors\"}}");
+        err = (sd_error){0};
+        CHECK(open_index(dir, &st, &err) != SD_OK &&
+              strstr(err.msg, "'a' is in m-00001-of-00002.safetensors, the index puts it in m-00002") != NULL);
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s/m.safetensors.index.json", dir);
+    unlink(path);
+    unlink(p1);
+    unlink(p2);
+    rmdir(dir);
+}
+
 int main(void)
 {
     test_golden();
     test_write_roundtrip();
     test_corruptions();
     test_bad_headers();
+    test_sharded();
     return check_done("test_safetensors");
 }

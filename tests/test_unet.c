@@ -16,6 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "buf.h"
 #include "check.h"
 #include "safetensors.h"
 #include "unet.h"
@@ -315,8 +316,44 @@ static void check_inferred(const char *name, int groups)
     sd_unet_free(&u);
 }
 
+/* The diffusers file `single` in dir split into two shards and an index
+ * as save_pretrained writes them above its size limit (the single file
+ * removed); 0 when that worked. */
+static int shard_in_two(const char *dir, const char *single)
+{
+    sd_safetensors *st = NULL;
+    sd_error err = {0};
+    if (sd_st_open(&st, single, &err)) return -1;
+    size_t n = sd_st_count(st), half = n / 2;
+    sd_st_tensor *t = malloc(n * sizeof *t);
+    sd_buf idx;
+    sd_buf_init(&idx);
+    sd_buf_puts(&idx, "{\"metadata\": {\"total_size\": 0}, \"weight_map\": {");
+    char p1[600], p2[600], ip[600];
+    snprintf(p1, sizeof p1, "%s/diffusion_pytorch_model-00001-of-00002.safetensors", dir);
+    snprintf(p2, sizeof p2, "%s/diffusion_pytorch_model-00002-of-00002.safetensors", dir);
+    snprintf(ip, sizeof ip, "%s/diffusion_pytorch_model.safetensors.index.json", dir);
+    int rc = t ? 0 : -1;
+    for (size_t i = 0; i < n && !rc; i++) {
+        t[i] = *sd_st_tensor_at(st, i);
+        sd_buf_printf(&idx, "%s\"%s\": \"diffusion_pytorch_model-0000%d-of-00002.safetensors\"", i ? ", " : "", t[i].name,
+                      i < half ? 1 : 2);
+    }
+    sd_buf_puts(&idx, "}}");
+    if (!rc && (sd_st_write(p1, t, half, NULL, 0, &err) || sd_st_write(p2, t + half, n - half, NULL, 0, &err))) rc = -1;
+    FILE *f = rc ? NULL : fopen(ip, "w");
+    if (!f || fwrite(idx.data, 1, idx.len, f) != idx.len) rc = -1;
+    if (f) fclose(f);
+    sd_buf_free(&idx);
+    free(t);
+    sd_st_close(st);
+    if (!rc) unlink(single);
+    return rc;
+}
+
 /* config.json written and read back is the same config; weights saved in
- * both layouts load back bit-identical. */
+ * both layouts load back bit-identical, also as a sharded diffusers
+ * checkpoint (index + two shards). */
 static void check_roundtrip(const char *name)
 {
     char path[512], dir[] = "/tmp/sdtk_unet_XXXXXX", f[600];
@@ -340,6 +377,22 @@ static void check_roundtrip(const char *name)
         CHECK(v.w.total == u.w.total && memcmp(v.w.data, u.w.data, u.w.total * sizeof(float)) == 0);
         CHECK(strcmp(v.layout, "diffusers") == 0);
         sd_unet_free(&v);
+    }
+    if (CHECK(shard_in_two(dir, f) == 0)) {
+        if (CHECK(sd_unet_load(&v, dir, NULL, &err) == SD_OK)) {
+            CHECK(v.w.total == u.w.total && memcmp(v.w.data, u.w.data, u.w.total * sizeof(float)) == 0);
+            sd_unet_free(&v);
+        } else {
+            fprintf(stderr, "%s\n", err.msg);
+        }
+        char g[700];
+        const char *parts[] = {"diffusion_pytorch_model-00001-of-00002.safetensors",
+                               "diffusion_pytorch_model-00002-of-00002.safetensors",
+                               "diffusion_pytorch_model.safetensors.index.json"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(g, sizeof g, "%s/%s", dir, parts[i]);
+            unlink(g);
+        }
     }
     unlink(f);
     snprintf(path, sizeof path, "%s/config.json", dir);
