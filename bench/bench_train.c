@@ -7,6 +7,8 @@
  * elementwise); the optimizer is timed on its own. Prints per-step seconds,
  * the best and the per-class split of the best step, and the warm-up
  * step's loss (to compare with PyTorch's on the same weights and inputs).
+ * An SDXL UNet (text_time) also reads text.f32 (pooled text embedding) and
+ * tids.f32 (time ids) from CTX.f32's folder (bench_train.py make DIR sdxl).
  * With DEVICE cuda:K (or cuda:K:tf32) the UNet runs on that GPU as
  * sd-train --device runs it; the op classes are not timed there (the
  * calls are asynchronous), only forward+backward and the optimizer step.
