@@ -26,6 +26,7 @@ static inline sd_attn_blocks sd_attn_blocking(const sd_attn_shape *s, size_t max
     size_t cap = max_floats ? max_floats : SD_ATTN_BLOCK_FLOATS;
     size_t bh = (size_t)s->b * (size_t)s->heads, per = (size_t)s->tq * (size_t)s->tk;
     sd_attn_blocks k = {1, s->tq};
+    if (s->tq < 1 || s->tk < 1) return (sd_attn_blocks){1, 1}; /* nothing to block (shapes are checked elsewhere) */
     if (per <= cap) {
         size_t h = cap / per;
         k.heads = (int)(h < bh ? h : bh);

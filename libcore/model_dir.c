@@ -35,18 +35,19 @@ sd_status sd_model_component(const char *dir, const char *sub, const char *const
             return SD_OK;
         }
         /* sharded: sd_st_open reads FILE.index.json and its shards as one file */
-        if ((size_t)snprintf(weights, cap, "%s%s%s.index.json", dir, where[s], files[0]) >= cap)
-            return sd_err_set(err, SD_EINVAL, "path too long: %s", dir);
-        if (sd_is_file(weights)) {
+        for (size_t f = 0; f < nfiles; f++) {
+            if ((size_t)snprintf(weights, cap, "%s%s%s.index.json", dir, where[s], files[f]) >= cap)
+                return sd_err_set(err, SD_EINVAL, "path too long: %s", dir);
+            if (!sd_is_file(weights)) continue;
             snprintf(config, cap, "%s%sconfig.json", dir, where[s]);
             if (!sd_is_file(config)) config[0] = 0;
             return SD_OK;
         }
     }
     return sd_err_set(err, SD_ENOTFOUND,
-                      "%s: no %s/%s or %s in it (a diffusers model folder, its %s/ folder, or a .safetensors file "
-                      "is expected)",
-                      dir, sub, files[0], files[0], sub);
+                      "%s: no %s/%s or %s in it, nor a sharded %s.index.json (a diffusers model folder, its %s/ "
+                      "folder, or a .safetensors file is expected)",
+                      dir, sub, files[0], files[0], files[0], sub);
 }
 
 /* Weights and config for a loader's PATH (see model_dir.h). */

@@ -12,7 +12,7 @@ int sd_is_dir(const char *path);
 int sd_is_file(const char *path);
 /* The first of files[] found in DIR/SUB/ or else in DIR/ itself goes to
  * weights, that folder's config.json to config ("" when it has none).
- * A sharded checkpoint (files[0].index.json beside its shards, as
+ * A sharded checkpoint (FILE.index.json beside its shards, as
  * save_pretrained writes above its size limit) goes to weights as the
  * index's path: sd_st_open reads the shards through it. */
 sd_status sd_model_component(const char *dir, const char *sub, const char *const *files, size_t nfiles,

@@ -182,19 +182,26 @@ static int is_index(const char *path)
     return n > k && strcmp(path + n - k, ".index.json") == 0;
 }
 
+static sd_status open_file(sd_safetensors **out, const char *path, sd_error *err);
+
 /* Open and validate a file; tensors are read in place from the mapping.
  * A path ending in .index.json opens a sharded checkpoint as one file. */
 sd_status sd_st_open(sd_safetensors **out, const char *path, sd_error *err)
 {
     *out = NULL;
-    if (is_index(path)) {
-        sd_safetensors *st = new_reader();
-        if (!st) return sd_err_set(err, SD_ENOMEM, "out of memory");
-        sd_status s = open_index(st, path, err);
-        if (s) sd_st_close(st);
-        else *out = st;
-        return s;
-    }
+    if (!is_index(path)) return open_file(out, path, err);
+    sd_safetensors *st = new_reader();
+    if (!st) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    sd_status s = open_index(st, path, err);
+    if (s) sd_st_close(st);
+    else *out = st;
+    return s;
+}
+
+/* One safetensors file, mapped and validated. */
+static sd_status open_file(sd_safetensors **out, const char *path, sd_error *err)
+{
+    *out = NULL;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return sd_err_set(err, errno == ENOENT ? SD_ENOTFOUND : SD_EIO, "%s: %s", path, strerror(errno));
     struct stat sb;
@@ -290,11 +297,13 @@ const sd_st_meta *sd_st_meta_at(const sd_safetensors *st, size_t i)
     return i < st->nmeta ? &st->meta[i] : NULL;
 }
 
-/* A shard's file name as an index gives it: a plain name, read from the
- * index's own folder (an index must not reach files elsewhere). */
+/* A shard's file name as an index gives it: a plain NAME.safetensors,
+ * read from the index's own folder (an index must not reach files
+ * elsewhere, nor name another index: shards are plain files). */
 static int plain_name(const char *s)
 {
-    return *s && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
+    size_t n = strlen(s), k = strlen(".safetensors");
+    return n > k && !strchr(s, '/') && strcmp(s + n - k, ".safetensors") == 0;
 }
 
 /* The shard of index entry `name` in st->parts (opened on first use);
@@ -304,7 +313,8 @@ static long shard_of(sd_safetensors *st, const char *path, const char *name, con
     for (size_t i = 0; i < st->nparts; i++)
         if (strcmp((*names)[i], name) == 0) return (long)i;
     if (!plain_name(name)) {
-        sd_err_set(err, SD_EFORMAT, "%s: shard '%s' is not a plain file name in the index's folder", path, name);
+        sd_err_set(err, SD_EFORMAT, "%s: shard '%s' is not a plain NAME.safetensors in the index's folder", path,
+                   name);
         return -1;
     }
     const char *slash = strrchr(path, '/');
@@ -323,7 +333,7 @@ static long shard_of(sd_safetensors *st, const char *path, const char *name, con
     }
     *names = nn;
     sd_safetensors *part = NULL;
-    if (sd_st_open(&part, file, err)) return -1; /* its message names the shard */
+    if (open_file(&part, file, err)) return -1; /* its message names the shard */
     st->parts[st->nparts] = part;
     nn[st->nparts] = name;
     return (long)st->nparts++;

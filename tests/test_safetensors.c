@@ -256,7 +256,7 @@ static void test_sharded(void)
          "puts 'd' in m-00002-of-00002.safetensors"},
         {"{\"weight_map\": {\"a\": \"m-00001-of-00002.safetensors\", \"b\": \"m-00001-of-00002.safetensors\", "
          "\"c\": \"../m-00002-of-00002.safetensors\"}}",
-         "not a plain file name"},
+         "not a plain NAME.safetensors"},
         {"{\"weight_map\": {\"a\": \"m-00001-of-00002.safetensors\", \"b\": \"m-00001-of-00002.safetensors\", "
          "\"c\": \"missing.safetensors\"}}",
          "missing.safetensors"},
@@ -264,6 +264,8 @@ static void test_sharded(void)
          "\"b\": \"m-00001-of-00002.safetensors\", \"c\": \"m-00002-of-00002.safetensors\"}}",
          "lists 'a' twice"},
         {"{\"weight_map\": {\"a\": 3}}", "is not a file name"},
+        {"{\"weight_map\": {\"a\": \"m.safetensors.index.json\"}}", "not a plain NAME.safetensors"},
+        {"{\"weight_map\": {\"a\": \"m-00001-of-00002.bin\"}}", "not a plain NAME.safetensors"},
         {"{\"metadata\": {}}", "no weight_map"},
         {"[1, 2]", "no weight_map"},
         {"{\"weight_map\": {\"a\": ", ""},

@@ -79,6 +79,11 @@ static const sd_linear_shape lin_nobias = {.m = 300, .k = 64, .n = 64};
 static const sd_attn_shape at_cross = {.b = 2, .heads = 3, .tq = 70, .tk = 45, .d = 40, .causal = 0, .scale = 0.158f};
 static const sd_attn_shape at_causal = {.b = 1, .heads = 2, .tq = 100, .tk = 100, .d = 64, .causal = 1,
                                         .scale = 0.125f};
+/* longer than a [blocks] context's block holds: split into query rows, with the mask / with tq != tk */
+static const sd_attn_shape at_causal_long = {.b = 1, .heads = 2, .tq = 150, .tk = 150, .d = 64, .causal = 1,
+                                             .scale = 0.125f};
+static const sd_attn_shape at_cross_long = {.b = 1, .heads = 2, .tq = 300, .tk = 77, .d = 40, .causal = 0,
+                                            .scale = 0.158f};
 static const sd_attn_shape at_vae = {.b = 1, .heads = 1, .tq = 256, .tk = 256, .d = 512, .causal = 0,
                                      .scale = 0.0441941738f};
 static const sd_attn_shape at_vae_odd = {.b = 2, .heads = 1, .tq = 300, .tk = 300, .d = 512, .causal = 0,
@@ -161,6 +166,10 @@ static void at_cross_fwd(const target *t, float **p) { attn_fwd(t, &at_cross, p)
 static void at_cross_bwd(const target *t, float **p) { attn_bwd(t, &at_cross, p); }
 static void at_causal_fwd(const target *t, float **p) { attn_fwd(t, &at_causal, p); }
 static void at_causal_bwd(const target *t, float **p) { attn_bwd(t, &at_causal, p); }
+static void at_causal_long_fwd(const target *t, float **p) { attn_fwd(t, &at_causal_long, p); }
+static void at_causal_long_bwd(const target *t, float **p) { attn_bwd(t, &at_causal_long, p); }
+static void at_cross_long_fwd(const target *t, float **p) { attn_fwd(t, &at_cross_long, p); }
+static void at_cross_long_bwd(const target *t, float **p) { attn_bwd(t, &at_cross_long, p); }
 static void at_vae_fwd(const target *t, float **p) { attn_fwd(t, &at_vae, p); }
 static void at_vae_bwd(const target *t, float **p) { attn_bwd(t, &at_vae, p); }
 static void at_vae_odd_fwd(const target *t, float **p) { attn_fwd(t, &at_vae_odd, p); }
@@ -398,6 +407,8 @@ static int check_ops(const target *dev, const target *ref, double tol, const cha
          0},
         ATTN_CASE("attention cross", at_cross, at_cross_fwd, at_cross_bwd),
         ATTN_CASE("attention causal", at_causal, at_causal_fwd, at_causal_bwd),
+        ATTN_CASE("attention causal T=150", at_causal_long, at_causal_long_fwd, at_causal_long_bwd),
+        ATTN_CASE("attention cross 300x77", at_cross_long, at_cross_long_fwd, at_cross_long_bwd),
         ATTN_CASE("attention d=512 (VAE)", at_vae, at_vae_fwd, at_vae_bwd),
         ATTN_CASE("attention d=512 T=300 b=2", at_vae_odd, at_vae_odd_fwd, at_vae_odd_bwd),
         UNARY_CASE("silu", ELEM_N, ELEM_N, -8, 8, silu_f, silu_b),
@@ -1034,13 +1045,13 @@ int main(int argc, char **argv)
     target flash = {0};
 #ifdef SDTK_HAVE_CUDA
     /* attention goes through cuBLAS in blocks of scores: checked again with
-     * blocks small enough to split heads into groups and heads into query
-     * rows (with the causal mask), and on the flash kernel, the fallback
-     * when blocks do not fit */
+     * blocks of 12600 scores (heads in groups of 4 and 2 for "cross"; the
+     * others split into query rows, with the causal mask and with tq !=
+     * tk), and on the flash kernel, the fallback when blocks do not fit */
     sd_cuda *cu_small = NULL, *cu_flash = NULL;
     if (cu && fails >= 0) {
         sd_error err = {0};
-        sd_cuda_opts so = {.allow_tf32 = tf32, .attn_block = 6400}, fo = {.allow_tf32 = tf32, .attn_flash = 1};
+        sd_cuda_opts so = {.allow_tf32 = tf32, .attn_block = 12600}, fo = {.allow_tf32 = tf32, .attn_flash = 1};
         if (sd_cuda_create(&cu_small, dev, &so, &err) || sd_cuda_create(&cu_flash, dev, &fo, &err)) {
             fprintf(stderr, "sd-selftest: %s\n", err.msg);
             fails = -1;

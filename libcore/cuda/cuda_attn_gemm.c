@@ -6,7 +6,11 @@
  * at a tenth of what cuBLAS reaches; this path trades at most 256 MiB of
  * scratch for the forward (512 MiB for the backward) for that speed, and
  * for TF32 tensor cores when the context allows them. When the scratch
- * cannot be had the caller takes the flash kernel.
+ * cannot be had the caller takes the flash kernel, for the rest of the
+ * context's life (a warning says so once): a failed allocation empties the
+ * allocator's cache, which should not happen at every attention call, and
+ * one path for the whole run keeps its rounding the same from step to
+ * step.
  *
  * Head-major layout as everywhere (q [bh, tq, d], k and v [bh, tk, d]).
  * In cuBLAS's column-major terms a row-major [r, c] array is its c x r
@@ -20,6 +24,7 @@
  * blocks in a fixed order: results do not vary from run to run. */
 #include "attn_blocks.h"
 #include "cuda_int.h"
+#include "log.h"
 
 /* One strided batched GEMM (fp32 in and out, the context's compute type):
  * C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch. */
@@ -45,15 +50,26 @@ static int scores(sd_cuda *c, const sd_attn_shape *s, size_t h0, int g, int q0, 
                  (long long)n * (long long)tk, g, "attention scores");
 }
 
+/* Records that the scratch could not be had (why) and says so once. */
+static int no_blocks(sd_cuda *c, size_t bytes, cudaError_t why)
+{
+    c->attn_no_blocks = 1;
+    sd_log(SD_LOG_WARN, "cuda:%d: attention: %zu MiB for its blocks of scores could not be allocated (%s); attention "
+           "runs on the slower flash kernel from now on", c->device, bytes >> 20, cudaGetErrorString(why));
+    return 0;
+}
+
 /* Forward through cuBLAS: 1 when queued, 0 when the score block could not
  * be allocated (nothing queued: the caller takes the flash kernel). */
 int sdc_attn_gemm_fwd(sd_cuda *c, const sd_attn_shape *s, float *y, float *lse, const float *q, const float *k,
                       const float *v)
 {
+    if (c->attn_no_blocks) return 0;
     sd_attn_blocks bl = sd_attn_blocking(s, c->opts.attn_block);
+    size_t bytes = sd_attn_block_bytes(s, c->opts.attn_block);
     cudaError_t why;
-    float *sbuf = sdc_try_alloc(c, sd_attn_block_bytes(s, c->opts.attn_block), &why);
-    if (!sbuf) return 0;
+    float *sbuf = sdc_try_alloc(c, bytes, &why);
+    if (!sbuf) return no_blocks(c, bytes, why);
     size_t bh = (size_t)s->b * (size_t)s->heads, d = (size_t)s->d, tq = (size_t)s->tq, tk = (size_t)s->tk;
     for (size_t h0 = 0; h0 < bh && !c->failed; h0 += (size_t)bl.heads) {
         int g = (int)(bh - h0 < (size_t)bl.heads ? bh - h0 : (size_t)bl.heads);
@@ -78,17 +94,20 @@ int sdc_attn_gemm_bwd(sd_cuda *c, const sd_attn_shape *s, float *dq, float *dk, 
                       const float *q, const float *k, const float *v, const float *y, const float *lse)
 {
     if (!dq && !dk && !dv) return 1;
+    if (c->attn_no_blocks) return 0;
     size_t bh = (size_t)s->b * (size_t)s->heads, d = (size_t)s->d, tq = (size_t)s->tq, tk = (size_t)s->tk;
     int need_ds = dq || dk;
     sd_attn_blocks bl = sd_attn_blocking(s, c->opts.attn_block);
-    cudaError_t why;
-    float *sbuf = sdc_try_alloc(c, sd_attn_block_bytes(s, c->opts.attn_block), &why);
-    float *dp = sbuf && need_ds ? sdc_try_alloc(c, sd_attn_block_bytes(s, c->opts.attn_block), &why) : NULL;
-    float *drow = (dp || !need_ds) && sbuf ? sdc_try_alloc(c, bh * tq * sizeof(float), &why) : NULL;
-    if (!drow) {
+    size_t bytes = sd_attn_block_bytes(s, c->opts.attn_block);
+    cudaError_t why = cudaSuccess;
+    float *sbuf = sdc_try_alloc(c, bytes, &why);
+    float *dp = sbuf && need_ds ? sdc_try_alloc(c, bytes, &why) : NULL;
+    float *drow = dp ? sdc_try_alloc(c, bh * tq * sizeof(float), &why) : NULL; /* D: only for dS */
+    if (!sbuf || (need_ds && (!dp || !drow))) {
+        sdc_release(c, drow);
         sdc_release(c, dp);
         sdc_release(c, sbuf);
-        return 0;
+        return no_blocks(c, need_ds ? 2 * bytes : bytes, why);
     }
     if (need_ds) sdc_cuda_ok(c, sdk_attn_drow(c, bh * tq, s->d, dy, y, drow), "attention backward D");
     long long blk = 0;

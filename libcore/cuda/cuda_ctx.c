@@ -221,10 +221,24 @@ static sdc_block *find_free(sd_cuda *c, size_t size)
     return best;
 }
 
+/* Room in the block list for one more block; -1 when the host is out of
+ * memory. */
+static int reserve_block(sd_cuda *c)
+{
+    if (c->nblk < c->capblk) return 0;
+    size_t cap = c->capblk ? 2 * c->capblk : 64;
+    sdc_block *nb = realloc(c->blk, cap * sizeof *nb);
+    if (!nb) return -1;
+    c->blk = nb;
+    c->capblk = cap;
+    return 0;
+}
+
 /* Device memory from the cache, else from cudaMalloc; when the device is
  * full, the unused cache goes back to the driver and the call is retried.
  * NULL when even that fails, with nothing recorded: for callers that have
- * another way (attention falls back to its flash kernel); *why says why. */
+ * another way (attention falls back to its flash kernel); *why says why
+ * (cudaErrorMemoryAllocation also when the host is out of memory). */
 void *sdc_try_alloc(sd_cuda *c, size_t bytes, cudaError_t *why)
 {
     size_t size = round_size(bytes);
@@ -237,15 +251,9 @@ void *sdc_try_alloc(sd_cuda *c, size_t bytes, cudaError_t *why)
         if (c->in_use > c->peak) c->peak = c->in_use;
         return b->p;
     }
-    if (c->nblk == c->capblk) {
-        size_t cap = c->capblk ? 2 * c->capblk : 64;
-        sdc_block *nb = realloc(c->blk, cap * sizeof *nb);
-        if (!nb) {
-            *why = cudaErrorMemoryAllocation;
-            return NULL;
-        }
-        c->blk = nb;
-        c->capblk = cap;
+    if (reserve_block(c)) {
+        *why = cudaErrorMemoryAllocation;
+        return NULL;
     }
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, size);
@@ -269,6 +277,10 @@ void *sdc_try_alloc(sd_cuda *c, size_t bytes, cudaError_t *why)
  * recorded in the context. */
 void *sdc_alloc(sd_cuda *c, size_t bytes)
 {
+    if (reserve_block(c)) {
+        sdc_fail(c, SD_ENOMEM, "out of host memory for the device block list");
+        return NULL;
+    }
     cudaError_t e;
     void *p = sdc_try_alloc(c, bytes, &e);
     if (!p)

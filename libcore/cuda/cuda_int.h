@@ -34,6 +34,7 @@ struct sd_cuda {
     sd_error err;
     sdc_conv_plan **plans;
     size_t nplans, capplans;
+    int attn_no_blocks; /* the blocks of scores once could not be allocated: the flash kernel from then on */
 };
 
 /* Record the first failure since the last sync; later ones are dropped

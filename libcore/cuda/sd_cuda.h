@@ -5,7 +5,8 @@
  * or a flash kernel, norms and element-wise ops on hand-written kernels
  * (the .cu files here, scalar formulas shared with the CPU in ops_math.h).
  *
- * One context per device and process: its exec pointer (sd_cuda *) goes
+ * One context per device and process is the tools' way (several are
+ * independent: sd-selftest makes three); its exec pointer (sd_cuda *) goes
  * where the CPU table takes its sd_pool *. Everything runs in order on the
  * context's stream; device memory comes from the context's caching
  * allocator (be->alloc / be->release), so steady-state steps never call
@@ -31,8 +32,8 @@ typedef struct {
     int conv_search;       /* 1: time cuDNN's forward algorithms per shape and take the fastest (as torch's
                             * cudnn.benchmark); the choice, and so the last bits, may vary from run to run */
     int attn_flash;        /* 1: attention always on the flash kernel (no score matrix, plain fp32 FMA); 0:
-                            * through cuBLAS with scores in blocks of up to 256 MiB (512 MiB for the backward),
-                            * the flash kernel when that memory cannot be had */
+                            * through cuBLAS with scores in blocks of up to 256 MiB (512 MiB for the backward);
+                            * the flash kernel from the first time that memory cannot be had (a warning) */
     size_t attn_block;     /* floats in one block of scores; 0: 2^26 (attn_blocks.h; small values are for tests) */
 } sd_cuda_opts;
 

@@ -418,16 +418,19 @@ static sd_status run_batches(run *r, sd_error *err)
             sd_progress_update(&prog, done, r->bad);
             if (!o->quiet && sd_now() - last_stage > 30) {
                 last_stage = sd_now();
-                sd_log(SD_LOG_INFO, "stages: decode %.1f img/s, encode %.2f img/s, write %.0f img/s",
+                sd_log(SD_LOG_INFO, "stages: decode %.1f img/s, encode %.2f img/s%s, write %.0f img/s",
                        r->t_decode > 0 ? (double)done / r->t_decode : 0, r->t_encode > 0 ? (double)r->written / r->t_encode : 0,
-                       r->t_write > 0 ? (double)r->written / r->t_write : 0);
+                       r->cuda ? " (by the time waited for it)" : "", r->t_write > 0 ? (double)r->written / r->t_write : 0);
             }
         }
         i = g;
     }
-    if (in_flight && !st) {
-        st = collect_batch(r, &prev, err);
-        if (!st) st = write_batch(r, &prev, err);
+    if (in_flight) { /* the last batch, or the one in flight when a decode failed: still written */
+        sd_error e2 = {0};
+        sd_status s2 = collect_batch(r, &prev, st ? &e2 : err);
+        if (!s2) s2 = write_batch(r, &prev, st ? &e2 : err);
+        if (!st) st = s2;
+        else if (s2) sd_log(SD_LOG_ERROR, "%s", e2.msg);
     }
     sd_progress_finish(&prog);
     free(cur.todo);
