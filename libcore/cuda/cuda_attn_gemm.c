@@ -110,13 +110,12 @@ int sdc_attn_gemm_bwd(sd_cuda *c, const sd_attn_shape *s, float *dq, float *dk, 
         return no_blocks(c, need_ds ? 2 * bytes : bytes, why);
     }
     if (need_ds) sdc_cuda_ok(c, sdk_attn_drow(c, bh * tq, s->d, dy, y, drow), "attention backward D");
-    long long blk = 0;
     for (size_t h0 = 0; h0 < bh && !c->failed; h0 += (size_t)bl.heads) {
         int g = (int)(bh - h0 < (size_t)bl.heads ? bh - h0 : (size_t)bl.heads);
         for (int q0 = 0; q0 < s->tq && !c->failed; q0 += bl.rows) {
             int n = s->tq - q0 < bl.rows ? s->tq - q0 : bl.rows;
             const float *qn = q + (h0 * tq + (size_t)q0) * d, *dyn = dy + (h0 * tq + (size_t)q0) * d;
-            blk = (long long)n * (long long)tk;
+            long long blk = (long long)n * (long long)tk; /* one head's part of the block */
             if (!scores(c, s, h0, g, q0, n, sbuf, q, k)) break;
             if (need_ds && !bgemm(c, CUBLAS_OP_T, CUBLAS_OP_N, s->tk, n, s->d, 1.0f, v + h0 * tk * d, s->d,
                                   (long long)(tk * d), dyn, s->d, (long long)(tq * d), 0.0f, dp, s->tk, blk, g,
