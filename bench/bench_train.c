@@ -26,6 +26,9 @@
 #include "progress.h"
 #include "prof_backend.h"
 #include "train.h"
+#ifdef SDTK_HAVE_CUDA
+#include "sd_cuda.h"
+#endif
 
 static float *read_f32(const char *path, size_t n)
 {
@@ -123,6 +126,11 @@ int main(int argc, char **argv)
     printf("sdtk activations %.1f MiB%s, their gradients %.1f MiB\n", (double)tr.g.nact * 4 / 1048576.0,
            o.checkpointing ? " (gradient checkpointing)" : "", (double)tr.g.ndact * 4 / 1048576.0);
     if (o.device >= 0) {
+#ifdef SDTK_HAVE_CUDA
+        sd_cuda_mem mem;
+        sd_cuda_get_mem(tr.exec, &mem);
+        printf("sdtk device memory peak %.1f MiB (the caching allocator's)\n", (double)mem.peak / 1048576.0);
+#endif
         printf("sdtk %s best %.3f s (optimizer %.3f s)\n", dev, best, best_cls[C_N]);
         printf("sdtk best %.3f s\n", best);
         printf("sdtk warm-up loss %.6f\n", first_loss);

@@ -5,7 +5,9 @@ layout sdtk loads) and the fixed inputs (x0, noise [1, 4, 64, 64], text
 embeddings [1, 77, 768] as raw fp32); `make DIR sdxl` the SDXL base UNet
 (2.6B parameters, 10 GB) with text embeddings [1, 77, 2048], the pooled
 embedding [1, 1280] (text.f32) and the time ids [1, 6] (tids.f32), and a
-file DIR/sdxl that marks it; `time DIR THREADS STEPS` times
+file DIR/sdxl that marks it (BENCH_LATENT=128 makes and times 128x128
+latents, 1024x1024 images; BENCH_CKPT=1 times with gradient checkpointing);
+`time DIR THREADS STEPS` times
 training steps on them as sdtk does them: x_t from the DDPM scaled_linear
 schedule at t = 500, the UNet, MSE against the noise, backward, gradient
 clipping at 1, torch.optim.AdamW (lr 1e-4, weight decay 1e-2), zero_grad;
@@ -19,7 +21,7 @@ import numpy as np
 import torch
 from diffusers import DDPMScheduler, UNet2DConditionModel
 
-H = W = 64
+H = W = int(os.environ.get("BENCH_LATENT", "64"))  # latent side (64: 512x512 images, 128: 1024x1024)
 TCTX, CROSS, CROSS_XL, POOLED_XL = 77, 768, 2048, 1280
 
 
@@ -46,8 +48,8 @@ def make(d, kind="sd15"):
         open(os.path.join(d, "sdxl"), "w").close()
     for name, shape in files:
         rng.standard_normal(shape).astype(np.float32).tofile(os.path.join(d, name + ".f32"))
-    if xl:  # original size, crop top-left, target size of a 512x512 image
-        np.array([[512, 512, 0, 0, 512, 512]], np.float32).tofile(os.path.join(d, "tids.f32"))
+    if xl:  # original size, crop top-left, target size of the image the latents come from
+        np.array([[8 * H, 8 * W, 0, 0, 8 * H, 8 * W]], np.float32).tofile(os.path.join(d, "tids.f32"))
 
 
 def load(d, name, shape):
@@ -91,6 +93,8 @@ def timed(d, threads, steps, device="cpu", tf32=False):
         if s:
             best = min(best, c - a)
     print("pytorch best %.3f s" % best)
+    if gpu:
+        print("pytorch device memory peak %.1f MiB" % (torch.cuda.max_memory_allocated() / 1048576))
 
 
 if __name__ == "__main__":
