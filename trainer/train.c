@@ -86,7 +86,8 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
             for (int j = 0; j < i; j++) tr->be->release(c, *bufs[j]);
             tr->d_w = tr->d_grad = tr->d_m = tr->d_v = tr->d_ema = NULL;
             return sd_err_set(err, SD_ENOMEM, "cuda:%d: no room for the weights, gradients and AdamW moments "
-                              "(%d x %zu MiB)", tr->o.device, nb, bytes >> 20);
+                              "(%d x %zu MiB)%s", tr->o.device, nb, bytes >> 20,
+                              nb == 5 ? "; --ema-on-cpu keeps the EMA in host memory" : "");
         }
     }
     tr->be->zero(c, tr->d_grad, bytes);
@@ -269,8 +270,10 @@ static sd_status prepare(sd_trainer *tr, int n, int h, int w, int tctx, sd_error
         if (!tr->d_act || !tr->d_dact) {
             size_t mb = (tr->act_cap + tr->dact_cap) * sizeof(float) >> 20;
             tr->act_cap = tr->dact_cap = 0;
-            return sd_err_set(err, SD_ENOMEM, "out of %s memory for UNet activations (%zu MiB)",
-                              tr->cuda ? "GPU" : "host", mb);
+            return sd_err_set(err, SD_ENOMEM, "out of %s memory for UNet activations (%zu MiB at batch %d, %dx%d "
+                              "latents); %sa smaller --batch with --accum, or smaller buckets need less",
+                              tr->cuda ? "GPU" : "host", mb, n, h, w,
+                              tr->o.checkpointing ? "" : "--gradient-checkpointing, ");
         }
     }
     size_t io = (size_t)n * (size_t)tr->unet.cfg.in_channels * (size_t)h * (size_t)w;
