@@ -155,11 +155,17 @@ static sd_status check_pixels(const unsigned char *buf, size_t len, uint64_t lim
  * moved to sRGB (relative colorimetric); thumbnail does this only for CMYK
  * unless given an export profile, and with one it also re-maps untagged
  * images through its perceptual intent (pure red comes out 248,26,16). A
- * profile lcms cannot read leaves the pixels as they are, as PIL would. */
+ * profile lcms cannot read leaves the pixels as they are, as PIL would, and
+ * so does one that is sRGB already (sd_icc_is_srgb: the identity up to the
+ * profiles' rounding; libvips' two transforms through Lab would only add
+ * their own). */
 static VipsImage *icc_to_srgb(VipsImage *in)
 {
     VipsImage *t = NULL;
     if (in->Bands < 3 || in->Type == VIPS_INTERPRETATION_CMYK || !vips_image_get_typeof(in, VIPS_META_ICC_NAME)) return in;
+    const void *icc = NULL;
+    size_t n = 0;
+    if (!vips_image_get_blob(in, VIPS_META_ICC_NAME, &icc, &n) && sd_icc_is_srgb(icc, n)) return in; /* sRGB already */
     if (vips_icc_transform(in, &t, "srgb", "embedded", TRUE, "intent", VIPS_INTENT_RELATIVE, NULL)) {
         vips_error_clear();
         return in;
@@ -239,6 +245,7 @@ static sd_status apply_icc(unsigned char *out, int w, int h, const unsigned char
                            sd_error *err)
 {
     size_t bytes = (size_t)w * h * 3;
+    if (sd_icc_is_srgb(icc, n)) return SD_OK; /* the identity: nothing to build */
     VipsImage *im = vips_image_new_from_memory(out, bytes, w, h, 3, VIPS_FORMAT_UCHAR);
     if (!im) return vips_fail(err, SD_EFORMAT, name, "colour conversion failed");
     im->Type = VIPS_INTERPRETATION_sRGB;

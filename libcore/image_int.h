@@ -52,6 +52,10 @@ sd_fast sd_fast_webp(const unsigned char *buf, size_t len, const sd_imginfo *inf
  * size on both sides. */
 int sd_jpeg_denom(unsigned w, unsigned h, const sd_image_plan *plan);
 
+/* 1 when an embedded ICC profile maps colours to sRGB as the identity, to
+ * within the profiles' rounding (image_icc.c): the transform is skipped. */
+int sd_icc_is_srgb(const unsigned char *icc, size_t n);
+
 /* Per-thread reusable buffers (image_dec.c): the encoded file, the inflated
  * PNG, the HWC pixels behind sd_image_load_chw. A slot's buffer stays valid
  * until the next sd_scratch call for that slot on the same thread. */

@@ -3,7 +3,7 @@
 # Idempotent: installs only what is missing. Needs root when something is missing.
 # Usage: scripts/install-deps.sh [--fuzz]   (--fuzz adds clang for the libFuzzer targets)
 set -eu
-pkgs="build-essential cmake pkg-config python3 python3-numpy python3-pil file libxxhash-dev libarchive-dev libutf8proc-dev liblmdb-dev lmdb-utils libvips-dev libjpeg-dev libwebp-dev libdeflate-dev libopenblas-dev libopenmpi-dev openmpi-bin
+pkgs="build-essential cmake pkg-config python3 python3-numpy python3-pil file libxxhash-dev libarchive-dev libutf8proc-dev liblmdb-dev lmdb-utils libvips-dev liblcms2-dev libjpeg-dev libwebp-dev libdeflate-dev libopenblas-dev libopenmpi-dev openmpi-bin
       gnome-backgrounds plasma-workspace-wallpapers ukui-wallpapers lomiri-wallpapers"
 [ "${1:-}" = "--fuzz" ] && pkgs="$pkgs clang libclang-rt-14-dev"
 missing=""
