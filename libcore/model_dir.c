@@ -25,23 +25,19 @@ sd_status sd_model_component(const char *dir, const char *sub, const char *const
     char where[2][512];
     snprintf(where[0], sizeof where[0], "/%s/", sub);
     snprintf(where[1], sizeof where[1], "/");
+    /* the weight files themselves first, then a sharded one's FILE.index.json
+     * (sd_st_open reads it and its shards as one file) */
+    static const char *const suffix[] = {"", ".index.json"};
     for (size_t s = 0; s < 2; s++) {
-        for (size_t f = 0; f < nfiles; f++) {
-            if ((size_t)snprintf(weights, cap, "%s%s%s", dir, where[s], files[f]) >= cap)
-                return sd_err_set(err, SD_EINVAL, "path too long: %s", dir);
-            if (!sd_is_file(weights)) continue;
-            snprintf(config, cap, "%s%sconfig.json", dir, where[s]);
-            if (!sd_is_file(config)) config[0] = 0;
-            return SD_OK;
-        }
-        /* sharded: sd_st_open reads FILE.index.json and its shards as one file */
-        for (size_t f = 0; f < nfiles; f++) {
-            if ((size_t)snprintf(weights, cap, "%s%s%s.index.json", dir, where[s], files[f]) >= cap)
-                return sd_err_set(err, SD_EINVAL, "path too long: %s", dir);
-            if (!sd_is_file(weights)) continue;
-            snprintf(config, cap, "%s%sconfig.json", dir, where[s]);
-            if (!sd_is_file(config)) config[0] = 0;
-            return SD_OK;
+        for (size_t x = 0; x < 2; x++) {
+            for (size_t f = 0; f < nfiles; f++) {
+                if ((size_t)snprintf(weights, cap, "%s%s%s%s", dir, where[s], files[f], suffix[x]) >= cap)
+                    return sd_err_set(err, SD_EINVAL, "path too long: %s", dir);
+                if (!sd_is_file(weights)) continue;
+                snprintf(config, cap, "%s%sconfig.json", dir, where[s]);
+                if (!sd_is_file(config)) config[0] = 0;
+                return SD_OK;
+            }
         }
     }
     return sd_err_set(err, SD_ENOTFOUND,
