@@ -239,13 +239,12 @@ static VipsImage *decode_resized(unsigned char *buf, size_t len, const sd_image_
 
 /* The profile a direct decoder found, applied to its finished RGB8 output
  * the way the libvips path applies it (icc_to_srgb: relative colorimetric
- * to sRGB, an unreadable profile leaves the pixels); a per-pixel map, so
- * doing it after the resize, crop and flip changes nothing. */
+ * to sRGB, an unreadable or sRGB profile leaves the pixels); a per-pixel
+ * map, so doing it after the resize, crop and flip changes nothing. */
 static sd_status apply_icc(unsigned char *out, int w, int h, const unsigned char *icc, size_t n, const char *name,
                            sd_error *err)
 {
     size_t bytes = (size_t)w * h * 3;
-    if (sd_icc_is_srgb(icc, n)) return SD_OK; /* the identity: nothing to build */
     VipsImage *im = vips_image_new_from_memory(out, bytes, w, h, 3, VIPS_FORMAT_UCHAR);
     if (!im) return vips_fail(err, SD_EFORMAT, name, "colour conversion failed");
     im->Type = VIPS_INTERPRETATION_sRGB;

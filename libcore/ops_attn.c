@@ -550,7 +550,7 @@ static void attn_fwd_ref_any(sd_pool *pool, const sd_attn_shape *s, int ld, floa
 
 /* Reference y = softmax(q k^T * scale) v, row by row; lse saved. */
 void sd_attn_fwd_ref(sd_pool *pool, const sd_attn_shape *s, float *y, float *lse, const float *q, const float *k,
-                 const float *v)
+                     const float *v)
 {
     attn_fwd_ref_any(pool, s, 0, y, lse, q, k, v);
 }
