@@ -4,7 +4,9 @@
 # tiny golden VAE, the throughput probe), then the real SD VAE architecture
 # with random weights encoding 512x512 images in batches of 1 and 8, sdtk's
 # CUDA backend vs PyTorch (diffusers AutoencoderKL) on the same GPU in the
-# same run, strict fp32 and TF32, with the max difference of the means.
+# same run, strict fp32, TF32 and bf16 mixed precision (MODES, default all
+# three; PyTorch under torch.autocast for bf16, and also with the whole
+# model in bf16, the usual half VAE), with the max difference of the means.
 # usage: bench/bench_gpu.sh BUILD_DIR [LOG_DIR [vae]]   (Release build with
 #        the CUDA backend; python3 with torch + diffusers; vae: only the VAE
 #        benchmark)
@@ -26,11 +28,13 @@ echo "selftest --tf32 exit $?: $(tail -1 "$LOG/selftest_tf32.txt")"
 fi
 python3 "$HERE/bench_vae.py" make "$T" || exit 1
 echo "== VAE encoder, SD architecture, random weights, 512x512"
-for mode in strict tf32; do
+for mode in ${MODES:-strict tf32 bf16}; do
     for batch in 1 8; do
         dev=cuda:0
-        [ $mode = tf32 ] && dev=cuda:0:tf32
-        python3 "$HERE/bench_vae.py" gpu "$T" $batch 10 $([ $mode = tf32 ] && echo tf32) 2>&1 | tee "$T/torch.txt"
+        [ $mode != strict ] && dev=cuda:0:$mode
+        python3 "$HERE/bench_vae.py" gpu "$T" $batch 10 $([ $mode != strict ] && echo $mode) 2>&1 | tee "$T/torch.txt"
+        # the usual half VAE: the whole PyTorch model in bf16 (another peer, not in the ratios below)
+        [ $mode = bf16 ] && python3 "$HERE/bench_vae.py" gpu "$T" $batch 10 bf16w 2>&1 | grep pytorch
         # cuDNN's heuristic algorithm choice (the default), then its timed search (as torch's cudnn.benchmark)
         timeout 600 "$B/bench/bench_vae" "$T/vae" "$T/x.f32" 512 512 1 10 "$T/sdtk_mean.f32" $dev $batch 2>&1 |
             tee "$T/sdtk.txt"

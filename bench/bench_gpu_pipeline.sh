@@ -2,8 +2,8 @@
 # sd-latents throughput on a GPU (run by hand on a machine with an NVIDIA
 # GPU; docs/GPU.md): every photo of IMAGES (a flat folder with captions)
 # listed COPIES times under other keys, bucketed at 512x512, cached with
-# VAE on cuda:0 at --batch BATCH with all CPU cores decoding, strict fp32
-# and TF32, in images/s of wall time (model load included; the stages line
+# VAE on cuda:0 at --batch BATCH with all CPU cores decoding, strict fp32,
+# TF32 and bf16 mixed precision (MODES), in images/s of wall time (model load included; the stages line
 # of sd-latents says where the time went). With OTHER, a second sd-latents
 # binary (an older build, say) runs the same jobs in alternation, and the
 # two shards of each mode are compared record by record (bit for bit).
@@ -33,14 +33,15 @@ with open(dst, "w") as f:
 PY
 n=$(wc -l < "$T/buckets.jsonl")
 echo "== sd-latents, $n records ($COPIES copies of each photo of $IMAGES), batch $BATCH, VAE $VAE, $(nproc) threads"
-for mode in strict $([ "$DEV" = cpu ] || echo tf32); do
+for mode in ${MODES:-strict $([ "$DEV" = cpu ] || echo tf32 bf16)}; do
     for round in 1 2; do
         for bin in "$B/tools/sd-latents" ${OTHER:+"$OTHER"}; do
             tag=$([ "$bin" = "$B/tools/sd-latents" ] && echo this || echo other)
             out=$T/$mode-$tag.shard
             rm -rf "$out"
             t0=$(date +%s%N)
-            "$bin" --device "$DEV" $([ $mode = tf32 ] && echo --tf32) --vae "$VAE" --batch "$BATCH" --seed 5 \
+            flag=$([ $mode = tf32 ] && echo --tf32; [ $mode = bf16 ] && echo --mixed-precision bf16)
+            "$bin" --device "$DEV" $flag --vae "$VAE" --batch "$BATCH" --seed 5 \
                 -o "$out" "$T/buckets.jsonl" 2> "$T/log" || { echo "$mode $tag: sd-latents failed"; tail -3 "$T/log"; }
             ms=$(( ($(date +%s%N) - t0) / 1000000 ))
             echo "$mode $tag round $round: $ms ms, $(python3 -c "print('%.1f' % ($n * 1000 / $ms))") images/s; $(grep -o 'stages: .*' "$T/log" | tail -1)"

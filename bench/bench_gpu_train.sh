@@ -2,11 +2,13 @@
 # sd-train on a GPU (run by hand on a machine with an NVIDIA GPU; docs/GPU.md):
 # 1. the same run on the CPU and on cuda:0 — a tiny UNet (CONFIG) trained
 #    STEPS steps from scratch on SHARD with the same seed — compared step by
-#    step (loss) and at the end (every weight);
+#    step (loss) and at the end (every weight); with MP=bf16 the GPU run
+#    is in mixed precision (sd-train --mixed-precision bf16);
 # 2. one training step of the real-size SD 1.5 UNet (random weights, 64x64
 #    latents, batch 1) on the GPU, sdtk vs PyTorch eager (diffusers) in the
-#    same run, strict fp32 and TF32; sdtk with attention through cuBLAS
-#    (the default) and on its flash kernel (sd-train --attn-flash).
+#    same run, strict fp32, TF32 and bf16 mixed precision (MODES, default
+#    all three; PyTorch under torch.autocast for bf16); sdtk with attention
+#    through cuBLAS (the default) and on its flash kernel (--attn-flash).
 # usage: bench/bench_gpu_train.sh BUILD_DIR SHARD CONFIG [STEPS]   (python3
 #        with torch, diffusers, numpy, safetensors)
 set -u
@@ -17,11 +19,12 @@ STEPS=${4:-40}
 HERE=$(dirname "$(realpath "$0")")
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-echo "== sd-train, tiny UNet ($CONFIG), $STEPS steps on $SHARD: CPU vs cuda:0"
+echo "== sd-train, tiny UNet ($CONFIG), $STEPS steps on $SHARD: CPU vs cuda:0${MP:+ (mixed precision $MP)}"
 for dev in cpu cuda:0; do
     d=$T/run-${dev%%:*}
     t0=$(date +%s%N)
-    "$B/tools/sd-train" --device $dev --unet-config "$CONFIG" -o "$d" \
+    "$B/tools/sd-train" --device $dev $([ $dev != cpu ] && [ -n "${MP:-}" ] && echo --mixed-precision $MP) \
+        --unet-config "$CONFIG" -o "$d" \
         --steps "$STEPS" --batch 2 --lr 1e-3 --seed 3 --init-seed 1 --metrics "$d.jsonl" -q "$SHARD" || echo "$dev: sd-train failed"
     echo "$dev: $(( ($(date +%s%N) - t0) / 1000000 )) ms wall"
 done
@@ -46,14 +49,14 @@ except Exception as ex:
 PY
 echo "== one training step, SD 1.5 UNet, 64x64, batch 1: sdtk vs PyTorch on cuda:0"
 python3 "$HERE/bench_train.py" make "$T" || exit 1
-for mode in strict tf32; do
+for mode in ${MODES:-strict tf32 bf16}; do
     dev=cuda:0
-    [ $mode = tf32 ] && dev=cuda:0:tf32
-    python3 "$HERE/bench_train.py" time "$T" 1 5 cuda $([ $mode = tf32 ] && echo tf32) | tee "$T/torch.txt"
+    [ $mode != strict ] && dev=cuda:0:$mode
+    python3 "$HERE/bench_train.py" time "$T" 1 5 cuda $([ $mode != strict ] && echo $mode) | tee "$T/torch.txt"
     "$B/bench/bench_train" "$T/unet" "$T/x0.f32" "$T/noise.f32" "$T/ctx.f32" 64 64 77 16 5 $dev | tee "$T/sdtk.txt"
     # the same with attention on the flash kernel (sd-train --attn-flash)
     fdev=$dev:flash
-    [ $mode = tf32 ] && fdev=$dev+flash
+    [ $mode != strict ] && fdev=$dev+flash
     "$B/bench/bench_train" "$T/unet" "$T/x0.f32" "$T/noise.f32" "$T/ctx.f32" 64 64 77 16 5 $fdev | tee "$T/sdtk_flash.txt"
     for f in sdtk sdtk_flash; do
     echo "  $f:"

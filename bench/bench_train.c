@@ -12,7 +12,8 @@
  * With DEVICE cuda:K (or cuda:K:tf32) the UNet runs on that GPU as
  * sd-train --device runs it; the op classes are not timed there (the
  * calls are asynchronous), only forward+backward and the optimizer step.
- * DEVICE may end in modes joined by '+': :tf32 (GPU), :flash (GPU:
+ * DEVICE may end in modes joined by '+': :tf32 (GPU), :bf16 (GPU: mixed
+ * precision, sd-train --mixed-precision bf16), :flash (GPU:
  * attention on the flash kernel, sd-train --attn-flash), :ckpt (gradient
  * checkpointing), e.g. cpu:ckpt or cuda:0:tf32+ckpt. The activation
  * buffer's size is printed after the steps.
@@ -23,6 +24,7 @@
 
 #include "backend.h"
 #include "cli.h"
+#include "dtype.h"
 #include "progress.h"
 #include "prof_backend.h"
 #include "train.h"
@@ -62,6 +64,7 @@ int main(int argc, char **argv)
     char *mode = strchr(base + (strncmp(base, "cuda:", 5) == 0 ? 5 : 0), ':');
     if (mode) *mode++ = 0;
     o.tf32 = mode && strstr(mode, "tf32") != NULL;
+    o.mixed = mode && strstr(mode, "bf16") != NULL ? SD_DT_BF16 : 0;
     o.checkpointing = mode && strstr(mode, "ckpt") != NULL;
     o.attn_flash = mode && strstr(mode, "flash") != NULL;
     if (sd_cli_parse_device(base, &o.device)) {

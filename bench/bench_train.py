@@ -56,7 +56,11 @@ def load(d, name, shape):
     return torch.from_numpy(np.fromfile(os.path.join(d, name + ".f32"), np.float32).reshape(shape))
 
 
-def timed(d, threads, steps, device="cpu", tf32=False):
+def timed(d, threads, steps, device="cpu", mode=""):
+    tf32 = mode == "tf32"
+    # bf16: torch.autocast (bf16 matrix products, fp32 weights, optimizer
+    # and loss), what accelerate's and kohya's --mixed_precision bf16 do
+    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "bf16")
     torch.set_num_threads(threads)
     torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -78,8 +82,9 @@ def timed(d, threads, steps, device="cpu", tf32=False):
         sync()
         a = time.perf_counter()
         xt = sched.add_noise(x0, noise, t).to(device)  # host inputs, as sd-train has them
-        pred = u(xt, t.to(device), encoder_hidden_states=ctx.to(device), added_cond_kwargs=added).sample
-        loss = torch.nn.functional.mse_loss(pred, noise.to(device))
+        with amp:
+            pred = u(xt, t.to(device), encoder_hidden_states=ctx.to(device), added_cond_kwargs=added).sample
+        loss = torch.nn.functional.mse_loss(pred.float(), noise.to(device))
         loss.backward()
         sync()
         b = time.perf_counter()
@@ -102,4 +107,4 @@ if __name__ == "__main__":
         make(sys.argv[2], *(sys.argv[3:4] or ["sd15"]))
     else:
         timed(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *(sys.argv[5:6] or ["cpu"]),
-              len(sys.argv) > 6 and sys.argv[6] == "tf32")
+              sys.argv[6] if len(sys.argv) > 6 else "")

@@ -5,7 +5,8 @@
  * PyTorch's. Last, one more encode with every op timed (and on a GPU
  * waited for): the time per op class. DEVICE is cpu (THREADS threads) or
  * cuda:K (strict fp32), optionally followed by modes, e.g.
- * cuda:0:search:tf32: tf32 (TF32 tensor cores), search (timed cuDNN
+ * cuda:0:search:tf32: tf32 (TF32 tensor cores), bf16 / fp16 (mixed
+ * precision: matrix products on 16-bit copies), search (timed cuDNN
  * algorithm choice), ws8g (8 GiB cuDNN workspace), flash (attention on the
  * flash kernel); on a GPU the time includes copying the batch in and the
  * moments out (sd_vae_runner, what sd-latents does).
@@ -15,6 +16,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "dtype.h"
 #include "prof_backend.h"
 #include "progress.h"
 #include "vae.h"
@@ -47,7 +49,9 @@ static int open_device(const char *dev, int threads, const sd_backend **be, void
     char mode[32] = "";
     if (sscanf(dev, "cuda:%d:%31s", &k, mode) >= 1 || strcmp(dev, "cuda") == 0) {
         sd_error err = {0};
-        sd_cuda_opts o = {.allow_tf32 = strstr(mode, "tf32") != NULL, .conv_search = strstr(mode, "search") != NULL,
+        sd_cuda_opts o = {.allow_tf32 = strstr(mode, "tf32") != NULL,
+                          .mixed = strstr(mode, "bf16") ? SD_DT_BF16 : strstr(mode, "fp16") ? SD_DT_F16 : 0,
+                          .conv_search = strstr(mode, "search") != NULL,
                           .conv_workspace = strstr(mode, "ws8g") ? (size_t)8 << 30 : 0,
                           .attn_flash = strstr(mode, "flash") != NULL};
         sd_cuda *c = NULL;

@@ -14,10 +14,11 @@ from PyPI).
                                threads, REPS timed runs after one warm-up;
                                prints the best and the median seconds and
                                writes the mean to DIR/torch_mean.f32
-  bench_vae.py gpu DIR BATCH REPS [tf32]
+  bench_vae.py gpu DIR BATCH REPS [tf32|bf16|bf16w]
                                the same on cuda:0 for a batch of BATCH
                                copies (fp32; cuDNN TF32 off unless tf32,
-                               matmul TF32 off), host batch in and mean out
+                               matmul TF32 off; bf16: autocast; bf16w: the
+                               model in bf16), host batch in and mean out
                                included as sd-latents would do; prints
                                best/median seconds per batch, images/s"""
 import os
@@ -66,26 +67,32 @@ def time_it(d, threads, reps):
                                                                          statistics.median(ts)))
 
 
-def time_gpu(d, batch, reps, tf32):
+def time_gpu(d, batch, reps, mode):
+    # tf32: TF32 tensor cores; bf16: torch.autocast (bf16 products, fp32
+    # weights); bf16w: the whole model in bf16 (vae.to(bfloat16), as kohya
+    # and diffusers' scripts hold a half VAE)
+    tf32 = mode == "tf32"
+    amp = torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "bf16")
+    wdt = torch.bfloat16 if mode == "bf16w" else torch.float32
     torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.benchmark = True
-    m = AutoencoderKL.from_pretrained(os.path.join(d, "vae")).eval().cuda()
+    m = AutoencoderKL.from_pretrained(os.path.join(d, "vae")).eval().cuda().to(wdt)
     x1 = np.fromfile(os.path.join(d, "x.f32"), dtype=np.float32).reshape(1, 3, 512, 512)
     x = torch.from_numpy(np.repeat(x1, batch, axis=0))
     ts = []
-    with torch.inference_mode():
+    with torch.inference_mode(), amp:
         for r in range(reps + 2):  # two warm-ups: cudnn.benchmark's search
             torch.cuda.synchronize()
             t = time.perf_counter()
-            mean = m.encode(x.cuda()).latent_dist.mean.cpu()
+            mean = m.encode(x.cuda().to(wdt)).latent_dist.mean.float().cpu()
             torch.cuda.synchronize()
             if r >= 2:
                 ts.append(time.perf_counter() - t)
     mean[:1].numpy().astype(np.float32).tofile(os.path.join(d, "torch_mean.f32"))
     med = statistics.median(ts)
-    print("pytorch %s cuda fp32%s, batch %d: best %.4f s, median %.4f s, %.2f images/s (peak %d MiB)"
-          % (torch.__version__, " tf32" if tf32 else "", batch, min(ts), med, batch / med,
+    print("pytorch %s cuda %s, batch %d: best %.4f s, median %.4f s, %.2f images/s (peak %d MiB)"
+          % (torch.__version__, mode or "fp32", batch, min(ts), med, batch / med,
              torch.cuda.max_memory_allocated() >> 20))
 
 
@@ -93,6 +100,6 @@ if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2])
     elif sys.argv[1] == "gpu":
-        time_gpu(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), len(sys.argv) > 5 and sys.argv[5] == "tf32")
+        time_gpu(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] if len(sys.argv) > 5 else "")
     else:
         time_it(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dtype.h"
 #include "err.h"
 
 #ifndef SDTK_VERSION
@@ -160,6 +161,16 @@ int sd_cli_parse(const sd_cli *cli, int argc, char **argv, sd_strlist *positiona
         }
         if (store(cli, o, val)) return SD_EXIT_USAGE;
     }
+    return -1;
+}
+
+/* One spelling of mixed precision for every tool (accelerate's and
+ * kohya's --mixed_precision values). */
+int sd_cli_parse_mixed(const char *s, int *dtype)
+{
+    if (strcmp(s, "no") == 0 || strcmp(s, "fp32") == 0) return *dtype = 0, 0;
+    if (strcmp(s, "bf16") == 0) return *dtype = SD_DT_BF16, 0;
+    if (strcmp(s, "fp16") == 0) return *dtype = SD_DT_F16, 0;
     return -1;
 }
 

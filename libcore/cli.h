@@ -43,6 +43,9 @@ void sd_strlist_free(sd_strlist *l);
 /* A --device value: "cpu" gives -1, "cuda" 0, "cuda:K" K (0..1023);
  * returns -1 for anything else. */
 int sd_cli_parse_device(const char *s, int *device);
+/* A --mixed-precision value: "no" (or "fp32") gives 0, "bf16" SD_DT_BF16,
+ * "fp16" SD_DT_F16 (dtype.h); returns -1 for anything else. */
+int sd_cli_parse_mixed(const char *s, int *dtype);
 int sd_strlist_push(sd_strlist *l, const char *s);
 
 /* --config FILE (a JSON object of options: long names as keys, nested

@@ -349,6 +349,11 @@ class Train(unittest.TestCase):
         self.assertIn("--device", err)
         code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--nccl", self.shard, ok=(2,))
         self.assertIn("--nccl", err)
+        # mixed precision: a GPU mode, bf16 only (fp16 would need loss scaling), a known type
+        for mp, why in (("bf16", "GPU mode"), ("fp16", "loss scaling"), ("fp8", "no or bf16")):
+            code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--mixed-precision", mp,
+                            *(["--device", "cuda:0"] if mp == "fp16" else []), self.shard, ok=(2,))
+            self.assertIn(why, err)
         # a GPU the machine does not have (none here, or not that many): a clear fatal error, no traceback
         code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--device", "cuda:1000", self.shard,
                         ok=(3,))

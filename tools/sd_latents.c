@@ -40,7 +40,7 @@ static int usage_msg(char *msg, size_t cap, const char *fmt, ...)
 int main(int argc, char **argv)
 {
     latents_opts o = {.device = "cpu", .dtype_name = "fp16", .shard_count = 1};
-    const char *part = NULL;
+    const char *part = NULL, *mixed = "no";
     long batch = 1, text_batch = 32, threads = 0, groups = 0, seed = 0, clip_skip = 0;
     int quiet = 0, verbose = 0;
     const sd_opt opts[] = {
@@ -64,6 +64,11 @@ int main(int argc, char **argv)
         {"tf32", 0, SD_OPT_FLAG, &o.tf32, NULL,
          "GPU: TF32 tensor cores (2.7x faster VAE on an H100, ~1e-3 relative error; records made so get their own "
          "keys, so a later run without --tf32 replaces them)"},
+        {"mixed-precision", 0, SD_OPT_STR, &mixed, "T",
+         "GPU: no (default), bf16 or fp16: every convolution, linear layer and attention product takes 16-bit "
+         "copies of its inputs (tensor cores, fp32 accumulation, as torch.autocast); the stored latents stay "
+         "as --dtype says. Records made so get their own keys. fp16 overflows where an activation passes 65504 "
+         "(the SDXL VAE's decoder, not its encoder, is known for it)"},
         {"cudnn-search", 0, SD_OPT_FLAG, &o.cudnn_search, NULL,
          "GPU: time cuDNN's convolution algorithms per shape and take the fastest (1.5x at --batch 8 in strict "
          "fp32 on an H100); the choice depends on timing, so a resumed run's latents may differ in the last bits"},
@@ -117,8 +122,11 @@ int main(int argc, char **argv)
     if (o.scale < 0) bad = usage_msg(msg, sizeof msg, "--scale must be positive");
     if (sd_cli_parse_device(o.device, &o.cuda_device))
         bad = usage_msg(msg, sizeof msg, "--device %s: expected cpu or cuda:K", o.device);
-    else if ((o.tf32 || o.cudnn_search) && o.cuda_device < 0)
-        bad = usage_msg(msg, sizeof msg, "--tf32 and --cudnn-search are GPU options: add --device cuda:K");
+    else if (sd_cli_parse_mixed(mixed, &o.mixed))
+        bad = usage_msg(msg, sizeof msg, "--mixed-precision %s: expected no, bf16 or fp16", mixed);
+    else if ((o.tf32 || o.cudnn_search || o.mixed) && o.cuda_device < 0)
+        bad = usage_msg(msg, sizeof msg,
+                        "--tf32, --mixed-precision and --cudnn-search are GPU options: add --device cuda:K");
     else if (o.text_weights && strcmp(o.text_weights, "fp32") && o.cuda_device >= 0)
         bad = usage_msg(msg, sizeof msg, "--text-weights %s is for the CPU encoder; on a GPU the weights stay fp32",
                         o.text_weights);

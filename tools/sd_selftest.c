@@ -17,6 +17,7 @@
 #include "attn_blocks.h"
 #include "backend.h"
 #include "cli.h"
+#include "dtype.h"
 #include "err.h"
 #include "pool.h"
 #include "progress.h"
@@ -942,6 +943,15 @@ static int plan_one(sd_vae *v, int res, size_t conv_ws_cap)
     return 0;
 }
 
+/* The tolerance of a run: 1e-4 in strict fp32; with tensor cores about
+ * 40 times the unit roundoff of the products' inputs: 2e-2 for TF32 and
+ * fp16 (10-bit mantissas), 8 times that for bf16 (7 bits). */
+static double run_tol(int tf32, int mixed)
+{
+    if (mixed == SD_DT_BF16) return 1.6e-1;
+    return tf32 || mixed ? 2e-2 : 1e-4;
+}
+
 /* --plan for 512^2 and 1024^2. */
 static int plan(size_t conv_ws_cap)
 {
@@ -958,7 +968,8 @@ static int plan(size_t conv_ws_cap)
 int main(int argc, char **argv)
 {
     const char *device = "cuda:0", *golden = SDTK_GOLDEN_VAE, *golden_unet = SDTK_GOLDEN_UNET;
-    int no_probe = 0, tf32 = 0, do_plan = 0;
+    const char *mixed_name = "no";
+    int no_probe = 0, tf32 = 0, do_plan = 0, mixed = 0;
     long threads = 0;
     const sd_opt opts[] = {
         {"device", 'd', SD_OPT_STR, &device, "DEV", "cuda:K (default cuda:0), or cpu to check the harness itself"},
@@ -968,6 +979,9 @@ int main(int argc, char **argv)
          "tiny golden UNets (sd1/, sdxl/; default: the source tree's tests/golden/unet)"},
         {"no-probe", 0, SD_OPT_FLAG, &no_probe, NULL, "skip the throughput probe"},
         {"tf32", 0, SD_OPT_FLAG, &tf32, NULL, "allow TF32 tensor cores (checked with a 2e-2 tolerance)"},
+        {"mixed-precision", 0, SD_OPT_STR, &mixed_name, "T",
+         "no (default), bf16 or fp16: matrix products on 16-bit copies of their inputs (checked with 1.6e-1 for "
+         "bf16, 2e-2 for fp16)"},
         {"threads", 'j', SD_OPT_INT, &threads, "N", "CPU threads for the reference (default: all CPUs)"},
         {"plan", 0, SD_OPT_FLAG, &do_plan, NULL,
          "print the VAE encoder's memory per op at 512x512 and 1024x1024 and batch sizes for 24/80 GB cards, "
@@ -999,6 +1013,14 @@ int main(int argc, char **argv)
         sd_cli_usage_error(&cli, "--device %s: expected cuda:K or cpu", device);
         return SD_EXIT_USAGE;
     }
+    if (sd_cli_parse_mixed(mixed_name, &mixed)) {
+        sd_cli_usage_error(&cli, "--mixed-precision %s: expected no, bf16 or fp16", mixed_name);
+        return SD_EXIT_USAGE;
+    }
+    if ((mixed || tf32) && dev < 0) {
+        sd_cli_usage_error(&cli, "--tf32 and --mixed-precision are GPU modes: not with --device cpu");
+        return SD_EXIT_USAGE;
+    }
     if (threads < 0 || threads > 1024) {
         sd_cli_usage_error(&cli, "--threads must be 0..1024");
         return SD_EXIT_USAGE;
@@ -1006,7 +1028,7 @@ int main(int argc, char **argv)
     if (do_plan) return plan((size_t)1 << 30);
     sd_pool *pool = sd_pool_create(threads > 0 ? (int)threads : sd_default_threads());
     target ref = {sd_backend_cpu(), pool}, t = {sd_backend_cpu(), NULL};
-    double tol = tf32 ? 2e-2 : 1e-4;
+    double tol = run_tol(tf32, mixed);
 #ifdef SDTK_HAVE_CUDA
     sd_cuda *cu = NULL;
     if (dev >= 0) {
@@ -1017,7 +1039,7 @@ int main(int argc, char **argv)
             sd_pool_destroy(pool);
             return EXIT_NO_GPU;
         }
-        sd_cuda_opts co = {.allow_tf32 = tf32};
+        sd_cuda_opts co = {.allow_tf32 = tf32, .mixed = mixed};
         if (sd_cuda_create(&cu, dev, &co, &err)) {
             fprintf(stderr, "sd-selftest: %s\n", err.msg);
             sd_pool_destroy(pool);
@@ -1026,10 +1048,11 @@ int main(int argc, char **argv)
         sd_cuda_info info;
         sd_cuda_get_info(cu, &info);
         printf("device cuda:%d: %s, compute capability %d.%d, %d SMs, %.1f GiB (%.1f free); driver %d, runtime %d, "
-               "cuDNN %d, cuBLAS %d; %s fp32\n",
+               "cuDNN %d, cuBLAS %d; %s\n",
                dev, info.name, info.cc_major, info.cc_minor, info.sm_count, (double)info.total_bytes / (1 << 30),
                (double)info.free_bytes / (1 << 30), info.driver_version, info.runtime_version, info.cudnn_version,
-               info.cublas_version, tf32 ? "TF32" : "strict");
+               info.cublas_version,
+               mixed == SD_DT_BF16 ? "mixed bf16" : mixed == SD_DT_F16 ? "mixed fp16" : tf32 ? "TF32" : "strict fp32");
         t = (target){sd_backend_cuda(), cu};
     }
 #else
@@ -1051,7 +1074,8 @@ int main(int argc, char **argv)
     sd_cuda *cu_small = NULL, *cu_flash = NULL;
     if (cu && fails >= 0) {
         sd_error err = {0};
-        sd_cuda_opts so = {.allow_tf32 = tf32, .attn_block = 12600}, fo = {.allow_tf32 = tf32, .attn_flash = 1};
+        sd_cuda_opts so = {.allow_tf32 = tf32, .mixed = mixed, .attn_block = 12600},
+                     fo = {.allow_tf32 = tf32, .mixed = mixed, .attn_flash = 1};
         if (sd_cuda_create(&cu_small, dev, &so, &err) || sd_cuda_create(&cu_flash, dev, &fo, &err)) {
             fprintf(stderr, "sd-selftest: %s\n", err.msg);
             fails = -1;
@@ -1064,11 +1088,11 @@ int main(int argc, char **argv)
         }
     }
 #endif
-    int vae = fails < 0 ? -1 : check_vae(&t, golden, tf32 ? 2e-2 : 1e-4);
+    int vae = fails < 0 ? -1 : check_vae(&t, golden, tol);
     int unet = 1;
     const char *unets[] = {"sd1", "sdxl"};
     for (int i = 0; i < 2 && vae >= 0 && unet >= 0; i++) {
-        int r = selftest_unet(golden_unet, unets[i], dev, tf32, tf32 ? 2e-2 : 1e-4);
+        int r = selftest_unet(golden_unet, unets[i], dev, tf32, mixed, tol);
         unet = r < 0 ? -1 : unet && r;
     }
     int probe_rc = 0;

@@ -8,6 +8,7 @@
 
 #include "cli.h"
 #include "dist.h"
+#include "dtype.h"
 #include "err.h"
 #include "log.h"
 #include "pool.h"
@@ -70,6 +71,7 @@ int main(int argc, char **argv)
     sd_train_opts o;
     sd_train_opts_default(&o);
     const char *pred = "epsilon", *sched = "constant", *dtype = "fp32", *resume = NULL, *device = "cpu";
+    const char *mixed = "no";
     const char *config_file = NULL; /* read by sd_cli_expand; listed for --help */
     sd_strlist sets = {0};
     long batch = 1, accum = 1, steps = 1000, warmup = 0, save_every = 0, keep = 2, threads = 0, seed = 0,
@@ -132,6 +134,10 @@ int main(int argc, char **argv)
          "cpu (default) or cuda:K: the UNet, clipping, AdamW and the EMA on GPU K (weights and moments come back "
          "to the host only for checkpoints); plain cuda under mpirun/srun takes the GPU of the process's local rank"},
         {"tf32", 0, SD_OPT_FLAG, &o.tf32, NULL, "allow TF32 tensor cores on the GPU (faster, ~1e-3 relative error)"},
+        {"mixed-precision", 0, SD_OPT_STR, &mixed, "T",
+         "no (default) or bf16: on the GPU every convolution, linear layer and attention product takes bf16 "
+         "copies of its inputs (tensor cores, fp32 accumulation, as torch.autocast); weights, optimizer state, "
+         "activations and gradients stay fp32. fp16 is refused: it needs loss scaling, which sd-train does not do"},
         {"attn-flash", 0, SD_OPT_FLAG, &o.attn_flash, NULL,
          "GPU: attention on the flash kernel, which keeps no scores in memory, instead of cuBLAS with blocks of "
          "scores (up to 512 MiB of scratch; taken anyway when that memory cannot be had); slower"},
@@ -201,6 +207,10 @@ int main(int argc, char **argv)
     if (!bad && sd_cli_parse_device(device, &o.device)) bad = "--device: cpu, cuda or cuda:K";
     if (!bad && strcmp(device, "cuda") == 0) o.device = local_rank();
     if (!bad && o.nccl && o.device < 0) bad = "--nccl sums GPU gradients: it needs --device cuda or cuda:K";
+    if (!bad && sd_cli_parse_mixed(mixed, &o.mixed)) bad = "--mixed-precision: no or bf16";
+    if (!bad && o.mixed == SD_DT_F16)
+        bad = "--mixed-precision fp16: fp16 gradients need loss scaling, which sd-train does not do; use bf16";
+    if (!bad && o.mixed && o.device < 0) bad = "--mixed-precision is a GPU mode (the CPU computes in fp32)";
     if (!bad && o.val_every < 0) bad = "--val-every must not be negative";
     if (!bad && o.zero1 && o.device >= 0) bad = "--zero1 shards the CPU optimizer; not with --device cuda";
     if (!bad && !sd_lr_kind_parse(sched, &o.lr.kind))

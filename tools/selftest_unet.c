@@ -41,13 +41,14 @@ static int inputs_open(inputs *in, const char *path)
 }
 
 /* Options for a quiet trainer of model on device (-1: the CPU). */
-static sd_train_opts opts_for(const char *model, int device, int tf32)
+static sd_train_opts opts_for(const char *model, int device, int tf32, int mixed)
 {
     sd_train_opts o;
     sd_train_opts_default(&o);
     o.unet = model;
     o.device = device;
     o.tf32 = tf32;
+    o.mixed = mixed;
     o.quiet = 1;
     return o;
 }
@@ -101,7 +102,7 @@ static void max_diff(const float *a, const float *b, size_t n, double *emax, dou
     }
 }
 
-int selftest_unet(const char *dir, const char *name, int device, int tf32, double tol)
+int selftest_unet(const char *dir, const char *name, int device, int tf32, int mixed, double tol)
 {
     char path[4096], model[4096];
     snprintf(path, sizeof path, "%s/%s/expected.safetensors", dir, name);
@@ -114,7 +115,7 @@ int selftest_unet(const char *dir, const char *name, int device, int tf32, doubl
     double lc, emax, vmax;
     float *gc = NULL;
     size_t nc = 0;
-    sd_train_opts cpu = opts_for(model, -1, 0);
+    sd_train_opts cpu = opts_for(model, -1, 0, 0);
     int rc = run_trainer(&cpu, &in, 1, &lc, &gc, &nc) ? -1 : 1;
     /* the device without and with gradient checkpointing (the backward
      * recomputing each block's forward), each against the CPU */
@@ -122,7 +123,7 @@ int selftest_unet(const char *dir, const char *name, int device, int tf32, doubl
         double lg;
         float *gg = NULL;
         size_t ng = 0;
-        sd_train_opts o = opts_for(model, device, tf32);
+        sd_train_opts o = opts_for(model, device, tf32, mixed);
         o.checkpointing = ck;
         rc = -1;
         if (!run_trainer(&o, &in, 1, &lg, &gg, &ng) && ng == nc) {
@@ -141,7 +142,7 @@ int selftest_unet(const char *dir, const char *name, int device, int tf32, doubl
     float *ed = NULL, *eh = NULL;
     size_t nd = 0, nh = 0;
     if (rc == 1) {
-        sd_train_opts od = opts_for(model, device, tf32), oh = od;
+        sd_train_opts od = opts_for(model, device, tf32, mixed), oh = od;
         od.ema_decay = oh.ema_decay = 0.9;
         oh.ema_host = 1;
         double loss;

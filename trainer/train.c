@@ -69,7 +69,7 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
     if (tr->o.device < 0)
         return tr->o.nccl ? sd_err_set(err, SD_EINVAL, "NCCL sums GPU gradients: it needs --device cuda:K") : SD_OK;
 #ifdef SDTK_HAVE_CUDA
-    sd_cuda_opts co = {.allow_tf32 = tr->o.tf32, .attn_flash = tr->o.attn_flash};
+    sd_cuda_opts co = {.allow_tf32 = tr->o.tf32, .mixed = tr->o.mixed, .attn_flash = tr->o.attn_flash};
     sd_cuda *c = NULL;
     sd_status rc = sd_cuda_create(&c, tr->o.device, &co, err);
     if (rc) return rc;

@@ -69,9 +69,11 @@ typedef struct {
     int quiet;
     /* -1: the CPU; K >= 0: the UNet's forward and backward, clipping, AdamW
      * and the EMA on cuda:K (the host copies of weights and moments are
-     * refreshed for checkpoints); tf32: allow TF32 tensor cores there */
+     * refreshed for checkpoints); tf32: allow TF32 tensor cores there;
+     * mixed: SD_DT_BF16 for bf16 matrix products there (sd_cuda_opts) */
     int device;
     int tf32;
+    int mixed;
     int attn_flash; /* GPU: attention on the flash kernel (no score blocks in memory; slower) */
     int checkpointing; /* gradient checkpointing: recompute resnets and transformer blocks in the backward */
     int nccl; /* GPU: sum gradients over NCCL even in a world of one (a check of the path) */

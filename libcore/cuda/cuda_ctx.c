@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cuda_int.h"
+#include "dtype.h"
 
 enum { SMALL_LIMIT = 1 << 20, SMALL_ROUND = 512, LARGE_ROUND = 2 << 20 };
 
@@ -112,6 +113,19 @@ sd_status sd_cuda_create(sd_cuda **out, int device, const sd_cuda_opts *opts, sd
         return SD_EIO;
     }
     c->smem_optin = (size_t)optin;
+    if (c->opts.mixed) {
+        int major = 0;
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+        const char *why = c->opts.mixed != SD_DT_BF16 && c->opts.mixed != SD_DT_F16 ? "unknown type"
+                          : major < (c->opts.mixed == SD_DT_BF16 ? 8 : 7) ? "needs a newer GPU"
+                                                                          : NULL;
+        if (why) {
+            sd_err_set(err, SD_EUNSUPPORTED, "CUDA device %d (compute capability %d): mixed precision %s: %s", device,
+                       major, sd_dtype_name(c->opts.mixed), why);
+            sd_cuda_destroy(c);
+            return SD_EUNSUPPORTED;
+        }
+    }
     if (!c->opts.conv_workspace) c->opts.conv_workspace = default_conv_workspace();
     cublasStatus_t be = cublasCreate(&c->blas);
     if (be == CUBLAS_STATUS_SUCCESS) be = cublasSetStream(c->blas, c->stream);

@@ -1,5 +1,6 @@
-/* Linear layers on cuBLAS (cublasGemmEx, fp32 in and out, fp32 compute;
- * TF32 tensor cores only when the context allows them).
+/* Linear layers on cuBLAS (cublasGemmEx, fp32 out, fp32 accumulation;
+ * inputs fp32, TF32 tensor cores only when the context allows them, or
+ * bf16/fp16 copies in mixed precision).
  *
  * cuBLAS is column-major: a row-major [r, c] array is the column-major
  * [c, r] matrix, its transpose. With y = x w^T (x [m, k], w [n, k],
@@ -9,21 +10,50 @@
  *   dw^T (k x n) += x^T (k x m) . dy (m x n, the transpose of dy's view)
  * and db [n] += column sums of dy (a kernel). */
 #include "cuda_int.h"
+#include "dtype.h"
 
-/* fp32 compute, or TF32 tensor cores when allowed. */
+/* fp32 compute: on TF32 tensor cores when allowed, and always for 16-bit
+ * inputs (tensor cores, fp32 accumulation). */
 cublasComputeType_t sdc_blas_compute(const sd_cuda *c)
 {
-    return c->opts.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    return c->opts.allow_tf32 && !c->opts.mixed ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
-/* C (col-major m x n, ldc) = alpha op(A) op(B) + beta C, all fp32. */
-static int gemm(sd_cuda *c, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float *a, int lda,
-                const float *b, int ldb, float beta, float *out, int ldc, const char *what)
+/* The matrix products' input type. */
+cudaDataType_t sdc_ab_type(const sd_cuda *c)
+{
+    return c->opts.mixed == SD_DT_BF16 ? CUDA_R_16BF : c->opts.mixed == SD_DT_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+size_t sdc_ab_size(const sd_cuda *c)
+{
+    return c->opts.mixed ? 2 : 4;
+}
+
+/* x itself in fp32, else rounded into a scratch copy the caller releases. */
+const void *sdc_ab_operand(sd_cuda *c, const float *x, size_t n, void **tmp, const char *what)
+{
+    *tmp = NULL;
+    if (!c->opts.mixed) return x;
+    void *h = sdc_alloc(c, n * 2);
+    if (!h) return NULL;
+    if (!sdc_cuda_ok(c, sdk_to_half(c, c->opts.mixed, n, h, x), what)) {
+        sdc_release(c, h);
+        return NULL;
+    }
+    return *tmp = h;
+}
+
+/* C (col-major m x n, ldc, fp32) = op(A) op(B) + beta C, A and B of the
+ * context's input type. */
+static int gemm(sd_cuda *c, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *a, int lda,
+                const void *b, int ldb, float beta, float *out, int ldc, const char *what)
 {
     const float one = 1.0f;
+    cudaDataType_t t = sdc_ab_type(c);
     return sdc_blas_ok(c,
-                       cublasGemmEx(c->blas, ta, tb, m, n, k, &one, a, CUDA_R_32F, lda, b, CUDA_R_32F, ldb, &beta, out,
-                                    CUDA_R_32F, ldc, sdc_blas_compute(c), CUBLAS_GEMM_DEFAULT),
+                       cublasGemmEx(c->blas, ta, tb, m, n, k, &one, a, t, lda, b, t, ldb, &beta, out, CUDA_R_32F, ldc,
+                                    sdc_blas_compute(c), CUBLAS_GEMM_DEFAULT),
                        what);
 }
 
@@ -31,14 +61,32 @@ static int gemm(sd_cuda *c, cublasOperation_t ta, cublasOperation_t tb, int m, i
 void sdc_linear_fwd(sd_cuda *c, const sd_linear_shape *s, float *y, const float *x, const float *w, const float *b)
 {
     if (b && !sdc_cuda_ok(c, sdk_bias_rows(c, (size_t)s->m, (size_t)s->n, y, b), "linear bias")) return;
-    gemm(c, CUBLAS_OP_T, CUBLAS_OP_N, s->n, s->m, s->k, w, s->k, x, s->k, b ? 1.0f : 0.0f, y, s->n, "linear forward");
+    void *tw = NULL, *tx = NULL;
+    const void *wa = sdc_ab_operand(c, w, (size_t)s->n * (size_t)s->k, &tw, "linear weight");
+    const void *xa = wa ? sdc_ab_operand(c, x, (size_t)s->m * (size_t)s->k, &tx, "linear input") : NULL;
+    if (xa) gemm(c, CUBLAS_OP_T, CUBLAS_OP_N, s->n, s->m, s->k, wa, s->k, xa, s->k, b ? 1.0f : 0.0f, y, s->n,
+                 "linear forward");
+    sdc_release(c, tx);
+    sdc_release(c, tw);
 }
 
 /* dx += dy w, dw += dy^T x, db += column sums of dy (each when not NULL). */
 void sdc_linear_bwd(sd_cuda *c, const sd_linear_shape *s, float *dx, float *dw, float *db, const float *dy,
                     const float *x, const float *w)
 {
-    if (dx) gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, s->k, s->m, s->n, w, s->k, dy, s->n, 1.0f, dx, s->k, "linear dx");
-    if (dw) gemm(c, CUBLAS_OP_N, CUBLAS_OP_T, s->k, s->n, s->m, x, s->k, dy, s->n, 1.0f, dw, s->k, "linear dw");
     if (db) sdc_cuda_ok(c, sdk_col_sum_add(c, (size_t)s->m, (size_t)s->n, db, dy), "linear db");
+    if (!dx && !dw) return;
+    void *tdy = NULL, *tw = NULL, *tx = NULL;
+    const void *dya = sdc_ab_operand(c, dy, (size_t)s->m * (size_t)s->n, &tdy, "linear output gradient");
+    if (dya && dx) {
+        const void *wa = sdc_ab_operand(c, w, (size_t)s->n * (size_t)s->k, &tw, "linear weight");
+        if (wa) gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, s->k, s->m, s->n, wa, s->k, dya, s->n, 1.0f, dx, s->k, "linear dx");
+    }
+    if (dya && dw) {
+        const void *xa = sdc_ab_operand(c, x, (size_t)s->m * (size_t)s->k, &tx, "linear input");
+        if (xa) gemm(c, CUBLAS_OP_N, CUBLAS_OP_T, s->k, s->n, s->m, xa, s->k, dya, s->n, 1.0f, dw, s->k, "linear dw");
+    }
+    sdc_release(c, tx);
+    sdc_release(c, tw);
+    sdc_release(c, tdy);
 }

@@ -10,7 +10,9 @@
  * where the CPU table takes its sd_pool *. Everything runs in order on the
  * context's stream; device memory comes from the context's caching
  * allocator (be->alloc / be->release), so steady-state steps never call
- * cudaMalloc. fp32 only for now; strict fp32 by default (no TF32).
+ * cudaMalloc. Activations, weights and gradients are fp32; strict fp32
+ * math by default, TF32 tensor cores or mixed precision (matrix products
+ * on bf16/fp16 copies of their inputs, fp32 accumulation) when opts say.
  *
  * Compiled and linked in CI (no GPU there); `sd-selftest --device cuda:K`
  * checks it against the CPU on a user's GPU. What has run on which GPU:
@@ -27,6 +29,10 @@ typedef struct sd_cuda sd_cuda;
 
 typedef struct {
     int allow_tf32;        /* 1: TF32 tensor cores in cuDNN and cuBLAS (~1e-3 relative error) */
+    int mixed;             /* SD_DT_BF16 or SD_DT_F16 (dtype.h): every matrix product (convolutions, linears,
+                            * attention's GEMMs) takes its inputs rounded to that type and accumulates in fp32,
+                            * as torch.autocast does (convolution outputs are rounded too: cuDNN writes them in
+                            * that type); 0: fp32 inputs. bf16 needs compute capability 8.0, fp16 7.0 */
     size_t conv_workspace; /* largest cuDNN workspace one convolution may use, bytes; 0: an eighth of the
                             * free device memory, 1 to 8 GiB */
     int conv_search;       /* 1: time cuDNN's forward algorithms per shape and take the fastest (as torch's

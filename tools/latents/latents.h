@@ -52,6 +52,7 @@ typedef struct {
     int clip_skip;
     int cuda_device; /* -1: the CPU */
     int tf32;        /* GPU: TF32 tensor cores (part of the record key: other bytes) */
+    int mixed;       /* GPU: SD_DT_BF16 / SD_DT_F16 matrix products (sd_cuda_opts; part of the key too) */
     int cudnn_search; /* GPU: cuDNN's timed algorithm choice (the last bits may vary by run) */
     int vae_groups;
     double scale;

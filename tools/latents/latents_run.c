@@ -77,8 +77,17 @@ static int parse_dtype(const char *s)
     return 0;
 }
 
+/* The device's numerics as a key suffix: "" for the CPU and strict fp32
+ * (so keys made before these modes existed still match), else the mode. */
+static const char *numerics(const run *r)
+{
+    if (r->o->cuda_device < 0) return "";
+    if (r->o->mixed) return r->o->mixed == SD_DT_BF16 ? "|mixed-bf16" : "|mixed-fp16";
+    return r->o->tf32 ? "|tf32" : "";
+}
+
 /* The record key: everything that decides the stored bytes (name, plan,
- * mode, flip, dtype, seed, model, TF32), so a changed plan or model is a new key
+ * mode, flip, dtype, seed, model, numerics), so a changed plan or model is a new key
  * and a rerun with the same inputs finds its records. */
 static void job_key(const run *r, latent_job *j)
 {
@@ -92,7 +101,7 @@ static void job_key(const run *r, latent_job *j)
                   j->plan.resize_h, j->plan.crop_l, j->plan.crop_t, j->plan.crop_r, j->plan.crop_b, j->orig_w,
                   j->orig_h, j->member ? j->member : "", r->o->sample, r->o->flip, r->dtype,
                   (unsigned long long)r->o->seed, r->model_hash);
-    if (r->o->tf32) sd_buf_puts(&b, "|tf32"); /* other numerics: other records (none added without it) */
+    sd_buf_puts(&b, numerics(r)); /* other numerics: other records (nothing added for strict fp32) */
     sd_key128 k = sd_key128_of(b.data, b.len);
     memcpy(j->key, &k.lo, 8);
     memcpy(j->key + 8, &k.hi, 8);
@@ -484,7 +493,7 @@ static sd_status open_device(run *r, sd_error *err)
     if (r->o->cuda_device >= 0) {
 #ifdef SDTK_HAVE_CUDA
         sd_cuda *c = NULL;
-        sd_cuda_opts co = {.allow_tf32 = r->o->tf32, .conv_search = r->o->cudnn_search};
+        sd_cuda_opts co = {.allow_tf32 = r->o->tf32, .mixed = r->o->mixed, .conv_search = r->o->cudnn_search};
         sd_status st = sd_cuda_create(&c, r->o->cuda_device, &co, err);
         if (st) return st;
         r->cuda = c;
@@ -499,7 +508,7 @@ static sd_status open_device(run *r, sd_error *err)
     }
     sd_status st = sd_vae_runner_init(&r->runner, &r->vae, be, exec, err);
     r->runner_ok = !st;
-    if (!st && r->text_on) st = text_device(&r->text, be, exec, r->cuda && r->o->tf32, err);
+    if (!st && r->text_on) st = text_device(&r->text, be, exec, numerics(r), err);
     return st;
 }
 

@@ -122,13 +122,14 @@ sd_status text_open(text_cache *t, const char *model, const char *tok_dir, int c
 
 /* Put every encoder on the backend that runs the VAE (the CPU pool, or a
  * GPU with --device cuda:K): its parameters are copied there once, and
- * text_put encodes through these runners. TF32 embeddings are other
- * numbers: they get other text keys. */
-sd_status text_device(text_cache *t, const sd_backend *be, void *exec, int tf32, sd_error *err)
+ * text_put encodes through these runners. TF32 or mixed-precision
+ * embeddings are other numbers: `numerics` ("" for strict fp32, else e.g.
+ * "|tf32") joins the encoders' identity, so they get other text keys. */
+sd_status text_device(text_cache *t, const sd_backend *be, void *exec, const char *numerics, sd_error *err)
 {
     sd_status st = SD_OK;
-    size_t il = strlen(t->ident);
-    if (tf32 && il + 6 < sizeof t->ident) memcpy(t->ident + il, "|tf32", 6);
+    size_t il = strlen(t->ident), nl = strlen(numerics);
+    if (il + nl < sizeof t->ident) memcpy(t->ident + il, numerics, nl + 1);
     for (int i = 0; i < t->n && !st; i++) st = sd_clip_text_runner_init(&t->run[i], &t->enc[i], be, exec, err);
     return st;
 }
