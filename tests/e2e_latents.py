@@ -233,7 +233,8 @@ class Latents(unittest.TestCase):
     def test_usage_errors_and_devices(self):
         s = self.path("usage.shard")
         for args in (["--batch", "0"], ["--device", "gpu"], ["--shard", "3/3"], ["-j", "-1"], ["--tf32"],
-                     ["--cudnn-search"], ["--mixed-precision", "bf16"], ["--mixed-precision", "fp8", "--device", "cuda:0"]):
+                     ["--cudnn-search"], ["--mixed-precision", "bf16"], ["--mixed-precision", "fp8", "--device", "cuda:0"],
+                     ["--gpu-memory-limit", "8"], ["--gpu-memory-limit", "-1", "--device", "cuda:0"]):
             code, _, err = sh(LATENTS, "--vae", VAE, "-o", s, *args, self.jsonl, ok=(2,))
             self.assertIn("Try 'sd-latents --help'", err)
         sh(LATENTS, "-o", s, self.jsonl, ok=(2,))  # no --vae

@@ -43,6 +43,7 @@ int main(int argc, char **argv)
     const char *part = NULL, *mixed = "no";
     long batch = 1, text_batch = 32, threads = 0, groups = 0, seed = 0, clip_skip = 0;
     int quiet = 0, verbose = 0;
+    double gpu_mem_gib = 0;
     const sd_opt opts[] = {
         {"output", 'o', SD_OPT_STR, &o.output, "SHARD", "the shard to write (created if missing, else resumed)"},
         {"vae", 0, SD_OPT_STR, &o.vae_path, "PATH",
@@ -69,6 +70,8 @@ int main(int argc, char **argv)
          "copies of its inputs (tensor cores, fp32 accumulation, as torch.autocast); the stored latents stay "
          "as --dtype says. Records made so get their own keys. fp16 overflows where an activation passes 65504 "
          "(the SDXL VAE's decoder, not its encoder, is known for it)"},
+        {"gpu-memory-limit", 0, SD_OPT_DOUBLE, &gpu_mem_gib, "GIB",
+         "GPU: hold at most this much device memory, as on a smaller card (default: what the device has)"},
         {"cudnn-search", 0, SD_OPT_FLAG, &o.cudnn_search, NULL,
          "GPU: time cuDNN's convolution algorithms per shape and take the fastest (1.5x at --batch 8 in strict "
          "fp32 on an H100); the choice depends on timing, so a resumed run's latents may differ in the last bits"},
@@ -124,9 +127,12 @@ int main(int argc, char **argv)
         bad = usage_msg(msg, sizeof msg, "--device %s: expected cpu or cuda:K", o.device);
     else if (sd_cli_parse_mixed(mixed, &o.mixed))
         bad = usage_msg(msg, sizeof msg, "--mixed-precision %s: expected no, bf16 or fp16", mixed);
-    else if ((o.tf32 || o.cudnn_search || o.mixed) && o.cuda_device < 0)
+    else if (!(gpu_mem_gib >= 0 && gpu_mem_gib <= 1 << 20))
+        bad = usage_msg(msg, sizeof msg, "--gpu-memory-limit: GiB, 0 or more");
+    else if ((o.tf32 || o.cudnn_search || o.mixed || gpu_mem_gib > 0) && o.cuda_device < 0)
         bad = usage_msg(msg, sizeof msg,
-                        "--tf32, --mixed-precision and --cudnn-search are GPU options: add --device cuda:K");
+                        "--tf32, --mixed-precision, --cudnn-search and --gpu-memory-limit are GPU options: add "
+                        "--device cuda:K");
     else if (o.text_weights && strcmp(o.text_weights, "fp32") && o.cuda_device >= 0)
         bad = usage_msg(msg, sizeof msg, "--text-weights %s is for the CPU encoder; on a GPU the weights stay fp32",
                         o.text_weights);
@@ -136,6 +142,7 @@ int main(int argc, char **argv)
         return SD_EXIT_USAGE;
     }
     o.batch = (int)batch;
+    o.gpu_mem_limit = (size_t)(gpu_mem_gib * (double)(1 << 30));
     o.text_batch = (int)text_batch;
     o.threads = threads > 0 ? (int)threads : sd_default_threads();
     o.vae_groups = (int)groups;

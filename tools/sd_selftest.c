@@ -89,6 +89,10 @@ static const sd_attn_shape at_vae = {.b = 1, .heads = 1, .tq = 256, .tk = 256, .
                                      .scale = 0.0441941738f};
 static const sd_attn_shape at_vae_odd = {.b = 2, .heads = 1, .tq = 300, .tk = 300, .d = 512, .causal = 0,
                                          .scale = 0.0441941738f};
+/* long and narrow: 8 MiB of scores against 0.6 MiB of tensors, so that a
+ * context limited to 4 MiB of device memory must take the flash kernel */
+static const sd_attn_shape at_narrow = {.b = 1, .heads = 2, .tq = 1024, .tk = 1024, .d = 8, .causal = 0,
+                                        .scale = 0.35f};
 static const sd_concat_shape cat_shape = {.n = 2, .c1 = 3, .c2 = 5, .hw = 37};
 static const sd_temb_shape temb_shape = {.n = 6, .dim = 321, .flip_sin_to_cos = 1, .freq_shift = 0.0f, .scale = 1.0f,
                                          .max_period = 10000.0f};
@@ -175,6 +179,8 @@ static void at_vae_fwd(const target *t, float **p) { attn_fwd(t, &at_vae, p); }
 static void at_vae_bwd(const target *t, float **p) { attn_bwd(t, &at_vae, p); }
 static void at_vae_odd_fwd(const target *t, float **p) { attn_fwd(t, &at_vae_odd, p); }
 static void at_vae_odd_bwd(const target *t, float **p) { attn_bwd(t, &at_vae_odd, p); }
+static void at_narrow_fwd(const target *t, float **p) { attn_fwd(t, &at_narrow, p); }
+static void at_narrow_bwd(const target *t, float **p) { attn_bwd(t, &at_narrow, p); }
 
 /* Activations: x | y | dx | dy. */
 static void silu_f(const target *t, float **p) { t->be->silu_fwd(t->ex, ELEM_N, p[1], p[0]); }
@@ -412,6 +418,7 @@ static int check_ops(const target *dev, const target *ref, double tol, const cha
         ATTN_CASE("attention cross 300x77", at_cross_long, at_cross_long_fwd, at_cross_long_bwd),
         ATTN_CASE("attention d=512 (VAE)", at_vae, at_vae_fwd, at_vae_bwd),
         ATTN_CASE("attention d=512 T=300 b=2", at_vae_odd, at_vae_odd_fwd, at_vae_odd_bwd),
+        ATTN_CASE("attention T=1024 d=8", at_narrow, at_narrow_fwd, at_narrow_bwd),
         UNARY_CASE("silu", ELEM_N, ELEM_N, -8, 8, silu_f, silu_b),
         UNARY_CASE("gelu", ELEM_N, ELEM_N, -8, 8, gelu_f, gelu_b),
         UNARY_CASE("quick_gelu", ELEM_N, ELEM_N, -8, 8, qgelu_f, qgelu_b),
@@ -943,6 +950,34 @@ static int plan_one(sd_vae *v, int res, size_t conv_ws_cap)
     return 0;
 }
 
+#ifdef SDTK_HAVE_CUDA
+/* The fallback when attention's blocks of scores cannot be allocated: a
+ * context limited to 4 MiB of device memory runs the narrow attention case
+ * (8 MiB of scores), which must match the CPU and must have left the
+ * cuBLAS path for the flash kernel. Failures, or -1 on an error. */
+static int check_capped(int dev, int tf32, int mixed, const target *ref, double tol)
+{
+    sd_cuda *cu = NULL;
+    sd_error err = {0};
+    sd_cuda_opts o = {.allow_tf32 = tf32, .mixed = mixed, .mem_limit = (size_t)4 << 20};
+    if (sd_cuda_create(&cu, dev, &o, &err)) {
+        fprintf(stderr, "sd-selftest: %s\n", err.msg);
+        return -1;
+    }
+    target t = {sd_backend_cuda(), cu};
+    int f = check_ops(&t, ref, tol, "attention T=1024", " [4 MiB limit]");
+    sd_cuda_mem m;
+    sd_cuda_get_mem(cu, &m);
+    if (f >= 0) {
+        printf("%-28s flash fallback %s, peak %.2f MiB  %s\n", "attention under the limit",
+               m.attn_fallback ? "taken" : "NOT taken", mib(m.peak), m.attn_fallback ? "pass" : "FAIL");
+        f += !m.attn_fallback;
+    }
+    sd_cuda_destroy(cu);
+    return f;
+}
+#endif
+
 /* The tolerance of a run: 1e-4 in strict fp32; with tensor cores about
  * 40 times the unit roundoff of the products' inputs: 2e-2 for TF32 and
  * fp16 (10-bit mantissas), 8 times that for bf16 (7 bits). */
@@ -1086,6 +1121,10 @@ int main(int argc, char **argv)
             int g = f < 0 ? -1 : check_ops(&flash, &ref, tol, "attention", " [flash]");
             fails = f < 0 || g < 0 ? -1 : fails + f + g;
         }
+    }
+    if (cu && fails >= 0) {
+        int f = check_capped(dev, tf32, mixed, &ref, tol);
+        fails = f < 0 ? -1 : fails + f;
     }
 #endif
     int vae = fails < 0 ? -1 : check_vae(&t, golden, tol);

@@ -76,7 +76,7 @@ int main(int argc, char **argv)
     sd_strlist sets = {0};
     long batch = 1, accum = 1, steps = 1000, warmup = 0, save_every = 0, keep = 2, threads = 0, seed = 0,
          init_seed = 0;
-    double lr = 1e-4;
+    double lr = 1e-4, gpu_mem_gib = 0;
     int quiet = 0, verbose = 0, fresh = 0;
     const sd_opt opts[] = {
         {"config", 0, SD_OPT_STR, &config_file, "FILE",
@@ -137,7 +137,11 @@ int main(int argc, char **argv)
         {"mixed-precision", 0, SD_OPT_STR, &mixed, "T",
          "no (default) or bf16: on the GPU every convolution, linear layer and attention product takes bf16 "
          "copies of its inputs (tensor cores, fp32 accumulation, as torch.autocast); weights, optimizer state, "
-         "activations and gradients stay fp32. fp16 is refused: it needs loss scaling, which sd-train does not do"},
+         "activations and gradients are stored in fp32 (convolutions' outputs and gradients come out of cuDNN in "
+         "16 bits and are widened). fp16 is refused: it needs loss scaling, which sd-train does not do"},
+        {"gpu-memory-limit", 0, SD_OPT_DOUBLE, &gpu_mem_gib, "GIB",
+         "GPU: hold at most this much device memory (weights, optimizer, activations, scratch), as on a smaller "
+         "card: to see whether a run fits one, or to share a GPU (default: what the device has)"},
         {"attn-flash", 0, SD_OPT_FLAG, &o.attn_flash, NULL,
          "GPU: attention on the flash kernel, which keeps no scores in memory, instead of cuBLAS with blocks of "
          "scores (up to 512 MiB of scratch; taken anyway when that memory cannot be had); slower"},
@@ -211,6 +215,9 @@ int main(int argc, char **argv)
     if (!bad && o.mixed == SD_DT_F16)
         bad = "--mixed-precision fp16: fp16 gradients need loss scaling, which sd-train does not do; use bf16";
     if (!bad && o.mixed && o.device < 0) bad = "--mixed-precision is a GPU mode (the CPU computes in fp32)";
+    if (!bad && !(gpu_mem_gib >= 0 && gpu_mem_gib <= 1 << 20)) bad = "--gpu-memory-limit: GiB, 0 or more";
+    if (!bad && gpu_mem_gib > 0 && o.device < 0) bad = "--gpu-memory-limit needs --device cuda or cuda:K";
+    o.gpu_mem_limit = (size_t)(gpu_mem_gib * (double)(1 << 30));
     if (!bad && o.val_every < 0) bad = "--val-every must not be negative";
     if (!bad && o.zero1 && o.device >= 0) bad = "--zero1 shards the CPU optimizer; not with --device cuda";
     if (!bad && !sd_lr_kind_parse(sched, &o.lr.kind))

@@ -69,7 +69,8 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
     if (tr->o.device < 0)
         return tr->o.nccl ? sd_err_set(err, SD_EINVAL, "NCCL sums GPU gradients: it needs --device cuda:K") : SD_OK;
 #ifdef SDTK_HAVE_CUDA
-    sd_cuda_opts co = {.allow_tf32 = tr->o.tf32, .mixed = tr->o.mixed, .attn_flash = tr->o.attn_flash};
+    sd_cuda_opts co = {.allow_tf32 = tr->o.tf32, .mixed = tr->o.mixed, .attn_flash = tr->o.attn_flash,
+                       .mem_limit = tr->o.gpu_mem_limit};
     sd_cuda *c = NULL;
     sd_status rc = sd_cuda_create(&c, tr->o.device, &co, err);
     if (rc) return rc;
@@ -86,7 +87,7 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
             for (int j = 0; j < i; j++) tr->be->release(c, *bufs[j]);
             tr->d_w = tr->d_grad = tr->d_m = tr->d_v = tr->d_ema = NULL;
             return sd_err_set(err, SD_ENOMEM, "cuda:%d: no room for the weights, gradients and AdamW moments "
-                              "(%d x %zu MiB)%s", tr->o.device, nb, bytes >> 20,
+                              "(%d x %.1f MiB)%s", tr->o.device, nb, (double)bytes / (1 << 20),
                               nb == 5 ? "; --ema-on-cpu keeps the EMA in host memory" : "");
         }
     }

@@ -21,7 +21,10 @@
  * call runs on 16-bit NHWC copies of its inputs, made by one transposing
  * kernel each, and writes its result into a 16-bit NHWC scratch that is
  * then transposed back and widened into the fp32 NCHW output, set
- * (forward) or added (gradients). Bias and its gradient stay fp32. */
+ * (forward) or added (gradients). Bias and its gradient stay fp32. The
+ * copies are scratch on top of strict mode's: about half the input and
+ * half the output again (an asymmetrically padded input has its fp32
+ * padded copy and the 16-bit one alive together for a moment). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -170,6 +173,13 @@ static cudnnMathType_t ask_math(const sd_cuda *c)
     return c->opts.mixed ? CUDNN_TENSOR_OP_MATH : c->opts.allow_tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }
 
+/* The math type of the fallback algorithms: tensor ops for 16-bit inputs,
+ * else FMA (also with TF32, as before mixed precision existed). */
+static cudnnMathType_t fallback_math(const sd_cuda *c)
+{
+    return c->opts.mixed ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH;
+}
+
 /* The math type to run an algorithm with: its own when tensor cores are
  * allowed, else FMA (no tensor-core TF32 rounding of fp32 inputs). */
 static cudnnMathType_t run_math(const sd_cuda *c, cudnnMathType_t offered)
@@ -204,7 +214,7 @@ static int choose_fwd(sd_cuda *c, sdc_conv_plan *p)
         return p->have_fwd = 1;
     }
     p->fwd = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-    p->fwd_math = ask_math(c);
+    p->fwd_math = fallback_math(c);
     cudnnSetConvolutionMathType(p->cd, p->fwd_math);
     if (!sdc_dnn_ok(c, cudnnGetConvolutionForwardWorkspaceSize(c->dnn, p->xd, p->wd, p->cd, p->yd, p->fwd, &p->fwd_ws),
                     "conv2d forward workspace"))
@@ -276,7 +286,7 @@ static int choose_bwd_data(sd_cuda *c, sdc_conv_plan *p)
         }
     }
     p->bwd_data = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-    p->bwd_data_math = ask_math(c);
+    p->bwd_data_math = fallback_math(c);
     cudnnSetConvolutionMathType(p->cd, p->bwd_data_math);
     if (!sdc_dnn_ok(c,
                     cudnnGetConvolutionBackwardDataWorkspaceSize(c->dnn, p->wd, p->yd, p->cd, p->xd, p->bwd_data,
@@ -315,7 +325,7 @@ static int choose_bwd_filter(sd_cuda *c, sdc_conv_plan *p)
         }
     }
     p->bwd_filter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-    p->bwd_filter_math = ask_math(c);
+    p->bwd_filter_math = fallback_math(c);
     cudnnSetConvolutionMathType(p->cd, p->bwd_filter_math);
     if (!sdc_dnn_ok(c,
                     cudnnGetConvolutionBackwardFilterWorkspaceSize(c->dnn, p->xd, p->yd, p->cd, p->wd, p->bwd_filter,
@@ -385,12 +395,8 @@ static const void *conv_input(sd_cuda *c, const sdc_conv_plan *p, const float *x
     }
     void *h;
     const void *in = as_operand(c, xp ? xp : x, s->n, s->cin, p->hp * p->wp, &h, "conv2d input");
-    if (h) {
-        sdc_release(c, xp);
-        *tmp = h;
-    } else {
-        *tmp = xp;
-    }
+    if (h || !in) sdc_release(c, xp); /* copied on, or failed: the padded fp32 copy is done with */
+    *tmp = h ? h : in ? xp : NULL;
     return in;
 }
 

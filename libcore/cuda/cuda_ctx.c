@@ -72,10 +72,12 @@ int sd_cuda_device_count(sd_error *err)
 
 /* An eighth of the free device memory, between 1 and 8 GiB: on an H100 a
  * 1 GiB cap kept cuDNN off its fast algorithms for batches of 512x512 VAE
- * activations (batch 8 with TF32: 28 images/s at 1 GiB, 71 at 8 GiB). */
-static size_t default_conv_workspace(void)
+ * activations (batch 8 with TF32: 28 images/s at 1 GiB, 71 at 8 GiB).
+ * Under a memory limit an eighth of the limit, at most 8 GiB. */
+static size_t default_conv_workspace(size_t mem_limit)
 {
     size_t free_b = 0, total = 0, lo = (size_t)1 << 30, hi = (size_t)8 << 30;
+    if (mem_limit) return mem_limit / 8 < hi ? mem_limit / 8 : hi;
     if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) {
         cudaGetLastError();
         return lo;
@@ -126,7 +128,7 @@ sd_status sd_cuda_create(sd_cuda **out, int device, const sd_cuda_opts *opts, sd
             return SD_EUNSUPPORTED;
         }
     }
-    if (!c->opts.conv_workspace) c->opts.conv_workspace = default_conv_workspace();
+    if (!c->opts.conv_workspace) c->opts.conv_workspace = default_conv_workspace(c->opts.mem_limit);
     cublasStatus_t be = cublasCreate(&c->blas);
     if (be == CUBLAS_STATUS_SUCCESS) be = cublasSetStream(c->blas, c->stream);
     if (be == CUBLAS_STATUS_SUCCESS)
@@ -185,6 +187,7 @@ void sd_cuda_get_mem(const sd_cuda *c, sd_cuda_mem *m)
     m->in_use = c->in_use;
     m->cached = c->cached;
     m->peak = c->peak;
+    m->attn_fallback = c->attn_no_blocks;
 }
 
 /* Frees every unused cached block (cudaFree waits for the device). */
@@ -249,7 +252,8 @@ static int reserve_block(sd_cuda *c)
 }
 
 /* Device memory from the cache, else from cudaMalloc; when the device is
- * full, the unused cache goes back to the driver and the call is retried.
+ * full (or the context's mem_limit reached), the unused cache goes back to
+ * the driver and the call is retried.
  * NULL when even that fails, with nothing recorded: for callers that have
  * another way (attention falls back to its flash kernel); *why says why
  * (cudaErrorMemoryAllocation also when the host is out of memory). */
@@ -267,6 +271,12 @@ void *sdc_try_alloc(sd_cuda *c, size_t bytes, cudaError_t *why)
     }
     if (reserve_block(c)) {
         *why = cudaErrorMemoryAllocation;
+        return NULL;
+    }
+    size_t limit = c->opts.mem_limit;
+    if (limit && c->in_use + c->cached + size > limit) sd_cuda_trim(c);
+    if (limit && c->in_use + size > limit) {
+        *why = cudaErrorMemoryAllocation; /* over the context's limit: as if the device were full */
         return NULL;
     }
     void *p = NULL;
@@ -297,10 +307,13 @@ void *sdc_alloc(sd_cuda *c, size_t bytes)
     }
     cudaError_t e;
     void *p = sdc_try_alloc(c, bytes, &e);
-    if (!p)
+    if (!p) {
+        char lim[48] = "";
+        if (c->opts.mem_limit) snprintf(lim, sizeof lim, ", its limit %zu", c->opts.mem_limit);
         sdc_fail(c, e == cudaErrorMemoryAllocation ? SD_ENOMEM : SD_EIO,
-                 "CUDA allocation of %zu bytes failed: %s (%zu bytes in use by sdtk)", round_size(bytes),
-                 cudaGetErrorString(e), c->in_use);
+                 "CUDA allocation of %zu bytes failed: %s (%zu bytes in use by sdtk%s)", round_size(bytes),
+                 cudaGetErrorString(e), c->in_use, lim);
+    }
     return p;
 }
 

@@ -38,26 +38,10 @@ static __global__ void to_half_kernel(int kind, size_t n, void *y, const float *
     }
 }
 
-/* y = x (accumulate 0) or y += x (1), x 16-bit of kind. */
-static __global__ void from_half_kernel(int kind, size_t n, float *y, const void *x, int accumulate)
-{
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float v = get_half(kind, x, i);
-        y[i] = accumulate ? y[i] + v : v;
-    }
-}
-
 extern "C" cudaError_t sdk_to_half(sd_cuda *c, int kind, size_t n, void *y, const float *x)
 {
     if (!n) return cudaSuccess;
     to_half_kernel<<<sdk_grid_blocks(n, THREADS), THREADS, 0, sdc_stream(c)>>>(kind, n, y, x);
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t sdk_from_half(sd_cuda *c, int kind, size_t n, float *y, const void *x, int accumulate)
-{
-    if (!n) return cudaSuccess;
-    from_half_kernel<<<sdk_grid_blocks(n, THREADS), THREADS, 0, sdc_stream(c)>>>(kind, n, y, x, accumulate);
     return cudaGetLastError();
 }
 

@@ -96,11 +96,10 @@ cudaError_t sdk_attn_dscores(sd_cuda *c, int rows, int n, int tk, int q0, int tq
                              float *dp, const float *lse, const float *drow);
 
 /* Mixed precision (cuda_half.cu): y = x rounded to 16 bits of kind
- * (SD_DT_BF16 or SD_DT_F16, dtype.h); y = x or y += x widened to fp32. */
+ * (SD_DT_BF16 or SD_DT_F16, dtype.h); then with a transpose of each of n
+ * images, y [n, cols, rows] from x [n, rows, cols] (NCHW to NHWC is
+ * rows = C, cols = H W), to 16 bits, or widened to fp32 and set or added. */
 cudaError_t sdk_to_half(sd_cuda *c, int kind, size_t n, void *y, const float *x);
-cudaError_t sdk_from_half(sd_cuda *c, int kind, size_t n, float *y, const void *x, int accumulate);
-/* The same with a transpose of each of n images: y [n, cols, rows] from
- * x [n, rows, cols] (NCHW to NHWC is rows = C, cols = H W). */
 cudaError_t sdk_to_half_t(sd_cuda *c, int kind, int n, int rows, int cols, void *y, const float *x);
 cudaError_t sdk_from_half_t(sd_cuda *c, int kind, int n, int rows, int cols, float *y, const void *x,
                             int accumulate);

@@ -31,8 +31,8 @@ typedef struct {
     int allow_tf32;        /* 1: TF32 tensor cores in cuDNN and cuBLAS (~1e-3 relative error) */
     int mixed;             /* SD_DT_BF16 or SD_DT_F16 (dtype.h): every matrix product (convolutions, linears,
                             * attention's GEMMs) takes its inputs rounded to that type and accumulates in fp32,
-                            * as torch.autocast does (convolution outputs are rounded too: cuDNN writes them in
-                            * that type); 0: fp32 inputs. bf16 needs compute capability 8.0, fp16 7.0 */
+                            * as torch.autocast does (convolutions' outputs and gradients are rounded too:
+                            * cuDNN writes them in that type); 0: fp32 inputs. bf16 needs compute capability 8.0, fp16 7.0 */
     size_t conv_workspace; /* largest cuDNN workspace one convolution may use, bytes; 0: an eighth of the
                             * free device memory, 1 to 8 GiB */
     int conv_search;       /* 1: time cuDNN's forward algorithms per shape and take the fastest (as torch's
@@ -41,6 +41,9 @@ typedef struct {
                             * through cuBLAS with scores in blocks of up to 256 MiB (512 MiB for the backward);
                             * the flash kernel from the first time that memory cannot be had (a warning) */
     size_t attn_block;     /* floats in one block of scores; 0: 2^26 (attn_blocks.h; small values are for tests) */
+    size_t mem_limit;      /* most device bytes the context holds, in use and cached; 0: what the device has.
+                            * To see whether a run fits a smaller card, to share a GPU, and to check the paths
+                            * taken when memory runs out */
 } sd_cuda_opts;
 
 typedef struct {
@@ -51,9 +54,11 @@ typedef struct {
 } sd_cuda_info;
 
 /* The caching allocator's bytes: handed out, held for reuse, and the peak
- * of handed out since creation. */
+ * of handed out since creation; attn_fallback: attention's blocks of
+ * scores could not be allocated once, so it runs on the flash kernel. */
 typedef struct {
     size_t in_use, cached, peak;
+    int attn_fallback;
 } sd_cuda_mem;
 
 /* Devices the CUDA runtime sees; 0 with the runtime's reason in err when

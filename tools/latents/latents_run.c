@@ -43,6 +43,8 @@ typedef struct {
     char model_hash[17];
     float *img, *mean, *std, *ws;
     size_t img_cap, lat_cap, std_cap, ws_cap;
+    float *img_spare; /* a batch decoded again for its retry (collect_or_retry) while img holds the next */
+    size_t spare_cap;
     sd_vae_runner runner; /* the VAE on its device (the CPU, or a GPU with --device cuda:K) */
     int runner_ok;
     void *cuda;           /* sd_cuda * when a GPU runs the VAE and the text encoders */
@@ -305,6 +307,35 @@ static sd_status collect_batch(run *r, const batch *b, sd_error *err)
     return st;
 }
 
+/* collect_batch; and when the device ran out of memory encoding the
+ * batch in one pass (the runner plans the encoder's workspace, not the
+ * backend's own scratch: cuDNN workspaces, padded copies, attention
+ * blocks), the runner goes one image at a time from now on and the batch
+ * is decoded again, into a spare buffer (img holds the next batch by
+ * now), and encoded so. Any other failure, or one at a time already,
+ * stays an error. */
+static sd_status collect_or_retry(run *r, batch *b, sd_error *err)
+{
+    sd_status st = collect_batch(r, b, err);
+    if (st != SD_ENOMEM || !r->cuda || !r->runner.whole_batch || batch_images(r, b) < 2) return st;
+    sd_log(SD_LOG_WARN, "%s; encoding one image at a time from now on, this batch again (a smaller --batch avoids "
+           "the retry)", err->msg);
+    r->runner.whole_batch = 0;
+    memset(err, 0, sizeof *err);
+    float *next = r->img;
+    size_t next_cap = r->img_cap;
+    r->img = r->img_spare;
+    r->img_cap = r->spare_cap;
+    st = decode_batch(r, b, b->ok, err);
+    if (!st && b->ok) st = submit_batch(r, b, err);
+    if (!st && b->ok) st = collect_batch(r, b, err);
+    r->img_spare = r->img;
+    r->spare_cap = r->img_cap;
+    r->img = next;
+    r->img_cap = next_cap;
+    return st;
+}
+
 /* The collected batch's records, in one transaction. */
 static sd_status write_batch(run *r, const batch *b, sd_error *err)
 {
@@ -412,7 +443,7 @@ static sd_status run_batches(run *r, sd_error *err)
             if (!m) continue;
             st = decode_batch(r, &cur, m, err);
             if (!st && cur.ok) {
-                if (in_flight) st = collect_batch(r, &prev, err);
+                if (in_flight) st = collect_or_retry(r, &prev, err);
                 sd_status sub = st ? st : submit_batch(r, &cur, err);
                 if (in_flight && !st) st = write_batch(r, &prev, err);
                 in_flight = sub == SD_OK;
@@ -436,7 +467,7 @@ static sd_status run_batches(run *r, sd_error *err)
     }
     if (in_flight) { /* the last batch, or the one in flight when a decode failed: still written */
         sd_error e2 = {0};
-        sd_status s2 = collect_batch(r, &prev, st ? &e2 : err);
+        sd_status s2 = collect_or_retry(r, &prev, st ? &e2 : err);
         if (!s2) s2 = write_batch(r, &prev, st ? &e2 : err);
         if (!st) st = s2;
         else if (s2) sd_log(SD_LOG_ERROR, "%s", e2.msg);
@@ -459,6 +490,7 @@ static void run_free(run *r)
     if (r->text_on) text_close(&r->text); /* its runners' device memory goes before the context */
     if (r->pool) sd_pool_destroy(r->pool);
     free(r->img);
+    free(r->img_spare);
     free(r->mean);
     free(r->std);
     free(r->ws);
@@ -493,7 +525,8 @@ static sd_status open_device(run *r, sd_error *err)
     if (r->o->cuda_device >= 0) {
 #ifdef SDTK_HAVE_CUDA
         sd_cuda *c = NULL;
-        sd_cuda_opts co = {.allow_tf32 = r->o->tf32, .mixed = r->o->mixed, .conv_search = r->o->cudnn_search};
+        sd_cuda_opts co = {.allow_tf32 = r->o->tf32, .mixed = r->o->mixed, .conv_search = r->o->cudnn_search,
+                           .mem_limit = r->o->gpu_mem_limit};
         sd_status st = sd_cuda_create(&c, r->o->cuda_device, &co, err);
         if (st) return st;
         r->cuda = c;
