@@ -68,8 +68,8 @@ int main(int argc, char **argv)
         {"mixed-precision", 0, SD_OPT_STR, &mixed, "T",
          "GPU: no (default), bf16 or fp16: every convolution, linear layer and attention product takes 16-bit "
          "copies of its inputs (tensor cores, fp32 accumulation, as torch.autocast); the stored latents stay "
-         "as --dtype says. Records made so get their own keys. fp16 overflows where an activation passes 65504 "
-         "(the SDXL VAE's decoder, not its encoder, is known for it)"},
+         "as --dtype says. Records made so get their own keys. fp16 turns an input above 65504 into infinity "
+         "(the original SDXL VAE is known for such activations: bf16, or its fp16-fix variant, avoids them)"},
         {"gpu-memory-limit", 0, SD_OPT_DOUBLE, &gpu_mem_gib, "GIB",
          "GPU: hold at most this much device memory, as on a smaller card (default: what the device has)"},
         {"cudnn-search", 0, SD_OPT_FLAG, &o.cudnn_search, NULL,
