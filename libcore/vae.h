@@ -140,6 +140,9 @@ sd_status sd_vae_runner_encode(sd_vae_runner *r, const sd_vae *v, int n, int h, 
                                float *std, sd_error *err);
 sd_status sd_vae_runner_submit(sd_vae_runner *r, const sd_vae *v, int n, int h, int w, const float *x, sd_error *err);
 sd_status sd_vae_runner_collect(sd_vae_runner *r, float *mean, float *std, sd_error *err);
+/* After a batch ran out of device memory in one pass: one image at a time
+ * from now on, the batch workspace released; 0 when already so. */
+int sd_vae_runner_one_at_a_time(sd_vae_runner *r);
 void sd_vae_runner_free(sd_vae_runner *r);
 
 #endif

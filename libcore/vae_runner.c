@@ -101,6 +101,18 @@ sd_status sd_vae_runner_encode(sd_vae_runner *r, const sd_vae *v, int n, int h, 
     return st ? st : sd_vae_runner_collect(r, mean, std, err);
 }
 
+/* One image at a time from now on, and the whole batch's workspace (about
+ * n times one image's) given back, so the retry that follows has the
+ * room. 0 when it went one at a time already. */
+int sd_vae_runner_one_at_a_time(sd_vae_runner *r)
+{
+    if (!r->whole_batch) return 0;
+    r->whole_batch = 0;
+    drop(r, &r->ws);
+    r->ws_cap = 0;
+    return 1;
+}
+
 /* Everything the runner holds in the backend's memory. */
 void sd_vae_runner_free(sd_vae_runner *r)
 {

@@ -143,6 +143,7 @@ int main(int argc, char **argv)
     }
     o.batch = (int)batch;
     o.gpu_mem_limit = (size_t)(gpu_mem_gib * (double)(1 << 30));
+    if (gpu_mem_gib > 0 && !o.gpu_mem_limit) o.gpu_mem_limit = 1; /* a tiny limit, not none */
     o.text_batch = (int)text_batch;
     o.threads = threads > 0 ? (int)threads : sd_default_threads();
     o.vae_groups = (int)groups;

@@ -73,17 +73,15 @@ int sd_cuda_device_count(sd_error *err)
 /* An eighth of the free device memory, between 1 and 8 GiB: on an H100 a
  * 1 GiB cap kept cuDNN off its fast algorithms for batches of 512x512 VAE
  * activations (batch 8 with TF32: 28 images/s at 1 GiB, 71 at 8 GiB).
- * Under a memory limit an eighth of the limit, at most 8 GiB. */
+ * Under a memory limit no more than an eighth of the limit. */
 static size_t default_conv_workspace(size_t mem_limit)
 {
-    size_t free_b = 0, total = 0, lo = (size_t)1 << 30, hi = (size_t)8 << 30;
-    if (mem_limit) return mem_limit / 8 < hi ? mem_limit / 8 : hi;
-    if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) {
+    size_t free_b = 0, total = 0, lo = (size_t)1 << 30, hi = (size_t)8 << 30, w = lo;
+    if (cudaMemGetInfo(&free_b, &total) == cudaSuccess)
+        w = free_b / 8 < lo ? lo : free_b / 8 > hi ? hi : free_b / 8;
+    else
         cudaGetLastError();
-        return lo;
-    }
-    size_t w = free_b / 8;
-    return w < lo ? lo : w > hi ? hi : w;
+    return mem_limit && mem_limit / 8 < w ? mem_limit / 8 : w;
 }
 
 /* Device, stream and library handles; strict fp32 unless opts say TF32. */

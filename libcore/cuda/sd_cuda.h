@@ -34,16 +34,17 @@ typedef struct {
                             * as torch.autocast does (convolutions' outputs and gradients are rounded too:
                             * cuDNN writes them in that type); 0: fp32 inputs. bf16 needs compute capability 8.0, fp16 7.0 */
     size_t conv_workspace; /* largest cuDNN workspace one convolution may use, bytes; 0: an eighth of the
-                            * free device memory, 1 to 8 GiB */
+                            * free device memory, 1 to 8 GiB, and no more than an eighth of mem_limit */
     int conv_search;       /* 1: time cuDNN's forward algorithms per shape and take the fastest (as torch's
                             * cudnn.benchmark); the choice, and so the last bits, may vary from run to run */
     int attn_flash;        /* 1: attention always on the flash kernel (no score matrix, plain fp32 FMA); 0:
                             * through cuBLAS with scores in blocks of up to 256 MiB (512 MiB for the backward);
                             * the flash kernel from the first time that memory cannot be had (a warning) */
     size_t attn_block;     /* floats in one block of scores; 0: 2^26 (attn_blocks.h; small values are for tests) */
-    size_t mem_limit;      /* most device bytes the context holds, in use and cached; 0: what the device has.
-                            * To see whether a run fits a smaller card, to share a GPU, and to check the paths
-                            * taken when memory runs out */
+    size_t mem_limit;      /* most device bytes the context's caching allocator holds, in use and cached (the
+                            * CUDA context, cuBLAS's and cuDNN's own memory and NCCL's buffers come on top);
+                            * 0: what the device has. To see whether a run fits a smaller card, to share a
+                            * GPU, and to check the paths taken when memory runs out */
 } sd_cuda_opts;
 
 typedef struct {

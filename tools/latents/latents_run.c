@@ -312,15 +312,19 @@ static sd_status collect_batch(run *r, const batch *b, sd_error *err)
  * backend's own scratch: cuDNN workspaces, padded copies, attention
  * blocks), the runner goes one image at a time from now on and the batch
  * is decoded again, into a spare buffer (img holds the next batch by
- * now), and encoded so. Any other failure, or one at a time already,
- * stays an error. */
+ * now), and encoded so. Any other failure (host memory for the moments:
+ * the runner's batch is then still pending), or one at a time already,
+ * stays an error. (A run resumed after such a retry starts with whole
+ * batches again: its latents may differ from an uninterrupted run's in the
+ * last bits, as after the runner's own up-front fallback.) */
 static sd_status collect_or_retry(run *r, batch *b, sd_error *err)
 {
     sd_status st = collect_batch(r, b, err);
-    if (st != SD_ENOMEM || !r->cuda || !r->runner.whole_batch || batch_images(r, b) < 2) return st;
+    if (st != SD_ENOMEM || !r->cuda || r->runner.pending || batch_images(r, b) < 2 || !r->runner.whole_batch)
+        return st;
     sd_log(SD_LOG_WARN, "%s; encoding one image at a time from now on, this batch again (a smaller --batch avoids "
            "the retry)", err->msg);
-    r->runner.whole_batch = 0;
+    sd_vae_runner_one_at_a_time(&r->runner);
     memset(err, 0, sizeof *err);
     float *next = r->img;
     size_t next_cap = r->img_cap;
