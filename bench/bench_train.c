@@ -16,7 +16,9 @@
  * precision, sd-train --mixed-precision bf16), :flash (GPU:
  * attention on the flash kernel, sd-train --attn-flash), :ckpt (gradient
  * checkpointing), e.g. cpu:ckpt or cuda:0:tf32+ckpt. The activation
- * buffer's size is printed after the steps.
+ * buffer's size is printed after the steps. BENCH_BATCH=N (default 1)
+ * makes the micro-batch N copies of the one sample (bench_train.py reads
+ * the same variable).
  * usage: bench_train UNET_DIR X0.f32 NOISE.f32 CTX.f32 H W T THREADS STEPS [DEVICE] */
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +44,19 @@ static float *read_f32(const char *path, size_t n)
     }
     fclose(f);
     return x;
+}
+
+/* x (n floats) replaced by k copies of itself in a row; NULL when out of
+ * memory (x freed). */
+static float *repeat(float *x, size_t n, int k)
+{
+    float *y = realloc(x, n * (size_t)k * sizeof(float));
+    if (!y) {
+        free(x);
+        return NULL;
+    }
+    for (int i = 1; i < k; i++) memcpy(y + (size_t)i * n, y, n * sizeof(float));
+    return y;
 }
 
 int main(int argc, char **argv)
@@ -82,8 +97,15 @@ int main(int argc, char **argv)
     const sd_backend *prof = prof_backend(tr.be);
     if (o.device < 0) tr.be = prof; /* a GPU: timed steps unprofiled, then one profiled step */
     size_t lat = (size_t)tr.unet.cfg.in_channels * (size_t)h * (size_t)w;
+    const char *be_env = getenv("BENCH_BATCH");
+    int nb = be_env ? atoi(be_env) : 1;
+    if (nb < 1 || nb > 64) {
+        fprintf(stderr, "bench_train: BENCH_BATCH must be 1..64\n");
+        return 2;
+    }
+    size_t nctx = (size_t)tctx * (size_t)tr.unet.cfg.cross_dim;
     float *x0 = read_f32(argv[2], lat), *noise = read_f32(argv[3], lat);
-    float *ctx = read_f32(argv[4], (size_t)tctx * (size_t)tr.unet.cfg.cross_dim);
+    float *ctx = read_f32(argv[4], nctx);
     float *text = NULL, *tids = NULL;
     if (tr.unet.cfg.text_time) { /* SDXL: text.f32 and tids.f32 beside CTX.f32 (bench_train.py make DIR sdxl) */
         char path[4096];
@@ -94,14 +116,21 @@ int main(int argc, char **argv)
         snprintf(path, sizeof path, "%.*s/tids.f32", dir, slash ? argv[4] : ".");
         tids = read_f32(path, SD_UNET_TIME_IDS);
     }
-    int t = 500;
+    size_t ntext = text ? (size_t)(tr.unet.cfg.add_in_dim - SD_UNET_TIME_IDS * tr.unet.cfg.add_time_dim) : 0;
+    if (nb > 1 && (!(x0 = repeat(x0, lat, nb)) || !(noise = repeat(noise, lat, nb)) || !(ctx = repeat(ctx, nctx, nb)) ||
+                   (text && (!(text = repeat(text, ntext, nb)) || !(tids = repeat(tids, SD_UNET_TIME_IDS, nb)))))) {
+        fprintf(stderr, "bench_train: out of memory for a batch of %d\n", nb);
+        return 1;
+    }
+    int t[64];
+    for (int i = 0; i < nb; i++) t[i] = 500;
     double best = 1e30, best_cls[C_N + 1] = {0}, first_loss = 0;
     int profiled = o.device >= 0 ? steps + 1 : -1;
     for (int s = 0; s <= steps + (o.device >= 0); s++) { /* step 0: warm-up (page faults, allocation) */
         memset(tsum, 0, sizeof tsum);
         if (s == profiled) tr.be = prof;
         double loss, a = sd_now();
-        if (sd_train_micro(&tr, 1, h, w, tctx, x0, ctx, text, tids, noise, &t, 1.0, &loss, &err)) {
+        if (sd_train_micro(&tr, nb, h, w, tctx, x0, ctx, text, tids, noise, t, 1.0, &loss, &err)) {
             fprintf(stderr, "bench_train: %s\n", err.msg);
             return 1;
         }

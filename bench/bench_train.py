@@ -6,12 +6,13 @@ embeddings [1, 77, 768] as raw fp32); `make DIR sdxl` the SDXL base UNet
 (2.6B parameters, 10 GB) with text embeddings [1, 77, 2048], the pooled
 embedding [1, 1280] (text.f32) and the time ids [1, 6] (tids.f32), and a
 file DIR/sdxl that marks it (BENCH_LATENT=128 makes and times 128x128
-latents, 1024x1024 images; BENCH_CKPT=1 times with gradient checkpointing);
+latents, 1024x1024 images; BENCH_CKPT=1 times with gradient checkpointing;
+BENCH_BATCH=N times batches of N copies of the sample, as bench_train does);
 `time DIR THREADS STEPS` times
 training steps on them as sdtk does them: x_t from the DDPM scaled_linear
 schedule at t = 500, the UNet, MSE against the noise, backward, gradient
 clipping at 1, torch.optim.AdamW (lr 1e-4, weight decay 1e-2), zero_grad;
-CPU fp32 eager (or `time DIR THREADS STEPS cuda [tf32]` on the GPU), after
+CPU fp32 eager (or `time DIR THREADS STEPS cuda [tf32|bf16]` on the GPU), after
 one warm-up step. Needs torch and diffusers."""
 import os
 import sys
@@ -22,6 +23,7 @@ import torch
 from diffusers import DDPMScheduler, UNet2DConditionModel
 
 H = W = int(os.environ.get("BENCH_LATENT", "64"))  # latent side (64: 512x512 images, 128: 1024x1024)
+B = int(os.environ.get("BENCH_BATCH", "1"))  # copies of the sample in a batch
 TCTX, CROSS, CROSS_XL, POOLED_XL = 77, 768, 2048, 1280
 
 
@@ -70,11 +72,11 @@ def timed(d, threads, steps, device="cpu", mode=""):
         u.enable_gradient_checkpointing()
     sched = DDPMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", num_train_timesteps=1000)
     opt = torch.optim.AdamW(u.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
-    x0, noise = load(d, "x0", (1, 4, H, W)), load(d, "noise", (1, 4, H, W))
-    ctx = load(d, "ctx", (1, TCTX, CROSS_XL if xl else CROSS))
-    added = {"text_embeds": load(d, "text", (1, POOLED_XL)).to(device),
-             "time_ids": load(d, "tids", (1, 6)).to(device)} if xl else None
-    t = torch.tensor([500])
+    x0, noise = load(d, "x0", (1, 4, H, W)).repeat(B, 1, 1, 1), load(d, "noise", (1, 4, H, W)).repeat(B, 1, 1, 1)
+    ctx = load(d, "ctx", (1, TCTX, CROSS_XL if xl else CROSS)).repeat(B, 1, 1)
+    added = {"text_embeds": load(d, "text", (1, POOLED_XL)).repeat(B, 1).to(device),
+             "time_ids": load(d, "tids", (1, 6)).repeat(B, 1).to(device)} if xl else None
+    t = torch.tensor([500] * B)
     gpu = device != "cpu"
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     best = 1e30
