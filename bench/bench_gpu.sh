@@ -1,7 +1,7 @@
 #!/bin/bash
 # The GPU check and VAE benchmark (run by hand on a machine with an NVIDIA
 # GPU; docs/GPU.md): sd-selftest on cuda:0 (every op against the CPU, the
-# tiny golden VAE, the throughput probe), then the real SD VAE architecture
+# tiny golden VAE, the throughput probe; again with TF32, bf16 and fp16), then the real SD VAE architecture
 # with random weights encoding 512x512 images in batches of 1 and 8, sdtk's
 # CUDA backend vs PyTorch (diffusers AutoencoderKL) on the same GPU in the
 # same run, strict fp32, TF32 and bf16 mixed precision (MODES, default all
@@ -25,6 +25,11 @@ echo "selftest exit ${PIPESTATUS[0]}"
 echo "== sd-selftest --device cuda:0 --tf32 --no-probe"
 timeout 900 "$B/tools/sd-selftest" --device cuda:0 --tf32 --no-probe --golden "$HERE/../tests/golden/vae/sd" > "$LOG/selftest_tf32.txt" 2>&1
 echo "selftest --tf32 exit $?: $(tail -1 "$LOG/selftest_tf32.txt")"
+for mp in bf16 fp16; do
+    echo "== sd-selftest --device cuda:0 --mixed-precision $mp --no-probe"
+    timeout 900 "$B/tools/sd-selftest" --device cuda:0 --mixed-precision $mp --no-probe --golden "$HERE/../tests/golden/vae/sd" > "$LOG/selftest_$mp.txt" 2>&1
+    echo "selftest --mixed-precision $mp exit $?: $(tail -1 "$LOG/selftest_$mp.txt")"
+done
 fi
 python3 "$HERE/bench_vae.py" make "$T" || exit 1
 echo "== VAE encoder, SD architecture, random weights, 512x512"
