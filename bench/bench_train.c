@@ -13,7 +13,8 @@
  * sd-train --device runs it; the op classes are not timed there (the
  * calls are asynchronous), only forward+backward and the optimizer step.
  * DEVICE may end in modes joined by '+': :tf32 (GPU), :bf16 (GPU: mixed
- * precision, sd-train --mixed-precision bf16), :flash (GPU:
+ * precision, sd-train --mixed-precision bf16), :blkN (GPU: attention's
+ * score blocks of 2^N floats, sd_cuda_opts.attn_block), :flash (GPU:
  * attention on the flash kernel, sd-train --attn-flash), :ckpt (gradient
  * checkpointing), e.g. cpu:ckpt or cuda:0:tf32+ckpt. The activation
  * buffer's size is printed after the steps. BENCH_BATCH=N (default 1)
@@ -82,6 +83,8 @@ int main(int argc, char **argv)
     o.mixed = mode && strstr(mode, "bf16") != NULL ? SD_DT_BF16 : 0;
     o.checkpointing = mode && strstr(mode, "ckpt") != NULL;
     o.attn_flash = mode && strstr(mode, "flash") != NULL;
+    const char *blk = mode ? strstr(mode, "blk") : NULL; /* blkN: attention score blocks of 2^N floats */
+    if (blk) o.attn_block = (size_t)1 << atoi(blk + 3);
     if (sd_cli_parse_device(base, &o.device)) {
         fprintf(stderr, "bench_train: bad device %s\n", dev);
         return 2;

@@ -70,7 +70,7 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
         return tr->o.nccl ? sd_err_set(err, SD_EINVAL, "NCCL sums GPU gradients: it needs --device cuda:K") : SD_OK;
 #ifdef SDTK_HAVE_CUDA
     sd_cuda_opts co = {.allow_tf32 = tr->o.tf32, .mixed = tr->o.mixed, .attn_flash = tr->o.attn_flash,
-                       .mem_limit = tr->o.gpu_mem_limit};
+                       .mem_limit = tr->o.gpu_mem_limit, .attn_block = tr->o.attn_block};
     sd_cuda *c = NULL;
     sd_status rc = sd_cuda_create(&c, tr->o.device, &co, err);
     if (rc) return rc;

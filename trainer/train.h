@@ -76,6 +76,7 @@ typedef struct {
     int mixed;
     int attn_flash; /* GPU: attention on the flash kernel (no score blocks in memory; slower) */
     size_t gpu_mem_limit; /* GPU: most device bytes the run may hold (sd_cuda_opts.mem_limit); 0: no limit */
+    size_t attn_block;    /* GPU: floats in one block of attention scores (sd_cuda_opts.attn_block); 0: default */
     int checkpointing; /* gradient checkpointing: recompute resnets and transformer blocks in the backward */
     int nccl; /* GPU: sum gradients over NCCL even in a world of one (a check of the path) */
     int zero1; /* CPU ranks: shard the AdamW moments across ranks (ZeRO stage 1) */
