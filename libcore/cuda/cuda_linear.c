@@ -25,6 +25,7 @@ cudaDataType_t sdc_ab_type(const sd_cuda *c)
     return c->opts.mixed == SD_DT_BF16 ? CUDA_R_16BF : c->opts.mixed == SD_DT_F16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
+/* Bytes of one such input element. */
 size_t sdc_ab_size(const sd_cuda *c)
 {
     return c->opts.mixed ? 2 : 4;
