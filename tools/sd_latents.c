@@ -71,7 +71,8 @@ int main(int argc, char **argv)
          "as --dtype says. Records made so get their own keys. fp16 turns an input above 65504 into infinity "
          "(the original SDXL VAE is known for such activations: bf16, or its fp16-fix variant, avoids them)"},
         {"gpu-memory-limit", 0, SD_OPT_DOUBLE, &gpu_mem_gib, "GIB",
-         "GPU: hold at most this much device memory, as on a smaller card (default: what the device has)"},
+         "GPU: hold at most this much device memory in sdtk's allocator (the CUDA libraries' own few hundred MiB "
+         "come on top), as on a smaller card (default: what the device has)"},
         {"cudnn-search", 0, SD_OPT_FLAG, &o.cudnn_search, NULL,
          "GPU: time cuDNN's convolution algorithms per shape and take the fastest (1.5x at --batch 8 in strict "
          "fp32 on an H100); the choice depends on timing, so a resumed run's latents may differ in the last bits"},

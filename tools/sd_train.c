@@ -140,8 +140,9 @@ int main(int argc, char **argv)
          "activations and gradients are stored in fp32 (convolutions' outputs and gradients come out of cuDNN in "
          "16 bits and are widened). fp16 is refused: it needs loss scaling, which sd-train does not do"},
         {"gpu-memory-limit", 0, SD_OPT_DOUBLE, &gpu_mem_gib, "GIB",
-         "GPU: hold at most this much device memory (weights, optimizer, activations, scratch), as on a smaller "
-         "card: to see whether a run fits one, or to share a GPU (default: what the device has)"},
+         "GPU: hold at most this much device memory in sdtk's allocator (weights, optimizer, activations, "
+         "scratch; the CUDA libraries' own few hundred MiB come on top), as on a smaller card: to see whether a "
+         "run fits one, or to share a GPU (default: what the device has)"},
         {"attn-flash", 0, SD_OPT_FLAG, &o.attn_flash, NULL,
          "GPU: attention on the flash kernel, which keeps no scores in memory, instead of cuBLAS with blocks of "
          "scores (up to 512 MiB of scratch; taken anyway when that memory cannot be had); slower"},
