@@ -9,6 +9,8 @@
 #    same run, strict fp32, TF32 and bf16 mixed precision (MODES, default
 #    all three; PyTorch under torch.autocast for bf16); sdtk with attention
 #    through cuBLAS (the default) and on its flash kernel (--attn-flash).
+#    BENCH_BATCH=8 times batches of 8 (docs/GPU.md, run 27: PyTorch is
+#    faster there), as both bench_train and bench_train.py read it.
 # usage: bench/bench_gpu_train.sh BUILD_DIR SHARD CONFIG [STEPS]   (python3
 #        with torch, diffusers, numpy, safetensors)
 set -u
@@ -47,7 +49,7 @@ try:
 except Exception as ex:
     print("no comparison:", ex)
 PY
-echo "== one training step, SD 1.5 UNet, 64x64, batch 1: sdtk vs PyTorch on cuda:0"
+echo "== one training step, SD 1.5 UNet, 64x64, batch ${BENCH_BATCH:-1}: sdtk vs PyTorch on cuda:0"
 python3 "$HERE/bench_train.py" make "$T" || exit 1
 for mode in ${MODES:-strict tf32 bf16}; do
     dev=cuda:0
