@@ -1,8 +1,9 @@
 #!/bin/bash
 # The GPU check and VAE benchmark (run by hand on a machine with an NVIDIA
 # GPU; docs/GPU.md): sd-selftest on cuda:0 (every op against the CPU, the
-# tiny golden VAE, the throughput probe; again with TF32, bf16 and fp16), then the real SD VAE architecture
-# with random weights encoding 512x512 images in batches of 1 and 8, sdtk's
+# tiny golden VAE, the throughput probe; again with TF32, bf16 and fp16),
+# then the real SD VAE architecture with random weights encoding 512x512
+# images in batches of 1 and 8, sdtk's
 # CUDA backend vs PyTorch (diffusers AutoencoderKL) on the same GPU in the
 # same run, strict fp32, TF32 and bf16 mixed precision (MODES, default all
 # three; PyTorch under torch.autocast for bf16, and also with the whole

@@ -164,6 +164,15 @@ int sd_cli_parse(const sd_cli *cli, int argc, char **argv, sd_strlist *positiona
     return -1;
 }
 
+/* One conversion of --gpu-memory-limit for every tool. */
+int sd_cli_gib_bytes(double gib, size_t *bytes)
+{
+    if (!(gib >= 0 && gib <= (double)(1 << 20))) return -1;
+    *bytes = (size_t)(gib * (double)(1 << 30));
+    if (gib > 0 && !*bytes) *bytes = 1;
+    return 0;
+}
+
 /* One spelling of mixed precision for every tool (accelerate's and
  * kohya's --mixed_precision values). */
 int sd_cli_parse_mixed(const char *s, int *dtype)

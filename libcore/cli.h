@@ -43,6 +43,10 @@ void sd_strlist_free(sd_strlist *l);
 /* A --device value: "cpu" gives -1, "cuda" 0, "cuda:K" K (0..1023);
  * returns -1 for anything else. */
 int sd_cli_parse_device(const char *s, int *device);
+/* A --gpu-memory-limit value in GiB as bytes (0 stays "no limit", a
+ * positive value too small for a byte is 1 byte); returns -1 unless it is
+ * 0 to 2^20 GiB. */
+int sd_cli_gib_bytes(double gib, size_t *bytes);
 /* A --mixed-precision value: "no" (or "fp32") gives 0, "bf16" SD_DT_BF16,
  * "fp16" SD_DT_F16 (dtype.h); returns -1 for anything else. */
 int sd_cli_parse_mixed(const char *s, int *dtype);

@@ -128,9 +128,9 @@ int main(int argc, char **argv)
         bad = usage_msg(msg, sizeof msg, "--device %s: expected cpu or cuda:K", o.device);
     else if (sd_cli_parse_mixed(mixed, &o.mixed))
         bad = usage_msg(msg, sizeof msg, "--mixed-precision %s: expected no, bf16 or fp16", mixed);
-    else if (!(gpu_mem_gib >= 0 && gpu_mem_gib <= 1 << 20))
+    else if (sd_cli_gib_bytes(gpu_mem_gib, &o.gpu_mem_limit))
         bad = usage_msg(msg, sizeof msg, "--gpu-memory-limit: GiB, 0 or more");
-    else if ((o.tf32 || o.cudnn_search || o.mixed || gpu_mem_gib > 0) && o.cuda_device < 0)
+    else if ((o.tf32 || o.cudnn_search || o.mixed || o.gpu_mem_limit) && o.cuda_device < 0)
         bad = usage_msg(msg, sizeof msg,
                         "--tf32, --mixed-precision, --cudnn-search and --gpu-memory-limit are GPU options: add "
                         "--device cuda:K");
@@ -143,8 +143,6 @@ int main(int argc, char **argv)
         return SD_EXIT_USAGE;
     }
     o.batch = (int)batch;
-    o.gpu_mem_limit = (size_t)(gpu_mem_gib * (double)(1 << 30));
-    if (gpu_mem_gib > 0 && !o.gpu_mem_limit) o.gpu_mem_limit = 1; /* a tiny limit, not none */
     o.text_batch = (int)text_batch;
     o.threads = threads > 0 ? (int)threads : sd_default_threads();
     o.vae_groups = (int)groups;

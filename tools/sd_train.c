@@ -216,10 +216,8 @@ int main(int argc, char **argv)
     if (!bad && o.mixed == SD_DT_F16)
         bad = "--mixed-precision fp16: fp16 gradients need loss scaling, which sd-train does not do; use bf16";
     if (!bad && o.mixed && o.device < 0) bad = "--mixed-precision is a GPU mode (the CPU computes in fp32)";
-    if (!bad && !(gpu_mem_gib >= 0 && gpu_mem_gib <= 1 << 20)) bad = "--gpu-memory-limit: GiB, 0 or more";
-    if (!bad && gpu_mem_gib > 0 && o.device < 0) bad = "--gpu-memory-limit needs --device cuda or cuda:K";
-    o.gpu_mem_limit = (size_t)(gpu_mem_gib * (double)(1 << 30));
-    if (gpu_mem_gib > 0 && !o.gpu_mem_limit) o.gpu_mem_limit = 1; /* a tiny limit, not none */
+    if (!bad && sd_cli_gib_bytes(gpu_mem_gib, &o.gpu_mem_limit)) bad = "--gpu-memory-limit: GiB, 0 or more";
+    if (!bad && o.gpu_mem_limit && o.device < 0) bad = "--gpu-memory-limit needs --device cuda or cuda:K";
     if (!bad && o.val_every < 0) bad = "--val-every must not be negative";
     if (!bad && o.zero1 && o.device >= 0) bad = "--zero1 shards the CPU optimizer; not with --device cuda";
     if (!bad && !sd_lr_kind_parse(sched, &o.lr.kind))

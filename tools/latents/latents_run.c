@@ -320,8 +320,8 @@ static sd_status collect_batch(run *r, const batch *b, sd_error *err)
 static sd_status collect_or_retry(run *r, batch *b, sd_error *err)
 {
     sd_status st = collect_batch(r, b, err);
-    if (st != SD_ENOMEM || !r->cuda || r->runner.pending || batch_images(r, b) < 2 || !r->runner.whole_batch)
-        return st;
+    if (st != SD_ENOMEM || r->runner.pending || batch_images(r, b) < 2 || !r->runner.whole_batch)
+        return st; /* whole_batch: a device runner that has not gone one at a time yet */
     sd_log(SD_LOG_WARN, "%s; encoding one image at a time from now on, this batch again (a smaller --batch avoids "
            "the retry)", err->msg);
     sd_vae_runner_one_at_a_time(&r->runner);
