@@ -95,6 +95,10 @@ CPU_OP(gauss_std_fwd, (void *exec, size_t n, float *y, const float *x), (pool, n
 CPU_OP(gauss_std_bwd, (void *exec, size_t n, float *dx, const float *dy, const float *x), (pool, n, dx, dy, x))
 CPU_OP(adamw_fwd, (void *exec, const sd_adamw_args *a, size_t n, float *p, float *m, float *v, const float *g),
        (pool, a, n, p, m, v, g))
+CPU_OP(adamw_bf16_fwd,
+       (void *exec, const sd_adamw_args *a, size_t n, size_t index0, float *p, uint16_t *m, uint16_t *v,
+        const float *g),
+       (pool, a, n, index0, p, m, v, g))
 CPU_OP(ema_fwd, (void *exec, size_t n, float *ema, const float *p, float w), (pool, n, ema, p, w))
 
 /* The sum is ready on return on the CPU. */
@@ -202,6 +206,7 @@ static const sd_backend cpu_backend = {
     .embedding_bwd = cpu_embedding_bwd,
     .sum_squares = cpu_sum_squares,
     .adamw = cpu_adamw_fwd,
+    .adamw_bf16 = cpu_adamw_bf16_fwd,
     .ema = cpu_ema_fwd,
 };
 

@@ -96,6 +96,9 @@ typedef struct {
      * (NaN after a device failure, which sync then reports) */
     double (*sum_squares)(void *, size_t, const float *);
     void (*adamw)(void *, const sd_adamw_args *, size_t, float *, float *, float *, const float *);
+    /* AdamW with bf16 moments (sd_adamw_bf16_fwd: n, index0, p, m, v, g) */
+    void (*adamw_bf16)(void *, const sd_adamw_args *, size_t, size_t, float *, uint16_t *, uint16_t *,
+                       const float *);
     void (*ema)(void *, size_t, float *, const float *, float);
 } sd_backend;
 

@@ -166,12 +166,19 @@ void sd_gauss_std_bwd(sd_pool *pool, size_t n, float *dx, const float *dy, const
  * first (the clipping factor, 1 when none). */
 typedef struct {
     float decay, b1, b2, step_size, bc2_sqrt, eps, gscale;
+    uint32_t sr_key; /* bf16 moments: the step's stochastic-rounding key */
 } sd_adamw_args;
 /* Sum of squares of x in double over fixed chunks of 65536 added in
  * order: the same value for any thread count. */
 double sd_sum_squares(sd_pool *pool, size_t n, const float *x);
 /* p, m, v updated by one AdamW step from gradient g (n floats each). */
 void sd_adamw_fwd(sd_pool *pool, const sd_adamw_args *a, size_t n, float *p, float *m, float *v, const float *g);
+/* The same step with m and v stored as bf16 (uint16 bits): computed in
+ * fp32 and stored back with stochastic rounding (ops_math.h's
+ * sdm_adamw_bf16), the random bits of element i from (a->sr_key, index0 +
+ * i), so a slice given its global offset rounds as the whole buffer does. */
+void sd_adamw_bf16_fwd(sd_pool *pool, const sd_adamw_args *a, size_t n, size_t index0, float *p, uint16_t *m,
+                       uint16_t *v, const float *g);
 /* ema = ema - one_minus_decay * (ema - p) over n floats. */
 void sd_ema_fwd(sd_pool *pool, size_t n, float *ema, const float *p, float one_minus_decay);
 

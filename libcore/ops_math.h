@@ -12,6 +12,8 @@
 #define SDTK_OPS_MATH_H
 
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #if defined(__CUDACC__)
 #define SDM_FN static __host__ __device__ __forceinline__
@@ -106,6 +108,59 @@ SDM_FN void sdm_adamw(float *p, float *m, float *v, float g, float decay, float 
     *p = pp - step_size * (mm / denom);
     *m = mm;
     *v = vv;
+}
+
+/* 32 well-mixed bits for element `index` of a step keyed `key`: the
+ * random source of stochastic rounding. A pure function of (key, index),
+ * so an element rounds the same way on any thread count, rank count
+ * (ZeRO-1 passes global indices) or backend. A splitmix-style finaliser
+ * over the index folded with the key. */
+SDM_FN uint32_t sdm_mix32(uint32_t key, uint64_t index)
+{
+    uint64_t x = (index + 1) * 0x9e3779b97f4a7c15ULL ^ ((uint64_t)key << 32 | key);
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return (uint32_t)(x >> 32);
+}
+
+/* fp32 -> bf16 with stochastic rounding: r (16 random bits) added below
+ * the kept bits, then truncation, so x rounds up with probability equal to
+ * the fraction it lies past the lower bf16 value and the stored value is
+ * x on average. (Nearest rounding would freeze AdamW's second moment: with
+ * beta2 = 0.999 a step moves v by 0.1%, under half of bf16's 0.8% spacing.)
+ * NaN stays NaN, infinities stay infinite; the largest finite values may
+ * round up to infinity, as they may under nearest rounding. */
+SDM_FN uint16_t sdm_bf16_sr(float x, uint32_t r)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return (uint16_t)((u >> 16) | ((u & 0x7fffffu) ? 0x40u : 0u));
+    return (uint16_t)((u + (r & 0xffffu)) >> 16);
+}
+
+/* bf16 -> fp32, exact. */
+SDM_FN float sdm_bf16_widen(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* AdamW with the moments stored in bf16: widened exactly, updated in fp32
+ * exactly as sdm_adamw (the weight update uses the fp32 moments), stored
+ * back with stochastic rounding from 32 random bits (low half m, high half
+ * v). */
+SDM_FN void sdm_adamw_bf16(float *p, uint16_t *m, uint16_t *v, float g, float decay, float b1, float b2,
+                           float step_size, float bc2_sqrt, float eps, uint32_t r)
+{
+    float mm = sdm_bf16_widen(*m), vv = sdm_bf16_widen(*v);
+    sdm_adamw(p, &mm, &vv, g, decay, b1, b2, step_size, bc2_sqrt, eps);
+    *m = sdm_bf16_sr(mm, r);
+    *v = sdm_bf16_sr(vv, r >> 16);
 }
 
 /* diffusers' EMAModel step for one weight: ema -= (1 - decay) (ema - p). */

@@ -74,6 +74,35 @@ void sd_adamw_fwd(sd_pool *pool, const sd_adamw_args *a, size_t n, float *p, flo
     sd_pool_for(pool, n, adamw_range, &c);
 }
 
+/* Work of one AdamW call with bf16 moments. */
+typedef struct {
+    const sd_adamw_args *a;
+    size_t index0;
+    float *p;
+    uint16_t *m, *v;
+    const float *g;
+} adamw_bf16_ctx;
+
+/* AdamW with bf16 moments on one slice; element i's rounding bits come
+ * from its global index, not the slice. */
+static void adamw_bf16_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const adamw_bf16_ctx *c = vctx;
+    const sd_adamw_args *a = c->a;
+    (void)worker;
+    for (size_t i = begin; i < end; i++)
+        sdm_adamw_bf16(c->p + i, c->m + i, c->v + i, c->g[i] * a->gscale, a->decay, a->b1, a->b2, a->step_size,
+                       a->bc2_sqrt, a->eps, sdm_mix32(a->sr_key, c->index0 + i));
+}
+
+/* One AdamW step with bf16 moments over the pool. */
+void sd_adamw_bf16_fwd(sd_pool *pool, const sd_adamw_args *a, size_t n, size_t index0, float *p, uint16_t *m,
+                       uint16_t *v, const float *g)
+{
+    adamw_bf16_ctx c = {.a = a, .index0 = index0, .p = p, .m = m, .v = v, .g = g};
+    sd_pool_for(pool, n, adamw_bf16_range, &c);
+}
+
 /* Work of one EMA update. */
 typedef struct {
     float *ema;

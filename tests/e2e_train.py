@@ -354,6 +354,9 @@ class Train(unittest.TestCase):
             code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--mixed-precision", mp,
                             *(["--device", "cuda:0"] if mp == "fp16" else []), self.shard, ok=(2,))
             self.assertIn(why, err)
+        code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--adam-moments", "fp16", self.shard,
+                        ok=(2,))
+        self.assertIn("--adam-moments: fp32 or bf16", err)
         code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--gpu-memory-limit", "8", self.shard,
                         ok=(2,))
         self.assertIn("--device cuda", err)

@@ -71,7 +71,7 @@ int main(int argc, char **argv)
     sd_train_opts o;
     sd_train_opts_default(&o);
     const char *pred = "epsilon", *sched = "constant", *dtype = "fp32", *resume = NULL, *device = "cpu";
-    const char *mixed = "no";
+    const char *mixed = "no", *moments = "fp32";
     const char *config_file = NULL; /* read by sd_cli_expand; listed for --help */
     sd_strlist sets = {0};
     long batch = 1, accum = 1, steps = 1000, warmup = 0, save_every = 0, keep = 2, threads = 0, seed = 0,
@@ -101,6 +101,9 @@ int main(int argc, char **argv)
         {"beta2", 0, SD_OPT_DOUBLE, &o.adam.beta2, "X", "AdamW beta2 (default 0.999)"},
         {"adam-eps", 0, SD_OPT_DOUBLE, &o.adam.eps, "X", "AdamW epsilon (default 1e-8)"},
         {"weight-decay", 0, SD_OPT_DOUBLE, &o.adam.weight_decay, "X", "AdamW weight decay (default 1e-2)"},
+        {"adam-moments", 0, SD_OPT_STR, &moments, "T",
+         "store the AdamW moments as fp32 (default) or bf16: 4 bytes less per weight (3.4 GB for SD 1.5, 10.3 GB "
+         "for SDXL, on the GPU with --device cuda); updated in fp32, stored with stochastic rounding"},
         {"max-grad-norm", 0, SD_OPT_DOUBLE, &o.max_grad_norm, "X", "clip the global gradient norm (default 1; 0: off)"},
         {"ema-decay", 0, SD_OPT_DOUBLE, &o.ema_decay, "X",
          "keep an EMA of the weights (diffusers EMAModel; 0.9999 is usual; default off), saved as unet_ema/"},
@@ -222,6 +225,9 @@ int main(int argc, char **argv)
     if (!bad && o.zero1 && o.device >= 0) bad = "--zero1 shards the CPU optimizer; not with --device cuda";
     if (!bad && !sd_lr_kind_parse(sched, &o.lr.kind))
         bad = "--lr-schedule: constant, constant_with_warmup, cosine or linear";
+    if (!bad && strcmp(moments, "fp32") == 0) o.moments = SD_DT_F32;
+    else if (!bad && strcmp(moments, "bf16") == 0) o.moments = SD_DT_BF16;
+    else if (!bad) bad = "--adam-moments: fp32 or bf16";
     if (!bad && strcmp(dtype, "fp32") == 0) o.save_dtype = SD_ST_F32;
     else if (!bad && strcmp(dtype, "fp16") == 0) o.save_dtype = SD_ST_F16;
     else if (!bad && strcmp(dtype, "bf16") == 0) o.save_dtype = SD_ST_BF16;

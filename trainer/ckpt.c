@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "dist.h"
+#include "dtype.h"
 #include "log.h"
 #include "outfile.h"
 #include "safetensors.h"
@@ -123,19 +124,27 @@ static void prune(const char *out, int keep, long current)
     free(steps);
 }
 
+/* One flat buffer of n values (fp32, or bf16 bits) as a safetensors tensor. */
+static sd_st_tensor flat_as(const char *name, const void *p, size_t n, int st_dtype)
+{
+    sd_st_tensor t = {.name = name, .dtype = st_dtype, .ndim = 1, .nbytes = n * (st_dtype == SD_ST_BF16 ? 2 : 4),
+                      .data = p};
+    t.shape[0] = n;
+    return t;
+}
+
 /* One flat fp32 buffer as a safetensors tensor. */
 static sd_st_tensor flat(const char *name, const float *p, size_t n)
 {
-    sd_st_tensor t = {.name = name, .dtype = SD_ST_F32, .ndim = 1, .nbytes = n * 4, .data = p};
-    t.shape[0] = n;
-    return t;
+    return flat_as(name, p, n, SD_ST_F32);
 }
 
 /* The training state file: moments (and master weights) plus metadata. */
 static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *err)
 {
     size_t n = tr->unet.w.total, nt = 2;
-    sd_st_tensor t[4] = {flat("adam_m", tr->m, n), flat("adam_v", tr->v, n)};
+    int mdt = tr->moment_size == 2 ? SD_ST_BF16 : SD_ST_F32; /* the moments as the run stores them */
+    sd_st_tensor t[4] = {flat_as("adam_m", tr->m, n, mdt), flat_as("adam_v", tr->v, n, mdt)};
     if (tr->o.save_dtype != SD_ST_F32) {
         /* unet/ (and unet_ema/) are rounded: keep the fp32 originals here */
         t[nt++] = flat("params", tr->unet.w.data, n);
@@ -280,6 +289,29 @@ static sd_status flat_of(const sd_safetensors *st, const char *name, size_t n, c
     return SD_OK;
 }
 
+/* The state file's moments (fp32 or bf16, both of n values and the same
+ * dtype), checked; *dt their SD_DT_ type. A run that stores the other
+ * type is told that they are converted once. */
+static sd_status moments_of(const sd_trainer *tr, const sd_safetensors *st, size_t n, const char *path,
+                            const sd_st_tensor **m, const sd_st_tensor **v, int *dt, sd_error *err)
+{
+    *m = sd_st_find(st, "adam_m");
+    *v = sd_st_find(st, "adam_v");
+    for (int i = 0; i < 2; i++) {
+        const sd_st_tensor *t = i ? *v : *m;
+        if (!t || (t->dtype != SD_ST_F32 && t->dtype != SD_ST_BF16) || t->dtype != (*m)->dtype || t->ndim != 1 ||
+            t->shape[0] != n)
+            return sd_err_set(err, SD_EFORMAT, "%s: tensor %s missing or not %zu fp32 or bf16 values (as adam_m)",
+                              path, i ? "adam_v" : "adam_m", n);
+    }
+    *dt = (*m)->dtype == SD_ST_BF16 ? SD_DT_BF16 : SD_DT_F32;
+    if (*dt != tr->o.moments && tr->rank == 0)
+        sd_log(SD_LOG_WARN, "%s: the AdamW moments are %s there and %s in this run: %s once (not an exact "
+               "continuation)", path, sd_dtype_name(*dt), sd_dtype_name(tr->o.moments),
+               *dt == SD_DT_F32 ? "rounded to bf16" : "widened");
+    return SD_OK;
+}
+
 /* A flat fp32 tensor of the state file into dst (n floats). */
 static sd_status read_flat(const sd_safetensors *st, const char *name, float *dst, size_t n, const char *path,
                            sd_error *err)
@@ -364,14 +396,14 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
     }
     snprintf(w, sizeof w, "%016" PRIx64, tr->have_data ? tr->data.fingerprint : 0);
     if (!rc) rc = same(st, "data_fingerprint", w, p, err);
-    if (tr->o.zero1) { /* each rank takes its segments from the mapped file: no whole copy */
-        const sd_st_tensor *tm = NULL, *tv = NULL;
-        if (!rc) rc = flat_of(st, "adam_m", n, p, &tm, err);
-        if (!rc) rc = flat_of(st, "adam_v", n, p, &tv, err);
-        if (!rc) sd_train_moments_from(tr, tm->data, tv->data);
-    } else {
-        if (!rc) rc = read_flat(st, "adam_m", tr->m, n, p, err);
-        if (!rc) rc = read_flat(st, "adam_v", tr->v, n, p, err);
+    const sd_st_tensor *tm = NULL, *tv = NULL;
+    int mdt = SD_DT_F32;
+    if (!rc) rc = moments_of(tr, st, n, p, &tm, &tv, &mdt, err);
+    if (!rc && tr->o.zero1) { /* each rank takes its segments from the mapped file: no whole copy */
+        sd_train_moments_from(tr, tm->data, tv->data, mdt);
+    } else if (!rc) {
+        sd_train_moments_convert(tr->m, tr->o.moments, tm->data, mdt, n);
+        sd_train_moments_convert(tr->v, tr->o.moments, tv->data, mdt, n);
     }
     if (!rc && sd_st_find(st, "params")) {
         rc = read_flat(st, "params", tr->unet.w.data, n, p, err);

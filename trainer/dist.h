@@ -46,9 +46,10 @@ size_t sd_dist_owned(size_t n, int rank, int world);
 sd_status sd_dist_reduce_scatter_f32(float *buf, size_t n, sd_error *err);
 /* Every segment from its owner to all ranks. */
 sd_status sd_dist_allgather_f32(float *buf, size_t n, sd_error *err);
-/* Every rank's packed segments (own: sd_dist_owned floats, in block
- * order) into full (n floats) on rank 0 only; full is ignored elsewhere. */
-sd_status sd_dist_gather_f32(float *full, const float *own, size_t n, sd_error *err);
+/* Every rank's packed segments (own: sd_dist_owned values of elem bytes,
+ * in block order) into full (n values) on rank 0 only; full is ignored
+ * elsewhere. The layout counts values, whatever their size. */
+sd_status sd_dist_gather(void *full, const void *own, size_t n, size_t elem, sd_error *err);
 /* Seconds this process spent in sd_dist_sum_f32 (waiting included): the
  * reduction's share of the step time. */
 double sd_dist_sum_seconds(void);

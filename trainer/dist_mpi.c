@@ -217,25 +217,31 @@ sd_status sd_dist_allgather_f32(float *buf, size_t n, sd_error *err)
 
 /* Per block, the segments to rank 0 (MPI_Gatherv): only rank 0 holds the
  * whole buffer. */
-sd_status sd_dist_gather_f32(float *full, const float *own, size_t n, sd_error *err)
+sd_status sd_dist_gather(void *full, const void *own, size_t n, size_t elem, sd_error *err)
 {
     int N = g_on ? g_world : 1;
     if (N == 1) {
-        memcpy(full, own, n * sizeof(float));
+        memcpy(full, own, n * elem);
         return SD_OK;
     }
     int *cnt = malloc(2 * (size_t)N * sizeof(int));
     if (!cnt) return sd_err_set(err, SD_ENOMEM, "out of memory");
     int *off = cnt + N;
     sd_status st = SD_OK;
-    size_t o = 0;
+    size_t o = 0; /* values of own sent so far */
     watch("a gather to rank 0");
     for (size_t b = 0; b < sd_dist_blocks(n) && !st; b++) {
         block_layout(n, b, cnt, off);
-        int rc = MPI_Gatherv(own + o, cnt[g_rank], MPI_FLOAT, g_rank == 0 ? full + b * SD_DIST_BLOCK : NULL, cnt,
-                             off, MPI_FLOAT, 0, MPI_COMM_WORLD);
+        int mine = cnt[g_rank];
+        for (int r = 0; r < N; r++) { /* values to bytes: a block's bytes fit an int (SD_DIST_BLOCK x 8) */
+            cnt[r] *= (int)elem;
+            off[r] *= (int)elem;
+        }
+        int rc = MPI_Gatherv((const char *)own + o * elem, cnt[g_rank], MPI_BYTE,
+                             g_rank == 0 ? (char *)full + b * SD_DIST_BLOCK * elem : NULL, cnt, off, MPI_BYTE, 0,
+                             MPI_COMM_WORLD);
         if (rc != MPI_SUCCESS) st = mpi_fail(rc, "MPI_Gatherv", err);
-        o += (size_t)cnt[g_rank];
+        o += (size_t)mine;
     }
     watch(NULL);
     free(cnt);

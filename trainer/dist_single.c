@@ -101,9 +101,9 @@ sd_status sd_dist_allgather_f32(float *buf, size_t n, sd_error *err)
 }
 
 /* A world of one: its segments are the whole buffer. */
-sd_status sd_dist_gather_f32(float *full, const float *own, size_t n, sd_error *err)
+sd_status sd_dist_gather(void *full, const void *own, size_t n, size_t elem, sd_error *err)
 {
     (void)err;
-    memcpy(full, own, n * sizeof(float));
+    memcpy(full, own, n * elem);
     return SD_OK;
 }

@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "dist.h"
+#include "dtype.h"
+#include "f16.h"
 #include "log.h"
 #include "progress.h"
 #include "safetensors.h"
@@ -32,6 +34,7 @@ void sd_train_opts_default(sd_train_opts *o)
     o->keep = 2;
     o->threads = 1;
     o->device = -1;
+    o->moments = SD_DT_F32;
 }
 
 /* The model: loaded, or built from a config and initialised. */
@@ -77,20 +80,29 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
     tr->cuda = c;
     tr->be = sd_backend_cuda();
     tr->exec = c;
-    size_t bytes = tr->unet.w.total * sizeof(float);
-    float **bufs[] = {&tr->d_w, &tr->d_grad, &tr->d_m, &tr->d_v, &tr->d_ema};
+    size_t n = tr->unet.w.total, bytes = n * sizeof(float), mbytes = n * tr->moment_size;
+    void *got[5] = {0};
+    size_t want[5] = {bytes, bytes, mbytes, mbytes, bytes}, total = 0;
     int nb = tr->ema && !tr->o.ema_host ? 5 : 4; /* --ema-on-cpu: the EMA stays in host memory */
-    tr->d_ema = NULL;
     for (int i = 0; i < nb; i++) {
-        *bufs[i] = tr->be->alloc(c, bytes);
-        if (!*bufs[i]) {
-            for (int j = 0; j < i; j++) tr->be->release(c, *bufs[j]);
-            tr->d_w = tr->d_grad = tr->d_m = tr->d_v = tr->d_ema = NULL;
+        total += want[i];
+        got[i] = tr->be->alloc(c, want[i]);
+        if (!got[i]) {
+            for (int j = 0; j < i; j++) tr->be->release(c, got[j]);
+            tr->d_w = tr->d_grad = tr->d_ema = NULL;
+            tr->d_m = tr->d_v = NULL;
+            for (int j = i + 1; j < nb; j++) total += want[j];
             return sd_err_set(err, SD_ENOMEM, "cuda:%d: no room for the weights, gradients and AdamW moments "
-                              "(%d x %.1f MiB)%s", tr->o.device, nb, (double)bytes / (1 << 20),
-                              nb == 5 ? "; --ema-on-cpu keeps the EMA in host memory" : "");
+                              "(%.1f MiB)%s%s", tr->o.device, (double)total / (1 << 20),
+                              nb == 5 ? "; --ema-on-cpu keeps the EMA in host memory" : "",
+                              tr->moment_size == 4 ? "; --adam-moments bf16 halves the moments" : "");
         }
     }
+    tr->d_w = got[0];
+    tr->d_grad = got[1];
+    tr->d_m = got[2];
+    tr->d_v = got[3];
+    tr->d_ema = got[4];
     tr->be->zero(c, tr->d_grad, bytes);
     tr->dev_stale = 1;
     rc = tr->be->sync(c, err);
@@ -130,17 +142,22 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         sd_trainer_close(tr);
         return sd_err_set(err, SD_EUNSUPPORTED, "--zero1 shards the CPU optimizer; GPU ranks keep whole moments");
     }
+    if (o->moments != SD_DT_F32 && o->moments != SD_DT_BF16) {
+        sd_trainer_close(tr);
+        return sd_err_set(err, SD_EINVAL, "AdamW moments are stored as fp32 or bf16");
+    }
+    tr->moment_size = o->moments == SD_DT_BF16 ? 2 : 4;
     if (o->zero1) {
         size_t own = sd_dist_owned(n, tr->rank, tr->world);
-        tr->m_sh = calloc(own ? own : 1, sizeof(float));
-        tr->v_sh = calloc(own ? own : 1, sizeof(float));
+        tr->m_sh = calloc(own ? own : 1, tr->moment_size);
+        tr->v_sh = calloc(own ? own : 1, tr->moment_size);
         if (!tr->m_sh || !tr->v_sh) {
             sd_trainer_close(tr);
             return sd_err_set(err, SD_ENOMEM, "out of memory for the optimizer shard");
         }
     } else {
-        tr->m = calloc(n, sizeof(float));
-        tr->v = calloc(n, sizeof(float));
+        tr->m = calloc(n, tr->moment_size);
+        tr->v = calloc(n, tr->moment_size);
     }
     tr->grad = calloc(n, sizeof(float));
     if (o->ema_decay > 0) {
@@ -149,7 +166,8 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
     }
     if ((!o->zero1 && (!tr->m || !tr->v)) || !tr->grad || (o->ema_decay > 0 && !tr->ema)) {
         sd_trainer_close(tr);
-        return sd_err_set(err, SD_ENOMEM, "out of memory for optimizer state (%zu MB)", 3 * n * 4 >> 20);
+        return sd_err_set(err, SD_ENOMEM, "out of memory for optimizer state (%zu MB)",
+                          n * (2 * tr->moment_size + (o->ema_decay > 0 ? 8 : 4)) >> 20);
     }
     sd_ddpm_init(&tr->sched, 0.00085, 0.012);
     sd_rng_seed(&tr->rng, o->seed);
@@ -193,9 +211,9 @@ void sd_trainer_close(sd_trainer *tr)
     sd_nccl_close(tr->nccl);
 #endif
     if (tr->cuda) {
-        float **dev[] = {&tr->d_w, &tr->d_grad, &tr->d_m, &tr->d_v, &tr->d_ema, &tr->d_act, &tr->d_dact, &tr->d_dout};
+        void *dev[] = {tr->d_w, tr->d_grad, tr->d_m, tr->d_v, tr->d_ema, tr->d_act, tr->d_dact, tr->d_dout};
         for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
-            if (*dev[i]) tr->be->release(tr->exec, *dev[i]);
+            if (dev[i]) tr->be->release(tr->exec, dev[i]);
 #ifdef SDTK_HAVE_CUDA
         sd_cuda_destroy(tr->cuda);
 #endif
@@ -299,9 +317,15 @@ static sd_status prepare(sd_trainer *tr, int n, int h, int w, int tctx, sd_error
 
 /* Host bytes into the backend's buffer; nothing when they are the same
  * buffer (the CPU). */
+static void put_bytes(sd_trainer *tr, void *dst, const void *src, size_t bytes)
+{
+    if (dst != src) tr->be->h2d(tr->exec, dst, src, bytes);
+}
+
+/* The same for floats. */
 static void put(sd_trainer *tr, float *dst, const float *src, size_t floats)
 {
-    if (dst != src) tr->be->h2d(tr->exec, dst, src, floats * sizeof(float));
+    put_bytes(tr, dst, src, floats * sizeof(float));
 }
 
 /* The host's weights, moments and EMA onto the device when they changed
@@ -311,8 +335,8 @@ static void push_state(sd_trainer *tr)
     if (!tr->dev_stale) return;
     size_t n = tr->unet.w.total;
     put(tr, tr->d_w, tr->unet.w.data, n);
-    put(tr, tr->d_m, tr->m, n);
-    put(tr, tr->d_v, tr->v, n);
+    put_bytes(tr, tr->d_m, tr->m, n * tr->moment_size);
+    put_bytes(tr, tr->d_v, tr->v, n * tr->moment_size);
     if (tr->ema && tr->d_ema) put(tr, tr->d_ema, tr->ema, n);
     tr->dev_stale = 0;
 }
@@ -323,8 +347,8 @@ sd_status sd_train_sync_host(sd_trainer *tr, sd_error *err)
     if (!tr->cuda || !tr->host_stale) return SD_OK;
     size_t bytes = tr->unet.w.total * sizeof(float);
     tr->be->d2h(tr->exec, tr->unet.w.data, tr->d_w, bytes);
-    tr->be->d2h(tr->exec, tr->m, tr->d_m, bytes);
-    tr->be->d2h(tr->exec, tr->v, tr->d_v, bytes);
+    tr->be->d2h(tr->exec, tr->m, tr->d_m, tr->unet.w.total * tr->moment_size);
+    tr->be->d2h(tr->exec, tr->v, tr->d_v, tr->unet.w.total * tr->moment_size);
     if (tr->ema && tr->d_ema) tr->be->d2h(tr->exec, tr->ema, tr->d_ema, bytes);
     sd_status rc = tr->be->sync(tr->exec, err);
     if (!rc) tr->host_stale = 0;
@@ -423,6 +447,37 @@ static void zero_grad(sd_trainer *tr)
     tr->be->zero(tr->exec, tr->d_grad, tr->unet.w.total * sizeof(float));
 }
 
+/* splitmix64's finaliser: a well-mixed 64-bit hash of x. */
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* The stochastic-rounding key of the AdamW step that makes `step` (bf16
+ * moments): from the seed and the step alone, so a resumed run rounds as
+ * the uninterrupted one did. */
+static uint32_t sr_key(const sd_trainer *tr, long step)
+{
+    return (uint32_t)(mix64(mix64(tr->o.seed ^ 0x61646d2d62663136ULL) ^ (uint64_t)step) >> 32);
+}
+
+/* AdamW on n elements starting at global index lo, with the moments of
+ * those elements at m and v in this run's storage. */
+static void adamw_on(sd_trainer *tr, const sd_backend *be, void *exec, sd_adamw_args *a, size_t lo, size_t n,
+                     float *p, void *m, void *v, const float *g)
+{
+    if (tr->moment_size == 2) {
+        a->sr_key = sr_key(tr, tr->step + 1);
+        be->adamw_bf16(exec, a, n, lo, p, m, v, g);
+    } else {
+        be->adamw(exec, a, n, p, m, v, g);
+    }
+}
+
 /* On the backend that holds the weights: the norm from the chunked sum of
  * squares, the clipping factor folded into AdamW's reading of the
  * gradient (bit for bit what clipping in place then stepping gives). */
@@ -434,7 +489,7 @@ double sd_train_apply(sd_trainer *tr)
     double norm = sqrt(be->sum_squares(tr->exec, n, tr->d_grad));
     double lr = sd_lr_at(&tr->o.lr, tr->step);
     sd_adamw_args a = sd_adamw_args_at(&tr->o.adam, lr, tr->step + 1, sd_clip_factor(norm, tr->o.max_grad_norm));
-    be->adamw(tr->exec, &a, n, tr->d_w, tr->d_m, tr->d_v, tr->d_grad);
+    adamw_on(tr, be, tr->exec, &a, 0, n, tr->d_w, tr->d_m, tr->d_v, tr->d_grad);
     zero_grad(tr);
     tr->step++;
     if (tr->ema && tr->step % (tr->o.ema_every > 0 ? tr->o.ema_every : 1) == 0) {
@@ -458,23 +513,51 @@ sd_status sd_train_moments_full(sd_trainer *tr, sd_error *err)
     if (!tr->o.zero1) return SD_OK;
     size_t n = tr->unet.w.total;
     if (tr->rank == 0) {
-        if (!tr->m) tr->m = malloc(n * sizeof(float));
-        if (!tr->v) tr->v = malloc(n * sizeof(float));
+        if (!tr->m) tr->m = malloc(n * tr->moment_size);
+        if (!tr->v) tr->v = malloc(n * tr->moment_size);
         if (!tr->m || !tr->v) return sd_err_set(err, SD_ENOMEM, "out of memory for the whole AdamW moments");
     }
-    sd_status rc = sd_dist_gather_f32(tr->m, tr->m_sh, n, err);
-    return rc ? rc : sd_dist_gather_f32(tr->v, tr->v_sh, n, err);
+    sd_status rc = sd_dist_gather(tr->m, tr->m_sh, n, tr->moment_size, err);
+    return rc ? rc : sd_dist_gather(tr->v, tr->v_sh, n, tr->moment_size, err);
 }
 
-/* This rank's segments of whole moments (a state file's) into the packed
- * shards. */
-void sd_train_moments_from(sd_trainer *tr, const float *m, const float *v)
+/* n moment values of dtype src_dt (SD_DT_F32 or SD_DT_BF16) into dst in
+ * dst_dt: copied when the two agree, else widened exactly or rounded to
+ * nearest (a run resumed with the other --adam-moments). */
+void sd_train_moments_convert(void *dst, int dst_dt, const void *src, int src_dt, size_t n)
 {
-    size_t n = tr->unet.w.total, off = 0, lo, hi;
+    const char *s = src; /* a mapped state file's tensors need not be aligned */
+    char *d = dst;
+    if (dst_dt == src_dt) {
+        memcpy(dst, src, n * sd_dtype_size(dst_dt));
+    } else if (dst_dt == SD_DT_BF16) {
+        for (size_t i = 0; i < n; i++) {
+            float f;
+            memcpy(&f, s + 4 * i, 4);
+            uint16_t h = sd_f32_to_bf16(f);
+            memcpy(d + 2 * i, &h, 2);
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            float f = sd_bf16_to_f32(h);
+            memcpy(d + 4 * i, &f, 4);
+        }
+    }
+}
+
+/* This rank's segments of whole moments (a state file's, of dtype src_dt)
+ * into the packed shards. */
+void sd_train_moments_from(sd_trainer *tr, const void *m, const void *v, int src_dt)
+{
+    size_t n = tr->unet.w.total, off = 0, lo, hi, ms = tr->moment_size, ss = sd_dtype_size(src_dt);
     for (size_t b = 0; b < sd_dist_blocks(n); b++) {
         sd_dist_segment(n, b, tr->rank, tr->world, &lo, &hi);
-        memcpy(tr->m_sh + off, m + lo, (hi - lo) * sizeof(float));
-        memcpy(tr->v_sh + off, v + lo, (hi - lo) * sizeof(float));
+        sd_train_moments_convert((char *)tr->m_sh + off * ms, tr->o.moments, (const char *)m + lo * ss, src_dt,
+                                 hi - lo);
+        sd_train_moments_convert((char *)tr->v_sh + off * ms, tr->o.moments, (const char *)v + lo * ss, src_dt,
+                                 hi - lo);
         off += hi - lo;
     }
 }
@@ -510,7 +593,8 @@ static sd_status apply_zero1(sd_trainer *tr, double *gnorm, sd_error *err)
     off = 0;
     for (size_t b = 0; b < sd_dist_blocks(n); b++) {
         sd_dist_segment(n, b, tr->rank, tr->world, &lo, &hi);
-        sd_adamw_fwd(tr->pool, &a, hi - lo, tr->unet.w.data + lo, tr->m_sh + off, tr->v_sh + off, tr->grad + lo);
+        adamw_on(tr, sd_backend_cpu(), tr->pool, &a, lo, hi - lo, tr->unet.w.data + lo,
+                 (char *)tr->m_sh + off * tr->moment_size, (char *)tr->v_sh + off * tr->moment_size, tr->grad + lo);
         off += hi - lo;
     }
     rc = sd_dist_allgather_f32(tr->unet.w.data, n, err);
@@ -523,16 +607,6 @@ static sd_status apply_zero1(sd_trainer *tr, double *gnorm, sd_error *err)
     }
     *gnorm = norm;
     return SD_OK;
-}
-
-/* splitmix64's finaliser: a well-mixed 64-bit hash of x. */
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
 }
 
 /* The stream of one batch: seeded by (seed, epoch, batch in the epoch), so

@@ -80,6 +80,7 @@ typedef struct {
     int checkpointing; /* gradient checkpointing: recompute resnets and transformer blocks in the backward */
     int nccl; /* GPU: sum gradients over NCCL even in a world of one (a check of the path) */
     int zero1; /* CPU ranks: shard the AdamW moments across ranks (ZeRO stage 1) */
+    int moments; /* SD_DT_F32 (default) or SD_DT_BF16: how the AdamW moments are stored */
     /* validation: a shard of held-out records, its loss at the start, every
      * val_every steps (0: at checkpoints) and at the end */
     const char *val_shard;
@@ -93,7 +94,9 @@ typedef struct {
     sd_train_opts o;
     sd_unet unet;
     sd_ddpm sched;
-    float *m, *v, *grad; /* unet.w.total floats each */
+    void *m, *v;         /* AdamW moments: unet.w.total values of moment_size bytes (fp32 or bf16) */
+    size_t moment_size;  /* 4, or 2 with bf16 moments */
+    float *grad;         /* unet.w.total floats */
     float *ema;          /* the EMA weights, or NULL */
     long ema_updates;
     long step;           /* optimizer steps done */
@@ -127,13 +130,14 @@ typedef struct {
     const sd_backend *be;
     void *exec;
     void *cuda;
-    float *d_w, *d_m, *d_v, *d_ema, *d_act, *d_dact, *d_dout, *d_grad;
+    float *d_w, *d_ema, *d_act, *d_dact, *d_dout, *d_grad;
+    void *d_m, *d_v;
     float *stage; /* GPU: host staging of the noisy latents, timesteps, output */
     int dev_stale, host_stale;
     void *nccl; /* sd_nccl *: GPU ranks' gradient sums (nccl_sum.h), or NULL */
     /* ZeRO-1: this rank's segments of the moments (dist.h's layout), packed;
      * m and v are then NULL except while a checkpoint is written or read */
-    float *m_sh, *v_sh;
+    void *m_sh, *v_sh;
     FILE *metrics;
     sd_tb tb; /* TensorBoard scalars, when o.tensorboard (rank 0) */
     double loss_ema;
@@ -201,7 +205,10 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
  * the state file's whole moments (sd_train_moments_from). */
 sd_status sd_train_moments_full(sd_trainer *tr, sd_error *err);
 void sd_train_moments_shard(sd_trainer *tr);
-void sd_train_moments_from(sd_trainer *tr, const float *m, const float *v);
+void sd_train_moments_from(sd_trainer *tr, const void *m, const void *v, int src_dt);
+/* n moment values of dtype src_dt into dst of dtype dst_dt (SD_DT_F32 or
+ * SD_DT_BF16): copied, widened exactly, or rounded to nearest. */
+void sd_train_moments_convert(void *dst, int dst_dt, const void *src, int src_dt, size_t n);
 
 /* Checkpoints (ckpt.c): out_dir/checkpoint-<step>/ with unet/ and
  * state.safetensors, and out_dir/latest naming the newest. */

@@ -339,6 +339,14 @@ static void cu_adamw(void *exec, const sd_adamw_args *a, size_t n, float *p, flo
     if (c) done(c, sdk_adamw(c, a, n, p, m, v, g), "AdamW");
 }
 
+/* One AdamW step with bf16 moments. */
+static void cu_adamw_bf16(void *exec, const sd_adamw_args *a, size_t n, size_t index0, float *p, uint16_t *m,
+                          uint16_t *v, const float *g)
+{
+    sd_cuda *c = live(exec);
+    if (c) done(c, sdk_adamw_bf16(c, a, n, index0, p, m, v, g), "AdamW (bf16 moments)");
+}
+
 /* One EMA update. */
 static void cu_ema(void *exec, size_t n, float *ema, const float *p, float one_minus_decay)
 {
@@ -396,6 +404,7 @@ static const sd_backend cuda_backend = {
     .embedding_bwd = cu_embedding_bwd,
     .sum_squares = cu_sum_squares,
     .adamw = cu_adamw,
+    .adamw_bf16 = cu_adamw_bf16,
     .ema = cu_ema,
 };
 

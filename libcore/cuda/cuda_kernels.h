@@ -108,6 +108,8 @@ cudaError_t sdk_from_half_t(sd_cuda *c, int kind, int n, int rows, int cols, flo
  * *host_out on return), AdamW, EMA (ops_cpu.h's conventions). */
 cudaError_t sdk_sum_squares(sd_cuda *c, size_t n, const float *x, double *host_out);
 cudaError_t sdk_adamw(sd_cuda *c, const sd_adamw_args *a, size_t n, float *p, float *m, float *v, const float *g);
+cudaError_t sdk_adamw_bf16(sd_cuda *c, const sd_adamw_args *a, size_t n, size_t index0, float *p, uint16_t *m,
+                           uint16_t *v, const float *g);
 cudaError_t sdk_ema(sd_cuda *c, size_t n, float *ema, const float *p, float one_minus_decay);
 
 #ifdef __cplusplus

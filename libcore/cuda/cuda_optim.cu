@@ -71,6 +71,24 @@ extern "C" cudaError_t sdk_adamw(sd_cuda *c, const sd_adamw_args *a, size_t n, f
     return cudaGetLastError();
 }
 
+/* One AdamW step per element with bf16 moments; the rounding bits of
+ * element i come from its global index index0 + i, as on the CPU. */
+static __global__ void adamw_bf16_kernel(sd_adamw_args a, size_t n, size_t index0, float *p, uint16_t *m,
+                                         uint16_t *v, const float *g)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        sdm_adamw_bf16(p + i, m + i, v + i, g[i] * a.gscale, a.decay, a.b1, a.b2, a.step_size, a.bc2_sqrt, a.eps,
+                       sdm_mix32(a.sr_key, index0 + i));
+}
+
+extern "C" cudaError_t sdk_adamw_bf16(sd_cuda *c, const sd_adamw_args *a, size_t n, size_t index0, float *p,
+                                      uint16_t *m, uint16_t *v, const float *g)
+{
+    if (!n) return cudaSuccess;
+    adamw_bf16_kernel<<<opt_blocks(n), OPT_THREADS, 0, sdc_stream(c)>>>(*a, n, index0, p, m, v, g);
+    return cudaGetLastError();
+}
+
 /* ema pulled towards p by one_minus_decay. */
 static __global__ void ema_kernel(size_t n, float *ema, const float *p, float w)
 {
