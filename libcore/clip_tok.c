@@ -286,7 +286,8 @@ sd_status sd_clip_encode(const sd_clip_tok *t, sd_clip_work *w, const char *text
         i += l;
         seg = i;
     }
-    if (!oom) oom |= encode_segment(t, w, s + seg, n - seg, out) || ids_push(out, t->eos);
+    if (!oom && n > seg) oom |= encode_segment(t, w, s + seg, n - seg, out); /* s is NULL for empty text */
+    if (!oom) oom |= ids_push(out, t->eos);
     return oom ? sd_err_set(err, SD_ENOMEM, "out of memory tokenizing") : SD_OK;
 }
 
