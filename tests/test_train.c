@@ -658,15 +658,15 @@ static void test_moments_bf16(void)
     const char *outs[4] = {a, b, c, d};
     for (int k = 0; k < 4 && ok; k++) {
         if (k == 1) {
-            float *w3, *m3, *v3, *e3;
+            float *w3 = NULL, *m3 = NULL, *v3 = NULL, *e3 = NULL;
             shard_opts(&o, shards, b, 3, 1);
             o.moments = SD_DT_BF16;
             ok = CHECK(train(&o, 0, &w3, &m3, &v3, &e3, &n2, NULL));
-            if (!ok) break;
             free(w3);
             free(m3);
             free(v3);
             free(e3);
+            if (!ok) break;
         }
         shard_opts(&o, shards, outs[k], 6, k == 2 ? 2 : 1);
         o.moments = k == 3 ? SD_DT_F32 : SD_DT_BF16;

@@ -512,12 +512,16 @@ sd_status sd_train_moments_full(sd_trainer *tr, sd_error *err)
 {
     if (!tr->o.zero1) return SD_OK;
     size_t n = tr->unet.w.total;
+    int ok = 1, all = 1;
     if (tr->rank == 0) {
         if (!tr->m) tr->m = malloc(n * tr->moment_size);
         if (!tr->v) tr->v = malloc(n * tr->moment_size);
-        if (!tr->m || !tr->v) return sd_err_set(err, SD_ENOMEM, "out of memory for the whole AdamW moments");
+        ok = tr->m && tr->v;
     }
-    sd_status rc = sd_dist_gather(tr->m, tr->m_sh, n, tr->moment_size, err);
+    sd_status rc = sd_dist_all_ok(ok, &all, err); /* every rank learns it, none waits in the gather */
+    if (rc) return rc;
+    if (!all) return sd_err_set(err, SD_ENOMEM, "rank 0 is out of memory for the whole AdamW moments");
+    rc = sd_dist_gather(tr->m, tr->m_sh, n, tr->moment_size, err);
     return rc ? rc : sd_dist_gather(tr->v, tr->v_sh, n, tr->moment_size, err);
 }
 
