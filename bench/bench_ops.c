@@ -6,8 +6,10 @@
  * layer N alone (0-based), --conv CIN COUT HW runs one 3x3 pad-1 conv of
  * that shape instead, --cpu reports the calling thread's CPU time rather
  * than wall time (with 1 thread: steadier while others load the machine).
+ * --adamw N times one AdamW step over N weights with fp32 moments and with
+ * bf16 moments (stochastic rounding; sd-train --adam-moments bf16) instead.
  * usage: bench_ops THREADS REPEATS [--bwd] [--ref] [--cpu] [--only N] [--linear M K N]
- *                  [--conv CIN COUT HW] [--attn HEADS TQ TK D] */
+ *                  [--conv CIN COUT HW] [--attn HEADS TQ TK D] [--adamw N] */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -156,6 +158,46 @@ static double best_ms(sd_pool *pool, const layer *l, bufs *B, int bwd, int reps)
     return best * 1e3;
 }
 
+/* One AdamW step over n weights, fp32 moments against bf16 moments: best
+ * of reps, ms, and the bytes each moves per weight (28 and 20). */
+static int bench_adamw(sd_pool *pool, size_t n, int reps)
+{
+    float *p = rnd(n, 1), *g = rnd(n, 1), *m = rnd(n, 0.1f), *v = rnd(n, 0.01f);
+    uint16_t *m16 = malloc(n * sizeof(uint16_t)), *v16 = malloc(n * sizeof(uint16_t));
+    if (!m16 || !v16) return 1;
+    for (size_t i = 0; i < n; i++) {
+        v[i] = fabsf(v[i]);
+        uint32_t a, b;
+        memcpy(&a, &m[i], 4);
+        memcpy(&b, &v[i], 4);
+        m16[i] = (uint16_t)(a >> 16);
+        v16[i] = (uint16_t)(b >> 16);
+    }
+    sd_adamw_args a = {.decay = 0.9999f, .b1 = 0.9f, .b2 = 0.999f, .step_size = 1e-4f, .bc2_sqrt = 0.03f,
+                       .eps = 1e-8f, .gscale = 1.0f, .sr_key = 1};
+    double best[2] = {1e30, 1e30};
+    for (int r = 0; r <= reps; r++) { /* round 0 warms up */
+        for (int k = 0; k < 2; k++) {
+            double t0 = now();
+            if (k) sd_adamw_bf16_fwd(pool, &a, n, 0, p, m16, v16, g);
+            else sd_adamw_fwd(pool, &a, n, p, m, v, g);
+            double dt = now() - t0;
+            if (r > 0 && dt < best[k]) best[k] = dt;
+            a.sr_key++;
+        }
+    }
+    printf("adamw %zu weights: fp32 moments %.1f ms (%.1f GB/s), bf16 moments %.1f ms (%.1f GB/s), bf16/fp32 %.2fx "
+           "time\n",
+           n, best[0] * 1e3, 28.0 * n / best[0] * 1e-9, best[1] * 1e3, 20.0 * n / best[1] * 1e-9, best[1] / best[0]);
+    free(p);
+    free(g);
+    free(m);
+    free(v);
+    free(m16);
+    free(v16);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 3) {
@@ -163,6 +205,7 @@ int main(int argc, char **argv)
         return 2;
     }
     int threads = atoi(argv[1]), reps = atoi(argv[2]), bwd = 0, only = -1, custom[3] = {0, 0, 0};
+    long adamw_n = 0;
     for (int i = 3; i < argc; i++) {
         if (!strcmp(argv[i], "--bwd")) bwd = 1;
         else if (!strcmp(argv[i], "--ref")) use_ref = 1;
@@ -176,6 +219,9 @@ int main(int argc, char **argv)
             lin.n = atoi(argv[++i]);
             if (lin.m < 1 || lin.k < 1 || lin.n < 1) return 2;
             only = 6;
+        } else if (!strcmp(argv[i], "--adamw") && i + 1 < argc) {
+            adamw_n = atol(argv[++i]);
+            if (adamw_n < 1) return 2;
         } else if (!strcmp(argv[i], "--attn") && i + 4 < argc) {
             att.heads = atoi(argv[++i]);
             att.tq = atoi(argv[++i]);
@@ -215,6 +261,11 @@ int main(int argc, char **argv)
     }
     sd_pool *pool = sd_pool_create(threads);
     if (!pool) return 3;
+    if (adamw_n > 0) {
+        int rc = bench_adamw(pool, (size_t)adamw_n, reps);
+        sd_pool_destroy(pool);
+        return rc;
+    }
     for (int i = 0; i < (int)(sizeof layers / sizeof layers[0]); i++) {
         if (only >= 0 && i != only) continue;
         bufs B;

@@ -16,7 +16,8 @@
  * precision, sd-train --mixed-precision bf16), :blkN (GPU: attention's
  * score blocks of 2^N floats, sd_cuda_opts.attn_block), :flash (GPU:
  * attention on the flash kernel, sd-train --attn-flash), :ckpt (gradient
- * checkpointing), e.g. cpu:ckpt or cuda:0:tf32+ckpt. The activation
+ * checkpointing), :m16 (AdamW moments in bf16, sd-train --adam-moments
+ * bf16), e.g. cpu:ckpt or cuda:0:tf32+ckpt+m16. The activation
  * buffer's size is printed after the steps. BENCH_BATCH=N (default 1)
  * makes the micro-batch N copies of the one sample (bench_train.py reads
  * the same variable).
@@ -82,6 +83,7 @@ int main(int argc, char **argv)
     o.tf32 = mode && strstr(mode, "tf32") != NULL;
     o.mixed = mode && strstr(mode, "bf16") != NULL ? SD_DT_BF16 : 0;
     o.checkpointing = mode && strstr(mode, "ckpt") != NULL;
+    o.moments = mode && strstr(mode, "m16") != NULL ? SD_DT_BF16 : SD_DT_F32;
     o.attn_flash = mode && strstr(mode, "flash") != NULL;
     const char *blk = mode ? strstr(mode, "blk") : NULL; /* blkN: attention score blocks of 2^N floats */
     if (blk) o.attn_block = (size_t)1 << atoi(blk + 3);

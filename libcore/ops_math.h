@@ -113,17 +113,19 @@ SDM_FN void sdm_adamw(float *p, float *m, float *v, float g, float decay, float 
 /* 32 well-mixed bits for element `index` of a step keyed `key`: the
  * random source of stochastic rounding. A pure function of (key, index),
  * so an element rounds the same way on any thread count, rank count
- * (ZeRO-1 passes global indices) or backend. A splitmix-style finaliser
- * over the index folded with the key. */
+ * (ZeRO-1 passes global indices) or backend. The index (its high half
+ * folded in) times odd constants, xor the key, then a 32-bit integer
+ * finaliser (xorshift-multiply, as in MurmurHash3's): 32-bit multiplies,
+ * which vectorise where 64-bit ones do not. */
 SDM_FN uint32_t sdm_mix32(uint32_t key, uint64_t index)
 {
-    uint64_t x = (index + 1) * 0x9e3779b97f4a7c15ULL ^ ((uint64_t)key << 32 | key);
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return (uint32_t)(x >> 32);
+    uint32_t x = (uint32_t)index * 0x9e3779b9u ^ (uint32_t)(index >> 32) * 0x85ebca6bu ^ key;
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
 }
 
 /* fp32 -> bf16 with stochastic rounding: r (16 random bits) added below

@@ -3,6 +3,7 @@
  * the pool. The formulas are ops_math.h's, shared with the CUDA kernels. */
 #include <stdlib.h>
 
+#include "clones.h"
 #include "ops_cpu.h"
 #include "ops_math.h"
 
@@ -57,7 +58,7 @@ typedef struct {
 } adamw_ctx;
 
 /* AdamW on one slice; gscale = 1 leaves g exactly as it is. */
-static void adamw_range(void *vctx, int worker, size_t begin, size_t end)
+SD_CLONES static void adamw_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const adamw_ctx *c = vctx;
     const sd_adamw_args *a = c->a;
@@ -85,7 +86,7 @@ typedef struct {
 
 /* AdamW with bf16 moments on one slice; element i's rounding bits come
  * from its global index, not the slice. */
-static void adamw_bf16_range(void *vctx, int worker, size_t begin, size_t end)
+SD_CLONES static void adamw_bf16_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const adamw_bf16_ctx *c = vctx;
     const sd_adamw_args *a = c->a;
@@ -111,7 +112,7 @@ typedef struct {
 } ema_ctx;
 
 /* The shadow weights of one slice pulled towards the model's. */
-static void ema_range(void *vctx, int worker, size_t begin, size_t end)
+SD_CLONES static void ema_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const ema_ctx *c = vctx;
     (void)worker;

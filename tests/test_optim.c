@@ -198,8 +198,58 @@ static void test_tracking(void)
     free(vn);
 }
 
+/* The ops' loops (vectorised, AVX2 where the CPU has it, split over a
+ * pool) against the scalar formulas one element at a time: the same bits,
+ * for AdamW with fp32 and with bf16 moments and for the EMA. */
+static void test_vector_loops(void)
+{
+    enum { N = 30011 };
+    float *p = malloc(N * 4), *m = malloc(N * 4), *v = malloc(N * 4), *g = malloc(N * 4), *e = malloc(N * 4);
+    float *p1 = malloc(N * 4), *m1 = malloc(N * 4), *v1 = malloc(N * 4), *e1 = malloc(N * 4);
+    uint16_t *mh = malloc(N * 2), *vh = malloc(N * 2), *mh1 = malloc(N * 2), *vh1 = malloc(N * 2);
+    fill(p, N, 11, -1, 1);
+    fill(m, N, 12, -0.1f, 0.1f);
+    fill(v, N, 13, 0, 0.01f);
+    fill(g, N, 14, -1, 1);
+    fill(e, N, 15, -1, 1);
+    v[5] = 0; /* sqrt(0): eps alone */
+    g[6] = NAN; /* a NaN gradient spreads the same way */
+    for (size_t i = 0; i < N; i++) {
+        mh[i] = mh1[i] = sd_f32_to_bf16(m[i]);
+        vh[i] = vh1[i] = sd_f32_to_bf16(v[i]);
+    }
+    memcpy(p1, p, N * 4);
+    memcpy(m1, m, N * 4);
+    memcpy(v1, v, N * 4);
+    memcpy(e1, e, N * 4);
+    sd_pool *pool = sd_pool_create(2);
+    sd_adamw_fwd(pool, &args, N, p, m, v, g);
+    sd_ema_fwd(pool, N, e, p, 0.01f);
+    for (size_t i = 0; i < N; i++) {
+        sdm_adamw(p1 + i, m1 + i, v1 + i, g[i] * args.gscale, args.decay, args.b1, args.b2, args.step_size,
+                  args.bc2_sqrt, args.eps);
+        e1[i] = sdm_ema(e1[i], p1[i], 0.01f);
+    }
+    CHECK(memcmp(p, p1, N * 4) == 0 && memcmp(m, m1, N * 4) == 0 && memcmp(v, v1, N * 4) == 0);
+    CHECK(memcmp(e, e1, N * 4) == 0);
+    memcpy(p, p1, N * 4);
+    sd_adamw_bf16_fwd(pool, &args, N, 3, p, mh, vh, g);
+    for (size_t i = 0; i < N; i++)
+        sdm_adamw_bf16(p1 + i, mh1 + i, vh1 + i, g[i] * args.gscale, args.decay, args.b1, args.b2, args.step_size,
+                       args.bc2_sqrt, args.eps, sdm_mix32(args.sr_key, 3 + i));
+    CHECK(memcmp(p, p1, N * 4) == 0 && memcmp(mh, mh1, N * 2) == 0 && memcmp(vh, vh1, N * 2) == 0);
+    sd_pool_destroy(pool);
+    float *all[] = {p, m, v, g, e, p1, m1, v1, e1};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+    free(mh);
+    free(vh);
+    free(mh1);
+    free(vh1);
+}
+
 int main(void)
 {
+    test_vector_loops();
     test_rounding();
     test_step();
     test_tracking();
