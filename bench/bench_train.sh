@@ -19,7 +19,10 @@
 # PyTorch 33.9 s, sdtk 68.7 s (0.49x). Losses agree: warm-up 1.124317 both,
 # after one AdamW step 1.324678 vs 1.324681. With cpu:ckpt (gradient
 # checkpointing) the activations take 655.3 MiB instead of 2577.5 and the
-# step about 1.4x as long.
+# step about 1.4x as long. After the optimizer's loops were vectorised
+# (88166fe and the sum of squares after it; load ~1.1): PyTorch 41.1 s, sdtk
+# 24.9 s (1.65x; clip + AdamW 1.2 s); MODE cpu:m16 (bf16 AdamW moments):
+# PyTorch 40.2 s, sdtk 23.5 s (1.71x), losses 1.324681 and 0.636182.
 # usage: bench/bench_train.sh BUILD_DIR [THREADS] [STEPS] [ROUNDS] [MODE]
 #        (after building bench_train in a Release build; needs python3 with
 #        torch + diffusers). ROUNDS (default 1) alternates PyTorch and sdtk
