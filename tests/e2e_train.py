@@ -338,6 +338,31 @@ class Train(unittest.TestCase):
         run("--unet", UNET, "-o", out, "--steps", "4", "--batch", "4", "--no-carry", "-q", self.shard)
         self.assertEqual(latest(out), 4)
 
+    def test_zero_terminal_snr(self):
+        """--zero-terminal-snr trains (v-prediction, min-SNR 5: the weight at SNR 0 is 0, no NaN), the
+        state records it, and a resume without it is refused with the reason."""
+        out = os.path.join(self.tmp.name, "ztsnr")
+        steps = ["--steps", "4"] + COMMON[COMMON.index("--steps") + 2:]
+        run("--unet", UNET, "-o", out, "--zero-terminal-snr", "--metrics", os.path.join(out + ".jsonl"), *steps,
+            self.shard)
+        with open(out + ".jsonl") as f:
+            losses = [json.loads(l)["loss"] for l in f if '"loss"' in l]
+        self.assertEqual(len(losses), 4)
+        self.assertTrue(all(x == x and 0 < x < 10 for x in losses), losses)
+        with open(os.path.join(out, "checkpoint-4", "state.safetensors"), "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            meta = json.loads(f.read(n))["__metadata__"]
+        self.assertEqual(meta["zero_terminal_snr"], "1")
+        code, err = run("--unet", UNET, "-o", out, "--steps", "6", *COMMON[COMMON.index("--steps") + 2:], self.shard,
+                        ok=(3,))
+        self.assertIn("--zero-terminal-snr", err)
+        # the plain schedule's loss differs: the flag reached the schedule
+        plain = os.path.join(self.tmp.name, "ztsnr-plain")
+        run("--unet", UNET, "-o", plain, "--metrics", plain + ".jsonl", *steps, self.shard)
+        with open(plain + ".jsonl") as f:
+            base = [json.loads(l)["loss"] for l in f if '"loss"' in l]
+        self.assertNotEqual(losses, base)
+
     def test_usage(self):
         code, err = run("-o", os.path.join(self.tmp.name, "x"), self.shard, ok=(2,))
         self.assertIn("--unet", err)
@@ -357,6 +382,9 @@ class Train(unittest.TestCase):
         code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--adam-moments", "fp16", self.shard,
                         ok=(2,))
         self.assertIn("--adam-moments: fp32 or bf16", err)
+        code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--zero-terminal-snr", "--snr-gamma",
+                        "5", self.shard, ok=(2,))
+        self.assertIn("v_prediction", err)
         code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--gpu-memory-limit", "8", self.shard,
                         ok=(2,))
         self.assertIn("--device cuda", err)

@@ -845,6 +845,26 @@ static void test_lr(void)
     sd_ddpm s;
     sd_ddpm_init(&s, 0.00085, 0.012);
     CHECK(fabs(s.acp[0] / 0.9991499781608582 - 1) < 1e-6 && fabs(s.acp[999] / 0.00466009508818388 - 1) < 1e-6);
+    /* zero terminal SNR: diffusers 0.35.2's fp32 values, DDPMScheduler(beta_start=0.00085,
+     * beta_end=0.012, beta_schedule="scaled_linear", rescale_betas_zero_snr=True).alphas_cumprod */
+    sd_ddpm_zero_terminal_snr(&s);
+    const int at[6] = {0, 1, 250, 500, 750, 998};
+    const double want[6] = {0.9991499781608582, 0.9982334971427917, 0.6524567604064941, 0.2410186380147934,
+                            0.03279908001422882, 1.9679633567193378e-07};
+    for (int i = 0; i < 6; i++) {
+        double tol = at[i] == 998 ? 1e-4 : 2e-6; /* t = 998 (2.9e-5 off): fp32 cancellation in diffusers' shift */
+        CHECK(fabs(s.acp[at[i]] / want[i] - 1) < tol);
+    }
+    CHECK(s.acp[999] == 0.0f && sd_ddpm_snr(&s, 999) == 0.0);
+    int mono = 1;
+    for (int i = 1; i < SD_DDPM_STEPS; i++) mono &= s.acp[i] < s.acp[i - 1];
+    CHECK(mono);
+    /* the v target at the last timestep is -x0, the noisy input the noise itself */
+    float x0 = 0.7f, noise = -1.3f, xt, v;
+    int t = 999;
+    sd_ddpm_add_noise(&s, 1, 1, &t, &x0, &noise, &xt);
+    sd_ddpm_target(&s, SD_PRED_V, 1, 1, &t, &x0, &noise, &v);
+    CHECK(xt == noise && v == -x0);
 }
 
 /* test_train --make-shard PATH writes the generated shard for

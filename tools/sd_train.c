@@ -114,6 +114,10 @@ int main(int argc, char **argv)
         {"prediction", 0, SD_OPT_STR, &pred, "T", "epsilon (default) or v_prediction"},
         {"snr-gamma", 0, SD_OPT_DOUBLE, &o.snr_gamma, "X", "min-SNR-gamma loss weighting (5 is usual; default off)"},
         {"noise-offset", 0, SD_OPT_DOUBLE, &o.noise_offset, "X", "noise offset (default 0)"},
+        {"zero-terminal-snr", 0, SD_OPT_FLAG, &o.zero_terminal_snr, NULL,
+         "rescale the noise schedule to zero terminal SNR (diffusers' rescale_betas_zero_snr): the last timestep is "
+         "pure noise; for v-prediction models trained that way (with epsilon prediction a warning, with --snr-gamma "
+         "refused)"},
         {"dropout", 0, SD_OPT_DOUBLE, &o.dropout, "P",
          "probability of training on the shard's empty-caption embedding (default 0)"},
         {"no-flip", 0, SD_OPT_FLAG, &o.no_flip, NULL, "never use the cached flipped latents"},
@@ -225,6 +229,8 @@ int main(int argc, char **argv)
     if (!bad && o.zero1 && o.device >= 0) bad = "--zero1 shards the CPU optimizer; not with --device cuda";
     if (!bad && !sd_lr_kind_parse(sched, &o.lr.kind))
         bad = "--lr-schedule: constant, constant_with_warmup, cosine or linear";
+    if (!bad && o.zero_terminal_snr && o.snr_gamma > 0 && o.pred == SD_PRED_EPSILON)
+        bad = "--zero-terminal-snr with --snr-gamma needs --prediction v_prediction (the SNR is 0 at the last timestep)";
     if (!bad && strcmp(moments, "fp32") == 0) o.moments = SD_DT_F32;
     else if (!bad && strcmp(moments, "bf16") == 0) o.moments = SD_DT_BF16;
     else if (!bad) bad = "--adam-moments: fp32 or bf16";
@@ -240,6 +246,9 @@ int main(int argc, char **argv)
         sd_dist_finalize();
         return SD_EXIT_USAGE;
     }
+    if (o.zero_terminal_snr && o.pred == SD_PRED_EPSILON)
+        sd_log(SD_LOG_WARN, "--zero-terminal-snr with epsilon prediction: at the last timestep the input is the noise "
+               "itself; the schedule was made for v-prediction (--prediction v_prediction)");
     o.shards = pos.v;
     o.nshards = pos.n;
     o.batch = (int)batch;

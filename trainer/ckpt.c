@@ -150,7 +150,7 @@ static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *e
         t[nt++] = flat("params", tr->unet.w.data, n);
         if (tr->ema) t[nt++] = flat("ema", tr->ema, n);
     }
-    char v[14][80];
+    char v[15][80];
     snprintf(v[0], 80, "%ld", tr->step);
     snprintf(v[1], 80, "%ld", tr->images);
     snprintf(v[2], 80, "%ld", tr->cur.epoch);
@@ -166,12 +166,13 @@ static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *e
     snprintf(v[11], 80, "%.17g", tr->loss_ema);
     snprintf(v[12], 80, "%ld", tr->ema ? tr->ema_updates : -1);
     snprintf(v[13], 80, "%d", tr->world > 0 ? tr->world : 1);
-    sd_st_meta meta[16] = {{"world_size", v[13]}, {"ema_updates", v[12]}, {"format", "sdtk-train-state 1"}, {"step", v[0]}, {"images", v[1]}, {"epoch", v[2]},
+    snprintf(v[14], 80, "%d", tr->o.zero_terminal_snr ? 1 : 0);
+    sd_st_meta meta[17] = {{"zero_terminal_snr", v[14]}, {"world_size", v[13]}, {"ema_updates", v[12]}, {"format", "sdtk-train-state 1"}, {"step", v[0]}, {"images", v[1]}, {"epoch", v[2]},
                            {"batch", v[3]}, {"rng", v[4]}, {"seed", v[5]}, {"data_fingerprint", v[6]},
                            {"batch_size", v[7]}, {"accumulation", v[8]}, {"prediction", v[9]},
                            {"param_floats", v[10]}, {"loss_smooth", v[11]},
                            {"batches", tr->o.no_carry ? "short" : "full"}};
-    return sd_st_write(path, t, nt, meta, 16, err);
+    return sd_st_write(path, t, nt, meta, 17, err);
 }
 
 /* Write checkpoint-<step> through a .tmp directory and point latest at it. */
@@ -388,6 +389,13 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
                    p, was, now, was * tr->o.batch * tr->o.accum, now * tr->o.batch * tr->o.accum);
     }
     if (!rc) rc = same(st, "prediction", tr->o.pred == SD_PRED_V ? "v_prediction" : "epsilon", p, err);
+    if (!rc) { /* the schedule: states from before the option have the plain one */
+        const char *was = meta_of(st, "zero_terminal_snr");
+        if ((was && strcmp(was, "1") == 0) != (tr->o.zero_terminal_snr != 0))
+            rc = sd_err_set(err, SD_EINVAL, "%s: made %s --zero-terminal-snr, this run %s it: resume with the same "
+                            "noise schedule", p, was && strcmp(was, "1") == 0 ? "with" : "without",
+                            tr->o.zero_terminal_snr ? "has" : "lacks");
+    }
     if (!rc) { /* how epochs are cut decides the data order; states from before full batches cut short ones */
         const char *was = meta_of(st, "batches"), *now = tr->o.no_carry ? "short" : "full";
         if (strcmp(was ? was : "short", now) != 0)

@@ -14,6 +14,18 @@ void sd_ddpm_init(sd_ddpm *s, double beta_start, double beta_end)
     }
 }
 
+/* Shift and scale sqrt(acp) as diffusers' rescale_zero_terminal_snr does
+ * to the betas; the betas it returns multiply back to these acp. */
+void sd_ddpm_zero_terminal_snr(sd_ddpm *s)
+{
+    double a0 = sqrt((double)s->acp[0]), aT = sqrt((double)s->acp[SD_DDPM_STEPS - 1]);
+    for (int i = 0; i < SD_DDPM_STEPS; i++) {
+        double r = (sqrt((double)s->acp[i]) - aT) * (a0 / (a0 - aT));
+        s->acp[i] = (float)(r * r);
+    }
+    s->acp[SD_DDPM_STEPS - 1] = 0.0f; /* exactly, as diffusers' schedule ends */
+}
+
 /* fp32 noising, one sample's scale pair at a time. */
 void sd_ddpm_add_noise(const sd_ddpm *s, int n, size_t per, const int *t, const float *x0, const float *noise,
                        float *xt)

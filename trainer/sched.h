@@ -20,6 +20,13 @@ typedef struct {
  * computed in double and rounded once (diffusers' fp32 cumprod differs by
  * less than 1e-6 relative: 7e-7 at t = 999). */
 void sd_ddpm_init(sd_ddpm *s, double beta_start, double beta_end);
+/* diffusers' rescale_zero_terminal_snr (Lin et al. 2023, "Common Diffusion
+ * Noise Schedules and Sample Steps are Flawed", algorithm 1) applied to
+ * the schedule: sqrt(acp) shifted so its last value is 0 and scaled so its
+ * first is unchanged. The last timestep is then pure noise (SNR 0), which
+ * v-prediction models trained this way need (sd-train
+ * --zero-terminal-snr). Computed in double from the fp32 schedule. */
+void sd_ddpm_zero_terminal_snr(sd_ddpm *s);
 /* x_t = sqrt(acp[t]) x0 + sqrt(1 - acp[t]) noise for n samples of per
  * floats each (diffusers add_noise). */
 void sd_ddpm_add_noise(const sd_ddpm *s, int n, size_t per, const int *t, const float *x0, const float *noise,

@@ -142,6 +142,11 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         sd_trainer_close(tr);
         return sd_err_set(err, SD_EUNSUPPORTED, "--zero1 shards the CPU optimizer; GPU ranks keep whole moments");
     }
+    if (o->zero_terminal_snr && o->snr_gamma > 0 && o->pred == SD_PRED_EPSILON) {
+        sd_trainer_close(tr);
+        return sd_err_set(err, SD_EINVAL, "zero terminal SNR with min-SNR weights and epsilon prediction: the "
+                          "weights divide by the SNR, which is 0 at the last timestep (use v-prediction)");
+    }
     if (o->moments != SD_DT_F32 && o->moments != SD_DT_BF16) {
         sd_trainer_close(tr);
         return sd_err_set(err, SD_EINVAL, "AdamW moments are stored as fp32 or bf16");
@@ -170,6 +175,7 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
                           n * (2 * tr->moment_size + (o->ema_decay > 0 ? 8 : 4)) >> 20);
     }
     sd_ddpm_init(&tr->sched, 0.00085, 0.012);
+    if (o->zero_terminal_snr) sd_ddpm_zero_terminal_snr(&tr->sched);
     sd_rng_seed(&tr->rng, o->seed);
     sd_tally_init(&tr->tally, 5);
     tr->pool = o->threads > 1 ? sd_pool_create(o->threads) : NULL;

@@ -50,6 +50,7 @@ typedef struct {
     sd_prediction pred;
     double snr_gamma;    /* > 0: min-SNR-gamma loss weights */
     double noise_offset; /* > 0: noise += offset * N(0, 1) per channel */
+    int zero_terminal_snr; /* rescale the schedule to zero terminal SNR (sched.h) */
     /* optimizer */
     sd_adamw_opts adam;
     sd_lr_sched lr;
