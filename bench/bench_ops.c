@@ -164,7 +164,10 @@ static int bench_adamw(sd_pool *pool, size_t n, int reps)
 {
     float *p = rnd(n, 1), *g = rnd(n, 1), *m = rnd(n, 0.1f), *v = rnd(n, 0.01f);
     uint16_t *m16 = malloc(n * sizeof(uint16_t)), *v16 = malloc(n * sizeof(uint16_t));
-    if (!m16 || !v16) return 1;
+    if (!m16 || !v16) {
+        fprintf(stderr, "bench_ops: out of memory for %zu bf16 moments\n", n);
+        exit(1);
+    }
     for (size_t i = 0; i < n; i++) {
         v[i] = fabsf(v[i]);
         uint32_t a, b;

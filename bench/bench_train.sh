@@ -22,7 +22,8 @@
 # step about 1.4x as long. After the optimizer's loops were vectorised
 # (88166fe and the sum of squares after it; load ~1.1): PyTorch 41.1 s, sdtk
 # 24.9 s (1.65x; clip + AdamW 1.2 s); MODE cpu:m16 (bf16 AdamW moments):
-# PyTorch 40.2 s, sdtk 23.5 s (1.71x), losses 1.324681 and 0.636182.
+# PyTorch 40.2 s (fp32 moments: bench_train.py has no bf16 mode), sdtk 23.5 s
+# (1.71x, not like for like), losses 1.324681 and 0.636182.
 # usage: bench/bench_train.sh BUILD_DIR [THREADS] [STEPS] [ROUNDS] [MODE]
 #        (after building bench_train in a Release build; needs python3 with
 #        torch + diffusers). ROUNDS (default 1) alternates PyTorch and sdtk

@@ -14,14 +14,24 @@ CC=${CC:-clang} cmake -S "$root" -B "$build" -DSDTK_FUZZ=ON -DCMAKE_BUILD_TYPE=D
 cmake --build "$build" -j2 --target fuzz_booru fuzz_tar fuzz_npz fuzz_shardrec fuzz_safetensors fuzz_image fuzz_config fuzz_caption >/dev/null
 mkdir -p "$build/artifacts"
 status=0
+# run TARGET PROGRAM ARGS...: the caption target under fuzz_caption.sh, which
+# provides the CLIP vocabulary; the others as they are
+run() {
+    if [ "$1" = caption ]; then
+        shift
+        bash "$root/tests/fuzz/fuzz_caption.sh" "$@"
+    else
+        shift
+        "$@"
+    fi
+}
 for t in ${SDTK_FUZZ_TARGETS:-booru tar npz shardrec safetensors image config caption}; do
     case $t in booru | shardrec | safetensors | config | caption) max=4096 ;; tar | npz | image) max=65536 ;; esac
     scratch=$build/corpus_$t
     rm -rf "$scratch"
     cp -r "$root/tests/fuzz/corpus_$t" "$scratch"
     echo "== fuzz_$t for ${secs}s (max_len $max)"
-    wrap=; [ "$t" = caption ] && wrap="bash $root/tests/fuzz/fuzz_caption.sh" # the CLIP vocabulary
-    $wrap "$build/tests/fuzz/fuzz_$t" -max_total_time="$secs" -max_len="$max" -timeout=10 -print_final_stats=1 \
+    run "$t" "$build/tests/fuzz/fuzz_$t" -max_total_time="$secs" -max_len="$max" -timeout=10 -print_final_stats=1 \
         -artifact_prefix="$build/artifacts/$t-" "$scratch" 2>&1 | grep -E '^(#[0-9]+.*DONE|stat::|==[0-9]+==ERROR|SUMMARY|artifact)' || status=1
 done
 exit $status

@@ -339,8 +339,9 @@ class Train(unittest.TestCase):
         self.assertEqual(latest(out), 4)
 
     def test_zero_terminal_snr(self):
-        """--zero-terminal-snr trains (v-prediction, min-SNR 5: the weight at SNR 0 is 0, no NaN), the
-        state records it, and a resume without it is refused with the reason."""
+        """--zero-terminal-snr trains (v-prediction, min-SNR 5; t = 999 itself is checked in
+        test_train's test_zero_snr_step), the state records it, and a resume without it is refused
+        with the reason."""
         out = os.path.join(self.tmp.name, "ztsnr")
         steps = ["--steps", "4"] + COMMON[COMMON.index("--steps") + 2:]
         run("--unet", UNET, "-o", out, "--zero-terminal-snr", "--metrics", os.path.join(out + ".jsonl"), *steps,

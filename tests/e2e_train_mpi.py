@@ -255,7 +255,7 @@ class TrainMPI(unittest.TestCase):
             a = os.path.join(self.tmp.name, "blocks-%s-allreduce" % moments)
             z = os.path.join(self.tmp.name, "blocks-%s-zero1" % moments)
             mpi(2, "-o", a, "--adam-moments", moments, *base)
-            err = mpi(2, "-o", z, "--adam-moments", moments, "--zero1", *base)
+            mpi(2, "-o", z, "--adam-moments", moments, "--zero1", *base)
             sa, ma = st_load(os.path.join(z, "checkpoint-4", "state.safetensors"))
             sb, _ = st_load(os.path.join(a, "checkpoint-4", "state.safetensors"))
             self.assertGreater(int(ma["param_floats"]), 2 * 4 * 1024 * 1024)

@@ -223,14 +223,22 @@ static void test_vector_loops(void)
     memcpy(v1, v, N * 4);
     memcpy(e1, e, N * 4);
     sd_pool *pool = sd_pool_create(2);
-    /* the gradient norm's sum: the same on 1 and 2 threads, close to an
-     * exact sum (g without its NaN for this) */
-    g[6] = 0.5f;
-    long double ref = 0;
-    for (size_t i = 0; i < N; i++) ref += (long double)g[i] * g[i];
-    double s1 = sd_sum_squares(NULL, N, g), s2 = sd_sum_squares(pool, N, g);
-    CHECK(s1 == s2 && fabsl((long double)s1 - ref) <= 1e-13L * ref);
-    g[6] = NAN;
+    /* the gradient norm's sum over 3 chunks of 65536 and a short one: the
+     * same on 1, 2 and 3 threads, close to an exact sum */
+    {
+        size_t ns = 3 * 65536 + 5;
+        float *x = malloc(ns * sizeof(float));
+        fill(x, ns, 16, -1, 1);
+        long double ref = 0;
+        for (size_t i = 0; i < ns; i++) ref += (long double)x[i] * x[i];
+        sd_pool *p3 = sd_pool_create(3);
+        double s1 = sd_sum_squares(NULL, ns, x), s2 = sd_sum_squares(pool, ns, x), s3 = sd_sum_squares(p3, ns, x);
+        CHECK(s1 == s2 && s1 == s3 && fabsl((long double)s1 - ref) <= 1e-13L * ref);
+        x[ns - 1] = 1e3f; /* the short last chunk counts */
+        CHECK(sd_sum_squares(pool, ns, x) > s1 + 9.9e5);
+        sd_pool_destroy(p3);
+        free(x);
+    }
     sd_adamw_fwd(pool, &args, N, p, m, v, g);
     sd_ema_fwd(pool, N, e, p, 0.01f);
     for (size_t i = 0; i < N; i++) {

@@ -867,6 +867,56 @@ static void test_lr(void)
     CHECK(xt == noise && v == -x0);
 }
 
+/* One micro-batch at the zero-SNR timestep (--zero-terminal-snr with
+ * v-prediction and min-SNR 5): its weight min(0, 5) / (0 + 1) is 0, so a
+ * batch of t = 999 alone gives loss 0 and an all-zero gradient (no NaN
+ * from the SNR of 0), a batch with t = 500 beside it a finite loss and
+ * gradient, and validation's plain MSE at t = 999 a finite loss. */
+static void test_zero_snr_step(void)
+{
+    sd_train_opts o;
+    golden_opts(&o, "sd1");
+    o.zero_terminal_snr = 1;
+    o.pred = SD_PRED_V;
+    o.snr_gamma = 5;
+    sd_trainer tr;
+    sd_error err = {0};
+    if (!CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return;
+    }
+    enum { H = 8, W = 8, T = 5 };
+    size_t per = (size_t)tr.unet.cfg.in_channels * H * W, nctx = (size_t)T * (size_t)tr.unet.cfg.cross_dim;
+    float *x0 = malloc(2 * per * sizeof(float)), *noise = malloc(2 * per * sizeof(float));
+    float *ctx = malloc(2 * nctx * sizeof(float));
+    uint32_t seed = 99;
+    for (size_t i = 0; i < 2 * per; i++) {
+        x0[i] = frand(&seed);
+        noise[i] = frand(&seed);
+    }
+    for (size_t i = 0; i < 2 * nctx; i++) ctx[i] = frand(&seed);
+    size_t n = tr.unet.w.total;
+    double loss = -1;
+    int t1[1] = {999}, t2[2] = {999, 500};
+    CHECK(sd_train_micro(&tr, 1, H, W, T, x0, ctx, NULL, NULL, noise, t1, 1.0, &loss, &err) == SD_OK);
+    int zero = 1;
+    for (size_t i = 0; i < n; i++) zero &= tr.grad[i] == 0.0f;
+    CHECK(loss == 0.0 && zero);
+    CHECK(sd_train_micro(&tr, 2, H, W, T, x0, ctx, NULL, NULL, noise, t2, 1.0, &loss, &err) == SD_OK);
+    int finite = 1, nonzero = 0;
+    for (size_t i = 0; i < n; i++) {
+        finite &= isfinite(tr.grad[i]);
+        nonzero += tr.grad[i] != 0.0f;
+    }
+    CHECK(isfinite(loss) && loss > 0 && finite && nonzero > 0);
+    CHECK(sd_train_eval(&tr, 1, H, W, T, x0, ctx, NULL, NULL, noise, t1, &loss, &err) == SD_OK && isfinite(loss) &&
+          loss > 0);
+    free(x0);
+    free(noise);
+    free(ctx);
+    sd_trainer_close(&tr);
+}
+
 /* test_train --make-shard PATH writes the generated shard for
  * tests/e2e_train.py; with no arguments the tests run. */
 /* The SDXL-shaped model's 3 clipped AdamW steps (make_unet_golden.py
@@ -922,5 +972,6 @@ int main(int argc, char **argv)
     test_golden_sdxl();
     test_shard_runs();
     test_moments_bf16();
+    test_zero_snr_step();
     return check_done("test_train");
 }
