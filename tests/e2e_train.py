@@ -338,6 +338,18 @@ class Train(unittest.TestCase):
         run("--unet", UNET, "-o", out, "--steps", "4", "--batch", "4", "--no-carry", "-q", self.shard)
         self.assertEqual(latest(out), 4)
 
+    def test_epochs(self):
+        """--epochs N becomes steps from the shard's buckets: 14 records in buckets of 5 and 9, batch
+        2, accumulation 2: with full batches (the default) 7 batches an epoch, so 2 epochs are
+        7 steps; with --no-carry 3 + 5 = 8 batches, 8 steps. The run ends there."""
+        rest = COMMON[COMMON.index("--steps") + 2:]
+        for extra, want in (([], 7), (["--no-carry"], 8)):
+            out = os.path.join(self.tmp.name, "epochs%d" % want)
+            code, err = run("--unet", UNET, "-o", out, "--batch", "2", "--accum", "2", "--epochs", "2", *extra,
+                            *[a for a in rest if a != "-q"], self.shard)
+            self.assertIn("= %d steps" % want, err)
+            self.assertEqual(latest(out), want)
+
     def test_zero_terminal_snr(self):
         """--zero-terminal-snr trains (v-prediction, min-SNR 5; t = 999 itself is checked in
         test_train's test_zero_snr_step), the state records it, and a resume without it is refused

@@ -1,5 +1,6 @@
 /* sd-train: train the SD/SDXL UNet on latent shards. This file is the
  * command line only; the work is in trainer/. */
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,7 +76,7 @@ int main(int argc, char **argv)
     const char *config_file = NULL; /* read by sd_cli_expand; listed for --help */
     sd_strlist sets = {0};
     long batch = 1, accum = 1, steps = 1000, warmup = 0, save_every = 0, keep = 2, threads = 0, seed = 0,
-         init_seed = 0;
+         init_seed = 0, epochs = 0;
     double lr = 1e-4, gpu_mem_gib = 0;
     int quiet = 0, verbose = 0, fresh = 0;
     const sd_opt opts[] = {
@@ -94,6 +95,10 @@ int main(int argc, char **argv)
         {"batch", 'b', SD_OPT_INT, &batch, "N", "samples per micro-batch, all of one bucket (default 1)"},
         {"accum", 0, SD_OPT_INT, &accum, "N", "micro-batches per optimizer step (default 1)"},
         {"steps", 0, SD_OPT_INT, &steps, "N", "optimizer steps to train to (default 1000)"},
+        {"epochs", 0, SD_OPT_INT, &epochs, "N",
+         "train N passes over the shards instead: the steps become N x (each bucket's records / batch, rounded up "
+         "per bucket with --no-carry) / (ranks x accumulation), rounded up; overrides --steps, and the LR "
+         "schedule spans them"},
         {"lr", 0, SD_OPT_DOUBLE, &lr, "X", "learning rate (default 1e-4)"},
         {"lr-schedule", 0, SD_OPT_STR, &sched, "NAME", "constant (default), constant_with_warmup, cosine or linear"},
         {"warmup", 0, SD_OPT_INT, &warmup, "N", "warmup steps of the schedule (default 0)"},
@@ -208,7 +213,8 @@ int main(int argc, char **argv)
     else if (!o.out_dir) bad = "no output directory (-o DIR)";
     else if (!o.unet && !o.unet_config) bad = "no model (--unet PATH or --unet-config FILE)";
     else if (batch < 1 || batch > 4096 || accum < 1 || accum > 4096) bad = "--batch and --accum: 1..4096";
-    else if (steps < 0 || warmup < 0 || save_every < 0 || keep < 0 || seed < 0 || init_seed < 0 || threads < 0)
+    else if (steps < 0 || warmup < 0 || save_every < 0 || keep < 0 || seed < 0 || init_seed < 0 || threads < 0 ||
+             epochs < 0)
         bad = "counts and seeds must not be negative";
     else if (!(lr >= 0) || !(o.dropout >= 0 && o.dropout <= 1) || o.snr_gamma < 0 || o.noise_offset < 0)
         bad = "--lr, --snr-gamma, --noise-offset must be >= 0 and --dropout in [0, 1]";
@@ -287,6 +293,12 @@ int main(int argc, char **argv)
         sd_cli_args_free(&args);
         sd_strlist_free(&sets);
         return fail_all(SD_EXIT_FATAL);
+    }
+    if (epochs > 0) { /* the shards are open now: their batches per epoch turn into steps */
+        double per = sd_data_epoch_batches(&tr.data);
+        tr.o.max_steps = tr.o.lr.total = (long)ceil((double)epochs * per / ((double)world * (double)o.accum));
+        sd_log(SD_LOG_INFO, "%ld epoch%s of %.6g batches (%d rank%s, accumulation %d) = %ld steps", epochs,
+               epochs == 1 ? "" : "s", per, world, world == 1 ? "" : "s", o.accum, tr.o.max_steps);
     }
     if (!resume && !fresh && has_latest(o.out_dir)) resume = o.out_dir;
     if (resume) st = sd_train_resume(&tr, resume, &err);

@@ -264,6 +264,18 @@ static void plan_epoch(sd_data *d, long e)
     d->epoch = e;
 }
 
+/* Sum over the buckets of records / batch, rounded up per bucket unless
+ * batches run on into the next epoch. */
+double sd_data_epoch_batches(const sd_data *d)
+{
+    double total = 0;
+    for (size_t b = 0; b < d->nbuckets; b++) {
+        size_t n = d->buckets[b].n, k = (size_t)d->batch;
+        total += d->carry ? (double)n / (double)k : (double)((n + k - 1) / k);
+    }
+    return total;
+}
+
 /* Room for an epoch's carried batches: up to batch - 1 more records and
  * one more batch per bucket, and two shuffles of the largest bucket. */
 sd_status sd_data_set_carry(sd_data *d, sd_error *err)

@@ -86,6 +86,10 @@ void sd_data_close(sd_data *d);
  * batch). Still a function of (seed, epoch) alone. Off by default (the
  * validation set keeps every record exactly once). */
 sd_status sd_data_set_carry(sd_data *d, sd_error *err);
+/* Batches in one epoch, on average: with full batches (sd_data_set_carry)
+ * each bucket's records over the batch size, else each bucket's count
+ * rounded up to whole batches. What --epochs turns into steps. */
+double sd_data_epoch_batches(const sd_data *d);
 /* The batch at the cursor (planning its epoch when needed), and the cursor
  * moved past it (into the next epoch after the last batch). */
 sd_status sd_data_next(sd_data *d, sd_data_cursor *cur, sd_data_batch *out, sd_error *err);
