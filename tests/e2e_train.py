@@ -376,6 +376,19 @@ class Train(unittest.TestCase):
             base = [json.loads(l)["loss"] for l in f if '"loss"' in l]
         self.assertNotEqual(losses, base)
 
+    def test_timestep_range(self):
+        """--min-timestep 999 --max-timestep 1000 with --zero-terminal-snr and v-prediction under
+        min-SNR 5: every sample is drawn at t = 999, whose weight is 0, so every step's loss and
+        gradient norm are exactly 0 (with the full range they are not: test_zero_terminal_snr)."""
+        out = os.path.join(self.tmp.name, "trange")
+        steps = ["--steps", "3"] + COMMON[COMMON.index("--steps") + 2:]
+        run("--unet", UNET, "-o", out, "--zero-terminal-snr", "--min-timestep", "999", "--max-timestep", "1000",
+            "--metrics", out + ".jsonl", *steps, self.shard)
+        with open(out + ".jsonl") as f:
+            rows = [json.loads(l) for l in f if '"loss"' in l]
+        self.assertEqual(len(rows), 3)
+        self.assertTrue(all(r["loss"] == 0 and r["grad_norm"] == 0 for r in rows), rows)
+
     def test_usage(self):
         code, err = run("-o", os.path.join(self.tmp.name, "x"), self.shard, ok=(2,))
         self.assertIn("--unet", err)
@@ -395,6 +408,9 @@ class Train(unittest.TestCase):
         code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--adam-moments", "fp16", self.shard,
                         ok=(2,))
         self.assertIn("--adam-moments: fp32 or bf16", err)
+        code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--min-timestep", "500",
+                        "--max-timestep", "500", self.shard, ok=(2,))
+        self.assertIn("--max-timestep", err)
         code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--zero-terminal-snr", "--snr-gamma",
                         "5", self.shard, ok=(2,))
         self.assertIn("v_prediction", err)

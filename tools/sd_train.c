@@ -76,7 +76,7 @@ int main(int argc, char **argv)
     const char *config_file = NULL; /* read by sd_cli_expand; listed for --help */
     sd_strlist sets = {0};
     long batch = 1, accum = 1, steps = 1000, warmup = 0, save_every = 0, keep = 2, threads = 0, seed = 0,
-         init_seed = 0, epochs = 0;
+         init_seed = 0, epochs = 0, t_min = 0, t_max = SD_DDPM_STEPS;
     double lr = 1e-4, gpu_mem_gib = 0;
     int quiet = 0, verbose = 0, fresh = 0;
     const sd_opt opts[] = {
@@ -119,6 +119,9 @@ int main(int argc, char **argv)
         {"prediction", 0, SD_OPT_STR, &pred, "T", "epsilon (default) or v_prediction"},
         {"snr-gamma", 0, SD_OPT_DOUBLE, &o.snr_gamma, "X", "min-SNR-gamma loss weighting (5 is usual; default off)"},
         {"noise-offset", 0, SD_OPT_DOUBLE, &o.noise_offset, "X", "noise offset (default 0)"},
+        {"min-timestep", 0, SD_OPT_INT, &t_min, "N",
+         "draw training and validation timesteps from [N, --max-timestep) only (default 0), as kohya's option"},
+        {"max-timestep", 0, SD_OPT_INT, &t_max, "N", "the end of that range, exclusive (default 1000)"},
         {"zero-terminal-snr", 0, SD_OPT_FLAG, &o.zero_terminal_snr, NULL,
          "rescale the noise schedule to zero terminal SNR (diffusers' rescale_betas_zero_snr): the last timestep is "
          "pure noise; for v-prediction models trained that way (with epsilon prediction a warning, with --snr-gamma "
@@ -235,6 +238,8 @@ int main(int argc, char **argv)
     if (!bad && o.zero1 && o.device >= 0) bad = "--zero1 shards the CPU optimizer; not with --device cuda";
     if (!bad && !sd_lr_kind_parse(sched, &o.lr.kind))
         bad = "--lr-schedule: constant, constant_with_warmup, cosine or linear";
+    if (!bad && (t_min < 0 || t_max > SD_DDPM_STEPS || t_min >= t_max))
+        bad = "--min-timestep and --max-timestep: 0 <= min < max <= 1000";
     if (!bad && o.zero_terminal_snr && o.snr_gamma > 0 && o.pred == SD_PRED_EPSILON)
         bad = "--zero-terminal-snr with --snr-gamma needs --prediction v_prediction (the SNR is 0 at the last timestep)";
     if (!bad && strcmp(moments, "fp32") == 0) o.moments = SD_DT_F32;
@@ -255,6 +260,8 @@ int main(int argc, char **argv)
     if (o.zero_terminal_snr && o.pred == SD_PRED_EPSILON)
         sd_log(SD_LOG_WARN, "--zero-terminal-snr with epsilon prediction: at the last timestep the input is the noise "
                "itself; the schedule was made for v-prediction (--prediction v_prediction)");
+    o.t_min = (int)t_min;
+    o.t_max = (int)t_max;
     o.shards = pos.v;
     o.nshards = pos.n;
     o.batch = (int)batch;

@@ -35,6 +35,15 @@ void sd_train_opts_default(sd_train_opts *o)
     o->threads = 1;
     o->device = -1;
     o->moments = SD_DT_F32;
+    o->t_min = 0;
+    o->t_max = SD_DDPM_STEPS;
+}
+
+/* A timestep in the run's range [t_min, t_max): the whole schedule by
+ * default, where the draw is the one it always was. */
+static int draw_timestep(const sd_train_opts *o, sd_rng *rng)
+{
+    return o->t_min + (int)sd_rng_below(rng, (uint64_t)(o->t_max - o->t_min));
 }
 
 /* The model: loaded, or built from a config and initialised. */
@@ -133,6 +142,9 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
     tr->o = *o;
     if (o->batch < 1 || o->accum < 1 || o->max_steps < 0)
         return sd_err_set(err, SD_EINVAL, "batch and accumulation must be >= 1");
+    if (o->t_min < 0 || o->t_max > SD_DDPM_STEPS || o->t_min >= o->t_max)
+        return sd_err_set(err, SD_EINVAL, "timestep range [%d, %d): within [0, %d) and not empty", o->t_min, o->t_max,
+                          SD_DDPM_STEPS);
     sd_status rc = open_model(tr, err);
     if (rc) return rc;
     size_t n = tr->unet.w.total;
@@ -664,7 +676,7 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
             rc = prepare(tr, b->n, b->h, b->w, b->tctx, err);
             if (rc) return rc;
             size_t per = (size_t)b->c * (size_t)b->h * (size_t)b->w;
-            for (int i = 0; i < b->n; i++) tr->t[i] = (int)sd_rng_below(&tr->rng, SD_DDPM_STEPS);
+            for (int i = 0; i < b->n; i++) tr->t[i] = draw_timestep(&tr->o, &tr->rng);
             sd_rng_normal(&tr->rng, tr->noise, (size_t)b->n * per);
             if (tr->o.noise_offset > 0) {
                 /* diffusers: noise += offset * randn(n, c, 1, 1) */
@@ -755,7 +767,7 @@ sd_status sd_train_validate(sd_trainer *tr, double *loss, long *images, sd_error
         rc = prepare(tr, b->n, b->h, b->w, b->tctx, err);
         if (rc) break;
         size_t per = (size_t)b->c * (size_t)b->h * (size_t)b->w;
-        for (int i = 0; i < b->n; i++) tr->t[i] = (int)sd_rng_below(&rng, SD_DDPM_STEPS);
+        for (int i = 0; i < b->n; i++) tr->t[i] = draw_timestep(&tr->o, &rng);
         sd_rng_normal(&rng, tr->noise, (size_t)b->n * per);
         double l;
         rc = sd_train_eval(tr, b->n, b->h, b->w, b->tctx, b->x0, b->ctx, pooled ? b->text : NULL,

@@ -51,6 +51,7 @@ typedef struct {
     double snr_gamma;    /* > 0: min-SNR-gamma loss weights */
     double noise_offset; /* > 0: noise += offset * N(0, 1) per channel */
     int zero_terminal_snr; /* rescale the schedule to zero terminal SNR (sched.h) */
+    int t_min, t_max;      /* timesteps drawn uniformly from [t_min, t_max); 0 and SD_DDPM_STEPS by default */
     /* optimizer */
     sd_adamw_opts adam;
     sd_lr_sched lr;
