@@ -119,6 +119,9 @@ int main(int argc, char **argv)
         {"prediction", 0, SD_OPT_STR, &pred, "T", "epsilon (default) or v_prediction"},
         {"snr-gamma", 0, SD_OPT_DOUBLE, &o.snr_gamma, "X", "min-SNR-gamma loss weighting (5 is usual; default off)"},
         {"noise-offset", 0, SD_OPT_DOUBLE, &o.noise_offset, "X", "noise offset (default 0)"},
+        {"input-perturbation", 0, SD_OPT_DOUBLE, &o.input_perturbation, "X",
+         "diffusers' input perturbation: the noisy latents are made from noise + X * N(0, 1), the target from the "
+         "noise alone (0.1 is usual; default off; training only, not validation)"},
         {"min-timestep", 0, SD_OPT_INT, &t_min, "N",
          "draw training and validation timesteps from [N, --max-timestep) only (default 0), as kohya's option"},
         {"max-timestep", 0, SD_OPT_INT, &t_max, "N", "the end of that range, exclusive (default 1000)"},
@@ -219,8 +222,9 @@ int main(int argc, char **argv)
     else if (steps < 0 || warmup < 0 || save_every < 0 || keep < 0 || seed < 0 || init_seed < 0 || threads < 0 ||
              epochs < 0)
         bad = "counts and seeds must not be negative";
-    else if (!(lr >= 0) || !(o.dropout >= 0 && o.dropout <= 1) || o.snr_gamma < 0 || o.noise_offset < 0)
-        bad = "--lr, --snr-gamma, --noise-offset must be >= 0 and --dropout in [0, 1]";
+    else if (!(lr >= 0) || !(o.dropout >= 0 && o.dropout <= 1) || o.snr_gamma < 0 || o.noise_offset < 0 ||
+             !(o.input_perturbation >= 0))
+        bad = "--lr, --snr-gamma, --noise-offset, --input-perturbation must be >= 0 and --dropout in [0, 1]";
     else if (!(o.ema_decay >= 0 && o.ema_decay < 1) || o.ema_every < 1) bad = "--ema-decay in [0, 1), --ema-every >= 1";
     else if (strcmp(pred, "epsilon") == 0) o.pred = SD_PRED_EPSILON;
     else if (strcmp(pred, "v_prediction") == 0 || strcmp(pred, "v") == 0) o.pred = SD_PRED_V;

@@ -252,6 +252,7 @@ void sd_trainer_close(sd_trainer *tr)
     free(tr->act);
     free(tr->dact);
     free(tr->noise);
+    free(tr->noise_in);
     free(tr->target);
     free(tr->dout);
     free(tr->t);
@@ -316,18 +317,23 @@ static sd_status prepare(sd_trainer *tr, int n, int h, int w, int tctx, sd_error
     size_t io = (size_t)n * (size_t)tr->unet.cfg.in_channels * (size_t)h * (size_t)w;
     if (io > tr->io_cap) {
         free(tr->noise);
+        free(tr->noise_in);
         free(tr->target);
         free(tr->dout);
         free(tr->t);
         free(tr->stage);
         if (tr->cuda && tr->d_dout) tr->be->release(tr->exec, tr->d_dout);
         tr->noise = malloc(io * sizeof(float));
+        tr->noise_in = tr->o.input_perturbation > 0 ? malloc(io * sizeof(float)) : NULL;
         tr->target = malloc(io * sizeof(float));
         tr->dout = malloc(io * sizeof(float));
         tr->t = malloc(io * sizeof(int)); /* io >= n */
         tr->stage = tr->cuda ? malloc((3 * io) * sizeof(float)) : NULL; /* x_t, timesteps, output */
         tr->d_dout = tr->cuda ? tr->be->alloc(tr->exec, io * sizeof(float)) : tr->dout;
-        tr->io_cap = tr->noise && tr->target && tr->dout && tr->t && tr->d_dout && (tr->stage || !tr->cuda) ? io : 0;
+        tr->io_cap = tr->noise && tr->target && tr->dout && tr->t && tr->d_dout && (tr->stage || !tr->cuda) &&
+                             (tr->noise_in || !(tr->o.input_perturbation > 0))
+                         ? io
+                         : 0;
         if (!tr->io_cap) return sd_err_set(err, SD_ENOMEM, "out of memory");
     }
     return SD_OK;
@@ -373,10 +379,12 @@ sd_status sd_train_sync_host(sd_trainer *tr, sd_error *err)
     return rc;
 }
 
-/* Noise the latents, predict, compare with the target, backpropagate. */
+/* Noise the latents (with noise_in when given, diffusers'
+ * input_perturbation; else with noise), predict, compare with the target
+ * (made from noise), backpropagate. */
 static sd_status pass(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
-                      const float *text, const float *tids, const float *noise, const int *t, double grad_scale,
-                      int backward, double *loss, sd_error *err)
+                      const float *text, const float *tids, const float *noise, const float *noise_in, const int *t,
+                      double grad_scale, int backward, double *loss, sd_error *err)
 {
     const sd_unet_config *c = &tr->unet.cfg;
     if (c->in_channels != c->out_channels)
@@ -391,7 +399,7 @@ static sd_status pass(sd_trainer *tr, int n, int h, int w, int tctx, const float
     push_state(tr);
     /* the inputs are written in place on the CPU, staged on a GPU */
     float *xt = tr->cuda ? tr->stage : act + g->x, *tt = tr->cuda ? tr->stage + tot : act + g->t;
-    sd_ddpm_add_noise(&tr->sched, n, per, t, x0, noise, xt);
+    sd_ddpm_add_noise(&tr->sched, n, per, t, x0, noise_in ? noise_in : noise, xt);
     for (int b = 0; b < n; b++) tt[b] = (float)t[b];
     put(tr, act + g->x, xt, tot);
     put(tr, act + g->t, tt, (size_t)n);
@@ -439,7 +447,7 @@ sd_status sd_train_micro(sd_trainer *tr, int n, int h, int w, int tctx, const fl
                          const float *text, const float *tids, const float *noise, const int *t, double grad_scale,
                          double *loss, sd_error *err)
 {
-    return pass(tr, n, h, w, tctx, x0, ctx, text, tids, noise, t, grad_scale, 1, loss, err);
+    return pass(tr, n, h, w, tctx, x0, ctx, text, tids, noise, NULL, t, grad_scale, 1, loss, err);
 }
 
 /* The loss alone (validation): the gradient is not touched. */
@@ -447,7 +455,7 @@ sd_status sd_train_eval(sd_trainer *tr, int n, int h, int w, int tctx, const flo
                         const float *text, const float *tids, const float *noise, const int *t, double *loss,
                         sd_error *err)
 {
-    return pass(tr, n, h, w, tctx, x0, ctx, text, tids, noise, t, 1.0, 0, loss, err);
+    return pass(tr, n, h, w, tctx, x0, ctx, text, tids, noise, NULL, t, 1.0, 0, loss, err);
 }
 
 /* A GPU run's gradient into the host buffer (for the reduction, clipping
@@ -689,9 +697,16 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
                                 (float)tr->o.noise_offset * off[ch];
                 }
             }
+            if (tr->o.input_perturbation > 0) { /* diffusers: new_noise = noise + p * randn_like(noise) */
+                size_t all = (size_t)b->n * per;
+                sd_rng_normal(&tr->rng, tr->noise_in, all);
+                for (size_t k = 0; k < all; k++)
+                    tr->noise_in[k] = tr->noise[k] + (float)tr->o.input_perturbation * tr->noise_in[k];
+            }
             double l;
-            rc = sd_train_micro(tr, b->n, b->h, b->w, b->tctx, b->x0, b->ctx, pooled ? b->text : NULL,
-                                c->text_time ? b->tids : NULL, tr->noise, tr->t, 1.0 / slots, &l, err);
+            rc = pass(tr, b->n, b->h, b->w, b->tctx, b->x0, b->ctx, pooled ? b->text : NULL,
+                      c->text_time ? b->tids : NULL, tr->noise, tr->o.input_perturbation > 0 ? tr->noise_in : NULL,
+                      tr->t, 1.0 / slots, 1, &l, err);
             if (rc) return rc;
             red[0] += 1;
             red[1] += l;

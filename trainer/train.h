@@ -51,6 +51,7 @@ typedef struct {
     double snr_gamma;    /* > 0: min-SNR-gamma loss weights */
     double noise_offset; /* > 0: noise += offset * N(0, 1) per channel */
     int zero_terminal_snr; /* rescale the schedule to zero terminal SNR (sched.h) */
+    double input_perturbation; /* > 0: x_t from noise + this * N(0, 1), the target from the noise alone */
     int t_min, t_max;      /* timesteps drawn uniformly from [t_min, t_max); 0 and SD_DDPM_STEPS by default */
     /* optimizer */
     sd_adamw_opts adam;
@@ -119,6 +120,7 @@ typedef struct {
     float *act, *dact;
     size_t act_cap, dact_cap;
     float *noise, *target, *dout;
+    float *noise_in; /* --input-perturbation: the perturbed noise x_t is made from, or NULL */
     int *t;
     size_t io_cap;
     sd_pool *pool;
