@@ -168,8 +168,9 @@ typedef struct {
     float decay, b1, b2, step_size, bc2_sqrt, eps, gscale;
     uint32_t sr_key; /* bf16 moments: the step's stochastic-rounding key */
 } sd_adamw_args;
-/* Sum of squares of x in double over fixed chunks of 65536 added in
- * order: the same value for any thread count. */
+/* Sum of squares of x in double over fixed chunks of 65536 (each in eight
+ * running sums, element i into sum i % 8) added in order: the same value
+ * for any thread count. */
 double sd_sum_squares(sd_pool *pool, size_t n, const float *x);
 /* p, m, v updated by one AdamW step from gradient g (n floats each). */
 void sd_adamw_fwd(sd_pool *pool, const sd_adamw_args *a, size_t n, float *p, float *m, float *v, const float *g);

@@ -19,7 +19,6 @@
 #include "cli.h"
 #include "dtype.h"
 #include "err.h"
-#include "f16.h"
 #include "pool.h"
 #include "progress.h"
 #include "safetensors.h"
@@ -649,9 +648,11 @@ static int check_adamw_bf16(const target *dev, const target *ref, double tol)
         fill(p[0], N, 502, -1, 1);
         memcpy(p[1], p[0], N * sizeof(float));
         fill(tmp, N, 503, -0.1f, 0.1f);
-        for (size_t i = 0; i < N; i++) m[0][i] = m[1][i] = sd_f32_to_bf16(tmp[i]);
+        sd_dtype_store(m[0], tmp, N, SD_DT_BF16);
         fill(tmp, N, 504, 0, 0.01f);
-        for (size_t i = 0; i < N; i++) v[0][i] = v[1][i] = sd_f32_to_bf16(tmp[i]);
+        sd_dtype_store(v[0], tmp, N, SD_DT_BF16);
+        memcpy(m[1], m[0], N * sizeof(uint16_t));
+        memcpy(v[1], v[0], N * sizeof(uint16_t));
         if (adamw16_on(dev, N, p[0], m[0], v[0], g, &a, &err) || adamw16_on(ref, N, p[1], m[1], v[1], g, &a, &err)) {
             fprintf(stderr, "sd-selftest: %s\n", err.msg);
         } else {

@@ -154,8 +154,8 @@ int main(int argc, char **argv)
         {"tf32", 0, SD_OPT_FLAG, &o.tf32, NULL, "allow TF32 tensor cores on the GPU (faster, ~1e-3 relative error)"},
         {"mixed-precision", 0, SD_OPT_STR, &mixed, "T",
          "no (default) or bf16: on the GPU every convolution, linear layer and attention product takes bf16 "
-         "copies of its inputs (tensor cores, fp32 accumulation, as torch.autocast); weights, optimizer state, "
-         "activations and gradients are stored in fp32 (convolutions' outputs and gradients come out of cuDNN in "
+         "copies of its inputs (tensor cores, fp32 accumulation, as torch.autocast); weights, optimizer state "
+         "(unless --adam-moments bf16), activations and gradients are stored in fp32 (convolutions' outputs and gradients come out of cuDNN in "
          "16 bits and are widened). fp16 is refused: it needs loss scaling, which sd-train does not do"},
         {"gpu-memory-limit", 0, SD_OPT_DOUBLE, &gpu_mem_gib, "GIB",
          "GPU: hold at most this much device memory in sdtk's allocator (weights, optimizer, activations, "
