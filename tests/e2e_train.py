@@ -39,6 +39,13 @@ def final(out, step=10):
     return ckpt_bytes(out, step)
 
 
+def state_meta(out, step):
+    """The metadata of checkpoint-STEP's state file."""
+    with open(os.path.join(out, "checkpoint-%d" % step, "state.safetensors"), "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n))["__metadata__"]
+
+
 def crc32c(data):
     """CRC-32C (Castagnoli), bit by bit: an independent check of the writer's."""
     c = 0xFFFFFFFF
@@ -349,6 +356,51 @@ class Train(unittest.TestCase):
                             *[a for a in rest if a != "-q"], self.shard)
             self.assertIn("= %d steps" % want, err)
             self.assertEqual(latest(out), want)
+        # batch 16 is larger than both buckets: each is one short batch an epoch, 4 epochs = 8 steps,
+        # and the saved cursor is at the end of the fourth epoch (epoch 3)
+        out = os.path.join(self.tmp.name, "epochs-b16")
+        code, err = run("--unet", UNET, "-o", out, "--batch", "16", "--epochs", "4", "-j", "1", self.shard)
+        self.assertIn("= 8 steps", err)
+        self.assertEqual(latest(out), 8)
+        self.assertEqual(state_meta(out, 8)["epoch"], "3")
+
+    def test_same_step_saved_again(self):
+        """A finished run started again saves nothing (its checkpoint already holds the step,
+        left byte for byte as it was); --fresh into the same directory replaces that checkpoint
+        with the new run's, complete, and leaves no temporary directory behind."""
+        out = os.path.join(self.tmp.name, "again")
+        args = ["--unet", UNET, "-o", out, "--steps", "2", "--batch", "2", "--ema-decay", "0.99", "-j", "1", self.shard]
+        run(*args)
+        before = ckpt_bytes(out, 2)
+        st = os.stat(os.path.join(out, "checkpoint-2", "state.safetensors"))
+        code, err = run(*args)
+        self.assertIn("checkpoint-2 already holds step 2", err)
+        self.assertEqual(ckpt_bytes(out, 2), before)
+        self.assertEqual(os.stat(os.path.join(out, "checkpoint-2", "state.safetensors")).st_mtime_ns, st.st_mtime_ns)
+        run(*args, "--fresh", "--lr", "5e-3")
+        after = ckpt_bytes(out, 2)
+        self.assertNotEqual(after[0], before[0], "the new run's weights did not replace the old ones")
+        self.assertEqual(sorted(os.listdir(out)), ["checkpoint-2", "latest"])
+        self.assertEqual(latest(out), 2)
+
+    def test_resume_option_checks(self):
+        """A checkpoint with an EMA resumes only with --ema-decay (as one without resumes only
+        without); options that change the steps from here (lr, schedule, min-SNR) are named in
+        a warning with their old and new values."""
+        out = os.path.join(self.tmp.name, "resume-opts")
+        run("--unet", UNET, "-o", out, "--steps", "2", "--batch", "2", "--ema-decay", "0.99", "--lr-schedule",
+            "cosine", "--warmup", "1", "-j", "1", "-q", self.shard)
+        code, err = run("--unet", UNET, "-o", out, "--steps", "4", "--batch", "2", "-j", "1", self.shard, ok=(3,))
+        self.assertIn("keeps an EMA", err)
+        code, err = run("--unet", UNET, "-o", out, "--steps", "4", "--batch", "2", "--ema-decay", "0.99",
+                        "--lr-schedule", "cosine", "--warmup", "1", "--lr", "5e-2", "--snr-gamma", "5", "-j", "1",
+                        self.shard)
+        self.assertIn("resuming with other options", err)
+        self.assertIn("lr 0.0001 -> 0.05", err)
+        self.assertIn("snr-gamma 0 -> 5", err)
+        self.assertIn("steps 2 -> 4", err)
+        self.assertNotIn("warmup", err)
+        self.assertEqual(latest(out), 4)
 
     def test_zero_terminal_snr(self):
         """--zero-terminal-snr trains (v-prediction, min-SNR 5; t = 999 itself is checked in
@@ -427,6 +479,10 @@ class Train(unittest.TestCase):
         code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--zero-terminal-snr", "--snr-gamma",
                         "5", self.shard, ok=(2,))
         self.assertIn("v_prediction", err)
+        for opt, val in (("--beta1", "1"), ("--beta2", "1.5"), ("--beta1", "nan"), ("--adam-eps", "-1"),
+                         ("--weight-decay", "-5"), ("--max-grad-norm", "-3")):
+            code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), opt, val, self.shard, ok=(2,))
+            self.assertIn(opt, err)
         code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), "--gpu-memory-limit", "8", self.shard,
                         ok=(2,))
         self.assertIn("--device cuda", err)

@@ -394,6 +394,19 @@ static int train(const sd_train_opts *o, int resume, float **w, float **m, float
     return ok;
 }
 
+/* A metadata value of a state file (malloc'ed), NULL when it cannot be read. */
+static char *state_meta(const char *path, const char *key)
+{
+    sd_safetensors *st = NULL;
+    sd_error err = {0};
+    char *v = NULL;
+    if (sd_st_open(&st, path, &err) != SD_OK) return NULL;
+    for (size_t i = 0; i < sd_st_meta_count(st); i++)
+        if (strcmp(sd_st_meta_at(st, i)->key, key) == 0) v = strdup(sd_st_meta_at(st, i)->value);
+    sd_st_close(st);
+    return v;
+}
+
 /* rm -r of the test directories (our own files only). */
 static void rmtree(const char *dir)
 {
@@ -425,7 +438,7 @@ static void check_carry(const char *shard)
         sd_data_cursor cur = {0, 0};
         sd_data_batch db, first[64];
         uint32_t rec1[256];
-        size_t nfirst = 0, nrec1 = 0;
+        size_t nfirst = 0, nrec1 = 0, nbat = 0;
         while (cur.epoch < E && CHECK(d.nitems <= 64 && d.nbuckets <= 8)) {
             long e = cur.epoch;
             if (!CHECK(sd_data_next(&d, &cur, &db, &err) == SD_OK)) break;
@@ -434,11 +447,14 @@ static void check_carry(const char *shard)
             CHECK(db.n == (n < 4 || !carry ? db.n : 4) && db.n >= 1 && db.n <= 4);
             for (size_t i = 0; i < db.n; i++) count[d.perm[db.start + i]]++;
             taken[db.bucket] += (unsigned)db.n;
+            nbat++;
             if (cur.epoch == 1 && nfirst < 64) { /* the batch handed out is of the cursor's epoch */
                 first[nfirst++] = db;
                 for (size_t i = 0; i < db.n && nrec1 < 256; i++) rec1[nrec1++] = d.perm[db.start + i];
             }
         }
+        /* --epochs counts batches per epoch: within one batch per bucket of what E epochs hand out */
+        CHECK(fabs(sd_data_epoch_batches(&d) * E - (double)nbat) < (double)d.nbuckets);
         for (size_t b = 0; b < d.nbuckets; b++) {
             size_t n = d.buckets[b].n, want = carry && n > 4 ? (E * n + 3) / 4 * 4 : E * n;
             CHECK(taken[b] == want);
@@ -453,6 +469,21 @@ static void check_carry(const char *shard)
             for (size_t i = 0; i < db.n && r < nrec1; i++) CHECK(d.perm[db.start + i] == rec1[r++]);
         }
         CHECK(nfirst > 0 && r == nrec1);
+        sd_data_close(&d);
+    }
+    /* batch 16, larger than every bucket: each bucket is one short batch an
+     * epoch, with or without carry, and --epochs must count it so */
+    for (int carry = 0; carry < 2; carry++) {
+        if (!CHECK(sd_data_open(&d, shards, 1, 16, 11, 0, &err) == SD_OK)) return;
+        if (!carry || CHECK(sd_data_set_carry(&d, &err) == SD_OK)) {
+            sd_data_cursor cur = {0, 0};
+            sd_data_batch db;
+            size_t nb = 0;
+            while (cur.epoch < 3 && CHECK(sd_data_next(&d, &cur, &db, &err) == SD_OK))
+                if (cur.epoch < 3) nb++; /* the batch handed out is of the cursor's epoch */
+            CHECK(d.nbuckets >= 2 && nb == 3 * d.nbuckets);
+            CHECK(sd_data_epoch_batches(&d) == (double)d.nbuckets);
+        }
         sd_data_close(&d);
     }
 }
@@ -556,9 +587,13 @@ static void test_shard_runs(void)
         free(ea);
     }
 
-    /* a NaN loss stops the run with a checkpoint of the state before it */
+    /* a NaN loss stops the run with a checkpoint of the state before it:
+     * into a new directory, the step, image count, data cursor and RNG of
+     * runA's checkpoint-6, which the run resumed from */
     sd_trainer tr;
-    shard_opts(&o, shards, c, 6, 1);
+    char nan_dir[700];
+    snprintf(nan_dir, sizeof nan_dir, "%s/runNaN", dir);
+    shard_opts(&o, shards, nan_dir, 6, 1);
     o.max_steps = 3;
     if (CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
         CHECK(sd_train_resume(&tr, a, &err) == SD_OK && tr.step == 6);
@@ -569,10 +604,18 @@ static void test_shard_runs(void)
         CHECK(strstr(err.msg, "non-finite loss") != NULL);
         CHECK(tr.step == 6);
         sd_trainer_close(&tr);
-        char p[700];
-        struct stat sb;
-        snprintf(p, sizeof p, "%s/checkpoint-6/state.safetensors", c);
-        CHECK(stat(p, &sb) == 0);
+        char p[800], q[800];
+        snprintf(p, sizeof p, "%s/checkpoint-6/state.safetensors", nan_dir);
+        snprintf(q, sizeof q, "%s/checkpoint-6/state.safetensors", a);
+        static const char *const keys[] = {"step", "images", "epoch", "batch", "rng", "loss_smooth"};
+        for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+            char *got = state_meta(p, keys[k]), *want = state_meta(q, keys[k]);
+            if (!CHECK(got && want && strcmp(got, want) == 0))
+                fprintf(stderr, "NaN stop: %s is %s, the state before it has %s\n", keys[k], got ? got : "(none)",
+                        want ? want : "(none)");
+            free(got);
+            free(want);
+        }
     }
     rmtree(dir);
 }

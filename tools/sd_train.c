@@ -226,6 +226,12 @@ int main(int argc, char **argv)
              !(o.input_perturbation >= 0))
         bad = "--lr, --snr-gamma, --noise-offset, --input-perturbation must be >= 0 and --dropout in [0, 1]";
     else if (!(o.ema_decay >= 0 && o.ema_decay < 1) || o.ema_every < 1) bad = "--ema-decay in [0, 1), --ema-every >= 1";
+    else if (!(o.adam.beta1 >= 0 && o.adam.beta1 < 1) || !(o.adam.beta2 >= 0 && o.adam.beta2 < 1))
+        bad = "--beta1 and --beta2 in [0, 1)"; /* beta 1 divides by zero in the bias correction */
+    else if (!(o.adam.eps >= 0 && isfinite(o.adam.eps)) ||
+             !(o.adam.weight_decay >= 0 && isfinite(o.adam.weight_decay)) ||
+             !(o.max_grad_norm >= 0 && isfinite(o.max_grad_norm)))
+        bad = "--adam-eps, --weight-decay and --max-grad-norm must be finite and >= 0";
     else if (strcmp(pred, "epsilon") == 0) o.pred = SD_PRED_EPSILON;
     else if (strcmp(pred, "v_prediction") == 0 || strcmp(pred, "v") == 0) o.pred = SD_PRED_V;
     else bad = "--prediction: epsilon or v_prediction";
@@ -261,6 +267,11 @@ int main(int argc, char **argv)
         sd_dist_finalize();
         return SD_EXIT_USAGE;
     }
+    /* accepted, but they would change nothing: say so rather than ignore them silently */
+    if (warmup > 0 && o.lr.kind == SD_LR_CONSTANT)
+        sd_log(SD_LOG_WARN, "--warmup %ld with the constant schedule does nothing; constant_with_warmup warms up", warmup);
+    if (o.val_every > 0 && !o.val_shard) sd_log(SD_LOG_WARN, "--val-every without --val: there is nothing to validate");
+    if (o.ema_every != 1 && o.ema_decay == 0) sd_log(SD_LOG_WARN, "--ema-every without --ema-decay: there is no EMA");
     if (o.zero_terminal_snr && o.pred == SD_PRED_EPSILON)
         sd_log(SD_LOG_WARN, "--zero-terminal-snr with epsilon prediction: at the last timestep the input is the noise "
                "itself; the schedule was made for v-prediction (--prediction v_prediction)");

@@ -175,6 +175,33 @@ static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *e
     return sd_st_write(path, t, nt, meta, 17, err);
 }
 
+/* Move the finished tmp directory to fin. When fin exists (the same step
+ * saved by an earlier run into this directory) the two are swapped in one
+ * step (renameat2 RENAME_EXCHANGE) and the old one removed afterwards, so
+ * a kill at any moment leaves a complete fin. Where the filesystem cannot
+ * swap, the old one is set aside as fin.old first, which resolve() takes
+ * should a kill fall between the two renames. */
+static sd_status put_in_place(const char *tmp, const char *fin, sd_error *err)
+{
+    struct stat sb;
+    if (stat(fin, &sb) != 0) {
+        if (rename(tmp, fin) == 0) return SD_OK;
+        return sd_err_set(err, SD_EIO, "rename %s -> %s: %s", tmp, fin, strerror(errno));
+    }
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, fin, RENAME_EXCHANGE) == 0) {
+        remove_ckpt(tmp); /* now the old one */
+        return SD_OK;
+    }
+    char old[PATH_CAP];
+    if ((size_t)snprintf(old, sizeof old, "%s.old", fin) >= sizeof old)
+        return sd_err_set(err, SD_EINVAL, "output path too long: %s", fin);
+    remove_ckpt(old);
+    if (rename(fin, old) != 0) return sd_err_set(err, SD_EIO, "rename %s -> %s: %s", fin, old, strerror(errno));
+    if (rename(tmp, fin) != 0) return sd_err_set(err, SD_EIO, "rename %s -> %s: %s", tmp, fin, strerror(errno));
+    remove_ckpt(old);
+    return SD_OK;
+}
+
 /* Write checkpoint-<step> through a .tmp directory and point latest at it. */
 static sd_status save_local(sd_trainer *tr, sd_error *err)
 {
@@ -223,8 +250,7 @@ static sd_status save_local(sd_trainer *tr, sd_error *err)
     pjoin(p, tmp, "unet");
     if (!rc) rc = sync_dir(p, err);
     if (!rc) rc = sync_dir(tmp, err);
-    if (!rc) remove_ckpt(fin); /* the same step saved again (a resumed run's end) */
-    if (!rc && rename(tmp, fin) != 0) rc = sd_err_set(err, SD_EIO, "rename %s -> %s: %s", tmp, fin, strerror(errno));
+    if (!rc) rc = put_in_place(tmp, fin, err);
     if (!rc) rc = sync_dir(out, err);
     pjoin(p, out, "latest");
     char line[80];
@@ -252,6 +278,7 @@ sd_status sd_train_save(sd_trainer *tr, sd_error *err)
     if (!rc) rc = sd_train_moments_full(tr, err);
     if (!rc) rc = save_all(tr, err);
     sd_train_moments_shard(tr);
+    if (!rc) tr->saved_step = tr->step;
     return rc;
 }
 
@@ -340,6 +367,13 @@ static sd_status resolve(const char *dir, char *out, size_t cap, sd_error *err)
     if (!ok || ckpt_step(name) < 0) return sd_err_set(err, SD_EFORMAT, "%s: not a checkpoint name", p);
     pjoin(out, dir, name);
     (void)cap;
+    struct stat sb;
+    char old[PATH_CAP];
+    if (stat(out, &sb) != 0 && (size_t)snprintf(old, sizeof old, "%s.old", out) < sizeof old && stat(old, &sb) == 0) {
+        sd_log(SD_LOG_WARN, "%s is missing: taking %s, the same step's earlier save (a run was killed while "
+               "replacing it)", out, old);
+        memcpy(out, old, strlen(old) + 1);
+    }
     return SD_OK;
 }
 
@@ -425,6 +459,12 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
         if (!rc) rc = sd_weights_load(&tr->unet.w, ws, &lay, wp, err);
         if (ws) sd_st_close(ws);
     }
+    if (!rc && !tr->ema) {
+        const char *eu = meta_of(st, "ema_updates");
+        if (eu && strtol(eu, NULL, 10) >= 0)
+            rc = sd_err_set(err, SD_EINVAL, "%s: the checkpoint keeps an EMA of the weights: resume with --ema-decay "
+                            "(or start a new run from its unet/ without one)", p);
+    }
     if (!rc && tr->ema) {
         const char *eu = meta_of(st, "ema_updates");
         long upd = eu ? strtol(eu, NULL, 10) : -1;
@@ -470,6 +510,17 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
     tr->dev_stale = tr->cuda != NULL; /* a GPU run uploads the loaded state before its next step */
     tr->host_stale = 0;
     sd_st_close(st);
-    if (!rc && !tr->o.quiet) sd_log(SD_LOG_INFO, "resumed from %s at step %ld", ck, tr->step);
-    return rc;
+    if (rc) return rc;
+    if (!tr->o.quiet) sd_log(SD_LOG_INFO, "resumed from %s at step %ld", ck, tr->step);
+    if (tr->rank == 0) {
+        pjoin(p, ck, "train_config.json");
+        sd_train_resume_diff(p, tr->o.config_json);
+    }
+    if (tr->o.out_dir) { /* the step is on disk where this run saves: no need to write it again */
+        char mine[PATH_CAP], a[PATH_CAP], b[PATH_CAP];
+        snprintf(w, sizeof w, "checkpoint-%ld", tr->step);
+        pjoin(mine, tr->o.out_dir, w);
+        if (realpath(mine, a) && realpath(ck, b) && strcmp(a, b) == 0) tr->saved_step = tr->step;
+    }
+    return SD_OK;
 }

@@ -265,13 +265,14 @@ static void plan_epoch(sd_data *d, long e)
 }
 
 /* Sum over the buckets of records / batch, rounded up per bucket unless
- * batches run on into the next epoch. */
+ * batches run on into the next epoch; a bucket no larger than a batch is
+ * one (short) batch every epoch either way, as plan_epoch cuts it. */
 double sd_data_epoch_batches(const sd_data *d)
 {
     double total = 0;
     for (size_t b = 0; b < d->nbuckets; b++) {
         size_t n = d->buckets[b].n, k = (size_t)d->batch;
-        total += d->carry ? (double)n / (double)k : (double)((n + k - 1) / k);
+        total += d->carry && n > k ? (double)n / (double)k : (double)((n + k - 1) / k);
     }
     return total;
 }

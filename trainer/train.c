@@ -140,6 +140,7 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
 {
     memset(tr, 0, sizeof(*tr));
     tr->o = *o;
+    tr->saved_step = -1;
     if (o->batch < 1 || o->accum < 1 || o->max_steps < 0)
         return sd_err_set(err, SD_EINVAL, "batch and accumulation must be >= 1");
     if (o->t_min < 0 || o->t_max > SD_DDPM_STEPS || o->t_min >= o->t_max)
@@ -669,6 +670,11 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
     int slots = world * tr->o.accum, need = slots, empty_rounds = 0;
     double sum = 0, images = 0, stop = 0;
     if (!tr->have_data) return sd_err_set(err, SD_EINVAL, "no training data");
+    /* a step whose loss is not finite is undone: the cursor, RNG and
+     * count go back, so a checkpoint then holds the state before it */
+    sd_data_cursor cur0 = tr->cur;
+    sd_rng rng0 = tr->rng;
+    long images0 = tr->images;
     while (need > 0) {
         double red[4] = {0, 0, 0, tr->stop_req && *tr->stop_req ? 1.0 : 0.0}; /* usable, loss, images, stop */
         for (int slot = 0; slot < need; slot++) {
@@ -745,8 +751,11 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
     tr->images += (long)images;
     *loss = sum / slots;
     if (!isfinite(*loss)) {
-        /* the last good state stays: drop this step's gradient */
+        /* the last good state stays: drop this step's gradient, take back its data */
         zero_grad(tr);
+        tr->cur = cur0;
+        tr->rng = rng0;
+        tr->images = images0;
         *gnorm = NAN;
         return SD_OK;
     }
@@ -866,7 +875,7 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
         if (!isfinite(loss)) {
             sd_log(SD_LOG_ERROR, "loss is %g at step %ld: stopping; the checkpoint holds the state before it", loss,
                    tr->step + 1);
-            rc = sd_train_save(tr, err);
+            if (tr->saved_step != tr->step) rc = sd_train_save(tr, err);
             if (!rc) rc = sd_err_set(err, SD_ERANGE, "non-finite loss at step %ld", tr->step + 1);
             return rc;
         }
@@ -894,7 +903,8 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
         }
     }
     if (!rc && tr->have_val && val_step != tr->step) rc = validate_and_log(tr, err);
-    if (!rc) rc = sd_train_save(tr, err);
+    if (!rc && tr->saved_step != tr->step) rc = sd_train_save(tr, err); /* not again after a stop on a save step */
+    else if (!rc && !o->quiet) sd_log(SD_LOG_INFO, "checkpoint-%ld already holds step %ld", tr->step, tr->step);
     if (tr->tally.total) sd_tally_log(&tr->tally, "records");
     return rc;
 }

@@ -103,6 +103,7 @@ typedef struct {
     float *ema;          /* the EMA weights, or NULL */
     long ema_updates;
     long step;           /* optimizer steps done */
+    long saved_step;     /* the step of the checkpoint last written or resumed from, -1 before one */
     long images;         /* samples trained on */
     sd_rng rng;
     sd_data data;
@@ -221,5 +222,8 @@ sd_status sd_train_save(sd_trainer *tr, sd_error *err);
  * an output directory. The model and data options must be the ones the
  * checkpoint was made with (the state records them). */
 sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err);
+/* Warn about the options a resumed run changes (resume_diff.c): those of
+ * the checkpoint's train_config.json that differ in run_config_json. */
+void sd_train_resume_diff(const char *ckpt_config_path, const char *run_config_json);
 
 #endif
