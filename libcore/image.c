@@ -124,25 +124,27 @@ static sd_status vips_fail(sd_error *err, sd_status code, const char *name, cons
 
 /* Refuse decompression bombs from the header alone: the in-memory header
  * parser for the common formats, libvips' lazy header read for the rest (it
- * decodes no pixels until asked). `info` keeps what the parser found
- * (format SD_IMG_UNKNOWN when it was libvips). */
+ * decodes no pixels until asked) and for GIF too, whose canvas libvips may
+ * grow to fit any frame. `info` keeps what the parser found (format
+ * SD_IMG_UNKNOWN when it was libvips). */
 static sd_status check_pixels(const unsigned char *buf, size_t len, uint64_t limit, const char *name, sd_imginfo *info,
                               sd_error *err)
 {
     sd_error herr = {0};
-    uint64_t w, h;
+    uint64_t w = 0, h = 0;
     sd_status st = sd_imghdr_parse(buf, len, info, &herr);
     if (st == SD_ERANGE) return sd_err_set(err, SD_ERANGE, "%s: %s", name, herr.msg);
     if (st == SD_OK) {
         w = info->width;
         h = info->height;
-    } else {
-        memset(info, 0, sizeof *info);
+    } else memset(info, 0, sizeof *info);
+    if (st != SD_OK || info->format == SD_IMG_GIF) {
         VipsImage *im = vips_image_new_from_buffer(buf, len, "", NULL);
         if (!im) return vips_fail(err, SD_EFORMAT, name, "not a readable image");
-        w = (uint64_t)vips_image_get_width(im);
-        h = (uint64_t)vips_image_get_height(im);
+        uint64_t vw = (uint64_t)vips_image_get_width(im), vh = (uint64_t)vips_image_get_height(im);
         g_object_unref(im);
+        w = vw > w ? vw : w;
+        h = vh > h ? vh : h;
     }
     if (w * h > limit)
         return sd_err_set(err, SD_ERANGE, "%s: image %llux%llu has %llu pixels, over the %llu limit (decompression bomb?)",

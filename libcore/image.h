@@ -22,7 +22,8 @@
 
 /* Decompression-bomb limit: images whose header claims more pixels than this
  * are refused before any decoding (PIL's error threshold, 2 * 89478485, about
- * 13377 x 13377). A plan may set a lower or higher limit. */
+ * 13377 x 13377). A plan may set a lower limit (the header reader caps
+ * JPEG, PNG, WebP, GIF and BMP at this one whatever the plan says). */
 #define SD_IMAGE_MAX_PIXELS 178956970ULL
 /* Largest encoded image read into memory (1 GiB). */
 #define SD_IMAGE_MAX_BYTES (1ULL << 30)

@@ -9,7 +9,8 @@
  * - WebP through libwebp, scaled on decode straight to the resize size (its
  *   rescaler is an area average too), on the calling thread.
  * Anything else (other formats, EXIF rotation, CMYK, palettes, 16-bit,
- * transparency keys, animation, upscales) and any complaint by a decoder,
+ * transparency keys, animation, upscales, alpha under a profile that is not
+ * sRGB) and any complaint by a decoder,
  * warnings included, is declined: libvips then decodes the file and decides
  * what is an error, so broken files behave exactly as before. */
 #include "image_int.h"
@@ -455,6 +456,14 @@ sd_fast sd_fast_png(const unsigned char *buf, size_t len, const sd_imginfo *info
         }
         zs = z;
     }
+    if (icc_n && chan >= 3) {
+        size_t n = 0;
+        prof = png_icc(d, buf + icc_at, icc_n, &n);
+        /* alpha under a profile that is not sRGB: libvips converts the colours
+         * first and flattens onto white after, which the resizer cannot follow */
+        if (prof && chan == 4 && !sd_icc_is_srgb(prof, n)) goto done;
+        if (prof) *icc_len = n;
+    }
     if (libdeflate_zlib_decompress(d, zs, zn, raw, (size_t)rawn, NULL) != LIBDEFLATE_SUCCESS) goto done;
     memset(raw + rawn, 0, 16);
     const unsigned char *prev = rowbuf;
@@ -479,11 +488,6 @@ sd_fast sd_fast_png(const unsigned char *buf, size_t len, const sd_imginfo *info
      * is still libpng's error to report */
     for (; y < h; y++)
         if (raw[(size_t)y * (rowb + 1)] > 4) goto done;
-    if (icc_n && chan >= 3) {
-        size_t n = 0;
-        prof = png_icc(d, buf + icc_at, icc_n, &n);
-        if (prof) *icc_len = n;
-    }
     *icc = prof;
     prof = NULL;
     res = SD_FAST_DONE;

@@ -1,4 +1,5 @@
 #include "imghdr.h"
+#include "imghdr_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -54,33 +55,6 @@ static sd_status finish(sd_imginfo *out, sd_img_format f, uint64_t w, uint64_t h
     out->disp_w = swap ? out->height : out->width;
     out->disp_h = swap ? out->width : out->height;
     return SD_OK;
-}
-
-/* Orientation (tag 0x0112) from the IFD0 of an Exif TIFF block; 1 when it is
- * absent or the block is damaged (a bad Exif is no reason to drop a photo). */
-static int exif_orientation(const unsigned char *t, size_t n)
-{
-    if (n < 8) return 1;
-    int le;
-    if (t[0] == 'I' && t[1] == 'I') le = 1;
-    else if (t[0] == 'M' && t[1] == 'M') le = 0;
-    else return 1;
-    uint32_t magic = le ? le16(t + 2) : be16(t + 2);
-    if (magic != 42) return 1;
-    uint32_t ifd = le ? le32(t + 4) : be32(t + 4);
-    if ((uint64_t)ifd + 2 > n) return 1;
-    uint32_t count = le ? le16(t + ifd) : be16(t + ifd);
-    for (uint32_t i = 0; i < count; i++) {
-        uint64_t e = (uint64_t)ifd + 2 + 12ULL * i;
-        if (e + 12 > n) break;
-        uint32_t tag = le ? le16(t + e) : be16(t + e);
-        if (tag != 0x0112) continue;
-        uint32_t type = le ? le16(t + e + 2) : be16(t + e + 2);
-        if (type != 3) return 1; /* SHORT */
-        uint32_t v = le ? le16(t + e + 8) : be16(t + e + 8);
-        return v >= 1 && v <= 8 ? (int)v : 1;
-    }
-    return 1;
 }
 
 /* Is marker m a start-of-frame (SOF0..SOF15 minus DHT, JPG and DAC)? */
@@ -149,7 +123,7 @@ static sd_status parse_jpeg_at(const unsigned char *p, size_t n, uint64_t base, 
             }
             if (memcmp(p + pos + 2, "Exif\0\0", 6) == 0) {
                 w->seen_exif = 1;
-                w->orientation = exif_orientation(p + pos + 8, len - 8);
+                w->orientation = sd_exif_orientation(p + pos + 8, len - 8);
             }
         }
         w->pos = base + pos + len;
@@ -217,9 +191,54 @@ static sd_status parse_bmp(const unsigned char *p, size_t n, sd_imginfo *out, sd
     return finish(out, SD_IMG_BMP, (uint64_t)w, (uint64_t)(h < 0 ? -(int64_t)h : h), 1, err);
 }
 
+static sd_status parse_size(const unsigned char *p, size_t n, sd_imginfo *out, sd_error *err);
+
+/* What lies past a PNG's, WebP's or GIF's size field (imghdr_walk.c): the
+ * EXIF orientation, the first GIF frame's overhang. *more is set when the
+ * walk ran out of the bytes s holds; the result is then the size alone. */
+static sd_status walk_rest(const sd_hdr_src *s, sd_imginfo *out, int *more, sd_error *err)
+{
+    uint64_t w = out->width, h = out->height;
+    int o = 1;
+    if (out->format == SD_IMG_PNG) o = sd_png_orientation(s);
+    else if (out->format == SD_IMG_WEBP) o = sd_webp_orientation(s);
+    else if (out->format == SD_IMG_GIF) {
+        uint32_t r = 0, b = 0;
+        o = sd_gif_first_frame(s, &r, &b);
+        if (o == 0) {
+            w = r > w ? r : w;
+            h = b > h ? b : h;
+        }
+        o = o == SD_WALK_MORE ? o : 1;
+    } else return SD_OK;
+    if (o == SD_WALK_MORE) {
+        *more = 1;
+        o = 1;
+    }
+    return finish(out, out->format, w, h, o, err);
+}
+
+/* sd_imghdr_parse's work on a window of the file; *more as in walk_rest. */
+static sd_status parse_window(const unsigned char *p, size_t n, sd_imginfo *out, int *more, sd_error *err);
+
 /* Identify the format by its magic bytes and read the size. SD_ETRUNC means
  * the bytes ran out before the answer (more may help). */
 sd_status sd_imghdr_parse(const unsigned char *p, size_t n, sd_imginfo *out, sd_error *err)
+{
+    int more = 0;
+    return parse_window(p, n, out, &more, err);
+}
+
+static sd_status parse_window(const unsigned char *p, size_t n, sd_imginfo *out, int *more, sd_error *err)
+{
+    sd_status st = parse_size(p, n, out, err);
+    if (st) return st;
+    sd_hdr_src s = {p, n, -1, 0, 0};
+    return walk_rest(&s, out, more, err);
+}
+
+/* The format by its magic bytes, and the size its header gives. */
+static sd_status parse_size(const unsigned char *p, size_t n, sd_imginfo *out, sd_error *err)
 {
     memset(out, 0, sizeof *out);
     if (n == 0) return sd_err_set(err, SD_ETRUNC, "empty file");
@@ -279,7 +298,13 @@ sd_status sd_imghdr_read_fd(int fd, uint64_t offset, uint64_t size, sd_imginfo *
     ssize_t r = pread_full(fd, first, want, offset);
     if (r < 0) return sd_err_set(err, SD_EIO, "read: %s", strerror(errno));
     size_t have = (size_t)r;
-    sd_status st = sd_imghdr_parse(first, have, out, err);
+    int more = 0;
+    sd_status st = parse_window(first, have, out, &more, err);
+    if (st == SD_OK && more) { /* an EXIF chunk or the first GIF frame lies past the first read */
+        sd_hdr_src s = {NULL, 0, fd, offset, size};
+        more = 0;
+        return walk_rest(&s, out, &more, err);
+    }
     if (st != SD_ETRUNC || have < want || have == size || first[0] != 0xFF || first[1] != 0xD8) return st;
 
     /* JPEG continuing past the first read: re-walk it from the start of the

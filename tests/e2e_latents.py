@@ -229,6 +229,13 @@ class Latents(unittest.TestCase):
         self.assertRegex(err, r"1\s+malformed JSON")
         self.assertEqual(entries(s), 3)
         sh(LATENTS, "--strict", "--vae", VAE, "-o", s, bj, ok=(1,))
+        # two --shard processes: each bad line is reported by one of them only
+        errs = ""
+        for i in range(2):
+            _, _, e = sh(LATENTS, "--vae", VAE, "--shard", "%d/2" % i, "-o", self.path("bad%d.shard" % i), bj)
+            errs += e
+        for why in ("malformed JSON", "not bucketed", "unreadable image"):
+            self.assertEqual(len(re.findall(r"\b1\s+" + why, errs)), 1, (why, errs))
 
     def test_usage_errors_and_devices(self):
         s = self.path("usage.shard")

@@ -4,7 +4,9 @@
  * RGB, Display P3, a 2.2 gamma, grey, garbage, truncated); end to end, a
  * PNG tagged Adobe RGB is still moved to sRGB (its pixels as lcms maps
  * them, to within the rounding of libvips' path through Lab), and the same
- * PNG tagged sRGB loads with its pixels untouched. */
+ * PNG tagged sRGB loads with its pixels untouched; an RGBA PNG tagged
+ * Adobe RGB is mapped before it is flattened onto white, and a JPEG tagged
+ * Adobe RGB is mapped too. */
 #include <lcms2.h>
 #include <math.h>
 #include <stdio.h>
@@ -100,21 +102,101 @@ static void test_verdicts(void)
     }
 }
 
-/* A w x h RGB PNG of px tagged with the profile p (closed after). */
-static int write_png(const char *path, const unsigned char *px, int w, int h, cmsHPROFILE p)
+/* A w x h PNG (bands 3: RGB, 4: RGBA) or JPEG (by path's extension) of px
+ * tagged with the profile p (closed after). */
+static int write_tagged(const char *path, const unsigned char *px, int w, int h, int bands, cmsHPROFILE p)
 {
     cmsUInt32Number n;
     unsigned char *icc = profile_bytes(p, &n);
     cmsCloseProfile(p);
-    VipsImage *im = vips_image_new_from_memory(px, (size_t)w * h * 3, w, h, 3, VIPS_FORMAT_UCHAR);
+    VipsImage *im = vips_image_new_from_memory(px, (size_t)w * h * bands, w, h, bands, VIPS_FORMAT_UCHAR);
     int rc = icc && im ? 0 : -1;
     if (!rc) {
+        im->Type = VIPS_INTERPRETATION_sRGB;
         vips_image_set_blob_copy(im, VIPS_META_ICC_NAME, icc, n);
-        rc = vips_pngsave(im, path, NULL);
+        rc = strstr(path, ".jpg") ? vips_jpegsave(im, path, "Q", 95, NULL) : vips_pngsave(im, path, NULL);
     }
     if (im) g_object_unref(im);
     free(icc);
     return rc;
+}
+
+/* A w x h RGB PNG of px tagged with the profile p (closed after). */
+static int write_png(const char *path, const unsigned char *px, int w, int h, cmsHPROFILE p)
+{
+    return write_tagged(path, px, w, h, 3, p);
+}
+
+/* lcms' own relative-colorimetric map of n RGB8 pixels from Adobe RGB to sRGB. */
+static void adobe_to_srgb(const unsigned char *in, unsigned char *out, int n)
+{
+    cmsHPROFILE a = rgb_profile(adobe_xy, cmsBuildGamma(NULL, 563.0 / 256.0)), s = cmsCreate_sRGBProfile();
+    cmsHTRANSFORM t = cmsCreateTransform(a, TYPE_RGB_8, s, TYPE_RGB_8, INTENT_RELATIVE_COLORIMETRIC, 0);
+    cmsDoTransform(t, in, out, (cmsUInt32Number)n);
+    cmsDeleteTransform(t);
+    cmsCloseProfile(a);
+    cmsCloseProfile(s);
+}
+
+/* The largest difference between got and want over n values. */
+static int worst_diff(const unsigned char *got, const unsigned char *want, int n)
+{
+    int worst = 0;
+    for (int i = 0; i < n; i++) {
+        int d = abs((int)got[i] - (int)want[i]);
+        worst = d > worst ? d : worst;
+    }
+    return worst;
+}
+
+static int load(const char *path, int w, int h, unsigned char *out);
+
+/* RGBA under Adobe RGB: the colours go to sRGB first, then onto white (as
+ * libvips and PIL do), also where alpha is partial; and a JPEG tagged
+ * Adobe RGB (the direct JPEG decoder's profile, applied after it) comes
+ * out as lcms maps its decoded pixels. */
+static void test_alpha_and_jpeg(const char *base)
+{
+    enum { W = 40, H = 24 };
+    unsigned char rgba[W * H * 4], rgb[W * H * 3], mapped[W * H * 3], want[W * H * 3], got[W * H * 3];
+    for (int i = 0; i < W * H; i++) {
+        rgb[3 * i] = rgba[4 * i] = (unsigned char)(i * 7);
+        rgb[3 * i + 1] = rgba[4 * i + 1] = (unsigned char)(220 - i % 50);
+        rgb[3 * i + 2] = rgba[4 * i + 2] = (unsigned char)(i * 13 + 40);
+        rgba[4 * i + 3] = (unsigned char)(i % 3 == 0 ? 255 : i % 3 == 1 ? 123 : 40);
+    }
+    char png[80], jpg[80];
+    snprintf(png, sizeof png, "%s-a.png", base);
+    snprintf(jpg, sizeof jpg, "%s.jpg", base);
+    adobe_to_srgb(rgb, mapped, W * H);
+    for (int i = 0; i < W * H; i++)
+        for (int c = 0; c < 3; c++) {
+            double a = rgba[4 * i + 3] / 255.0;
+            want[3 * i + c] = (unsigned char)lround(mapped[3 * i + c] * a + 255.0 * (1 - a));
+        }
+    if (CHECK(write_tagged(png, rgba, W, H, 4, rgb_profile(adobe_xy, cmsBuildGamma(NULL, 563.0 / 256.0))) == 0) &&
+        CHECK(load(png, W, H, got) == 0)) {
+        int worst = worst_diff(got, want, W * H * 3);
+        printf("Adobe RGB RGBA PNG: largest difference to lcms, then onto white: %d levels\n", worst);
+        CHECK(worst <= 2);
+    }
+    if (CHECK(write_tagged(jpg, rgb, W, H, 3, rgb_profile(adobe_xy, cmsBuildGamma(NULL, 563.0 / 256.0))) == 0)) {
+        VipsImage *im = vips_image_new_from_file(jpg, NULL); /* the decoded pixels, profile not applied */
+        size_t n = 0;
+        void *raw = im ? vips_image_write_to_memory(im, &n) : NULL;
+        if (CHECK(raw && n == sizeof rgb) && CHECK(load(jpg, W, H, got) == 0)) {
+            adobe_to_srgb(raw, want, W * H);
+            int worst = worst_diff(got, want, W * H * 3), moved = 0;
+            for (int i = 0; i < W * H * 3; i++) moved += got[i] != ((unsigned char *)raw)[i];
+            printf("Adobe RGB JPEG: largest difference to lcms on its decoded pixels %d levels, %d values moved\n",
+                   worst, moved);
+            CHECK(worst <= 2 && moved > W * H);
+        }
+        g_free(raw);
+        if (im) g_object_unref(im);
+    }
+    unlink(png);
+    unlink(jpg);
 }
 
 /* Loads path at its own size (no resize, no crop). */
@@ -166,6 +248,7 @@ static void test_end_to_end(void)
     if (CHECK(write_png(png, px, W, H, rgb_profile(srgb_xy, srgb_table())) == 0) && CHECK(load(png, W, H, got) == 0))
         CHECK(memcmp(got, px, sizeof px) == 0);
     unlink(png);
+    test_alpha_and_jpeg(path);
     unlink(path);
 }
 

@@ -189,6 +189,124 @@ static void test_webp_gif_bmp(bytes *b)
     CHECK(parse(b, &in) == SD_ETRUNC);
 }
 
+static sd_status via_file(const bytes *b, uint64_t off, uint64_t size, sd_imginfo *in, sd_error *err);
+
+/* A little-endian TIFF block whose IFD0 holds orientation o. */
+static void tiff_orient(bytes *b, unsigned o)
+{
+    put(b, "II", 2); put16le(b, 42); put32le(b, 8);
+    put16le(b, 1);
+    put16le(b, 0x0112); put16le(b, 3); put32le(b, 1); put16le(b, o); put16le(b, 0);
+    put32le(b, 0);
+}
+
+/* CRC-32 of PNG chunks, bit by bit. */
+static uint32_t crc32_png(const unsigned char *p, size_t n)
+{
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+    }
+    return ~c;
+}
+
+/* A PNG chunk: length, type, data, CRC. */
+static void png_chunk(bytes *b, const char *type, const unsigned char *data, size_t n)
+{
+    put16be(b, (unsigned)(n >> 16)); put16be(b, (unsigned)(n & 0xFFFF));
+    size_t at = b->n;
+    put(b, type, 4);
+    if (n) put(b, data, n);
+    uint32_t c = crc32_png(b->d + at, n + 4);
+    put16be(b, c >> 16); put16be(b, c & 0xFFFF);
+}
+
+/* EXIF orientation in PNG (eXIf before IDAT) and extended WebP (the EXIF
+ * chunk after the image data, found past the first read too), and the
+ * first GIF frame where it overhangs the screen (the decoder's canvas),
+ * also past the first read and as a decompression bomb. */
+static void test_walks(bytes *b)
+{
+    sd_imginfo in;
+    sd_error err;
+    static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', 13, 10, 26, 10};
+    unsigned char ihdr[13] = {0, 0, 0x0F, 0, 0, 0, 0x08, 0x70, 8, 2, 0, 0, 0}; /* 3840 x 2160 RGB */
+    bytes *t = malloc(sizeof *t);
+    if (!t) return;
+    for (int prefix = 0; prefix < 2; prefix++) {
+        b->n = 0;
+        put(b, sig, 8);
+        png_chunk(b, "IHDR", ihdr, 13);
+        png_chunk(b, "tEXt", (const unsigned char *)"Comment\0hello", 13);
+        t->n = 0;
+        if (prefix) put(t, "Exif\0\0", 6);
+        tiff_orient(t, 6);
+        png_chunk(b, "eXIf", t->d, t->n);
+        png_chunk(b, "IDAT", (const unsigned char *)"\0", 1);
+        CHECK(parse(b, &in) == SD_OK && in.orientation == 6 && in.width == 3840 && in.disp_w == 2160 &&
+              in.disp_h == 3840);
+        CHECK(via_file(b, 0, UINT64_MAX, &in, &err) == SD_OK && in.orientation == 6 && in.disp_w == 2160);
+    }
+    /* eXIf after IDAT is not read (libpng and PIL would not either) */
+    b->n = 0;
+    put(b, sig, 8);
+    png_chunk(b, "IHDR", ihdr, 13);
+    png_chunk(b, "IDAT", (const unsigned char *)"\0", 1);
+    png_chunk(b, "eXIf", t->d, t->n);
+    CHECK(parse(b, &in) == SD_OK && in.orientation == 1 && in.disp_w == 3840);
+    /* WebP: VP8X, a 60 kB VP8 chunk, then EXIF with orientation 8 */
+    for (int prefix = 0; prefix < 2; prefix++) {
+        b->n = 0;
+        put(b, "RIFF", 4); put32le(b, 0); put(b, "WEBPVP8X", 8); put32le(b, 10); put32le(b, 0x08);
+        put16le(b, 1920 - 1); put8(b, 0); put16le(b, 1080 - 1); put8(b, 0);
+        put(b, "VP8 ", 4); put32le(b, 60001);
+        memset(b->d + b->n, 0, 60002); /* odd size: one pad byte */
+        b->n += 60002;
+        put(b, "EXIF", 4);
+        t->n = 0;
+        if (prefix) put(t, "Exif\0\0", 6);
+        tiff_orient(t, 8);
+        put32le(b, (uint32_t)t->n);
+        put(b, t->d, t->n);
+        uint32_t riff = (uint32_t)(b->n - 8);
+        memcpy(b->d + 4, &riff, 4); /* little-endian host */
+        CHECK(parse(b, &in) == SD_OK && in.orientation == 8 && in.disp_w == 1080 && in.disp_h == 1920);
+        CHECK(via_file(b, 0, UINT64_MAX, &in, &err) == SD_OK && in.orientation == 8 && in.disp_w == 1080);
+        b->n -= 20; /* cut in the EXIF payload, before its orientation entry: the size alone */
+        CHECK(via_file(b, 0, UINT64_MAX, &in, &err) == SD_OK && in.orientation == 1 && in.disp_w == 1920);
+    }
+    /* GIF: a 256-colour table, 25 kB of comment, then a 400 x 300 frame at (10, 20) on a 320 x 200 screen */
+    for (int bomb = 0; bomb < 2; bomb++) {
+        b->n = 0;
+        put(b, "GIF89a", 6); put16le(b, 320); put16le(b, 200); put8(b, 0xF7); put8(b, 0); put8(b, 0);
+        memset(b->d + b->n, 7, 768);
+        b->n += 768;
+        put8(b, 0x21); put8(b, 0xFE);
+        for (int i = 0; i < 100; i++) {
+            put8(b, 255);
+            memset(b->d + b->n, 'c', 255);
+            b->n += 255;
+        }
+        put8(b, 0);
+        put8(b, 0x2C); put16le(b, 10); put16le(b, 20); put16le(b, bomb ? 30000 : 400); put16le(b, bomb ? 30000 : 300);
+        put8(b, 0); put8(b, 2); put8(b, 0); put8(b, 0x3B);
+        if (!bomb) {
+            CHECK(parse(b, &in) == SD_OK && in.width == 410 && in.height == 320);
+            CHECK(via_file(b, 0, UINT64_MAX, &in, &err) == SD_OK && in.width == 410 && in.height == 320);
+        } else {
+            CHECK(parse(b, &in) == SD_ERANGE);
+            CHECK(via_file(b, 0, UINT64_MAX, &in, &err) == SD_ERANGE && strstr(err.msg, "30010x30020"));
+        }
+    }
+    /* a frame inside the screen leaves the screen size */
+    b->n = 0;
+    put(b, "GIF87a", 6); put16le(b, 320); put16le(b, 200); put8(b, 0); put8(b, 0); put8(b, 0);
+    put8(b, 0x2C); put16le(b, 0); put16le(b, 0); put16le(b, 100); put16le(b, 50); put8(b, 0);
+    CHECK(parse(b, &in) == SD_OK && in.width == 320 && in.height == 200);
+    free(t);
+}
+
 /* Write b to a temp file and read its size through the fd path. */
 static sd_status via_file(const bytes *b, uint64_t off, uint64_t size, sd_imginfo *in, sd_error *err)
 {
@@ -272,6 +390,7 @@ int main(void)
     test_png(b);
     test_webp_gif_bmp(b);
     test_files(b);
+    test_walks(b);
     free(b);
     return check_done("test_imghdr");
 }

@@ -144,13 +144,16 @@ sd_status jobs_read(job_list *l, const char *path, int index, int count, sd_tall
         sd_error pe = {0};
         sd_arena_reset(&a);
         if (sd_json_parse(&a, line, (size_t)len, &root, &pe)) {
-            sd_skip(tally, "malformed JSON", "%s:%llu: %s", path, (unsigned long long)l->lines, pe.msg);
+            if (index == 0) /* every --shard process reads the line: the first one reports it */
+                sd_skip(tally, "malformed JSON", "%s:%llu: %s", path, (unsigned long long)l->lines, pe.msg);
             continue;
         }
         latent_job j;
         const char *why = job_from(root, &j);
-        if (why) {
-            sd_skip(tally, why, "%s:%llu (%s)", path, (unsigned long long)l->lines, j.name ? j.name : "no key");
+        if (why) { /* reported by the process whose shard the key falls in (the first one without a key) */
+            int mine = count <= 1 || (j.name ? (int)(sd_hash64(j.name, strlen(j.name), 0) % (uint64_t)count) == index
+                                             : index == 0);
+            if (mine) sd_skip(tally, why, "%s:%llu (%s)", path, (unsigned long long)l->lines, j.name ? j.name : "no key");
             job_free(&j);
             continue;
         }
@@ -173,7 +176,7 @@ sd_status jobs_read(job_list *l, const char *path, int index, int count, sd_tall
         jobs_free(l);
         return st;
     }
-    qsort(l->v, l->n, sizeof(*l->v), by_bucket);
+    if (l->n) qsort(l->v, l->n, sizeof(*l->v), by_bucket);
     return SD_OK;
 }
 
