@@ -170,6 +170,53 @@ static char *read_caption_file(sd_arena *a, const char *path, size_t *n, const c
     return trim(t, n);
 }
 
+/* A caption written over several lines is one caption: each line break
+ * (with the spaces around it) becomes one space. */
+static void join_lines(char *t, size_t *n)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < *n; i++) {
+        if (t[i] != '\n' && t[i] != '\r') {
+            t[w++] = t[i];
+            continue;
+        }
+        while (w > 0 && (t[w - 1] == ' ' || t[w - 1] == '\t')) w--;
+        while (i + 1 < *n && (t[i + 1] == '\n' || t[i + 1] == '\r' || t[i + 1] == ' ' || t[i + 1] == '\t')) i++;
+        if (w > 0) t[w++] = ' ';
+    }
+    t[w] = 0;
+    *n = w;
+}
+
+/* A webdataset class label (a JSON number or string, or a .cls member's
+ * text) through --cls-map: an integer label must be given, and the map
+ * must name it; otherwise the record is skipped with the reason. */
+static int cls_caption(const sd_json *map, const char *txt, size_t len, const char **caption, const char **reason,
+                       char *detail, size_t detail_len)
+{
+    while (len && (*txt == ' ' || *txt == '\t' || *txt == '\n' || *txt == '\r')) txt++, len--;
+    while (len && (txt[len - 1] == ' ' || txt[len - 1] == '\t' || txt[len - 1] == '\n' || txt[len - 1] == '\r'))
+        len--;
+    char k[32];
+    size_t i = len && txt[0] == '-' ? 1 : 0;
+    int ok = txt && len > i && len < sizeof k;
+    for (; ok && i < len; i++) ok = txt[i] >= '0' && txt[i] <= '9';
+    if (!ok) {
+        *reason = "bad cls";
+        snprintf(detail, detail_len, "class label '%.*s' is not an integer", (int)(len < 40 ? len : 40), txt ? txt : "");
+        return -1;
+    }
+    memcpy(k, txt, len);
+    k[len] = 0;
+    *caption = sd_json_str(sd_json_get(map, k[0] == '-' && k[1] == '0' && !k[2] ? "0" : k));
+    if (!*caption) {
+        *reason = "cls not in the class map";
+        snprintf(detail, detail_len, "class %s", k);
+        return -1;
+    }
+    return 0;
+}
+
 /* Turn a tags value into record tags: an array of strings, or one string
  * split on commas when it has any, else on spaces (booru style). */
 static void add_tags_value(sd_record *r, sd_arena *a, const sd_json *v, sd_tag_cat cat)
@@ -306,6 +353,28 @@ static int take_text(sd_arena *a, const char *s, size_t n, const char **out)
     return *out ? 0 : -1;
 }
 
+/* sd-scripts' image for a kohya metadata key: the key itself when it names
+ * an image file, else the key with each of its image extensions (lower and
+ * upper case), the first in sorted order when several exist (its
+ * glob_images sorts the matches). NULL when there is none. */
+static char *kohya_image(sd_arena *a, const char *root, const char *key)
+{
+    if (sd_is_image_name(key, strlen(key))) {
+        char *p = join_path(a, root, key);
+        if (p && access(p, F_OK) == 0) return p;
+    }
+    static const char *const exts[] = {".png", ".jpg", ".jpeg", ".webp", ".bmp",
+                                       ".PNG", ".JPG", ".JPEG", ".WEBP", ".BMP"};
+    char *best = NULL;
+    for (size_t i = 0; i < sizeof exts / sizeof *exts; i++) {
+        char name[4096];
+        if ((size_t)snprintf(name, sizeof name, "%s%s", key, exts[i]) >= sizeof name) return NULL;
+        char *p = join_path(a, root, name);
+        if (p && access(p, F_OK) == 0 && (!best || strcmp(p, best) < 0)) best = p;
+    }
+    return best;
+}
+
 /* Build a record from an input. Returns 0, or -1 with *reason (a literal for
  * the skip tally) and a detail message. */
 int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_record *r, const char **reason,
@@ -401,6 +470,7 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
         if (in->cap_path) {
             char *c = read_caption_file(a, in->cap_path, &n, reason, detail, detail_len);
             if (!c) return -1;
+            join_lines(c, &n);
             if (n) {
                 found = 1;
                 r->caption = c;
@@ -443,24 +513,19 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
             if (!r->height) r->height = int_field(sd_json_get(root, "height"));
             const sd_json *cls = sd_json_get(root, "cls");
             if (!r->caption && cls && o->cls_map) {
-                char k[32];
-                snprintf(k, sizeof k, "%.0f", cls->num);
-                r->caption = sd_json_str(sd_json_get(o->cls_map, k));
+                const char *txt = cls->type == SD_JSON_NUMBER || cls->type == SD_JSON_STRING ? cls->str : NULL;
+                if (cls_caption(o->cls_map, txt, txt ? cls->len : 0, &r->caption, reason, detail, detail_len))
+                    return -1;
             }
         }
+        if (in->cls_text && !r->caption && o->cls_map &&
+            cls_caption(o->cls_map, in->cls_text, strlen(in->cls_text), &r->caption, reason, detail, detail_len))
+            return -1;
         if (in->kind == SD_IN_GIVEN && in->member == NULL && !r->image && in->root) {
-            /* kohya json: the key is a stem or a path; find the image file */
-            static const char *const exts[] = {"", ".png", ".jpg", ".jpeg", ".webp", ".bmp"};
-            for (size_t i = 0; i < sizeof exts / sizeof *exts && !r->image; i++) {
-                if (i == 0 && !sd_is_image_name(in->key, strlen(in->key))) continue;
-                char name[4096];
-                snprintf(name, sizeof name, "%s%s", in->key, exts[i]);
-                char *p = join_path(a, in->root, name);
-                if (p && access(p, F_OK) == 0) r->image = p;
-            }
+            r->image = kohya_image(a, in->root, in->key);
             if (!r->image) {
                 *reason = "missing image";
-                snprintf(detail, detail_len, "no image file for key under %s", in->root);
+                snprintf(detail, detail_len, "no image file for key %s under %s", in->key, in->root);
                 return -1;
             }
         }

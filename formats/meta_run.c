@@ -101,6 +101,11 @@ static void process_range(void *ctx, int w, size_t b, size_t e)
             if (detail[0]) res->detail = sd_arena_strndup(&wk->arena, detail, strlen(detail));
             continue;
         }
+        if (!rec.out_caption || !rec.out_caption[0]) { /* nothing left to train on (every source, every rule) */
+            res->reason = "empty caption";
+            res->detail = rec.key ? rec.key : "";
+            continue;
+        }
         res->key = sd_key128_of(rec.key, strlen(rec.key));
         res->key_str = rec.key;
         size_t start = wk->out.len;

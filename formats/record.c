@@ -53,10 +53,14 @@ int sd_record_add_tag_list(sd_record *r, sd_arena *a, const char *text, size_t l
     /* booru tag strings are split on spaces; only when a tab or newline is
      * present must each byte be tested for all three */
     int ws_other = sep == ' ' && (memchr(text, '\n', len) || memchr(text, '\t', len));
+    /* a comma list over several lines (a tag a line, or lines of tags): line breaks separate too */
+    int lines = sep == ',' && memchr(text, '\n', len);
     while (i < len) {
         size_t j = i;
         if (ws_other) {
             while (j < len && text[j] != ' ' && text[j] != '\n' && text[j] != '\t') j++;
+        } else if (lines) {
+            while (j < len && text[j] != ',' && text[j] != '\n') j++;
         } else {
             const char *q = memchr(text + i, sep, len - i);
             j = q ? (size_t)(q - text) : len;
@@ -163,22 +167,15 @@ void sd_record_write_json(sd_buf *b, const sd_record *r, int with_extra)
 }
 
 /* Write the record as one member of a kohya meta_cap_dd.json dictionary,
- * `"key": {"caption", "tags"}`; the caller writes separators and braces. */
+ * `"key": {"caption", "tags"}`; the caller writes separators and braces.
+ * sd-scripts trains on caption + ", " + tags when tags is not empty, and the
+ * finished caption (rules and template applied) already holds every tag it
+ * keeps, so it goes in whole with empty tags: kohya then trains on exactly
+ * this caption, without repeated or excluded tags. */
 void sd_record_write_kohya(sd_buf *b, const sd_record *r)
 {
     sd_buf_json_cstr(b, r->key);
     sd_buf_puts(b, ": {\"caption\": ");
     sd_buf_json_cstr(b, r->out_caption ? r->out_caption : (r->caption ? r->caption : ""));
-    sd_buf_puts(b, ", \"tags\": ");
-    sd_buf b2;
-    sd_buf_init(&b2);
-    int n = 0;
-    for (int i = 0; i < r->ntags; i++) {
-        if (!r->tags[i].s) continue;
-        if (n++) sd_buf_put(&b2, ", ", 2);
-        sd_buf_put(&b2, r->tags[i].s, r->tags[i].len);
-    }
-    sd_buf_json_str(b, b2.data ? b2.data : "", b2.len);
-    sd_buf_free(&b2);
-    sd_buf_puts(b, "}");
+    sd_buf_puts(b, ", \"tags\": \"\"}");
 }

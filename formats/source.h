@@ -32,6 +32,7 @@ typedef struct {
     int64_t offset, size;
     const char *txt_path, *cap_path;
     const char *caption, *tags_text; /* NUL-terminated */
+    const char *cls_text;            /* webdataset: a .cls member's text, for --cls-map */
     int width, height;
 } sd_input;
 

@@ -206,9 +206,12 @@ sd_status sd_read_folder(sd_meta_run *m, const char *root, int tree, sd_error *e
 {
     struct stat st;
     if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode)) return sd_err_set(err, SD_EIO, "%s: not a directory", root);
+    if (access(root, R_OK | X_OK) != 0) return sd_err_set(err, SD_EIO, "%s: cannot list: %s", root, strerror(errno));
     walker w = {m, sd_meta_keep(m, root), NULL, tree ? 1 : 0, NULL, 0, 0};
     if (tree) {
         char *img = path_join(&m->run_arena, root, "images");
+        if (stat(img, &st) != 0 || !S_ISDIR(st.st_mode))
+            return sd_err_set(err, SD_EIO, "%s: no images/ directory (an images/ + captions/ tree needs one)", root);
         w.cap_root = path_join(&m->run_arena, root, "captions");
         walk(&w, img, "", 0);
     } else {
@@ -223,6 +226,7 @@ sd_status sd_read_metatree(sd_meta_run *m, const char *root, sd_error *err)
 {
     struct stat st;
     if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode)) return sd_err_set(err, SD_EIO, "%s: not a directory", root);
+    if (access(root, R_OK | X_OK) != 0) return sd_err_set(err, SD_EIO, "%s: cannot list: %s", root, strerror(errno));
     walker w = {m, sd_meta_keep(m, root), NULL, 2, NULL, 0, 0};
     walk(&w, root, "", 0);
     free(w.seen);

@@ -133,11 +133,7 @@ static void emit(sd_meta_run *m, const char *origin, sample *s, int fd)
         in->text = sd_arena_strndup(&m->arena, s->json, s->json_len);
         in->len = s->json_len;
     }
-    if (s->cls && !in->caption && m->bopts->cls_map) {
-        char k[64];
-        snprintf(k, sizeof k, "%ld", strtol(s->cls, NULL, 10));
-        in->caption = sd_json_str(sd_json_get(m->bopts->cls_map, k));
-    }
+    if (s->cls) in->cls_text = sd_arena_strndup(&m->arena, s->cls, strlen(s->cls)); /* mapped by the worker */
     free(s->txt);
     free(s->json);
     free(s->cls);

@@ -110,6 +110,21 @@ class FolderSources(Base):
         rc, _, _ = run([d, "--strict"])
         self.assertEqual(rc, 1)
 
+    def test_multi_line_caption_files(self):
+        """A .txt over several lines is one tag list (line breaks separate tags, as commas do:
+        a tag a line, or lines of tags), a .caption over several lines one caption (lines joined
+        by a space); a tag on its own line is still the whole tag (a rule deletes it)."""
+        self.img(self.p("ml", "a.jpg"), 0)
+        write(self.p("ml", "a.txt"), "1girl, solo\r\nlong_hair, smile\n\nbad_tag\n")
+        self.img(self.p("ml", "b.jpg"), 1)
+        write(self.p("ml", "b.caption"), "A girl\r\n  smiling at\n\nthe camera.\n")
+        write(self.p("bl.json"), json.dumps({"replace_tags": {"bad_tag": ""}}))
+        rc, recs, err = run([self.p("ml"), "--rules", self.p("bl.json")])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(recs[0]["tags"]["general"], ["1girl", "solo", "long hair", "smile"])
+        self.assertEqual(recs[0]["caption"], "1girl, solo, long hair, smile")
+        self.assertEqual(recs[1]["caption"], "A girl smiling at the camera.")
+
     def test_images_captions_tree(self):
         self.img(self.p("t", "images", "x", "1.jpg"), 6)
         self.img(self.p("t", "images", "2.png"), 7)
@@ -120,6 +135,10 @@ class FolderSources(Base):
         self.assertEqual(rc, 0, err)
         self.assertEqual([(r["key"], r["caption"]) for r in recs], [("2", "a dog"), ("x/1", "cat, sitting")])
         self.assertEqual(skipped(err, "missing caption"), 1)
+        # a flat folder read as a tree is a fatal error naming what is missing, not a run of 0 records
+        rc, _, err = run(["--source", "tree", self.p("t", "images")])
+        self.assertEqual(rc, 3, err)
+        self.assertIn("no images/ directory", err)
 
     def test_metadata_tree(self):
         self.img(self.p("m", "img", "p1.jpg"), 9)
@@ -341,9 +360,55 @@ class Kohya(Base):
         rc, _, err = run([self.p("k", "meta_cap_dd.json"), "--format", "kohya", "-o", out])
         self.assertEqual(rc, 0, err)
         back = json.loads(read(out))
-        self.assertEqual(back, {"a": {"caption": "a cat, cat, cute face", "tags": "cat, cute face"},
-                                "sub/b": {"caption": "dog", "tags": "dog"}})
+        # sd-scripts trains on caption + ", " + tags: the finished caption goes in whole, tags empty
+        self.assertEqual(back, {"a": {"caption": "a cat, cat, cute face", "tags": ""},
+                                "sub/b": {"caption": "dog", "tags": ""}})
+        # a tag the rules keep out of the caption does not come back through kohya's tags
+        write(self.p("nc.json"), json.dumps({"non_caption_tags": ["cute face"]}))
+        rc, _, err = run([self.p("k", "meta_cap_dd.json"), "--rules", self.p("nc.json"), "--format", "kohya",
+                          "-o", out])
+        self.assertEqual(rc, 0, err)
+        for v in json.loads(read(out)).values():
+            kohya_caption = v["caption"] + (", " + v["tags"] if v["tags"] else "")
+            self.assertNotIn("cute face", kohya_caption)
         self.assertEqual([f for f in os.listdir(self.dir) if ".tmp." in f], [])
+
+
+    def test_image_lookup_as_sd_scripts(self):
+        """A key finds its image with upper-case extensions too, and of several the first in
+        sorted order (sd-scripts' glob_images sorts: a.jpg before a.png); sd-meta's own kohya
+        output of a folder with .JPG files reads back."""
+        self.img(self.p("up", "IMG_0001.JPG"), 0)
+        write(self.p("up", "IMG_0001.txt"), "cat")
+        self.img(self.p("up", "b.png"), 1)
+        self.img(self.p("up", "b.jpg"), 2)
+        write(self.p("up", "b.txt"), "dog")
+        meta = self.p("up", "meta_cap_dd.json")
+        rc, _, err = run([self.p("up"), "--format", "kohya", "-o", meta])
+        self.assertEqual(rc, 0, err)
+        rc, recs, err = run([meta])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual({r["key"]: os.path.basename(r["image"]) for r in recs}, {"IMG_0001": "IMG_0001.JPG", "b": "b.jpg"})
+        self.assertEqual(skipped(err, "missing image"), 0)
+
+    def test_empty_captions_are_skipped(self):
+        """An entry whose caption comes out empty (no caption, no tags, or every tag removed by
+        the rules) is skipped as "empty caption", whatever the source."""
+        self.img(self.p("e", "a.jpg"), 0)
+        self.img(self.p("e", "b.jpg"), 1)
+        self.img(self.p("e", "c.jpg"), 2)
+        write(self.p("e", "meta_cap_dd.json"), json.dumps({"a": {"caption": ""}, "b": {"caption": "", "tags": ""},
+                                                           "c": {"tags": "solo"}}))
+        write(self.p("rm.json"), json.dumps({"replace_tags": {"solo": ""}}))
+        rc, recs, err = run([self.p("e", "meta_cap_dd.json"), "--rules", self.p("rm.json")])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(recs, [])
+        self.assertEqual(skipped(err, "empty caption"), 3)
+        posts = self.p("p.jsonl")
+        write(posts, json.dumps({"id": 5, "md5": "ab", "tag_string_general": "", "tag_string_character": ""}) + "\n")
+        rc, recs, err = run([posts])
+        self.assertEqual((rc, recs), (0, []), err)
+        self.assertEqual(skipped(err, "empty caption"), 1)
 
 
 class WebDataset(Base):
@@ -393,6 +458,27 @@ class WebDataset(Base):
         with open(recs[0]["image"], "rb") as f:
             f.seek(recs[0]["offset"])
             self.assertEqual(f.read(4), b"\x89PNG")
+
+    def test_cls_labels(self):
+        """--cls-map takes a JSON cls as a number or a numeric string and a .cls member's text;
+        a label that is not an integer, or not in the map, is skipped with the reason (never
+        mapped to class 0)."""
+        write(self.p("cls.json"), json.dumps({"0": "zero", "3": "three"}))
+        img = b"\xff\xd8\xff" + bytes(300)
+        self.make_tar(self.p("c.tar"), [
+            ("a.jpg", img), ("a.json", b'{"cls": "3"}'),
+            ("b.jpg", img), ("b.json", b'{"cls": 3}'),
+            ("c.jpg", img), ("c.cls", b"3\n"),
+            ("d.jpg", img), ("d.cls", b"cat"),
+            ("e.jpg", img), ("e.json", b'{"cls": "x"}'),
+            ("f.jpg", img), ("f.cls", b"7"),
+            ("g.jpg", img), ("g.json", b'{"cls": 2.5}')])
+        rc, recs, err = run([self.p("c.tar"), "--cls-map", self.p("cls.json")])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([(r["key"], r["caption"]) for r in recs], [("a", "three"), ("b", "three"), ("c", "three")])
+        self.assertEqual(skipped(err, "bad cls"), 3)
+        self.assertEqual(skipped(err, "cls not in the class map"), 1)
+        self.assertIn("'cat'", err)
 
     def test_unsafe_and_truncated(self):
         self.make_tar(self.p("bad.tar"), self.samples("", 2), extra=[("../evil.jpg", b"x"), ("/abs.jpg", b"y"),
