@@ -218,7 +218,7 @@ int main(int argc, char **argv)
     double min_score = -1e300, abs_min_score = -1e300;
     const sd_opt opts[] = {
         {"output", 'o', SD_OPT_STR, &o.out, "FILE", "write here (atomically) instead of stdout"},
-        {"format", 0, SD_OPT_STR, &o.format, "jsonl|kohya", "output format (default jsonl)"},
+        {"format", 0, SD_OPT_STR, &o.format, "jsonl|kohya", "output format (default jsonl); kohya: one meta_cap_dd.json object, the finished caption in caption and tags empty"},
         {"source", 0, SD_OPT_STR, &o.source, "KIND", "folder|tree|metatree|booru|kohya|wds (default: detect)"},
         {"rules", 'r', SD_OPT_STR, &o.rules, "FILE", "JSON rules file (docs/FORMATS.md)"},
         {"blacklist", 0, SD_OPT_LIST, &o.blacklist, "TAGS", "drop records with any of these tags (comma list)"},
