@@ -114,6 +114,45 @@ int sd_pattern_format(const char *pat, const sd_json *obj, sd_buf *out, const ch
     return 0;
 }
 
+/* The end of a positive decimal number at p (a modulus), or NULL. */
+static const char *positive_number(const char *p)
+{
+    const char *q = p;
+    int nonzero = 0;
+    for (; *q >= '0' && *q <= '9'; q++) nonzero |= *q != '0';
+    return nonzero ? q : NULL;
+}
+
+/* The end of a width spec at p ("04d", "4", "d" or nothing; at most 40
+ * digits wide, the padding sd_pattern_format writes), or NULL. */
+static const char *width_spec(const char *p)
+{
+    const char *q = p;
+    long w = 0;
+    for (; *q >= '0' && *q <= '9'; q++)
+        if ((w = w * 10 + (*q - '0')) > 40) return NULL;
+    return *q == 'd' ? q + 1 : q;
+}
+
+/* What is wrong with an image pattern, or NULL. A malformed one would skip
+ * every record with the same garbled message, so sd-meta checks its syntax
+ * once at startup: {NAME}, {NAME%N}, {NAME:04d}, {NAME%N:04d} with N > 0,
+ * as sd_pattern_format above reads them. */
+const char *sd_pattern_check(const char *pat)
+{
+    for (const char *p = strchr(pat, '{'); p; p = strchr(p, '{')) {
+        const char *close = strchr(p, '}');
+        if (!close) return "'{' without a closing '}'";
+        const char *q = p + 1 + strcspn(p + 1, "{}%:");
+        if (q == p + 1) return "a field has no name";
+        if (*q == '%' && !(q = positive_number(q + 1))) return "'%' needs a positive whole number";
+        if (*q == ':' && !(q = width_spec(q + 1))) return "':' needs a width of at most 40, as in ':04d'";
+        if (q != close) return "unexpected text inside a field";
+        p = close + 1;
+    }
+    return NULL;
+}
+
 /* Read a small text file whole; NULL with errno set on failure. */
 static char *read_text_file(sd_arena *a, const char *path, size_t *len)
 {

@@ -3,6 +3,8 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +13,10 @@
 
 #include "hash.h"
 #include "slurp.h"
+
+/* The largest integer every JSON number up to it holds exactly (2^53): the
+ * bound for integer keys stored in a long or a 64-bit seed. */
+static const double max_exact_int = 9007199254740992.0;
 
 static const int default_order[] = {SD_TAG_CHARACTER, SD_TAG_COPYRIGHT, SD_TAG_ARTIST, SD_TAG_SPECIES,
                                     SD_TAG_GENERAL,   SD_TAG_LORE,      SD_TAG_META};
@@ -56,6 +62,7 @@ void sd_rules_free(sd_rules *r)
         free(r->where[i].str);
         free(r->where[i].reason_fail);
         free(r->where[i].reason_missing);
+        free(r->where[i].reason_type);
     }
     free(r->where);
     for (int i = 0; i < r->nsubst; i++) {
@@ -122,7 +129,55 @@ sd_status sd_rules_add_tags(sd_strmap *set, const char *list, sd_error *err)
     return SD_OK;
 }
 
-/* Parse "field<=0.5", "rating==general", "aesthetic>6" into a condition. */
+/* The value side of a condition (takes vs): quoted text; an unquoted true,
+ * false or null, compared as JSON so boolean fields such as Danbooru's
+ * is_deleted can be tested; a number; else unquoted text. */
+static void where_value(sd_where *w, char *vs, size_t vl)
+{
+    static const struct {
+        const char *s;
+        sd_json_type t;
+    } lits[] = {{"true", SD_JSON_TRUE}, {"false", SD_JSON_FALSE}, {"null", SD_JSON_NULL}};
+    if (vl >= 2 && (vs[0] == '"' || vs[0] == '\'') && vs[vl - 1] == vs[0]) {
+        memmove(vs, vs + 1, vl - 2);
+        vs[vl - 2] = 0;
+        w->str = vs;
+        return;
+    }
+    for (size_t i = 0; i < sizeof lits / sizeof *lits; i++)
+        if (strcmp(vs, lits[i].s) == 0) {
+            w->is_literal = 1;
+            w->literal = lits[i].t;
+            free(vs);
+            return;
+        }
+    char *end;
+    errno = 0;
+    double d = strtod(vs, &end);
+    if (!errno && end != vs && *end == 0) {
+        w->is_num = 1;
+        w->num = d;
+        free(vs);
+        return;
+    }
+    w->str = vs;
+}
+
+/* The tally reasons of a condition, made once so workers only point at them. */
+static void where_reasons(sd_where *w, const char *expr)
+{
+    size_t rl = strlen(expr) + 32;
+    w->reason_fail = malloc(rl);
+    w->reason_missing = malloc(rl);
+    w->reason_type = malloc(rl);
+    snprintf(w->reason_fail, rl, "where %s", expr);
+    snprintf(w->reason_missing, rl, "where %s: field missing", expr);
+    snprintf(w->reason_type, rl, "where %s: %s", expr, w->is_num ? "not a number" : "not text");
+}
+
+/* Parse "field<=0.5", "rating==general", "aesthetic>6", "is_deleted==false"
+ * into a condition. Orderings of text or of true/false/null mean nothing and
+ * are refused here rather than failing every record. */
 sd_status sd_rules_add_where(sd_rules *r, const char *expr, sd_error *err)
 {
     static const struct {
@@ -158,32 +213,19 @@ sd_status sd_rules_add_where(sd_rules *r, const char *expr, sd_error *err)
     w->field = strndup(f, (size_t)(fe - f));
     w->op = op;
     char *vs = strndup(v, vl);
-    if (vl >= 2 && (vs[0] == '"' || vs[0] == '\'') && vs[vl - 1] == vs[0]) {
-        memmove(vs, vs + 1, vl - 2);
-        vs[vl - 2] = 0;
-        w->str = vs;
-    } else {
-        char *end;
-        errno = 0;
-        double d = strtod(vs, &end);
-        if (!errno && end != vs && *end == 0) {
-            w->is_num = 1;
-            w->num = d;
-            free(vs);
-        } else {
-            w->str = vs;
-        }
+    if (!w->field || !vs) {
+        free(w->field);
+        free(vs);
+        return sd_err_set(err, SD_ENOMEM, "out of memory");
     }
+    where_value(w, vs, vl);
     if (!w->is_num && op != SD_CMP_EQ && op != SD_CMP_NE) {
         free(w->field);
         free(w->str);
-        return sd_err_set(err, SD_EINVAL, "condition '%s': only == and != compare text", expr);
+        return sd_err_set(err, SD_EINVAL, "condition '%s': only == and != compare %s", expr,
+                          w->is_literal ? "true, false and null" : "text");
     }
-    size_t rl = strlen(expr) + 32;
-    w->reason_fail = malloc(rl);
-    w->reason_missing = malloc(rl);
-    snprintf(w->reason_fail, rl, "where %s", expr);
-    snprintf(w->reason_missing, rl, "where %s: field missing", expr);
+    where_reasons(w, expr);
     r->nwhere++;
     return SD_OK;
 }
@@ -231,16 +273,35 @@ static sd_status take_tag_set(const sd_json *root, const char *name, sd_strmap *
     return SD_OK;
 }
 
-/* Read a number member; 1 if present. */
+/* Read a number member; 1 if present. After an earlier error (*st set)
+ * nothing is read, so the first message stands. */
 static int take_num(const sd_json *root, const char *name, double *out, sd_error *err, sd_status *st)
 {
-    const sd_json *v = sd_json_get(root, name);
+    const sd_json *v = *st ? NULL : sd_json_get(root, name);
     if (!v) return 0;
     if (v->type != SD_JSON_NUMBER) {
         *st = sd_err_set(err, SD_EFORMAT, "rules: '%s' must be a number", name);
         return 0;
     }
     *out = v->num;
+    return 1;
+}
+
+/* Read an integer member in [lo, hi]; 1 if present. A fraction or a value
+ * out of range is an error naming the key: casting it would wrap, or (a
+ * negative keep_tokens) index outside the caption's tokens. */
+static int take_int(const sd_json *root, const char *name, double lo, double hi, double *out, sd_error *err,
+                    sd_status *st)
+{
+    double d;
+    if (!take_num(root, name, &d, err, st)) return 0;
+    if (!(d >= lo && d <= hi) || d != floor(d)) {
+        const sd_json *v = sd_json_get(root, name); /* a number's str is its source text, len bytes */
+        *st = sd_err_set(err, SD_ERANGE, "rules: '%s' must be an integer from %.0f to %.0f, got %.*s", name, lo, hi,
+                         (int)v->len, v->str);
+        return 0;
+    }
+    *out = d;
     return 1;
 }
 
@@ -284,12 +345,12 @@ sd_status sd_rules_load_json(sd_rules *r, const sd_json *root, sd_error *err)
     r->has_abs_min_score |= take_num(root, "abs_min_score", &r->abs_min_score, err, &st);
     r->has_min_score |= take_num(root, "min_score", &r->min_score, err, &st);
     double d;
-    if (take_num(root, "min_side", &d, err, &st)) r->min_side = (int)d;
-    if (take_num(root, "min_pixels", &d, err, &st)) r->min_pixels = (long)d;
+    if (take_int(root, "min_side", 0, INT_MAX, &d, err, &st)) r->min_side = (int)d;
+    if (take_int(root, "min_pixels", 0, max_exact_int, &d, err, &st)) r->min_pixels = (long)d;
     if (take_num(root, "shuffle_tag_p", &d, err, &st)) r->shuffle_tag_p = d;
-    if (take_num(root, "keep_tokens", &d, err, &st)) r->keep_tokens = (int)d;
-    if (take_num(root, "seed", &d, err, &st)) r->seed = (unsigned long long)d;
-    if (take_num(root, "val_every", &d, err, &st)) r->val_every = (long)d;
+    if (take_int(root, "keep_tokens", 0, INT_MAX, &d, err, &st)) r->keep_tokens = (int)d;
+    if (take_int(root, "seed", 0, max_exact_int, &d, err, &st)) r->seed = (unsigned long long)d;
+    if (take_int(root, "val_every", 0, max_exact_int, &d, err, &st)) r->val_every = (long)d;
     if (take_num(root, "val_fraction", &d, err, &st)) r->val_fraction = d;
     if (st) return st;
     if ((st = take_bool(root, "underscores", &r->underscores, err))) return st;

@@ -18,8 +18,11 @@ typedef struct {
     int is_num;
     double num;
     char *str;
+    int is_literal;       /* unquoted true, false or null: compared as JSON (== and != only) */
+    sd_json_type literal; /* SD_JSON_TRUE, SD_JSON_FALSE or SD_JSON_NULL */
     char *reason_fail;    /* tally reasons, e.g. "where pwatermark<=0.5" */
     char *reason_missing; /* e.g. "where pwatermark<=0.5: field missing" */
+    char *reason_type;    /* e.g. "where pwatermark<=0.5: not a number" */
 } sd_where;
 
 typedef struct {

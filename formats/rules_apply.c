@@ -36,7 +36,8 @@ static const sd_strmap_slot *nt_lookup(const sd_strmap *m, const normtag *nt)
 }
 
 /* Numeric value of a where-field: record fields first, then the source's
- * (dotted paths allowed). 0 if found. */
+ * (dotted paths allowed). 0 if found, -1 if missing or null, -2 if the field
+ * holds something else (a boolean, an object, non-numeric text). */
 static int field_num(const sd_record *rec, const char *f, double *out)
 {
     if (strcmp(f, "score") == 0) {
@@ -46,24 +47,44 @@ static int field_num(const sd_record *rec, const char *f, double *out)
     }
     if (strcmp(f, "width") == 0 && rec->width) return *out = rec->width, 0;
     if (strcmp(f, "height") == 0 && rec->height) return *out = rec->height, 0;
-    return sd_json_num(sd_json_path(rec->fields, f, strlen(f)), out);
-}
-
-/* Text value of a where-field. */
-static const char *field_str(const sd_record *rec, const char *f)
-{
-    if (strcmp(f, "rating") == 0) return rec->rating;
-    if (strcmp(f, "key") == 0) return rec->key;
     const sd_json *v = sd_json_path(rec->fields, f, strlen(f));
-    return v && v->type == SD_JSON_STRING ? v->str : NULL;
+    if (!v || v->type == SD_JSON_NULL) return -1;
+    return sd_json_num(v, out) ? -2 : 0;
 }
 
-/* Evaluate one condition: 1 pass, 0 fail, -1 field missing. */
+/* Text value of a where-field: 0 if found, -1 if missing or null, -2 if the
+ * field is not text. */
+static int field_str(const sd_record *rec, const char *f, const char **out)
+{
+    if (strcmp(f, "rating") == 0) return (*out = rec->rating) ? 0 : -1;
+    if (strcmp(f, "key") == 0) return (*out = rec->key) ? 0 : -1;
+    const sd_json *v = sd_json_path(rec->fields, f, strlen(f));
+    if (!v || v->type == SD_JSON_NULL) return -1;
+    if (v->type != SD_JSON_STRING) return -2;
+    *out = v->str;
+    return 0;
+}
+
+/* A true/false/null condition compares the source field as JSON: equal only
+ * to the same literal (a string "false" is not false). 1 pass, 0 fail, -1
+ * field missing. */
+static int literal_eval(const sd_where *w, const sd_record *rec)
+{
+    const sd_json *v = sd_json_path(rec->fields, w->field, strlen(w->field));
+    if (!v) return -1;
+    int eq = v->type == w->literal;
+    return w->op == SD_CMP_EQ ? eq : !eq;
+}
+
+/* Evaluate one condition: 1 pass, 0 fail, -1 field missing, -2 field of
+ * another type than the value compared with. */
 static int where_eval(const sd_where *w, const sd_record *rec)
 {
+    if (w->is_literal) return literal_eval(w, rec);
     if (w->is_num) {
         double v;
-        if (field_num(rec, w->field, &v)) return -1;
+        int got = field_num(rec, w->field, &v);
+        if (got) return got;
         switch (w->op) {
         case SD_CMP_LT: return v < w->num;
         case SD_CMP_LE: return v <= w->num;
@@ -74,8 +95,9 @@ static int where_eval(const sd_where *w, const sd_record *rec)
         }
         return 0;
     }
-    const char *s = field_str(rec, w->field);
-    if (!s) return -1;
+    const char *s;
+    int got = field_str(rec, w->field, &s);
+    if (got) return got;
     int eq = strcmp(s, w->str) == 0;
     return w->op == SD_CMP_EQ ? eq : !eq;
 }
@@ -93,6 +115,7 @@ static int apply_filters(const sd_rules *r, sd_record *rec, const normtag *nt, c
     }
     for (int i = 0; i < r->nwhere; i++) {
         int v = where_eval(&r->where[i], rec);
+        if (v == -2) return *reason = r->where[i].reason_type, -1;
         if (v < 0) return *reason = r->where[i].reason_missing, -1;
         if (v == 0) return *reason = r->where[i].reason_fail, -1;
     }
@@ -306,16 +329,24 @@ static void drop_empty_items(sd_buf *in, sd_buf *out)
     out->len = e - b;
 }
 
-/* Shuffle the caption's comma-separated tokens after the first keep_tokens,
- * with a generator seeded by (key, seed) so reruns give the same caption. */
-static void shuffle_tokens(const sd_rules *r, const char *key, sd_buf *cap, sd_buf *out)
+/* One comma-separated token of a caption being shuffled. */
+typedef struct {
+    const char *s;
+    size_t len;
+} token;
+
+/* Split a caption into its non-empty comma-separated tokens (trimmed), in
+ * an array from the worker arena sized for every comma: a long caption is
+ * shuffled whole. NULL when out of memory. */
+static token *split_tokens(const sd_buf *cap, sd_arena *a, size_t *n)
 {
-    enum { MAXTOK = 512 };
-    const char *tok[MAXTOK];
-    size_t len[MAXTOK];
-    int n = 0;
+    size_t cap_n = 1;
+    for (size_t i = 0; i < cap->len; i++) cap_n += cap->data[i] == ',';
+    token *tok = sd_arena_alloc(a, cap_n * sizeof *tok);
+    if (!tok) return NULL;
+    *n = 0;
     size_t i = 0;
-    while (i < cap->len && n < MAXTOK) {
+    while (i < cap->len) {
         const char *s = cap->data + i;
         const char *c = memchr(s, ',', cap->len - i);
         size_t l = c ? (size_t)(c - s) : cap->len - i;
@@ -323,27 +354,36 @@ static void shuffle_tokens(const sd_rules *r, const char *key, sd_buf *cap, sd_b
         while (l && *s == ' ') s++, l--;
         while (l && s[l - 1] == ' ') l--;
         if (!l) continue;
-        tok[n] = s;
-        len[n] = l;
-        n++;
+        tok[*n].s = s;
+        tok[*n].len = l;
+        (*n)++;
     }
+    return tok;
+}
+
+/* Shuffle the caption's comma-separated tokens after the first keep_tokens,
+ * with a generator seeded by (key, seed) so reruns give the same caption.
+ * -1 when out of memory. */
+static int shuffle_tokens(const sd_rules *r, const char *key, sd_buf *cap, sd_arena *a, sd_buf *out)
+{
+    size_t n = 0;
+    token *tok = split_tokens(cap, a, &n);
+    if (!tok) return -1;
+    size_t lo = r->keep_tokens > 0 ? (size_t)r->keep_tokens : 0;
     uint64_t state = sd_hash64(key, strlen(key), r->seed ^ 0x73687566666c65ull);
-    for (int k = n - 1; k > r->keep_tokens; k--) {
+    for (size_t k = n - 1; n && k > lo; k--) {
         state = sd_mix64(state);
-        int lo = r->keep_tokens;
-        int j = lo + (int)(state % (uint64_t)(k - lo + 1));
-        const char *ts = tok[k];
-        size_t tl = len[k];
+        size_t j = lo + (size_t)(state % (uint64_t)(k - lo + 1));
+        token t = tok[k];
         tok[k] = tok[j];
-        len[k] = len[j];
-        tok[j] = ts;
-        len[j] = tl;
+        tok[j] = t;
     }
     sd_buf_clear(out);
-    for (int k = 0; k < n; k++) {
+    for (size_t k = 0; k < n; k++) {
         if (k) sd_buf_put(out, ", ", 2);
-        sd_buf_put(out, tok[k], len[k]);
+        sd_buf_put(out, tok[k].s, tok[k].len);
     }
+    return 0;
 }
 
 /* Run every rule on rec. Returns 0 to keep it (with out_caption and is_val
@@ -381,7 +421,7 @@ int sd_rules_apply(const sd_rules *r, sd_record *rec, uint64_t ordinal, sd_arena
     drop_empty_items(cap, clean);
     if (r->shuffle_tag_p > 0 &&
         sd_hash_unit(sd_hash64(rec->key, strlen(rec->key), r->seed ^ 0x70726f62ull)) < r->shuffle_tag_p) {
-        shuffle_tokens(r, rec->key, clean, cap);
+        if (shuffle_tokens(r, rec->key, clean, a, cap)) return *reason = "out of memory", -1;
         rec->out_caption = sd_arena_strndup(a, cap->data ? cap->data : "", cap->len);
     } else {
         rec->out_caption = sd_arena_strndup(a, clean->data ? clean->data : "", clean->len);

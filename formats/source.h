@@ -49,6 +49,7 @@ void sd_input_init(sd_input *in, sd_input_kind kind, const char *origin, long li
 int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_record *r, const char **reason,
                    char *detail, size_t detail_len);
 int sd_pattern_format(const char *pat, const sd_json *obj, sd_buf *out, const char **missing);
+const char *sd_pattern_check(const char *pat);
 int sd_is_image_name(const char *name, size_t len);
 
 #endif

@@ -32,25 +32,50 @@ static int is_subdir(const char *dir, const char *name)
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-/* Is the first non-blank byte of a .json file '{' followed (after a key) by
- * an object: the kohya dictionary shape? Arrays and post objects are booru. */
+/* JSON whitespace is skipped before and between the tokens the sniff looks at. */
+static const char *skip_blank(const char *p, const char *end)
+{
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
+    return p;
+}
+
+/* The byte after a JSON string that starts at p (its opening quote), or NULL
+ * when it does not end inside [p, end): a ':' or '"' inside the key (a
+ * Windows path "C:\\data\\x.png", an escaped quote) is part of the string. */
+static const char *skip_string(const char *p, const char *end)
+{
+    for (p++; p < end; p++) {
+        if (*p == '"') return p + 1;
+        if (*p == '\\' && ++p == end) break;
+    }
+    return NULL;
+}
+
+/* Does a document start like kohya's dictionary, '{' "key" ':' '{'?
+ * Arrays, post objects (first value a number or string) and JSON lines are
+ * booru dumps. */
+static int kohya_shaped(const char *p, const char *end)
+{
+    p = skip_blank(p, end);
+    if (p == end || *p != '{') return 0;
+    p = skip_blank(p + 1, end);
+    if (p == end || *p != '"' || !(p = skip_string(p, end))) return 0;
+    p = skip_blank(p, end);
+    if (p == end || *p != ':') return 0;
+    p = skip_blank(p + 1, end);
+    return p < end && *p == '{';
+}
+
+/* Sniff the start of a regular .json file for the kohya shape. Only regular
+ * files are opened here: a FIFO or pipe would lose what this read took. */
 static int looks_kohya(const char *path)
 {
     int fd = open(path, O_RDONLY);
     if (fd < 0) return 0;
     char buf[8192];
-    ssize_t n = read(fd, buf, sizeof buf - 1);
+    ssize_t n = read(fd, buf, sizeof buf);
     close(fd);
-    if (n <= 0) return 0;
-    buf[n] = 0;
-    const char *p = buf;
-    while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++;
-    if (*p != '{') return 0;
-    const char *colon = strchr(p, ':');
-    if (!colon) return 0;
-    p = colon + 1;
-    while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t') p++;
-    return *p == '{';
+    return n > 0 && kohya_shaped(buf, buf + n);
 }
 
 /* Guess the kind of a source path from what is there. */
@@ -67,6 +92,6 @@ sd_source_kind sd_source_detect(const char *path)
         if (is_subdir(path, "images") && is_subdir(path, "captions")) return SD_SRC_TREE;
         return SD_SRC_FOLDER;
     }
-    if (n > 5 && strcmp(path + n - 5, ".json") == 0 && looks_kohya(path)) return SD_SRC_KOHYA;
+    if (S_ISREG(st.st_mode) && n > 5 && strcmp(path + n - 5, ".json") == 0 && looks_kohya(path)) return SD_SRC_KOHYA;
     return SD_SRC_BOORU;
 }

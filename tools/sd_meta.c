@@ -1,5 +1,6 @@
 /* sd-meta: read dataset sources, apply the rules, write one JSONL record per
  * image (or a kohya meta_cap_dd.json). See `sd-meta --help`. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,8 +19,9 @@ static const char summary[] =
     "Sources (detected, or forced with --source): a folder of images with .txt (tags)\n"
     "and/or .caption files; a folder with images/ and captions/ trees; a tree of\n"
     "metadata .json files (--source metatree); Danbooru/e621 dumps as JSONL or a JSON\n"
-    "array ('-' = stdin); kohya meta_cap(_dd).json; WebDataset tars (brace notation\n"
-    "such as 'data/{00000..00123}.tar' is expanded).";
+    "array (a file, a pipe or '-' = stdin); kohya meta_cap(_dd).json (from a pipe:\n"
+    "--source kohya); WebDataset tars (brace notation such as 'data/{00000..00123}.tar'\n"
+    "is expanded).";
 
 static const char epilog[] =
     "Rules are applied in this order: rating, abs_min_score, where, min size, blacklist,\n"
@@ -53,10 +55,31 @@ static sd_status load_cls_map(const char *path, sd_arena *a, sd_json **out, char
     return st;
 }
 
+/* An integer flag must lie in [lo, hi]: a negative count or seed used to be
+ * ignored without a word (or to wrap when cast), hiding the typo. LONG_MIN
+ * is "not given". */
+static sd_status check_int(const char *name, long v, long lo, long hi, sd_error *err)
+{
+    if (v == LONG_MIN || (v >= lo && v <= hi)) return SD_OK;
+    return sd_err_set(err, SD_ERANGE, "--%s must be an integer from %ld to %ld, got %ld", name, lo, hi, v);
+}
+
+/* Range-check every integer flag that becomes a rule, before any is used. */
+static sd_status check_int_options(const options *o, sd_error *err)
+{
+    sd_status st;
+    if ((st = check_int("min-side", o->min_side, 0, INT_MAX, err))) return st;
+    if ((st = check_int("min-pixels", o->min_pixels, 0, LONG_MAX, err))) return st;
+    if ((st = check_int("keep-tokens", o->keep_tokens, 0, INT_MAX, err))) return st;
+    if ((st = check_int("seed", o->seed, 0, LONG_MAX, err))) return st;
+    return check_int("val-every", o->val_every, 0, LONG_MAX, err);
+}
+
 /* Turn flags into rules on top of the rules file. */
 static sd_status rules_from_options(sd_rules *r, const options *o, sd_error *err)
 {
     sd_status st;
+    if ((st = check_int_options(o, err))) return st;
     if (o->rules && (st = sd_rules_load_file(r, o->rules, err))) return st;
     for (int i = 0; i < o->blacklist.n; i++)
         if ((st = sd_rules_add_tags(&r->blacklist, o->blacklist.v[i], err))) return st;
@@ -80,8 +103,8 @@ static sd_status rules_from_options(sd_rules *r, const options *o, sd_error *err
     if (o->escape_parens) r->escape_parens = 1;
     if (o->keep_underscores) r->underscores = 0;
     if (o->shuffle_p >= 0) r->shuffle_tag_p = o->shuffle_p;
-    if (o->keep_tokens >= 0) r->keep_tokens = (int)o->keep_tokens;
-    if (o->seed >= 0) r->seed = (unsigned long long)o->seed;
+    if (o->keep_tokens != LONG_MIN) r->keep_tokens = (int)o->keep_tokens;
+    if (o->seed != LONG_MIN) r->seed = (unsigned long long)o->seed;
     if (o->val_every > 0) r->val_every = o->val_every;
     if (o->val_fraction > 0) r->val_fraction = o->val_fraction;
     if (r->shuffle_tag_p < 0 || r->shuffle_tag_p > 1) return sd_err_set(err, SD_ERANGE, "--shuffle-tags must be in [0,1]");
@@ -133,6 +156,12 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
             sd_cli_usage_error(cli, "unknown --flavor '%s'", o->flavor);
             return SD_EXIT_USAGE;
         }
+    }
+
+    const char *bad = o->image_pattern ? sd_pattern_check(o->image_pattern) : NULL;
+    if (bad) {
+        sd_cli_usage_error(cli, "--image-pattern '%s': %s", o->image_pattern, bad);
+        return SD_EXIT_USAGE;
     }
 
     sd_error err;
@@ -212,8 +241,8 @@ int main(int argc, char **argv)
 {
     options o = {0};
     o.shuffle_p = -1;
-    o.keep_tokens = -1;
-    o.seed = -1;
+    o.keep_tokens = LONG_MIN; /* not given */
+    o.seed = LONG_MIN;
     o.threads = 0;
     double min_score = -1e300, abs_min_score = -1e300;
     const sd_opt opts[] = {
@@ -225,7 +254,7 @@ int main(int argc, char **argv)
         {"ratings", 0, SD_OPT_LIST, &o.ratings, "LIST", "keep only these ratings (general,sensitive,...)"},
         {"min-score", 0, SD_OPT_DOUBLE, &min_score, "N", "drop records scoring below N after tag bonuses"},
         {"abs-min-score", 0, SD_OPT_DOUBLE, &abs_min_score, "N", "drop records scoring below N before bonuses"},
-        {"where", 'w', SD_OPT_LIST, &o.where, "EXPR", "keep records where EXPR holds, e.g. 'aesthetic>6' (repeatable)"},
+        {"where", 'w', SD_OPT_LIST, &o.where, "EXPR", "keep records where EXPR holds: 'aesthetic>6', 'is_deleted==false' (repeatable)"},
         {"min-side", 0, SD_OPT_INT, &o.min_side, "PX", "drop images whose shorter side is below PX (when known)"},
         {"min-pixels", 0, SD_OPT_INT, &o.min_pixels, "N", "drop images with fewer than N pixels (when known)"},
         {"template", 't', SD_OPT_STR, &o.template_, "TEXT", "caption template (default '{caption}, {score_tag}, {tags}')"},
