@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "bucket.h"
 #include "half.h"
 
 enum { MAX_LATENT_SIDE = 1024, MAX_ORIG_SIDE = 1 << 20 };
@@ -104,6 +105,21 @@ static double num_at(const sd_npz_member *m, size_t i)
     }
 }
 
+/* Element i of an int64 or int32 array, exactly: an int64 never goes
+ * through a double (values of 2^63 and more would not convert back). */
+static int64_t int_at(const sd_npz_member *m, size_t i)
+{
+    const unsigned char *p = m->data;
+    if (m->info.dtype == SD_NPY_I32) {
+        int32_t v;
+        memcpy(&v, p + 4 * i, 4);
+        return v;
+    }
+    int64_t v;
+    memcpy(&v, p + 8 * i, 8);
+    return v;
+}
+
 /* 1 when every element of a float array is finite. */
 static int all_finite(const sd_npz_member *m)
 {
@@ -163,8 +179,8 @@ static sd_status check_geometry(sd_kohya_latents *l, const char **reason, sd_err
         *reason = "bad original_size";
         return sd_err_set(err, SD_EFORMAT, "original_size %s", o ? "is not (2,) int64" : "is missing");
     }
-    l->orig_w = (int64_t)num_at(o, 0);
-    l->orig_h = (int64_t)num_at(o, 1);
+    l->orig_w = int_at(o, 0);
+    l->orig_h = int_at(o, 1);
     if (l->orig_w < 1 || l->orig_h < 1 || l->orig_w > MAX_ORIG_SIDE || l->orig_h > MAX_ORIG_SIDE) {
         *reason = "bad original_size";
         return sd_err_set(err, SD_ERANGE, "original_size (%lld, %lld) out of range", (long long)l->orig_w,
@@ -184,7 +200,6 @@ static sd_status check_geometry(sd_kohya_latents *l, const char **reason, sd_err
             return sd_err_set(err, SD_ERANGE, "crop_ltrb[%d] is not a finite pixel position", i);
         }
     }
-    l->crop_float = c->info.dtype == SD_NPY_F64 || c->info.dtype == SD_NPY_F32;
     return SD_OK;
 }
 
@@ -323,20 +338,18 @@ void sd_kohya_te_free(sd_kohya_te *t)
 }
 
 /* Build a latents npz exactly as sd-scripts' np.savez call does: latents,
- * original_size (int64), crop_ltrb (float64 or int64), latents_flipped. */
+ * original_size (int64), crop_ltrb (float64: numpy's array of get_crop_ltrb's
+ * tuple, which always mixes ints and floats), latents_flipped. */
 sd_status sd_kohya_latents_encode(const sd_kohya_latents_out *l, sd_buf *out, sd_error *err)
 {
     sd_npz_writer w;
     sd_status st = sd_npz_writer_init(&w, err);
     if (st) return st;
     uint64_t shape[3] = {l->c, l->h, l->w}, two = 2, four = 4;
-    int64_t orig[2] = {l->orig_w, l->orig_h}, icrop[4];
-    for (int i = 0; i < 4; i++) icrop[i] = (int64_t)l->crop[i];
+    int64_t orig[2] = {l->orig_w, l->orig_h};
     st = sd_npz_writer_add(&w, "latents", SD_NPY_F32, 3, shape, l->latents, err);
     if (!st) st = sd_npz_writer_add(&w, "original_size", SD_NPY_I64, 1, &two, orig, err);
-    if (!st)
-        st = l->crop_float ? sd_npz_writer_add(&w, "crop_ltrb", SD_NPY_F64, 1, &four, l->crop, err)
-                           : sd_npz_writer_add(&w, "crop_ltrb", SD_NPY_I64, 1, &four, icrop, err);
+    if (!st) st = sd_npz_writer_add(&w, "crop_ltrb", SD_NPY_F64, 1, &four, l->crop_ltrb, err);
     if (!st && l->flipped) st = sd_npz_writer_add(&w, "latents_flipped", SD_NPY_F32, 3, shape, l->flipped, err);
     if (!st) st = sd_npz_writer_finish(&w, err);
     if (!st) {
@@ -346,6 +359,39 @@ sd_status sd_kohya_latents_encode(const sd_kohya_latents_out *l, sd_buf *out, sd
     }
     sd_npz_writer_free(&w);
     return st;
+}
+
+/* The box sd-scripts cut for an image when it cached its latents, in sdtk's
+ * convention (l, t, r, b in the resized image): select_bucket scales the
+ * image to cover the bucket (by height when the image is wider than the
+ * bucket, else by width; int(x + 0.5)) and trim_and_resize_if_required cuts
+ * the centre (offset trim // 2; random_crop is refused with cached
+ * latents). With bucket_no_upscale sd-scripts may resize differently, and
+ * the box can then be off by the difference. */
+void sd_kohya_cut_box(uint32_t orig_w, uint32_t orig_h, uint32_t bucket_w, uint32_t bucket_h, double box[4])
+{
+    double ar = (double)orig_w / (double)orig_h;
+    double scale = ar > (double)bucket_w / (double)bucket_h ? (double)bucket_h / (double)orig_h
+                                                            : (double)bucket_w / (double)orig_w;
+    int64_t rw = (int64_t)((double)orig_w * scale + 0.5), rh = (int64_t)((double)orig_h * scale + 0.5);
+    int64_t l = rw > bucket_w ? (rw - bucket_w) / 2 : 0, t = rh > bucket_h ? (rh - bucket_h) / 2 : 0;
+    box[0] = (double)l;
+    box[1] = (double)t;
+    box[2] = (double)(l + bucket_w);
+    box[3] = (double)(t + bucket_h);
+}
+
+/* 1 when a stored crop_ltrb is what sd-scripts computes for this original
+ * size and bucket (get_crop_ltrb), allowing float32 rounding. */
+int sd_kohya_crop_is_ltrb(const double crop[4], uint32_t orig_w, uint32_t orig_h, uint32_t bucket_w,
+                          uint32_t bucket_h)
+{
+    double want[4];
+    unsigned mask;
+    sd_kohya_crop_ltrb((int)bucket_w, (int)bucket_h, (int)orig_w, (int)orig_h, want, &mask);
+    for (int i = 0; i < 4; i++)
+        if (fabs(crop[i] - want[i]) > 1e-6 * fmax(1.0, fabs(want[i]))) return 0;
+    return 1;
 }
 
 /* Build an SDXL te_outputs npz (hidden_state1, hidden_state2, pool2) in

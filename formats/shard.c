@@ -173,6 +173,7 @@ sd_status sd_shard_open(sd_shard **out, const char *path, const sd_shard_opts *o
     }
     if (!st && !rc) {
         unsigned f = MDB_NOSUBDIR | MDB_NOTLS | (ro ? MDB_RDONLY : 0) | (s->flags & SD_SHARD_NOSYNC ? MDB_NOSYNC : 0) |
+                     (s->flags & SD_SHARD_NOMETASYNC ? MDB_NOMETASYNC : 0) |
                      (s->flags & SD_SHARD_RANDOM ? MDB_NORDAHEAD : 0);
         rc = mdb_env_open(s->env, path, f, 0644);
         if (rc == MDB_INVALID || rc == MDB_VERSION_MISMATCH)
@@ -193,7 +194,7 @@ sd_status sd_shard_open(sd_shard **out, const char *path, const sd_shard_opts *o
     return SD_OK;
 }
 
-/* Close: drop an unfinished batch, make NOSYNC writes durable, free. */
+/* Close: drop an unfinished batch, make NOSYNC/NOMETASYNC writes durable, free. */
 sd_status sd_shard_close(sd_shard *s, sd_error *err)
 {
     if (!s) return SD_OK;

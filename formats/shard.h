@@ -53,11 +53,16 @@ enum {
 enum {
     SD_SHARD_RDONLY = 1,  /* read-only: MDB_RDONLY|MDB_NOTLS, no writer lock */
     SD_SHARD_CREATE = 2,  /* create the file when missing (writer only) */
-    SD_SHARD_NOSYNC = 4,  /* faster: no fsync per commit (MDB_NOSYNC); synced at close.
-                           * A crash (not a process kill) may lose recent batches
-                           * but never leaves a torn record. */
+    SD_SHARD_NOSYNC = 4,  /* fastest: no fsync per commit (MDB_NOSYNC); synced at close.
+                           * A killed process loses nothing, but an OS crash or power
+                           * loss before the close may leave a CORRUPT file unless the
+                           * filesystem preserves write order: only for files that are
+                           * thrown away after a crash (a temp file renamed into place
+                           * after the close). */
     SD_SHARD_NOGROW = 8,  /* never grow the map: a full map is SD_ERANGE */
-    SD_SHARD_RANDOM = 16  /* reader: random access, no OS read-ahead (MDB_NORDAHEAD) */
+    SD_SHARD_RANDOM = 16, /* reader: random access, no OS read-ahead (MDB_NORDAHEAD) */
+    SD_SHARD_NOMETASYNC = 32 /* one fsync per commit instead of two (MDB_NOMETASYNC): an OS
+                              * crash may undo the last commit, the file stays consistent */
 };
 
 typedef struct {
@@ -111,7 +116,9 @@ typedef enum {
 enum {
     SD_REC_F_FLIPPED = 1,    /* a flipped variant is present */
     SD_REC_F_MEANSTD = 2,    /* mean+std of the latent distribution, not a sample */
-    SD_REC_F_CROP_FLOAT = 4, /* the crop box came from floats (kohya float64 crop_ltrb) */
+    SD_REC_F_CROP_FLOAT = 4, /* crop holds kohya's crop_ltrb, not the box cut (earlier
+                              * import-kohya versions; now only a crop_ltrb that is not
+                              * sd-scripts' value for the record's size and bucket) */
     SD_REC_F_ALL = 7
 };
 
@@ -129,7 +136,7 @@ typedef struct {
     uint8_t kind;          /* sd_rec_kind */
     uint16_t flags;        /* SD_REC_F_* */
     uint32_t orig_w, orig_h;
-    double crop[4];        /* l, t, r, b in original-resized pixels, as kohya's crop_ltrb */
+    double crop[4];        /* l, t, r, b: the box cut from the resized image (sd-bucket `crop`) */
     uint32_t bucket_w, bucket_h;
     uint8_t text_ref[16];  /* key of the text-embedding record; zeros = none */
     const char *name;      /* record name (sd-meta `key`), not NUL-terminated on parse */
@@ -176,7 +183,7 @@ sd_status sd_shard_put_text(sd_shard *s, const uint8_t hash[16], const void *val
 sd_status sd_shard_del(sd_shard *s, const void *key, size_t klen, sd_error *err);
 /* Delete a text-embedding record. SD_ENOTFOUND when absent. */
 sd_status sd_shard_del_text(sd_shard *s, const uint8_t hash[16], sd_error *err);
-/* Commit the batch (durable unless NOSYNC). On failure nothing of the batch
+/* Commit the batch (durable unless NOSYNC or NOMETASYNC). On failure nothing of the batch
  * is stored and the shard is as it was before sd_shard_begin. */
 sd_status sd_shard_commit(sd_shard *s, sd_error *err);
 /* Drop the batch. */

@@ -2,8 +2,11 @@
 """End-to-end tests of sd-pack: kohya npz -> shard -> kohya npz round trips
 (fp32 bit-identical, fp16 equal to numpy's float16 rounding), resumable
 import, split -> merge, compact, info, export-tar members loaded with numpy,
-and the bad cache files the importer must report and skip.
-Usage: e2e_pack.py SD_PACK SD_VERIFY  (needs numpy)"""
+the bad cache files the importer must report and skip, full-path metadata
+keys, the two crop conventions, and shards made by tests/shard_writer with
+damaged indexes, corrupt text embeddings, duplicate names, and inputs that
+are also outputs.
+Usage: e2e_pack.py SD_PACK SD_VERIFY SHARD_WRITER  (needs numpy)"""
 import glob
 import io
 import json
@@ -24,7 +27,40 @@ except ImportError:  # the suite needs numpy (python3-numpy); skip, do not fail
     print("numpy not available: skipping")
     sys.exit(77)
 
-SD_PACK = SD_VERIFY = None
+SD_PACK = SD_VERIFY = WRITER = None
+
+
+def get_crop_ltrb(bucket, size):
+    """sd-scripts' BucketManager.get_crop_ltrb(bucket_reso, image_size), as
+    it is written there (Python floats and floor division)."""
+    bucket_ar = bucket[0] / bucket[1]
+    image_ar = size[0] / size[1]
+    if bucket_ar > image_ar:
+        resized_width = bucket[1] * image_ar
+        resized_height = bucket[1]
+    else:
+        resized_width = bucket[0]
+        resized_height = bucket[0] / image_ar
+    crop_left = (bucket[0] - resized_width) // 2
+    crop_top = (bucket[1] - resized_height) // 2
+    return crop_left, crop_top, crop_left + resized_width, crop_top + resized_height
+
+
+def cut_box(bucket, size):
+    """The box sd-scripts cuts from the resized image: select_bucket's
+    scale (cover the bucket, int(x + 0.5)), then the centred trim."""
+    ar = size[0] / size[1]
+    scale = bucket[1] / size[1] if ar > bucket[0] / bucket[1] else bucket[0] / size[0]
+    rw, rh = int(size[0] * scale + 0.5), int(size[1] * scale + 0.5)
+    left, top = max(rw - bucket[0], 0) // 2, max(rh - bucket[1], 0) // 2
+    return [left, top, left + bucket[0], top + bucket[1]]
+
+
+def writer(*args):
+    """Run tests/shard_writer; returns its stdout lines."""
+    p = subprocess.run([WRITER] + [str(a) for a in args], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.splitlines()
 
 
 def run(*args):
@@ -64,14 +100,15 @@ class Pack(unittest.TestCase):
     def p(self, *parts):
         return os.path.join(self.dir, *parts)
 
-    def latents(self, path, w, h, flip=False, crop_float=True, orig=None, dtype=np.float32, **extra):
-        """One kohya latents npz as sd-scripts' np.savez writes it."""
+    def latents(self, path, w, h, flip=False, orig=None, crop=None, dtype=np.float32, **extra):
+        """One kohya latents npz as sd-scripts' np.savez writes it: crop_ltrb
+        is get_crop_ltrb(bucket, original size) unless crop is given."""
         lat = self.rng.standard_normal((4, h // 8, w // 8)).astype(dtype)
         kw = {}
         if flip:
             kw["latents_flipped"] = lat[:, :, ::-1].copy()
-        crop = np.array([0.5, 0, w - 0.5, h]) if crop_float else np.array([0, 0, w, h])
-        orig = orig or (w * 3, h * 3)
+        orig = orig or (w * 3 + 7 * (w // 8 % 3), h * 3)
+        crop = np.array(crop if crop is not None else get_crop_ltrb((w, h), orig))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         np.savez(path, latents=lat, original_size=np.array(orig), crop_ltrb=crop, **kw, **extra)
 
@@ -83,14 +120,16 @@ class Pack(unittest.TestCase):
                  pool2=rng.standard_normal(1280).astype(dtype))
 
     def kohya_dir(self, name="kd", n=6):
-        """A small cache directory: flipped and plain latents, int and float
-        crops, a subdirectory, te_outputs (two with identical content)."""
+        """A small cache directory: flipped and plain latents, images wider and
+        taller than their buckets, a subdirectory, te_outputs (two with
+        identical content)."""
         d = self.p(name)
         sizes = [(64, 48), (48, 64), (64, 64), (32, 64), (64, 48), (64, 64)]
         for i in range(n):
             w, h = sizes[i % len(sizes)]
             stem = ("sub/img%02d" if i % 3 == 2 else "img%02d") % i
-            self.latents(os.path.join(d, stem + ".npz"), w, h, flip=i % 2 == 0, crop_float=i % 4 != 1)
+            orig = (w * 3 + 17 * (i % 2), h * 3 + 11 * (i % 3 == 1))
+            self.latents(os.path.join(d, stem + ".npz"), w, h, flip=i % 2 == 0, orig=orig)
             if i != 3:
                 self.te(os.path.join(d, stem + "_te_outputs.npz"), seed=99 if i in (1, 4) else None)
         return d
@@ -184,6 +223,8 @@ class Pack(unittest.TestCase):
         self.assertEqual(info["latents"]["records"], 2)
         self.assertEqual(info["text"]["records"], 1)  # same caption "a cat": one embedding
         self.assertEqual(info["meta"]["kohya_layout"], "sdxl")
+        # float32 latents, float16 te_outputs, no --dtype: each kind keeps its own
+        self.assertEqual(json.loads(info["meta"]["dtypes"]), {"latent": "fp32", "text": "fp16"})
         out = self.p("out")
         rc, _, err = run("export-kohya", shard, "-o", out, "-q")
         self.assertEqual(rc, 0, err)
@@ -217,6 +258,9 @@ class Pack(unittest.TestCase):
         np.savez(os.path.join(d, "nan.npz"), latents=bad, original_size=np.array([16, 16]),
                  crop_ltrb=np.array([0, 0, 16, 16]))
         self.latents(os.path.join(d, "alpha.npz"), 16, 16, alpha_mask=np.ones((16, 16), np.float32))
+        self.latents(os.path.join(d, "ltrb.npz"), 16, 16, orig=(64, 48), crop=[0, 0, 16, 16])  # not sd-scripts' value
+        np.savez(os.path.join(d, "huge.npz"), latents=np.zeros((4, 2, 2), np.float32),
+                 original_size=np.array([2 ** 63 - 1, 16], np.int64), crop_ltrb=np.array([0.0, 0, 16, 16]))
         self.latents(os.path.join(d, "badte.npz"), 16, 16)
         np.savez(os.path.join(d, "badte_te_outputs.npz"), hidden_state1=np.zeros((77, 512), np.float32),
                  hidden_state2=np.zeros((77, 1280), np.float32), pool2=np.zeros(1280, np.float32))
@@ -226,13 +270,20 @@ class Pack(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         for reason, n in (("unreadable npz", 3), ("no latents array", 1), ("bad latents shape", 1),
                           ("NaN or Inf in latents", 1), ("alpha_mask (shard format v1 has no tensor role for it)", 1),
-                          ("bad te shape", 1), ("te_outputs without latents", 1)):
+                          ("bad te shape", 1), ("te_outputs without latents", 1), ("bad original_size", 1)):
             self.assertEqual(skipped(err, reason), n, (reason, err))
+        # a crop_ltrb that is not sd-scripts' value: imported, kept as given (flag 4), with a warning
+        self.assertIn("is not sd-scripts'", err)
+        self.assertIn("stored as given", err)
         for name in ("trunc.npz", "notzip.npz", "nolat.npz", "shape.npz", "fortran.npz", "nan.npz",
-                     "badte_te_outputs.npz", "orphan_te_outputs.npz"):
+                     "badte_te_outputs.npz", "orphan_te_outputs.npz", "ltrb.npz", "huge.npz"):
             self.assertIn(name, err)
         self.assertIn("Fortran order", err)
-        self.assertEqual(self.info(shard)["latents"]["records"], 2)
+        self.assertEqual(self.info(shard)["latents"]["records"], 3)
+        # ... and exported with the file's own crop_ltrb back
+        rc, _, err = run("export-kohya", shard, "-o", self.p("ltrb-out"), "--layout", "legacy", "-q")
+        with np.load(self.p("ltrb-out", "ltrb.npz")) as z:
+            self.assertEqual(z["crop_ltrb"].tolist(), [0.0, 0.0, 16.0, 16.0])
         self.verify(shard)
         rc, _, err = run("import-kohya", d, "-o", self.p("s.lmdb"), "--strict", "-q")
         self.assertEqual(rc, 1)
@@ -269,22 +320,56 @@ class Pack(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertIn("2 already present", err)
         self.assertEqual(self.info(shard)["latents"]["records"], 6)
-        # a bigger directory, killed mid-way (maybe), then rerun: complete and clean
+        # a bigger directory, killed once some batches are committed and others
+        # not: the partial shard holds a strict subset, the final name does not
+        # exist yet, and the rerun skips exactly what was committed
         big = self.p("big")
-        for i in range(300):
+        for i in range(600):
             self.latents(os.path.join(big, "b%04d.npz" % i), 64, 64, flip=True)
         out = self.p("big.lmdb")
-        for delay in (0.05, 0.15):
-            p = subprocess.Popen([SD_PACK, "import-kohya", big, "-o", out, "-q"], stderr=subprocess.DEVNULL)
-            time.sleep(delay)
-            p.send_signal(signal.SIGKILL)
-            p.wait()
-        self.assertFalse(os.path.exists(out) and os.path.exists(out + ".partial"))
+        committed = self.kill_mid_import(big, out, 600)
+        self.assertFalse(os.path.exists(out))
+        self.assertTrue(0 < committed < 600, committed)
         rc, _, err = run("import-kohya", big, "-o", out)
         self.assertEqual(rc, 0, err)
-        self.assertEqual(self.info(out)["latents"]["records"], 300)
+        self.assertIn("%d already present" % committed, err)
+        self.assertEqual(self.info(out)["latents"]["records"], 600)
         self.assertFalse(os.path.exists(out + ".partial"))
         self.verify(out)
+
+    def kill_mid_import(self, src, out, total):
+        """Start an import, stop it (SIGSTOP) once its partial shard holds
+        committed records, SIGKILL it while it holds fewer than total;
+        returns the records committed by then. A stop can catch the importer
+        holding one of LMDB's locks, which blocks a reader: such a look times
+        out and the importer is let go on."""
+        part = out + ".partial"
+
+        def records():
+            try:
+                p = subprocess.run([SD_PACK, "info", "--json", part], capture_output=True, timeout=10)
+            except subprocess.TimeoutExpired:
+                return None
+            return json.loads(p.stdout)["latents"]["records"] if p.returncode == 0 else 0
+
+        for attempt in range(5):
+            for f in (out, part, part + "-lock"):
+                if os.path.exists(f):
+                    os.unlink(f)
+            p = subprocess.Popen([SD_PACK, "import-kohya", src, "-o", out, "-q"], stderr=subprocess.DEVNULL)
+            while p.poll() is None:
+                time.sleep(0.002)
+                if not os.path.exists(part):
+                    continue
+                p.send_signal(signal.SIGSTOP)
+                n = records()
+                if n is not None and 0 < n < total:
+                    p.send_signal(signal.SIGKILL)
+                    p.wait()
+                    return n
+                p.send_signal(signal.SIGCONT)
+            p.wait()
+        self.fail("the import finished before it could be stopped mid-way (5 tries)")
 
     # -- split / merge / compact / tar ----------------------------------------
 
@@ -389,7 +474,9 @@ class Pack(unittest.TestCase):
             meta = json.loads(seen[n + ".json"])
             self.assertEqual(meta["original_size"], src["original_size"].tolist())
             self.assertEqual(meta["crop_ltrb"], [float(x) for x in src["crop_ltrb"]])
-            self.assertEqual(meta["bucket"], [src["latents"].shape[2] * 8, src["latents"].shape[1] * 8])
+            bucket = [src["latents"].shape[2] * 8, src["latents"].shape[1] * 8]
+            self.assertEqual(meta["bucket"], bucket)
+            self.assertEqual(meta["crop"], cut_box(bucket, meta["original_size"]))
             te_path = os.path.join(d, n + "_te_outputs.npz")
             if os.path.exists(te_path):
                 te, _ = npz_dict(te_path)
@@ -407,7 +494,206 @@ class Pack(unittest.TestCase):
         rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).view(np.float32)
         self.assertTrue(np.array_equal(lat, rounded))
 
+    # -- metadata keys ---------------------------------------------------------
+
+    def test_meta_full_path_keys(self):
+        """sd-scripts --full_path keys: each image takes the key of its own
+        path (caption and train_resolution), never another directory's entry
+        with the same base name; what cannot be told apart is skipped."""
+        d = self.p("fp")
+        for stem, seed in (("cats/001", 1), ("dogs/001", 2), ("cats/002", 3)):
+            self.latents(os.path.join(d, stem + ".npz"), 64, 64)
+            self.te(os.path.join(d, stem + "_te_outputs.npz"), seed=seed)
+        meta = {"/data/km/cats/001.png": {"caption": "a cat", "train_resolution": [64, 64]},
+                "/data/km/dogs/001.png": {"caption": "a dog", "train_resolution": [64, 48]},
+                "/data/km/cats/002.png": {"caption": "a cat", "train_resolution": [64, 64]}}
+        with open(self.p("meta.json"), "w") as f:
+            json.dump(meta, f)
+        shard = self.p("fp.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard, "--meta", self.p("meta.json"))
+        self.assertEqual(rc, 0, err)
+        # dogs/001's own entry says 64x48: stale, although cats/001's says 64x64
+        self.assertEqual(skipped(err, "latents size differs from meta train_resolution"), 1, err)
+        self.assertIn("dogs/001.npz", err)
+        info = self.info(shard)
+        self.assertEqual(info["latents"]["records"], 2)
+        self.assertEqual(info["text"]["records"], 1)  # both cats: "a cat"
+        # with dogs' entry current, dogs/001 gets its own caption and embedding
+        meta["/data/km/dogs/001.png"]["train_resolution"] = [64, 64]
+        with open(self.p("meta.json"), "w") as f:
+            json.dump(meta, f)
+        shard = self.p("fp2.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard, "--meta", self.p("meta.json"), "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.info(shard)["text"]["records"], 2)
+        os.makedirs(self.p("tars"))
+        rc, _, err = run("export-tar", shard, "-o", self.p("tars", "t-%d.tar"), "-q")
+        self.assertEqual(rc, 0, err)
+        with tarfile.open(self.p("tars", "t-0.tar")) as tf:
+            te1 = {n: np.load(io.BytesIO(tf.extractfile(n + ".te1.npy").read())) for n in ("cats/001", "dogs/001")}
+        for stem in ("cats/001", "dogs/001"):
+            own, _ = npz_dict(os.path.join(d, stem + "_te_outputs.npz"))
+            self.assertTrue(np.array_equal(te1[stem], own["hidden_state1"]), stem)
+        # a flat directory cannot tell /x/cats/001.png from /x/dogs/001.png;
+        # a stem key shared by two images' base names is as ambiguous
+        flat = self.p("flat")
+        self.latents(os.path.join(flat, "001.npz"), 64, 64)
+        for sub in ("a", "b"):
+            self.latents(os.path.join(flat, sub, "002.npz"), 64, 64)
+        self.latents(os.path.join(flat, "003.npz"), 64, 64)
+        with open(self.p("flat.json"), "w") as f:
+            json.dump({"/x/cats/001.png": {"caption": "a cat"}, "/x/dogs/001.png": {"caption": "a dog"},
+                       "002": {"caption": "two"}, "003": {"caption": "three"}}, f)
+        rc, _, err = run("import-kohya", flat, "-o", self.p("flat.lmdb"), "--meta", self.p("flat.json"))
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(skipped(err, "ambiguous metadata key"), 3, err)
+        self.assertIn("/x/cats/001.png", err)
+        self.assertIn("/x/dogs/001.png", err)
+        self.assertEqual(self.info(self.p("flat.lmdb"))["latents"]["records"], 1)  # 003: a unique stem key
+
+    # -- crop conventions --------------------------------------------------------
+
+    def test_crop_conventions(self):
+        """The shard stores the box sdtk cut from the resized image; kohya's
+        crop_ltrb is the image fitted in the bucket. Import converts one to
+        the other and export back, exactly as sd-scripts computes it."""
+        d = self.p("crop")
+        # 1920x1080 in 1344x768: resized to 1365x768, cut at x = 10
+        self.latents(os.path.join(d, "wide.npz"), 1344, 768, orig=(1920, 1080))
+        self.latents(os.path.join(d, "tall.npz"), 64, 128, orig=(333, 701))
+        src, _ = npz_dict(os.path.join(d, "wide.npz"))
+        self.assertEqual(src["crop_ltrb"].tolist(), [0, 6.0, 1344, 762.0])
+        shard = self.p("crop.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard, "-q")
+        self.assertEqual(rc, 0, err)
+        os.makedirs(self.p("tars"))
+        rc, _, err = run("export-tar", shard, "-o", self.p("tars", "c-%d.tar"), "-q")
+        self.assertEqual(rc, 0, err)
+        with tarfile.open(self.p("tars", "c-0.tar")) as tf:
+            meta = {n: json.loads(tf.extractfile(n + ".json").read()) for n in ("wide", "tall")}
+        self.assertEqual(meta["wide"]["crop"], [10, 0, 1354, 768])
+        self.assertEqual(meta["wide"]["crop_ltrb"], [0, 6.0, 1344, 762.0])
+        self.assertEqual(meta["tall"]["crop"], cut_box((64, 128), (333, 701)))
+        out = self.p("out")
+        rc, _, err = run("export-kohya", shard, "-o", out, "-q")
+        self.assertEqual(rc, 0, err)
+        self.assert_same_tree(out, d)
+        # records sdtk made (crop = the box it cut): crop_ltrb recomputed for kohya
+        native = self.p("native.lmdb")
+        writer("write", native, 6, 3)
+        out = self.p("native")
+        rc, _, err = run("export-kohya", native, "-o", out, "--strict")
+        self.assertEqual(rc, 0, err)  # the tiny test text embeddings have no kohya file: not a skipped record
+        self.assertIn("wrote 6 latents and 0 te_outputs npz files", err)
+        self.assertIn("0 records skipped, 6 text embeddings not written", err)
+        for i in range(6):
+            x, keys = npz_dict(os.path.join(out, "rec%06d.npz" % i))
+            bw = 64 + 64 * (i % 3)
+            self.assertEqual(x["crop_ltrb"].dtype, np.float64)
+            self.assertEqual(x["crop_ltrb"].tolist(), list(get_crop_ltrb((bw, 64), (bw * 2 + 30, 128))), i)
+            self.assertEqual(x["original_size"].tolist(), [bw * 2 + 30, 128])
+
+    # -- inputs that are outputs -----------------------------------------------
+
+    def test_output_never_replaces_an_input(self):
+        a = self.p("a.shard")
+        writer("write", a, 20, 8)
+        # the input is OUT.partial: merge/compact used to delete it first
+        shutil.copy(a, self.p("cache.lmdb.partial"))
+        rc, _, err = run("compact", self.p("cache.lmdb.partial"), "-o", self.p("cache.lmdb"), "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.info(self.p("cache.lmdb"))["latents"]["records"], 20)
+        self.assertEqual(self.info(self.p("cache.lmdb.partial"))["latents"]["records"], 20)
+        self.assertEqual([f for f in glob.glob(self.p("cache.lmdb.partial-*")) if not f.endswith(".partial-lock")], [])
+        # the output is an input under another path (hard link, symlink)
+        os.link(a, self.p("hard.shard"))
+        os.symlink(a, self.p("sym.shard"))
+        for out in ("hard.shard", "sym.shard"):
+            rc, _, err = run("merge", "-o", self.p(out), a, "-q")
+            self.assertEqual(rc, 2, err)
+            self.assertIn("is also an input", err)
+        self.assertEqual(self.info(a)["latents"]["records"], 20)
+        # split: a part name is the input
+        shutil.copy(a, self.p("x-0.lmdb"))
+        os.mkdir(self.p("x-1.lmdb"))
+        rc, _, err = run("split", "-n", "2", "-o", self.p("x-%d.lmdb"), self.p("x-0.lmdb"))
+        self.assertEqual(rc, 2, err)
+        self.assertIn("is the input", err)
+        self.assertEqual(self.info(self.p("x-0.lmdb"))["latents"]["records"], 20)
+        # split: a later part fails after the first 64 are complete: no part
+        # is renamed into place, the old file stays, no temporary file is left
+        for i in range(64):
+            os.mkdir(self.p("d%d" % i))
+        with open(self.p("d0", "p.lmdb"), "w") as f:
+            f.write("old")
+        rc, _, err = run("split", "-n", "65", "-o", self.p("d%d", "p.lmdb"), a, "-q")
+        self.assertEqual(rc, 3, err)
+        with open(self.p("d0", "p.lmdb")) as f:
+            self.assertEqual(f.read(), "old")
+        self.assertEqual(glob.glob(self.p("d*", "p.lmdb.partial*")), [])
+        self.assertEqual(glob.glob(self.p("d*", "p.lmdb")), [self.p("d0", "p.lmdb")])
+
+    # -- what the copies and exporters check ---------------------------------
+
+    def test_corrupt_text_embedding_is_not_copied(self):
+        a = self.p("a.shard")
+        writer("write", a, 30, 8)
+        lines = writer("corrupt", a, 1, 4, "text")
+        refs = {x.split()[1] for x in lines if x.startswith("ref ")}
+        self.assertTrue(0 < len(refs) < 30, lines)
+        for cmd in (["merge", "-o", self.p("m.lmdb"), a], ["compact", a, "-o", self.p("c.lmdb")]):
+            rc, _, err = run(*cmd)
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(skipped(err, "text embedding corrupt"), len(refs), err)
+            out = cmd[2] if cmd[0] == "merge" else cmd[3]
+            self.assertEqual(self.info(out)["latents"]["records"], 30 - len(refs))
+            self.verify(out)
+        rc, _, err = run("split", "-n", "2", "-o", self.p("s-%d.lmdb"), a)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(skipped(err, "text embedding corrupt"), len(refs), err)
+        self.assertEqual(sum(self.info(self.p("s-%d.lmdb" % i))["latents"]["records"] for i in range(2)),
+                         30 - len(refs))
+        for i in range(2):
+            self.verify(self.p("s-%d.lmdb" % i))
+
+    def test_merge_keeps_one_record_per_name(self):
+        """The same images cached under other keys (another run's options):
+        the first shard's records are kept, the names index leads to them."""
+        a, b = self.p("a.shard"), self.p("b.shard")
+        writer("write", a, 20, 8)
+        writer("write", b, 25, 8, "keyseed=7")
+        first = {line.split()[2] for line in writer("locate", a)}
+        merged = self.p("m.lmdb")
+        rc, _, err = run("merge", "-o", merged, a, b)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(skipped(err, "duplicate name (first kept)"), 20, err)
+        self.assertEqual(self.info(merged)["latents"]["records"], 25)
+        self.assertTrue(first <= {line.split()[2] for line in writer("locate", merged)})
+        self.verify(merged)  # sd-verify also checks that no two records share a name
+
+    def test_damaged_index_loses_nothing(self):
+        """split and the exporters read the records, not only the indexes."""
+        a = self.p("a.shard")
+        writer("write", a, 20, 8)
+        writer("unindex", a, "bindex", 1)
+        writer("unindex", a, "names", 2)
+        rc, _, err = run("split", "-n", "2", "-o", self.p("s-%d.lmdb"), a)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("the bucket index does not match the records (20 readable records in 3 buckets; the index "
+                      "holds 19 entries", err)
+        self.assertEqual(sum(self.info(self.p("s-%d.lmdb" % i))["latents"]["records"] for i in range(2)), 20)
+        os.makedirs(self.p("tars"))
+        rc, _, err = run("export-tar", a, "-o", self.p("tars", "t-%d.tar"), "--per-tar", "100")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("2 records are missing from the names index", err)
+        with tarfile.open(self.p("tars", "t-0.tar")) as tf:
+            names = sorted(m.name[:-5] for m in tf.getmembers() if m.name.endswith(".json"))
+        self.assertEqual(names, ["rec%06d" % i for i in range(20)])
+        rc, _, err = run("export-kohya", a, "-o", self.p("k"))
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(len(tree(self.p("k"))), 20)
+
 
 if __name__ == "__main__":
-    SD_PACK, SD_VERIFY = sys.argv[1], sys.argv[2]
+    SD_PACK, SD_VERIFY, WRITER = sys.argv[1], sys.argv[2], sys.argv[3]
     unittest.main(argv=[sys.argv[0]], verbosity=1)

@@ -8,7 +8,12 @@ sd-verify and the test writer (tests/shard_writer.c):
     error and an intact, verifiable shard;
   - bit flips, truncations and extensions written through LMDB, and bit
     flips in the file at live record bytes: sd-verify reports every damaged
-    record and --repair leaves a clean shard that a rerun completes.
+    record and --repair deletes exactly those (and the records whose text
+    embedding it deleted), leaving a clean shard that a rerun completes;
+  - a damaged index (bindex and names entries removed): --repair rebuilds it
+    and keeps every record;
+  - two records of one name: reported, --repair keeps the one the names
+    index leads to.
 usage: e2e_shard.py SD_VERIFY SHARD_WRITER"""
 import json
 import os
@@ -130,14 +135,33 @@ def test_full(d):
     check(p.returncode == 0 and vrc == 0 and rep["shards"][0]["records"] == 20000, "rerun after full disk")
 
 
-def corrupt_round(shard, damaged, what):
-    """Verify must report every damaged record; repair, verify clean, rewrite."""
+def messages_whole(err):
+    """No problem message has an empty field ("SHARD: : why", "name : why")."""
+    return not any(": : " in line or " name : " in line or line.endswith(" name") for line in err.splitlines())
+
+
+def latent_keys(shard):
+    """Hex keys of the latent records stored in a shard."""
+    out = subprocess.run([WRITER, "locate", shard], capture_output=True, text=True)
+    return {line.split()[2] for line in out.stdout.splitlines()}
+
+
+def corrupt_round(shard, damaged, what, refs=frozenset()):
+    """Verify must report every damaged record; repair must delete exactly
+    the damaged latent records and those referencing a damaged text
+    embedding (refs), keep every other record and verify clean; rewrite."""
     vrc, rep, err = verify(shard)
     found = report_keys(rep) if rep else set()
     missed = damaged - found
     check(vrc == 1 and not missed, "%s: exit %d, %d of %d damaged records not reported" % (what, vrc, len(missed), len(damaged)))
+    check(messages_whole(err), "%s: a message with an empty field: %s" % (what, err))
+    before = latent_keys(shard)
     vrc, rep, err = verify(shard, "--repair")
     check(vrc == 1 and rep["shards"][0]["problems_after_repair"] == 0, "%s: repair: %d %s" % (what, vrc, err))
+    deleted = before - latent_keys(shard)
+    expected = {k for db, k in damaged if db == "latents"} | set(refs)
+    check(deleted == expected, "%s: repair deleted %d records, expected %d (%d intact records lost)"
+          % (what, len(deleted), len(expected), len(deleted - expected)))
     vrc, rep, err = verify(shard)
     check(vrc == 0, "%s: after repair: %d %s" % (what, vrc, err))
     p = write(shard, 600, "32")
@@ -152,9 +176,11 @@ def test_corruption(d):
     tried = detected = 0
     for r in range(5):
         out = subprocess.run([WRITER, "corrupt", shard, "40", str(r + 1)], capture_output=True, text=True)
-        damaged = {tuple(line.split()) for line in out.stdout.splitlines()}
+        lines = [tuple(line.split()) for line in out.stdout.splitlines()]
+        damaged = {x for x in lines if x[0] != "ref"}
+        refs = {x[1] for x in lines if x[0] == "ref"}
         tried += len(damaged)
-        detected += corrupt_round(shard, damaged, "lmdb round %d" % r)
+        detected += corrupt_round(shard, damaged, "lmdb round %d" % r, refs)
     print("corruption through LMDB (bit flips in header/payload, truncations, extensions): %d/%d detected" % (detected, tried))
     ftried = fdetected = 0
     rng = random.Random(9)
@@ -175,6 +201,54 @@ def test_corruption(d):
     print("bit flips in the file at live record bytes: %d/%d detected" % (fdetected, ftried))
 
 
+def test_index_repair(d):
+    """Only the index is wrong: --repair rebuilds it and deletes nothing."""
+    shard = os.path.join(d, "index.shard")
+    check(write(shard, 300, "32").returncode == 0, "write")
+    before = latent_keys(shard)
+    lost = set()
+    for db, n in (("bindex", 7), ("names", 5)):
+        out = subprocess.run([WRITER, "unindex", shard, db, str(n)], capture_output=True, text=True)
+        check(out.returncode == 0, "unindex %s: %s" % (db, out.stderr))
+        lost |= {line.split()[1] for line in out.stdout.splitlines()}
+    vrc, rep, err = verify(shard)
+    kinds = rep["shards"][0]["by_kind"] if rep else {}
+    check(vrc == 1 and kinds.get("index_missing") == 7 and kinds.get("name_missing") == 5,
+          "damaged index: exit %d, problems %s" % (vrc, kinds))
+    check(messages_whole(err) and "index.shard: bucket 64x64: count" in err, "damaged index: messages: %s" % err)
+    indexed = {ex.get("key") for ex in rep["shards"][0]["examples"] if ex["db"] == "index"} if rep else set()
+    check(lost <= indexed, "damaged index: %d records without an index entry not reported as index problems"
+          % len(lost - indexed))
+    vrc, rep, err = verify(shard, "--repair")
+    check(vrc == 1 and rep["shards"][0]["repaired_records"] == 0 and rep["shards"][0]["problems_after_repair"] == 0,
+          "index repair: exit %d, %s" % (vrc, rep and rep["shards"][0]))
+    check(latent_keys(shard) == before, "index repair deleted %d intact records" % len(before - latent_keys(shard)))
+    vrc, rep, err = verify(shard)
+    check(vrc == 0 and rep["shards"][0]["records"] == 300, "after index repair: %d %s" % (vrc, err))
+    print("damaged index (%d entries removed): rebuilt by --repair, all 300 records kept" % len(lost))
+
+
+def test_duplicate_names(d):
+    """Two records of one name (the same image under two keys): reported,
+    --repair deletes the copy the names index does not lead to."""
+    shard = os.path.join(d, "dup.shard")
+    check(write(shard, 40, "8").returncode == 0, "write")
+    first = latent_keys(shard)
+    check(write(shard, 10, "8", "keyseed=5", "dupnames").returncode == 0, "write duplicates")
+    second = latent_keys(shard) - first
+    vrc, rep, err = verify(shard)
+    check(vrc == 1 and rep["shards"][0]["by_kind"] == {"duplicate_name": 10},
+          "duplicate names: exit %d, %s" % (vrc, rep and rep["shards"][0]["by_kind"]))
+    vrc, rep, err = verify(shard, "--repair")
+    check(vrc == 1 and rep["shards"][0]["problems_after_repair"] == 0, "duplicate names: repair %d %s" % (vrc, err))
+    kept = latent_keys(shard)
+    # the names index led to the later copies: they stay, the earlier ones of those 10 names go
+    check(len(kept) == 40 and second <= kept, "duplicate names: %d records kept" % len(kept))
+    vrc, rep, err = verify(shard)
+    check(vrc == 0, "after duplicate repair: %d %s" % (vrc, err))
+    print("duplicate names: 10 reported, --repair kept the indexed copy of each")
+
+
 def main():
     t0 = time.time()
     with tempfile.TemporaryDirectory() as d:
@@ -182,6 +256,8 @@ def main():
         test_concurrent_reader(d)
         test_full(d)
         test_corruption(d)
+        test_index_repair(d)
+        test_duplicate_names(d)
         vrc, rep, err = verify(os.path.join(d, "missing.shard"))
         check(vrc == 3, "missing shard: exit %d" % vrc)
         open(os.path.join(d, "junk.shard"), "wb").write(os.urandom(20000))

@@ -1,14 +1,26 @@
 /* Test helper for the shard fault and corruption tests (driven by
- * e2e_shard.py):
+ * e2e_shard.py and e2e_pack.py):
  *   write SHARD N [BATCH] [flags]  write records rec000000..N-1 with resume
  *                                  (names already present are skipped),
  *                                  committing every BATCH; flags: nosync,
- *                                  nogrow, map=BYTES, slow (sleep per batch)
- *   corrupt SHARD COUNT SEED       damage COUNT distinct records through LMDB
+ *                                  nogrow, map=BYTES, slow (sleep per batch),
+ *                                  keyseed=K (other record keys for the same
+ *                                  names), dupnames (no resume: store a name
+ *                                  again under this run's key)
+ *   corrupt SHARD COUNT SEED [text] damage COUNT distinct records through LMDB
  *                                  (bit flips in header or payload, truncation,
- *                                  extension); prints "db hexkey" per record
+ *                                  extension; with "text" only payload bit
+ *                                  flips of text embeddings); prints "db hexkey"
+ *                                  per record and "ref hexkey" for each latent
+ *                                  record that references a damaged text
+ *   unindex SHARD DB COUNT         delete COUNT entries of the bindex or names
+ *                                  database (spread over it), bypassing the
+ *                                  API; prints "latents hexkey" of each
+ *                                  record that lost its entry
  *   locate SHARD                   print "offset length hexkey" of each live
  *                                  latent value in the file
+ * Record i has bucket (64 + 64*(i%3)) x 64, original size (bucket_w*2 + 30)
+ * x 128 and the centre crop sdtk cuts for it, [7, 0, bucket_w + 7, 64].
  * Exit status 0 on success, 3 with a message on stderr on failure. */
 #include <lmdb.h>
 #include <limits.h>
@@ -20,10 +32,11 @@
 #include "hash.h"
 #include "shard.h"
 
-/* 16-byte content key of a name (two seeded XXH3 halves). */
-static void key16(const char *s, uint8_t out[16])
+/* 16-byte content key of a name (two seeded XXH3 halves; seed 0 is the
+ * default, another seed gives other keys for the same names). */
+static void key16(const char *s, uint64_t seed, uint8_t out[16])
 {
-    uint64_t a = sd_hash64(s, strlen(s), 1), b = sd_hash64(s, strlen(s), 2);
+    uint64_t a = sd_hash64(s, strlen(s), 2 * seed + 1), b = sd_hash64(s, strlen(s), 2 * seed + 2);
     memcpy(out, &a, 8);
     memcpy(out + 8, &b, 8);
 }
@@ -38,7 +51,7 @@ static sd_status put_text(sd_shard *s, int c, uint8_t key[16], sd_buf *b, sd_err
 {
     char cap[32];
     snprintf(cap, sizeof cap, "caption%d", c);
-    key16(cap, key);
+    key16(cap, 0, key);
     int found;
     sd_status st = sd_shard_text_exists(s, key, &found, err);
     if (st || found) return st;
@@ -57,13 +70,15 @@ static sd_status put_text(sd_shard *s, int c, uint8_t key[16], sd_buf *b, sd_err
     return sd_shard_put_text(s, key, b->data, b->len, err);
 }
 
-/* Record i: bucket (64 + 64*(i%3)) x 64, fp16 sample, flipped for odd i. */
-static sd_status put_latent(sd_shard *s, int i, sd_buf *b, sd_error *err)
+/* Record i: bucket (64 + 64*(i%3)) x 64, fp16 sample, flipped for odd i,
+ * keyed by its name hashed with keyseed; with dupnames a name already
+ * present is stored again. */
+static sd_status put_latent(sd_shard *s, int i, uint64_t keyseed, int dupnames, sd_buf *b, sd_error *err)
 {
     char name[32];
     snprintf(name, sizeof name, "rec%06d", i);
-    int found;
-    sd_status st = sd_shard_name_exists(s, name, strlen(name), &found, err);
+    int found = 0;
+    sd_status st = dupnames ? SD_OK : sd_shard_name_exists(s, name, strlen(name), &found, err);
     if (st || found) return st;
     uint8_t tkey[16], key[16];
     if ((st = put_text(s, i % 5, tkey, b, err))) return st;
@@ -74,9 +89,10 @@ static sd_status put_latent(sd_shard *s, int i, sd_buf *b, sd_error *err)
     r.flags = i % 2 ? SD_REC_F_FLIPPED : 0;
     r.bucket_w = 64 + 64 * (uint32_t)(i % 3);
     r.bucket_h = 64;
-    r.orig_w = r.bucket_w * 2;
+    r.orig_w = r.bucket_w * 2 + 30; /* resized to bucket_w + 15 x 64, then cut in the centre */
     r.orig_h = 128;
-    r.crop[2] = r.bucket_w;
+    r.crop[0] = 7;
+    r.crop[2] = r.bucket_w + 7;
     r.crop[3] = 64;
     memcpy(r.text_ref, tkey, 16);
     r.name = name;
@@ -88,19 +104,22 @@ static sd_status put_latent(sd_shard *s, int i, sd_buf *b, sd_error *err)
         fill16(lat[t], 4 * 8 * r.bucket_w / 8, (uint32_t)(i * 2 + t));
     }
     if ((st = sd_shard_rec_build(&r, b, err))) return st;
-    key16(name, key);
+    key16(name, keyseed, key);
     return sd_shard_put(s, key, 16, b->data, b->len, err);
 }
 
 static int cmd_write(int argc, char **argv)
 {
-    int n = atoi(argv[3]), batch = argc > 4 ? atoi(argv[4]) : 16, slow = 0;
+    int n = atoi(argv[3]), batch = argc > 4 ? atoi(argv[4]) : 16, slow = 0, dupnames = 0;
+    uint64_t keyseed = 0;
     sd_shard_opts o = {SD_SHARD_CREATE, 0, 0};
     for (int a = 5; a < argc; a++) {
         if (!strcmp(argv[a], "nosync")) o.flags |= SD_SHARD_NOSYNC;
         else if (!strcmp(argv[a], "nogrow")) o.flags |= SD_SHARD_NOGROW;
         else if (!strcmp(argv[a], "slow")) slow = 1;
+        else if (!strcmp(argv[a], "dupnames")) dupnames = 1;
         else if (!strncmp(argv[a], "map=", 4)) o.map_size = (size_t)atol(argv[a] + 4);
+        else if (!strncmp(argv[a], "keyseed=", 8)) keyseed = (uint64_t)atol(argv[a] + 8);
     }
     sd_error err;
     sd_shard *s;
@@ -109,7 +128,7 @@ static int cmd_write(int argc, char **argv)
     sd_buf_init(&b);
     for (int i = 0; !st && i < n; i += batch) {
         st = sd_shard_begin(s, &err);
-        for (int j = i; !st && j < n && j < i + batch; j++) st = put_latent(s, j, &b, &err);
+        for (int j = i; !st && j < n && j < i + batch; j++) st = put_latent(s, j, keyseed, dupnames, &b, &err);
         if (!st) st = sd_shard_commit(s, &err);
         if (slow) usleep(1000);
     }
@@ -145,9 +164,25 @@ static uint64_t rnd(uint64_t n)
     return n ? rng_state % n : 0;
 }
 
-static int cmd_corrupt(char **argv)
+/* Print "ref hexkey" for every latent record whose header references the
+ * text key tkey (bytes 64..79 of the value). */
+static void print_refs(MDB_txn *txn, MDB_dbi lat, const uint8_t tkey[16])
 {
-    int count = atoi(argv[3]);
+    MDB_cursor *c;
+    MDB_val k, v;
+    mdb_cursor_open(txn, lat, &c);
+    while (mdb_cursor_get(c, &k, &v, MDB_NEXT) == 0)
+        if (v.mv_size >= 80 && memcmp((const uint8_t *)v.mv_data + 64, tkey, 16) == 0) {
+            printf("ref ");
+            hex(k.mv_data, k.mv_size);
+            printf("\n");
+        }
+    mdb_cursor_close(c);
+}
+
+static int cmd_corrupt(int argc, char **argv)
+{
+    int count = atoi(argv[3]), text_only = argc > 5 && !strcmp(argv[5], "text");
     rng_state = (uint64_t)atol(argv[4]);
     MDB_env *env;
     MDB_txn *txn;
@@ -169,8 +204,10 @@ static int cmd_corrupt(char **argv)
         }
         mdb_cursor_close(c);
     }
-    for (int done = 0; done < count && nk[0];) {
-        int d = nk[1] > 1 && rnd(10) == 0 ? 1 : 0;
+    uint8_t *texts = malloc(16 * (size_t)(count > 0 ? count : 1));
+    int ntexts = 0;
+    for (int done = 0; done < count && nk[text_only];) {
+        int d = text_only ? 1 : nk[1] > 1 && rnd(10) == 0 ? 1 : 0;
         size_t pick = (size_t)rnd(nk[d]);
         uint8_t key[16];
         memcpy(key, keys[d] + 16 * pick, 16);
@@ -181,7 +218,7 @@ static int cmd_corrupt(char **argv)
         size_t len = v.mv_size, newlen = len;
         uint8_t *buf = malloc(len + 64);
         memcpy(buf, v.mv_data, len);
-        int how = (int)rnd(4);
+        int how = text_only ? 1 : (int)rnd(4);
         if (how == 0) buf[rnd(256 + 16)] ^= (uint8_t)(1u << rnd(8)); /* header or name */
         else if (how == 1) {
             size_t at = 256 + 16 + rnd(len - 256 - 16); /* payload (names here are < 16 bytes) */
@@ -200,13 +237,59 @@ static int cmd_corrupt(char **argv)
         printf("%s ", d ? "text" : "latents");
         hex(key, 16);
         printf("\n");
+        if (d) memcpy(texts + 16 * ntexts++, key, 16);
         done++;
     }
+    for (int i = 0; i < ntexts; i++) print_refs(txn, dbi[0], texts + 16 * i);
+    free(texts);
     int rc = mdb_txn_commit(txn);
     mdb_env_close(env);
     free(keys[0]);
     free(keys[1]);
     return rc ? 3 : 0;
+}
+
+/* Delete count entries of bindex or names, spread over the database,
+ * without touching the records or the bucket counts: a damaged index. */
+static int cmd_unindex(char **argv)
+{
+    int bindex = !strcmp(argv[3], "bindex"), count = atoi(argv[4]);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi lat, text, db;
+    MDB_stat ms;
+    if (raw_open(argv[2], 0, &env, &txn, &lat, &text) ||
+        mdb_dbi_open(txn, bindex ? "bindex" : "names", bindex ? MDB_DUPSORT : 0, &db) || mdb_stat(txn, db, &ms)) {
+        fprintf(stderr, "shard_writer: cannot open %s\n", argv[2]);
+        return 3;
+    }
+    size_t every = count > 0 && ms.ms_entries > (size_t)count ? ms.ms_entries / (size_t)count : 1, i = 0;
+    /* pick first, delete after: a cursor walk that deletes is easy to get wrong */
+    uint8_t (*pick)[2][SD_SHARD_MAX_KEY + 1] = calloc((size_t)(count > 0 ? count : 1), sizeof *pick);
+    size_t (*len)[2] = calloc((size_t)(count > 0 ? count : 1), sizeof *len);
+    int n = 0, rc = 0;
+    MDB_cursor *c;
+    MDB_val k, v;
+    mdb_cursor_open(txn, db, &c);
+    while (n < count && mdb_cursor_get(c, &k, &v, MDB_NEXT) == 0)
+        if (i++ % every == 0 && k.mv_size <= SD_SHARD_MAX_KEY && v.mv_size <= SD_SHARD_MAX_KEY) {
+            memcpy(pick[n][0], k.mv_data, len[n][0] = k.mv_size);
+            memcpy(pick[n][1], v.mv_data, len[n][1] = v.mv_size);
+            n++;
+        }
+    mdb_cursor_close(c);
+    for (int j = 0; !rc && j < n; j++) {
+        MDB_val dk = {len[j][0], pick[j][0]}, dv = {len[j][1], pick[j][1]};
+        rc = mdb_del(txn, db, &dk, bindex ? &dv : NULL);
+        printf("latents ");
+        hex(pick[j][1], len[j][1]);
+        printf("\n");
+    }
+    free(pick);
+    free(len);
+    if (!rc) rc = mdb_txn_commit(txn);
+    mdb_env_close(env);
+    return rc || n < count ? 3 : 0;
 }
 
 static int cmd_locate(char **argv)
@@ -298,9 +381,11 @@ int main(int argc, char **argv)
 {
     if (argc >= 3 && !strcmp(argv[1], "corpus")) return cmd_corpus(argv);
     if (argc >= 4 && !strcmp(argv[1], "write")) return cmd_write(argc, argv);
-    if (argc >= 5 && !strcmp(argv[1], "corrupt")) return cmd_corrupt(argv);
+    if (argc >= 5 && !strcmp(argv[1], "corrupt")) return cmd_corrupt(argc, argv);
+    if (argc >= 5 && !strcmp(argv[1], "unindex")) return cmd_unindex(argv);
     if (argc >= 3 && !strcmp(argv[1], "locate")) return cmd_locate(argv);
-    fprintf(stderr, "usage: shard_writer write SHARD N [BATCH] [nosync|nogrow|slow|map=BYTES]...\n"
-                    "       shard_writer corrupt SHARD COUNT SEED\n       shard_writer locate SHARD\n");
+    fprintf(stderr, "usage: shard_writer write SHARD N [BATCH] [nosync|nogrow|slow|map=BYTES|keyseed=K|dupnames]...\n"
+                    "       shard_writer corrupt SHARD COUNT SEED [text]\n"
+                    "       shard_writer unindex SHARD bindex|names COUNT\n       shard_writer locate SHARD\n");
     return 2;
 }

@@ -1,7 +1,9 @@
 /* Shard store: record codec round trips and rejection of damaged headers,
  * the writer (batches, map growth, resume lookups, delete, bucket index,
- * names, reindex, meta and version check), a full map with growth disabled,
- * and a reader in a second process while the writer commits. */
+ * names, reindex, meta and version check), reindex of a damaged index, a
+ * full map with growth disabled, and a reader in a second process while the
+ * writer commits. */
+#include <lmdb.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -329,6 +331,90 @@ static void test_store(void)
     sd_buf_free(&b);
 }
 
+/* Damage the index of a closed shard behind the API's back: drop the
+ * bindex entries of records 0..9 and the names of records 10..14, add a
+ * name for a record that does not exist and a wrong count to a bucket. */
+static int break_index(const char *path)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi bindex, names, buckets;
+    if (mdb_env_create(&env) || mdb_env_set_maxdbs(env, 8) || mdb_env_open(env, path, MDB_NOSUBDIR, 0644)) return -1;
+    int rc = mdb_txn_begin(env, NULL, 0, &txn);
+    if (!rc) rc = mdb_dbi_open(txn, "bindex", MDB_DUPSORT, &bindex);
+    if (!rc) rc = mdb_dbi_open(txn, "names", 0, &names);
+    if (!rc) rc = mdb_dbi_open(txn, "buckets", 0, &buckets);
+    for (int i = 0; !rc && i < 15; i++) {
+        uint8_t key[16], bk[8];
+        char name[32];
+        key_of(i, key);
+        snprintf(name, sizeof name, "img/%05d.png", i);
+        sd_shard_bucket_key(64 + 64 * (uint32_t)(i % 3), 128, bk);
+        MDB_val k = {8, bk}, d = {16, key}, nk = {strlen(name), name};
+        rc = i < 10 ? mdb_del(txn, bindex, &k, &d) : mdb_del(txn, names, &nk, NULL);
+    }
+    uint8_t ghost[16], bk[8], count[8] = {99};
+    key_of(9999, ghost);
+    sd_shard_bucket_key(192, 128, bk);
+    MDB_val gk = {13, "img/ghost.png"}, gv = {16, ghost}, bkv = {8, bk}, cv = {8, count};
+    if (!rc) rc = mdb_put(txn, names, &gk, &gv, 0);
+    if (!rc) rc = mdb_put(txn, buckets, &bkv, &cv, 0);
+    if (!rc) rc = mdb_txn_commit(txn);
+    else mdb_txn_abort(txn);
+    mdb_env_close(env);
+    return rc ? -1 : 0;
+}
+
+/* sd_shard_reindex on a damaged index (sd-verify --repair relies on it to
+ * fix index problems without deleting a record): every record is back in
+ * its bucket's index, the counts are right, missing names are added and a
+ * name without a record is dropped. */
+static void test_reindex_broken(void)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/reindex.shard", dir);
+    sd_error err;
+    sd_shard *s;
+    sd_shard_opts o = {SD_SHARD_CREATE, 0, 0};
+    if (!CHECK(sd_shard_open(&s, path, &o, &err) == SD_OK)) return;
+    CHECK(write_range(s, 0, 60, 20));
+    sd_shard_close(s, &err);
+    if (!CHECK(break_index(path) == 0)) return;
+    CHECK(sd_shard_open(&s, path, NULL, &err) == SD_OK);
+    sd_shard_txn *t;
+    uint64_t n = 0;
+    int found = 0;
+    uint8_t key[16];
+    key_of(3, key);
+    CHECK(sd_shard_read_begin(s, &t, &err) == SD_OK);
+    CHECK(sd_shard_count(t, SD_SHARD_DB_BINDEX, &n, &err) == SD_OK && n == 50);
+    CHECK(sd_shard_index_has(t, 64, 128, key, 16, &found, &err) == SD_OK && !found);
+    CHECK(bucket_count(t, 192) == 99);
+    sd_shard_read_end(t);
+    CHECK(sd_shard_reindex(s, &err) == SD_OK);
+    CHECK(sd_shard_read_begin(s, &t, &err) == SD_OK);
+    CHECK(sd_shard_count(t, SD_SHARD_DB_LATENTS, &n, &err) == SD_OK && n == 60);
+    CHECK(sd_shard_count(t, SD_SHARD_DB_BINDEX, &n, &err) == SD_OK && n == 60);
+    CHECK(sd_shard_count(t, SD_SHARD_DB_NAMES, &n, &err) == SD_OK && n == 60);
+    CHECK(bucket_count(t, 64) == 20 && bucket_count(t, 128) == 20 && bucket_count(t, 192) == 20);
+    int missing = 0;
+    for (int i = 0; i < 60; i++) {
+        char name[32];
+        const void *k;
+        size_t kl;
+        snprintf(name, sizeof name, "img/%05d.png", i);
+        key_of(i, key);
+        if (sd_shard_index_has(t, 64 + 64 * (uint32_t)(i % 3), 128, key, 16, &found, &err) || !found) missing++;
+        if (sd_shard_get_name(t, name, strlen(name), &k, &kl, &err) || kl != 16 || memcmp(k, key, 16)) missing++;
+    }
+    CHECK(missing == 0);
+    const void *k;
+    size_t kl;
+    CHECK(sd_shard_get_name(t, "img/ghost.png", 13, &k, &kl, &err) == SD_ENOTFOUND);
+    sd_shard_read_end(t);
+    CHECK(sd_shard_close(s, &err) == SD_OK);
+}
+
 /* Growth disabled: the put that does not fit fails with a clear error and
  * the earlier commits stay readable. */
 static void test_full(void)
@@ -422,6 +508,7 @@ int main(void)
     test_codec_roundtrip();
     test_codec_damage();
     test_store();
+    test_reindex_broken();
     test_full();
     test_concurrent_reader();
     char cmd[300];

@@ -87,7 +87,7 @@ int main(int argc, char **argv)
         {"seed", 0, SD_OPT_INT, &seed, "N", "noise seed for --sample (per record: hash of the key and N)"},
         {"dtype", 0, SD_OPT_STR, &o.dtype_name, "T", "stored type: fp16 (default), bf16 or fp32"},
         {"nosync", 0, SD_OPT_FLAG, &o.nosync, NULL,
-         "no fsync per batch (a killed process loses nothing; a power loss may lose recent batches)"},
+         "no fsync per batch, only at the end (a killed process loses nothing; an OS crash or power loss before the end may leave the shard corrupt, LMDB's MDB_NOSYNC: rebuild it then)"},
         {"strict", 0, SD_OPT_FLAG, &o.strict, NULL, "exit 1 when any record was skipped"},
         {"quiet", 'q', SD_OPT_FLAG, &quiet, NULL, "only warnings and errors"},
         {"verbose", 'v', SD_OPT_FLAG, &verbose, NULL, "debug messages"},

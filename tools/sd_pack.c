@@ -14,7 +14,7 @@ static const struct {
     const char *help;
 } cmds[] = {
     {"info", pack_info, "metadata, record counts by kind and bucket, dtypes, bytes"},
-    {"merge", pack_merge, "many shards into one (duplicate keys: first kept, texts deduplicated)"},
+    {"merge", pack_merge, "many shards into one (duplicate keys and names: first kept, texts deduplicated)"},
     {"split", pack_split, "one shard into N, balanced by bucket as sd-bucket --split"},
     {"compact", pack_compact, "copy a shard without free pages"},
     {"import-kohya", pack_import_kohya, "kohya latents/te_outputs npz directory -> shard (resumable)"},

@@ -1,7 +1,9 @@
 /* sd-verify: check every record of one or more shards (header, checksum,
- * shape vs bucket, NaN/Inf, text references, bucket index, names, and
- * optionally a manifest), report problems by kind, and with --repair delete
- * the bad records so the next writer run recomputes exactly those. */
+ * shape vs bucket, NaN/Inf, text references, bucket index, names, two
+ * records of one name, and optionally a manifest), report problems by kind,
+ * and with --repair delete the bad records so the next writer run
+ * recomputes exactly those, then rebuild the indexes (index problems alone
+ * never cost a record). */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +33,8 @@ typedef struct {
 /* One problem found: what, which record, and whether deleting it repairs it. */
 typedef struct {
     const char *reason;
-    int db; /* SD_SHARD_DB_LATENTS, _TEXT, or -1 for index/name/manifest problems */
+    int db; /* SD_SHARD_DB_LATENTS, _TEXT: --repair deletes the record; -1: an index, name or
+             * manifest problem (the reindex fixes the indexes, the record stays) */
     uint8_t *key;
     size_t klen;
     char *name;
@@ -159,6 +162,35 @@ static int shape_ok(const sd_shard_rec *r)
            t->shape[1] == r->bucket_h / 8 && t->shape[2] == r->bucket_w / 8;
 }
 
+/* 1 when the record stored under key has the given name in its header. */
+static int record_named(sd_shard_txn *t, const void *key, size_t klen, const char *name, size_t nlen)
+{
+    const void *v;
+    size_t vl;
+    sd_shard_rec r;
+    sd_error e;
+    return sd_shard_get(t, key, klen, &v, &vl, &e) == SD_OK && sd_shard_rec_parse(v, vl, &r, &e) == SD_OK &&
+           r.name_len == nlen && memcmp(r.name, name, nlen) == 0;
+}
+
+/* The names index must lead to a sound latent record's own name: a missing
+ * entry is an index problem (the reindex adds it); an entry leading to
+ * another record with the same name means the image is stored twice, and
+ * this copy, which no name finds, is the one --repair deletes. */
+static void check_name(sd_shard_txn *t, const void *key, size_t klen, const char *name, size_t nlen, problem_list *l)
+{
+    const void *nk;
+    size_t nkl;
+    sd_error e;
+    if (!nlen) return;
+    sd_status st = sd_shard_get_name(t, name, nlen, &nk, &nkl, &e);
+    if (st == SD_ENOTFOUND)
+        add_problem(l, "name_missing", -1, key, klen, name, nlen, "%s", "record name not in the names index");
+    else if (st == SD_OK && (nkl != klen || memcmp(nk, key, klen)) && record_named(t, nk, nkl, name, nlen))
+        add_problem(l, "duplicate_name", SD_SHARD_DB_LATENTS, key, klen, name, nlen, "%s",
+                    "a second record of this name; the names index leads to the other one");
+}
+
 /* Every check of one record; problems go to l. */
 static void check_record(sd_shard_txn *t, int db, const void *key, size_t klen, const void *val, size_t vlen,
                          problem_list *l)
@@ -206,15 +238,12 @@ static void check_record(sd_shard_txn *t, int db, const void *key, size_t klen, 
         add_problem(l, "text_ref_missing", db, key, klen, name, nlen, "%s", "referenced text embedding not in shard");
         return;
     }
+    /* the record is sound from here on: what is left are index problems,
+     * which the reindex of --repair fixes without touching the record */
     int found = 0;
-    if (sd_shard_index_has(t, r.bucket_w, r.bucket_h, key, klen, &found, &e) == SD_OK && !found) {
-        add_problem(l, "index_missing", db, key, klen, name, nlen, "%s", "record not in its bucket index");
-        return;
-    }
-    const void *nk;
-    size_t nkl;
-    if (nlen && sd_shard_get_name(t, name, nlen, &nk, &nkl, &e) == SD_ENOTFOUND)
-        add_problem(l, "name_missing", db, key, klen, name, nlen, "%s", "record name not in the names index");
+    if (sd_shard_index_has(t, r.bucket_w, r.bucket_h, key, klen, &found, &e) == SD_OK && !found)
+        add_problem(l, "index_missing", -1, key, klen, name, nlen, "%s", "record not in its bucket index");
+    check_name(t, key, klen, name, nlen, l);
 }
 
 /* Worker: each chunk of its slice, in its own read transaction. */
@@ -510,15 +539,25 @@ static sd_status repair(sd_shard *s, shard_result *res, sd_error *err)
     return st;
 }
 
+/* Where a problem is, for its message: "text key K name N", only the parts
+ * it has (empty for a bucket count, say). */
+static void problem_where(const problem *p, const char *k, char *out, size_t cap)
+{
+    int n = snprintf(out, cap, "%s", p->db == SD_SHARD_DB_TEXT ? "text" : "");
+    if (p->key && n >= 0 && (size_t)n < cap) n += snprintf(out + n, cap - (size_t)n, "%skey %s", n ? " " : "", k);
+    if (p->name && p->name[0] && n >= 0 && (size_t)n < cap)
+        snprintf(out + n, cap - (size_t)n, "%sname %s", n ? " " : "", p->name);
+}
+
 /* Count problems into the tally, printing the first few of each kind. */
 static void tally_problems(shard_result *res)
 {
     for (size_t i = 0; i < res->probs.n; i++) {
         problem *p = &res->probs.v[i];
-        char k[80];
+        char k[80], where[400];
         key_str(p->key, p->klen, k, sizeof k);
-        sd_skip(&res->tally, p->reason, "%s: %s%s%s%s%s: %s", res->path, p->db == SD_SHARD_DB_TEXT ? "text " : "",
-                p->key ? "key " : "", k, p->name ? " name " : "", p->name ? p->name : "", p->detail);
+        problem_where(p, k, where, sizeof where);
+        sd_skip(&res->tally, p->reason, "%s: %s%s%s", res->path, where, where[0] ? ": " : "", p->detail);
         if (res->tally.show_limit >= 0 && sd_tally_count(&res->tally, p->reason) > (uint64_t)res->tally.show_limit)
             continue;
         sd_buf *b = &res->examples;
@@ -532,7 +571,7 @@ static void tally_problems(shard_result *res)
             sd_buf_json_key(b, &first, "key");
             sd_buf_json_cstr(b, k);
         }
-        if (p->name) {
+        if (p->name && p->name[0]) {
             sd_buf_json_key(b, &first, "name");
             sd_buf_json_cstr(b, p->name);
         }
@@ -630,7 +669,8 @@ int main(int argc, char **argv)
     const sd_opt opts[] = {
         {"manifest", 'm', SD_OPT_STR, &o.manifest, "FILE.jsonl", "also require every record name (`key`) of this manifest"},
         {"report", 0, SD_OPT_STR, &o.report, "FILE", "write a JSON report (atomically)"},
-        {"repair", 0, SD_OPT_FLAG, &o.repair, NULL, "delete bad records and fix the indexes (needs write access)"},
+        {"repair", 0, SD_OPT_FLAG, &o.repair, NULL,
+         "delete bad records and rebuild the indexes (needs write access); see below"},
         {"examples", 0, SD_OPT_INT, &o.examples, "N", "problems shown (and reported) per kind (default 10)"},
         {"threads", 'j', SD_OPT_INT, &o.threads, "N", "worker threads (default: all CPUs)"},
         {"quiet", 'q', SD_OPT_FLAG, &o.quiet, NULL, "only warnings and errors"},
@@ -638,11 +678,17 @@ int main(int argc, char **argv)
         {NULL, 0, 0, NULL, NULL, NULL}};
     sd_cli cli = {"sd-verify", "[OPTIONS] SHARD...",
                   "Check every record of each shard: header sanity, payload checksum (XXH3), latent shape vs "
-                  "bucket, NaN/Inf, text-embedding references, the bucket index and the names index, and with "
-                  "--manifest that every record name of a JSONL manifest is present. Problems are counted by kind; "
-                  "the exit status is 0 when all is well, 1 when problems were found (also when --repair fixed "
-                  "them), 3 when a shard cannot be opened.",
+                  "bucket, NaN/Inf, text-embedding references, the bucket index and the names index (and that "
+                  "no two records carry one name), and with --manifest that every record name of a JSONL "
+                  "manifest is present. Problems are counted by kind; the exit status is 0 when all is well, 1 "
+                  "when problems were found (also when --repair fixed them), 3 when a shard cannot be opened.",
                   opts,
+                  "--repair deletes the records that are bad themselves (bad_header, truncated, bad_checksum, "
+                  "nan_inf, shape_mismatch, wrong_kind, text_ref_missing: the record whose text embedding is gone, "
+                  "duplicate_name: the copy the names index does not lead to), then rebuilds the bucket index and "
+                  "the names index from the records. Index problems (index_missing, name_missing, index_dangling, "
+                  "index_wrong_bucket, name_dangling, bucket_count) are fixed by that rebuild alone: their records "
+                  "are kept.\n\n"
                   "Examples:\n"
                   "  sd-verify cache/*.shard --report verify.json\n"
                   "  sd-verify cache/latents.shard --manifest meta.jsonl --repair   # then rerun sd-latents\n"};

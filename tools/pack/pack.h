@@ -19,10 +19,10 @@ typedef struct {
     int quiet, verbose, strict;
 } pack_common;
 
-/* A shard being written: under tmp until pack_out_commit renames it. */
+/* A shard being written: under tmp until pack_out_publish renames it. */
 typedef struct {
     char *final, *tmp; /* tmp == NULL when writing the final file in place */
-    sd_shard *s;
+    sd_shard *s;       /* NULL once pack_out_close has synced and closed it */
     size_t batch_n;    /* operations in the open batch (0: none open) */
     size_t batch_max;  /* commit after this many operations (default 512) */
 } pack_out;
@@ -31,18 +31,24 @@ sd_status pack_out_open(pack_out *o, const char *path, int resume, sd_error *err
 sd_status pack_out_put(pack_out *o, const void *key, size_t klen, const void *val, size_t vlen, sd_error *err);
 sd_status pack_out_put_text(pack_out *o, const uint8_t hash[16], const void *val, size_t vlen, sd_error *err);
 sd_status pack_out_flush(pack_out *o, sd_error *err);
+sd_status pack_out_close(pack_out *o, sd_error *err);
+sd_status pack_out_publish(pack_out *o, sd_error *err);
 sd_status pack_out_commit(pack_out *o, sd_error *err);
 void pack_out_abort(pack_out *o, int keep);
+int pack_same_file(const char *a, const char *b);
 
 sd_status pack_open_ro(sd_shard **s, sd_shard_txn **t, const char *path, sd_error *err);
 void pack_close_ro(sd_shard *s, sd_shard_txn *t);
 sd_status pack_copy_meta(sd_shard_txn *from, pack_out *to, const char *producer, sd_error *err);
-sd_status pack_copy_text(sd_shard_txn *from, pack_out *to, const uint8_t ref[16], sd_error *err);
+sd_status pack_copy_text(sd_shard_txn *from, pack_out *to, const uint8_t ref[16], const char **skip, sd_error *why,
+                         sd_error *err);
 int pack_has_text_ref(const uint8_t ref[16]);
 void pack_hex(const void *key, size_t n, char *out, size_t cap);
 
 int pack_npy_dtype(int shard_dtype);
 int pack_shard_dtype(int npy_dtype);
+/* kohya's crop_ltrb for a record with an original size and bucket. */
+void pack_crop_ltrb(const sd_shard_rec *rec, double ltrb[4]);
 
 int pack_finish(const sd_tally *t, const pack_common *c, const char *what);
 

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "bucket.h"
 #include "log.h"
 #include "pack.h"
 
@@ -33,24 +34,53 @@ static void remove_shard_files(const char *path)
     free(lock);
 }
 
-/* Open the output shard. A new shard is built as PATH.partial and renamed
- * at the end, so PATH is whole or absent. With resume, an existing PATH is
- * extended in place (LMDB commits are atomic) and an existing PATH.partial
- * from a killed run is picked up where it stopped. */
+/* A fresh, empty file beside path (PATH.partial-XXXXXX, mkstemp): the
+ * temporary shard of a merge, compact or split. Being new, it can never be
+ * one of the inputs, and no existing file is removed to make room for it. */
+static sd_status make_temp(const char *path, char **out, sd_error *err)
+{
+    *out = with_suffix(path, ".partial-XXXXXX");
+    if (!*out) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    int fd = mkstemp(*out);
+    if (fd < 0) {
+        sd_status st =
+            sd_err_set(err, SD_EIO, "%s: cannot create a temporary file beside it: %s", path, strerror(errno));
+        free(*out);
+        *out = NULL;
+        return st;
+    }
+    fchmod(fd, 0644);
+    close(fd);
+    return SD_OK;
+}
+
+/* Open the output shard. Without resume (merge, compact, split) the shard
+ * is built under a fresh temporary name (make_temp) and renamed into place
+ * by pack_out_publish, so PATH is whole or untouched; its commits skip
+ * fsync (MDB_NOSYNC), which is safe only because a temp file interrupted by
+ * a crash is never used again and the finished one is synced before the
+ * rename. With resume (import) an existing PATH is extended in place and an
+ * existing PATH.partial from a killed run is picked up where it stopped;
+ * both outlive a crash, so their commits keep the file consistent
+ * (MDB_NOMETASYNC: an OS crash may undo the last commit, never corrupt). */
 sd_status pack_out_open(pack_out *o, const char *path, int resume, sd_error *err)
 {
     memset(o, 0, sizeof *o);
     struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return sd_err_set(err, SD_EINVAL, "%s: is a directory", path);
     o->final = strdup(path);
     if (!o->final) return sd_err_set(err, SD_ENOMEM, "out of memory");
-    if (!(resume && stat(path, &st) == 0)) {
+    sd_status s = SD_OK;
+    if (!resume) s = make_temp(path, &o->tmp, err);
+    else if (stat(path, &st) != 0) {
         o->tmp = with_suffix(path, ".partial");
-        if (!o->tmp) return sd_err_set(err, SD_ENOMEM, "out of memory");
-        if (!resume || stat(o->tmp, &st) != 0) remove_shard_files(o->tmp);
+        if (!o->tmp) s = sd_err_set(err, SD_ENOMEM, "out of memory");
+        else if (stat(o->tmp, &st) != 0) remove_shard_files(o->tmp);
     }
-    sd_shard_opts opts = {SD_SHARD_CREATE | SD_SHARD_NOSYNC, 0, 0};
-    sd_status s = sd_shard_open(&o->s, o->tmp ? o->tmp : path, &opts, err);
+    sd_shard_opts opts = {SD_SHARD_CREATE | (resume ? SD_SHARD_NOMETASYNC : SD_SHARD_NOSYNC), 0, 0};
+    if (!s) s = sd_shard_open(&o->s, o->tmp ? o->tmp : path, &opts, err);
     if (s) {
+        if (o->tmp && !resume) remove_shard_files(o->tmp);
         free(o->final);
         free(o->tmp);
         o->final = o->tmp = NULL;
@@ -114,8 +144,10 @@ static void sync_dir(const char *path)
     free(dir);
 }
 
-/* Commit, sync and close; then rename the temporary file into place. */
-sd_status pack_out_commit(pack_out *o, sd_error *err)
+/* Commit the open batch, sync and close the shard: its data is on disk
+ * under the temporary name, not yet in place (split closes every part
+ * before it publishes any). On failure the output is dropped. */
+sd_status pack_out_close(pack_out *o, sd_error *err)
 {
     sd_status st = pack_out_flush(o, err);
     if (st) {
@@ -124,7 +156,16 @@ sd_status pack_out_commit(pack_out *o, sd_error *err)
     }
     st = sd_shard_close(o->s, err);
     o->s = NULL;
-    if (!st && o->tmp) {
+    if (st) pack_out_abort(o, 0);
+    return st;
+}
+
+/* Rename a closed output's temporary file into place and sync the
+ * directory; an output written in place only has its names freed. */
+sd_status pack_out_publish(pack_out *o, sd_error *err)
+{
+    sd_status st = SD_OK;
+    if (o->tmp) {
         if (rename(o->tmp, o->final))
             st = sd_err_set(err, SD_EIO, "%s: cannot rename into place: %s", o->final, strerror(errno));
         else {
@@ -134,15 +175,22 @@ sd_status pack_out_commit(pack_out *o, sd_error *err)
             sync_dir(o->final);
         }
     }
-    if (st && o->tmp) remove_shard_files(o->tmp);
+    if (st) pack_out_abort(o, 0);
     free(o->final);
     free(o->tmp);
     o->final = o->tmp = NULL;
     return st;
 }
 
+/* Commit, sync and close; then rename the temporary file into place. */
+sd_status pack_out_commit(pack_out *o, sd_error *err)
+{
+    sd_status st = pack_out_close(o, err);
+    return st ? st : pack_out_publish(o, err);
+}
+
 /* Drop the open batch and close; the temporary file is removed unless keep
- * (a resumable import keeps what it committed). */
+ * (a resumable import keeps what it committed). Safe on a closed output. */
 void pack_out_abort(pack_out *o, int keep)
 {
     if (o->s) {
@@ -156,6 +204,15 @@ void pack_out_abort(pack_out *o, int keep)
     free(o->final);
     free(o->tmp);
     o->final = o->tmp = NULL;
+}
+
+/* 1 when two paths name the same file: the same text, or both exist with
+ * the same device and inode (hard links, symlinks, "./x" and "x"). */
+int pack_same_file(const char *a, const char *b)
+{
+    struct stat x, y;
+    if (!strcmp(a, b)) return 1;
+    return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
 }
 
 /* Open an input shard read-only with one read transaction. */
@@ -224,16 +281,39 @@ int pack_has_text_ref(const uint8_t ref[16])
     return 0;
 }
 
-/* Copy the text embedding ref from an input unless the output has it. */
-sd_status pack_copy_text(sd_shard_txn *from, pack_out *to, const uint8_t ref[16], sd_error *err)
+/* Copy the text embedding ref from an input unless the output has it,
+ * after checking its header and payload checksum: a missing or corrupt
+ * embedding sets *skip (a reason for the tally) and *why (the detail) and
+ * copies nothing. Only a failure to write (or memory) is returned. */
+sd_status pack_copy_text(sd_shard_txn *from, pack_out *to, const uint8_t ref[16], const char **skip, sd_error *why,
+                         sd_error *err)
 {
+    *skip = NULL;
     int found = 0;
     sd_status st = sd_shard_text_exists(to->s, ref, &found, err);
     if (st || found) return st;
     const void *v;
     size_t vl;
-    st = sd_shard_get_text(from, ref, &v, &vl, err);
-    if (st) return st;
+    st = sd_shard_get_text(from, ref, &v, &vl, why);
+    if (st == SD_ENOTFOUND) {
+        *skip = "text embedding missing";
+        sd_err_set(why, SD_ENOTFOUND, "its text embedding is not in the shard");
+        return SD_OK;
+    }
+    if (st) {
+        *err = *why;
+        return st;
+    }
+    sd_shard_rec rec;
+    if (sd_shard_rec_parse(v, vl, &rec, why) || sd_shard_rec_check_payload(&rec, why)) {
+        *skip = "text embedding corrupt";
+        return SD_OK;
+    }
+    if (rec.kind != SD_REC_TEXT) {
+        *skip = "text embedding corrupt";
+        sd_err_set(why, SD_EFORMAT, "its text embedding is a latent record");
+        return SD_OK;
+    }
     return pack_out_put_text(to, ref, v, vl, err);
 }
 
@@ -271,4 +351,18 @@ int pack_finish(const sd_tally *t, const pack_common *c, const char *what)
 {
     if (t->total) sd_tally_log(t, what);
     return t->total && c->strict ? SD_EXIT_SKIPPED : SD_EXIT_OK;
+}
+
+/* kohya's crop_ltrb for a record: sd-scripts' get_crop_ltrb for its
+ * original size and bucket, or, for a record whose crop box holds a
+ * crop_ltrb kept as a kohya file gave it (SD_REC_F_CROP_FLOAT), that box,
+ * so an import -> export round trip gives the file's own values back. */
+void pack_crop_ltrb(const sd_shard_rec *rec, double ltrb[4])
+{
+    if (rec->flags & SD_REC_F_CROP_FLOAT) {
+        memcpy(ltrb, rec->crop, 4 * sizeof(double));
+        return;
+    }
+    unsigned float_mask;
+    sd_kohya_crop_ltrb((int)rec->bucket_w, (int)rec->bucket_h, (int)rec->orig_w, (int)rec->orig_h, ltrb, &float_mask);
 }

@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "cli.h"
 #include "log.h"
@@ -15,6 +14,42 @@ typedef struct {
     sd_progress prog;
     uint64_t in, out, texts;
 } copy_run;
+
+/* Why one latent record of an input is not copied (NULL: copy it), with
+ * the detail in *why: its key or its name is already in the output (the
+ * first one is kept, so the names index keeps pointing at it), it is
+ * corrupt, or so is its text embedding. Copies the text embedding. */
+static sd_status check_one(sd_shard_txn *t, pack_out *o, const void *k, size_t kl, const void *v, size_t vl,
+                           const char **skip, sd_error *why, sd_error *err)
+{
+    int found = 0;
+    *skip = NULL;
+    sd_status st = sd_shard_exists(o->s, k, kl, &found, err);
+    if (st || found) {
+        if (found) *skip = "duplicate record key (first kept)";
+        return st;
+    }
+    sd_shard_rec rec;
+    if (sd_shard_rec_parse(v, vl, &rec, why) || sd_shard_rec_check_payload(&rec, why)) {
+        *skip = "corrupt record";
+        return SD_OK;
+    }
+    if (rec.kind != SD_REC_LATENT) {
+        *skip = "corrupt record";
+        sd_err_set(why, SD_EFORMAT, "a text-embedding record among the latents");
+        return SD_OK;
+    }
+    if (rec.name_len) {
+        st = sd_shard_name_exists(o->s, rec.name, rec.name_len, &found, err);
+        if (st || found) {
+            if (found) *skip = "duplicate name (first kept)";
+            int n = (int)(rec.name_len < 200 ? rec.name_len : 200);
+            sd_err_set(why, SD_EINVAL, "name '%.*s' is already in the output", n, rec.name);
+            return st;
+        }
+    }
+    return pack_has_text_ref(rec.text_ref) ? pack_copy_text(t, o, rec.text_ref, skip, why, err) : SD_OK;
+}
 
 /* Copy every latent record of one input; all_text also copies text
  * embeddings no record references. Record problems are skips, the rest is fatal. */
@@ -34,31 +69,16 @@ static sd_status copy_shard(const char *path, pack_out *o, int all_text, const c
     while (!st && (st = sd_shard_cursor_next(c, &k, &kl, &v, &vl, err)) == SD_OK) {
         r->in++;
         sd_progress_update(&r->prog, r->in, r->tally.total);
-        int found = 0;
-        st = sd_shard_exists(o->s, k, kl, &found, err);
+        const char *skip;
+        sd_error why;
+        sd_err_clear(&why);
+        st = check_one(t, o, k, kl, v, vl, &skip, &why, err);
         if (st) break;
-        pack_hex(k, kl, hex, sizeof hex);
-        if (found) {
-            sd_skip(&r->tally, "duplicate record key (first kept)", "%s: record %s", path, hex);
+        if (skip) {
+            pack_hex(k, kl, hex, sizeof hex);
+            sd_skip(&r->tally, skip, "%s: record %s%s%s%s", path, hex, why.msg[0] ? " (" : "", why.msg,
+                    why.msg[0] ? ")" : "");
             continue;
-        }
-        sd_shard_rec rec;
-        sd_error e;
-        if (sd_shard_rec_parse(v, vl, &rec, &e) || sd_shard_rec_check_payload(&rec, &e)) {
-            sd_skip(&r->tally, "corrupt record", "%s: record %s (%s)", path, hex, e.msg);
-            continue;
-        }
-        if (pack_has_text_ref(rec.text_ref)) {
-            sd_status ts = pack_copy_text(t, o, rec.text_ref, &e);
-            if (ts == SD_ENOTFOUND || (ts && ts != SD_ENOMEM && ts != SD_EIO)) {
-                sd_skip(&r->tally, "text embedding missing or corrupt", "%s: record %s (%s)", path, hex, e.msg);
-                continue;
-            }
-            if (ts) {
-                *err = e;
-                st = ts;
-                break;
-            }
         }
         st = pack_out_put(o, k, kl, v, vl, err);
         if (!st) r->out++;
@@ -87,14 +107,6 @@ static sd_status copy_shard(const char *path, pack_out *o, int all_text, const c
     return st;
 }
 
-/* 1 when two paths name the same existing file. */
-static int same_file(const char *a, const char *b)
-{
-    struct stat x, y;
-    return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
-}
-
-/* Copy inputs into a new shard at output (built under a temporary name). */
 /* A meta value of a shard as a malloc'ed string ("" when absent). */
 static char *meta_or_empty(sd_shard *s, const char *key)
 {
@@ -134,6 +146,7 @@ static sd_status check_same_model(const sd_strlist *in, sd_error *err)
     return st;
 }
 
+/* Copy inputs into a new shard at output (built under a temporary name). */
 static int run_copy(const char *prog, const sd_strlist *in, const char *output, int all_text, const pack_common *pc)
 {
     copy_run r;
@@ -174,7 +187,8 @@ static int copy_main(int argc, char **argv, int compact)
     pack_common pc = {0};
     int allow_mixed = 0;
     const sd_opt opts[] = {
-        {"output", 'o', SD_OPT_STR, &output, "SHARD", "the new shard (written as SHARD.partial, renamed at the end)"},
+        {"output", 'o', SD_OPT_STR, &output, "SHARD",
+         "the new shard (written as SHARD.partial-XXXXXX, renamed at the end)"},
         {"allow-mixed", 0, SD_OPT_FLAG, &allow_mixed, NULL, "merge: accept inputs whose model_hash or scaling_factor differ"},
         {"strict", 0, SD_OPT_FLAG, &pc.strict, NULL, "exit 1 if any record was skipped"},
         {"quiet", 'q', SD_OPT_FLAG, &pc.quiet, NULL, "only warnings and errors"},
@@ -183,16 +197,22 @@ static int copy_main(int argc, char **argv, int compact)
     };
     const sd_cli merge_cli = {
         "sd-pack merge", "-o OUT SHARD...",
-        "Merge shards into one. Records are copied in input order; a record key already copied is\n"
+        "Merge shards into one. Records are copied in input order; a record whose key or whose name\n"
+        "(the sd-meta key: the same image cached under another key) is already in the output is\n"
         "skipped (the first one is kept) and counted. Text embeddings are keyed by content hash, so\n"
-        "each is stored once. Every record's header and checksum are checked; corrupt ones are skipped.\n"
+        "each is stored once. Every record's and text embedding's header and checksum are checked;\n"
+        "corrupt ones (and records whose text embedding is missing or corrupt) are skipped.\n"
         "Meta entries come from the first shard; inputs made with another model (model_hash or\n"
-        "scaling_factor) are refused unless --allow-mixed.",
+        "scaling_factor) are refused unless --allow-mixed. OUT is built under a fresh temporary\n"
+        "name beside it (OUT.partial-XXXXXX) and renamed into place at the end; no input may be OUT.",
         opts, "Example:\n  sd-pack merge -o all.lmdb part-0.lmdb part-1.lmdb"};
     const sd_cli compact_cli = {
         "sd-pack compact", "SHARD -o OUT",
         "Copy a shard without its free pages (a shard that had records deleted or replaced shrinks).\n"
-        "Every record and text embedding is rewritten through the shard API and checked on the way.",
+        "Every record and text embedding is rewritten through the shard API and checked on the way\n"
+        "(header and checksum); corrupt ones, records whose text embedding is missing or corrupt and\n"
+        "a second record of one name are skipped and counted. OUT is built under a fresh temporary\n"
+        "name beside it and renamed into place at the end; it may not be SHARD itself.",
         opts, "Example:\n  sd-pack compact cache.lmdb -o cache.compact.lmdb && mv cache.compact.lmdb cache.lmdb"};
     const sd_cli *cli = compact ? &compact_cli : &merge_cli;
     sd_strlist pos = {0};
@@ -207,7 +227,7 @@ static int copy_main(int argc, char **argv, int compact)
     else if (pos.n == 0 || (compact && pos.n != 1))
         rc = (sd_cli_usage_error(cli, compact ? "give exactly one SHARD" : "no SHARD given"), SD_EXIT_USAGE);
     for (int i = 0; rc < 0 && i < pos.n; i++)
-        if (!strcmp(pos.v[i], output) || same_file(pos.v[i], output))
+        if (pack_same_file(pos.v[i], output))
             rc = (sd_cli_usage_error(cli, "output %s is also an input", output), SD_EXIT_USAGE);
     sd_error err;
     if (rc < 0 && !compact && !allow_mixed && check_same_model(&pos, &err)) {

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "bucket.h"
 #include "cli.h"
 #include "kohya_cache.h"
 #include "log.h"
@@ -17,7 +18,8 @@
 typedef struct {
     const char *dir;
     sd_kohya_kind layout;
-    sd_tally tally;
+    sd_tally tally;    /* records not exported */
+    sd_tally te_tally; /* text embeddings without a te_outputs file (their latents were written) */
     sd_buf file, path, lat, flip, te[3];
     uint64_t written, te_written;
 } export_run;
@@ -55,7 +57,7 @@ static sd_status export_te(export_run *r, const pack_item *it, sd_error *err)
                                    sd_shard_rec_tensor(&it->text, SD_ROLE_POOLED)};
     if (!t[0] || !t[1] || !t[2] || t[0]->ndim != 2 || t[0]->shape[1] != 768 || t[1]->ndim != 2 ||
         t[1]->shape[0] != t[0]->shape[0] || t[1]->shape[1] != 1280 || t[2]->ndim != 1 || t[2]->shape[0] != 1280) {
-        sd_skip(&r->tally, "text embedding has no kohya layout (not SDXL hidden1/hidden2/pool)", "record '%s'",
+        sd_skip(&r->te_tally, "text embedding has no kohya layout (not SDXL hidden1/hidden2/pool)", "record '%s'",
                 it->name);
         return SD_OK;
     }
@@ -93,13 +95,16 @@ static sd_status export_one(void *ctx, const pack_item *it, sd_error *err)
         sd_skip(&r->tally, "latents are not (C, H/8, W/8)", "record '%s'", it->name);
         return SD_OK;
     }
+    if (!rec->orig_w || !rec->orig_h || !rec->bucket_w || !rec->bucket_h) {
+        sd_skip(&r->tally, "no original size (kohya's crop_ltrb is computed from it)", "record '%s'", it->name);
+        return SD_OK;
+    }
     sd_status st = pack_tensor_f32(s, &r->lat, err);
     if (!st && f) st = pack_tensor_f32(f, &r->flip, err);
     if (st) return st;
     sd_kohya_latents_out lo = {s->shape[0], s->shape[1], s->shape[2], (const float *)(void *)r->lat.data,
-                               f ? (const float *)(void *)r->flip.data : NULL, rec->orig_w, rec->orig_h,
-                               {rec->crop[0], rec->crop[1], rec->crop[2], rec->crop[3]},
-                               (rec->flags & SD_REC_F_CROP_FLOAT) != 0};
+                               f ? (const float *)(void *)r->flip.data : NULL, rec->orig_w, rec->orig_h, {0, 0, 0, 0}};
+    pack_crop_ltrb(rec, lo.crop_ltrb);
     st = sd_kohya_latents_encode(&lo, &r->file, err);
     if (st) return st;
     sd_buf name;
@@ -145,10 +150,14 @@ int pack_export_kohya(int argc, char **argv)
     const sd_cli cli = {
         "sd-pack export-kohya", "SHARD -o DIR",
         "Write a shard as a kohya-ss/sd-scripts cache directory. Each record becomes a latents npz\n"
-        "named by its record name: latents (float32), original_size (int64 W,H), crop_ltrb (float64,\n"
-        "or int64 when it was stored from integers), latents_flipped when present. An SDXL text\n"
-        "embedding becomes <stem>_te_outputs.npz (hidden_state1, hidden_state2, pool2; float16 when\n"
-        "stored as fp16, else float32). Files are written atomically; existing ones are replaced.",
+        "named by its record name: latents (float32), original_size (int64 W,H), crop_ltrb (float64:\n"
+        "sd-scripts' get_crop_ltrb(bucket, original_size), the image fitted inside the bucket, which\n"
+        "is what sd-scripts conditions SDXL on; not the box sdtk cut), latents_flipped when present.\n"
+        "An SDXL text embedding becomes <stem>_te_outputs.npz (hidden_state1, hidden_state2, pool2;\n"
+        "float16 when stored as fp16, else float32); other text embeddings have no kohya file and are\n"
+        "counted apart (they do not make --strict fail). Records the names index misses are exported\n"
+        "under their own names, with a warning. Files are written atomically; existing ones are\n"
+        "replaced.",
         opts, "Example:\n  sd-pack export-kohya cache.lmdb -o train_data --layout sdxl"};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
@@ -170,6 +179,8 @@ int pack_export_kohya(int argc, char **argv)
     }
     r.dir = output;
     sd_tally_init(&r.tally, pc.verbose ? -1 : 10);
+    sd_tally_init(&r.te_tally, pc.verbose ? -1 : 10);
+    r.te_tally.verb = "te_outputs not written for";
     sd_progress prog;
     sd_progress_init(&prog, "sd-pack export-kohya", "records", 0, !pc.quiet);
     sd_error err;
@@ -187,7 +198,9 @@ int pack_export_kohya(int argc, char **argv)
         sd_log(SD_LOG_ERROR, "%s", err.msg);
         return SD_EXIT_FATAL;
     }
-    sd_log(SD_LOG_INFO, "wrote %llu latents and %llu te_outputs npz files to %s, %llu skipped",
-           (unsigned long long)r.written, (unsigned long long)r.te_written, output, (unsigned long long)r.tally.total);
+    if (r.te_tally.total) sd_tally_log(&r.te_tally, "text embeddings without a te_outputs file");
+    sd_log(SD_LOG_INFO, "wrote %llu latents and %llu te_outputs npz files to %s, %llu records skipped, %llu text "
+           "embeddings not written", (unsigned long long)r.written, (unsigned long long)r.te_written, output,
+           (unsigned long long)r.tally.total, (unsigned long long)r.te_tally.total);
     return pack_finish(&r.tally, &pc, "skipped");
 }

@@ -7,8 +7,10 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "bucket.h"
 #include "cli.h"
 #include "half.h"
+#include "json.h"
 #include "keyset.h"
 #include "kohya_cache.h"
 #include "log.h"
@@ -35,12 +37,14 @@ typedef struct {
     pack_out out;
     sd_kohya_meta meta;
     int have_meta;
+    sd_strmap bases; /* base name of each image -> how many images have it */
     file_list lat, te;
     sd_tally tally;
     sd_progress prog;
     uint64_t imported, present, texts_new;
     sd_buf rec, conv[4], path;
     int meta_done;
+    char *dtypes[2]; /* stored dtype names of latents and text embeddings ("fp16"), NULL = none yet */
 } run;
 
 /* Add one file to a list (takes the strings). */
@@ -152,6 +156,54 @@ static int target_dtype(const run *r, const sd_npz_member *m)
     return m->info.dtype == SD_NPY_F16 ? SD_NPY_F16 : SD_NPY_F32;
 }
 
+/* The members of the dtypes meta entry: latents, text embeddings. */
+static const char *const dtype_keys[2] = {"latent", "text"};
+
+/* The dtypes meta entry already in the output (a resumed or extended
+ * shard), so a run that stores no text embedding keeps the text dtype an
+ * earlier run recorded. */
+static sd_status load_dtypes(run *r, sd_error *err)
+{
+    char *v = NULL;
+    sd_status st = sd_shard_meta_get(r->out.s, SD_SHARD_META_DTYPES, &v, err);
+    if (st) return st == SD_ENOTFOUND ? SD_OK : st;
+    sd_arena a;
+    sd_arena_init(&a, 1 << 12);
+    sd_json *root;
+    sd_error e;
+    if (sd_json_parse(&a, v, strlen(v), &root, &e) == SD_OK && root->type == SD_JSON_OBJECT)
+        for (int i = 0; i < 2; i++) {
+            const sd_json *d = sd_json_get(root, dtype_keys[i]);
+            if (d && d->type == SD_JSON_STRING && !(r->dtypes[i] = strdup(d->str))) st = SD_ENOMEM;
+        }
+    sd_arena_free(&a);
+    free(v);
+    return st ? sd_err_set(err, st, "out of memory") : SD_OK;
+}
+
+/* Record the stored dtype of latents (which 0) or text embeddings (1) in
+ * the dtypes meta entry when this kind has none yet (first one wins). */
+static sd_status note_dtype(run *r, int which, int npy_dtype, sd_error *err)
+{
+    if (r->dtypes[which]) return SD_OK;
+    if (!(r->dtypes[which] = strdup(sd_dtype_name(pack_shard_dtype(npy_dtype)))))
+        return sd_err_set(err, SD_ENOMEM, "out of memory");
+    sd_buf b;
+    sd_buf_init(&b);
+    int first = 1;
+    sd_buf_putc(&b, '{');
+    for (int i = 0; i < 2; i++) {
+        if (!r->dtypes[i]) continue;
+        sd_buf_json_key(&b, &first, dtype_keys[i]);
+        sd_buf_json_cstr(&b, r->dtypes[i]);
+    }
+    sd_buf_putc(&b, '}');
+    sd_status st = b.oom ? sd_err_set(err, SD_ENOMEM, "out of memory")
+                         : sd_shard_meta_set(r->out.s, SD_SHARD_META_DTYPES, sd_buf_cstr(&b), err);
+    sd_buf_free(&b);
+    return st;
+}
+
 /* Build the text-embedding record of a te_outputs file and store it unless
  * present. The key hashes the caption when the metadata has one (same
  * caption, same embedding), else the converted tensors themselves. */
@@ -193,12 +245,13 @@ static sd_status put_text(run *r, const sd_kohya_te *te, const sd_kohya_meta_ent
     if (st || found) return st;
     st = sd_shard_rec_build(&rec, &r->rec, err);
     if (!st) st = pack_out_put_text(&r->out, key, r->rec.data, r->rec.len, err);
+    if (!st) st = note_dtype(r, 1, to, err);
     if (!st) r->texts_new++;
     return st;
 }
 
 /* Meta entries describing the import, set once (on the first record). */
-static sd_status set_meta(run *r, const cache_file *f, int lat_dtype, sd_error *err)
+static sd_status set_meta(run *r, const cache_file *f, sd_error *err)
 {
     if (r->meta_done) return SD_OK;
     r->meta_done = 1;
@@ -206,9 +259,6 @@ static sd_status set_meta(run *r, const cache_file *f, int lat_dtype, sd_error *
     snprintf(buf, sizeof buf, "sd-pack import-kohya %s", sd_version());
     sd_status st = sd_shard_meta_set(r->out.s, SD_SHARD_META_PRODUCER, buf, err);
     if (!st) st = sd_shard_meta_set(r->out.s, "kohya_layout", sd_kohya_kind_name(f->kind), err);
-    snprintf(buf, sizeof buf, "{\"latent\": \"%s\", \"text\": \"%s\"}", sd_dtype_name(pack_shard_dtype(lat_dtype)),
-             sd_dtype_name(pack_shard_dtype(lat_dtype)));
-    if (!st) st = sd_shard_meta_set(r->out.s, SD_SHARD_META_DTYPES, buf, err);
     sd_buf b;
     sd_buf_init(&b);
     int first = 1;
@@ -223,6 +273,118 @@ static sd_status set_meta(run *r, const cache_file *f, int lat_dtype, sd_error *
     sd_buf_putc(&b, '}');
     if (!st) st = sd_shard_meta_set(r->out.s, SD_SHARD_META_OPTIONS, sd_buf_cstr(&b), err);
     sd_buf_free(&b);
+    return st;
+}
+
+/* The base name of a record name (after its last '/'). */
+static const char *base_of(const char *name)
+{
+    const char *slash = strrchr(name, '/');
+    return slash ? slash + 1 : name;
+}
+
+/* The metadata entry of an image, or a skip reason in *skip (detail in
+ * *why) when the match is ambiguous: several keys match equally well, or
+ * only the base name matched and other images share it. */
+static const sd_kohya_meta_entry *find_meta(const run *r, const char *name, const char **skip, sd_error *why)
+{
+    *skip = NULL;
+    if (!r->have_meta) return NULL;
+    sd_kohya_meta_match m;
+    sd_kohya_meta_find(&r->meta, name, &m);
+    const char *base = base_of(name);
+    const sd_strmap_slot *b = sd_strmap_get(&r->bases, base, strlen(base));
+    if (m.ambiguous) {
+        *skip = "ambiguous metadata key";
+        sd_err_set(why, SD_EINVAL, "--meta keys '%.90s' and '%.90s' match it equally well", m.cand[0]->key,
+                   m.cand[1]->key);
+    } else if (m.entry && m.depth == 1 && b && b->nval > 1) {
+        *skip = "ambiguous metadata key";
+        sd_err_set(why, SD_EINVAL, "--meta key '%.90s' matches only the base name, which %.0f images share",
+                   m.entry->key, b->nval);
+    }
+    return *skip ? NULL : m.entry;
+}
+
+/* Why a loaded latents file (and its metadata entry) cannot be imported,
+ * or NULL: alpha masks, a train_resolution that says the cache is stale. */
+static const char *latents_problem(const sd_kohya_latents *l, const sd_kohya_meta_entry *me, sd_error *why)
+{
+    if (l->alpha) {
+        sd_err_set(why, SD_EUNSUPPORTED, "alpha_mask present");
+        return "alpha_mask (shard format v1 has no tensor role for it)";
+    }
+    if (me && me->train_w && (me->train_w != l->w * 8 || me->train_h != l->h * 8)) {
+        sd_err_set(why, SD_ERANGE, "latents %ux%u px, meta %ux%u", l->w * 8, l->h * 8, me->train_w, me->train_h);
+        return "latents size differs from meta train_resolution";
+    }
+    return NULL;
+}
+
+/* The crop box to store: the one sd-scripts cut (sdtk's convention) when
+ * crop_ltrb is its get_crop_ltrb value for this size and bucket; else the
+ * file's crop_ltrb as it is, flagged SD_REC_F_CROP_FLOAT (another bucketing,
+ * e.g. bucket_no_upscale, or another sd-scripts version: the latents are
+ * still good, and the trainer then conditions on kohya's values, as kohya
+ * would), with a warning naming the file. Returns the flag. */
+static uint16_t crop_box(const sd_kohya_latents *l, const char *path, uint32_t bw, uint32_t bh, double box[4])
+{
+    if (sd_kohya_crop_is_ltrb(l->crop, (uint32_t)l->orig_w, (uint32_t)l->orig_h, bw, bh)) {
+        sd_kohya_cut_box((uint32_t)l->orig_w, (uint32_t)l->orig_h, bw, bh, box);
+        return 0;
+    }
+    double want[4];
+    unsigned mask;
+    sd_kohya_crop_ltrb((int)bw, (int)bh, (int)l->orig_w, (int)l->orig_h, want, &mask);
+    sd_log(SD_LOG_WARN, "%s: crop_ltrb [%g, %g, %g, %g] is not sd-scripts' [%g, %g, %g, %g] for %lldx%lld in %ux%u: "
+           "stored as given (the box cut is unknown)", path, l->crop[0], l->crop[1], l->crop[2], l->crop[3], want[0],
+           want[1], want[2], want[3], (long long)l->orig_w, (long long)l->orig_h, bw, bh);
+    memcpy(box, l->crop, sizeof l->crop);
+    return SD_REC_F_CROP_FLOAT;
+}
+
+/* Store one loaded latents file (and its text embedding when te is not
+ * NULL) as a record named f->name. The crop box stored is the one
+ * sd-scripts cut (sd_kohya_cut_box), sdtk's convention, not crop_ltrb. */
+static sd_status put_latents(run *r, const cache_file *f, const char *path, const sd_kohya_latents *l,
+                             const sd_kohya_te *te, const sd_kohya_meta_entry *me, sd_error *err)
+{
+    sd_shard_rec rec;
+    memset(&rec, 0, sizeof rec);
+    rec.kind = SD_REC_LATENT;
+    int to = target_dtype(r, l->latents);
+    sd_status st = set_meta(r, f, err);
+    if (!st && te) st = put_text(r, te, me, rec.text_ref, err);
+    const sd_npz_member *m[2] = {l->latents, l->flipped};
+    rec.ntensors = l->flipped ? 2 : 1;
+    for (int i = 0; !st && i < rec.ntensors; i++) {
+        st = convert(&r->conv[i], to, m[i], err);
+        sd_shard_tensor *t = &rec.t[i];
+        t->dtype = (uint8_t)pack_shard_dtype(to);
+        t->role = i ? SD_ROLE_SAMPLE_FLIP : SD_ROLE_SAMPLE;
+        t->ndim = 3;
+        t->shape[0] = l->c;
+        t->shape[1] = l->h;
+        t->shape[2] = l->w;
+        t->data = r->conv[i].data;
+    }
+    rec.flags = (uint16_t)(l->flipped ? SD_REC_F_FLIPPED : 0);
+    rec.orig_w = (uint32_t)l->orig_w;
+    rec.orig_h = (uint32_t)l->orig_h;
+    rec.bucket_w = l->w * 8;
+    rec.bucket_h = l->h * 8;
+    rec.flags |= crop_box(l, path, rec.bucket_w, rec.bucket_h, rec.crop);
+    rec.name = f->name;
+    rec.name_len = strlen(f->name);
+    uint8_t key[16];
+    sd_buf_clear(&r->path);
+    sd_buf_puts(&r->path, "kohya-import\n");
+    sd_buf_puts(&r->path, f->name);
+    key16(r->path.data, r->path.len, key);
+    if (!st) st = sd_shard_rec_build(&rec, &r->rec, err);
+    if (!st) st = pack_out_put(&r->out, key, sizeof key, r->rec.data, r->rec.len, err);
+    if (!st) st = note_dtype(r, 0, to, err);
+    if (!st) r->imported++;
     return st;
 }
 
@@ -247,68 +409,35 @@ static sd_status import_one(run *r, const cache_file *f, sd_error *err)
         sd_skip(&r->tally, reason, "%s (%s)", full, e.msg);
         return SD_OK;
     }
-    const sd_kohya_meta_entry *me = r->have_meta ? sd_kohya_meta_find(&r->meta, f->name) : NULL;
-    const cache_file *tf = find_te(r, f->name);
+    const sd_kohya_meta_entry *me = find_meta(r, f->name, &reason, &e);
+    if (!reason) reason = latents_problem(&l, me, &e);
+    const cache_file *tf = reason ? NULL : find_te(r, f->name);
     sd_kohya_te te;
-    int have_te = 0, skip = 1;
     memset(&te, 0, sizeof te);
-    if (l.alpha) {
-        sd_skip(&r->tally, "alpha_mask (shard format v1 has no tensor role for it)", "%s", full);
-    } else if (me && me->train_w && (me->train_w != l.w * 8 || me->train_h != l.h * 8)) {
-        sd_skip(&r->tally, "latents size differs from meta train_resolution", "%s (latents %ux%u px, meta %ux%u)", full,
-                l.w * 8, l.h * 8, me->train_w, me->train_h);
-    } else if (tf) {
-        char tfull[8192];
+    char tfull[8192] = "";
+    if (tf) {
         snprintf(tfull, sizeof tfull, "%s/%s", r->o->dir, tf->rel);
-        if (sd_kohya_te_load(tfull, &te, &reason, &e)) {
-            sd_skip(&r->tally, reason, "%s (%s)", tfull, e.msg);
-        } else {
-            have_te = 1;
-            skip = 0;
-        }
-    } else {
-        skip = 0;
+        sd_kohya_te_load(tfull, &te, &reason, &e);
     }
-    if (!skip) {
-        sd_shard_rec rec;
-        memset(&rec, 0, sizeof rec);
-        rec.kind = SD_REC_LATENT;
-        int to = target_dtype(r, l.latents);
-        st = set_meta(r, f, to, err);
-        if (!st && have_te) st = put_text(r, &te, me, rec.text_ref, err);
-        const sd_npz_member *m[2] = {l.latents, l.flipped};
-        rec.ntensors = l.flipped ? 2 : 1;
-        for (int i = 0; !st && i < rec.ntensors; i++) {
-            st = convert(&r->conv[i], to, m[i], err);
-            sd_shard_tensor *t = &rec.t[i];
-            t->dtype = (uint8_t)pack_shard_dtype(to);
-            t->role = i ? SD_ROLE_SAMPLE_FLIP : SD_ROLE_SAMPLE;
-            t->ndim = 3;
-            t->shape[0] = l.c;
-            t->shape[1] = l.h;
-            t->shape[2] = l.w;
-            t->data = r->conv[i].data;
-        }
-        rec.flags = (uint16_t)((l.flipped ? SD_REC_F_FLIPPED : 0) | (l.crop_float ? SD_REC_F_CROP_FLOAT : 0));
-        rec.orig_w = (uint32_t)l.orig_w;
-        rec.orig_h = (uint32_t)l.orig_h;
-        memcpy(rec.crop, l.crop, sizeof rec.crop);
-        rec.bucket_w = l.w * 8;
-        rec.bucket_h = l.h * 8;
-        rec.name = f->name;
-        rec.name_len = strlen(f->name);
-        uint8_t key[16];
-        sd_buf_clear(&r->path);
-        sd_buf_puts(&r->path, "kohya-import\n");
-        sd_buf_puts(&r->path, f->name);
-        key16(r->path.data, r->path.len, key);
-        if (!st) st = sd_shard_rec_build(&rec, &r->rec, err);
-        if (!st) st = pack_out_put(&r->out, key, sizeof key, r->rec.data, r->rec.len, err);
-        if (!st) r->imported++;
-    }
+    if (reason) sd_skip(&r->tally, reason, "%s (%s)", tf ? tfull : full, e.msg);
+    else st = put_latents(r, f, full, &l, tf ? &te : NULL, me, err);
     sd_kohya_te_free(&te);
     sd_kohya_latents_free(&l);
     return st;
+}
+
+/* Count the images of every base name (a metadata key that matches only
+ * the base name is trusted only when one image has it). */
+static sd_status count_bases(run *r, sd_error *err)
+{
+    for (size_t i = 0; i < r->lat.n; i++) {
+        if (i && !strcmp(r->lat.v[i].name, r->lat.v[i - 1].name)) continue; /* one image, two files */
+        const char *base = base_of(r->lat.v[i].name);
+        sd_strmap_slot *s = sd_strmap_put(&r->bases, base, strlen(base));
+        if (!s) return sd_err_set(err, SD_ENOMEM, "out of memory");
+        s->nval += 1;
+    }
+    return SD_OK;
 }
 
 /* Report duplicates and orphans, then import every latents file in name order. */
@@ -327,8 +456,9 @@ static sd_status import_all(run *r, sd_error *err)
         if (lo == r->lat.n || strcmp(r->lat.v[lo].name, key.name))
             sd_skip(&r->tally, "te_outputs without latents", "%s/%s", r->o->dir, r->te.v[i].rel);
     }
+    sd_status st = count_bases(r, err);
+    if (!st) st = load_dtypes(r, err);
     sd_progress_init(&r->prog, "sd-pack import-kohya", "files", r->lat.n, !r->o->pc.quiet);
-    sd_status st = SD_OK;
     for (size_t i = 0; !st && i < r->lat.n; i++) {
         if (i && !strcmp(r->lat.v[i].name, r->lat.v[i - 1].name)) {
             sd_skip(&r->tally, "second cache file for one image (the legacy name wins, as in sd-scripts)", "%s/%s",
@@ -348,6 +478,9 @@ static void run_free(run *r)
     list_free(&r->lat);
     list_free(&r->te);
     if (r->have_meta) sd_kohya_meta_free(&r->meta);
+    sd_strmap_free(&r->bases);
+    free(r->dtypes[0]);
+    free(r->dtypes[1]);
     sd_buf_free(&r->rec);
     sd_buf_free(&r->path);
     for (int i = 0; i < 4; i++) sd_buf_free(&r->conv[i]);
@@ -372,9 +505,18 @@ int pack_import_kohya(int argc, char **argv)
         "(<stem>.npz, <stem>_WWWWxHHHH_sd.npz, <stem>_WWWWxHHHH_sdxl.npz) becomes one record named by\n"
         "its image stem (with subdirectories), with <stem>_te_outputs.npz as its text embedding.\n"
         "Text embeddings are stored once per caption (from --meta) or, without a caption, once per\n"
-        "identical content. Bad files are reported (file and reason), counted and skipped.\n"
+        "identical content. --meta keys are image stems or, with sd-scripts' --full_path, image\n"
+        "paths: an image takes the key sharing the most trailing path components with its name\n"
+        "(extension ignored); a key matching only the base name is used when no other key and no\n"
+        "other image has that base name; anything less certain is skipped as ambiguous.\n"
+        "The stored crop box is the one sd-scripts cut (cover resize, centre crop), sdtk's convention,\n"
+        "when crop_ltrb is sd-scripts' value for original_size and the latents' size; any other\n"
+        "crop_ltrb is stored as given (flagged, with a warning).\n"
+        "Bad files are reported (file and reason), counted and skipped.\n"
         "A new shard is built as SHARD.partial and renamed at the end; rerun after a kill, the\n"
-        "import continues, skipping names already present. An existing SHARD is extended in place.",
+        "import continues, skipping names already present. An existing SHARD is extended in place.\n"
+        "Both survive a crash: every commit is written so that the shard stays consistent (an OS\n"
+        "crash may undo the last one).",
         opts,
         "Not imported: alpha_mask (no shard tensor for it) and per-resolution keys (latents_HxW).\n"
         "Example:\n  sd-pack import-kohya train_data -o cache.lmdb --meta meta_lat.json --dtype fp16"};
@@ -402,6 +544,7 @@ int pack_import_kohya(int argc, char **argv)
     memset(&r, 0, sizeof r);
     r.o = &o;
     sd_tally_init(&r.tally, o.pc.verbose ? -1 : 10);
+    sd_strmap_init(&r.bases);
     sd_buf_init(&r.rec);
     sd_buf_init(&r.path);
     for (int i = 0; i < 4; i++) sd_buf_init(&r.conv[i]);

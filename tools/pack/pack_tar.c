@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bucket.h"
 #include "bucket_split.h"
 #include "cli.h"
 #include "log.h"
@@ -119,19 +120,37 @@ static sd_status add_tensor(tar_run *r, const char *name, const sd_shard_tensor 
     return st ? st : add_member(r, name, suffix, &r->npy, err);
 }
 
-/* The per-record JSON member: geometry, flags, dtype, text key. */
+/* Four numbers as a JSON array. */
+static void json_box(sd_buf *b, const double v[4])
+{
+    sd_buf_putc(b, '[');
+    for (int i = 0; i < 4; i++) {
+        if (i) sd_buf_puts(b, ", ");
+        sd_buf_json_num(b, v[i]);
+    }
+    sd_buf_putc(b, ']');
+}
+
+/* The per-record JSON member: geometry (the stored crop box and sd-scripts'
+ * crop_ltrb for the same image, null without an original size), flags,
+ * dtype, text key. */
 static void record_json(sd_buf *b, const pack_item *it)
 {
     const sd_shard_rec *rec = &it->rec;
     sd_buf_clear(b);
     sd_buf_puts(b, "{\"name\": ");
     sd_buf_json_cstr(b, it->name);
-    sd_buf_printf(b, ", \"original_size\": [%u, %u], \"crop_ltrb\": [", rec->orig_w, rec->orig_h);
-    for (int i = 0; i < 4; i++) {
-        if (i) sd_buf_puts(b, ", ");
-        sd_buf_json_num(b, rec->crop[i]);
+    sd_buf_printf(b, ", \"original_size\": [%u, %u], \"crop\": ", rec->orig_w, rec->orig_h);
+    json_box(b, rec->crop);
+    sd_buf_puts(b, ", \"crop_ltrb\": ");
+    if (rec->orig_w && rec->orig_h && rec->bucket_w && rec->bucket_h) {
+        double ltrb[4];
+        pack_crop_ltrb(rec, ltrb);
+        json_box(b, ltrb);
+    } else {
+        sd_buf_puts(b, "null");
     }
-    sd_buf_printf(b, "], \"bucket\": [%u, %u], \"dtype\": \"%s\", \"flipped\": %s, \"mean_std\": %s", rec->bucket_w,
+    sd_buf_printf(b, ", \"bucket\": [%u, %u], \"dtype\": \"%s\", \"flipped\": %s, \"mean_std\": %s", rec->bucket_w,
                   rec->bucket_h, sd_dtype_name(rec->t[0].dtype), rec->flags & SD_REC_F_FLIPPED ? "true" : "false",
                   rec->flags & SD_REC_F_MEANSTD ? "true" : "false");
     if (it->has_text) {
@@ -179,10 +198,12 @@ int pack_export_tar(int argc, char **argv)
     };
     const sd_cli cli = {
         "sd-pack export-tar", "SHARD -o 'out-%05d.tar' [--per-tar N]",
-        "Write the records as tar files (POSIX pax) of .npy members, in record-name order:\n"
+        "Write the records as tar files (POSIX pax) of .npy members, in record-name order (records\n"
+        "the names index misses come last, under their own names, with a warning):\n"
         "<name>.latents.npy (and .latents_flipped.npy, or .mean/.std for mean+std records), the text\n"
         "embedding as <name>.te1.npy, .te2.npy, .pool2.npy (SDXL) or <name>.te.npy, and <name>.json\n"
-        "with name, original_size, crop_ltrb, bucket, dtype, flags and the text key. fp16 and fp32\n"
+        "with name, original_size, crop (the box cut from the resized image, as stored), crop_ltrb\n"
+        "(sd-scripts' value for the same image), bucket, dtype, flags and the text key. fp16 and fp32\n"
         "stay as stored; bf16 is written as float32 (numpy has no bfloat16). Each tar is written\n"
         "under a temporary name and renamed when complete.",
         opts, "Example:\n  sd-pack export-tar cache.lmdb -o 'tars/cache-%05d.tar' --per-tar 2000"};

@@ -1,8 +1,11 @@
 /* Walking a shard's records by name for the exporters: each name with its
- * parsed, checksum-verified record and (when referenced) text embedding. */
+ * parsed, checksum-verified record and (when referenced) text embedding;
+ * records the names index misses are found by walking the records too. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "keyset.h"
+#include "log.h"
 #include "pack_walk.h"
 
 /* 1 when a record name is safe as a relative file path: no absolute path,
@@ -23,25 +26,70 @@ int pack_name_safe(const char *name, size_t n)
     return 1;
 }
 
-/* Call fn for every record in name order. Broken records are skips
- * (tallied with the shard path and the record name); fn's non-OK status
- * stops the walk. */
-sd_status pack_walk(const char *path, sd_tally *tally, sd_progress *prog, pack_walk_fn fn, void *ctx, sd_error *err)
-{
-    sd_shard *s;
+/* State of one walk: the shard, the callback, the tally, and the keys of
+ * corrupt records already reported through a name (so the second pass does
+ * not count them again). */
+typedef struct {
+    const char *path;
     sd_shard_txn *t;
-    sd_status st = pack_open_ro(&s, &t, path, err);
-    if (st) return st;
-    uint64_t total = 0, done = 0;
-    sd_shard_count(t, SD_SHARD_DB_NAMES, &total, err);
-    prog->total = total;
+    sd_tally *tally;
+    sd_progress *prog;
+    pack_walk_fn fn;
+    void *ctx;
+    sd_keyset corrupt;
+    uint64_t done, unnamed;
+} walk;
+
+/* Remember a corrupt record's key; 1 when it was reported before. */
+static int seen_corrupt(walk *w, const void *key, size_t klen)
+{
+    return sd_keyset_insert(&w->corrupt, sd_key128_of(key, klen)) == 0;
+}
+
+/* Check one record (value rv under key) and hand it to fn under name:
+ * unsafe names, corrupt records and missing or corrupt text embeddings are
+ * skips tallied with the shard path and the name. */
+static sd_status visit(walk *w, const char *name, size_t nlen, const void *key, size_t klen, const void *rv, size_t rl,
+                       sd_error *err)
+{
+    pack_item it;
+    memset(&it, 0, sizeof it);
+    it.name = name;
+    sd_error e;
+    if (strlen(name) != nlen || !pack_name_safe(name, nlen)) {
+        sd_skip(w->tally, "unsafe record name for a file path", "%s: record '%s'", w->path, name);
+        return SD_OK;
+    }
+    int bad = sd_shard_rec_parse(rv, rl, &it.rec, &e) || sd_shard_rec_check_payload(&it.rec, &e);
+    if (!bad && it.rec.kind != SD_REC_LATENT) bad = (sd_err_set(&e, SD_EFORMAT, "not a latent record"), 1);
+    if (bad) {
+        if (!seen_corrupt(w, key, klen))
+            sd_skip(w->tally, "corrupt record", "%s: record '%s' (%s)", w->path, name, e.msg);
+        return SD_OK;
+    }
+    if (pack_has_text_ref(it.rec.text_ref)) {
+        const void *tv;
+        size_t tl;
+        if (sd_shard_get_text(w->t, it.rec.text_ref, &tv, &tl, &e) || sd_shard_rec_parse(tv, tl, &it.text, &e) ||
+            sd_shard_rec_check_payload(&it.text, &e) || it.text.kind != SD_REC_TEXT) {
+            sd_skip(w->tally, "text embedding missing or corrupt", "%s: record '%s' (%s)", w->path, name, e.msg);
+            return SD_OK;
+        }
+        it.has_text = 1;
+    }
+    return w->fn(w->ctx, &it, err);
+}
+
+/* Pass 1: every entry of the names index, in name order. */
+static sd_status walk_names(walk *w, sd_error *err)
+{
     sd_shard_cursor *c;
-    st = sd_shard_cursor_open(t, SD_SHARD_DB_NAMES, &c, err);
-    const void *k, *v;
-    size_t kl, vl;
+    sd_status st = sd_shard_cursor_open(w->t, SD_SHARD_DB_NAMES, &c, err);
+    const void *k, *v, *rv;
+    size_t kl, vl, rl;
     char *name = NULL;
     while (!st && (st = sd_shard_cursor_next(c, &k, &kl, &v, &vl, err)) == SD_OK) {
-        sd_progress_update(prog, ++done, tally->total);
+        sd_progress_update(w->prog, ++w->done, w->tally->total);
         char *nn = realloc(name, kl + 1);
         if (!nn) {
             st = sd_err_set(err, SD_ENOMEM, "out of memory");
@@ -50,41 +98,96 @@ sd_status pack_walk(const char *path, sd_tally *tally, sd_progress *prog, pack_w
         name = nn;
         memcpy(name, k, kl);
         name[kl] = 0;
-        pack_item it;
-        memset(&it, 0, sizeof it);
-        it.name = name;
-        const void *rv;
-        size_t rl;
         sd_error e;
-        if (strlen(name) != kl || !pack_name_safe(name, kl)) {
-            sd_skip(tally, "unsafe record name for a file path", "%s: record '%s'", path, name);
+        if (sd_shard_get(w->t, v, vl, &rv, &rl, &e)) {
+            sd_skip(w->tally, "name without record", "%s: record '%s' (%s)", w->path, name, e.msg);
             continue;
         }
-        if (sd_shard_get(t, v, vl, &rv, &rl, &e)) {
-            sd_skip(tally, "name without record", "%s: record '%s' (%s)", path, name, e.msg);
-            continue;
-        }
-        if (sd_shard_rec_parse(rv, rl, &it.rec, &e) || sd_shard_rec_check_payload(&it.rec, &e) ||
-            it.rec.kind != SD_REC_LATENT) {
-            sd_skip(tally, "corrupt record", "%s: record '%s' (%s)", path, name, e.msg);
-            continue;
-        }
-        if (pack_has_text_ref(it.rec.text_ref)) {
-            const void *tv;
-            size_t tl;
-            if (sd_shard_get_text(t, it.rec.text_ref, &tv, &tl, &e) || sd_shard_rec_parse(tv, tl, &it.text, &e) ||
-                sd_shard_rec_check_payload(&it.text, &e) || it.text.kind != SD_REC_TEXT) {
-                sd_skip(tally, "text embedding missing or corrupt", "%s: record '%s' (%s)", path, name, e.msg);
-                continue;
-            }
-            it.has_text = 1;
-        }
-        st = fn(ctx, &it, err);
+        st = visit(w, name, kl, v, vl, rv, rl, err);
     }
     if (st == SD_ENOTFOUND) st = SD_OK;
     free(name);
     sd_shard_cursor_close(c);
-    pack_close_ro(s, t);
+    return st;
+}
+
+/* Pass 2: the records the names index does not reach under their own name
+ * (entry missing or pointing elsewhere), found by walking the records
+ * themselves, in key order. A record with its own name is visited under it,
+ * unless that name belongs to another record (a second copy of one image:
+ * skipped, the indexed one was exported); unreadable ones not met in pass 1
+ * are counted as corrupt. */
+static sd_status walk_unnamed(walk *w, sd_error *err)
+{
+    sd_shard_cursor *c;
+    sd_status st = sd_shard_cursor_open(w->t, SD_SHARD_DB_LATENTS, &c, err);
+    const void *k, *v, *nk;
+    size_t kl, vl, nkl;
+    char hex[80], *name = NULL;
+    while (!st && (st = sd_shard_cursor_next(c, &k, &kl, &v, &vl, err)) == SD_OK) {
+        sd_shard_rec r;
+        sd_error e;
+        pack_hex(k, kl, hex, sizeof hex);
+        if (sd_shard_rec_parse(v, vl, &r, &e)) {
+            if (!seen_corrupt(w, k, kl)) sd_skip(w->tally, "corrupt record", "%s: record %s (%s)", w->path, hex, e.msg);
+            continue;
+        }
+        sd_status g = r.name_len ? sd_shard_get_name(w->t, r.name, r.name_len, &nk, &nkl, &e) : SD_ENOTFOUND;
+        if (g == SD_OK && nkl == kl && memcmp(nk, k, kl) == 0) continue; /* pass 1 had it */
+        if (g != SD_OK && g != SD_ENOTFOUND) {
+            *err = e;
+            st = g;
+            break;
+        }
+        if (!r.name_len) {
+            sd_skip(w->tally, "record without a name", "%s: record %s", w->path, hex);
+            continue;
+        }
+        char *nn = realloc(name, r.name_len + 1);
+        if (!nn) {
+            st = sd_err_set(err, SD_ENOMEM, "out of memory");
+            break;
+        }
+        name = nn;
+        memcpy(name, r.name, r.name_len);
+        name[r.name_len] = 0;
+        if (g == SD_OK) {
+            sd_skip(w->tally, "duplicate name (the indexed record was exported)", "%s: record %s '%s'", w->path, hex,
+                    name);
+            continue;
+        }
+        w->unnamed++;
+        sd_progress_update(w->prog, ++w->done, w->tally->total);
+        st = visit(w, name, r.name_len, k, kl, v, vl, err);
+    }
+    if (st == SD_ENOTFOUND) st = SD_OK;
+    free(name);
+    sd_shard_cursor_close(c);
+    return st;
+}
+
+/* Call fn for every record: first by the names index in name order, then
+ * the records that index misses, by their own names (warned about: the
+ * index needs sd-verify --repair). Broken records are skips (tallied with
+ * the shard path and the record name); fn's non-OK status stops the walk. */
+sd_status pack_walk(const char *path, sd_tally *tally, sd_progress *prog, pack_walk_fn fn, void *ctx, sd_error *err)
+{
+    walk w = {path, NULL, tally, prog, fn, ctx, {0}, 0, 0};
+    sd_shard *s;
+    sd_status st = pack_open_ro(&s, &w.t, path, err);
+    if (st) return st;
+    sd_keyset_init(&w.corrupt);
+    uint64_t names = 0, records = 0;
+    sd_shard_count(w.t, SD_SHARD_DB_NAMES, &names, err);
+    sd_shard_count(w.t, SD_SHARD_DB_LATENTS, &records, err);
+    prog->total = names > records ? names : records;
+    st = walk_names(&w, err);
+    if (!st) st = walk_unnamed(&w, err);
+    if (!st && w.unnamed)
+        sd_log(SD_LOG_WARN, "%s: %llu records are missing from the names index; they were exported under their own "
+               "names (run sd-verify --repair on the shard to fix its index)", path, (unsigned long long)w.unnamed);
+    sd_keyset_free(&w.corrupt);
+    pack_close_ro(s, w.t);
     return st;
 }
 
