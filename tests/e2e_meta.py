@@ -9,8 +9,10 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import unittest
+
+import meta_util
+from meta_util import read, skipped, write
 
 SD_META = None
 PHOTOS = os.environ.get("SDTK_PHOTOS")
@@ -30,36 +32,7 @@ def run(args, stdin=None, cwd=None):
     return p.returncode, recs, p.stderr.decode()
 
 
-def skipped(err, reason):
-    """The count printed for a reason in the final summary (0 if absent)."""
-    for line in err.splitlines():
-        parts = line.split(None, 2)
-        if len(parts) == 3 and parts[0] == "sd-meta:" and parts[1].isdigit() and parts[2] == reason:
-            return int(parts[1])
-    return 0
-
-
-def read(path):
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def write(path, data):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb" if isinstance(data, bytes) else "w") as f:
-        f.write(data)
-
-
-class Base(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="sdmeta-")
-
-    def tearDown(self):
-        shutil.rmtree(self.dir)
-
-    def p(self, *parts):
-        return os.path.join(self.dir, *parts)
-
+class Base(meta_util.Base):
     def img(self, path, i=0):
         """Put a real photo (or, without the corpus, a small fake JPEG) at path."""
         os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -6,12 +6,13 @@ out-of-range integer rules, long shuffled captions, --image-pattern syntax
 and how array and kohya entries are named in messages."""
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import unittest
+
+import meta_util
+from meta_util import skipped, write
 
 SD_META = None
 
@@ -29,21 +30,6 @@ def run(args, stdin=None, timeout=60, pass_fds=()):
         return None, [], err.decode() + "\n(timed out)"
     recs = [json.loads(l) for l in out.decode().splitlines() if l.strip()]
     return p.returncode, recs, err.decode()
-
-
-def skipped(err, reason):
-    """The count printed for a reason in the final summary (0 if absent)."""
-    for line in err.splitlines():
-        parts = line.split(None, 2)
-        if len(parts) == 3 and parts[0] == "sd-meta:" and parts[1].isdigit() and parts[2] == reason:
-            return int(parts[1])
-    return 0
-
-
-def write(path, data):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb" if isinstance(data, bytes) else "w") as f:
-        f.write(data)
 
 
 def post(i, **kw):
@@ -70,15 +56,8 @@ def feed(path, data):
     return t
 
 
-class Base(unittest.TestCase):
-    def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="sdmeta-src-")
-
-    def tearDown(self):
-        shutil.rmtree(self.dir)
-
-    def p(self, *parts):
-        return os.path.join(self.dir, *parts)
+class Base(meta_util.Base):
+    prefix = "sdmeta-src-"
 
 
 class Streams(Base):

@@ -47,6 +47,7 @@ void pack_hex(const void *key, size_t n, char *out, size_t cap);
 
 int pack_npy_dtype(int shard_dtype);
 int pack_shard_dtype(int npy_dtype);
+int pack_rec_check(const void *v, size_t vl, int kind, const char *wrong_kind, sd_shard_rec *rec, sd_error *why);
 /* kohya's crop_ltrb for a record with an original size and bucket. */
 void pack_crop_ltrb(const sd_shard_rec *rec, double ltrb[4]);
 

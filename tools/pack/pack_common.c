@@ -305,13 +305,8 @@ sd_status pack_copy_text(sd_shard_txn *from, pack_out *to, const uint8_t ref[16]
         return st;
     }
     sd_shard_rec rec;
-    if (sd_shard_rec_parse(v, vl, &rec, why) || sd_shard_rec_check_payload(&rec, why)) {
+    if (pack_rec_check(v, vl, SD_REC_TEXT, "its text embedding is a latent record", &rec, why)) {
         *skip = "text embedding corrupt";
-        return SD_OK;
-    }
-    if (rec.kind != SD_REC_TEXT) {
-        *skip = "text embedding corrupt";
-        sd_err_set(why, SD_EFORMAT, "its text embedding is a latent record");
         return SD_OK;
     }
     return pack_out_put_text(to, ref, v, vl, err);
@@ -365,4 +360,17 @@ void pack_crop_ltrb(const sd_shard_rec *rec, double ltrb[4])
     }
     unsigned float_mask;
     sd_kohya_crop_ltrb((int)rec->bucket_w, (int)rec->bucket_h, (int)rec->orig_w, (int)rec->orig_h, ltrb, &float_mask);
+}
+
+/* Parse a stored record, check its payload checksum and that it is of the
+ * kind expected (wrong_kind says what it is otherwise); 0 when good, else
+ * -1 with the reason in why. */
+int pack_rec_check(const void *v, size_t vl, int kind, const char *wrong_kind, sd_shard_rec *rec, sd_error *why)
+{
+    if (sd_shard_rec_parse(v, vl, rec, why) || sd_shard_rec_check_payload(rec, why)) return -1;
+    if (rec->kind != kind) {
+        sd_err_set(why, SD_EFORMAT, "%s", wrong_kind);
+        return -1;
+    }
+    return 0;
 }

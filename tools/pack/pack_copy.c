@@ -30,13 +30,8 @@ static sd_status check_one(sd_shard_txn *t, pack_out *o, const void *k, size_t k
         return st;
     }
     sd_shard_rec rec;
-    if (sd_shard_rec_parse(v, vl, &rec, why) || sd_shard_rec_check_payload(&rec, why)) {
+    if (pack_rec_check(v, vl, SD_REC_LATENT, "a text-embedding record among the latents", &rec, why)) {
         *skip = "corrupt record";
-        return SD_OK;
-    }
-    if (rec.kind != SD_REC_LATENT) {
-        *skip = "corrupt record";
-        sd_err_set(why, SD_EFORMAT, "a text-embedding record among the latents");
         return SD_OK;
     }
     if (rec.name_len) {
