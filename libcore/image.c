@@ -283,6 +283,23 @@ static sd_fast try_fast(const unsigned char *buf, size_t len, const sd_imginfo *
     return r;
 }
 
+/* With keep_aspect the resize must keep the image's shape: a record planned for another
+ * aspect ratio (a stale or wrong width/height in the metadata) would stretch
+ * the picture, so it is refused (SD_EINVAL) naming both sizes. Allowed: the
+ * bucketer's rounding, up to 2 pixels on each side of the resize. Formats
+ * the header reader does not know are not checked. */
+static sd_status check_aspect(const sd_imginfo *info, const sd_image_plan *plan, const char *name, sd_error *err)
+{
+    if (info->format == SD_IMG_UNKNOWN || !info->disp_w || !info->disp_h) return SD_OK;
+    int64_t W = info->disp_w, H = info->disp_h, rw = plan->resize_w, rh = plan->resize_h;
+    int64_t skew = rw * H - rh * W;
+    if (skew < 0) skew = -skew;
+    if (skew <= 2 * (W + H)) return SD_OK;
+    return sd_err_set(err, SD_EINVAL, "%s: the image is %lldx%lld but the record resizes it to %lldx%lld, another "
+                      "aspect ratio (stale or wrong width/height in the record? run sd-bucket again)", name,
+                      (long long)W, (long long)H, (long long)rw, (long long)rh);
+}
+
 /* The whole pipeline to uint8 HWC: bytes in memory, bomb check, then a
  * direct decoder where one fits, else one lazy libvips chain (thumbnail,
  * colour, crop, flip) evaluated at the end. */
@@ -298,6 +315,7 @@ static sd_status load_rgb8(const sd_image_src *src, const sd_image_plan *plan, u
     if ((st = read_bytes(src, name, &buf, &len, err))) return st;
     sd_imginfo info;
     st = check_pixels(buf, len, plan->max_pixels ? plan->max_pixels : SD_IMAGE_MAX_PIXELS, name, &info, err);
+    if (!st && plan->keep_aspect) st = check_aspect(&info, plan, name, err);
     if (!st && try_fast(buf, len, &info, plan, out, name, &st, err) == SD_FAST_DONE) return st;
     VipsImage *im = st ? NULL : decode_resized(buf, len, plan);
     if (!st && !im) st = vips_fail(err, SD_EFORMAT, name, "decode failed");

@@ -47,6 +47,7 @@ typedef struct {
     int crop_l, crop_t, crop_r, crop_b;
     int flip;
     uint64_t max_pixels; /* 0: SD_IMAGE_MAX_PIXELS */
+    int keep_aspect;     /* refuse a resize to another aspect ratio than the image's (records: SD_EINVAL) */
 } sd_image_plan;
 
 sd_status sd_image_init(sd_error *err);

@@ -61,8 +61,11 @@ sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err)
     return SD_OK;
 }
 
-/* Flush, fsync and rename into place (stdout is just flushed). */
-sd_status sd_outfile_commit(sd_outfile *o, sd_error *err)
+/* First half of a commit: everything written reaches the disk (flushed,
+ * fsync'ed, closed) under the temporary name, so several files can all be
+ * made durable before any of them replaces its target. On failure the temp
+ * file is dropped. Devices, FIFOs and stdout are finished here. */
+sd_status sd_outfile_finish(sd_outfile *o, sd_error *err)
 {
     if (o->special) {
         int bad = fflush(o->f) != 0 || ferror(o->f);
@@ -75,6 +78,7 @@ sd_status sd_outfile_commit(sd_outfile *o, sd_error *err)
         if (fflush(stdout) != 0 || ferror(stdout)) return sd_err_set(err, SD_EIO, "writing stdout: %s", strerror(errno));
         return SD_OK;
     }
+    if (!o->f) return SD_OK; /* finished already */
     int bad = fflush(o->f) != 0 || ferror(o->f) || fsync(fileno(o->f)) != 0;
     int saved = errno;
     if (fclose(o->f) != 0) bad = 1;
@@ -86,12 +90,19 @@ sd_status sd_outfile_commit(sd_outfile *o, sd_error *err)
         sd_outfile_abort(o);
         return st;
     }
+    return SD_OK;
+}
+
+/* Second half: the finished temp file replaces the target, and the rename
+ * itself is made durable. A no-op for stdout and devices. */
+sd_status sd_outfile_publish(sd_outfile *o, sd_error *err)
+{
+    if (!o->path || !o->tmp) return SD_OK;
     if (rename(o->tmp, o->path) != 0) {
         sd_status st = sd_err_set(err, SD_EIO, "%s: rename failed: %s", o->path, strerror(errno));
         sd_outfile_abort(o);
         return st;
     }
-    /* make the rename itself durable */
     char *dir = strdup(o->path);
     if (dir) {
         char *slash = strrchr(dir, '/');
@@ -107,6 +118,13 @@ sd_status sd_outfile_commit(sd_outfile *o, sd_error *err)
     free(o->tmp);
     o->path = o->tmp = NULL;
     return SD_OK;
+}
+
+/* Make the file appear whole: finish, then publish. */
+sd_status sd_outfile_commit(sd_outfile *o, sd_error *err)
+{
+    sd_status st = sd_outfile_finish(o, err);
+    return st ? st : sd_outfile_publish(o, err);
 }
 
 /* Start write-back of what was written so far without waiting for it, every

@@ -18,6 +18,9 @@ typedef struct {
 
 sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err);
 sd_status sd_outfile_commit(sd_outfile *o, sd_error *err);
+/* commit in two halves, for a set of files that must all be whole first */
+sd_status sd_outfile_finish(sd_outfile *o, sd_error *err);
+sd_status sd_outfile_publish(sd_outfile *o, sd_error *err);
 void sd_outfile_abort(sd_outfile *o);
 void sd_outfile_writeback(sd_outfile *o);
 sd_status sd_write_file_atomic(const char *path, const void *data, size_t len, sd_error *err);

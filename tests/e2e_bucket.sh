@@ -140,6 +140,33 @@ for f in part-*.jsonl; do
         fail "$f: records of a bucket are not in input order"
 done
 
+# --- a failed --split leaves the earlier parts as they were --------------------
+echo STALE > old-0.jsonl
+echo STALE > old-1.jsonl
+# the records of part 1 get long captions (over the file size limit at its commit), those of
+# part 0 short ones: part 0 could be written, part 1 cannot, so all must stay as they were
+rec() { printf '{"v":1,"key":"big%d","image":"b.jpg","width":1920,"height":1080,"caption":"%s"}\n' "$1" "$2"; }
+for i in 1 2 3 4 5 6; do rec "$i" short; done > big.jsonl
+"$BIN" -q --split 2 -o 'probe-%d.jsonl' big.jsonl
+for i in 1 2 3 4 5 6; do
+    if grep -q "\"big$i\"" probe-1.jsonl; then rec "$i" "$(head -c 200000 /dev/zero | tr '\0' x)"; else rec "$i" short; fi
+done > big.jsonl
+check "split probe: part 1 holds records" "$(grep -c big probe-1.jsonl)" 3
+(trap '' XFSZ; ulimit -f 400; "$BIN" -q --split 2 -o 'old-%d.jsonl' big.jsonl > /dev/null 2>&1)
+check "split that cannot write: exit 3" $? 3
+check "split that cannot write: part 0 untouched" "$(cat old-0.jsonl)" STALE
+check "split that cannot write: part 1 untouched" "$(cat old-1.jsonl)" STALE
+check "split that cannot write: no temp files" "$(ls -a | grep -c 'old-.*\.tmp')" 0
+# --- bucket sides must be multiples of 8; options a plan ignores are named ------
+"$BIN" -q --steps 4 in.jsonl > /dev/null 2>&1
+check "--steps 4" $? 2
+"$BIN" -q --plan list --buckets 1001x563 in.jsonl > /dev/null 2>&1
+check "list bucket 1001x563" $? 2
+"$BIN" --plan sdxl -r 512x512 --steps 32 in.jsonl 2> warn.txt > /dev/null
+grep -q -- "--resolution does nothing with --plan sdxl" warn.txt || fail "sdxl plan does not name the ignored -r"
+grep -q -- "--steps does nothing with --plan sdxl" warn.txt || fail "sdxl plan does not name the ignored --steps"
+"$BIN" in.jsonl 2> warn.txt > /dev/null
+grep -q "does nothing" warn.txt && fail "default options warned as unused"
 # --- other plans ------------------------------------------------------------
 "$BIN" -q --plan sdxl in.jsonl | grep -q '"key":"k01".*"bucket":\[1344,768\]' || fail "sdxl plan 1920x1080"
 "$BIN" -q --plan list --buckets 768x512,512x768 in.jsonl | grep '"k01"' | grep -q '"bucket":\[768,512\]' || fail "list plan"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # sd-bucket's header-only sizes on real photos ($SDTK_PHOTOS), checked
-# against an independent reader: PIL (with the EXIF orientation swap) when
+# against an independent reader: PIL (with the EXIF orientation swap, for JPEG, PNG and WebP) when
 # python3 has it, else file(1) for the formats it prints sizes for. Also reads
 # the same photos as members of an uncompressed tar by offset.
 set -u
@@ -37,7 +37,7 @@ for p in open(sys.argv[1]).read().split("\n"):
         continue
     with Image.open(p) as im:
         w, h = im.size
-        o = im.getexif().get(0x0112, 1) if im.format == "JPEG" else 1
+        o = im.getexif().get(0x0112, 1)  # JPEG APP1, PNG eXIf, WebP EXIF: sd-bucket reads all three
         if o in (5, 6, 7, 8):
             w, h = h, w
     print(p, w, h)

@@ -218,6 +218,11 @@ class Latents(unittest.TestCase):
                 r.update(original_size=[256, 256], bucket=[128, 128], resize=[128, 128], crop=[0, 0, 128, 128])
                 out.append(json.dumps(r))
         _, good, _ = sh(BUCKET, "-q", "--plan", "kohya", *RES, "-", stdin=meta.encode())
+        # a record whose width/height went stale: planned as a portrait of a landscape photo
+        r = json.loads(good.splitlines()[0])
+        bw, bh = r["bucket"]
+        r.update(key="stretched", resize=[bw, bh * 3], crop=[0, bh, bw, 2 * bh])
+        out.append(json.dumps(r))
         with open(bj, "w") as f:
             f.write(good)
             f.write("\n".join(out + ['{"key": "nobucket", "image": "x.jpg"}', "{not json"]) + "\n")
@@ -227,6 +232,8 @@ class Latents(unittest.TestCase):
         self.assertRegex(err, r"1\s+unreadable image")
         self.assertRegex(err, r"1\s+not bucketed")
         self.assertRegex(err, r"1\s+malformed JSON")
+        self.assertRegex(err, r"1\s+record does not fit the image")
+        self.assertIn("another aspect ratio", err)
         self.assertEqual(entries(s), 3)
         sh(LATENTS, "--strict", "--vae", VAE, "-o", s, bj, ok=(1,))
         # two --shard processes: each bad line is reported by one of them only
@@ -234,7 +241,7 @@ class Latents(unittest.TestCase):
         for i in range(2):
             _, _, e = sh(LATENTS, "--vae", VAE, "--shard", "%d/2" % i, "-o", self.path("bad%d.shard" % i), bj)
             errs += e
-        for why in ("malformed JSON", "not bucketed", "unreadable image"):
+        for why in ("malformed JSON", "not bucketed", "unreadable image", "record does not fit the image"):
             self.assertEqual(len(re.findall(r"\b1\s+" + why, errs)), 1, (why, errs))
 
     def test_usage_errors_and_devices(self):

@@ -776,11 +776,12 @@ static void test_sdxl_data(void)
     snprintf(out, sizeof out, "%s/run", dir);
     sd_shard *s = NULL;
     sd_shard_opts so = {SD_SHARD_CREATE | SD_SHARD_NOSYNC, 1 << 20, 0};
-    float h1[6 * 6], h2[6 * 10], pooled[8], lat[4 * 8 * 8];
+    float h1[6 * 6], h2[6 * 10], pooled[8], lat[4 * 8 * 8], lat_flip[4 * 8 * 8];
     for (int i = 0; i < 36; i++) h1[i] = (float)i;
     for (int i = 0; i < 60; i++) h2[i] = 100.0f + (float)i;
     for (int i = 0; i < 8; i++) pooled[i] = -(float)i;
     for (int i = 0; i < 256; i++) lat[i] = (float)(i % 7) - 3.0f;
+    for (int i = 0; i < 256; i++) lat_flip[i] = 5.0f;
     uint8_t tkey[16] = {7};
     int ok = CHECK(sd_shard_open(&s, shard, &so, &err) == SD_OK);
     ok = ok && CHECK(sd_shard_meta_set(s, SD_SHARD_META_SCALING, "0.13025", &err) == SD_OK);
@@ -812,6 +813,15 @@ static void test_sdxl_data(void)
             r.name_len = strlen(name);
             r.ntensors = 1;
             r.t[0] = (sd_shard_tensor){SD_DT_F32, SD_ROLE_SAMPLE, 3, {4, 8, 8, 0}, 0, 0, lat};
+            if (i == 2) { /* kohya's crop_ltrb kept as given (flag 4), with a flipped variant */
+                r.flags = SD_REC_F_FLIPPED | SD_REC_F_CROP_FLOAT;
+                r.crop[0] = 2;
+                r.crop[1] = 0;
+                r.crop[2] = 61;
+                r.crop[3] = 64;
+                r.ntensors = 2;
+                r.t[1] = (sd_shard_tensor){SD_DT_F32, SD_ROLE_SAMPLE_FLIP, 3, {4, 8, 8, 0}, 0, 0, lat_flip};
+            }
             uint8_t key[16] = {0};
             memcpy(key, name, strlen(name));
             ok = CHECK(sd_shard_rec_build(&r, &b, &err) == SD_OK && sd_shard_put(s, key, 16, b.data, b.len, &err) == SD_OK);
@@ -842,10 +852,27 @@ static void test_sdxl_data(void)
                     }
             CHECK(good);
             CHECK(bt.text[8 + 3] == -3.0f && bt.x0[5] == lat[5] * 0.13025f);
-            float *tid = bt.tids + 6; /* the second record in the batch */
-            CHECK(tid[1] == 1216 && (tid[0] == 832 || tid[0] == 833 || tid[0] == 834) && tid[2] == 10 &&
-                  tid[3] == 24 && tid[4] == 64 && tid[5] == 64);
+            for (int k = 0; k < 3; k++) { /* the plain records, wherever the shuffle put them */
+                float *tid = bt.tids + 6 * k;
+                if (tid[0] != 834)
+                    CHECK(tid[1] == 1216 && (tid[0] == 832 || tid[0] == 833) && tid[2] == 10 && tid[3] == 24 &&
+                          tid[4] == 64 && tid[5] == 64);
+            }
         }
+        /* the flag-4 record: crop left 2 as it is, 64 - 61 = 3 when flipped (sd-scripts' target_w -
+         * right); over several draws both are seen */
+        int seen[2] = {0, 0};
+        for (int draw = 0; draw < 40; draw++) {
+            if (!CHECK(sd_data_load(&d, &db, &lo, &rng, &bt, &tally, &err) == SD_OK)) break;
+            for (int k = 0; k < bt.n; k++) {
+                float *tid = bt.tids + 6 * k;
+                if (tid[0] != 834) continue;
+                int flipped = bt.x0[(size_t)k * 256] == 5.0f * 0.13025f;
+                seen[flipped] = 1;
+                CHECK(tid[3] == (flipped ? 3.0f : 2.0f) && tid[2] == 0);
+            }
+        }
+        CHECK(seen[0] && seen[1]);
         sd_batch_free(&bt);
         sd_data_close(&d);
     }

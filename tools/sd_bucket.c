@@ -237,13 +237,16 @@ static sd_status open_parts(run *r, sd_error *err)
     return SD_OK;
 }
 
-/* Release the held records, then commit every part (or drop them all). */
+/* Release the held records, then commit the parts: every one written and
+ * synced first, then all renamed into place, so a failure (disk full, a
+ * kill before the renames) leaves the earlier set of parts untouched. */
 static sd_status close_parts(run *r, sd_status st, sd_error *err)
 {
     if (!st && sd_stream_splitter_finish(&r->ss, write_part, r))
         st = sd_err_set(err, SD_EIO, "writing parts failed: %s", strerror(errno));
+    for (int p = 0; p < r->nparts && !st; p++) st = sd_outfile_finish(&r->parts[p], err);
     for (int p = 0; p < r->nparts; p++) {
-        if (!st) st = sd_outfile_commit(&r->parts[p], err);
+        if (!st) st = sd_outfile_publish(&r->parts[p], err);
         else sd_outfile_abort(&r->parts[p]);
     }
     sd_stream_splitter_free(&r->ss);
@@ -341,6 +344,39 @@ static sd_status finish_outputs(const run *r, const uint64_t *part_counts, sd_er
     return st;
 }
 
+/* Say which given options the chosen plan does not use, rather than
+ * ignore them without a word (the defaults are those of main). */
+static void warn_unused(const options *o, const char *plan)
+{
+    int kohya = strcmp(plan, "kohya") == 0, multires = strcmp(plan, "multires") == 0;
+    const struct {
+        int given, used;
+        const char *name;
+    } opts[] = {
+        {strcmp(o->resolution, "1024x1024") != 0, kohya, "--resolution"},
+        {o->steps != 64, kohya || multires, "--steps"},
+        {o->min_bucket != 256 || o->max_bucket != 2048, kohya, "--min-bucket/--max-bucket"},
+        {o->no_upscale, !multires, "--no-upscale"},
+        {o->upscale, multires, "--upscale"},
+        {o->min_res || o->max_res, multires, "--min-res/--max-res"},
+        {o->buckets != NULL, strcmp(plan, "list") == 0, "--buckets"},
+    };
+    for (size_t i = 0; i < sizeof opts / sizeof *opts; i++)
+        if (opts[i].given && !opts[i].used) sd_log(SD_LOG_WARN, "%s does nothing with --plan %s", opts[i].name, plan);
+}
+
+/* Latents are an eighth of the image on each side: a bucket side that is
+ * not a multiple of 8 could never be encoded (sd-latents skips it). */
+static const char *not_eighths(const sd_plan *p)
+{
+    if ((p->kind == SD_PLAN_KOHYA || p->kind == SD_PLAN_MULTIRES) && p->steps % 8)
+        return "--steps must be a multiple of 8 (latents are 1/8 of the image per side)";
+    for (size_t i = 0; i < p->n; i++)
+        if (p->resos[i].w % 8 || p->resos[i].h % 8)
+            return "every bucket side must be a multiple of 8 (latents are 1/8 of the image per side)";
+    return NULL;
+}
+
 /* Build the bucket plan the options ask for; a usage error on bad values. */
 static int make_plan(const sd_cli *cli, const options *o, sd_plan *p)
 {
@@ -349,6 +385,7 @@ static int make_plan(const sd_cli *cli, const options *o, sd_plan *p)
     sd_status st;
     const char *name = o->plan;
     if (!name) name = o->buckets ? "list" : (o->min_res || o->max_res) ? "multires" : "kohya";
+    warn_unused(o, name);
     if (strcmp(name, "kohya") == 0) {
         sd_reso r;
         const char *end;
@@ -376,6 +413,12 @@ static int make_plan(const sd_cli *cli, const options *o, sd_plan *p)
     }
     if (st) {
         sd_cli_usage_error(cli, "%s", err.msg);
+        return SD_EXIT_USAGE;
+    }
+    const char *bad = not_eighths(p);
+    if (bad) {
+        sd_plan_free(p);
+        sd_cli_usage_error(cli, "%s", bad);
         return SD_EXIT_USAGE;
     }
     return -1;
@@ -437,7 +480,7 @@ int main(int argc, char **argv)
         {"resolution", 'r', SD_OPT_STR, &o.resolution, "WxH", "kohya: max resolution (default 1024x1024)"},
         {"min-bucket", 0, SD_OPT_INT, &o.min_bucket, "N", "kohya: smallest bucket side (default 256)"},
         {"max-bucket", 0, SD_OPT_INT, &o.max_bucket, "N", "kohya: largest bucket side (default 2048)"},
-        {"steps", 0, SD_OPT_INT, &o.steps, "N", "kohya/multires: bucket sides are multiples of N (default 64)"},
+        {"steps", 0, SD_OPT_INT, &o.steps, "N", "kohya/multires: bucket sides are multiples of N, itself a multiple of 8 (default 64)"},
         {"no-upscale", 0, SD_OPT_FLAG, &o.no_upscale, NULL,
          "kohya: bucket_no_upscale; sdxl/list: skip images that would need enlarging"},
         {"buckets", 0, SD_OPT_STR, &o.buckets, "LIST", "list plan: buckets as WxH,WxH,..."},

@@ -411,11 +411,15 @@ static const char *load_latent(sd_data *d, const sd_shard_rec *r, const sd_load_
     }
     float sf = (float)d->scaling;
     for (size_t i = 0; i < per; i++) x0[i] *= sf;
-    /* SDXL size conditioning: original (h, w), crop (top, left), target (h, w) */
+    /* SDXL size conditioning: original (h, w), crop (top, left), target (h, w).
+     * A crop box kept as kohya's crop_ltrb (flag 4) gives a flipped sample
+     * the left sd-scripts uses, target_w - right; for sdtk's own records the
+     * flipped left would be resize_w - right, which the record does not hold,
+     * so it takes the unflipped left (at most a pixel off for a centred crop) */
     tids[0] = (float)r->orig_h;
     tids[1] = (float)r->orig_w;
     tids[2] = (float)r->crop[1];
-    tids[3] = (float)r->crop[0];
+    tids[3] = (float)(flip && (r->flags & SD_REC_F_CROP_FLOAT) ? r->bucket_w - r->crop[2] : r->crop[0]);
     tids[4] = (float)r->bucket_h;
     tids[5] = (float)r->bucket_w;
     return NULL;

@@ -73,7 +73,7 @@ static const char *job_from(const sd_json *r, latent_job *j)
     j->bucket_w = b[0];
     j->bucket_h = b[1];
     j->plan = (sd_image_plan){.resize_w = rs[0], .resize_h = rs[1], .crop_l = c[0], .crop_t = c[1],
-                              .crop_r = c[2], .crop_b = c[3]};
+                              .crop_r = c[2], .crop_b = c[3], .keep_aspect = 1};
     sd_error e = {0};
     if (sd_image_plan_check(&j->plan, &e)) return "bad resize/crop";
     if (sd_image_out_w(&j->plan) != b[0] || sd_image_out_h(&j->plan) != b[1]) return "crop size differs from bucket";

@@ -263,7 +263,8 @@ static sd_status decode_batch(run *r, batch *b, size_t m, sd_error *err)
     size_t ok = 0;
     for (size_t i = 0; i < m; i++) {
         if (r->dec_st[i]) {
-            sd_skip(&r->tally, "unreadable image", "%s (%s): %s", todo[i]->name, todo[i]->image, r->dec_msg[i]);
+            sd_skip(&r->tally, r->dec_st[i] == SD_EINVAL ? "record does not fit the image" : "unreadable image",
+                    "%s (%s): %s", todo[i]->name, todo[i]->image, r->dec_msg[i]);
             r->bad++;
             todo[i] = NULL;
             continue;
