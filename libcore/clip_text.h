@@ -115,6 +115,8 @@ sd_status sd_clip_text_build(sd_clip_text *m, const sd_clip_text_config *cfg, sd
 /* Load from a model folder, a text_encoder(_2)/ folder or a .safetensors
  * file (single-file checkpoint or standalone encoder). */
 sd_status sd_clip_text_load(sd_clip_text *m, const char *path, const sd_clip_text_opts *opts, sd_error *err);
+/* A single-file checkpoint with SDXL's second encoder (conditioner.embedders.1.*)? */
+sd_status sd_clip_text_file_has_second(const char *path, int *yes, sd_error *err);
 void sd_clip_text_free(sd_clip_text *m);
 /* Hold the layers' matrices (nearly all of the weights) in fp16 or bf16
  * instead of fp32: half the memory; the CPU linear widens them exactly while

@@ -160,6 +160,22 @@ static const sd_st_tensor *find2(const sd_safetensors *st, const char *prefix, c
     return sd_st_find(st, full);
 }
 
+/* Does the single-file checkpoint at path hold a second (SDXL) text
+ * encoder under its own names? A standalone encoder file matches any
+ * `which` when loading, so it cannot tell; only conditioner.embedders.1.*
+ * does. */
+sd_status sd_clip_text_file_has_second(const char *path, int *yes, sd_error *err)
+{
+    *yes = 0;
+    sd_safetensors *st = NULL;
+    sd_status rc = sd_st_open(&st, path, err);
+    if (rc) return rc;
+    for (size_t i = 0; i < sizeof layouts / sizeof *layouts && !*yes; i++)
+        if (layouts[i].which == 1 && find2(st, layouts[i].prefix, "token_embedding.weight")) *yes = 1;
+    sd_st_close(st);
+    return SD_OK;
+}
+
 /* The first layout whose token embedding the file holds for encoder
  * `which`; NULL when there is none. */
 static const layout *detect_layout(const sd_safetensors *st, int which)

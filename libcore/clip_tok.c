@@ -213,7 +213,7 @@ static int split_and_bpe(const sd_clip_tok *t, sd_clip_work *w, const uint32_t *
             continue;
         }
         if (special) {
-            if (ids_push(out, s[i + 1] == 's' ? t->bos : t->eos)) return 1;
+            if (ids_push(out, s[i + 2] == 's' ? t->bos : t->eos)) return 1; /* "<|s..." or "<|e..." */
         } else {
             if (w->piece_cap < m * 4) {
                 char *p = realloc(w->piece, m * 4);

@@ -30,6 +30,8 @@ void sd_clip_tok_free(sd_clip_tok *t);
 int32_t sd_clip_tok_bos(const sd_clip_tok *t);
 int32_t sd_clip_tok_eos(const sd_clip_tok *t);
 int32_t sd_clip_tok_pad(const sd_clip_tok *t);
+/* A 64-bit identity of what decides the ids (vocabulary, merges, padding). */
+uint64_t sd_clip_tok_identity(const sd_clip_tok *t);
 sd_status sd_clip_tok_set_pad_token(sd_clip_tok *t, const char *token, sd_error *err);
 void sd_clip_tok_set_pad_id(sd_clip_tok *t, int32_t id);
 int32_t sd_clip_tok_id(const sd_clip_tok *t, const char *token);

@@ -24,6 +24,7 @@ struct sd_clip_tok {
     int32_t byte_id[256], byte_eow_id[256];
     int32_t bos, eos, pad;
     char pad_text[64]; /* pad token the text is split on (from_pretrained), "" when it is EOS */
+    uint64_t digest;   /* of the vocabulary and merges as read (sd_clip_tok_identity) */
 };
 
 int32_t sd_clip_tok_lookup(const sd_clip_tok *t, const char *s, size_t n);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hash.h"
 #include "slurp.h"
 #include "utf8.h"
 
@@ -53,6 +54,7 @@ static sd_status load_vocab(sd_clip_tok *t, const char *path, sd_error *err)
             break;
         }
         sl->nval = m->num;
+        t->digest = sd_hash64(m->key, m->key_len, t->digest ^ (uint64_t)m->num); /* in file order */
     }
     if (st == SD_OK && t->vocab.n == 0) st = sd_err_set(err, SD_EFORMAT, "%s: empty vocabulary", path);
     sd_arena_free(&a);
@@ -106,6 +108,7 @@ static sd_status load_merges(sd_clip_tok *t, const char *path, sd_error *err)
     if (st) return sd_buf_free(&text), st;
     char *s = text.data ? text.data : (char *)"";
     size_t n = text.len;
+    t->digest = sd_hash64(s, n, t->digest);
     while (n && (s[n - 1] == ' ' || (s[n - 1] >= 9 && s[n - 1] <= 13))) n--;
     while (n && (*s == ' ' || (*s >= 9 && *s <= 13))) s++, n--;
     size_t cap = 1;
@@ -251,3 +254,11 @@ void sd_clip_tok_free(sd_clip_tok *t)
 int32_t sd_clip_tok_bos(const sd_clip_tok *t) { return t->bos; }
 int32_t sd_clip_tok_eos(const sd_clip_tok *t) { return t->eos; }
 int32_t sd_clip_tok_pad(const sd_clip_tok *t) { return t->pad; }
+
+/* What decides the ids: the vocabulary and merges (a digest of both, taken
+ * as they were read) and the padding; caches key text embeddings by it. */
+uint64_t sd_clip_tok_identity(const sd_clip_tok *t)
+{
+    uint64_t h = sd_hash64(t->pad_text, strlen(t->pad_text), t->digest ^ (uint64_t)(uint32_t)t->pad);
+    return h;
+}

@@ -242,6 +242,35 @@ class Text(unittest.TestCase):
             self.assertEqual(dump(s, db), dump(full, db), db)
         sh(VERIFY, s)
 
+    def test_tokenizer_is_part_of_the_key(self):
+        """The same encoder with a tokenizer that pads with '!' gives other ids, so other
+        embeddings: a rerun into the same shard stores new text records (under new keys)
+        instead of finding the old ones."""
+        jl = self.bucketed("tok.jsonl")
+        s = os.path.join(self.tmp, "tok.shard")
+        sh(LATENTS, "-q", "--vae", VAE, "--text", self.sd1, "-o", s, jl)
+        before = set(dump(s, "text")[0::2])
+        pad = os.path.join(self.tmp, "padtok")
+        _make_tokenizer(os.path.join(pad, "tokenizer"), TOKDIR, "!")
+        _, _, err = sh(LATENTS, "--vae", VAE, "--text", self.sd1, "--tokenizer", pad, "-o", s, jl)
+        self.assertNotIn("nothing to do", err)
+        after = set(dump(s, "text")[0::2])
+        self.assertEqual(len(after - before), self.distinct, err)
+
+    def test_standalone_encoder_file_is_one_encoder(self):
+        """A text encoder on its own (transformers' names in one file) is an SD 1.x/2.x
+        encoder, never taken for SDXL's pair; it gives the folder's embeddings."""
+        jl = self.bucketed("one.jsonl")
+        one = os.path.join(self.tmp, "one")  # width 64, one head: what a file alone implies
+        make_encoder(os.path.join(one, "text_encoder"), np.random.default_rng(5), 64, "quick_gelu", 0, heads=1)
+        shutil.copytree(os.path.join(self.sd1, "tokenizer"), os.path.join(one, "tokenizer"))
+        a, b = os.path.join(self.tmp, "folder.shard"), os.path.join(self.tmp, "file.shard")
+        sh(LATENTS, "-q", "--vae", VAE, "--text", one, "-o", a, jl)
+        _, _, err = sh(LATENTS, "--vae", VAE, "--text", os.path.join(one, "text_encoder", "model.safetensors"),
+                       "--tokenizer", one, "-o", b, jl)
+        self.assertIn("SD 1.x, 1 encoder(s)", err)
+        self.assertEqual(dump(a, "text"), dump(b, "text"))
+
     def test_missing_tokenizer_is_a_clear_error(self):
         jl = self.bucketed("t.jsonl")
         bad = os.path.join(self.tmp, "notok")

@@ -193,6 +193,31 @@ static void error_cases(const char *tmp)
     }
 }
 
+/* Special tokens that appear only once the text is cleaned (upper case,
+ * HTML entities): transformers' ids, a start token as BOS, not EOS. */
+static void cleaned_specials(const sd_clip_tok *t, sd_clip_work *w)
+{
+    static const struct {
+        const char *text;
+        int32_t ids[6];
+        size_t n;
+    } cases[] = {
+        {"<|STARTOFTEXT|> a cat", {49406, 49406, 320, 2368, 49407}, 5},
+        {"&lt;|startoftext|&gt; a cat", {49406, 49406, 320, 2368, 49407}, 5},
+        {"a <|startoftext|> b", {49406, 320, 49406, 321, 49407}, 5},
+        {"<|ENDOFTEXT|> a", {49406, 49407, 320, 49407}, 4},
+    };
+    sd_clip_ids ids = {0};
+    sd_error err;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        if (!CHECK(sd_clip_encode(t, w, cases[c].text, strlen(cases[c].text), &ids, &err) == SD_OK)) continue;
+        int same = ids.n == cases[c].n;
+        for (size_t i = 0; same && i < ids.n; i++) same = ids.ids[i] == cases[c].ids[i];
+        if (!CHECK(same)) fprintf(stderr, "  %s: %zu ids, second %d\n", cases[c].text, ids.n, ids.n > 1 ? ids.ids[1] : -1);
+    }
+    sd_clip_ids_free(&ids);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) return fprintf(stderr, "usage: test_clip_tok DIR\n"), 2;
@@ -207,6 +232,7 @@ int main(int argc, char **argv)
         if (CHECK(sd_clip_tok_load(argv[1], &t0, &err) == SD_OK) &&
             CHECK(sd_clip_tok_set_pad_token(t0, "!", &err) == SD_OK && sd_clip_tok_pad(t0) == 0))
             run_corpus(t, t0, w, path);
+        cleaned_specials(t, w);
         sd_clip_tok_free(t0);
         sd_clip_work_free(w);
         sd_clip_tok_free(t);

@@ -517,6 +517,19 @@ static void test_shard_runs(void)
         CHECK(d.nitems == 28);
         sd_data_close(&d);
     }
+    /* so is one of the same VAE whose text embeddings came from another text encoder setup */
+    char third[640];
+    snprintf(third, sizeof third, "%s/third.shard", dir);
+    sd_shard *ts = NULL;
+    sd_shard_opts tso = {0, 0, 0};
+    if (CHECK(make_shard(third, "0.18215", &err)) && CHECK(sd_shard_open(&ts, third, &tso, &err) == SD_OK)) {
+        CHECK(sd_shard_meta_set(ts, "text_encoder", "sd1:other-skip", &err) == SD_OK);
+        CHECK(sd_shard_close(ts, &err) == SD_OK);
+        const char *two[2] = {shard, third};
+        CHECK(sd_data_open(&d, two, 2, 2, 7, 0, &err) == SD_EFORMAT);
+        CHECK(strstr(err.msg, "another text encoder") != NULL);
+        if (CHECK(sd_data_open(&d, two, 2, 2, 7, 1, &err) == SD_OK)) sd_data_close(&d);
+    }
 
     sd_train_opts o;
     float *wa, *ma, *va, *ea, *wb, *mb, *vb, *eb;

@@ -69,10 +69,11 @@ static int unhex16(const char *s, uint8_t out[16])
 /* Check one shard's identity against the first one's. */
 static sd_status check_meta(sd_data *d, int i, const char *path, int allow_mixed, sd_error *err)
 {
-    char sf[64], model[80], empty[80];
+    char sf[64], model[80], empty[80], te[200];
     sd_status rc = meta(d->shards[i], SD_SHARD_META_SCALING, sf, sizeof sf, err);
     if (!rc) rc = meta(d->shards[i], SD_SHARD_META_MODEL, model, sizeof model, err);
     if (!rc) rc = meta(d->shards[i], "empty_text", empty, sizeof empty, err);
+    if (!rc) rc = meta(d->shards[i], "text_encoder", te, sizeof te, err);
     if (rc) return rc;
     char *end;
     double s = strtod(sf, &end);
@@ -81,11 +82,20 @@ static sd_status check_meta(sd_data *d, int i, const char *path, int allow_mixed
     if (i == 0) {
         d->scaling = s;
         snprintf(d->model, sizeof d->model, "%s", model);
+        snprintf(d->text_encoder, sizeof d->text_encoder, "%s", te);
     } else if (!allow_mixed && (s != d->scaling || strcmp(model, d->model) != 0)) {
         return sd_err_set(err, SD_EFORMAT,
                           "%s: made with another VAE than the first shard (scaling_factor %s, model_hash '%s' vs "
                           "%g, '%s'); --allow-mixed trains on both",
                           path, sf, model, d->scaling, d->model);
+    } else if (!allow_mixed && strcmp(te, d->text_encoder) != 0) {
+        /* other embeddings for the same words (another encoder, clip skip,
+         * tokenizer or numerics), and dropout would use the first shard's
+         * empty caption for all */
+        return sd_err_set(err, SD_EFORMAT,
+                          "%s: text embeddings from another text encoder setup than the first shard's ('%s' vs "
+                          "'%s'); --allow-mixed trains on both",
+                          path, te[0] ? te : "(none)", d->text_encoder[0] ? d->text_encoder : "(none)");
     }
     if (!d->has_empty && unhex16(empty, d->empty_text)) {
         d->has_empty = 1;

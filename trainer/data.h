@@ -46,6 +46,7 @@ typedef struct {
     int nshards;
     double scaling;          /* the shards' scaling_factor */
     char model[80];          /* their model_hash ("" when absent) */
+    char text_encoder[200];  /* their text_encoder identity ("" when absent) */
     unsigned char *keys;
     size_t keys_len, keys_cap;
     sd_data_item *items;

@@ -546,7 +546,7 @@ static sd_status open_device(run *r, sd_error *err)
     }
     sd_status st = sd_vae_runner_init(&r->runner, &r->vae, be, exec, err);
     r->runner_ok = !st;
-    if (!st && r->text_on) st = text_device(&r->text, be, exec, numerics(r), err);
+    if (!st && r->text_on) st = text_device(&r->text, be, exec, err);
     return st;
 }
 
@@ -583,7 +583,7 @@ int latents_run(const latents_opts *o)
     if (!st && o->text_model) {
         int wdt = o->text_weights ? parse_dtype(o->text_weights) : SD_DT_F32;
         if (!wdt) st = sd_err_set(&err, SD_EINVAL, "--text-weights %s: expected fp32, fp16 or bf16", o->text_weights);
-        else st = text_open(&r.text, o->text_model, o->tokenizer, o->clip_skip, r.dtype, wdt, &err);
+        else st = text_open(&r.text, o->text_model, o->tokenizer, o->clip_skip, r.dtype, wdt, numerics(&r), &err);
         r.text_on = !st;
         if (r.text_on) text_key(&r.text, "", 0, r.empty_key);
     }

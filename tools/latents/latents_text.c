@@ -62,7 +62,7 @@ static sd_status weights_16bit(text_cache *t, int wdtype, sd_error *err)
  * variant: two encoders = SDXL, one with GELU = SD 2.x, else SD 1.x; the
  * identity is taken, then the weights stored as wdtype says. */
 static sd_status open_all(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int dtype, int wdtype,
-                          sd_error *err)
+                          const char *numerics, sd_error *err)
 {
     memset(t, 0, sizeof(*t));
     t->dtype = dtype;
@@ -79,14 +79,9 @@ static sd_status open_all(text_cache *t, const char *model, const char *tok_dir,
     char p2[4096];
     snprintf(p2, sizeof p2, "%s/text_encoder_2", model);
     int sdxl = sd_is_dir(p2);
-    if (!sdxl && !sd_is_dir(model)) { /* single file: SDXL has a second encoder in it */
-        sd_clip_text probe;
-        sd_clip_text_opts o = {.which = 1};
-        sd_error e = {0};
-        if (sd_clip_text_load(&probe, model, &o, &e) == SD_OK) {
-            sd_clip_text_free(&probe);
-            sdxl = 1;
-        }
+    if (!sdxl && !sd_is_dir(model)) { /* single file: an SDXL checkpoint holds a second encoder */
+        st = sd_clip_text_file_has_second(model, &sdxl, err);
+        if (st) return st;
     }
     if (sdxl) {
         st = open_encoder(t, 1, model, tok_dir, err);
@@ -102,34 +97,34 @@ static sd_status open_all(text_cache *t, const char *model, const char *tok_dir,
                                  &t->out[0], err);
     }
     if (st) return st;
-    snprintf(t->ident, sizeof t->ident, "%s:%016llx:%016llx:skip%d:final%d,%d:dt%d",
+    snprintf(t->ident, sizeof t->ident, "%s:%016llx:%016llx:tok%016llx,%016llx:skip%d:final%d,%d:dt%d%s",
              t->variant == TEXT_SDXL ? "sdxl" : t->variant == TEXT_SD2 ? "sd2" : "sd1",
              (unsigned long long)enc_hash(&t->enc[0]), (unsigned long long)(t->n > 1 ? enc_hash(&t->enc[1]) : 0),
-             t->out[0].skip, t->out[0].final_ln, t->n > 1 ? t->out[1].final_ln : 0, dtype);
+             (unsigned long long)sd_clip_tok_identity(t->tok[0]),
+             (unsigned long long)(t->n > 1 ? sd_clip_tok_identity(t->tok[1]) : 0), t->out[0].skip, t->out[0].final_ln,
+             t->n > 1 ? t->out[1].final_ln : 0, dtype, numerics);
     sd_log(SD_LOG_INFO, "text: %s, %d encoder(s): %s%s%s", t->variant == TEXT_SDXL ? "SDXL" : t->variant == TEXT_SD2 ? "SD 2.x" : "SD 1.x",
            t->n, t->enc[0].layout, t->n > 1 ? " + " : "", t->n > 1 ? t->enc[1].layout : "");
     return weights_16bit(t, wdtype, err);
 }
 
-/* open_all, releasing what it loaded when it fails. */
+/* open_all, releasing what it loaded when it fails. TF32 or mixed-precision
+ * embeddings are other numbers: `numerics` ("" for strict fp32, else e.g.
+ * "|tf32") joins the identity, so they get other text keys. */
 sd_status text_open(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int dtype, int wdtype,
-                    sd_error *err)
+                    const char *numerics, sd_error *err)
 {
-    sd_status st = open_all(t, model, tok_dir, clip_skip, dtype, wdtype, err);
+    sd_status st = open_all(t, model, tok_dir, clip_skip, dtype, wdtype, numerics, err);
     if (st) text_close(t);
     return st;
 }
 
 /* Put every encoder on the backend that runs the VAE (the CPU pool, or a
  * GPU with --device cuda:K): its parameters are copied there once, and
- * text_put encodes through these runners. TF32 or mixed-precision
- * embeddings are other numbers: `numerics` ("" for strict fp32, else e.g.
- * "|tf32") joins the encoders' identity, so they get other text keys. */
-sd_status text_device(text_cache *t, const sd_backend *be, void *exec, const char *numerics, sd_error *err)
+ * text_put encodes through these runners. */
+sd_status text_device(text_cache *t, const sd_backend *be, void *exec, sd_error *err)
 {
     sd_status st = SD_OK;
-    size_t il = strlen(t->ident), nl = strlen(numerics);
-    if (il + nl < sizeof t->ident) memcpy(t->ident + il, numerics, nl + 1);
     for (int i = 0; i < t->n && !st; i++) st = sd_clip_text_runner_init(&t->run[i], &t->enc[i], be, exec, err);
     return st;
 }

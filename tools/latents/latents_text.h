@@ -39,8 +39,8 @@ typedef struct {
 /* wdtype: SD_DT_F16 / SD_DT_BF16 holds the encoders' layer matrices in 16
  * bits (CPU only); anything else keeps fp32. */
 sd_status text_open(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int dtype, int wdtype,
-                    sd_error *err);
-sd_status text_device(text_cache *t, const sd_backend *be, void *exec, const char *numerics, sd_error *err);
+                    const char *numerics, sd_error *err);
+sd_status text_device(text_cache *t, const sd_backend *be, void *exec, sd_error *err);
 void text_close(text_cache *t);
 void text_key(const text_cache *t, const char *caption, size_t len, uint8_t key[16]);
 /* Put the text record of caption under key unless the shard holds it. */
