@@ -192,6 +192,47 @@ static void load_pad(sd_clip_tok *t, const char *dir)
     }
 }
 
+/* The first token of an added-tokens list that is not in the vocabulary:
+ * added_tokens.json ({"<tok>": id}) or tokenizer_config.json's
+ * added_tokens_decoder ({"id": {"content": "<tok>"}}). NULL when none. */
+static const char *first_unknown(const sd_clip_tok *t, const sd_json *list, int decoder)
+{
+    for (const sd_json *m = list && list->type == SD_JSON_OBJECT ? list->child : NULL; m; m = m->next) {
+        const char *tok = decoder ? sd_json_str(sd_json_get(m, "content")) : m->key;
+        if (tok && sd_clip_tok_id(t, tok) < 0) return tok;
+    }
+    return NULL;
+}
+
+/* Tokens added after training (textual inversion embeddings) are split out
+ * of the text before BPE by transformers and get ids past the vocabulary;
+ * this tokenizer does not do that, so such a folder is refused rather than
+ * encoded into other ids without a word. */
+static sd_status check_added(const sd_clip_tok *t, const char *dir, sd_error *err)
+{
+    static const char *const files[2] = {"added_tokens.json", "tokenizer_config.json"};
+    sd_status st = SD_OK;
+    for (int k = 0; k < 2 && !st; k++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, files[k]);
+        sd_buf text;
+        sd_arena a;
+        sd_json *root;
+        sd_error e;
+        sd_buf_init(&text);
+        sd_arena_init(&a, 1 << 14);
+        if (sd_parse_json_file(path, &text, &a, &root, &e) == SD_OK) {
+            const char *tok = first_unknown(t, k ? sd_json_get(root, "added_tokens_decoder") : root, k);
+            if (tok)
+                st = sd_err_set(err, SD_EUNSUPPORTED, "%s: added token \"%.40s\" is not in vocab.json (textual "
+                                "inversion tokens are not supported)", path, tok);
+        }
+        sd_arena_free(&a);
+        sd_buf_free(&text);
+    }
+    return st;
+}
+
 /* Pad with this token as transformers' from_pretrained does when a config
  * names it: besides padding, the token becomes an added token, so the text
  * is split on it ("!" in SDXL tokenizer_2 then encodes as id 0, not 256). */
@@ -227,6 +268,7 @@ sd_status sd_clip_tok_load(const char *dir, sd_clip_tok **out, sd_error *err)
     sd_status st = load_vocab(t, vp, err);
     if (!st) st = find_base_ids(t, vp, err);
     if (!st) st = load_merges(t, mp, err);
+    if (!st) st = check_added(t, dir, err);
     if (st) return sd_clip_tok_free(t), st;
     load_pad(t, dir);
     *out = t;

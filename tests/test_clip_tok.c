@@ -191,6 +191,16 @@ static void error_cases(const char *tmp)
         CHECK(sd_clip_tok_pad(t) == 0);
         sd_clip_tok_free(t);
     }
+    /* added tokens: the specials (in the vocabulary) are fine, a textual-inversion token is refused */
+    put_file(dir, "tokenizer_config.json",
+             "{\"added_tokens_decoder\": {\"512\": {\"content\": \"<|startoftext|>\"}, \"513\": {\"content\": \"<|endoftext|>\"}}}");
+    if (CHECK(sd_clip_tok_load(dir, &t, &err) == SD_OK)) sd_clip_tok_free(t);
+    put_file(dir, "added_tokens.json", "{\"<cat-toy>\": 514}");
+    CHECK(sd_clip_tok_load(dir, &t, &err) == SD_EUNSUPPORTED && strstr(err.msg, "<cat-toy>") &&
+          strstr(err.msg, "added_tokens.json"));
+    put_file(dir, "added_tokens.json", "{}");
+    put_file(dir, "tokenizer_config.json", "{\"added_tokens_decoder\": {\"514\": {\"content\": \"<cat-toy>\"}}}");
+    CHECK(sd_clip_tok_load(dir, &t, &err) == SD_EUNSUPPORTED && strstr(err.msg, "tokenizer_config.json"));
 }
 
 /* Special tokens that appear only once the text is cleaned (upper case,
