@@ -165,22 +165,30 @@ static sd_status load_merges(sd_clip_tok *t, const char *path, sd_error *err)
     return st;
 }
 
+/* Parse the JSON file dir/name into *root (text and a hold it: the caller
+ * frees both); 0 when it is missing or not JSON. */
+static int parse_beside(const char *dir, const char *name, sd_buf *text, sd_arena *a, sd_json **root)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    sd_error e;
+    sd_buf_init(text);
+    sd_arena_init(a, 1 << 14);
+    return sd_parse_json_file(path, text, a, root, &e) == SD_OK;
+}
+
 /* The pad token transformers would load: special_tokens_map.json wins over
  * tokenizer_config.json (SD2 and SDXL tokenizer_2 say "!", id 0), else EOS. */
 static void load_pad(sd_clip_tok *t, const char *dir)
 {
     const char *files[2] = {"special_tokens_map.json", "tokenizer_config.json"};
     for (int k = 0; k < 2; k++) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, files[k]);
         sd_buf text;
         sd_arena a;
         sd_json *root;
         sd_error e;
-        sd_buf_init(&text);
-        sd_arena_init(&a, 1 << 14);
         int found = 0;
-        if (sd_parse_json_file(path, &text, &a, &root, &e) == SD_OK) {
+        if (parse_beside(dir, files[k], &text, &a, &root)) {
             sd_json *p = sd_json_get(root, "pad_token");
             if (p && p->type == SD_JSON_OBJECT) p = sd_json_get(p, "content");
             const char *s = p ? sd_json_str(p) : NULL;
@@ -213,19 +221,14 @@ static sd_status check_added(const sd_clip_tok *t, const char *dir, sd_error *er
     static const char *const files[2] = {"added_tokens.json", "tokenizer_config.json"};
     sd_status st = SD_OK;
     for (int k = 0; k < 2 && !st; k++) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", dir, files[k]);
         sd_buf text;
         sd_arena a;
         sd_json *root;
-        sd_error e;
-        sd_buf_init(&text);
-        sd_arena_init(&a, 1 << 14);
-        if (sd_parse_json_file(path, &text, &a, &root, &e) == SD_OK) {
+        if (parse_beside(dir, files[k], &text, &a, &root)) {
             const char *tok = first_unknown(t, k ? sd_json_get(root, "added_tokens_decoder") : root, k);
             if (tok)
-                st = sd_err_set(err, SD_EUNSUPPORTED, "%s: added token \"%.40s\" is not in vocab.json (textual "
-                                "inversion tokens are not supported)", path, tok);
+                st = sd_err_set(err, SD_EUNSUPPORTED, "%s/%s: added token \"%.40s\" is not in vocab.json (textual "
+                                "inversion tokens are not supported)", dir, files[k], tok);
         }
         sd_arena_free(&a);
         sd_buf_free(&text);
