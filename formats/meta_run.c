@@ -56,6 +56,18 @@ const char *sd_meta_keep(sd_meta_run *m, const char *s)
     return sd_arena_strndup(&m->run_arena, s, strlen(s));
 }
 
+/* How messages name an element of a JSON array or a kohya entry: "FILE:
+ * entry N 'KEY'" (N from 1; no key part when key is NULL), in the batch's
+ * memory like the input it names. */
+const char *sd_meta_entry_origin(sd_meta_run *m, const char *file, long idx, const char *key, size_t klen)
+{
+    char where[400];
+    int kl = (int)(klen < 200 ? klen : 200);
+    if (key) snprintf(where, sizeof where, "%s: entry %ld '%.*s'", file, idx, kl, key);
+    else snprintf(where, sizeof where, "%s: entry %ld", file, idx);
+    return sd_arena_strndup(&m->arena, where, strlen(where));
+}
+
 /* A fresh input slot; the batch is processed first when full. */
 sd_input *sd_meta_add(sd_meta_run *m, sd_input_kind kind, const char *origin, long line)
 {

@@ -50,6 +50,7 @@ sd_input *sd_meta_add(sd_meta_run *m, sd_input_kind kind, const char *origin, lo
 void sd_meta_flush(sd_meta_run *m);
 void sd_meta_skip_input(sd_meta_run *m, const char *reason, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 const char *sd_meta_keep(sd_meta_run *m, const char *s);
+const char *sd_meta_entry_origin(sd_meta_run *m, const char *file, long idx, const char *key, size_t klen);
 sd_status sd_meta_finish(sd_meta_run *m, sd_error *err);
 void sd_meta_run_free(sd_meta_run *m);
 

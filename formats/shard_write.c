@@ -147,8 +147,8 @@ static int op_del(sd_shard *s, MDB_txn *txn, const void *key, size_t klen)
     return rc;
 }
 
-/* Drop names whose record is gone; names of the remaining records are
- * re-added by the caller's pass over the records. */
+/* Drop names whose record is gone, unreadable or of another name; names
+ * of the remaining records are re-added by the caller's pass over them. */
 static int drop_dangling_names(sd_shard *s, MDB_txn *txn)
 {
     sd_buf gone;
@@ -163,7 +163,10 @@ static int drop_dangling_names(sd_shard *s, MDB_txn *txn)
             rc = g;
             break;
         }
-        if (g == MDB_NOTFOUND) {
+        sd_shard_rec r;
+        sd_error e;
+        if (g == MDB_NOTFOUND || sd_shard_rec_parse(rv.mv_data, rv.mv_size, &r, &e) != SD_OK ||
+            r.name_len != k.mv_size || memcmp(r.name, k.mv_data, k.mv_size) != 0) {
             uint32_t n = (uint32_t)k.mv_size;
             sd_buf_put(&gone, &n, 4);
             sd_buf_put(&gone, k.mv_data, n);

@@ -23,19 +23,6 @@ static const sd_json *post_key(const sd_json *post)
     return k && (k->type == SD_JSON_NUMBER || k->type == SD_JSON_STRING) ? k : NULL;
 }
 
-/* Where an array element is reported: an array has no useful line numbers,
- * so "FILE: entry N 'KEY'". Kept in the batch arena, which lives as long as
- * the input. */
-static const char *entry_origin(sd_meta_run *m, const char *origin, long idx, const sd_json *post)
-{
-    char where[400];
-    const sd_json *k = post_key(post);
-    int kl = k ? (int)(k->len < 200 ? k->len : 200) : 0;
-    if (k) snprintf(where, sizeof where, "%s: entry %ld '%.*s'", origin, idx, kl, k->str);
-    else snprintf(where, sizeof where, "%s: entry %ld", origin, idx);
-    return sd_arena_strndup(&m->arena, where, strlen(where));
-}
-
 /* Add each element of a parsed array of posts as an input of its own. */
 static void add_elements(sd_meta_run *m, const sd_json *root, const char *origin)
 {
@@ -46,7 +33,8 @@ static void add_elements(sd_meta_run *m, const sd_json *root, const char *origin
         sd_buf_clear(&one);
         sd_json_write(&one, c);
         sd_input *in = sd_meta_add(m, SD_IN_BOORU, origin, 0);
-        in->origin = entry_origin(m, origin, ++idx, c);
+        const sd_json *k = post_key(c);
+        in->origin = sd_meta_entry_origin(m, origin, ++idx, k ? k->str : NULL, k ? k->len : 0);
         in->text = sd_arena_strndup(&m->arena, one.data ? one.data : "", one.len);
         in->len = one.len;
     }

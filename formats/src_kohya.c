@@ -11,16 +11,6 @@
 #include "slurp.h"
 #include "sources.h"
 
-/* Where an entry is reported: a JSON dictionary has no useful line
- * numbers, so "FILE: entry N 'KEY'" (N counts from 1). Kept in the batch
- * arena, which lives as long as the input. */
-static const char *entry_origin(sd_meta_run *m, const char *path, long idx, const sd_json *e)
-{
-    char where[400];
-    int kl = (int)(e->key_len < 200 ? e->key_len : 200);
-    snprintf(where, sizeof where, "%s: entry %ld '%.*s'", path, idx, kl, e->key);
-    return sd_arena_strndup(&m->arena, where, strlen(where));
-}
 
 /* Read the dictionary and add one input per entry. Images are looked up as
  * KEY (if it has an image extension) or KEY.{png,jpg,jpeg,webp,bmp} under
@@ -53,7 +43,7 @@ sd_status sd_read_kohya(sd_meta_run *m, const char *path, const char *image_root
                 continue;
             }
             sd_input *in = sd_meta_add(m, SD_IN_GIVEN, origin, 0);
-            in->origin = entry_origin(m, origin, idx, e);
+            in->origin = sd_meta_entry_origin(m, origin, idx, e->key, e->key_len);
             in->key = sd_arena_strndup(&m->arena, e->key, e->key_len);
             in->root = root;
             if (cap) in->caption = sd_arena_strndup(&m->arena, cap->str, cap->len);

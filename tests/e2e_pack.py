@@ -670,6 +670,35 @@ class Pack(unittest.TestCase):
         self.assertEqual(self.info(merged)["latents"]["records"], 25)
         self.assertTrue(first <= {line.split()[2] for line in writer("locate", merged)})
         self.verify(merged)  # sd-verify also checks that no two records share a name
+        # two copies of each name inside one input: compact keeps the one its names index
+        # points at, whatever the key order (sd-verify --repair keeps the same one)
+        c = self.p("c.shard")
+        writer("write", c, 10, 8)
+        writer("write", c, 10, 8, "keyseed=5", "dupnames")
+        repaired = self.p("c-repaired.shard")
+        shutil.copy(c, repaired)
+        subprocess.run([SD_VERIFY, "-q", "--repair", repaired], capture_output=True)
+        indexed = {line.split()[2] for line in writer("locate", repaired)}
+        self.assertEqual(len(indexed), 10)
+        out = self.p("c2.lmdb")
+        rc, _, err = run("compact", c, "-o", out)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(skipped(err, "duplicate name (the indexed copy kept)"), 10, err)
+        self.assertEqual({line.split()[2] for line in writer("locate", out)}, indexed)
+        self.verify(out)
+
+    def test_leftover_temporary_outputs_are_named(self):
+        """A killed compact leaves OUT.partial-XXXXXX (each run takes a fresh name): the next
+        run names it in a warning, and leaves it alone."""
+        a = self.p("a.shard")
+        writer("write", a, 5, 8)
+        left = self.p("o.lmdb.partial-Ab12Cd")
+        with open(left, "wb") as f:
+            f.write(b"x")
+        rc, _, err = run("compact", a, "-o", self.p("o.lmdb"))
+        self.assertEqual(rc, 0, err)
+        self.assertIn("o.lmdb.partial-Ab12Cd: a temporary output left by an earlier run", err)
+        self.assertTrue(os.path.exists(left))
 
     def test_damaged_index_loses_nothing(self):
         """split and the exporters read the records, not only the indexes."""

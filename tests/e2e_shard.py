@@ -247,6 +247,19 @@ def test_duplicate_names(d):
     vrc, rep, err = verify(shard)
     check(vrc == 0, "after duplicate repair: %d %s" % (vrc, err))
     print("duplicate names: 10 reported, --repair kept the indexed copy of each")
+    # the indexed copy damaged: --repair deletes it and the sound copy takes the name (an index
+    # problem), so every image keeps one record
+    shard = os.path.join(d, "dup2.shard")
+    check(write(shard, 10, "8").returncode == 0 and write(shard, 10, "8", "keyseed=5", "dupnames").returncode == 0,
+          "write duplicates 2")
+    p = subprocess.run([WRITER, "corrupt", shard, "4", "9", "indexed"], capture_output=True, text=True)
+    check(p.returncode == 0 and len(p.stdout.split()) == 8, "corrupt 4 indexed copies: %s" % p.stderr)
+    vrc, rep, err = verify(shard, "--repair")
+    check(vrc == 1 and rep["shards"][0]["problems_after_repair"] == 0, "damaged indexed copies: repair %d %s" % (vrc, err))
+    kept = latent_keys(shard)
+    check(len(kept) == 10, "damaged indexed copies: %d records kept, want 10 (one per image)" % len(kept))
+    vrc, rep, err = verify(shard)
+    check(vrc == 0, "after repairing damaged indexed copies: %d %s" % (vrc, err))
 
 
 def main():

@@ -7,10 +7,12 @@
  *                                  keyseed=K (other record keys for the same
  *                                  names), dupnames (no resume: store a name
  *                                  again under this run's key)
- *   corrupt SHARD COUNT SEED [text] damage COUNT distinct records through LMDB
- *                                  (bit flips in header or payload, truncation,
- *                                  extension; with "text" only payload bit
- *                                  flips of text embeddings); prints "db hexkey"
+ *   corrupt SHARD COUNT SEED [text|indexed] damage COUNT distinct records
+ *                                  through LMDB (bit flips in header or payload,
+ *                                  truncation, extension; with "text" only
+ *                                  payload bit flips of text embeddings; with
+ *                                  "indexed" only latents the names index leads
+ *                                  to); prints "db hexkey"
  *                                  per record and "ref hexkey" for each latent
  *                                  record that references a damaged text
  *   unindex SHARD DB COUNT         delete COUNT entries of the bindex or names
@@ -183,6 +185,7 @@ static void print_refs(MDB_txn *txn, MDB_dbi lat, const uint8_t tkey[16])
 static int cmd_corrupt(int argc, char **argv)
 {
     int count = atoi(argv[3]), text_only = argc > 5 && !strcmp(argv[5], "text");
+    int indexed = argc > 5 && !strcmp(argv[5], "indexed"); /* only latents the names index leads to */
     rng_state = (uint64_t)atol(argv[4]);
     MDB_env *env;
     MDB_txn *txn;
@@ -194,20 +197,23 @@ static int cmd_corrupt(int argc, char **argv)
     /* all keys of both databases; mostly latents */
     size_t nk[2] = {0, 0};
     uint8_t *keys[2] = {NULL, NULL};
+    MDB_dbi names;
+    if (indexed && mdb_dbi_open(txn, "names", 0, &names)) return 3;
     for (int d = 0; d < 2; d++) {
         MDB_cursor *c;
         MDB_val k, v;
-        mdb_cursor_open(txn, dbi[d], &c);
+        int by_name = indexed && d == 0;
+        mdb_cursor_open(txn, by_name ? names : dbi[d], &c);
         while (mdb_cursor_get(c, &k, &v, MDB_NEXT) == 0) {
             keys[d] = realloc(keys[d], (nk[d] + 1) * 16);
-            memcpy(keys[d] + 16 * nk[d]++, k.mv_data, 16);
+            memcpy(keys[d] + 16 * nk[d]++, by_name ? v.mv_data : k.mv_data, 16);
         }
         mdb_cursor_close(c);
     }
     uint8_t *texts = malloc(16 * (size_t)(count > 0 ? count : 1));
     int ntexts = 0;
     for (int done = 0; done < count && nk[text_only];) {
-        int d = text_only ? 1 : nk[1] > 1 && rnd(10) == 0 ? 1 : 0;
+        int d = text_only ? 1 : !indexed && nk[1] > 1 && rnd(10) == 0 ? 1 : 0;
         size_t pick = (size_t)rnd(nk[d]);
         uint8_t key[16];
         memcpy(key, keys[d] + 16 * pick, 16);
@@ -385,7 +391,7 @@ int main(int argc, char **argv)
     if (argc >= 5 && !strcmp(argv[1], "unindex")) return cmd_unindex(argv);
     if (argc >= 3 && !strcmp(argv[1], "locate")) return cmd_locate(argv);
     fprintf(stderr, "usage: shard_writer write SHARD N [BATCH] [nosync|nogrow|slow|map=BYTES|keyseed=K|dupnames]...\n"
-                    "       shard_writer corrupt SHARD COUNT SEED [text]\n"
+                    "       shard_writer corrupt SHARD COUNT SEED [text|indexed]\n"
                     "       shard_writer unindex SHARD bindex|names COUNT\n       shard_writer locate SHARD\n");
     return 2;
 }

@@ -162,7 +162,10 @@ static int shape_ok(const sd_shard_rec *r)
            t->shape[1] == r->bucket_h / 8 && t->shape[2] == r->bucket_w / 8;
 }
 
-/* 1 when the record stored under key has the given name in its header. */
+/* 1 when the record stored under key is a sound latent record (header,
+ * payload checksum) with the given name in its header: only then may a
+ * second copy of the name be deleted, or a damaged indexed copy would take
+ * the intact one with it. */
 static int record_named(sd_shard_txn *t, const void *key, size_t klen, const char *name, size_t nlen)
 {
     const void *v;
@@ -170,7 +173,8 @@ static int record_named(sd_shard_txn *t, const void *key, size_t klen, const cha
     sd_shard_rec r;
     sd_error e;
     return sd_shard_get(t, key, klen, &v, &vl, &e) == SD_OK && sd_shard_rec_parse(v, vl, &r, &e) == SD_OK &&
-           r.name_len == nlen && memcmp(r.name, name, nlen) == 0;
+           sd_shard_rec_check_payload(&r, &e) == SD_OK && r.kind == SD_REC_LATENT && r.name_len == nlen &&
+           memcmp(r.name, name, nlen) == 0;
 }
 
 /* The names index must lead to a sound latent record's own name: a missing
@@ -186,9 +190,14 @@ static void check_name(sd_shard_txn *t, const void *key, size_t klen, const char
     sd_status st = sd_shard_get_name(t, name, nlen, &nk, &nkl, &e);
     if (st == SD_ENOTFOUND)
         add_problem(l, "name_missing", -1, key, klen, name, nlen, "%s", "record name not in the names index");
-    else if (st == SD_OK && (nkl != klen || memcmp(nk, key, klen)) && record_named(t, nk, nkl, name, nlen))
-        add_problem(l, "duplicate_name", SD_SHARD_DB_LATENTS, key, klen, name, nlen, "%s",
-                    "a second record of this name; the names index leads to the other one");
+    else if (st == SD_OK && (nkl != klen || memcmp(nk, key, klen))) {
+        if (record_named(t, nk, nkl, name, nlen))
+            add_problem(l, "duplicate_name", SD_SHARD_DB_LATENTS, key, klen, name, nlen, "%s",
+                        "a second record of this name; the names index leads to the other one");
+        else /* the indexed copy is damaged or gone: the reindex points the name here */
+            add_problem(l, "name_misindexed", -1, key, klen, name, nlen, "%s",
+                        "the names index leads to a damaged or other record; this sound one takes the name");
+    }
 }
 
 /* Every check of one record; problems go to l. */

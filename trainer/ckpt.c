@@ -88,10 +88,33 @@ static int cmp_long(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Remove the checkpoint-N.old copies put_in_place set aside (a kill between
+ * its two renames leaves one) once checkpoint-N itself is whole again. */
+static void drop_old_asides(const char *out)
+{
+    DIR *d = opendir(out);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t nl = strlen(e->d_name);
+        char base[256], p[PATH_CAP], st[PATH_CAP];
+        if (nl <= 4 || nl >= sizeof base || strcmp(e->d_name + nl - 4, ".old") != 0) continue;
+        snprintf(base, sizeof base, "%.*s", (int)(nl - 4), e->d_name);
+        pjoin(st, out, base);
+        size_t sl = strlen(st);
+        snprintf(st + sl, sizeof st - sl, "/state.safetensors");
+        if (ckpt_step(base) < 0 || access(st, F_OK) != 0) continue;
+        pjoin(p, out, e->d_name);
+        remove_ckpt(p);
+    }
+    closedir(d);
+}
+
 /* Delete all but the newest `keep` checkpoints up to the one just written
  * (step current, always kept); later steps are left alone. */
 static void prune(const char *out, int keep, long current)
 {
+    drop_old_asides(out);
     DIR *d = opendir(out);
     if (!d || keep <= 0) {
         if (d) closedir(d);

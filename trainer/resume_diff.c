@@ -27,6 +27,15 @@ static void value_text(const sd_json *obj, const char *key, const char *pristine
     else sd_buf_put(out, pristine + v->raw_off, v->raw_len);
 }
 
+/* Does the LR schedule ignore the run's length (constant, with or without
+ * warmup)? Then --steps / --epochs change nothing in the steps taken. */
+static int schedule_is_fixed(const sd_json *cfg)
+{
+    const sd_json *v = sd_json_get(cfg, "lr-schedule");
+    const char *s = v ? sd_json_str(v) : NULL;
+    return !s || strcmp(s, "constant") == 0 || strcmp(s, "constant_with_warmup") == 0;
+}
+
 /* Warn once, naming each tracked option whose value differs (old -> new).
  * Silent when either side has no configuration to compare. */
 void sd_train_resume_diff(const char *ckpt_config_path, const char *run_config_json)
@@ -52,8 +61,10 @@ void sd_train_resume_diff(const char *ckpt_config_path, const char *run_config_j
             sd_json_parse(&ar, now_text.data, now_text.len, &now, &err) != SD_OK)
             was = now = NULL;
     }
-    int n = 0;
+    int n = 0, fixed = was && now && schedule_is_fixed(was) && schedule_is_fixed(now);
     for (size_t i = 0; was && now && i < sizeof tracked / sizeof *tracked; i++) {
+        /* a longer run under a schedule that ignores its length is the usual resume: no word */
+        if (fixed && (strcmp(tracked[i], "steps") == 0 || strcmp(tracked[i], "epochs") == 0)) continue;
         a.len = b.len = 0;
         value_text(was, tracked[i], was_copy.data, &a);
         value_text(now, tracked[i], now_copy.data, &b);

@@ -123,6 +123,12 @@ static int by_bucket(const void *a, const void *b)
     return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
+/* Which of count --shard processes takes the record named name. */
+static int shard_of(const char *name, int count)
+{
+    return (int)(sd_hash64(name, strlen(name), 0) % (uint64_t)count);
+}
+
 /* Read, select and sort (see latents.h). */
 sd_status jobs_read(job_list *l, const char *path, int index, int count, sd_tally *tally, sd_error *err)
 {
@@ -151,13 +157,12 @@ sd_status jobs_read(job_list *l, const char *path, int index, int count, sd_tall
         latent_job j;
         const char *why = job_from(root, &j);
         if (why) { /* reported by the process whose shard the key falls in (the first one without a key) */
-            int mine = count <= 1 || (j.name ? (int)(sd_hash64(j.name, strlen(j.name), 0) % (uint64_t)count) == index
-                                             : index == 0);
+            int mine = count <= 1 || (j.name ? shard_of(j.name, count) == index : index == 0);
             if (mine) sd_skip(tally, why, "%s:%llu (%s)", path, (unsigned long long)l->lines, j.name ? j.name : "no key");
             job_free(&j);
             continue;
         }
-        if (count > 1 && (int)(sd_hash64(j.name, strlen(j.name), 0) % (uint64_t)count) != index) {
+        if (count > 1 && shard_of(j.name, count) != index) {
             l->other_shard++;
             job_free(&j);
             continue;

@@ -15,10 +15,25 @@ typedef struct {
     uint64_t in, out, texts;
 } copy_run;
 
+/* Does the input's names index point the record's name at another record
+ * that is sound (a corrupt indexed copy leaves this one to be kept)? */
+static int indexed_elsewhere(sd_shard_txn *t, const sd_shard_rec *rec, const void *k, size_t kl)
+{
+    const void *ik = NULL, *iv = NULL;
+    size_t ikl = 0, ivl = 0;
+    sd_error e = {0};
+    sd_shard_rec other;
+    if (sd_shard_get_name(t, rec->name, rec->name_len, &ik, &ikl, &e) != SD_OK) return 0;
+    if (ikl == kl && memcmp(ik, k, kl) == 0) return 0;
+    if (sd_shard_get(t, ik, ikl, &iv, &ivl, &e) != SD_OK) return 0;
+    return pack_rec_check(iv, ivl, SD_REC_LATENT, "a text-embedding record among the latents", &other, &e) == 0;
+}
+
 /* Why one latent record of an input is not copied (NULL: copy it), with
  * the detail in *why: its key or its name is already in the output (the
- * first one is kept, so the names index keeps pointing at it), it is
- * corrupt, or so is its text embedding. Copies the text embedding. */
+ * first one is kept, so the names index keeps pointing at it), its input's
+ * names index points at another sound copy of its name, it is corrupt, or
+ * so is its text embedding. Copies the text embedding. */
 static sd_status check_one(sd_shard_txn *t, pack_out *o, const void *k, size_t kl, const void *v, size_t vl,
                            const char **skip, sd_error *why, sd_error *err)
 {
@@ -35,6 +50,14 @@ static sd_status check_one(sd_shard_txn *t, pack_out *o, const void *k, size_t k
         return SD_OK;
     }
     if (rec.name_len) {
+        /* two records of one name in this input: the one its names index
+         * points at is the current one (as sd-verify --repair keeps it) */
+        if (indexed_elsewhere(t, &rec, k, kl)) {
+            *skip = "duplicate name (the indexed copy kept)";
+            int n = (int)(rec.name_len < 200 ? rec.name_len : 200);
+            sd_err_set(why, SD_EINVAL, "name '%.*s': the input's names index points at another record", n, rec.name);
+            return SD_OK;
+        }
         st = sd_shard_name_exists(o->s, rec.name, rec.name_len, &found, err);
         if (st || found) {
             if (found) *skip = "duplicate name (first kept)";
@@ -89,7 +112,7 @@ static sd_status copy_shard(const char *path, pack_out *o, int all_text, const c
         if (st || found) continue;
         sd_shard_rec rec;
         sd_error e;
-        if (sd_shard_rec_parse(v, vl, &rec, &e) || sd_shard_rec_check_payload(&rec, &e)) {
+        if (pack_rec_check(v, vl, SD_REC_TEXT, "a latent record among the text embeddings", &rec, &e)) {
             pack_hex(k, kl, hex, sizeof hex);
             sd_skip(&r->tally, "corrupt text embedding", "%s: text %s (%s)", path, hex, e.msg);
             continue;

@@ -417,7 +417,13 @@ static sd_status import_one(run *r, const cache_file *f, sd_error *err)
     char tfull[8192] = "";
     if (tf) {
         snprintf(tfull, sizeof tfull, "%s/%s", r->o->dir, tf->rel);
-        sd_kohya_te_load(tfull, &te, &reason, &e);
+        sd_status ts = sd_kohya_te_load(tfull, &te, &reason, &e);
+        if (ts && !reason) { /* not the file's fault (out of memory, a read error): fatal */
+            sd_kohya_te_free(&te);
+            sd_kohya_latents_free(&l);
+            *err = e;
+            return ts;
+        }
     }
     if (reason) sd_skip(&r->tally, reason, "%s (%s)", tf ? tfull : full, e.msg);
     else st = put_latents(r, f, full, &l, tf ? &te : NULL, me, err);

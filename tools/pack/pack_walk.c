@@ -60,9 +60,7 @@ static sd_status visit(walk *w, const char *name, size_t nlen, const void *key, 
         sd_skip(w->tally, "unsafe record name for a file path", "%s: record '%s'", w->path, name);
         return SD_OK;
     }
-    int bad = sd_shard_rec_parse(rv, rl, &it.rec, &e) || sd_shard_rec_check_payload(&it.rec, &e);
-    if (!bad && it.rec.kind != SD_REC_LATENT) bad = (sd_err_set(&e, SD_EFORMAT, "not a latent record"), 1);
-    if (bad) {
+    if (pack_rec_check(rv, rl, SD_REC_LATENT, "not a latent record", &it.rec, &e)) {
         if (!seen_corrupt(w, key, klen))
             sd_skip(w->tally, "corrupt record", "%s: record '%s' (%s)", w->path, name, e.msg);
         return SD_OK;
@@ -70,8 +68,8 @@ static sd_status visit(walk *w, const char *name, size_t nlen, const void *key, 
     if (pack_has_text_ref(it.rec.text_ref)) {
         const void *tv;
         size_t tl;
-        if (sd_shard_get_text(w->t, it.rec.text_ref, &tv, &tl, &e) || sd_shard_rec_parse(tv, tl, &it.text, &e) ||
-            sd_shard_rec_check_payload(&it.text, &e) || it.text.kind != SD_REC_TEXT) {
+        if (sd_shard_get_text(w->t, it.rec.text_ref, &tv, &tl, &e) ||
+            pack_rec_check(tv, tl, SD_REC_TEXT, "not a text embedding", &it.text, &e)) {
             sd_skip(w->tally, "text embedding missing or corrupt", "%s: record '%s' (%s)", w->path, name, e.msg);
             return SD_OK;
         }
