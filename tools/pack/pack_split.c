@@ -193,7 +193,8 @@ static sd_status open_parts(const options *o, sd_shard_txn *t, pack_out *outs, i
 
 /* Write every part under a temporary name, MAX_OPEN at a time, closing
  * (syncing) each; only when all are complete are they renamed into place,
- * so a failure leaves every existing file as it was. */
+ * so a failure while writing leaves every existing file as it was (a
+ * rename itself failing partway would leave the parts renamed before it). */
 static sd_status split_all(const options *o, uint64_t *counts, sd_tally *tally, sd_error *err)
 {
     sd_shard *s;
