@@ -48,7 +48,7 @@ static void skip(sd_brec_result *res, const char *reason, const char *fmt, ...)
 static int json_uint(const sd_json *v, double max, uint64_t *out)
 {
     double d;
-    if (sd_json_num(v, &d) != 0 || !(d >= 0) || d > max || d != floor(d)) return -1;
+    if (sd_json_whole(v, 0, max, &d)) return -1;
     *out = (uint64_t)d;
     return 0;
 }

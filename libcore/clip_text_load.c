@@ -240,7 +240,7 @@ static sd_status cfg_int(const sd_json *obj, const char *key, int *out, const ch
     const sd_json *m = sd_json_get(obj, key);
     double d;
     if (!m || m->type == SD_JSON_NULL) return SD_OK;
-    if (sd_json_num(m, &d) || d != (int)d || d < 0 || d > 1e8)
+    if (sd_json_whole(m, 0, 1e8, &d))
         return sd_err_set(err, SD_EFORMAT, "%s: %s must be a non-negative integer", path, key);
     *out = (int)d;
     return SD_OK;

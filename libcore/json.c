@@ -1,5 +1,6 @@
 #include "json.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -372,23 +373,35 @@ const char *sd_json_str(const sd_json *v)
 }
 
 /* Numeric value of v (numbers, and strings that hold a whole number, as some
- * dumps quote them); 0 on success. */
+ * dumps quote them); 0 on success. Only finite values: "nan", "inf" or
+ * 1e999 are not numbers anything here can use, and NaN would slip past
+ * range checks. */
 int sd_json_num(const sd_json *v, double *out)
 {
     if (!v) return -1;
     if (v->type == SD_JSON_NUMBER) {
         *out = v->num;
-        return 0;
+        return isfinite(v->num) ? 0 : -1;
     }
     if (v->type == SD_JSON_STRING && v->len > 0) {
         char *end;
         double d = strtod(v->str, &end);
-        if (end == v->str + v->len) {
+        if (end == v->str + v->len && isfinite(d)) {
             *out = d;
             return 0;
         }
     }
     return -1;
+}
+
+/* Integers from JSON (sizes, counts, config values) are range-checked as
+ * doubles first: casting one outside the target type is undefined. */
+int sd_json_whole(const sd_json *v, double lo, double hi, double *out)
+{
+    double d;
+    if (sd_json_num(v, &d) || !(d >= lo && d <= hi) || d != floor(d)) return -1;
+    *out = d;
+    return 0;
 }
 
 /* Write `"name":value` of an object member, from the pristine copy when

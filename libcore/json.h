@@ -42,6 +42,10 @@ sd_json *sd_json_get(const sd_json *obj, const char *key);
 sd_json *sd_json_path(const sd_json *obj, const char *path, size_t len);
 const char *sd_json_str(const sd_json *v);
 int sd_json_num(const sd_json *v, double *out);
+/* A whole number in [lo, hi] (sd_json_num's inputs): 0 and *out set, else -1.
+ * The range is checked before any conversion, so a huge value is refused
+ * rather than cast (a double out of an integer type's range is UB). */
+int sd_json_whole(const sd_json *v, double lo, double hi, double *out);
 void sd_json_write(sd_buf *b, const sd_json *v);
 void sd_json_write_member_raw(sd_buf *b, const sd_json *m, const char *pristine);
 

@@ -377,7 +377,7 @@ static int absent(const cfgr *r, const char *key)
 static sd_status int_of(const cfgr *r, const sd_json *m, const char *key, int lo, int hi, int *out)
 {
     double d;
-    if (sd_json_num(m, &d) || d != floor(d) || d < lo || d > hi)
+    if (sd_json_whole(m, lo, hi, &d))
         return sd_err_set(r->err, SD_EFORMAT, "%s: %s must be an integer in %d..%d", r->path, key, lo, hi);
     *out = (int)d;
     return SD_OK;

@@ -172,7 +172,7 @@ static sd_status cfg_int(const sd_json *root, const char *key, int *out, const c
     const sd_json *m = sd_json_get(root, key);
     double d;
     if (!m || m->type == SD_JSON_NULL) return SD_OK;
-    if (sd_json_num(m, &d) || d != (int)d || d < 0 || d > 1e6)
+    if (sd_json_whole(m, 0, 1e6, &d))
         return sd_err_set(err, SD_EFORMAT, "%s: %s must be a non-negative integer", path, key);
     *out = (int)d;
     return SD_OK;
@@ -213,7 +213,7 @@ static sd_status read_config(const char *path, sd_vae_config *c, sd_error *err)
         int i = 0;
         for (const sd_json *e = bo->child; e && !rc; e = e->next, i++) {
             double d;
-            if (sd_json_num(e, &d) || d != (int)d || d < 1 || d > 65536)
+            if (sd_json_whole(e, 1, 65536, &d))
                 rc = sd_err_set(err, SD_EFORMAT, "%s: block_out_channels[%d] is not a channel count", path, i);
             else
                 c->block_out[i] = (int)d;

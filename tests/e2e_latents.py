@@ -223,6 +223,12 @@ class Latents(unittest.TestCase):
         bw, bh = r["bucket"]
         r.update(key="stretched", resize=[bw, bh * 3], crop=[0, bh, bw, 2 * bh])
         out.append(json.dumps(r))
+        # numbers far outside any integer type: refused, never cast (UB)
+        r = json.loads(good.splitlines()[0])
+        r.update(key="huge", resize=[1e300, r["resize"][1]])
+        out.append(json.dumps(r))
+        r.update(key="far", resize=json.loads(good.splitlines()[0])["resize"], offset=1e30)
+        out.append(json.dumps(r))
         with open(bj, "w") as f:
             f.write(good)
             f.write("\n".join(out + ['{"key": "nobucket", "image": "x.jpg"}', "{not json"]) + "\n")
@@ -230,7 +236,8 @@ class Latents(unittest.TestCase):
         code, _, err = sh(LATENTS, "--vae", VAE, "-o", s, bj, ok=(0,))
         self.assertIn("broken", err)
         self.assertRegex(err, r"1\s+unreadable image")
-        self.assertRegex(err, r"1\s+not bucketed")
+        self.assertRegex(err, r"2\s+not bucketed")
+        self.assertRegex(err, r"1\s+bad offset/size")
         self.assertRegex(err, r"1\s+malformed JSON")
         self.assertRegex(err, r"1\s+record does not fit the image")
         self.assertIn("another aspect ratio", err)
@@ -241,8 +248,10 @@ class Latents(unittest.TestCase):
         for i in range(2):
             _, _, e = sh(LATENTS, "--vae", VAE, "--shard", "%d/2" % i, "-o", self.path("bad%d.shard" % i), bj)
             errs += e
-        for why in ("malformed JSON", "not bucketed", "unreadable image", "record does not fit the image"):
+        for why in ("malformed JSON", "unreadable image", "record does not fit the image", "bad offset/size"):
             self.assertEqual(len(re.findall(r"\b1\s+" + why, errs)), 1, (why, errs))
+        # the two not-bucketed lines may fall to either process: counted once in all
+        self.assertEqual(sum(int(n) for n in re.findall(r"\b(\d+)\s+not bucketed", errs)), 2, errs)
 
     def test_usage_errors_and_devices(self):
         s = self.path("usage.shard")

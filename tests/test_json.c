@@ -45,6 +45,21 @@ int main(void)
     CHECK_STR(sd_json_str(sd_json_get(v, "s")), "x");
     CHECK(sd_json_get(v, "missing") == NULL);
     CHECK(parse(&a, "\"42\"", &v) == SD_OK && sd_json_num(v, &d) == 0 && d == 42);
+    /* quoted "nan"/"inf" and an overflowing literal are not numbers: NaN
+     * would pass every range check after it */
+    const char *nonfinite[] = {"\"nan\"", "\"NaN\"", "\"inf\"", "\"-infinity\"", "1e999", "-1e999"};
+    for (size_t i = 0; i < sizeof nonfinite / sizeof *nonfinite; i++)
+        CHECK(parse(&a, nonfinite[i], &v) == SD_OK && sd_json_num(v, &d) == -1);
+    /* whole numbers in a range, checked before any cast to an integer */
+    CHECK(parse(&a, "[7, 7.5, -1, 1e10, 1e300, \"12\", \"nan\", 0, 100, true]", &v) == SD_OK);
+    const int whole_ok[] = {1, 0, 0, 0, 0, 1, 0, 1, 1, 0};
+    int el = 0;
+    for (const sd_json *e = v->child; e; e = e->next, el++) {
+        d = -5;
+        int ok = sd_json_whole(e, 0, 100, &d) == 0;
+        if (!CHECK(ok == whole_ok[el])) fprintf(stderr, "  sd_json_whole: element %d\n", el);
+        if (!ok) CHECK(d == -5); /* untouched on refusal */
+    }
 
     const char *bad[] = {"", "{", "[1,]", "{\"a\" 1}", "{\"a\":1,}", "01", "1.", "-", "tru", "\"abc", "\"\\x\"",
                          "\"\\ud800\"", "\"\\udc00x\"", "\"a\tb\"", "[1] 2", "\"\xff\"", "\"\xc0\xaf\"", "\"\xed\xa0\x80\"",

@@ -17,7 +17,7 @@ static int int_array(const sd_json *a, int n, int *out)
     int i = 0;
     for (const sd_json *e = a->child; e; e = e->next, i++) {
         double d;
-        if (sd_json_num(e, &d) || d != (double)(int)d || d < 0 || d > 1e7) return -1;
+        if (sd_json_whole(e, 0, 1e7, &d)) return -1;
         out[i] = (int)d;
     }
     return 0;
@@ -29,7 +29,7 @@ static int opt_u64(const sd_json *obj, const char *key, uint64_t *out)
     const sd_json *m = sd_json_get(obj, key);
     double d;
     if (!m) return 1;
-    if (sd_json_num(m, &d) || d < 0 || d != (double)(uint64_t)d) return -1;
+    if (sd_json_whole(m, 0, 9007199254740992.0, &d)) return -1;
     *out = (uint64_t)d;
     return 0;
 }
