@@ -37,6 +37,7 @@ static void silu_bwd_range(void *vctx, int worker, size_t begin, size_t end)
 /* dx += dy * silu'(x); needs the forward's input, not its output. */
 void sd_silu_bwd(sd_pool *pool, size_t n, float *dx, const float *dy, const float *x)
 {
+    if (!dx) return;
     elem_ctx c = {.out = dx, .a = dy, .b = x};
     sd_pool_for(pool, n, silu_bwd_range, &c);
 }
@@ -175,6 +176,7 @@ static void up_bwd_range(void *vctx, int worker, size_t begin, size_t end)
 /* dx += 2x2 block sums of dy. */
 void sd_upsample2x_bwd(sd_pool *pool, int planes, int h, int w, float *dx, const float *dy)
 {
+    if (!dx) return;
     elem_ctx c = {.out = dx, .a = dy, .h = h, .w = w};
     sd_pool_for(pool, (size_t)planes * (size_t)h, up_bwd_range, &c);
 }

@@ -12,6 +12,27 @@ static int down_size(int h)
     return (h + 1 - 3) / 2 + 1;
 }
 
+/* Whether every stride-2 downsample of an h-pixel side gets at least 2
+ * pixels (padded to 3 for its 3x3 kernel): torch refuses smaller inputs
+ * (an empty output), and C's truncating division would quietly give 1. */
+static int side_fits(const sd_vae_config *cfg, int h)
+{
+    for (int i = 0; i < cfg->nblocks - 1; i++) {
+        if (h < 2) return 0;
+        h = down_size(h);
+    }
+    return h >= 1;
+}
+
+/* The input check every encode entry point shares (vae.h). */
+sd_status sd_vae_check_input(const sd_vae *v, int n, int h, int w, sd_error *err)
+{
+    if (n < 1 || !side_fits(&v->cfg, h) || !side_fits(&v->cfg, w))
+        return sd_err_set(err, SD_EINVAL, "VAE encode: bad input size %dx%dx%d (each side at least %d pixels)", n, h,
+                          w, 1 << (v->cfg.nblocks - 1));
+    return SD_OK;
+}
+
 /* Latent height and width for an h x w image. */
 void sd_vae_latent_size(const sd_vae_config *cfg, int h, int w, int *lh, int *lw)
 {
@@ -203,7 +224,8 @@ static void encode_batch(const sd_vae *v, const sd_backend *be, void *exec, cons
 sd_status sd_vae_encode_on(const sd_vae *v, const sd_backend *be, void *exec, const float *params, int n, int h,
                            int w, const float *x, float *mean, float *std, float *ws, sd_error *err)
 {
-    if (n < 1 || h < 3 || w < 3) return sd_err_set(err, SD_EINVAL, "VAE encode: bad input size %dx%dx%d", n, h, w);
+    sd_status st = sd_vae_check_input(v, n, h, w, err);
+    if (st) return st;
     sd_vae_encode_queue(v, be, exec, params, n, h, w, 1, x, mean, std, ws);
     return be->sync(exec, err);
 }
@@ -235,7 +257,8 @@ void sd_vae_encode_queue(const sd_vae *v, const sd_backend *be, void *exec, cons
 sd_status sd_vae_encode_batch_on(const sd_vae *v, const sd_backend *be, void *exec, const float *params, int n,
                                  int h, int w, const float *x, float *mean, float *std, float *ws, sd_error *err)
 {
-    if (n < 1 || h < 3 || w < 3) return sd_err_set(err, SD_EINVAL, "VAE encode: bad input size %dx%dx%d", n, h, w);
+    sd_status st = sd_vae_check_input(v, n, h, w, err);
+    if (st) return st;
     sd_vae_encode_queue(v, be, exec, params, n, h, w, 0, x, mean, std, ws);
     return be->sync(exec, err);
 }

@@ -84,6 +84,10 @@ void sd_vae_free(sd_vae *v);
 
 /* Latent size for an h x w image. */
 void sd_vae_latent_size(const sd_vae_config *cfg, int h, int w, int *lh, int *lw);
+/* n >= 1 images whose sides survive every stride-2 downsample (at least
+ * 2^(nblocks-1) pixels: 8 for SD's VAE), as torch requires; SD_EINVAL
+ * naming the size otherwise. */
+sd_status sd_vae_check_input(const sd_vae *v, int n, int h, int w, sd_error *err);
 /* Floats of scratch memory sd_vae_encode needs for n images of h x w (it
  * runs them one at a time: the same for any n). */
 size_t sd_vae_workspace_floats(const sd_vae *v, int n, int h, int w);

@@ -53,14 +53,15 @@ sd_status sd_vae_runner_init(sd_vae_runner *r, const sd_vae *v, const sd_backend
  * at a time: the previous one must have been collected. */
 sd_status sd_vae_runner_submit(sd_vae_runner *r, const sd_vae *v, int n, int h, int w, const float *x, sd_error *err)
 {
-    if (n < 1 || h < 3 || w < 3) return sd_err_set(err, SD_EINVAL, "VAE encode: bad input size %dx%dx%d", n, h, w);
+    sd_status st = sd_vae_check_input(v, n, h, w, err);
+    if (st) return st;
+    st = SD_ENOMEM;
     if (r->pending) return sd_err_set(err, SD_EINVAL, "VAE encode: the previous batch was not collected");
     int lh, lw;
     sd_vae_latent_size(&v->cfg, h, w, &lh, &lw);
     size_t px = (size_t)n * 3 * (size_t)h * (size_t)w;
     size_t lat = (size_t)n * (size_t)v->cfg.latent_channels * (size_t)lh * (size_t)lw;
     int whole = r->whole_batch && n > 1;
-    sd_status st = SD_ENOMEM;
     if (whole) { /* too big for the device: one image at a time */
         sd_error why = {0};
         st = grow(r, &r->ws, &r->ws_cap, sd_vae_batch_workspace_floats(v, n, h, w), "workspace", &why);

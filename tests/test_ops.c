@@ -619,6 +619,60 @@ static void determinism(op_case *c, sd_pool *const *pools, int npools)
     free(got);
 }
 
+/* Largest |got - want| / max(1, |want|) over n floats. */
+static double grad_diff(const float *got, const float *want, size_t n)
+{
+    double worst = 0.0;
+    for (size_t k = 0; k < n; k++) {
+        double e = fabs((double)got[k] - (double)want[k]) / fmax(1.0, fabs((double)want[k]));
+        if (!(e <= worst)) worst = e;
+    }
+    return worst;
+}
+
+/* The backward contract of ops_cpu.h, which gradcheck (gradients zeroed
+ * first) cannot see: backward adds into gradients that already hold values
+ * (an op that overwrites fails), and any gradient may be NULL, skipping it
+ * without changing the others (an op that writes through NULL crashes). */
+static void grad_contract(op_case *c)
+{
+    float *g0[MAX_PARAMS] = {0}, *start[MAX_PARAMS] = {0};
+    run_case(c, NULL);
+    for (int i = 0; i < c->np; i++) {
+        g0[i] = zalloc(c->pn[i]);
+        start[i] = zalloc(c->pn[i]);
+        memcpy(g0[i], c->g[i], c->pn[i] * sizeof(float));
+        for (size_t k = 0; k < c->pn[i]; k++) start[i][k] = frand();
+    }
+    for (int i = 0; i < c->np; i++) memcpy(c->g[i], start[i], c->pn[i] * sizeof(float));
+    c->fwd(c, NULL);
+    c->bwd(c, NULL);
+    for (int i = 0; i < c->np; i++) {
+        for (size_t k = 0; k < c->pn[i]; k++) start[i][k] += g0[i][k];
+        double e = grad_diff(c->g[i], start[i], c->pn[i]);
+        if (!CHECK(e <= 1e-5)) fprintf(stderr, "  %s d%s: does not add into the gradient (%.3g)\n", c->name, c->pname[i], e);
+    }
+    for (int skip = 0; skip < c->np; skip++) {
+        float *kept = c->g[skip];
+        c->g[skip] = NULL;
+        for (int i = 0; i < c->np; i++)
+            if (c->g[i]) memset(c->g[i], 0, c->pn[i] * sizeof(float));
+        c->fwd(c, NULL);
+        c->bwd(c, NULL);
+        c->g[skip] = kept;
+        for (int i = 0; i < c->np; i++) {
+            if (i == skip) continue;
+            double e = grad_diff(c->g[i], g0[i], c->pn[i]);
+            if (!CHECK(e <= 1e-6))
+                fprintf(stderr, "  %s d%s changes when d%s is NULL (%.3g)\n", c->name, c->pname[i], c->pname[skip], e);
+        }
+    }
+    for (int i = 0; i < c->np; i++) {
+        free(g0[i]);
+        free(start[i]);
+    }
+}
+
 /* Builds case number i at small (gradcheck/golden-like) or larger size;
  * returns 0 past the last case. */
 static int make_case(op_case *c, int i, int big)
@@ -711,6 +765,16 @@ static void test_gradcheck(void)
     op_case c;
     for (int i = 0; make_case(&c, i, 0); i++) {
         gradcheck(&c, 2e-3);
+        case_free(&c);
+    }
+}
+
+/* Every op's backward against the add-into and NULL-skip contract. */
+static void test_grad_contract(void)
+{
+    op_case c;
+    for (int i = 0; make_case(&c, i, 0); i++) {
+        grad_contract(&c);
         case_free(&c);
     }
 }
@@ -1023,6 +1087,7 @@ int main(void)
     test_gn_no_affine();
     test_second_layer_edges();
     test_gradcheck();
+    test_grad_contract();
     test_determinism();
     test_golden();
     return check_done("test_ops");

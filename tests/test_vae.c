@@ -179,8 +179,33 @@ static void check_errors(void)
     CHECK(strstr(err.msg, "norm groups") != NULL);
 }
 
+/* The smallest inputs: diffusers' AutoencoderKL with the golden sd config
+ * (4 blocks) encodes a 9-wide image of height 8..19 and raises for 1..7,
+ * where C's truncating division in the downsample size gave a 1-pixel
+ * latent instead of an error. */
+static void check_small_inputs(void)
+{
+    sd_vae v;
+    sd_error err = {0};
+    char path[512];
+    snprintf(path, sizeof path, "%s/sd", GOLDEN_DIR);
+    if (!CHECK(sd_vae_load(&v, path, NULL, &err) == SD_OK)) return;
+    for (int h = 1; h < 20; h++) {
+        int ok = sd_vae_check_input(&v, 1, h, 9, &err) == SD_OK;
+        if (!CHECK(ok == (h >= 8))) fprintf(stderr, "  height %d: %s\n", h, ok ? "accepted" : err.msg);
+        CHECK((sd_vae_check_input(&v, 1, 9, h, &err) == SD_OK) == (h >= 8));
+    }
+    CHECK(sd_vae_check_input(&v, 0, 8, 8, &err) == SD_EINVAL);
+    /* the encode itself refuses, naming the size */
+    float x[3 * 7 * 9] = {0}, out[64], ws[4096];
+    CHECK(sd_vae_encode(&v, sd_backend_cpu(), NULL, 1, 7, 9, x, out, out, ws, &err) == SD_EINVAL);
+    CHECK(strstr(err.msg, "1x7x9") != NULL);
+    sd_vae_free(&v);
+}
+
 int main(void)
 {
+    check_small_inputs();
     check_config("sd", 4, 0.18215);
     check_config("sdxl", 2, 0.13025);
     check_errors();
