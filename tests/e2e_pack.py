@@ -183,6 +183,26 @@ class Pack(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assert_same_tree(out, d)
 
+    def test_scaling_factor_from_names_or_option(self):
+        # legacy names with text-encoder outputs: SDXL assumed, with a warning
+        d = self.kohya_dir()
+        rc, _, err = run("import-kohya", d, "-o", self.p("l.lmdb"))
+        self.assertEqual(rc, 0, err)
+        self.assertIn("give --scale", err)
+        self.assertEqual(self.info(self.p("l.lmdb"))["meta"]["scaling_factor"], "0.13025")
+        # _sd names: SD 1.x/2.x, quietly; --scale overrides
+        sd = self.p("sd")
+        self.latents(os.path.join(sd, "a_0512x0512_sd.npz"), 64, 64, orig=(512, 512))
+        rc, _, err = run("import-kohya", sd, "-o", self.p("s.lmdb"))
+        self.assertEqual(rc, 0, err)
+        self.assertNotIn("give --scale", err)
+        self.assertEqual(self.info(self.p("s.lmdb"))["meta"]["scaling_factor"], "0.18215")
+        rc, _, err = run("import-kohya", sd, "-o", self.p("t.lmdb"), "--scale", "0.5")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.info(self.p("t.lmdb"))["meta"]["scaling_factor"], "0.5")
+        for bad in ("-1", "nan", "inf"):
+            self.assertEqual(run("import-kohya", sd, "-o", self.p("u.lmdb"), "--scale", bad)[0], 2, bad)
+
     def test_fp16_import_equals_numpy_rounding(self):
         d = self.kohya_dir()
         shard = self.p("h.lmdb")
@@ -223,6 +243,8 @@ class Pack(unittest.TestCase):
         self.assertEqual(info["latents"]["records"], 2)
         self.assertEqual(info["text"]["records"], 1)  # same caption "a cat": one embedding
         self.assertEqual(info["meta"]["kohya_layout"], "sdxl")
+        # sd-scripts caches latents unscaled: the trainer needs the SDXL factor
+        self.assertEqual(info["meta"]["scaling_factor"], "0.13025")
         # float32 latents, float16 te_outputs, no --dtype: each kind keeps its own
         self.assertEqual(json.loads(info["meta"]["dtypes"]), {"latent": "fp32", "text": "fp16"})
         out = self.p("out")

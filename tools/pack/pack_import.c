@@ -9,6 +9,7 @@
 
 #include "bucket.h"
 #include "cli.h"
+#include "dtoa.h"
 #include "half.h"
 #include "json.h"
 #include "keyset.h"
@@ -29,6 +30,7 @@ typedef struct {
 typedef struct {
     const char *dir, *meta_path, *dtype_name, *output;
     int npy_dtype; /* target element type, -1 = keep the file's */
+    double scale;  /* --scale; 0 = by the cache names */
     pack_common pc;
 } options;
 
@@ -250,6 +252,23 @@ static sd_status put_text(run *r, const sd_kohya_te *te, const sd_kohya_meta_ent
     return st;
 }
 
+/* The VAE scaling factor the trainer multiplies the latents by: sd-scripts
+ * caches them unscaled, and its file names say the model (_sd / _sdxl);
+ * legacy <stem>.npz names do not, so text-encoder outputs (which
+ * sd-scripts caches only for SDXL) decide, with a warning. */
+static double import_scale(const run *r, const cache_file *f)
+{
+    if (r->o->scale > 0) return r->o->scale;
+    if (f->kind == SD_KOHYA_SDXL) return 0.13025;
+    if (f->kind == SD_KOHYA_SD) return 0.18215;
+    double s = r->te.n ? 0.13025 : 0.18215;
+    sd_log(SD_LOG_WARN,
+           "legacy cache names (<stem>.npz) do not say the model: scaling_factor %g (%s, %s text-encoder outputs) "
+           "assumed; give --scale to set it",
+           s, r->te.n ? "SDXL" : "SD 1.x/2.x", r->te.n ? "with" : "no");
+    return s;
+}
+
 /* Meta entries describing the import, set once (on the first record). */
 static sd_status set_meta(run *r, const cache_file *f, sd_error *err)
 {
@@ -259,6 +278,8 @@ static sd_status set_meta(run *r, const cache_file *f, sd_error *err)
     snprintf(buf, sizeof buf, "sd-pack import-kohya %s", sd_version());
     sd_status st = sd_shard_meta_set(r->out.s, SD_SHARD_META_PRODUCER, buf, err);
     if (!st) st = sd_shard_meta_set(r->out.s, "kohya_layout", sd_kohya_kind_name(f->kind), err);
+    sd_dtoa_shortest(import_scale(r, f), buf, sizeof buf);
+    if (!st) st = sd_shard_meta_set(r->out.s, SD_SHARD_META_SCALING, buf, err);
     sd_buf b;
     sd_buf_init(&b);
     int first = 1;
@@ -500,6 +521,8 @@ int pack_import_kohya(int argc, char **argv)
         {"output", 'o', SD_OPT_STR, &o.output, "SHARD", "the shard to write or extend"},
         {"meta", 0, SD_OPT_STR, &o.meta_path, "FILE", "meta_lat.json / meta_cap_dd.json: captions and train_resolution"},
         {"dtype", 0, SD_OPT_STR, &o.dtype_name, "T", "store tensors as fp16, bf16 or fp32 (default: as in the files)"},
+        {"scale", 0, SD_OPT_DOUBLE, &o.scale, "X",
+         "the VAE scaling factor sd-train applies (default: 0.18215 for _sd names, 0.13025 for _sdxl)"},
         {"strict", 0, SD_OPT_FLAG, &o.pc.strict, NULL, "exit 1 if any file was skipped"},
         {"quiet", 'q', SD_OPT_FLAG, &o.pc.quiet, NULL, "only warnings and errors"},
         {"verbose", 'v', SD_OPT_FLAG, &o.pc.verbose, NULL, "show every skipped file"},
@@ -524,6 +547,10 @@ int pack_import_kohya(int argc, char **argv)
         "Both survive a crash: every commit is written so that the shard stays consistent (an OS\n"
         "crash may undo the last one).",
         opts,
+        "sd-scripts caches latents unscaled; the shard's scaling_factor (what sd-train multiplies\n"
+        "them by) comes from the cache names or --scale. sd-train needs a text embedding per record:\n"
+        "sd-scripts caches text-encoder outputs only for SDXL (_te_outputs.npz), so an SD 1.x/2.x\n"
+        "cache imports latents that sd-train cannot use on their own.\n"
         "Not imported: alpha_mask (no shard tensor for it) and per-resolution keys (latents_HxW).\n"
         "Example:\n  sd-pack import-kohya train_data -o cache.lmdb --meta meta_lat.json --dtype fp16"};
     sd_strlist pos = {0};
@@ -540,6 +567,8 @@ int pack_import_kohya(int argc, char **argv)
     else if (!o.output) rc = (sd_cli_usage_error(&cli, "-o SHARD is required"), SD_EXIT_USAGE);
     else if (o.dtype_name && (sd_npy_dtype_parse(o.dtype_name, &dt) || !sd_npy_is_float(dt) || dt == SD_NPY_F64))
         rc = (sd_cli_usage_error(&cli, "--dtype must be fp16, bf16 or fp32, not '%s'", o.dtype_name), SD_EXIT_USAGE);
+    else if (!(o.scale >= 0 && o.scale <= 1e6))
+        rc = (sd_cli_usage_error(&cli, "--scale must be a positive number"), SD_EXIT_USAGE);
     if (rc >= 0) {
         sd_strlist_free(&pos);
         return rc;
