@@ -160,6 +160,11 @@ check "split that cannot write: no temp files" "$(ls -a | grep -c 'old-.*\.tmp')
 # --- bucket sides must be multiples of 8; options a plan ignores are named ------
 "$BIN" -q --steps 4 in.jsonl > /dev/null 2>&1
 check "--steps 4" $? 2
+"$BIN" --steps 12 in.jsonl > /dev/null 2> warn.txt
+check "--steps 12" $? 2
+grep -q "adjusted to multiples" warn.txt && fail "a refused plan's sizes were reported as adjusted"
+"$BIN" --steps 16 --min-bucket 300 in.jsonl > /dev/null 2> warn.txt
+grep -q "adjusted to multiples of 16: min 288" warn.txt || fail "a used plan's adjusted sizes are not reported"
 "$BIN" -q --plan list --buckets 1001x563 in.jsonl > /dev/null 2>&1
 check "list bucket 1001x563" $? 2
 "$BIN" --plan sdxl -r 512x512 --steps 32 in.jsonl 2> warn.txt > /dev/null

@@ -463,6 +463,11 @@ class Pack(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         rc, _, err = run("merge", "-o", self.p("xx.lmdb"), self.p("x.lmdb"), self.p("x.lmdb"), "-q")
         self.assertEqual(rc, 0, err)
+        # compact has one input: --allow-mixed is merge's alone
+        rc, _, err = run("compact", "--allow-mixed", self.p("x.lmdb"), "-o", self.p("xc.lmdb"))
+        self.assertEqual(rc, 2, err)
+        self.assertNotIn("allow-mixed", run("compact", "--help")[1])
+        self.assertIn("allow-mixed", run("merge", "--help")[1])
 
     def test_export_tar_members_load_with_numpy(self):
         d = self.kohya_dir(n=6)

@@ -394,8 +394,6 @@ static int make_plan(const sd_cli *cli, const options *o, sd_plan *p)
             return SD_EXIT_USAGE;
         }
         st = sd_plan_kohya(p, r.w, r.h, (int)o->min_bucket, (int)o->max_bucket, (int)o->steps, o->no_upscale, &err);
-        if (!st && (o->min_bucket != p->min_size || o->max_bucket != p->max_size))
-            sd_log(SD_LOG_WARN, "bucket sizes adjusted to multiples of %ld: min %d, max %d", o->steps, p->min_size, p->max_size);
     } else if (strcmp(name, "sdxl") == 0) {
         st = sd_plan_sdxl(p, o->no_upscale, &err);
     } else if (strcmp(name, "list") == 0) {
@@ -421,6 +419,10 @@ static int make_plan(const sd_cli *cli, const options *o, sd_plan *p)
         sd_cli_usage_error(cli, "%s", bad);
         return SD_EXIT_USAGE;
     }
+    /* only for a plan that is used: a refused one needs no adjusting note */
+    if (strcmp(name, "kohya") == 0 && (o->min_bucket != p->min_size || o->max_bucket != p->max_size))
+        sd_log(SD_LOG_WARN, "bucket sizes adjusted to multiples of %ld: min %d, max %d", o->steps, p->min_size,
+               p->max_size);
     return -1;
 }
 
@@ -476,7 +478,7 @@ int main(int argc, char **argv)
 {
     options o = {.plan = NULL, .resolution = "1024x1024", .min_bucket = 256, .max_bucket = 2048, .steps = 64};
     const sd_opt opts[] = {
-        {"plan", 0, SD_OPT_STR, &o.plan, "NAME", "bucket plan: kohya (default), sdxl, list, multires"},
+        {"plan", 0, SD_OPT_STR, &o.plan, "NAME", "bucket plan: kohya, sdxl, list, multires (default: list with --buckets, multires with --min-res/--max-res, else kohya)"},
         {"resolution", 'r', SD_OPT_STR, &o.resolution, "WxH", "kohya: max resolution (default 1024x1024)"},
         {"min-bucket", 0, SD_OPT_INT, &o.min_bucket, "N", "kohya: smallest bucket side (default 256)"},
         {"max-bucket", 0, SD_OPT_INT, &o.max_bucket, "N", "kohya: largest bucket side (default 2048)"},

@@ -204,15 +204,16 @@ static int copy_main(int argc, char **argv, int compact)
     const char *output = NULL;
     pack_common pc = {0};
     int allow_mixed = 0;
-    const sd_opt opts[] = {
+    sd_opt opts[] = {
         {"output", 'o', SD_OPT_STR, &output, "SHARD",
          "the new shard (written as SHARD.partial-XXXXXX, renamed at the end)"},
-        {"allow-mixed", 0, SD_OPT_FLAG, &allow_mixed, NULL, "merge: accept inputs whose model_hash or scaling_factor differ"},
         {"strict", 0, SD_OPT_FLAG, &pc.strict, NULL, "exit 1 if any record was skipped"},
         {"quiet", 'q', SD_OPT_FLAG, &pc.quiet, NULL, "only warnings and errors"},
         {"verbose", 'v', SD_OPT_FLAG, &pc.verbose, NULL, "show every skipped record"},
+        {"allow-mixed", 0, SD_OPT_FLAG, &allow_mixed, NULL, "accept inputs whose model_hash or scaling_factor differ"},
         {NULL, 0, 0, NULL, NULL, NULL},
     };
+    if (compact) opts[4] = opts[5]; /* one input: nothing to mix */
     const sd_cli merge_cli = {
         "sd-pack merge", "-o OUT SHARD...",
         "Merge shards into one. Records are copied in input order; a record whose key or whose name\n"
