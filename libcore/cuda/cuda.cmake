@@ -35,7 +35,8 @@ endif()
 
 if(SDTK_HAVE_CUDA)
   # Ampere (A100 80, A10/RTX 30xx 86), Ada (L4/L40/RTX 40xx 89), Hopper (H100 90):
-  # machine code for each, plus compute_90 PTX that newer GPUs compile at load
+  # machine code for each, plus compute_90 PTX that newer GPUs compile at load.
+  # Nothing for Volta/Turing (7.x): sd_cuda_create refuses them with the list below
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
     set(CMAKE_CUDA_ARCHITECTURES "80-real;86-real;89-real;90" CACHE STRING "CUDA architectures of the sdcuda kernels")
   endif()
@@ -52,6 +53,10 @@ if(SDTK_HAVE_CUDA)
   target_include_directories(sdcuda SYSTEM PRIVATE ${SDTK_CUDNN_INCLUDE_DIR})
   target_link_libraries(sdcuda PUBLIC sdengine CUDA::cudart CUDA::cublas ${SDTK_CUDNN_LIBRARY})
   target_compile_definitions(sdcuda PUBLIC SDTK_HAVE_CUDA)
+  # the architectures, for sd_cuda_create's message on a GPU it cannot serve
+  string(REPLACE ";" " " sdtk_cuda_archs "${CMAKE_CUDA_ARCHITECTURES}")
+  set_source_files_properties(${sdtk_cuda_dir}/cuda_ctx.c PROPERTIES
+    COMPILE_DEFINITIONS "SDTK_CUDA_ARCHS=\"${sdtk_cuda_archs}\"")
   # one CUDA runtime in the process: the shared one cuBLAS and cuDNN use
   set_target_properties(sdcuda PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
   # nvcc: kernels stay C-like C++17; host side of .cu files warns like C

@@ -84,6 +84,34 @@ static size_t default_conv_workspace(size_t mem_limit)
     return mem_limit && mem_limit / 8 < w ? mem_limit / 8 : w;
 }
 
+#ifndef SDTK_CUDA_ARCHS
+#define SDTK_CUDA_ARCHS "?"
+#endif
+
+/* The current device (device) can run this build: compute capability 8.0
+ * or newer (the kernels are built for Ampere, Ada and Hopper; a Volta or
+ * Turing GPU would fail only at its first kernel, with "no kernel image"),
+ * and a kernel image for it in the build (a build for fewer architectures
+ * than the default may lack one). */
+static sd_status check_arch(int device, sd_error *err)
+{
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    if (major < 8)
+        return sd_err_set(err, SD_EUNSUPPORTED,
+                          "CUDA device %d has compute capability %d.%d: sdtk's CUDA backend needs 8.0 or newer "
+                          "(Ampere, Ada, Hopper and later; this build's kernels: architectures %s)",
+                          device, major, minor, SDTK_CUDA_ARCHS);
+    cudaError_t e = sdk_kernel_image();
+    if (e != cudaSuccess)
+        return sd_err_set(err, SD_EUNSUPPORTED,
+                          "CUDA device %d (compute capability %d.%d): this build has no kernel image for it "
+                          "(architectures %s; rebuild with -DCMAKE_CUDA_ARCHITECTURES=%d%d): %s",
+                          device, major, minor, SDTK_CUDA_ARCHS, major, minor, cudaGetErrorString(e));
+    return SD_OK;
+}
+
 /* Device, stream and library handles; strict fp32 unless opts say TF32. */
 sd_status sd_cuda_create(sd_cuda **out, int device, const sd_cuda_opts *opts, sd_error *err)
 {
@@ -113,18 +141,13 @@ sd_status sd_cuda_create(sd_cuda **out, int device, const sd_cuda_opts *opts, sd
         return SD_EIO;
     }
     c->smem_optin = (size_t)optin;
-    if (c->opts.mixed) {
-        int major = 0;
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-        const char *why = c->opts.mixed != SD_DT_BF16 && c->opts.mixed != SD_DT_F16 ? "unknown type"
-                          : major < (c->opts.mixed == SD_DT_BF16 ? 8 : 7) ? "needs a newer GPU"
-                                                                          : NULL;
-        if (why) {
-            sd_err_set(err, SD_EUNSUPPORTED, "CUDA device %d (compute capability %d): mixed precision %s: %s", device,
-                       major, sd_dtype_name(c->opts.mixed), why);
-            sd_cuda_destroy(c);
-            return SD_EUNSUPPORTED;
-        }
+    sd_status st = check_arch(device, err);
+    if (!st && c->opts.mixed && c->opts.mixed != SD_DT_BF16 && c->opts.mixed != SD_DT_F16)
+        st = sd_err_set(err, SD_EUNSUPPORTED, "CUDA device %d: mixed precision %s: unknown type", device,
+                        sd_dtype_name(c->opts.mixed));
+    if (st) {
+        sd_cuda_destroy(c);
+        return st;
     }
     if (!c->opts.conv_workspace) c->opts.conv_workspace = default_conv_workspace(c->opts.mem_limit);
     cublasStatus_t be = cublasCreate(&c->blas);

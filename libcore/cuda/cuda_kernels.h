@@ -31,6 +31,9 @@ size_t sdc_smem_optin(const sd_cuda *c);
 
 /* Blocks of `threads` for a grid-stride loop over n items (1 to 65536). */
 unsigned sdk_grid_blocks(size_t n, unsigned threads);
+/* cudaSuccess when this build holds code the current device can run (one
+ * of the kernels looked up), else the runtime's reason (no kernel image). */
+cudaError_t sdk_kernel_image(void);
 
 /* Element-wise activations, by kind. */
 typedef enum { SDK_SILU, SDK_GELU, SDK_QUICK_GELU, SDK_GAUSS_STD } sdk_act;

@@ -9,8 +9,8 @@
  * chunks combine with Chan's parallel formula in double, and a grid-wide
  * kernel applies the normalisation. Backward reduces its two per-unit sums
  * the same way. Affine gradients: one block per channel, or for layer norm
- * (hw = 1) column sums over rows. Fixed launch shapes and orders: the
- * results do not vary from run to run. */
+ * (hw = 1 and one group) column sums over rows. Fixed launch shapes and
+ * orders: the results do not vary from run to run. */
 #include "cuda_kernels.h"
 
 #define THREADS 256
@@ -194,8 +194,9 @@ static __global__ void gn_affine_kernel(sd_gn_shape s, float *dgamma, float *dbe
     }
 }
 
-/* Layer-norm affine gradients (hw = 1): block (32 channels, 8 row lanes),
- * each lane sums rows lane, lane + 8, ...; the 8 partials in order. */
+/* Layer-norm affine gradients (hw = 1, one group, so mean and rstd are per
+ * row): block (32 channels, 8 row lanes), each lane sums rows lane, lane +
+ * 8, ...; the 8 partials in order. */
 static __global__ void ln_affine_kernel(sd_gn_shape s, float *dgamma, float *dbeta, const float *dy, const float *x,
                                         const float *mean, const float *rstd)
 {
@@ -249,7 +250,9 @@ extern "C" cudaError_t sdk_group_norm_bwd(sd_cuda *c, const sd_gn_shape *s, floa
         if (e != cudaSuccess) return e;
     }
     if (dgamma || dbeta) {
-        if (s->hw == 1)
+        /* a group norm of 1x1 images with several groups keeps its
+         * statistics per (image, group): the per-channel kernel */
+        if (s->hw == 1 && s->groups == 1)
             ln_affine_kernel<<<(unsigned)(((size_t)s->c + 31) / 32), dim3(32, 8), 0, st>>>(*s, dgamma, dbeta, dy, x,
                                                                                           mean, rstd);
         else

@@ -32,7 +32,7 @@ typedef struct {
     int mixed;             /* SD_DT_BF16 or SD_DT_F16 (dtype.h): every matrix product (convolutions, linears,
                             * attention's GEMMs) takes its inputs rounded to that type and accumulates in fp32,
                             * as torch.autocast does (convolutions' outputs and gradients are rounded too:
-                            * cuDNN writes them in that type); 0: fp32 inputs. bf16 needs compute capability 8.0, fp16 7.0 */
+                            * cuDNN writes them in that type); 0: fp32 inputs */
     size_t conv_workspace; /* largest cuDNN workspace one convolution may use, bytes; 0: an eighth of the
                             * free device memory, 1 to 8 GiB, and no more than an eighth of mem_limit */
     int conv_search;       /* 1: time cuDNN's forward algorithms per shape and take the fastest (as torch's
@@ -65,7 +65,10 @@ typedef struct {
 /* Devices the CUDA runtime sees; 0 with the runtime's reason in err when
  * there is no driver, no device, or the driver is too old. */
 int sd_cuda_device_count(sd_error *err);
-/* Context on device (0-based): stream, cuBLAS and cuDNN handles. */
+/* Context on device (0-based): stream, cuBLAS and cuDNN handles. Refuses
+ * (SD_EUNSUPPORTED, the message naming the build's architectures) a GPU of
+ * compute capability below 8.0 (Volta, Turing: V100, T4, RTX 20xx), for
+ * which no kernels are built, and one this build has no kernel image for. */
 sd_status sd_cuda_create(sd_cuda **out, int device, const sd_cuda_opts *opts, sd_error *err);
 /* Waits for queued work, frees every device block, handle and plan. */
 void sd_cuda_destroy(sd_cuda *c);
