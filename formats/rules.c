@@ -257,7 +257,7 @@ static sd_status take_str(const sd_json *root, const char *name, char **dst, sd_
     if (v->type != SD_JSON_STRING) return sd_err_set(err, SD_EFORMAT, "rules: '%s' must be a string", name);
     free(*dst);
     *dst = strdup(v->str);
-    return SD_OK;
+    return *dst ? SD_OK : sd_err_set(err, SD_ENOMEM, "rules: out of memory");
 }
 
 /* Fill a tag set from a JSON array of strings. */
@@ -358,6 +358,8 @@ sd_status sd_rules_load_json(sd_rules *r, const sd_json *root, sd_error *err)
     if ((st = take_str(root, "score_tag_prefix", &r->score_tag_prefix, err))) return st;
     if ((st = take_str(root, "artist_prefix", &r->artist_prefix, err))) return st;
     if ((st = take_str(root, "caption_template", &r->template_, err))) return st;
+    if (r->template_ && !r->template_[0])
+        return sd_err_set(err, SD_EINVAL, "rules: 'caption_template' is empty (every caption would be empty)");
     if ((st = take_str(root, "tag_separator", &r->separator, err))) return st;
 
     const sd_json *v;

@@ -307,6 +307,7 @@ static int expand_var(const sd_rules *r, const sd_record *rec, const normtag *nt
 static void drop_empty_items(sd_buf *in, sd_buf *out)
 {
     sd_buf_clear(out);
+    if (in->len == 0) return; /* nothing to split (and no buffer yet) */
     size_t i = 0;
     int any = 0;
     while (i <= in->len) {

@@ -314,6 +314,11 @@ class Rules(Base):
         self.assertIn("unknown key 'min_scor'", err)
         rc, _, err = run(["x", "--where", "nonsense"])
         self.assertEqual(rc, 2)
+        # an empty template would empty every caption (and skip every record)
+        write(self.p("e.json"), json.dumps({"caption_template": ""}))
+        rc, _, err = run([self.p("e.json"), "--rules", self.p("e.json")])
+        self.assertEqual(rc, 2)
+        self.assertIn("'caption_template' is empty", err)
 
 
 class Kohya(Base):
