@@ -66,12 +66,39 @@ static int json_u64(const sd_json *v, uint64_t *out)
     return 0;
 }
 
-/* Order tensors by data offset, for the coverage check. */
+/* Order tensors by data range (begin, then end), for the coverage check:
+ * an empty tensor at a's begin comes before a, as the reference reader
+ * sorts them, so the order of the header does not matter. */
 static int by_offset(const void *a, const void *b)
 {
     const sd_st_tensor *x = *(const sd_st_tensor *const *)a, *y = *(const sd_st_tensor *const *)b;
     uintptr_t px = (uintptr_t)x->data, py = (uintptr_t)y->data;
-    return px < py ? -1 : px > py;
+    if (px != py) return px < py ? -1 : 1;
+    return x->nbytes < y->nbytes ? -1 : x->nbytes > y->nbytes;
+}
+
+/* Refuse an object whose members repeat a key or whose keys hold a NUL
+ * (\u0000): the JSON parser keeps duplicates, which would count twice
+ * (two __metadata__ objects overflowed the metadata table), and a name
+ * with a NUL could never be looked up by its C string. `what` says
+ * which object, for the message. */
+static sd_status check_keys(const sd_json *obj, const char *name, const char *what, sd_error *err)
+{
+    sd_strmap seen;
+    sd_strmap_init(&seen);
+    sd_status s = SD_OK;
+    for (const sd_json *m = obj->child; m && !s; m = m->next) {
+        if (memchr(m->key, 0, m->key_len)) {
+            s = sd_err_set(err, SD_EFORMAT, "%s: %s key '%s\\u0000...' holds a NUL character", name, what, m->key);
+            break;
+        }
+        sd_strmap_slot *slot = sd_strmap_put(&seen, m->key, m->key_len);
+        if (!slot) s = sd_err_set(err, SD_ENOMEM, "out of memory");
+        else if (slot->nval) s = sd_err_set(err, SD_EFORMAT, "%s: %s key '%s' appears twice", name, what, m->key);
+        else slot->nval = 1;
+    }
+    sd_strmap_free(&seen);
+    return s;
 }
 
 /* Validate and index the header of a file held in st->base/len. */
@@ -91,6 +118,8 @@ static sd_status parse(sd_safetensors *st, const char *name, sd_error *err)
     if (sd_json_parse(&st->arena, st->header, hlen, &root, &jerr))
         return sd_err_set(err, SD_EPARSE, "%s: header: %s", name, jerr.msg);
     if (root->type != SD_JSON_OBJECT) return sd_err_set(err, SD_EFORMAT, "%s: header is not a JSON object", name);
+    sd_status rc = check_keys(root, name, "header", err);
+    if (rc) return rc;
     const unsigned char *data = st->base + 8 + hlen;
     uint64_t data_len = st->len - 8 - hlen;
     st->t = sd_arena_alloc(&st->arena, (root->len ? root->len : 1) * sizeof *st->t);
@@ -98,6 +127,8 @@ static sd_status parse(sd_safetensors *st, const char *name, sd_error *err)
     for (const sd_json *e = root->child; e; e = e->next) {
         if (strcmp(e->key, "__metadata__") == 0) {
             if (e->type != SD_JSON_OBJECT) return sd_err_set(err, SD_EFORMAT, "%s: __metadata__ is not an object", name);
+            rc = check_keys(e, name, "__metadata__", err);
+            if (rc) return rc;
             st->meta = sd_arena_alloc(&st->arena, (e->len ? e->len : 1) * sizeof *st->meta);
             if (!st->meta) return sd_err_set(err, SD_ENOMEM, "out of memory");
             for (const sd_json *m = e->child; m; m = m->next) {
@@ -137,9 +168,8 @@ static sd_status parse(sd_safetensors *st, const char *name, sd_error *err)
                               e->key, (unsigned long long)(count * dtypes[d].size), dtypes[d].name, (unsigned long long)(en - b));
         t->nbytes = en - b;
         t->data = data + b;
-        sd_strmap_slot *slot = sd_strmap_put(&st->by_name, e->key, e->key_len);
+        sd_strmap_slot *slot = sd_strmap_put(&st->by_name, e->key, e->key_len); /* unique: check_keys */
         if (!slot) return sd_err_set(err, SD_ENOMEM, "out of memory");
-        if (slot->nval) return sd_err_set(err, SD_EFORMAT, "%s: tensor '%s' appears twice", name, e->key);
         slot->nval = (double)(st->n + 1);
         st->n++;
     }
@@ -149,17 +179,16 @@ static sd_status parse(sd_safetensors *st, const char *name, sd_error *err)
     for (size_t i = 0; i < st->n; i++) ord[i] = &st->t[i];
     qsort(ord, st->n, sizeof *ord, by_offset);
     const unsigned char *at = data;
-    sd_status s = SD_OK;
-    for (size_t i = 0; i < st->n && !s; i++) {
+    for (size_t i = 0; i < st->n && !rc; i++) {
         if ((const unsigned char *)ord[i]->data != at)
-            s = sd_err_set(err, SD_EFORMAT, "%s: tensor '%s' %s", name, ord[i]->name,
-                           (const unsigned char *)ord[i]->data < at ? "overlaps another" : "leaves a hole before it");
+            rc = sd_err_set(err, SD_EFORMAT, "%s: tensor '%s' %s", name, ord[i]->name,
+                            (const unsigned char *)ord[i]->data < at ? "overlaps another" : "leaves a hole before it");
         at += ord[i]->nbytes;
     }
-    if (!s && at != data + data_len)
-        s = sd_err_set(err, SD_EFORMAT, "%s: %llu bytes after the last tensor", name, (unsigned long long)(data + data_len - at));
+    if (!rc && at != data + data_len)
+        rc = sd_err_set(err, SD_EFORMAT, "%s: %llu bytes after the last tensor", name, (unsigned long long)(data + data_len - at));
     free(ord);
-    return s;
+    return rc;
 }
 
 /* Fresh, empty reader state. */
@@ -360,6 +389,10 @@ static sd_status open_index(sd_safetensors *st, const char *path, sd_error *err)
     for (const sd_json *e = map->child; e && !s; e = e->next) {
         if (e->type != SD_JSON_STRING) {
             s = sd_err_set(err, SD_EFORMAT, "%s: weight_map entry '%s' is not a file name", path, e->key);
+            break;
+        }
+        if (memchr(e->key, 0, e->key_len)) { /* no shard can hold it: shards refuse such names */
+            s = sd_err_set(err, SD_EFORMAT, "%s: weight_map key '%s\\u0000...' holds a NUL character", path, e->key);
             break;
         }
         long k = shard_of(st, path, e->str, &names, err);

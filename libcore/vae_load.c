@@ -313,6 +313,34 @@ static void infer_config(const sd_safetensors *st, const sd_weight_layout *lay, 
         }
 }
 
+/* Diffusers folders saved before 0.14 (the hub's SD 1.x / 2.x vae/ and
+ * sd-vae-ft-mse) name the mid-block attention's projections query, key,
+ * value and proj_attn; diffusers renames each such tensor on load
+ * (_convert_deprecated_attention_blocks: to_q, to_k, to_v, to_out.0;
+ * group_norm kept). Point each of those slots at its old name when the
+ * file has that and not the current one. */
+static void use_deprecated_attn_names(sd_vae *v, const sd_safetensors *st, const sd_weight_layout *lay)
+{
+    static const struct {
+        const char *now, *old;
+    } ren[] = {{"to_q.", "query."}, {"to_k.", "key."}, {"to_v.", "value."}, {"to_out.0.", "proj_attn."}};
+    static const char base[] = "encoder.mid_block.attentions.0.";
+    char now[2 * SD_WEIGHT_NAME_MAX], old[2 * SD_WEIGHT_NAME_MAX];
+    for (size_t i = 0; i < v->w.nslots; i++) {
+        sd_weight_slot *s = &v->w.slots[i];
+        if (strncmp(s->name, base, sizeof base - 1) != 0) continue;
+        const char *rest = s->name + sizeof base - 1;
+        for (size_t k = 0; k < sizeof ren / sizeof *ren; k++) {
+            size_t n = strlen(ren[k].now);
+            if (strncmp(rest, ren[k].now, n) != 0) continue;
+            snprintf(now, sizeof now, "%s%s", lay->prefix, s->name);
+            snprintf(old, sizeof old, "%s%s%s%s", lay->prefix, base, ren[k].old, rest + n);
+            if (!sd_st_find(st, now) && sd_st_find(st, old))
+                snprintf(s->name, sizeof s->name, "%s", old + strlen(lay->prefix));
+        }
+    }
+}
+
 /* Load the encoder from a folder or a file, config from config.json
  * (folder's, or opts->config_path) or inferred from the weights. */
 sd_status sd_vae_load(sd_vae *v, const char *path, const sd_vae_opts *opts, sd_error *err)
@@ -349,6 +377,7 @@ sd_status sd_vae_load(sd_vae *v, const char *path, const sd_vae_opts *opts, sd_e
     }
     if (!rc) rc = sd_vae_build(v, &cfg, err);
     if (!rc) {
+        if (!lay.use_alt) use_deprecated_attn_names(v, st, &lay);
         rc = sd_weights_load(&v->w, st, &lay, weights, err);
         if (rc) sd_vae_free(v);
         else snprintf(v->layout, sizeof v->layout, "%s", desc);

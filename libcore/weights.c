@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "f16.h"
+#include "strmap.h"
 
 /* An empty set, no allocation yet. */
 void sd_weights_init(sd_weights *w)
@@ -152,4 +153,40 @@ sd_status sd_weights_load(sd_weights *w, const sd_safetensors *st, const sd_weig
         s->loaded = 1;
     }
     return SD_OK;
+}
+
+/* Tensors of st under lay->prefix that no slot takes. A config that does
+ * not match the weights (a transformer depth inferred too small) would
+ * otherwise load and drop them without a word; SD_EFORMAT names how many
+ * and the first few. Everything under the prefix must belong to the
+ * model: call it only where that holds (the UNet's prefixes). */
+sd_status sd_weights_check_unused(const sd_weights *w, const sd_safetensors *st, const sd_weight_layout *lay,
+                                  const char *path, const char *model, sd_error *err)
+{
+    sd_strmap used;
+    sd_strmap_init(&used);
+    char full[2 * SD_WEIGHT_NAME_MAX];
+    sd_status rc = SD_OK;
+    for (size_t i = 0; i < w->nslots && !rc; i++) {
+        const sd_weight_slot *s = &w->slots[i];
+        int n = snprintf(full, sizeof full, "%s%s", lay->prefix, lay->use_alt && s->alt[0] ? s->alt : s->name);
+        if (n > 0 && !sd_strmap_put(&used, full, (size_t)n)) rc = sd_err_set(err, SD_ENOMEM, "out of memory");
+    }
+    size_t plen = strlen(lay->prefix), extra = 0;
+    char names[3 * SD_WEIGHT_NAME_MAX + 16] = "";
+    for (size_t i = 0; i < sd_st_count(st) && !rc; i++) {
+        const char *nm = sd_st_tensor_at(st, i)->name;
+        if (strncmp(nm, lay->prefix, plen) != 0 || sd_strmap_get(&used, nm, strlen(nm))) continue;
+        if (extra++ < 3) {
+            size_t k = strlen(names);
+            snprintf(names + k, sizeof names - k, "%s%s", k ? ", " : "", nm);
+        }
+    }
+    if (!rc && extra)
+        rc = sd_err_set(err, SD_EFORMAT, "%s: %zu tensor%s%s%s the %s does not use (%s%s): the config does not match "
+                        "the weights",
+                        path, extra, extra == 1 ? "" : "s", plen ? " under " : "", lay->prefix, model, names,
+                        extra > 3 ? ", ..." : "");
+    sd_strmap_free(&used);
+    return rc;
 }

@@ -49,6 +49,12 @@ typedef struct {
  * first missing or mismatched tensor and the file. */
 sd_status sd_weights_load(sd_weights *w, const sd_safetensors *st, const sd_weight_layout *lay, const char *path,
                           sd_error *err);
+/* Refuse (SD_EFORMAT, naming a few) tensors of st under lay->prefix that
+ * no slot takes, for a model that owns everything under its prefix: a
+ * config that does not match the weights would drop them silently.
+ * `model` names it in the message ("UNet"). */
+sd_status sd_weights_check_unused(const sd_weights *w, const sd_safetensors *st, const sd_weight_layout *lay,
+                                  const char *path, const char *model, sd_error *err);
 /* Copy one tensor into dst (n floats, shape checked as above). */
 sd_status sd_weights_copy_tensor(float *dst, int ndim, const int *shape, const sd_st_tensor *t, const char *path,
                                  sd_error *err);

@@ -2,7 +2,9 @@
  * implementation (tests/golden/safetensors) reads back exactly; our writer's
  * files read back; every truncation and every single-byte corruption of the
  * header is either rejected or still self-consistent; hand-made bad headers
- * (overlap, hole, size mismatch, duplicates, huge length) are rejected. */
+ * (overlap, hole, size mismatch, duplicate tensors, a second __metadata__
+ * or repeated metadata key, names holding \u0000, huge length) are
+ * rejected; empty tensors at tensor boundaries pass in any header order. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,6 +168,68 @@ static sd_status try_header(const char *header, size_t data_len, sd_error *err)
     return s;
 }
 
+/* try_header that must be refused as EFORMAT with `says` in the message. */
+static void refused(const char *header, size_t data_len, const char *says)
+{
+    sd_error err = {0};
+    sd_status s = try_header(header, data_len, &err);
+    if (!CHECK(s == SD_EFORMAT && strstr(err.msg, says) != NULL))
+        fprintf(stderr, "  %s: status %d, '%s' lacks '%s'\n", header, (int)s, err.msg, says);
+}
+
+/* A key twice in the header or in __metadata__ (the JSON parser keeps
+ * both; a second __metadata__ overflowed the metadata table), and a name
+ * holding \u0000 (it could not be looked up), are refused by name. */
+static void test_repeated_and_nul_keys(void)
+{
+    const char *a = "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}";
+    char h[512];
+    snprintf(h, sizeof h, "{\"__metadata__\":{\"k\":\"1\",\"l\":\"2\"},%s,\"__metadata__\":{\"m\":\"3\",\"n\":\"4\"}}", a);
+    refused(h, 4, "header key '__metadata__' appears twice");
+    snprintf(h, sizeof h, "{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"},%s}", a);
+    refused(h, 4, "__metadata__ key 'k' appears twice");
+    snprintf(h, sizeof h, "{\"x\\u0000y\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}");
+    refused(h, 4, "header key 'x\\u0000...' holds a NUL");
+    /* the reviewer's case: "a\0b" and "a" both accepted, "a\0b" found as "a" */
+    snprintf(h, sizeof h, "{\"a\\u0000b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},%s}", a);
+    refused(h, 8, "holds a NUL");
+    snprintf(h, sizeof h, "{\"__metadata__\":{\"k\\u0000\":\"1\"},%s}", a);
+    refused(h, 4, "__metadata__ key 'k\\u0000...' holds a NUL");
+    /* a NUL in a metadata value is data, not a name */
+    snprintf(h, sizeof h, "{\"__metadata__\":{\"k\":\"1\\u00002\"},%s}", a);
+    sd_error err = {0};
+    CHECK(try_header(h, 4, &err) == SD_OK);
+}
+
+/* Empty tensors may sit at any tensor boundary, in any header order: the
+ * coverage check sorts by (begin, end) as the reference reader does
+ * (sorting by begin alone let a zero-size tensor listed after a tensor
+ * with the same begin look like an overlap); inside a tensor is refused,
+ * as the reference reader refuses it. */
+static void test_empty_tensors(void)
+{
+    const char *a = "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}";
+    const char *b = "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}";
+    const char *zs[] = {"\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}",
+                        "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[8,8]}",
+                        "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[12,12]}"};
+    char h[512];
+    sd_error err = {0};
+    for (int i = 0; i < 3; i++) {
+        const char *orders[6][3] = {{a, b, zs[i]}, {a, zs[i], b}, {b, a, zs[i]},
+                                    {b, zs[i], a}, {zs[i], a, b}, {zs[i], b, a}};
+        for (int k = 0; k < 6; k++) {
+            snprintf(h, sizeof h, "{%s,%s,%s}", orders[k][0], orders[k][1], orders[k][2]);
+            sd_status s = try_header(h, 12, &err);
+            if (!CHECK(s == SD_OK)) fprintf(stderr, "  %s: %s\n", h, err.msg);
+        }
+    }
+    snprintf(h, sizeof h, "{%s,\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]}}", a);
+    refused(h, 8, "'z' overlaps another");
+    snprintf(h, sizeof h, "{\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},%s}", a);
+    refused(h, 8, "'z' overlaps another");
+}
+
 static void test_bad_headers(void)
 {
     sd_error err;
@@ -184,6 +248,8 @@ static void test_bad_headers(void)
           SD_ERANGE);
     CHECK(try_header("[1,2]", 0, &err) == SD_EFORMAT);
     CHECK(try_header("{\"__metadata__\":{\"a\":1}}", 0, &err) == SD_EFORMAT);
+    test_repeated_and_nul_keys();
+    test_empty_tensors();
     /* a header length past the end, and one over the 100 MB limit */
     unsigned char b[16] = {0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, '{', '}'};
     sd_safetensors *st;
@@ -264,6 +330,9 @@ static void test_sharded(void)
          "\"b\": \"m-00001-of-00002.safetensors\", \"c\": \"m-00002-of-00002.safetensors\"}}",
          "lists 'a' twice"},
         {"{\"weight_map\": {\"a\": 3}}", "is not a file name"},
+        {"{\"weight_map\": {\"a\": \"m-00001-of-00002.safetensors\", \"b\": \"m-00001-of-00002.safetensors\", "
+         "\"c\": \"m-00002-of-00002.safetensors\", \"c\\u0000x\": \"m-00002-of-00002.safetensors\"}}",
+         "weight_map key 'c\\u0000...' holds a NUL"},
         {"{\"weight_map\": {\"a\": \"m.safetensors.index.json\"}}", "not a plain NAME.safetensors"},
         {"{\"weight_map\": {\"a\": \"m-00001-of-00002.bin\"}}", "not a plain NAME.safetensors"},
         {"{\"metadata\": {}}", "no weight_map"},

@@ -7,8 +7,11 @@
  * 1e-4 relative, its dot product with a fixed pseudo-random vector within
  * 1e-4 of |g| |r|, and the full tensors stored within 1e-4 of their largest
  * magnitude. 1 and 2 threads give bit-identical outputs and gradients.
- * Also: config inference from ldm names, config and weight save/load round
- * trips, seeded random init, and load errors. */
+ * Also: config inference from ldm names, transformer depths inferred per
+ * block with the mid block counted on its own (the SDXL refiner's case),
+ * tensors under the UNet's prefix that the config leaves unused refused,
+ * config and weight save/load round trips, seeded random init, and load
+ * errors. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -476,6 +479,118 @@ static void check_errors(void)
     }
 }
 
+/* src's tensors minus those whose names start with one of drop[0..ndrop),
+ * plus `add` (NULL: none), written to dst; 0 when that worked. */
+static int rewrite(const char *src, const char *dst, const char *const *drop, int ndrop, const sd_st_tensor *add)
+{
+    sd_safetensors *st = NULL;
+    sd_error err = {0};
+    if (sd_st_open(&st, src, &err)) return -1;
+    size_t n = 0;
+    sd_st_tensor *t = malloc((sd_st_count(st) + 1) * sizeof *t);
+    for (size_t i = 0; t && i < sd_st_count(st); i++) {
+        const sd_st_tensor *x = sd_st_tensor_at(st, i);
+        int keep = 1;
+        for (int k = 0; k < ndrop; k++) keep &= strncmp(x->name, drop[k], strlen(drop[k])) != 0;
+        if (keep) t[n++] = *x;
+    }
+    if (t && add) t[n++] = *add;
+    int rc = t && sd_st_write(dst, t, n, NULL, 0, &err) == SD_OK ? 0 : -1;
+    free(t);
+    sd_st_close(st);
+    return rc;
+}
+
+/* Load path without a config (4 norm groups, as the sd1 golden) and
+ * check it is refused with status want and `says` in the message. */
+static void refused(const char *path, const sd_unet_opts *opts, sd_status want, const char *says)
+{
+    sd_unet v;
+    sd_error err = {0};
+    sd_unet_opts o = {.groups = 4};
+    sd_status rc = sd_unet_load(&v, path, opts ? opts : &o, &err);
+    if (rc == SD_OK) sd_unet_free(&v);
+    if (!CHECK(rc == want && strstr(err.msg, says) != NULL))
+        fprintf(stderr, "  %s: status %d, '%s' lacks '%s'\n", path, (int)rc, err.msg, says);
+}
+
+/* Transformer depths inferred from the weights, as the SDXL refiner
+ * needs them: the sd1 golden's layout (the last block without attention)
+ * with depths 1, 2 and a mid block of 3, saved in both layouts, loads
+ * back whole and bit-identical (the mid depth used to come from the last
+ * block's attention, absent: 1, and the other two mid transformer
+ * blocks were left in the file unread). A block whose attentions differ
+ * in depth, a depth its mirrored up block does not share, and tensors
+ * under the UNet's prefix that the config does not use are refused. */
+static void check_depths(void)
+{
+    char conf[512], dir[] = "/tmp/sdtk_depth_XXXXXX", dif[600], ldm[600], cut[600], cj[600];
+    sd_error err = {0};
+    sd_unet_config c;
+    sd_unet_config_default(&c);
+    snprintf(conf, sizeof conf, "%s/sd1/unet/config.json", GOLDEN_DIR);
+    if (!CHECK(sd_unet_config_read(conf, &c, &err) == SD_OK) || !CHECK(mkdtemp(dir) != NULL)) return;
+    for (int i = 0; i < 3; i++) c.depth[i] = c.depth_up[2 - i] = i + 1;
+    sd_unet u, v;
+    if (!CHECK(sd_unet_build(&u, &c, &err) == SD_OK)) return;
+    sd_unet_init_random(&u, 5);
+    snprintf(dif, sizeof dif, "%s/dif.safetensors", dir);
+    snprintf(ldm, sizeof ldm, "%s/ldm.safetensors", dir);
+    snprintf(cut, sizeof cut, "%s/cut.safetensors", dir);
+    snprintf(cj, sizeof cj, "%s/config.json", dir);
+    CHECK(sd_unet_save(&u, u.w.data, dif, SD_UNET_NAMES_DIFFUSERS, "", SD_ST_F32, &err) == SD_OK);
+    CHECK(sd_unet_save(&u, u.w.data, ldm, SD_UNET_NAMES_LDM, "model.diffusion_model.", SD_ST_F32, &err) == SD_OK);
+    const char *files[2] = {dif, ldm};
+    sd_unet_opts o = {.groups = 4};
+    for (int f = 0; f < 2; f++) {
+        if (!CHECK(sd_unet_load(&v, files[f], &o, &err) == SD_OK)) {
+            fprintf(stderr, "  %s: %s\n", files[f], err.msg);
+            continue;
+        }
+        CHECK(v.mid_att.depth == 3);
+        for (int i = 0; i < 3; i++)
+            CHECK(v.cfg.depth[i] == c.depth[i] && v.cfg.down_attn[i] == c.down_attn[i] &&
+                  v.cfg.up_attn[i] == c.up_attn[i] && v.cfg.depth_up[i] == c.depth_up[i]);
+        CHECK(v.w.total == u.w.total && memcmp(v.w.data, u.w.data, u.w.total * sizeof(float)) == 0);
+        sd_unet_free(&v);
+    }
+    /* its config with every depth 1: the deeper blocks' tensors are named */
+    sd_unet_config one = c;
+    for (int i = 0; i < 3; i++) one.depth[i] = one.depth_up[i] = 1;
+    CHECK(sd_unet_config_write(&one, cj, &err) == SD_OK);
+    sd_unet_opts oc = {.config_path = cj};
+    refused(dif, &oc, SD_EFORMAT, "tensors the UNet does not use (down_blocks.1.attentions.0.transformer_blocks.1.");
+    refused(ldm, &oc, SD_EFORMAT, "under model.diffusion_model. the UNet does not use (model.diffusion_model.");
+    /* a stray tensor under the prefix is refused, one outside it is not */
+    float z[1] = {0};
+    sd_st_tensor stray = {"model.diffusion_model.stray", SD_ST_F32, 1, {1}, 4, z};
+    if (CHECK(rewrite(ldm, cut, NULL, 0, &stray) == 0)) refused(cut, NULL, SD_EFORMAT, "1 tensor under");
+    stray.name = "first_stage_model.stray";
+    if (CHECK(rewrite(ldm, cut, NULL, 0, &stray) == 0) && CHECK(sd_unet_load(&v, cut, &o, &err) == SD_OK))
+        sd_unet_free(&v);
+    /* attentions of one block with different depths, either way round */
+    const char *a1[] = {"down_blocks.1.attentions.1.transformer_blocks.1."};
+    if (CHECK(rewrite(dif, cut, a1, 1, NULL) == 0))
+        refused(cut, NULL, SD_EUNSUPPORTED, "down block 1: attention 1 has 1 transformer blocks, attention 0 has 2");
+    const char *a0[] = {"model.diffusion_model.input_blocks.4.1.transformer_blocks.1."}; /* down block 1, attention 0 */
+    snprintf(cut, sizeof cut, "%s/cut_ldm.safetensors", dir);
+    if (CHECK(rewrite(ldm, cut, a0, 1, NULL) == 0))
+        refused(cut, NULL, SD_EUNSUPPORTED, "down block 1: attention 1 has 2 transformer blocks, attention 0 has 1");
+    unlink(cut);
+    snprintf(cut, sizeof cut, "%s/cut.safetensors", dir);
+    /* up block 1 one transformer block shallower than down block 1 */
+    const char *up[] = {"up_blocks.1.attentions.0.transformer_blocks.1.", "up_blocks.1.attentions.1.transformer_blocks.1.",
+                        "up_blocks.1.attentions.2.transformer_blocks.1."};
+    if (CHECK(rewrite(dif, cut, up, 3, NULL) == 0))
+        refused(cut, NULL, SD_EUNSUPPORTED, "down block 1 has 2 transformer blocks per attention, up block 1 has 1");
+    unlink(cut);
+    unlink(cj);
+    unlink(dif);
+    unlink(ldm);
+    rmdir(dir);
+    sd_unet_free(&u);
+}
+
 /* Both layouts of one golden config. */
 static void check_config(const char *name, int single)
 {
@@ -529,6 +644,7 @@ int main(int argc, char **argv)
     check_roundtrip("sd1");
     check_roundtrip("sdxl");
     check_init();
+    check_depths();
     check_errors();
     return check_done("test_unet");
 }

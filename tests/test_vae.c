@@ -3,7 +3,8 @@
  * AutoencoderKL, each loaded from its diffusers folder (fp32) and from its
  * single-file ldm checkpoint (fp16 / bf16, config inferred from shapes),
  * mean and std within 1e-4; results bit-identical for 1, 2 and 3 threads
- * and for an image encoded alone or inside a batch;
+ * and for an image encoded alone or inside a batch; a vae/ folder saved
+ * before diffusers 0.14 (old attention names) gives the same moments;
  * clear errors for missing files, wrong shapes and files without a VAE. */
 #include <math.h>
 #include <stdio.h>
@@ -153,6 +154,19 @@ static void check_config(const char *name, int groups, double scale)
     sd_st_close(g.st);
 }
 
+/* The "sdxl" vae/ folder as diffusers saved it before 0.14 (the hub's
+ * SD 1.x / 2.x VAEs): mid-block attention named query, key, value and
+ * proj_attn. The same weights, so the same moments as "sdxl". */
+static void check_old_names(void)
+{
+    golden g;
+    char path[512];
+    if (!golden_open(&g, "sdxl")) return;
+    snprintf(path, sizeof path, "%s/old_names/vae", GOLDEN_DIR);
+    check_model("sdxl pre-0.14 names", path, NULL, &g, 0.13025, 0);
+    sd_st_close(g.st);
+}
+
 /* Load failures: each must name the file and the reason. */
 static void check_errors(void)
 {
@@ -208,6 +222,7 @@ int main(void)
     check_small_inputs();
     check_config("sd", 4, 0.18215);
     check_config("sdxl", 2, 0.13025);
+    check_old_names();
     check_errors();
     return check_done("test_vae");
 }

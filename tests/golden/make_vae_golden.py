@@ -25,7 +25,10 @@ the fp32 folder hold bit-identical weights and must give the same moments.
 "sd" is SD-shaped (4 down blocks, 2 resnets each, the SD 1.x/2.x scaling
 factor 0.18215); "sdxl" is SDXL-shaped (SDXL's scaling factor 0.13025,
 3 down blocks, 1 resnet each; its single file carries SDXL's conditioner
-keys, so the scaling factor can be told from the file alone)."""
+keys, so the scaling factor can be told from the file alone).
+
+"old_names" is the "sdxl" vae/ folder with the attention names diffusers
+used before 0.14 (see make_old_names)."""
 import json
 import os
 import shutil
@@ -33,7 +36,7 @@ import shutil
 import numpy as np
 import torch
 from diffusers import AutoencoderKL
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vae")
 
@@ -126,6 +129,36 @@ def make(name, cfg):
           "|mean| max %.3f, std range %.3f..%.3f" % (mean.abs().max(), std.min(), std.max()))
 
 
+def make_old_names(src="sdxl", dst="old_names"):
+    """vae/ of `src` again as diffusers saved it before 0.14 (the hub's SD 1.x
+    and 2.x vae/ folders, sd-vae-ft-mse): the mid-block attention's to_q,
+    to_k, to_v and to_out.0 named query, key, value and proj_attn (diffusers
+    renames them on load, _convert_deprecated_attention_blocks). Same
+    weights, so `src`'s expected.safetensors holds its moments; the test
+    reads them from there. Checked here: diffusers loads it to the same
+    weights."""
+    ren = {"to_q.": "query.", "to_k.": "key.", "to_v.": "value.", "to_out.0.": "proj_attn."}
+    base = "encoder.mid_block.attentions.0."
+    sdir, ddir = os.path.join(HERE, src, "vae"), os.path.join(HERE, dst, "vae")
+    shutil.rmtree(os.path.join(HERE, dst), ignore_errors=True)
+    os.makedirs(ddir)
+    shutil.copy(os.path.join(sdir, "config.json"), os.path.join(ddir, "config.json"))
+    state = load_file(os.path.join(sdir, "diffusion_pytorch_model.safetensors"))
+    old = {}
+    for k, v in state.items():
+        for now, was in ren.items():
+            if k.startswith(base + now):
+                k = base + was + k[len(base + now):]
+        old[k] = v
+    assert sum(k.startswith(base + "query.") or k.startswith(base + "proj_attn.") for k in old) == 4
+    save_file(old, os.path.join(ddir, "diffusion_pytorch_model.safetensors"))
+    a = AutoencoderKL.from_pretrained(sdir).state_dict()
+    b = AutoencoderKL.from_pretrained(ddir).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a if k.startswith("encoder.") or k.startswith("quant_conv."))
+    print(dst, "from", src, sorted(k for k in old if k.startswith(base)))
+
+
 if __name__ == "__main__":
     for n, c in CONFIGS.items():
         make(n, c)
+    make_old_names()
