@@ -45,15 +45,37 @@ static int push_word(sd_cli_args *a, char *w)
     return 0;
 }
 
-/* A false flag: every earlier --name (or -c) word dropped, so a later
- * source can turn off what an earlier one set. */
-static void drop_flag(sd_cli_args *a, const sd_opt *o)
+/* Whether word w is an option that takes the next word as its value, as
+ * sd_cli_parse reads it: --name (no '=value') or -c alone, for an option
+ * that is not a flag. */
+static int takes_value(const sd_cli *cli, const char *w)
 {
-    int k = 1;
+    const sd_opt *o = NULL;
+    if (w[0] != '-' || w[1] == 0) return 0; /* a positional or "-" */
+    if (w[1] == '-') {
+        if (strchr(w, '=')) return 0;
+        for (const sd_opt *c = cli->opts; c && c->name; c++)
+            if (strcmp(c->name, w + 2) == 0) o = c;
+    } else if (w[2] == 0) {
+        for (const sd_opt *c = cli->opts; c && c->name; c++)
+            if (c->short_name == w[1]) o = c;
+    }
+    return o && o->kind != SD_OPT_FLAG;
+}
+
+/* A false flag: every earlier --name (or -c) word in option position
+ * dropped, so a later source can turn off what an earlier one set; a word
+ * that is another option's value (-o --flip) or follows "--" stays. */
+static void drop_flag(const sd_cli *cli, sd_cli_args *a, const sd_opt *o)
+{
+    int k = 1, value_next = 0, only_pos = 0;
     for (int i = 1; i < a->argc; i++) {
         const char *w = a->argv[i];
-        int hit = (w[0] == '-' && w[1] == '-' && strcmp(w + 2, o->name) == 0) ||
-                  (o->short_name && w[0] == '-' && w[1] == o->short_name && w[2] == 0);
+        int option = !value_next && !only_pos;
+        int hit = option && ((w[0] == '-' && w[1] == '-' && strcmp(w + 2, o->name) == 0) ||
+                             (o->short_name && w[0] == '-' && w[1] == o->short_name && w[2] == 0));
+        value_next = option && takes_value(cli, w);
+        if (option && strcmp(w, "--") == 0) only_pos = 1;
         if (!hit) a->argv[k++] = a->argv[i];
     }
     a->argc = k;
@@ -98,7 +120,7 @@ static int add_member(const sd_cli *cli, sd_cli_args *a, const char *path, const
     case SD_JSON_NULL: break;
     case SD_JSON_FALSE:
         bad = o->kind != SD_OPT_FLAG;
-        if (!bad) drop_flag(a, o);
+        if (!bad) drop_flag(cli, a, o);
         break;
     case SD_JSON_TRUE:
         if (o->kind == SD_OPT_FLAG) rc = push_opt(a, o, NULL, 0);
@@ -186,7 +208,7 @@ static int add_set(const sd_cli *cli, sd_cli_args *a, const char *kv)
     if (o->kind == SD_OPT_FLAG) {
         if (strcmp(v, "true") == 0 || strcmp(v, "1") == 0) return push_opt(a, o, NULL, 0) ? SD_EXIT_FATAL : 0;
         if (strcmp(v, "false") == 0 || strcmp(v, "0") == 0) {
-            drop_flag(a, o);
+            drop_flag(cli, a, o);
             return 0;
         }
         sd_cli_usage_error(cli, "--set %s: --%s is a flag: true or false", kv, o->name);

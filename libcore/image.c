@@ -108,6 +108,150 @@ static sd_status read_bytes(const sd_image_src *src, const char *name, unsigned 
     return SD_OK;
 }
 
+/* A tar header's number field: octal digits (NUL/space padded) or GNU's
+ * base-256 form (high bit of the first byte); -1 when malformed. */
+static int64_t tar_num(const unsigned char *f, size_t n)
+{
+    int64_t v = 0;
+    if (f[0] & 0x80) {
+        if (f[0] != 0x80) return -1; /* negative, or too large for us */
+        for (size_t i = 1; i < n; i++) {
+            if (v > (INT64_MAX >> 8)) return -1;
+            v = (v << 8) | f[i];
+        }
+        return v;
+    }
+    size_t i = 0;
+    while (i < n && f[i] == ' ') i++;
+    size_t digits = 0;
+    for (; i < n && f[i] >= '0' && f[i] <= '7'; i++, digits++) {
+        if (v > (INT64_MAX >> 3)) return -1;
+        v = (v << 3) | (f[i] - '0');
+    }
+    for (; i < n; i++)
+        if (f[i] != 0 && f[i] != ' ') return -1;
+    return digits ? v : -1;
+}
+
+/* Whether a 512-byte block is a tar header: its checksum (the sum of its
+ * bytes with the checksum field read as spaces; some old writers summed
+ * signed chars, which libarchive accepts too) matches. */
+static int tar_header_ok(const unsigned char *h)
+{
+    int64_t want = tar_num(h + 148, 8), sum = 0, ssum = 0;
+    for (int i = 0; i < 512; i++) {
+        int b = i >= 148 && i < 156 ? ' ' : h[i];
+        sum += b;
+        ssum += (signed char)b;
+    }
+    return want >= 0 && (want == sum || want == ssum);
+}
+
+/* The name a ustar header holds: prefix "/" name with the POSIX magic
+ * (GNU headers use the prefix bytes for other fields), else name. */
+static void tar_name(const unsigned char *h, char *out, size_t cap)
+{
+    int posix = memcmp(h + 257, "ustar", 6) == 0; /* "ustar\0"; GNU writes "ustar  \0" */
+    size_t pl = posix ? strnlen((const char *)h + 345, 155) : 0;
+    size_t nl = strnlen((const char *)h, 100);
+    snprintf(out, cap, "%.*s%s%.*s", (int)pl, (const char *)h + 345, pl ? "/" : "", (int)nl, (const char *)h);
+}
+
+/* The path a pax extended header's records give ("LEN path=VALUE\n"
+ * each), into out; 0 when found. */
+static int pax_path(const unsigned char *d, size_t n, char *out, size_t cap)
+{
+    size_t i = 0;
+    while (i < n) {
+        size_t len = 0, j = i;
+        while (j < n && d[j] >= '0' && d[j] <= '9' && len <= n) len = len * 10 + (size_t)(d[j++] - '0');
+        if (j == i || j >= n || d[j] != ' ' || len < 2 || len > n - i || d[i + len - 1] != '\n') return -1;
+        const unsigned char *kv = d + j + 1, *end = d + i + len - 1;
+        if ((size_t)(end - kv) >= 5 && memcmp(kv, "path=", 5) == 0) {
+            size_t vl = (size_t)(end - kv) - 5;
+            if (vl >= cap) return -1;
+            memcpy(out, kv + 5, vl);
+            out[vl] = 0;
+            return 0;
+        }
+        i += len;
+    }
+    return -1;
+}
+
+/* The long name that an extension member right before the header at hpos
+ * gives (GNU ././@LongLink 'L' data, a pax 'x' header's path=): one read
+ * of the blocks before it, large enough for a record of `want_len` bytes
+ * plus pax's other records; 0 and the name in out when there is one. */
+static int tar_long_name(int fd, uint64_t hpos, size_t want_len, char *out, size_t cap)
+{
+    uint64_t span = 512 + ((want_len + 1024 + 511) / 512) * 512;
+    if (span > hpos) span = hpos;
+    unsigned char *w = malloc(span);
+    if (!w) return -1;
+    int rc = -1;
+    if (pread(fd, w, span, (off_t)(hpos - span)) == (ssize_t)span) {
+        for (uint64_t back = 1024; back <= span && rc; back += 512) { /* the extension's header, nearest first */
+            const unsigned char *h = w + span - back;
+            int64_t sz = tar_num(h + 124, 12);
+            if ((h[156] != 'L' && h[156] != 'x') || !tar_header_ok(h) || sz < 0 ||
+                512 + ((uint64_t)sz + 511) / 512 * 512 != back)
+                continue;
+            const unsigned char *d = h + 512;
+            if (h[156] == 'x') rc = pax_path(d, (size_t)sz, out, cap);
+            else {
+                size_t n = strnlen((const char *)d, (size_t)sz);
+                if (n < cap) {
+                    memcpy(out, d, n);
+                    out[n] = 0;
+                    rc = 0;
+                }
+            }
+            break;
+        }
+    }
+    free(w);
+    return rc;
+}
+
+/* Check that a tar member read at its recorded offset is still that member
+ * (see image.h): the header block right before the data must be a regular
+ * file's, of the recorded size, named as the record says (directly, or
+ * through the long-name extension before it). */
+sd_status sd_image_check_member(const sd_image_src *src, sd_error *err)
+{
+    char name[200];
+    src_name(src, name, sizeof name);
+    if (!src->member) return SD_OK;
+    if (src->size == SD_IMAGE_WHOLE_FILE || src->offset < 512 || src->offset % 512)
+        return sd_err_set(err, SD_EFORMAT, "%s: offset %llu is not a tar member's data offset", name,
+                          (unsigned long long)src->offset);
+    int fd = open(src->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return sd_err_set(err, errno == ENOENT ? SD_ENOTFOUND : SD_EIO, "%s: %s", name, strerror(errno));
+    unsigned char h[512];
+    uint64_t hpos = src->offset - 512;
+    ssize_t got = pread(fd, h, sizeof h, (off_t)hpos);
+    sd_status st = SD_OK;
+    char found[4096] = "";
+    int64_t sz = -1;
+    if (got < 0) st = sd_err_set(err, SD_EIO, "%s: read: %s", name, strerror(errno));
+    else if (got != (ssize_t)sizeof h || !tar_header_ok(h))
+        st = sd_err_set(err, SD_EFORMAT, "%s: no tar header before offset %llu", name, (unsigned long long)src->offset);
+    else {
+        sz = tar_num(h + 124, 12);
+        tar_name(h, found, sizeof found);
+        if (strcmp(found, src->member) != 0) /* a long name: the extension before the header has it */
+            tar_long_name(fd, hpos, strlen(src->member), found, sizeof found);
+        if ((h[156] != '0' && h[156] != 0 && h[156] != '7') || sz < 0 || (uint64_t)sz != src->size ||
+            strcmp(found, src->member) != 0)
+            st = sd_err_set(err, SD_EFORMAT, "%s: the tar header before offset %llu is '%.80s' of %lld bytes, not "
+                            "this member of %llu bytes", name, (unsigned long long)src->offset, found, (long long)sz,
+                            (unsigned long long)src->size);
+    }
+    close(fd);
+    return st;
+}
+
 /* libvips' message for a failure; its error buffer is shared by all threads,
  * so under concurrency the text may name another thread's image as well. */
 static sd_status vips_fail(sd_error *err, sd_status code, const char *name, const char *what)

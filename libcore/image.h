@@ -50,6 +50,15 @@ typedef struct {
     int keep_aspect;     /* refuse a resize to another aspect ratio than the image's (records: SD_EINVAL) */
 } sd_image_plan;
 
+/* For a src with a member: whether the bytes at its offset are still that
+ * member (a tar rebuilt after sd-meta may hold another one there): the
+ * 512-byte header right before the data must be a regular file's of `size`
+ * bytes named `member` (ustar prefix/name, or the GNU ././@LongLink or pax
+ * path= record before it for a long name). One small read (two for a long
+ * name); SD_EFORMAT when it is another member or no header, SD_ENOTFOUND
+ * or SD_EIO when the file cannot be read; SD_OK without a member. */
+sd_status sd_image_check_member(const sd_image_src *src, sd_error *err);
+
 sd_status sd_image_init(sd_error *err);
 void sd_image_thread_done(void);
 void sd_image_shutdown(void);

@@ -28,6 +28,13 @@ void sd_progress_init(sd_progress *p, const char *label, const char *unit, uint6
     p->printed_live = 0;
 }
 
+/* Digits after the point for a rate: a slow stage (a CPU VAE at 0.1
+ * images/s) must not read "0/s", a fast one needs no fraction. */
+static int rate_digits(double rate)
+{
+    return rate < 1.0 ? 2 : rate < 10.0 ? 1 : 0;
+}
+
 /* Write the current state: count, rate, percentage and ETA when the total is known. */
 static void progress_print(sd_progress *p, double now, int final)
 {
@@ -45,9 +52,10 @@ static void progress_print(sd_progress *p, double now, int final)
     if (frac >= 0) snprintf(pct, sizeof pct, " (%.1f%%)", 100.0 * frac);
     char tot[32] = "";
     if (p->total) snprintf(tot, sizeof tot, "/%llu", (unsigned long long)p->total);
-    fprintf(stderr, "%s%s: %llu%s %s%s, %llu skipped, %.0f %s/s, %.1fs%s%s",
+    fprintf(stderr, "%s%s: %llu%s %s%s, %llu skipped, %.*f %s/s, %.1fs%s%s",
             p->is_tty ? "\r\033[K" : "", p->label, (unsigned long long)p->done, tot, p->unit, pct,
-            (unsigned long long)p->skipped, rate, p->unit, dt, eta, (p->is_tty && !final) ? "" : "\n");
+            (unsigned long long)p->skipped, rate_digits(rate), rate, p->unit, dt, eta,
+            (p->is_tty && !final) ? "" : "\n");
     fflush(stderr);
     p->printed_live = p->is_tty && !final;
 }

@@ -4,9 +4,12 @@ wallpaper photos ($SDTK_PHOTOS; synthetic PIL images otherwise) with the
 tiny golden VAE, then sd-verify clean; kill -9 in the middle and rerun: the
 shard holds exactly the full record set, byte-identical to an uninterrupted
 run; 1 vs 2 threads identical; --shard i/N parts partition the set; changed
-options replace stale records; another VAE is refused; WebDataset members
-read in place give the same latents as the files; bad images are reported
-and counted and the run goes on.
+options replace stale records; another VAE (weights or encoder config) is
+refused; WebDataset members read in place give the same latents as the
+files, and a member no longer at its recorded offset is skipped; bad images
+and records are reported and counted and the run goes on; --seed without
+--sample keeps the cache; --scale rewrites the meta; a duplicate key keeps
+its first line.
 Usage: e2e_latents.py SD_META SD_BUCKET SD_LATENTS SD_VERIFY VAE_DIR"""
 import json
 import os
@@ -54,6 +57,20 @@ def summary(err):
     """The counts of sd-latents' final line."""
     m = re.search(r"(\d+) written \((\d+) replaced stale\), (\d+) already cached, (\d+) bad", err)
     return tuple(int(x) for x in m.groups()) if m else None
+
+
+def meta_value(shard, key):
+    """One `meta` entry as text."""
+    _, out, _ = sh("mdb_dump", "-n", "-p", "-s", "meta", shard)
+    lines = [l[1:] for l in out.splitlines()]
+    return lines[lines.index(key) + 1]
+
+
+def first_lines(src, dst, n):
+    """The first n lines of src into dst."""
+    with open(src) as f, open(dst, "w") as g:
+        g.writelines(f.readlines()[:n])
+    return dst
 
 
 def make_photos(d, n):
@@ -261,8 +278,13 @@ class Latents(unittest.TestCase):
             code, _, err = sh(LATENTS, "--vae", VAE, "-o", s, *args, self.jsonl, ok=(2,))
             self.assertIn("Try 'sd-latents --help'", err)
         sh(LATENTS, "-o", s, self.jsonl, ok=(2,))  # no --vae
-        code, _, err = sh(LATENTS, "--vae", VAE, "--dtype", "fp8", "-o", s, self.jsonl, ok=(3,))
-        self.assertIn("--dtype fp8", err)
+        # value checks are usage errors (exit 2) before any model or image library is loaded
+        for args, what in ((["--dtype", "fp8"], "--dtype fp8"), (["--scale", "inf"], "--scale"),
+                           (["--scale", "nan"], "--scale"), (["--scale", "-1"], "--scale"),
+                           (["--text", "/nonexistent", "--text-weights", "xx"], "--text-weights xx")):
+            code, _, err = sh(LATENTS, "--vae", VAE, *args, "-o", s, self.jsonl, ok=(2,))
+            self.assertIn(what, err)
+            self.assertNotIn("VAE " + VAE, err)
         # no GPU here: cuda:K fails clearly (no driver / no device / no CUDA in the build)
         code, _, err = sh(LATENTS, "--vae", VAE, "--device", "cuda:0", "-o", s, self.jsonl, ok=(3,))
         self.assertRegex(err, r"CUDA|cuda")
@@ -291,6 +313,130 @@ class Latents(unittest.TestCase):
         full = set(l[-4096:] for l in self.full_records["latents"][1::2])
         for v in vals:
             self.assertIn(v[-4096:], full)
+
+    def test_vae_config_is_part_of_identity(self):
+        """--vae-groups changes the latents, not the weights: another model_hash, so a shard made
+        with other groups is refused; a shard whose model_hash is the weights' hash alone (made
+        before the config joined it) is accepted and every record encoded again."""
+        sub = first_lines(self.jsonl, self.path("sub_groups.jsonl"), 3)
+        single = os.path.join(VAE, "single.safetensors")
+        s = self.path("groups.shard")
+        _, _, err = sh(LATENTS, "--vae", single, "--vae-groups", "8", "-o", s, sub)
+        self.assertEqual(summary(err), (3, 0, 0, 0), err)
+        code, _, err = sh(LATENTS, "--vae", single, "--vae-groups", "4", "-o", s, sub, ok=(3,))
+        self.assertIn("holds latents of another VAE", err)
+        # the folder (config.json: 4 groups) and the single file with --vae-groups 4: one VAE
+        _, _, e1 = sh(LATENTS, "--vae", VAE, "-o", self.path("g4a.shard"), sub)
+        _, _, e2 = sh(LATENTS, "--vae", single, "--vae-groups", "4", "-o", self.path("g4b.shard"), sub)
+        mh = [re.search(r"model_hash ([0-9a-f]{16})", e).group(1) for e in (e1, e2)]
+        self.assertEqual(mh[0], mh[1])
+        self.assertEqual(dump(self.path("g4a.shard"), "latents"), dump(self.path("g4b.shard"), "latents"))
+        # an older shard: model_hash was the weights' hash
+        weights = re.search(r"weights \(hash ([0-9a-f]{16})\)", err).group(1)
+        sh("mdb_load", "-T", "-n", "-s", "meta", s, stdin=("model_hash\n%s\n" % weights).encode())
+        _, _, err = sh(LATENTS, "--vae", single, "--vae-groups", "4", "-o", s, sub)
+        self.assertIn("made before model_hash covered the VAE's config", err)
+        self.assertEqual(summary(err), (3, 3, 0, 0), err)
+        self.assertEqual(meta_value(s, "model_hash"), mh[1])
+        self.assertEqual(dump(s, "latents"), dump(self.path("g4b.shard"), "latents"))
+
+    def test_guessed_scale_is_warned(self):
+        sub = first_lines(self.jsonl, self.path("sub_scale.jsonl"), 1)
+        single = os.path.join(VAE, "single.safetensors")
+        _, _, err = sh(LATENTS, "--vae", single, "--vae-groups", "4", "-o", self.path("guess.shard"), sub)
+        self.assertRegex(err, r"warning: .*scaling factor 0.18215 is a guess.*--scale")
+        _, _, err = sh(LATENTS, "--vae", single, "--vae-groups", "4", "--scale", "0.18215", "-o",
+                       self.path("guess2.shard"), sub)
+        self.assertNotIn("is a guess", err)
+        self.assertNotIn("is a guess", self.full_err)  # the folder's config.json gives it
+
+    def test_scale_rerun_rewrites_the_meta(self):
+        """The latents are stored unscaled: another --scale on a cached shard only rewrites the
+        meta; a factor that is not --scale's never silently replaces the shard's."""
+        s = self.path("scale.shard")
+        shutil.copy(self.full, s)
+        self.assertEqual(meta_value(s, "scaling_factor"), "0.18215000000000001")
+        _, _, err = sh(LATENTS, "--vae", VAE, "--scale", "0.13025", "-o", s, self.jsonl)
+        self.assertIn("nothing to do: %d records already cached" % self.n, err)
+        self.assertIn("scaling_factor 0.18215000000000001 in the meta becomes 0.13025", err)
+        self.assertEqual(meta_value(s, "scaling_factor"), "0.13025")
+        self.assertEqual(records(s), self.full_records)
+        code, _, err = sh(LATENTS, "--vae", VAE, "-o", s, self.jsonl, ok=(3,))
+        self.assertIn("pass --scale 0.13025 to keep it", err)
+        self.assertEqual(meta_value(s, "scaling_factor"), "0.13025")
+
+    def test_seed_without_sample_keeps_the_cache(self):
+        s = self.path("seed.shard")
+        shutil.copy(self.full, s)
+        _, _, err = sh(LATENTS, "--vae", VAE, "--seed", "7", "-o", s, self.jsonl)
+        self.assertIn("--seed 7 without --sample changes nothing", err)
+        self.assertIn("nothing to do: %d records already cached" % self.n, err)
+        self.assertEqual(records(s), self.full_records)
+
+    def test_duplicate_key_keeps_the_first_line(self):
+        """The first line of a key wins even when a later one falls in a bucket sorted before it."""
+        with open(self.jsonl) as f:
+            recs = [json.loads(l) for l in f]
+        big = max(recs, key=lambda r: r["bucket"])
+        small = min(recs, key=lambda r: r["bucket"])
+        self.assertNotEqual(big["bucket"], small["bucket"])
+        dup = self.path("dup.jsonl")
+        with open(dup, "w") as f:
+            f.write(json.dumps(dict(big, key="dup")) + "\n" + json.dumps(dict(small, key="dup")) + "\n")
+        s = self.path("dup.shard")
+        _, _, err = sh(LATENTS, "--vae", VAE, "-o", s, dup)
+        self.assertIn("%s:2: key dup seen before on line 1" % dup, err)
+        self.assertRegex(err, r"1\s+duplicate key")
+        bucket = dump(s, "buckets")[0].strip()
+        self.assertEqual(bucket, "%08x%08x" % tuple(big["bucket"]))
+
+    def test_bad_original_size_is_skipped(self):
+        with open(self.jsonl) as f:
+            r = json.loads(f.readline())
+        bad = self.path("origsize.jsonl")
+        with open(bad, "w") as f:
+            for i, o in enumerate(([1e30, 5], [0, 5], "640x480", [640])):
+                f.write(json.dumps(dict(r, key="o%d" % i, original_size=o)) + "\n")
+            f.write(json.dumps(dict(r, key="none", original_size=None)) + "\n")  # null: the resize size
+        s = self.path("origsize.shard")
+        _, _, err = sh(LATENTS, "--vae", VAE, "-o", s, bad)
+        self.assertRegex(err, r"4\s+bad original_size")
+        self.assertEqual(entries(s), 1)
+
+    def test_moved_tar_members_are_skipped(self):
+        """A tar rebuilt after sd-meta with its members in another order: the recorded offsets
+        lead to other members' bytes, which must not be stored under these names. Short names,
+        ustar prefix/name, GNU ././@LongLink and pax path= names are all checked."""
+        cap = self.path("cap.txt")
+        with open(cap, "w") as fh:
+            fh.write("a photo\n")
+        picks = [f for f in self.names if f.lower().endswith((".jpg", ".jpeg"))][:3]
+        long_dir = "d" * 60 + "/" + "e" * 50
+        layouts = (("short", tarfile.GNU_FORMAT, ""), ("prefix", tarfile.USTAR_FORMAT, long_dir + "/"),
+                   ("gnu", tarfile.GNU_FORMAT, long_dir + "x" * 40), ("pax", tarfile.PAX_FORMAT, long_dir + "y" * 40))
+
+        def build(tar, fmt, stem, order):
+            with tarfile.open(tar, "w", format=fmt) as t:
+                for i in order:
+                    t.add(os.path.realpath(os.path.join(self.ds, picks[i])), arcname="%ss%03d.jpg" % (stem, i))
+                    t.add(cap, arcname="%ss%03d.txt" % (stem, i))
+
+        for label, fmt, stem in layouts:
+            d = self.path("moved_" + label)
+            os.makedirs(d)
+            tar = os.path.join(d, "00000.tar")
+            build(tar, fmt, stem, range(len(picks)))
+            _, meta, _ = sh(META, "-q", tar)
+            _, bj, _ = sh(BUCKET, "-q", "--plan", "kohya", *RES, "-", stdin=meta.encode())
+            self.assertEqual(len(bj.splitlines()), len(picks), label)
+            s = os.path.join(d, "in_place.shard")
+            _, _, err = sh(LATENTS, "--vae", VAE, "-o", s, "-", stdin=bj.encode())
+            self.assertEqual(summary(err), (len(picks), 0, 0, 0), (label, err))
+            build(tar, fmt, stem, reversed(range(len(picks))))  # same files, another order
+            s = os.path.join(d, "moved.shard")
+            _, _, err = sh(LATENTS, "--vae", VAE, "-o", s, "-", stdin=bj.encode())
+            self.assertRegex(err, r"\b%d\s+tar member changed since sd-meta" % len(picks), (label, err))
+            self.assertEqual(entries(s), 0, label)
 
 
 if __name__ == "__main__":

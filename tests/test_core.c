@@ -1,5 +1,6 @@
 /* libcore and formats helpers: thread pool slicing, block line reader,
- * UTF-8 checks, hash sets and maps, brace expansion, image-path patterns. */
+ * UTF-8 checks, hash sets and maps, brace expansion, image-path patterns,
+ * config/--set expansion of option words, progress lines. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,10 +8,12 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "cli.h"
 #include "dtoa.h"
 #include "keyset.h"
 #include "lines.h"
 #include "pool.h"
+#include "progress.h"
 #include "rules.h"
 #include "source.h"
 #include "sources.h"
@@ -228,6 +231,84 @@ static void test_dtoa(void)
     CHECK_STR(a, "-2.5");
 }
 
+/* The words sd_cli_expand makes of argv, joined by spaces (argv0 left
+ * out), into out; its return code. */
+static int expand_words(const sd_cli *cli, int argc, char **argv, char *out, size_t cap)
+{
+    sd_cli_args a;
+    int rc = sd_cli_expand(cli, argc, argv, &a);
+    out[0] = 0;
+    if (rc != -1) return rc;
+    for (int i = 1; i < a.argc; i++)
+        snprintf(out + strlen(out), cap - strlen(out), "%s%s", i > 1 ? " " : "", a.argv[i]);
+    sd_cli_args_free(&a);
+    return rc;
+}
+
+/* A false flag from --set drops the flag's words in option position only:
+ * a value that happens to read --flip (-o --flip) or a word after "--"
+ * stays. */
+static void test_cli_false_flag(void)
+{
+    const char *output = NULL, *cfg = NULL;
+    int flip = 0;
+    sd_strlist sets = {0};
+    const sd_opt opts[] = {{"output", 'o', SD_OPT_STR, &output, "F", "out"},
+                           {"flip", 'f', SD_OPT_FLAG, &flip, NULL, "flip"},
+                           {"config", 0, SD_OPT_STR, &cfg, "F", "config"},
+                           {"set", 0, SD_OPT_LIST, &sets, "K=V", "set"},
+                           {NULL, 0, 0, NULL, NULL, NULL}};
+    sd_cli cli = {"t", "", "", opts, NULL};
+    char w[512];
+    char *a1[] = {"t", "-o", "--flip", "--set", "flip=false"};
+    CHECK(expand_words(&cli, 5, a1, w, sizeof w) == -1);
+    CHECK_STR(w, "-o --flip");
+    char *a2[] = {"t", "--flip", "--output", "--flip", "-f", "x", "--set", "flip=false"};
+    CHECK(expand_words(&cli, 8, a2, w, sizeof w) == -1);
+    CHECK_STR(w, "--output --flip x");
+    char *a3[] = {"t", "--output=--flip", "-f", "--set", "flip=0", "--", "--flip"};
+    CHECK(expand_words(&cli, 7, a3, w, sizeof w) == -1);
+    CHECK_STR(w, "--output=--flip -- --flip");
+    char *a4[] = {"t", "-o", "-f", "-f", "--set", "flip=true", "--set", "flip=false"};
+    CHECK(expand_words(&cli, 8, a4, w, sizeof w) == -1);
+    CHECK_STR(w, "-o -f");
+}
+
+/* The final progress line of a run that took `secs` for `done` items. */
+static void progress_line(double secs, uint64_t done, char *out, size_t cap)
+{
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    FILE *f = tmpfile();
+    out[0] = 0;
+    if (saved < 0 || !f) return;
+    dup2(fileno(f), STDERR_FILENO);
+    sd_progress p;
+    sd_progress_init(&p, "t", "images", 0, 1);
+    p.start -= secs;
+    p.done = done;
+    sd_progress_finish(&p);
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    rewind(f);
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = 0;
+    fclose(f);
+}
+
+/* A slow stage's rate keeps its digits (0.05/s, not 0/s). */
+static void test_progress_rate(void)
+{
+    char line[256];
+    progress_line(100, 5, line, sizeof line);
+    CHECK(strstr(line, " 0.05 images/s") != NULL);
+    progress_line(10, 50, line, sizeof line);
+    CHECK(strstr(line, " 5.0 images/s") != NULL);
+    progress_line(10, 500, line, sizeof line);
+    CHECK(strstr(line, " 50 images/s") != NULL);
+}
+
 int main(void)
 {
     test_dtoa();
@@ -237,5 +318,7 @@ int main(void)
     test_sets();
     test_braces();
     test_pattern();
+    test_cli_false_flag();
+    test_progress_rate();
     return check_done("test_core");
 }

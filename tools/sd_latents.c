@@ -1,5 +1,6 @@
 /* sd-latents: cache VAE latents of a bucketed JSONL stream into one shard.
  * This file is the command line only; the work is in tools/latents/. */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,7 +52,10 @@ int main(int argc, char **argv)
         {"vae-config", 0, SD_OPT_STR, &o.vae_config, "FILE", "a diffusers config.json for a single-file VAE"},
         {"vae-groups", 0, SD_OPT_INT, &groups, "N", "norm groups when no config.json says (default 32)"},
         {"scale", 0, SD_OPT_DOUBLE, &o.scale, "X",
-         "scaling factor recorded in the shard (default: config.json, 0.13025 for SDXL checkpoints, else 0.18215)"},
+         "scaling factor recorded in the shard's meta, a finite number > 0 (default, or 0: config.json, 0.13025 for "
+         "SDXL checkpoints, else 0.18215, a guess that is warned about); the latents are stored unscaled, so a "
+         "rerun with another --scale only rewrites the meta, and one without --scale whose factor differs from "
+         "the shard's is refused"},
         {"text", 0, SD_OPT_STR, &o.text_model, "MODEL",
          "also cache CLIP text embeddings, once per distinct caption: a diffusers model folder (text_encoder/, "
          "tokenizer/; SDXL: also *_2/) or a single-file checkpoint with --tokenizer"},
@@ -84,7 +88,8 @@ int main(int argc, char **argv)
         {"flip", 0, SD_OPT_FLAG, &o.flip, NULL, "also store the left-right flipped image's latents"},
         {"sample", 0, SD_OPT_FLAG, &o.sample, NULL,
          "store one sample (mean + std * noise, like kohya) instead of mean and std"},
-        {"seed", 0, SD_OPT_INT, &seed, "N", "noise seed for --sample (per record: hash of the key and N)"},
+        {"seed", 0, SD_OPT_INT, &seed, "N",
+         "noise seed for --sample (per record: hash of the key and N); without --sample it changes nothing"},
         {"dtype", 0, SD_OPT_STR, &o.dtype_name, "T", "stored type: fp16 (default), bf16 or fp32"},
         {"nosync", 0, SD_OPT_FLAG, &o.nosync, NULL,
          "no fsync per batch, only at the end (a killed process loses nothing; an OS crash or power loss before the end may leave the shard corrupt, LMDB's MDB_NOSYNC: rebuild it then)"},
@@ -97,8 +102,10 @@ int main(int argc, char **argv)
                   "`resize` and `crop` say, encode it with the VAE and store the posterior's mean and std (or one "
                   "sample) in an LMDB shard, one transaction per batch (on a GPU a batch encodes while the next "
                   "decodes). Rerunning resumes: records already stored "
-                  "with the same plan, options and VAE are skipped; records whose plan or options changed are "
-                  "replaced. Unreadable images are reported and counted; the run goes on.",
+                  "with the same plan, options and VAE (its weights and encoder config) are skipped; records whose "
+                  "plan or options changed are replaced. A shard made before the VAE's config joined its "
+                  "model_hash is encoded again whole. Unreadable images, and tar members that are no longer at "
+                  "their recorded offset, are reported and counted; the run goes on.",
                   opts,
                   "Examples:\n"
                   "  sd-meta data/ | sd-bucket --plan sdxl | sd-latents --vae sdxl-model/ -o cache/latents.shard\n"
@@ -123,7 +130,12 @@ int main(int argc, char **argv)
     if (clip_skip < 0 || clip_skip > 48) bad = usage_msg(msg, sizeof msg, "--clip-skip must be 0..48");
     if (o.tokenizer && !o.text_model) bad = usage_msg(msg, sizeof msg, "--tokenizer needs --text");
     if (o.text_weights && !o.text_model) bad = usage_msg(msg, sizeof msg, "--text-weights needs --text");
-    if (o.scale < 0) bad = usage_msg(msg, sizeof msg, "--scale must be positive");
+    if (!isfinite(o.scale) || o.scale < 0)
+        bad = usage_msg(msg, sizeof msg, "--scale must be a finite number > 0 (0: the default)");
+    if (!latents_dtype(o.dtype_name))
+        bad = usage_msg(msg, sizeof msg, "--dtype %s: expected fp16, bf16 or fp32", o.dtype_name);
+    if (o.text_weights && !latents_dtype(o.text_weights))
+        bad = usage_msg(msg, sizeof msg, "--text-weights %s: expected fp32, fp16 or bf16", o.text_weights);
     if (sd_cli_parse_device(o.device, &o.cuda_device))
         bad = usage_msg(msg, sizeof msg, "--device %s: expected cpu or cuda:K", o.device);
     else if (sd_cli_parse_mixed(mixed, &o.mixed))
@@ -149,6 +161,8 @@ int main(int argc, char **argv)
     o.clip_skip = (int)clip_skip;
     o.seed = (uint64_t)seed;
     o.quiet = quiet;
+    if (seed && !o.sample)
+        sd_log(SD_LOG_WARN, "--seed %ld without --sample changes nothing: the seed draws only --sample's noise", seed);
     rc = latents_run(&o);
     sd_strlist_free(&pos);
     return rc;

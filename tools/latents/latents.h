@@ -24,8 +24,9 @@ typedef struct {
     int orig_w, orig_h;
     sd_image_plan plan; /* resize + crop (flip is per variant) */
     size_t seq;         /* position in the input, for a stable order */
+    uint64_t line;      /* its line in the input, for messages */
     uint8_t text_key[16]; /* with --text: key of the caption's embedding */
-    uint8_t key[16];    /* record key: hash of name, plan, options, model, text key */
+    uint8_t key[16];    /* record key: hash of name, plan, member, options, model, text key */
     int state;          /* JOB_TODO, JOB_DONE, JOB_STALE */
     uint8_t old_key[16];
 } latent_job;
@@ -39,8 +40,9 @@ typedef struct {
 } job_list;
 
 /* Read every record of path ("-": stdin), keep those of shard `index` of
- * `count` (by a hash of the name), skip bad ones into tally; then sort by
- * bucket (stable). */
+ * `count` (by a hash of the name), skip bad ones into tally, and of several
+ * records with one key the first line (later ones: "duplicate key", both
+ * lines named); then sort by bucket (stable). */
 sd_status jobs_read(job_list *l, const char *path, int index, int count, sd_tally *tally, sd_error *err);
 void jobs_free(job_list *l);
 
@@ -73,6 +75,10 @@ void latents_flip_lr(float *dst, const float *src, int planes, int h, int w);
 sd_status latents_record(const latent_job *j, const latents_opts *o, int dtype, float *const mean[2],
                          float *const std[2], const latent_shape *ls, const uint8_t *text_ref, sd_buf *conv,
                          sd_buf *out, sd_error *err);
+
+/* The stored dtype (SD_DT_F16, SD_DT_BF16, SD_DT_F32) a name gives: fp16
+ * (NULL too), bf16 or fp32; 0 for anything else. */
+int latents_dtype(const char *name);
 
 /* The whole tool: returns an SD_EXIT_* code. */
 int latents_run(const latents_opts *o);

@@ -9,6 +9,7 @@
 #include "hash.h"
 #include "json.h"
 #include "latents.h"
+#include "strmap.h"
 
 /* A JSON array of `n` integers into out; 0 on success. */
 static int int_array(const sd_json *a, int n, int *out)
@@ -77,7 +78,9 @@ static const char *job_from(const sd_json *r, latent_job *j)
     sd_error e = {0};
     if (sd_image_plan_check(&j->plan, &e)) return "bad resize/crop";
     if (sd_image_out_w(&j->plan) != b[0] || sd_image_out_h(&j->plan) != b[1]) return "crop size differs from bucket";
-    if (int_array(sd_json_get(r, "original_size"), 2, o) == 0) {
+    const sd_json *os = sd_json_get(r, "original_size");
+    if (os && os->type != SD_JSON_NULL) { /* present: SDXL's size conditioning must get what it says */
+        if (int_array(os, 2, o) || o[0] < 1 || o[1] < 1) return "bad original_size (not [w, h] of 1..1e7)";
         j->orig_w = o[0];
         j->orig_h = o[1];
     } else {
@@ -129,6 +132,22 @@ static int shard_of(const char *name, int count)
     return (int)(sd_hash64(name, strlen(name), 0) % (uint64_t)count);
 }
 
+/* Whether job j repeats a key seen before (first line wins, as sd-meta and
+ * sd-pack merge keep the first): counted and named with both lines. seen
+ * maps a key to its first line; -1 when out of memory. */
+static int duplicate(sd_strmap *seen, const latent_job *j, const char *path, sd_tally *tally)
+{
+    sd_strmap_slot *s = sd_strmap_put(seen, j->name, strlen(j->name));
+    if (!s) return -1;
+    if (s->nval == 0) {
+        s->nval = (double)j->line;
+        return 0;
+    }
+    sd_skip(tally, "duplicate key", "%s:%llu: key %s seen before on line %.0f (the first is kept)", path,
+            (unsigned long long)j->line, j->name, s->nval);
+    return 1;
+}
+
 /* Read, select and sort (see latents.h). */
 sd_status jobs_read(job_list *l, const char *path, int index, int count, sd_tally *tally, sd_error *err)
 {
@@ -141,6 +160,8 @@ sd_status jobs_read(job_list *l, const char *path, int index, int count, sd_tall
     ssize_t len;
     sd_arena a;
     sd_arena_init(&a, 1 << 16);
+    sd_strmap seen;
+    sd_strmap_init(&seen);
     sd_status st = SD_OK;
     while (!st && (len = getline(&line, &cap, f)) >= 0) {
         l->lines++;
@@ -168,14 +189,16 @@ sd_status jobs_read(job_list *l, const char *path, int index, int count, sd_tall
             continue;
         }
         j.seq = l->n;
-        if (push(l, &j)) {
-            job_free(&j);
-            st = sd_err_set(err, SD_ENOMEM, "out of memory reading %s", path);
-        }
+        j.line = l->lines;
+        int dup = duplicate(&seen, &j, path, tally);
+        if (dup == 0 && push(l, &j) == 0) continue;
+        job_free(&j);
+        if (dup != 1) st = sd_err_set(err, SD_ENOMEM, "out of memory reading %s", path);
     }
     if (!st && ferror(f)) st = sd_err_set(err, SD_EIO, "%s: read error", path);
     free(line);
     sd_arena_free(&a);
+    sd_strmap_free(&seen);
     if (!is_stdin) fclose(f);
     if (st) {
         jobs_free(l);

@@ -40,7 +40,10 @@ typedef struct {
     job_list jobs;
     sd_tally tally;
     int dtype;
-    char model_hash[17];
+    char model_hash[17];   /* the VAE's identity: weights and encoder config (vae_identity) */
+    char weights_hash[17]; /* the weights alone: model_hash before the config joined it */
+    char vae_desc[256];    /* the encoder config as hashed, for meta and logs */
+    int scale_changed;     /* --scale differs from the shard's scaling_factor: meta rewritten up front */
     float *img, *mean, *std, *ws;
     size_t img_cap, lat_cap, std_cap, ws_cap;
     float *img_spare; /* a batch decoded again for its retry (collect_or_retry) while img holds the next */
@@ -49,6 +52,7 @@ typedef struct {
     int runner_ok;
     void *cuda;           /* sd_cuda * when a GPU runs the VAE and the text encoders */
     sd_status *dec_st; /* per job of a batch */
+    const char **dec_why; /* its skip reason when dec_st is set */
     char (*dec_msg)[256];
     sd_buf conv; /* the record's tensors in the stored dtype */
     sd_buf rec, trec;
@@ -70,8 +74,8 @@ static int ensure(float **p, size_t *cap, size_t n)
     return *p ? 0 : -1;
 }
 
-/* The stored dtype from its name. */
-static int parse_dtype(const char *s)
+/* The stored dtype from its name (see latents.h). */
+int latents_dtype(const char *s)
 {
     if (!s || !strcmp(s, "fp16")) return SD_DT_F16;
     if (!strcmp(s, "bf16")) return SD_DT_BF16;
@@ -88,9 +92,17 @@ static const char *numerics(const run *r)
     return r->o->tf32 ? "|tf32" : "";
 }
 
+/* The seed that decides the stored bytes: --seed only with --sample (the
+ * mean and std draw no noise), 0 otherwise, as keys made before had it. */
+static uint64_t key_seed(const latents_opts *o)
+{
+    return o->sample ? o->seed : 0;
+}
+
 /* The record key: everything that decides the stored bytes (name, plan,
- * mode, flip, dtype, seed, model, numerics), so a changed plan or model is a new key
- * and a rerun with the same inputs finds its records. */
+ * tar member, mode, flip, dtype, --sample's seed, the VAE's weights and
+ * config, numerics), so a changed plan or model is a new key and a rerun
+ * with the same inputs finds its records. */
 static void job_key(const run *r, latent_job *j)
 {
     sd_buf b;
@@ -102,7 +114,7 @@ static void job_key(const run *r, latent_job *j)
     sd_buf_printf(&b, "%s%c%d,%d,%d,%d,%d,%d|%d,%d|%s|%d|%d|%d|%llu|%s", j->name, 0, j->plan.resize_w,
                   j->plan.resize_h, j->plan.crop_l, j->plan.crop_t, j->plan.crop_r, j->plan.crop_b, j->orig_w,
                   j->orig_h, j->member ? j->member : "", r->o->sample, r->o->flip, r->dtype,
-                  (unsigned long long)r->o->seed, r->model_hash);
+                  (unsigned long long)key_seed(r->o), r->model_hash);
     sd_buf_puts(&b, numerics(r)); /* other numerics: other records (nothing added for strict fp32) */
     sd_key128 k = sd_key128_of(b.data, b.len);
     memcpy(j->key, &k.lo, 8);
@@ -137,7 +149,10 @@ static sd_status classify(run *r, sd_error *err)
     return st;
 }
 
-/* A shard made with another VAE must not be mixed with this one. */
+/* A shard made with another VAE (weights or encoder config) must not be
+ * mixed with this one. A shard whose model_hash is these weights' own hash
+ * was made before the config joined model_hash: with possibly another
+ * config, so its records (keyed by the old hash) are all re-encoded. */
 static sd_status check_meta(run *r, sd_error *err)
 {
     char *old = NULL;
@@ -145,11 +160,45 @@ static sd_status check_meta(run *r, sd_error *err)
     sd_status st = sd_shard_meta_get(r->shard, SD_SHARD_META_MODEL, &old, &e);
     if (st == SD_ENOTFOUND) return SD_OK;
     if (st) return sd_err_set(err, st, "%s", e.msg);
-    if (strcmp(old, r->model_hash) != 0)
+    if (strcmp(old, r->weights_hash) == 0)
+        sd_log(SD_LOG_WARN, "%s: made before model_hash covered the VAE's config (its model_hash %s is the weights' "
+               "alone): every record is encoded again, under model_hash %s", sd_shard_path(r->shard), old,
+               r->model_hash);
+    else if (strcmp(old, r->model_hash) != 0)
         st = sd_err_set(err, SD_EINVAL,
-                        "%s holds latents of another VAE (model_hash %s, this one is %s); "
-                        "write to a new shard or remove it",
+                        "%s holds latents of another VAE (model_hash %s; this one's, of its weights and encoder "
+                        "config, is %s); write to a new shard or remove it",
                         sd_shard_path(r->shard), old, r->model_hash);
+    free(old);
+    return st;
+}
+
+/* The shard's scaling_factor against this run's: the latents are stored
+ * unscaled (the trainer multiplies by the meta's factor), so an explicit
+ * --scale only rewrites the meta (r->scale_changed), even when every
+ * record is cached; a factor that is not the command line's (config.json,
+ * a guess) never silently replaces the one the shard holds. */
+static sd_status check_scale(run *r, sd_error *err)
+{
+    char *old = NULL, now[64];
+    sd_error e = {0};
+    sd_status st = sd_shard_meta_get(r->shard, SD_SHARD_META_SCALING, &old, &e);
+    if (st == SD_ENOTFOUND) return SD_OK;
+    if (st) return sd_err_set(err, st, "%s", e.msg);
+    snprintf(now, sizeof now, "%.17g", r->vae.cfg.scaling_factor);
+    if (strcmp(old, now) == 0) {
+        free(old);
+        return SD_OK;
+    }
+    if (r->o->scale > 0) {
+        sd_log(SD_LOG_WARN, "%s: scaling_factor %s in the meta becomes %s (--scale; the latents are stored unscaled, "
+               "so only the meta changes)", sd_shard_path(r->shard), old, now);
+        r->scale_changed = 1;
+    } else {
+        st = sd_err_set(err, SD_EINVAL, "%s records scaling_factor %s, this run's is %s (%s); pass --scale %s to "
+                        "keep it or --scale %s to change it", sd_shard_path(r->shard), old, now,
+                        r->vae.cfg.scale_source, old, now);
+    }
     free(old);
     return st;
 }
@@ -174,8 +223,10 @@ static sd_status write_meta(run *r, sd_error *err)
     sd_buf_init(&b);
     sd_buf_puts(&b, "{\"vae\": ");
     sd_buf_json_cstr(&b, o->vae_path);
+    sd_buf_puts(&b, ", \"vae_config\": ");
+    sd_buf_json_cstr(&b, r->vae_desc);
     sd_buf_printf(&b, ", \"mode\": \"%s\", \"flip\": %s, \"seed\": %llu, \"shard\": \"%d/%d\"}",
-                  o->sample ? "sample" : "mean_std", o->flip ? "true" : "false", (unsigned long long)o->seed,
+                  o->sample ? "sample" : "mean_std", o->flip ? "true" : "false", (unsigned long long)key_seed(o),
                   o->shard_index, o->shard_count);
     if (!st) st = sd_shard_meta_set(r->shard, SD_SHARD_META_OPTIONS, sd_buf_cstr(&b), err);
     sd_buf_free(&b);
@@ -207,8 +258,15 @@ static void decode_range(void *vctx, int worker, size_t begin, size_t end)
         latent_job *j = c->jobs[i];
         sd_image_src src = {.path = j->image, .member = j->member, .offset = j->offset, .size = j->size};
         sd_error e = {0};
-        c->r->dec_st[i] = sd_image_load_chw(&src, &j->plan, c->r->img + i * c->chw, &e);
-        if (c->r->dec_st[i]) snprintf(c->r->dec_msg[i], sizeof c->r->dec_msg[i], "%s", e.msg);
+        sd_status st = sd_image_check_member(&src, &e);
+        if (st) /* another member at the recorded offset, or no tar header there */
+            c->r->dec_why[i] = st == SD_EFORMAT ? "tar member changed since sd-meta" : "unreadable image";
+        else {
+            st = sd_image_load_chw(&src, &j->plan, c->r->img + i * c->chw, &e);
+            c->r->dec_why[i] = st == SD_EINVAL ? "record does not fit the image" : "unreadable image";
+        }
+        c->r->dec_st[i] = st;
+        if (st) snprintf(c->r->dec_msg[i], sizeof c->r->dec_msg[i], "%s", e.msg);
     }
 }
 
@@ -263,8 +321,7 @@ static sd_status decode_batch(run *r, batch *b, size_t m, sd_error *err)
     size_t ok = 0;
     for (size_t i = 0; i < m; i++) {
         if (r->dec_st[i]) {
-            sd_skip(&r->tally, r->dec_st[i] == SD_EINVAL ? "record does not fit the image" : "unreadable image",
-                    "%s (%s): %s", todo[i]->name, todo[i]->image, r->dec_msg[i]);
+            sd_skip(&r->tally, r->dec_why[i], "%s (%s): %s", todo[i]->name, todo[i]->image, r->dec_msg[i]);
             r->bad++;
             todo[i] = NULL;
             continue;
@@ -423,8 +480,9 @@ static sd_status run_batches(run *r, sd_error *err)
     batch cur = {.todo = malloc((size_t)o->batch * sizeof(latent_job *))};
     batch prev = {.todo = malloc((size_t)o->batch * sizeof(latent_job *))};
     r->dec_st = calloc((size_t)o->batch, sizeof(*r->dec_st));
+    r->dec_why = calloc((size_t)o->batch, sizeof(*r->dec_why));
     r->dec_msg = calloc((size_t)o->batch, sizeof(*r->dec_msg));
-    if (!cur.todo || !prev.todo || !r->dec_st || !r->dec_msg) {
+    if (!cur.todo || !prev.todo || !r->dec_st || !r->dec_why || !r->dec_msg) {
         free(cur.todo);
         free(prev.todo);
         return sd_err_set(err, SD_ENOMEM, "out of memory");
@@ -504,6 +562,7 @@ static void run_free(run *r)
     if (r->cuda) sd_cuda_destroy(r->cuda);
 #endif
     free(r->dec_st);
+    free(r->dec_why);
     free(r->dec_msg);
     sd_buf_free(&r->conv);
     sd_buf_free(&r->rec);
@@ -550,6 +609,53 @@ static sd_status open_device(run *r, sd_error *err)
     return st;
 }
 
+/* The VAE's identity, model_hash: a hash of its weights and of every
+ * config field that changes what the encoder computes (block widths,
+ * layers, norm groups and eps, channels, quant_conv, mid-block attention),
+ * since --vae-groups or --vae-config change the latents but not the
+ * weights. The scaling and shift factors stay out: the latents are stored
+ * unscaled, the factor is the shard's meta (check_scale). */
+static void vae_identity(run *r)
+{
+    const sd_vae_config *c = &r->vae.cfg;
+    char blocks[64] = "";
+    for (int i = 0; i < c->nblocks; i++)
+        snprintf(blocks + strlen(blocks), sizeof blocks - strlen(blocks), "%s%d", i ? "," : "", c->block_out[i]);
+    snprintf(r->vae_desc, sizeof r->vae_desc,
+             "in_channels=%d latent_channels=%d block_out_channels=%s layers_per_block=%d norm_num_groups=%d "
+             "norm_eps=%.9g use_quant_conv=%d mid_block_add_attention=%d",
+             c->in_channels, c->latent_channels, blocks, c->layers_per_block, c->groups, (double)c->eps,
+             c->use_quant_conv, c->mid_attention);
+    uint64_t w = sd_hash64(r->vae.w.data, sd_weights_bytes(&r->vae.w), 0);
+    snprintf(r->weights_hash, sizeof r->weights_hash, "%016llx", (unsigned long long)w);
+    snprintf(r->model_hash, sizeof r->model_hash, "%016llx",
+             (unsigned long long)sd_hash64(r->vae_desc, strlen(r->vae_desc), w));
+}
+
+/* Warn when the scaling factor is vae_load's guess (no config.json, no
+ * SDXL conditioner beside the weights): a standalone SDXL VAE file would
+ * get SD's factor, and the trainer scales every latent by it. */
+static void warn_guessed_scale(const run *r)
+{
+    if (strncmp(r->vae.cfg.scale_source, "default", 7) != 0) return;
+    sd_log(SD_LOG_WARN, "VAE %s: scaling factor %g is a guess (%s: no config.json gives one); an SDXL VAE needs "
+           "0.13025: pass --scale X (or --vae-config FILE) when it is not %g", r->o->vae_path,
+           r->vae.cfg.scaling_factor, r->vae.cfg.scale_source, r->vae.cfg.scaling_factor);
+}
+
+/* The meta alone, in its own transaction: a --scale that changes the
+ * shard's factor takes effect even when every record is cached. */
+static sd_status rewrite_meta(run *r, sd_error *err)
+{
+    sd_status st = sd_shard_begin(r->shard, err);
+    if (st) return st;
+    st = write_meta(r, err);
+    if (!st) st = sd_shard_commit(r->shard, err);
+    else sd_shard_abort(r->shard);
+    if (!st) r->meta_pending = 0;
+    return st;
+}
+
 /* Load the VAE, read the jobs, open the shard, run, report. */
 int latents_run(const latents_opts *o)
 {
@@ -562,9 +668,8 @@ int latents_run(const latents_opts *o)
     sd_tally_init(&r.tally, 10);
     sd_error err = {0};
     sd_status st = SD_OK;
-    r.dtype = parse_dtype(o->dtype_name);
+    r.dtype = latents_dtype(o->dtype_name); /* sd_latents.c checked it */
     r.be = sd_backend_cpu();
-    if (!r.dtype) st = sd_err_set(&err, SD_EINVAL, "--dtype %s: expected fp16, bf16 or fp32", o->dtype_name);
     int image_ok = 0;
     if (!st) {
         st = sd_image_init(&err);
@@ -574,42 +679,23 @@ int latents_run(const latents_opts *o)
     double t0 = sd_now();
     if (!st) st = sd_vae_load(&r.vae, o->vae_path, &vo, &err);
     if (!st) {
-        snprintf(r.model_hash, sizeof r.model_hash, "%016llx",
-                 (unsigned long long)sd_hash64(r.vae.w.data, sd_weights_bytes(&r.vae.w), 0));
-        sd_log(SD_LOG_INFO, "VAE %s (%s): %d blocks, %zu MB of weights, scaling factor %g (%s), model_hash %s, %.1f s",
-               o->vae_path, r.vae.layout, r.vae.cfg.nblocks, sd_weights_bytes(&r.vae.w) >> 20,
+        vae_identity(&r);
+        sd_log(SD_LOG_INFO, "VAE %s (%s): %s, %zu MB of weights (hash %s), scaling factor %g (%s), model_hash %s, "
+               "%.1f s", o->vae_path, r.vae.layout, r.vae_desc, sd_weights_bytes(&r.vae.w) >> 20, r.weights_hash,
                r.vae.cfg.scaling_factor, r.vae.cfg.scale_source, r.model_hash, sd_now() - t0);
+        warn_guessed_scale(&r);
     }
     if (!st && o->text_model) {
-        int wdt = o->text_weights ? parse_dtype(o->text_weights) : SD_DT_F32;
-        if (!wdt) st = sd_err_set(&err, SD_EINVAL, "--text-weights %s: expected fp32, fp16 or bf16", o->text_weights);
-        else st = text_open(&r.text, o->text_model, o->tokenizer, o->clip_skip, r.dtype, wdt, numerics(&r), &err);
+        int wdt = o->text_weights ? latents_dtype(o->text_weights) : SD_DT_F32; /* sd_latents.c checked it */
+        st = text_open(&r.text, o->text_model, o->tokenizer, o->clip_skip, r.dtype, wdt, numerics(&r), &err);
         r.text_on = !st;
         if (r.text_on) text_key(&r.text, "", 0, r.empty_key);
     }
     if (!st) st = jobs_read(&r.jobs, o->input, o->shard_index, o->shard_count, &r.tally, &err);
-    if (!st) {
-        sd_keyset names;
-        sd_keyset_init(&names);
-        size_t k = 0;
-        for (size_t i = 0; i < r.jobs.n; i++) {
-            latent_job *j = &r.jobs.v[i];
-            if (sd_keyset_insert(&names, sd_key128_of(j->name, strlen(j->name))) == 0) {
-                sd_skip(&r.tally, "duplicate key", "%s: key %s seen before", o->input, j->name);
-                free(j->name);
-                free(j->image);
-                free(j->member);
-                free(j->caption);
-                continue;
-            }
-            r.jobs.v[k++] = *j;
-        }
-        r.jobs.n = k;
-        sd_keyset_free(&names);
-    }
     sd_shard_opts so = {SD_SHARD_CREATE | (o->nosync ? SD_SHARD_NOSYNC : 0), 0, 0};
     if (!st) st = sd_shard_open(&r.shard, o->output, &so, &err);
     if (!st) st = check_meta(&r, &err);
+    if (!st) st = check_scale(&r, &err);
     if (!st) st = classify(&r, &err);
     if (!st) {
         r.pool = o->threads > 1 ? sd_pool_create(o->threads) : NULL;
@@ -620,7 +706,8 @@ int latents_run(const latents_opts *o)
                r.jobs.n, (unsigned long long)r.jobs.lines, (unsigned long long)r.jobs.other_shard, o->batch,
                o->threads);
         r.meta_pending = 1;
-        if (r.text_on) st = run_texts(&r, &err);
+        if (r.scale_changed) st = rewrite_meta(&r, &err);
+        if (!st && r.text_on) st = run_texts(&r, &err);
         if (!st) st = run_batches(&r, &err);
         if (r.pool) sd_pool_for(r.pool, (size_t)sd_pool_size(r.pool), image_thread_done, NULL);
     }
