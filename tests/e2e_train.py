@@ -6,7 +6,8 @@ weights, EMA weights and training state byte-identical to an uninterrupted run; 
 saves a checkpoint and exits 0, and the rerun again ends identical;
 metrics lines are written; the checkpoint's unet/ loads back (a second run
 from it trains on); a model from --unet-config alone trains and its loss
-falls; bad usage exits 2.
+falls; bad usage exits 2; a killed save's temporary files never reach a
+checkpoint; several copies started by a launcher without an MPI world are refused.
 Usage: e2e_train.py SD_TRAIN TEST_TRAIN UNET_DIR"""
 import json
 import struct
@@ -388,6 +389,58 @@ class Train(unittest.TestCase):
         shutil.copytree(os.path.join(out, "checkpoint-2"), os.path.join(out, "checkpoint-2.old"))
         run("--unet", UNET, "-o", out, "--steps", "3", "--batch", "2", "--ema-decay", "0.99", "-j", "1", self.shard)
         self.assertNotIn("checkpoint-2.old", os.listdir(out))
+
+    def test_stray_temp_files(self):
+        """A save killed mid-write leaves checkpoint-N.tmp with temporary files (NAME.tmp.XXXXXX):
+        the next save starts from an empty directory, so none of them ends up in checkpoint-N.
+        A checkpoint that took such files in before (older versions) is still pruned by --keep:
+        the trainer's own temporary names go with it, a file of another name keeps it."""
+        out = os.path.join(self.tmp.name, "stray")
+        left = ["state.safetensors.tmp.AbC123", "unet/diffusion_pytorch_model.safetensors.tmp.q1W2e3", "junk"]
+        for name in left:
+            os.makedirs(os.path.dirname(os.path.join(out, "checkpoint-2.tmp", name)), exist_ok=True)
+            with open(os.path.join(out, "checkpoint-2.tmp", name), "w") as f:
+                f.write("partial")
+        args = ["--unet", UNET, "-o", out, "--batch", "2", "-j", "1", "-q", self.shard]
+        run(*args, "--steps", "2")
+        ck = os.path.join(out, "checkpoint-2")
+        found = sorted(os.path.relpath(os.path.join(d, f), ck) for d, _, fs in os.walk(ck) for f in fs)
+        self.assertEqual(found, ["state.safetensors", "train_config.json", "unet/config.json",
+                                 "unet/diffusion_pytorch_model.safetensors"])
+        self.assertEqual(sorted(os.listdir(out)), ["checkpoint-2", "latest"])
+        for name in ("state.safetensors.tmp.AbC123", "unet/config.json.tmp.zZ9yY8"):
+            with open(os.path.join(ck, name), "w") as f:
+                f.write("partial")
+        code, err = run(*args, "--steps", "4", "--save-every", "2", "--keep", "1")
+        self.assertNotIn("not removed", err)
+        self.assertEqual(sorted(os.listdir(out)), ["checkpoint-4", "latest"])
+        mine = os.path.join(out, "checkpoint-4", "notes.txt.tmp.abcdef")  # not a name of the trainer's
+        with open(mine, "w") as f:
+            f.write("keep me")
+        code, err = run(*args, "--steps", "6", "--save-every", "2", "--keep", "1")
+        self.assertIn("not removed", err)
+        self.assertEqual(os.listdir(os.path.join(out, "checkpoint-4")), ["notes.txt.tmp.abcdef"])
+
+    def test_launcher_copies_refused(self):
+        """A launcher that started several processes which do not form an MPI world (a build
+        without MPI, SD_DIST=none, srun without an MPI plugin) would have each train the same run
+        into the same output: refused, naming the variable. SLURM_NTASKS alone (a batch script,
+        one process) and a step of one task run."""
+        out = os.path.join(self.tmp.name, "copies")
+        for env, var in (({"SD_DIST": "none", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"},
+                          "OMPI_COMM_WORLD_SIZE=2"),
+                         ({"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "3", "SLURM_NTASKS": "4"},
+                          "SLURM_STEP_NUM_TASKS=4")):
+            p = subprocess.run([TRAIN, "--unet", UNET, "-o", out, "--steps", "1", "-q", self.shard],
+                               capture_output=True, env=dict(os.environ, **env))
+            self.assertEqual(p.returncode, 3, p.stderr.decode())
+            self.assertIn("started as one of %s processes (%s)" % (var[-1], var), p.stderr.decode())
+            self.assertFalse(os.path.exists(out))
+        for env in ({"SLURM_NTASKS": "4", "SLURM_PROCID": "0"}, {"SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0"}):
+            p = subprocess.run([TRAIN, "--unet", UNET, "-o", out, "--steps", "1", "--fresh", "-q", self.shard],
+                               capture_output=True, env=dict(os.environ, **env))
+            self.assertEqual(p.returncode, 0, p.stderr.decode())
+            self.assertEqual(latest(out), 1)
 
     def test_resume_option_checks(self):
         """A checkpoint with an EMA resumes only with --ema-decay; options that change the steps

@@ -9,10 +9,16 @@ other and exit non-zero within a bounded time, and the rerun resumes from
 the last checkpoint every rank completed and ends byte-identical to an
 uninterrupted 2-rank run. ZeRO-1 (with fp32 and bf16 AdamW moments, also over
 several reduction blocks) matches the all-reduce run and resumes byte-identically.
+Ranks that would not train the same run stop at once, naming the rank: a usage error on one
+rank (exit 2 on all), another checkpoint or other shards on one rank; rank 0 writing a
+checkpoint longer than SD_DIST_TIMEOUT does not stop the others; --epochs resumed with
+another world size ends after the epochs; the skipped-record summary counts every rank's.
 Exit 77 (skipped) when mpirun is missing or sd-train was built without MPI.
 Usage: e2e_train_mpi.py SD_TRAIN TEST_TRAIN UNET_DIR HAVE_MPI"""
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import struct
@@ -52,6 +58,34 @@ def mpi(n, *args, wait=True):
     if p.returncode != 0:
         raise AssertionError("%s -> %d\n%s" % (" ".join(cmd), p.returncode, p.stderr.decode()))
     return p.stderr.decode()
+
+
+def mpi_raw(n, *args, env=None, timeout=120):
+    """sd-train (or a wrapper script) under mpirun -np n, any exit: (code, stderr, seconds)."""
+    cmd = [MPIRUN, "--oversubscribe", "--allow-run-as-root", "-np", str(n)] + [str(a) for a in args]
+    full = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none", **(env or {}))
+    t0 = time.time()
+    p = subprocess.run(cmd, capture_output=True, env=full, timeout=timeout)
+    return p.returncode, p.stderr.decode(), time.time() - t0
+
+
+def rank_wrapper(path, rank1, rank0=""):
+    """A script for mpirun to start in place of sd-train: rank 1 runs it with the extra
+    arguments rank1 (shell words) before the common ones, rank 0 with rank0 (a command may
+    precede sd-train there: TRAIN stands for it)."""
+    first0 = rank0 if "TRAIN" in rank0 else "TRAIN " + rank0
+    with open(path, "w") as f:
+        f.write('#!/bin/sh\nif [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then exec %s %s "$@"; fi\nexec %s "$@"\n' %
+                (shlex.quote(TRAIN), rank1, first0.replace("TRAIN", shlex.quote(TRAIN))))
+    os.chmod(path, 0o755)
+    return path
+
+
+def state_meta(path):
+    """The metadata of a state.safetensors."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n))["__metadata__"]
 
 
 def st_load(path):
@@ -275,6 +309,127 @@ class TrainMPI(unittest.TestCase):
             f.write("checkpoint-2\n")
         mpi(2, "-o", r, "--adam-moments", "bf16", "--zero1", *base)
         self.assertEqual(files(r, 4), files(z, 4))
+
+    def test_usage_error_on_one_rank(self):
+        """An option refused on rank 1 only (its --config file is missing there): every rank exits 2
+        at once, rank 0 saying another rank's options were refused, instead of waiting for the
+        hung-peer timeout in its first collective."""
+        w = rank_wrapper(os.path.join(self.tmp.name, "usage1.sh"),
+                         "--config " + shlex.quote(os.path.join(self.tmp.name, "missing.json")))
+        code, err, secs = mpi_raw(2, w, "--unet", UNET, "-o", os.path.join(self.tmp.name, "usage1"), "--steps", "2",
+                                  "-j", "1", self.shard, env={"SD_DIST_TIMEOUT": "60"})
+        print("usage error on rank 1: exit %d after %.1f s" % (code, secs), file=sys.stderr)
+        self.assertEqual(code, 2, err)
+        self.assertIn("missing.json", err)
+        self.assertIn("rank 0 of 2: another rank's options were refused", err)
+        self.assertLess(secs, 30)
+        self.assertFalse(os.path.exists(os.path.join(self.tmp.name, "usage1")))
+
+    def test_ranks_start_from_one_state(self):
+        """Rank 1 with an output directory that lacks rank 0's checkpoint (it would start at step 0
+        while rank 0 resumes at step 2), or with one more shard (other batches): the run stops
+        before its first step with an error naming rank 1 and what differs; nothing is written."""
+        shared = os.path.join(self.tmp.name, "agree-shared")
+        shutil.copytree(os.path.join(self.two, "checkpoint-2"), os.path.join(shared, "checkpoint-2"))
+        with open(os.path.join(shared, "latest"), "w") as f:
+            f.write("checkpoint-2\n")
+        before = files(shared, 2)
+        w = rank_wrapper(os.path.join(self.tmp.name, "agree-out.sh"),
+                         "-o " + shlex.quote(os.path.join(self.tmp.name, "agree-local")), "-o " + shlex.quote(shared))
+        args = ["--unet", UNET, "--batch", "2", "--accum", "1", "--save-every", "2"] + COMMON + [self.shard]
+        code, err, secs = mpi_raw(2, w, *args, env={"SD_DIST_TIMEOUT": "60"})
+        print("rank 1 without the checkpoint: exit %d after %.1f s" % (code, secs), file=sys.stderr)
+        self.assertNotEqual(code, 0)
+        self.assertIn("rank 1 of 2 does not start from rank 0's state: its step is 0, rank 0's 2", err)
+        self.assertLess(secs, 30)
+        self.assertEqual(sorted(os.listdir(shared)), ["checkpoint-2", "latest"])
+        self.assertEqual(files(shared, 2), before)
+        extra = os.path.join(self.tmp.name, "agree-extra.shard")
+        shutil.copyfile(self.shard, extra)
+        w = rank_wrapper(os.path.join(self.tmp.name, "agree-shards.sh"), shlex.quote(extra))
+        out = os.path.join(self.tmp.name, "agree-shards")
+        code, err, secs = mpi_raw(2, w, "--unet", UNET, "-o", out, "--steps", "2", "-j", "1", "-q", self.shard,
+                                  env={"SD_DIST_TIMEOUT": "60"})
+        self.assertNotEqual(code, 0)
+        self.assertRegex(err, r"rank 1 of 2 does not start from rank 0's state: its data fingerprint is [0-9a-f]{16}")
+        self.assertFalse(os.path.exists(os.path.join(out, "latest")))
+
+    def test_save_outlasts_timeout(self):
+        """Rank 0's first fsync (inside the checkpoint's writing) held 8 s by strace, with
+        SD_DIST_TIMEOUT=3: rank 1 waits for the save instead of stopping as a hung peer, the run
+        exits 0 with the checkpoint whole."""
+        strace = shutil.which("strace")
+        if not strace:
+            self.skipTest("no strace to slow the save down")
+        delay = "%s -f --seccomp-bpf -qq -o /dev/null -e trace=fsync -e inject=fsync:delay_enter=8000000:when=1" % \
+            shlex.quote(strace)
+        probe = subprocess.run(delay.split() + ["true"], capture_output=True)
+        if probe.returncode != 0:
+            self.skipTest("strace cannot trace here: %s" % probe.stderr.decode().strip())
+        w = rank_wrapper(os.path.join(self.tmp.name, "slow-save.sh"), "", delay + " TRAIN")
+        for extra in ([], ["--zero1"]):
+            out = os.path.join(self.tmp.name, "slow-save" + "".join(extra))
+            code, err, secs = mpi_raw(2, w, "--unet", UNET, "-o", out, "--steps", "2", "--ema-decay", "0.99",
+                                      "--batch", "2", "-j", "1", *extra, self.shard, env={"SD_DIST_TIMEOUT": "3"})
+            print("rank 0's save held 8 s, timeout 3 s%s: exit %d after %.1f s" % (" ".join([""] + extra), code, secs),
+                  file=sys.stderr)
+            self.assertEqual(code, 0, err)
+            self.assertNotIn("SD_DIST_TIMEOUT", err)
+            self.assertGreater(secs, 8)
+            self.assertEqual(latest(out), 2)
+            self.assertEqual(state_meta(os.path.join(out, "checkpoint-2", "state.safetensors"))["step"], "2")
+
+    def test_epochs_after_another_world_size(self):
+        """--epochs 4 on 2 ranks (batch 2: 7 batches an epoch, 4 a step, 7 steps), resumed from its
+        step-2 checkpoint by one process: the steps left are the batches the cursor has not reached
+        (one a step), so the run ends exactly at the end of the fourth epoch, not 2 x 7 steps of
+        one batch later; a warning names the LR schedule's new span."""
+        out = os.path.join(self.tmp.name, "epochs-two")
+        args = ["--unet", UNET, "--batch", "2", "--accum", "1", "--epochs", "4", "--save-every", "2", "--keep", "0",
+                "--lr-schedule", "cosine", "--seed", "5", "-j", "1", self.shard]
+        err = mpi(2, "-o", out, *args)
+        self.assertIn("= 14 steps", err)
+        end = state_meta(os.path.join(out, "checkpoint-14", "state.safetensors"))
+        at2 = state_meta(os.path.join(out, "checkpoint-2", "state.safetensors"))
+        self.assertEqual(at2["epoch"], "0")
+        served = int(at2["batch"])  # batches consumed in 2 steps of 2 ranks (4, more if one was all skipped)
+        one = os.path.join(self.tmp.name, "epochs-one")
+        shutil.copytree(os.path.join(out, "checkpoint-2"), os.path.join(one, "checkpoint-2"))
+        with open(os.path.join(one, "latest"), "w") as f:
+            f.write("checkpoint-2\n")
+        p = subprocess.run([TRAIN, "-o", one] + args, capture_output=True)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        want = 2 + 28 - served
+        self.assertEqual(latest(one), want, p.stderr.decode())
+        self.assertIn("the LR schedule spans %d steps instead of 14" % want, p.stderr.decode())
+        got = state_meta(os.path.join(one, "checkpoint-%d" % want, "state.safetensors"))
+        self.assertEqual(got["epoch"], "3")  # 28 batches: epochs of 8, 6, 8 and 6 (buckets of 5 and 9 carried)
+        self.assertEqual((got["epoch"], got["batch"]), (end["epoch"], end["batch"]))
+
+    def test_skip_summary_counts_every_rank(self):
+        """The generated shard has two records that are always skipped: the summary of 2 ranks
+        (batch 2 each) counts every skip of both, as one process with the same global batch does."""
+        def summary(err):
+            return [l.split(": ", 1)[1] for l in err.splitlines() if re.match(r"sd-train: (records: | +\d+ )", l)]
+        args = ["--unet", UNET, "--steps", "6", "--batch", "2", "--seed", "5", "-j", "1", self.shard]
+        two = mpi(2, "-o", os.path.join(self.tmp.name, "skips-two"), "--accum", "1", *args)
+        p = subprocess.run([TRAIN, "-o", os.path.join(self.tmp.name, "skips-one"), "--accum", "2"] + args,
+                           capture_output=True)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        one = summary(p.stderr.decode())
+        print("skipped records, one process: %s" % one, file=sys.stderr)
+        self.assertTrue(one and one[0].startswith("records: "), p.stderr.decode())
+        self.assertEqual(sorted(summary(two)), sorted(one), two)
+
+    def test_no_world_refused(self):
+        """SD_DIST=none under mpirun -np 2: each process would train the same run into the same
+        output; both refuse, naming the launcher's variable, and nothing is written."""
+        out = os.path.join(self.tmp.name, "no-world")
+        code, err, _ = mpi_raw(2, "-x", "SD_DIST=none", TRAIN, "--unet", UNET, "-o", out, "--steps", "2", "-q",
+                               self.shard)
+        self.assertNotEqual(code, 0)
+        self.assertIn("started as one of 2 processes (OMPI_COMM_WORLD_SIZE=2)", err)
+        self.assertFalse(os.path.exists(out))
 
     def test_world_size_note(self):
         out = os.path.join(self.tmp.name, "regrow")

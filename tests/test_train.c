@@ -421,7 +421,9 @@ static void rmtree(const char *dir)
  * 0..E-1 a bucket of n records hands out ceil(E n / 4) x 4 records, each
  * record E or E + 1 times (the stream of shuffles, cut in 4s); an epoch
  * planned again after a later one (a resume) gives the same batches; and
- * without carry every epoch holds every record exactly once. */
+ * without carry every epoch holds every record exactly once. Every
+ * cursor's count of batches served (what --epochs resumed with another
+ * world size counts from) is the number of batches handed out. */
 static void check_carry(const char *shard)
 {
     const char *shards[1] = {shard};
@@ -448,6 +450,7 @@ static void check_carry(const char *shard)
             for (size_t i = 0; i < db.n; i++) count[d.perm[db.start + i]]++;
             taken[db.bucket] += (unsigned)db.n;
             nbat++;
+            CHECK(sd_data_batches_served(&d, &cur) == (double)nbat);
             if (cur.epoch == 1 && nfirst < 64) { /* the batch handed out is of the cursor's epoch */
                 first[nfirst++] = db;
                 for (size_t i = 0; i < db.n && nrec1 < 256; i++) rec1[nrec1++] = d.perm[db.start + i];
@@ -480,7 +483,7 @@ static void check_carry(const char *shard)
             sd_data_batch db;
             size_t nb = 0;
             while (cur.epoch < 3 && CHECK(sd_data_next(&d, &cur, &db, &err) == SD_OK))
-                if (cur.epoch < 3) nb++; /* the batch handed out is of the cursor's epoch */
+                if (cur.epoch < 3) CHECK(sd_data_batches_served(&d, &cur) == (double)++nb); /* of the cursor's epoch */
             CHECK(d.nbuckets >= 2 && nb == 3 * d.nbuckets);
             CHECK(sd_data_epoch_batches(&d) == (double)d.nbuckets);
         }

@@ -47,6 +47,28 @@ static int fail_all(int code)
     return code;
 }
 
+/* Before the run's first collective: a rank whose options were refused
+ * (or that printed --help) would leave the others waiting in it for the
+ * whole hung-peer timeout. Every rank passes here exactly once, going on
+ * (code < 0) or not, and learns whether all go on. Returns -1 to go on,
+ * else the exit code: this rank's own, or 2 where another rank stopped. */
+static int agree_to_start(int code)
+{
+    if (sd_dist_world() <= 1) return code;
+    int all = 1;
+    sd_error e = {0};
+    if (sd_dist_all_ok(code < 0, &all, &e)) {
+        fprintf(stderr, "sd-train: %s\n", e.msg);
+        return SD_EXIT_FATAL;
+    }
+    if (code < 0 && !all) {
+        fprintf(stderr, "sd-train: rank %d of %d: another rank's options were refused (its message says why): "
+                "stopping\n", sd_dist_rank(), sd_dist_world());
+        return SD_EXIT_USAGE;
+    }
+    return code;
+}
+
 /* This process's rank among those on its machine, from the launcher's
  * environment (Open MPI, SLURM, MPICH), so that "--device cuda" under
  * mpirun or srun gives each process its own GPU; 0 when launched alone. */
@@ -198,6 +220,7 @@ int main(int argc, char **argv)
     sd_cli_args args;
     int rc = sd_cli_expand(&cli, argc, argv, &args);
     if (rc >= 0) {
+        rc = agree_to_start(rc);
         sd_dist_finalize();
         return rc;
     }
@@ -205,6 +228,7 @@ int main(int argc, char **argv)
     if (rc >= 0) {
         sd_cli_args_free(&args);
         sd_strlist_free(&pos);
+        rc = agree_to_start(rc);
         sd_dist_finalize();
         return rc;
     }
@@ -259,13 +283,14 @@ int main(int argc, char **argv)
     else if (!bad && strcmp(dtype, "fp16") == 0) o.save_dtype = SD_ST_F16;
     else if (!bad && strcmp(dtype, "bf16") == 0) o.save_dtype = SD_ST_BF16;
     else if (!bad) bad = "--save-dtype: fp32, fp16 or bf16";
-    if (bad) {
-        sd_cli_usage_error(&cli, "%s", bad);
+    if (bad) sd_cli_usage_error(&cli, "%s", bad);
+    rc = agree_to_start(bad ? SD_EXIT_USAGE : -1);
+    if (rc >= 0) {
         sd_strlist_free(&pos);
         sd_cli_args_free(&args);
         sd_strlist_free(&sets);
         sd_dist_finalize();
-        return SD_EXIT_USAGE;
+        return rc;
     }
     /* accepted, but they would change nothing: say so rather than ignore them silently */
     if (warmup > 0 && o.lr.kind == SD_LR_CONSTANT)
@@ -316,14 +341,10 @@ int main(int argc, char **argv)
         sd_strlist_free(&sets);
         return fail_all(SD_EXIT_FATAL);
     }
-    if (epochs > 0) { /* the shards are open now: their batches per epoch turn into steps */
-        double per = sd_data_epoch_batches(&tr.data);
-        tr.o.max_steps = tr.o.lr.total = (long)ceil((double)epochs * per / ((double)world * (double)o.accum));
-        sd_log(SD_LOG_INFO, "%ld epoch%s of %.6g batches (%d rank%s, accumulation %d) = %ld steps", epochs,
-               epochs == 1 ? "" : "s", per, world, world == 1 ? "" : "s", o.accum, tr.o.max_steps);
-    }
     if (!resume && !fresh && has_latest(o.out_dir)) resume = o.out_dir;
     if (resume) st = sd_train_resume(&tr, resume, &err);
+    /* the shards are open and the cursor resumed: epochs turn into steps */
+    if (!st && epochs > 0) sd_train_set_epochs(&tr, epochs);
     if (!st) {
         sd_log(SD_LOG_INFO, "UNet %s, %zu parameters; %zu records in %zu buckets", tr.unet.layout,
                tr.unet.w.total, tr.data.nitems, tr.data.nbuckets);
@@ -339,6 +360,9 @@ int main(int argc, char **argv)
                world, sd_dist_sum_seconds());
     if (st) sd_log(SD_LOG_ERROR, "%s", err.msg);
     else if (stop_flag) sd_log(SD_LOG_INFO, "stopped at step %ld (checkpoint saved)", tr.step);
+    /* several ranks: abort before closing, whose ncclCommDestroy could wait
+     * for peers that never take part (fail_all does not return there) */
+    if (st && world > 1) return fail_all(SD_EXIT_FATAL);
     sd_trainer_close(&tr);
     sd_strlist_free(&pos);
     sd_buf_free(&cfg);

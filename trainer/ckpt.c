@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -56,8 +57,49 @@ static sd_status make_dir(const char *path, sd_error *err)
     return sd_err_set(err, SD_EIO, "%s: cannot create directory: %s", path, strerror(errno));
 }
 
-/* Remove a checkpoint directory made by this code (only its own files, so
- * a wrong path never loses anything else). */
+/* Whether name is base + ".tmp." + 6 characters: the name sd_outfile
+ * writes base under (mkstemp) until it renames it, left by a kill. */
+static int is_temp_of(const char *name, const char *base)
+{
+    size_t bl = strlen(base);
+    return strncmp(name, base, bl) == 0 && strncmp(name + bl, ".tmp.", 5) == 0 && strlen(name + bl + 5) == 6;
+}
+
+/* The checkpoint file rel (a ckpt_files entry) lies in sub ("" for the top):
+ * its name there, or NULL when it lies elsewhere. */
+static const char *name_in(const char *rel, const char *sub)
+{
+    const char *slash = strchr(rel, '/');
+    if (!*sub) return slash ? NULL : rel;
+    size_t sl = strlen(sub);
+    return slash && (size_t)(slash - rel) == sl && strncmp(rel, sub, sl) == 0 ? slash + 1 : NULL;
+}
+
+/* Remove the temporary files that killed writes of this code's own files
+ * left in dir/sub (a checkpoint saved by an older version took them in),
+ * so that the directory can go. */
+static void remove_temps(const char *dir, const char *sub)
+{
+    char d[PATH_CAP], p[PATH_CAP];
+    if (*sub) pjoin(d, dir, sub);
+    else snprintf(d, sizeof d, "%s", dir);
+    DIR *dd = opendir(d);
+    if (!dd) return;
+    struct dirent *e;
+    while ((e = readdir(dd)))
+        for (size_t i = 0; i < sizeof ckpt_files / sizeof *ckpt_files; i++) {
+            const char *base = name_in(ckpt_files[i], sub);
+            if (base && is_temp_of(e->d_name, base)) {
+                pjoin(p, d, e->d_name);
+                unlink(p);
+                break;
+            }
+        }
+    closedir(dd);
+}
+
+/* Remove a checkpoint directory made by this code (only its own files and
+ * their temporary names, so a wrong path never loses anything else). */
 static void remove_ckpt(const char *dir)
 {
     char p[PATH_CAP];
@@ -65,6 +107,9 @@ static void remove_ckpt(const char *dir)
         pjoin(p, dir, ckpt_files[i]);
         unlink(p);
     }
+    remove_temps(dir, "");
+    remove_temps(dir, "unet");
+    remove_temps(dir, "unet_ema");
     pjoin(p, dir, "unet");
     rmdir(p);
     pjoin(p, dir, "unet_ema");
@@ -86,6 +131,26 @@ static int cmp_long(const void *a, const void *b)
 {
     long x = *(const long *)a, y = *(const long *)b;
     return x < y ? -1 : x > y;
+}
+
+/* nftw's visit of clear_tmp: remove the entry (children come first). */
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path) != 0 && errno != ENOENT ? -1 : 0;
+}
+
+/* Remove the .tmp directory an earlier save left (a kill while writing)
+ * with everything in it: it is this code's own, and whatever is there
+ * (temporary files of a write included) would otherwise be renamed into
+ * the finished checkpoint. Links are removed, never followed. */
+static sd_status clear_tmp(const char *tmp, sd_error *err)
+{
+    errno = 0;
+    if (nftw(tmp, remove_entry, 16, FTW_DEPTH | FTW_PHYS) == 0 || errno == ENOENT) return SD_OK;
+    return sd_err_set(err, SD_EIO, "%s: cannot remove the unfinished save: %s", tmp, strerror(errno));
 }
 
 /* Remove the checkpoint-N.old copies put_in_place set aside (a kill between
@@ -238,8 +303,8 @@ static sd_status save_local(sd_trainer *tr, sd_error *err)
         return sd_err_set(err, SD_EINVAL, "output path too long: %s", out);
     sd_status rc = sd_make_dirs(out, err); /* -o a/b/run: parents too */
     if (rc) return rc;
-    remove_ckpt(tmp); /* a run killed while saving left it */
-    rc = make_dir(tmp, err);
+    rc = clear_tmp(tmp, err); /* a run killed while saving left it */
+    if (!rc) rc = make_dir(tmp, err);
     pjoin(p, tmp, "unet");
     if (!rc) rc = make_dir(p, err);
     pjoin(p, tmp, "unet/config.json");
@@ -305,7 +370,8 @@ sd_status sd_train_save(sd_trainer *tr, sd_error *err)
     return rc;
 }
 
-/* Rank 0 writes; every rank learns whether it worked. */
+/* Rank 0 writes; every rank learns whether it worked, waiting without
+ * the hung-peer timeout. */
 static sd_status save_all(sd_trainer *tr, sd_error *err)
 {
     if (tr->world <= 1) return save_local(tr, err);
@@ -314,7 +380,9 @@ static sd_status save_all(sd_trainer *tr, sd_error *err)
     if (rc) return rc;
     sd_error e2 = {0};
     sd_status mine = tr->rank == 0 ? save_local(tr, err) : SD_OK;
-    rc = sd_dist_all_ok(mine == SD_OK, &ok, mine ? &e2 : err);
+    /* the others wait as long as rank 0 writes (tens of GB with fsync on
+     * slow storage): the hung-peer timeout must not stop them mid-save */
+    rc = sd_dist_all_ok_untimed(mine == SD_OK, &ok, mine ? &e2 : err);
     if (mine) return mine;
     if (rc) return rc;
     if (!ok) return sd_err_set(err, SD_EIO, "rank 0 could not write checkpoint-%ld (its log says why)", tr->step);
@@ -438,6 +506,7 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
          * size keeps the model, moments and cursor but changes the batch */
         const char *ws = meta_of(st, "world_size");
         int was = ws ? atoi(ws) : 1, now = tr->world > 0 ? tr->world : 1;
+        tr->saved_world = was > 0 ? was : 1;
         if (was != now && tr->rank == 0)
             sd_log(SD_LOG_WARN,
                    "%s: made with %d rank(s), this run has %d: the global batch changes from %d to %d samples per "

@@ -287,6 +287,20 @@ double sd_data_epoch_batches(const sd_data *d)
     return total;
 }
 
+/* The cursor's batch in its epoch plus every earlier epoch's batches, as
+ * plan_epoch cuts them: per bucket e x its batches when cut per epoch,
+ * else the batches of its endless stream that start before record e x n. */
+double sd_data_batches_served(const sd_data *d, const sd_data_cursor *cur)
+{
+    double total = (double)cur->batch;
+    uint64_t e = cur->epoch > 0 ? (uint64_t)cur->epoch : 0, B = (uint64_t)d->batch;
+    for (size_t b = 0; b < d->nbuckets; b++) {
+        uint64_t n = d->buckets[b].n;
+        total += (double)(d->carry && n > B ? (e * n + B - 1) / B : e * ((n + B - 1) / B));
+    }
+    return total;
+}
+
 /* Room for an epoch's carried batches: up to batch - 1 more records and
  * one more batch per bucket, and two shuffles of the largest bucket. */
 sd_status sd_data_set_carry(sd_data *d, sd_error *err)

@@ -91,6 +91,9 @@ sd_status sd_data_set_carry(sd_data *d, sd_error *err);
  * each bucket's records over the batch size, else each bucket's count
  * rounded up to whole batches. What --epochs turns into steps. */
 double sd_data_epoch_batches(const sd_data *d);
+/* Batches handed out from the start of epoch 0 up to the cursor: what a
+ * run has consumed, whatever its world size and accumulation. */
+double sd_data_batches_served(const sd_data *d, const sd_data_cursor *cur);
 /* The batch at the cursor (planning its epoch when needed), and the cursor
  * moved past it (into the next epoch after the last batch). */
 sd_status sd_data_next(sd_data *d, sd_data_cursor *cur, sd_data_batch *out, sd_error *err);

@@ -15,8 +15,17 @@
 #include "err.h"
 
 /* Join the world when launched by an MPI launcher (its environment says
- * so); a plain start stays a world of one. Call once, early. */
+ * so); a plain start stays a world of one. Call once, early. A launcher
+ * that started several processes which would not form a world (a build
+ * without MPI, SD_DIST=none, srun without an MPI plugin) is refused: they
+ * would all train the same run into the same output. */
 sd_status sd_dist_init(int *argc, char ***argv, sd_error *err);
+/* The number of processes a launcher started together with this one (1
+ * when none says more), from the variables it sets in each process:
+ * OMPI_COMM_WORLD_SIZE (Open MPI), PMI_SIZE (MPICH's Hydra, PMI-1
+ * launchers), SLURM_STEP_NUM_TASKS (srun), each counted only with its
+ * per-process rank variable; *var names the variable (dist_env.c). */
+int sd_dist_launcher_size(const char **var);
 /* Leave the world (after the last collective). */
 void sd_dist_finalize(void);
 /* Stop every process of the world with this exit code (after a local
@@ -48,7 +57,9 @@ sd_status sd_dist_reduce_scatter_f32(float *buf, size_t n, sd_error *err);
 sd_status sd_dist_allgather_f32(float *buf, size_t n, sd_error *err);
 /* Every rank's packed segments (own: sd_dist_owned values of elem bytes,
  * in block order) into full (n values) on rank 0 only; full is ignored
- * elsewhere. The layout counts values, whatever their size. */
+ * elsewhere. The layout counts values, whatever their size. It serves
+ * checkpoints (ZeRO-1's moments), so it waits without the hung-peer
+ * timeout, as sd_dist_all_ok_untimed. */
 sd_status sd_dist_gather(void *full, const void *own, size_t n, size_t elem, sd_error *err);
 /* Seconds this process spent in sd_dist_sum_f32 (waiting included): the
  * reduction's share of the step time. */
@@ -57,8 +68,15 @@ double sd_dist_sum_seconds(void);
 sd_status sd_dist_sum_f64(double *buf, int n, sd_error *err);
 /* buf (bytes) from rank 0 to every rank (the NCCL id, for one). */
 sd_status sd_dist_bcast(void *buf, size_t bytes, sd_error *err);
+/* Every rank's bytes (the same count on each) into all, rank after rank
+ * (bytes x world), on every rank. */
+sd_status sd_dist_allgather_bytes(const void *mine, size_t bytes, void *all, sd_error *err);
 /* Every rank waits for all; returns the smallest ok any rank passed, so a
  * failure on one rank is seen by all. */
 sd_status sd_dist_all_ok(int ok, int *all_ok, sd_error *err);
+/* The same without the hung-peer timeout (SD_DIST_TIMEOUT): for the wait
+ * for another rank's long work, rank 0 writing a checkpoint, whose length
+ * (tens of GB, fsync'ed) no timeout can bound. */
+sd_status sd_dist_all_ok_untimed(int ok, int *all_ok, sd_error *err);
 
 #endif

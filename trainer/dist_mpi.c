@@ -2,7 +2,10 @@
  * reductions in a fixed order, errors returned (not fatal inside MPI) so
  * the message names the rank and the call, and a watchdog (SIGALRM) that
  * ends a rank whose collective has waited longer than SD_DIST_TIMEOUT
- * seconds (default 600): a peer that died or hangs never leaves the others waiting forever. */
+ * seconds (default 600): a peer that died or hangs never leaves the others
+ * waiting forever. The wait counts the peers' work since the last
+ * collective too (loading, a step, validation); the waits for rank 0's
+ * checkpoint writing are not watched (sd_dist_all_ok_untimed). */
 #include "dist.h"
 
 #include <mpi.h>
@@ -67,10 +70,24 @@ static int launched(void)
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK") || getenv("PMI_SIZE");
 }
 
+/* Several processes from a launcher that will not form one world: each
+ * would train the whole run into the same output. */
+static sd_status refuse_copies(sd_error *err)
+{
+    const char *var = NULL;
+    int n = sd_dist_launcher_size(&var);
+    if (n <= 1) return SD_OK;
+    return sd_err_set(err, SD_EUNSUPPORTED,
+                      "started as one of %d processes (%s=%d) that do not form an MPI world (SD_DIST=none, or srun "
+                      "without --mpi=pmix): each would train the same run into the same output",
+                      n, var, n);
+}
+
 /* MPI_Init when launched, errors returned, the watchdog started. */
 sd_status sd_dist_init(int *argc, char ***argv, sd_error *err)
 {
-    if (g_on || !launched()) return SD_OK;
+    if (g_on) return SD_OK;
+    if (!launched()) return refuse_copies(err);
     int rc = MPI_Init(argc, argv);
     if (rc != MPI_SUCCESS) return sd_err_set(err, SD_EIO, "MPI_Init failed (error %d)", rc);
     g_on = 1;
@@ -216,7 +233,8 @@ sd_status sd_dist_allgather_f32(float *buf, size_t n, sd_error *err)
 }
 
 /* Per block, the segments to rank 0 (MPI_Gatherv): only rank 0 holds the
- * whole buffer. */
+ * whole buffer. Not watched: it moves whole optimizer states for a
+ * checkpoint, which may take long on a slow network. */
 sd_status sd_dist_gather(void *full, const void *own, size_t n, size_t elem, sd_error *err)
 {
     int N = g_on ? g_world : 1;
@@ -229,7 +247,6 @@ sd_status sd_dist_gather(void *full, const void *own, size_t n, size_t elem, sd_
     int *off = cnt + N;
     sd_status st = SD_OK;
     size_t o = 0; /* values of own sent so far */
-    watch("a gather to rank 0");
     for (size_t b = 0; b < sd_dist_blocks(n) && !st; b++) {
         block_layout(n, b, cnt, off);
         int mine = cnt[g_rank];
@@ -243,7 +260,6 @@ sd_status sd_dist_gather(void *full, const void *own, size_t n, size_t elem, sd_
         if (rc != MPI_SUCCESS) st = mpi_fail(rc, "MPI_Gatherv", err);
         o += (size_t)mine;
     }
-    watch(NULL);
     free(cnt);
     return st;
 }
@@ -293,13 +309,40 @@ sd_status sd_dist_bcast(void *buf, size_t bytes, sd_error *err)
     return rc == MPI_SUCCESS ? SD_OK : mpi_fail(rc, "MPI_Bcast", err);
 }
 
-/* The minimum of ok over all ranks (a barrier too). */
-sd_status sd_dist_all_ok(int ok, int *all_ok, sd_error *err)
+/* Every rank's bytes to every rank (MPI_Allgather). */
+sd_status sd_dist_allgather_bytes(const void *mine, size_t bytes, void *all, sd_error *err)
+{
+    if (!g_on || g_world == 1) {
+        memcpy(all, mine, bytes);
+        return SD_OK;
+    }
+    if (bytes > (size_t)1 << 30) return sd_err_set(err, SD_EINVAL, "all-gather of %zu bytes: too large", bytes);
+    watch("an all-gather (the ranks' states)");
+    int rc = MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, MPI_COMM_WORLD);
+    watch(NULL);
+    return rc == MPI_SUCCESS ? SD_OK : mpi_fail(rc, "MPI_Allgather", err);
+}
+
+/* The minimum of ok over all ranks (a barrier too), under the watchdog
+ * when what names the wait for it. */
+static sd_status all_min(int ok, int *all_ok, const char *what, sd_error *err)
 {
     *all_ok = ok;
     if (!g_on || g_world == 1) return SD_OK;
-    watch("a barrier (all ranks ok?)");
+    if (what) watch(what);
     int rc = MPI_Allreduce(&ok, all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    watch(NULL);
+    if (what) watch(NULL);
     return rc == MPI_SUCCESS ? SD_OK : mpi_fail(rc, "MPI_Allreduce (all ranks ok?)", err);
+}
+
+/* A barrier that a hung peer cannot stall for longer than the timeout. */
+sd_status sd_dist_all_ok(int ok, int *all_ok, sd_error *err)
+{
+    return all_min(ok, all_ok, "a barrier (all ranks ok?)", err);
+}
+
+/* A barrier that waits as long as the slowest rank's work takes. */
+sd_status sd_dist_all_ok_untimed(int ok, int *all_ok, sd_error *err)
+{
+    return all_min(ok, all_ok, NULL, err);
 }

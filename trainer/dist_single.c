@@ -5,13 +5,19 @@
 
 #include <stdlib.h>
 
-/* Nothing to join without MPI. */
+/* Nothing to join without MPI; but a launcher that started several
+ * copies would have each train the whole run into the same output. */
 sd_status sd_dist_init(int *argc, char ***argv, sd_error *err)
 {
     (void)argc;
     (void)argv;
-    (void)err;
-    return SD_OK;
+    const char *var = NULL;
+    int n = sd_dist_launcher_size(&var);
+    if (n <= 1) return SD_OK;
+    return sd_err_set(err, SD_EUNSUPPORTED,
+                      "started as one of %d processes (%s=%d), but this sd-train was built without MPI: each would "
+                      "train the same run into the same output; start one process",
+                      n, var, n);
 }
 
 /* Nothing to leave. */
@@ -70,6 +76,20 @@ sd_status sd_dist_all_ok(int ok, int *all_ok, sd_error *err)
 {
     (void)err;
     *all_ok = ok;
+    return SD_OK;
+}
+
+/* No timeout to leave out in a world of one. */
+sd_status sd_dist_all_ok_untimed(int ok, int *all_ok, sd_error *err)
+{
+    return sd_dist_all_ok(ok, all_ok, err);
+}
+
+/* A world of one gathers its own bytes. */
+sd_status sd_dist_allgather_bytes(const void *mine, size_t bytes, void *all, sd_error *err)
+{
+    (void)err;
+    memcpy(all, mine, bytes);
     return SD_OK;
 }
 

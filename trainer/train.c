@@ -192,11 +192,6 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
     sd_rng_seed(&tr->rng, o->seed);
     sd_tally_init(&tr->tally, 5);
     tr->pool = o->threads > 1 ? sd_pool_create(o->threads) : NULL;
-    rc = open_backend(tr, err);
-    if (rc) {
-        sd_trainer_close(tr);
-        return rc;
-    }
     tr->loss_ema = NAN;
     if (o->nshards > 0) {
         rc = sd_data_open(&tr->data, o->shards, o->nshards, o->batch, o->seed, o->allow_mixed, err);
@@ -220,7 +215,11 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         }
         tr->have_val = 1;
     }
-    return SD_OK;
+    /* last: with several GPU ranks this joins the NCCL communicator, which
+     * an error after it would have to destroy while the others wait in it */
+    rc = open_backend(tr, err);
+    if (rc) sd_trainer_close(tr);
+    return rc;
 }
 
 /* Free everything. */
@@ -764,6 +763,44 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
     return SD_OK;
 }
 
+/* A reason and its count as the ranks exchange them: text, since each
+ * rank's reason strings live at its own addresses. */
+enum { REASON_CAP = 120 };
+typedef struct {
+    uint64_t n;
+    char reason[REASON_CAP];
+} tally_wire;
+
+/* A tally's summary over every rank: each rank's counts gathered by
+ * reason and summed (in rank order), logged by rank 0; alone, this
+ * rank's. Collective: every rank calls it at the same point. Nothing is
+ * logged when no rank skipped a record. */
+static sd_status log_tally_all(const sd_trainer *tr, const sd_tally *t, const char *what, sd_error *err)
+{
+    size_t world = tr->world > 1 ? (size_t)tr->world : 1, one = SD_TALLY_MAX * sizeof(tally_wire);
+    if (world == 1) {
+        if (t->total) sd_tally_log(t, what);
+        return SD_OK;
+    }
+    tally_wire *all = calloc(world + 1, one); /* every rank's, then this rank's own to send */
+    if (!all) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    tally_wire *mine = all + world * SD_TALLY_MAX;
+    for (int i = 0; i < t->n && i < SD_TALLY_MAX; i++) {
+        mine[i].n = t->e[i].n;
+        snprintf(mine[i].reason, REASON_CAP, "%s", t->e[i].reason);
+    }
+    sd_status rc = sd_dist_allgather_bytes(mine, one, all, err);
+    if (!rc && tr->rank == 0) {
+        sd_tally sum; /* its reasons point into all, which outlives it */
+        sd_tally_init(&sum, 0);
+        for (size_t i = 0; i < world * SD_TALLY_MAX; i++)
+            if (all[i].n) sd_tally_add(&sum, all[i].reason, all[i].n);
+        if (sum.total) sd_tally_log(&sum, what);
+    }
+    free(all);
+    return rc;
+}
+
 /* Every validation batch in order; this rank takes those at positions
  * rank, rank + world, ...; losses and image counts summed over ranks. */
 sd_status sd_train_validate(sd_trainer *tr, double *loss, long *images, sd_error *err)
@@ -800,13 +837,43 @@ sd_status sd_train_validate(sd_trainer *tr, double *loss, long *images, sd_error
         red[1] += b->n;
     }
     if (!rc && world > 1) rc = sd_dist_sum_f64(red, 2, err);
-    if (vt.total) sd_tally_log(&vt, "validation records");
+    if (!rc) rc = log_tally_all(tr, &vt, "validation records", err);
+    else if (vt.total) sd_tally_log(&vt, "validation records");
     if (rc) return rc;
     if (red[1] == 0) return sd_err_set(err, SD_EFORMAT, "the validation shard has no usable record");
     *loss = red[0] / red[1];
     *images = (long)red[1];
     tr->val_loss = *loss;
     return SD_OK;
+}
+
+/* --epochs as steps; after a resume with another world size, from the
+ * batches the cursor has not reached (train.h). */
+void sd_train_set_epochs(sd_trainer *tr, long epochs)
+{
+    int world = tr->world > 0 ? tr->world : 1;
+    double per = sd_data_epoch_batches(&tr->data), total = (double)epochs * per;
+    double step_batches = (double)world * (double)tr->o.accum;
+    long steps = (long)ceil(total / step_batches);
+    if (tr->saved_world > 0 && tr->saved_world != world) {
+        double left = total - sd_data_batches_served(&tr->data, &tr->cur);
+        long was = (long)ceil(total / ((double)tr->saved_world * (double)tr->o.accum)), from_zero = steps;
+        steps = tr->step + (left > 0 ? (long)ceil(left / step_batches) : 0);
+        sd_lr_sched before = tr->o.lr, after = tr->o.lr;
+        before.total = was;
+        after.total = steps;
+        if (tr->rank == 0)
+            sd_log(SD_LOG_WARN, "--epochs %ld resumed at step %ld with %d rank(s) instead of %d: %.6g of %.6g batches "
+                   "are left, %ld steps of %g, so the run ends at step %ld (not %ld, as if every step had %d "
+                   "rank(s)), and the LR schedule spans %ld steps instead of %ld: at step %ld the learning rate goes "
+                   "from %.6g to %.6g", epochs, tr->step, world, tr->saved_world, left > 0 ? left : 0.0, total,
+                   steps - tr->step, step_batches, steps, from_zero, world, steps, was, tr->step,
+                   sd_lr_at(&before, tr->step), sd_lr_at(&after, tr->step));
+    } else {
+        sd_log(SD_LOG_INFO, "%ld epoch%s of %.6g batches (%d rank%s, accumulation %d) = %ld steps", epochs,
+               epochs == 1 ? "" : "s", per, world, world == 1 ? "" : "s", tr->o.accum, steps);
+    }
+    tr->o.max_steps = tr->o.lr.total = steps;
 }
 
 /* Validate, log and write the metrics line. */
@@ -823,6 +890,78 @@ static sd_status validate_and_log(sd_trainer *tr, sd_error *err)
         fflush(tr->metrics);
     }
     return sd_tb_scalar(&tr->tb, "val/loss", tr->step, loss, err);
+}
+
+/* One value all ranks must share when a run starts, and what makes it
+ * differ. */
+typedef struct {
+    const char *what, *cause;
+    int hex;
+    uint64_t v;
+} world_field;
+
+enum { WORLD_FIELDS = 14 };
+
+/* This rank's state as the ranks compare it: what the step, the data
+ * order and every collective of the run depend on. */
+static void world_state(const sd_trainer *tr, world_field f[WORLD_FIELDS])
+{
+    const char *ck = "every rank must resume the same checkpoint: -o (or --resume) on a filesystem all of them see";
+    const char *sh = "every rank must open the same shards in the same order";
+    const char *op = "every rank must run with the same options";
+    world_field v[WORLD_FIELDS] = {
+        {"step", ck, 0, (uint64_t)tr->step},
+        {"data cursor epoch", ck, 0, (uint64_t)tr->cur.epoch},
+        {"data cursor batch", ck, 0, (uint64_t)tr->cur.batch},
+        {"checkpoint step on disk", ck, 0, (uint64_t)tr->saved_step},
+        {"EMA updates", ck, 0, (uint64_t)tr->ema_updates},
+        {"data fingerprint", sh, 1, tr->have_data ? tr->data.fingerprint : 0},
+        {"record count", sh, 0, tr->have_data ? (uint64_t)tr->data.nitems : 0},
+        {"validation fingerprint", sh, 1, tr->have_val ? tr->val.fingerprint : 0},
+        {"parameter count", "every rank must load the same model", 0, (uint64_t)tr->unet.w.total},
+        {"seed", op, 0, tr->o.seed},
+        {"steps to train", op, 0, (uint64_t)tr->o.max_steps},
+        {"batch size", op, 0, (uint64_t)tr->o.batch},
+        {"accumulation", op, 0, (uint64_t)tr->o.accum},
+        {"ZeRO-1", op, 0, (uint64_t)tr->o.zero1},
+    };
+    memcpy(f, v, sizeof v);
+}
+
+/* A value for the message: signed decimal, or 16 hex digits. */
+static void field_text(const world_field *f, uint64_t v, char *out, size_t cap)
+{
+    if (f->hex) snprintf(out, cap, "%016llx", (unsigned long long)v);
+    else snprintf(out, cap, "%lld", (long long)v);
+}
+
+/* Several ranks: all-gather every rank's state and compare it with rank
+ * 0's, so that a rank that resumed another checkpoint (or none), sees
+ * other shards or runs other options stops the run at once, naming itself,
+ * instead of training on a mixed state or waiting in mismatched
+ * collectives. Every rank reaches the same verdict. */
+static sd_status check_world(const sd_trainer *tr, sd_error *err)
+{
+    if (tr->world <= 1) return SD_OK;
+    world_field f[WORLD_FIELDS];
+    uint64_t mine[WORLD_FIELDS];
+    world_state(tr, f);
+    for (int i = 0; i < WORLD_FIELDS; i++) mine[i] = f[i].v;
+    uint64_t *all = malloc((size_t)tr->world * sizeof mine);
+    if (!all) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    sd_status rc = sd_dist_allgather_bytes(mine, sizeof mine, all, err);
+    for (int r = 1; r < tr->world && !rc; r++)
+        for (int i = 0; i < WORLD_FIELDS && !rc; i++) {
+            uint64_t theirs = all[(size_t)r * WORLD_FIELDS + (size_t)i];
+            if (theirs == all[i]) continue;
+            char a[24], b[24];
+            field_text(&f[i], theirs, a, sizeof a);
+            field_text(&f[i], all[i], b, sizeof b);
+            rc = sd_err_set(err, SD_EINVAL, "rank %d of %d does not start from rank 0's state: its %s is %s, rank 0's "
+                            "%s (%s)", r, tr->world, f[i].what, a, b, f[i].cause);
+        }
+    free(all);
+    return rc;
 }
 
 /* One metrics line: step, loss, smoothed loss, lr, gradient norm, images,
@@ -848,6 +987,8 @@ static sd_status log_metrics(sd_trainer *tr, double loss, double gnorm, double l
 sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *err)
 {
     const sd_train_opts *o = &tr->o;
+    sd_status crc = check_world(tr, err);
+    if (crc) return crc;
     if (o->metrics && !tr->metrics && tr->rank == 0) {
         tr->metrics = fopen(o->metrics, "a");
         if (!tr->metrics) return sd_err_set(err, SD_EIO, "%s: cannot open the metrics file", o->metrics);
@@ -905,6 +1046,7 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
     if (!rc && tr->have_val && val_step != tr->step) rc = validate_and_log(tr, err);
     if (!rc && tr->saved_step != tr->step) rc = sd_train_save(tr, err); /* not again after a stop on a save step */
     else if (!rc && !o->quiet) sd_log(SD_LOG_INFO, "checkpoint-%ld already holds step %ld", tr->step, tr->step);
-    if (tr->tally.total) sd_tally_log(&tr->tally, "records");
+    if (!rc) rc = log_tally_all(tr, &tr->tally, "records", err);
+    else if (tr->tally.total) sd_tally_log(&tr->tally, "records"); /* the ranks may be apart now: this rank's */
     return rc;
 }

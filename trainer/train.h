@@ -152,6 +152,7 @@ typedef struct {
      * stop flag and stop_all whether any rank raised its own (agreed in
      * the step's reduction, so every rank stops after the same step) */
     int rank, world;
+    int saved_world; /* the world size of the checkpoint resumed from; 0 in a new run */
     volatile sig_atomic_t *stop_req;
     int stop_all;
 } sd_trainer;
@@ -200,8 +201,18 @@ sd_status sd_train_eval(sd_trainer *tr, int n, int h, int w, int tctx, const flo
  * batch (not by the training seed), no flips and no dropout: the same
  * model gives the same value in any run. Ranks split the batches. */
 sd_status sd_train_validate(sd_trainer *tr, double *loss, long *images, sd_error *err);
+/* --epochs N: max_steps and the LR schedule's total become the steps of N
+ * passes over the shards at world x accum batches a step. After a resume
+ * (call it after sd_train_resume) of a checkpoint made with another world
+ * size, the steps left are the batches the saved cursor has not reached,
+ * counted from the saved step, and a warning names the schedule's old and
+ * new totals. */
+void sd_train_set_epochs(sd_trainer *tr, long epochs);
 /* Run until max_steps or *stop, checkpointing every save_every steps, at
- * the end, on *stop, and (the state before the bad step) on a NaN loss. */
+ * the end, on *stop, and (the state before the bad step) on a NaN loss.
+ * Several ranks first check that they all start from the same state (step,
+ * data cursor, shards, model, options that shape the collectives): an
+ * error names the first rank that differs from rank 0 and how. */
 sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *err);
 
 /* ZeRO-1 around checkpoints: every rank's shard gathered into whole m and

@@ -1,0 +1,40 @@
+/* What the launcher's environment says about the processes it started,
+ * for both worlds (dist_mpi.c, dist_single.c). */
+#include "dist.h"
+
+#include <stdlib.h>
+
+/* A launcher's count of processes and the rank variable it sets beside it
+ * in every process it starts. Not SLURM_NTASKS: a batch script (one
+ * process, which may run sd-train itself) has it for the whole job. */
+static const char *const size_vars[][2] = {
+    {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"},
+    {"PMI_SIZE", "PMI_RANK"},
+    {"SLURM_STEP_NUM_TASKS", "SLURM_PROCID"},
+};
+
+/* A variable's value as a count of processes; 0 when unset or not one. */
+static int env_count(const char *name)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) return 0;
+    char *end;
+    long n = strtol(v, &end, 10);
+    return *end || n < 1 || n > 1 << 24 ? 0 : (int)n;
+}
+
+/* The largest count a launcher set together with its rank variable. */
+int sd_dist_launcher_size(const char **var)
+{
+    int best = 1;
+    *var = NULL;
+    for (size_t i = 0; i < sizeof size_vars / sizeof size_vars[0]; i++) {
+        const char *rank = getenv(size_vars[i][1]);
+        int n = env_count(size_vars[i][0]);
+        if (rank && *rank && n > best) {
+            best = n;
+            *var = size_vars[i][0];
+        }
+    }
+    return best;
+}
