@@ -52,7 +52,8 @@ static void print_help(const sd_cli *cli)
     }
     printf("  %-30s %s\n", "-h, --help", "show this help and exit");
     printf("  %-30s %s\n", "    --version", "show the sdtk version and exit");
-    printf("\nExit codes: 0 ok, 1 records skipped under --strict, 2 usage error, 3 fatal error.\n");
+    printf("\nExit codes: %s\n",
+           cli->exit_codes ? cli->exit_codes : "0 ok, 1 records skipped under --strict, 2 usage error, 3 fatal error.");
     if (cli->epilog) printf("\n%s\n", cli->epilog);
 }
 

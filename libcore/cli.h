@@ -34,6 +34,7 @@ typedef struct {
     const char *summary; /* one paragraph */
     const sd_opt *opts;  /* terminated by an entry with name == NULL */
     const char *epilog;  /* examples, notes; may be NULL */
+    const char *exit_codes; /* this tool's exit-code line; NULL: the common one (err.h) */
 } sd_cli;
 
 int sd_cli_parse(const sd_cli *cli, int argc, char **argv, sd_strlist *positional);

@@ -467,6 +467,12 @@ class Pack(unittest.TestCase):
         rc, _, err = run("compact", "--allow-mixed", self.p("x.lmdb"), "-o", self.p("xc.lmdb"))
         self.assertEqual(rc, 2, err)
         self.assertNotIn("allow-mixed", run("compact", "--help")[1])
+        # exit codes: each help gives its own line (info has no --strict; sd-verify's 1 means problems)
+        self.assertIn("Exit codes: 0 ok, 2 usage error, 3 a shard cannot be read.", run("info", "--help")[1])
+        self.assertIn("1 records skipped under --strict", run("merge", "--help")[1])
+        vh = subprocess.run([SD_VERIFY, "--help"], capture_output=True, text=True).stdout
+        self.assertIn("1 problems found", vh)
+        self.assertNotIn("under --strict", vh)
         self.assertIn("allow-mixed", run("merge", "--help")[1])
 
     def test_export_tar_members_load_with_numpy(self):

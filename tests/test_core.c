@@ -258,7 +258,7 @@ static void test_cli_false_flag(void)
                            {"config", 0, SD_OPT_STR, &cfg, "F", "config"},
                            {"set", 0, SD_OPT_LIST, &sets, "K=V", "set"},
                            {NULL, 0, 0, NULL, NULL, NULL}};
-    sd_cli cli = {"t", "", "", opts, NULL};
+    sd_cli cli = {"t", "", "", opts, NULL, NULL};
     char w[512];
     char *a1[] = {"t", "-o", "--flip", "--set", "flip=false"};
     CHECK(expand_words(&cli, 5, a1, w, sizeof w) == -1);

@@ -518,8 +518,7 @@ int main(int argc, char **argv)
         "            resized size floored to --steps, so under --steps px per axis are cropped.\n"
         "Examples:\n"
         "  sd-bucket meta.jsonl -o bucketed.jsonl --report buckets.json --plot buckets.svg\n"
-        "  sd-bucket --plan sdxl --split 8 -o 'part-%d.jsonl' meta.jsonl",
-    };
+        "  sd-bucket --plan sdxl --split 8 -o 'part-%d.jsonl' meta.jsonl", NULL};
     sd_strlist files = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &files);
     if (rc >= 0) {

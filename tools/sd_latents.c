@@ -109,7 +109,8 @@ int main(int argc, char **argv)
                   opts,
                   "Examples:\n"
                   "  sd-meta data/ | sd-bucket --plan sdxl | sd-latents --vae sdxl-model/ -o cache/latents.shard\n"
-                  "  sd-latents --vae vae.safetensors --shard 0/4 -o cache/part0.shard bucketed.jsonl   # 4 processes\n"};
+                  "  sd-latents --vae vae.safetensors --shard 0/4 -o cache/part0.shard bucketed.jsonl   # 4 processes\n",
+        NULL};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
     if (rc >= 0) return rc;

@@ -278,7 +278,7 @@ int main(int argc, char **argv)
         {"quiet", 'q', SD_OPT_FLAG, &o.quiet, NULL, "only errors and the final summary"},
         {"verbose", 'v', SD_OPT_FLAG, &o.verbose, NULL, "report every skipped record"},
         {NULL, 0, 0, NULL, NULL, NULL}};
-    sd_cli cli = {"sd-meta", "[OPTIONS] SOURCE...", summary, opts, epilog};
+    sd_cli cli = {"sd-meta", "[OPTIONS] SOURCE...", summary, opts, epilog, NULL};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
     if (rc < 0) {

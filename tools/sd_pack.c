@@ -29,7 +29,8 @@ static void usage(FILE *f)
                "Shard housekeeping and cache interop. 'sd-pack COMMAND --help' describes each command.\n\n"
                "Commands:\n");
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) fprintf(f, "  %-14s %s\n", cmds[i].name, cmds[i].help);
-    fprintf(f, "\nExit codes: 0 ok, 1 records skipped under --strict, 2 usage error, 3 fatal error.\n");
+    fprintf(f, "\nExit codes: 0 ok, 1 records skipped under --strict, 2 usage error, 3 fatal error (info has\n"
+               "no --strict; each command's --help gives its own line).\n");
 }
 
 int main(int argc, char **argv)

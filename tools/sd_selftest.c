@@ -1383,7 +1383,8 @@ int main(int argc, char **argv)
                   "  sd-selftest --device cuda:0\n"
                   "  for k in 0 1 2 3; do sd-selftest --device cuda:$k --no-probe; done\n"
                   "  sd-selftest --plan\n"
-                  "  sd-selftest --device cpu --no-probe --mutate\n"};
+                  "  sd-selftest --device cpu --no-probe --mutate\n",
+        "0 every check passed, 1 a check failed, 2 usage error, 3 fatal error, 4 no usable GPU."};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
     if (rc >= 0) return rc;

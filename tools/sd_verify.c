@@ -689,8 +689,7 @@ int main(int argc, char **argv)
                   "Check every record of each shard: header sanity, payload checksum (XXH3), latent shape vs "
                   "bucket, NaN/Inf, text-embedding references, the bucket index and the names index (and that "
                   "no two records carry one name), and with --manifest that every record name of a JSONL "
-                  "manifest is present. Problems are counted by kind; the exit status is 0 when all is well, 1 "
-                  "when problems were found (also when --repair fixed them), 3 when a shard cannot be opened.",
+                  "manifest is present. Problems are counted by kind.",
                   opts,
                   "--repair deletes the records that are bad themselves (bad_header, truncated, bad_checksum, "
                   "nan_inf, shape_mismatch, wrong_kind, text_ref_missing: the record whose text embedding is gone, "
@@ -700,7 +699,9 @@ int main(int argc, char **argv)
                   "are kept.\n\n"
                   "Examples:\n"
                   "  sd-verify cache/*.shard --report verify.json\n"
-                  "  sd-verify cache/latents.shard --manifest meta.jsonl --repair   # then rerun sd-latents\n"};
+                  "  sd-verify cache/latents.shard --manifest meta.jsonl --repair   # then rerun sd-latents\n",
+        "0 every record sound, 1 problems found (also when --repair fixed them), 2 usage error, 3 a "
+        "shard cannot be opened or another fatal error."};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
     if (rc >= 0) return rc;

@@ -26,7 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                            {"flag", 'f', SD_OPT_FLAG, &f, NULL, "a flag"},
                            {"item", 0, SD_OPT_LIST, &list, "S", "a list"},
                            {NULL, 0, 0, NULL, NULL, NULL}};
-    const sd_cli cli = {"fuzz", "[OPTIONS]", "fuzz", opts, NULL};
+    const sd_cli cli = {"fuzz", "[OPTIONS]", "fuzz", opts, NULL, NULL};
     char prog[] = "fuzz", *argv[] = {prog, NULL};
     sd_cli_args a;
     if (sd_cli_expand(&cli, 1, argv, &a) >= 0) abort(); /* nothing to refuse yet */

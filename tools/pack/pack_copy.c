@@ -224,7 +224,7 @@ static int copy_main(int argc, char **argv, int compact)
         "Meta entries come from the first shard; inputs made with another model (model_hash or\n"
         "scaling_factor) are refused unless --allow-mixed. OUT is built under a fresh temporary\n"
         "name beside it (OUT.partial-XXXXXX) and renamed into place at the end; no input may be OUT.",
-        opts, "Example:\n  sd-pack merge -o all.lmdb part-0.lmdb part-1.lmdb"};
+        opts, "Example:\n  sd-pack merge -o all.lmdb part-0.lmdb part-1.lmdb", NULL};
     const sd_cli compact_cli = {
         "sd-pack compact", "SHARD -o OUT",
         "Copy a shard without its free pages (a shard that had records deleted or replaced shrinks).\n"
@@ -232,7 +232,7 @@ static int copy_main(int argc, char **argv, int compact)
         "(header and checksum); corrupt ones, records whose text embedding is missing or corrupt and\n"
         "a second record of one name are skipped and counted. OUT is built under a fresh temporary\n"
         "name beside it and renamed into place at the end; it may not be SHARD itself.",
-        opts, "Example:\n  sd-pack compact cache.lmdb -o cache.compact.lmdb && mv cache.compact.lmdb cache.lmdb"};
+        opts, "Example:\n  sd-pack compact cache.lmdb -o cache.compact.lmdb && mv cache.compact.lmdb cache.lmdb", NULL};
     const sd_cli *cli = compact ? &compact_cli : &merge_cli;
     sd_strlist pos = {0};
     int rc = sd_cli_parse(cli, argc, argv, &pos);

@@ -158,7 +158,7 @@ int pack_export_kohya(int argc, char **argv)
         "counted apart (they do not make --strict fail). Records the names index misses are exported\n"
         "under their own names, with a warning. Files are written atomically; existing ones are\n"
         "replaced.",
-        opts, "Example:\n  sd-pack export-kohya cache.lmdb -o train_data --layout sdxl"};
+        opts, "Example:\n  sd-pack export-kohya cache.lmdb -o train_data --layout sdxl", NULL};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
     if (rc >= 0) {

@@ -552,7 +552,7 @@ int pack_import_kohya(int argc, char **argv)
         "sd-scripts caches text-encoder outputs only for SDXL (_te_outputs.npz), so an SD 1.x/2.x\n"
         "cache imports latents that sd-train cannot use on their own.\n"
         "Not imported: alpha_mask (no shard tensor for it) and per-resolution keys (latents_HxW).\n"
-        "Example:\n  sd-pack import-kohya train_data -o cache.lmdb --meta meta_lat.json --dtype fp16"};
+        "Example:\n  sd-pack import-kohya train_data -o cache.lmdb --meta meta_lat.json --dtype fp16", NULL};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
     if (rc >= 0) {

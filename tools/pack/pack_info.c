@@ -161,7 +161,8 @@ int pack_info(int argc, char **argv)
                         "Show a shard's metadata, record counts by kind (latents, text embeddings), records per\n"
                         "bucket, dtypes, flags and bytes. Every record header is parsed; corrupt ones are counted\n"
                         "(sd-verify says which and why).",
-                        opts, "Example:\n  sd-pack info --json cache.lmdb"};
+                        opts, "Example:\n  sd-pack info --json cache.lmdb",
+        "0 ok, 2 usage error, 3 a shard cannot be read."};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
     if (rc >= 0) {

@@ -265,7 +265,7 @@ int pack_split(int argc, char **argv)
         "records that are corrupt or whose text embedding is missing or corrupt are skipped and\n"
         "counted. Parts are written under temporary names and renamed into place only when all are\n"
         "complete; a part name may not be SHARD itself.",
-        opts, "Example:\n  sd-pack split -n 8 -o 'rank-%d.lmdb' cache.lmdb"};
+        opts, "Example:\n  sd-pack split -n 8 -o 'rank-%d.lmdb' cache.lmdb", NULL};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
     if (rc >= 0) {

@@ -206,7 +206,7 @@ int pack_export_tar(int argc, char **argv)
         "(sd-scripts' value for the same image), bucket, dtype, flags and the text key. fp16 and fp32\n"
         "stay as stored; bf16 is written as float32 (numpy has no bfloat16). Each tar is written\n"
         "under a temporary name and renamed when complete.",
-        opts, "Example:\n  sd-pack export-tar cache.lmdb -o 'tars/cache-%05d.tar' --per-tar 2000"};
+        opts, "Example:\n  sd-pack export-tar cache.lmdb -o 'tars/cache-%05d.tar' --per-tar 2000", NULL};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
     if (rc >= 0) {
