@@ -2,7 +2,10 @@
 #include "model_dir.h"
 
 #include <stdio.h>
+#include <string.h>
 #include <sys/stat.h>
+
+#include "slurp.h"
 
 /* Whether path is a directory (following links). */
 int sd_is_dir(const char *path)
@@ -60,4 +63,38 @@ sd_status sd_model_files(const char *path, const char *sub, const char *const *f
     if (config_override && (size_t)snprintf(config, cap, "%s", config_override) >= cap)
         return sd_err_set(err, SD_EINVAL, "path too long: %s", config_override);
     return SD_OK;
+}
+
+/* A v-prediction model (SD 2.x 768-v) trained with the epsilon target
+ * learns the wrong thing without any error: the model folder says which
+ * target its scheduler expects, as diffusers' training script reads it. */
+sd_status sd_model_prediction(const char *path, char *out, size_t cap, char *from, size_t from_cap, sd_error *err)
+{
+    out[0] = 0;
+    from[0] = 0;
+    if (!sd_is_dir(path)) return SD_OK;
+    static const char *const rel[] = {"/scheduler/scheduler_config.json", "/../scheduler/scheduler_config.json"};
+    for (size_t i = 0; i < 2; i++) {
+        if ((size_t)snprintf(from, from_cap, "%s%s", path, rel[i]) >= from_cap)
+            return sd_err_set(err, SD_EINVAL, "path too long: %s", path);
+        if (sd_is_file(from)) break;
+        from[0] = 0;
+    }
+    if (!from[0]) return SD_OK;
+    sd_buf text;
+    sd_arena a;
+    sd_json *root = NULL;
+    sd_buf_init(&text);
+    sd_arena_init(&a, 1 << 12);
+    sd_status rc = sd_parse_json_file(from, &text, &a, &root, err);
+    const sd_json *p = rc || root->type != SD_JSON_OBJECT ? NULL : sd_json_get(root, "prediction_type");
+    if (!rc && p && (p->type != SD_JSON_STRING || p->len == 0 || p->len >= cap || memchr(p->str, 0, p->len)))
+        rc = sd_err_set(err, SD_EFORMAT, "%s: prediction_type is not a short string", from);
+    else if (!rc && p)
+        memcpy(out, p->str, p->len + 1);
+    else if (!rc && root->type != SD_JSON_OBJECT)
+        rc = sd_err_set(err, SD_EFORMAT, "%s: not a JSON object", from);
+    sd_arena_free(&a);
+    sd_buf_free(&text);
+    return rc;
 }

@@ -24,4 +24,11 @@ sd_status sd_model_component(const char *dir, const char *sub, const char *const
 sd_status sd_model_files(const char *path, const char *sub, const char *const *files, size_t nfiles,
                          const char *config_override, char *weights, char *config, size_t cap, sd_error *err);
 
+/* The prediction_type ("epsilon", "v_prediction", ...) of the diffusers
+ * scheduler beside a UNet: scheduler/scheduler_config.json in the model
+ * folder PATH, or beside PATH when it is the unet/ folder itself. out is ""
+ * when there is none (a single file, a lone unet/ folder); from is the file
+ * read. An unreadable or malformed scheduler config is an error naming it. */
+sd_status sd_model_prediction(const char *path, char *out, size_t cap, char *from, size_t from_cap, sd_error *err);
+
 #endif

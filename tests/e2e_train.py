@@ -187,6 +187,32 @@ class Train(unittest.TestCase):
         run("--unet", os.path.join(self.ref, "checkpoint-10"), "-o", out, "--steps", "2", "-q", self.shard)
         self.assertEqual(latest(out), 2)
 
+    def test_prediction_from_scheduler(self):
+        """A model folder's scheduler/scheduler_config.json sets the target (SD 2.x 768-v models
+        are v-prediction), for the folder or its unet/; --prediction wins, with a warning."""
+        m = os.path.join(self.tmp.name, "model")
+        shutil.copytree(os.path.join(UNET, "unet"), os.path.join(m, "unet"))
+        os.makedirs(os.path.join(m, "scheduler"))
+        cfg = os.path.join(m, "scheduler", "scheduler_config.json")
+        with open(cfg, "w") as f:
+            json.dump({"_class_name": "DDPMScheduler", "prediction_type": "v_prediction"}, f)
+        for i, path in enumerate((m, os.path.join(m, "unet"))):
+            out = os.path.join(self.tmp.name, "pred%d" % i)
+            _, err = run("--unet", path, "-o", out, "--steps", "1", "-j", "1", self.shard)
+            self.assertEqual(state_meta(out, 1)["prediction"], "v_prediction")
+            self.assertIn("prediction v_prediction (from", err)
+        out = os.path.join(self.tmp.name, "pred-given")
+        _, err = run("--unet", m, "--prediction", "epsilon", "-o", out, "--steps", "1", "-j", "1", "-q", self.shard)
+        self.assertEqual(state_meta(out, 1)["prediction"], "epsilon")
+        self.assertIn("--prediction epsilon, but", err)
+        out = os.path.join(self.tmp.name, "pred-none")  # the golden folder has no scheduler
+        run("--unet", UNET, "-o", out, "--steps", "1", "-j", "1", "-q", self.shard)
+        self.assertEqual(state_meta(out, 1)["prediction"], "epsilon")
+        with open(cfg, "w") as f:
+            json.dump({"prediction_type": "sample"}, f)
+        _, err = run("--unet", m, "-o", os.path.join(self.tmp.name, "pred-x"), "--steps", "1", self.shard, ok=(2,))
+        self.assertIn("prediction_type 'sample'", err)
+
     def test_from_scratch_loss_falls(self):
         out = os.path.join(self.tmp.name, "scratch")
         m = os.path.join(self.tmp.name, "scratch.jsonl")

@@ -12,6 +12,7 @@
 #include "dtype.h"
 #include "err.h"
 #include "log.h"
+#include "model_dir.h"
 #include "pool.h"
 #include "safetensors.h"
 #include "train.h"
@@ -45,6 +46,36 @@ static int fail_all(int code)
     }
     sd_dist_finalize();
     return code;
+}
+
+/* The target the UNet learns: --prediction, or else what the model
+ * folder's scheduler says (SD 2.x 768-v models are v-prediction, and
+ * training them on the epsilon target fails silently), or else epsilon.
+ * A --prediction that contradicts the scheduler is kept, with a warning.
+ * NULL when fine; else the usage error, in buf when it needs one. */
+static const char *pick_prediction(const char *given, const char *unet, sd_prediction *out, char *buf, size_t cap)
+{
+    char found[64], from[600];
+    sd_error err = {0};
+    if (unet && sd_model_prediction(unet, found, sizeof found, from, sizeof from, &err)) {
+        snprintf(buf, cap, "%s", err.msg);
+        return buf;
+    }
+    if (!unet) found[0] = 0;
+    const char *name = given ? given : found[0] ? found : "epsilon";
+    if (strcmp(name, "epsilon") == 0) *out = SD_PRED_EPSILON;
+    else if (strcmp(name, "v_prediction") == 0 || strcmp(name, "v") == 0) *out = SD_PRED_V;
+    else if (given) return "--prediction: epsilon or v_prediction";
+    else {
+        snprintf(buf, cap, "%s: prediction_type '%s' is not one sd-train trains (epsilon or v_prediction); give --prediction",
+                 from, found);
+        return buf;
+    }
+    if (given && found[0] && strcmp(found, *out == SD_PRED_V ? "v_prediction" : "epsilon") != 0)
+        sd_log(SD_LOG_WARN, "--prediction %s, but %s says %s", given, from, found);
+    else if (!given && found[0])
+        sd_log(SD_LOG_INFO, "prediction %s (from %s)", found, from);
+    return NULL;
 }
 
 /* Before the run's first collective: a rank whose options were refused
@@ -93,7 +124,7 @@ int main(int argc, char **argv)
     }
     sd_train_opts o;
     sd_train_opts_default(&o);
-    const char *pred = "epsilon", *sched = "constant", *dtype = "fp32", *resume = NULL, *device = "cpu";
+    const char *pred = NULL, *sched = "constant", *dtype = "fp32", *resume = NULL, *device = "cpu";
     const char *mixed = "no", *moments = "fp32";
     const char *config_file = NULL; /* read by sd_cli_expand; listed for --help */
     sd_strlist sets = {0};
@@ -138,7 +169,8 @@ int main(int argc, char **argv)
         {"ema-on-cpu", 0, SD_OPT_FLAG, &o.ema_host, NULL,
          "with --device cuda: keep the EMA in host memory, saving a copy of the weights on the GPU; each update "
          "copies the weights over (use --ema-every to do that less often)"},
-        {"prediction", 0, SD_OPT_STR, &pred, "T", "epsilon (default) or v_prediction"},
+        {"prediction", 0, SD_OPT_STR, &pred, "T",
+         "epsilon or v_prediction (default: the model folder's scheduler/scheduler_config.json, else epsilon)"},
         {"snr-gamma", 0, SD_OPT_DOUBLE, &o.snr_gamma, "X", "min-SNR-gamma loss weighting (5 is usual; default off)"},
         {"noise-offset", 0, SD_OPT_DOUBLE, &o.noise_offset, "X", "noise offset (default 0)"},
         {"input-perturbation", 0, SD_OPT_DOUBLE, &o.input_perturbation, "X",
@@ -241,6 +273,7 @@ int main(int argc, char **argv)
     if (rank) quiet = 1;
     sd_log_setup(who, quiet ? SD_LOG_WARN : verbose ? SD_LOG_DEBUG : SD_LOG_INFO);
     const char *bad = NULL;
+    char bad_buf[700];
     if (pos.n < 1) bad = "no shards to train on";
     else if (!o.out_dir) bad = "no output directory (-o DIR)";
     else if (!o.unet && !o.unet_config) bad = "no model (--unet PATH or --unet-config FILE)";
@@ -258,9 +291,7 @@ int main(int argc, char **argv)
              !(o.adam.weight_decay >= 0 && isfinite(o.adam.weight_decay)) ||
              !(o.max_grad_norm >= 0 && isfinite(o.max_grad_norm)))
         bad = "--adam-eps, --weight-decay and --max-grad-norm must be finite and >= 0";
-    else if (strcmp(pred, "epsilon") == 0) o.pred = SD_PRED_EPSILON;
-    else if (strcmp(pred, "v_prediction") == 0 || strcmp(pred, "v") == 0) o.pred = SD_PRED_V;
-    else bad = "--prediction: epsilon or v_prediction";
+    else bad = pick_prediction(pred, o.unet, &o.pred, bad_buf, sizeof bad_buf);
     if (!bad && sd_cli_parse_device(device, &o.device)) bad = "--device: cpu, cuda or cuda:K";
     if (!bad && strcmp(device, "cuda") == 0) o.device = local_rank();
     if (!bad && o.nccl && o.device < 0) bad = "--nccl sums GPU gradients: it needs --device cuda or cuda:K";
