@@ -418,9 +418,10 @@ class Train(unittest.TestCase):
 
     def test_stray_temp_files(self):
         """A save killed mid-write leaves checkpoint-N.tmp with temporary files (NAME.tmp.XXXXXX):
-        the next save starts from an empty directory, so none of them ends up in checkpoint-N.
-        A checkpoint that took such files in before (older versions) is still pruned by --keep:
-        the trainer's own temporary names go with it, a file of another name keeps it."""
+        the next save starts from an empty directory, so none of them ends up in checkpoint-N,
+        and a file that is not the trainer's is set aside (checkpoint-N.tmp-kept-XXXXXX), never
+        deleted. A checkpoint that took such files in before (older versions) is still pruned by
+        --keep: the trainer's own temporary names go with it, a file of another name keeps it."""
         out = os.path.join(self.tmp.name, "stray")
         left = ["state.safetensors.tmp.AbC123", "unet/diffusion_pytorch_model.safetensors.tmp.q1W2e3", "junk"]
         for name in left:
@@ -433,7 +434,11 @@ class Train(unittest.TestCase):
         found = sorted(os.path.relpath(os.path.join(d, f), ck) for d, _, fs in os.walk(ck) for f in fs)
         self.assertEqual(found, ["state.safetensors", "train_config.json", "unet/config.json",
                                  "unet/diffusion_pytorch_model.safetensors"])
-        self.assertEqual(sorted(os.listdir(out)), ["checkpoint-2", "latest"])
+        kept = [n for n in os.listdir(out) if n.startswith("checkpoint-2.tmp-kept-")]
+        self.assertEqual(sorted(set(os.listdir(out)) - set(kept)), ["checkpoint-2", "latest"])
+        self.assertEqual(len(kept), 1)
+        self.assertEqual(os.listdir(os.path.join(out, kept[0])), ["junk"])
+        shutil.rmtree(os.path.join(out, kept[0]))
         for name in ("state.safetensors.tmp.AbC123", "unet/config.json.tmp.zZ9yY8"):
             with open(os.path.join(ck, name), "w") as f:
                 f.write("partial")
@@ -446,6 +451,24 @@ class Train(unittest.TestCase):
         code, err = run(*args, "--steps", "6", "--save-every", "2", "--keep", "1")
         self.assertIn("not removed", err)
         self.assertEqual(os.listdir(os.path.join(out, "checkpoint-4")), ["notes.txt.tmp.abcdef"])
+
+    def test_saved_again_keeps_foreign_files(self):
+        """A step saved again (--fresh into the same -o) swaps the new checkpoint in; files a user
+        put into the old one are set aside, not deleted, however often the step is saved again."""
+        out = os.path.join(self.tmp.name, "again-keep")
+        args = ["--unet", UNET, "-o", out, "--batch", "2", "--steps", "2", "-j", "1", "-q", self.shard]
+        run(*args)
+        os.makedirs(os.path.join(out, "checkpoint-2", "samples"))
+        with open(os.path.join(out, "checkpoint-2", "samples", "img.txt"), "w") as f:
+            f.write("a sample")
+        for _ in range(2):
+            run("--fresh", *args)
+        kept = [n for n in os.listdir(out) if n.startswith("checkpoint-2.tmp-kept-")]
+        self.assertEqual(len(kept), 1, os.listdir(out))
+        with open(os.path.join(out, kept[0], "samples", "img.txt")) as f:
+            self.assertEqual(f.read(), "a sample")
+        self.assertFalse(os.path.exists(os.path.join(out, "checkpoint-2", "samples")))
+        self.assertFalse(os.path.exists(os.path.join(out, "checkpoint-2.tmp")))
 
     def test_launcher_copies_refused(self):
         """A launcher that started several processes which do not form an MPI world (a build

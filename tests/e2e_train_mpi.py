@@ -405,6 +405,17 @@ class TrainMPI(unittest.TestCase):
         got = state_meta(os.path.join(one, "checkpoint-%d" % want, "state.safetensors"))
         self.assertEqual(got["epoch"], "3")  # 28 batches: epochs of 8, 6, 8 and 6 (buckets of 5 and 9 carried)
         self.assertEqual((got["epoch"], got["batch"]), (end["epoch"], end["batch"]))
+        # a later resume of that one-process run (same world as its checkpoint) keeps its plan:
+        # it ends at the same step, not 4 x 7 one-batch steps from zero, with the same LR span
+        again = os.path.join(self.tmp.name, "epochs-again")
+        shutil.copytree(os.path.join(one, "checkpoint-10"), os.path.join(again, "checkpoint-10"))
+        with open(os.path.join(again, "latest"), "w") as f:
+            f.write("checkpoint-10\n")
+        p = subprocess.run([TRAIN, "-o", again] + args, capture_output=True)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        self.assertEqual(latest(again), want, p.stderr.decode())
+        self.assertIn("the checkpoint's plan of %d steps" % want, p.stderr.decode())
+        self.assertEqual(files(again, want, ema=False), files(one, want, ema=False))
 
     def test_skip_summary_counts_every_rank(self):
         """The generated shard has two records that are always skipped: the summary of 2 ranks

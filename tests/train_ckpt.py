@@ -4,12 +4,14 @@
 import os
 
 
-def ckpt_bytes(out, step):
-    """The bytes of checkpoint-<step>'s weights, EMA weights and state."""
+def ckpt_bytes(out, step, ema=True):
+    """The bytes of checkpoint-<step>'s weights, EMA weights (unless ema is False) and state."""
     d = os.path.join(out, "checkpoint-%d" % step)
     got = []
     for name in ("unet/diffusion_pytorch_model.safetensors", "unet_ema/diffusion_pytorch_model.safetensors",
                  "state.safetensors"):
+        if not ema and name.startswith("unet_ema/"):
+            continue
         with open(os.path.join(d, name), "rb") as f:
             got.append(f.read())
     return got

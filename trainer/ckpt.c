@@ -9,7 +9,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -99,8 +98,9 @@ static void remove_temps(const char *dir, const char *sub)
 }
 
 /* Remove a checkpoint directory made by this code (only its own files and
- * their temporary names, so a wrong path never loses anything else). */
-static void remove_ckpt(const char *dir)
+ * their temporary names, so a wrong path never loses anything else);
+ * whether the directory is gone. */
+static int remove_own_files(const char *dir)
 {
     char p[PATH_CAP];
     for (size_t i = 0; i < sizeof ckpt_files / sizeof *ckpt_files; i++) {
@@ -114,7 +114,40 @@ static void remove_ckpt(const char *dir)
     rmdir(p);
     pjoin(p, dir, "unet_ema");
     rmdir(p);
-    if (rmdir(dir) != 0 && errno != ENOENT) sd_log(SD_LOG_WARN, "%s: not removed: %s", dir, strerror(errno));
+    return rmdir(dir) == 0 || errno == ENOENT;
+}
+
+/* remove_own_files, naming a directory that stays (it holds other files). */
+static void remove_ckpt(const char *dir)
+{
+    if (!remove_own_files(dir)) sd_log(SD_LOG_WARN, "%s: not removed: %s", dir, strerror(errno));
+}
+
+/* A directory this code is done with but that must not stay under its
+ * name (a .tmp that the next save reuses): its own files go, and when
+ * anything else is left (files someone put into a checkpoint that was
+ * saved again) the directory is renamed aside to DIR-kept-XXXXXX with a
+ * warning, never deleted. A file or link of that name is removed. */
+static sd_status discard_dir(const char *dir, sd_error *err)
+{
+    struct stat sb;
+    if (lstat(dir, &sb) != 0) {
+        if (errno == ENOENT) return SD_OK;
+        return sd_err_set(err, SD_EIO, "%s: %s", dir, strerror(errno));
+    }
+    if (!S_ISDIR(sb.st_mode)) {
+        if (unlink(dir) == 0) return SD_OK;
+        return sd_err_set(err, SD_EIO, "%s: cannot remove: %s", dir, strerror(errno));
+    }
+    if (remove_own_files(dir)) return SD_OK;
+    char aside[PATH_CAP];
+    if ((size_t)snprintf(aside, sizeof aside, "%s-kept-XXXXXX", dir) >= sizeof aside)
+        return sd_err_set(err, SD_EINVAL, "output path too long: %s", dir);
+    if (!mkdtemp(aside) || rename(dir, aside) != 0)
+        return sd_err_set(err, SD_EIO, "%s holds files that are not the trainer's and cannot be set aside: %s", dir,
+                          strerror(errno));
+    sd_log(SD_LOG_WARN, "%s held files that are not the trainer's: kept in %s", dir, aside);
+    return SD_OK;
 }
 
 /* The step of a "checkpoint-<digits>" name, -1 for anything else. */
@@ -131,26 +164,6 @@ static int cmp_long(const void *a, const void *b)
 {
     long x = *(const long *)a, y = *(const long *)b;
     return x < y ? -1 : x > y;
-}
-
-/* nftw's visit of clear_tmp: remove the entry (children come first). */
-static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(path) != 0 && errno != ENOENT ? -1 : 0;
-}
-
-/* Remove the .tmp directory an earlier save left (a kill while writing)
- * with everything in it: it is this code's own, and whatever is there
- * (temporary files of a write included) would otherwise be renamed into
- * the finished checkpoint. Links are removed, never followed. */
-static sd_status clear_tmp(const char *tmp, sd_error *err)
-{
-    errno = 0;
-    if (nftw(tmp, remove_entry, 16, FTW_DEPTH | FTW_PHYS) == 0 || errno == ENOENT) return SD_OK;
-    return sd_err_set(err, SD_EIO, "%s: cannot remove the unfinished save: %s", tmp, strerror(errno));
 }
 
 /* Remove the checkpoint-N.old copies put_in_place set aside (a kill between
@@ -238,7 +251,7 @@ static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *e
         t[nt++] = flat("params", tr->unet.w.data, n);
         if (tr->ema) t[nt++] = flat("ema", tr->ema, n);
     }
-    char v[15][80];
+    char v[17][80];
     snprintf(v[0], 80, "%ld", tr->step);
     snprintf(v[1], 80, "%ld", tr->images);
     snprintf(v[2], 80, "%ld", tr->cur.epoch);
@@ -255,12 +268,14 @@ static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *e
     snprintf(v[12], 80, "%ld", tr->ema ? tr->ema_updates : -1);
     snprintf(v[13], 80, "%d", tr->world > 0 ? tr->world : 1);
     snprintf(v[14], 80, "%d", tr->o.zero_terminal_snr ? 1 : 0);
-    sd_st_meta meta[17] = {{"zero_terminal_snr", v[14]}, {"world_size", v[13]}, {"ema_updates", v[12]}, {"format", "sdtk-train-state 1"}, {"step", v[0]}, {"images", v[1]}, {"epoch", v[2]},
+    snprintf(v[15], 80, "%ld", tr->epochs);
+    snprintf(v[16], 80, "%ld", tr->epochs_steps);
+    sd_st_meta meta[19] = {{"epochs", v[15]}, {"epochs_steps", v[16]}, {"zero_terminal_snr", v[14]}, {"world_size", v[13]}, {"ema_updates", v[12]}, {"format", "sdtk-train-state 1"}, {"step", v[0]}, {"images", v[1]}, {"epoch", v[2]},
                            {"batch", v[3]}, {"rng", v[4]}, {"seed", v[5]}, {"data_fingerprint", v[6]},
                            {"batch_size", v[7]}, {"accumulation", v[8]}, {"prediction", v[9]},
                            {"param_floats", v[10]}, {"loss_smooth", v[11]},
                            {"batches", tr->o.no_carry ? "short" : "full"}};
-    return sd_st_write(path, t, nt, meta, 17, err);
+    return sd_st_write(path, t, nt, meta, 19, err);
 }
 
 /* Move the finished tmp directory to fin. When fin exists (the same step
@@ -277,7 +292,8 @@ static sd_status put_in_place(const char *tmp, const char *fin, sd_error *err)
         return sd_err_set(err, SD_EIO, "rename %s -> %s: %s", tmp, fin, strerror(errno));
     }
     if (renameat2(AT_FDCWD, tmp, AT_FDCWD, fin, RENAME_EXCHANGE) == 0) {
-        remove_ckpt(tmp); /* now the old one */
+        sd_error why = {0}; /* the new one is in place: what is left of the old one is no failure */
+        if (discard_dir(tmp, &why)) sd_log(SD_LOG_WARN, "%s", why.msg); /* now the old one */
         return SD_OK;
     }
     char old[PATH_CAP];
@@ -303,7 +319,7 @@ static sd_status save_local(sd_trainer *tr, sd_error *err)
         return sd_err_set(err, SD_EINVAL, "output path too long: %s", out);
     sd_status rc = sd_make_dirs(out, err); /* -o a/b/run: parents too */
     if (rc) return rc;
-    rc = clear_tmp(tmp, err); /* a run killed while saving left it */
+    rc = discard_dir(tmp, err); /* a run killed while saving left it */
     if (!rc) rc = make_dir(tmp, err);
     pjoin(p, tmp, "unet");
     if (!rc) rc = make_dir(p, err);
@@ -507,6 +523,9 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
         const char *ws = meta_of(st, "world_size");
         int was = ws ? atoi(ws) : 1, now = tr->world > 0 ? tr->world : 1;
         tr->saved_world = was > 0 ? was : 1;
+        const char *ep = meta_of(st, "epochs"), *es = meta_of(st, "epochs_steps");
+        tr->saved_epochs = ep ? atol(ep) : 0;
+        tr->saved_epochs_steps = es ? atol(es) : 0;
         if (was != now && tr->rank == 0)
             sd_log(SD_LOG_WARN,
                    "%s: made with %d rank(s), this run has %d: the global batch changes from %d to %d samples per "

@@ -847,17 +847,33 @@ sd_status sd_train_validate(sd_trainer *tr, double *loss, long *images, sd_error
     return SD_OK;
 }
 
-/* --epochs as steps; after a resume with another world size, from the
- * batches the cursor has not reached (train.h). */
+/* --epochs as steps (train.h). A resume of the same epochs and world
+ * keeps the checkpoint's plan, which a world change before it may have
+ * moved, so every later resume ends where that one would; after a world
+ * change the steps left come from the batches the cursor has not reached;
+ * a new run (or a checkpoint from before plans were saved) counts from 0. */
 void sd_train_set_epochs(sd_trainer *tr, long epochs)
 {
     int world = tr->world > 0 ? tr->world : 1;
     double per = sd_data_epoch_batches(&tr->data), total = (double)epochs * per;
     double step_batches = (double)world * (double)tr->o.accum;
     long steps = (long)ceil(total / step_batches);
-    if (tr->saved_world > 0 && tr->saved_world != world) {
+    tr->epochs = epochs;
+    int same_world = tr->saved_world <= 0 || tr->saved_world == world;
+    if (same_world && tr->saved_epochs == epochs && tr->saved_epochs_steps > 0) {
+        steps = tr->saved_epochs_steps;
+        sd_log(SD_LOG_INFO, "%ld epoch%s: the checkpoint's plan of %ld steps", epochs, epochs == 1 ? "" : "s", steps);
+    } else if (same_world && tr->saved_epochs_steps > 0) { /* --epochs changed: count on from the cursor */
         double left = total - sd_data_batches_served(&tr->data, &tr->cur);
-        long was = (long)ceil(total / ((double)tr->saved_world * (double)tr->o.accum)), from_zero = steps;
+        steps = tr->step + (left > 0 ? (long)ceil(left / step_batches) : 0);
+        sd_log(SD_LOG_INFO, "%ld epochs resumed at step %ld: %.6g batches left, the run ends at step %ld", epochs,
+               tr->step, left > 0 ? left : 0.0, steps);
+    } else if (!same_world) {
+        double left = total - sd_data_batches_served(&tr->data, &tr->cur);
+        long was = tr->saved_epochs == epochs && tr->saved_epochs_steps > 0
+                       ? tr->saved_epochs_steps
+                       : (long)ceil(total / ((double)tr->saved_world * (double)tr->o.accum));
+        long from_zero = steps;
         steps = tr->step + (left > 0 ? (long)ceil(left / step_batches) : 0);
         sd_lr_sched before = tr->o.lr, after = tr->o.lr;
         before.total = was;
@@ -873,7 +889,7 @@ void sd_train_set_epochs(sd_trainer *tr, long epochs)
         sd_log(SD_LOG_INFO, "%ld epoch%s of %.6g batches (%d rank%s, accumulation %d) = %ld steps", epochs,
                epochs == 1 ? "" : "s", per, world, world == 1 ? "" : "s", tr->o.accum, steps);
     }
-    tr->o.max_steps = tr->o.lr.total = steps;
+    tr->o.max_steps = tr->o.lr.total = tr->epochs_steps = steps;
 }
 
 /* Validate, log and write the metrics line. */

@@ -153,6 +153,9 @@ typedef struct {
      * the step's reduction, so every rank stops after the same step) */
     int rank, world;
     int saved_world; /* the world size of the checkpoint resumed from; 0 in a new run */
+    /* --epochs as steps: this run's plan (0 without --epochs), and the
+     * checkpoint's (its epochs and the steps it planned; 0 when it had none) */
+    long epochs, epochs_steps, saved_epochs, saved_epochs_steps;
     volatile sig_atomic_t *stop_req;
     int stop_all;
 } sd_trainer;
