@@ -485,7 +485,10 @@ class Train(unittest.TestCase):
             self.assertEqual(p.returncode, 3, p.stderr.decode())
             self.assertIn("started as one of %s processes (%s)" % (var[-1], var), p.stderr.decode())
             self.assertFalse(os.path.exists(out))
-        for env in ({"SLURM_NTASKS": "4", "SLURM_PROCID": "0"}, {"SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0"}):
+        # SD_DIST=single: a sweep of runs of their own (each its own -o) asks for no world
+        sweep = {"SD_DIST": "single", "SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "3"}
+        for env in ({"SLURM_NTASKS": "4", "SLURM_PROCID": "0"}, {"SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0"},
+                    sweep):
             p = subprocess.run([TRAIN, "--unet", UNET, "-o", out, "--steps", "1", "--fresh", "-q", self.shard],
                                capture_output=True, env=dict(os.environ, **env))
             self.assertEqual(p.returncode, 0, p.stderr.decode())

@@ -3,6 +3,7 @@
 #include "dist.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* A launcher's count of processes and the rank variable it sets beside it
  * in every process it starts. Not SLURM_NTASKS: a batch script (one
@@ -23,11 +24,15 @@ static int env_count(const char *name)
     return *end || n < 1 || n > 1 << 24 ? 0 : (int)n;
 }
 
-/* The largest count a launcher set together with its rank variable. */
+/* The largest count a launcher set together with its rank variable; 1
+ * under SD_DIST=single, which says each process is a run of its own (a
+ * sweep, each with its own -o) and asks for no world. */
 int sd_dist_launcher_size(const char **var)
 {
     int best = 1;
     *var = NULL;
+    const char *force = getenv("SD_DIST");
+    if (force && strcmp(force, "single") == 0) return 1;
     for (size_t i = 0; i < sizeof size_vars / sizeof size_vars[0]; i++) {
         const char *rank = getenv(size_vars[i][1]);
         int n = env_count(size_vars[i][0]);

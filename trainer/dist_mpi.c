@@ -66,7 +66,7 @@ static int launched(void)
 {
     const char *force = getenv("SD_DIST");
     if (force && strcmp(force, "mpi") == 0) return 1;
-    if (force && strcmp(force, "none") == 0) return 0;
+    if (force && (strcmp(force, "none") == 0 || strcmp(force, "single") == 0)) return 0;
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK") || getenv("PMI_SIZE");
 }
 
@@ -79,7 +79,8 @@ static sd_status refuse_copies(sd_error *err)
     if (n <= 1) return SD_OK;
     return sd_err_set(err, SD_EUNSUPPORTED,
                       "started as one of %d processes (%s=%d) that do not form an MPI world (SD_DIST=none, or srun "
-                      "without --mpi=pmix): each would train the same run into the same output",
+                      "without --mpi=pmix): each may train the same run into the same output (SD_DIST=single runs "
+                      "each as a run of its own, for sweeps with one -o each)",
                       n, var, n);
 }
 

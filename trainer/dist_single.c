@@ -15,8 +15,9 @@ sd_status sd_dist_init(int *argc, char ***argv, sd_error *err)
     int n = sd_dist_launcher_size(&var);
     if (n <= 1) return SD_OK;
     return sd_err_set(err, SD_EUNSUPPORTED,
-                      "started as one of %d processes (%s=%d), but this sd-train was built without MPI: each would "
-                      "train the same run into the same output; start one process",
+                      "started as one of %d processes (%s=%d), but this sd-train was built without MPI: each may "
+                      "train the same run into the same output; start one process (or set SD_DIST=single to run "
+                      "each as a run of its own, for sweeps with one -o each)",
                       n, var, n);
 }
 
