@@ -202,6 +202,37 @@ class Pack(unittest.TestCase):
         self.assertEqual(self.info(self.p("t.lmdb"))["meta"]["scaling_factor"], "0.5")
         for bad in ("-1", "nan", "inf"):
             self.assertEqual(run("import-kohya", sd, "-o", self.p("u.lmdb"), "--scale", bad)[0], 2, bad)
+        # another factor in the shard is replaced by --scale only (its records were made with it)
+        self.latents(os.path.join(sd, "b_0512x0512_sd.npz"), 64, 64, orig=(512, 512))
+        rc, _, err = run("import-kohya", sd, "-o", self.p("t.lmdb"))
+        self.assertEqual(rc, 3, err)
+        self.assertIn("records scaling_factor 0.5, the cache names give 0.18215", err)
+        self.assertEqual(self.info(self.p("t.lmdb"))["latents"]["records"], 1)
+        rc, _, err = run("import-kohya", sd, "-o", self.p("t.lmdb"), "--scale", "0.5", "-q")
+        self.assertEqual((rc, self.info(self.p("t.lmdb"))["latents"]["records"]), (0, 2), err)
+        rc, _, err = run("import-kohya", sd, "-o", self.p("t.lmdb"), "--scale", "0.7")  # nothing new to import
+        self.assertEqual(rc, 0, err)
+        self.assertIn("scaling_factor 0.5 in the meta becomes 0.7", err)
+        self.assertEqual(self.info(self.p("t.lmdb"))["meta"]["scaling_factor"], "0.7")
+        # a shard imported before the factor was written gets it on the next run, with nothing new
+        dump = subprocess.run(["mdb_dump", "-n", "-a", self.p("s.lmdb")], capture_output=True, check=True)
+        lines, out, meta, skip = dump.stdout.decode().split("\n"), [], False, False
+        for line in lines:
+            if line.startswith("database="):
+                meta = line == "database=meta"
+            if skip:
+                skip = False
+                continue
+            if meta and line == " " + b"scaling_factor".hex():  # keys and values in hex
+                skip = True
+                continue
+            out.append(line)
+        subprocess.run(["mdb_load", "-n", self.p("old.lmdb")], input="\n".join(out).encode(), check=True,
+                       capture_output=True)
+        self.assertNotIn("scaling_factor", self.info(self.p("old.lmdb"))["meta"])
+        rc, _, err = run("import-kohya", sd, "-o", self.p("old.lmdb"), "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.info(self.p("old.lmdb"))["meta"]["scaling_factor"], "0.18215")
 
     def test_fp16_import_equals_numpy_rounding(self):
         d = self.kohya_dir()

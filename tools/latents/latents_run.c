@@ -18,6 +18,7 @@
 #include "backend.h"
 #include "buf.h"
 #include "cli.h"
+#include "dtoa.h"
 #include "hash.h"
 #include "keyset.h"
 #include "log.h"
@@ -185,8 +186,10 @@ static sd_status check_scale(run *r, sd_error *err)
     sd_status st = sd_shard_meta_get(r->shard, SD_SHARD_META_SCALING, &old, &e);
     if (st == SD_ENOTFOUND) return SD_OK;
     if (st) return sd_err_set(err, st, "%s", e.msg);
-    snprintf(now, sizeof now, "%.17g", r->vae.cfg.scaling_factor);
-    if (strcmp(old, now) == 0) {
+    sd_dtoa_shortest(r->vae.cfg.scaling_factor, now, sizeof now);
+    char *end;
+    double was = strtod(old, &end); /* by value: sd-pack writes the shortest form, older runs 17 digits */
+    if (old[0] && !*end && was == r->vae.cfg.scaling_factor) {
         free(old);
         return SD_OK;
     }
@@ -211,7 +214,7 @@ static sd_status write_meta(run *r, sd_error *err)
     snprintf(buf, sizeof buf, "sd-latents %s", sd_version());
     sd_status st = sd_shard_meta_set(r->shard, SD_SHARD_META_PRODUCER, buf, err);
     if (!st) st = sd_shard_meta_set(r->shard, SD_SHARD_META_MODEL, r->model_hash, err);
-    snprintf(buf, sizeof buf, "%.17g", r->vae.cfg.scaling_factor);
+    sd_dtoa_shortest(r->vae.cfg.scaling_factor, buf, sizeof buf);
     if (!st) st = sd_shard_meta_set(r->shard, SD_SHARD_META_SCALING, buf, err);
     if (r->text_on)
         snprintf(buf, sizeof buf, "{\"latent\": \"%s\", \"text\": \"%s\"}", sd_dtype_name(r->dtype),

@@ -256,17 +256,48 @@ static sd_status put_text(run *r, const sd_kohya_te *te, const sd_kohya_meta_ent
  * caches them unscaled, and its file names say the model (_sd / _sdxl);
  * legacy <stem>.npz names do not, so text-encoder outputs (which
  * sd-scripts caches only for SDXL) decide, with a warning. */
-static double import_scale(const run *r, const cache_file *f)
+static double names_scale(const run *r, const cache_file *f)
 {
-    if (r->o->scale > 0) return r->o->scale;
     if (f->kind == SD_KOHYA_SDXL) return 0.13025;
     if (f->kind == SD_KOHYA_SD) return 0.18215;
-    double s = r->te.n ? 0.13025 : 0.18215;
-    sd_log(SD_LOG_WARN,
-           "legacy cache names (<stem>.npz) do not say the model: scaling_factor %g (%s, %s text-encoder outputs) "
-           "assumed; give --scale to set it",
-           s, r->te.n ? "SDXL" : "SD 1.x/2.x", r->te.n ? "with" : "no");
-    return s;
+    return r->te.n ? 0.13025 : 0.18215;
+}
+
+/* The shard's scaling_factor, settled before anything is imported (also
+ * when every record is already there, so an earlier import without one is
+ * mended): written when missing; another one in the shard is replaced
+ * only by --scale, with a warning, never silently by a guess from names
+ * (the shard's records were made with it). */
+static sd_status settle_scale(run *r, sd_error *err)
+{
+    if (!r->lat.n) return SD_OK;
+    const cache_file *f = &r->lat.v[0];
+    double want = r->o->scale > 0 ? r->o->scale : names_scale(r, f);
+    char now[64], *old = NULL;
+    sd_dtoa_shortest(want, now, sizeof now);
+    sd_error e = {0};
+    sd_status st = sd_shard_meta_get(r->out.s, SD_SHARD_META_SCALING, &old, &e);
+    if (st && st != SD_ENOTFOUND) return sd_err_set(err, st, "%s", e.msg);
+    char *end = NULL;
+    double was = old ? strtod(old, &end) : 0;
+    if (old && old[0] && !*end && was == want) {
+        free(old);
+        return SD_OK;
+    }
+    if (old && r->o->scale <= 0) {
+        st = sd_err_set(err, SD_EINVAL, "%s records scaling_factor %s, the cache names give %s: pass --scale %s to keep "
+                        "it or --scale %s to change it", r->o->output, old, now, old, now);
+        free(old);
+        return st;
+    }
+    if (old) sd_log(SD_LOG_WARN, "%s: scaling_factor %s in the meta becomes %s (--scale)", r->o->output, old, now);
+    else if (r->o->scale <= 0 && f->kind == SD_KOHYA_LEGACY)
+        sd_log(SD_LOG_WARN,
+               "legacy cache names (<stem>.npz) do not say the model: scaling_factor %s (%s, %s text-encoder "
+               "outputs) assumed; give --scale to set it",
+               now, r->te.n ? "SDXL" : "SD 1.x/2.x", r->te.n ? "with" : "no");
+    free(old);
+    return sd_shard_meta_set(r->out.s, SD_SHARD_META_SCALING, now, err);
 }
 
 /* Meta entries describing the import, set once (on the first record). */
@@ -278,8 +309,6 @@ static sd_status set_meta(run *r, const cache_file *f, sd_error *err)
     snprintf(buf, sizeof buf, "sd-pack import-kohya %s", sd_version());
     sd_status st = sd_shard_meta_set(r->out.s, SD_SHARD_META_PRODUCER, buf, err);
     if (!st) st = sd_shard_meta_set(r->out.s, "kohya_layout", sd_kohya_kind_name(f->kind), err);
-    sd_dtoa_shortest(import_scale(r, f), buf, sizeof buf);
-    if (!st) st = sd_shard_meta_set(r->out.s, SD_SHARD_META_SCALING, buf, err);
     sd_buf b;
     sd_buf_init(&b);
     int first = 1;
@@ -472,6 +501,8 @@ static sd_status import_all(run *r, sd_error *err)
 {
     if (r->lat.n) qsort(r->lat.v, r->lat.n, sizeof *r->lat.v, file_cmp);
     if (r->te.n) qsort(r->te.v, r->te.n, sizeof *r->te.v, file_cmp);
+    sd_status sst = settle_scale(r, err);
+    if (sst) return sst;
     for (size_t i = 0; i < r->te.n; i++) {
         cache_file key = {NULL, r->te.v[i].name, SD_KOHYA_LEGACY};
         size_t lo = 0, hi = r->lat.n;
