@@ -182,10 +182,11 @@ static int pax_path(const unsigned char *d, size_t n, char *out, size_t cap)
 /* The long name that an extension member right before the header at hpos
  * gives (GNU ././@LongLink 'L' data, a pax 'x' header's path=): one read
  * of the blocks before it, large enough for a record of `want_len` bytes
- * plus pax's other records; 0 and the name in out when there is one. */
+ * plus pax's other records (bsdtar stores extended attributes there, some
+ * kilobytes: 64 KiB is allowed); 0 and the name in out when there is one. */
 static int tar_long_name(int fd, uint64_t hpos, size_t want_len, char *out, size_t cap)
 {
-    uint64_t span = 512 + ((want_len + 1024 + 511) / 512) * 512;
+    uint64_t span = 512 + ((want_len + 65536 + 511) / 512) * 512;
     if (span > hpos) span = hpos;
     unsigned char *w = malloc(span);
     if (!w) return -1;

@@ -413,19 +413,26 @@ class Latents(unittest.TestCase):
     def test_moved_tar_members_are_skipped(self):
         """A tar rebuilt after sd-meta with its members in another order: the recorded offsets
         lead to other members' bytes, which must not be stored under these names. Short names,
-        ustar prefix/name, GNU ././@LongLink and pax path= names are all checked."""
+        ustar prefix/name, GNU ././@LongLink and pax path= names are all checked, also a pax
+        header that carries kilobytes of other records (extended attributes) beside path=."""
         cap = self.path("cap.txt")
         with open(cap, "w") as fh:
             fh.write("a photo\n")
         picks = [f for f in self.names if f.lower().endswith((".jpg", ".jpeg"))][:3]
         long_dir = "d" * 60 + "/" + "e" * 50
         layouts = (("short", tarfile.GNU_FORMAT, ""), ("prefix", tarfile.USTAR_FORMAT, long_dir + "/"),
-                   ("gnu", tarfile.GNU_FORMAT, long_dir + "x" * 40), ("pax", tarfile.PAX_FORMAT, long_dir + "y" * 40))
+                   ("gnu", tarfile.GNU_FORMAT, long_dir + "x" * 40), ("pax", tarfile.PAX_FORMAT, long_dir + "y" * 40),
+                   ("paxattr", tarfile.PAX_FORMAT, long_dir + "z" * 40))
 
         def build(tar, fmt, stem, order):
             with tarfile.open(tar, "w", format=fmt) as t:
                 for i in order:
-                    t.add(os.path.realpath(os.path.join(self.ds, picks[i])), arcname="%ss%03d.jpg" % (stem, i))
+                    img = os.path.realpath(os.path.join(self.ds, picks[i]))
+                    ti = t.gettarinfo(img, arcname="%ss%03d.jpg" % (stem, i))
+                    if stem.endswith("z" * 40):  # xattrs as bsdtar writes them, 3 kB beside path=
+                        ti.pax_headers = {"SCHILY.xattr.user.note": "n" * 3000}
+                    with open(img, "rb") as fh:
+                        t.addfile(ti, fh)
                     t.add(cap, arcname="%ss%03d.txt" % (stem, i))
 
         for label, fmt, stem in layouts:
