@@ -8,6 +8,7 @@
 
 #include "fuzz.h"
 #include "log.h"
+#include "fuzz_post.h"
 #include "rules.h"
 #include "source.h"
 
@@ -72,35 +73,6 @@ static char *copy_input(const uint8_t *data, size_t size)
     return text;
 }
 
-/* One post through build, one rule set and both writers. */
-static void run_post(const uint8_t *data, size_t size, const sd_rules *r, int e621)
-{
-    char *text = copy_input(data, size);
-    sd_input in;
-    sd_input_init(&in, SD_IN_BOORU, "fuzz", 1);
-    in.text = text;
-    in.len = size;
-    in.ordinal = size;
-    sd_build_opts o = {"{id%1000:04d}/{id}.{file_ext}", "/data", 0, NULL, e621};
-    sd_arena a;
-    sd_arena_init(&a, 1 << 14);
-    sd_buf scratch[3], out;
-    for (int i = 0; i < 3; i++) sd_buf_init(&scratch[i]);
-    sd_buf_init(&out);
-    sd_record rec;
-    const char *reason = NULL;
-    char detail[320];
-    if (sd_input_build(&in, &o, &a, &rec, &reason, detail, sizeof detail) == 0 &&
-        sd_rules_apply(r, &rec, in.ordinal, &a, scratch, &reason) == 0) {
-        sd_record_write_json(&out, &rec, 1);
-        sd_record_write_kohya(&out, &rec);
-    }
-    for (int i = 0; i < 3; i++) sd_buf_free(&scratch[i]);
-    sd_buf_free(&out);
-    sd_arena_free(&a);
-    free(text);
-}
-
 /* Parse, write back, and require that the written text parses again. */
 static void round_trip(const uint8_t *data, size_t size)
 {
@@ -131,8 +103,8 @@ static void round_trip(const uint8_t *data, size_t size)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!ready) setup();
-    run_post(data, size, &rules[0], -1);
-    run_post(data, size, &rules[1], 1);
+    fuzz_post((const char *)data, size, size, &rules[0], -1, "{id%1000:04d}/{id}.{file_ext}");
+    fuzz_post((const char *)data, size, size, &rules[1], 1, "{id%1000:04d}/{id}.{file_ext}");
     round_trip(data, size);
     return 0;
 }

@@ -9,6 +9,7 @@
 
 #include "arena.h"
 #include "fuzz.h"
+#include "fuzz_post.h"
 #include "json.h"
 #include "log.h"
 #include "record.h"
@@ -36,36 +37,6 @@ static char *copy_text(const void *data, size_t n)
     return text;
 }
 
-/* One post through build, the fuzzed rules and both writers. */
-static void apply_to(const sd_rules *r, const char *post, uint64_t ordinal, int e621)
-{
-    size_t n = strlen(post);
-    char *text = copy_text(post, n);
-    sd_input in;
-    sd_input_init(&in, SD_IN_BOORU, "fuzz", 1);
-    in.text = text;
-    in.len = n;
-    in.ordinal = ordinal;
-    sd_build_opts o = {"{id}.{file_ext}", "/data", 0, NULL, e621};
-    sd_arena a;
-    sd_arena_init(&a, 1 << 14);
-    sd_buf scratch[3], out;
-    for (int i = 0; i < 3; i++) sd_buf_init(&scratch[i]);
-    sd_buf_init(&out);
-    sd_record rec;
-    const char *reason = NULL;
-    char detail[320];
-    if (sd_input_build(&in, &o, &a, &rec, &reason, detail, sizeof detail) == 0 &&
-        sd_rules_apply(r, &rec, in.ordinal, &a, scratch, &reason) == 0) {
-        sd_record_write_json(&out, &rec, 1);
-        sd_record_write_kohya(&out, &rec);
-    }
-    for (int i = 0; i < 3; i++) sd_buf_free(&scratch[i]);
-    sd_buf_free(&out);
-    sd_arena_free(&a);
-    free(text);
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static int quiet;
@@ -79,7 +50,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     sd_rules_init(&r);
     if (sd_json_parse(&a, text, size, &root, &err) == SD_OK && sd_rules_load_json(&r, root, &err) == SD_OK) {
         for (size_t i = 0; i < sizeof posts / sizeof *posts; i++)
-            for (uint64_t ord = 0; ord < 3; ord++) apply_to(&r, posts[i], ord * 7 + i, i == 1 ? 1 : -1);
+            for (uint64_t ord = 0; ord < 3; ord++)
+                fuzz_post(posts[i], strlen(posts[i]), ord * 7 + i, &r, i == 1 ? 1 : -1, "{id}.{file_ext}");
     }
     sd_rules_free(&r);
     sd_arena_free(&a);
