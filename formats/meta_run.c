@@ -1,5 +1,6 @@
 #include "meta_run.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,7 +164,10 @@ void sd_meta_flush(sd_meta_run *m)
         }
         const char *data = m->workers[res->worker].out.data + res->off;
         if (m->format == SD_OUT_KOHYA) fputs(m->written ? ",\n  " : "\n  ", m->out);
-        if (fwrite(data, 1, res->len, m->out) != res->len) m->write_failed = 1;
+        if (fwrite(data, 1, res->len, m->out) != res->len && !m->write_failed) {
+            m->write_failed = 1;
+            m->write_errno = errno;
+        }
         m->written++;
     }
     m->n = 0;
@@ -179,7 +183,14 @@ sd_status sd_meta_finish(sd_meta_run *m, sd_error *err)
     if (m->format == SD_OUT_KOHYA) fputs(m->written ? "\n}\n" : "}\n", m->out);
     sd_progress_update(&m->progress, m->read, m->skips.total);
     sd_progress_finish(&m->progress);
-    if (m->write_failed || ferror(m->out)) return sd_err_set(err, SD_EIO, "writing output failed");
+    if (fflush(m->out) != 0 && !m->write_failed) {
+        m->write_failed = 1;
+        m->write_errno = errno;
+    }
+    if (m->write_failed || ferror(m->out))
+        return sd_err_set(err, SD_EIO, "%s: writing the output failed: %s",
+                          m->out_file && m->out_file->path ? m->out_file->path : "standard output",
+                          m->write_failed ? strerror(m->write_errno) : "write error");
     return SD_OK;
 }
 

@@ -41,7 +41,7 @@ typedef struct {
     uint64_t read, written, next_ordinal;
     sd_tally skips;
     sd_progress progress;
-    int write_failed;
+    int write_failed, write_errno; /* the first failed write's errno */
 } sd_meta_run;
 
 sd_status sd_meta_run_init(sd_meta_run *m, const sd_rules *rules, const sd_build_opts *bopts, sd_pool *pool, FILE *out,

@@ -417,7 +417,7 @@ static sd_status get_ints(const cfgr *r, const char *key, int n, int lo, int hi,
     if (absent(r, key)) return SD_OK;
     const sd_json *m = sd_json_get(r->root, key);
     if (m->type != SD_JSON_ARRAY) {
-        int v;
+        int v = 0; /* set by int_of on success; GCC -O2 cannot tell */
         sd_status rc = int_of(r, m, key, lo, hi, &v);
         for (int i = 0; i < n && !rc; i++) out[i] = v;
         return rc;

@@ -314,6 +314,13 @@ class Rules(Base):
         self.assertIn("unknown key 'min_scor'", err)
         rc, _, err = run(["x", "--where", "nonsense"])
         self.assertEqual(rc, 2)
+        # a full disk on stdout is named, with the reason
+        write(self.p("c", "a.txt"), "a caption")
+        self.img(self.p("c", "a.jpg"), 0)
+        with open("/dev/full", "w") as full:
+            p = subprocess.run([SD_META, self.p("c")], stdout=full, stderr=subprocess.PIPE)
+        self.assertEqual(p.returncode, 3)
+        self.assertIn("standard output: writing the output failed: No space left on device", p.stderr.decode())
         # an empty template would empty every caption (and skip every record)
         write(self.p("e.json"), json.dumps({"caption_template": ""}))
         rc, _, err = run([self.p("e.json"), "--rules", self.p("e.json")])

@@ -498,6 +498,11 @@ class Pack(unittest.TestCase):
         rc, _, err = run("compact", "--allow-mixed", self.p("x.lmdb"), "-o", self.p("xc.lmdb"))
         self.assertEqual(rc, 2, err)
         self.assertNotIn("allow-mixed", run("compact", "--help")[1])
+        # a write error on stdout (a full disk) is an error, not a truncated listing and exit 0
+        with open("/dev/full", "w") as full:
+            p = subprocess.run([SD_PACK, "info", "--json", self.p("x.lmdb")], stdout=full, stderr=subprocess.PIPE)
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertIn("standard output: write failed", p.stderr.decode())
         # exit codes: each help gives its own line (info has no --strict; sd-verify's 1 means problems)
         self.assertIn("Exit codes: 0 ok, 2 usage error, 3 a shard cannot be read.", run("info", "--help")[1])
         self.assertIn("1 records skipped under --strict", run("merge", "--help")[1])

@@ -452,6 +452,22 @@ class Train(unittest.TestCase):
         self.assertIn("not removed", err)
         self.assertEqual(os.listdir(os.path.join(out, "checkpoint-4")), ["notes.txt.tmp.abcdef"])
 
+    def test_unusable_output_found_first(self):
+        """An -o that cannot hold checkpoints (here a path under a regular file) stops the run
+        before any training, not at the first save (by default the end of the run)."""
+        f = os.path.join(self.tmp.name, "a-file")
+        with open(f, "w") as fh:
+            fh.write("x")
+        code, err = run("--unet", UNET, "-o", os.path.join(f, "run"), "--steps", "1000", "-j", "1", self.shard,
+                        ok=(3,))
+        self.assertIn(os.path.join(f, "run"), err)
+        self.assertNotIn("parameters;", err)  # the model was never loaded
+        # a metrics file that cannot be written (a full disk) is named once; training goes on
+        out = os.path.join(self.tmp.name, "metrics-full")
+        code, err = run("--unet", UNET, "-o", out, "--steps", "2", "--metrics", "/dev/full", "-j", "1", self.shard)
+        self.assertEqual(err.count("writing the metrics failed"), 1, err)
+        self.assertEqual(latest(out), 2)
+
     def test_saved_again_keeps_foreign_files(self):
         """A step saved again (--fresh into the same -o) swaps the new checkpoint in; files a user
         put into the old one are set aside, not deleted, however often the step is saved again."""

@@ -365,7 +365,9 @@ int main(int argc, char **argv)
 
     sd_trainer tr;
     sd_error err = {0};
-    sd_status st = sd_trainer_open(&tr, &o, &err);
+    /* an unusable -o is found now, not at the first save (rank 0 writes) */
+    sd_status st = rank == 0 ? sd_train_check_output(o.out_dir, &err) : SD_OK;
+    if (!st) st = sd_trainer_open(&tr, &o, &err);
     if (st) {
         sd_log(SD_LOG_ERROR, "%s", err.msg);
         sd_strlist_free(&pos);

@@ -494,6 +494,26 @@ static sd_status same(const sd_safetensors *st, const char *key, const char *wan
     return SD_OK;
 }
 
+/* An -o that is a file, read-only or on a full disk would otherwise be
+ * found when the first checkpoint is written: with the default of saving
+ * at the end only, after the whole run. A probe file is made and removed. */
+sd_status sd_train_check_output(const char *out, sd_error *err)
+{
+    sd_status rc = sd_make_dirs(out, err);
+    if (rc) return rc;
+    char probe[PATH_CAP];
+    if ((size_t)snprintf(probe, sizeof probe, "%s/.sd-train-probe.XXXXXX", out) >= sizeof probe)
+        return sd_err_set(err, SD_EINVAL, "output path too long: %s", out);
+    int fd = mkstemp(probe);
+    if (fd < 0) return sd_err_set(err, SD_EIO, "%s: cannot write checkpoints there: %s", out, strerror(errno));
+    int ok = write(fd, "x", 1) == 1 && fsync(fd) == 0;
+    int saved = errno;
+    close(fd);
+    unlink(probe);
+    if (!ok) return sd_err_set(err, SD_EIO, "%s: cannot write checkpoints there: %s", out, strerror(saved));
+    return SD_OK;
+}
+
 /* Load weights, moments, counters, cursor and RNG state. */
 sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
 {

@@ -1,6 +1,7 @@
 /* The training step and loop. */
 #include "train.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -892,6 +893,18 @@ void sd_train_set_epochs(sd_trainer *tr, long epochs)
     tr->o.max_steps = tr->o.lr.total = tr->epochs_steps = steps;
 }
 
+/* After a metrics line: a write that failed (disk full) is named once and
+ * the file closed, so no torn line follows; training goes on, since the
+ * checkpoints are what a run must not lose. */
+static void metrics_done(sd_trainer *tr)
+{
+    if (fflush(tr->metrics) == 0 && !ferror(tr->metrics)) return;
+    sd_log(SD_LOG_WARN, "%s: writing the metrics failed (%s): no more metrics lines in this run", tr->o.metrics,
+           strerror(errno));
+    fclose(tr->metrics);
+    tr->metrics = NULL;
+}
+
 /* Validate, log and write the metrics line. */
 static sd_status validate_and_log(sd_trainer *tr, sd_error *err)
 {
@@ -903,7 +916,7 @@ static sd_status validate_and_log(sd_trainer *tr, sd_error *err)
         sd_log(SD_LOG_INFO, "step %ld: validation loss %.6f over %ld images", tr->step, loss, images);
     if (tr->metrics) {
         fprintf(tr->metrics, "{\"step\": %ld, \"val_loss\": %.9g, \"val_images\": %ld}\n", tr->step, loss, images);
-        fflush(tr->metrics);
+        metrics_done(tr);
     }
     return sd_tb_scalar(&tr->tb, "val/loss", tr->step, loss, err);
 }
@@ -989,7 +1002,7 @@ static sd_status log_metrics(sd_trainer *tr, double loss, double gnorm, double l
                 "{\"step\": %ld, \"loss\": %.9g, \"loss_smooth\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
                 "\"images\": %ld, \"seconds\": %.3f}\n",
                 tr->step, loss, tr->loss_ema, lr, gnorm, tr->images, secs);
-        fflush(tr->metrics);
+        metrics_done(tr);
     }
     if (!tr->tb.f) return SD_OK;
     const char *tags[] = {"train/loss", "train/loss_smooth", "train/lr", "train/grad_norm"};
@@ -1007,7 +1020,8 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
     if (crc) return crc;
     if (o->metrics && !tr->metrics && tr->rank == 0) {
         tr->metrics = fopen(o->metrics, "a");
-        if (!tr->metrics) return sd_err_set(err, SD_EIO, "%s: cannot open the metrics file", o->metrics);
+        if (!tr->metrics)
+            return sd_err_set(err, SD_EIO, "%s: cannot open the metrics file: %s", o->metrics, strerror(errno));
     }
     if (o->tensorboard && !tr->tb.f && tr->rank == 0) {
         sd_status trc = sd_tb_open(&tr->tb, o->tensorboard, err);

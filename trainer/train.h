@@ -236,6 +236,9 @@ sd_status sd_train_save(sd_trainer *tr, sd_error *err);
  * an output directory. The model and data options must be the ones the
  * checkpoint was made with (the state records them). */
 sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err);
+/* Before any training: -o is created and a file can be written in it, so
+ * an unusable output is found now, not at the first save. */
+sd_status sd_train_check_output(const char *out, sd_error *err);
 /* Warn about the options a resumed run changes (resume_diff.c): those of
  * the checkpoint's train_config.json that differ in run_config_json. */
 void sd_train_resume_diff(const char *ckpt_config_path, const char *run_config_json);

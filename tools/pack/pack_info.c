@@ -1,5 +1,6 @@
 /* sd-pack info: what a shard holds (meta, counts by kind, buckets, dtypes,
  * bytes), as text or JSON. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -184,5 +185,9 @@ int pack_info(int argc, char **argv)
         }
     }
     sd_strlist_free(&pos);
+    if (fflush(stdout) != 0 || ferror(stdout)) { /* > /dev/full, a full disk: not a silent truncation */
+        sd_log(SD_LOG_ERROR, "standard output: write failed: %s", strerror(errno));
+        rc = SD_EXIT_FATAL;
+    }
     return rc;
 }
