@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "hash.h"
 
@@ -102,9 +103,10 @@ int sd_part_pattern_ok(const char *pattern)
     return find_conv(pattern, &w, &cl) >= 0;
 }
 
-/* Build a part's file name from the pattern without handing the user's text
- * to printf as a format. Returns 0 on success, -1 if it does not fit. */
-int sd_part_name(const char *pattern, int part, char *out, size_t cap)
+/* The pattern with its conversion replaced by piece (a part number or a
+ * glob's '*') and "%%" by '%', without handing the user's text to printf
+ * as a format. Returns 0 on success, -1 if it does not fit. */
+static int fill_pattern(const char *pattern, const char *piece_at_conv, char *out, size_t cap)
 {
     int width = 0;
     size_t cl = 0;
@@ -112,13 +114,11 @@ int sd_part_name(const char *pattern, int part, char *out, size_t cap)
     if (at < 0) return -1;
     size_t o = 0;
     for (size_t i = 0; pattern[i]; i++) {
-        char tmp[32];
         const char *piece;
         size_t pl;
         if ((long)i == at) {
-            snprintf(tmp, sizeof tmp, "%0*d", width, part);
-            piece = tmp;
-            pl = strlen(tmp);
+            piece = piece_at_conv;
+            pl = strlen(piece);
             i += cl - 1;
         } else if (pattern[i] == '%') {
             piece = "%";
@@ -134,6 +134,56 @@ int sd_part_name(const char *pattern, int part, char *out, size_t cap)
     }
     out[o] = 0;
     return 0;
+}
+
+/* Build a part's file name from the pattern. Returns 0 on success, -1 if
+ * it does not fit. */
+int sd_part_name(const char *pattern, int part, char *out, size_t cap)
+{
+    int width = 0;
+    size_t cl = 0;
+    if (find_conv(pattern, &width, &cl) < 0) return -1;
+    char num[32];
+    snprintf(num, sizeof num, "%0*d", width, part);
+    return fill_pattern(pattern, num, out, cap);
+}
+
+/* The shell glob that matches every part name of pattern (the number as
+ * '*'), for messages. Returns 0, or -1 if it does not fit. */
+int sd_part_glob(const char *pattern, char *out, size_t cap)
+{
+    return fill_pattern(pattern, "*", out, cap);
+}
+
+/* Parts numbered nparts and up that exist: left by an earlier split into
+ * more parts, they match the same glob as this split's parts and would be
+ * read with them. The scan stops at the first missing number from
+ * nparts + 3 on (so a gap or two in an old set is stepped over). Their
+ * names, comma-separated, go to list (cut short with ", ..."); returns how
+ * many exist. */
+int sd_part_leftovers(const char *pattern, int nparts, char *list, size_t cap)
+{
+    int found = 0, cut = 0;
+    size_t len = 0;
+    if (cap) list[0] = 0;
+    for (long i = nparts; i < 2000000000L; i++) {
+        char name[4096];
+        struct stat sb;
+        if (sd_part_name(pattern, (int)i, name, sizeof name) != 0) break;
+        if (lstat(name, &sb) != 0) {
+            if (i >= (long)nparts + 3) break;
+            continue;
+        }
+        found++;
+        if (cut) continue;
+        if (len + strlen(name) + 8 < cap) {
+            len += (size_t)snprintf(list + len, cap - len, "%s%s", found > 1 ? ", " : "", name);
+        } else {
+            cut = 1;
+            if (len + 6 < cap) len += (size_t)snprintf(list + len, cap - len, ", ...");
+        }
+    }
+    return found;
 }
 
 /* Empty streaming splitter over nparts parts. */

@@ -22,6 +22,9 @@ int sd_splitter_next(sd_splitter *s, size_t bucket);
 void sd_splitter_free(sd_splitter *s);
 int sd_part_name(const char *pattern, int part, char *out, size_t cap);
 int sd_part_pattern_ok(const char *pattern);
+int sd_part_glob(const char *pattern, char *out, size_t cap);
+/* existing parts numbered nparts and up (an earlier, larger split's) */
+int sd_part_leftovers(const char *pattern, int nparts, char *list, size_t cap);
 
 
 /* Streaming form of the same split, for when counts are not known in advance

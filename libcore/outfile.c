@@ -2,9 +2,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Open path for writing through a temp file; NULL or "-" means stdout, and
@@ -31,6 +34,7 @@ sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err)
         o->f = fopen(path, "w");
         if (!o->f) return sd_err_set(err, SD_EIO, "%s: %s", path, strerror(errno));
         o->special = 1;
+        o->path = strdup(path); /* for messages; NULL only costs the name */
         return SD_OK;
     }
     size_t n = strlen(path) + 32;
@@ -69,10 +73,15 @@ sd_status sd_outfile_finish(sd_outfile *o, sd_error *err)
 {
     if (o->special) {
         int bad = fflush(o->f) != 0 || ferror(o->f);
-        bad |= fclose(o->f) != 0;
+        int saved = errno;
+        if (fclose(o->f) != 0 && !bad) bad = 1, saved = errno;
         o->f = NULL;
         o->special = 0;
-        return bad ? sd_err_set(err, SD_EIO, "write failed: %s", strerror(errno)) : SD_OK;
+        const char *name = o->path ? o->path : "output";
+        sd_status st = bad ? sd_err_set(err, SD_EIO, "%s: write failed: %s", name, strerror(saved)) : SD_OK;
+        free(o->path);
+        o->path = NULL;
+        return st;
     }
     if (!o->path) {
         if (fflush(stdout) != 0 || ferror(stdout)) return sd_err_set(err, SD_EIO, "writing stdout: %s", strerror(errno));
@@ -93,31 +102,83 @@ sd_status sd_outfile_finish(sd_outfile *o, sd_error *err)
     return SD_OK;
 }
 
+/* fsync the directory holding path, so a rename in it survives a crash. */
+static void sync_parent_dir(const char *path)
+{
+    char *dir = strdup(path);
+    if (!dir) return;
+    char *slash = strrchr(dir, '/');
+    const char *d = slash ? (slash == dir ? "/" : (*slash = 0, dir)) : ".";
+    int dfd = open(d, O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    free(dir);
+}
+
+/* 1 when two paths lie in the same directory (the same text before the
+ * last '/'), so a set's directory is synced once, not once per file. */
+static int same_dir(const char *a, const char *b)
+{
+    const char *sa = strrchr(a, '/'), *sb = strrchr(b, '/');
+    size_t la = sa ? (size_t)(sa - a) : 0, lb = sb ? (size_t)(sb - b) : 0;
+    return (sa != NULL) == (sb != NULL) && la == lb && memcmp(a, b, la) == 0;
+}
+
+/* Rename a finished temp file over its target; the names stay for the
+ * directory sync. On failure the temp file is dropped. */
+static sd_status rename_into_place(sd_outfile *o, sd_error *err)
+{
+    if (rename(o->tmp, o->path) == 0) return SD_OK;
+    sd_status st = sd_err_set(err, SD_EIO, "%s: rename failed: %s", o->path, strerror(errno));
+    sd_outfile_abort(o);
+    return st;
+}
+
 /* Second half: the finished temp file replaces the target, and the rename
  * itself is made durable. A no-op for stdout and devices. */
 sd_status sd_outfile_publish(sd_outfile *o, sd_error *err)
 {
-    if (!o->path || !o->tmp) return SD_OK;
-    if (rename(o->tmp, o->path) != 0) {
-        sd_status st = sd_err_set(err, SD_EIO, "%s: rename failed: %s", o->path, strerror(errno));
-        sd_outfile_abort(o);
-        return st;
+    return sd_outfile_publish_set(o, 1, err);
+}
+
+/* Publish n finished files as one set: every rename back to back, with
+ * nothing in between (no fsync, no allocation), then each directory synced
+ * once, so a kill can split the set only inside that short run of renames.
+ * POSIX has no rename of several files at once: a kill or a failing rename
+ * there still leaves the files renamed before it in place (the error says
+ * so); callers that need to tell write a marker of the set (sd-bucket's
+ * manifest, sd-pack's split_set). */
+sd_status sd_outfile_publish_set(sd_outfile *v, int n, sd_error *err)
+{
+    sd_status st = SD_OK;
+    int renamed = 0, end = 0; /* end: files [0, end) were tried */
+    for (; end < n && !st; end++) {
+        if (!v[end].path || !v[end].tmp) continue; /* stdout or a device: nothing to rename */
+        st = rename_into_place(&v[end], err);
+        if (!st) renamed++;
     }
-    char *dir = strdup(o->path);
-    if (dir) {
-        char *slash = strrchr(dir, '/');
-        const char *d = slash ? (slash == dir ? "/" : (*slash = 0, dir)) : ".";
-        int dfd = open(d, O_RDONLY | O_DIRECTORY);
-        if (dfd >= 0) {
-            fsync(dfd);
-            close(dfd);
-        }
-        free(dir);
+    if (st && renamed) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        sd_err_set(err, SD_EIO, "%s; %d file(s) of the set before it were already replaced: the set is mixed, rerun",
+                   why, renamed);
     }
-    free(o->path);
-    free(o->tmp);
-    o->path = o->tmp = NULL;
-    return SD_OK;
+    const char *synced = NULL;
+    for (int i = 0; i < end; i++) {
+        if (!v[i].path || !v[i].tmp || (synced && same_dir(synced, v[i].path))) continue;
+        sync_parent_dir(v[i].path);
+        synced = v[i].path;
+    }
+    for (int i = 0; i < n; i++) {
+        if (i >= end) sd_outfile_abort(&v[i]); /* not renamed: drop the temp file */
+        if (!v[i].tmp) continue;
+        free(v[i].path);
+        free(v[i].tmp);
+        v[i].path = v[i].tmp = NULL;
+    }
+    return st;
 }
 
 /* Make the file appear whole: finish, then publish. */
@@ -152,6 +213,25 @@ void sd_outfile_abort(sd_outfile *o)
     free(o->tmp);
     o->f = NULL;
     o->path = o->tmp = NULL;
+}
+
+/* An identity for the set of files one run publishes together (UTC time
+ * and 8 random hex digits, e.g. 20260101T120000Z-3f9a1c2e): the time tells
+ * a person which run is newer, the digits keep two runs in one second
+ * apart. */
+void sd_output_set_id(char *out, size_t cap)
+{
+    uint32_t rnd = 0;
+    if (getrandom(&rnd, sizeof rnd, GRND_NONBLOCK) != (ssize_t)sizeof rnd) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        rnd = (uint32_t)ts.tv_nsec * 2654435761u ^ (uint32_t)getpid();
+    }
+    time_t now = time(NULL);
+    struct tm tm;
+    char stamp[32] = "00000000T000000Z";
+    if (gmtime_r(&now, &tm)) strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+    snprintf(out, cap, "%s-%08x", stamp, (unsigned)rnd);
 }
 
 /* Write a whole buffer atomically (reports, plots, small outputs). */

@@ -9,7 +9,7 @@
 
 typedef struct {
     FILE *f;
-    char *path; /* NULL for stdout */
+    char *path; /* NULL for stdout (a device or FIFO keeps it for messages) */
     char *tmp;
     int special; /* writing straight into a device or FIFO */
     long long flushed; /* bytes handed to the kernel's write-back so far */
@@ -21,8 +21,14 @@ sd_status sd_outfile_commit(sd_outfile *o, sd_error *err);
 /* commit in two halves, for a set of files that must all be whole first */
 sd_status sd_outfile_finish(sd_outfile *o, sd_error *err);
 sd_status sd_outfile_publish(sd_outfile *o, sd_error *err);
+/* publish n finished files as one set: renames back to back, then one
+ * fsync per directory (a kill between the renames can still mix sets) */
+sd_status sd_outfile_publish_set(sd_outfile *v, int n, sd_error *err);
 void sd_outfile_abort(sd_outfile *o);
 void sd_outfile_writeback(sd_outfile *o);
+/* an identity for the files one run publishes together, e.g.
+ * "20260101T120000Z-3f9a1c2e" (cap >= 32) */
+void sd_output_set_id(char *out, size_t cap);
 sd_status sd_write_file_atomic(const char *path, const void *data, size_t len, sd_error *err);
 /* mkdir -p: path and every missing parent (0777 less the umask). */
 sd_status sd_make_dirs(const char *path, sd_error *err);

@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -791,6 +792,100 @@ class Pack(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertEqual(len(tree(self.p("k"))), 20)
 
+
+    # -- split sets: identity, renames, leftovers; write errors ------------------
+
+    def split_sets(self, pattern, n):
+        """The split_set meta entry of parts 0..n-1 as (run id, "i/N") pairs."""
+        return [tuple(self.info(pattern % i)["meta"].get("split_set", " ").split(" ")) for i in range(n)]
+
+    def test_split_parts_carry_their_set(self):
+        a = self.p("a.shard")
+        writer("write", a, 60, 8)
+        rc, _, err = run("split", "-n", "3", "-o", self.p("s-%d.lmdb"), a, "-q")
+        self.assertEqual(rc, 0, err)
+        first = self.split_sets(self.p("s-%d.lmdb"), 3)
+        self.assertEqual([x[1] for x in first], ["0/3", "1/3", "2/3"])
+        self.assertEqual(len({x[0] for x in first}), 1, first)
+        self.assertRegex(first[0][0], r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
+        # a split into fewer parts names the higher-numbered parts of the first one
+        rc, _, err = run("split", "-n", "2", "-o", self.p("s-%d.lmdb"), a, "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("%s (1 file) is from an earlier split into more parts, not this one's 2: remove it before "
+                      "using %s" % (self.p("s-2.lmdb"), self.p("s-*.lmdb")), err)
+        second = self.split_sets(self.p("s-%d.lmdb"), 3)
+        self.assertEqual([x[1] for x in second], ["0/2", "1/2", "2/3"])
+        self.assertEqual(second[0][0], second[1][0])
+        self.assertNotEqual(second[0][0], first[0][0])  # each run its own id
+        rc, _, err = run("split", "-n", "3", "-o", self.p("s-%d.lmdb"), a, "-q")
+        self.assertNotIn("earlier split", err)
+        # a merge of parts is no part: split_set is not copied
+        rc, _, err = run("merge", "-o", self.p("m.lmdb"), self.p("s-0.lmdb"), self.p("s-1.lmdb"), "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertNotIn("split_set", self.info(self.p("m.lmdb"))["meta"])
+        # a split of a part gets its own set
+        rc, _, err = run("split", "-n", "2", "-o", self.p("t-%d.lmdb"), self.p("s-0.lmdb"), "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([x[1] for x in self.split_sets(self.p("t-%d.lmdb"), 2)], ["0/2", "1/2"])
+
+    def test_split_renames_back_to_back_and_a_kill_shows(self):
+        if not shutil.which("strace") or subprocess.run(["strace", "-o", "/dev/null", "true"]).returncode:
+            self.skipTest("strace unusable here")
+        a, b = self.p("a.shard"), self.p("b.shard")
+        writer("write", a, 60, 8)
+        writer("write", b, 30, 8, "keyseed=2")
+        rc, _, err = run("split", "-n", "3", "-o", self.p("s-%d.lmdb"), b, "-q")
+        self.assertEqual(rc, 0, err)
+        old = self.split_sets(self.p("s-%d.lmdb"), 3)
+        env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")  # LeakSanitizer cannot run under ptrace
+        trace = self.p("trace.txt")
+        p = subprocess.run(["strace", "-f", "-o", trace, "-e", "trace=rename,renameat,renameat2,fsync,fdatasync",
+                            SD_PACK, "split", "-q", "-n", "3", "-o", self.p("s-%d.lmdb"), a], env=env,
+                           capture_output=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(trace) as f:
+            calls = [line for line in f if "rename(" in line or "fsync(" in line]
+        renames = [i for i, line in enumerate(calls) if re.search(r'rename\(.*s-\d\.lmdb"', line)]
+        self.assertEqual(len(renames), 3, calls)
+        between = [line for line in calls[renames[0]:renames[-1]] if "fsync" in line]
+        self.assertEqual(between, [], "fsync between the parts' renames")
+        new = self.split_sets(self.p("s-%d.lmdb"), 3)
+        self.assertEqual(len({x[0] for x in new}), 1)
+        # a kill after the first rename: part 0 from this run, 1 and 2 from the last, and split_set says so
+        p = subprocess.run(["strace", "-f", "-o", "/dev/null", "-e", "trace=rename", "-e",
+                            "inject=rename:signal=KILL:when=2", SD_PACK, "split", "-q", "-n", "3", "-o",
+                            self.p("s-%d.lmdb"), b], env=env, capture_output=True)
+        self.assertNotEqual(p.returncode, 0)
+        mixed = self.split_sets(self.p("s-%d.lmdb"), 3)
+        self.assertEqual(mixed[1:], new[1:])
+        self.assertNotEqual(mixed[0][0], new[0][0])
+        self.assertNotEqual(mixed[0][0], old[0][0])
+
+    def test_export_tar_names_leftovers_and_write_errors(self):
+        a = self.p("a.shard")
+        writer("write", a, 20, 8)
+        os.makedirs(self.p("tars"))
+        rc, _, err = run("export-tar", a, "-o", self.p("tars", "t-%d.tar"), "--per-tar", "5", "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertNotIn("earlier export", err)
+        rc, _, err = run("export-tar", a, "-o", self.p("tars", "t-%d.tar"), "--per-tar", "100", "-q")
+        self.assertEqual(rc, 0, err)
+        names = ", ".join(self.p("tars", "t-%d.tar" % i) for i in (1, 2, 3))
+        self.assertIn("%s (3 files) are from an earlier export into more tar files, not this one's 1: remove them "
+                      "before using %s" % (names, self.p("tars", "t-*.tar")), err)
+        # a tar over the file size limit (past the 1 MiB stdio buffer, so libarchive's own write
+        # fails): the error says why, not only "Write error"
+        writer("write", self.p("big.shard"), 1000)
+
+        def limit():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (100 << 10, 100 << 10))
+
+        p = subprocess.run([SD_PACK, "export-tar", self.p("big.shard"), "-o", self.p("tars", "b-%d.tar"), "-q"],
+                           preexec_fn=limit, capture_output=True, text=True)
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertRegex(p.stderr, r"b-0\.tar: writing .*: Write error: File too large")
+        self.assertEqual(glob.glob(self.p("tars", "b-*")), [])
 
 if __name__ == "__main__":
     SD_PACK, SD_VERIFY, WRITER = sys.argv[1], sys.argv[2], sys.argv[3]

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
 
 #include "bucket.h"
 #include "bucket_rec.h"
@@ -62,6 +64,9 @@ typedef struct {
     sd_outfile *parts;
     int nparts;
     uint64_t *part_counts;
+    uint64_t *part_bytes;     /* for the manifest: each part's size ... */
+    XXH3_state_t **part_hash; /* ... and XXH3-64 of its bytes */
+    int bad_part, bad_errno;  /* the part whose write failed, and why */
     sd_progress prog;
 } run;
 
@@ -130,12 +135,29 @@ static void batch_fn(void *ctx, int worker, size_t b, size_t e)
     }
 }
 
-/* Split sink: append one record to its part file and count it. */
+/* Split sink: append one record to its part file, count and hash it; a
+ * failed write remembers the part and errno for the message. */
 static int write_part(void *ctx, int part, const char *data, size_t len)
 {
     run *r = ctx;
     r->part_counts[part]++;
-    return fwrite(data, 1, len, r->parts[part].f) == len ? 0 : -1;
+    r->part_bytes[part] += len;
+    XXH3_64bits_update(r->part_hash[part], data, len);
+    if (fwrite(data, 1, len, r->parts[part].f) == len) return 0;
+    r->bad_part = part;
+    r->bad_errno = errno;
+    return -1;
+}
+
+/* The error for a part write that failed, naming the part's file (the
+ * splitter fails by itself only when out of memory). */
+static sd_status part_write_error(const run *r, sd_error *err)
+{
+    char name[4096];
+    if (r->bad_part < 0) return sd_err_set(err, SD_ENOMEM, "splitting: out of memory");
+    if (sd_part_name(r->opt->output, r->bad_part, name, sizeof name) != 0)
+        snprintf(name, sizeof name, "part %d", r->bad_part);
+    return sd_err_set(err, SD_EIO, "%s: write failed: %s", name, strerror(r->bad_errno));
 }
 
 /* Process n split lines (the first is line first_line of name): bucket them in
@@ -165,9 +187,10 @@ static sd_status run_batch(run *r, size_t n, const char *name, long first_line, 
         if (r->nparts) {
             uint64_t key = (uint64_t)(uint32_t)res->fit.bw << 32 | (uint32_t)res->fit.bh;
             if (sd_stream_splitter_add(&r->ss, (size_t)id, key, wb->data + r->off[i], len, write_part, r))
-                return sd_err_set(err, SD_EIO, "writing parts failed: %s", strerror(errno));
+                return part_write_error(r, err);
         } else if (fwrite(wb->data + r->off[i], 1, len, r->sink) != len) {
-            return sd_err_set(err, SD_EIO, "write failed: %s", strerror(errno));
+            const char *o = r->opt->output && strcmp(r->opt->output, "-") ? r->opt->output : "stdout";
+            return sd_err_set(err, SD_EIO, "%s: write failed: %s", o, strerror(errno));
         }
     }
     sd_progress_update(&r->prog, r->in, r->tally.total);
@@ -227,7 +250,16 @@ static sd_status open_parts(run *r, sd_error *err)
     if (st) return st;
     r->parts = calloc((size_t)o->split, sizeof *r->parts);
     r->part_counts = calloc((size_t)o->split, sizeof *r->part_counts);
-    if (!r->parts || !r->part_counts) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    r->part_bytes = calloc((size_t)o->split, sizeof *r->part_bytes);
+    r->part_hash = calloc((size_t)o->split, sizeof *r->part_hash);
+    r->bad_part = -1;
+    if (!r->parts || !r->part_counts || !r->part_bytes || !r->part_hash)
+        return sd_err_set(err, SD_ENOMEM, "out of memory");
+    for (long p = 0; p < o->split; p++) {
+        r->part_hash[p] = XXH3_createState();
+        if (!r->part_hash[p] || XXH3_64bits_reset(r->part_hash[p]) != XXH_OK)
+            return sd_err_set(err, SD_ENOMEM, "out of memory");
+    }
     for (; r->nparts < (int)o->split; r->nparts++) {
         char name[4096];
         if (sd_part_name(o->output, r->nparts, name, sizeof name) != 0)
@@ -237,18 +269,90 @@ static sd_status open_parts(run *r, sd_error *err)
     return SD_OK;
 }
 
+/* The manifest of a split: the -o pattern as given plus ".parts.json". */
+static int manifest_name(const options *o, char *out, size_t cap)
+{
+    return snprintf(out, cap, "%s.parts.json", o->output) < (int)cap ? 0 : -1;
+}
+
+/* The manifest's text: the set's identity and every part's name, records,
+ * bytes and XXH3-64, so a set whose parts come from two runs (a kill
+ * between the renames) or were changed later can be told from a whole one. */
+static void build_manifest(const run *r, const char *set_id, sd_buf *b)
+{
+    const options *o = r->opt;
+    sd_buf_puts(b, "{\"tool\":\"sd-bucket\",\"version\":");
+    sd_buf_json_cstr(b, sd_version());
+    sd_buf_puts(b, ",\"set\":");
+    sd_buf_json_cstr(b, set_id);
+    sd_buf_puts(b, ",\"pattern\":");
+    sd_buf_json_cstr(b, o->output);
+    sd_buf_puts(b, ",\"parts\":[");
+    for (int p = 0; p < (int)o->split; p++) {
+        char name[4096];
+        sd_part_name(o->output, p, name, sizeof name);
+        sd_buf_printf(b, "%s{\"file\":", p ? "," : "");
+        sd_buf_json_cstr(b, name);
+        sd_buf_printf(b, ",\"records\":%llu,\"bytes\":%llu,\"xxh3_64\":\"%016llx\"}",
+                      (unsigned long long)r->part_counts[p], (unsigned long long)r->part_bytes[p],
+                      (unsigned long long)XXH3_64bits_digest(r->part_hash[p]));
+    }
+    sd_buf_puts(b, "]}\n");
+}
+
+/* Publish the finished parts as a set and vouch for it: the old manifest
+ * goes first (it must never describe a mix of its parts and new ones), the
+ * renames run back to back, and the new manifest is written last, so a
+ * set without a manifest, or whose parts do not match it, was interrupted. */
+static sd_status publish_parts(run *r, sd_error *err)
+{
+    char mname[4200];
+    if (manifest_name(r->opt, mname, sizeof mname) != 0) return sd_err_set(err, SD_EINVAL, "-o pattern too long");
+    if (unlink(mname) != 0 && errno != ENOENT)
+        return sd_err_set(err, SD_EIO, "%s: cannot remove the earlier split's manifest: %s", mname, strerror(errno));
+    sd_status st = sd_outfile_publish_set(r->parts, r->nparts, err);
+    if (st) return st;
+    char set_id[64];
+    sd_output_set_id(set_id, sizeof set_id);
+    sd_buf b;
+    sd_buf_init(&b);
+    build_manifest(r, set_id, &b);
+    st = b.oom ? sd_err_set(err, SD_ENOMEM, "out of memory") : sd_write_file_atomic(mname, b.data, b.len, err);
+    sd_buf_free(&b);
+    return st;
+}
+
+/* Name the parts an earlier split into more parts left beside this one's:
+ * a glob of the parts would read them too. */
+static void warn_leftover_parts(const options *o)
+{
+    char list[256], glob[4200];
+    int n = sd_part_leftovers(o->output, (int)o->split, list, sizeof list);
+    if (n == 0) return;
+    if (sd_part_glob(o->output, glob, sizeof glob) != 0) snprintf(glob, sizeof glob, "a glob of the parts");
+    int one = n == 1;
+    sd_log(SD_LOG_WARN,
+           "%s (%d file%s) %s from an earlier split into more parts, not this one's %ld: "
+           "remove %s before using %s",
+           list, n, one ? "" : "s", one ? "is" : "are", o->split, one ? "it" : "them", glob);
+}
+
 /* Release the held records, then commit the parts: every one written and
- * synced first, then all renamed into place, so a failure (disk full, a
- * kill before the renames) leaves the earlier set of parts untouched. */
+ * synced first, then all renamed into place back to back, so a failure
+ * while writing (disk full, a kill) leaves the earlier set of parts
+ * untouched; the manifest written last vouches for the new set. */
 static sd_status close_parts(run *r, sd_status st, sd_error *err)
 {
-    if (!st && sd_stream_splitter_finish(&r->ss, write_part, r))
-        st = sd_err_set(err, SD_EIO, "writing parts failed: %s", strerror(errno));
+    if (!st && sd_stream_splitter_finish(&r->ss, write_part, r)) st = part_write_error(r, err);
     for (int p = 0; p < r->nparts && !st; p++) st = sd_outfile_finish(&r->parts[p], err);
-    for (int p = 0; p < r->nparts; p++) {
-        if (!st) st = sd_outfile_publish(&r->parts[p], err);
-        else sd_outfile_abort(&r->parts[p]);
-    }
+    if (!st) st = publish_parts(r, err);
+    for (int p = 0; p < r->nparts; p++) sd_outfile_abort(&r->parts[p]); /* temp files a failure left */
+    if (!st) warn_leftover_parts(r->opt);
+    for (long p = 0; r->part_hash && p < r->opt->split; p++) XXH3_freeState(r->part_hash[p]);
+    free(r->part_hash);
+    free(r->part_bytes);
+    r->part_hash = NULL;
+    r->part_bytes = NULL;
     sd_stream_splitter_free(&r->ss);
     free(r->parts);
     r->parts = NULL;
@@ -490,7 +594,7 @@ int main(int argc, char **argv)
         {"max-res", 0, SD_OPT_INT, &o.max_res, "R", "multires: largest training area R*R (default 1024)"},
         {"upscale", 0, SD_OPT_FLAG, &o.upscale, NULL, "multires: upscale images below min-res instead of skipping"},
         {"root", 0, SD_OPT_STR, &o.root, "DIR", "resolve relative image paths against DIR (default: current dir)"},
-        {"split", 0, SD_OPT_INT, &o.split, "N", "write N bucket-balanced parts (-o must hold %d)"},
+        {"split", 0, SD_OPT_INT, &o.split, "N", "write N bucket-balanced parts (-o must hold %d) and, last, their manifest PATTERN.parts.json"},
         {"output", 'o', SD_OPT_STR, &o.output, "FILE", "output JSONL (default stdout); with --split a pattern like part-%d.jsonl"},
         {"seed", 0, SD_OPT_INT, &o.seed, "N", "seed for the split's part rotation (default 0)"},
         {"report", 0, SD_OPT_STR, &o.report, "FILE", "write a JSON report of buckets and skips"},

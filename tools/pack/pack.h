@@ -14,6 +14,10 @@
 #include "shard.h"
 #include "tally.h"
 
+/* The meta entry naming a split's part: "<set id> <i>/<N>" (one id per run
+ * of sd-pack split, so parts of two runs are told apart). */
+#define PACK_META_SPLIT_SET "split_set"
+
 /* Flags every subcommand accepts. */
 typedef struct {
     int quiet, verbose, strict;
@@ -33,6 +37,7 @@ sd_status pack_out_put_text(pack_out *o, const uint8_t hash[16], const void *val
 sd_status pack_out_flush(pack_out *o, sd_error *err);
 sd_status pack_out_close(pack_out *o, sd_error *err);
 sd_status pack_out_publish(pack_out *o, sd_error *err);
+sd_status pack_out_publish_set(pack_out *v, long n, sd_error *err);
 sd_status pack_out_commit(pack_out *o, sd_error *err);
 void pack_out_abort(pack_out *o, int keep);
 int pack_same_file(const char *a, const char *b);

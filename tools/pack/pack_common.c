@@ -184,25 +184,60 @@ sd_status pack_out_close(pack_out *o, sd_error *err)
     return st;
 }
 
+/* 1 when two paths lie in the same directory (the same text before the
+ * last '/'): a set's directory is synced once, not once per output. */
+static int same_dir(const char *a, const char *b)
+{
+    const char *sa = strrchr(a, '/'), *sb = strrchr(b, '/');
+    size_t la = sa ? (size_t)(sa - a) : 0, lb = sb ? (size_t)(sb - b) : 0;
+    return (sa != NULL) == (sb != NULL) && la == lb && memcmp(a, b, la) == 0;
+}
+
 /* Rename a closed output's temporary file into place and sync the
  * directory; an output written in place only has its names freed. */
 sd_status pack_out_publish(pack_out *o, sd_error *err)
 {
+    return pack_out_publish_set(o, 1, err);
+}
+
+/* Publish n closed outputs as one set (split's parts): every rename back
+ * to back, then the temporary lock files removed and each directory synced
+ * once, so a kill can mix two sets only inside that short run of renames
+ * (POSIX renames one file at a time; each part's split_set meta tells the
+ * sets apart). A rename that fails drops that output and the ones after
+ * it; the error says how many before it were already replaced. */
+sd_status pack_out_publish_set(pack_out *v, long n, sd_error *err)
+{
     sd_status st = SD_OK;
-    if (o->tmp) {
-        if (rename(o->tmp, o->final))
-            st = sd_err_set(err, SD_EIO, "%s: cannot rename into place: %s", o->final, strerror(errno));
-        else {
-            char *lock = with_suffix(o->tmp, "-lock");
-            if (lock) unlink(lock);
-            free(lock);
-            sync_dir(o->final);
-        }
+    long end = 0, renamed = 0; /* outputs [0, end) were tried */
+    for (; end < n && !st; end++) {
+        if (!v[end].tmp) continue;
+        if (rename(v[end].tmp, v[end].final) == 0) renamed++;
+        else st = sd_err_set(err, SD_EIO, "%s: cannot rename into place: %s", v[end].final, strerror(errno));
     }
-    if (st) pack_out_abort(o, 0);
-    free(o->final);
-    free(o->tmp);
-    o->final = o->tmp = NULL;
+    if (st && renamed) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        sd_err_set(err, SD_EIO, "%s; %ld part(s) before it were already replaced: the set is mixed, rerun", why,
+                   renamed);
+    }
+    if (st) pack_out_abort(&v[end - 1], 0); /* the one whose rename failed */
+    const char *synced = NULL;
+    for (long i = 0; i < end; i++) {
+        if (!v[i].tmp) continue;
+        char *lock = with_suffix(v[i].tmp, "-lock");
+        if (lock) unlink(lock);
+        free(lock);
+        if (synced && same_dir(synced, v[i].final)) continue;
+        sync_dir(v[i].final);
+        synced = v[i].final;
+    }
+    for (long i = 0; i < n; i++) {
+        if (i >= end) pack_out_abort(&v[i], 0);
+        free(v[i].final);
+        free(v[i].tmp);
+        v[i].final = v[i].tmp = NULL;
+    }
     return st;
 }
 
@@ -264,7 +299,9 @@ void pack_close_ro(sd_shard *s, sd_shard_txn *t)
 }
 
 /* Copy the meta entries of an input shard (all but format_version and
- * created, which the new shard sets itself) and record the producer. */
+ * created, which the new shard sets itself, and split_set, which names one
+ * file's place in one split, not a merge's or another split's) and record
+ * the producer. */
 sd_status pack_copy_meta(sd_shard_txn *from, pack_out *to, const char *producer, sd_error *err)
 {
     sd_shard_cursor *c;
@@ -278,7 +315,7 @@ sd_status pack_copy_meta(sd_shard_txn *from, pack_out *to, const char *producer,
         memcpy(key, k, kl);
         key[kl] = 0;
         if (!strcmp(key, SD_SHARD_META_VERSION) || !strcmp(key, SD_SHARD_META_CREATED) ||
-            !strcmp(key, SD_SHARD_META_PRODUCER))
+            !strcmp(key, SD_SHARD_META_PRODUCER) || !strcmp(key, PACK_META_SPLIT_SET))
             continue;
         char *nv = realloc(val, vl + 1);
         if (!nv) {

@@ -9,6 +9,7 @@
 #include "bucket_split.h"
 #include "cli.h"
 #include "log.h"
+#include "outfile.h"
 #include "pack.h"
 
 enum { MAX_OPEN = 64 }; /* output shards open at once; more parts take more passes */
@@ -17,6 +18,7 @@ typedef struct {
     const char *input, *pattern;
     long parts, seed;
     pack_common pc;
+    char set_id[64]; /* this run's identity, in every part's split_set */
 } options;
 
 /* The buckets of the records themselves (not of the bucket index, which may
@@ -177,24 +179,28 @@ static sd_status split_pass(const options *o, sd_shard_txn *t, const bucket_tabl
     return st;
 }
 
-/* Open parts [first, first+n) under temporary names with the input's meta. */
+/* Open parts [first, first+n) under temporary names with the input's meta
+ * and their place in this split (split_set "<set id> <i>/<N>"). */
 static sd_status open_parts(const options *o, sd_shard_txn *t, pack_out *outs, int first, int n, sd_error *err)
 {
     sd_status st = SD_OK;
     for (int i = first; !st && i < first + n; i++) {
-        char name[4096];
+        char name[4096], place[128];
         if (sd_part_name(o->pattern, i, name, sizeof name))
             return sd_err_set(err, SD_EINVAL, "output pattern %s: name too long", o->pattern);
         st = pack_out_open(&outs[i], name, 0, err);
         if (!st) st = pack_copy_meta(t, &outs[i], "sd-pack split", err);
+        snprintf(place, sizeof place, "%s %d/%ld", o->set_id, i, o->parts);
+        if (!st) st = sd_shard_meta_set(outs[i].s, PACK_META_SPLIT_SET, place, err);
     }
     return st;
 }
 
 /* Write every part under a temporary name, MAX_OPEN at a time, closing
  * (syncing) each; only when all are complete are they renamed into place,
- * so a failure while writing leaves every existing file as it was (a
- * rename itself failing partway would leave the parts renamed before it). */
+ * back to back, so a failure while writing leaves every existing file as
+ * it was (a kill or a failing rename among the renames would leave the
+ * parts renamed before it: their split_set tells them from the others). */
 static sd_status split_all(const options *o, uint64_t *counts, sd_tally *tally, sd_error *err)
 {
     sd_shard *s;
@@ -216,12 +222,27 @@ static sd_status split_all(const options *o, uint64_t *counts, sd_tally *tally, 
         for (int i = first; !st && i < first + n; i++) st = pack_out_close(&outs[i], err);
     }
     sd_progress_finish(&prog);
-    for (long i = 0; !st && i < o->parts; i++) st = pack_out_publish(&outs[i], err);
+    if (!st) st = pack_out_publish_set(outs, o->parts, err);
     for (long i = 0; outs && i < o->parts; i++) pack_out_abort(&outs[i], 0);
     free(outs);
     free(bt.v);
     pack_close_ro(s, t);
     return st;
+}
+
+/* Name the parts an earlier split into more parts left beside this one's:
+ * a glob of the parts would read them too. */
+static void warn_leftover_parts(const options *o)
+{
+    char list[256], glob[4200];
+    int n = sd_part_leftovers(o->pattern, (int)o->parts, list, sizeof list);
+    if (n == 0) return;
+    if (sd_part_glob(o->pattern, glob, sizeof glob)) snprintf(glob, sizeof glob, "a glob of the parts");
+    int one = n == 1;
+    sd_log(SD_LOG_WARN,
+           "%s (%d file%s) %s from an earlier split into more parts, not this one's %ld: "
+           "remove %s before using %s",
+           list, n, one ? "" : "s", one ? "is" : "are", o->parts, one ? "it" : "them", glob);
 }
 
 /* A usage problem with the part names, written into msg: one of them is
@@ -264,7 +285,9 @@ int pack_split(int argc, char **argv)
         "Each part carries the text embeddings its records reference and the input's meta entries;\n"
         "records that are corrupt or whose text embedding is missing or corrupt are skipped and\n"
         "counted. Parts are written under temporary names and renamed into place only when all are\n"
-        "complete; a part name may not be SHARD itself.",
+        "complete; a part name may not be SHARD itself. Each part's meta split_set is \"<run id> <i>/<N>\":\n"
+        "parts with different run ids come from different splits (a kill among the renames, or\n"
+        "parts left by an earlier split into more parts, which is warned about).",
         opts, "Example:\n  sd-pack split -n 8 -o 'rank-%d.lmdb' cache.lmdb", NULL};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
@@ -289,6 +312,7 @@ int pack_split(int argc, char **argv)
     sd_tally tally;
     sd_tally_init(&tally, o.pc.verbose ? -1 : 10);
     sd_error err;
+    sd_output_set_id(o.set_id, sizeof o.set_id);
     sd_status st = counts ? split_all(&o, counts, &tally, &err) : sd_err_set(&err, SD_ENOMEM, "out of memory");
     if (st) sd_log(SD_LOG_ERROR, "%s", err.msg);
     uint64_t written = 0;
@@ -301,6 +325,7 @@ int pack_split(int argc, char **argv)
     if (!st)
         sd_log(SD_LOG_INFO, "%llu records written to %ld parts, %llu skipped", (unsigned long long)written, o.parts,
                (unsigned long long)tally.total);
+    if (!st) warn_leftover_parts(&o);
     free(counts);
     sd_strlist_free(&pos);
     return st ? SD_EXIT_FATAL : pack_finish(&tally, &o.pc, "skipped");

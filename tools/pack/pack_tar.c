@@ -44,16 +44,31 @@ static const char *role_suffix(int role)
     }
 }
 
+/* libarchive's message for its last failure with the errno it kept: its
+ * "Write error" alone does not say whether the disk is full or the file
+ * too large. */
+static const char *tar_error(struct archive *a, char *buf, size_t cap)
+{
+    const char *msg = archive_error_string(a);
+    int e = archive_errno(a);
+    if (!msg) msg = "unknown error";
+    if (e > 0 && !strstr(msg, strerror(e))) snprintf(buf, cap, "%s: %s", msg, strerror(e));
+    else snprintf(buf, cap, "%s", msg);
+    return buf;
+}
+
 /* Finish the open tar: close the archive, fsync and rename it into place. */
 static sd_status close_tar(tar_run *r, sd_error *err)
 {
     if (!r->a) return SD_OK;
+    char why[512];
     int rc = archive_write_close(r->a);
+    if (rc != ARCHIVE_OK) tar_error(r->a, why, sizeof why);
     archive_write_free(r->a);
     r->a = NULL;
     if (rc != ARCHIVE_OK) {
         sd_outfile_abort(&r->out);
-        return sd_err_set(err, SD_EIO, "%s: cannot finish tar", r->tar_name);
+        return sd_err_set(err, SD_EIO, "%s: cannot finish tar: %s", r->tar_name, why);
     }
     return sd_outfile_commit(&r->out, err);
 }
@@ -68,10 +83,12 @@ static sd_status open_tar(tar_run *r, sd_error *err)
     r->a = archive_write_new();
     if (!r->a || archive_write_set_format_pax_restricted(r->a) != ARCHIVE_OK ||
         archive_write_open_FILE(r->a, r->out.f) != ARCHIVE_OK) {
+        char why[512] = "out of memory";
+        if (r->a) tar_error(r->a, why, sizeof why);
         if (r->a) archive_write_free(r->a);
         r->a = NULL;
         sd_outfile_abort(&r->out);
-        return sd_err_set(err, SD_EIO, "%s: cannot start tar", r->tar_name);
+        return sd_err_set(err, SD_EIO, "%s: cannot start tar: %s", r->tar_name, why);
     }
     r->ntar++;
     r->in_tar = 0;
@@ -95,8 +112,11 @@ static sd_status add_member(tar_run *r, const char *name, const char *suffix, co
     archive_entry_set_mtime(e, 0, 0); /* reproducible output */
     int rc = archive_write_header(r->a, e);
     archive_entry_free(e);
-    if (rc != ARCHIVE_OK || archive_write_data(r->a, data->data, data->len) != (la_ssize_t)data->len)
-        return sd_err_set(err, SD_EIO, "%s: writing %s: %s", r->tar_name, r->member.data, archive_error_string(r->a));
+    if (rc != ARCHIVE_OK || archive_write_data(r->a, data->data, data->len) != (la_ssize_t)data->len) {
+        char why[512];
+        return sd_err_set(err, SD_EIO, "%s: writing %s: %s", r->tar_name, r->member.data,
+                          tar_error(r->a, why, sizeof why));
+    }
     return SD_OK;
 }
 
@@ -181,6 +201,21 @@ static sd_status tar_one(void *ctx, const pack_item *it, sd_error *err)
     return st;
 }
 
+/* Name the tars an earlier export into more tar files left after this
+ * one's: a glob of the tars would read them too. */
+static void warn_leftover_tars(const tar_run *r)
+{
+    char list[256], glob[4200];
+    int n = sd_part_leftovers(r->pattern, r->ntar, list, sizeof list);
+    if (n == 0) return;
+    if (sd_part_glob(r->pattern, glob, sizeof glob)) snprintf(glob, sizeof glob, "a glob of the tars");
+    int one = n == 1;
+    sd_log(SD_LOG_WARN,
+           "%s (%d file%s) %s from an earlier export into more tar files, not this one's %d: "
+           "remove %s before using %s",
+           list, n, one ? "" : "s", one ? "is" : "are", r->ntar, one ? "it" : "them", glob);
+}
+
 /* sd-pack export-tar SHARD -o 'out-%05d.tar' --per-tar N */
 int pack_export_tar(int argc, char **argv)
 {
@@ -230,7 +265,8 @@ int pack_export_tar(int argc, char **argv)
     sd_status st = pack_walk(pos.v[0], &r.tally, &prog, tar_one, &r, &err);
     sd_progress_finish(&prog);
     if (!st) st = close_tar(&r, &err);
-    if (r.a) {
+    if (r.a) { /* a failed tar: close it first, as free skips that (and leaks) once a write has failed */
+        archive_write_close(r.a);
         archive_write_free(r.a);
         sd_outfile_abort(&r.out);
     }
@@ -245,5 +281,6 @@ int pack_export_tar(int argc, char **argv)
     }
     sd_log(SD_LOG_INFO, "wrote %llu records into %d tar files, %llu skipped", (unsigned long long)r.records, r.ntar,
            (unsigned long long)r.tally.total);
+    warn_leftover_tars(&r);
     return pack_finish(&r.tally, &pc, "skipped");
 }
