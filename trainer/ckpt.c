@@ -496,7 +496,8 @@ static sd_status same(const sd_safetensors *st, const char *key, const char *wan
 
 /* An -o that is a file, read-only or on a full disk would otherwise be
  * found when the first checkpoint is written: with the default of saving
- * at the end only, after the whole run. A probe file is made and removed. */
+ * at the end only, after the whole run. A probe file is made and removed
+ * (a full disk may still show only at a checkpoint's fsync). */
 sd_status sd_train_check_output(const char *out, sd_error *err)
 {
     sd_status rc = sd_make_dirs(out, err);
@@ -506,7 +507,7 @@ sd_status sd_train_check_output(const char *out, sd_error *err)
         return sd_err_set(err, SD_EINVAL, "output path too long: %s", out);
     int fd = mkstemp(probe);
     if (fd < 0) return sd_err_set(err, SD_EIO, "%s: cannot write checkpoints there: %s", out, strerror(errno));
-    int ok = write(fd, "x", 1) == 1 && fsync(fd) == 0;
+    int ok = write(fd, "x", 1) == 1; /* no fsync: a startup probe need not wait for the disk */
     int saved = errno;
     close(fd);
     unlink(probe);
