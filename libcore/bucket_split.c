@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 
 #include "hash.h"
+#include "log.h"
 
 typedef struct {
     uint64_t order;
@@ -287,4 +288,16 @@ void sd_stream_splitter_free(sd_stream_splitter *s)
     }
     free(s->b);
     memset(s, 0, sizeof *s);
+}
+
+/* One warning for sd-bucket --split, sd-pack split and export-tar. */
+void sd_part_warn_leftovers(const char *pattern, int nparts, const char *earlier)
+{
+    char list[256], glob[4200];
+    int n = sd_part_leftovers(pattern, nparts, list, sizeof list);
+    if (n == 0) return;
+    if (sd_part_glob(pattern, glob, sizeof glob) != 0) snprintf(glob, sizeof glob, "a glob of the outputs");
+    int one = n == 1;
+    sd_log(SD_LOG_WARN, "%s (%d file%s) %s from an earlier %s, not this one's %d: remove %s before using %s", list, n,
+           one ? "" : "s", one ? "is" : "are", earlier, nparts, one ? "it" : "them", glob);
 }

@@ -25,6 +25,9 @@ int sd_part_pattern_ok(const char *pattern);
 int sd_part_glob(const char *pattern, char *out, size_t cap);
 /* existing parts numbered nparts and up (an earlier, larger split's) */
 int sd_part_leftovers(const char *pattern, int nparts, char *list, size_t cap);
+/* Warn, naming them, about such leftovers: a glob of the parts would read
+ * them too. `earlier` says what made them ("split into more parts"). */
+void sd_part_warn_leftovers(const char *pattern, int nparts, const char *earlier);
 
 
 /* Streaming form of the same split, for when counts are not known in advance

@@ -322,21 +322,6 @@ static sd_status publish_parts(run *r, sd_error *err)
     return st;
 }
 
-/* Name the parts an earlier split into more parts left beside this one's:
- * a glob of the parts would read them too. */
-static void warn_leftover_parts(const options *o)
-{
-    char list[256], glob[4200];
-    int n = sd_part_leftovers(o->output, (int)o->split, list, sizeof list);
-    if (n == 0) return;
-    if (sd_part_glob(o->output, glob, sizeof glob) != 0) snprintf(glob, sizeof glob, "a glob of the parts");
-    int one = n == 1;
-    sd_log(SD_LOG_WARN,
-           "%s (%d file%s) %s from an earlier split into more parts, not this one's %ld: "
-           "remove %s before using %s",
-           list, n, one ? "" : "s", one ? "is" : "are", o->split, one ? "it" : "them", glob);
-}
-
 /* Release the held records, then commit the parts: every one written and
  * synced first, then all renamed into place back to back, so a failure
  * while writing (disk full, a kill) leaves the earlier set of parts
@@ -347,7 +332,7 @@ static sd_status close_parts(run *r, sd_status st, sd_error *err)
     for (int p = 0; p < r->nparts && !st; p++) st = sd_outfile_finish(&r->parts[p], err);
     if (!st) st = publish_parts(r, err);
     for (int p = 0; p < r->nparts; p++) sd_outfile_abort(&r->parts[p]); /* temp files a failure left */
-    if (!st) warn_leftover_parts(r->opt);
+    if (!st) sd_part_warn_leftovers(r->opt->output, (int)r->opt->split, "split into more parts");
     for (long p = 0; r->part_hash && p < r->opt->split; p++) XXH3_freeState(r->part_hash[p]);
     free(r->part_hash);
     free(r->part_bytes);

@@ -230,21 +230,6 @@ static sd_status split_all(const options *o, uint64_t *counts, sd_tally *tally, 
     return st;
 }
 
-/* Name the parts an earlier split into more parts left beside this one's:
- * a glob of the parts would read them too. */
-static void warn_leftover_parts(const options *o)
-{
-    char list[256], glob[4200];
-    int n = sd_part_leftovers(o->pattern, (int)o->parts, list, sizeof list);
-    if (n == 0) return;
-    if (sd_part_glob(o->pattern, glob, sizeof glob)) snprintf(glob, sizeof glob, "a glob of the parts");
-    int one = n == 1;
-    sd_log(SD_LOG_WARN,
-           "%s (%d file%s) %s from an earlier split into more parts, not this one's %ld: "
-           "remove %s before using %s",
-           list, n, one ? "" : "s", one ? "is" : "are", o->parts, one ? "it" : "them", glob);
-}
-
 /* A usage problem with the part names, written into msg: one of them is
  * the input (the split would replace what it reads) or an existing
  * directory. 0 when all are fine. */
@@ -325,7 +310,7 @@ int pack_split(int argc, char **argv)
     if (!st)
         sd_log(SD_LOG_INFO, "%llu records written to %ld parts, %llu skipped", (unsigned long long)written, o.parts,
                (unsigned long long)tally.total);
-    if (!st) warn_leftover_parts(&o);
+    if (!st) sd_part_warn_leftovers(o.pattern, (int)o.parts, "split into more parts");
     free(counts);
     sd_strlist_free(&pos);
     return st ? SD_EXIT_FATAL : pack_finish(&tally, &o.pc, "skipped");

@@ -201,21 +201,6 @@ static sd_status tar_one(void *ctx, const pack_item *it, sd_error *err)
     return st;
 }
 
-/* Name the tars an earlier export into more tar files left after this
- * one's: a glob of the tars would read them too. */
-static void warn_leftover_tars(const tar_run *r)
-{
-    char list[256], glob[4200];
-    int n = sd_part_leftovers(r->pattern, r->ntar, list, sizeof list);
-    if (n == 0) return;
-    if (sd_part_glob(r->pattern, glob, sizeof glob)) snprintf(glob, sizeof glob, "a glob of the tars");
-    int one = n == 1;
-    sd_log(SD_LOG_WARN,
-           "%s (%d file%s) %s from an earlier export into more tar files, not this one's %d: "
-           "remove %s before using %s",
-           list, n, one ? "" : "s", one ? "is" : "are", r->ntar, one ? "it" : "them", glob);
-}
-
 /* sd-pack export-tar SHARD -o 'out-%05d.tar' --per-tar N */
 int pack_export_tar(int argc, char **argv)
 {
@@ -281,6 +266,6 @@ int pack_export_tar(int argc, char **argv)
     }
     sd_log(SD_LOG_INFO, "wrote %llu records into %d tar files, %llu skipped", (unsigned long long)r.records, r.ntar,
            (unsigned long long)r.tally.total);
-    warn_leftover_tars(&r);
+    sd_part_warn_leftovers(r.pattern, r.ntar, "export into more tar files");
     return pack_finish(&r.tally, &pc, "skipped");
 }
