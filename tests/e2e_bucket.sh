@@ -191,6 +191,11 @@ fi
 (trap '' XFSZ; ulimit -f 400; "$BIN" -q --split 2 -o 'fm-%d.jsonl' big.jsonl > /dev/null 2>&1)
 check "failed split: exit 3" $? 3
 check "failed split keeps the earlier manifest" "$(cmp -s 'fm-%d.jsonl.parts.json' fm.manifest; echo $?)" 0
+# a pattern whose directory holds the number: the manifest goes beside part 0
+mkdir -p rank-0 rank-1
+"$BIN" -q --split 2 -o 'rank-%d/train.jsonl' many.jsonl
+check "split into numbered directories" $? 0
+check "manifest beside part 0" "$(python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); print(len(m["parts"]))' rank-0/train.jsonl.parts.json)" 2
 # --- the renames of a split run back to back; a kill among them leaves no manifest ----
 if command -v strace > /dev/null && strace -o /dev/null true 2> /dev/null; then
     mkdir -p tr

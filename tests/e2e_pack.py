@@ -203,6 +203,14 @@ class Pack(unittest.TestCase):
         self.assertEqual(self.info(self.p("t.lmdb"))["meta"]["scaling_factor"], "0.5")
         for bad in ("-1", "nan", "inf"):
             self.assertEqual(run("import-kohya", sd, "-o", self.p("u.lmdb"), "--scale", bad)[0], 2, bad)
+        # SD and SDXL caches in one directory: one shard has one factor, so refused without --scale
+        mixed = self.p("mixed")
+        self.latents(os.path.join(mixed, "a_0512x0512_sdxl.npz"), 64, 64, orig=(512, 512))
+        self.latents(os.path.join(mixed, "b_0512x0512_sd.npz"), 64, 64, orig=(512, 512))
+        rc, _, err = run("import-kohya", mixed, "-o", self.p("m.lmdb"))
+        self.assertEqual(rc, 3, err)
+        self.assertIn("b_0512x0512_sd.npz is an SD 1.x/2.x cache", err)
+        self.assertEqual(run("import-kohya", mixed, "-o", self.p("m.lmdb"), "--scale", "0.13025", "-q")[0], 0)
         # another factor in the shard is replaced by --scale only (its records were made with it)
         self.latents(os.path.join(sd, "b_0512x0512_sd.npz"), 64, 64, orig=(512, 512))
         rc, _, err = run("import-kohya", sd, "-o", self.p("t.lmdb"))

@@ -485,6 +485,13 @@ class Train(unittest.TestCase):
             self.assertEqual(f.read(), "a sample")
         self.assertFalse(os.path.exists(os.path.join(out, "checkpoint-2", "samples")))
         self.assertFalse(os.path.exists(os.path.join(out, "checkpoint-2.tmp")))
+        # a link where unet_ema/ would be leads to someone's model: never followed, never emptied
+        mine = os.path.join(self.tmp.name, "my-model", "unet")
+        shutil.copytree(os.path.join(UNET, "unet"), mine)
+        os.symlink(mine, os.path.join(out, "checkpoint-2", "unet_ema"))
+        for _ in range(2):
+            run("--fresh", *args)
+        self.assertEqual(sorted(os.listdir(mine)), sorted(os.listdir(os.path.join(UNET, "unet"))))
 
     def test_launcher_copies_refused(self):
         """A launcher that started several processes which do not form an MPI world (a build

@@ -269,10 +269,18 @@ static sd_status open_parts(run *r, sd_error *err)
     return SD_OK;
 }
 
-/* The manifest of a split: the -o pattern as given plus ".parts.json". */
+/* The manifest of a split: in part 0's directory, the -o pattern's last
+ * component as given plus ".parts.json" (docs/FORMATS.md). */
 static int manifest_name(const options *o, char *out, size_t cap)
 {
-    return snprintf(out, cap, "%s.parts.json", o->output) < (int)cap ? 0 : -1;
+    /* beside part 0, which exists: -o 'rank-%d/train.jsonl' has no directory
+     * 'rank-%d'; named by the pattern's last component */
+    char first[4096];
+    if (sd_part_name(o->output, 0, first, sizeof first) != 0) return -1;
+    const char *pslash = strrchr(o->output, '/'), *fslash = strrchr(first, '/');
+    int dirlen = fslash ? (int)(fslash - first + 1) : 0;
+    const char *base = pslash ? pslash + 1 : o->output;
+    return snprintf(out, cap, "%.*s%s.parts.json", dirlen, first, base) < (int)cap ? 0 : -1;
 }
 
 /* The manifest's text: the set's identity and every part's name, records,
@@ -579,7 +587,7 @@ int main(int argc, char **argv)
         {"max-res", 0, SD_OPT_INT, &o.max_res, "R", "multires: largest training area R*R (default 1024)"},
         {"upscale", 0, SD_OPT_FLAG, &o.upscale, NULL, "multires: upscale images below min-res instead of skipping"},
         {"root", 0, SD_OPT_STR, &o.root, "DIR", "resolve relative image paths against DIR (default: current dir)"},
-        {"split", 0, SD_OPT_INT, &o.split, "N", "write N bucket-balanced parts (-o must hold %d) and, last, their manifest PATTERN.parts.json"},
+        {"split", 0, SD_OPT_INT, &o.split, "N", "write N bucket-balanced parts (-o must hold %d) and, last, their manifest (PATTERN.parts.json beside part 0)"},
         {"output", 'o', SD_OPT_STR, &o.output, "FILE", "output JSONL (default stdout); with --split a pattern like part-%d.jsonl"},
         {"seed", 0, SD_OPT_INT, &o.seed, "N", "seed for the split's part rotation (default 0)"},
         {"report", 0, SD_OPT_STR, &o.report, "FILE", "write a JSON report of buckets and skips"},

@@ -97,23 +97,42 @@ static void remove_temps(const char *dir, const char *sub)
     closedir(dd);
 }
 
-/* Remove a checkpoint directory made by this code (only its own files and
- * their temporary names, so a wrong path never loses anything else);
- * whether the directory is gone. */
-static int remove_own_files(const char *dir)
+/* Whether dir/sub is a directory itself, not a link to one. */
+static int real_dir(const char *dir, const char *sub)
 {
     char p[PATH_CAP];
+    pjoin(p, dir, sub);
+    struct stat sb;
+    return lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+/* Remove a checkpoint directory made by this code (only its own files and
+ * their temporary names, so a wrong path never loses anything else; a
+ * link where a directory should be is never followed: what it leads to is
+ * someone else's, and the link keeps the directory); whether it is gone. */
+static int remove_own_files(const char *dir)
+{
+    struct stat sb;
+    if (lstat(dir, &sb) != 0) return errno == ENOENT;
+    if (!S_ISDIR(sb.st_mode)) {
+        errno = ENOTDIR;
+        return 0;
+    }
+    int unet = real_dir(dir, "unet"), ema = real_dir(dir, "unet_ema");
+    char p[PATH_CAP];
     for (size_t i = 0; i < sizeof ckpt_files / sizeof *ckpt_files; i++) {
-        pjoin(p, dir, ckpt_files[i]);
+        const char *f = ckpt_files[i];
+        if ((name_in(f, "unet") && !unet) || (name_in(f, "unet_ema") && !ema)) continue;
+        pjoin(p, dir, f);
         unlink(p);
     }
     remove_temps(dir, "");
-    remove_temps(dir, "unet");
-    remove_temps(dir, "unet_ema");
+    if (unet) remove_temps(dir, "unet");
+    if (ema) remove_temps(dir, "unet_ema");
     pjoin(p, dir, "unet");
-    rmdir(p);
+    if (unet) rmdir(p);
     pjoin(p, dir, "unet_ema");
-    rmdir(p);
+    if (ema) rmdir(p);
     return rmdir(dir) == 0 || errno == ENOENT;
 }
 

@@ -271,7 +271,16 @@ static double names_scale(const run *r, const cache_file *f)
 static sd_status settle_scale(run *r, sd_error *err)
 {
     if (!r->lat.n) return SD_OK;
-    const cache_file *f = &r->lat.v[0];
+    const cache_file *f = &r->lat.v[0], *sd = NULL, *xl = NULL;
+    for (size_t i = 0; i < r->lat.n; i++) { /* the names that say the model, each kind's first */
+        if (r->lat.v[i].kind == SD_KOHYA_SD && !sd) sd = &r->lat.v[i];
+        if (r->lat.v[i].kind == SD_KOHYA_SDXL && !xl) xl = &r->lat.v[i];
+    }
+    if (sd && xl && r->o->scale <= 0)
+        return sd_err_set(err, SD_EINVAL, "%s/%s is an SD 1.x/2.x cache, %s/%s an SDXL one: one shard has one "
+                          "scaling_factor; import them separately (or give --scale)", r->o->dir, sd->rel, r->o->dir,
+                          xl->rel);
+    if (sd || xl) f = sd ? sd : xl;
     double want = r->o->scale > 0 ? r->o->scale : names_scale(r, f);
     char now[64], *old = NULL;
     sd_dtoa_shortest(want, now, sizeof now);
