@@ -126,13 +126,29 @@ static int same_dir(const char *a, const char *b)
     return (sa != NULL) == (sb != NULL) && la == lb && memcmp(a, b, la) == 0;
 }
 
-/* Rename a finished temp file over its target; the names stay for the
- * directory sync. On failure the temp file is dropped. */
-static sd_status rename_into_place(sd_outfile *o, sd_error *err)
+/* Renames back to back, then the directory syncs (outfile.h). */
+sd_status sd_rename_set(char *const *tmp, char *const *final, int n, int *tried, sd_error *err)
 {
-    if (rename(o->tmp, o->path) == 0) return SD_OK;
-    sd_status st = sd_err_set(err, SD_EIO, "%s: rename failed: %s", o->path, strerror(errno));
-    sd_outfile_abort(o);
+    sd_status st = SD_OK;
+    int renamed = 0, end = 0;
+    for (; end < n && !st; end++) {
+        if (!tmp[end]) continue;
+        if (rename(tmp[end], final[end]) == 0) renamed++;
+        else st = sd_err_set(err, SD_EIO, "%s: rename failed: %s", final[end], strerror(errno));
+    }
+    if (st && renamed) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        sd_err_set(err, SD_EIO, "%s; %d file(s) of the set before it were already replaced: the set is mixed, rerun",
+                   why, renamed);
+    }
+    const char *synced = NULL;
+    for (int i = 0; i < end; i++) {
+        if (!tmp[i] || (synced && same_dir(synced, final[i]))) continue;
+        sync_parent_dir(final[i]);
+        synced = final[i];
+    }
+    *tried = end;
     return st;
 }
 
@@ -152,25 +168,16 @@ sd_status sd_outfile_publish(sd_outfile *o, sd_error *err)
  * manifest, sd-pack's split_set). */
 sd_status sd_outfile_publish_set(sd_outfile *v, int n, sd_error *err)
 {
-    sd_status st = SD_OK;
-    int renamed = 0, end = 0; /* end: files [0, end) were tried */
-    for (; end < n && !st; end++) {
-        if (!v[end].path || !v[end].tmp) continue; /* stdout or a device: nothing to rename */
-        st = rename_into_place(&v[end], err);
-        if (!st) renamed++;
+    char **names = calloc((size_t)(n > 0 ? n : 1) * 2, sizeof *names); /* tmp[0..n), then final */
+    if (!names) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        names[i] = v[i].path ? v[i].tmp : NULL; /* stdout or a device: nothing to rename */
+        names[n + i] = v[i].path;
     }
-    if (st && renamed) {
-        char why[sizeof err->msg];
-        snprintf(why, sizeof why, "%s", err->msg);
-        sd_err_set(err, SD_EIO, "%s; %d file(s) of the set before it were already replaced: the set is mixed, rerun",
-                   why, renamed);
-    }
-    const char *synced = NULL;
-    for (int i = 0; i < end; i++) {
-        if (!v[i].path || !v[i].tmp || (synced && same_dir(synced, v[i].path))) continue;
-        sync_parent_dir(v[i].path);
-        synced = v[i].path;
-    }
+    int end = 0; /* files [0, end) were tried */
+    sd_status st = sd_rename_set(names, names + n, n, &end, err);
+    free(names);
+    if (st) sd_outfile_abort(&v[end - 1]); /* the one whose rename failed */
     for (int i = 0; i < n; i++) {
         if (i >= end) sd_outfile_abort(&v[i]); /* not renamed: drop the temp file */
         if (!v[i].tmp) continue;

@@ -24,6 +24,12 @@ sd_status sd_outfile_publish(sd_outfile *o, sd_error *err);
 /* publish n finished files as one set: renames back to back, then one
  * fsync per directory (a kill between the renames can still mix sets) */
 sd_status sd_outfile_publish_set(sd_outfile *v, int n, sd_error *err);
+/* The renames under every set publish (files here, shards in sd-pack):
+ * tmp[i] onto final[i] for i in [0, n) (a NULL tmp is skipped) back to
+ * back, then each directory fsynced once. *tried: how many were reached
+ * (the one whose rename failed is the last); the error names it and says
+ * how many before it were already replaced. */
+sd_status sd_rename_set(char *const *tmp, char *const *final, int n, int *tried, sd_error *err);
 void sd_outfile_abort(sd_outfile *o);
 void sd_outfile_writeback(sd_outfile *o);
 /* an identity for the files one run publishes together, e.g.

@@ -26,6 +26,9 @@ sd_status sd_dist_init(int *argc, char ***argv, sd_error *err);
  * launchers), SLURM_STEP_NUM_TASKS (srun), each counted only with its
  * per-process rank variable; *var names the variable (dist_env.c). */
 int sd_dist_launcher_size(const char **var);
+/* SD_OK for one process; else the refusal naming the launcher's count and
+ * `why` they form no world ("but this sd-train was built without MPI"). */
+sd_status sd_dist_refuse_copies(const char *why, sd_error *err);
 /* Leave the world (after the last collective). */
 void sd_dist_finalize(void);
 /* Stop every process of the world with this exit code (after a local

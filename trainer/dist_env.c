@@ -43,3 +43,17 @@ int sd_dist_launcher_size(const char **var)
     }
     return best;
 }
+
+/* Several processes from a launcher that form no world would each train
+ * the whole run into the same output: one message for both builds. */
+sd_status sd_dist_refuse_copies(const char *why, sd_error *err)
+{
+    const char *var = NULL;
+    int n = sd_dist_launcher_size(&var);
+    if (n <= 1) return SD_OK;
+    return sd_err_set(err, SD_EUNSUPPORTED,
+                      "started as one of %d processes (%s=%d) %s: each may train the same run into the same output; "
+                      "start them as one MPI world, or set SD_DIST=single to run each as a run of its own (sweeps, "
+                      "one -o each)",
+                      n, var, n, why);
+}

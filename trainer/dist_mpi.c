@@ -70,25 +70,12 @@ static int launched(void)
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMI_RANK") || getenv("PMI_SIZE");
 }
 
-/* Several processes from a launcher that will not form one world: each
- * would train the whole run into the same output. */
-static sd_status refuse_copies(sd_error *err)
-{
-    const char *var = NULL;
-    int n = sd_dist_launcher_size(&var);
-    if (n <= 1) return SD_OK;
-    return sd_err_set(err, SD_EUNSUPPORTED,
-                      "started as one of %d processes (%s=%d) that do not form an MPI world (SD_DIST=none, or srun "
-                      "without --mpi=pmix): each may train the same run into the same output (SD_DIST=single runs "
-                      "each as a run of its own, for sweeps with one -o each)",
-                      n, var, n);
-}
-
 /* MPI_Init when launched, errors returned, the watchdog started. */
 sd_status sd_dist_init(int *argc, char ***argv, sd_error *err)
 {
     if (g_on) return SD_OK;
-    if (!launched()) return refuse_copies(err);
+    if (!launched())
+        return sd_dist_refuse_copies("that do not form an MPI world (SD_DIST=none, or srun without --mpi=pmix)", err);
     int rc = MPI_Init(argc, argv);
     if (rc != MPI_SUCCESS) return sd_err_set(err, SD_EIO, "MPI_Init failed (error %d)", rc);
     g_on = 1;

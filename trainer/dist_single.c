@@ -11,14 +11,7 @@ sd_status sd_dist_init(int *argc, char ***argv, sd_error *err)
 {
     (void)argc;
     (void)argv;
-    const char *var = NULL;
-    int n = sd_dist_launcher_size(&var);
-    if (n <= 1) return SD_OK;
-    return sd_err_set(err, SD_EUNSUPPORTED,
-                      "started as one of %d processes (%s=%d), but this sd-train was built without MPI: each may "
-                      "train the same run into the same output; start one process (or set SD_DIST=single to run "
-                      "each as a run of its own, for sweeps with one -o each)",
-                      n, var, n);
+    return sd_dist_refuse_copies("but this sd-train was built without MPI", err);
 }
 
 /* Nothing to leave. */

@@ -1,6 +1,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 
 #include "bucket.h"
 #include "log.h"
+#include "outfile.h"
 #include "pack.h"
 
 enum { BATCH_OPS = 512 };
@@ -153,21 +155,6 @@ sd_status pack_out_flush(pack_out *o, sd_error *err)
     return sd_shard_commit(o->s, err);
 }
 
-/* fsync the directory holding path, so a rename survives a crash. */
-static void sync_dir(const char *path)
-{
-    char *dir = strdup(path);
-    if (!dir) return;
-    char *slash = strrchr(dir, '/');
-    const char *d = slash ? (slash == dir ? "/" : (*slash = 0, dir)) : ".";
-    int fd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-    free(dir);
-}
-
 /* Commit the open batch, sync and close the shard: its data is on disk
  * under the temporary name, not yet in place (split closes every part
  * before it publishes any). On failure the output is dropped. */
@@ -182,15 +169,6 @@ sd_status pack_out_close(pack_out *o, sd_error *err)
     o->s = NULL;
     if (st) pack_out_abort(o, 0);
     return st;
-}
-
-/* 1 when two paths lie in the same directory (the same text before the
- * last '/'): a set's directory is synced once, not once per output. */
-static int same_dir(const char *a, const char *b)
-{
-    const char *sa = strrchr(a, '/'), *sb = strrchr(b, '/');
-    size_t la = sa ? (size_t)(sa - a) : 0, lb = sb ? (size_t)(sb - b) : 0;
-    return (sa != NULL) == (sb != NULL) && la == lb && memcmp(a, b, la) == 0;
 }
 
 /* Rename a closed output's temporary file into place and sync the
@@ -208,32 +186,22 @@ sd_status pack_out_publish(pack_out *o, sd_error *err)
  * it; the error says how many before it were already replaced. */
 sd_status pack_out_publish_set(pack_out *v, long n, sd_error *err)
 {
-    sd_status st = SD_OK;
-    long end = 0, renamed = 0; /* outputs [0, end) were tried */
-    for (; end < n && !st; end++) {
-        if (!v[end].tmp) continue;
-        if (rename(v[end].tmp, v[end].final) == 0) renamed++;
-        else st = sd_err_set(err, SD_EIO, "%s: cannot rename into place: %s", v[end].final, strerror(errno));
+    if (n > INT_MAX / 2) return sd_err_set(err, SD_EINVAL, "too many outputs");
+    char **names = calloc((size_t)(n > 0 ? n : 1) * 2, sizeof *names); /* tmp[0..n), then final */
+    if (!names) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    for (long i = 0; i < n; i++) {
+        names[i] = v[i].tmp; /* NULL: written in place */
+        names[n + i] = v[i].final;
     }
-    if (st && renamed) {
-        char why[sizeof err->msg];
-        snprintf(why, sizeof why, "%s", err->msg);
-        sd_err_set(err, SD_EIO, "%s; %ld part(s) before it were already replaced: the set is mixed, rerun", why,
-                   renamed);
-    }
+    int end = 0; /* outputs [0, end) were tried */
+    sd_status st = sd_rename_set(names, names + n, (int)n, &end, err);
+    free(names);
     if (st) pack_out_abort(&v[end - 1], 0); /* the one whose rename failed */
-    const char *synced = NULL;
-    for (long i = 0; i < end; i++) {
-        if (!v[i].tmp) continue;
-        char *lock = with_suffix(v[i].tmp, "-lock");
-        if (lock) unlink(lock);
-        free(lock);
-        if (synced && same_dir(synced, v[i].final)) continue;
-        sync_dir(v[i].final);
-        synced = v[i].final;
-    }
     for (long i = 0; i < n; i++) {
         if (i >= end) pack_out_abort(&v[i], 0);
+        char *lock = v[i].tmp ? with_suffix(v[i].tmp, "-lock") : NULL; /* LMDB's, beside the temp name */
+        if (lock) unlink(lock);
+        free(lock);
         free(v[i].final);
         free(v[i].tmp);
         v[i].final = v[i].tmp = NULL;
