@@ -562,7 +562,7 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
             return -1;
         if (in->kind == SD_IN_GIVEN && in->member == NULL && !r->image && in->root) {
             r->image = kohya_image(a, in->root, in->key);
-            if (!r->image) {
+            if (!r->image && o->check_images) { /* --no-check-images: the record goes out without one */
                 *reason = "missing image";
                 snprintf(detail, detail_len, "no image file for key %s under %s", in->key, in->root);
                 return -1;

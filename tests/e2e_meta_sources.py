@@ -307,6 +307,12 @@ class EntryMessages(Base):
         self.assertIn("meta.json: entry 2 'gone'", err)
         self.assertIn("meta.json: entry 3 'bad'", err)
         self.assertNotIn("meta.json:2", err)
+        # --no-check-images (captions for a latent cache whose images are gone, for
+        # sd-latents --text-only): an entry without an image file goes out without `image`
+        rc, recs, err = run([self.p("ds", "meta.json"), "--no-check-images"])
+        self.assertEqual([(x["key"], x.get("image")) for x in recs], [("a", self.p("ds", "a.jpg")), ("gone", None)],
+                         err)
+        self.assertEqual(recs[1]["caption"], "y")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ The text encoders are tiny random transformers-layout CLIP models written
 here with numpy (the real 49408-token vocabulary, width 32, 2 layers), the
 tokenizer is the real CLIP one from tests/golden/tokenizer. Their numbers
 are checked against transformers elsewhere (tests/test_clip_text.c).
-Usage: e2e_text.py SD_META SD_BUCKET SD_LATENTS SD_VERIFY VAE_DIR TOKENIZER_GOLDEN_DIR"""
+Usage: e2e_text.py SD_META SD_BUCKET SD_LATENTS SD_VERIFY VAE_DIR TOKENIZER_GOLDEN_DIR [SD_PACK SD_TRAIN]"""
 import json
 import os
 import re
@@ -35,7 +35,7 @@ except ImportError:
     print("numpy or PIL not available: skipping")
     sys.exit(77)
 
-META = BUCKET = LATENTS = VERIFY = VAE = TOKDIR = None
+META = BUCKET = LATENTS = VERIFY = VAE = TOKDIR = PACK = TRAIN = None
 PLAN = ["--plan", "kohya", "-r", "128x128", "--min-bucket", "64", "--steps", "32"]
 
 
@@ -45,6 +45,15 @@ def sh(*args, ok=(0,), stdin=None):
     if p.returncode not in ok:
         raise AssertionError("%s -> %d\n%s" % (" ".join(map(str, args)), p.returncode, p.stderr.decode()))
     return p.returncode, p.stdout.decode(), p.stderr.decode()
+
+
+def skipped_count(err, reason):
+    """The count the final summary prints for a skip reason (0 when absent)."""
+    for line in err.splitlines():
+        m = re.match(r"^sd-latents[^:]*:\s+(\d+)\s+(.*)$", line)
+        if m and m.group(2) == reason:
+            return int(m.group(1))
+    return 0
 
 
 def entries(shard, db):
@@ -271,6 +280,106 @@ class Text(unittest.TestCase):
         self.assertIn("SD 1.x, 1 encoder(s)", err)
         self.assertEqual(dump(a, "text"), dump(b, "text"))
 
+    @staticmethod
+    def by_name(shard):
+        """Latent records of a shard by name: {name: value bytes}."""
+        recs = {}
+        for v in dump(shard, "latents")[1::2]:
+            b = bytes.fromhex(v.strip())
+            n = struct.unpack("<H", b[12:14])[0]
+            recs[b[256:256 + n].decode()] = b
+        return recs
+
+    def test_text_only_attaches_to_records_made_without(self):
+        """--text-only: a shard made without --text gets each record's caption embedding
+        by name: the text records (keys and bytes) a --text run stores, each record's
+        latents and header as they were but for the reference and header checksum;
+        sd-verify clean; a rerun does nothing; unknown names are counted; another
+        encoder setup is refused."""
+        jl = self.bucketed("att.jsonl")
+        full, bare = os.path.join(self.tmp, "att_full.shard"), os.path.join(self.tmp, "att_bare.shard")
+        sh(LATENTS, "-q", "--vae", VAE, "--text", self.sd1, "-o", full, jl)
+        sh(LATENTS, "-q", "--vae", VAE, "-o", bare, jl)
+        before = self.by_name(bare)
+        self.assertEqual(entries(bare, "text"), 0)
+        n = len(before)
+        with open(jl, "ab") as f:  # a caption line for a record the shard does not hold
+            f.write(b'{"key": "nosuch", "caption": "a cat"}\n')
+        _, _, err = sh(LATENTS, "--text", self.sd1, "--text-only", "-o", bare, jl)
+        self.assertIn("text embeddings attached to %d records (0 had another one), 0 already attached" % n, err)
+        self.assertEqual(skipped_count(err, "no latent record of this name"), 1, err)
+        self.assertEqual(dump(bare, "text"), dump(full, "text"))
+        after, ref = self.by_name(bare), self.by_name(full)
+        self.assertEqual(sorted(after), sorted(before))
+        for name, v in after.items():
+            self.assertEqual(v[64:80], ref[name][64:80], name)  # the caption's embedding, as --text stores it
+            self.assertEqual(v[:64] + v[80:248] + v[256:], before[name][:64] + before[name][80:248] + before[name][256:])
+            self.assertNotEqual(v[248:256], before[name][248:256])  # the header checksum covers the reference
+        _, _, verr = sh(VERIFY, bare)
+        self.assertIn("0 problems", verr)
+        # rerun: nothing to do, nothing changed; --strict counts the unknown name
+        code, _, err = sh(LATENTS, "--text", self.sd1, "--text-only", "--strict", "-o", bare, jl, ok=(1,))
+        self.assertIn("attached to 0 records (0 had another one), %d already attached" % n, err)
+        self.assertEqual(self.by_name(bare), after)
+        # another encoder setup is refused: the trainer takes a shard as one setup
+        code, _, err = sh(LATENTS, "--text", self.sdxl, "--text-only", "-o", bare, jl, ok=(3,))
+        self.assertIn("another text encoder setup", err)
+        self.assertEqual(self.by_name(bare), after)
+        # usage: --text-only needs --text and runs no VAE; the shard must exist
+        for args in (["--text-only"], ["--text-only", "--text", self.sd1, "--vae", VAE],
+                     ["--text-only", "--text", self.sd1, "--flip"]):
+            sh(LATENTS, *args, "-o", bare, jl, ok=(2,))
+        code, _, err = sh(LATENTS, "--text", self.sd1, "--text-only", "-o", os.path.join(self.tmp, "none.shard"), jl,
+                          ok=(3,))
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "none.shard")))
+
+    def test_text_only_makes_an_sd1_kohya_import_whole(self):
+        """sd-scripts caches no text-encoder outputs for SD 1.x: an imported cache has
+        latents alone, which sd-train cannot use; --text-only with the captions
+        (sd-meta's kohya reader of meta_cap_dd.json) gives every record its embedding,
+        and sd-train then trains on the shard."""
+        if not PACK:
+            self.skipTest("no sd-pack and sd-train given")
+        kd = os.path.join(self.tmp, "kohya_sd1")
+        os.makedirs(kd)
+        rng = np.random.default_rng(11)
+        meta = {}
+        for i in range(5):
+            w, h = (96, 64) if i % 2 else (64, 96)  # latents 12x8: the tiny UNet's 3 levels need multiples of 4
+            np.savez(os.path.join(kd, "k%d_%04dx%04d_sd.npz" % (i, w, h)),
+                     latents=rng.standard_normal((4, h // 8, w // 8)).astype(np.float32),
+                     original_size=np.array([w * 2, h * 2]), crop_ltrb=np.array([0, 0, w, h]))
+            meta["k%d" % i] = {"caption": "a photo of thing %d" % (i % 3), "tags": ""}
+        mj = os.path.join(self.tmp, "meta_cap_dd.json")
+        with open(mj, "w") as f:
+            json.dump(meta, f)
+        s = os.path.join(self.tmp, "kohya_sd1.lmdb")
+        sh(PACK, "import-kohya", kd, "-o", s, "-q")
+        self.assertEqual((entries(s, "latents"), entries(s, "text")), (5, 0))
+        unet = os.path.join(self.tmp, "unet_ca32.json")  # the tiny golden UNet, cross-attending to width 32
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden", "unet", "sd1", "unet",
+                               "config.json")) as f:
+            cfg = json.load(f)
+        cfg["cross_attention_dim"] = 32
+        with open(unet, "w") as f:
+            json.dump(cfg, f)
+        train = lambda out, ok: sh(TRAIN, "--unet-config", unet, "--steps", "2", "-o", os.path.join(self.tmp, out), s,
+                                   ok=ok)
+        _, _, err = train("kohya_run0", (3,))
+        self.assertIn("record has no text embedding", err)
+        _, lines, _ = sh(META, "-q", "--source", "kohya", "--no-check-images", mj)
+        _, _, err = sh(LATENTS, "--text", self.sd1, "--text-only", "-o", s, "-", stdin=lines.encode())
+        self.assertIn("text embeddings attached to 5 records", err)
+        self.assertNotIn("still have no text embedding", err)
+        self.assertEqual(entries(s, "text"), 4)  # 3 distinct captions and the empty one
+        _, _, verr = sh(VERIFY, s)
+        self.assertIn("0 problems", verr)
+        texts = set(dump(s, "text")[0::2])
+        for v in self.by_name(s).values():
+            self.assertIn(" " + v[64:80].hex(), texts)
+        _, _, err = train("kohya_run1", (0,))
+        self.assertIn("step 2/2", err)
+
     def test_missing_tokenizer_is_a_clear_error(self):
         jl = self.bucketed("t.jsonl")
         bad = os.path.join(self.tmp, "notok")
@@ -283,4 +392,6 @@ if __name__ == "__main__":
     if len(sys.argv) < 7:
         sys.exit(__doc__)
     META, BUCKET, LATENTS, VERIFY, VAE, TOKDIR = sys.argv[1:7]
+    if len(sys.argv) > 8 and not sys.argv[7].startswith("-"):
+        PACK, TRAIN = sys.argv.pop(7), sys.argv.pop(7)
     unittest.main(argv=sys.argv[:1] + sys.argv[7:], verbosity=2)

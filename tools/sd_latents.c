@@ -43,7 +43,7 @@ int main(int argc, char **argv)
     latents_opts o = {.device = "cpu", .dtype_name = "fp16", .shard_count = 1};
     const char *part = NULL, *mixed = "no";
     long batch = 1, text_batch = 32, threads = 0, groups = 0, seed = 0, clip_skip = 0;
-    int quiet = 0, verbose = 0;
+    int quiet = 0, verbose = 0, text_only = 0;
     double gpu_mem_gib = 0;
     const sd_opt opts[] = {
         {"output", 'o', SD_OPT_STR, &o.output, "SHARD", "the shard to write (created if missing, else resumed)"},
@@ -60,6 +60,11 @@ int main(int argc, char **argv)
          "also cache CLIP text embeddings, once per distinct caption: a diffusers model folder (text_encoder/, "
          "tokenizer/; SDXL: also *_2/) or a single-file checkpoint with --tokenizer"},
         {"tokenizer", 0, SD_OPT_STR, &o.tokenizer, "DIR", "folder holding tokenizer/ (and tokenizer_2/) for --text"},
+        {"text-only", 0, SD_OPT_FLAG, &text_only, NULL,
+         "no VAE: attach --text embeddings to the latent records SHARD already holds, by record name, from the "
+         "input's captions (only key and caption are read: sd-meta's output will do). For caches made without "
+         "them: sd-pack import-kohya of an SD 1.x/2.x cache, sd-latents without --text. A record's latents and "
+         "key stay; a record that refers to another caption's embedding is pointed at this one"},
         {"text-weights", 0, SD_OPT_STR, &o.text_weights, "T",
          "--text on the CPU: hold the encoders' layer matrices as fp32 (default), fp16 or bf16 (half the memory; "
          "fp32 arithmetic; fp16 files into fp16 give the fp32 embeddings bit for bit)"},
@@ -97,7 +102,7 @@ int main(int argc, char **argv)
         {"quiet", 'q', SD_OPT_FLAG, &quiet, NULL, "only warnings and errors"},
         {"verbose", 'v', SD_OPT_FLAG, &verbose, NULL, "debug messages"},
         {NULL, 0, 0, NULL, NULL, NULL}};
-    sd_cli cli = {"sd-latents", "[OPTIONS] --vae PATH -o SHARD [INPUT.jsonl|-]",
+    sd_cli cli = {"sd-latents", "[OPTIONS] --vae PATH -o SHARD [INPUT.jsonl|-]\n       sd-latents --text MODEL --text-only -o SHARD [INPUT.jsonl|-]",
                   "Decode, resize and crop every record of a bucketed JSONL stream (sd-meta | sd-bucket) as its "
                   "`resize` and `crop` say, encode it with the VAE and store the posterior's mean and std (or one "
                   "sample) in an LMDB shard, one transaction per batch (on a GPU a batch encodes while the next "
@@ -109,7 +114,9 @@ int main(int argc, char **argv)
                   opts,
                   "Examples:\n"
                   "  sd-meta data/ | sd-bucket --plan sdxl | sd-latents --vae sdxl-model/ -o cache/latents.shard\n"
-                  "  sd-latents --vae vae.safetensors --shard 0/4 -o cache/part0.shard bucketed.jsonl   # 4 processes\n",
+                  "  sd-latents --vae vae.safetensors --shard 0/4 -o cache/part0.shard bucketed.jsonl   # 4 processes\n"
+                  "  sd-meta --source kohya meta_cap_dd.json --no-check-images | sd-latents --text sd15/ --text-only "
+                  "-o kohya.lmdb\n",
         NULL};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
@@ -120,7 +127,13 @@ int main(int argc, char **argv)
     if (pos.n > 1) bad = usage_msg(msg, sizeof msg, "one input stream at most (got %d)", pos.n);
     o.input = pos.n ? pos.v[0] : "-";
     if (!o.output) bad = usage_msg(msg, sizeof msg, "no output shard (-o SHARD)");
-    if (!o.vae_path) bad = usage_msg(msg, sizeof msg, "no VAE (--vae PATH)");
+    if (!o.vae_path && !text_only) bad = usage_msg(msg, sizeof msg, "no VAE (--vae PATH)");
+    if (text_only && !o.text_model) bad = usage_msg(msg, sizeof msg, "--text-only needs --text MODEL");
+    if (text_only && (o.vae_path || o.vae_config || groups || o.scale || o.flip || o.sample || seed || part ||
+                      batch != 1 || o.cudnn_search))
+        bad = usage_msg(msg, sizeof msg,
+                        "--text-only runs no VAE: --vae, --vae-config, --vae-groups, --scale, --flip, --sample, "
+                        "--seed, --shard, --batch and --cudnn-search do not apply");
     if (part && parse_part(part, &o.shard_index, &o.shard_count))
         bad = usage_msg(msg, sizeof msg, "--shard %s: expected I/N with 0 <= I < N", part);
     if (batch < 1 || batch > 1024) bad = usage_msg(msg, sizeof msg, "--batch must be 1..1024");
@@ -164,7 +177,7 @@ int main(int argc, char **argv)
     o.quiet = quiet;
     if (seed && !o.sample)
         sd_log(SD_LOG_WARN, "--seed %ld without --sample changes nothing: the seed draws only --sample's noise", seed);
-    rc = latents_run(&o);
+    rc = text_only ? latents_attach(&o) : latents_run(&o);
     sd_strlist_free(&pos);
     return rc;
 }

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "buf.h"
 #include "err.h"
 #include "image.h"
@@ -42,8 +43,10 @@ typedef struct {
 /* Read every record of path ("-": stdin), keep those of shard `index` of
  * `count` (by a hash of the name), skip bad ones into tally, and of several
  * records with one key the first line (later ones: "duplicate key", both
- * lines named); then sort by bucket (stable). */
-sd_status jobs_read(job_list *l, const char *path, int index, int count, sd_tally *tally, sd_error *err);
+ * lines named); then sort by bucket (stable). captions_only (--text-only)
+ * reads only each record's key and caption (no image, no plan needed). */
+sd_status jobs_read(job_list *l, const char *path, int index, int count, int captions_only, sd_tally *tally,
+                    sd_error *err);
 void jobs_free(job_list *l);
 
 /* Everything the run needs from the command line. */
@@ -82,5 +85,17 @@ int latents_dtype(const char *name);
 
 /* The whole tool: returns an SD_EXIT_* code. */
 int latents_run(const latents_opts *o);
+/* --text-only: text embeddings attached to the shard's latent records by
+ * name (latents_attach.c); an SD_EXIT_* code. */
+int latents_attach(const latents_opts *o);
+
+/* The device's numerics as a key suffix: "" for the CPU and strict fp32,
+ * else "|tf32", "|mixed-bf16" or "|mixed-fp16" (record and text keys). */
+const char *latents_numerics(const latents_opts *o);
+
+/* The CUDA context of --device cuda:K (an sd_cuda *) and its backend; an
+ * error when this build has no CUDA. latents_cuda_close(NULL) is a no-op. */
+sd_status latents_cuda_open(const latents_opts *o, void **cuda, const sd_backend **be, sd_error *err);
+void latents_cuda_close(void *cuda);
 
 #endif

@@ -57,14 +57,31 @@ static void job_free(latent_job *j)
     free(j->caption);
 }
 
-/* Turn one parsed record into a job; a reason string when it cannot be. */
-static const char *job_from(const sd_json *r, latent_job *j)
+/* The record's caption into the job ("" when it has none); a reason
+ * string when it cannot be. */
+static const char *caption_from(const sd_json *r, latent_job *j)
+{
+    const sd_json *cap = sd_json_get(r, "caption");
+    if (cap && cap->type != SD_JSON_STRING && cap->type != SD_JSON_NULL) return "caption is not a string";
+    size_t cl = cap && cap->type == SD_JSON_STRING ? cap->len : 0;
+    j->caption = malloc(cl + 1);
+    if (!j->caption) return "out of memory";
+    if (cl) memcpy(j->caption, cap->str, cl);
+    j->caption[cl] = 0;
+    j->caption_len = cl;
+    return NULL;
+}
+
+/* Turn one parsed record into a job; a reason string when it cannot be.
+ * captions_only (--text-only) reads the key and caption alone. */
+static const char *job_from(const sd_json *r, int captions_only, latent_job *j)
 {
     int b[2], rs[2], c[4], o[2];
     memset(j, 0, sizeof(*j));
     if (r->type != SD_JSON_OBJECT) return "not a JSON object";
     j->name = dup_str(r, "key");
     if (!j->name || !j->name[0] || strlen(j->name) > 511) return "no usable key (1..511 bytes)";
+    if (captions_only) return caption_from(r, j);
     j->image = dup_str(r, "image");
     if (!j->image) return "no image path";
     if (int_array(sd_json_get(r, "bucket"), 2, b) || int_array(sd_json_get(r, "resize"), 2, rs) ||
@@ -88,14 +105,8 @@ static const char *job_from(const sd_json *r, latent_job *j)
         j->orig_h = rs[1];
     }
     j->member = dup_str(r, "member");
-    const sd_json *cap = sd_json_get(r, "caption");
-    if (cap && cap->type != SD_JSON_STRING && cap->type != SD_JSON_NULL) return "caption is not a string";
-    size_t cl = cap && cap->type == SD_JSON_STRING ? cap->len : 0;
-    j->caption = malloc(cl + 1);
-    if (!j->caption) return "out of memory";
-    if (cl) memcpy(j->caption, cap->str, cl);
-    j->caption[cl] = 0;
-    j->caption_len = cl;
+    const char *why = caption_from(r, j);
+    if (why) return why;
     j->size = SD_IMAGE_WHOLE_FILE;
     int ho = opt_u64(r, "offset", &j->offset), hs = opt_u64(r, "size", &j->size);
     if (ho < 0 || hs < 0) return "bad offset/size";
@@ -149,7 +160,8 @@ static int duplicate(sd_strmap *seen, const latent_job *j, const char *path, sd_
 }
 
 /* Read, select and sort (see latents.h). */
-sd_status jobs_read(job_list *l, const char *path, int index, int count, sd_tally *tally, sd_error *err)
+sd_status jobs_read(job_list *l, const char *path, int index, int count, int captions_only, sd_tally *tally,
+                    sd_error *err)
 {
     memset(l, 0, sizeof(*l));
     int is_stdin = strcmp(path, "-") == 0;
@@ -176,7 +188,7 @@ sd_status jobs_read(job_list *l, const char *path, int index, int count, sd_tall
             continue;
         }
         latent_job j;
-        const char *why = job_from(root, &j);
+        const char *why = job_from(root, captions_only, &j);
         if (why) { /* reported by the process whose shard the key falls in (the first one without a key) */
             int mine = count <= 1 || (j.name ? shard_of(j.name, count) == index : index == 0);
             if (mine) sd_skip(tally, why, "%s:%llu (%s)", path, (unsigned long long)l->lines, j.name ? j.name : "no key");

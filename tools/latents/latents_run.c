@@ -86,11 +86,11 @@ int latents_dtype(const char *s)
 
 /* The device's numerics as a key suffix: "" for the CPU and strict fp32
  * (so keys made before these modes existed still match), else the mode. */
-static const char *numerics(const run *r)
+const char *latents_numerics(const latents_opts *o)
 {
-    if (r->o->cuda_device < 0) return "";
-    if (r->o->mixed) return r->o->mixed == SD_DT_BF16 ? "|mixed-bf16" : "|mixed-fp16";
-    return r->o->tf32 ? "|tf32" : "";
+    if (o->cuda_device < 0) return "";
+    if (o->mixed) return o->mixed == SD_DT_BF16 ? "|mixed-bf16" : "|mixed-fp16";
+    return o->tf32 ? "|tf32" : "";
 }
 
 /* The seed that decides the stored bytes: --seed only with --sample (the
@@ -116,7 +116,7 @@ static void job_key(const run *r, latent_job *j)
                   j->plan.resize_h, j->plan.crop_l, j->plan.crop_t, j->plan.crop_r, j->plan.crop_b, j->orig_w,
                   j->orig_h, j->member ? j->member : "", r->o->sample, r->o->flip, r->dtype,
                   (unsigned long long)key_seed(r->o), r->model_hash);
-    sd_buf_puts(&b, numerics(r)); /* other numerics: other records (nothing added for strict fp32) */
+    sd_buf_puts(&b, latents_numerics(r->o)); /* other numerics: other records (nothing added for strict fp32) */
     sd_key128 k = sd_key128_of(b.data, b.len);
     memcpy(j->key, &k.lo, 8);
     memcpy(j->key + 8, &k.hi, 8);
@@ -561,9 +561,7 @@ static void run_free(run *r)
     free(r->std);
     free(r->ws);
     if (r->runner_ok) sd_vae_runner_free(&r->runner);
-#ifdef SDTK_HAVE_CUDA
-    if (r->cuda) sd_cuda_destroy(r->cuda);
-#endif
+    latents_cuda_close(r->cuda);
     free(r->dec_st);
     free(r->dec_why);
     free(r->dec_msg);
@@ -582,6 +580,38 @@ static void image_thread_done(void *ctx, int worker, size_t begin, size_t end)
     sd_image_thread_done();
 }
 
+/* The CUDA context of --device cuda:K with the run's GPU options (TF32,
+ * mixed precision, cuDNN search, memory limit) and its backend; an error
+ * naming the device when this build has no CUDA. */
+sd_status latents_cuda_open(const latents_opts *o, void **cuda, const sd_backend **be, sd_error *err)
+{
+#ifdef SDTK_HAVE_CUDA
+    sd_cuda *c = NULL;
+    sd_cuda_opts co = {.allow_tf32 = o->tf32, .mixed = o->mixed, .conv_search = o->cudnn_search,
+                       .mem_limit = o->gpu_mem_limit};
+    sd_status st = sd_cuda_create(&c, o->cuda_device, &co, err);
+    if (st) return st;
+    *cuda = c;
+    *be = sd_backend_cuda();
+    return SD_OK;
+#else
+    (void)cuda;
+    (void)be;
+    return sd_err_set(err, SD_EUNSUPPORTED, "--device cuda:%d: this sd-latents was built without CUDA "
+                      "(nvcc was not found at build time)", o->cuda_device);
+#endif
+}
+
+/* Free a context of latents_cuda_open (NULL: nothing to do). */
+void latents_cuda_close(void *cuda)
+{
+#ifdef SDTK_HAVE_CUDA
+    if (cuda) sd_cuda_destroy(cuda);
+#else
+    (void)cuda;
+#endif
+}
+
 /* The device of the VAE and, with --text, the text encoders: the CPU
  * engine on the thread pool, or with --device cuda:K the CUDA backend
  * (parameters copied to the GPU once). Decoding stays on the CPU pool. */
@@ -590,21 +620,11 @@ static sd_status open_device(run *r, sd_error *err)
     const sd_backend *be = r->be;
     void *exec = r->pool;
     if (r->o->cuda_device >= 0) {
-#ifdef SDTK_HAVE_CUDA
-        sd_cuda *c = NULL;
-        sd_cuda_opts co = {.allow_tf32 = r->o->tf32, .mixed = r->o->mixed, .conv_search = r->o->cudnn_search,
-                           .mem_limit = r->o->gpu_mem_limit};
-        sd_status st = sd_cuda_create(&c, r->o->cuda_device, &co, err);
+        sd_status st = latents_cuda_open(r->o, &r->cuda, &be, err);
         if (st) return st;
-        r->cuda = c;
-        be = sd_backend_cuda();
-        exec = c;
+        exec = r->cuda;
         sd_log(SD_LOG_INFO, "VAE%s on cuda:%d (sd-selftest --device cuda:%d checks the backend)",
                r->text_on ? " and text encoders" : "", r->o->cuda_device, r->o->cuda_device);
-#else
-        return sd_err_set(err, SD_EUNSUPPORTED, "--device cuda:%d: this sd-latents was built without CUDA "
-                          "(nvcc was not found at build time)", r->o->cuda_device);
-#endif
     }
     sd_status st = sd_vae_runner_init(&r->runner, &r->vae, be, exec, err);
     r->runner_ok = !st;
@@ -690,11 +710,11 @@ int latents_run(const latents_opts *o)
     }
     if (!st && o->text_model) {
         int wdt = o->text_weights ? latents_dtype(o->text_weights) : SD_DT_F32; /* sd_latents.c checked it */
-        st = text_open(&r.text, o->text_model, o->tokenizer, o->clip_skip, r.dtype, wdt, numerics(&r), &err);
+        st = text_open(&r.text, o->text_model, o->tokenizer, o->clip_skip, r.dtype, wdt, latents_numerics(r.o), &err);
         r.text_on = !st;
         if (r.text_on) text_key(&r.text, "", 0, r.empty_key);
     }
-    if (!st) st = jobs_read(&r.jobs, o->input, o->shard_index, o->shard_count, &r.tally, &err);
+    if (!st) st = jobs_read(&r.jobs, o->input, o->shard_index, o->shard_count, 0, &r.tally, &err);
     sd_shard_opts so = {SD_SHARD_CREATE | (o->nosync ? SD_SHARD_NOSYNC : 0), 0, 0};
     if (!st) st = sd_shard_open(&r.shard, o->output, &so, &err);
     if (!st) st = check_meta(&r, &err);

@@ -590,7 +590,8 @@ int pack_import_kohya(int argc, char **argv)
         "sd-scripts caches latents unscaled; the shard's scaling_factor (what sd-train multiplies\n"
         "them by) comes from the cache names or --scale. sd-train needs a text embedding per record:\n"
         "sd-scripts caches text-encoder outputs only for SDXL (_te_outputs.npz), so an SD 1.x/2.x\n"
-        "cache imports latents that sd-train cannot use on their own.\n"
+        "cache imports latents that sd-train cannot use on their own: sd-latents --text MODEL\n"
+        "--text-only -o SHARD attaches them (captions from sd-meta, e.g. of the --meta file).\n"
         "Not imported: alpha_mask (no shard tensor for it) and per-resolution keys (latents_HxW).\n"
         "Example:\n  sd-pack import-kohya train_data -o cache.lmdb --meta meta_lat.json --dtype fp16", NULL};
     sd_strlist pos = {0};
