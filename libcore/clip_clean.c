@@ -185,6 +185,14 @@ static void map_char(uint32_t c, sd_u32vec *out, int *oom)
     }
 }
 
+/* A decimal digit of any script (Unicode category Nd), what Python's
+ * re \d matches in ftfy's terminal-escape pattern. */
+static int is_decimal_digit(uint32_t c)
+{
+    if (c >= '0' && c <= '9') return 1;
+    return c > 0x7f && c <= 0x10ffff && utf8proc_category((utf8proc_int32_t)c) == UTF8PROC_CATEGORY_ND;
+}
+
 /* ftfy's remove_control_chars set. */
 static int is_ftfy_control(uint32_t c)
 {
@@ -229,7 +237,9 @@ static int nfc(sd_u32vec *a)
             u--;
         }
     }
-    utf8proc_ssize_t r = utf8proc_normalize_utf32(d, (utf8proc_ssize_t)nd, UTF8PROC_COMPOSE);
+    /* STABLE makes utf8proc honour the composition exclusions (U+2ADC and
+     * the musical symbols stay decomposed), as its own NFC and Python do */
+    utf8proc_ssize_t r = utf8proc_normalize_utf32(d, (utf8proc_ssize_t)nd, UTF8PROC_COMPOSE | UTF8PROC_STABLE);
     if (r < 0) return free(d), 1;
     a->n = 0;
     int oom = 0;
@@ -261,7 +271,7 @@ static int fix_round(const uint32_t *in, size_t n, int html, sd_u32vec *out, sd_
         if (c == '\r' || c == 0x2028 || c == 0x2029 || c == 0x85) c = '\n';
         if (c == 0x1b && i + 1 < mid->n && v[i + 1] == '[') {
             size_t j = i + 2;
-            while (j < mid->n && ((v[j] >= '0' && v[j] <= '9') || v[j] == ';')) j++;
+            while (j < mid->n && (is_decimal_digit(v[j]) || v[j] == ';')) j++;
             if (j < mid->n && ((v[j] | 0x20) >= 'a' && (v[j] | 0x20) <= 'z')) {
                 i = j;
                 continue;

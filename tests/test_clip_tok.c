@@ -228,6 +228,38 @@ static void cleaned_specials(const sd_clip_tok *t, sd_clip_work *w)
     sd_clip_ids_free(&ids);
 }
 
+/* Unicode edges where ftfy + Python differ from a plain reading: NFC's
+ * composition exclusions (U+2ADC and the musical symbols stay decomposed)
+ * and a terminal escape whose parameters are non-ASCII decimal digits
+ * (ftfy's \\d). Ids from transformers' CLIPTokenizer with ftfy 6.3.1. */
+static void unicode_edges(const sd_clip_tok *t, sd_clip_work *w)
+{
+    static const struct {
+        const char *text;
+        int32_t ids[9];
+        size_t n;
+    } cases[] = {
+        {"\u2adc", {49406, 158, 104, 251, 136, 372, 49407}, 7},
+        {"\u2add\u0338", {49406, 158, 104, 251, 136, 372, 49407}, 7},
+        {"x\u2adcy", {49406, 343, 158, 104, 251, 136, 372, 344, 49407}, 9},
+        {"\U0001D15E", {49406, 6874, 227, 245, 6874, 227, 354, 49407}, 8},
+        {"a\x1b[\u0663mb", {49406, 3937, 49407}, 3},
+    };
+    sd_clip_ids ids = {0};
+    sd_error err;
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        if (!CHECK(sd_clip_encode(t, w, cases[c].text, strlen(cases[c].text), &ids, &err) == SD_OK)) continue;
+        int same = ids.n == cases[c].n;
+        for (size_t i = 0; same && i < ids.n; i++) same = ids.ids[i] == cases[c].ids[i];
+        if (!CHECK(same)) {
+            fprintf(stderr, "  case %zu:", c);
+            for (size_t i = 0; i < ids.n; i++) fprintf(stderr, " %d", ids.ids[i]);
+            fprintf(stderr, "\n");
+        }
+    }
+    sd_clip_ids_free(&ids);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) return fprintf(stderr, "usage: test_clip_tok DIR\n"), 2;
@@ -243,6 +275,7 @@ int main(int argc, char **argv)
             CHECK(sd_clip_tok_set_pad_token(t0, "!", &err) == SD_OK && sd_clip_tok_pad(t0) == 0))
             run_corpus(t, t0, w, path);
         cleaned_specials(t, w);
+        unicode_edges(t, w);
         sd_clip_tok_free(t0);
         sd_clip_work_free(w);
         sd_clip_tok_free(t);
