@@ -392,6 +392,27 @@ class Train(unittest.TestCase):
         self.assertEqual(latest(out), 8)
         self.assertEqual(state_meta(out, 8)["epoch"], "3")
 
+    def test_repeats(self):
+        """SHARD@N counts each record N times an epoch (kohya's N_name folders): the 14
+        records as @2 are 28, so one epoch at batch 2, accumulation 2 is (10 + 18) / 4 = 7
+        steps, as two epochs of the plain shard; a bad count is refused, a file whose
+        name holds '@' is taken whole."""
+        rest = [a for a in COMMON[COMMON.index("--steps") + 2:] if a != "-q"]
+        out = os.path.join(self.tmp.name, "rep")
+        code, err = run("--unet", UNET, "-o", out, "--batch", "2", "--accum", "2", "--epochs", "1", *rest,
+                        self.shard + "@2")
+        self.assertIn("= 7 steps", err)
+        self.assertIn("14 records, each 2 times an epoch", err)
+        self.assertIn("28 records in 2 buckets", err)
+        self.assertEqual(latest(out), 7)
+        for bad in ("@0", "@x", "@10001", "@"):
+            code, err = run("--unet", UNET, "-o", out + bad[1:], "--steps", "1", self.shard + bad, ok=(3,))
+            self.assertTrue("repeat count" in err or "cannot open" in err or "No such file" in err, err)
+        at = os.path.join(self.tmp.name, "with@3")
+        shutil.copyfile(self.shard, at)
+        code, err = run("--unet", UNET, "-o", out + "at", "--steps", "1", "--batch", "2", at)
+        self.assertIn("14 records in 2 buckets", err)
+
     def test_same_step_saved_again(self):
         """A finished run started again saves nothing (its checkpoint already holds the step,
         left byte for byte as it was); --fresh into the same directory replaces that checkpoint

@@ -606,7 +606,8 @@ int main(int argc, char **argv)
         "kohya_crop_ltrb (sd-scripts' letterbox values). Reads stdin when no FILE or '-' is given.",
         opts,
         "Plans:\n"
-        "  kohya     sd-scripts make_bucket_resolutions/select_bucket, bit-compatible. sd-scripts' own CLI\n"
+        "  kohya     sd-scripts make_bucket_resolutions/select_bucket, bit-compatible (but for EXIF-rotated\n"
+        "            images: sdtk buckets the displayed size, sd-scripts the stored one). sd-scripts' own CLI\n"
         "            defaults are --min-bucket 256 --max-bucket 1024; 2048 here admits the SDXL-style wide buckets.\n"
         "  sdxl      the 41 SDXL training resolutions; nearest aspect, ties to the first in (w,h) order.\n"
         "  list      --buckets WxH,...; chosen like sdxl.\n"

@@ -241,11 +241,13 @@ int main(int argc, char **argv)
                   "latents drawn from the cached mean and std, DDPM noise at uniform timesteps, MSE on the epsilon "
                   "or v target, AdamW with fp32 master weights, gradient accumulation and clipping, as diffusers' "
                   "train_text_to_image.py does. Checkpoints are diffusers unet/ folders plus the training state; a "
-                  "killed run resumes exactly where its last checkpoint was.",
+                  "killed run resumes exactly where its last checkpoint was. SHARD@N trains each of SHARD's records "
+                  "N times an epoch (1..10000; kohya's N_name folder repeats, e.g. subject@10 reg@1).",
                   opts,
                   "Examples:\n"
                   "  sd-train --unet sd15/ -o run/ --batch 4 --lr 1e-5 --save-every 500 cache-*.shard\n"
                   "  sd-train --unet-config tiny/config.json -o run/ --steps 300 cache.shard   # from scratch\n"
+                  "  sd-train --unet sd15/ -o run/ --epochs 10 subject.shard@10 reg.shard   # kohya-style repeats\n"
                   "  sd-train --config run/checkpoint-500/train_config.json --set optimizer.lr=5e-6 cache-*.shard\n"
                   "  mpirun -np 8 sd-train --device cuda --unet sd15/ -o run/ --batch 4 cache-*.shard   # 8 GPUs\n",
         "0 ok (also when SIGINT/SIGTERM stopped the run after saving), 2 usage error, 3 fatal error "

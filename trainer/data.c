@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "f16.h"
 #include "hash.h"
@@ -104,8 +105,30 @@ static sd_status check_meta(sd_data *d, int i, const char *path, int allow_mixed
     return SD_OK;
 }
 
-/* Every record key of one shard, bucket by bucket. */
-static sd_status index_shard(sd_data *d, int si, found **f, size_t *nf, size_t *fcap, sd_error *err)
+/* A shard argument: "PATH@N" (N in 1..10000) is PATH with each record
+ * repeated N times an epoch, as kohya's N_name folders repeat theirs; an
+ * argument that exists as a file is taken whole, '@' and all. *path is
+ * malloc'ed. */
+static sd_status shard_arg(const char *arg, char **path, int *repeats, sd_error *err)
+{
+    const char *at = strrchr(arg, '@');
+    *repeats = 1;
+    if (at && at[1] && access(arg, F_OK) != 0) {
+        char *end;
+        long n = strtol(at + 1, &end, 10);
+        if (*end || at[1] < '0' || at[1] > '9' || n < 1 || n > 10000)
+            return sd_err_set(err, SD_EINVAL, "%s: the repeat count after '@' must be a whole number from 1 to "
+                              "10000 (no such file either)", arg);
+        *repeats = (int)n;
+        *path = strndup(arg, (size_t)(at - arg));
+    } else {
+        *path = strdup(arg);
+    }
+    return *path ? SD_OK : sd_err_set(err, SD_ENOMEM, "out of memory");
+}
+
+/* Every record key of one shard, bucket by bucket, each `repeats` times. */
+static sd_status index_shard(sd_data *d, int si, int repeats, found **f, size_t *nf, size_t *fcap, sd_error *err)
 {
     sd_shard_txn *t = NULL;
     sd_shard_bucket *bk = NULL;
@@ -125,12 +148,13 @@ static sd_status index_shard(sd_data *d, int si, found **f, size_t *nf, size_t *
                 break;
             }
             if (grow((void **)&d->keys, &d->keys_cap, d->keys_len + klen, 1) ||
-                grow((void **)f, fcap, *nf + 1, sizeof(found))) {
+                grow((void **)f, fcap, *nf + (size_t)repeats, sizeof(found))) {
                 rc = sd_err_set(err, SD_ENOMEM, "out of memory indexing shards");
                 break;
             }
             memcpy(d->keys + d->keys_len, key, klen);
-            (*f)[(*nf)++] = (found){bk[b].w, bk[b].h, (uint32_t)si, (uint32_t)klen, d->keys_len};
+            for (int r = 0; r < repeats; r++)
+                (*f)[(*nf)++] = (found){bk[b].w, bk[b].h, (uint32_t)si, (uint32_t)klen, d->keys_len};
             d->keys_len += klen;
         }
         if (c) sd_shard_cursor_close(c);
@@ -182,9 +206,17 @@ sd_status sd_data_open(sd_data *d, const char *const *paths, int n, int batch, u
     sd_status rc = SD_OK;
     sd_shard_opts so = {SD_SHARD_RDONLY, 0, 0};
     for (int i = 0; i < n && !rc; i++) {
-        rc = sd_shard_open(&d->shards[i], paths[i], &so, err);
-        if (!rc) rc = check_meta(d, i, paths[i], allow_mixed, err);
-        if (!rc) rc = index_shard(d, i, &f, &nf, &fcap, err);
+        char *path = NULL;
+        int repeats = 1;
+        size_t before = nf;
+        rc = shard_arg(paths[i], &path, &repeats, err);
+        if (!rc) rc = sd_shard_open(&d->shards[i], path, &so, err);
+        if (!rc) rc = check_meta(d, i, path, allow_mixed, err);
+        if (!rc) rc = index_shard(d, i, repeats, &f, &nf, &fcap, err);
+        if (!rc && repeats > 1)
+            sd_log(SD_LOG_INFO, "%s: %zu records, each %d times an epoch", path, (nf - before) / (size_t)repeats,
+                   repeats);
+        free(path);
     }
     if (!rc && nf == 0) rc = sd_err_set(err, SD_ENOTFOUND, "training data: the shards hold no latent records");
     if (!rc) rc = build_index(d, f, nf, err);
