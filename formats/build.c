@@ -10,13 +10,14 @@
 #include <unistd.h>
 
 #include "source.h"
+#include "sources.h"
 #include "utf8.h"
 
 static const char *const danbooru_consumed[] = {
     "id", "md5", "file_ext", "rating", "score", "image_width", "image_height", "tag_string",
     "tag_string_general", "tag_string_artist", "tag_string_copyright", "tag_string_character", "tag_string_meta",
     "tag_count", "tag_count_general", "tag_count_artist", "tag_count_copyright", "tag_count_character",
-    "tag_count_meta", NULL};
+    "tag_count_meta", "tags", "width", "height", NULL};
 static const char *const e621_consumed[] = {"id", "tags", "rating", "score", "file", NULL};
 static const char *const metafile_consumed[] = {"tags", "score", "path", "caption", "width", "height", NULL};
 static const char *const wds_consumed[] = {"caption", "key", "width", "height", NULL};
@@ -201,6 +202,9 @@ static char *read_caption_file(sd_arena *a, const char *path, size_t *n, const c
         snprintf(detail, detail_len, "%s: %s", path, strerror(errno));
         return NULL;
     }
+    size_t bom = sd_bom_len(t, *n); /* a Windows editor's byte order mark is not part of the first tag */
+    t += bom;
+    *n -= bom;
     if (sd_utf8_check(t, *n) != *n) {
         *reason = "caption not UTF-8";
         snprintf(detail, detail_len, "%s", path);
@@ -287,7 +291,46 @@ static const char *scalar_str(sd_arena *a, const sd_json *v)
     return NULL;
 }
 
-/* Danbooru post: space-separated tag strings per category, g/s/q/e ratings. */
+/* Danbooru2021-style tags (gwern's dumps): an array of {"name", "category"}
+ * objects, category 0 general, 1 artist, 3 copyright, 4 character, 5 meta,
+ * as a number or its text; any other category counts as general. */
+static void add_tag_objects(sd_record *r, sd_arena *a, const sd_json *arr)
+{
+    static const sd_tag_cat by_number[] = {SD_TAG_GENERAL,   SD_TAG_ARTIST,    SD_TAG_GENERAL,
+                                           SD_TAG_COPYRIGHT, SD_TAG_CHARACTER, SD_TAG_META};
+    for (const sd_json *t = arr->child; t; t = t->next) {
+        const sd_json *name = t->type == SD_JSON_OBJECT ? sd_json_get(t, "name") : t;
+        if (!name || name->type != SD_JSON_STRING || !name->len) continue;
+        double c;
+        int known = t->type == SD_JSON_OBJECT && !sd_json_whole(sd_json_get(t, "category"), 0, 5, &c);
+        sd_record_add_tag(r, a, name->str, name->len, known ? by_number[(int)c] : SD_TAG_GENERAL);
+    }
+}
+
+/* A post's rating: Danbooru's letter (g/s/q/e) or a word as Gelbooru writes
+ * it (general, sensitive, questionable, explicit, safe); NULL otherwise. */
+static const char *danbooru_rating(const char *rt)
+{
+    static const char *const words[] = {"general", "sensitive", "questionable", "explicit", "safe"};
+    if (!rt || !rt[0]) return NULL;
+    if (!rt[1]) {
+        switch (rt[0]) {
+        case 'g': return "general";
+        case 's': return "sensitive";
+        case 'q': return "questionable";
+        case 'e': return "explicit";
+        }
+        return NULL;
+    }
+    for (size_t i = 0; i < sizeof words / sizeof *words; i++)
+        if (strcmp(rt, words[i]) == 0) return words[i];
+    return NULL;
+}
+
+/* Danbooru post: space-separated tag strings per category, g/s/q/e ratings.
+ * Two other layouts read here too: Danbooru2021 dumps (tags an array of
+ * tag objects) and Gelbooru posts (tags one space-separated string, rating
+ * a word, width/height). */
 static void fill_danbooru(sd_record *r, sd_arena *a, const sd_json *o)
 {
     static const struct {
@@ -304,16 +347,12 @@ static void fill_danbooru(sd_record *r, sd_arena *a, const sd_json *o)
             any = 1;
         }
     }
-    if (!any) add_tags_value(r, a, sd_json_get(o, "tag_string"), SD_TAG_GENERAL);
-    const char *rt = sd_json_str(sd_json_get(o, "rating"));
-    if (rt && rt[0] && !rt[1]) {
-        switch (rt[0]) {
-        case 'g': r->rating = "general"; break;
-        case 's': r->rating = "sensitive"; break;
-        case 'q': r->rating = "questionable"; break;
-        case 'e': r->rating = "explicit"; break;
-        }
-    }
+    const sd_json *tags = sd_json_get(o, "tags");
+    if (!any && sd_json_get(o, "tag_string")) add_tags_value(r, a, sd_json_get(o, "tag_string"), SD_TAG_GENERAL);
+    else if (!any && tags && tags->type == SD_JSON_ARRAY) add_tag_objects(r, a, tags);
+    else if (!any && tags && tags->type == SD_JSON_STRING)
+        sd_record_add_tag_list(r, a, tags->str, tags->len, ' ', SD_TAG_GENERAL);
+    r->rating = danbooru_rating(sd_json_str(sd_json_get(o, "rating")));
     double d;
     if (!sd_json_num(sd_json_get(o, "score"), &d)) {
         r->has_score = 1;
@@ -321,6 +360,10 @@ static void fill_danbooru(sd_record *r, sd_arena *a, const sd_json *o)
     }
     r->width = int_field(sd_json_get(o, "image_width"));
     r->height = int_field(sd_json_get(o, "image_height"));
+    if (!r->width && !r->height) { /* Gelbooru's names */
+        r->width = int_field(sd_json_get(o, "width"));
+        r->height = int_field(sd_json_get(o, "height"));
+    }
     r->key = scalar_str(a, sd_json_get(o, "id"));
     if (!r->key) r->key = scalar_str(a, sd_json_get(o, "md5"));
     r->consumed = danbooru_consumed;
@@ -358,6 +401,23 @@ static void fill_e621(sd_record *r, sd_arena *a, const sd_json *o)
     r->key = scalar_str(a, sd_json_get(o, "id"));
     if (!r->key) r->key = scalar_str(a, sd_json_get(file, "md5"));
     r->consumed = e621_consumed;
+}
+
+/* Is a post in e621's layout? Only e621 groups its tags in an object by
+ * category; a tags array (Danbooru2021) or string (Gelbooru) is read as
+ * Danbooru, as are posts with Danbooru's tag_string fields. */
+static int is_e621_post(const sd_json *post)
+{
+    const sd_json *tags = sd_json_get(post, "tags");
+    return sd_json_get(post, "tag_string_general") == NULL && sd_json_get(post, "tag_string") == NULL && tags &&
+           tags->type == SD_JSON_OBJECT;
+}
+
+/* Is rel (a path below an image folder) the key plus an extension? */
+static int path_is_key_ext(const char *rel, const char *key)
+{
+    size_t kl = strlen(key);
+    return strncmp(rel, key, kl) == 0 && rel[kl] == '.' && !strchr(rel + kl, '/');
 }
 
 /* Join dir and name with one slash. */
@@ -441,6 +501,9 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
                 snprintf(detail, detail_len, "%s", strerror(errno));
                 return -1;
             }
+            size_t bom = sd_bom_len(text, len); /* as Windows editors save a file */
+            text += bom;
+            len -= bom;
         }
         const char *pristine = text ? sd_arena_strndup(a, text, len) : NULL;
         if (!text || sd_json_parse(a, text, len, &root, &err)) {
@@ -474,9 +537,7 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
             r->key = dot && dot > strrchr(path, '/') ? sd_arena_strndup(a, path, (size_t)(dot - path)) : path;
             r->consumed = metafile_consumed;
         } else {
-            int e621 = o->force_e621 >= 0 ? o->force_e621 : sd_json_get(root, "tag_string_general") == NULL &&
-                                                             sd_json_get(root, "tag_string") == NULL &&
-                                                             (sd_json_get(root, "tags") != NULL);
+            int e621 = o->force_e621 >= 0 ? o->force_e621 : is_e621_post(root);
             if (e621) fill_e621(r, a, root);
             else fill_danbooru(r, a, root);
             if (!r->key) {
@@ -494,6 +555,7 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
                     return -1;
                 }
                 r->image = join_path(a, o->image_root, sd_buf_cstr(&pb));
+                r->image_off_key = !path_is_key_ext(sd_buf_cstr(&pb), r->key);
                 sd_buf_free(&pb);
             }
         }

@@ -18,6 +18,7 @@ struct sd_meta_result {
     const char *reason; /* NULL when the record is kept */
     const char *detail; /* worker-arena text, may be "" */
     const char *key_str;
+    int val_left_out; /* a val record, kept out of kohya output */
 };
 
 /* Set up a run writing to out. progress: show a progress display. */
@@ -94,6 +95,16 @@ void sd_meta_skip_input(sd_meta_run *m, const char *reason, const char *fmt, ...
     sd_skip(&m->skips, reason, "%s", where);
 }
 
+/* sd-scripts opens plain image files only, so a record whose image lies
+ * inside a tar cannot go into kohya metadata: skipped with the reason. */
+static int kohya_tar_member(const sd_record *rec, sd_meta_result *res)
+{
+    if (!rec->member) return 0;
+    res->reason = "image inside a tar (sd-scripts reads image files only)";
+    res->detail = rec->key;
+    return 1;
+}
+
 /* Worker: build, filter and serialise inputs [b, e). */
 static void process_range(void *ctx, int w, size_t b, size_t e)
 {
@@ -108,6 +119,7 @@ static void process_range(void *ctx, int w, size_t b, size_t e)
         res->reason = NULL;
         res->detail = "";
         res->key_str = NULL;
+        res->val_left_out = 0;
         if (sd_input_build(&m->in[i], m->bopts, &wk->arena, &rec, &reason, detail, sizeof detail) ||
             sd_rules_apply(m->rules, &rec, m->in[i].ordinal, &wk->arena, wk->scratch, &reason)) {
             res->reason = reason;
@@ -119,8 +131,13 @@ static void process_range(void *ctx, int w, size_t b, size_t e)
             res->detail = rec.key ? rec.key : "";
             continue;
         }
-        res->key = sd_key128_of(rec.key, strlen(rec.key));
-        res->key_str = rec.key;
+        if (m->format == SD_OUT_KOHYA && kohya_tar_member(&rec, res)) continue;
+        res->key_str = m->format == SD_OUT_KOHYA ? sd_record_kohya_key(&rec) : rec.key;
+        res->key = sd_key128_of(res->key_str, strlen(res->key_str));
+        /* kohya metadata has no split: a val record keeps its key (a later
+         * copy stays a duplicate) but is not written */
+        res->val_left_out = m->format == SD_OUT_KOHYA && rec.is_val;
+        if (res->val_left_out) continue;
         size_t start = wk->out.len;
         if (m->format == SD_OUT_KOHYA) sd_record_write_kohya(&wk->out, &rec);
         else sd_record_write_json(&wk->out, &rec, m->with_extra);
@@ -160,6 +177,10 @@ void sd_meta_flush(sd_meta_run *m)
         if (fresh == 0) {
             input_where(&m->in[i], where, sizeof where);
             sd_skip(&m->skips, "duplicate key", "%s (key '%s' seen before; first kept)", where, res->key_str);
+            continue;
+        }
+        if (res->val_left_out) {
+            m->val_left_out++;
             continue;
         }
         const char *data = m->workers[res->worker].out.data + res->off;

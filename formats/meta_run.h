@@ -39,6 +39,7 @@ typedef struct {
     /* run state */
     sd_keyset keys;
     uint64_t read, written, next_ordinal;
+    uint64_t val_left_out; /* val records not written (kohya output has no split) */
     sd_tally skips;
     sd_progress progress;
     int write_failed, write_errno; /* the first failed write's errno */

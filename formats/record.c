@@ -83,6 +83,16 @@ static int is_consumed(const sd_record *r, const char *name)
     return 0;
 }
 
+/* May a member's source text be copied as it is? Only when it holds no line
+ * break: a pretty-printed source (a metadata .json written with indent)
+ * spreads a member over several lines, and every record must stay one line. */
+static int raw_fits_line(const sd_json *m, const char *pristine)
+{
+    const char *s = pristine + m->key_off;
+    size_t n = (size_t)m->raw_off + m->raw_len - m->key_off;
+    return !memchr(s, '\n', n) && !memchr(s, '\r', n);
+}
+
 /* Write the record as one JSONL line (schema v1, see docs/FORMATS.md). */
 void sd_record_write_json(sd_buf *b, const sd_record *r, int with_extra)
 {
@@ -159,11 +169,40 @@ void sd_record_write_json(sd_buf *b, const sd_record *r, int with_extra)
                 sd_buf_putc(b, ',');
             }
             efirst = 0;
-            sd_json_write_member_raw(b, c, r->fields_text);
+            int raw = r->fields_text && raw_fits_line(c, r->fields_text);
+            sd_json_write_member_raw(b, c, raw ? r->fields_text : NULL); /* else re-serialised, compact */
         }
         if (!efirst) sd_buf_putc(b, '}');
     }
     sd_buf_put(b, "}\n", 2);
+}
+
+/* Does path name an image as DIR/KEY.EXT (or KEY.EXT) for this key, with one
+ * of the extensions sd-scripts' glob_images looks for? Then sd-scripts finds
+ * it from the key alone, given DIR as the image folder. */
+static int image_is_key_ext(const char *path, const char *key)
+{
+    static const char *const exts[] = {".png", ".jpg", ".jpeg", ".webp", ".bmp",
+                                       ".PNG", ".JPG", ".JPEG", ".WEBP", ".BMP"};
+    const char *slash = strrchr(path, '/');
+    const char *dot = strrchr(slash ? slash : path, '.');
+    if (!dot) return 0;
+    int ext_ok = 0;
+    for (size_t i = 0; i < sizeof exts / sizeof *exts; i++) ext_ok |= strcmp(dot, exts[i]) == 0;
+    size_t stem = (size_t)(dot - path), kl = strlen(key);
+    return ext_ok && kl <= stem && memcmp(path + stem - kl, key, kl) == 0 && (kl == stem || path[stem - kl - 1] == '/');
+}
+
+/* The key a record gets in kohya metadata. sd-scripts opens a key either as
+ * a path or as IMAGE_DIR/KEY.EXT, so the record's key stays when its image
+ * is KEY.EXT below the source's folder (or it names no image); otherwise (a
+ * booru --image-pattern path such as 0001/1001.png for key 1001, an
+ * extension glob_images does not try) the image path itself is the key, as
+ * sd-scripts' merge scripts write keys with --full_path. */
+const char *sd_record_kohya_key(const sd_record *r)
+{
+    if (!r->image) return r->key;
+    return !r->image_off_key && image_is_key_ext(r->image, r->key) ? r->key : r->image;
 }
 
 /* Write the record as one member of a kohya meta_cap_dd.json dictionary,
@@ -174,7 +213,7 @@ void sd_record_write_json(sd_buf *b, const sd_record *r, int with_extra)
  * this caption, without repeated or excluded tags. */
 void sd_record_write_kohya(sd_buf *b, const sd_record *r)
 {
-    sd_buf_json_cstr(b, r->key);
+    sd_buf_json_cstr(b, sd_record_kohya_key(r));
     sd_buf_puts(b, ": {\"caption\": ");
     sd_buf_json_cstr(b, r->out_caption ? r->out_caption : (r->caption ? r->caption : ""));
     sd_buf_puts(b, ", \"tags\": \"\"}");

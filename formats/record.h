@@ -35,6 +35,9 @@ typedef struct {
     const char *key;
     const char *image;  /* image file, or the tar holding it */
     const char *member; /* tar member name, NULL for plain files */
+    int image_off_key;  /* the image is not KEY.EXT below its source's folder (a booru
+                           --image-pattern such as {id%1000:04d}/{id}.png), so the key
+                           alone does not find it */
     int64_t offset;     /* byte offset of member data in an uncompressed tar, -1 unknown */
     int64_t size;       /* member data size, -1 unknown */
     int width, height;  /* 0 when unknown */
@@ -58,6 +61,7 @@ void sd_record_init(sd_record *r);
 int sd_record_add_tag(sd_record *r, sd_arena *a, const char *s, size_t len, sd_tag_cat cat);
 int sd_record_add_tag_list(sd_record *r, sd_arena *a, const char *text, size_t len, char sep, sd_tag_cat cat);
 void sd_record_write_json(sd_buf *b, const sd_record *r, int with_extra);
+const char *sd_record_kohya_key(const sd_record *r);
 void sd_record_write_kohya(sd_buf *b, const sd_record *r);
 
 #endif

@@ -105,11 +105,25 @@ size_t sd_tag_normalize(const char *s, size_t n, char *out, size_t cap)
     return n;
 }
 
+/* The form tags are matched in: sd_tag_normalize's, without the '\' of an
+ * escaped parenthesis, so "cat \(animal\)" (as A1111 taggers write it, or
+ * as --escape-parens leaves it) matches "cat (animal)" in the rules. Returns
+ * the length, or cap when the tag does not fit (then it matches nothing). */
+size_t sd_tag_match_form(const char *s, size_t n, char *out, size_t cap)
+{
+    if (n >= cap) return cap;
+    if (!memchr(s, '\\', n)) return sd_tag_normalize(s, n, out, cap);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!(s[i] == '\\' && i + 1 < n && (s[i + 1] == '(' || s[i + 1] == ')'))) out[k++] = s[i];
+    return sd_tag_normalize(out, k, out, cap); /* in place: each byte is read before it is written */
+}
+
 /* Insert a tag into a normalised map. */
 static sd_strmap_slot *tag_put(sd_strmap *m, const char *s, size_t n)
 {
     char tmp[512];
-    size_t k = sd_tag_normalize(s, n, tmp, sizeof tmp);
+    size_t k = sd_tag_match_form(s, n, tmp, sizeof tmp);
     return k == sizeof tmp ? NULL : sd_strmap_put(m, tmp, k);
 }
 

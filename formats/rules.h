@@ -75,5 +75,6 @@ sd_status sd_rules_set_tag_order(sd_rules *r, const char *list, sd_error *err);
 int sd_rules_apply(const sd_rules *r, sd_record *rec, uint64_t ordinal, sd_arena *a, sd_buf scratch[3],
                    const char **reason);
 size_t sd_tag_normalize(const char *s, size_t n, char *out, size_t cap);
+size_t sd_tag_match_form(const char *s, size_t n, char *out, size_t cap);
 
 #endif

@@ -8,7 +8,7 @@
 #include "hash.h"
 #include "rules.h"
 
-/* A tag in matching form (see sd_tag_normalize) with its map hash, made once
+/* A tag in matching form (see sd_tag_match_form) with its map hash, made once
  * per tag and record and used for every tag map. */
 typedef struct {
     const char *s;
@@ -23,10 +23,10 @@ static void normalize_tag(const sd_tag *t, sd_arena *a, normtag *nt)
     if (!t->s) return;
     char *d = sd_arena_alloc(a, (size_t)t->len + 1);
     if (!d) return;
-    sd_tag_normalize(t->s, t->len, d, (size_t)t->len + 1);
+    size_t n = sd_tag_match_form(t->s, t->len, d, (size_t)t->len + 1);
     nt->s = d;
-    nt->len = t->len;
-    nt->h = sd_strmap_hash(d, t->len);
+    nt->len = (uint32_t)n;
+    nt->h = sd_strmap_hash(d, n);
 }
 
 /* Look a normalised tag up in a tag map. */
@@ -35,11 +35,22 @@ static const sd_strmap_slot *nt_lookup(const sd_strmap *m, const normtag *nt)
     return nt->s && m->n ? sd_strmap_get_h(m, nt->s, nt->len, nt->h) : NULL;
 }
 
+/* A record key as a number ("1001" for a post id); -2 when it is not plain
+ * decimal text (strtod alone would take "0x10", "inf" or "nan"). */
+static int key_num(const char *key, double *out)
+{
+    if (!*key || strspn(key, "0123456789+-.eE") != strlen(key)) return -2;
+    char *end;
+    *out = strtod(key, &end);
+    return *end ? -2 : 0;
+}
+
 /* Numeric value of a where-field: record fields first, then the source's
  * (dotted paths allowed). 0 if found, -1 if missing or null, -2 if the field
  * holds something else (a boolean, an object, non-numeric text). */
 static int field_num(const sd_record *rec, const char *f, double *out)
 {
+    if (strcmp(f, "key") == 0) return rec->key ? key_num(rec->key, out) : -1;
     if (strcmp(f, "score") == 0) {
         if (!rec->has_score) return -1;
         *out = rec->score;
@@ -175,8 +186,10 @@ static void subst_all(sd_buf *buf, sd_buf *tmp, const sd_subst *s)
 }
 
 /* Rewrite one tag in place: whole-tag map, underscores, substrings, parens.
- * A tag mapped to "" is removed (s = NULL). Returns 1 when the tag changed in
- * more than underscores (its normalised form must then be made again). */
+ * A tag mapped to "" is removed (s = NULL). Returns 1 when the whole-tag map
+ * or a substring changed it (its match form must then be made again);
+ * underscores and escaped parentheses leave the match form as it was, so
+ * non_caption_tags sees "cat (animal)" however it is written out. */
 static int rewrite_tag(const sd_rules *r, sd_tag *t, const normtag *nt, sd_arena *a, sd_buf *scratch)
 {
     const char *s = t->s;
@@ -219,10 +232,7 @@ static int rewrite_tag(const sd_rules *r, sd_tag *t, const normtag *nt, sd_arena
             sd_buf_clear(tmp);
             for (size_t i = 0; i < cl; i++) {
                 char c = cur[i];
-                if ((c == '(' || c == ')') && !(i && cur[i - 1] == '\\')) {
-                    sd_buf_putc(tmp, '\\');
-                    changed = 1;
-                }
+                if ((c == '(' || c == ')') && !(i && cur[i - 1] == '\\')) sd_buf_putc(tmp, '\\');
                 sd_buf_putc(tmp, c);
             }
             sd_buf_clear(work);

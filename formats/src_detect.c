@@ -1,11 +1,14 @@
-/* Naming and guessing source kinds, so `sd-meta PATH` usually needs no flag. */
+/* Naming and guessing source kinds, so `sd-meta PATH` usually needs no flag,
+ * and the checks on names and text every reader shares (UTF-8, BOM). */
 #include <dirent.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "sources.h"
+#include "utf8.h"
 
 static const char *const names[] = {"auto", "folder", "tree", "metatree", "booru", "kohya", "wds"};
 
@@ -66,8 +69,9 @@ static int kohya_shaped(const char *p, const char *end)
     return p < end && *p == '{';
 }
 
-/* Sniff the start of a regular .json file for the kohya shape. Only regular
- * files are opened here: a FIFO or pipe would lose what this read took. */
+/* Sniff the start of a regular .json file for the kohya shape (after a
+ * UTF-8 BOM, which Windows editors write). Only regular files are opened
+ * here: a FIFO or pipe would lose what this read took. */
 static int looks_kohya(const char *path)
 {
     int fd = open(path, O_RDONLY);
@@ -75,7 +79,9 @@ static int looks_kohya(const char *path)
     char buf[8192];
     ssize_t n = read(fd, buf, sizeof buf);
     close(fd);
-    return n > 0 && kohya_shaped(buf, buf + n);
+    if (n <= 0) return 0;
+    size_t skip = sd_bom_len(buf, (size_t)n);
+    return kohya_shaped(buf + skip, buf + n);
 }
 
 /* Guess the kind of a source path from what is there. */
@@ -94,4 +100,48 @@ sd_source_kind sd_source_detect(const char *path)
     }
     if (S_ISREG(st.st_mode) && n > 5 && strcmp(path + n - 5, ".json") == 0 && looks_kohya(path)) return SD_SRC_KOHYA;
     return SD_SRC_BOORU;
+}
+
+/* Length of a UTF-8 byte order mark (EF BB BF) at the start of text, 0 if
+ * none: editors on Windows write one, and it is not part of the first tag,
+ * caption or JSON value. */
+size_t sd_bom_len(const char *s, size_t n)
+{
+    return n >= 3 && memcmp(s, "\xef\xbb\xbf", 3) == 0 ? 3 : 0;
+}
+
+/* Is a file, directory or member name valid UTF-8? Records name images and
+ * members in JSON, which must be UTF-8, so a reader skips an entry that is not. */
+int sd_name_is_utf8(const char *s)
+{
+    size_t n = strlen(s);
+    return sd_utf8_check(s, n) == n;
+}
+
+/* A name for messages: valid UTF-8 copied, every other byte as \xHH, so a
+ * message names the exact bytes and stays UTF-8 itself. A name too long for
+ * out (cap >= 8) is cut at a character boundary. Returns out. */
+const char *sd_name_escape(const char *s, char *out, size_t cap)
+{
+    size_t n = strlen(s), o = 0, i = 0;
+    while (i < n) {
+        size_t ok = sd_utf8_check(s + i, n - i);
+        if (o + ok + 5 > cap) { /* no room for the run, an escape and the NUL */
+            size_t take = o + 5 <= cap ? cap - 5 - o : 0;
+            while (take && ((unsigned char)s[i + take] & 0xc0) == 0x80) take--;
+            memcpy(out + o, s + i, take);
+            o += take;
+            break;
+        }
+        memcpy(out + o, s + i, ok);
+        o += ok;
+        i += ok;
+        if (i < n) {
+            snprintf(out + o, 5, "\\x%02x", (unsigned char)s[i]);
+            o += 4;
+            i++;
+        }
+    }
+    out[o] = 0;
+    return out;
 }

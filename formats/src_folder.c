@@ -4,6 +4,7 @@
  * each directory is entered once (symlink loops are reported, not followed). */
 #include <dirent.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -140,6 +141,25 @@ static void add_image(walker *w, const char *dir, const char *rel, const char *n
     }
 }
 
+/* Report an entry that cannot be used, its path escaped (see sd_name_escape)
+ * so that the message names the exact bytes and stays UTF-8. why may be NULL. */
+static void skip_path(sd_meta_run *m, const char *reason, const char *path, const char *why)
+{
+    char esc[320];
+    sd_name_escape(path, esc, sizeof esc);
+    if (why) sd_meta_skip_input(m, reason, "%s (%s)", esc, why);
+    else sd_meta_skip_input(m, reason, "%s", esc);
+}
+
+/* An entry whose stat failed: a broken symlink, or (other than a file gone
+ * since the listing) an error that would otherwise lose the entry silently. */
+static void stat_failed(sd_meta_run *m, const char *path, int err)
+{
+    struct stat ls;
+    if (lstat(path, &ls) == 0 && S_ISLNK(ls.st_mode)) skip_path(m, "broken symlink", path, NULL);
+    else if (err != ENOENT) skip_path(m, "unreadable directory entry", path, strerror(err));
+}
+
 /* Recursive walk of dir (rel is its path below the root). */
 static void walk(walker *w, const char *dir, const char *rel, int depth)
 {
@@ -163,14 +183,22 @@ static void walk(walker *w, const char *dir, const char *rel, int depth)
         sd_meta_skip_input(m, "unreadable directory", "%s (%s)", dir, strerror(errno));
         return;
     }
+    if (n && access(dir, X_OK) != 0) { /* listed but not searchable (mode r--): no entry can be opened */
+        char why[128];
+        snprintf(why, sizeof why, "cannot search it: %s", strerror(errno));
+        skip_path(m, "unreadable directory", dir, why);
+        for (int i = 0; i < n; i++) free(names[i]);
+        free(names);
+        return;
+    }
     for (int i = 0; i < n; i++) {
         const char *name = names[i];
         if (name[0] == '.') continue; /* hidden files and our own temp files */
         char *path = path_join(&m->run_arena, dir, name);
         struct stat es;
-        if (!path || stat(path, &es) != 0) {
-            if (lstat(path, &es) == 0 && S_ISLNK(es.st_mode))
-                sd_meta_skip_input(m, "broken symlink", "%s", path);
+        if (!path) continue;
+        if (stat(path, &es) != 0) {
+            stat_failed(m, path, errno);
             continue;
         }
         if (S_ISDIR(es.st_mode)) {
@@ -190,6 +218,11 @@ static void walk(walker *w, const char *dir, const char *rel, int depth)
                 in->root = w->root;
             }
         } else if (sd_is_image_name(name, nl)) {
+            /* the key is the path cut at '/' and '.', so it is UTF-8 when the path is */
+            if (!sd_name_is_utf8(path)) {
+                skip_path(m, "file name not UTF-8", path, NULL);
+                continue;
+            }
             if (es.st_size == 0) {
                 sd_meta_skip_input(m, "empty image file", "%s", path);
                 continue;
@@ -227,6 +260,11 @@ sd_status sd_read_metatree(sd_meta_run *m, const char *root, sd_error *err)
     struct stat st;
     if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode)) return sd_err_set(err, SD_EIO, "%s: not a directory", root);
     if (access(root, R_OK | X_OK) != 0) return sd_err_set(err, SD_EIO, "%s: cannot list: %s", root, strerror(errno));
+    if (!sd_name_is_utf8(root)) { /* every record's image path starts with it */
+        char esc[200];
+        return sd_err_set(err, SD_EINVAL, "%s: directory name is not UTF-8 (records name their images by it)",
+                          sd_name_escape(root, esc, sizeof esc));
+    }
     walker w = {m, sd_meta_keep(m, root), NULL, 2, NULL, 0, 0};
     walk(&w, root, "", 0);
     free(w.seen);

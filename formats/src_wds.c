@@ -106,13 +106,37 @@ static int unsafe_name(const char *name)
     return 0;
 }
 
-/* Hand a complete sample to the run (or report why it has no image). */
+/* Forget a sample's members, so the next sample starts empty (a caption
+ * of a sample skipped for want of an image must not pass to the next one). */
+static void sample_clear(sample *s)
+{
+    free(s->txt);
+    free(s->json);
+    free(s->cls);
+    s->txt = s->json = s->cls = NULL;
+    s->image_member = NULL;
+}
+
+/* Why a complete sample cannot become an input (reported by the caller),
+ * or NULL when it can. */
+static const char *sample_problem(const sample *s)
+{
+    /* key and member go into the JSON record; the member is the key plus an ASCII extension */
+    if (!sd_name_is_utf8(s->key) || (s->image_member && !sd_name_is_utf8(s->image_member)))
+        return "tar member name not UTF-8";
+    return s->image_member ? NULL : "tar sample without image";
+}
+
+/* Hand a complete sample to the run (or report why it cannot be one). */
 static void emit(sd_meta_run *m, const char *origin, sample *s, int fd)
 {
     if (!s->have) return;
     s->have = 0;
-    if (!s->image_member) {
-        sd_meta_skip_input(m, "tar sample without image", "%s[%s]", origin, s->key);
+    const char *problem = sample_problem(s);
+    if (problem) {
+        char esc[256];
+        sd_meta_skip_input(m, problem, "%s[%s]", origin, sd_name_escape(s->key, esc, sizeof esc));
+        sample_clear(s);
         return;
     }
     if (s->offset >= 0 && fd >= 0) { /* check the computed offset against bytes libarchive gave us */
@@ -134,21 +158,37 @@ static void emit(sd_meta_run *m, const char *origin, sample *s, int fd)
         in->len = s->json_len;
     }
     if (s->cls) in->cls_text = sd_arena_strndup(&m->arena, s->cls, strlen(s->cls)); /* mapped by the worker */
-    free(s->txt);
-    free(s->json);
-    free(s->cls);
-    s->txt = s->json = s->cls = NULL;
-    s->image_member = NULL;
+    sample_clear(s);
 }
 
-/* Read one shard. */
+/* A text member's data as a malloc'ed string, without a leading UTF-8 BOM
+ * (not part of the caption or JSON); NULL when out of memory. */
+static char *copy_text(const char *t, size_t len, size_t *out_len)
+{
+    size_t b = sd_bom_len(t, len);
+    char *copy = malloc(len - b + 1);
+    if (!copy) return NULL;
+    memcpy(copy, t + b, len - b + 1);
+    *out_len = len - b;
+    return copy;
+}
+
+/* Read one shard. A shard that cannot be opened (or whose path the records
+ * could not name in UTF-8) is an error for the caller to judge. */
 static sd_status read_shard(sd_meta_run *m, const char *path, sd_error *err)
 {
+    if (!sd_name_is_utf8(path)) {
+        char esc[200];
+        return sd_err_set(err, SD_EINVAL, "%s: shard path is not UTF-8 (records name it)",
+                          sd_name_escape(path, esc, sizeof esc));
+    }
     struct archive *ar = archive_read_new();
     archive_read_support_filter_all(ar);
     archive_read_support_format_tar(ar);
     if (archive_read_open_filename(ar, path, 1 << 16) != ARCHIVE_OK) {
-        sd_status st = sd_err_set(err, SD_EIO, "%s: %s", path, archive_error_string(ar));
+        int e = archive_errno(ar);
+        sd_status st =
+            sd_err_set(err, SD_EIO, "%s: cannot open: %s", path, e > 0 ? strerror(e) : archive_error_string(ar));
         archive_read_free(ar);
         return st;
     }
@@ -236,9 +276,8 @@ static sd_status read_shard(sd_meta_run *m, const char *path, sd_error *err)
                                    size > MAX_TEXT_MEMBER ? "too large" : archive_error_string(ar));
                 continue;
             }
-            char *copy = malloc(tl + 1);
+            char *copy = copy_text(t, tl, &tl);
             if (!copy) continue;
-            memcpy(copy, t, tl + 1);
             if (ext[0] == 'j') {
                 free(s.json);
                 s.json = copy;
@@ -256,31 +295,38 @@ static sd_status read_shard(sd_meta_run *m, const char *path, sd_error *err)
         }
     }
     emit(m, origin, &s, fd);
-    free(s.txt);
-    free(s.json);
-    free(s.cls);
+    sample_clear(&s);
     sd_arena_free(&tmp);
     if (fd >= 0) close(fd);
     archive_read_free(ar);
     return SD_OK;
 }
 
-/* Read a shard path, which may use brace notation for many shards. */
+/* Read a shard path, which may use brace notation for many shards. A path
+ * that names one shard must open; of a pattern's shards, missing ones are
+ * skipped and counted, but a pattern none of whose shards could be read (a
+ * typo, the wrong directory) is an error, so it cannot replace an output
+ * with an empty one. */
 sd_status sd_read_wds(sd_meta_run *m, const char *path, sd_error *err)
 {
     char **paths;
     int n;
     if (sd_expand_braces(path, &paths, &n)) return sd_err_set(err, SD_EINVAL, "%s: bad brace pattern", path);
     sd_status st = SD_OK;
+    int nread = 0;
+    sd_error first = {SD_OK, ""};
     for (int i = 0; i < n; i++) {
         sd_error e1;
-        if (read_shard(m, paths[i], &e1)) {
-            /* one missing shard does not stop the others */
+        if (read_shard(m, paths[i], &e1) == SD_OK) nread++;
+        else if (n == 1) st = sd_err_set(err, e1.code, "%s", e1.msg);
+        else {
+            if (!first.code) first = e1;
             sd_meta_skip_input(m, "unreadable tar shard", "%s", e1.msg);
         }
         free(paths[i]);
     }
     free(paths);
-    (void)err;
+    if (n > 1 && nread == 0)
+        st = sd_err_set(err, first.code, "%s: none of its %d shards could be read (first: %s)", path, n, first.msg);
     return st;
 }

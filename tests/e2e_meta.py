@@ -128,6 +128,34 @@ class FolderSources(Base):
         self.assertEqual(skipped(err, "missing image"), 1)
         self.assertEqual(skipped(err, "malformed JSON"), 1)
 
+    def test_pretty_printed_metadata_stays_one_line(self):
+        """A metadata .json written with indent (gallery-dl, json.dump(indent=2)), LF or CRLF,
+        gives one JSONL line per record: its passed-through members are re-serialised, not
+        copied with their line breaks; a compact file's members still come out as written."""
+        self.img(self.p("m", "img", "a.jpg"), 0)
+        self.img(self.p("m", "img", "b.jpg"), 1)
+        self.img(self.p("m", "img", "c.jpg"), 2)
+        src = {"site": "foo", "ids": [1, 2], "note": "x y"}
+        write(self.p("m", "meta", "a.json"), json.dumps({"tags": "cat", "path": "img/a.jpg", "src": src}, indent=2))
+        write(self.p("m", "meta", "b.json"), json.dumps({"tags": "dog", "path": "img/b.jpg", "src": src}, indent=1)
+              .replace("\n", "\r\n"))
+        write(self.p("m", "meta", "c.json"), '{"tags": "owl", "path": "img/c.jpg", "n": 1.50, "s": "\\u00e9"}')
+        p = subprocess.run([SD_META, "--source", "metatree", self.p("m")], capture_output=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        lines = p.stdout.split(b"\n")
+        self.assertEqual(lines[-1], b"")
+        self.assertEqual(len(lines), 4, p.stdout)  # 3 records, each one line, no CR anywhere
+        self.assertNotIn(b"\r", p.stdout)
+        recs = [json.loads(l) for l in lines[:-1]]
+        self.assertEqual([(r["key"], r["extra"]) for r in recs[:2]], [("img/a", {"src": src}), ("img/b", {"src": src})])
+        self.assertIn(b'"extra":{"n": 1.50,"s": "\\u00e9"}', lines[2])  # compact: the source's own text
+        # a booru line with stray CRs between tokens: its members are re-serialised too
+        write(self.p("cr.jsonl"), b'{"id": 5, "tag_string_general": "a", "x":\r 1, "y": [1,\r2]}\n')
+        p = subprocess.run([SD_META, self.p("cr.jsonl")], capture_output=True)
+        self.assertEqual(p.stdout.count(b"\n"), 1, p.stdout)
+        self.assertNotIn(b"\r", p.stdout)
+        self.assertEqual(json.loads(p.stdout)["extra"], {"x": 1, "y": [1, 2]})
+
 
 DANBOORU = {
     "id": 1234, "md5": "abc", "file_ext": "jpg", "rating": "s", "score": 15, "fav_count": 20,
@@ -181,6 +209,32 @@ class BooruSources(Base):
         self.assertEqual((r["key"], r["rating"], r["score"], r["width"]), ("77", "explicit", 8, 800))
         self.assertEqual(r["tags"], {"general": ["solo", "fur"], "artist": ["bob"], "species": ["canine"], "meta": ["hi res"]})
         self.assertEqual(r["caption"], "bob, canine, solo, fur, hi res")
+
+    def test_danbooru2021_and_gelbooru_layouts(self):
+        """Danbooru2021 dumps (tags an array of {name, category} objects, numbers as text) and
+        Gelbooru posts (tags one space-separated string, rating a word, width/height) give
+        their tags; neither is taken for e621 (which skipped every post as "empty caption")."""
+        d21 = {"id": "11", "md5": "m1", "rating": "q", "score": "7", "image_width": "800", "image_height": "600",
+               "file_ext": "jpg", "pools": [],
+               "tags": [{"id": "1", "name": "1girl", "category": "0"}, {"id": "2", "name": "some_artist", "category": "1"},
+                        {"id": "3", "name": "vocaloid", "category": 3}, {"id": "4", "name": "hatsune_miku", "category": "4"},
+                        {"id": "5", "name": "highres", "category": "5"}]}
+        gel = {"id": 12, "md5": "m2", "rating": "sensitive", "score": 3, "width": 640, "height": 480,
+               "image": "m2.png", "tags": "1girl  long_hair solo"}
+        gel_old = {"id": 13, "md5": "m3", "rating": "safe", "tags": "cat"}
+        rc, recs, err = run([self.dump([d21, gel, gel_old])])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(skipped(err, "empty caption"), 0)
+        a, b, c = recs
+        self.assertEqual(a["tags"], {"general": ["1girl"], "artist": ["some artist"], "copyright": ["vocaloid"],
+                                     "character": ["hatsune miku"], "meta": ["highres"]})
+        self.assertEqual((a["key"], a["rating"], a["score"], a["width"], a["height"]), ("11", "questionable", 7, 800, 600))
+        self.assertEqual(a["extra"], {"pools": []})  # the tags array is not passed through again
+        self.assertEqual(b["tags"], {"general": ["1girl", "long hair", "solo"]})
+        self.assertEqual((b["key"], b["rating"], b["width"], b["height"]), ("12", "sensitive", 640, 480))
+        self.assertEqual(b["extra"], {"image": "m2.png"})
+        self.assertEqual((c["caption"], c["rating"]), ("cat", "safe"))
+        self.assertEqual(len(recs), 3)
 
     def test_bad_lines_are_reported_with_line_numbers(self):
         path = self.dump([post(id=1), post(id=2)], ["{not json", "", "[1,2]", json.dumps(post(id=None, md5=None)),
@@ -359,6 +413,47 @@ class Kohya(Base):
         self.assertEqual([f for f in os.listdir(self.dir) if ".tmp." in f], [])
 
 
+    def test_kohya_output_leaves_out_what_sd_scripts_cannot_use(self):
+        """--format kohya: val records stay out of the metadata (it has no split, so sd-scripts
+        would train on them), counted apart from skips; a booru image that is not KEY.EXT under
+        --image-root gets its path as the key (sd-scripts opens a key as a path first, as with
+        its --full_path); images inside tars are skipped with the reason."""
+        self.img(self.p("ds", "a.jpg"), 0)
+        self.img(self.p("ds", "b.jpg"), 1)
+        self.img(self.p("ds", "c.jpg"), 2)
+        for k in "abc":
+            write(self.p("ds", k + ".txt"), "tag " + k)
+        out = self.p("k.json")
+        rc, _, err = run([self.p("ds"), "--val-every", "2", "--format", "kohya", "-o", out, "--strict"])
+        self.assertEqual(rc, 0, err)  # a val record is no skip
+        self.assertEqual(json.loads(read(out)), {"a": {"caption": "tag a", "tags": ""}, "c": {"caption": "tag c", "tags": ""}})
+        self.assertIn("1 val records left out of the kohya metadata", err)
+        rc, _, err = run([self.p("ds"), "--val-fraction", "1", "--format", "kohya", "-o", out])
+        self.assertEqual((rc, json.loads(read(out))), (0, {}), err)
+        self.assertIn("3 val records left out", err)
+
+        self.img(self.p("dan", "0001", "1001.png"), 3)
+        self.img(self.p("dan", "1002.png"), 4)
+        posts = self.p("posts.jsonl")
+        write(posts, json.dumps(post(id=1001, file_ext="png")) + "\n" + json.dumps(post(id=1002, file_ext="png")) + "\n")
+        for pat, want in (("{id%1000:04d}/{id}.{file_ext}", self.p("dan", "0001", "1001.png")), ("{id}.{file_ext}", "1002")):
+            rc, _, err = run([posts, "--image-pattern", pat, "--image-root", self.p("dan"), "--format", "kohya", "-o", out])
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(list(json.loads(read(out))), [want])
+            if want == "1002":  # sd-scripts' lookup: the key as a path, else IMAGE_DIR/KEY.EXT
+                self.assertTrue(os.path.exists(os.path.join(self.p("dan"), want + ".png")))
+            else:
+                self.assertTrue(os.path.exists(want))
+
+        with tarfile.open(self.p("s.tar"), "w") as t:
+            for name, data in (("x.jpg", b"\xff\xd8\xff" + bytes(300)), ("x.txt", b"cap")):
+                ti = tarfile.TarInfo(name)
+                ti.size = len(data)
+                t.addfile(ti, io.BytesIO(data))
+        rc, _, err = run([self.p("s.tar"), "--format", "kohya", "-o", out])
+        self.assertEqual((rc, json.loads(read(out))), (0, {}), err)
+        self.assertEqual(skipped(err, "image inside a tar (sd-scripts reads image files only)"), 1)
+
     def test_image_lookup_as_sd_scripts(self):
         """A key finds its image with upper-case extensions too, and of several the first in
         sorted order (sd-scripts' glob_images sorts: a.jpg before a.png); sd-meta's own kohya
@@ -478,12 +573,13 @@ class WebDataset(Base):
             m = t.getmember("00002.jpg")
             cut = m.offset_data + m.size // 2
         write(self.p("cut.tar"), data[:cut])
-        rc, recs, err = run([self.p("cut.tar"), self.p("missing.tar")])
+        rc, recs, err = run([self.p("{cut,missing}.tar")])  # of a pattern's shards, a missing one is skipped
         self.assertEqual(rc, 0, err)
         self.assertTrue(1 <= len(recs) < 4, recs)
         self.assertGreater(skipped(err, "truncated or corrupt tar") + skipped(err, "tar sample cut by truncation"), 0)
         self.assertEqual(skipped(err, "unreadable tar shard"), 1)
         self.assertIn("cut.tar", err)
+        self.assertEqual(run([self.p("cut.tar"), self.p("missing.tar")])[0], 3)  # a plain path must open
 
 
 class Cli(Base):

@@ -3,11 +3,16 @@
 checks: pipes, FIFOs and stdin read once (JSON lines or a JSON array),
 kohya detection with awkward keys, where-conditions on true/false/null,
 out-of-range integer rules, long shuffled captions, --image-pattern syntax
-and how array and kohya entries are named in messages."""
+how array and kohya entries are named in messages, names that are not
+UTF-8, missing tar shards, escaped parentheses in tag rules, UTF-8 BOMs,
+where-conditions on the key and directories that cannot be searched."""
+import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 import threading
 import unittest
 
@@ -28,7 +33,7 @@ def run(args, stdin=None, timeout=60, pass_fds=()):
         p.kill()
         out, err = p.communicate()
         return None, [], err.decode() + "\n(timed out)"
-    recs = [json.loads(l) for l in out.decode().splitlines() if l.strip()]
+    recs = [json.loads(l) for l in out.decode().splitlines() if l.strip()]  # strict UTF-8, as FORMATS promises
     return p.returncode, recs, err.decode()
 
 
@@ -313,6 +318,271 @@ class EntryMessages(Base):
         self.assertEqual([(x["key"], x.get("image")) for x in recs], [("a", self.p("ds", "a.jpg")), ("gone", None)],
                          err)
         self.assertEqual(recs[1]["caption"], "y")
+
+
+JPEG = b"\xff\xd8\xff\xe0" + bytes(100)
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(64)
+
+
+def make_tar(path, members, fmt=tarfile.GNU_FORMAT, encoding="utf-8"):
+    """A tar of (name, bytes) members in the given order."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with tarfile.open(path, "w", format=fmt, encoding=encoding) as t:
+        for name, data in members:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            t.addfile(ti, io.BytesIO(data))
+
+
+class NonUtf8Names(Base):
+    """Records name keys, images and members in JSON, which is UTF-8: an
+    entry whose name is not is skipped, counted, and named with its bytes
+    escaped."""
+
+    def test_folder_file_name(self):
+        d = os.fsencode(self.p("f"))
+        write(os.fsdecode(d + b"/caf\xe9.jpg"), JPEG)
+        write(os.fsdecode(d + b"/caf\xe9.txt"), "x")
+        write(self.p("f", "ok.jpg"), JPEG)
+        write(self.p("f", "ok.txt"), "y")
+        rc, recs, err = run([self.p("f"), "-v"])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([x["key"] for x in recs], ["ok"])
+        self.assertEqual(skipped(err, "file name not UTF-8"), 1, err)
+        self.assertIn("caf\\xe9.jpg", err)
+
+    def test_folder_directory_name(self):
+        d = os.fsencode(self.p("f"))
+        write(os.fsdecode(d + b"/\xff\xfe/a.jpg"), JPEG)
+        write(os.fsdecode(d + b"/\xff\xfe/a.txt"), "x")
+        rc, recs, err = run([self.p("f"), "-v"])
+        self.assertEqual((rc, recs), (0, []), err)
+        self.assertEqual(skipped(err, "file name not UTF-8"), 1, err)
+        self.assertIn("\\xff\\xfe/a.jpg", err)
+
+    def test_latin1_tar_member(self):
+        make_tar(self.p("l.tar"), [("caf\xe9.png", PNG), ("caf\xe9.txt", b"c"), ("ok.png", PNG), ("ok.txt", b"d")],
+                 encoding="latin-1")
+        rc, recs, err = run([self.p("l.tar"), "-v"])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([(x["key"], x["member"], x["caption"]) for x in recs], [("ok", "ok.png", "d")])
+        self.assertEqual(skipped(err, "tar member name not UTF-8"), 1, err)
+        self.assertIn("l.tar[caf\\xe9]", err)
+
+
+class TarSamples(Base):
+    def test_caption_of_an_imageless_sample_stays_with_it(self):
+        # a.txt has no image; b.png has no caption: b must not get a's
+        make_tar(self.p("t.tar"), [("a.txt", b"caption of a"), ("b.png", PNG), ("c.png", PNG), ("c.txt", b"c")])
+        rc, recs, err = run([self.p("t.tar")])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([(x["key"], x["caption"]) for x in recs], [("c", "c")])
+        self.assertEqual(skipped(err, "tar sample without image"), 1, err)
+        self.assertEqual(skipped(err, "missing caption"), 1, err)
+
+
+class MissingShards(Base):
+    """A tar source that cannot be read stops the run (exit 3) and leaves
+    the output as it was, like a missing directory; missing shards of a
+    pattern are skipped as long as one shard could be read."""
+
+    def setUp(self):
+        super().setUp()
+        self.out = self.p("keep.jsonl")
+        write(self.out, '{"old":1}\n')
+
+    def test_plain_path(self):
+        rc, recs, err = run([self.p("nope.tar"), "-o", self.out])
+        self.assertEqual(rc, 3, err)
+        self.assertIn("nope.tar: cannot open: No such file or directory", err)
+        self.assertEqual(meta_util.read(self.out), b'{"old":1}\n')
+
+    def test_pattern_with_no_shard(self):
+        rc, recs, err = run([self.p("dat", "{00000..00002}.tar"), "-o", self.out])
+        self.assertEqual(rc, 3, err)
+        self.assertIn("none of its 3 shards could be read", err)
+        self.assertEqual(meta_util.read(self.out), b'{"old":1}\n')
+
+    def test_pattern_with_some_shards(self):
+        make_tar(self.p("dat", "00001.tar"), [("a.png", PNG), ("a.txt", b"x")])
+        rc, recs, err = run([self.p("dat", "{00000..00002}.tar"), "-o", self.out])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(skipped(err, "unreadable tar shard"), 2, err)
+        self.assertEqual([json.loads(l)["key"] for l in meta_util.read(self.out).splitlines()], ["a"])
+
+
+class EscapedParens(Base):
+    """Tags match rules whether or not their parentheses are escaped: as
+    A1111 taggers write them in .txt files, or as --escape-parens makes them."""
+
+    def folder(self, text):
+        write(self.p("f", "e.jpg"), JPEG)
+        write(self.p("f", "e.txt"), text)
+        return self.p("f")
+
+    def rules(self, doc):
+        write(self.p("r.json"), json.dumps(doc))
+        return self.p("r.json")
+
+    def test_non_caption_with_escape_parens(self):
+        for text in ("cat (animal), solo", "cat \\(animal\\), solo"):
+            r = self.rules({"non_caption_tags": ["cat (animal)"], "escape_parens": True})
+            rc, recs, err = run([self.folder(text), "--rules", r])
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(recs[0]["caption"], "solo", text)
+            self.assertEqual(recs[0]["tags"]["general"], ["cat \\(animal\\)", "solo"], text)
+
+    def test_escaped_source_tags_match_every_rule(self):
+        f = self.folder("cat \\(animal\\), solo")
+        rc, recs, err = run([f, "--blacklist", "cat (animal)"])
+        self.assertEqual((rc, recs), (0, []), err)
+        self.assertEqual(skipped(err, "blacklisted tag"), 1, err)
+        rc, recs, err = run([f, "--rules", self.rules({"replace_tags": {"Cat_(animal)": "cat"}})])
+        self.assertEqual(recs[0]["tags"]["general"], ["cat", "solo"], err)
+        rc, recs, err = run([f, "--rules", self.rules({"non_caption_tags": ["cat (animal)"]})])
+        self.assertEqual(recs[0]["caption"], "solo", err)
+        # a rule written escaped matches the plain tag too
+        rc, recs, err = run([self.folder("cat (animal), solo"), "--blacklist", "cat \\(animal\\)"])
+        self.assertEqual(recs, [], err)
+
+    def test_bonus_on_an_escaped_booru_tag(self):
+        write(self.p("p.jsonl"), jsonl([post(1, score=0, tag_string_general="cat_\\(animal\\) solo")]))
+        r = self.rules({"tag_bonus_scores": {"cat (animal)": 5}, "min_score": 3})
+        rc, recs, err = run([self.p("p.jsonl"), "--rules", r])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([(x["key"], x["score"]) for x in recs], [("1", 5)], err)
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+class ByteOrderMark(Base):
+    """A UTF-8 BOM at the start of a file (Windows editors write one) is not
+    part of the first post, entry or caption."""
+
+    def test_jsonl(self):
+        write(self.p("d.jsonl"), BOM + jsonl([post(1), post(2)]))
+        rc, recs, err = run([self.p("d.jsonl")])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([x["key"] for x in recs], ["1", "2"])
+        self.assertEqual(skipped(err, "malformed JSON"), 0, err)
+
+    def test_json_array(self):
+        write(self.p("e.json"), BOM + json.dumps([post(1), post(2)], indent=1).encode())
+        rc, recs, err = run([self.p("e.json")])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([x["key"] for x in recs], ["1", "2"])
+
+    def test_kohya_json(self):
+        write(self.p("ds", "a.jpg"), JPEG)
+        write(self.p("ds", "meta_cap.json"), BOM + json.dumps({"a": {"caption": "a cat"}}).encode())
+        rc, recs, err = run([self.p("ds", "meta_cap.json"), "-v"])
+        self.assertEqual(rc, 0, err)
+        self.assertIn("reading as kohya", err)
+        self.assertEqual([(x["key"], x["caption"]) for x in recs], [("a", "a cat")])
+
+    def test_tar_text_members(self):
+        make_tar(self.p("t.tar"), [("a.png", PNG), ("a.txt", BOM + b"lowres, 1girl"),
+                                   ("b.png", PNG), ("b.json", BOM + b'{"caption": "json cap"}')])
+        rc, recs, err = run([self.p("t.tar")])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([(x["key"], x["caption"]) for x in recs], [("a", "lowres, 1girl"), ("b", "json cap")])
+
+    def test_caption_files_and_metadata_files(self):
+        write(self.p("f", "a.jpg"), JPEG)
+        write(self.p("f", "a.txt"), BOM + b"lowres, 1girl")
+        write(self.p("f", "b.jpg"), JPEG)
+        write(self.p("f", "b.txt"), BOM + b"solo, 1girl")
+        write(self.p("f", "b.caption"), BOM + b"a girl")
+        rc, recs, err = run([self.p("f"), "--blacklist", "lowres"])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([(x["key"], x["caption"]) for x in recs], [("b", "a girl, solo, 1girl")], err)
+        self.assertEqual(skipped(err, "blacklisted tag"), 1, err)
+        write(self.p("mt", "a.jpg"), JPEG)
+        write(self.p("mt", "m", "a.json"), BOM + json.dumps({"tags": ["x"], "path": "a.jpg"}).encode())
+        rc, recs, err = run(["--source", "metatree", self.p("mt")])
+        self.assertEqual([x["key"] for x in recs], ["a"], err)
+
+
+class WhereKey(Base):
+    """FORMATS lists key among the fields a condition can test, with a
+    number as well as with text."""
+
+    def test_numeric_key(self):
+        write(self.p("p.jsonl"), jsonl([post(1), post(1001), post(3)]))
+        rc, recs, err = run([self.p("p.jsonl"), "--where", "key==1001"])
+        self.assertEqual([x["key"] for x in recs], ["1001"], err)
+        rc, recs, err = run([self.p("p.jsonl"), "--where", "key!=1001"])
+        self.assertEqual([x["key"] for x in recs], ["1", "3"], err)
+        rc, recs, err = run([self.p("p.jsonl"), "--where", "key>=3"])
+        self.assertEqual([x["key"] for x in recs], ["1001", "3"], err)
+        rc, recs, err = run([self.p("p.jsonl"), "--where", "key=='3'"])
+        self.assertEqual([x["key"] for x in recs], ["3"], err)
+
+    def test_text_key_compared_with_a_number(self):
+        write(self.p("f", "a.jpg"), JPEG)
+        write(self.p("f", "a.txt"), "x")
+        write(self.p("f", "0x10.jpg"), JPEG)
+        write(self.p("f", "0x10.txt"), "x")
+        rc, recs, err = run([self.p("f"), "--where", "key!=0"])
+        self.assertEqual(recs, [], err)
+        self.assertEqual(skipped(err, "where key!=0: not a number"), 2, err)
+
+
+class UnreadableEntries(Base):
+    """Images that cannot be reached are reported and counted, never lost
+    without a word."""
+
+    def test_directory_listed_but_not_searchable(self):
+        # root searches any directory, so as root the run drops to nobody (setpriv)
+        prefix = []
+        if os.geteuid() == 0:
+            if not shutil.which("setpriv"):
+                self.skipTest("running as root without setpriv")
+            prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+            os.chmod(self.dir, 0o755)
+        write(self.p("d", "y.jpg"), JPEG)
+        write(self.p("d", "y.txt"), "t")
+        write(self.p("d", "locked", "z.jpg"), JPEG)
+        write(self.p("d", "locked", "z.txt"), "t")
+        os.chmod(self.p("d", "locked"), 0o644)
+        try:
+            p = subprocess.run(prefix + [SD_META, self.p("d"), "--strict"], capture_output=True, timeout=60)
+        finally:
+            os.chmod(self.p("d", "locked"), 0o755)
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 1, err)  # --strict: something was skipped
+        self.assertEqual([json.loads(l)["key"] for l in p.stdout.splitlines()], ["y"], err)
+        self.assertEqual(skipped(err, "unreadable directory"), 1, err)
+        self.assertIn("locked (cannot search it: Permission denied)", err)
+
+    def test_path_too_long_to_stat(self):
+        # reproducible as root: the directory opens, but DIR/NAME is longer than PATH_MAX
+        d = self.p("d")
+        os.mkdir(d)
+        while len(d) < 3900:
+            d = os.path.join(d, "p" * 200)
+            os.mkdir(d)
+        name = "n" * 250
+        self.assertGreater(len(d) + 1 + len(name) + 4, 4096)
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            for ext, data in ((".jpg", JPEG), (".txt", b"t")):
+                f = os.open(name + ext, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+                os.write(f, data)
+                os.close(f)
+        finally:
+            os.close(fd)
+        rc, recs, err = run([self.p("d"), "-v"])
+        self.assertEqual((rc, recs), (0, []), err)
+        self.assertEqual(skipped(err, "unreadable directory entry"), 2, err)
+        self.assertIn("File name too long", err)
+
+    def tearDown(self):
+        for dirpath, dirs, _ in os.walk(self.dir):
+            for x in dirs:
+                os.chmod(os.path.join(dirpath, x), 0o755)
+        super().tearDown()
 
 
 if __name__ == "__main__":

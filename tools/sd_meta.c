@@ -228,6 +228,9 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
     sd_log(SD_LOG_INFO, "records read %llu, written %llu, skipped %llu", (unsigned long long)run.read,
            (unsigned long long)run.written, (unsigned long long)run.skips.total);
     sd_tally_log(&run.skips, "skipped by reason");
+    if (run.val_left_out)
+        sd_log(SD_LOG_INFO, "%llu val records left out of the kohya metadata (it has no split: sd-scripts would "
+               "train on them)", (unsigned long long)run.val_left_out);
     if (status == SD_EXIT_OK && o->strict && run.skips.total) status = SD_EXIT_SKIPPED;
     sd_meta_run_free(&run);
     sd_pool_destroy(pool);
@@ -247,7 +250,7 @@ int main(int argc, char **argv)
     double min_score = -1e300, abs_min_score = -1e300;
     const sd_opt opts[] = {
         {"output", 'o', SD_OPT_STR, &o.out, "FILE", "write here (atomically) instead of stdout"},
-        {"format", 0, SD_OPT_STR, &o.format, "jsonl|kohya", "output format (default jsonl); kohya: one meta_cap_dd.json object, the finished caption in caption and tags empty"},
+        {"format", 0, SD_OPT_STR, &o.format, "jsonl|kohya", "output format (default jsonl); kohya: one meta_cap_dd.json object, the finished caption in caption and tags empty (val records and images inside tars left out)"},
         {"source", 0, SD_OPT_STR, &o.source, "KIND", "folder|tree|metatree|booru|kohya|wds (default: detect)"},
         {"rules", 'r', SD_OPT_STR, &o.rules, "FILE", "JSON rules file (docs/FORMATS.md)"},
         {"blacklist", 0, SD_OPT_LIST, &o.blacklist, "TAGS", "drop records with any of these tags (comma list)"},
