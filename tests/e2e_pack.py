@@ -4,8 +4,10 @@
 import, split -> merge, compact, info, export-tar members loaded with numpy,
 the bad cache files the importer must report and skip, full-path metadata
 keys, the two crop conventions, and shards made by tests/shard_writer with
-damaged indexes, corrupt text embeddings, duplicate names, and inputs that
-are also outputs.
+damaged indexes, corrupt text embeddings, duplicate names, names entries
+leading to another record, the empty caption's embedding (empty_text) and
+the text encoder setup (text_encoder) through merge/compact/split, and
+inputs that are also outputs.
 Usage: e2e_pack.py SD_PACK SD_VERIFY SHARD_WRITER  (needs numpy)"""
 import glob
 import io
@@ -800,6 +802,103 @@ class Pack(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertEqual(len(tree(self.p("k"))), 20)
 
+    # -- the text identity (empty_text, text_encoder) and misdirected names -----
+
+    def test_empty_text_embedding_travels(self):
+        """sd-latents stores the empty caption's embedding unreferenced (only meta empty_text
+        names it): merge, compact and split copy it, so conditioning dropout finds it."""
+        a = self.p("a.shard")
+        writer("write", a, 20, 8)
+        empty = writer("emptytext", a, "sd1:test")[0]
+        self.verify(a)
+        outs = [self.p("m.lmdb"), self.p("c.lmdb"), self.p("s-0.lmdb"), self.p("s-1.lmdb")]
+        for cmd in (["merge", "-o", outs[0], a], ["compact", a, "-o", outs[1]],
+                    ["split", "-n", "2", "-o", self.p("s-%d.lmdb"), a]):
+            rc, _, err = run(*cmd, "-q")
+            self.assertEqual(rc, 0, err)
+        for out in outs:
+            info = self.info(out)
+            self.assertEqual(info["meta"].get("empty_text"), empty, out)
+            self.assertEqual(info["meta"].get("text_encoder"), "sd1:test", out)
+            self.verify(out)  # sd-verify reports an empty_text whose embedding is missing
+        self.assertEqual(self.info(outs[0])["text"]["records"], 6)  # 5 captions + the empty one
+        # an input whose empty_text names a missing embedding: counted, and the output names
+        # the next input's (sound) one instead of a record it does not hold
+        x, y = self.p("x.shard"), self.p("y.shard")
+        writer("write", x, 10, 8)
+        writer("meta", x, "text_encoder", "sd1:test")
+        writer("meta", x, "empty_text", "00" * 15 + "01")  # no such embedding
+        writer("write", y, 10, 8, "keyseed=3")
+        y_empty = writer("emptytext", y, "sd1:test")[0]
+        rc, _, err = run("merge", "-o", self.p("xy.lmdb"), x, y)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(skipped(err, "empty_text embedding missing"), 1, err)
+        missing = "00" * 15 + "01"
+        self.assertIn("x.shard: meta empty_text names text embedding %s, which is not in the shard" % missing, err)
+        self.assertEqual(self.info(self.p("xy.lmdb"))["meta"].get("empty_text"), y_empty)
+        self.verify(self.p("xy.lmdb"))
+        # alone, such an input gives an output without empty_text (sd-train then says none has one)
+        rc, _, err = run("split", "-n", "2", "-o", self.p("t-%d.lmdb"), x)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(skipped(err, "empty_text embedding missing"), 1, err)
+        for i in range(2):
+            self.assertNotIn("empty_text", self.info(self.p("t-%d.lmdb" % i))["meta"])
+            self.verify(self.p("t-%d.lmdb" % i))
+
+    def test_merge_refuses_other_text_encoders(self):
+        """Text embeddings of two encoder setups are not merged under one label (sd-train
+        refuses them), unless --allow-mixed; latents without text embeddings fit any."""
+        x, y, z, k = self.p("x.shard"), self.p("y.shard"), self.p("z.shard"), self.p("k.shard")
+        writer("write", x, 6, 8)
+        writer("emptytext", x, "sd1:one")
+        writer("write", y, 6, 8, "keyseed=3")
+        writer("emptytext", y, "sd1:other-skip")
+        writer("write", z, 6, 8, "keyseed=4", "notext")  # no text embeddings, no text_encoder
+        writer("write", k, 6, 8, "keyseed=5")  # text embeddings of an unknown setup (no text_encoder)
+        rc, _, err = run("merge", "-o", self.p("xy.lmdb"), x, y)
+        self.assertEqual(rc, 2, err)
+        self.assertIn("%s has text_encoder 'sd1:other-skip' but %s has 'sd1:one'" % (y, x), err)
+        self.assertFalse(os.path.exists(self.p("xy.lmdb")))
+        rc, _, err = run("merge", "-o", self.p("xk.lmdb"), x, k)
+        self.assertEqual(rc, 2, err)
+        self.assertIn("has text_encoder '(none)'", err)
+        rc, _, err = run("merge", "--allow-mixed", "-o", self.p("xy.lmdb"), x, y, "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.info(self.p("xy.lmdb"))["meta"]["text_encoder"], "sd1:one")
+        for order in ((z, x), (x, z)):
+            out = self.p("zx.lmdb")
+            rc, _, err = run("merge", "-o", out, *order, "-q")
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(self.info(out)["meta"].get("text_encoder"), "sd1:one", order)
+            self.verify(out)
+        self.assertIn("text_encoder", run("merge", "--help")[1])
+
+    def test_misdirected_names_export_the_right_records(self):
+        """A names entry leading to another record (a damaged index): no file holds that
+        record's data under the entry's name, and no copy loses the record of that name."""
+        a, clean = self.p("a.shard"), self.p("clean.shard")
+        writer("write", a, 20, 8)
+        shutil.copy(a, clean)
+        writer("misname", a, "rec000003", "rec000004")  # its own record still there
+        writer("misname", a, "ghost", "rec000005")  # no record of that name
+        for name, s in (("k1", clean), ("k2", a)):
+            rc, _, err = run("export-kohya", s, "-o", self.p(name))
+            self.assertEqual(rc, 0, err)
+        self.assertEqual(skipped(err, "name leads to another record"), 2, err)
+        self.assertIn("name 'ghost' leads to record", err)
+        self.assert_same_tree(self.p("k1"), self.p("k2"))  # rec000003.npz holds rec000003's latents
+        os.makedirs(self.p("tars"))
+        rc, _, err = run("export-tar", a, "-o", self.p("tars", "t-%d.tar"), "-q")
+        self.assertEqual(rc, 0, err)
+        with tarfile.open(self.p("tars", "t-0.tar")) as tf:
+            names = sorted(m.name[:-5] for m in tf.getmembers() if m.name.endswith(".json"))
+            meta = {m.name[:-5]: json.load(tf.extractfile(m)) for m in tf.getmembers() if m.name.endswith(".json")}
+        self.assertEqual(names, ["rec%06d" % i for i in range(20)])
+        self.assertEqual([meta[n]["bucket"] for n in names], [[64 + 64 * (i % 3), 64] for i in range(20)])
+        for cmd in (["merge", "-o", self.p("m.lmdb"), a], ["compact", a, "-o", self.p("c.lmdb")]):
+            rc, _, err = run(*cmd)
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(self.info(self.p(cmd[0][0] + ".lmdb"))["latents"]["records"], 20, err)
 
     # -- split sets: identity, renames, leftovers; write errors ------------------
 

@@ -13,7 +13,15 @@ sd-verify and the test writer (tests/shard_writer.c):
   - a damaged index (bindex and names entries removed): --repair rebuilds it
     and keeps every record;
   - two records of one name: reported, --repair keeps the one the names
-    index leads to.
+    index leads to;
+  - names entries leading to a record of another name: reported (also
+    through --manifest), --repair drops them and keeps every record;
+  - report-only problems: a record of a newer format version (kept by
+    --repair, unlike one whose version field is damaged) and an empty_text
+    meta naming a missing embedding;
+  - a shard file cut short: refused with a clear error (exit 3) by sd-verify
+    (which still checks the next shard), --repair and sd-pack merge (run
+    from beside sd-verify), never SIGBUS.
 usage: e2e_shard.py SD_VERIFY SHARD_WRITER"""
 import json
 import os
@@ -262,6 +270,116 @@ def test_duplicate_names(d):
     check(vrc == 0, "after repairing damaged indexed copies: %d %s" % (vrc, err))
 
 
+def kinds(rep):
+    return rep["shards"][0]["by_kind"] if rep else None
+
+
+def test_misdirected_names(d):
+    """A names entry leading to a record of another name passes no check: the
+    entry is an index problem (--repair drops it, every record stays)."""
+    shard = os.path.join(d, "misname.shard")
+    check(write(shard, 20, "8").returncode == 0, "write")
+    before = latent_keys(shard)
+    for name, target in (("rec000003", "rec000004"), ("ghost", "rec000005")):
+        p = subprocess.run([WRITER, "misname", shard, name, target], capture_output=True, text=True)
+        check(p.returncode == 0, "misname %s: %s" % (name, p.stderr))
+    vrc, rep, err = verify(shard)
+    # rec000003's own record is then not found by its name either: name_misindexed
+    check(vrc == 1 and kinds(rep) == {"name_wrong_record": 2, "name_misindexed": 1},
+          "misdirected names: exit %d, %s" % (vrc, kinds(rep)))
+    check("name ghost: name points to a record named 'rec000005'" in err and messages_whole(err),
+          "misdirected names: messages: %s" % err)
+    man = os.path.join(d, "misname.jsonl")
+    with open(man, "w") as f:
+        f.write("".join('{"key": "%s"}\n' % k for k in ("rec000001", "rec000003", "ghost")))
+    vrc, rep, err = verify(shard, "--manifest", man)
+    check(vrc == 1 and kinds(rep).get("manifest_wrong_record") == 2 and "manifest_missing" not in kinds(rep),
+          "misdirected names in the manifest: exit %d, %s" % (vrc, kinds(rep)))
+    vrc, rep, err = verify(shard, "--repair")
+    check(vrc == 1 and rep["shards"][0]["repaired_records"] == 0 and rep["shards"][0]["problems_after_repair"] == 0,
+          "misdirected names: repair %d %s" % (vrc, rep and rep["shards"][0]))
+    check(latent_keys(shard) == before, "misdirected names: repair lost records")
+    vrc, rep, err = verify(shard, "--manifest", man)
+    check(vrc == 1 and kinds(rep) == {"manifest_missing": 1},
+          "after misdirected names repair: %d %s" % (vrc, kinds(rep)))
+
+
+def test_report_only(d):
+    """--repair never deletes a record of a newer format version (one whose
+    version field is damaged is a bad header, deleted), nor can it fix an
+    empty_text naming a missing embedding: both stay reported, exit 1."""
+    shard = os.path.join(d, "newver.shard")
+    check(write(shard, 10, "8").returncode == 0, "write")
+    newer = subprocess.run([WRITER, "newver", shard, "rec000001"], capture_output=True, text=True).stdout.split()
+    damaged = subprocess.run([WRITER, "newver", shard, "rec000002", "damaged"], capture_output=True,
+                             text=True).stdout.split()
+    check(len(newer) == 2 and len(damaged) == 2, "newver: %s %s" % (newer, damaged))
+    vrc, rep, err = verify(shard)
+    check(vrc == 1 and kinds(rep) == {"newer_version": 1, "bad_header": 1}, "newer version: %d %s" % (vrc, kinds(rep)))
+    check("the version field is damaged" in err, "damaged version field: %s" % err)
+    before = latent_keys(shard)
+    vrc, rep, err = verify(shard, "--repair")
+    check(vrc == 1 and rep["shards"][0]["repaired_records"] == 1 and rep["shards"][0]["problems_after_repair"] == 1,
+          "newer version: repair %d %s" % (vrc, rep and rep["shards"][0]))
+    check(latent_keys(shard) == before - {damaged[1]}, "newer version: repair deleted %s, want only the damaged one"
+          % sorted(before - latent_keys(shard)))
+    vrc, rep, err = verify(shard)
+    check(vrc == 1 and kinds(rep) == {"newer_version": 1}, "after newer version repair: %d %s" % (vrc, kinds(rep)))
+    help_text = subprocess.run([VERIFY, "--help"], capture_output=True, text=True).stdout
+    check("newer_version" in help_text and "never deleted" in help_text and "empty_text_missing" in help_text,
+          "--help says what --repair leaves")
+    # empty_text: sound when its embedding is stored, else reported, never repaired
+    shard = os.path.join(d, "empty.shard")
+    check(write(shard, 10, "8").returncode == 0, "write")
+    p = subprocess.run([WRITER, "emptytext", shard, "sd1:test"], capture_output=True, text=True)
+    vrc, rep, err = verify(shard)
+    check(p.returncode == 0 and vrc == 0, "empty_text stored: %d %s" % (vrc, err))
+    for value in ("00" * 15 + "01", "not-a-key"):
+        subprocess.run([WRITER, "meta", shard, "empty_text", value], check=True)
+        vrc, rep, err = verify(shard)
+        ex = rep["shards"][0]["examples"] if rep else []
+        check(vrc == 1 and kinds(rep) == {"empty_text_missing": 1} and ex and ex[0]["db"] == "meta"
+              and "meta key empty_text: " in err, "empty_text %s: %d %s %s" % (value, vrc, kinds(rep), err))
+        before = latent_keys(shard)
+        vrc, rep, err = verify(shard, "--repair")
+        check(vrc == 1 and rep["shards"][0]["repaired_records"] == 0 and rep["shards"][0]["problems_after_repair"] == 1
+              and latent_keys(shard) == before, "empty_text %s: repair %d %s" % (value, vrc, rep and rep["shards"][0]))
+
+
+def test_truncated(d):
+    """A shard file cut short (a copy interrupted) crashed sd-verify, --repair
+    and sd-pack merge with SIGBUS; now it is refused with a clear error (exit
+    3), sd-verify goes on to the next shard and reports both, merge leaves no
+    partial output."""
+    cut, good = os.path.join(d, "cut.shard"), os.path.join(d, "good.shard")
+    check(write(cut, 20, "10").returncode == 0 and write(good, 20, "10").returncode == 0, "write")
+    size = os.path.getsize(cut)
+    os.truncate(cut, size // 2)
+    want = "cut.shard: truncated shard: the file has %d bytes, LMDB's last used page ends at %d" % (size // 2, size)
+    rep_path = os.path.join(d, "cut.report.json")
+    p = subprocess.run([VERIFY, "-q", cut, good, "--report", rep_path], capture_output=True, text=True)
+    shards = json.load(open(rep_path))["shards"] if os.path.exists(rep_path) else []
+    check(p.returncode == 3 and want in p.stderr, "cut shard: sd-verify exit %d: %s" % (p.returncode, p.stderr[-300:]))
+    check(len(shards) == 2 and not shards[0]["opened"] and want in shards[0].get("error", "")
+          and shards[1]["opened"] and shards[1]["records"] == 20, "cut shard: report %s" % shards)
+    p = subprocess.run([VERIFY, "-q", "--repair", cut], capture_output=True, text=True)
+    check(p.returncode == 3 and want in p.stderr, "cut shard: --repair exit %d: %s" % (p.returncode, p.stderr[-300:]))
+    pack = os.path.join(os.path.dirname(VERIFY), "sd-pack")
+    if check(os.path.exists(pack), "cut shard: no sd-pack beside sd-verify (%s)" % pack):
+        for extra in ([], ["--allow-mixed"]):
+            p = subprocess.run([pack, "merge", "-q", *extra, "-o", os.path.join(d, "tm.shard"), good, cut],
+                               capture_output=True, text=True)
+            left = [f for f in os.listdir(d) if f.startswith("tm.shard")]
+            check(p.returncode == 3 and want in p.stderr and not left, "cut shard: sd-pack merge %s: exit %d, left %s: %s"
+                  % (extra, p.returncode, left, p.stderr[-300:]))
+    # a page past LMDB's last one (a writer killed before its commit leaves such) is no damage
+    with open(good, "ab") as f:
+        f.write(bytes(4096))
+    vrc, rep, err = verify(good)
+    check(vrc == 0, "shard with a page past LMDB's last: exit %d: %s" % (vrc, err))
+    print("cut shard: refused by sd-verify (next shard still verified), --repair and sd-pack merge")
+
+
 def main():
     t0 = time.time()
     with tempfile.TemporaryDirectory() as d:
@@ -271,6 +389,9 @@ def main():
         test_corruption(d)
         test_index_repair(d)
         test_duplicate_names(d)
+        test_misdirected_names(d)
+        test_report_only(d)
+        test_truncated(d)
         vrc, rep, err = verify(os.path.join(d, "missing.shard"))
         check(vrc == 3, "missing shard: exit %d" % vrc)
         open(os.path.join(d, "junk.shard"), "wb").write(os.urandom(20000))

@@ -6,7 +6,21 @@
  *                                  nogrow, map=BYTES, slow (sleep per batch),
  *                                  keyseed=K (other record keys for the same
  *                                  names), dupnames (no resume: store a name
- *                                  again under this run's key)
+ *                                  again under this run's key), notext (no
+ *                                  text embeddings, no references)
+ *   emptytext SHARD ENCODER        store the empty caption's embedding
+ *                                  unreferenced and name it in meta empty_text,
+ *                                  with text_encoder ENCODER (as sd-latents
+ *                                  --text does); prints its hex key
+ *   meta SHARD KEY VALUE           set one meta entry
+ *   misname SHARD NAME TARGET      point the names entry NAME at the record
+ *                                  the name TARGET leads to, bypassing the API
+ *   newver SHARD NAME [damaged]    store a copy of NAME's record under the key
+ *                                  "v2-NAME" with format version 2 and its header
+ *                                  checksum made for it (a record a newer sdtk
+ *                                  wrote), or with damaged, the checksum left as
+ *                                  it was (a damaged version field); prints
+ *                                  "latents hexkey"
  *   corrupt SHARD COUNT SEED [text|indexed] damage COUNT distinct records
  *                                  through LMDB (bit flips in header or payload,
  *                                  truncation, extension; with "text" only
@@ -75,15 +89,16 @@ static sd_status put_text(sd_shard *s, int c, uint8_t key[16], sd_buf *b, sd_err
 /* Record i: bucket (64 + 64*(i%3)) x 64, fp16 sample, flipped for odd i,
  * keyed by its name hashed with keyseed; with dupnames a name already
  * present is stored again. */
-static sd_status put_latent(sd_shard *s, int i, uint64_t keyseed, int dupnames, sd_buf *b, sd_error *err)
+static sd_status put_latent(sd_shard *s, int i, uint64_t keyseed, int dupnames, int notext, sd_buf *b,
+                            sd_error *err)
 {
     char name[32];
     snprintf(name, sizeof name, "rec%06d", i);
     int found = 0;
     sd_status st = dupnames ? SD_OK : sd_shard_name_exists(s, name, strlen(name), &found, err);
     if (st || found) return st;
-    uint8_t tkey[16], key[16];
-    if ((st = put_text(s, i % 5, tkey, b, err))) return st;
+    uint8_t tkey[16] = {0}, key[16];
+    if (!notext && (st = put_text(s, i % 5, tkey, b, err))) return st;
     static uint16_t lat[2][4 * 8 * 24];
     sd_shard_rec r;
     memset(&r, 0, sizeof r);
@@ -112,7 +127,7 @@ static sd_status put_latent(sd_shard *s, int i, uint64_t keyseed, int dupnames, 
 
 static int cmd_write(int argc, char **argv)
 {
-    int n = atoi(argv[3]), batch = argc > 4 ? atoi(argv[4]) : 16, slow = 0, dupnames = 0;
+    int n = atoi(argv[3]), batch = argc > 4 ? atoi(argv[4]) : 16, slow = 0, dupnames = 0, notext = 0;
     uint64_t keyseed = 0;
     sd_shard_opts o = {SD_SHARD_CREATE, 0, 0};
     for (int a = 5; a < argc; a++) {
@@ -120,6 +135,7 @@ static int cmd_write(int argc, char **argv)
         else if (!strcmp(argv[a], "nogrow")) o.flags |= SD_SHARD_NOGROW;
         else if (!strcmp(argv[a], "slow")) slow = 1;
         else if (!strcmp(argv[a], "dupnames")) dupnames = 1;
+        else if (!strcmp(argv[a], "notext")) notext = 1;
         else if (!strncmp(argv[a], "map=", 4)) o.map_size = (size_t)atol(argv[a] + 4);
         else if (!strncmp(argv[a], "keyseed=", 8)) keyseed = (uint64_t)atol(argv[a] + 8);
     }
@@ -130,7 +146,7 @@ static int cmd_write(int argc, char **argv)
     sd_buf_init(&b);
     for (int i = 0; !st && i < n; i += batch) {
         st = sd_shard_begin(s, &err);
-        for (int j = i; !st && j < n && j < i + batch; j++) st = put_latent(s, j, keyseed, dupnames, &b, &err);
+        for (int j = i; !st && j < n && j < i + batch; j++) st = put_latent(s, j, keyseed, dupnames, notext, &b, &err);
         if (!st) st = sd_shard_commit(s, &err);
         if (slow) usleep(1000);
     }
@@ -340,6 +356,102 @@ static int cmd_locate(char **argv)
     return 0;
 }
 
+/* The empty caption's embedding, unreferenced, named by meta empty_text. */
+static int cmd_emptytext(char **argv)
+{
+    sd_error err;
+    sd_shard *s;
+    sd_buf b;
+    sd_buf_init(&b);
+    uint8_t key[16];
+    char hex[33];
+    sd_status st = sd_shard_open(&s, argv[2], NULL, &err);
+    if (st) {
+        fprintf(stderr, "shard_writer: %s\n", err.msg);
+        return 3;
+    }
+    st = put_text(s, -1, key, &b, &err); /* "caption-1": a caption no record has */
+    for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
+    if (!st) st = sd_shard_meta_set(s, "empty_text", hex, &err);
+    if (!st) st = sd_shard_meta_set(s, "text_encoder", argv[3], &err);
+    sd_buf_free(&b);
+    if (st) fprintf(stderr, "shard_writer: %s\n", err.msg);
+    if (!st) printf("%s\n", hex);
+    return sd_shard_close(s, &err) || st ? 3 : 0;
+}
+
+static int cmd_meta(char **argv)
+{
+    sd_error err;
+    sd_shard *s = NULL;
+    sd_status st = sd_shard_open(&s, argv[2], NULL, &err);
+    if (!st) st = sd_shard_meta_set(s, argv[3], argv[4], &err);
+    if (st) fprintf(stderr, "shard_writer: %s\n", err.msg);
+    return (s && sd_shard_close(s, &err)) || st ? 3 : 0;
+}
+
+/* names[NAME] = names[TARGET], through LMDB: a names entry leading to a
+ * record of another name. */
+static int cmd_misname(char **argv)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi lat, text, names;
+    MDB_val tk = {strlen(argv[4]), argv[4]}, rk, nk = {strlen(argv[3]), argv[3]};
+    if (raw_open(argv[2], 0, &env, &txn, &lat, &text) || mdb_dbi_open(txn, "names", 0, &names) ||
+        mdb_get(txn, names, &tk, &rk)) {
+        fprintf(stderr, "shard_writer: cannot open %s or find name %s\n", argv[2], argv[4]);
+        return 3;
+    }
+    uint8_t key[SD_SHARD_MAX_KEY];
+    size_t kl = rk.mv_size < sizeof key ? rk.mv_size : sizeof key;
+    memcpy(key, rk.mv_data, kl);
+    MDB_val nv = {kl, key};
+    int rc = mdb_put(txn, names, &nk, &nv, 0);
+    if (!rc) rc = mdb_txn_commit(txn);
+    mdb_env_close(env);
+    return rc ? 3 : 0;
+}
+
+/* A copy of NAME's record with format version 2 under "v2-NAME"; its header
+ * checksum (docs/FORMATS.md: XXH3-64 of bytes 0..247, continued over the
+ * name up to the payload offset at byte 80) made for the new version unless
+ * damaged. */
+static int cmd_newver(int argc, char **argv)
+{
+    int damaged = argc > 4 && !strcmp(argv[4], "damaged");
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi lat, text, names;
+    MDB_val nk = {strlen(argv[3]), argv[3]}, rk, rv;
+    if (raw_open(argv[2], 0, &env, &txn, &lat, &text) || mdb_dbi_open(txn, "names", 0, &names) ||
+        mdb_get(txn, names, &nk, &rk) || mdb_get(txn, lat, &rk, &rv) || rv.mv_size < 256) {
+        fprintf(stderr, "shard_writer: cannot open %s or find record %s\n", argv[2], argv[3]);
+        return 3;
+    }
+    uint8_t *v = malloc(rv.mv_size);
+    memcpy(v, rv.mv_data, rv.mv_size);
+    v[4] = 2;
+    v[5] = 0;
+    if (!damaged) {
+        uint32_t poff = (uint32_t)v[80] | (uint32_t)v[81] << 8 | (uint32_t)v[82] << 16 | (uint32_t)v[83] << 24;
+        uint64_t h = sd_hash64(v, 248, 0);
+        h = sd_hash64(v + 256, poff - 256, h);
+        for (int i = 0; i < 8; i++) v[248 + i] = (uint8_t)(h >> (8 * i));
+    }
+    char key[600];
+    snprintf(key, sizeof key, "v2-%s", argv[3]);
+    MDB_val k = {strlen(key), key}, nv = {rv.mv_size, v};
+    int rc = mdb_put(txn, lat, &k, &nv, 0);
+    if (!rc) rc = mdb_txn_commit(txn);
+    mdb_env_close(env);
+    free(v);
+    printf("latents ");
+    hex(key, strlen(key));
+    printf("\n");
+    return rc ? 3 : 0;
+}
+
 /* Seed corpus for the record-parser fuzz target: one record per layout. */
 static int cmd_corpus(char **argv)
 {
@@ -390,8 +502,15 @@ int main(int argc, char **argv)
     if (argc >= 5 && !strcmp(argv[1], "corrupt")) return cmd_corrupt(argc, argv);
     if (argc >= 5 && !strcmp(argv[1], "unindex")) return cmd_unindex(argv);
     if (argc >= 3 && !strcmp(argv[1], "locate")) return cmd_locate(argv);
-    fprintf(stderr, "usage: shard_writer write SHARD N [BATCH] [nosync|nogrow|slow|map=BYTES|keyseed=K|dupnames]...\n"
+    if (argc >= 4 && !strcmp(argv[1], "emptytext")) return cmd_emptytext(argv);
+    if (argc >= 5 && !strcmp(argv[1], "meta")) return cmd_meta(argv);
+    if (argc >= 5 && !strcmp(argv[1], "misname")) return cmd_misname(argv);
+    if (argc >= 4 && !strcmp(argv[1], "newver")) return cmd_newver(argc, argv);
+    fprintf(stderr, "usage: shard_writer write SHARD N [BATCH] "
+                    "[nosync|nogrow|slow|map=BYTES|keyseed=K|dupnames|notext]...\n"
                     "       shard_writer corrupt SHARD COUNT SEED [text|indexed]\n"
-                    "       shard_writer unindex SHARD bindex|names COUNT\n       shard_writer locate SHARD\n");
+                    "       shard_writer unindex SHARD bindex|names COUNT\n       shard_writer locate SHARD\n"
+                    "       shard_writer emptytext SHARD ENCODER\n       shard_writer meta SHARD KEY VALUE\n"
+                    "       shard_writer misname SHARD NAME TARGET\n       shard_writer newver SHARD NAME [damaged]\n");
     return 2;
 }

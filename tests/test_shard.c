@@ -1,13 +1,15 @@
 /* Shard store: record codec round trips and rejection of damaged headers,
  * the writer (batches, map growth, resume lookups, delete, bucket index,
  * names, reindex, meta and version check), reindex of a damaged index, a
- * full map with growth disabled, and a reader in a second process while the
- * writer commits. */
+ * full map with growth disabled, a reader in a second process while the
+ * writer commits, and files cut short (refused unless every missing page is
+ * free, as LMDB's own freelist says). */
 #include <lmdb.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -502,6 +504,230 @@ static void test_concurrent_reader(void)
     sd_shard_close(s, &err);
 }
 
+/* LMDB's own view of a closed shard, read through LMDB on the whole file:
+ * page size, last page, and which pages up to it are on the freelist. */
+typedef struct {
+    size_t psize, last;
+    unsigned char *is_free;
+} lmdb_pages;
+
+static int lmdb_pages_read(const char *path, lmdb_pages *p)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_cursor *c;
+    MDB_envinfo info;
+    MDB_stat ms;
+    memset(p, 0, sizeof *p);
+    if (mdb_env_create(&env)) return -1;
+    int rc = mdb_env_set_maxdbs(env, 8);
+    if (!rc) rc = mdb_env_open(env, path, MDB_NOSUBDIR | MDB_RDONLY, 0644);
+    if (!rc) rc = mdb_env_info(env, &info) || mdb_env_stat(env, &ms);
+    if (!rc) {
+        p->psize = ms.ms_psize;
+        p->last = info.me_last_pgno;
+        p->is_free = calloc(p->last + 1, 1);
+        rc = !p->is_free || mdb_txn_begin(env, NULL, MDB_RDONLY, &txn);
+    }
+    if (!rc && !(rc = mdb_cursor_open(txn, 0, &c))) { /* dbi 0: the freelist, txn id -> page list */
+        MDB_val k, v;
+        int r;
+        for (r = mdb_cursor_get(c, &k, &v, MDB_FIRST); !r; r = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+            size_t n, pg;
+            memcpy(&n, v.mv_data, sizeof n);
+            for (size_t i = 1; i <= n && (i + 1) * sizeof pg <= v.mv_size; i++) {
+                memcpy(&pg, (const char *)v.mv_data + i * sizeof pg, sizeof pg);
+                if (pg <= p->last) p->is_free[pg] = 1;
+            }
+        }
+        rc = r != MDB_NOTFOUND;
+        mdb_cursor_close(c);
+    }
+    if (p->is_free && !rc) mdb_txn_abort(txn);
+    mdb_env_close(env);
+    return rc ? -1 : 0;
+}
+
+/* Copy the first len bytes of src to dst (a fresh file). */
+static int copy_prefix(const char *src, const char *dst, long len)
+{
+    FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+    int ok = in && out;
+    char buf[8192];
+    for (long done = 0; ok && done < len;) {
+        size_t want = (size_t)(len - done) < sizeof buf ? (size_t)(len - done) : sizeof buf;
+        size_t got = fread(buf, 1, want, in);
+        ok = got > 0 && fwrite(buf, 1, got, out) == got;
+        done += (long)got;
+    }
+    if (in) fclose(in);
+    if (out && fclose(out)) ok = 0;
+    return ok ? 0 : -1;
+}
+
+/* The copy of a shard cut at len bytes must open exactly when every page
+ * at or past the cut is free in LMDB's freelist, and a refusal must name the
+ * copy and its size. Returns 1 when it opened, 0 when refused, -1 if wrong. */
+static int cut_once(const char *path, const lmdb_pages *lp, long len)
+{
+    char cut[300], want[64];
+    snprintf(cut, sizeof cut, "%s.cut", path);
+    snprintf(want, sizeof want, "the file has %ld bytes", len);
+    int all_free = 1;
+    for (size_t pg = (size_t)len / lp->psize; pg <= lp->last; pg++) all_free &= lp->is_free[pg];
+    if (copy_prefix(path, cut, len)) return -1;
+    sd_shard *s;
+    sd_error err;
+    sd_shard_opts ro = {SD_SHARD_RDONLY, 0, 0};
+    sd_status st = sd_shard_open(&s, cut, &ro, &err);
+    if (st == SD_OK) sd_shard_close(s, &err);
+    int ok = all_free ? st == SD_OK
+                      : st == SD_ETRUNC && strstr(err.msg, cut) && strstr(err.msg, "truncated shard") &&
+                            strstr(err.msg, want);
+    if (!ok)
+        fprintf(stderr, "cut at %ld bytes (missing pages all free: %d): status %d, %s\n", len, all_free, (int)st,
+                st ? err.msg : "opened");
+    return ok ? st == SD_OK : -1;
+}
+
+/* Cut copies of a closed shard at whole and partial pages, from its end down
+ * `down` pages, at half its size and after 3 pages (cut_once); counts the
+ * copies that opened and those refused. */
+static void cut_sweep(const char *path, int down, int *opened, int *refused)
+{
+    lmdb_pages lp;
+    struct stat sb;
+    if (!CHECK(lmdb_pages_read(path, &lp) == 0 && stat(path, &sb) == 0)) return;
+    long end = (long)sb.st_size, psize = (long)lp.psize, wrong = 0;
+    for (long pg = (end + psize - 1) / psize, i = 0; i < down && pg > 2; pg--, i++) {
+        long lens[2] = {pg * psize < end ? pg * psize : end, (pg - 1) * psize + 100}; /* page pg - 1 partly there */
+        for (int j = 0; j < 2; j++) {
+            int r = lens[j] <= end ? cut_once(path, &lp, lens[j]) : 1;
+            wrong += r < 0;
+            *opened += r == 1;
+            *refused += r == 0;
+        }
+    }
+    long deep[2] = {end / 2, 3 * psize}; /* past page 2 lie the trees' roots */
+    for (int j = 0; j < 2; j++) {
+        int r = cut_once(path, &lp, deep[j]);
+        wrong += r < 0;
+        *opened += r == 1;
+        *refused += r == 0;
+    }
+    CHECK(wrong == 0);
+    free(lp.is_free);
+}
+
+/* A shard cut short (a copy interrupted, a full disk): every tool crashed with
+ * SIGBUS on the first page past the end; now sd_shard_open refuses it, as a
+ * reader and as a writer, naming the file and the sizes. */
+static void test_truncated(void)
+{
+    char path[256], cut[300];
+    snprintf(path, sizeof path, "%s/trunc.shard", dir);
+    snprintf(cut, sizeof cut, "%s.half", path);
+    sd_error err;
+    sd_shard *s;
+    sd_shard_opts o = {SD_SHARD_CREATE, 0, 0}, ro = {SD_SHARD_RDONLY, 0, 0};
+    if (!CHECK(sd_shard_open(&s, path, &o, &err) == SD_OK)) return;
+    CHECK(write_range(s, 0, 60, 20));
+    CHECK(sd_shard_close(s, &err) == SD_OK);
+    struct stat sb;
+    if (!CHECK(stat(path, &sb) == 0 && copy_prefix(path, cut, (long)sb.st_size / 2) == 0)) return;
+    char want[400];
+    snprintf(want, sizeof want, "%s: truncated shard: the file has %ld bytes, LMDB's last used page ends at %ld",
+             cut, (long)sb.st_size / 2, (long)sb.st_size);
+    CHECK(sd_shard_open(&s, cut, &ro, &err) == SD_ETRUNC && strstr(err.msg, want));
+    CHECK(sd_shard_open(&s, cut, &o, &err) == SD_ETRUNC && strstr(err.msg, want));
+    /* one page more than LMDB uses (a trailing page a killed writer left) is fine */
+    FILE *f = fopen(path, "ab");
+    static const char zero[4096];
+    CHECK(f && fwrite(zero, 1, sizeof zero, f) == sizeof zero && fclose(f) == 0);
+    CHECK(sd_shard_open(&s, path, &ro, &err) == SD_OK);
+    sd_shard_close(s, &err);
+    CHECK(truncate(path, sb.st_size) == 0);
+    int opened = 0, refused = 0;
+    cut_sweep(path, 12, &opened, &refused);
+    CHECK(refused > 0);
+}
+
+/* Delete the 20 values put under pad%03d and let two commits pass, so that
+ * the next write transaction takes pages from the freelist. */
+static int make_freelist(MDB_env *env, MDB_dbi dbi, const char *big)
+{
+    MDB_txn *txn;
+    int rc = 0;
+    for (int round = 0; !rc && round < 4; round++) {
+        rc = mdb_txn_begin(env, NULL, 0, &txn);
+        for (int i = 0; !rc && i < (round < 2 ? 20 : 1); i++) {
+            char k[16];
+            snprintf(k, sizeof k, round < 2 ? "pad%03d" : "tick", i);
+            MDB_val kv = {strlen(k), k}, v = {9000, (void *)big};
+            rc = round == 1 ? mdb_del(txn, dbi, &kv, NULL) : mdb_put(txn, dbi, &kv, &v, 0);
+        }
+        if (!rc) rc = mdb_txn_commit(txn);
+        else mdb_txn_abort(txn);
+    }
+    return rc;
+}
+
+/* LMDB itself leaves a file shorter than its last page: a transaction that
+ * takes pages from the freelist, then a new overflow run at the end that it
+ * frees again, writes that run nowhere. Such a shard is sound and opens. */
+static void test_free_tail(void)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/freetail.shard", dir);
+    sd_error err;
+    sd_shard *s;
+    sd_shard_opts o = {SD_SHARD_CREATE, 0, 0}, ro = {SD_SHARD_RDONLY, 0, 0};
+    if (!CHECK(sd_shard_open(&s, path, &o, &err) == SD_OK)) return;
+    CHECK(write_range(s, 0, 30, 10));
+    CHECK(sd_shard_close(s, &err) == SD_OK);
+    static char big[400000];
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi meta;
+    int rc = mdb_env_create(&env);
+    if (!rc) rc = mdb_env_set_maxdbs(env, 8);
+    if (!rc) rc = mdb_env_open(env, path, MDB_NOSUBDIR, 0644);
+    if (!rc) rc = mdb_txn_begin(env, NULL, 0, &txn);
+    if (!rc) rc = mdb_dbi_open(txn, "meta", 0, &meta);
+    if (!rc) rc = mdb_txn_commit(txn);
+    if (!rc) rc = make_freelist(env, meta, big);
+    if (!rc) rc = mdb_txn_begin(env, NULL, 0, &txn);
+    for (int i = 0; !rc && i < 20; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "fill%02d", i);
+        MDB_val kv = {strlen(k), k}, v = {100, big};
+        rc = mdb_put(txn, meta, &kv, &v, 0);
+    }
+    MDB_val bk = {3, "big"}, bv = {sizeof big, big};
+    if (!rc) rc = mdb_put(txn, meta, &bk, &bv, 0);
+    if (!rc) rc = mdb_del(txn, meta, &bk, NULL);
+    if (!rc) rc = mdb_txn_commit(txn);
+    mdb_env_close(env);
+    lmdb_pages lp;
+    struct stat sb;
+    if (!CHECK(rc == 0 && lmdb_pages_read(path, &lp) == 0 && stat(path, &sb) == 0)) return;
+    CHECK((size_t)sb.st_size < (lp.last + 1) * lp.psize); /* the premise: LMDB left it short */
+    free(lp.is_free);
+    int opened = 0, refused = 0;
+    cut_sweep(path, 8, &opened, &refused);
+    CHECK(opened > 0 && refused > 0);
+    if (!CHECK(sd_shard_open(&s, path, &ro, &err) == SD_OK)) return;
+    sd_shard_txn *t;
+    uint64_t n = 0;
+    CHECK(sd_shard_read_begin(s, &t, &err) == SD_OK && sd_shard_count(t, SD_SHARD_DB_LATENTS, &n, &err) == SD_OK);
+    CHECK(n == 30);
+    sd_shard_read_end(t);
+    sd_shard_close(s, &err);
+    if (!CHECK(sd_shard_open(&s, path, &o, &err) == SD_OK)) return;
+    CHECK(write_range(s, 30, 40, 10));
+    CHECK(sd_shard_close(s, &err) == SD_OK);
+}
+
 int main(void)
 {
     if (!mkdtemp(dir)) return 1;
@@ -511,6 +737,8 @@ int main(void)
     test_reindex_broken();
     test_full();
     test_concurrent_reader();
+    test_truncated();
+    test_free_tail();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) fprintf(stderr, "cleanup failed\n");

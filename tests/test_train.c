@@ -532,6 +532,22 @@ static void test_shard_runs(void)
         CHECK(sd_data_open(&d, two, 2, 2, 7, 0, &err) == SD_EFORMAT);
         CHECK(strstr(err.msg, "another text encoder") != NULL);
         if (CHECK(sd_data_open(&d, two, 2, 2, 7, 1, &err) == SD_OK)) sd_data_close(&d);
+        /* an empty_text naming an embedding the shard lacks (an older sd-pack's merge) is not
+         * taken for dropout: the next shard's is, or none */
+        if (CHECK(sd_shard_open(&ts, third, &tso, &err) == SD_OK)) {
+            CHECK(sd_shard_meta_set(ts, "text_encoder", "", &err) == SD_OK);
+            CHECK(sd_shard_meta_set(ts, "empty_text", "dd000000000000000000000000000000", &err) == SD_OK);
+            CHECK(sd_shard_close(ts, &err) == SD_OK);
+        }
+        const char *lacking_first[2] = {third, shard};
+        if (CHECK(sd_data_open(&d, lacking_first, 2, 2, 7, 0, &err) == SD_OK)) {
+            CHECK(d.has_empty && d.empty_shard == 1 && d.empty_text[0] == 0xee);
+            sd_data_close(&d);
+        }
+        if (CHECK(sd_data_open(&d, lacking_first, 1, 2, 7, 0, &err) == SD_OK)) {
+            CHECK(!d.has_empty);
+            sd_data_close(&d);
+        }
     }
 
     sd_train_opts o;

@@ -1,9 +1,10 @@
 /* sd-verify: check every record of one or more shards (header, checksum,
  * shape vs bucket, NaN/Inf, text references, bucket index, names, two
- * records of one name, and optionally a manifest), report problems by kind,
- * and with --repair delete the bad records so the next writer run
- * recomputes exactly those, then rebuild the indexes (index problems alone
- * never cost a record). */
+ * records of one name, the empty caption's embedding, and optionally a
+ * manifest), report problems by kind, and with --repair delete the bad
+ * records so the next writer run recomputes exactly those, then rebuild the
+ * indexes (index problems alone never cost a record; a record of a newer
+ * format version is never deleted). */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,8 +34,9 @@ typedef struct {
 /* One problem found: what, which record, and whether deleting it repairs it. */
 typedef struct {
     const char *reason;
-    int db; /* SD_SHARD_DB_LATENTS, _TEXT: --repair deletes the record; -1: an index, name or
-             * manifest problem (the reindex fixes the indexes, the record stays) */
+    int db; /* SD_SHARD_DB_LATENTS, _TEXT: --repair deletes the record (unless report_only);
+             * SD_SHARD_DB_META: a meta entry (report only); -1: an index, name or manifest
+             * problem (the reindex fixes the indexes, the record stays) */
     uint8_t *key;
     size_t klen;
     char *name;
@@ -200,6 +202,25 @@ static void check_name(sd_shard_txn *t, const void *key, size_t klen, const char
     }
 }
 
+/* 1 when a record that claims a newer format version is a version-1
+ * record whose version field was damaged: set back to 1, its header
+ * checksum (which covers the field) holds. A record a newer sdtk wrote keeps
+ * its claim, and is reported but never deleted. */
+static int version_damaged(const void *val, size_t vlen)
+{
+    enum { OFF_VERSION = 4 }; /* docs/FORMATS.md, "Record value": u16 LE */
+    uint8_t *copy = malloc(vlen);
+    if (!copy) return 0;
+    memcpy(copy, val, vlen);
+    copy[OFF_VERSION] = (uint8_t)SD_SHARD_VERSION;
+    copy[OFF_VERSION + 1] = (uint8_t)(SD_SHARD_VERSION >> 8);
+    sd_shard_rec r;
+    sd_error e;
+    int damaged = sd_shard_rec_parse(copy, vlen, &r, &e) == SD_OK;
+    free(copy);
+    return damaged;
+}
+
 /* Every check of one record; problems go to l. */
 static void check_record(sd_shard_txn *t, int db, const void *key, size_t klen, const void *val, size_t vlen,
                          problem_list *l)
@@ -208,8 +229,13 @@ static void check_record(sd_shard_txn *t, int db, const void *key, size_t klen, 
     sd_error e;
     sd_status st = sd_shard_rec_parse(val, vlen, &r, &e);
     if (st) {
-        const char *why = st == SD_ETRUNC ? "truncated" : st == SD_EUNSUPPORTED ? "newer_version" : "bad_header";
-        add_problem(l, why, db, key, klen, NULL, 0, "%s", e.msg);
+        int damaged = st == SD_EUNSUPPORTED && version_damaged(val, vlen);
+        const char *why = st == SD_ETRUNC                      ? "truncated"
+                          : st == SD_EUNSUPPORTED && !damaged ? "newer_version"
+                                                              : "bad_header";
+        add_problem(l, why, db, key, klen, NULL, 0,
+                    damaged ? "%s, but its header checksum holds for version 1: the version field is damaged" : "%s",
+                    e.msg);
         return;
     }
     const char *name = r.name;
@@ -386,8 +412,24 @@ static sd_status scan_db(sd_shard *s, int db, sd_pool *pool, sd_progress *prog, 
     return st;
 }
 
+/* 1 when the stored record val (header readable) carries another name than
+ * name, quoted into out: a names entry leading there would hand another
+ * image's data out under this name. An unreadable record is reported by the
+ * record scan, not here. */
+static int other_name(const void *val, size_t vlen, const void *name, size_t nlen, char *out, size_t cap)
+{
+    sd_shard_rec r;
+    sd_error e;
+    if (sd_shard_rec_parse(val, vlen, &r, &e) != SD_OK) return 0;
+    if (r.name_len == nlen && memcmp(r.name, name, nlen) == 0) return 0;
+    char q[160];
+    key_str((const uint8_t *)r.name, r.name_len, q, sizeof q);
+    snprintf(out, cap, r.name_len ? "'%s'" : "%s", r.name_len ? q : "(no name)");
+    return 1;
+}
+
 /* The index side: every bindex entry points to a record of that bucket,
- * bucket counts match bindex, every name points to a record. */
+ * bucket counts match bindex, every name points to a record of that name. */
 static sd_status check_indexes(sd_shard *s, problem_list *out, sd_error *err)
 {
     sd_shard_txn *t;
@@ -435,14 +477,75 @@ static sd_status check_indexes(sd_shard *s, problem_list *out, sd_error *err)
     if ((st = sd_shard_cursor_open(t, SD_SHARD_DB_NAMES, &c, err))) goto done;
     while ((st = sd_shard_cursor_next(c, &k, &kl, &v, &vl, err)) == SD_OK) {
         sd_error e;
-        if (sd_shard_get(t, v, vl, &rv, &rl, &e) == SD_ENOTFOUND)
+        char other[200];
+        sd_status g = sd_shard_get(t, v, vl, &rv, &rl, &e);
+        if (g == SD_ENOTFOUND)
             add_problem(out, "name_dangling", -1, v, vl, k, kl, "%s", "name points to a missing record");
+        else if (g == SD_OK && other_name(rv, rl, k, kl, other, sizeof other))
+            add_problem(out, "name_wrong_record", -1, v, vl, k, kl, "name points to a record named %s", other);
     }
     sd_shard_cursor_close(c);
 done:
     free(bk);
     sd_shard_read_end(t);
     return st == SD_ENOTFOUND ? SD_OK : st;
+}
+
+/* 32 hex digits into 16 bytes; 0 when malformed. */
+static int unhex16(const char *s, uint8_t out[16])
+{
+    if (strlen(s) != 32 || strspn(s, "0123456789abcdefABCDEF") != 32) return 0;
+    for (int i = 0; i < 16; i++) {
+        unsigned v;
+        if (sscanf(s + 2 * i, "%2x", &v) != 1) return 0;
+        out[i] = (uint8_t)v;
+    }
+    return 1;
+}
+
+/* Whether the empty_text meta value v names no text embedding the shard
+ * holds (*missing, with the reason in d): malformed, or not stored. */
+static sd_status empty_text_gone(sd_shard *s, const char *v, char *d, size_t cap, int *missing, sd_error *err)
+{
+    uint8_t key[16];
+    *missing = 1;
+    if (!unhex16(v, key)) {
+        snprintf(d, cap, "'%.64s' is not a 32-hex-digit text key", v);
+        return SD_OK;
+    }
+    sd_shard_txn *t;
+    sd_status st = sd_shard_read_begin(s, &t, err);
+    if (st) return st;
+    const void *tv;
+    size_t tl;
+    st = sd_shard_get_text(t, key, &tv, &tl, err);
+    sd_shard_read_end(t);
+    if (st == SD_ENOTFOUND) {
+        char k[40];
+        key_str(key, 16, k, sizeof k);
+        snprintf(d, cap, "names text embedding %s, which is not in the shard (conditioning dropout needs it)", k);
+        return SD_OK;
+    }
+    *missing = 0;
+    return st;
+}
+
+/* The empty_text meta must name a text embedding the shard holds: sd-latents
+ * stores the empty caption's embedding unreferenced, and sd-train's
+ * conditioning dropout skips every sample it picks when it is gone. No
+ * record to delete or index to rebuild: --repair leaves it (report only). */
+static sd_status check_empty_text(sd_shard *s, problem_list *out, sd_error *err)
+{
+    static const char meta_key[] = "empty_text";
+    char *v = NULL, d[200];
+    int missing = 0;
+    sd_status st = sd_shard_meta_get(s, meta_key, &v, err);
+    if (st == SD_ENOTFOUND) return SD_OK;
+    if (!st) st = empty_text_gone(s, v, d, sizeof d, &missing, err);
+    free(v);
+    if (!st && missing)
+        add_problem(out, "empty_text_missing", SD_SHARD_DB_META, meta_key, sizeof meta_key - 1, NULL, 0, "%s", d);
+    return st;
 }
 
 /* Every `key` of the manifest must be a record name in the shard. */
@@ -482,10 +585,17 @@ static sd_status check_manifest(sd_shard *s, const char *path, problem_list *out
                     add_problem(out, "manifest_bad_line", -1, NULL, 0, NULL, 0, "%s: no usable \"key\"", where);
                     continue;
                 }
-                const void *rk;
-                size_t rkl;
-                if (sd_shard_get_name(t, key->str, key->len, &rk, &rkl, &e) == SD_ENOTFOUND)
+                const void *rk, *rv;
+                size_t rkl, rl;
+                char other[200], d[320];
+                sd_status g = sd_shard_get_name(t, key->str, key->len, &rk, &rkl, &e);
+                if (g == SD_ENOTFOUND)
                     add_problem(out, "manifest_missing", -1, NULL, 0, key->str, key->len, "%s: not in shard", where);
+                else if (g == SD_OK && sd_shard_get(t, rk, rkl, &rv, &rl, &e) == SD_OK &&
+                         other_name(rv, rl, key->str, key->len, other, sizeof other)) {
+                    snprintf(d, sizeof d, "%s: the names index leads to a record named %s", where, other);
+                    add_problem(out, "manifest_wrong_record", -1, rk, rkl, key->str, key->len, "%s", d);
+                }
             }
             first += (long)n;
             pos += used;
@@ -518,11 +628,28 @@ static sd_status verify_pass(sd_shard *s, const options *o, sd_pool *pool, int s
     if (!st) st = scan_db(s, SD_SHARD_DB_TEXT, pool, &prog, res->latents, &res->probs, &res->texts, &b2, err);
     res->bytes = b1 + b2;
     if (!st) st = check_indexes(s, &res->probs, err);
+    if (!st) st = check_empty_text(s, &res->probs, err);
     if (!st && o->manifest) st = check_manifest(s, o->manifest, &res->probs, err);
     sd_progress_update(&prog, res->latents + res->texts, 0);
     sd_progress_finish(&prog);
     res->seconds = sd_now() - t0;
     return st;
+}
+
+/* Problems --repair leaves as they are: a record of a newer format version
+ * (sound for the sdtk that wrote it: deleting it would lose its data) and an
+ * empty_text naming a missing embedding (nothing to delete or rebuild). */
+static int report_only(const problem *p)
+{
+    return strcmp(p->reason, "newer_version") == 0 || strcmp(p->reason, "empty_text_missing") == 0;
+}
+
+/* 1 when --repair can do something about one of the problems. */
+static int any_repairable(const problem_list *l)
+{
+    for (size_t i = 0; i < l->n; i++)
+        if (!report_only(&l->v[i])) return 1;
+    return 0;
 }
 
 /* Delete the bad records, rebuild the index; 0 problems means nothing to do. */
@@ -532,6 +659,7 @@ static sd_status repair(sd_shard *s, shard_result *res, sd_error *err)
     if (st) return st;
     for (size_t i = 0; !st && i < res->probs.n; i++) {
         problem *p = &res->probs.v[i];
+        if (report_only(p)) continue;
         if (p->db == SD_SHARD_DB_LATENTS && p->key) {
             st = sd_shard_del(s, p->key, p->klen, err);
             if (!st) res->repaired_latents++;
@@ -552,7 +680,7 @@ static sd_status repair(sd_shard *s, shard_result *res, sd_error *err)
  * it has (empty for a bucket count, say). */
 static void problem_where(const problem *p, const char *k, char *out, size_t cap)
 {
-    int n = snprintf(out, cap, "%s", p->db == SD_SHARD_DB_TEXT ? "text" : "");
+    int n = snprintf(out, cap, "%s", p->db == SD_SHARD_DB_TEXT ? "text" : p->db == SD_SHARD_DB_META ? "meta" : "");
     if (p->key && n >= 0 && (size_t)n < cap) n += snprintf(out + n, cap - (size_t)n, "%skey %s", n ? " " : "", k);
     if (p->name && p->name[0] && n >= 0 && (size_t)n < cap)
         snprintf(out + n, cap - (size_t)n, "%sname %s", n ? " " : "", p->name);
@@ -575,7 +703,10 @@ static void tally_problems(shard_result *res)
         sd_buf_json_key(b, &first, "kind");
         sd_buf_json_cstr(b, p->reason);
         sd_buf_json_key(b, &first, "db");
-        sd_buf_json_cstr(b, p->db == SD_SHARD_DB_TEXT ? "text" : p->db == SD_SHARD_DB_LATENTS ? "latents" : "index");
+        sd_buf_json_cstr(b, p->db == SD_SHARD_DB_TEXT      ? "text"
+                            : p->db == SD_SHARD_DB_LATENTS ? "latents"
+                            : p->db == SD_SHARD_DB_META    ? "meta"
+                                                           : "index");
         if (p->key) {
             sd_buf_json_key(b, &first, "key");
             sd_buf_json_cstr(b, k);
@@ -609,15 +740,15 @@ static void verify_shard(const char *path, const options *o, sd_pool *pool, shar
     res->opened = 1;
     st = verify_pass(s, o, pool, 1, res, &err);
     if (!st) tally_problems(res);
-    for (int round = 0; !st && o->repair && res->probs.n && round < MAX_ROUNDS; round++) {
+    for (int round = 0; !st && o->repair && any_repairable(&res->probs) && round < MAX_ROUNDS; round++) {
         st = repair(s, res, &err);
         shard_result again;
         memset(&again, 0, sizeof again);
         if (!st) st = verify_pass(s, o, pool, 0, &again, &err);
         free_problems(&res->probs);
         res->probs = again.probs;
-        res->after_repair = again.probs.n;
     }
+    if (!st && o->repair) res->after_repair = res->probs.n;
     if (st) {
         snprintf(res->open_error, sizeof res->open_error, "%s", err.msg);
         sd_log(SD_LOG_ERROR, "%s", err.msg);
@@ -688,15 +819,19 @@ int main(int argc, char **argv)
     sd_cli cli = {"sd-verify", "[OPTIONS] SHARD...",
                   "Check every record of each shard: header sanity, payload checksum (XXH3), latent shape vs "
                   "bucket, NaN/Inf, text-embedding references, the bucket index and the names index (and that "
-                  "no two records carry one name), and with --manifest that every record name of a JSONL "
-                  "manifest is present. Problems are counted by kind.",
+                  "no two records carry one name, and that each name leads to a record of that name), that the "
+                  "meta empty_text names a text embedding the shard holds, and with --manifest that every record "
+                  "name of a JSONL manifest is present. Problems are counted by kind.",
                   opts,
                   "--repair deletes the records that are bad themselves (bad_header, truncated, bad_checksum, "
                   "nan_inf, shape_mismatch, wrong_kind, text_ref_missing: the record whose text embedding is gone, "
                   "duplicate_name: the copy the names index does not lead to), then rebuilds the bucket index and "
-                  "the names index from the records. Index problems (index_missing, name_missing, index_dangling, "
-                  "index_wrong_bucket, name_dangling, bucket_count) are fixed by that rebuild alone: their records "
-                  "are kept.\n\n"
+                  "the names index from the records. Index problems (index_missing, name_missing, name_misindexed, "
+                  "index_dangling, index_wrong_bucket, name_dangling, name_wrong_record, bucket_count) are fixed by "
+                  "that rebuild alone: their records are kept. Two kinds are reported only and never repaired "
+                  "(they count as problems left after --repair): newer_version, a record of a newer format version "
+                  "(sound for a newer sdtk, so never deleted), and empty_text_missing, a meta empty_text naming a "
+                  "text embedding the shard lacks (sd-train's conditioning dropout needs it).\n\n"
                   "Examples:\n"
                   "  sd-verify cache/*.shard --report verify.json\n"
                   "  sd-verify cache/latents.shard --manifest meta.jsonl --repair   # then rerun sd-latents\n",
@@ -733,7 +868,8 @@ int main(int argc, char **argv)
             sd_log(SD_LOG_INFO, "%s: %llu records, %llu text records, %.2f GB in %.2f s (%.2f GB/s): %llu problems%s",
                    rs[i].path, (unsigned long long)rs[i].latents, (unsigned long long)rs[i].texts, rs[i].bytes / 1e9,
                    rs[i].seconds, rs[i].seconds > 0 ? rs[i].bytes / 1e9 / rs[i].seconds : 0.0,
-                   (unsigned long long)rs[i].tally.total, o.repair && rs[i].tally.total ? " (repaired)" : "");
+                   (unsigned long long)rs[i].tally.total,
+                   o.repair && rs[i].tally.total && !rs[i].after_repair ? " (repaired)" : "");
             if (o.repair && rs[i].after_repair)
                 sd_log(SD_LOG_ERROR, "%s: %llu problems remain after repair", rs[i].path,
                        (unsigned long long)rs[i].after_repair);

@@ -67,6 +67,17 @@ static int unhex16(const char *s, uint8_t out[16])
     return 1;
 }
 
+/* Whether the shard holds the text embedding under key. */
+static int has_text(sd_shard *s, const uint8_t key[16])
+{
+    sd_shard_txn *t = NULL;
+    const void *v;
+    size_t vl;
+    int held = sd_shard_read_begin(s, &t, NULL) == SD_OK && sd_shard_get_text(t, key, &v, &vl, NULL) == SD_OK;
+    if (t) sd_shard_read_end(t);
+    return held;
+}
+
 /* Check one shard's identity against the first one's. */
 static sd_status check_meta(sd_data *d, int i, const char *path, int allow_mixed, sd_error *err)
 {
@@ -98,9 +109,16 @@ static sd_status check_meta(sd_data *d, int i, const char *path, int allow_mixed
                           "'%s'); --allow-mixed trains on both",
                           path, te[0] ? te : "(none)", d->text_encoder[0] ? d->text_encoder : "(none)");
     }
-    if (!d->has_empty && unhex16(empty, d->empty_text)) {
-        d->has_empty = 1;
-        d->empty_shard = i;
+    uint8_t key[16];
+    if (!d->has_empty && unhex16(empty, key)) {
+        if (has_text(d->shards[i], key)) {
+            memcpy(d->empty_text, key, 16);
+            d->has_empty = 1;
+            d->empty_shard = i;
+        } else {
+            sd_log(SD_LOG_WARN, "%s: its empty_text meta names an embedding the shard does not hold (a merge or split "
+                   "by an older sd-pack?): conditioning dropout cannot use it", path);
+        }
     }
     return SD_OK;
 }

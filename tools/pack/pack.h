@@ -17,6 +17,11 @@
 /* The meta entry naming a split's part: "<set id> <i>/<N>" (one id per run
  * of sd-pack split, so parts of two runs are told apart). */
 #define PACK_META_SPLIT_SET "split_set"
+/* sd-latents' meta entries for text embeddings: the key of the empty
+ * caption's embedding (stored unreferenced, for conditioning dropout) and
+ * the text encoder setup the embeddings were made with. */
+#define PACK_META_EMPTY_TEXT "empty_text"
+#define PACK_META_TEXT_ENCODER "text_encoder"
 
 /* Flags every subcommand accepts. */
 typedef struct {
@@ -48,6 +53,9 @@ sd_status pack_copy_meta(sd_shard_txn *from, pack_out *to, const char *producer,
 sd_status pack_copy_text(sd_shard_txn *from, pack_out *to, const uint8_t ref[16], const char **skip, sd_error *why,
                          sd_error *err);
 int pack_has_text_ref(const uint8_t ref[16]);
+sd_status pack_find_empty_text(sd_shard *s, sd_shard_txn *t, uint8_t key[16], int *found, const char **skip,
+                               sd_error *why, sd_error *err);
+sd_status pack_put_empty_text(sd_shard_txn *from, pack_out *to, const uint8_t key[16], sd_error *err);
 void pack_hex(const void *key, size_t n, char *out, size_t cap);
 
 int pack_npy_dtype(int shard_dtype);

@@ -267,9 +267,10 @@ void pack_close_ro(sd_shard *s, sd_shard_txn *t)
 }
 
 /* Copy the meta entries of an input shard (all but format_version and
- * created, which the new shard sets itself, and split_set, which names one
- * file's place in one split, not a merge's or another split's) and record
- * the producer. */
+ * created, which the new shard sets itself, split_set, which names one
+ * file's place in one split, not a merge's or another split's, and
+ * empty_text, which pack_put_empty_text sets with its embedding so it never
+ * names a record the output lacks) and record the producer. */
 sd_status pack_copy_meta(sd_shard_txn *from, pack_out *to, const char *producer, sd_error *err)
 {
     sd_shard_cursor *c;
@@ -283,7 +284,8 @@ sd_status pack_copy_meta(sd_shard_txn *from, pack_out *to, const char *producer,
         memcpy(key, k, kl);
         key[kl] = 0;
         if (!strcmp(key, SD_SHARD_META_VERSION) || !strcmp(key, SD_SHARD_META_CREATED) ||
-            !strcmp(key, SD_SHARD_META_PRODUCER) || !strcmp(key, PACK_META_SPLIT_SET))
+            !strcmp(key, SD_SHARD_META_PRODUCER) || !strcmp(key, PACK_META_SPLIT_SET) ||
+            !strcmp(key, PACK_META_EMPTY_TEXT))
             continue;
         char *nv = realloc(val, vl + 1);
         if (!nv) {
@@ -308,6 +310,89 @@ int pack_has_text_ref(const uint8_t ref[16])
     for (int i = 0; i < 16; i++)
         if (ref[i]) return 1;
     return 0;
+}
+
+/* The value of one hex digit, -1 for any other character. */
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* 32 hex digits into 16 bytes (the form of the empty_text meta); 0 when
+ * malformed. */
+static int unhex16(const char *s, uint8_t out[16])
+{
+    if (strlen(s) != 32) return 0;
+    for (int i = 0; i < 16; i++) {
+        int hi = hex_digit(s[2 * i]), lo = hex_digit(s[2 * i + 1]);
+        if (hi < 0 || lo < 0) return 0;
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return 1;
+}
+
+/* The text embedding an input's empty_text meta names: sd-latents stores
+ * the empty caption's embedding unreferenced, so no record leads a copy to
+ * it and conditioning dropout would find it missing. *found is 1 with its
+ * key when the input holds it, sound; 0 when the input has no empty_text,
+ * or, with *skip (a reason for the tally) and *why (the detail), when the
+ * value is malformed or the embedding missing or corrupt. Only a failure to
+ * read is returned. */
+sd_status pack_find_empty_text(sd_shard *s, sd_shard_txn *t, uint8_t key[16], int *found, const char **skip,
+                               sd_error *why, sd_error *err)
+{
+    char *v = NULL;
+    *found = 0;
+    *skip = NULL;
+    sd_status st = sd_shard_meta_get(s, PACK_META_EMPTY_TEXT, &v, err);
+    if (st == SD_ENOTFOUND) return SD_OK;
+    if (st) return st;
+    int ok = unhex16(v, key);
+    if (!ok) {
+        *skip = "empty_text meta malformed";
+        sd_err_set(why, SD_EFORMAT, "meta empty_text '%.64s' is not a 32-hex-digit text key", v);
+    }
+    free(v);
+    if (!ok) return SD_OK;
+    const void *tv;
+    size_t tl;
+    char hex[40];
+    pack_hex(key, 16, hex, sizeof hex);
+    st = sd_shard_get_text(t, key, &tv, &tl, why);
+    if (st == SD_ENOTFOUND) {
+        *skip = "empty_text embedding missing";
+        sd_err_set(why, SD_ENOTFOUND, "meta empty_text names text embedding %s, which is not in the shard", hex);
+        return SD_OK;
+    }
+    if (st) {
+        *err = *why;
+        return st;
+    }
+    sd_shard_rec rec;
+    if (pack_rec_check(tv, tl, SD_REC_TEXT, "a latent record", &rec, why)) {
+        *skip = "empty_text embedding corrupt";
+        sd_error e = *why;
+        sd_err_set(why, e.code, "meta empty_text names text embedding %s: %s", hex, e.msg);
+        return SD_OK;
+    }
+    *found = 1;
+    return SD_OK;
+}
+
+/* Copy the empty caption's embedding (found by pack_find_empty_text) into
+ * the output unless it has it, and name it in the output's empty_text. */
+sd_status pack_put_empty_text(sd_shard_txn *from, pack_out *to, const uint8_t key[16], sd_error *err)
+{
+    const char *skip;
+    sd_error why;
+    sd_status st = pack_copy_text(from, to, key, &skip, &why, err);
+    if (!st && skip) st = sd_err_set(err, why.code, "empty_text: %s", why.msg); /* checked before: not expected */
+    char hex[40];
+    pack_hex(key, 16, hex, sizeof hex);
+    return st ? st : sd_shard_meta_set(to->s, PACK_META_EMPTY_TEXT, hex, err);
 }
 
 /* Copy the text embedding ref from an input unless the output has it,

@@ -13,10 +13,13 @@ typedef struct {
     sd_tally tally;
     sd_progress prog;
     uint64_t in, out, texts;
+    int has_empty;      /* the output holds an empty caption's embedding and names it */
+    int encoder_known;  /* an input with text embeddings or a text_encoder was met */
 } copy_run;
 
 /* Does the input's names index point the record's name at another record
- * that is sound (a corrupt indexed copy leaves this one to be kept)? */
+ * that is sound and carries that name (a corrupt indexed copy, or an entry
+ * leading to a record of another name, leaves this one to be kept)? */
 static int indexed_elsewhere(sd_shard_txn *t, const sd_shard_rec *rec, const void *k, size_t kl)
 {
     const void *ik = NULL, *iv = NULL;
@@ -26,7 +29,44 @@ static int indexed_elsewhere(sd_shard_txn *t, const sd_shard_rec *rec, const voi
     if (sd_shard_get_name(t, rec->name, rec->name_len, &ik, &ikl, &e) != SD_OK) return 0;
     if (ikl == kl && memcmp(ik, k, kl) == 0) return 0;
     if (sd_shard_get(t, ik, ikl, &iv, &ivl, &e) != SD_OK) return 0;
-    return pack_rec_check(iv, ivl, SD_REC_LATENT, "a text-embedding record among the latents", &other, &e) == 0;
+    if (pack_rec_check(iv, ivl, SD_REC_LATENT, "a text-embedding record among the latents", &other, &e)) return 0;
+    return other.name_len == rec->name_len && memcmp(other.name, rec->name, rec->name_len) == 0;
+}
+
+/* Carry an input's text identity into the output: the embedding its
+ * empty_text names (stored unreferenced, so the record copy would miss it),
+ * the output's empty_text naming the first one the output holds, and the
+ * text_encoder of the first input with text embeddings or that meta (a
+ * first input without either would leave the output unlabelled). A missing
+ * or corrupt embedding is a skip. */
+static sd_status copy_text_identity(sd_shard *s, sd_shard_txn *t, const char *path, pack_out *o, copy_run *r,
+                                    sd_error *err)
+{
+    uint8_t key[16];
+    int found = 0;
+    const char *skip;
+    sd_error why;
+    sd_err_clear(&why);
+    sd_status st = pack_find_empty_text(s, t, key, &found, &skip, &why, err);
+    if (!st && skip) sd_skip(&r->tally, skip, "%s: %s", path, why.msg);
+    if (!st && found && !r->has_empty) {
+        st = pack_put_empty_text(t, o, key, err);
+        r->has_empty = !st;
+    } else if (!st && found) {
+        st = pack_copy_text(t, o, key, &skip, &why, err);
+    }
+    if (st || r->encoder_known) return st;
+    char *enc = NULL;
+    sd_error e;
+    uint64_t texts = 0;
+    if (sd_shard_meta_get(s, PACK_META_TEXT_ENCODER, &enc, &e) == SD_OK) {
+        st = sd_shard_meta_set(o->s, PACK_META_TEXT_ENCODER, enc, err);
+        r->encoder_known = 1;
+    } else if (sd_shard_count(t, SD_SHARD_DB_TEXT, &texts, &e) == SD_OK && texts) {
+        r->encoder_known = 1;
+    }
+    free(enc);
+    return st;
 }
 
 /* Why one latent record of an input is not copied (NULL: copy it), with
@@ -79,6 +119,7 @@ static sd_status copy_shard(const char *path, pack_out *o, int all_text, const c
     sd_status st = pack_open_ro(&s, &t, path, err);
     if (st) return st;
     if (producer) st = pack_copy_meta(t, o, producer, err);
+    if (!st) st = copy_text_identity(s, t, path, o, r, err);
     sd_shard_cursor *c = NULL;
     if (!st) st = sd_shard_cursor_open(t, SD_SHARD_DB_LATENTS, &c, err);
     const void *k, *v;
@@ -134,12 +175,53 @@ static char *meta_or_empty(sd_shard *s, const char *key)
     return v;
 }
 
-/* Latents from different VAEs (or scaling factors) must not be mixed in one
- * cache by accident: compare every input's model identity with the first. */
+/* A shard's text encoder setup for the merge check: its text_encoder meta,
+ * "" when absent (embeddings of an unknown setup), or NULL when it has
+ * neither that meta nor text embeddings (latents alone fit any setup). */
+static char *text_identity(sd_shard *s)
+{
+    char *v = NULL;
+    sd_error e;
+    if (sd_shard_meta_get(s, PACK_META_TEXT_ENCODER, &v, &e) == SD_OK) return v;
+    sd_shard_txn *t;
+    uint64_t texts = 0;
+    if (sd_shard_read_begin(s, &t, &e) == SD_OK) {
+        if (sd_shard_count(t, SD_SHARD_DB_TEXT, &texts, &e) != SD_OK) texts = 1; /* unknown: not a wildcard */
+        sd_shard_read_end(t);
+    }
+    return texts ? strdup("") : NULL;
+}
+
+/* Refuse input i when its text encoder setup differs from the first input
+ * that has one (sd-train refuses such shards; merged, they would pass under
+ * one label). *first and *first_i keep that input's setup and index. */
+static sd_status check_same_text(sd_shard *s, const sd_strlist *in, int i, char **first, int *first_i, sd_error *err)
+{
+    char *te = text_identity(s);
+    sd_status st = SD_OK;
+    if (!te) return SD_OK;
+    if (!*first) {
+        *first = te;
+        *first_i = i;
+        return SD_OK;
+    }
+    if (strcmp(te, *first) != 0)
+        st = sd_err_set(err, SD_EINVAL, "%s has text_encoder '%s' but %s has '%s': text embeddings of different "
+                        "text encoder setups; --allow-mixed merges them anyway", in->v[i], te[0] ? te : "(none)",
+                        in->v[*first_i], (*first)[0] ? *first : "(none)");
+    free(te);
+    return st;
+}
+
+/* Latents from different VAEs (or scaling factors), or text embeddings of
+ * different encoder setups, must not be mixed in one cache by accident:
+ * compare every input's model identity with the first's, and its text
+ * encoder setup with the first input's that has one. */
 static sd_status check_same_model(const sd_strlist *in, sd_error *err)
 {
     static const char *const keys[] = {SD_SHARD_META_MODEL, SD_SHARD_META_SCALING};
-    char *first[2] = {NULL, NULL};
+    char *first[2] = {NULL, NULL}, *first_te = NULL;
+    int first_te_i = 0;
     sd_status st = SD_OK;
     for (int i = 0; !st && i < in->n; i++) {
         sd_shard *s;
@@ -156,11 +238,13 @@ static sd_status check_same_model(const sd_strlist *in, sd_error *err)
                                 "--allow-mixed merges them anyway", in->v[i], keys[k], v, in->v[0], first[k]);
             free(v);
         }
+        if (!st) st = check_same_text(s, in, i, &first_te, &first_te_i, err);
         sd_error ce;
         sd_shard_close(s, &ce);
     }
     free(first[0]);
     free(first[1]);
+    free(first_te);
     return st;
 }
 
@@ -210,7 +294,8 @@ static int copy_main(int argc, char **argv, int compact)
         {"strict", 0, SD_OPT_FLAG, &pc.strict, NULL, "exit 1 if any record was skipped"},
         {"quiet", 'q', SD_OPT_FLAG, &pc.quiet, NULL, "only warnings and errors"},
         {"verbose", 'v', SD_OPT_FLAG, &pc.verbose, NULL, "show every skipped record"},
-        {"allow-mixed", 0, SD_OPT_FLAG, &allow_mixed, NULL, "accept inputs whose model_hash or scaling_factor differ"},
+        {"allow-mixed", 0, SD_OPT_FLAG, &allow_mixed, NULL,
+         "accept inputs whose model_hash, scaling_factor or text_encoder differ"},
         {NULL, 0, 0, NULL, NULL, NULL},
     };
     if (compact) opts[4] = opts[5]; /* one input: nothing to mix */
@@ -220,9 +305,12 @@ static int copy_main(int argc, char **argv, int compact)
         "(the sd-meta key: the same image cached under another key) is already in the output is\n"
         "skipped (the first one is kept) and counted. Text embeddings are keyed by content hash, so\n"
         "each is stored once. Every record's and text embedding's header and checksum are checked;\n"
-        "corrupt ones (and records whose text embedding is missing or corrupt) are skipped.\n"
+        "corrupt ones (and records whose text embedding is missing or corrupt) are skipped. The\n"
+        "empty caption's embedding each input's empty_text names (for conditioning dropout) is\n"
+        "copied too; OUT's empty_text names the first one copied.\n"
         "Meta entries come from the first shard; inputs made with another model (model_hash or\n"
-        "scaling_factor) are refused unless --allow-mixed. OUT is built under a fresh temporary\n"
+        "scaling_factor) or another text encoder setup (text_encoder; a shard without text\n"
+        "embeddings fits any) are refused unless --allow-mixed. OUT is built under a fresh temporary\n"
         "name beside it (OUT.partial-XXXXXX) and renamed into place at the end; no input may be OUT.",
         opts, "Example:\n  sd-pack merge -o all.lmdb part-0.lmdb part-1.lmdb", NULL};
     const sd_cli compact_cli = {

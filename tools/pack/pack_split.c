@@ -1,6 +1,7 @@
 /* sd-pack split: one shard into N, balanced by bucket with sd-bucket's
  * splitter (per-bucket counts differ by at most 1 between parts, totals
- * too), each part with the text embeddings its records reference. */
+ * too), each part with the text embeddings its records reference and the
+ * empty caption's embedding. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -179,9 +180,12 @@ static sd_status split_pass(const options *o, sd_shard_txn *t, const bucket_tabl
     return st;
 }
 
-/* Open parts [first, first+n) under temporary names with the input's meta
- * and their place in this split (split_set "<set id> <i>/<N>"). */
-static sd_status open_parts(const options *o, sd_shard_txn *t, pack_out *outs, int first, int n, sd_error *err)
+/* Open parts [first, first+n) under temporary names with the input's meta,
+ * the empty caption's embedding its empty_text names (empty: its key, NULL
+ * when the input has none that is sound) and their place in this split
+ * (split_set "<set id> <i>/<N>"). */
+static sd_status open_parts(const options *o, sd_shard_txn *t, pack_out *outs, int first, int n,
+                            const uint8_t *empty, sd_error *err)
 {
     sd_status st = SD_OK;
     for (int i = first; !st && i < first + n; i++) {
@@ -190,6 +194,7 @@ static sd_status open_parts(const options *o, sd_shard_txn *t, pack_out *outs, i
             return sd_err_set(err, SD_EINVAL, "output pattern %s: name too long", o->pattern);
         st = pack_out_open(&outs[i], name, 0, err);
         if (!st) st = pack_copy_meta(t, &outs[i], "sd-pack split", err);
+        if (!st && empty) st = pack_put_empty_text(t, &outs[i], empty, err);
         snprintf(place, sizeof place, "%s %d/%ld", o->set_id, i, o->parts);
         if (!st) st = sd_shard_meta_set(outs[i].s, PACK_META_SPLIT_SET, place, err);
     }
@@ -212,12 +217,18 @@ static sd_status split_all(const options *o, uint64_t *counts, sd_tally *tally, 
     if (!outs) st = sd_err_set(err, SD_ENOMEM, "out of memory");
     if (!st) st = count_buckets(t, &bt, err);
     if (!st) compare_index(o, t, &bt);
+    uint8_t empty[16];
+    int has_empty = 0;
+    const char *skip = NULL;
+    sd_error why;
+    if (!st) st = pack_find_empty_text(s, t, empty, &has_empty, &skip, &why, err);
+    if (!st && skip) sd_skip(tally, skip, "%s: %s", o->input, why.msg);
     uint64_t done = 0;
     sd_progress prog;
     sd_progress_init(&prog, "sd-pack split", "records", bt.records, !o->pc.quiet);
     for (int first = 0; !st && first < o->parts; first += MAX_OPEN) {
         int n = (int)(o->parts - first < MAX_OPEN ? o->parts - first : MAX_OPEN);
-        st = open_parts(o, t, outs, first, n, err);
+        st = open_parts(o, t, outs, first, n, has_empty ? empty : NULL, err);
         if (!st) st = split_pass(o, t, &bt, outs, first, n, counts, tally, &prog, &done, err);
         for (int i = first; !st && i < first + n; i++) st = pack_out_close(&outs[i], err);
     }
@@ -267,7 +278,8 @@ int pack_split(int argc, char **argv)
         "round-robin from a seeded start, so per-bucket counts differ by at most 1 between parts and\n"
         "so do the totals. Buckets are read from the records themselves, not from the bucket index\n"
         "(an index that disagrees is reported).\n"
-        "Each part carries the text embeddings its records reference and the input's meta entries;\n"
+        "Each part carries the text embeddings its records reference, the empty caption's embedding\n"
+        "the input's empty_text names (for conditioning dropout) and the input's meta entries;\n"
         "records that are corrupt or whose text embedding is missing or corrupt are skipped and\n"
         "counted. Parts are written under temporary names and renamed into place only when all are\n"
         "complete; a part name may not be SHARD itself. Each part's meta split_set is \"<run id> <i>/<N>\":\n"

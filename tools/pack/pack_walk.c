@@ -78,7 +78,27 @@ static sd_status visit(walk *w, const char *name, size_t nlen, const void *key, 
     return w->fn(w->ctx, &it, err);
 }
 
-/* Pass 1: every entry of the names index, in name order. */
+/* 1 when a parsed record's header carries this name. */
+static int rec_named(const sd_shard_rec *r, const char *name, size_t nlen)
+{
+    return r->name_len == nlen && memcmp(r->name, name, nlen) == 0;
+}
+
+/* 1 when the record under key is a sound latent record (header, payload
+ * checksum) carrying name: the copy of that name pass 1 exported. */
+static int sound_and_named(sd_shard_txn *t, const void *key, size_t klen, const char *name, size_t nlen)
+{
+    const void *v;
+    size_t vl;
+    sd_shard_rec r;
+    sd_error e;
+    return sd_shard_get(t, key, klen, &v, &vl, &e) == SD_OK &&
+           pack_rec_check(v, vl, SD_REC_LATENT, "not a latent record", &r, &e) == 0 && rec_named(&r, name, nlen);
+}
+
+/* Pass 1: every entry of the names index, in name order; an entry leading
+ * to a record of another name (a damaged index) is skipped, so no file
+ * holds another record's data under this name. */
 static sd_status walk_names(walk *w, sd_error *err)
 {
     sd_shard_cursor *c;
@@ -101,6 +121,16 @@ static sd_status walk_names(walk *w, sd_error *err)
             sd_skip(w->tally, "name without record", "%s: record '%s' (%s)", w->path, name, e.msg);
             continue;
         }
+        sd_shard_rec r;
+        if (sd_shard_rec_parse(rv, rl, &r, &e) == SD_OK && !rec_named(&r, name, kl)) {
+            char hex[80];
+            pack_hex(v, vl, hex, sizeof hex);
+            int n = (int)(r.name_len < 200 ? r.name_len : 200);
+            sd_skip(w->tally, "name leads to another record",
+                    "%s: name '%s' leads to record %s, named '%.*s' (run sd-verify --repair on the shard)", w->path,
+                    name, hex, n, r.name);
+            continue;
+        }
         st = visit(w, name, kl, v, vl, rv, rl, err);
     }
     if (st == SD_ENOTFOUND) st = SD_OK;
@@ -112,9 +142,9 @@ static sd_status walk_names(walk *w, sd_error *err)
 /* Pass 2: the records the names index does not reach under their own name
  * (entry missing or pointing elsewhere), found by walking the records
  * themselves, in key order. A record with its own name is visited under it,
- * unless that name belongs to another record (a second copy of one image:
- * skipped, the indexed one was exported); unreadable ones not met in pass 1
- * are counted as corrupt. */
+ * unless the name leads to another sound record of that name (a second copy
+ * of one image: skipped, the indexed one was exported); unreadable ones not
+ * met in pass 1 are counted as corrupt. */
 static sd_status walk_unnamed(walk *w, sd_error *err)
 {
     sd_shard_cursor *c;
@@ -149,7 +179,7 @@ static sd_status walk_unnamed(walk *w, sd_error *err)
         name = nn;
         memcpy(name, r.name, r.name_len);
         name[r.name_len] = 0;
-        if (g == SD_OK) {
+        if (g == SD_OK && sound_and_named(w->t, nk, nkl, r.name, r.name_len)) {
             sd_skip(w->tally, "duplicate name (the indexed record was exported)", "%s: record %s '%s'", w->path, hex,
                     name);
             continue;
@@ -182,8 +212,9 @@ sd_status pack_walk(const char *path, sd_tally *tally, sd_progress *prog, pack_w
     st = walk_names(&w, err);
     if (!st) st = walk_unnamed(&w, err);
     if (!st && w.unnamed)
-        sd_log(SD_LOG_WARN, "%s: %llu records are missing from the names index; they were exported under their own "
-               "names (run sd-verify --repair on the shard to fix its index)", path, (unsigned long long)w.unnamed);
+        sd_log(SD_LOG_WARN, "%s: %llu records are missing from the names index (or their name leads to another "
+               "record); they were exported under their own names (run sd-verify --repair on the shard to fix its "
+               "index)", path, (unsigned long long)w.unnamed);
     sd_keyset_free(&w.corrupt);
     pack_close_ro(s, w.t);
     return st;
