@@ -70,11 +70,25 @@ typedef struct {
     uint64_t pos;    /* absolute offset of the next byte to look at */
     size_t need;     /* bytes from pos the next window must hold (0: any) */
     int orientation;
-    int seen_exif;
+    int seen_exif;   /* the first APP1 starting "Exif": the one libvips reads */
+    int have_sof;    /* the frame header's size, once seen */
+    uint32_t sof_w, sof_h;
 } jpeg_walk;
 
-/* Walk marker segments in the window p[0..n) holding file bytes from base.
- * SD_ETRUNC means the window ended first; w says where to go on. */
+/* The walk from just after SOI. */
+static jpeg_walk jpeg_walk_start(void) { return (jpeg_walk){.pos = 2, .orientation = 1}; }
+
+/* The answer once the frame header and the Exif (if any) are known. */
+static sd_status jpeg_done(const jpeg_walk *w, sd_imginfo *out, sd_error *err)
+{
+    return finish(out, SD_IMG_JPEG, w->sof_w, w->sof_h, w->orientation, err);
+}
+
+/* Walk marker segments in the window p[0..n) holding file bytes from base,
+ * up to the frame header, and on to the first scan when no Exif came
+ * before the frame (libjpeg reads every marker up to the scan, and libvips
+ * takes an Exif APP1 that follows the frame header). SD_ETRUNC means the
+ * window ended first; w says where to go on. */
 static sd_status parse_jpeg_at(const unsigned char *p, size_t n, uint64_t base, jpeg_walk *w, sd_imginfo *out,
                                sd_error *err)
 {
@@ -95,6 +109,7 @@ static sd_status parse_jpeg_at(const unsigned char *p, size_t n, uint64_t base, 
         w->pos = base + pos;
         if (m == 0x00) continue; /* a stuffed 0xFF00, not a marker */
         if (m == 0x01 || (m >= 0xD0 && m <= 0xD7)) continue;
+        if (m == 0xDA && w->have_sof) return jpeg_done(w, out, err);
         if (m == 0xD8) return sd_err_set(err, SD_EFORMAT, "jpeg: second start-of-image marker before the frame header");
         if (m == 0xD9) return sd_err_set(err, SD_EFORMAT, "jpeg: end of image before any frame header");
         if (m == 0xDA) return sd_err_set(err, SD_EFORMAT, "jpeg: scan data before any frame header");
@@ -105,6 +120,7 @@ static sd_status parse_jpeg_at(const unsigned char *p, size_t n, uint64_t base, 
         size_t len = be16(p + pos);
         if (len < 2) return sd_err_set(err, SD_EFORMAT, "jpeg: bad segment length %zu for marker 0x%02X", len, m);
         if (is_sof(m)) {
+            if (w->have_sof) return sd_err_set(err, SD_EFORMAT, "jpeg: second frame header");
             if (len < 8) return sd_err_set(err, SD_EFORMAT, "jpeg: frame header too short (%zu bytes)", len);
             if (pos + 8 > n) {
                 w->pos = base + pos - 2;
@@ -113,32 +129,33 @@ static sd_status parse_jpeg_at(const unsigned char *p, size_t n, uint64_t base, 
             }
             uint32_t h = be16(p + pos + 3), wd = be16(p + pos + 5);
             if (h == 0) return sd_err_set(err, SD_EUNSUPPORTED, "jpeg: height given later by a DNL marker");
-            return finish(out, SD_IMG_JPEG, wd, h, w->orientation, err);
+            w->have_sof = 1;
+            w->sof_w = wd;
+            w->sof_h = h;
+            if (w->seen_exif) return jpeg_done(w, out, err);
         }
-        if (m == 0xE1 && !w->seen_exif && len >= 16) {
+        if (m == 0xE1 && !w->seen_exif && len > 6) { /* libvips: a payload over 4 bytes starting "Exif" */
             if (pos + len > n) {
                 w->pos = base + pos - 2;
                 w->need = len + 2;
                 return sd_err_set(err, SD_ETRUNC, "jpeg: truncated in the APP1 segment");
             }
-            if (memcmp(p + pos + 2, "Exif\0\0", 6) == 0) {
+            if (memcmp(p + pos + 2, "Exif", 4) == 0) {
                 w->seen_exif = 1;
-                w->orientation = sd_exif_orientation(p + pos + 8, len - 8);
+                w->orientation = sd_exif_blob_orientation(p + pos + 2, len - 2);
             }
         }
         w->pos = base + pos + len;
     }
 }
 
-/* CRC-32 (the PNG/zlib polynomial), bitwise: it only ever covers 17 bytes. */
-static uint32_t crc32_small(const unsigned char *p, size_t n)
+/* A walk's status as the answer: once the frame header is known, the file
+ * ending (`ended`) or breaking before the first scan leaves its size and
+ * the Exif seen so far (the decoder reports a broken file). */
+static sd_status jpeg_result(const jpeg_walk *w, sd_status st, int ended, sd_imginfo *out, sd_error *err)
 {
-    uint32_t c = 0xFFFFFFFFu;
-    for (size_t i = 0; i < n; i++) {
-        c ^= p[i];
-        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
-    }
-    return c ^ 0xFFFFFFFFu;
+    if (st == SD_OK || !w->have_sof || (st == SD_ETRUNC && !ended)) return st;
+    return jpeg_done(w, out, err);
 }
 
 /* PNG: the IHDR chunk must come first, be 13 bytes and carry a valid CRC. */
@@ -146,7 +163,7 @@ static sd_status parse_png(const unsigned char *p, size_t n, sd_imginfo *out, sd
 {
     if (n < 33) return sd_err_set(err, SD_ETRUNC, "png: truncated before the end of IHDR");
     if (be32(p + 8) != 13 || memcmp(p + 12, "IHDR", 4) != 0) return sd_err_set(err, SD_EFORMAT, "png: first chunk is not a 13-byte IHDR");
-    if (crc32_small(p + 12, 17) != be32(p + 29)) return sd_err_set(err, SD_EFORMAT, "png: IHDR checksum mismatch");
+    if (sd_png_crc32(p + 12, 17) != be32(p + 29)) return sd_err_set(err, SD_EFORMAT, "png: IHDR checksum mismatch");
     uint32_t w = be32(p + 16), h = be32(p + 20);
     if (w > 0x7FFFFFFFu || h > 0x7FFFFFFFu) return sd_err_set(err, SD_EFORMAT, "png: dimension over 2^31-1");
     return finish(out, SD_IMG_PNG, w, h, 1, err);
@@ -178,74 +195,90 @@ static sd_status parse_webp(const unsigned char *p, size_t n, sd_imginfo *out, s
     return sd_err_set(err, SD_EUNSUPPORTED, "webp: unknown first chunk '%.4s'", (const char *)c);
 }
 
-/* BMP: BITMAPCOREHEADER (16-bit sizes) or any later header (32-bit, height
- * negative for top-down images). */
-static sd_status parse_bmp(const unsigned char *p, size_t n, sd_imginfo *out, sd_error *err)
+/* Does libnsgif (libvips 8.14's GIF loader) ignore this logical screen? It
+ * takes the common monitor sizes some encoders wrote, a zero side and a
+ * side over 2048 for broken, and sizes the image from the first frame. */
+static int gif_screen_ignored(uint32_t w, uint32_t h)
 {
-    if (n < 26) return sd_err_set(err, SD_ETRUNC, "bmp: truncated in the info header");
-    uint32_t hs = le32(p + 14);
-    if (hs == 12) return finish(out, SD_IMG_BMP, le16(p + 18), le16(p + 20), 1, err);
-    if (hs < 40 || hs > 256) return sd_err_set(err, SD_EFORMAT, "bmp: unknown info header size %u", hs);
-    int32_t w = (int32_t)le32(p + 18), h = (int32_t)le32(p + 22);
-    if (w <= 0 || h == INT32_MIN) return sd_err_set(err, SD_EFORMAT, "bmp: bad dimensions");
-    return finish(out, SD_IMG_BMP, (uint64_t)w, (uint64_t)(h < 0 ? -(int64_t)h : h), 1, err);
+    static const uint16_t monitors[6][2] = {{640, 480},   {640, 512},   {800, 600},
+                                            {1024, 768},  {1280, 1024}, {1600, 1200}};
+    if (w == 0 || h == 0 || w > 2048 || h > 2048) return 1;
+    for (int i = 0; i < 6; i++)
+        if (w == monitors[i][0] && h == monitors[i][1]) return 1;
+    return 0;
 }
 
-static sd_status parse_size(const unsigned char *p, size_t n, sd_imginfo *out, sd_error *err);
-
-/* What lies past a PNG's, WebP's or GIF's size field (imghdr_walk.c): the
- * EXIF orientation, the first GIF frame's overhang. *more is set when the
- * walk ran out of the bytes s holds; the result is then the size alone. */
-static sd_status walk_rest(const sd_hdr_src *s, sd_imginfo *out, int *more, sd_error *err)
+/* libnsgif's canvas: the logical screen (1x1 when it ignores it), grown to
+ * the first frame's right and bottom edges. A window that ends before the
+ * frame gives the canvas so far and sets *more; running this again on that
+ * result gives the same answer, since 1x1 is a screen libnsgif keeps. */
+static sd_status gif_canvas(const sd_hdr_src *s, sd_imginfo *out, int *more, sd_error *err)
 {
     uint64_t w = out->width, h = out->height;
-    int o = 1;
+    if (gif_screen_ignored(out->width, out->height)) w = h = 1;
+    uint32_t r = 0, b = 0;
+    int st = sd_gif_first_frame(s, &r, &b);
+    if (st == SD_GIF_END) return sd_err_set(err, SD_ETRUNC, "gif: the file ends before its first image");
+    if (st == SD_GIF_NONE)
+        return sd_err_set(err, SD_EFORMAT, "gif: no image (a trailer or a byte that starts no block comes first)");
+    if (st == SD_WALK_MORE) *more = 1;
+    else {
+        w = r > w ? r : w;
+        h = b > h ? b : h;
+    }
+    return finish(out, SD_IMG_GIF, w, h, 1, err);
+}
+
+/* What lies past a PNG's, WebP's or GIF's size field (imghdr_walk.c): the
+ * EXIF orientation, the GIF canvas. *more is set when the walk ran out of
+ * the bytes s holds; the result is then provisional. */
+static sd_status walk_rest(const sd_hdr_src *s, sd_imginfo *out, int *more, sd_error *err)
+{
+    int o;
+    if (out->format == SD_IMG_GIF) return gif_canvas(s, out, more, err);
     if (out->format == SD_IMG_PNG) o = sd_png_orientation(s);
     else if (out->format == SD_IMG_WEBP) o = sd_webp_orientation(s);
-    else if (out->format == SD_IMG_GIF) {
-        uint32_t r = 0, b = 0;
-        o = sd_gif_first_frame(s, &r, &b);
-        if (o == 0) {
-            w = r > w ? r : w;
-            h = b > h ? b : h;
-        }
-        o = o == SD_WALK_MORE ? o : 1;
-    } else return SD_OK;
+    else return SD_OK;
     if (o == SD_WALK_MORE) {
         *more = 1;
         o = 1;
     }
-    return finish(out, out->format, w, h, o, err);
+    return finish(out, out->format, out->width, out->height, o, err);
 }
 
-/* sd_imghdr_parse's work on a window of the file; *more as in walk_rest. */
-static sd_status parse_window(const unsigned char *p, size_t n, sd_imginfo *out, int *more, sd_error *err);
+static sd_status parse_size(const unsigned char *p, size_t n, int whole, sd_imginfo *out, sd_error *err);
 
-/* Identify the format by its magic bytes and read the size. SD_ETRUNC means
- * the bytes ran out before the answer (more may help). */
+/* sd_imghdr_parse's work on a window of the file (`whole`: all of it);
+ * *more as in walk_rest. */
+static sd_status parse_window(const unsigned char *p, size_t n, int whole, sd_imginfo *out, int *more, sd_error *err);
+
+/* Identify the format by its magic bytes and read the size of the image
+ * p[0..n) holds. SD_ETRUNC means the bytes ran out before the answer. */
 sd_status sd_imghdr_parse(const unsigned char *p, size_t n, sd_imginfo *out, sd_error *err)
 {
     int more = 0;
-    return parse_window(p, n, out, &more, err);
+    return parse_window(p, n, 1, out, &more, err);
 }
 
-static sd_status parse_window(const unsigned char *p, size_t n, sd_imginfo *out, int *more, sd_error *err)
+static sd_status parse_window(const unsigned char *p, size_t n, int whole, sd_imginfo *out, int *more, sd_error *err)
 {
-    sd_status st = parse_size(p, n, out, err);
+    sd_status st = parse_size(p, n, whole, out, err);
     if (st) return st;
-    sd_hdr_src s = {p, n, -1, 0, 0};
+    sd_hdr_src s = {p, n, -1, 0, 0, whole};
     return walk_rest(&s, out, more, err);
 }
 
-/* The format by its magic bytes, and the size its header gives. */
-static sd_status parse_size(const unsigned char *p, size_t n, sd_imginfo *out, sd_error *err)
+/* The format by its magic bytes, and the size its header gives (a GIF's
+ * logical screen as it is: gif_canvas decides). */
+static sd_status parse_size(const unsigned char *p, size_t n, int whole, sd_imginfo *out, sd_error *err)
 {
     memset(out, 0, sizeof *out);
     if (n == 0) return sd_err_set(err, SD_ETRUNC, "empty file");
     if (n < 2) return sd_err_set(err, SD_ETRUNC, "file too short for any image header (%zu bytes)", n);
     if (p[0] == 0xFF && p[1] == 0xD8) {
-        jpeg_walk w = {2, 0, 1, 0};
-        return parse_jpeg_at(p, n, 0, &w, out, err);
+        jpeg_walk w = jpeg_walk_start();
+        sd_status st = parse_jpeg_at(p, n, 0, &w, out, err);
+        return jpeg_result(&w, st, whole, out, err);
     }
     static const unsigned char png_sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
     if (p[0] == 0x89 && n < 8) return sd_err_set(err, SD_ETRUNC, "file too short for a PNG signature");
@@ -257,10 +290,15 @@ static sd_status parse_size(const unsigned char *p, size_t n, sd_imginfo *out, s
     }
     if (n >= 6 && (memcmp(p, "GIF87a", 6) == 0 || memcmp(p, "GIF89a", 6) == 0)) {
         if (n < 10) return sd_err_set(err, SD_ETRUNC, "gif: truncated in the screen descriptor");
-        return finish(out, SD_IMG_GIF, le16(p + 6), le16(p + 8), 1, err);
+        out->format = SD_IMG_GIF;
+        out->width = le16(p + 6);
+        out->height = le16(p + 8);
+        return SD_OK;
     }
-    if (p[0] == 'B' && p[1] == 'M') return parse_bmp(p, n, out, err);
-    return sd_err_set(err, SD_EUNSUPPORTED, "not a recognised image (JPEG, PNG, WebP, GIF, BMP)");
+    if (p[0] == 'B' && p[1] == 'M')
+        return sd_err_set(err, SD_EUNSUPPORTED,
+                          "BMP: libvips reads it only through ImageMagick, which sdtk blocks as untrusted; convert it to PNG");
+    return sd_err_set(err, SD_EUNSUPPORTED, "not a recognised image (JPEG, PNG, WebP, GIF)");
 }
 
 /* pread all of [off, off+n) unless the file ends; returns bytes read or -1. */
@@ -298,18 +336,18 @@ sd_status sd_imghdr_read_fd(int fd, uint64_t offset, uint64_t size, sd_imginfo *
     ssize_t r = pread_full(fd, first, want, offset);
     if (r < 0) return sd_err_set(err, SD_EIO, "read: %s", strerror(errno));
     size_t have = (size_t)r;
-    int more = 0;
-    sd_status st = parse_window(first, have, out, &more, err);
+    int more = 0, whole = have < want || have == size;
+    sd_status st = parse_window(first, have, whole, out, &more, err);
     if (st == SD_OK && more) { /* an EXIF chunk or the first GIF frame lies past the first read */
-        sd_hdr_src s = {NULL, 0, fd, offset, size};
+        sd_hdr_src s = {NULL, 0, fd, offset, size, 1};
         more = 0;
         return walk_rest(&s, out, &more, err);
     }
-    if (st != SD_ETRUNC || have < want || have == size || first[0] != 0xFF || first[1] != 0xD8) return st;
+    if (st != SD_ETRUNC || whole || first[0] != 0xFF || first[1] != 0xD8) return st;
 
     /* JPEG continuing past the first read: re-walk it from the start of the
      * file (cheap: it is in memory) to learn where to go on */
-    jpeg_walk w = {2, 0, 1, 0};
+    jpeg_walk w = jpeg_walk_start();
     st = parse_jpeg_at(first, have, 0, &w, out, err);
     unsigned char *win = NULL;
     size_t cap = 0;
@@ -344,9 +382,9 @@ sd_status sd_imghdr_read_fd(int fd, uint64_t offset, uint64_t size, sd_imginfo *
         }
     }
     free(win);
-    if (st == SD_ETRUNC && k == MAX_WINDOWS)
+    if (st == SD_ETRUNC && k == MAX_WINDOWS && !w.have_sof)
         return sd_err_set(err, SD_EUNSUPPORTED, "jpeg: over %d reads without reaching the frame header", MAX_WINDOWS);
-    return st;
+    return jpeg_result(&w, st, 1, out, err);
 }
 
 /* Open path and read its image size. */

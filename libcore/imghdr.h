@@ -1,6 +1,10 @@
-/* Image size from the header alone (JPEG, PNG, WebP, GIF, BMP): a few KiB of
+/* Image size from the header alone (JPEG, PNG, WebP, GIF): a few KiB of
  * reading instead of a decode, with the checks that keep a bad or hostile
- * file from reaching a decoder (truncation, zero or absurd dimensions). */
+ * file from reaching a decoder (truncation, zero or absurd dimensions). The
+ * size and EXIF orientation are the ones the decoders (libvips 8.14, the
+ * direct decoders of image_dec.c) will produce, or the planned shape would
+ * stretch the image. BMP is recognised only to be refused: libvips 8.14
+ * reads it through ImageMagick alone, which sdtk blocks. */
 #ifndef SDTK_IMGHDR_H
 #define SDTK_IMGHDR_H
 

@@ -22,6 +22,7 @@ static void put8(bytes *b, unsigned v) { b->d[b->n++] = (unsigned char)v; }
 static void put16be(bytes *b, unsigned v) { put8(b, v >> 8); put8(b, v & 255); }
 static void put16le(bytes *b, unsigned v) { put8(b, v & 255); put8(b, v >> 8); }
 static void put32le(bytes *b, uint32_t v) { put16le(b, v & 0xFFFF); put16le(b, v >> 16); }
+static void put32be(bytes *b, uint32_t v) { put16be(b, v >> 16); put16be(b, v & 0xFFFF); }
 
 /* An APP1 Exif segment with IFD0 holding an orientation tag (and one other
  * tag before it), in big- or little-endian TIFF order. */
@@ -32,13 +33,13 @@ static void exif(bytes *b, int little, unsigned orientation)
     put16be(b, 2 + 6 + 8 + 2 + 24 + 4);
     put(b, "Exif\0\0", 6);
     void (*p16)(bytes *, unsigned) = little ? put16le : put16be;
+    void (*p32)(bytes *, uint32_t) = little ? put32le : put32be;
     put(b, little ? "II" : "MM", 2);
     p16(b, 42);
-    if (little) put32le(b, 8);
-    else { put16be(b, 0); put16be(b, 8); }
+    p32(b, 8);
     p16(b, 2); /* two entries */
-    p16(b, 0x010F); p16(b, 2); p16(b, 0); p16(b, 4); p16(b, 0); p16(b, 0); /* Make, ASCII, ignored */
-    p16(b, 0x0112); p16(b, 3); p16(b, 0); p16(b, 1); p16(b, orientation); p16(b, 0);
+    p16(b, 0x010F); p16(b, 2); p32(b, 4); p16(b, 0); p16(b, 0); /* Make, ASCII, ignored */
+    p16(b, 0x0112); p16(b, 3); p32(b, 1); p16(b, orientation); p16(b, 0);
     put16be(b, 0); put16be(b, 0); /* next IFD */
 }
 
@@ -136,6 +137,21 @@ static void test_png(bytes *b)
     }
 }
 
+static sd_status via_file(const bytes *b, uint64_t off, uint64_t size, sd_imginfo *in, sd_error *err);
+
+/* A GIF: the logical screen (no colour table), then, with `frame`, one
+ * w x h image at (x, y) holding a tiny LZW stream, then the trailer. */
+static void gif(bytes *b, unsigned sw, unsigned sh, int frame, unsigned x, unsigned y, unsigned w, unsigned h)
+{
+    b->n = 0;
+    put(b, "GIF89a", 6); put16le(b, sw); put16le(b, sh); put8(b, 0); put8(b, 0); put8(b, 0);
+    if (frame) {
+        put8(b, 0x2C); put16le(b, x); put16le(b, y); put16le(b, w); put16le(b, h); put8(b, 0);
+        put8(b, 2); put8(b, 2); put8(b, 0x4C); put8(b, 0x01); put8(b, 0);
+    }
+    put8(b, 0x3B);
+}
+
 static void test_webp_gif_bmp(bytes *b)
 {
     sd_imginfo in;
@@ -167,16 +183,19 @@ static void test_webp_gif_bmp(bytes *b)
     put(b, "RIFF", 4); put32le(b, 100); put(b, "WAVEfmt ", 8);
     CHECK(parse(b, &in) == SD_EUNSUPPORTED);
 
-    b->n = 0;
-    put(b, "GIF89a", 6); put16le(b, 320); put16le(b, 200);
+    gif(b, 320, 200, 1, 0, 0, 100, 50);
     CHECK(parse(b, &in) == SD_OK && in.format == SD_IMG_GIF && in.width == 320 && in.height == 200);
-    b->n = 0;
-    put(b, "GIF87a", 6); put16le(b, 0); put16le(b, 200);
-    CHECK(parse(b, &in) == SD_ERANGE);
+    b->d[4] = '7'; /* GIF87a */
+    CHECK(parse(b, &in) == SD_OK && in.width == 320 && in.height == 200);
 
+    /* BMP: libvips 8.14 reads it only through ImageMagick (magickload),
+     * which sdtk blocks, so it is refused here rather than in sd-latents */
     b->n = 0; /* BITMAPINFOHEADER, top-down (negative height) */
     put(b, "BM", 2); put32le(b, 0); put32le(b, 0); put32le(b, 54); put32le(b, 40); put32le(b, 640); put32le(b, (uint32_t)-480);
-    CHECK(parse(b, &in) == SD_OK && in.format == SD_IMG_BMP && in.width == 640 && in.height == 480);
+    sd_error berr;
+    CHECK(sd_imghdr_parse(b->d, b->n, &in, &berr) == SD_EUNSUPPORTED &&
+          strstr(berr.msg, "BMP: libvips reads it only through ImageMagick") && strstr(berr.msg, "convert it to PNG"));
+    CHECK(via_file(b, 0, UINT64_MAX, &in, &berr) == SD_EUNSUPPORTED && strncmp(berr.msg, "BMP: ", 5) == 0);
 
     /* not images */
     static const char *junk[] = {"hello world, not an image", "{\"json\":1}", "\x89PNX\r\n\x1a\n0000000000000000000000000"};
@@ -188,8 +207,6 @@ static void test_webp_gif_bmp(bytes *b)
     b->n = 0;
     CHECK(parse(b, &in) == SD_ETRUNC);
 }
-
-static sd_status via_file(const bytes *b, uint64_t off, uint64_t size, sd_imginfo *in, sd_error *err);
 
 /* A little-endian TIFF block whose IFD0 holds orientation o. */
 static void tiff_orient(bytes *b, unsigned o)
@@ -225,7 +242,9 @@ static void png_chunk(bytes *b, const char *type, const unsigned char *data, siz
 /* EXIF orientation in PNG (eXIf before IDAT) and extended WebP (the EXIF
  * chunk after the image data, found past the first read too), and the
  * first GIF frame where it overhangs the screen (the decoder's canvas),
- * also past the first read and as a decompression bomb. */
+ * also past the first read and as a decompression bomb. libpng drops an
+ * eXIf that starts with the "Exif\0\0" prefix (it wants "II" or "MM"),
+ * libwebp's EXIF chunk may carry it. */
 static void test_walks(bytes *b)
 {
     sd_imginfo in;
@@ -244,9 +263,9 @@ static void test_walks(bytes *b)
         tiff_orient(t, 6);
         png_chunk(b, "eXIf", t->d, t->n);
         png_chunk(b, "IDAT", (const unsigned char *)"\0", 1);
-        CHECK(parse(b, &in) == SD_OK && in.orientation == 6 && in.width == 3840 && in.disp_w == 2160 &&
-              in.disp_h == 3840);
-        CHECK(via_file(b, 0, UINT64_MAX, &in, &err) == SD_OK && in.orientation == 6 && in.disp_w == 2160);
+        int o = prefix ? 1 : 6;
+        CHECK(parse(b, &in) == SD_OK && in.orientation == o && in.width == 3840 && in.disp_w == (prefix ? 3840 : 2160));
+        CHECK(via_file(b, 0, UINT64_MAX, &in, &err) == SD_OK && in.orientation == o);
     }
     /* eXIf after IDAT is not read (libpng and PIL would not either) */
     b->n = 0;
@@ -305,6 +324,279 @@ static void test_walks(bytes *b)
     put8(b, 0x2C); put16le(b, 0); put16le(b, 0); put16le(b, 100); put16le(b, 50); put8(b, 0);
     CHECK(parse(b, &in) == SD_OK && in.width == 320 && in.height == 200);
     free(t);
+}
+
+/* libnsgif (libvips 8.14) ignores a logical screen of a common monitor
+ * size, with a zero side or a side over 2048, and sizes the image from the
+ * first frame alone; any other screen stands, grown by a first frame that
+ * overhangs it. A GIF with no frame is one libvips cannot load. */
+static void test_gif_screens(bytes *b)
+{
+    static const unsigned ignored[][2] = {{640, 480},  {640, 512}, {800, 600}, {1024, 768}, {1280, 1024}, {1600, 1200},
+                                          {0, 100},    {100, 0},   {0, 0},     {2049, 100}, {100, 2049},  {3000, 3000}};
+    static const unsigned kept[][2] = {{480, 640}, {2048, 2048}, {700, 500}, {640, 481}, {1, 1}, {100, 100}};
+    sd_imginfo in;
+    sd_error err;
+    for (size_t i = 0; i < sizeof ignored / sizeof ignored[0]; i++) {
+        gif(b, ignored[i][0], ignored[i][1], 1, 10, 20, 300, 200);
+        if (!CHECK(parse(b, &in) == SD_OK && in.width == 310 && in.height == 220))
+            fprintf(stderr, "  screen %ux%u gave %ux%u\n", ignored[i][0], ignored[i][1], in.width, in.height);
+    }
+    for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++) {
+        unsigned sw = kept[i][0], sh = kept[i][1];
+        gif(b, sw, sh, 1, 0, 0, 300, 200);
+        if (!CHECK(parse(b, &in) == SD_OK && in.width == (sw > 300 ? sw : 300) && in.height == (sh > 200 ? sh : 200)))
+            fprintf(stderr, "  screen %ux%u gave %ux%u\n", sw, sh, in.width, in.height);
+    }
+    gif(b, 640, 480, 1, 0, 0, 0, 0); /* an empty frame on an ignored screen: libnsgif's 1x1 start */
+    CHECK(parse(b, &in) == SD_OK && in.width == 1 && in.height == 1);
+    /* the frame past the first read, behind 25 kB of comment */
+    b->n = 0;
+    put(b, "GIF89a", 6); put16le(b, 800); put16le(b, 600); put8(b, 0); put8(b, 0); put8(b, 0);
+    put8(b, 0x21); put8(b, 0xFE);
+    for (int i = 0; i < 100; i++) {
+        put8(b, 255);
+        memset(b->d + b->n, 'c', 255);
+        b->n += 255;
+    }
+    put8(b, 0);
+    put8(b, 0x2C); put16le(b, 0); put16le(b, 0); put16le(b, 400); put16le(b, 300); put8(b, 0); put8(b, 2); put8(b, 0);
+    put8(b, 0x3B);
+    CHECK(parse(b, &in) == SD_OK && in.width == 400 && in.height == 300);
+    CHECK(via_file(b, 0, UINT64_MAX, &in, &err) == SD_OK && in.width == 400 && in.height == 300);
+    /* no frame: the trailer first (libvips: no frames), or the file ends */
+    gif(b, 320, 200, 0, 0, 0, 0, 0);
+    CHECK(parse(b, &in) == SD_EFORMAT);
+    CHECK(via_file(b, 0, UINT64_MAX, &in, &err) == SD_EFORMAT && strstr(err.msg, "gif: no image"));
+    b->n--;
+    CHECK(parse(b, &in) == SD_ETRUNC);
+    CHECK(via_file(b, 0, UINT64_MAX, &in, &err) == SD_ETRUNC && strstr(err.msg, "ends before its first image"));
+}
+
+/* One IFD0 entry: tag, type, count and the 4-byte value field (little-endian). */
+typedef struct {
+    unsigned tag, type;
+    uint32_t count, value;
+} ifd_entry;
+
+/* A little-endian TIFF block whose IFD0 holds the entries, then `extra`
+ * (values stored out of line start at offset 14 + 12 n). */
+static void tiff_entries(bytes *t, const ifd_entry *e, int n, const void *extra, size_t extra_n)
+{
+    t->n = 0;
+    put(t, "II", 2); put16le(t, 42); put32le(t, 8); put16le(t, (unsigned)n);
+    for (int i = 0; i < n; i++) {
+        put16le(t, e[i].tag); put16le(t, e[i].type); put32le(t, e[i].count); put32le(t, e[i].value);
+    }
+    put32le(t, 0);
+    if (extra_n) put(t, extra, extra_n);
+}
+
+/* An APP1 segment: "Exif\0\0" (when `prefix`) and the TIFF block t. */
+static void app1(bytes *b, int prefix, const bytes *t)
+{
+    put8(b, 0xFF); put8(b, 0xE1); put16be(b, (unsigned)(2 + (prefix ? 6 : 0) + t->n));
+    if (prefix) put(b, "Exif\0\0", 6);
+    put(b, t->d, t->n);
+}
+
+/* A 1000 x 500 baseline JPEG: SOI, JFIF, `before`, SOF0, `after`, SOS
+ * (before and after: raw segment bytes, or NULL). */
+static void jpeg_around_sof(bytes *b, const bytes *before, const bytes *after)
+{
+    b->n = 0;
+    put8(b, 0xFF); put8(b, 0xD8);
+    put8(b, 0xFF); put8(b, 0xE0); put16be(b, 16); put(b, "JFIF\0\1\1\0\0\1\0\1\0\0", 14);
+    if (before) put(b, before->d, before->n);
+    put8(b, 0xFF); put8(b, 0xC0); put16be(b, 17); put8(b, 8); put16be(b, 500); put16be(b, 1000); put8(b, 3);
+    for (int i = 0; i < 9; i++) put8(b, 0x11);
+    if (after) put(b, after->d, after->n);
+    put8(b, 0xFF); put8(b, 0xDA); put16be(b, 8); put(b, "\3\1\0\2\0\0", 6);
+}
+
+/* The orientation sd_imghdr_parse finds in a JPEG whose Exif APP1 holds
+ * these IFD0 entries and extra bytes. */
+static int jpeg_orientation(bytes *b, bytes *t, bytes *seg, const ifd_entry *e, int n, const void *extra,
+                            size_t extra_n)
+{
+    sd_imginfo in;
+    tiff_entries(t, e, n, extra, extra_n);
+    seg->n = 0;
+    app1(seg, 1, t);
+    jpeg_around_sof(b, seg, NULL);
+    return parse(b, &in) == SD_OK ? in.orientation : -1;
+}
+
+/* The orientation libvips 8.14 applies (libexif 0.6.24 loads IFD0, libvips
+ * reads its value), checked against libvips on each of these layouts:
+ * libexif drops an entry with no values or values past the block, converts
+ * BYTE, SBYTE, SSHORT, LONG and SLONG to SHORT, keeps the first entry of a
+ * tag and stops at a pointer past the block; libvips reads fewer than 10
+ * values (the first), a RATIONAL's numerator and an ASCII number. */
+static void test_exif_entries(bytes *b)
+{
+    static const struct {
+        ifd_entry e;
+        int want;
+    } one[] = {
+        {{0x0112, 3, 1, 6}, 6},          {{0x0112, 3, 2, 6 | 3u << 16}, 6}, {{0x0112, 3, 0, 6}, 1},
+        {{0x0112, 3, 0xFF0001, 6}, 1},   {{0x0112, 3, 1, 99}, 1},           {{0x0112, 3, 1, 0}, 1},
+        {{0x0112, 1, 1, 6}, 6},          {{0x0112, 6, 1, 6}, 6},            {{0x0112, 8, 1, 6}, 6},
+        {{0x0112, 4, 1, 0x10006}, 6},    {{0x0112, 9, 1, 6}, 6},            {{0x0112, 2, 2, '6'}, 6},
+        {{0x0112, 7, 1, 6}, 1},          {{0x0112, 11, 1, 0x40C00000}, 1},  {{0x0112, 13, 1, 6}, 1},
+        {{0x0112, 8, 1, 0xFFFF}, 1},     {{0x0112, 6, 1, 0x86}, 1},
+    };
+    bytes *t = malloc(sizeof *t), *seg = malloc(sizeof *seg);
+    if (!t || !seg) {
+        free(t);
+        free(seg);
+        return;
+    }
+    for (size_t i = 0; i < sizeof one / sizeof one[0]; i++) {
+        int o = jpeg_orientation(b, t, seg, &one[i].e, 1, NULL, 0);
+        if (!CHECK(o == one[i].want))
+            fprintf(stderr, "  type %u count %u value 0x%x: orientation %d, want %d\n", one[i].e.type, one[i].e.count,
+                    one[i].e.value, o, one[i].want);
+    }
+    /* out of line, at offset 26: 9 SHORTs (the first counts), 10 (none
+     * does), a RATIONAL 6/1, ASCII numbers libvips atoi()s */
+    unsigned char v[40];
+    for (int i = 0; i < 10; i++) { v[2 * i] = 6; v[2 * i + 1] = 0; }
+    ifd_entry e = {0x0112, 3, 9, 26};
+    CHECK(jpeg_orientation(b, t, seg, &e, 1, v, 20) == 6);
+    e.count = 10;
+    CHECK(jpeg_orientation(b, t, seg, &e, 1, v, 20) == 1);
+    e = (ifd_entry){0x0112, 5, 1, 26};
+    CHECK(jpeg_orientation(b, t, seg, &e, 1, "\6\0\0\0\1\0\0\0", 8) == 6);
+    e = (ifd_entry){0x0112, 2, 6, 26};
+    CHECK(jpeg_orientation(b, t, seg, &e, 1, " +7 x", 6) == 7);
+    e.count = 11; /* 2^32 + 6: atoi keeps the low 32 bits */
+    CHECK(jpeg_orientation(b, t, seg, &e, 1, "4294967302", 11) == 6);
+    e = (ifd_entry){0x0112, 3, 3, 2600}; /* values past the block */
+    CHECK(jpeg_orientation(b, t, seg, &e, 1, v, 20) == 1);
+    /* two entries: a dropped one lets the next count, a kept one wins */
+    ifd_entry two[2] = {{0x0112, 3, 0, 3}, {0x0112, 3, 1, 6}};
+    CHECK(jpeg_orientation(b, t, seg, two, 2, NULL, 0) == 6);
+    two[0].count = 1;
+    CHECK(jpeg_orientation(b, t, seg, two, 2, NULL, 0) == 3);
+    /* an Exif IFD pointer past the block ends IFD0; one inside does not */
+    two[0] = (ifd_entry){0x8769, 4, 1, 99999};
+    CHECK(jpeg_orientation(b, t, seg, two, 2, NULL, 0) == 1);
+    two[0].value = 8;
+    CHECK(jpeg_orientation(b, t, seg, two, 2, NULL, 0) == 6);
+    free(t);
+    free(seg);
+}
+
+/* libvips reads the first APP1 that starts "Exif" (payload over 4 bytes),
+ * also one after the frame header (libjpeg reads markers up to the scan),
+ * and never one after the scan starts; here also past the first read. */
+static void test_jpeg_exif_place(bytes *b)
+{
+    sd_imginfo in;
+    sd_error err;
+    bytes *t = malloc(sizeof *t), *before = malloc(sizeof *before), *after = malloc(sizeof *after);
+    if (!t || !before || !after) {
+        free(t);
+        free(before);
+        free(after);
+        return;
+    }
+    ifd_entry e = {0x0112, 3, 1, 6};
+    tiff_entries(t, &e, 1, NULL, 0);
+    after->n = 0;
+    app1(after, 1, t);
+    jpeg_around_sof(b, NULL, after);
+    CHECK(parse(b, &in) == SD_OK && in.orientation == 6 && in.width == 1000 && in.disp_w == 500);
+    CHECK(via_file(b, 0, UINT64_MAX, &in, &err) == SD_OK && in.orientation == 6);
+    e.value = 3; /* one before the frame wins */
+    tiff_entries(t, &e, 1, NULL, 0);
+    before->n = 0;
+    app1(before, 1, t);
+    jpeg_around_sof(b, before, after);
+    CHECK(parse(b, &in) == SD_OK && in.orientation == 3);
+    /* a first "Exif" APP1 libexif cannot read (a bad header, too short)
+     * hides a later good one */
+    for (int k = 0; k < 2; k++) {
+        before->n = 0;
+        put8(before, 0xFF); put8(before, 0xE1);
+        if (k == 0) { put16be(before, 2 + 14); put(before, "Exif\0XII*\0\10\0\0\0", 14); }
+        else { put16be(before, 2 + 10); put(before, "Exif\0\0II*\0", 10); }
+        put(before, after->d, after->n);
+        jpeg_around_sof(b, before, NULL);
+        CHECK(parse(b, &in) == SD_OK && in.orientation == 1);
+    }
+    before->n = 0; /* "Exif" alone (4 bytes) is not taken for Exif */
+    put8(before, 0xFF); put8(before, 0xE1); put16be(before, 6); put(before, "Exif", 4);
+    put(before, after->d, after->n);
+    jpeg_around_sof(b, before, NULL);
+    CHECK(parse(b, &in) == SD_OK && in.orientation == 6);
+    /* 20 kB of APP2 between the frame header and the Exif: past the first read */
+    bytes *big = before;
+    big->n = 0;
+    put8(big, 0xFF); put8(big, 0xE2); put16be(big, 20002);
+    memset(big->d + big->n, 0xAB, 20000);
+    big->n += 20000;
+    put(big, after->d, after->n);
+    jpeg_around_sof(b, NULL, big);
+    CHECK(via_file(b, 0, UINT64_MAX, &in, &err) == SD_OK && in.orientation == 6 && in.disp_w == 500);
+    b->n -= 10; /* the file cut in the scan header: the frame size and that Exif */
+    CHECK(via_file(b, 0, UINT64_MAX, &in, &err) == SD_OK && in.orientation == 6 && in.width == 1000);
+    /* after the scan starts: not read */
+    jpeg_around_sof(b, NULL, NULL);
+    put(b, after->d, after->n);
+    CHECK(parse(b, &in) == SD_OK && in.orientation == 1);
+    free(t);
+    free(before);
+    free(after);
+}
+
+/* libpng keeps the first eXIf before IDAT whose CRC is good and that starts
+ * "II" or "MM"; one it drops (with a warning) lets a later one count. */
+static void test_png_exif_kept(bytes *b)
+{
+    static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', 13, 10, 26, 10};
+    static const unsigned char ihdr[13] = {0, 0, 0x0F, 0, 0, 0, 0x08, 0x70, 8, 2, 0, 0, 0}; /* 3840 x 2160 */
+    sd_imginfo in;
+    sd_error err;
+    bytes *t3 = malloc(sizeof *t3), *t6 = malloc(sizeof *t6);
+    if (!t3 || !t6) {
+        free(t3);
+        free(t6);
+        return;
+    }
+    t3->n = t6->n = 0;
+    tiff_orient(t3, 3);
+    tiff_orient(t6, 6);
+    for (int bad = 0; bad < 3; bad++) { /* 0: good, 1: bad CRC, 2: byte order "IM" */
+        b->n = 0;
+        put(b, sig, 8);
+        png_chunk(b, "IHDR", ihdr, 13);
+        if (bad == 2) t3->d[1] = 'M';
+        png_chunk(b, "eXIf", t3->d, t3->n);
+        t3->d[1] = 'I';
+        if (bad == 1) b->d[b->n - 1] ^= 1;
+        png_chunk(b, "eXIf", t6->d, t6->n);
+        png_chunk(b, "IDAT", (const unsigned char *)"\0", 1);
+        int want = bad ? 6 : 3;
+        CHECK(parse(b, &in) == SD_OK && in.orientation == want);
+        CHECK(via_file(b, 0, UINT64_MAX, &in, &err) == SD_OK && in.orientation == want);
+    }
+    /* one eXIf with a bad CRC, past the first read: dropped */
+    b->n = 0;
+    put(b, sig, 8);
+    png_chunk(b, "IHDR", ihdr, 13);
+    memset(t3->d, 'x', 20000);
+    memcpy(t3->d, "Comment\0", 8);
+    png_chunk(b, "tEXt", t3->d, 20000);
+    png_chunk(b, "eXIf", t6->d, t6->n);
+    png_chunk(b, "IDAT", (const unsigned char *)"\0", 1);
+    CHECK(via_file(b, 0, UINT64_MAX, &in, &err) == SD_OK && in.orientation == 6);
+    b->d[b->n - 13 - 1] ^= 1; /* the eXIf CRC, before the 13-byte IDAT */
+    CHECK(via_file(b, 0, UINT64_MAX, &in, &err) == SD_OK && in.orientation == 1);
+    CHECK(parse(b, &in) == SD_OK && in.orientation == 1);
+    free(t3);
+    free(t6);
 }
 
 /* Write b to a temp file and read its size through the fd path. */
@@ -391,6 +683,10 @@ int main(void)
     test_webp_gif_bmp(b);
     test_files(b);
     test_walks(b);
+    test_gif_screens(b);
+    test_exif_entries(b);
+    test_jpeg_exif_place(b);
+    test_png_exif_kept(b);
     free(b);
     return check_done("test_imghdr");
 }
