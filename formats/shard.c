@@ -192,7 +192,8 @@ static sd_status walk_read(tail_walk *w, uint64_t pgno, uint8_t *buf, size_t len
 /* Collect the missing pages of one freelist entry (count, then page numbers). */
 static sd_status walk_idl(tail_walk *w, const uint8_t *p, size_t size)
 {
-    uint64_t n = size < 8 ? UINT64_MAX : rd64(p);
+    if (size < 8) return SD_ETRUNC; /* not even its count: damage (LMDB writes at least one) */
+    uint64_t n = rd64(p);
     if (n > size / 8 - 1) return SD_ETRUNC;
     for (uint64_t i = 1; i <= n; i++) {
         uint64_t pg = rd64(p + 8 * i);

@@ -28,6 +28,7 @@ import os
 import random
 import resource
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -372,6 +373,24 @@ def test_truncated(d):
             left = [f for f in os.listdir(d) if f.startswith("tm.shard")]
             check(p.returncode == 3 and want in p.stderr and not left, "cut shard: sd-pack merge %s: exit %d, left %s: %s"
                   % (extra, p.returncode, left, p.stderr[-300:]))
+    # cut short and a freelist entry damaged to less than its 8-byte count: refused, not read past
+    # its buffer (the freelist walk trusted the entry's size)
+    dam = os.path.join(d, "damaged.shard")
+    check(write(dam, 40, "4").returncode == 0, "write damaged")
+    subprocess.run([WRITER, "corrupt", dam, "5", "1"], capture_output=True)
+    data, ps = bytearray(open(dam, "rb").read()), 4096
+    metas = [struct.unpack_from("<QQ", data, i * ps + 16 + 128)[0:1] + (i,) for i in range(2)]
+    meta = max(metas)[1] * ps
+    root = struct.unpack_from("<Q", data, meta + 16 + 24 + 40)[0]
+    if check(root != 2 ** 64 - 1 and struct.unpack_from("<H", data, meta + 16 + 24 + 6)[0] == 1,
+             "damaged: no one-level freelist to damage"):
+        node = root * ps + struct.unpack_from("<H", data, root * ps + 16)[0]
+        struct.pack_into("<HH", data, node, 0, 0)  # its first entry's data size: 0
+        with open(dam, "wb") as f:
+            f.write(data[:len(data) - ps])
+        p = subprocess.run([VERIFY, "-q", dam], capture_output=True, text=True)
+        check(p.returncode == 3 and "truncated shard" in p.stderr,
+              "damaged freelist: sd-verify exit %d: %s" % (p.returncode, p.stderr[-300:]))
     # a page past LMDB's last one (a writer killed before its commit leaves such) is no damage
     with open(good, "ab") as f:
         f.write(bytes(4096))

@@ -165,6 +165,10 @@ static sd_status index_shard(sd_data *d, int si, int repeats, found **f, size_t 
                 rc = r2;
                 break;
             }
+            if (*nf + (size_t)repeats > UINT32_MAX) { /* the plan indexes records in 32 bits */
+                rc = sd_err_set(err, SD_ERANGE, "more than %u records to train on (repeats included)", UINT32_MAX);
+                break;
+            }
             if (grow((void **)&d->keys, &d->keys_cap, d->keys_len + klen, 1) ||
                 grow((void **)f, fcap, *nf + (size_t)repeats, sizeof(found))) {
                 rc = sd_err_set(err, SD_ENOMEM, "out of memory indexing shards");
