@@ -1,5 +1,6 @@
 #include "outfile.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -9,6 +10,31 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "log.h"
+
+/* Name the temporary outputs a killed run left beside path (names that
+ * start with path's base name and then infix: each run takes a fresh
+ * mkstemp name, so they are never reused), so their space is not lost
+ * unnoticed; another run may still be writing one, so they are only named,
+ * not removed. also says what else to remove with one ("" for nothing). */
+void sd_outfile_warn_leftovers(const char *path, const char *infix, const char *also)
+{
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? (slash == path ? "/" : path) : ".");
+    const char *base = slash ? slash + 1 : path;
+    size_t bl = strlen(base), il = strlen(infix);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, base, bl) == 0 && strncmp(e->d_name + bl, infix, il) == 0 &&
+            !strstr(e->d_name + bl, "-lock"))
+            sd_log(SD_LOG_WARN, "%s/%s: a temporary output left by an earlier run (killed?); remove it%s unless a "
+                   "run is writing it now", dir, e->d_name, also);
+    closedir(d);
+}
 
 /* Open path for writing through a temp file; NULL or "-" means stdout, and
  * an existing non-regular file (device, FIFO) is written in place. */

@@ -17,6 +17,12 @@ typedef struct {
 } sd_outfile;
 
 sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err);
+/* Warn about each file beside path named path's base name + infix + more
+ * (a killed run's temporary output, e.g. sd_outfile_open's PATH.tmp.*;
+ * never removed: a run may be writing it); also is appended to the
+ * advice, e.g. " (and its -lock)". Tools call it once per output they
+ * name (a readdir each: not per file of an export). */
+void sd_outfile_warn_leftovers(const char *path, const char *infix, const char *also);
 sd_status sd_outfile_commit(sd_outfile *o, sd_error *err);
 /* commit in two halves, for a set of files that must all be whole first */
 sd_status sd_outfile_finish(sd_outfile *o, sd_error *err);

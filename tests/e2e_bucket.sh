@@ -43,8 +43,12 @@ this is not json
 EOF
 
 # --- plain run ------------------------------------------------------------
+printf 'partial\n' > out.jsonl.tmp.Ab12Cd  # a killed run's temporary output: named, not removed
 "$BIN" -q in.jsonl -o out.jsonl --report rep.json --plot plot.svg 2> err.txt
 check "exit code" $? 0
+check "leftover named" "$(grep -c 'out.jsonl.tmp.Ab12Cd: a temporary output left by an earlier run' err.txt)" 1
+check "leftover kept" "$(cat out.jsonl.tmp.Ab12Cd)" partial
+rm -f out.jsonl.tmp.Ab12Cd
 check "records out" "$(wc -l < out.jsonl)" 6
 check "order" "$(grep -o '"key":"k[0-9]*"' out.jsonl | tr -d '\n')" '"key":"k01""key":"k02""key":"k03""key":"k11""key":"k12""key":"k13"'
 check "unknown fields kept" "$(head -1 out.jsonl | grep -c '"caption":"a \\"quoted\\" caption","extra":{"n":\[1,2.50,null\],"s":"é"}')" 1

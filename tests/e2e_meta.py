@@ -605,6 +605,12 @@ class Cli(Base):
         self.assertEqual(rc, 0, err)
         self.assertEqual(json.loads(read(out))["key"], "1234")
         self.assertEqual(os.listdir(self.p("o")), ["meta.jsonl"])
+        # a killed run's temporary output is named (not removed: a run may be writing it)
+        write(self.p("o", "meta.jsonl.tmp.Ab12Cd"), "partial\n")
+        rc, _, err = run([self.p("posts.jsonl"), "-o", out])
+        self.assertEqual(rc, 0, err)
+        self.assertIn("meta.jsonl.tmp.Ab12Cd: a temporary output left by an earlier run", err)
+        self.assertEqual(sorted(os.listdir(self.p("o"))), ["meta.jsonl", "meta.jsonl.tmp.Ab12Cd"])
 
     def test_output_to_a_fifo_is_not_replaced(self):
         import stat

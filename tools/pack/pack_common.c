@@ -37,34 +37,12 @@ static void remove_shard_files(const char *path)
     free(lock);
 }
 
-/* Name the temporary outputs a killed run left beside path (PATH.partial-*,
- * never reused since each run takes a fresh name), so their space is not
- * lost unnoticed; another run may still be writing one, so they are only
- * named, not removed. */
-static void warn_leftovers(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? (slash == path ? "/" : path) : ".");
-    const char *base = slash ? slash + 1 : path;
-    size_t bl = strlen(base);
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strncmp(e->d_name, base, bl) == 0 && strncmp(e->d_name + bl, ".partial-", 9) == 0 &&
-            !strstr(e->d_name + bl, "-lock"))
-            sd_log(SD_LOG_WARN, "%s/%s: a temporary output left by an earlier run (killed?); remove it (and its "
-                   "-lock) unless a run is writing it now", dir, e->d_name);
-    closedir(d);
-}
-
 /* A fresh, empty file beside path (PATH.partial-XXXXXX, mkstemp): the
  * temporary shard of a merge, compact or split. Being new, it can never be
  * one of the inputs, and no existing file is removed to make room for it. */
 static sd_status make_temp(const char *path, char **out, sd_error *err)
 {
-    warn_leftovers(path);
+    sd_outfile_warn_leftovers(path, ".partial-", " (and its -lock)");
     *out = with_suffix(path, ".partial-XXXXXX");
     if (!*out) return sd_err_set(err, SD_ENOMEM, "out of memory");
     int fd = mkstemp(*out);
