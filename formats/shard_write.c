@@ -165,8 +165,9 @@ static int drop_dangling_names(sd_shard *s, MDB_txn *txn)
         }
         sd_shard_rec r;
         sd_error e;
-        if (g == MDB_NOTFOUND || sd_shard_rec_parse(rv.mv_data, rv.mv_size, &r, &e) != SD_OK ||
-            r.name_len != k.mv_size || memcmp(r.name, k.mv_data, k.mv_size) != 0) {
+        sd_status ps = g == MDB_NOTFOUND ? SD_ENOTFOUND : sd_shard_rec_parse(rv.mv_data, rv.mv_size, &r, &e);
+        if (ps == SD_EUNSUPPORTED) continue; /* a newer format's record: its name cannot be checked, it stays */
+        if (ps != SD_OK || r.name_len != k.mv_size || memcmp(r.name, k.mv_data, k.mv_size) != 0) {
             uint32_t n = (uint32_t)k.mv_size;
             sd_buf_put(&gone, &n, 4);
             sd_buf_put(&gone, k.mv_data, n);
@@ -185,12 +186,60 @@ static int drop_dangling_names(sd_shard *s, MDB_txn *txn)
     return rc;
 }
 
+/* The bindex entries (8-byte bucket, u32 key length, key) of records of a
+ * newer format version: this code cannot read their bucket from them, so
+ * a reindex puts these entries back as they were instead of losing the
+ * records from every index (sd-verify reports such records, never
+ * repairs them). */
+static int save_newer(sd_shard *s, MDB_txn *txn, sd_buf *out)
+{
+    MDB_cursor *c;
+    int rc = mdb_cursor_open(txn, s->dbi[SD_SHARD_DB_BINDEX], &c);
+    if (rc) return rc;
+    MDB_val k, v, rv;
+    for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); !rc; rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+        sd_shard_rec r;
+        sd_error e;
+        if (k.mv_size != 8 || mdb_get(txn, s->dbi[SD_SHARD_DB_LATENTS], &v, &rv) != 0 ||
+            sd_shard_rec_parse(rv.mv_data, rv.mv_size, &r, &e) != SD_EUNSUPPORTED)
+            continue;
+        uint32_t n = (uint32_t)v.mv_size;
+        sd_buf_put(out, k.mv_data, 8);
+        sd_buf_put(out, &n, 4);
+        sd_buf_put(out, v.mv_data, n);
+    }
+    mdb_cursor_close(c);
+    if (rc == MDB_NOTFOUND) rc = out->oom ? ENOMEM : 0;
+    return rc;
+}
+
+/* Put save_newer's entries back, each counted in its bucket. */
+static int restore_newer(sd_shard *s, MDB_txn *txn, const sd_buf *saved)
+{
+    int rc = 0;
+    for (size_t p = 0; !rc && p < saved->len;) {
+        uint32_t n;
+        memcpy(&n, saved->data + p + 8, 4);
+        MDB_val k = {8, saved->data + p}, d = {n, saved->data + p + 12};
+        rc = mdb_put(txn, s->dbi[SD_SHARD_DB_BINDEX], &k, &d, MDB_NODUPDATA);
+        if (rc == 0) rc = count_add(s, txn, (uint8_t *)k.mv_data, 1);
+        else if (rc == MDB_KEYEXIST) rc = 0;
+        p += 12 + n;
+    }
+    return rc;
+}
+
 /* Rebuild buckets and bindex from the records; fix names. */
 static int op_reindex(sd_shard *s, MDB_txn *txn)
 {
-    int rc = mdb_drop(txn, s->dbi[SD_SHARD_DB_BINDEX], 0);
+    sd_buf newer;
+    sd_buf_init(&newer);
+    int rc = save_newer(s, txn, &newer);
+    if (!rc) rc = mdb_drop(txn, s->dbi[SD_SHARD_DB_BINDEX], 0);
     if (!rc) rc = mdb_drop(txn, s->dbi[SD_SHARD_DB_BUCKETS], 0);
     if (!rc) rc = drop_dangling_names(s, txn);
+    if (!rc) rc = restore_newer(s, txn, &newer);
+    sd_buf_free(&newer);
     if (rc) return rc;
     MDB_cursor *c;
     rc = mdb_cursor_open(txn, s->dbi[SD_SHARD_DB_LATENTS], &c);

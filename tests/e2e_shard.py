@@ -271,6 +271,13 @@ def test_duplicate_names(d):
     check(vrc == 0, "after repairing damaged indexed copies: %d %s" % (vrc, err))
 
 
+def entries(shard, db):
+    """Entries of one of the shard's databases (mdb_stat)."""
+    out = subprocess.run(["mdb_stat", "-n", "-s", db, shard], capture_output=True, text=True).stdout
+    m = [l for l in out.splitlines() if "Entries:" in l]
+    return int(m[0].split()[-1]) if m else -1
+
+
 def kinds(rep):
     return rep["shards"][0]["by_kind"] if rep else None
 
@@ -326,6 +333,19 @@ def test_report_only(d):
           % sorted(before - latent_keys(shard)))
     vrc, rep, err = verify(shard)
     check(vrc == 1 and kinds(rep) == {"newer_version": 1}, "after newer version repair: %d %s" % (vrc, kinds(rep)))
+    # a newer record that is the one its name and bucket lead to keeps those index entries through
+    # a --repair that rebuilds the indexes for another problem (a damaged record here)
+    shard = os.path.join(d, "newver2.shard")
+    check(write(shard, 10, "8").returncode == 0, "write")
+    subprocess.run([WRITER, "newver", shard, "rec000003", "inplace"], check=True, capture_output=True)
+    subprocess.run([WRITER, "newver", shard, "rec000004", "damaged"], check=True, capture_output=True)
+    counts = lambda: (entries(shard, "bindex"), entries(shard, "names"))
+    check(counts() == (10, 10), "newer in place: index %s" % (counts(),))
+    vrc, rep, err = verify(shard, "--repair")
+    check(vrc == 1 and rep["shards"][0]["problems_after_repair"] == 1 and counts() == (10, 10),
+          "newer in place: repair %d %s, index %s" % (vrc, rep and rep["shards"][0], counts()))
+    vrc, rep, err = verify(shard)
+    check(vrc == 1 and kinds(rep) == {"newer_version": 1}, "newer in place after repair: %d %s" % (vrc, kinds(rep)))
     help_text = subprocess.run([VERIFY, "--help"], capture_output=True, text=True).stdout
     check("newer_version" in help_text and "never deleted" in help_text and "empty_text_missing" in help_text,
           "--help says what --repair leaves")

@@ -15,12 +15,13 @@
  *   meta SHARD KEY VALUE           set one meta entry
  *   misname SHARD NAME TARGET      point the names entry NAME at the record
  *                                  the name TARGET leads to, bypassing the API
- *   newver SHARD NAME [damaged]    store a copy of NAME's record under the key
+ *   newver SHARD NAME [damaged|inplace]  store a copy of NAME's record under the key
  *                                  "v2-NAME" with format version 2 and its header
  *                                  checksum made for it (a record a newer sdtk
  *                                  wrote), or with damaged, the checksum left as
- *                                  it was (a damaged version field); prints
- *                                  "latents hexkey"
+ *                                  it was (a damaged version field), or with
+ *                                  inplace, as NAME's own record (its indexes
+ *                                  left leading to it); prints "latents hexkey"
  *   corrupt SHARD COUNT SEED [text|indexed] damage COUNT distinct records
  *                                  through LMDB (bit flips in header or payload,
  *                                  truncation, extension; with "text" only
@@ -419,7 +420,7 @@ static int cmd_misname(char **argv)
  * damaged. */
 static int cmd_newver(int argc, char **argv)
 {
-    int damaged = argc > 4 && !strcmp(argv[4], "damaged");
+    int damaged = argc > 4 && !strcmp(argv[4], "damaged"), inplace = argc > 4 && !strcmp(argv[4], "inplace");
     MDB_env *env;
     MDB_txn *txn;
     MDB_dbi lat, text, names;
@@ -440,14 +441,15 @@ static int cmd_newver(int argc, char **argv)
         for (int i = 0; i < 8; i++) v[248 + i] = (uint8_t)(h >> (8 * i));
     }
     char key[600];
-    snprintf(key, sizeof key, "v2-%s", argv[3]);
-    MDB_val k = {strlen(key), key}, nv = {rv.mv_size, v};
+    if (inplace) snprintf(key, sizeof key, "%.*s", (int)rk.mv_size, (const char *)rk.mv_data);
+    else snprintf(key, sizeof key, "v2-%s", argv[3]);
+    MDB_val k = {inplace ? rk.mv_size : strlen(key), key}, nv = {rv.mv_size, v};
     int rc = mdb_put(txn, lat, &k, &nv, 0);
     if (!rc) rc = mdb_txn_commit(txn);
     mdb_env_close(env);
     free(v);
     printf("latents ");
-    hex(key, strlen(key));
+    hex(key, k.mv_size);
     printf("\n");
     return rc ? 3 : 0;
 }
