@@ -412,6 +412,14 @@ class Train(unittest.TestCase):
         shutil.copyfile(self.shard, at)
         code, err = run("--unet", UNET, "-o", out + "at", "--steps", "1", "--batch", "2", at)
         self.assertIn("14 records in 2 buckets", err)
+        self.assertNotIn("more copies of records", err)
+        # the same records in two shards (a copy here; parts of two split runs in practice) are warned
+        # about; a repeat of one shard is not
+        code, err = run("--unet", UNET, "-o", out + "two", "--steps", "1", "--batch", "2", self.shard, at)
+        self.assertIn("14 more copies of records already in another shard", err)
+        self.assertIn("split_set none", err)
+        code, err = run("--unet", UNET, "-o", out + "rep3", "--steps", "1", "--batch", "2", self.shard + "@3")
+        self.assertNotIn("more copies of records", err)
 
     def test_same_step_saved_again(self):
         """A finished run started again saves nothing (its checkpoint already holds the step,

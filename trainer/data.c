@@ -211,6 +211,59 @@ static sd_status build_index(sd_data *d, found *f, size_t nf, sd_error *err)
     return SD_OK;
 }
 
+/* A record key's hash and where it was found, to find keys in two shards. */
+typedef struct {
+    uint64_t h;
+    uint32_t shard, klen;
+    size_t koff;
+} keyed;
+
+/* By hash, then shard. */
+static int cmp_keyed(const void *a, const void *b)
+{
+    const keyed *x = a, *y = b;
+    if (x->h != y->h) return x->h < y->h ? -1 : 1;
+    return x->shard < y->shard ? -1 : x->shard > y->shard;
+}
+
+/* Warn when one record (the same key) is in more than one shard: it would
+ * train as often as it appears. Parts of two `sd-pack split` runs (a kill
+ * between the renames; their split_set meta tells) or overlapping inputs
+ * do that; repeats on purpose are SHARD@N. Out of memory only skips the
+ * check. */
+static void warn_shared_records(const sd_data *d, const found *f, size_t nf, const char *const *paths)
+{
+    keyed *k = malloc((nf ? nf : 1) * sizeof(*k));
+    if (!k) return;
+    for (size_t i = 0; i < nf; i++)
+        k[i] = (keyed){sd_hash64(d->keys + f[i].koff, f[i].klen, 0), f[i].shard, f[i].klen, f[i].koff};
+    qsort(k, nf, sizeof(*k), cmp_keyed);
+    uint64_t shared = 0;
+    size_t first = 0;
+    for (size_t i = 1; i < nf; i++) {
+        const keyed *a = &k[i - 1], *b = &k[i];
+        if (a->h != b->h || a->shard == b->shard || a->klen != b->klen ||
+            memcmp(d->keys + a->koff, d->keys + b->koff, a->klen) != 0)
+            continue;
+        if (!shared++) first = i;
+    }
+    if (shared) {
+        char sa[80], sb[80];
+        char *va = NULL, *vb = NULL;
+        sd_shard_meta_get(d->shards[k[first - 1].shard], "split_set", &va, NULL);
+        sd_shard_meta_get(d->shards[k[first].shard], "split_set", &vb, NULL);
+        snprintf(sa, sizeof sa, "%s", va ? va : "none");
+        snprintf(sb, sizeof sb, "%s", vb ? vb : "none");
+        sd_log(SD_LOG_WARN, "%llu more copies of records already in another shard (the first in %s, split_set %s, "
+               "and %s, split_set %s): a record trains once per shard that holds it. Parts of two sd-pack split "
+               "runs (other run ids) or overlapping inputs? SHARD@N repeats a shard on purpose",
+               (unsigned long long)shared, paths[k[first - 1].shard], sa, paths[k[first].shard], sb);
+        free(va);
+        free(vb);
+    }
+    free(k);
+}
+
 /* Open, check and index every shard. */
 sd_status sd_data_open(sd_data *d, const char *const *paths, int n, int batch, uint64_t seed, int allow_mixed,
                        sd_error *err)
@@ -241,6 +294,7 @@ sd_status sd_data_open(sd_data *d, const char *const *paths, int n, int batch, u
         free(path);
     }
     if (!rc && nf == 0) rc = sd_err_set(err, SD_ENOTFOUND, "training data: the shards hold no latent records");
+    if (!rc && n > 1) warn_shared_records(d, f, nf, paths);
     if (!rc) rc = build_index(d, f, nf, err);
     free(f);
     if (rc) sd_data_close(d);
