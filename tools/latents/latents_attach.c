@@ -87,6 +87,8 @@ static sd_status classify(attach *a, sd_error *err)
         }
         g = sd_shard_rec_parse(v, vl, &r, &e);
         if (!g) g = sd_shard_rec_check_payload(&r, &e);
+        if (!g && (r.name_len != strlen(j->name) || memcmp(r.name, j->name, r.name_len) != 0))
+            g = sd_err_set(&e, SD_EFORMAT, "the names index leads to a record of another name");
         if (g) {
             sd_skip(&a->tally, "corrupt record (sd-verify)", "%s: record %s: %s", sd_shard_path(a->shard), j->name,
                     e.msg);
