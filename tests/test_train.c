@@ -424,6 +424,44 @@ static void rmtree(const char *dir)
  * without carry every epoch holds every record exactly once. Every
  * cursor's count of batches served (what --epochs resumed with another
  * world size counts from) is the number of batches handed out. */
+/* --allow-mixed: each shard's latents are multiplied by its own
+ * scaling_factor, not the first shard's. Record img000 (a sample, no noise
+ * drawn) from both shards of one batch: their latents differ by exactly the
+ * ratio of the factors. */
+static void check_mixed_scaling(const char *first, const char *second)
+{
+    const char *two[2] = {first, second};
+    sd_data d;
+    sd_error err = {0};
+    if (!CHECK(sd_data_open(&d, two, 2, 2, 7, 1, &err) == SD_OK)) return;
+    size_t at[2] = {SIZE_MAX, SIZE_MAX};
+    for (size_t i = 0; i < d.nitems; i++)
+        if (d.items[i].klen == 16 && !memcmp(d.keys + d.items[i].koff, "img000", 7)) at[d.items[i].shard] = i;
+    uint32_t bucket = 0;
+    for (size_t b = 0; b < d.nbuckets; b++)
+        if (at[0] >= d.buckets[b].first && at[0] < d.buckets[b].first + d.buckets[b].n) bucket = (uint32_t)b;
+    if (CHECK(at[0] != SIZE_MAX && at[1] != SIZE_MAX)) {
+        d.perm[0] = (uint32_t)at[0];
+        d.perm[1] = (uint32_t)at[1];
+        sd_data_batch db = {bucket, 0, 2};
+        sd_load_opts lo = {.channels = 4, .cross_dim = 8, .no_flip = 1};
+        sd_rng rng;
+        sd_rng_seed(&rng, 3);
+        sd_batch bt = {0};
+        sd_tally tally;
+        sd_tally_init(&tally, 4);
+        if (CHECK(sd_data_load(&d, &db, &lo, &rng, &bt, &tally, &err) == SD_OK) && CHECK(bt.n == 2)) {
+            size_t per = (size_t)bt.c * (size_t)bt.h * (size_t)bt.w, bad = 0;
+            for (size_t j = 0; j < per; j++)
+                bad += fabs(bt.x0[per + j] * (double)(float)0.18215 - bt.x0[j] * (double)(float)0.13025) >
+                       1e-6 * fabs(bt.x0[j]) + 1e-9;
+            if (!CHECK(bad == 0)) fprintf(stderr, "  %zu of %zu latents not scaled by their own shard's factor\n", bad, per);
+        }
+        sd_batch_free(&bt);
+    }
+    sd_data_close(&d);
+}
+
 static void check_carry(const char *shard)
 {
     const char *shards[1] = {shard};
@@ -520,6 +558,7 @@ static void test_shard_runs(void)
         CHECK(d.nitems == 28);
         sd_data_close(&d);
     }
+    check_mixed_scaling(shard, other);
     /* so is one of the same VAE whose text embeddings came from another text encoder setup */
     char third[640];
     snprintf(third, sizeof third, "%s/third.shard", dir);
@@ -532,6 +571,14 @@ static void test_shard_runs(void)
         CHECK(sd_data_open(&d, two, 2, 2, 7, 0, &err) == SD_EFORMAT);
         CHECK(strstr(err.msg, "another text encoder") != NULL);
         if (CHECK(sd_data_open(&d, two, 2, 2, 7, 1, &err) == SD_OK)) sd_data_close(&d);
+        /* as a --val shard too: its loss would measure other embeddings */
+        sd_train_opts vo;
+        sd_trainer vt;
+        shard_opts(&vo, shards, a, 1, 1);
+        vo.val_shard = third;
+        CHECK(sd_trainer_open(&vt, &vo, &err) == SD_EFORMAT && strstr(err.msg, "--val") != NULL);
+        vo.allow_mixed = 1;
+        if (CHECK(sd_trainer_open(&vt, &vo, &err) == SD_OK)) sd_trainer_close(&vt);
         /* an empty_text naming an embedding the shard lacks (an older sd-pack's merge) is not
          * taken for dropout: the next shard's is, or none */
         if (CHECK(sd_shard_open(&ts, third, &tso, &err) == SD_OK)) {

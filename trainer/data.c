@@ -91,6 +91,7 @@ static sd_status check_meta(sd_data *d, int i, const char *path, int allow_mixed
     double s = strtod(sf, &end);
     if (!sf[0] || *end || !(s > 0))
         return sd_err_set(err, SD_EFORMAT, "%s: no usable scaling_factor in the shard's meta (got '%s')", path, sf);
+    d->shard_scaling[i] = s;
     if (i == 0) {
         d->scaling = s;
         snprintf(d->model, sizeof d->model, "%s", model);
@@ -274,7 +275,12 @@ sd_status sd_data_open(sd_data *d, const char *const *paths, int n, int batch, u
     d->batch = batch;
     if (n < 1 || batch < 1) return sd_err_set(err, SD_EINVAL, "training data: no shards or a batch size below 1");
     d->shards = calloc((size_t)n, sizeof(*d->shards));
-    if (!d->shards) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    d->shard_scaling = calloc((size_t)n, sizeof(*d->shard_scaling));
+    if (!d->shards || !d->shard_scaling) {
+        free(d->shards);
+        free(d->shard_scaling);
+        return sd_err_set(err, SD_ENOMEM, "out of memory");
+    }
     d->nshards = n;
     found *f = NULL;
     size_t nf = 0, fcap = 0;
@@ -307,6 +313,7 @@ void sd_data_close(sd_data *d)
     for (int i = 0; i < d->nshards; i++)
         if (d->shards[i]) sd_shard_close(d->shards[i], NULL);
     free(d->shards);
+    free(d->shard_scaling);
     free(d->keys);
     free(d->items);
     free(d->buckets);
@@ -521,8 +528,8 @@ static const char *load_text(sd_shard_txn *t, const uint8_t key[16], const sd_lo
 
 /* One latent record into x0 [c, h, w] (scaled sample) and its size ids; a
  * reason string when it cannot be used. Draws flip, dropout and noise. */
-static const char *load_latent(sd_data *d, const sd_shard_rec *r, const sd_load_opts *o, sd_rng *rng, int c, int h,
-                               int w, float *x0, float *tmp, float *tids, int *use_empty)
+static const char *load_latent(sd_data *d, const sd_shard_rec *r, uint32_t shard, const sd_load_opts *o, sd_rng *rng,
+                               int c, int h, int w, float *x0, float *tmp, float *tids, int *use_empty)
 {
     int meanstd = (r->flags & SD_REC_F_MEANSTD) != 0;
     int flip = 0;
@@ -541,7 +548,7 @@ static const char *load_latent(sd_data *d, const sd_shard_rec *r, const sd_load_
         if (!to_floats(tmp, s->data, per, s->dtype)) return "latent std has non-finite values";
         for (size_t i = 0; i < per; i++) x0[i] += tmp[i] * tmp[per + i];
     }
-    float sf = (float)d->scaling;
+    float sf = (float)d->shard_scaling[shard]; /* each shard's own: --allow-mixed mixes factors */
     for (size_t i = 0; i < per; i++) x0[i] *= sf;
     /* SDXL size conditioning: original (h, w), crop (top, left), target (h, w).
      * A crop box kept as kohya's crop_ltrb (flag 4) gives a flipped sample
@@ -595,8 +602,8 @@ sd_status sd_data_load(sd_data *d, const sd_data_batch *b, const sd_load_opts *o
         else if ((named = 1, sd_shard_rec_check_payload(&r, &e) || r.kind != SD_REC_LATENT))
             why = "corrupt latent record";
         if (!why)
-            why = load_latent(d, &r, o, rng, c, h, w, out->x0 + (size_t)k * per, out->tmp, out->tids + 6 * k,
-                              &use_empty);
+            why = load_latent(d, &r, it->shard, o, rng, c, h, w, out->x0 + (size_t)k * per, out->tmp,
+                              out->tids + 6 * k, &use_empty);
         if (!why) {
             static const uint8_t zero[16];
             int tc = out->tctx;

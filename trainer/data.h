@@ -44,7 +44,8 @@ typedef struct {
 typedef struct {
     sd_shard **shards;
     int nshards;
-    double scaling;          /* the shards' scaling_factor */
+    double scaling;          /* the first shard's scaling_factor (the others' unless allow_mixed) */
+    double *shard_scaling;   /* each shard's own, which its latents are multiplied by */
     char model[80];          /* their model_hash ("" when absent) */
     char text_encoder[200];  /* their text_encoder identity ("" when absent) */
     unsigned char *keys;

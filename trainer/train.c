@@ -210,6 +210,15 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
     if (o->val_shard) {
         /* a fixed order, whatever the training seed */
         rc = sd_data_open(&tr->val, &o->val_shard, 1, o->batch, 0x76616c69646174ULL, o->allow_mixed, err);
+        if (!rc && tr->have_data && !o->allow_mixed &&
+            (strcmp(tr->val.model, tr->data.model) != 0 || strcmp(tr->val.text_encoder, tr->data.text_encoder) != 0)) {
+            /* a held-out loss on other latents or other embeddings measures nothing about this training */
+            rc = sd_err_set(err, SD_EFORMAT,
+                            "--val %s: made with another VAE or text encoder setup than the training shards "
+                            "(model_hash '%s', text_encoder '%s' vs '%s', '%s'); --allow-mixed takes it anyway",
+                            o->val_shard, tr->val.model, tr->val.text_encoder, tr->data.model, tr->data.text_encoder);
+            sd_data_close(&tr->val);
+        }
         if (rc) {
             sd_trainer_close(tr);
             return rc;
