@@ -138,12 +138,24 @@ class Text(unittest.TestCase):
         for v in dump(s, "latents")[1::2]:
             ref = v.strip()[128:160]  # header bytes 64..79
             self.assertIn(" " + ref, texts)
-        # a changed caption: one new embedding, one record replaced
+        # a changed caption: one new embedding; its image's record keeps its key and latents and
+        # refers to the new embedding, no image encoded again
+        before, keys0 = self.by_name(s), dump(s, "latents")[0::2]
         jl2 = self.bucketed("sd1b.jsonl", change=b"a cat on a mat")
         _, _, err = sh(LATENTS, "--vae", VAE, "--text", self.sd1, "-o", s, jl2)
-        self.assertRegex(err, r"1 written \(1 replaced stale\), %d already cached" % (n - 1))
+        self.assertIn("1 records kept their latents and now refer to their new caption's embedding", err)
+        self.assertNotIn(" written (", err)
         self.assertEqual(entries(s, "text"), self.distinct + 1)
+        after = self.by_name(s)
+        self.assertEqual(sorted(after), sorted(before))
+        self.assertEqual([k for k in after if after[k][64:80] != before[k][64:80]], ["i00"])
+        self.assertEqual(after["i00"][256:], before["i00"][256:])  # the same latents
+        self.assertEqual(dump(s, "latents")[0::2], keys0)  # every record under its old key
         sh(VERIFY, s)
+        # a run without --text keeps every record and its reference
+        _, _, err = sh(LATENTS, "--vae", VAE, "-o", s, jl2)
+        self.assertIn("nothing to do: %d records already cached" % n, err)
+        self.assertEqual(self.by_name(s), after)
 
     def test_sdxl_two_encoders_and_pooled(self):
         jl = self.bucketed("xl.jsonl")
@@ -379,6 +391,33 @@ class Text(unittest.TestCase):
             self.assertIn(" " + v[64:80].hex(), texts)
         _, _, err = train("kohya_run1", (0,))
         self.assertIn("step 2/2", err)
+
+    def test_root_resolves_relative_image_paths(self):
+        """Records whose image paths are relative (sd-bucket --root) are found with
+        sd-latents --root from any directory (without it: every image unreadable, and no
+        usable record is said plainly); the record keys do not depend on the root."""
+        jl = self.bucketed("root.jsonl")
+        rel = os.path.join(self.tmp, "rel.jsonl")
+        with open(jl, "rb") as f, open(rel, "wb") as g:
+            for line in f:
+                if b"\xff" not in line:
+                    g.write(line.replace((self.ds + "/").encode(), b"ds/"))
+        a, b = os.path.join(self.tmp, "root_a.shard"), os.path.join(self.tmp, "root_b.shard")
+        _, _, err = sh(LATENTS, "--vae", VAE, "-o", a, rel)  # cwd is not self.tmp
+        self.assertRegex(err, r"0 written \(0 replaced stale\), 0 already cached, \d+ bad")
+        _, _, err = sh(LATENTS, "--vae", VAE, "--root", self.tmp, "-o", b, rel)
+        self.assertRegex(err, r"(\d+) written .* 0 bad")
+        full = os.path.join(self.tmp, "root_full.shard")
+        sh(LATENTS, "-q", "--vae", VAE, "-o", full, jl)
+        self.assertEqual(dump(b, "latents"), dump(full, "latents"))
+        # an input with no usable record says so (it said "nothing to do: 0 records already cached")
+        nb = os.path.join(self.tmp, "notbucketed.jsonl")
+        _, meta, _ = sh(META, "-q", self.ds)
+        with open(nb, "w") as f:
+            f.write(meta)
+        _, _, err = sh(LATENTS, "--vae", VAE, "-o", os.path.join(self.tmp, "nb.shard"), nb)
+        self.assertIn("no usable record in the input", err)
+        self.assertNotIn("nothing to do", err)
 
     def test_missing_tokenizer_is_a_clear_error(self):
         jl = self.bucketed("t.jsonl")

@@ -85,6 +85,8 @@ int main(int argc, char **argv)
         {"cudnn-search", 0, SD_OPT_FLAG, &o.cudnn_search, NULL,
          "GPU: time cuDNN's convolution algorithms per shape and take the fastest (1.5x at --batch 8 in strict "
          "fp32 on an H100); the choice depends on timing, so a resumed run's latents may differ in the last bits"},
+        {"root", 0, SD_OPT_STR, &o.root, "DIR",
+         "resolve relative image paths against DIR, as sd-bucket --root did (default: the current directory)"},
         {"shard", 0, SD_OPT_STR, &part, "I/N", "cache only records whose key hashes to part I of N (one process per GPU)"},
         {"batch", 'b', SD_OPT_INT, &batch, "N", "images per VAE batch, all of one bucket (default 1)"},
         {"text-batch", 0, SD_OPT_INT, &text_batch, "N",
@@ -108,7 +110,9 @@ int main(int argc, char **argv)
                   "sample) in an LMDB shard, one transaction per batch (on a GPU a batch encodes while the next "
                   "decodes). Rerunning resumes: records already stored "
                   "with the same plan, options and VAE (its weights and encoder config) are skipped; records whose "
-                  "plan or options changed are replaced. A shard made before the VAE's config joined its "
+                  "plan or options changed are replaced; with --text, a record whose caption changed keeps its latents "
+                  "and gets the new caption's embedding (no image encoded again). A shard made before the VAE's "
+                  "config joined its "
                   "model_hash is encoded again whole. Unreadable images, and tar members that are no longer at "
                   "their recorded offset, are reported and counted; the run goes on.",
                   opts,

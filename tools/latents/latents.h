@@ -11,6 +11,7 @@
 #include "buf.h"
 #include "err.h"
 #include "image.h"
+#include "shard.h"
 #include "tally.h"
 
 /* One image to cache: where it is, its plan from sd-bucket, its key. */
@@ -27,12 +28,14 @@ typedef struct {
     size_t seq;         /* position in the input, for a stable order */
     uint64_t line;      /* its line in the input, for messages */
     uint8_t text_key[16]; /* with --text: key of the caption's embedding */
-    uint8_t key[16];    /* record key: hash of name, plan, member, options, model, text key */
-    int state;          /* JOB_TODO, JOB_DONE, JOB_STALE */
+    uint8_t key[16];    /* record key: hash of name, plan, member, options, model (not the caption) */
+    int state;          /* JOB_TODO, JOB_DONE, JOB_STALE, JOB_RETEXT */
     uint8_t old_key[16];
 } latent_job;
 
-enum { JOB_TODO = 0, JOB_DONE = 1, JOB_STALE = 2 };
+/* JOB_RETEXT: the record is right but refers to another caption's
+ * embedding (or none): put back with this caption's, no image encoded. */
+enum { JOB_TODO = 0, JOB_DONE = 1, JOB_STALE = 2, JOB_RETEXT = 3 };
 
 typedef struct {
     latent_job *v;
@@ -44,14 +47,16 @@ typedef struct {
  * `count` (by a hash of the name), skip bad ones into tally, and of several
  * records with one key the first line (later ones: "duplicate key", both
  * lines named); then sort by bucket (stable). captions_only (--text-only)
- * reads only each record's key and caption (no image, no plan needed). */
-sd_status jobs_read(job_list *l, const char *path, int index, int count, int captions_only, sd_tally *tally,
-                    sd_error *err);
+ * reads only each record's key and caption (no image, no plan needed).
+ * root (or NULL): the directory relative image paths are resolved against. */
+sd_status jobs_read(job_list *l, const char *path, int index, int count, int captions_only, const char *root,
+                    sd_tally *tally, sd_error *err);
 void jobs_free(job_list *l);
 
 /* Everything the run needs from the command line. */
 typedef struct {
     const char *input, *output, *vae_path, *vae_config, *device, *dtype_name;
+    const char *root; /* --root DIR: relative image paths resolved against it (NULL: the current directory) */
     const char *text_model, *tokenizer; /* --text MODEL, --tokenizer DIR */
     const char *text_weights;           /* --text-weights fp32|fp16|bf16 (NULL: fp32) */
     int clip_skip;
@@ -92,6 +97,12 @@ int latents_attach(const latents_opts *o);
 /* The device's numerics as a key suffix: "" for the CPU and strict fp32,
  * else "|tf32", "|mixed-bf16" or "|mixed-fp16" (record and text keys). */
 const char *latents_numerics(const latents_opts *o);
+
+/* The record named name rebuilt with text_ref as its text reference (all
+ * else as stored) into key and val, read in t: what --text-only and a
+ * --text run whose caption changed put back, with no image encoded. */
+sd_status latents_retext_record(sd_shard_txn *t, const char *name, const uint8_t text_ref[16], sd_buf *key,
+                                sd_buf *val, sd_error *err);
 
 /* The CUDA context of --device cuda:K (an sd_cuda *) and its backend; an
  * error when this build has no CUDA. latents_cuda_close(NULL) is a no-op. */

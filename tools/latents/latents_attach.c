@@ -105,24 +105,24 @@ static sd_status classify(attach *a, sd_error *err)
     return st;
 }
 
-/* Job j's record rebuilt with its caption's text reference into
- * a->vals/a->keys[a->nvals]; the record as stored otherwise. */
-static sd_status rebuild(attach *a, sd_shard_txn *t, const latent_job *j, sd_error *err)
+/* The record named name, as stored but for its text reference, rebuilt
+ * into key (its record key) and val, read in t (the writer's lock keeps it
+ * current until the caller puts it back). The caller checked its payload. */
+sd_status latents_retext_record(sd_shard_txn *t, const char *name, const uint8_t text_ref[16], sd_buf *key,
+                                sd_buf *val, sd_error *err)
 {
     const void *k, *v;
     size_t kl, vl;
     sd_shard_rec r;
-    sd_status st = sd_shard_get_name(t, j->name, strlen(j->name), &k, &kl, err);
+    sd_status st = sd_shard_get_name(t, name, strlen(name), &k, &kl, err);
     if (!st) st = sd_shard_get(t, k, kl, &v, &vl, err);
-    if (!st) st = sd_shard_rec_parse(v, vl, &r, err); /* classify checked its payload */
+    if (!st) st = sd_shard_rec_parse(v, vl, &r, err);
     if (st) return st;
-    sd_buf *key = &a->keys[a->nvals], *val = &a->vals[a->nvals];
     sd_buf_clear(key);
     sd_buf_put(key, k, kl);
-    memcpy(r.text_ref, j->text_key, 16);
+    memcpy(r.text_ref, text_ref, 16);
     st = sd_shard_rec_build(&r, val, err); /* copies the tensors out of the map */
     if (!st && key->oom) st = sd_err_set(err, SD_ENOMEM, "out of memory");
-    if (!st) a->nvals++;
     return st;
 }
 
@@ -185,8 +185,9 @@ static sd_status window(attach *a, size_t *next, const char **caps, size_t *lens
     for (; !st && *next < a->jobs.n && *m < (size_t)a->o->text_batch; ++*next) {
         latent_job *j = &a->jobs.v[*next];
         if (j->state == JOB_DONE) continue;
-        st = rebuild(a, t, j, err);
+        st = latents_retext_record(t, j->name, j->text_key, &a->keys[a->nvals], &a->vals[a->nvals], err);
         if (st) break;
+        a->nvals++;
         caps[*m] = j->caption;
         lens[*m] = j->caption_len;
         tkeys[*m] = j->text_key;
@@ -298,7 +299,7 @@ int latents_attach(const latents_opts *o)
     sd_status st = text_open(&a.text, o->text_model, o->tokenizer, o->clip_skip, dtype, wdt, latents_numerics(o), &err);
     a.text_ok = !st;
     if (!st) text_key(&a.text, "", 0, a.empty_key);
-    if (!st) st = jobs_read(&a.jobs, o->input, 0, 1, 1, &a.tally, &err);
+    if (!st) st = jobs_read(&a.jobs, o->input, 0, 1, 1, NULL, &a.tally, &err);
     sd_shard_opts so = {o->nosync ? SD_SHARD_NOSYNC : 0, 0, 0}; /* no SD_SHARD_CREATE: the records must exist */
     if (!st) st = sd_shard_open(&a.shard, o->output, &so, &err);
     if (!st) st = check_encoder(&a, &err);

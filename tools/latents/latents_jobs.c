@@ -74,7 +74,7 @@ static const char *caption_from(const sd_json *r, latent_job *j)
 
 /* Turn one parsed record into a job; a reason string when it cannot be.
  * captions_only (--text-only) reads the key and caption alone. */
-static const char *job_from(const sd_json *r, int captions_only, latent_job *j)
+static const char *job_from(const sd_json *r, int captions_only, const char *root, latent_job *j)
 {
     int b[2], rs[2], c[4], o[2];
     memset(j, 0, sizeof(*j));
@@ -84,6 +84,16 @@ static const char *job_from(const sd_json *r, int captions_only, latent_job *j)
     if (captions_only) return caption_from(r, j);
     j->image = dup_str(r, "image");
     if (!j->image) return "no image path";
+    if (root && j->image[0] != '/') { /* as sd-bucket --root resolved it */
+        size_t rl = strlen(root), il = strlen(j->image);
+        char *p = malloc(rl + il + 2);
+        if (!p) return "out of memory";
+        memcpy(p, root, rl);
+        p[rl] = '/';
+        memcpy(p + rl + 1, j->image, il + 1);
+        free(j->image);
+        j->image = p;
+    }
     if (int_array(sd_json_get(r, "bucket"), 2, b) || int_array(sd_json_get(r, "resize"), 2, rs) ||
         int_array(sd_json_get(r, "crop"), 4, c))
         return "not bucketed (no bucket/resize/crop: run sd-bucket first)";
@@ -160,8 +170,8 @@ static int duplicate(sd_strmap *seen, const latent_job *j, const char *path, sd_
 }
 
 /* Read, select and sort (see latents.h). */
-sd_status jobs_read(job_list *l, const char *path, int index, int count, int captions_only, sd_tally *tally,
-                    sd_error *err)
+sd_status jobs_read(job_list *l, const char *path, int index, int count, int captions_only, const char *root,
+                    sd_tally *tally, sd_error *err)
 {
     memset(l, 0, sizeof(*l));
     int is_stdin = strcmp(path, "-") == 0;
@@ -179,16 +189,16 @@ sd_status jobs_read(job_list *l, const char *path, int index, int count, int cap
         l->lines++;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) len--;
         if (len == 0) continue;
-        sd_json *root = NULL;
+        sd_json *root_json = NULL;
         sd_error pe = {0};
         sd_arena_reset(&a);
-        if (sd_json_parse(&a, line, (size_t)len, &root, &pe)) {
+        if (sd_json_parse(&a, line, (size_t)len, &root_json, &pe)) {
             if (index == 0) /* every --shard process reads the line: the first one reports it */
                 sd_skip(tally, "malformed JSON", "%s:%llu: %s", path, (unsigned long long)l->lines, pe.msg);
             continue;
         }
         latent_job j;
-        const char *why = job_from(root, captions_only, &j);
+        const char *why = job_from(root_json, captions_only, root, &j);
         if (why) { /* reported by the process whose shard the key falls in (the first one without a key) */
             int mine = count <= 1 || (j.name ? shard_of(j.name, count) == index : index == 0);
             if (mine) sd_skip(tally, why, "%s:%llu (%s)", path, (unsigned long long)l->lines, j.name ? j.name : "no key");

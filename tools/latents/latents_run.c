@@ -63,6 +63,8 @@ typedef struct {
     int meta_pending; /* the shard's meta goes into the next transaction */
     double t_decode, t_encode, t_write;
     uint64_t written, cached, bad, replaced;
+    uint64_t retexted; /* records whose caption changed: new text reference, no image encoded */
+    sd_buf *rt_keys, *rt_vals; /* run_texts: a window's retext records */
 } run;
 
 /* Grow a float buffer to at least n floats (contents not kept). */
@@ -100,31 +102,54 @@ static uint64_t key_seed(const latents_opts *o)
     return o->sample ? o->seed : 0;
 }
 
-/* The record key: everything that decides the stored bytes (name, plan,
- * tar member, mode, flip, dtype, --sample's seed, the VAE's weights and
- * config, numerics), so a changed plan or model is a new key and a rerun
- * with the same inputs finds its records. */
-static void job_key(const run *r, latent_job *j)
+/* A record key: XXH3-128 of everything that decides the stored latents
+ * (name, plan, tar member, mode, flip, dtype, --sample's seed, the VAE's
+ * weights and config, numerics), after prefix (a text key, or nothing). */
+static void key_of(const run *r, const latent_job *j, const uint8_t *prefix, uint8_t out[16])
 {
     sd_buf b;
     sd_buf_init(&b);
-    if (r->text_on) {
-        text_key(&r->text, j->caption, j->caption_len, j->text_key);
-        sd_buf_put(&b, j->text_key, 16);
-    }
+    if (prefix) sd_buf_put(&b, prefix, 16);
     sd_buf_printf(&b, "%s%c%d,%d,%d,%d,%d,%d|%d,%d|%s|%d|%d|%d|%llu|%s", j->name, 0, j->plan.resize_w,
                   j->plan.resize_h, j->plan.crop_l, j->plan.crop_t, j->plan.crop_r, j->plan.crop_b, j->orig_w,
                   j->orig_h, j->member ? j->member : "", r->o->sample, r->o->flip, r->dtype,
                   (unsigned long long)key_seed(r->o), r->model_hash);
     sd_buf_puts(&b, latents_numerics(r->o)); /* other numerics: other records (nothing added for strict fp32) */
     sd_key128 k = sd_key128_of(b.data, b.len);
-    memcpy(j->key, &k.lo, 8);
-    memcpy(j->key + 8, &k.hi, 8);
+    memcpy(out, &k.lo, 8);
+    memcpy(out + 8, &k.hi, 8);
     sd_buf_free(&b);
 }
 
-/* Mark each job done (its name maps to its key), stale (its name maps to
- * another key: re-made with other options or model, replaced) or to do. */
+/* The job's record key (key_of, no prefix: a changed plan or model is a
+ * new key, a rerun with the same inputs finds its records) and with
+ * --text its caption's text key. The caption stays out of the record key,
+ * so an edited caption changes only the record's text reference (no image
+ * is encoded again) and a run without --text keeps the references. */
+static void job_key(const run *r, latent_job *j)
+{
+    if (r->text_on) text_key(&r->text, j->caption, j->caption_len, j->text_key);
+    key_of(r, j, NULL, j->key);
+}
+
+/* The text reference of the record stored under key (zeros: none); 0 on
+ * success, -1 when it cannot be read (then it is encoded again). */
+static int stored_text_ref(sd_shard_txn *t, const void *key, uint8_t ref[16])
+{
+    const void *v;
+    size_t vl;
+    sd_shard_rec rec;
+    if (sd_shard_get(t, key, 16, &v, &vl, NULL) || sd_shard_rec_parse(v, vl, &rec, NULL)) return -1;
+    memcpy(ref, rec.text_ref, 16);
+    return 0;
+}
+
+/* Mark each job done (its name maps to its key and, with --text, the
+ * record refers to its caption's embedding), retext (the right record, the
+ * wrong or no reference: put back with this caption's, no image encoded),
+ * stale (its name maps to another key: re-made with other options or
+ * model, replaced) or to do. A record keyed as before the caption left the
+ * key (text key first) is done when that old key is this caption's. */
 static sd_status classify(run *r, sd_error *err)
 {
     sd_shard_txn *t = NULL;
@@ -134,17 +159,28 @@ static sd_status classify(run *r, sd_error *err)
         job_key(r, j);
         const void *k;
         size_t kl;
+        uint8_t legacy[16], ref[16];
         sd_error e = {0};
         sd_status g = sd_shard_get_name(t, j->name, strlen(j->name), &k, &kl, &e);
         if (g == SD_ENOTFOUND) j->state = JOB_TODO;
         else if (g) st = sd_err_set(err, g, "%s", e.msg);
-        else if (kl == 16 && !memcmp(k, j->key, 16)) j->state = JOB_DONE;
-        else if (kl == 16) {
-            j->state = JOB_STALE;
-            memcpy(j->old_key, k, 16);
-        } else
+        else if (kl != 16)
             st = sd_err_set(err, SD_EFORMAT, "%s: record %s has a %zu-byte key; not written by sd-latents",
                             sd_shard_path(r->shard), j->name, kl);
+        else if (!memcmp(k, j->key, 16)) {
+            int have = r->text_on ? stored_text_ref(t, k, ref) : 0;
+            if (have < 0) { /* unreadable: replaced by a fresh encode */
+                j->state = JOB_STALE;
+                memcpy(j->old_key, k, 16);
+            } else {
+                j->state = r->text_on && memcmp(ref, j->text_key, 16) ? JOB_RETEXT : JOB_DONE;
+            }
+        } else if (r->text_on && (key_of(r, j, j->text_key, legacy), !memcmp(k, legacy, 16))) {
+            j->state = JOB_DONE;
+        } else {
+            j->state = JOB_STALE;
+            memcpy(j->old_key, k, 16);
+        }
     }
     if (t) sd_shard_read_end(t);
     return st;
@@ -419,8 +455,10 @@ static sd_status write_batch(run *r, const batch *b, sd_error *err)
 }
 
 /* Up to --text-batch captions of jobs still to do from *next on, in job
- * order, into caps/lens/keys; returns how many, *next past them. */
-static size_t text_window(run *r, size_t *next, const char **caps, size_t *lens, const uint8_t **keys)
+ * order, into caps/lens/keys and their jobs into jobs; returns how many,
+ * *next past them. */
+static size_t text_window(run *r, size_t *next, const char **caps, size_t *lens, const uint8_t **keys,
+                          latent_job **jobs)
 {
     size_t m = 0;
     for (; *next < r->jobs.n && m < (size_t)r->o->text_batch; ++*next) {
@@ -428,9 +466,28 @@ static size_t text_window(run *r, size_t *next, const char **caps, size_t *lens,
         if (j->state == JOB_DONE) continue;
         caps[m] = j->caption;
         lens[m] = j->caption_len;
+        jobs[m] = j;
         keys[m++] = j->text_key;
     }
     return m;
+}
+
+/* The window's retext jobs' records rebuilt with their captions' keys
+ * (latents_retext_record) into r->rt_keys/rt_vals, read in one snapshot;
+ * *n: how many. */
+static sd_status retext_window(run *r, latent_job *const *jobs, size_t m, size_t *n, sd_error *err)
+{
+    sd_shard_txn *t = NULL;
+    *n = 0;
+    sd_status st = SD_OK;
+    for (size_t i = 0; i < m && !st; i++) {
+        if (jobs[i]->state != JOB_RETEXT) continue;
+        if (!t && (st = sd_shard_read_begin(r->shard, &t, err))) break;
+        st = latents_retext_record(t, jobs[i]->name, jobs[i]->text_key, &r->rt_keys[*n], &r->rt_vals[*n], err);
+        if (!st) ++*n;
+    }
+    if (t) sd_shard_read_end(t);
+    return st;
 }
 
 /* With --text, before any image: the caption of every job still to do,
@@ -442,30 +499,52 @@ static size_t text_window(run *r, size_t *next, const char **caps, size_t *lens,
  * the image records written later find their captions stored. */
 static sd_status run_texts(run *r, sd_error *err)
 {
-    size_t w = (size_t)r->o->text_batch, todo_total = 0, next = 0, done = 0;
+    size_t w = (size_t)r->o->text_batch, todo_total = 0, next = 0, done = 0, nrt = 0;
     const char **caps = malloc(w * sizeof(*caps));
     size_t *lens = malloc(w * sizeof(*lens));
     const uint8_t **keys = malloc(w * sizeof(*keys));
-    sd_status st = caps && lens && keys ? SD_OK : sd_err_set(err, SD_ENOMEM, "out of memory");
+    latent_job **jobs = malloc(w * sizeof(*jobs));
+    r->rt_keys = calloc(w, sizeof(*r->rt_keys));
+    r->rt_vals = calloc(w, sizeof(*r->rt_vals));
+    sd_status st = caps && lens && keys && jobs && r->rt_keys && r->rt_vals
+                       ? SD_OK
+                       : sd_err_set(err, SD_ENOMEM, "out of memory");
     for (size_t i = 0; i < r->jobs.n; i++) todo_total += r->jobs.v[i].state != JOB_DONE;
     sd_progress prog;
     sd_progress_init(&prog, "sd-latents text", "captions", todo_total, !r->o->quiet);
     size_t m;
-    while (!st && (m = text_window(r, &next, caps, lens, keys)) > 0) {
-        st = sd_shard_begin(r->shard, err);
+    while (!st && (m = text_window(r, &next, caps, lens, keys, jobs)) > 0) {
+        st = retext_window(r, jobs, m, &nrt, err);
+        if (!st) st = sd_shard_begin(r->shard, err);
         if (st) break;
         if (r->meta_pending) st = write_meta(r, err);
         if (!st) st = text_put_many(&r->text, r->shard, m, caps, lens, keys, &r->trec, err);
+        for (size_t i = 0; i < nrt && !st; i++) /* same key, new reference: no image encoded */
+            st = sd_shard_put(r->shard, r->rt_keys[i].data, r->rt_keys[i].len, r->rt_vals[i].data,
+                              r->rt_vals[i].len, err);
         if (!st) st = sd_shard_commit(r->shard, err);
         else sd_shard_abort(r->shard);
-        if (!st) r->meta_pending = 0;
+        if (!st) {
+            r->meta_pending = 0;
+            for (size_t i = 0; i < m; i++)
+                if (jobs[i]->state == JOB_RETEXT) {
+                    jobs[i]->state = JOB_DONE;
+                    r->retexted++;
+                }
+        }
         done += m;
         sd_progress_update(&prog, done, 0);
     }
     sd_progress_finish(&prog);
+    for (size_t i = 0; r->rt_keys && i < w; i++) sd_buf_free(&r->rt_keys[i]);
+    for (size_t i = 0; r->rt_vals && i < w; i++) sd_buf_free(&r->rt_vals[i]);
+    free(r->rt_keys);
+    free(r->rt_vals);
+    r->rt_keys = r->rt_vals = NULL;
     free(caps);
     free(lens);
     free(keys);
+    free(jobs);
     return st;
 }
 
@@ -479,7 +558,7 @@ static sd_status run_batches(run *r, sd_error *err)
     const latents_opts *o = r->o;
     size_t todo_total = 0;
     for (size_t i = 0; i < r->jobs.n; i++) todo_total += r->jobs.v[i].state != JOB_DONE;
-    r->cached = r->jobs.n - todo_total;
+    r->cached = r->jobs.n - todo_total - r->retexted; /* run_texts marked the retexted ones done */
     batch cur = {.todo = malloc((size_t)o->batch * sizeof(latent_job *))};
     batch prev = {.todo = malloc((size_t)o->batch * sizeof(latent_job *))};
     r->dec_st = calloc((size_t)o->batch, sizeof(*r->dec_st));
@@ -714,7 +793,7 @@ int latents_run(const latents_opts *o)
         r.text_on = !st;
         if (r.text_on) text_key(&r.text, "", 0, r.empty_key);
     }
-    if (!st) st = jobs_read(&r.jobs, o->input, o->shard_index, o->shard_count, 0, &r.tally, &err);
+    if (!st) st = jobs_read(&r.jobs, o->input, o->shard_index, o->shard_count, 0, o->root, &r.tally, &err);
     sd_shard_opts so = {SD_SHARD_CREATE | (o->nosync ? SD_SHARD_NOSYNC : 0), 0, 0};
     if (!st) st = sd_shard_open(&r.shard, o->output, &so, &err);
     if (!st) st = check_meta(&r, &err);
@@ -744,8 +823,14 @@ int latents_run(const latents_opts *o)
                r.t_encode > 0 ? (double)r.written / r.t_encode : 0, r.t_encode,
                r.cuda ? " waited for: the rest ran during decoding and writing" : "",
                r.t_write > 0 ? (double)r.written / r.t_write : 0, r.t_write);
-    else if (!st)
+    else if (!st && r.jobs.n == 0)
+        sd_log(SD_LOG_WARN, "no usable record in the input (%llu lines read; skipped ones are counted below)",
+               (unsigned long long)r.jobs.lines);
+    else if (!st && !r.retexted)
         sd_log(SD_LOG_INFO, "nothing to do: %llu records already cached", (unsigned long long)r.cached);
+    if (r.retexted)
+        sd_log(SD_LOG_INFO, "%llu records kept their latents and now refer to their new caption's embedding (no "
+               "image encoded again)", (unsigned long long)r.retexted);
     if (r.text_on && r.text.total) {
         sd_log(SD_LOG_INFO,
                "text: %llu captions looked up, %llu embeddings computed (%.1f captions/s), %llu already stored; "
