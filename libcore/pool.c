@@ -1,6 +1,7 @@
 #include "pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -151,9 +152,12 @@ void *sd_worker_array(size_t n, size_t size)
     return p;
 }
 
-/* The number of online CPUs, the default for --threads. */
+/* The CPUs this process may run on (taskset, cgroup cpusets, a launcher's
+ * binding), else the online ones: the default for --threads. */
 int sd_default_threads(void)
 {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1 : (int)n;
 }
