@@ -220,14 +220,19 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
         sd_log(SD_LOG_ERROR, "%s", err.msg);
         status = SD_EXIT_FATAL;
     }
+    int via_temp = out.tmp != NULL; /* a regular file: written whole or not at all */
     if (status == SD_EXIT_OK && sd_outfile_commit(&out, &err)) {
         sd_log(SD_LOG_ERROR, "%s", err.msg);
         status = SD_EXIT_FATAL;
     } else if (status != SD_EXIT_OK) {
         sd_outfile_abort(&out);
     }
-    sd_log(SD_LOG_INFO, "records read %llu, written %llu, skipped %llu", (unsigned long long)run.read,
-           (unsigned long long)run.written, (unsigned long long)run.skips.total);
+    if (status == SD_EXIT_OK || !via_temp)
+        sd_log(SD_LOG_INFO, "records read %llu, written %llu, skipped %llu", (unsigned long long)run.read,
+               (unsigned long long)run.written, (unsigned long long)run.skips.total);
+    else /* the temporary output was dropped: -o holds what it held before */
+        sd_log(SD_LOG_INFO, "records read %llu, none written (%s left as it was), skipped %llu",
+               (unsigned long long)run.read, o->out, (unsigned long long)run.skips.total);
     sd_tally_log(&run.skips, "skipped by reason");
     if (run.val_left_out)
         sd_log(SD_LOG_INFO, "%llu val records left out of the kohya metadata (it has no split: sd-scripts would "
