@@ -105,6 +105,11 @@ static sd_status check_keys(const sd_json *obj, const char *name, const char *wh
 static sd_status parse(sd_safetensors *st, const char *name, sd_error *err)
 {
     if (st->len < 8) return sd_err_set(err, SD_ETRUNC, "%s: shorter than the 8-byte header length", name);
+    if (st->len > 8 && st->base[8] != '{') /* the format's header must begin with '{' */
+        return sd_err_set(err, SD_EFORMAT,
+                          "%s: not a safetensors file (no JSON header after the 8-byte length; .ckpt, .bin and .pt "
+                          "pickles are not read: convert them to .safetensors)",
+                          name);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | st->base[i];
     if (hlen > SD_ST_MAX_HEADER) return sd_err_set(err, SD_EFORMAT, "%s: header length %llu over the 100 MB limit", name, (unsigned long long)hlen);

@@ -255,6 +255,10 @@ static void test_bad_headers(void)
     sd_safetensors *st;
     CHECK(sd_st_open_memory(&st, b, 10, "big", &err) != SD_OK);
     CHECK(sd_st_open(&st, "/nonexistent.safetensors", &err) == SD_ENOTFOUND);
+    /* a .ckpt (a zip of pickles) is named for what it is, not for a huge header length */
+    unsigned char zip[32] = {'P', 'K', 3, 4, 20, 0, 0, 0, 8, 0};
+    CHECK(sd_st_open_memory(&st, zip, sizeof zip, "model.ckpt", &err) == SD_EFORMAT &&
+          strstr(err.msg, "not a safetensors file") != NULL);
 }
 
 /* Writes text to dir/name. */
