@@ -85,6 +85,13 @@ sd_status sd_shard_sync(sd_shard *s, sd_error *err);
 const char *sd_shard_path(const sd_shard *s);
 /* Current map size in bytes (grows in the writer). */
 size_t sd_shard_map_size(const sd_shard *s);
+/* Take a shard file's writer lock (the exclusive flock a writing
+ * sd_shard_open holds on the data file) without opening the shard, for a
+ * tool about to rename another file over it: while *fd (close it to release)
+ * holds the lock no writer can open the file. Fails with *held = 1 (SD_EIO)
+ * when another process is writing the shard, SD_ENOTFOUND when path does
+ * not exist. */
+sd_status sd_shard_lock_file(const char *path, int *fd, int *held, sd_error *err);
 
 /* ---- metadata -------------------------------------------------------------- */
 

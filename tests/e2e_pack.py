@@ -6,8 +6,10 @@ the bad cache files the importer must report and skip, full-path metadata
 keys, the two crop conventions, and shards made by tests/shard_writer with
 damaged indexes, corrupt text embeddings, duplicate names, names entries
 leading to another record, the empty caption's embedding (empty_text) and
-the text encoder setup (text_encoder) through merge/compact/split, and
-inputs that are also outputs.
+the text encoder setup (text_encoder) through merge/compact/split,
+inputs that are also outputs, and existing outputs (refused without --force,
+never replaced while a writer holds them, LMDB's lock file of a replaced
+shard removed).
 Usage: e2e_pack.py SD_PACK SD_VERIFY SHARD_WRITER  (needs numpy)"""
 import glob
 import io
@@ -17,6 +19,7 @@ import re
 import resource
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tarfile
@@ -64,6 +67,39 @@ def writer(*args):
     p = subprocess.run([WRITER] + [str(a) for a in args], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     return p.stdout.splitlines()
+
+
+def holds_lock(pid, path, kind):
+    """Whether process pid holds a lock of kind on path, as /proc/locks lists
+    it: FLOCK is a shard's writer lock (on the data file), POSIX the locks
+    LMDB takes on its lock file (every process with the shard open)."""
+    try:
+        ino = str(os.stat(path).st_ino)
+    except FileNotFoundError:
+        return False
+    with open("/proc/locks") as f:  # "1: FLOCK  ADVISORY  WRITE 1234 fe:00:5678 0 EOF"
+        return any(x[1] == kind and x[4] == str(pid) and x[5].split(":")[-1] == ino
+                   for x in (line.split() for line in f) if len(x) > 5)
+
+
+def wait_for(cond, what, timeout=60):
+    """Poll cond until it is true; fail after timeout seconds."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError("timed out waiting for " + what)
+        time.sleep(0.01)
+
+
+def last_txnid(shard):
+    """LMDB's last committed transaction id in a shard file: the larger of its
+    two meta pages' (LMDB 0.9 layout: page size at byte 40 of page 0, the
+    transaction id at byte 144 of each meta page)."""
+    with open(shard, "rb") as f:
+        first = f.read(152)
+        f.seek(struct.unpack_from("<I", first, 40)[0])
+        second = f.read(152)
+    return max(struct.unpack_from("<Q", m, 144)[0] for m in (first, second))
 
 
 def run(*args):
@@ -483,6 +519,12 @@ class Pack(unittest.TestCase):
         self.assert_same_tree(self.p("o1"), d)
         rc, _, err = run("merge", "-o", shard, shard)
         self.assertEqual(rc, 2)
+        # more parts than are open at once (64): a second pass writes parts 64..69; every record in
+        # exactly one part (the second pass wrote into the first pass's closed parts and crashed)
+        rc, _, err = run("split", "-n", "70", "-o", self.p("p70-%d.lmdb"), shard, "-q")
+        self.assertEqual(rc, 0, err)
+        totals = [self.info(self.p("p70-%d.lmdb" % i))["latents"]["records"] for i in range(70)]
+        self.assertEqual((sum(totals), max(totals) - min(totals)), (53, 1))
 
     def test_merge_refuses_caches_of_different_models(self):
         d = self.p("mm")
@@ -706,12 +748,142 @@ class Pack(unittest.TestCase):
             os.mkdir(self.p("d%d" % i))
         with open(self.p("d0", "p.lmdb"), "w") as f:
             f.write("old")
-        rc, _, err = run("split", "-n", "65", "-o", self.p("d%d", "p.lmdb"), a, "-q")
+        rc, _, err = run("split", "--force", "-n", "65", "-o", self.p("d%d", "p.lmdb"), a, "-q")
         self.assertEqual(rc, 3, err)
         with open(self.p("d0", "p.lmdb")) as f:
             self.assertEqual(f.read(), "old")
         self.assertEqual(glob.glob(self.p("d*", "p.lmdb.partial*")), [])
         self.assertEqual(glob.glob(self.p("d*", "p.lmdb")), [self.p("d0", "p.lmdb")])
+
+    # -- existing outputs: --force, writers, LMDB's lock file -------------------
+
+    def start_writer(self, shard):
+        """A process writing shard (tests/shard_writer, one record per commit,
+        as sd-latents -o or import-kohya extend one) until killed; returns it
+        once it holds the shard's writer lock."""
+        w = subprocess.Popen([WRITER, "write", shard, str(10 ** 7), "1", "slow", "keyseed=9"],
+                             stderr=subprocess.DEVNULL)
+        self.addCleanup(w.wait)
+        self.addCleanup(w.kill)
+        wait_for(lambda: holds_lock(w.pid, shard, "FLOCK") or w.poll() is not None, "the writer's lock")
+        self.assertIsNone(w.poll(), "the writer failed")
+        return w
+
+    def test_existing_output_needs_force(self):
+        """merge, compact and split replace no existing file unless --force (sd-latents and
+        import-kohya -o extend one, so -o EXISTING must not silently drop it); a rerun of a
+        split into the same pattern is told that --force replaces its parts."""
+        a, b, out = self.p("a.shard"), self.p("b.shard"), self.p("out.lmdb")
+        writer("write", a, 20, 8)
+        writer("write", b, 10, 8, "keyseed=2")
+        rc, _, err = run("merge", "-o", out, a, "-q")
+        self.assertEqual(rc, 0, err)
+        for cmd in (["merge", "-o", out, b], ["compact", b, "-o", out]):
+            rc, _, err = run(*cmd, "-q")
+            self.assertEqual(rc, 2, err)
+            self.assertIn("output %s exists: --force replaces it" % out, err)
+            self.assertEqual(self.info(out)["latents"]["records"], 20)
+        os.symlink(self.p("nowhere"), self.p("link.lmdb"))  # a dangling link is replaced too: refused
+        rc, _, err = run("merge", "-o", self.p("link.lmdb"), a, "-q")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("exists: --force replaces it", err)
+        self.assertEqual(glob.glob(self.p("*.partial*")), [])
+        for cmd, n in ((["merge", "--force", "-o", out, b], 10), (["compact", "--force", a, "-o", out], 20)):
+            rc, _, err = run(*cmd, "-q")
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(self.info(out)["latents"]["records"], n)
+            self.verify(out)
+        pat = self.p("s-%d.lmdb")
+        rc, _, err = run("split", "-n", "2", "-o", pat, a, "-q")
+        self.assertEqual(rc, 0, err)
+        first = self.split_sets(pat, 2)
+        for n, count in ((2, "2 of the 2 parts do"), (3, "2 of the 3 parts do")):
+            rc, _, err = run("split", "-n", n, "-o", pat, b, "-q")
+            self.assertEqual(rc, 2, err)
+            self.assertIn("part %s exists (%s, as after an earlier split into this pattern): --force replaces "
+                          "them" % (pat % 0, count), err)
+        self.assertEqual(self.split_sets(pat, 2), first)
+        self.assertFalse(os.path.exists(pat % 2))
+        rc, _, err = run("split", "--force", "-n", "2", "-o", pat, b, "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(sum(self.info(pat % i)["latents"]["records"] for i in range(2)), 10)
+        self.assertNotEqual(self.split_sets(pat, 2)[0][0], first[0][0])
+
+    def test_output_being_written_is_never_replaced(self):
+        """Not even --force replaces a shard another process is writing: the writer would go on
+        into the unlinked file, its records lost, both tools exiting 0."""
+        a, out = self.p("a.shard"), self.p("s-1.lmdb")
+        writer("write", a, 20, 8)
+        w = self.start_writer(out)
+        ino = os.stat(out).st_ino
+        for cmd in (["merge", "--force", "-o", out, a], ["compact", "--force", a, "-o", out],
+                    ["split", "--force", "-n", "2", "-o", self.p("s-%d.lmdb"), a]):
+            rc, _, err = run(*cmd, "-q")
+            self.assertEqual(rc, 3, err)
+            self.assertIn("%s is being written by another process (it holds the shard's writer lock)" % out, err)
+            self.assertIn("even with --force", err)
+        self.assertIsNone(w.poll())
+        self.assertEqual(os.stat(out).st_ino, ino)
+        self.assertFalse(os.path.exists(self.p("s-0.lmdb")))  # no part of the set replaced
+        self.assertEqual(glob.glob(self.p("*.partial*")), [])
+
+    def test_output_taken_while_running_is_not_replaced(self):
+        """The publish checks again just before the rename, holding the writer lock across it: an
+        output a writer created while the merge ran is refused without --force and, since it is
+        being written, with it."""
+        big = self.p("big.shard")
+        writer("write", big, 20000, 512, "nosync")
+        for i, force in enumerate(([], ["--force"])):
+            out = self.p("out%d.lmdb" % i)
+            p = subprocess.Popen([SD_PACK, "merge", "-q"] + force + ["-o", out, big], stderr=subprocess.PIPE,
+                                 text=True)
+            self.addCleanup(p.kill)  # a stopped merge, should the test fail
+            wait_for(lambda: glob.glob(out + ".partial-*") or p.poll() is not None, "the merge's temporary file")
+            os.kill(p.pid, signal.SIGSTOP)  # past its checks of out, not yet at the publish
+            self.assertIsNone(p.poll(), "the merge ended before it could be stopped")
+            w = self.start_writer(out)
+            ino = os.stat(out).st_ino
+            os.kill(p.pid, signal.SIGCONT)
+            _, err = p.communicate()
+            self.assertEqual(p.returncode, 3, err)
+            self.assertIn("being written by another process" if force else
+                          "%s: appeared while this run was writing it; not replaced (--force replaces it)" % out, err)
+            self.assertIsNone(w.poll())
+            self.assertEqual(os.stat(out).st_ino, ino)
+            self.assertEqual(glob.glob(out + ".partial*"), [])
+            w.kill()
+            w.wait()
+
+    def test_replaced_shard_gets_a_fresh_lmdb_lock_file(self):
+        """LMDB's lock file OUT-lock holds the transaction id readers start from. While a reader
+        of the replaced shard holds it, LMDB does not reset it for the new file, whose readers
+        would take the old file's id and read the wrong meta page (its writers would corrupt it):
+        the old lock file is removed with the replaced shard; its reader reads the old file on."""
+        a, b, out = self.p("a.shard"), self.p("b.shard"), self.p("out.lmdb")
+        writer("write", a, 20, 8)
+        writer("write", b, 10, 8, "keyseed=2")
+        self.assertEqual(run("merge", "-o", self.p("b.lmdb"), b, "-q")[0], 0)  # what merge --force -o out b commits
+        self.assertEqual(run("merge", "-o", out, a, "-q")[0], 0)
+        if last_txnid(out) % 2 == last_txnid(self.p("b.lmdb")) % 2:
+            writer("meta", out, "parity", "1")  # one commit more: the old id names the new file's older meta page
+        os.makedirs(self.p("tars"))
+        os.mkfifo(self.p("tars", "t-0.tar"))  # export-tar blocks opening it, with out open and read
+        r = subprocess.Popen([SD_PACK, "export-tar", out, "-o", self.p("tars", "t-%d.tar"), "-q"],
+                             stderr=subprocess.PIPE)
+        self.addCleanup(r.wait)
+        self.addCleanup(r.kill)
+        wait_for(lambda: holds_lock(r.pid, out + "-lock", "POSIX") or r.poll() is not None, "the reader")
+        self.assertIsNone(r.poll())
+        rc, _, err = run("merge", "--force", "-o", out, b, "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.info(out)["latents"]["records"], 10)
+        self.verify(out)
+        with open(self.p("tars", "t-0.tar"), "rb") as f:
+            data = f.read()
+        self.assertEqual(r.wait(), 0, r.stderr.read())
+        r.stderr.close()
+        with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+            self.assertEqual(sum(m.name.endswith(".json") for m in tf.getmembers()), 20)
 
     # -- what the copies and exporters check ---------------------------------
 
@@ -867,7 +1039,7 @@ class Pack(unittest.TestCase):
         self.assertEqual(self.info(self.p("xy.lmdb"))["meta"]["text_encoder"], "sd1:one")
         for order in ((z, x), (x, z)):
             out = self.p("zx.lmdb")
-            rc, _, err = run("merge", "-o", out, *order, "-q")
+            rc, _, err = run("merge", "--force", "-o", out, *order, "-q")
             self.assertEqual(rc, 0, err)
             self.assertEqual(self.info(out)["meta"].get("text_encoder"), "sd1:one", order)
             self.verify(out)
@@ -916,7 +1088,7 @@ class Pack(unittest.TestCase):
         self.assertEqual(len({x[0] for x in first}), 1, first)
         self.assertRegex(first[0][0], r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
         # a split into fewer parts names the higher-numbered parts of the first one
-        rc, _, err = run("split", "-n", "2", "-o", self.p("s-%d.lmdb"), a, "-q")
+        rc, _, err = run("split", "--force", "-n", "2", "-o", self.p("s-%d.lmdb"), a, "-q")
         self.assertEqual(rc, 0, err)
         self.assertIn("%s (1 file) is from an earlier split into more parts, not this one's 2: remove it before "
                       "using %s" % (self.p("s-2.lmdb"), self.p("s-*.lmdb")), err)
@@ -924,7 +1096,7 @@ class Pack(unittest.TestCase):
         self.assertEqual([x[1] for x in second], ["0/2", "1/2", "2/3"])
         self.assertEqual(second[0][0], second[1][0])
         self.assertNotEqual(second[0][0], first[0][0])  # each run its own id
-        rc, _, err = run("split", "-n", "3", "-o", self.p("s-%d.lmdb"), a, "-q")
+        rc, _, err = run("split", "--force", "-n", "3", "-o", self.p("s-%d.lmdb"), a, "-q")
         self.assertNotIn("earlier split", err)
         # a merge of parts is no part: split_set is not copied
         rc, _, err = run("merge", "-o", self.p("m.lmdb"), self.p("s-0.lmdb"), self.p("s-1.lmdb"), "-q")
@@ -947,7 +1119,7 @@ class Pack(unittest.TestCase):
         env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")  # LeakSanitizer cannot run under ptrace
         trace = self.p("trace.txt")
         p = subprocess.run(["strace", "-f", "-o", trace, "-e", "trace=rename,renameat,renameat2,fsync,fdatasync",
-                            SD_PACK, "split", "-q", "-n", "3", "-o", self.p("s-%d.lmdb"), a], env=env,
+                            SD_PACK, "split", "--force", "-q", "-n", "3", "-o", self.p("s-%d.lmdb"), a], env=env,
                            capture_output=True)
         self.assertEqual(p.returncode, 0, p.stderr)
         with open(trace) as f:
@@ -960,7 +1132,7 @@ class Pack(unittest.TestCase):
         self.assertEqual(len({x[0] for x in new}), 1)
         # a kill after the first rename: part 0 from this run, 1 and 2 from the last, and split_set says so
         p = subprocess.run(["strace", "-f", "-o", "/dev/null", "-e", "trace=rename", "-e",
-                            "inject=rename:signal=KILL:when=2", SD_PACK, "split", "-q", "-n", "3", "-o",
+                            "inject=rename:signal=KILL:when=2", SD_PACK, "split", "--force", "-q", "-n", "3", "-o",
                             self.p("s-%d.lmdb"), b], env=env, capture_output=True)
         self.assertNotEqual(p.returncode, 0)
         mixed = self.split_sets(self.p("s-%d.lmdb"), 3)

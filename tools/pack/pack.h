@@ -28,15 +28,23 @@ typedef struct {
     int quiet, verbose, strict;
 } pack_common;
 
+/* How pack_out_open treats an output path. RESUME (import): an existing
+ * PATH is extended in place, PATH.partial from a killed run picked up.
+ * REPLACE (--force): the finished output may replace a PATH that exists at
+ * publish time, unless a writer holds that shard's lock; without it such a
+ * PATH is refused. */
+enum { PACK_OUT_RESUME = 1, PACK_OUT_REPLACE = 2 };
+
 /* A shard being written: under tmp until pack_out_publish renames it. */
 typedef struct {
     char *final, *tmp; /* tmp == NULL when writing the final file in place */
     sd_shard *s;       /* NULL once pack_out_close has synced and closed it */
     size_t batch_n;    /* operations in the open batch (0: none open) */
     size_t batch_max;  /* commit after this many operations (default 512) */
+    unsigned mode;     /* PACK_OUT_* */
 } pack_out;
 
-sd_status pack_out_open(pack_out *o, const char *path, int resume, sd_error *err);
+sd_status pack_out_open(pack_out *o, const char *path, unsigned mode, sd_error *err);
 sd_status pack_out_put(pack_out *o, const void *key, size_t klen, const void *val, size_t vlen, sd_error *err);
 sd_status pack_out_put_text(pack_out *o, const uint8_t hash[16], const void *val, size_t vlen, sd_error *err);
 sd_status pack_out_flush(pack_out *o, sd_error *err);
@@ -46,6 +54,8 @@ sd_status pack_out_publish_set(pack_out *v, long n, sd_error *err);
 sd_status pack_out_commit(pack_out *o, sd_error *err);
 void pack_out_abort(pack_out *o, int keep);
 int pack_same_file(const char *a, const char *b);
+int pack_path_taken(const char *path);
+int pack_path_busy(const char *path);
 
 sd_status pack_open_ro(sd_shard **s, sd_shard_txn **t, const char *path, sd_error *err);
 void pack_close_ro(sd_shard *s, sd_shard_txn *t);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -58,18 +59,21 @@ static sd_status make_temp(const char *path, char **out, sd_error *err)
     return SD_OK;
 }
 
-/* Open the output shard. Without resume (merge, compact, split) the shard
+/* Open the output shard. Without RESUME (merge, compact, split) the shard
  * is built under a fresh temporary name (make_temp) and renamed into place
  * by pack_out_publish, so PATH is whole or untouched; its commits skip
  * fsync (MDB_NOSYNC), which is safe only because a temp file interrupted by
  * a crash is never used again and the finished one is synced before the
- * rename. With resume (import) an existing PATH is extended in place and an
+ * rename. With RESUME (import) an existing PATH is extended in place and an
  * existing PATH.partial from a killed run is picked up where it stopped;
  * both outlive a crash, so their commits keep the file consistent
- * (MDB_NOMETASYNC: an OS crash may undo the last commit, never corrupt). */
-sd_status pack_out_open(pack_out *o, const char *path, int resume, sd_error *err)
+ * (MDB_NOMETASYNC: an OS crash may undo the last commit, never corrupt).
+ * REPLACE is kept for the publish. */
+sd_status pack_out_open(pack_out *o, const char *path, unsigned mode, sd_error *err)
 {
     memset(o, 0, sizeof *o);
+    o->mode = mode;
+    int resume = (mode & PACK_OUT_RESUME) != 0;
     struct stat st;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return sd_err_set(err, SD_EINVAL, "%s: is a directory", path);
     o->final = strdup(path);
@@ -156,27 +160,119 @@ sd_status pack_out_publish(pack_out *o, sd_error *err)
     return pack_out_publish_set(o, 1, err);
 }
 
-/* Publish n closed outputs as one set (split's parts): every rename back
- * to back, then the temporary lock files removed and each directory synced
- * once, so a kill can mix two sets only inside that short run of renames
- * (POSIX renames one file at a time; each part's split_set meta tells the
- * sets apart). A rename that fails drops that output and the ones after
- * it; the error says how many before it were already replaced. */
+/* The refusal of a final name that appeared while this run wrote its
+ * output (one that existed at the start was refused then): only --force
+ * replaces a file, and import keeps its resumable PATH.partial. */
+static sd_status refuse_appeared(const pack_out *o, sd_error *err)
+{
+    if (o->mode & PACK_OUT_RESUME)
+        return sd_err_set(err, SD_EIO, "%s: appeared while this run was writing %s; not replaced (%s kept)", o->final,
+                          o->tmp, o->tmp);
+    return sd_err_set(err, SD_EIO, "%s: appeared while this run was writing it; not replaced (--force replaces it)",
+                      o->final);
+}
+
+/* Just before the renames of a publish, take the writer lock of each
+ * temporary file (no writer may open the new shard before the final's old
+ * -lock file is gone) and of each final name that exists, which only
+ * REPLACE may replace and only when no writer holds it: records a writer
+ * puts into a file renamed over go to the unlinked file and are lost.
+ * fds[i] and fds[n + i] get output i's locks (-1: none); on failure
+ * nothing has been renamed. */
+static sd_status lock_for_publish(const pack_out *v, long n, int *fds, sd_error *err)
+{
+    sd_status st = SD_OK;
+    for (long i = 0; !st && i < n; i++) {
+        int held = 0;
+        struct stat sb;
+        if (!v[i].tmp) continue; /* written in place: nothing is replaced */
+        st = sd_shard_lock_file(v[i].tmp, &fds[n + i], &held, err);
+        if (st || lstat(v[i].final, &sb) != 0) continue;
+        if (!(v[i].mode & PACK_OUT_REPLACE)) return refuse_appeared(&v[i], err);
+        st = sd_shard_lock_file(v[i].final, &fds[i], &held, err);
+        if (st == SD_ENOTFOUND) st = SD_OK; /* gone meanwhile, or a dangling link: no writer to protect */
+        else if (held)
+            st = sd_err_set(err, SD_EIO, "%s: being written by another process (it holds the shard's writer lock); "
+                            "not replaced, even with --force", v[i].final);
+    }
+    return st;
+}
+
+/* Room for a publish's locks, up to two open files per output (a split
+ * into thousands of parts may need more than the usual soft limit of 1024):
+ * the soft limit is raised towards the hard one when short; the error says
+ * when even that is too low. */
+static sd_status room_for_locks(long n, sd_error *err)
+{
+    struct rlimit rl;
+    rlim_t need = (rlim_t)n * 2 + 256; /* and the files already open */
+    if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need) return SD_OK;
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need)
+        return sd_err_set(err, SD_EIO, "publishing %ld outputs under their writer locks needs about %llu open files; "
+                          "the limit is %llu (ulimit -n)", n, (unsigned long long)need,
+                          (unsigned long long)rl.rlim_max);
+    rl.rlim_cur = need;
+    if (setrlimit(RLIMIT_NOFILE, &rl))
+        return sd_err_set(err, SD_EIO, "raising the open-file limit to %llu: %s", (unsigned long long)need,
+                          strerror(errno));
+    return SD_OK;
+}
+
+/* Remove LMDB's lock file beside each renamed final name: it belongs to the
+ * replaced data file, and while a process that still has that file open
+ * holds it, LMDB would not reset it for the new file, whose readers would
+ * take the old file's transaction id from it and read a wrong snapshot (a
+ * writer would corrupt the file). The processes holding it keep their own
+ * pair of unlinked files; the next opener creates a fresh lock file. */
+static void remove_old_locks(const pack_out *v, long renamed)
+{
+    for (long i = 0; i < renamed; i++) {
+        char *lock = v[i].tmp ? with_suffix(v[i].final, "-lock") : NULL;
+        if (lock) unlink(lock);
+        free(lock);
+    }
+}
+
+/* Publish n closed outputs as one set (split's parts): every final name
+ * that exists checked and locked (lock_for_publish), every rename back to
+ * back, then the lock files of the replaced shards and the temporary ones
+ * removed and each directory synced once, so a kill can mix two sets only
+ * inside that short run of renames (POSIX renames one file at a time; each
+ * part's split_set meta tells the sets apart). A refused final name drops
+ * every output (import keeps its PATH.partial) and replaces nothing; a
+ * rename that fails drops that output and the ones after it; the error
+ * says how many before it were already replaced. */
 sd_status pack_out_publish_set(pack_out *v, long n, sd_error *err)
 {
     if (n > INT_MAX / 2) return sd_err_set(err, SD_EINVAL, "too many outputs");
     char **names = calloc((size_t)(n > 0 ? n : 1) * 2, sizeof *names); /* tmp[0..n), then final */
-    if (!names) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    int *fds = malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof *fds);     /* final's lock, then tmp's */
+    if (!names || !fds) {
+        free(names);
+        free(fds);
+        return sd_err_set(err, SD_ENOMEM, "out of memory");
+    }
     for (long i = 0; i < n; i++) {
         names[i] = v[i].tmp; /* NULL: written in place */
         names[n + i] = v[i].final;
+        fds[i] = fds[n + i] = -1;
     }
-    int end = 0; /* outputs [0, end) were tried */
-    sd_status st = sd_rename_set(names, names + n, (int)n, &end, err);
+    int end = 0;       /* outputs [0, end) were tried */
+    long renamed = 0;  /* outputs [0, renamed) are in place */
+    sd_status st = room_for_locks(n, err);
+    if (!st) st = lock_for_publish(v, n, fds, err);
+    int refused = st != SD_OK;
+    if (!refused) {
+        st = sd_rename_set(names, names + n, (int)n, &end, err);
+        renamed = st ? end - 1 : end;
+        remove_old_locks(v, renamed);
+    }
+    for (long i = 0; i < 2 * n; i++)
+        if (fds[i] >= 0) close(fds[i]);
+    free(fds);
     free(names);
-    if (st) pack_out_abort(&v[end - 1], 0); /* the one whose rename failed */
     for (long i = 0; i < n; i++) {
-        if (i >= end) pack_out_abort(&v[i], 0);
+        if (i >= renamed) pack_out_abort(&v[i], refused && (v[i].mode & PACK_OUT_RESUME));
         char *lock = v[i].tmp ? with_suffix(v[i].tmp, "-lock") : NULL; /* LMDB's, beside the temp name */
         if (lock) unlink(lock);
         free(lock);
@@ -209,6 +305,25 @@ void pack_out_abort(pack_out *o, int keep)
     free(o->final);
     free(o->tmp);
     o->final = o->tmp = NULL;
+}
+
+/* 1 when something is at path, even a dangling symbolic link: an output
+ * renamed there would replace it. */
+int pack_path_taken(const char *path)
+{
+    struct stat sb;
+    return lstat(path, &sb) == 0;
+}
+
+/* 1 when another process is writing the shard at path (holds its writer
+ * lock): checked before a run too, so that an output the publish would
+ * refuse is refused before the work. */
+int pack_path_busy(const char *path)
+{
+    int fd = -1, held = 0;
+    sd_error e;
+    if (sd_shard_lock_file(path, &fd, &held, &e) == SD_OK) close(fd);
+    return held;
 }
 
 /* 1 when two paths name the same file: the same text, or both exist with

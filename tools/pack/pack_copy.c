@@ -248,8 +248,10 @@ static sd_status check_same_model(const sd_strlist *in, sd_error *err)
     return st;
 }
 
-/* Copy inputs into a new shard at output (built under a temporary name). */
-static int run_copy(const char *prog, const sd_strlist *in, const char *output, int all_text, const pack_common *pc)
+/* Copy inputs into a new shard at output (built under a temporary name;
+ * mode PACK_OUT_REPLACE: it may replace an existing output). */
+static int run_copy(const char *prog, const sd_strlist *in, const char *output, int all_text, unsigned mode,
+                    const pack_common *pc)
 {
     copy_run r;
     memset(&r, 0, sizeof r);
@@ -257,7 +259,7 @@ static int run_copy(const char *prog, const sd_strlist *in, const char *output, 
     sd_progress_init(&r.prog, prog, "records", 0, !pc->quiet);
     pack_out o;
     sd_error err;
-    if (pack_out_open(&o, output, 0, &err)) {
+    if (pack_out_open(&o, output, mode, &err)) {
         sd_log(SD_LOG_ERROR, "%s", err.msg);
         return SD_EXIT_FATAL;
     }
@@ -287,10 +289,12 @@ static int copy_main(int argc, char **argv, int compact)
 {
     const char *output = NULL;
     pack_common pc = {0};
-    int allow_mixed = 0;
+    int allow_mixed = 0, force = 0;
     sd_opt opts[] = {
         {"output", 'o', SD_OPT_STR, &output, "SHARD",
          "the new shard (written as SHARD.partial-XXXXXX, renamed at the end)"},
+        {"force", 0, SD_OPT_FLAG, &force, NULL,
+         "replace an existing SHARD; never one being written"},
         {"strict", 0, SD_OPT_FLAG, &pc.strict, NULL, "exit 1 if any record was skipped"},
         {"quiet", 'q', SD_OPT_FLAG, &pc.quiet, NULL, "only warnings and errors"},
         {"verbose", 'v', SD_OPT_FLAG, &pc.verbose, NULL, "show every skipped record"},
@@ -298,7 +302,7 @@ static int copy_main(int argc, char **argv, int compact)
          "accept inputs whose model_hash, scaling_factor or text_encoder differ"},
         {NULL, 0, 0, NULL, NULL, NULL},
     };
-    if (compact) opts[4] = opts[5]; /* one input: nothing to mix */
+    if (compact) opts[5] = opts[6]; /* one input: nothing to mix */
     const sd_cli merge_cli = {
         "sd-pack merge", "-o OUT SHARD...",
         "Merge shards into one. Records are copied in input order; a record whose key or whose name\n"
@@ -311,7 +315,9 @@ static int copy_main(int argc, char **argv, int compact)
         "Meta entries come from the first shard; inputs made with another model (model_hash or\n"
         "scaling_factor) or another text encoder setup (text_encoder; a shard without text\n"
         "embeddings fits any) are refused unless --allow-mixed. OUT is built under a fresh temporary\n"
-        "name beside it (OUT.partial-XXXXXX) and renamed into place at the end; no input may be OUT.",
+        "name beside it (OUT.partial-XXXXXX) and renamed into place at the end; no input may be OUT.\n"
+        "An existing OUT is refused unless --force, which replaces it; even with --force, not while\n"
+        "another process (sd-latents, import-kohya) is writing it.",
         opts, "Example:\n  sd-pack merge -o all.lmdb part-0.lmdb part-1.lmdb", NULL};
     const sd_cli compact_cli = {
         "sd-pack compact", "SHARD -o OUT",
@@ -319,7 +325,9 @@ static int copy_main(int argc, char **argv, int compact)
         "Every record and text embedding is rewritten through the shard API and checked on the way\n"
         "(header and checksum); corrupt ones, records whose text embedding is missing or corrupt and\n"
         "a second record of one name are skipped and counted. OUT is built under a fresh temporary\n"
-        "name beside it and renamed into place at the end; it may not be SHARD itself.",
+        "name beside it and renamed into place at the end; it may not be SHARD itself. An existing\n"
+        "OUT is refused unless --force, which replaces it; even with --force, not while another\n"
+        "process (sd-latents, import-kohya) is writing it.",
         opts, "Example:\n  sd-pack compact cache.lmdb -o cache.compact.lmdb && mv cache.compact.lmdb cache.lmdb", NULL};
     const sd_cli *cli = compact ? &compact_cli : &merge_cli;
     sd_strlist pos = {0};
@@ -336,12 +344,19 @@ static int copy_main(int argc, char **argv, int compact)
     for (int i = 0; rc < 0 && i < pos.n; i++)
         if (pack_same_file(pos.v[i], output))
             rc = (sd_cli_usage_error(cli, "output %s is also an input", output), SD_EXIT_USAGE);
+    if (rc < 0 && !force && pack_path_taken(output))
+        rc = (sd_cli_usage_error(cli, "output %s exists: --force replaces it", output), SD_EXIT_USAGE);
+    if (rc < 0 && pack_path_busy(output)) {
+        sd_log(SD_LOG_ERROR, "output %s is being written by another process (it holds the shard's writer lock): "
+               "not replaced, even with --force", output);
+        rc = SD_EXIT_FATAL;
+    }
     sd_error err;
     if (rc < 0 && !compact && !allow_mixed && check_same_model(&pos, &err)) {
         sd_log(SD_LOG_ERROR, "%s", err.msg);
         rc = err.code == SD_EINVAL ? SD_EXIT_USAGE : SD_EXIT_FATAL;
     }
-    if (rc < 0) rc = run_copy(cli->prog, &pos, output, compact, &pc);
+    if (rc < 0) rc = run_copy(cli->prog, &pos, output, compact, force ? PACK_OUT_REPLACE : 0, &pc);
     sd_strlist_free(&pos);
     return rc;
 }

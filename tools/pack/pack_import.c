@@ -631,7 +631,7 @@ int pack_import_kohya(int argc, char **argv)
         r.have_meta = 1;
     }
     if (!st) st = walk(&r, "", 0, &err);
-    if (!st) st = pack_out_open(&r.out, o.output, 1, &err);
+    if (!st) st = pack_out_open(&r.out, o.output, PACK_OUT_RESUME, &err);
     r.out.batch_max = 64; /* small commits: a killed import loses little */
     if (!st) {
         st = import_all(&r, &err);

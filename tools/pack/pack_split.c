@@ -18,6 +18,7 @@ enum { MAX_OPEN = 64 }; /* output shards open at once; more parts take more pass
 typedef struct {
     const char *input, *pattern;
     long parts, seed;
+    int force;       /* --force: parts may replace existing files */
     pack_common pc;
     char set_id[64]; /* this run's identity, in every part's split_set */
 } options;
@@ -170,7 +171,7 @@ static sd_status split_pass(const options *o, sd_shard_txn *t, const bucket_tabl
         if (part < first || part >= first + n) continue;
         sd_progress_update(prog, ++*done, tally->total);
         const char *skip;
-        st = copy_record(t, &outs[part - first], k, kl, v, vl, &rec, &skip, &why, err);
+        st = copy_record(t, &outs[part], k, kl, v, vl, &rec, &skip, &why, err); /* outs is indexed by part */
         if (!st && skip) sd_skip(tally, skip, "%s: record %s (%s)", o->input, hex, why.msg);
         else if (!st) counts[part]++;
     }
@@ -192,7 +193,7 @@ static sd_status open_parts(const options *o, sd_shard_txn *t, pack_out *outs, i
         char name[4096], place[128];
         if (sd_part_name(o->pattern, i, name, sizeof name))
             return sd_err_set(err, SD_EINVAL, "output pattern %s: name too long", o->pattern);
-        st = pack_out_open(&outs[i], name, 0, err);
+        st = pack_out_open(&outs[i], name, o->force ? PACK_OUT_REPLACE : 0, err);
         if (!st) st = pack_copy_meta(t, &outs[i], "sd-pack split", err);
         if (!st && empty) st = pack_put_empty_text(t, &outs[i], empty, err);
         snprintf(place, sizeof place, "%s %d/%ld", o->set_id, i, o->parts);
@@ -243,9 +244,13 @@ static sd_status split_all(const options *o, uint64_t *counts, sd_tally *tally, 
 
 /* A usage problem with the part names, written into msg: one of them is
  * the input (the split would replace what it reads) or an existing
- * directory. 0 when all are fine. */
+ * directory, or, without --force, some exist (a rerun of a split into the
+ * same pattern: the message says how many and that --force replaces
+ * them). 0 when all are fine. */
 static int check_part_names(const options *o, char *msg, size_t cap)
 {
+    char first[4096] = "";
+    long taken = 0;
     for (long p = 0; p < o->parts; p++) {
         char name[4096];
         struct stat sb;
@@ -254,7 +259,21 @@ static int check_part_names(const options *o, char *msg, size_t cap)
         if (pack_same_file(name, o->input))
             return snprintf(msg, cap, "part %s is the input SHARD: choose another -o pattern", name), 1;
         if (stat(name, &sb) == 0 && S_ISDIR(sb.st_mode)) return snprintf(msg, cap, "part %s is a directory", name), 1;
+        if (!o->force && pack_path_taken(name) && !taken++) memcpy(first, name, sizeof first);
     }
+    if (taken)
+        return snprintf(msg, cap, "part %s exists (%ld of the %ld parts do, as after an earlier split into this "
+                        "pattern): --force replaces them", first, taken, o->parts), 1;
+    return 0;
+}
+
+/* The first part another process is writing (it holds that shard's writer
+ * lock) into name, 1; 0 when none is. Such a part is refused even with
+ * --force, here before the work and again at the publish. */
+static int busy_part(const options *o, char *name, size_t cap)
+{
+    for (long p = 0; p < o->parts; p++)
+        if (!sd_part_name(o->pattern, (int)p, name, cap) && pack_path_busy(name)) return 1;
     return 0;
 }
 
@@ -266,6 +285,8 @@ int pack_split(int argc, char **argv)
         {"parts", 'n', SD_OPT_INT, &o.parts, "N", "number of parts"},
         {"output", 'o', SD_OPT_STR, &o.pattern, "PATTERN", "part names with one %d, e.g. 'part-%d.lmdb'"},
         {"seed", 0, SD_OPT_INT, &o.seed, "N", "seed for the splitter's part rotation (default 0, as sd-bucket)"},
+        {"force", 0, SD_OPT_FLAG, &o.force, NULL,
+         "replace existing parts (a rerun); never one being written"},
         {"strict", 0, SD_OPT_FLAG, &o.pc.strict, NULL, "exit 1 if any record was skipped"},
         {"quiet", 'q', SD_OPT_FLAG, &o.pc.quiet, NULL, "only warnings and errors"},
         {"verbose", 'v', SD_OPT_FLAG, &o.pc.verbose, NULL, "show every skipped record"},
@@ -282,9 +303,12 @@ int pack_split(int argc, char **argv)
         "the input's empty_text names (for conditioning dropout) and the input's meta entries;\n"
         "records that are corrupt or whose text embedding is missing or corrupt are skipped and\n"
         "counted. Parts are written under temporary names and renamed into place only when all are\n"
-        "complete; a part name may not be SHARD itself. Each part's meta split_set is \"<run id> <i>/<N>\":\n"
-        "parts with different run ids come from different splits (a kill among the renames, or\n"
-        "parts left by an earlier split into more parts, which is warned about).",
+        "complete; a part name may not be SHARD itself. Existing parts (a rerun into the same pattern)\n"
+        "are refused unless --force, which replaces them; even with --force, none is replaced while\n"
+        "another process (sd-latents, import-kohya) is writing one.\n"
+        "Each part's meta split_set is \"<run id> <i>/<N>\": parts with different run ids come from\n"
+        "different splits (a kill among the renames, or parts left by an earlier split into more\n"
+        "parts, which is warned about).",
         opts, "Example:\n  sd-pack split -n 8 -o 'rank-%d.lmdb' cache.lmdb", NULL};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
@@ -301,6 +325,11 @@ int pack_split(int argc, char **argv)
     char msg[4200];
     if (rc < 0) o.input = pos.v[0];
     if (rc < 0 && check_part_names(&o, msg, sizeof msg)) rc = (sd_cli_usage_error(&cli, "%s", msg), SD_EXIT_USAGE);
+    if (rc < 0 && busy_part(&o, msg, sizeof msg)) {
+        sd_log(SD_LOG_ERROR, "part %s is being written by another process (it holds the shard's writer lock): no "
+               "part replaced, even with --force", msg);
+        rc = SD_EXIT_FATAL;
+    }
     if (rc >= 0) {
         sd_strlist_free(&pos);
         return rc;
