@@ -10,6 +10,7 @@ falls; bad usage exits 2; a killed save's temporary files never reach a
 checkpoint; several copies started by a launcher without an MPI world are refused.
 Usage: e2e_train.py SD_TRAIN TEST_TRAIN UNET_DIR"""
 import json
+import math
 import struct
 import os
 import shutil
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -622,6 +624,112 @@ class Train(unittest.TestCase):
             rows = [json.loads(l) for l in f if '"loss"' in l]
         self.assertEqual(len(rows), 3)
         self.assertTrue(all(r["loss"] == 0 and r["grad_norm"] == 0 for r in rows), rows)
+
+    def unet_config(self, name, **changes):
+        """The golden UNet's config.json with some keys changed, as a file of its own."""
+        with open(os.path.join(UNET, "unet", "config.json")) as f:
+            cfg = json.load(f)
+        cfg.update(changes)
+        path = os.path.join(self.tmp.name, name)
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        return path
+
+    def test_shard_checked_against_unet(self):
+        """A shard that does not fit the UNet is refused before training, naming the shard and both
+        numbers: latents of other channels than in_channels, text embeddings of another width than
+        cross_attention_dim, a shard without any text embedding (not after 1000 batches of skipped
+        records)."""
+        notext = os.path.join(self.tmp.name, "notext.shard")
+        subprocess.run([MAKE, "--make-shard-without-text", notext], check=True)
+        cases = ((self.unet_config("u-ch8.json", in_channels=8, out_channels=8), self.shard,
+                  "%s: latent channels differ from the UNet's in_channels (latent channels 4, the UNet's "
+                  "in_channels 8" % self.shard),
+                 (self.unet_config("u-xa16.json", cross_attention_dim=16), self.shard,
+                  "%s: text embedding width differs from the UNet's cross_attention_dim (width 8, the UNet's "
+                  "cross_attention_dim 16" % self.shard),
+                 (os.path.join(UNET, "unet", "config.json"), notext,
+                  "%s: made without text embeddings: sd-latents --text, or --text-only to add them (every record "
+                  "has no text embedding)" % notext))
+        for i, (cfg, shard, says) in enumerate(cases):
+            out = os.path.join(self.tmp.name, "misfit%d" % i)
+            code, err = run("--unet-config", cfg, "-o", out, "--steps", "5", "-j", "1", shard, ok=(3,))
+            self.assertIn(says, err)
+            self.assertNotIn("1000 batches", err)
+            self.assertFalse(os.path.exists(os.path.join(out, "latest")))
+        # as --val too
+        code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "misfit-val"), "--val", notext, "--steps",
+                        "1", "-j", "1", self.shard, ok=(3,))
+        self.assertIn("%s: made without text embeddings" % notext, err)
+
+    def test_empty_shard_skipped(self):
+        """A shard without latent records (an sd-latents --shard part that got none: no meta
+        either) is skipped with a warning, first or not; only empty shards are an error."""
+        empty = os.path.join(self.tmp.name, "empty.shard")
+        subprocess.run([MAKE, "--make-empty-shard", empty], check=True)
+        for i, shards in enumerate(([self.shard, empty], [empty, self.shard])):
+            out = os.path.join(self.tmp.name, "with-empty%d" % i)
+            code, err = run("--unet", UNET, "-o", out, "--steps", "1", "--batch", "2", "-j", "1", *shards)
+            self.assertIn("%s: no latent records" % empty, err)
+            self.assertIn("14 records in 2 buckets", err)
+            self.assertEqual(latest(out), 1)
+        code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "only-empty"), "--steps", "1", empty, empty,
+                        ok=(3,))
+        self.assertIn("none of the shards holds latent records", err)
+
+    def test_model_log_lines(self):
+        """The model line gives diffusers' parameter count (the sum of the tensors' sizes, no
+        padding) and, after a resume, says the weights came from the checkpoint; the graph plan
+        is logged once at info level, the replans of later bucket changes only with -v."""
+        with open(os.path.join(UNET, "unet", "diffusion_pytorch_model.safetensors"), "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            head = json.loads(f.read(n))
+        params = sum(math.prod(v["shape"]) for k, v in head.items() if k != "__metadata__")
+        out = os.path.join(self.tmp.name, "loglines")
+        args = ["--unet-config", os.path.join(UNET, "unet", "config.json"), "-o", out, "--batch", "2", "-j", "1",
+                self.shard]
+        code, err = run(*args, "--steps", "6")
+        self.assertIn("UNet new (seed 0), %d parameters;" % params, err)
+        self.assertEqual(err.count("UNet graph,"), 1, err)
+        code, err = run(*args, "--steps", "12", "-v")
+        self.assertIn("resumed from", err)
+        self.assertIn("UNet from the checkpoint, %d parameters;" % params, err)
+        self.assertNotIn("UNet new", err)
+        self.assertGreater(err.count("UNet graph,"), 1, err)  # 6 steps over 2 buckets replan
+
+    def test_interrupt_twice(self):
+        """SIGINT is acknowledged at once, before the step (here 50 micro-batches) ends; a second
+        SIGINT quits at once with 130, and the last checkpoint stays complete and resumable."""
+        out = os.path.join(self.tmp.name, "int2")
+        args = ["--unet", UNET, "-o", out, "--batch", "1", "--accum", "50", "--save-every", "1", "-j", "1",
+                self.shard]
+        p = subprocess.Popen([TRAIN, "--steps", "1000"] + args, stderr=subprocess.PIPE, text=True)
+        lines = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(p.stderr.readline, "")), daemon=True)
+        reader.start()
+        t0 = time.time()
+        while latest(out) < 1 and p.poll() is None and time.time() - t0 < 300:
+            time.sleep(0.01)
+        self.assertIsNone(p.poll(), "".join(lines))
+        p.send_signal(signal.SIGINT)
+        t0 = time.time()
+        while not any("stopping after this step" in l for l in lines) and p.poll() is None and time.time() - t0 < 60:
+            time.sleep(0.01)
+        self.assertTrue(any("stopping after this step and saving a checkpoint; Ctrl-C again to quit at once"
+                            in l for l in lines), "no acknowledgement of the first SIGINT:\n" + "".join(lines))
+        p.send_signal(signal.SIGINT)
+        code = p.wait(timeout=60)
+        reader.join(timeout=10)
+        self.assertEqual(code, 130, "".join(lines))
+        self.assertIn("interrupted again", "".join(lines))
+        step = latest(out)
+        self.assertGreaterEqual(step, 1)
+        ck = os.path.join(out, "checkpoint-%d" % step)
+        found = sorted(os.path.relpath(os.path.join(d, f), ck) for d, _, fs in os.walk(ck) for f in fs)
+        self.assertEqual(found, ["state.safetensors", "train_config.json", "unet/config.json",
+                                 "unet/diffusion_pytorch_model.safetensors"])
+        code, err = run("--steps", step, *args)  # loads the checkpoint: nothing left to train
+        self.assertIn("checkpoint-%d already holds step %d" % (step, step), err)
 
     def test_usage(self):
         code, err = run("-o", os.path.join(self.tmp.name, "x"), self.shard, ok=(2,))

@@ -310,28 +310,43 @@ static int put_latent(sd_shard *s, int i, uint32_t bw, uint32_t bh, int meanstd,
     return ok;
 }
 
+/* What the generated shard holds: everything, latents without any text
+ * embedding (sd-latents without --text), or nothing at all (an sd-latents
+ * --shard part that got no records: no meta either). */
+enum { SHARD_FULL, SHARD_NO_TEXT, SHARD_EMPTY };
+
 /* A shard of 14 records in two buckets (64x64 and 64x32 pixels), mixed
  * mean+std / sample / flipped records, one with a NaN and one whose text
- * is missing, captions shared by pairs, the empty caption's embedding. */
-static int make_shard(const char *path, const char *scale, sd_error *err)
+ * is missing, captions shared by pairs, the empty caption's embedding; or
+ * one of the other kinds above. */
+static int make_shard_of(const char *path, const char *scale, int kind_of_shard, sd_error *err)
 {
     sd_shard *s = NULL;
     sd_shard_opts so = {SD_SHARD_CREATE | SD_SHARD_NOSYNC, 1 << 20, 0};
     if (sd_shard_open(&s, path, &so, err)) return 0;
+    if (kind_of_shard == SHARD_EMPTY) return sd_shard_close(s, err) == SD_OK;
+    int text = kind_of_shard == SHARD_FULL;
     int ok = sd_shard_meta_set(s, SD_SHARD_META_SCALING, scale, err) == SD_OK &&
              sd_shard_meta_set(s, SD_SHARD_META_MODEL, "test-vae", err) == SD_OK &&
-             sd_shard_meta_set(s, "empty_text", "ee000000000000000000000000000000", err) == SD_OK;
+             (!text || sd_shard_meta_set(s, "empty_text", "ee000000000000000000000000000000", err) == SD_OK);
     uint8_t empty[16] = {0xee};
-    ok = ok && put_text(s, empty, 99, err);
+    ok = ok && (!text || put_text(s, empty, 99, err));
     for (int i = 0; i < 14 && ok; i++) {
-        uint8_t text[16] = {0};
-        text[0] = (uint8_t)(1 + i / 2);
-        ok = put_text(s, text, (uint32_t)i / 2 + 5, err);
+        uint8_t key[16] = {0};
+        key[0] = (uint8_t)(1 + i / 2);
+        ok = !text || put_text(s, key, (uint32_t)i / 2 + 5, err);
         int kind = i == 5 ? REC_NAN : i == 9 ? REC_NO_TEXT : REC_OK;
-        if (kind == REC_NO_TEXT) text[1] = 0x55;
-        ok = ok && put_latent(s, i, 64, i % 3 ? 64 : 32, i % 4 != 0, i % 2, kind, text, err);
+        if (kind == REC_NO_TEXT) key[1] = 0x55;
+        if (!text) memset(key, 0, sizeof key);
+        ok = ok && put_latent(s, i, 64, i % 3 ? 64 : 32, i % 4 != 0, i % 2, kind, key, err);
     }
     return sd_shard_close(s, err) == SD_OK && ok;
+}
+
+/* The full generated shard. */
+static int make_shard(const char *path, const char *scale, sd_error *err)
+{
+    return make_shard_of(path, scale, SHARD_FULL, err);
 }
 
 /* Options of the shard runs: everything that draws random numbers on. */
@@ -952,6 +967,29 @@ static void test_sdxl_data(void)
             }
         }
         CHECK(seen[0] && seen[1]);
+        /* the start-up check against the UNet: the shard fits the tiny SDXL UNet; another pooled width,
+         * another summed hidden width, a single-encoder UNet or other latent channels are refused with
+         * the shard and both numbers named */
+        CHECK(sd_data_check_model(&d, &lo, &err) == SD_OK);
+        struct {
+            sd_load_opts lo;
+            const char *says;
+        } bad[] = {{{.channels = 4, .cross_dim = 16, .pooled = 9}, "pooled width 8, the UNet's text_time projection takes 9"},
+                   {{.channels = 4, .cross_dim = 15, .pooled = 8},
+                    "width 16 (both encoders summed), the UNet's cross_attention_dim 15"},
+                   {{.channels = 4, .cross_dim = 16}, "SDXL's two encoders' hidden states; the UNet takes one"},
+                   {{.channels = 16, .cross_dim = 16, .pooled = 8}, "latent channels 4, the UNet's in_channels 16"}};
+        for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+            err.msg[0] = 0;
+            CHECK(sd_data_check_model(&d, &bad[k].lo, &err) == SD_EFORMAT);
+            if (!CHECK(strstr(err.msg, bad[k].says) != NULL && strstr(err.msg, shard) != NULL))
+                fprintf(stderr, "got: %s\n", err.msg);
+        }
+        /* the loader's own check of each record names what it compares with */
+        sd_tally mis;
+        sd_tally_init(&mis, 0);
+        if (CHECK(sd_data_load(&d, &db, &bad[3].lo, &rng, &bt, &mis, &err) == SD_OK))
+            CHECK(bt.n == 0 && sd_tally_count(&mis, "latent channels differ from the UNet's in_channels") == 3);
         sd_batch_free(&bt);
         sd_data_close(&d);
     }
@@ -1066,7 +1104,8 @@ static void test_zero_snr_step(void)
     sd_trainer_close(&tr);
 }
 
-/* test_train --make-shard PATH writes the generated shard for
+/* test_train --make-shard PATH (or --make-shard-without-text PATH, or
+ * --make-empty-shard PATH) writes the generated shard for
  * tests/e2e_train.py; with no arguments the tests run. */
 /* The SDXL-shaped model's 3 clipped AdamW steps (make_unet_golden.py
  * train_sdxl): text_time conditioning from the pooled embedding and the
@@ -1109,9 +1148,11 @@ static void test_golden_sdxl(void)
 
 int main(int argc, char **argv)
 {
-    if (argc == 3 && strcmp(argv[1], "--make-shard") == 0) {
+    const char *kinds[] = {"--make-shard", "--make-shard-without-text", "--make-empty-shard"};
+    for (int k = 0; k < 3; k++) {
+        if (argc != 3 || strcmp(argv[1], kinds[k]) != 0) continue;
         sd_error err = {0};
-        if (make_shard(argv[2], "0.18215", &err)) return 0;
+        if (make_shard_of(argv[2], "0.18215", k, &err)) return 0;
         fprintf(stderr, "%s: %s\n", argv[2], err.msg);
         return 1;
     }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "dist.h"
@@ -19,11 +20,32 @@
 
 static volatile sig_atomic_t stop_flag;
 
-/* SIGINT/SIGTERM: finish the step, save, exit. */
+/* SIGINT/SIGTERM: the first asks the loop to finish the step, save and
+ * exit (the loop says so; a handler may not log); a second quits at once
+ * with 128 + the signal (130 for Ctrl-C). That is safe mid-save: a
+ * checkpoint is written into checkpoint-N.tmp and renamed into place,
+ * latest rewritten (temp + rename) after it, so the last complete one
+ * stays named. Under mpirun each rank quits on its own second signal, and
+ * the launcher ends the others; only rank 0 writes checkpoints. */
 static void on_signal(int sig)
 {
-    (void)sig;
+    static const char again[] = "sd-train: interrupted again: quitting now (the last checkpoint stays)\n";
+    if (stop_flag) {
+        ssize_t w = write(STDERR_FILENO, again, sizeof again - 1);
+        (void)w;
+        _exit(128 + sig);
+    }
     stop_flag = 1;
+}
+
+/* The model line: where the weights come from (after a resume, the
+ * checkpoint, whatever --unet or --unet-config named) and the parameter
+ * count as diffusers gives it. */
+static void log_model(const sd_trainer *tr, int resumed)
+{
+    sd_log(SD_LOG_INFO, "UNet %s, %zu parameters; %zu records in %zu buckets",
+           resumed ? "from the checkpoint" : tr->unet.layout, sd_train_param_count(tr), tr->data.nitems,
+           tr->data.nbuckets);
 }
 
 /* Whether out/latest exists (a run to resume). */
@@ -383,13 +405,12 @@ int main(int argc, char **argv)
     /* the shards are open and the cursor resumed: epochs turn into steps */
     if (!st && epochs > 0) sd_train_set_epochs(&tr, epochs);
     if (!st) {
-        sd_log(SD_LOG_INFO, "UNet %s, %zu parameters; %zu records in %zu buckets", tr.unet.layout,
-               tr.unet.w.total, tr.data.nitems, tr.data.nbuckets);
+        signal(SIGINT, on_signal);
+        signal(SIGTERM, on_signal);
+        log_model(&tr, resume != NULL);
         if (world > 1)
             sd_log(SD_LOG_INFO, "%s: global batch %d x %d ranks x %d accumulation = %d samples per step",
                    sd_dist_transport(), o.batch, world, o.accum, o.batch * world * o.accum);
-        signal(SIGINT, on_signal);
-        signal(SIGTERM, on_signal);
         st = sd_train_run(&tr, &stop_flag, &err);
     }
     if (!st && world > 1 && rank == 0)

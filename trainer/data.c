@@ -78,8 +78,9 @@ static int has_text(sd_shard *s, const uint8_t key[16])
     return held;
 }
 
-/* Check one shard's identity against the first one's. */
-static sd_status check_meta(sd_data *d, int i, const char *path, int allow_mixed, sd_error *err)
+/* Check one shard's identity against the first one's (first: this is the
+ * first shard with records, which the others are compared with). */
+static sd_status check_meta(sd_data *d, int i, const char *path, int first, int allow_mixed, sd_error *err)
 {
     char sf[64], model[80], empty[80], te[200];
     sd_status rc = meta(d->shards[i], SD_SHARD_META_SCALING, sf, sizeof sf, err);
@@ -92,7 +93,7 @@ static sd_status check_meta(sd_data *d, int i, const char *path, int allow_mixed
     if (!sf[0] || *end || !(s > 0))
         return sd_err_set(err, SD_EFORMAT, "%s: no usable scaling_factor in the shard's meta (got '%s')", path, sf);
     d->shard_scaling[i] = s;
-    if (i == 0) {
+    if (first) {
         d->scaling = s;
         snprintf(d->model, sizeof d->model, "%s", model);
         snprintf(d->text_encoder, sizeof d->text_encoder, "%s", te);
@@ -286,20 +287,25 @@ sd_status sd_data_open(sd_data *d, const char *const *paths, int n, int batch, u
     size_t nf = 0, fcap = 0;
     sd_status rc = SD_OK;
     sd_shard_opts so = {SD_SHARD_RDONLY, 0, 0};
+    int used = 0; /* shards with records so far */
     for (int i = 0; i < n && !rc; i++) {
         char *path = NULL;
         int repeats = 1;
         size_t before = nf;
         rc = shard_arg(paths[i], &path, &repeats, err);
         if (!rc) rc = sd_shard_open(&d->shards[i], path, &so, err);
-        if (!rc) rc = check_meta(d, i, path, allow_mixed, err);
         if (!rc) rc = index_shard(d, i, repeats, &f, &nf, &fcap, err);
-        if (!rc && repeats > 1)
+        if (!rc && nf == before) /* an sd-latents part that got no records: nothing to train on, no meta to check */
+            sd_log(SD_LOG_WARN, "%s: no latent records (an sd-latents run that wrote none?): skipped", path);
+        else if (!rc) rc = check_meta(d, i, path, used++ == 0, allow_mixed, err);
+        if (!rc && repeats > 1 && nf > before)
             sd_log(SD_LOG_INFO, "%s: %zu records, each %d times an epoch", path, (nf - before) / (size_t)repeats,
                    repeats);
         free(path);
     }
-    if (!rc && nf == 0) rc = sd_err_set(err, SD_ENOTFOUND, "training data: the shards hold no latent records");
+    if (!rc && nf == 0)
+        rc = sd_err_set(err, SD_ENOTFOUND, "training data: %s", n > 1 ? "none of the shards holds latent records"
+                        : "the shard holds no latent records");
     if (!rc && n > 1) warn_shared_records(d, f, nf, paths);
     if (!rc) rc = build_index(d, f, nf, err);
     free(f);
@@ -472,38 +478,74 @@ static int need_floats(float **p, size_t *cap, size_t n)
     return grow((void **)p, cap, n ? n : 1, sizeof(float));
 }
 
+/* Room for the numbers behind a record's reason (what it has, what the
+ * UNet or the bucket takes). */
+enum { NOTE_CAP = 112 };
+
+/* The hidden states a UNet of o reads from a text record (SDXL: both
+ * encoders' side by side, plus the pooled output; else the one encoder's)
+ * and their length; a reason when the record does not fit the UNet, the
+ * numbers compared in note. */
+static const char *text_parts(const sd_shard_rec *r, const sd_load_opts *o, const sd_shard_tensor *parts[2], int *np,
+                              int *T, char *note)
+{
+    const sd_shard_tensor *h = sd_shard_rec_tensor(r, SD_ROLE_HIDDEN);
+    const sd_shard_tensor *h1 = sd_shard_rec_tensor(r, SD_ROLE_HIDDEN1);
+    const sd_shard_tensor *h2 = sd_shard_rec_tensor(r, SD_ROLE_HIDDEN2);
+    const sd_shard_tensor *pl = sd_shard_rec_tensor(r, SD_ROLE_POOLED);
+    note[0] = 0;
+    parts[0] = h;
+    parts[1] = NULL;
+    *np = 1;
+    if (o->pooled) {
+        if (!h1 || !h2 || !pl) {
+            snprintf(note, NOTE_CAP, "%s; the UNet is an SDXL one (text_time)",
+                     h ? "one encoder's hidden state" : "no SDXL hidden states");
+            return "text embedding lacks SDXL's two hidden states and pooled output";
+        }
+        parts[0] = h1;
+        parts[1] = h2;
+        *np = 2;
+        if (pl->ndim != 1 || (int)pl->shape[0] != o->pooled) {
+            snprintf(note, NOTE_CAP, "pooled width %u, the UNet's text_time projection takes %d",
+                     pl->ndim == 1 ? pl->shape[0] : 0, o->pooled);
+            return "pooled text embedding width differs from the UNet's text_time projection";
+        }
+    } else if (!h) {
+        snprintf(note, NOTE_CAP, "%s; the UNet takes one encoder's (no text_time)",
+                 h1 ? "SDXL's two encoders' hidden states" : "no hidden state");
+        return "text embedding lacks a single-encoder hidden state";
+    }
+    *T = (int)parts[0]->shape[0];
+    int W = 0;
+    for (int i = 0; i < *np; i++) {
+        if (parts[i]->ndim != 2 || (int)parts[i]->shape[0] != *T) return "text hidden states of different lengths";
+        W += (int)parts[i]->shape[1];
+    }
+    if (W != o->cross_dim) {
+        snprintf(note, NOTE_CAP, "width %d%s, the UNet's cross_attention_dim %d", W,
+                 *np == 2 ? " (both encoders summed)" : "", o->cross_dim);
+        return "text embedding width differs from the UNet's cross_attention_dim";
+    }
+    return NULL;
+}
+
 /* A text record's embedding into ctx [tctx, cross] and pooled; a reason
- * string when it cannot be used. */
+ * string when it cannot be used (the numbers behind it in note). */
 static const char *load_text(sd_shard_txn *t, const uint8_t key[16], const sd_load_opts *o, int *tctx, float *ctx,
-                             float *pooled, size_t ctx_cap, sd_error *err)
+                             float *pooled, size_t ctx_cap, char *note, sd_error *err)
 {
     const void *val;
     size_t vlen;
     sd_shard_rec r;
+    note[0] = 0;
     if (sd_shard_get_text(t, key, &val, &vlen, err)) return "text embedding missing";
     if (sd_shard_rec_parse(val, vlen, &r, err) || sd_shard_rec_check_payload(&r, err) || r.kind != SD_REC_TEXT)
         return "corrupt text embedding";
-    const sd_shard_tensor *h = sd_shard_rec_tensor(&r, SD_ROLE_HIDDEN);
-    const sd_shard_tensor *h1 = sd_shard_rec_tensor(&r, SD_ROLE_HIDDEN1);
-    const sd_shard_tensor *h2 = sd_shard_rec_tensor(&r, SD_ROLE_HIDDEN2);
-    const sd_shard_tensor *pl = sd_shard_rec_tensor(&r, SD_ROLE_POOLED);
-    const sd_shard_tensor *parts[2] = {h, NULL};
-    int np = 1;
-    if (o->pooled) {
-        if (!h1 || !h2 || !pl) return "text embedding lacks SDXL's two hidden states and pooled output";
-        parts[0] = h1;
-        parts[1] = h2;
-        np = 2;
-        if (pl->ndim != 1 || (int)pl->shape[0] != o->pooled) return "pooled text embedding of another width";
-    } else if (!h) {
-        return "text embedding lacks a single-encoder hidden state";
-    }
-    int T = (int)parts[0]->shape[0], W = 0;
-    for (int i = 0; i < np; i++) {
-        if (parts[i]->ndim != 2 || (int)parts[i]->shape[0] != T) return "text hidden states of different lengths";
-        W += (int)parts[i]->shape[1];
-    }
-    if (W != o->cross_dim) return "text embedding width differs from the UNet's cross_attention_dim";
+    const sd_shard_tensor *parts[2];
+    int np = 1, T = 0, W = o->cross_dim;
+    const char *why = text_parts(&r, o, parts, &np, &T, note);
+    if (why) return why;
     if (*tctx && T != *tctx) return "text length differs from the batch's first record";
     if ((size_t)T * (size_t)W > ctx_cap) return "text embedding too long";
     *tctx = T;
@@ -521,18 +563,41 @@ static const char *load_text(sd_shard_txn *t, const uint8_t key[16], const sd_lo
         }
         col += w;
     }
+    const sd_shard_tensor *pl = sd_shard_rec_tensor(&r, SD_ROLE_POOLED);
     if (o->pooled && !to_floats(pooled, pl->data, (size_t)o->pooled, pl->dtype))
         return "pooled text embedding has non-finite values";
     return NULL;
 }
 
+/* Whether a latent tensor fits a UNet of c input channels and, with h >= 0,
+ * a bucket of h x w latents: NULL, or the reason with the numbers in note. */
+static const char *latent_misfit(const sd_shard_tensor *m, int c, int h, int w, char *note)
+{
+    note[0] = 0;
+    if (m->ndim != 3) {
+        snprintf(note, NOTE_CAP, "%d dimensions", m->ndim);
+        return "latent is not [channels, height, width]";
+    }
+    if ((int)m->shape[0] != c) {
+        snprintf(note, NOTE_CAP, "latent channels %u, the UNet's in_channels %d", m->shape[0], c);
+        return "latent channels differ from the UNet's in_channels";
+    }
+    if (h >= 0 && ((int)m->shape[1] != h || (int)m->shape[2] != w)) {
+        snprintf(note, NOTE_CAP, "latent %ux%u, the bucket's %dx%d", m->shape[2], m->shape[1], w, h);
+        return "latent size differs from the bucket's";
+    }
+    return NULL;
+}
+
 /* One latent record into x0 [c, h, w] (scaled sample) and its size ids; a
- * reason string when it cannot be used. Draws flip, dropout and noise. */
+ * reason string when it cannot be used (the numbers behind it in note).
+ * Draws flip, dropout and noise. */
 static const char *load_latent(sd_data *d, const sd_shard_rec *r, uint32_t shard, const sd_load_opts *o, sd_rng *rng,
-                               int c, int h, int w, float *x0, float *tmp, float *tids, int *use_empty)
+                               int c, int h, int w, float *x0, float *tmp, float *tids, int *use_empty, char *note)
 {
     int meanstd = (r->flags & SD_REC_F_MEANSTD) != 0;
     int flip = 0;
+    note[0] = 0;
     if ((r->flags & SD_REC_F_FLIPPED) && !o->no_flip) flip = sd_rng_uniform(rng) < 0.5;
     *use_empty = o->dropout > 0 && sd_rng_uniform(rng) < o->dropout;
     int rm = meanstd ? (flip ? SD_ROLE_MEAN_FLIP : SD_ROLE_MEAN) : (flip ? SD_ROLE_SAMPLE_FLIP : SD_ROLE_SAMPLE);
@@ -541,8 +606,8 @@ static const char *load_latent(sd_data *d, const sd_shard_rec *r, uint32_t shard
     size_t per = (size_t)c * (size_t)h * (size_t)w;
     if (meanstd) sd_rng_normal(rng, tmp + per, per);
     if (!m || (meanstd && !s)) return "latent record lacks its tensors";
-    if (m->ndim != 3 || (int)m->shape[0] != c || (int)m->shape[1] != h || (int)m->shape[2] != w)
-        return "latent shape differs from the bucket's";
+    const char *why = latent_misfit(m, c, h, w, note);
+    if (why) return why;
     if (!to_floats(x0, m->data, per, m->dtype)) return "latent has non-finite values";
     if (meanstd) {
         if (!to_floats(tmp, s->data, per, s->dtype)) return "latent std has non-finite values";
@@ -596,6 +661,7 @@ sd_status sd_data_load(sd_data *d, const sd_data_batch *b, const sd_load_opts *o
         sd_shard_rec r;
         sd_error e = {0};
         const char *why = NULL;
+        char note[NOTE_CAP] = "";
         int k = out->n, use_empty = 0, named = 0;
         if (sd_shard_get(tx[it->shard], d->keys + it->koff, it->klen, &val, &vlen, &e)) why = "record missing";
         else if (sd_shard_rec_parse(val, vlen, &r, &e)) why = "corrupt latent record";
@@ -603,7 +669,7 @@ sd_status sd_data_load(sd_data *d, const sd_data_batch *b, const sd_load_opts *o
             why = "corrupt latent record";
         if (!why)
             why = load_latent(d, &r, it->shard, o, rng, c, h, w, out->x0 + (size_t)k * per, out->tmp,
-                              out->tids + 6 * k, &use_empty);
+                              out->tids + 6 * k, &use_empty, note);
         if (!why) {
             static const uint8_t zero[16];
             int tc = out->tctx;
@@ -612,14 +678,15 @@ sd_status sd_data_load(sd_data *d, const sd_data_batch *b, const sd_load_opts *o
                 why = load_text(tx[use_empty ? (uint32_t)d->empty_shard : it->shard],
                                 use_empty ? d->empty_text : r.text_ref, o,
                                 &tc, out->ctx + (size_t)k * tmax, out->text + (size_t)k * (size_t)o->pooled, tmax,
-                                &e);
+                                note, &e);
             if (!why) out->tctx = tc;
         }
         if (why) {
             char name[96];
             if (!named) snprintf(name, sizeof name, "(unnamed, key of %u bytes)", it->klen);
             else snprintf(name, sizeof name, "%.*s", (int)(r.name_len < 80 ? r.name_len : 80), r.name);
-            sd_skip(tally, why, "%s: record %s", sd_shard_path(d->shards[it->shard]), name);
+            sd_skip(tally, why, "%s: record %s%s%s%s", sd_shard_path(d->shards[it->shard]), name, note[0] ? " (" : "",
+                    note, note[0] ? ")" : "");
             continue;
         }
         out->n++;
@@ -629,6 +696,80 @@ sd_status sd_data_load(sd_data *d, const sd_data_batch *b, const sd_load_opts *o
     for (int k = 1; k < out->n && row; k++) memmove(out->ctx + (size_t)k * row, out->ctx + (size_t)k * tmax, row * 4);
     for (int i = 0; i < d->nshards; i++)
         if (tx[i]) sd_shard_read_end(tx[i]);
+    free(tx);
+    return rc;
+}
+
+/* What the start-up check has seen of a shard: nothing usable yet, a
+ * latent record that fits the UNet, or that and a text embedding too. */
+enum { SEEN_NONE, SEEN_LATENT, SEEN_TEXT };
+
+/* One record of its shard against the UNet: the shard's first readable
+ * latent record's channels, then the first text embedding it references
+ * that the shard holds. Records that cannot be read are passed over (the
+ * loader skips and counts them); a misfit is an error naming the shard,
+ * the record and both numbers. */
+static sd_status check_record(const sd_data *d, const sd_data_item *it, sd_shard_txn *t, const sd_load_opts *o,
+                              int *seen, sd_error *err)
+{
+    static const uint8_t zero[16];
+    const char *path = sd_shard_path(d->shards[it->shard]);
+    const void *val, *tval;
+    size_t vlen, tlen;
+    sd_shard_rec r, tr;
+    char note[NOTE_CAP];
+    if (sd_shard_get(t, d->keys + it->koff, it->klen, &val, &vlen, NULL) || sd_shard_rec_parse(val, vlen, &r, NULL) ||
+        r.kind != SD_REC_LATENT)
+        return SD_OK;
+    int nl = r.name_len < 80 ? (int)r.name_len : 80;
+    const sd_shard_tensor *m = sd_shard_rec_tensor(&r, r.flags & SD_REC_F_MEANSTD ? SD_ROLE_MEAN : SD_ROLE_SAMPLE);
+    if (*seen == SEEN_NONE && m) {
+        const char *why = latent_misfit(m, o->channels, -1, -1, note);
+        if (why)
+            return sd_err_set(err, SD_EFORMAT, "%s: %s (%s; record %.*s): this UNet cannot train on the shard's "
+                              "latents (made with another VAE?)", path, why, note, nl, r.name);
+        *seen = SEEN_LATENT;
+    }
+    if (*seen == SEEN_NONE || memcmp(r.text_ref, zero, 16) == 0 ||
+        sd_shard_get_text(t, r.text_ref, &tval, &tlen, NULL) || sd_shard_rec_parse(tval, tlen, &tr, NULL) ||
+        tr.kind != SD_REC_TEXT)
+        return SD_OK;
+    const sd_shard_tensor *parts[2];
+    int np, T;
+    const char *why = text_parts(&tr, o, parts, &np, &T, note);
+    if (why)
+        return sd_err_set(err, SD_EFORMAT, "%s: %s (%s; record %.*s): this UNet cannot read the shard's text "
+                          "embeddings (made with another text encoder?)", path, why, note, nl, r.name);
+    *seen = SEEN_TEXT;
+    return SD_OK;
+}
+
+/* Before training (data.h): per shard, records in index order until one
+ * latent and one text embedding were checked; then a shard where no
+ * record had a text embedding is refused. */
+sd_status sd_data_check_model(const sd_data *d, const sd_load_opts *o, sd_error *err)
+{
+    int n = d->nshards, left = 0;
+    int *seen = calloc((size_t)(n > 0 ? n : 1), sizeof(*seen)), *has = calloc((size_t)(n > 0 ? n : 1), sizeof(*has));
+    sd_shard_txn **tx = calloc((size_t)(n > 0 ? n : 1), sizeof(*tx));
+    sd_status rc = seen && has && tx ? SD_OK : sd_err_set(err, SD_ENOMEM, "out of memory");
+    for (size_t i = 0; i < d->nitems && !rc; i++) has[d->items[i].shard] = 1;
+    for (int s = 0; s < n && !rc; s++) left += has[s];
+    for (size_t i = 0; i < d->nitems && left > 0 && !rc; i++) {
+        const sd_data_item *it = &d->items[i];
+        if (seen[it->shard] == SEEN_TEXT) continue;
+        if (!tx[it->shard] && (rc = sd_shard_read_begin(d->shards[it->shard], &tx[it->shard], err))) break;
+        rc = check_record(d, it, tx[it->shard], o, &seen[it->shard], err);
+        if (!rc && seen[it->shard] == SEEN_TEXT) left--;
+    }
+    for (int s = 0; s < n && !rc; s++)
+        if (has[s] && seen[s] == SEEN_LATENT)
+            rc = sd_err_set(err, SD_EFORMAT, "%s: made without text embeddings: sd-latents --text, or --text-only "
+                            "to add them (every record has no text embedding)", sd_shard_path(d->shards[s]));
+    for (int s = 0; s < n && tx; s++)
+        if (tx[s]) sd_shard_read_end(tx[s]);
+    free(seen);
+    free(has);
     free(tx);
     return rc;
 }

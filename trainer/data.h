@@ -44,7 +44,8 @@ typedef struct {
 typedef struct {
     sd_shard **shards;
     int nshards;
-    double scaling;          /* the first shard's scaling_factor (the others' unless allow_mixed) */
+    double scaling;          /* the first shard's scaling_factor (the others' unless allow_mixed); the
+                              * first shard with records: one without any is skipped with a warning */
     double *shard_scaling;   /* each shard's own, which its latents are multiplied by */
     char model[80];          /* their model_hash ("" when absent) */
     char text_encoder[200];  /* their text_encoder identity ("" when absent) */
@@ -76,7 +77,9 @@ typedef struct {
 } sd_data_cursor;
 
 /* Open every shard read-only and index its records by bucket. Shards must
- * agree on scaling_factor and model_hash unless allow_mixed. */
+ * agree on scaling_factor and model_hash unless allow_mixed. A shard with
+ * no latent records (an sd-latents part that got none, without meta) is
+ * skipped with a warning; all of them empty is an error. */
 sd_status sd_data_open(sd_data *d, const char *const *paths, int n, int batch, uint64_t seed, int allow_mixed,
                        sd_error *err);
 void sd_data_close(sd_data *d);
@@ -107,6 +110,14 @@ typedef struct {
     double dropout;    /* probability of the empty-caption embedding */
     int no_flip;       /* never use the flipped variant */
 } sd_load_opts;
+
+/* Before training, every shard against the model: the first readable
+ * latent record's channels (in_channels) and the first text embedding's
+ * widths (cross_attention_dim; SDXL: both encoders summed, and the pooled
+ * width); a shard where no record has a text embedding is refused too.
+ * The error names the shard, the record and both numbers. The loader
+ * still checks every record (a shard may mix). */
+sd_status sd_data_check_model(const sd_data *d, const sd_load_opts *o, sd_error *err);
 
 /* A loaded batch, buffers reused between calls. */
 typedef struct {

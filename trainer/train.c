@@ -47,6 +47,26 @@ static int draw_timestep(const sd_train_opts *o, sd_rng *rng)
     return o->t_min + (int)sd_rng_below(rng, (uint64_t)(o->t_max - o->t_min));
 }
 
+/* What the UNet expects of each record (data.h); training adds the
+ * dropout and flip options, validation uses neither. */
+static sd_load_opts load_opts(const sd_trainer *tr, int training)
+{
+    const sd_unet_config *c = &tr->unet.cfg;
+    sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
+                       .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0,
+                       .dropout = training ? tr->o.dropout : 0, .no_flip = training ? tr->o.no_flip : 1};
+    return lo;
+}
+
+/* The model's parameters as diffusers counts them: the sum of its tensors'
+ * sizes (the flat buffer pads each tensor to 16 floats). */
+size_t sd_train_param_count(const sd_trainer *tr)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < tr->unet.w.nslots; i++) n += tr->unet.w.slots[i].n;
+    return n;
+}
+
 /* The model: loaded, or built from a config and initialised. */
 static sd_status open_model(sd_trainer *tr, sd_error *err)
 {
@@ -225,6 +245,14 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         }
         tr->have_val = 1;
     }
+    /* every shard against the UNet now, not after 1000 batches of skipped records */
+    sd_load_opts lo = load_opts(tr, 0);
+    if (tr->have_data) rc = sd_data_check_model(&tr->data, &lo, err);
+    if (!rc && tr->have_val) rc = sd_data_check_model(&tr->val, &lo, err);
+    if (rc) {
+        sd_trainer_close(tr);
+        return rc;
+    }
     /* last: with several GPU ranks this joins the NCCL communicator, which
      * an error after it would have to destroy while the others wait in it */
     rc = open_backend(tr, err);
@@ -273,16 +301,20 @@ void sd_trainer_close(sd_trainer *tr)
 }
 
 /* Say how much memory the planned graph takes, so users see what
- * --gradient-checkpointing saves. */
-static void log_graph(const sd_trainer *tr, int n, int h, int w)
+ * --gradient-checkpointing saves: the first plan at info level, the
+ * replans of every bucket change at debug level (-v), so that they do not
+ * bury the progress lines. */
+static void log_graph(sd_trainer *tr, int n, int h, int w)
 {
     double mib = sizeof(float) / 1048576.0;
+    sd_log_level lv = tr->graph_logged ? SD_LOG_DEBUG : SD_LOG_INFO;
+    tr->graph_logged = 1;
     if (tr->o.checkpointing)
-        sd_log(SD_LOG_INFO, "UNet graph, %d x %dx%d latents: activations %.1f MiB (checkpointed: %.1f MiB of them "
+        sd_log(lv, "UNet graph, %d x %dx%d latents: activations %.1f MiB (checkpointed: %.1f MiB of them "
                "shared by the recomputed blocks), their gradients %.1f MiB", n, h, w, (double)tr->g.nact * mib,
                (double)tr->g.nrecompute * mib, (double)tr->g.ndact * mib);
     else
-        sd_log(SD_LOG_INFO, "UNet graph, %d x %dx%d latents: activations %.1f MiB, their gradients %.1f MiB", n, h, w,
+        sd_log(lv, "UNet graph, %d x %dx%d latents: activations %.1f MiB, their gradients %.1f MiB", n, h, w,
                (double)tr->g.nact * mib, (double)tr->g.ndact * mib);
 }
 
@@ -483,6 +515,20 @@ static void zero_grad(sd_trainer *tr)
     tr->be->zero(tr->exec, tr->d_grad, tr->unet.w.total * sizeof(float));
 }
 
+/* The first stop request (SIGINT/SIGTERM) acknowledged as soon as the
+ * loop sees it, since a handler may not log and the step in progress (with
+ * a large --accum, many micro-batches) and the save still take a while.
+ * Shown even with -q; rank 0 speaks for a world of ranks (its own request,
+ * or another rank's once the step's reduction agreed on it). */
+static void tell_stop(sd_trainer *tr)
+{
+    if (tr->stop_told || !((tr->stop_req && *tr->stop_req) || tr->stop_all)) return;
+    tr->stop_told = 1;
+    if (tr->rank == 0)
+        sd_log(SD_LOG_WARN, "stopping after this step and saving a checkpoint; Ctrl-C again to quit at once (the "
+               "last checkpoint stays)");
+}
+
 /* splitmix64's finaliser: a well-mixed 64-bit hash of x. */
 static uint64_t mix64(uint64_t x)
 {
@@ -672,9 +718,8 @@ static void seed_batch(sd_trainer *tr, const sd_data_cursor *served)
 sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *err)
 {
     const sd_unet_config *c = &tr->unet.cfg;
-    int pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0;
-    sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim, .pooled = pooled,
-                       .dropout = tr->o.dropout, .no_flip = tr->o.no_flip};
+    sd_load_opts lo = load_opts(tr, 1);
+    int pooled = lo.pooled;
     int world = tr->world > 0 ? tr->world : 1, rank = tr->rank;
     int slots = world * tr->o.accum, need = slots, empty_rounds = 0;
     double sum = 0, images = 0, stop = 0;
@@ -688,6 +733,7 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
         double red[4] = {0, 0, 0, tr->stop_req && *tr->stop_req ? 1.0 : 0.0}; /* usable, loss, images, stop */
         for (int slot = 0; slot < need; slot++) {
             sd_data_batch db;
+            tell_stop(tr);
             sd_status rc = sd_data_next(&tr->data, &tr->cur, &db, err);
             if (rc) return rc;
             if (slot % world != rank) continue;
@@ -737,7 +783,8 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
         stop += red[3];
         if (red[0] > 0) empty_rounds = 0;
         else if (++empty_rounds > 1000)
-            return sd_err_set(err, SD_EFORMAT, "1000 batches in a row without a usable record");
+            return sd_err_set(err, SD_EFORMAT, "1000 batches in a row without a usable record: every record drawn was "
+                              "skipped (the counts by reason are above)");
     }
     if (tr->nccl) {
 #if defined(SDTK_HAVE_NCCL) && defined(SDTK_HAVE_CUDA)
@@ -816,8 +863,8 @@ static sd_status log_tally_all(const sd_trainer *tr, const sd_tally *t, const ch
 sd_status sd_train_validate(sd_trainer *tr, double *loss, long *images, sd_error *err)
 {
     const sd_unet_config *c = &tr->unet.cfg;
-    int pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0;
-    sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim, .pooled = pooled, .no_flip = 1};
+    sd_load_opts lo = load_opts(tr, 0);
+    int pooled = lo.pooled;
     int world = tr->world > 0 ? tr->world : 1;
     double red[2] = {0, 0};
     sd_tally vt;
@@ -831,6 +878,7 @@ sd_status sd_train_validate(sd_trainer *tr, double *loss, long *images, sd_error
         rc = sd_data_next(&tr->val, &cur, &db, err);
         if (rc || cur.epoch != 0) break; /* past the last batch: sd_data_next rolled into epoch 1 */
         if ((int)(k % (size_t)world) != tr->rank) continue;
+        tell_stop(tr);
         sd_rng_seed(&rng, mix64(0x76616c2d6c6f7373ULL ^ (uint64_t)k));
         rc = sd_data_load(&tr->val, &db, &lo, &rng, &tr->vbatch, &vt, err);
         sd_batch *b = &tr->vbatch;
@@ -1041,6 +1089,7 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
     sd_status rc = SD_OK;
     tr->stop_req = stop;
     tr->stop_all = 0;
+    tr->stop_told = 0;
     long val_step = -1; /* the step of the last validation */
     if (tr->have_val && tr->step == 0) { /* the baseline of a new run */
         rc = validate_and_log(tr, err);
@@ -1082,6 +1131,7 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
             if (rc) break;
         }
     }
+    tell_stop(tr); /* a request that came after the last micro-batch */
     if (!rc && tr->have_val && val_step != tr->step) rc = validate_and_log(tr, err);
     if (!rc && tr->saved_step != tr->step) rc = sd_train_save(tr, err); /* not again after a stop on a save step */
     else if (!rc && !o->quiet) sd_log(SD_LOG_INFO, "checkpoint-%ld already holds step %ld", tr->step, tr->step);

@@ -158,6 +158,8 @@ typedef struct {
     long epochs, epochs_steps, saved_epochs, saved_epochs_steps;
     volatile sig_atomic_t *stop_req;
     int stop_all;
+    int stop_told;    /* the stop request was acknowledged in the log */
+    int graph_logged; /* the first graph plan was logged (the later ones at debug level) */
 } sd_trainer;
 
 /* Defaults as diffusers' train_text_to_image.py: lr 1e-4 constant, AdamW
@@ -166,9 +168,13 @@ typedef struct {
 void sd_train_opts_default(sd_train_opts *o);
 
 /* Load or create the model, allocate optimizer state, open the shards
- * (when o->nshards > 0) and start the pool. */
+ * (when o->nshards > 0; each checked against the UNet: latent channels,
+ * text embedding widths, a text embedding at all) and start the pool. */
 sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err);
 void sd_trainer_close(sd_trainer *tr);
+/* The model's parameter count as diffusers gives it: the sum of its tensors'
+ * sizes (unet.w.total also counts the padding between them). */
+size_t sd_train_param_count(const sd_trainer *tr);
 
 /* One micro-batch with given inputs: x0 [n, c, h, w] (scaled latents), ctx
  * [n, tctx, cross], text/tids (SDXL, else NULL), noise like x0 and integer
