@@ -392,6 +392,36 @@ class Text(unittest.TestCase):
         _, _, err = train("kohya_run1", (0,))
         self.assertIn("step 2/2", err)
 
+    def test_damaged_record_is_encoded_again_not_retexted(self):
+        """A record whose payload is damaged and whose caption changed is encoded again:
+        giving it the new reference would rebuild it with a fresh checksum over the
+        damaged bytes and hide the damage from sd-verify and sd-train for good."""
+        jl = self.bucketed("dmg.jsonl")
+        s = os.path.join(self.tmp, "dmg.shard")
+        sh(LATENTS, "-q", "--vae", VAE, "--text", self.sd1, "-o", s, jl)
+        good = self.by_name(s)["i01"]
+        with open(s, "rb") as f:
+            data = bytearray(f.read())
+        at = data.find(good[256:])
+        self.assertGreater(at, 0)
+        data[at + len(good[256:]) - 3] ^= 0x40  # a byte of the last tensor
+        with open(s, "wb") as f:
+            f.write(data)
+        code, _, err = sh(VERIFY, s, ok=(1,))
+        self.assertIn("payload checksum mismatch", err)
+        jl2 = self.bucketed("dmg2.jsonl", change=b"a cat on a mat")  # i00's caption changes
+        with open(jl2, "rb") as f:  # i01's caption changes too (the first "caption" member is read)
+            data = f.read().replace(b'"key": "i01", ', b'"key": "i01", "caption": "i01 edited", ', 1)
+        with open(jl2, "wb") as f:
+            f.write(data)
+        _, _, err = sh(LATENTS, "--vae", VAE, "--text", self.sd1, "-o", s, jl2)
+        self.assertIn("record i01 is damaged", err)
+        self.assertIn("1 records kept their latents", err)  # i00, undamaged
+        self.assertRegex(err, r"1 written \(1 replaced stale\)")  # i01, encoded again
+        _, _, verr = sh(VERIFY, s)
+        self.assertIn("0 problems", verr)
+        self.assertEqual(self.by_name(s)["i01"][256:], good[256:])  # the same latents, encoded again
+
     def test_root_resolves_relative_image_paths(self):
         """Records whose image paths are relative (sd-bucket --root) are found with
         sd-latents --root from any directory (without it: every image unreadable, and no

@@ -30,7 +30,8 @@ typedef struct {
     uint8_t text_key[16]; /* with --text: key of the caption's embedding */
     uint8_t key[16];    /* record key: hash of name, plan, member, options, model (not the caption) */
     int state;          /* JOB_TODO, JOB_DONE, JOB_STALE, JOB_RETEXT */
-    uint8_t old_key[16];
+    uint8_t old_key[16]; /* the key it was found under */
+    int rekey;           /* JOB_RETEXT: found under the old kind of key (caption hashed in): moved to key */
 } latent_job;
 
 /* JOB_RETEXT: the record is right but refers to another caption's

@@ -107,7 +107,9 @@ static sd_status classify(attach *a, sd_error *err)
 
 /* The record named name, as stored but for its text reference, rebuilt
  * into key (its record key) and val, read in t (the writer's lock keeps it
- * current until the caller puts it back). The caller checked its payload. */
+ * current until the caller puts it back). Its payload checksum and name
+ * are checked first (SD_EFORMAT when damaged), since the rebuild computes
+ * a fresh checksum that would hide the damage for good. */
 sd_status latents_retext_record(sd_shard_txn *t, const char *name, const uint8_t text_ref[16], sd_buf *key,
                                 sd_buf *val, sd_error *err)
 {
@@ -117,6 +119,9 @@ sd_status latents_retext_record(sd_shard_txn *t, const char *name, const uint8_t
     sd_status st = sd_shard_get_name(t, name, strlen(name), &k, &kl, err);
     if (!st) st = sd_shard_get(t, k, kl, &v, &vl, err);
     if (!st) st = sd_shard_rec_parse(v, vl, &r, err);
+    if (!st) st = sd_shard_rec_check_payload(&r, err) ? SD_EFORMAT : SD_OK;
+    if (!st && (r.name_len != strlen(name) || memcmp(r.name, name, r.name_len) != 0))
+        st = sd_err_set(err, SD_EFORMAT, "the names index leads to a record of another name");
     if (st) return st;
     sd_buf_clear(key);
     sd_buf_put(key, k, kl);

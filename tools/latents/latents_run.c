@@ -65,6 +65,7 @@ typedef struct {
     uint64_t written, cached, bad, replaced;
     uint64_t retexted; /* records whose caption changed: new text reference, no image encoded */
     sd_buf *rt_keys, *rt_vals; /* run_texts: a window's retext records */
+    latent_job **rt_jobs;      /* and their jobs */
 } run;
 
 /* Grow a float buffer to at least n floats (contents not kept). */
@@ -132,8 +133,10 @@ static void job_key(const run *r, latent_job *j)
     key_of(r, j, NULL, j->key);
 }
 
-/* The text reference of the record stored under key (zeros: none); 0 on
- * success, -1 when it cannot be read (then it is encoded again). */
+/* The text reference in the header of the record stored under key
+ * (zeros: none); 0 on success, -1 when it cannot be read (then it is
+ * encoded again). The payload is checked only before a rewrite
+ * (latents_retext_record): a resume reads headers, not every latent. */
 static int stored_text_ref(sd_shard_txn *t, const void *key, uint8_t ref[16])
 {
     const void *v;
@@ -144,12 +147,36 @@ static int stored_text_ref(sd_shard_txn *t, const void *key, uint8_t ref[16])
     return 0;
 }
 
-/* Mark each job done (its name maps to its key and, with --text, the
- * record refers to its caption's embedding), retext (the right record, the
- * wrong or no reference: put back with this caption's, no image encoded),
- * stale (its name maps to another key: re-made with other options or
- * model, replaced) or to do. A record keyed as before the caption left the
- * key (text key first) is done when that old key is this caption's. */
+/* Job j found under key k (16 bytes): done (its key and, with --text, its
+ * caption's reference), retext (the right latents, another caption's or no
+ * reference: put back with this caption's, no image encoded; rekey when it
+ * also moves to the current key) or stale (other latents: encoded again).
+ * A record keyed before the caption left the key (its text reference
+ * hashed first) holds current latents when that old key is k: without
+ * --text it stays as it is, with --text it is moved to the current key. */
+static void classify_found(run *r, sd_shard_txn *t, latent_job *j, const void *k)
+{
+    static const uint8_t zero[16];
+    uint8_t ref[16], legacy[16];
+    int have = stored_text_ref(t, k, ref);
+    int current = !memcmp(k, j->key, 16);
+    if (!current && have == 0 && memcmp(ref, zero, 16)) {
+        key_of(r, j, ref, legacy);
+        if (!memcmp(k, legacy, 16)) { /* current latents under the old kind of key */
+            j->state = !r->text_on || !memcmp(ref, j->text_key, 16) ? JOB_DONE : JOB_RETEXT;
+            j->rekey = j->state == JOB_RETEXT;
+            memcpy(j->old_key, k, 16);
+            return;
+        }
+    }
+    if (current && (!r->text_on || (have == 0 && !memcmp(ref, j->text_key, 16)))) j->state = JOB_DONE;
+    else if (current && have == 0) j->state = JOB_RETEXT;
+    else j->state = JOB_STALE;
+    memcpy(j->old_key, k, 16);
+}
+
+/* Mark each job (classify_found) or, when its name is not in the shard,
+ * to do. */
 static sd_status classify(run *r, sd_error *err)
 {
     sd_shard_txn *t = NULL;
@@ -159,7 +186,6 @@ static sd_status classify(run *r, sd_error *err)
         job_key(r, j);
         const void *k;
         size_t kl;
-        uint8_t legacy[16], ref[16];
         sd_error e = {0};
         sd_status g = sd_shard_get_name(t, j->name, strlen(j->name), &k, &kl, &e);
         if (g == SD_ENOTFOUND) j->state = JOB_TODO;
@@ -167,20 +193,7 @@ static sd_status classify(run *r, sd_error *err)
         else if (kl != 16)
             st = sd_err_set(err, SD_EFORMAT, "%s: record %s has a %zu-byte key; not written by sd-latents",
                             sd_shard_path(r->shard), j->name, kl);
-        else if (!memcmp(k, j->key, 16)) {
-            int have = r->text_on ? stored_text_ref(t, k, ref) : 0;
-            if (have < 0) { /* unreadable: replaced by a fresh encode */
-                j->state = JOB_STALE;
-                memcpy(j->old_key, k, 16);
-            } else {
-                j->state = r->text_on && memcmp(ref, j->text_key, 16) ? JOB_RETEXT : JOB_DONE;
-            }
-        } else if (r->text_on && (key_of(r, j, j->text_key, legacy), !memcmp(k, legacy, 16))) {
-            j->state = JOB_DONE;
-        } else {
-            j->state = JOB_STALE;
-            memcpy(j->old_key, k, 16);
-        }
+        else classify_found(r, t, j, k);
     }
     if (t) sd_shard_read_end(t);
     return st;
@@ -473,18 +486,30 @@ static size_t text_window(run *r, size_t *next, const char **caps, size_t *lens,
 }
 
 /* The window's retext jobs' records rebuilt with their captions' keys
- * (latents_retext_record) into r->rt_keys/rt_vals, read in one snapshot;
- * *n: how many. */
+ * (latents_retext_record) into r->rt_keys/rt_vals and their jobs into
+ * r->rt_jobs, read in one snapshot; *n: how many. A record found damaged
+ * is encoded again instead (stale). */
 static sd_status retext_window(run *r, latent_job *const *jobs, size_t m, size_t *n, sd_error *err)
 {
     sd_shard_txn *t = NULL;
     *n = 0;
     sd_status st = SD_OK;
     for (size_t i = 0; i < m && !st; i++) {
-        if (jobs[i]->state != JOB_RETEXT) continue;
+        latent_job *j = jobs[i];
+        if (j->state != JOB_RETEXT) continue;
         if (!t && (st = sd_shard_read_begin(r->shard, &t, err))) break;
-        st = latents_retext_record(t, jobs[i]->name, jobs[i]->text_key, &r->rt_keys[*n], &r->rt_vals[*n], err);
-        if (!st) ++*n;
+        sd_error e = {0};
+        sd_status g = latents_retext_record(t, j->name, j->text_key, &r->rt_keys[*n], &r->rt_vals[*n], &e);
+        if (g == SD_EFORMAT) {
+            sd_log(SD_LOG_WARN, "%s: record %s is damaged (%s): its image is encoded again", sd_shard_path(r->shard),
+                   j->name, e.msg);
+            j->state = JOB_STALE;
+            j->rekey = 0;
+        } else if (g) {
+            st = sd_err_set(err, g, "%s", e.msg);
+        } else {
+            r->rt_jobs[(*n)++] = j;
+        }
     }
     if (t) sd_shard_read_end(t);
     return st;
@@ -506,7 +531,8 @@ static sd_status run_texts(run *r, sd_error *err)
     latent_job **jobs = malloc(w * sizeof(*jobs));
     r->rt_keys = calloc(w, sizeof(*r->rt_keys));
     r->rt_vals = calloc(w, sizeof(*r->rt_vals));
-    sd_status st = caps && lens && keys && jobs && r->rt_keys && r->rt_vals
+    r->rt_jobs = calloc(w, sizeof(*r->rt_jobs));
+    sd_status st = caps && lens && keys && jobs && r->rt_keys && r->rt_vals && r->rt_jobs
                        ? SD_OK
                        : sd_err_set(err, SD_ENOMEM, "out of memory");
     for (size_t i = 0; i < r->jobs.n; i++) todo_total += r->jobs.v[i].state != JOB_DONE;
@@ -519,9 +545,15 @@ static sd_status run_texts(run *r, sd_error *err)
         if (st) break;
         if (r->meta_pending) st = write_meta(r, err);
         if (!st) st = text_put_many(&r->text, r->shard, m, caps, lens, keys, &r->trec, err);
-        for (size_t i = 0; i < nrt && !st; i++) /* same key, new reference: no image encoded */
-            st = sd_shard_put(r->shard, r->rt_keys[i].data, r->rt_keys[i].len, r->rt_vals[i].data,
-                              r->rt_vals[i].len, err);
+        for (size_t i = 0; i < nrt && !st; i++) { /* new reference, the same latents: no image encoded */
+            latent_job *j = r->rt_jobs[i];
+            if (j->rekey) /* from its old kind of key to the current one */
+                st = sd_shard_del(r->shard, j->old_key, 16, err);
+            const void *key = j->rekey ? (const void *)j->key : (const void *)r->rt_keys[i].data;
+            if (!st)
+                st = sd_shard_put(r->shard, key, j->rekey ? 16 : r->rt_keys[i].len, r->rt_vals[i].data,
+                                  r->rt_vals[i].len, err);
+        }
         if (!st) st = sd_shard_commit(r->shard, err);
         else sd_shard_abort(r->shard);
         if (!st) {
@@ -540,7 +572,9 @@ static sd_status run_texts(run *r, sd_error *err)
     for (size_t i = 0; r->rt_vals && i < w; i++) sd_buf_free(&r->rt_vals[i]);
     free(r->rt_keys);
     free(r->rt_vals);
+    free(r->rt_jobs);
     r->rt_keys = r->rt_vals = NULL;
+    r->rt_jobs = NULL;
     free(caps);
     free(lens);
     free(keys);
