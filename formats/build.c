@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include "source.h"
-#include "sources.h"
 #include "utf8.h"
 
 static const char *const danbooru_consumed[] = {
@@ -154,7 +153,9 @@ const char *sd_pattern_check(const char *pat)
     return NULL;
 }
 
-/* Read a small text file whole; NULL with errno set on failure. */
+/* Read a small text file whole, without a leading UTF-8 byte order mark
+ * (Windows editors write one; it is not part of the first tag or of the
+ * JSON); NULL with errno set on failure. */
 static char *read_text_file(sd_arena *a, const char *path, size_t *len)
 {
     int fd = open(path, O_RDONLY);
@@ -176,8 +177,9 @@ static char *read_text_file(sd_arena *a, const char *path, size_t *len)
     close(fd);
     if (!buf) return NULL;
     buf[got] = 0;
-    *len = got;
-    return buf;
+    size_t bom = sd_bom_len(buf, got);
+    *len = got - bom;
+    return buf + bom;
 }
 
 /* Trim surrounding whitespace in place (returns the new start). */
@@ -202,9 +204,6 @@ static char *read_caption_file(sd_arena *a, const char *path, size_t *n, const c
         snprintf(detail, detail_len, "%s: %s", path, strerror(errno));
         return NULL;
     }
-    size_t bom = sd_bom_len(t, *n); /* a Windows editor's byte order mark is not part of the first tag */
-    t += bom;
-    *n -= bom;
     if (sd_utf8_check(t, *n) != *n) {
         *reason = "caption not UTF-8";
         snprintf(detail, detail_len, "%s", path);
@@ -501,9 +500,6 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
                 snprintf(detail, detail_len, "%s", strerror(errno));
                 return -1;
             }
-            size_t bom = sd_bom_len(text, len); /* as Windows editors save a file */
-            text += bom;
-            len -= bom;
         }
         const char *pristine = text ? sd_arena_strndup(a, text, len) : NULL;
         if (!text || sd_json_parse(a, text, len, &root, &err)) {

@@ -7,6 +7,7 @@
 #define SDTK_SOURCES_H
 
 #include "meta_run.h"
+#include "utf8.h" /* sd_bom_len, sd_name_is_utf8, sd_name_escape */
 
 typedef enum {
     SD_SRC_AUTO,
@@ -27,8 +28,5 @@ sd_status sd_read_booru(sd_meta_run *m, const char *path, sd_error *err);
 sd_status sd_read_kohya(sd_meta_run *m, const char *path, const char *image_root, sd_error *err);
 sd_status sd_read_wds(sd_meta_run *m, const char *path, sd_error *err);
 int sd_expand_braces(const char *pattern, char ***out, int *n);
-size_t sd_bom_len(const char *s, size_t n);
-int sd_name_is_utf8(const char *s);
-const char *sd_name_escape(const char *s, char *out, size_t cap);
 
 #endif

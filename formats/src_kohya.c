@@ -12,22 +12,6 @@
 #include "sources.h"
 
 
-/* Read and parse the metadata file, after a leading UTF-8 BOM (Windows
- * editors write one; the JSON parser refuses it). Errors name the file. */
-static sd_status parse_meta(const char *path, sd_buf *text, sd_arena *a, sd_json **doc, sd_error *err)
-{
-    sd_status st = sd_read_file(path, text, err);
-    if (st) return st;
-    char *t = text->data ? text->data : (char *)"";
-    size_t b = sd_bom_len(t, text->len);
-    if ((st = sd_json_parse(a, t + b, text->len - b, doc, err))) {
-        char msg[sizeof err->msg];
-        snprintf(msg, sizeof msg, "%s", err->msg);
-        sd_err_set(err, st, "%s: %s", path, msg);
-    }
-    return st;
-}
-
 /* Read the dictionary and add one input per entry. Images are looked up as
  * KEY (if it has an image extension) or KEY.{png,jpg,jpeg,webp,bmp} under
  * image_root (default: the json file's directory). */
@@ -42,7 +26,7 @@ sd_status sd_read_kohya(sd_meta_run *m, const char *path, const char *image_root
     sd_arena a;
     sd_arena_init(&a, 1 << 20);
     sd_json *doc;
-    sd_status st = parse_meta(path, &text, &a, &doc, err);
+    sd_status st = sd_parse_json_file(path, &text, &a, &doc, err);
     if (!st && doc->type != SD_JSON_OBJECT)
         st = sd_err_set(err, SD_EFORMAT, "%s: expected a kohya metadata object {key: {caption, tags}}", path);
     if (!st) {

@@ -121,9 +121,8 @@ static void sample_clear(sample *s)
  * or NULL when it can. */
 static const char *sample_problem(const sample *s)
 {
-    /* key and member go into the JSON record; the member is the key plus an ASCII extension */
-    if (!sd_name_is_utf8(s->key) || (s->image_member && !sd_name_is_utf8(s->image_member)))
-        return "tar member name not UTF-8";
+    /* the key goes into the JSON record; the member is the key plus an ASCII extension */
+    if (!sd_name_is_utf8(s->key)) return "tar member name not UTF-8";
     return s->image_member ? NULL : "tar sample without image";
 }
 

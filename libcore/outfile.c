@@ -36,6 +36,13 @@ void sd_outfile_warn_leftovers(const char *path, const char *infix, const char *
     closedir(d);
 }
 
+/* sd_outfile_warn_leftovers for sd_outfile_open's own temporary names
+ * (PATH.tmp.XXXXXX); nothing for stdout (NULL or "-"). */
+void sd_outfile_warn_own_leftovers(const char *path)
+{
+    if (path && strcmp(path, "-") != 0) sd_outfile_warn_leftovers(path, ".tmp.", "");
+}
+
 /* Open path for writing through a temp file; NULL or "-" means stdout, and
  * an existing non-regular file (device, FIFO) is written in place. */
 sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err)

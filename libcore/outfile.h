@@ -23,6 +23,8 @@ sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err);
  * advice, e.g. " (and its -lock)". Tools call it once per output they
  * name (a readdir each: not per file of an export). */
 void sd_outfile_warn_leftovers(const char *path, const char *infix, const char *also);
+/* The same for sd_outfile_open's own PATH.tmp.* names; NULL or "-": nothing. */
+void sd_outfile_warn_own_leftovers(const char *path);
 sd_status sd_outfile_commit(sd_outfile *o, sd_error *err);
 /* commit in two halves, for a set of files that must all be whole first */
 sd_status sd_outfile_finish(sd_outfile *o, sd_error *err);

@@ -1,4 +1,5 @@
 #include "slurp.h"
+#include "utf8.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -27,13 +28,17 @@ sd_status sd_read_file(const char *path, sd_buf *out, sd_error *err)
     return SD_OK;
 }
 
-/* Read and parse a whole JSON file. text receives the file and must outlive
- * the tree (strings point into it); errors name the file. */
+/* Read and parse a whole JSON file, after a leading UTF-8 byte order mark
+ * (Windows editors write one; JSON itself refuses it). text receives the
+ * file and must outlive the tree (strings point into it); errors name the
+ * file. */
 sd_status sd_parse_json_file(const char *path, sd_buf *text, sd_arena *a, sd_json **root, sd_error *err)
 {
     sd_status st = sd_read_file(path, text, err);
     if (st) return st;
-    st = sd_json_parse(a, text->data ? text->data : (char *)"", text->len, root, err);
+    char *t = text->data ? text->data : (char *)"";
+    size_t bom = sd_bom_len(t, text->len);
+    st = sd_json_parse(a, t + bom, text->len - bom, root, err);
     if (st) {
         char msg[sizeof err->msg];
         memcpy(msg, err->msg, sizeof msg);

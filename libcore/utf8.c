@@ -1,6 +1,7 @@
 #include "utf8.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 /* Return n if s[0..n) is valid UTF-8 (no overlongs, surrogates or values past
@@ -78,4 +79,48 @@ int sd_utf8_encode(unsigned cp, char out[4])
         return 4;
     }
     return 0;
+}
+
+/* Length of a UTF-8 byte order mark (EF BB BF) at the start of text, 0 if
+ * none: editors on Windows write one, and it is not part of the first tag,
+ * caption or JSON value. */
+size_t sd_bom_len(const char *s, size_t n)
+{
+    return n >= 3 && memcmp(s, "\xef\xbb\xbf", 3) == 0 ? 3 : 0;
+}
+
+/* Is a file, directory or member name valid UTF-8? Records name images and
+ * members in JSON, which must be UTF-8, so a reader skips an entry that is not. */
+int sd_name_is_utf8(const char *s)
+{
+    size_t n = strlen(s);
+    return sd_utf8_check(s, n) == n;
+}
+
+/* A name for messages: valid UTF-8 copied, every other byte as \xHH, so a
+ * message names the exact bytes and stays UTF-8 itself. A name too long for
+ * out (cap >= 8) is cut at a character boundary. Returns out. */
+const char *sd_name_escape(const char *s, char *out, size_t cap)
+{
+    size_t n = strlen(s), o = 0, i = 0;
+    while (i < n) {
+        size_t ok = sd_utf8_check(s + i, n - i);
+        if (o + ok + 5 > cap) { /* no room for the run, an escape and the NUL */
+            size_t take = o + 5 <= cap ? cap - 5 - o : 0;
+            while (take && ((unsigned char)s[i + take] & 0xc0) == 0x80) take--;
+            memcpy(out + o, s + i, take);
+            o += take;
+            break;
+        }
+        memcpy(out + o, s + i, ok);
+        o += ok;
+        i += ok;
+        if (i < n) {
+            snprintf(out + o, 5, "\\x%02x", (unsigned char)s[i]);
+            o += 4;
+            i++;
+        }
+    }
+    out[o] = 0;
+    return out;
 }

@@ -264,7 +264,7 @@ static sd_status open_parts(run *r, sd_error *err)
         char name[4096];
         if (sd_part_name(o->output, r->nparts, name, sizeof name) != 0)
             return sd_err_set(err, SD_EINVAL, "part file name too long");
-        sd_outfile_warn_leftovers(name, ".tmp.", "");
+        sd_outfile_warn_own_leftovers(name);
         if ((st = sd_outfile_open(&r->parts[r->nparts], name, err))) return st;
     }
     return SD_OK;
@@ -657,7 +657,7 @@ int main(int argc, char **argv)
         if (o.split > 0) {
             st = open_parts(&r, &err);
         } else {
-            if (o.output && strcmp(o.output, "-") != 0) sd_outfile_warn_leftovers(o.output, ".tmp.", "");
+            sd_outfile_warn_own_leftovers(o.output);
             st = sd_outfile_open(&out, o.output, &err);
             r.sink = out.f;
             r.out_file = &out;

@@ -187,7 +187,7 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
     sd_build_opts bopts = {o->image_pattern, o->image_root, !o->no_check, cls_map, force_e621};
 
     sd_outfile out;
-    if (o->out && strcmp(o->out, "-") != 0) sd_outfile_warn_leftovers(o->out, ".tmp.", "");
+    sd_outfile_warn_own_leftovers(o->out);
     if (sd_outfile_open(&out, o->out, &err)) {
         sd_log(SD_LOG_ERROR, "%s", err.msg);
         sd_rules_free(&rules);

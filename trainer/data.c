@@ -237,8 +237,11 @@ static void warn_shared_records(const sd_data *d, const found *f, size_t nf, con
 {
     keyed *k = malloc((nf ? nf : 1) * sizeof(*k));
     if (!k) return;
+    size_t m = 0;
     for (size_t i = 0; i < nf; i++)
-        k[i] = (keyed){sd_hash64(d->keys + f[i].koff, f[i].klen, 0), f[i].shard, f[i].klen, f[i].koff};
+        if (!i || f[i].koff != f[i - 1].koff) /* SHARD@N's copies of a record lie side by side: one is enough */
+            k[m++] = (keyed){sd_hash64(d->keys + f[i].koff, f[i].klen, 0), f[i].shard, f[i].klen, f[i].koff};
+    nf = m;
     qsort(k, nf, sizeof(*k), cmp_keyed);
     uint64_t shared = 0;
     size_t first = 0;
@@ -757,13 +760,13 @@ sd_status sd_data_check_model(const sd_data *d, const sd_load_opts *o, sd_error 
     for (int s = 0; s < n && !rc; s++) left += has[s];
     for (size_t i = 0; i < d->nitems && left > 0 && !rc; i++) {
         const sd_data_item *it = &d->items[i];
-        if (seen[it->shard] == SEEN_TEXT) continue;
+        if (seen[it->shard] == SEEN_TEXT || (i && it->koff == d->items[i - 1].koff)) continue; /* done, or a repeat */
         if (!tx[it->shard] && (rc = sd_shard_read_begin(d->shards[it->shard], &tx[it->shard], err))) break;
         rc = check_record(d, it, tx[it->shard], o, &seen[it->shard], err);
         if (!rc && seen[it->shard] == SEEN_TEXT) left--;
     }
     for (int s = 0; s < n && !rc; s++)
-        if (has[s] && seen[s] == SEEN_LATENT)
+        if (seen[s] == SEEN_LATENT)
             rc = sd_err_set(err, SD_EFORMAT, "%s: made without text embeddings: sd-latents --text, or --text-only "
                             "to add them (every record has no text embedding)", sd_shard_path(d->shards[s]));
     for (int s = 0; s < n && tx; s++)

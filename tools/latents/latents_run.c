@@ -158,8 +158,12 @@ static void classify_found(run *r, sd_shard_txn *t, latent_job *j, const void *k
 {
     static const uint8_t zero[16];
     uint8_t ref[16], legacy[16];
-    int have = stored_text_ref(t, k, ref);
     int current = !memcmp(k, j->key, 16);
+    if (current && !r->text_on) { /* the common resume: no record read */
+        j->state = JOB_DONE;
+        return;
+    }
+    int have = stored_text_ref(t, k, ref);
     if (!current && have == 0 && memcmp(ref, zero, 16)) {
         key_of(r, j, ref, legacy);
         if (!memcmp(k, legacy, 16)) { /* current latents under the old kind of key */
@@ -169,7 +173,7 @@ static void classify_found(run *r, sd_shard_txn *t, latent_job *j, const void *k
             return;
         }
     }
-    if (current && (!r->text_on || (have == 0 && !memcmp(ref, j->text_key, 16)))) j->state = JOB_DONE;
+    if (current && have == 0 && !memcmp(ref, j->text_key, 16)) j->state = JOB_DONE;
     else if (current && have == 0) j->state = JOB_RETEXT;
     else j->state = JOB_STALE;
     memcpy(j->old_key, k, 16);
