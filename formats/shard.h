@@ -47,6 +47,13 @@ enum {
 #define SD_SHARD_META_MODEL "model_hash"       /* hash of the weights used (hex) */
 #define SD_SHARD_META_SCALING "scaling_factor" /* "0.18215", "0.13025" */
 #define SD_SHARD_META_DTYPES "dtypes"          /* JSON object: {"latent":"fp16","text":"fp16"} */
+#define SD_SHARD_META_EMPTY_TEXT "empty_text"  /* the empty caption's text key, 32 hex digits */
+#define SD_SHARD_META_TEXT_ENCODER "text_encoder" /* the text encoder setup the embeddings came from */
+
+/* A 16-byte text key as 32 lower-case hex digits (the empty_text meta). */
+void sd_shard_text_key_hex(const uint8_t key[16], char out[33]);
+/* 32 hex digits into a text key; 0 when s is anything else. */
+int sd_shard_text_key_parse(const char *s, uint8_t key[16]);
 
 /* ---- opening -------------------------------------------------------------- */
 

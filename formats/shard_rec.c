@@ -366,3 +366,35 @@ void sd_shard_bucket_unkey(const uint8_t in[8], uint32_t *w, uint32_t *h)
     *w = (uint32_t)in[0] << 24 | (uint32_t)in[1] << 16 | (uint32_t)in[2] << 8 | in[3];
     *h = (uint32_t)in[4] << 24 | (uint32_t)in[5] << 16 | (uint32_t)in[6] << 8 | in[7];
 }
+
+/* A text key as the empty_text meta writes it. */
+void sd_shard_text_key_hex(const uint8_t key[16], char out[33])
+{
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < 16; i++) {
+        out[2 * i] = digits[key[i] >> 4];
+        out[2 * i + 1] = digits[key[i] & 15];
+    }
+    out[32] = 0;
+}
+
+/* The value of one hex digit, -1 for any other character. */
+static int hex_digit(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* The empty_text meta back into a key: exactly 32 hex digits. */
+int sd_shard_text_key_parse(const char *s, uint8_t key[16])
+{
+    if (strlen(s) != 32) return 0;
+    for (int i = 0; i < 16; i++) {
+        int hi = hex_digit(s[2 * i]), lo = hex_digit(s[2 * i + 1]);
+        if (hi < 0 || lo < 0) return 0;
+        key[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return 1;
+}

@@ -728,9 +728,26 @@ static void test_free_tail(void)
     CHECK(sd_shard_close(s, &err) == SD_OK);
 }
 
+/* The empty_text meta's form of a text key: round trip, and anything but
+ * 32 hex digits refused. */
+static void test_text_key_hex(void)
+{
+    uint8_t k[16], back[16];
+    char hex[33];
+    for (int i = 0; i < 16; i++) k[i] = (uint8_t)(i * 17 + 3);
+    sd_shard_text_key_hex(k, hex);
+    CHECK(strcmp(hex, "031425364758697a8b9cadbecfe0f102") == 0);
+    CHECK(sd_shard_text_key_parse(hex, back) && !memcmp(k, back, 16));
+    CHECK(sd_shard_text_key_parse("031425364758697A8B9CADBECFE0F102", back) && !memcmp(k, back, 16));
+    CHECK(!sd_shard_text_key_parse("031425364758697a 8b9cadbecfe0f10", back)); /* a space */
+    CHECK(!sd_shard_text_key_parse("031425364758697a8b9cadbecfe0f10", back));  /* 31 digits */
+    CHECK(!sd_shard_text_key_parse("031425364758697a8b9cadbecfe0f1g2", back));
+}
+
 int main(void)
 {
     if (!mkdtemp(dir)) return 1;
+    test_text_key_hex();
     test_codec_roundtrip();
     test_codec_damage();
     test_store();

@@ -491,25 +491,13 @@ done:
     return st == SD_ENOTFOUND ? SD_OK : st;
 }
 
-/* 32 hex digits into 16 bytes; 0 when malformed. */
-static int unhex16(const char *s, uint8_t out[16])
-{
-    if (strlen(s) != 32 || strspn(s, "0123456789abcdefABCDEF") != 32) return 0;
-    for (int i = 0; i < 16; i++) {
-        unsigned v;
-        if (sscanf(s + 2 * i, "%2x", &v) != 1) return 0;
-        out[i] = (uint8_t)v;
-    }
-    return 1;
-}
-
 /* Whether the empty_text meta value v names no text embedding the shard
  * holds (*missing, with the reason in d): malformed, or not stored. */
 static sd_status empty_text_gone(sd_shard *s, const char *v, char *d, size_t cap, int *missing, sd_error *err)
 {
     uint8_t key[16];
     *missing = 1;
-    if (!unhex16(v, key)) {
+    if (!sd_shard_text_key_parse(v, key)) {
         snprintf(d, cap, "'%.64s' is not a 32-hex-digit text key", v);
         return SD_OK;
     }
@@ -536,7 +524,7 @@ static sd_status empty_text_gone(sd_shard *s, const char *v, char *d, size_t cap
  * record to delete or index to rebuild: --repair leaves it (report only). */
 static sd_status check_empty_text(sd_shard *s, problem_list *out, sd_error *err)
 {
-    static const char meta_key[] = "empty_text";
+    static const char meta_key[] = SD_SHARD_META_EMPTY_TEXT;
     char *v = NULL, d[200];
     int missing = 0;
     sd_status st = sd_shard_meta_get(s, meta_key, &v, err);

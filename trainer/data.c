@@ -55,18 +55,6 @@ static sd_status meta(sd_shard *s, const char *key, char *out, size_t cap, sd_er
     return SD_OK;
 }
 
-/* 32 hex digits into 16 bytes; 0 when malformed. */
-static int unhex16(const char *s, uint8_t out[16])
-{
-    if (strlen(s) != 32) return 0;
-    for (int i = 0; i < 16; i++) {
-        unsigned v;
-        if (sscanf(s + 2 * i, "%2x", &v) != 1) return 0;
-        out[i] = (uint8_t)v;
-    }
-    return 1;
-}
-
 /* Whether the shard holds the text embedding under key. */
 static int has_text(sd_shard *s, const uint8_t key[16])
 {
@@ -85,8 +73,8 @@ static sd_status check_meta(sd_data *d, int i, const char *path, int first, int 
     char sf[64], model[80], empty[80], te[200];
     sd_status rc = meta(d->shards[i], SD_SHARD_META_SCALING, sf, sizeof sf, err);
     if (!rc) rc = meta(d->shards[i], SD_SHARD_META_MODEL, model, sizeof model, err);
-    if (!rc) rc = meta(d->shards[i], "empty_text", empty, sizeof empty, err);
-    if (!rc) rc = meta(d->shards[i], "text_encoder", te, sizeof te, err);
+    if (!rc) rc = meta(d->shards[i], SD_SHARD_META_EMPTY_TEXT, empty, sizeof empty, err);
+    if (!rc) rc = meta(d->shards[i], SD_SHARD_META_TEXT_ENCODER, te, sizeof te, err);
     if (rc) return rc;
     char *end;
     double s = strtod(sf, &end);
@@ -112,7 +100,7 @@ static sd_status check_meta(sd_data *d, int i, const char *path, int first, int 
                           path, te[0] ? te : "(none)", d->text_encoder[0] ? d->text_encoder : "(none)");
     }
     uint8_t key[16];
-    if (!d->has_empty && unhex16(empty, key)) {
+    if (!d->has_empty && sd_shard_text_key_parse(empty, key)) {
         if (has_text(d->shards[i], key)) {
             memcpy(d->empty_text, key, 16);
             d->has_empty = 1;

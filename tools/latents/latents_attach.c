@@ -46,7 +46,7 @@ static sd_status check_encoder(attach *a, sd_error *err)
 {
     char *old = NULL;
     sd_error e = {0};
-    sd_status st = sd_shard_meta_get(a->shard, "text_encoder", &old, &e);
+    sd_status st = sd_shard_meta_get(a->shard, SD_SHARD_META_TEXT_ENCODER, &old, &e);
     if (st == SD_ENOTFOUND) return SD_OK;
     if (st) return sd_err_set(err, st, "%s", e.msg);
     if (strcmp(old, a->text.ident) != 0)
@@ -164,10 +164,10 @@ static sd_status set_text_dtype(sd_shard *s, char *old, const char *dtype, sd_er
 static sd_status write_meta(attach *a, sd_error *err)
 {
     char hex[33], *old = NULL;
-    for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", a->empty_key[i]);
+    sd_shard_text_key_hex(a->empty_key, hex);
     sd_status st = text_put(&a->text, a->shard, "", 0, a->empty_key, &a->trec, err);
-    if (!st) st = sd_shard_meta_set(a->shard, "empty_text", hex, err);
-    if (!st) st = sd_shard_meta_set(a->shard, "text_encoder", a->text.ident, err);
+    if (!st) st = sd_shard_meta_set(a->shard, SD_SHARD_META_EMPTY_TEXT, hex, err);
+    if (!st) st = sd_shard_meta_set(a->shard, SD_SHARD_META_TEXT_ENCODER, a->text.ident, err);
     if (st) return st;
     sd_error e = {0};
     sd_status g = sd_shard_meta_get(a->shard, SD_SHARD_META_DTYPES, &old, &e);

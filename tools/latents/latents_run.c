@@ -290,10 +290,10 @@ static sd_status write_meta(run *r, sd_error *err)
         /* the empty caption's embedding, stored once for conditioning
          * dropout at train time; its key is in meta "empty_text" */
         char hex[33];
-        for (int i = 0; i < 16; i++) snprintf(hex + 2 * i, 3, "%02x", r->empty_key[i]);
+        sd_shard_text_key_hex(r->empty_key, hex);
         st = text_put(&r->text, r->shard, "", 0, r->empty_key, &r->trec, err);
-        if (!st) st = sd_shard_meta_set(r->shard, "empty_text", hex, err);
-        if (!st) st = sd_shard_meta_set(r->shard, "text_encoder", r->text.ident, err);
+        if (!st) st = sd_shard_meta_set(r->shard, SD_SHARD_META_EMPTY_TEXT, hex, err);
+        if (!st) st = sd_shard_meta_set(r->shard, SD_SHARD_META_TEXT_ENCODER, r->text.ident, err);
     }
     return st;
 }

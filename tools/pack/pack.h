@@ -20,8 +20,6 @@
 /* sd-latents' meta entries for text embeddings: the key of the empty
  * caption's embedding (stored unreferenced, for conditioning dropout) and
  * the text encoder setup the embeddings were made with. */
-#define PACK_META_EMPTY_TEXT "empty_text"
-#define PACK_META_TEXT_ENCODER "text_encoder"
 
 /* Flags every subcommand accepts. */
 typedef struct {

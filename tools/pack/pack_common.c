@@ -378,7 +378,7 @@ sd_status pack_copy_meta(sd_shard_txn *from, pack_out *to, const char *producer,
         key[kl] = 0;
         if (!strcmp(key, SD_SHARD_META_VERSION) || !strcmp(key, SD_SHARD_META_CREATED) ||
             !strcmp(key, SD_SHARD_META_PRODUCER) || !strcmp(key, PACK_META_SPLIT_SET) ||
-            !strcmp(key, PACK_META_EMPTY_TEXT))
+            !strcmp(key, SD_SHARD_META_EMPTY_TEXT))
             continue;
         char *nv = realloc(val, vl + 1);
         if (!nv) {
@@ -405,28 +405,6 @@ int pack_has_text_ref(const uint8_t ref[16])
     return 0;
 }
 
-/* The value of one hex digit, -1 for any other character. */
-static int hex_digit(char c)
-{
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-/* 32 hex digits into 16 bytes (the form of the empty_text meta); 0 when
- * malformed. */
-static int unhex16(const char *s, uint8_t out[16])
-{
-    if (strlen(s) != 32) return 0;
-    for (int i = 0; i < 16; i++) {
-        int hi = hex_digit(s[2 * i]), lo = hex_digit(s[2 * i + 1]);
-        if (hi < 0 || lo < 0) return 0;
-        out[i] = (uint8_t)(hi << 4 | lo);
-    }
-    return 1;
-}
-
 /* The text embedding an input's empty_text meta names: sd-latents stores
  * the empty caption's embedding unreferenced, so no record leads a copy to
  * it and conditioning dropout would find it missing. *found is 1 with its
@@ -440,10 +418,10 @@ sd_status pack_find_empty_text(sd_shard *s, sd_shard_txn *t, uint8_t key[16], in
     char *v = NULL;
     *found = 0;
     *skip = NULL;
-    sd_status st = sd_shard_meta_get(s, PACK_META_EMPTY_TEXT, &v, err);
+    sd_status st = sd_shard_meta_get(s, SD_SHARD_META_EMPTY_TEXT, &v, err);
     if (st == SD_ENOTFOUND) return SD_OK;
     if (st) return st;
-    int ok = unhex16(v, key);
+    int ok = sd_shard_text_key_parse(v, key);
     if (!ok) {
         *skip = "empty_text meta malformed";
         sd_err_set(why, SD_EFORMAT, "meta empty_text '%.64s' is not a 32-hex-digit text key", v);
@@ -483,9 +461,9 @@ sd_status pack_put_empty_text(sd_shard_txn *from, pack_out *to, const uint8_t ke
     sd_error why;
     sd_status st = pack_copy_text(from, to, key, &skip, &why, err);
     if (!st && skip) st = sd_err_set(err, why.code, "empty_text: %s", why.msg); /* checked before: not expected */
-    char hex[40];
-    pack_hex(key, 16, hex, sizeof hex);
-    return st ? st : sd_shard_meta_set(to->s, PACK_META_EMPTY_TEXT, hex, err);
+    char hex[33];
+    sd_shard_text_key_hex(key, hex);
+    return st ? st : sd_shard_meta_set(to->s, SD_SHARD_META_EMPTY_TEXT, hex, err);
 }
 
 /* Copy the text embedding ref from an input unless the output has it,

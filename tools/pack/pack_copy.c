@@ -59,8 +59,8 @@ static sd_status copy_text_identity(sd_shard *s, sd_shard_txn *t, const char *pa
     char *enc = NULL;
     sd_error e;
     uint64_t texts = 0;
-    if (sd_shard_meta_get(s, PACK_META_TEXT_ENCODER, &enc, &e) == SD_OK) {
-        st = sd_shard_meta_set(o->s, PACK_META_TEXT_ENCODER, enc, err);
+    if (sd_shard_meta_get(s, SD_SHARD_META_TEXT_ENCODER, &enc, &e) == SD_OK) {
+        st = sd_shard_meta_set(o->s, SD_SHARD_META_TEXT_ENCODER, enc, err);
         r->encoder_known = 1;
     } else if (sd_shard_count(t, SD_SHARD_DB_TEXT, &texts, &e) == SD_OK && texts) {
         r->encoder_known = 1;
@@ -182,7 +182,7 @@ static char *text_identity(sd_shard *s)
 {
     char *v = NULL;
     sd_error e;
-    if (sd_shard_meta_get(s, PACK_META_TEXT_ENCODER, &v, &e) == SD_OK) return v;
+    if (sd_shard_meta_get(s, SD_SHARD_META_TEXT_ENCODER, &v, &e) == SD_OK) return v;
     sd_shard_txn *t;
     uint64_t texts = 0;
     if (sd_shard_read_begin(s, &t, &e) == SD_OK) {
