@@ -267,6 +267,21 @@ static sd_status check_latent_roles(const sd_shard_rec *r, sd_error *err)
     return SD_OK;
 }
 
+/* A record claiming a newer format whose header checksum holds once its
+ * version field reads this version: a damaged v1 record (a bit flip), not
+ * a newer one, so it is corrupt rather than kept as unreadable. Only the
+ * header and name are hashed (on a stack copy of the fixed header). */
+static int version_field_damaged(const uint8_t *v, size_t len)
+{
+    uint32_t off = get32(v + OFF_PAYOFF);
+    if (off < SD_SHARD_HDR_SIZE || off > len) return 0;
+    uint8_t hdr[OFF_HDRHASH];
+    memcpy(hdr, v, sizeof hdr);
+    put16(hdr + OFF_VERSION, SD_SHARD_VERSION);
+    uint64_t h = sd_hash64(hdr, sizeof hdr, 0);
+    return sd_hash64(v + SD_SHARD_HDR_SIZE, off - SD_SHARD_HDR_SIZE, h) == get64(v + OFF_HDRHASH);
+}
+
 /* Validate every byte of the header and describe the record. */
 sd_status sd_shard_rec_parse(const void *val, size_t len, sd_shard_rec *out, sd_error *err)
 {
@@ -276,6 +291,10 @@ sd_status sd_shard_rec_parse(const void *val, size_t len, sd_shard_rec *out, sd_
         return sd_err_set(err, SD_ETRUNC, "record is %zu bytes, shorter than the %d-byte header", len, SD_SHARD_HDR_SIZE);
     if (memcmp(v, magic, 4)) return sd_err_set(err, SD_EFORMAT, "bad record magic");
     uint16_t version = get16(v + OFF_VERSION);
+    if (version > SD_SHARD_VERSION && version_field_damaged(v, len))
+        return sd_err_set(err, SD_EFORMAT, "record format version %u is newer than this sdtk reads (%d), but its "
+                          "header checksum holds for version %d: the version field is damaged", version,
+                          SD_SHARD_VERSION, SD_SHARD_VERSION);
     if (version > SD_SHARD_VERSION)
         return sd_err_set(err, SD_EUNSUPPORTED, "record format version %u is newer than this sdtk reads (%d)", version,
                           SD_SHARD_VERSION);

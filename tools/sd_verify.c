@@ -202,25 +202,6 @@ static void check_name(sd_shard_txn *t, const void *key, size_t klen, const char
     }
 }
 
-/* 1 when a record that claims a newer format version is a version-1
- * record whose version field was damaged: set back to 1, its header
- * checksum (which covers the field) holds. A record a newer sdtk wrote keeps
- * its claim, and is reported but never deleted. */
-static int version_damaged(const void *val, size_t vlen)
-{
-    enum { OFF_VERSION = 4 }; /* docs/FORMATS.md, "Record value": u16 LE */
-    uint8_t *copy = malloc(vlen);
-    if (!copy) return 0;
-    memcpy(copy, val, vlen);
-    copy[OFF_VERSION] = (uint8_t)SD_SHARD_VERSION;
-    copy[OFF_VERSION + 1] = (uint8_t)(SD_SHARD_VERSION >> 8);
-    sd_shard_rec r;
-    sd_error e;
-    int damaged = sd_shard_rec_parse(copy, vlen, &r, &e) == SD_OK;
-    free(copy);
-    return damaged;
-}
-
 /* Every check of one record; problems go to l. */
 static void check_record(sd_shard_txn *t, int db, const void *key, size_t klen, const void *val, size_t vlen,
                          problem_list *l)
@@ -229,13 +210,9 @@ static void check_record(sd_shard_txn *t, int db, const void *key, size_t klen, 
     sd_error e;
     sd_status st = sd_shard_rec_parse(val, vlen, &r, &e);
     if (st) {
-        int damaged = st == SD_EUNSUPPORTED && version_damaged(val, vlen);
-        const char *why = st == SD_ETRUNC                      ? "truncated"
-                          : st == SD_EUNSUPPORTED && !damaged ? "newer_version"
-                                                              : "bad_header";
-        add_problem(l, why, db, key, klen, NULL, 0,
-                    damaged ? "%s, but its header checksum holds for version 1: the version field is damaged" : "%s",
-                    e.msg);
+        /* a damaged version field is a bad header (the parser tells it from a newer record) */
+        const char *why = st == SD_ETRUNC ? "truncated" : st == SD_EUNSUPPORTED ? "newer_version" : "bad_header";
+        add_problem(l, why, db, key, klen, NULL, 0, "%s", e.msg);
         return;
     }
     const char *name = r.name;
