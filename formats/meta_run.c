@@ -139,7 +139,7 @@ static void process_range(void *ctx, int w, size_t b, size_t e)
         res->val_left_out = m->format == SD_OUT_KOHYA && rec.is_val;
         if (res->val_left_out) continue;
         size_t start = wk->out.len;
-        if (m->format == SD_OUT_KOHYA) sd_record_write_kohya(&wk->out, &rec);
+        if (m->format == SD_OUT_KOHYA) sd_record_write_kohya(&wk->out, &rec, res->key_str);
         else sd_record_write_json(&wk->out, &rec, m->with_extra);
         res->off = (uint32_t)start;
         res->len = (uint32_t)(wk->out.len - start);

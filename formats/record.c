@@ -211,9 +211,9 @@ const char *sd_record_kohya_key(const sd_record *r)
  * finished caption (rules and template applied) already holds every tag it
  * keeps, so it goes in whole with empty tags: kohya then trains on exactly
  * this caption, without repeated or excluded tags. */
-void sd_record_write_kohya(sd_buf *b, const sd_record *r)
+void sd_record_write_kohya(sd_buf *b, const sd_record *r, const char *key)
 {
-    sd_buf_json_cstr(b, sd_record_kohya_key(r));
+    sd_buf_json_cstr(b, key);
     sd_buf_puts(b, ": {\"caption\": ");
     sd_buf_json_cstr(b, r->out_caption ? r->out_caption : (r->caption ? r->caption : ""));
     sd_buf_puts(b, ", \"tags\": \"\"}");

@@ -62,6 +62,6 @@ int sd_record_add_tag(sd_record *r, sd_arena *a, const char *s, size_t len, sd_t
 int sd_record_add_tag_list(sd_record *r, sd_arena *a, const char *text, size_t len, char sep, sd_tag_cat cat);
 void sd_record_write_json(sd_buf *b, const sd_record *r, int with_extra);
 const char *sd_record_kohya_key(const sd_record *r);
-void sd_record_write_kohya(sd_buf *b, const sd_record *r);
+void sd_record_write_kohya(sd_buf *b, const sd_record *r, const char *key); /* key: sd_record_kohya_key */
 
 #endif

@@ -32,7 +32,7 @@ void fuzz_post(const char *text, size_t len, uint64_t ordinal, const sd_rules *r
     if (sd_input_build(&in, &o, &a, &rec, &reason, detail, sizeof detail) == 0 &&
         sd_rules_apply(r, &rec, in.ordinal, &a, scratch, &reason) == 0) {
         sd_record_write_json(&out, &rec, 1);
-        sd_record_write_kohya(&out, &rec);
+        sd_record_write_kohya(&out, &rec, sd_record_kohya_key(&rec));
     }
     for (int i = 0; i < 3; i++) sd_buf_free(&scratch[i]);
     sd_buf_free(&out);
