@@ -656,11 +656,18 @@ class Train(unittest.TestCase):
             code, err = run("--unet-config", cfg, "-o", out, "--steps", "5", "-j", "1", shard, ok=(3,))
             self.assertIn(says, err)
             self.assertNotIn("1000 batches", err)
-            self.assertFalse(os.path.exists(os.path.join(out, "latest")))
+            self.assertFalse(os.path.exists(out))  # the -o the start-up probe made goes again
         # as --val too
         code, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "misfit-val"), "--val", notext, "--steps",
                         "1", "-j", "1", self.shard, ok=(3,))
         self.assertIn("%s: made without text embeddings" % notext, err)
+        # an -o that was there stays, with what it held
+        keep = os.path.join(self.tmp.name, "misfit-keep")
+        os.makedirs(keep)
+        with open(os.path.join(keep, "notes.txt"), "w") as f:
+            f.write("mine\n")
+        run("--unet", UNET, "-o", keep, "--steps", "1", "-j", "1", notext, ok=(3,))
+        self.assertEqual(os.listdir(keep), ["notes.txt"])
 
     def test_empty_shard_skipped(self):
         """A shard without latent records (an sd-latents --shard part that got none: no meta

@@ -421,7 +421,7 @@ class TrainMPI(unittest.TestCase):
         """The generated shard has two records that are always skipped: the summary of 2 ranks
         (batch 2 each) counts every skip of both, as one process with the same global batch does."""
         def summary(err):
-            return [l.split(": ", 1)[1] for l in err.splitlines() if re.match(r"sd-train: (records: | +\d+ )", l)]
+            return [l.split(": ", 1)[1] for l in err.splitlines() if re.match(r"sd-train: (records skipped, counted each time drawn: | +\d+ )", l)]
         args = ["--unet", UNET, "--steps", "6", "--batch", "2", "--seed", "5", "-j", "1", self.shard]
         two = mpi(2, "-o", os.path.join(self.tmp.name, "skips-two"), "--accum", "1", *args)
         p = subprocess.run([TRAIN, "-o", os.path.join(self.tmp.name, "skips-one"), "--accum", "2"] + args,
@@ -429,7 +429,7 @@ class TrainMPI(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr.decode())
         one = summary(p.stderr.decode())
         print("skipped records, one process: %s" % one, file=sys.stderr)
-        self.assertTrue(one and one[0].startswith("records: "), p.stderr.decode())
+        self.assertTrue(one and one[0].startswith("records skipped, counted each time drawn: "), p.stderr.decode())
         self.assertEqual(sorted(summary(two)), sorted(one), two)
 
     def test_no_world_refused(self):

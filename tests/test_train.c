@@ -711,6 +711,33 @@ static void test_shard_runs(void)
             free(want);
         }
     }
+    /* a gradient that is not finite while the loss is (an overflow in the
+     * backward pass) stops the run the same way, before it reaches the
+     * weights: one element of the gradient starts at +inf */
+    snprintf(nan_dir, sizeof nan_dir, "%s/runInf", dir);
+    shard_opts(&o, shards, nan_dir, 6, 1);
+    o.max_steps = 3;
+    if (CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
+        CHECK(sd_train_resume(&tr, a, &err) == SD_OK && tr.step == 6);
+        tr.o.max_steps = 8;
+        size_t nw = tr.unet.w.total;
+        float *w0 = malloc(nw * sizeof(float));
+        if (CHECK(w0 != NULL)) {
+            memcpy(w0, tr.unet.w.data, nw * sizeof(float));
+            tr.grad[nw / 2] = INFINITY;
+            CHECK(sd_train_run(&tr, NULL, &err) == SD_ERANGE);
+            CHECK(strstr(err.msg, "non-finite gradient at step 7") != NULL);
+            CHECK(tr.step == 6);
+            CHECK(memcmp(w0, tr.unet.w.data, nw * sizeof(float)) == 0);
+            free(w0);
+        }
+        sd_trainer_close(&tr);
+        char p[800];
+        snprintf(p, sizeof p, "%s/checkpoint-6/state.safetensors", nan_dir);
+        char *got = state_meta(p, "step");
+        CHECK(got && strcmp(got, "6") == 0);
+        free(got);
+    }
     rmtree(dir);
 }
 

@@ -93,7 +93,7 @@ static const char *pick_prediction(const char *given, const char *unet, sd_predi
                  from, found);
         return buf;
     }
-    if (given && found[0] && strcmp(found, *out == SD_PRED_V ? "v_prediction" : "epsilon") != 0)
+    if (given && found[0] && strcmp(found, sd_prediction_name(*out)) != 0)
         sd_log(SD_LOG_WARN, "--prediction %s, but %s says %s", given, from, found);
     else if (!given && found[0])
         sd_log(SD_LOG_INFO, "prediction %s (from %s)", found, from);
@@ -390,10 +390,14 @@ int main(int argc, char **argv)
 
     sd_trainer tr;
     sd_error err = {0};
-    /* an unusable -o is found now, not at the first save (rank 0 writes) */
+    /* an unusable -o is found now, not at the first save (rank 0 writes);
+     * one made by the probe goes again if the shards or UNet are refused */
+    struct stat out_sb;
+    int out_made = rank == 0 && stat(o.out_dir, &out_sb) != 0;
     sd_status st = rank == 0 ? sd_train_check_output(o.out_dir, &err) : SD_OK;
     if (!st) st = sd_trainer_open(&tr, &o, &err);
     if (st) {
+        if (out_made) rmdir(o.out_dir); /* empty unless the probe failed there */
         sd_log(SD_LOG_ERROR, "%s", err.msg);
         sd_strlist_free(&pos);
         sd_buf_free(&cfg);

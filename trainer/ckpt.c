@@ -281,7 +281,7 @@ static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *e
     snprintf(v[6], 80, "%016" PRIx64, tr->have_data ? tr->data.fingerprint : 0);
     snprintf(v[7], 80, "%d", tr->o.batch);
     snprintf(v[8], 80, "%d", tr->o.accum);
-    snprintf(v[9], 80, "%s", tr->o.pred == SD_PRED_V ? "v_prediction" : "epsilon");
+    snprintf(v[9], 80, "%s", sd_prediction_name(tr->o.pred));
     snprintf(v[10], 80, "%zu", n);
     snprintf(v[11], 80, "%.17g", tr->loss_ema);
     snprintf(v[12], 80, "%ld", tr->ema ? tr->ema_updates : -1);
@@ -573,7 +573,7 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
                    "continuation)",
                    p, was, now, was * tr->o.batch * tr->o.accum, now * tr->o.batch * tr->o.accum);
     }
-    if (!rc) rc = same(st, "prediction", tr->o.pred == SD_PRED_V ? "v_prediction" : "epsilon", p, err);
+    if (!rc) rc = same(st, "prediction", sd_prediction_name(tr->o.pred), p, err);
     if (!rc) { /* the schedule: states from before the option have the plain one */
         const char *was = meta_of(st, "zero_terminal_snr");
         if ((was && strcmp(was, "1") == 0) != (tr->o.zero_terminal_snr != 0))

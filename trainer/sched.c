@@ -3,6 +3,12 @@
 
 #include <math.h>
 
+/* One spelling of the two names for the state, the config and messages. */
+const char *sd_prediction_name(sd_prediction pred)
+{
+    return pred == SD_PRED_V ? "v_prediction" : "epsilon";
+}
+
 /* Cumulative product of 1 - beta over the sqrt-linear betas. */
 void sd_ddpm_init(sd_ddpm *s, double beta_start, double beta_end)
 {

@@ -12,6 +12,10 @@ enum { SD_DDPM_STEPS = 1000 };
 
 typedef enum { SD_PRED_EPSILON = 0, SD_PRED_V = 1 } sd_prediction;
 
+/* diffusers' prediction_type for pred: "epsilon" or "v_prediction" (the
+ * checkpoint's state and scheduler config, the option's value). */
+const char *sd_prediction_name(sd_prediction pred);
+
 typedef struct {
     float acp[SD_DDPM_STEPS]; /* alphas_cumprod */
 } sd_ddpm;

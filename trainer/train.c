@@ -561,14 +561,21 @@ static void adamw_on(sd_trainer *tr, const sd_backend *be, void *exec, sd_adamw_
 }
 
 /* On the backend that holds the weights: the norm from the chunked sum of
- * squares, the clipping factor folded into AdamW's reading of the
- * gradient (bit for bit what clipping in place then stepping gives). */
-double sd_train_apply(sd_trainer *tr)
+ * squares (apart from the step, so a non-finite one can stop the run before
+ * it reaches the weights). */
+static double grad_norm_local(sd_trainer *tr)
+{
+    push_state(tr);
+    return sqrt(tr->be->sum_squares(tr->exec, tr->unet.w.total, tr->d_grad));
+}
+
+/* AdamW at the scheduled rate with the clipping factor for norm folded into
+ * its reading of the gradient (bit for bit what clipping in place then
+ * stepping gives), then zero the gradients, count the step, the EMA. */
+static void apply_norm(sd_trainer *tr, double norm)
 {
     size_t n = tr->unet.w.total;
     const sd_backend *be = tr->be;
-    push_state(tr);
-    double norm = sqrt(be->sum_squares(tr->exec, n, tr->d_grad));
     double lr = sd_lr_at(&tr->o.lr, tr->step);
     sd_adamw_args a = sd_adamw_args_at(&tr->o.adam, lr, tr->step + 1, sd_clip_factor(norm, tr->o.max_grad_norm));
     adamw_on(tr, be, tr->exec, &a, 0, n, tr->d_w, tr->d_m, tr->d_v, tr->d_grad);
@@ -585,6 +592,14 @@ double sd_train_apply(sd_trainer *tr)
         }
     }
     tr->host_stale = tr->cuda != NULL;
+}
+
+/* The norm, then the step with it (tests and the self-test call this
+ * after sd_train_micro). */
+double sd_train_apply(sd_trainer *tr)
+{
+    double norm = grad_norm_local(tr);
+    apply_norm(tr, norm);
     return norm;
 }
 
@@ -658,32 +673,38 @@ void sd_train_moments_shard(sd_trainer *tr)
     tr->m = tr->v = NULL;
 }
 
-/* ZeRO-1's optimizer step, after the reduce-scatter left each rank the
- * summed gradient of its own segments: the global norm from every rank's
- * sum of squares (added in rank order), AdamW on the own segments with
- * the packed moments, then the updated weights all-gathered. The same
- * arithmetic per element as sd_train_apply; the norm's sum is grouped by
- * segment, so it may differ from the whole-buffer chunks in the last bits. */
-static sd_status apply_zero1(sd_trainer *tr, double *gnorm, sd_error *err)
+/* ZeRO-1's gradient norm, after the reduce-scatter left each rank the
+ * summed gradient of its own segments: every rank's sum of squares added
+ * in rank order. It is grouped by segment, so it may differ from the
+ * whole-buffer chunks of grad_norm_local in the last bits. */
+static sd_status grad_norm_zero1(sd_trainer *tr, double *norm, sd_error *err)
 {
-    size_t n = tr->unet.w.total, off, lo, hi;
+    size_t n = tr->unet.w.total, lo, hi;
     double ss = 0;
     for (size_t b = 0; b < sd_dist_blocks(n); b++) {
         sd_dist_segment(n, b, tr->rank, tr->world, &lo, &hi);
         ss += sd_sum_squares(tr->pool, hi - lo, tr->grad + lo);
     }
     sd_status rc = sd_dist_sum_f64(&ss, 1, err);
-    if (rc) return rc;
-    double norm = sqrt(ss), lr = sd_lr_at(&tr->o.lr, tr->step);
+    *norm = sqrt(ss);
+    return rc;
+}
+
+/* ZeRO-1's optimizer step: AdamW on the own segments with the packed
+ * moments, then the updated weights all-gathered. The same arithmetic per
+ * element as apply_norm. */
+static sd_status apply_zero1(sd_trainer *tr, double norm, sd_error *err)
+{
+    size_t n = tr->unet.w.total, off = 0, lo, hi;
+    double lr = sd_lr_at(&tr->o.lr, tr->step);
     sd_adamw_args a = sd_adamw_args_at(&tr->o.adam, lr, tr->step + 1, sd_clip_factor(norm, tr->o.max_grad_norm));
-    off = 0;
     for (size_t b = 0; b < sd_dist_blocks(n); b++) {
         sd_dist_segment(n, b, tr->rank, tr->world, &lo, &hi);
         adamw_on(tr, sd_backend_cpu(), tr->pool, &a, lo, hi - lo, tr->unet.w.data + lo,
                  (char *)tr->m_sh + off * tr->moment_size, (char *)tr->v_sh + off * tr->moment_size, tr->grad + lo);
         off += hi - lo;
     }
-    rc = sd_dist_allgather_f32(tr->unet.w.data, n, err);
+    sd_status rc = sd_dist_allgather_f32(tr->unet.w.data, n, err);
     if (rc) return rc;
     zero_grad(tr);
     tr->step++;
@@ -691,7 +712,6 @@ static sd_status apply_zero1(sd_trainer *tr, double *gnorm, sd_error *err)
         tr->ema_updates++;
         sd_ema_fwd(tr->pool, n, tr->ema, tr->unet.w.data, (float)(1.0 - sd_ema_decay(tr->o.ema_decay, tr->ema_updates)));
     }
-    *gnorm = norm;
     return SD_OK;
 }
 
@@ -806,17 +826,22 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
     if (world > 1) tr->stop_all = stop > 0;
     tr->images += (long)images;
     *loss = sum / slots;
-    if (!isfinite(*loss)) {
+    if (tr->o.zero1) {
+        sd_status rc = grad_norm_zero1(tr, gnorm, err);
+        if (rc) return rc;
+    } else {
+        *gnorm = grad_norm_local(tr);
+    }
+    if (!isfinite(*loss) || !isfinite(*gnorm)) {
         /* the last good state stays: drop this step's gradient, take back its data */
         zero_grad(tr);
         tr->cur = cur0;
         tr->rng = rng0;
         tr->images = images0;
-        *gnorm = NAN;
         return SD_OK;
     }
-    if (tr->o.zero1) return apply_zero1(tr, gnorm, err);
-    *gnorm = sd_train_apply(tr);
+    if (tr->o.zero1) return apply_zero1(tr, *gnorm, err);
+    apply_norm(tr, *gnorm);
     return SD_OK;
 }
 
@@ -1101,11 +1126,17 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
         double lr = sd_lr_at(&o->lr, tr->step), loss, gnorm;
         rc = sd_train_step(tr, &loss, &gnorm, err);
         if (rc) break;
-        if (!isfinite(loss)) {
-            sd_log(SD_LOG_ERROR, "loss is %g at step %ld: stopping; the checkpoint holds the state before it", loss,
-                   tr->step + 1);
+        if (!isfinite(loss) || !isfinite(gnorm)) {
+            if (isfinite(loss))
+                sd_log(SD_LOG_ERROR, "the gradient norm is %g at step %ld (the loss, %g, is finite): stopping; the "
+                       "checkpoint holds the state before it", gnorm, tr->step + 1, loss);
+            else
+                sd_log(SD_LOG_ERROR, "loss is %g at step %ld: stopping; the checkpoint holds the state before it", loss,
+                       tr->step + 1);
             if (tr->saved_step != tr->step) rc = sd_train_save(tr, err);
-            if (!rc) rc = sd_err_set(err, SD_ERANGE, "non-finite loss at step %ld", tr->step + 1);
+            if (!rc)
+                rc = sd_err_set(err, SD_ERANGE, "non-finite %s at step %ld", isfinite(loss) ? "gradient" : "loss",
+                                tr->step + 1);
             return rc;
         }
         tr->loss_ema = isnan(tr->loss_ema) ? loss : 0.98 * tr->loss_ema + 0.02 * loss;
@@ -1135,7 +1166,9 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
     if (!rc && tr->have_val && val_step != tr->step) rc = validate_and_log(tr, err);
     if (!rc && tr->saved_step != tr->step) rc = sd_train_save(tr, err); /* not again after a stop on a save step */
     else if (!rc && !o->quiet) sd_log(SD_LOG_INFO, "checkpoint-%ld already holds step %ld", tr->step, tr->step);
-    if (!rc) rc = log_tally_all(tr, &tr->tally, "records", err);
-    else if (tr->tally.total) sd_tally_log(&tr->tally, "records"); /* the ranks may be apart now: this rank's */
+    /* a bad record is met again each epoch: the counts are of draws */
+    const char *what = "records skipped, counted each time drawn";
+    if (!rc) rc = log_tally_all(tr, &tr->tally, what, err);
+    else if (tr->tally.total) sd_tally_log(&tr->tally, what); /* the ranks may be apart now: this rank's */
     return rc;
 }

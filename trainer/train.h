@@ -197,7 +197,9 @@ double sd_train_apply(sd_trainer *tr);
  * order, this rank's share of them computed here (the random draws of each
  * batch come from a stream seeded by the seed and the batch's place in its
  * epoch, so they do not depend on which rank computes it), the gradients
- * and losses summed over the ranks. *loss is the mean over all batches. */
+ * and losses summed over the ranks. *loss is the mean over all batches,
+ * *gnorm the gradient's norm before clipping; where either is not finite
+ * the step is not applied and its gradient, data and draws are taken back. */
 sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *err);
 /* The loss alone for given inputs (validation): the gradient is not
  * touched; plain MSE (no min-SNR weights), so runs with different
