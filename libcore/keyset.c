@@ -1,6 +1,7 @@
 #include "keyset.h"
 
 #include <stdlib.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack: no allocation that can fail */
 #include <xxhash.h>
 
 /* Empty set. */
@@ -21,6 +22,21 @@ void sd_keyset_free(sd_keyset *s)
 sd_key128 sd_key128_of(const void *data, size_t len)
 {
     XXH128_hash_t h = XXH3_128bits(data, len);
+    sd_key128 k = {h.low64, h.high64};
+    if (!k.lo && !k.hi) k.lo = 1;
+    return k;
+}
+
+/* sd_key128_of of a's bytes followed by b's, without joining them (XXH3's
+ * streaming state gives the one-shot hash of the concatenation). */
+sd_key128 sd_key128_of2(const void *a, size_t alen, const void *b, size_t blen)
+{
+    XXH3_state_t st;
+    XXH3_INITSTATE(&st);
+    XXH3_128bits_reset(&st);
+    XXH3_128bits_update(&st, a, alen);
+    XXH3_128bits_update(&st, b, blen);
+    XXH128_hash_t h = XXH3_128bits_digest(&st);
     sd_key128 k = {h.low64, h.high64};
     if (!k.lo && !k.hi) k.lo = 1;
     return k;

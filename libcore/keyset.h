@@ -19,6 +19,7 @@ typedef struct {
 void sd_keyset_init(sd_keyset *s);
 void sd_keyset_free(sd_keyset *s);
 sd_key128 sd_key128_of(const void *data, size_t len);
+sd_key128 sd_key128_of2(const void *a, size_t alen, const void *b, size_t blen); /* of a then b */
 int sd_keyset_insert(sd_keyset *s, sd_key128 k);
 
 #endif

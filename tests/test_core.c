@@ -119,6 +119,18 @@ static void test_sets(void)
     CHECK(ok);
     CHECK(ks.n == 5000);
     sd_keyset_free(&ks);
+    /* two parts hash as their concatenation, across XXH3's length classes */
+    static const size_t cuts[][2] = {{0, 0}, {0, 5}, {5, 0}, {3, 13}, {17, 120}, {100, 141}, {200, 1000}, {1500, 3000}};
+    char *cat = malloc(4500);
+    if (CHECK(cat != NULL)) {
+        for (int i = 0; i < 4500; i++) cat[i] = (char)(i * 37 + (i >> 5));
+        for (size_t c = 0; c < sizeof cuts / sizeof *cuts; c++) {
+            sd_key128 one = sd_key128_of(cat, cuts[c][0] + cuts[c][1]);
+            sd_key128 two = sd_key128_of2(cat, cuts[c][0], cat + cuts[c][0], cuts[c][1]);
+            CHECK(one.lo == two.lo && one.hi == two.hi);
+        }
+        free(cat);
+    }
 
     sd_strmap m;
     sd_strmap_init(&m);

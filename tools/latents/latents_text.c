@@ -149,19 +149,7 @@ void text_close(text_cache *t)
  * choice, dtype) and the caption's exact bytes. */
 void text_key(const text_cache *t, const char *caption, size_t len, uint8_t key[16])
 {
-    size_t il = strlen(t->ident);
-    char *b = malloc(il + 1 + len);
-    sd_key128 k;
-    if (b) {
-        memcpy(b, t->ident, il + 1);
-        memcpy(b + il + 1, caption, len);
-        k = sd_key128_of(b, il + 1 + len);
-        free(b);
-    } else {
-        uint64_t h = sd_hash64(caption, len, sd_hash64(t->ident, il, 0));
-        k.lo = h;
-        k.hi = sd_mix64(h);
-    }
+    sd_key128 k = sd_key128_of2(t->ident, strlen(t->ident) + 1, caption, len); /* ident, NUL, caption */
     memcpy(key, &k.lo, 8);
     memcpy(key + 8, &k.hi, 8);
 }
