@@ -103,6 +103,7 @@ typedef struct {
 } sd_kohya_meta_match;
 
 sd_status sd_kohya_meta_load(sd_kohya_meta *m, const char *path, sd_error *err);
+sd_status sd_kohya_meta_index_keys(sd_kohya_meta *m, const char *const *keys, size_t n, sd_error *err);
 void sd_kohya_meta_find(const sd_kohya_meta *m, const char *name, sd_kohya_meta_match *out);
 void sd_kohya_meta_free(sd_kohya_meta *m);
 

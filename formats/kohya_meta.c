@@ -90,24 +90,50 @@ static sd_status index_entry(sd_kohya_meta *m, size_t i, const char *key, size_t
     return SD_OK;
 }
 
-/* Load a kohya metadata JSON object and index it by key and by base stem. */
-sd_status sd_kohya_meta_load(sd_kohya_meta *m, const char *path, sd_error *err)
+/* An empty index; sd_kohya_meta_free releases it whatever follows. */
+static void meta_init(sd_kohya_meta *m)
 {
     memset(m, 0, sizeof *m);
     sd_buf_init(&m->text);
     sd_arena_init(&m->arena, 1 << 16);
     sd_strmap_init(&m->by_key);
     sd_strmap_init(&m->by_base);
+}
+
+/* Room for n entries and their same-base chain. */
+static sd_status meta_alloc(sd_kohya_meta *m, size_t n, sd_error *err)
+{
+    m->e = calloc(n ? n : 1, sizeof *m->e);
+    m->next_same_base = calloc(n ? n : 1, sizeof *m->next_same_base);
+    return m->e && m->next_same_base ? SD_OK : sd_err_set(err, SD_ENOMEM, "out of memory");
+}
+
+/* Load a kohya metadata JSON object and index it by key and by base stem. */
+sd_status sd_kohya_meta_load(sd_kohya_meta *m, const char *path, sd_error *err)
+{
+    meta_init(m);
     sd_json *root;
     sd_status st = sd_parse_json_file(path, &m->text, &m->arena, &root, err);
     if (st) return st;
     if (root->type != SD_JSON_OBJECT) return sd_err_set(err, SD_EFORMAT, "%s: not a JSON object", path);
-    m->e = calloc(root->len ? root->len : 1, sizeof *m->e);
-    m->next_same_base = calloc(root->len ? root->len : 1, sizeof *m->next_same_base);
-    if (!m->e || !m->next_same_base) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    if ((st = meta_alloc(m, root->len, err))) return st;
     for (const sd_json *v = root->child; !st && v; v = v->next) {
         read_entry(v, &m->e[m->n]);
         st = index_entry(m, m->n, v->key, v->key_len, err);
+        m->n++;
+    }
+    return st;
+}
+
+/* Index n keys alone (no captions; the strings stay the caller's and must
+ * outlive m), to match names against them as against a metadata file's. */
+sd_status sd_kohya_meta_index_keys(sd_kohya_meta *m, const char *const *keys, size_t n, sd_error *err)
+{
+    meta_init(m);
+    sd_status st = meta_alloc(m, n, err);
+    for (size_t i = 0; i < n && !st; i++) {
+        m->e[i].key = keys[i];
+        st = index_entry(m, i, keys[i], strlen(keys[i]), err);
         m->n++;
     }
     return st;

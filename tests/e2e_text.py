@@ -392,6 +392,55 @@ class Text(unittest.TestCase):
         _, _, err = train("kohya_run1", (0,))
         self.assertIn("step 2/2", err)
 
+    def test_text_only_matches_kohya_keys_by_path(self):
+        """An imported cache in subfolders names its records cats/c0, dogs/d0, ...; sd-scripts'
+        keys are stems or, with --full_path, image paths. --text-only matches a key that names
+        no record as import-kohya --meta does: the longest run of trailing path components
+        shared, the image extension left out; a key two records match equally well is skipped
+        as ambiguous, naming both."""
+        if not PACK:
+            self.skipTest("no sd-pack given")
+        kd = os.path.join(self.tmp, "kohya_sub")
+        rng = np.random.default_rng(12)
+        for sub, stem in (("cats", "c0"), ("cats", "c1"), ("dogs", "d0"), ("cats", "x"), ("dogs", "x"),
+                          ("dogs", "d1")):
+            os.makedirs(os.path.join(kd, sub), exist_ok=True)
+            np.savez(os.path.join(kd, sub, "%s_0064x0064_sd.npz" % stem),
+                     latents=rng.standard_normal((4, 8, 8)).astype(np.float32),
+                     original_size=np.array([64, 64]), crop_ltrb=np.array([0, 0, 64, 64]))
+        s = os.path.join(self.tmp, "kohya_sub.lmdb")
+        sh(PACK, "import-kohya", kd, "-o", s, "-q")
+        self.assertEqual(sorted(self.by_name(s)), ["cats/c0", "cats/c1", "cats/x", "dogs/d0", "dogs/d1", "dogs/x"])
+        meta = {"/data/kd2/cats/c0.png": "a cat", "c1": "another cat", "d0.jpg": "a dog", "x": "an x",
+                "nosuch": "nothing", "dogs/d1": "the exact name"}
+        mj = os.path.join(self.tmp, "meta_sub.json")
+        with open(mj, "w") as f:
+            json.dump({k: {"caption": c} for k, c in meta.items()}, f)
+        _, lines, _ = sh(META, "-q", "--source", "kohya", "--no-check-images", mj)
+        _, _, err = sh(LATENTS, "--text", self.sd1, "--text-only", "-o", s, "-", stdin=lines.encode())
+        self.assertIn("text embeddings attached to 4 records", err)
+        self.assertIn("3 keys matched to records by path", err)
+        self.assertEqual(skipped_count(err, "ambiguous record name"), 1, err)
+        self.assertIn("key x matches records cats/x and dogs/x equally well", err)
+        self.assertEqual(skipped_count(err, "no latent record of this name"), 1, err)
+        self.assertIn("2 latent records still have no text embedding", err)
+        # each record got its own key's caption: compare with a run on the exact names
+        exact = os.path.join(self.tmp, "kohya_sub_exact.lmdb")
+        sh(PACK, "import-kohya", kd, "-o", exact, "-q")
+        named = {"cats/c0": "a cat", "cats/c1": "another cat", "dogs/d0": "a dog", "dogs/d1": "the exact name"}
+        jl = "".join(json.dumps({"key": k, "caption": c}) + "\n" for k, c in named.items())
+        sh(LATENTS, "--text", self.sd1, "--text-only", "-o", exact, "-", stdin=jl.encode())
+        got, want = self.by_name(s), self.by_name(exact)
+        for name in named:
+            self.assertEqual(got[name][64:80], want[name][64:80], name)
+        for name in ("cats/x", "dogs/x"):
+            self.assertEqual(got[name][64:80], bytes(16), name)
+        _, _, verr = sh(VERIFY, s)
+        self.assertIn("0 problems", verr)
+        # a rerun finds the same records and has nothing to do
+        _, _, err = sh(LATENTS, "--text", self.sd1, "--text-only", "-o", s, "-", stdin=lines.encode())
+        self.assertIn("attached to 0 records (0 had another one), 4 already attached", err)
+
     def test_damaged_record_is_encoded_again_not_retexted(self):
         """A record whose payload is damaged and whose caption changed is encoded again:
         giving it the new reference would rebuild it with a fresh checksum over the

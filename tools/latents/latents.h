@@ -94,6 +94,11 @@ int latents_run(const latents_opts *o);
 /* --text-only: text embeddings attached to the shard's latent records by
  * name (latents_attach.c); an SD_EXIT_* code. */
 int latents_attach(const latents_opts *o);
+/* --text-only: jobs whose key names no record renamed to the record whose
+ * name shares the most trailing path components with it (an imported
+ * kohya cache's "cats/001" for sd-scripts' key "001" or
+ * "/data/cats/001.png"; latents_match.c); ambiguous ones skipped. */
+sd_status latents_match_names(sd_shard *shard, job_list *jobs, sd_tally *tally, sd_error *err);
 
 /* The device's numerics as a key suffix: "" for the CPU and strict fp32,
  * else "|tf32", "|mixed-bf16" or "|mixed-fp16" (record and text keys). */

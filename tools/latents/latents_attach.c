@@ -68,6 +68,7 @@ static sd_status classify(attach *a, sd_error *err)
     sd_status st = sd_shard_read_begin(a->shard, &t, err);
     for (size_t i = 0; i < a->jobs.n && !st; i++) {
         latent_job *j = &a->jobs.v[i];
+        if (j->state == JOB_DONE) continue; /* skipped by latents_match_names */
         text_key(&a->text, j->caption, j->caption_len, j->text_key);
         const void *k, *v;
         size_t kl, vl;
@@ -308,6 +309,7 @@ int latents_attach(const latents_opts *o)
     sd_shard_opts so = {o->nosync ? SD_SHARD_NOSYNC : 0, 0, 0}; /* no SD_SHARD_CREATE: the records must exist */
     if (!st) st = sd_shard_open(&a.shard, o->output, &so, &err);
     if (!st) st = check_encoder(&a, &err);
+    if (!st) st = latents_match_names(a.shard, &a.jobs, &a.tally, &err);
     if (!st) st = classify(&a, &err);
     if (!st) {
         a.pool = o->threads > 1 ? sd_pool_create(o->threads) : NULL;
