@@ -635,6 +635,20 @@ class Train(unittest.TestCase):
             json.dump(cfg, f)
         return path
 
+    def test_resume_under_another_unet_refused(self):
+        """A resume whose UNet has the same parameter count but another architecture (attention
+        heads here) is refused, naming the field and both values, instead of loading the
+        weights into the wrong model; the checkpoint's own config resumes."""
+        out = os.path.join(self.tmp.name, "arch")
+        run("--unet-config", self.unet_config("arch-a.json"), "-o", out, "--steps", "2", "-j", "1", "-q", self.shard)
+        code, err = run("--unet-config", self.unet_config("arch-b.json", attention_head_dim=4), "-o", out, "--steps",
+                        "3", "-j", "1", "-q", self.shard, ok=(3,))
+        self.assertIn("the checkpoint's UNet differs from this run's (attention_head_dim of block 0: 2 there, 4 here)",
+                      err)
+        self.assertEqual(latest(out), 2)
+        run("--unet-config", self.unet_config("arch-a.json"), "-o", out, "--steps", "3", "-j", "1", "-q", self.shard)
+        self.assertEqual(latest(out), 3)
+
     def test_shard_checked_against_unet(self):
         """A shard that does not fit the UNet is refused before training, naming the shard and both
         numbers: latents of other channels than in_channels, text embeddings of another width than
@@ -703,6 +717,46 @@ class Train(unittest.TestCase):
         self.assertIn("UNet from the checkpoint, %d parameters;" % params, err)
         self.assertNotIn("UNet new", err)
         self.assertGreater(err.count("UNet graph,"), 1, err)  # 6 steps over 2 buckets replan
+
+    def test_second_trainer_on_one_output_refused(self):
+        """A second sd-train into an -o another one is writing (a job started twice) is refused
+        while the first runs, which finishes untouched; afterwards the same command resumes."""
+        out = os.path.join(self.tmp.name, "twice")
+        args = ["--unet", UNET, "-o", out, "--batch", "1", "--accum", "20", "--save-every", "1", "-j", "1",
+                self.shard]
+        p = subprocess.Popen([TRAIN, "--steps", "6"] + args, stderr=subprocess.PIPE, text=True)
+        lines = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(p.stderr.readline, "")), daemon=True)
+        reader.start()
+        t0 = time.time()
+        while latest(out) < 1 and p.poll() is None and time.time() - t0 < 300:
+            time.sleep(0.01)
+        self.assertIsNone(p.poll(), "".join(lines))
+        code, err = run("--steps", "6", *args, ok=(3,))
+        self.assertIn("another sd-train is writing its checkpoints there", err)
+        self.assertEqual(p.wait(timeout=600), 0, "".join(lines))
+        reader.join(timeout=10)
+        self.assertEqual(latest(out), 6)
+        code, err = run("--steps", "7", *args)
+        self.assertIn("resumed from", err)
+        self.assertEqual(latest(out), 7)
+
+    def test_checkpoints_without_latest_resume(self):
+        """-o with checkpoints but no latest (a kill before the first latest was written, or it
+        was removed): the run resumes from the newest whole one, with a warning, instead of
+        starting over and replacing them; the result is the uninterrupted run's."""
+        out = os.path.join(self.tmp.name, "nolatest")
+        ref = os.path.join(self.tmp.name, "nolatest-ref")
+        run("--unet", UNET, "-o", ref, *COMMON, self.shard)
+        shutil.copytree(ref, out)
+        os.remove(os.path.join(out, "latest"))
+        for step in (6, 8, 10):
+            shutil.rmtree(os.path.join(out, "checkpoint-%d" % step))
+        os.makedirs(os.path.join(out, "checkpoint-6.tmp"))  # a save cut short: not whole, not taken
+        code, err = run("--unet", UNET, "-o", out, *[a if a != "-q" else "-v" for a in COMMON], self.shard)
+        self.assertIn("has checkpoint-4 but no 'latest' file: resuming from it", err)
+        self.assertIn("resumed from", err)
+        self.assertEqual(final(out), final(ref))
 
     def test_interrupt_twice(self):
         """SIGINT is acknowledged at once, before the step (here 50 micro-batches) ends; a second

@@ -683,7 +683,8 @@ static void test_shard_runs(void)
 
     /* a NaN loss stops the run with a checkpoint of the state before it:
      * into a new directory, the step, image count, data cursor and RNG of
-     * runA's checkpoint-6, which the run resumed from */
+     * runA's checkpoint-6, which the run resumed from. The NaN comes from
+     * the noise (a noise offset no option allows), the weights being sound */
     sd_trainer tr;
     char nan_dir[700];
     snprintf(nan_dir, sizeof nan_dir, "%s/runNaN", dir);
@@ -692,10 +693,9 @@ static void test_shard_runs(void)
     if (CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
         CHECK(sd_train_resume(&tr, a, &err) == SD_OK && tr.step == 6);
         tr.o.max_steps = 8;
-        for (size_t i = 0; i < tr.unet.w.nslots; i++)
-            if (strcmp(tr.unet.w.slots[i].name, "conv_out.bias") == 0) tr.unet.w.data[tr.unet.w.slots[i].off] = NAN;
+        tr.o.noise_offset = INFINITY;
         CHECK(sd_train_run(&tr, NULL, &err) == SD_ERANGE);
-        CHECK(strstr(err.msg, "non-finite loss") != NULL);
+        CHECK(strstr(err.msg, "non-finite loss at step 7") != NULL);
         CHECK(tr.step == 6);
         sd_trainer_close(&tr);
         char p[800], q[800];
@@ -710,6 +710,25 @@ static void test_shard_runs(void)
             free(got);
             free(want);
         }
+    }
+    /* weights that are already NaN (an earlier step with --lr far too large)
+     * stop it too, but are not saved: a resume would only fail again */
+    snprintf(nan_dir, sizeof nan_dir, "%s/runNaNw", dir);
+    shard_opts(&o, shards, nan_dir, 6, 1);
+    o.max_steps = 3;
+    if (CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
+        CHECK(sd_train_resume(&tr, a, &err) == SD_OK && tr.step == 6);
+        tr.o.max_steps = 8;
+        for (size_t i = 0; i < tr.unet.w.nslots; i++)
+            if (strcmp(tr.unet.w.slots[i].name, "conv_out.bias") == 0) tr.unet.w.data[tr.unet.w.slots[i].off] = NAN;
+        CHECK(sd_train_run(&tr, NULL, &err) == SD_ERANGE);
+        CHECK(strstr(err.msg, "non-finite loss at step 7 after non-finite weights") != NULL);
+        sd_trainer_close(&tr);
+        char p[800];
+        snprintf(p, sizeof p, "%s/checkpoint-6", nan_dir);
+        CHECK(access(p, F_OK) != 0);
+        snprintf(p, sizeof p, "%s/latest", nan_dir);
+        CHECK(access(p, F_OK) != 0);
     }
     /* a gradient that is not finite while the loss is (an overflow in the
      * backward pass) stops the run the same way, before it reaches the
@@ -736,6 +755,27 @@ static void test_shard_runs(void)
         snprintf(p, sizeof p, "%s/checkpoint-6/state.safetensors", nan_dir);
         char *got = state_meta(p, "step");
         CHECK(got && strcmp(got, "6") == 0);
+        free(got);
+    }
+    /* a TensorBoard event file that cannot be written (a full disk: here
+     * /dev/full) is a warning, not the end of the run and its checkpoint */
+    char tb_dir[800];
+    snprintf(nan_dir, sizeof nan_dir, "%s/runFullTb", dir);
+    snprintf(tb_dir, sizeof tb_dir, "%s/tb", nan_dir);
+    shard_opts(&o, shards, nan_dir, 2, 1);
+    o.tensorboard = tb_dir;
+    if (CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
+        tr.tb.f = fopen("/dev/full", "wb");
+        snprintf(tr.tb.path, sizeof tr.tb.path, "/dev/full");
+        if (CHECK(tr.tb.f != NULL)) {
+            CHECK(sd_train_run(&tr, NULL, &err) == SD_OK);
+            CHECK(tr.step == 2 && tr.tb.f == NULL);
+        }
+        sd_trainer_close(&tr);
+        char p[800];
+        snprintf(p, sizeof p, "%s/checkpoint-2/state.safetensors", nan_dir);
+        char *got = state_meta(p, "step");
+        CHECK(got && strcmp(got, "2") == 0);
         free(got);
     }
     rmtree(dir);

@@ -29,7 +29,7 @@ static volatile sig_atomic_t stop_flag;
  * the launcher ends the others; only rank 0 writes checkpoints. */
 static void on_signal(int sig)
 {
-    static const char again[] = "sd-train: interrupted again: quitting now (the last checkpoint stays)\n";
+    static const char again[] = "sd-train: interrupted again: quitting now (checkpoints already written stay)\n";
     if (stop_flag) {
         ssize_t w = write(STDERR_FILENO, again, sizeof again - 1);
         (void)w;
@@ -306,9 +306,12 @@ int main(int argc, char **argv)
     else if (steps < 0 || warmup < 0 || save_every < 0 || keep < 0 || seed < 0 || init_seed < 0 || threads < 0 ||
              epochs < 0)
         bad = "counts and seeds must not be negative";
-    else if (!(lr >= 0) || !(o.dropout >= 0 && o.dropout <= 1) || o.snr_gamma < 0 || o.noise_offset < 0 ||
-             !(o.input_perturbation >= 0))
-        bad = "--lr, --snr-gamma, --noise-offset, --input-perturbation must be >= 0 and --dropout in [0, 1]";
+    else if (threads > 1024) bad = "--threads: 0..1024";
+    else if (epochs > 1000000000) bad = "--epochs: at most 1000000000";
+    else if (!(lr >= 0 && isfinite(lr)) || !(o.dropout >= 0 && o.dropout <= 1) ||
+             !(o.snr_gamma >= 0 && isfinite(o.snr_gamma)) || !(o.noise_offset >= 0 && isfinite(o.noise_offset)) ||
+             !(o.input_perturbation >= 0 && isfinite(o.input_perturbation)))
+        bad = "--lr, --snr-gamma, --noise-offset, --input-perturbation must be finite and >= 0 and --dropout in [0, 1]";
     else if (!(o.ema_decay >= 0 && o.ema_decay < 1) || o.ema_every < 1) bad = "--ema-decay in [0, 1), --ema-every >= 1";
     else if (!(o.adam.beta1 >= 0 && o.adam.beta1 < 1) || !(o.adam.beta2 >= 0 && o.adam.beta2 < 1))
         bad = "--beta1 and --beta2 in [0, 1)"; /* beta 1 divides by zero in the bias correction */
@@ -390,11 +393,26 @@ int main(int argc, char **argv)
 
     sd_trainer tr;
     sd_error err = {0};
+    char resume_buf[4200];
     /* an unusable -o is found now, not at the first save (rank 0 writes);
      * one made by the probe goes again if the shards or UNet are refused */
     struct stat out_sb;
-    int out_made = rank == 0 && stat(o.out_dir, &out_sb) != 0;
+    int out_made = rank == 0 && stat(o.out_dir, &out_sb) != 0, out_fd = -1;
     sd_status st = rank == 0 ? sd_train_check_output(o.out_dir, &err) : SD_OK;
+    if (!st && rank == 0) st = sd_train_lock_output(o.out_dir, &out_fd, &err);
+    if (!st && !resume && !fresh && !has_latest(o.out_dir)) {
+        /* checkpoints without latest: a kill before the first latest was
+         * written, or latest removed; starting over would replace them
+         * (every rank decides, as each reads latest below) */
+        long newest = sd_train_newest_checkpoint(o.out_dir);
+        if (newest >= 0) {
+            snprintf(resume_buf, sizeof resume_buf, "%s/checkpoint-%ld", o.out_dir, newest);
+            resume = resume_buf;
+            if (rank == 0)
+                sd_log(SD_LOG_WARN, "%s has checkpoint-%ld but no 'latest' file: resuming from it, the newest whole "
+                   "checkpoint there (--fresh starts a new run instead)", o.out_dir, newest);
+        }
+    }
     if (!st) st = sd_trainer_open(&tr, &o, &err);
     if (st) {
         if (out_made) rmdir(o.out_dir); /* empty unless the probe failed there */
@@ -427,6 +445,7 @@ int main(int argc, char **argv)
      * for peers that never take part (fail_all does not return there) */
     if (st && world > 1) return fail_all(SD_EXIT_FATAL);
     sd_trainer_close(&tr);
+    if (out_fd >= 0) close(out_fd); /* the hold on -o ends with the run */
     sd_strlist_free(&pos);
     sd_buf_free(&cfg);
     sd_cli_args_free(&args);

@@ -525,8 +525,8 @@ static void tell_stop(sd_trainer *tr)
     if (tr->stop_told || !((tr->stop_req && *tr->stop_req) || tr->stop_all)) return;
     tr->stop_told = 1;
     if (tr->rank == 0)
-        sd_log(SD_LOG_WARN, "stopping after this step and saving a checkpoint; Ctrl-C again to quit at once (the "
-               "last checkpoint stays)");
+        sd_log(SD_LOG_WARN, "stopping after this step and saving a checkpoint; Ctrl-C again to quit at once "
+               "(checkpoints already written stay)");
 }
 
 /* splitmix64's finaliser: a well-mixed 64-bit hash of x. */
@@ -592,6 +592,14 @@ static void apply_norm(sd_trainer *tr, double norm)
         }
     }
     tr->host_stale = tr->cuda != NULL;
+}
+
+/* Whether every weight is finite: their sum of squares in double is,
+ * exactly when they all are (no finite float's square overflows it). */
+static int weights_finite(sd_trainer *tr)
+{
+    push_state(tr);
+    return isfinite(tr->be->sum_squares(tr->exec, tr->unet.w.total, tr->d_w));
 }
 
 /* The norm, then the step with it (tests and the self-test call this
@@ -930,6 +938,15 @@ sd_status sd_train_validate(sd_trainer *tr, double *loss, long *images, sd_error
     return SD_OK;
 }
 
+/* Steps for a count of batches, ceil(batches / per_step), held below
+ * 10^18 so that no count of epochs, records and repeats overflows a long
+ * (a run of that many steps never ends anyway). */
+static long steps_for(double batches, double per_step)
+{
+    double q = ceil(batches / per_step);
+    return q < 1e18 ? (long)q : (long)1e18;
+}
+
 /* --epochs as steps (train.h). A resume of the same epochs and world
  * keeps the checkpoint's plan, which a world change before it may have
  * moved, so every later resume ends where that one would; after a world
@@ -940,7 +957,7 @@ void sd_train_set_epochs(sd_trainer *tr, long epochs)
     int world = tr->world > 0 ? tr->world : 1;
     double per = sd_data_epoch_batches(&tr->data), total = (double)epochs * per;
     double step_batches = (double)world * (double)tr->o.accum;
-    long steps = (long)ceil(total / step_batches);
+    long steps = steps_for(total, step_batches);
     tr->epochs = epochs;
     int same_world = tr->saved_world <= 0 || tr->saved_world == world;
     if (same_world && tr->saved_epochs == epochs && tr->saved_epochs_steps > 0) {
@@ -948,16 +965,16 @@ void sd_train_set_epochs(sd_trainer *tr, long epochs)
         sd_log(SD_LOG_INFO, "%ld epoch%s: the checkpoint's plan of %ld steps", epochs, epochs == 1 ? "" : "s", steps);
     } else if (same_world && tr->saved_epochs_steps > 0) { /* --epochs changed: count on from the cursor */
         double left = total - sd_data_batches_served(&tr->data, &tr->cur);
-        steps = tr->step + (left > 0 ? (long)ceil(left / step_batches) : 0);
+        steps = tr->step + (left > 0 ? steps_for(left, step_batches) : 0);
         sd_log(SD_LOG_INFO, "%ld epochs resumed at step %ld: %.6g batches left, the run ends at step %ld", epochs,
                tr->step, left > 0 ? left : 0.0, steps);
     } else if (!same_world) {
         double left = total - sd_data_batches_served(&tr->data, &tr->cur);
         long was = tr->saved_epochs == epochs && tr->saved_epochs_steps > 0
                        ? tr->saved_epochs_steps
-                       : (long)ceil(total / ((double)tr->saved_world * (double)tr->o.accum));
+                       : steps_for(total, (double)tr->saved_world * (double)tr->o.accum);
         long from_zero = steps;
-        steps = tr->step + (left > 0 ? (long)ceil(left / step_batches) : 0);
+        steps = tr->step + (left > 0 ? steps_for(left, step_batches) : 0);
         sd_lr_sched before = tr->o.lr, after = tr->o.lr;
         before.total = was;
         after.total = steps;
@@ -987,6 +1004,17 @@ static void metrics_done(sd_trainer *tr)
     tr->metrics = NULL;
 }
 
+/* One TensorBoard scalar; a failed write (a full disk) is a warning and the
+ * end of the events for this run, as with the metrics file: a run must not
+ * lose its steps, or its last checkpoint, to a log. */
+static void tb_put(sd_trainer *tr, const char *tag, double value)
+{
+    sd_error e = {0};
+    if (!tr->tb.f || sd_tb_scalar(&tr->tb, tag, tr->step, value, &e) == SD_OK) return;
+    sd_log(SD_LOG_WARN, "%s: no more TensorBoard events in this run", e.msg);
+    sd_tb_close(&tr->tb);
+}
+
 /* Validate, log and write the metrics line. */
 static sd_status validate_and_log(sd_trainer *tr, sd_error *err)
 {
@@ -1000,7 +1028,8 @@ static sd_status validate_and_log(sd_trainer *tr, sd_error *err)
         fprintf(tr->metrics, "{\"step\": %ld, \"val_loss\": %.9g, \"val_images\": %ld}\n", tr->step, loss, images);
         metrics_done(tr);
     }
-    return sd_tb_scalar(&tr->tb, "val/loss", tr->step, loss, err);
+    tb_put(tr, "val/loss", loss);
+    return SD_OK;
 }
 
 /* One value all ranks must share when a run starts, and what makes it
@@ -1077,7 +1106,7 @@ static sd_status check_world(const sd_trainer *tr, sd_error *err)
 
 /* One metrics line: step, loss, smoothed loss, lr, gradient norm, images,
  * seconds. */
-static sd_status log_metrics(sd_trainer *tr, double loss, double gnorm, double lr, double secs, sd_error *err)
+static void log_metrics(sd_trainer *tr, double loss, double gnorm, double lr, double secs)
 {
     if (tr->metrics) {
         fprintf(tr->metrics,
@@ -1086,12 +1115,9 @@ static sd_status log_metrics(sd_trainer *tr, double loss, double gnorm, double l
                 tr->step, loss, tr->loss_ema, lr, gnorm, tr->images, secs);
         metrics_done(tr);
     }
-    if (!tr->tb.f) return SD_OK;
     const char *tags[] = {"train/loss", "train/loss_smooth", "train/lr", "train/grad_norm"};
     double v[] = {loss, tr->loss_ema, lr, gnorm};
-    sd_status rc = SD_OK;
-    for (int i = 0; i < 4 && !rc; i++) rc = sd_tb_scalar(&tr->tb, tags[i], tr->step, v[i], err);
-    return rc;
+    for (int i = 0; i < 4; i++) tb_put(tr, tags[i], v[i]);
 }
 
 /* The loop: steps, progress, metrics, checkpoints, stop and NaN handling. */
@@ -1133,6 +1159,12 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
             else
                 sd_log(SD_LOG_ERROR, "loss is %g at step %ld: stopping; the checkpoint holds the state before it", loss,
                        tr->step + 1);
+            if (!weights_finite(tr)) { /* an earlier step broke them (--lr far too large): saved, they resume broken */
+                sd_log(SD_LOG_ERROR, "the weights themselves are not finite at step %ld: not saved (the "
+                       "checkpoints already in %s stay as they are)", tr->step, tr->o.out_dir);
+                return sd_err_set(err, SD_ERANGE, "non-finite %s at step %ld after non-finite weights",
+                                  isfinite(loss) ? "gradient" : "loss", tr->step + 1);
+            }
             if (tr->saved_step != tr->step) rc = sd_train_save(tr, err);
             if (!rc)
                 rc = sd_err_set(err, SD_ERANGE, "non-finite %s at step %ld", isfinite(loss) ? "gradient" : "loss",
@@ -1141,8 +1173,7 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
         }
         tr->loss_ema = isnan(tr->loss_ema) ? loss : 0.98 * tr->loss_ema + 0.02 * loss;
         double now = sd_now();
-        rc = log_metrics(tr, loss, gnorm, lr, now - t0, err);
-        if (rc) break;
+        log_metrics(tr, loss, gnorm, lr, now - t0);
         if (!o->quiet && (now - last >= 2.0 || tr->step == o->max_steps)) {
             double el = now - t0, its = (double)(tr->step - step0) / (el > 0 ? el : 1);
             double eta = its > 0 ? (double)(o->max_steps - tr->step) / its : 0;
