@@ -404,6 +404,26 @@ static void shard_free(sd_shard *s)
     free(s);
 }
 
+/* An existing file that is not an LMDB data file (a JSONL stream given as
+ * a shard by mistake, an empty file) is refused before LMDB opens it, which
+ * would leave a 64 KB PATH-lock beside it and, for an empty file, say only
+ * "Bad file descriptor". LMDB's first page is a meta page: a 16-byte page
+ * header, then the magic 0xBEEFC0DE (little-endian on every platform
+ * sdtk builds for). */
+static sd_status check_lmdb_magic(const char *path, off_t size, sd_error *err)
+{
+    if (size == 0) return sd_err_set(err, SD_EFORMAT, "%s: empty file, not a shard", path);
+    unsigned char head[20];
+    FILE *f = fopen(path, "rb");
+    if (!f) return sd_err_set(err, SD_EIO, "%s: %s", path, strerror(errno));
+    size_t got = fread(head, 1, sizeof head, f);
+    fclose(f);
+    static const unsigned char magic[4] = {0xDE, 0xC0, 0xEF, 0xBE};
+    if (got < sizeof head || memcmp(head + 16, magic, 4) != 0)
+        return sd_err_set(err, SD_EFORMAT, "%s: not an LMDB shard file (no LMDB meta page at its start)", path);
+    return SD_OK;
+}
+
 /* Open a shard file as writer or reader (see shard.h). */
 sd_status sd_shard_open(sd_shard **out, const char *path, const sd_shard_opts *opts, sd_error *err)
 {
@@ -420,10 +440,13 @@ sd_status sd_shard_open(sd_shard **out, const char *path, const sd_shard_opts *o
     int ro = (s->flags & SD_SHARD_RDONLY) != 0;
     sd_status st = SD_OK;
     struct stat sb;
+    int create = !ro && (s->flags & SD_SHARD_CREATE);
     if (!s->path) st = sd_err_set(err, SD_ENOMEM, "out of memory");
-    else if (ro || !(s->flags & SD_SHARD_CREATE)) {
-        if (stat(path, &sb)) st = sd_err_set(err, errno == ENOENT ? SD_ENOTFOUND : SD_EIO, "%s: %s", path, strerror(errno));
-        else if (S_ISDIR(sb.st_mode)) st = sd_err_set(err, SD_EFORMAT, "%s: is a directory, not a shard file", path);
+    else if (stat(path, &sb) == 0) {
+        if (S_ISDIR(sb.st_mode)) st = sd_err_set(err, SD_EFORMAT, "%s: is a directory, not a shard file", path);
+        else if (S_ISREG(sb.st_mode) && (sb.st_size > 0 || !create)) st = check_lmdb_magic(path, sb.st_size, err);
+    } else if (!create || errno != ENOENT) {
+        st = sd_err_set(err, errno == ENOENT ? SD_ENOTFOUND : SD_EIO, "%s: %s", path, strerror(errno));
     }
     if (!st && !ro) st = lock_writer(s, err);
     int rc = st ? 0 : mdb_env_create(&s->env);

@@ -751,9 +751,39 @@ static void test_text_key_hex(void)
     CHECK(!sd_shard_text_key_parse("031425364758697a8b9cadbecfe0f1g2", back));
 }
 
+/* A file that is not a shard (a JSONL stream given by mistake, an empty
+ * file) is refused by name before LMDB opens it, as reader, writer and
+ * creator alike, and no PATH-lock is left beside it. */
+static void test_not_a_shard(void)
+{
+    char path[256], lock[300], empty[256];
+    snprintf(path, sizeof path, "%s/meta.jsonl", dir);
+    snprintf(lock, sizeof lock, "%s-lock", path);
+    snprintf(empty, sizeof empty, "%s/empty.shard", dir);
+    FILE *f = fopen(path, "w");
+    if (!CHECK(f != NULL)) return;
+    for (int i = 0; i < 200; i++) fprintf(f, "{\"key\": \"img%03d\", \"caption\": \"a photo\"}\n", i);
+    fclose(f);
+    f = fopen(empty, "w");
+    if (!CHECK(f != NULL)) return;
+    fclose(f);
+    sd_shard_opts modes[3] = {{SD_SHARD_RDONLY, 0, 0}, {0, 0, 0}, {SD_SHARD_CREATE, 0, 0}};
+    sd_shard *s;
+    sd_error err;
+    for (int m = 0; m < 3; m++) {
+        CHECK(sd_shard_open(&s, path, &modes[m], &err) == SD_EFORMAT && strstr(err.msg, "meta.jsonl: not an LMDB shard"));
+        CHECK(access(lock, F_OK) != 0);
+    }
+    CHECK(sd_shard_open(&s, empty, &modes[0], &err) == SD_EFORMAT && strstr(err.msg, "empty.shard: empty file, not a shard"));
+    /* an empty file to create into (mkstemp's) becomes a shard */
+    if (CHECK(sd_shard_open(&s, empty, &modes[2], &err) == SD_OK)) CHECK(sd_shard_close(s, &err) == SD_OK);
+    if (CHECK(sd_shard_open(&s, empty, &modes[0], &err) == SD_OK)) sd_shard_close(s, &err);
+}
+
 int main(void)
 {
     if (!mkdtemp(dir)) return 1;
+    test_not_a_shard();
     test_text_key_hex();
     test_codec_roundtrip();
     test_codec_damage();
