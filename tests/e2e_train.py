@@ -572,6 +572,11 @@ class Train(unittest.TestCase):
         code, err = run("--unet", UNET, "-o", const, "--steps", "4", "--batch", "2", "-j", "1", self.shard)
         self.assertNotIn("resuming with other options", err)
         self.assertEqual(latest(const), 4)
+        # other data: refused, naming the checkpoint's shards and this run's (not a fingerprint)
+        code, err = run("--unet", UNET, "-o", const, "--steps", "6", "--batch", "2", "-j", "1", self.shard + "@2",
+                        ok=(3,))
+        self.assertIn("made from other training data (%s) than this run's (%s@2)" % (self.shard, self.shard), err)
+        self.assertNotIn("fingerprint", err)
 
     def test_zero_terminal_snr(self):
         """--zero-terminal-snr trains (v-prediction, min-SNR 5; t = 999 itself is checked in
@@ -757,6 +762,26 @@ class Train(unittest.TestCase):
         self.assertIn("has checkpoint-4 but no 'latest' file: resuming from it", err)
         self.assertIn("resumed from", err)
         self.assertEqual(final(out), final(ref))
+
+    def test_damaged_latest_checkpoint_shows_the_way_on(self):
+        """The checkpoint latest names cannot be read (its state file cut short, or gone): the
+        run stops naming the file, and says which earlier whole checkpoint --resume can take
+        (or --fresh); that one resumes."""
+        out = os.path.join(self.tmp.name, "damaged")
+        args = ["--unet", UNET, "-o", out, "--save-every", "1", "--keep", "0", "-j", "1", "-q", self.shard]
+        run("--steps", "3", *args)
+        state = os.path.join(out, "checkpoint-3", "state.safetensors")
+        os.truncate(state, os.path.getsize(state) // 2)
+        code, err = run("--steps", "4", *args, ok=(3,))
+        self.assertIn("checkpoint-3/state.safetensors", err)
+        self.assertIn("latest names checkpoint-3, which cannot be read; %s/checkpoint-2 is the newest whole "
+                      "checkpoint before it: --resume %s/checkpoint-2 continues from there, --fresh starts over"
+                      % (out, out), err)
+        shutil.rmtree(os.path.join(out, "checkpoint-3"))
+        code, err = run("--steps", "4", *args, ok=(3,))
+        self.assertIn("--resume %s/checkpoint-2 continues from there" % out, err)
+        code, err = run("--steps", "4", "--resume", os.path.join(out, "checkpoint-2"), *args)
+        self.assertEqual(latest(out), 4)
 
     def test_interrupt_twice(self):
         """SIGINT is acknowledged at once, before the step (here 50 micro-batches) ends; a second

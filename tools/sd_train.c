@@ -1,5 +1,6 @@
 /* sd-train: train the SD/SDXL UNet on latent shards. This file is the
  * command line only; the work is in trainer/. */
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -404,7 +405,7 @@ int main(int argc, char **argv)
         /* checkpoints without latest: a kill before the first latest was
          * written, or latest removed; starting over would replace them
          * (every rank decides, as each reads latest below) */
-        long newest = sd_train_newest_checkpoint(o.out_dir);
+        long newest = sd_train_newest_checkpoint(o.out_dir, LONG_MAX);
         if (newest >= 0) {
             snprintf(resume_buf, sizeof resume_buf, "%s/checkpoint-%ld", o.out_dir, newest);
             resume = resume_buf;

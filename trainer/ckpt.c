@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -24,6 +25,7 @@
 #include "log.h"
 #include "outfile.h"
 #include "safetensors.h"
+#include "slurp.h"
 #include "train.h"
 
 enum { PATH_CAP = 4096 };
@@ -515,6 +517,53 @@ static sd_status same(const sd_safetensors *st, const char *key, const char *wan
     return SD_OK;
 }
 
+/* The shard list of a run: names joined by ", ", cut with "..." where
+ * they do not fit cap. */
+static void join_names(char *buf, size_t cap, const char *const *v, size_t n)
+{
+    size_t at = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < n && at + 4 < cap; i++) {
+        int w = snprintf(buf + at, cap - at, "%s%s", i ? ", " : "", v[i]);
+        if (w < 0 || (size_t)w >= cap - at) {
+            snprintf(buf + (cap > 4 ? cap - 4 : 0), 4, "...");
+            return;
+        }
+        at += (size_t)w;
+    }
+}
+
+/* Other training data than the checkpoint's: the shards it was made from
+ * (its train_config.json's _shards) and this run's, since a fingerprint
+ * alone tells a user nothing. */
+static sd_status data_differs(const sd_trainer *tr, const char *ck, const char *p, sd_error *err)
+{
+    char cfg[PATH_CAP], was[600] = "(not recorded)", now[600];
+    pjoin(cfg, ck, "train_config.json");
+    sd_buf text;
+    sd_arena a;
+    sd_json *root = NULL;
+    sd_buf_init(&text);
+    sd_arena_init(&a, 1 << 12);
+    sd_error e = {0};
+    const sd_json *sh = sd_parse_json_file(cfg, &text, &a, &root, &e) == SD_OK ? sd_json_get(root, "_shards") : NULL;
+    if (sh && sh->type == SD_JSON_ARRAY) {
+        const char *names[64];
+        size_t n = 0;
+        for (const sd_json *v = sh->child; v && n < 64; v = v->next)
+            if (v->type == SD_JSON_STRING) names[n++] = v->str;
+        join_names(was, sizeof was, names, n);
+    }
+    join_names(now, sizeof now, tr->o.shards, (size_t)tr->o.nshards);
+    sd_status rc = sd_err_set(err, SD_EINVAL, "%s: made from other training data (%s) than this run's (%s), or from "
+                              "shards of these names holding other records: resume with the same shards in the same "
+                              "order and repeats, or start a new run from its weights with --unet %s/unet",
+                              p, was, now, ck);
+    sd_arena_free(&a);
+    sd_buf_free(&text);
+    return rc;
+}
+
 /* An -o that is a file, read-only or on a full disk would otherwise be
  * found when the first checkpoint is written: with the default of saving
  * at the end only, after the whole run. A probe file is made and removed
@@ -559,9 +608,9 @@ sd_status sd_train_lock_output(const char *out, int *fd, sd_error *err)
     return SD_OK;
 }
 
-/* The newest checkpoint-N of out that is whole (it holds its state file),
- * -1 when there is none. */
-long sd_train_newest_checkpoint(const char *out)
+/* The newest checkpoint-N of out below step `below` that is whole (it
+ * holds its state file), -1 when there is none. */
+long sd_train_newest_checkpoint(const char *out, long below)
 {
     DIR *d = opendir(out);
     if (!d) return -1;
@@ -570,7 +619,7 @@ long sd_train_newest_checkpoint(const char *out)
     char p[PATH_CAP];
     while ((e = readdir(d))) {
         long s = ckpt_step(e->d_name);
-        if (s <= best) continue;
+        if (s <= best || s >= below) continue;
         pjoin(p, out, e->d_name);
         size_t pl = strlen(p);
         snprintf(p + pl, sizeof p - pl, "/state.safetensors");
@@ -655,7 +704,7 @@ static sd_status same_unet(const sd_unet_config *run, const char *ck, sd_error *
 }
 
 /* Load weights, moments, counters, cursor and RNG state. */
-sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
+static sd_status resume_from(sd_trainer *tr, const char *dir, sd_error *err)
 {
     char ck[PATH_CAP], p[PATH_CAP], w[64];
     if (strlen(dir) > PATH_CAP - 128) return sd_err_set(err, SD_EINVAL, "checkpoint path too long: %s", dir);
@@ -709,7 +758,8 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
                             p, was ? was : "short", now, tr->o.no_carry ? "without --no-carry" : "with --no-carry");
     }
     snprintf(w, sizeof w, "%016" PRIx64, tr->have_data ? tr->data.fingerprint : 0);
-    if (!rc) rc = same(st, "data_fingerprint", w, p, err);
+    if (!rc && (!meta_of(st, "data_fingerprint") || strcmp(meta_of(st, "data_fingerprint"), w) != 0))
+        rc = data_differs(tr, ck, p, err);
     const sd_st_tensor *tm = NULL, *tv = NULL;
     int mdt = SD_DT_F32;
     if (!rc) rc = moments_of(tr, st, n, p, &tm, &tv, &mdt, err);
@@ -795,4 +845,29 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
         if (realpath(mine, a) && realpath(ck, b) && strcmp(a, b) == 0) tr->saved_step = tr->step;
     }
     return SD_OK;
+}
+
+/* resume_from, and where the checkpoint `latest` names cannot be read
+ * (missing, cut short, garbage in latest), the way on: the newest whole
+ * checkpoint before it, or --fresh. Option mismatches (SD_EINVAL) say
+ * their own remedy. */
+sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
+{
+    sd_status rc = resume_from(tr, dir, err);
+    char lp[PATH_CAP], name[128] = "";
+    pjoin(lp, dir, "latest");
+    FILE *f = rc && rc != SD_EINVAL ? fopen(lp, "r") : NULL;
+    if (!f) return rc;
+    if (!fgets(name, sizeof name, f)) name[0] = 0;
+    fclose(f);
+    name[strcspn(name, "\r\n")] = 0;
+    long step = ckpt_step(name), older = sd_train_newest_checkpoint(dir, step >= 0 ? step : LONG_MAX);
+    if (older >= 0)
+        sd_log(SD_LOG_ERROR, "%s names %s, which cannot be read; %s/checkpoint-%ld is the newest whole checkpoint "
+               "before it: --resume %s/checkpoint-%ld continues from there, --fresh starts over", lp,
+               name[0] ? name : "nothing", dir, older, dir, older);
+    else
+        sd_log(SD_LOG_ERROR, "%s names %s, which cannot be read, and no whole checkpoint before it is there: --fresh "
+               "starts over", lp, name[0] ? name : "nothing");
+    return rc;
 }

@@ -250,8 +250,9 @@ sd_status sd_train_check_output(const char *out, sd_error *err);
 /* The run's hold on -o against a second trainer writing there: *fd stays
  * open until the process ends. */
 sd_status sd_train_lock_output(const char *out, int *fd, sd_error *err);
-/* The step of out's newest whole checkpoint-N, -1 when there is none. */
-long sd_train_newest_checkpoint(const char *out);
+/* The step of out's newest whole checkpoint-N below step `below`
+ * (LONG_MAX: any), -1 when there is none. */
+long sd_train_newest_checkpoint(const char *out, long below);
 /* Warn about the options a resumed run changes (resume_diff.c): those of
  * the checkpoint's train_config.json that differ in run_config_json. */
 void sd_train_resume_diff(const char *ckpt_config_path, const char *run_config_json);
