@@ -687,6 +687,11 @@ class Train(unittest.TestCase):
             f.write("mine\n")
         run("--unet", UNET, "-o", keep, "--steps", "1", "-j", "1", notext, ok=(3,))
         self.assertEqual(os.listdir(keep), ["notes.txt"])
+        # a failure after the shards were taken (a --resume that is not there) leaves no new -o either
+        gone = os.path.join(self.tmp.name, "misfit-resume")
+        run("--unet", UNET, "-o", gone, "--resume", os.path.join(self.tmp.name, "nosuch"), "--steps", "1", "-j", "1",
+            self.shard, ok=(3,))
+        self.assertFalse(os.path.exists(gone))
 
     def test_empty_shard_skipped(self):
         """A shard without latent records (an sd-latents --shard part that got none: no meta

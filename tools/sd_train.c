@@ -447,6 +447,7 @@ int main(int argc, char **argv)
     if (st && world > 1) return fail_all(SD_EXIT_FATAL);
     sd_trainer_close(&tr);
     if (out_fd >= 0) close(out_fd); /* the hold on -o ends with the run */
+    if (st && out_made) rmdir(o.out_dir); /* a bad --resume, --metrics...: a new -o goes if nothing is in it */
     sd_strlist_free(&pos);
     sd_buf_free(&cfg);
     sd_cli_args_free(&args);
