@@ -728,13 +728,10 @@ class Train(unittest.TestCase):
         self.assertNotIn("UNet new", err)
         self.assertGreater(err.count("UNet graph,"), 1, err)  # 6 steps over 2 buckets replan
 
-    def test_second_trainer_on_one_output_refused(self):
-        """A second sd-train into an -o another one is writing (a job started twice) is refused
-        while the first runs, which finishes untouched; afterwards the same command resumes."""
-        out = os.path.join(self.tmp.name, "twice")
-        args = ["--unet", UNET, "-o", out, "--batch", "1", "--accum", "20", "--save-every", "1", "-j", "1",
-                self.shard]
-        p = subprocess.Popen([TRAIN, "--steps", "6"] + args, stderr=subprocess.PIPE, text=True)
+    def start_until_first_checkpoint(self, out, args):
+        """sd-train started in the background with args, its stderr collected by a thread;
+        returns (process, lines, reader) once out/latest names a checkpoint, still running."""
+        p = subprocess.Popen([TRAIN] + args, stderr=subprocess.PIPE, text=True)
         lines = []
         reader = threading.Thread(target=lambda: lines.extend(iter(p.stderr.readline, "")), daemon=True)
         reader.start()
@@ -742,6 +739,15 @@ class Train(unittest.TestCase):
         while latest(out) < 1 and p.poll() is None and time.time() - t0 < 300:
             time.sleep(0.01)
         self.assertIsNone(p.poll(), "".join(lines))
+        return p, lines, reader
+
+    def test_second_trainer_on_one_output_refused(self):
+        """A second sd-train into an -o another one is writing (a job started twice) is refused
+        while the first runs, which finishes untouched; afterwards the same command resumes."""
+        out = os.path.join(self.tmp.name, "twice")
+        args = ["--unet", UNET, "-o", out, "--batch", "1", "--accum", "20", "--save-every", "1", "-j", "1",
+                self.shard]
+        p, lines, reader = self.start_until_first_checkpoint(out, ["--steps", "6"] + args)
         code, err = run("--steps", "6", *args, ok=(3,))
         self.assertIn("another sd-train is writing its checkpoints there", err)
         self.assertEqual(p.wait(timeout=600), 0, "".join(lines))
@@ -794,14 +800,7 @@ class Train(unittest.TestCase):
         out = os.path.join(self.tmp.name, "int2")
         args = ["--unet", UNET, "-o", out, "--batch", "1", "--accum", "50", "--save-every", "1", "-j", "1",
                 self.shard]
-        p = subprocess.Popen([TRAIN, "--steps", "1000"] + args, stderr=subprocess.PIPE, text=True)
-        lines = []
-        reader = threading.Thread(target=lambda: lines.extend(iter(p.stderr.readline, "")), daemon=True)
-        reader.start()
-        t0 = time.time()
-        while latest(out) < 1 and p.poll() is None and time.time() - t0 < 300:
-            time.sleep(0.01)
-        self.assertIsNone(p.poll(), "".join(lines))
+        p, lines, reader = self.start_until_first_checkpoint(out, ["--steps", "1000"] + args)
         p.send_signal(signal.SIGINT)
         t0 = time.time()
         while not any("stopping after this step" in l for l in lines) and p.poll() is None and time.time() - t0 < 60:

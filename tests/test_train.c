@@ -430,6 +430,32 @@ static void rmtree(const char *dir)
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }
 
+/* Whether out/checkpoint-<step> was written and its state says that step. */
+static int saved_step_is(const char *out, long step)
+{
+    char p[800], want[32];
+    snprintf(p, sizeof p, "%s/checkpoint-%ld/state.safetensors", out, step);
+    snprintf(want, sizeof want, "%ld", step);
+    char *got = state_meta(p, "step");
+    int ok = got && strcmp(got, want) == 0;
+    free(got);
+    return ok;
+}
+
+/* A trainer into out resumed from checkpoint-6 of the run in from, set
+ * to go on to step 8 (the stop tests); 0 when it cannot open. */
+static int open_at_step6(sd_trainer *tr, sd_train_opts *o, const char *const *shards, const char *out,
+                         const char *from)
+{
+    sd_error err = {0};
+    shard_opts(o, shards, out, 6, 1);
+    o->max_steps = 3;
+    if (!CHECK(sd_trainer_open(tr, o, &err) == SD_OK)) return 0;
+    CHECK(sd_train_resume(tr, from, &err) == SD_OK && tr->step == 6);
+    tr->o.max_steps = 8;
+    return 1;
+}
+
 /* Exact resume, thread determinism, skipped records, refused shards, NaN. */
 /* Batches with carry (sd_data_set_carry) on the generated shard, batch 4:
  * every batch full where the bucket has 4 or more records; over epochs
@@ -688,11 +714,7 @@ static void test_shard_runs(void)
     sd_trainer tr;
     char nan_dir[700];
     snprintf(nan_dir, sizeof nan_dir, "%s/runNaN", dir);
-    shard_opts(&o, shards, nan_dir, 6, 1);
-    o.max_steps = 3;
-    if (CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
-        CHECK(sd_train_resume(&tr, a, &err) == SD_OK && tr.step == 6);
-        tr.o.max_steps = 8;
+    if (open_at_step6(&tr, &o, shards, nan_dir, a)) {
         tr.o.noise_offset = INFINITY;
         CHECK(sd_train_run(&tr, NULL, &err) == SD_ERANGE);
         CHECK(strstr(err.msg, "non-finite loss at step 7") != NULL);
@@ -714,11 +736,7 @@ static void test_shard_runs(void)
     /* weights that are already NaN (an earlier step with --lr far too large)
      * stop it too, but are not saved: a resume would only fail again */
     snprintf(nan_dir, sizeof nan_dir, "%s/runNaNw", dir);
-    shard_opts(&o, shards, nan_dir, 6, 1);
-    o.max_steps = 3;
-    if (CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
-        CHECK(sd_train_resume(&tr, a, &err) == SD_OK && tr.step == 6);
-        tr.o.max_steps = 8;
+    if (open_at_step6(&tr, &o, shards, nan_dir, a)) {
         for (size_t i = 0; i < tr.unet.w.nslots; i++)
             if (strcmp(tr.unet.w.slots[i].name, "conv_out.bias") == 0) tr.unet.w.data[tr.unet.w.slots[i].off] = NAN;
         CHECK(sd_train_run(&tr, NULL, &err) == SD_ERANGE);
@@ -734,11 +752,7 @@ static void test_shard_runs(void)
      * backward pass) stops the run the same way, before it reaches the
      * weights: one element of the gradient starts at +inf */
     snprintf(nan_dir, sizeof nan_dir, "%s/runInf", dir);
-    shard_opts(&o, shards, nan_dir, 6, 1);
-    o.max_steps = 3;
-    if (CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
-        CHECK(sd_train_resume(&tr, a, &err) == SD_OK && tr.step == 6);
-        tr.o.max_steps = 8;
+    if (open_at_step6(&tr, &o, shards, nan_dir, a)) {
         size_t nw = tr.unet.w.total;
         float *w0 = malloc(nw * sizeof(float));
         if (CHECK(w0 != NULL)) {
@@ -751,11 +765,7 @@ static void test_shard_runs(void)
             free(w0);
         }
         sd_trainer_close(&tr);
-        char p[800];
-        snprintf(p, sizeof p, "%s/checkpoint-6/state.safetensors", nan_dir);
-        char *got = state_meta(p, "step");
-        CHECK(got && strcmp(got, "6") == 0);
-        free(got);
+        CHECK(saved_step_is(nan_dir, 6));
     }
     /* a TensorBoard event file that cannot be written (a full disk: here
      * /dev/full) is a warning, not the end of the run and its checkpoint */
@@ -772,11 +782,7 @@ static void test_shard_runs(void)
             CHECK(tr.step == 2 && tr.tb.f == NULL);
         }
         sd_trainer_close(&tr);
-        char p[800];
-        snprintf(p, sizeof p, "%s/checkpoint-2/state.safetensors", nan_dir);
-        char *got = state_meta(p, "step");
-        CHECK(got && strcmp(got, "2") == 0);
-        free(got);
+        CHECK(saved_step_is(nan_dir, 2));
     }
     rmtree(dir);
 }
