@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "shard_int.h"
 
 static const char *const db_names[NDBS] = {"latents", "text", "names", "buckets", "bindex", "meta"};
@@ -424,6 +425,47 @@ static sd_status check_lmdb_magic(const char *path, off_t size, sd_error *err)
     return SD_OK;
 }
 
+/* LMDB maps PATH-lock and writes its reader table into it: a lock file it
+ * creates on a full disk is sparse, and the first write to it faults
+ * (SIGBUS), in read-only tools too. Made here with its pages reserved
+ * (posix_fallocate; LMDB takes a larger file as it is), a full disk is an
+ * error naming the file. Where it cannot be made because the directory is
+ * not the user's (a team's shared cache), a reader goes without LMDB's
+ * reader table (MDB_NOLOCK, *nolock set) with a warning: a writer running
+ * meanwhile could reuse pages it reads. LMDB itself already reads without
+ * a lock file on a read-only file system. */
+static sd_status prepare_lock_file(const char *path, int ro, int *nolock, sd_error *err)
+{
+    char lp[4200];
+    struct stat sb;
+    *nolock = 0;
+    if ((size_t)snprintf(lp, sizeof lp, "%s-lock", path) >= sizeof lp)
+        return sd_err_set(err, SD_EINVAL, "%s: path too long", path);
+    int fd = -1;
+    if (stat(lp, &sb) == 0) {
+        if (!ro || access(lp, R_OK | W_OK) == 0 || errno != EACCES) return SD_OK;
+    } else {
+        fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    }
+    if (fd < 0) {
+        if (ro && errno == EACCES) {
+            sd_log(SD_LOG_WARN, "%s: cannot write it (%s): reading %s without LMDB's reader lock; do not write "
+                   "that shard while this runs", lp, strerror(errno), path);
+            *nolock = 1;
+        }
+        return SD_OK; /* anything else: LMDB's own open says it */
+    }
+    off_t bytes = ((off_t)(MAX_READERS + 4) * 64 + 4095) & ~(off_t)4095;
+    int e = posix_fallocate(fd, 0, bytes);
+    close(fd);
+    if (e == ENOSPC || e == EDQUOT) {
+        unlink(lp);
+        return sd_err_set(err, SD_EIO, "%s: no room for LMDB's lock file (%lld bytes): %s", lp, (long long)bytes,
+                          strerror(e));
+    }
+    return SD_OK; /* EOPNOTSUPP and the like: LMDB sizes it as before */
+}
+
 /* Open a shard file as writer or reader (see shard.h). */
 sd_status sd_shard_open(sd_shard **out, const char *path, const sd_shard_opts *opts, sd_error *err)
 {
@@ -444,11 +486,15 @@ sd_status sd_shard_open(sd_shard **out, const char *path, const sd_shard_opts *o
     if (!s->path) st = sd_err_set(err, SD_ENOMEM, "out of memory");
     else if (stat(path, &sb) == 0) {
         if (S_ISDIR(sb.st_mode)) st = sd_err_set(err, SD_EFORMAT, "%s: is a directory, not a shard file", path);
-        else if (S_ISREG(sb.st_mode) && (sb.st_size > 0 || !create)) st = check_lmdb_magic(path, sb.st_size, err);
+        else if (!S_ISREG(sb.st_mode)) /* a FIFO or device: LMDB would say "Illegal seek" and leave a -lock */
+            st = sd_err_set(err, SD_EFORMAT, "%s: not a regular file, so not a shard file", path);
+        else if (sb.st_size > 0 || !create) st = check_lmdb_magic(path, sb.st_size, err);
     } else if (!create || errno != ENOENT) {
         st = sd_err_set(err, errno == ENOENT ? SD_ENOTFOUND : SD_EIO, "%s: %s", path, strerror(errno));
     }
     if (!st && !ro) st = lock_writer(s, err);
+    int nolock = 0;
+    if (!st) st = prepare_lock_file(path, ro, &nolock, err);
     int rc = st ? 0 : mdb_env_create(&s->env);
     if (!st && !rc) rc = mdb_env_set_maxdbs(s->env, NDBS + 2);
     if (!st && !rc) rc = mdb_env_set_maxreaders(s->env, MAX_READERS);
@@ -460,7 +506,7 @@ sd_status sd_shard_open(sd_shard **out, const char *path, const sd_shard_opts *o
     if (!st && !rc) {
         unsigned f = MDB_NOSUBDIR | MDB_NOTLS | (ro ? MDB_RDONLY : 0) | (s->flags & SD_SHARD_NOSYNC ? MDB_NOSYNC : 0) |
                      (s->flags & SD_SHARD_NOMETASYNC ? MDB_NOMETASYNC : 0) |
-                     (s->flags & SD_SHARD_RANDOM ? MDB_NORDAHEAD : 0);
+                     (s->flags & SD_SHARD_RANDOM ? MDB_NORDAHEAD : 0) | (nolock ? MDB_NOLOCK : 0);
         rc = mdb_env_open(s->env, path, f, 0644);
         if (rc == MDB_INVALID || rc == MDB_VERSION_MISMATCH)
             st = sd_err_set(err, SD_EFORMAT, "%s: not an LMDB shard file (%s)", path, mdb_strerror(rc));

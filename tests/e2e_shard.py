@@ -19,6 +19,8 @@ sd-verify and the test writer (tests/shard_writer.c):
   - report-only problems: a record of a newer format version (kept by
     --repair, unlike one whose version field is damaged) and an empty_text
     meta naming a missing embedding;
+  - LMDB's lock file on a full disk (a clear error, not SIGBUS) and in a
+    directory the user may not write (read without it, with a warning);
   - a shard file cut short: refused with a clear error (exit 3) by sd-verify
     (which still checks the next shard), --repair and sd-pack merge (run
     from beside sd-verify), never SIGBUS.
@@ -419,6 +421,49 @@ def test_truncated(d):
     print("cut shard: refused by sd-verify (next shard still verified), --repair and sd-pack merge")
 
 
+def test_lock_file_cases(d):
+    """LMDB's PATH-lock: on a full disk (a 4 MiB tmpfs filled up) a reader that has to create
+    it gets a clear error naming it, not SIGBUS; a reader that may not write it (another
+    user's directory) reads without it, with a warning. Both need root (mount, setpriv): as
+    another user they are skipped, said so on stderr."""
+    src = os.path.join(d, "lockcase.shard")
+    check(write(src, 200).returncode == 0, "lock cases: writer")
+    if os.geteuid() != 0:
+        print("e2e_shard: SKIPPED the lock-file cases (need root for mount and setpriv)", file=sys.stderr)
+        return
+    mnt = os.path.join(d, "mnt")
+    os.makedirs(mnt)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", mnt], capture_output=True).returncode:
+        print("e2e_shard: SKIPPED the full-disk lock case (tmpfs cannot be mounted here)", file=sys.stderr)
+    else:
+        try:
+            with open(src, "rb") as f, open(os.path.join(mnt, "f.shard"), "wb") as g:
+                g.write(f.read())
+            try:
+                with open(os.path.join(mnt, "fill"), "wb") as g:
+                    while True:
+                        g.write(b"\0" * 65536)
+            except OSError:
+                pass
+            vrc, rep, err = verify(os.path.join(mnt, "f.shard"))
+            check(vrc == 3 and "f.shard-lock: no room for LMDB's lock file" in err,
+                  "full disk lock file: exit %d, %s" % (vrc, err[-300:]))
+        finally:
+            subprocess.run(["umount", mnt])
+    ro = os.path.join(d, "ro")
+    os.makedirs(ro)
+    os.chmod(d, 0o755)
+    with open(src, "rb") as f, open(os.path.join(ro, "s.shard"), "wb") as g:
+        g.write(f.read())
+    for with_lock in (False, True):
+        if with_lock:
+            open(os.path.join(ro, "s.shard-lock"), "wb").close()
+        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", VERIFY, "-q",
+                            os.path.join(ro, "s.shard")], capture_output=True, text=True)
+        check(p.returncode == 0 and "reading" in p.stderr and "without LMDB's reader lock" in p.stderr,
+              "another user's shard (lock file there: %s): exit %d, %s" % (with_lock, p.returncode, p.stderr[-300:]))
+
+
 def main():
     t0 = time.time()
     with tempfile.TemporaryDirectory() as d:
@@ -431,6 +476,7 @@ def main():
         test_misdirected_names(d)
         test_report_only(d)
         test_truncated(d)
+        test_lock_file_cases(d)
         vrc, rep, err = verify(os.path.join(d, "missing.shard"))
         check(vrc == 3, "missing shard: exit %d" % vrc)
         open(os.path.join(d, "junk.shard"), "wb").write(os.urandom(20000))

@@ -775,6 +775,15 @@ static void test_not_a_shard(void)
         CHECK(access(lock, F_OK) != 0);
     }
     CHECK(sd_shard_open(&s, empty, &modes[0], &err) == SD_EFORMAT && strstr(err.msg, "empty.shard: empty file, not a shard"));
+    /* a FIFO (sd-latents -o by mistake) is no shard either, for any mode */
+    char fifo[256], fifo_lock[300];
+    snprintf(fifo, sizeof fifo, "%s/a.fifo", dir);
+    snprintf(fifo_lock, sizeof fifo_lock, "%s-lock", fifo);
+    if (CHECK(mkfifo(fifo, 0644) == 0))
+        for (int m = 0; m < 3; m++) {
+            CHECK(sd_shard_open(&s, fifo, &modes[m], &err) == SD_EFORMAT && strstr(err.msg, "not a regular file"));
+            CHECK(access(fifo_lock, F_OK) != 0);
+        }
     /* an empty file to create into (mkstemp's) becomes a shard */
     if (CHECK(sd_shard_open(&s, empty, &modes[2], &err) == SD_OK)) CHECK(sd_shard_close(s, &err) == SD_OK);
     if (CHECK(sd_shard_open(&s, empty, &modes[0], &err) == SD_OK)) sd_shard_close(s, &err);
