@@ -466,6 +466,23 @@ static sd_status prepare_lock_file(const char *path, int ro, int *nolock, sd_err
     return SD_OK; /* EOPNOTSUPP and the like: LMDB sizes it as before */
 }
 
+/* Whether an existing path may be replaced by a new shard (sd-pack
+ * --force): a regular file that is a shard, or empty; --force must never
+ * replace a FIFO, a device (-o /dev/null as root) or a user's JSONL.
+ * SD_ENOTFOUND when nothing is there. */
+sd_status sd_shard_replaceable(const char *path, sd_error *err)
+{
+    struct stat sb;
+    if (stat(path, &sb)) return sd_err_set(err, errno == ENOENT ? SD_ENOTFOUND : SD_EIO, "%s: %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+        return sd_err_set(err, SD_EFORMAT, "%s: not a regular file, so not a shard: not replaced, even with --force", path);
+    if (sb.st_size == 0) return SD_OK;
+    sd_error e = {0};
+    if (check_lmdb_magic(path, sb.st_size, &e))
+        return sd_err_set(err, SD_EFORMAT, "%s: not a shard file: not replaced, even with --force", path);
+    return SD_OK;
+}
+
 /* Open a shard file as writer or reader (see shard.h). */
 sd_status sd_shard_open(sd_shard **out, const char *path, const sd_shard_opts *opts, sd_error *err)
 {

@@ -99,6 +99,10 @@ size_t sd_shard_map_size(const sd_shard *s);
  * when another process is writing the shard, SD_ENOTFOUND when path does
  * not exist. */
 sd_status sd_shard_lock_file(const char *path, int *fd, int *held, sd_error *err);
+/* Whether an existing path may be replaced by a new shard: a regular file
+ * holding a shard, or empty (SD_OK); anything else SD_EFORMAT, naming it;
+ * SD_ENOTFOUND when nothing is there. */
+sd_status sd_shard_replaceable(const char *path, sd_error *err);
 
 /* ---- metadata -------------------------------------------------------------- */
 

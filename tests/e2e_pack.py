@@ -20,6 +20,7 @@ import resource
 import shutil
 import signal
 import struct
+import stat
 import subprocess
 import sys
 import tarfile
@@ -746,12 +747,13 @@ class Pack(unittest.TestCase):
         # is renamed into place, the old file stays, no temporary file is left
         for i in range(64):
             os.mkdir(self.p("d%d" % i))
-        with open(self.p("d0", "p.lmdb"), "w") as f:
-            f.write("old")
+        shutil.copy(a, self.p("d0", "p.lmdb"))  # an old shard there, which --force may replace
+        with open(a, "rb") as f:
+            old = f.read()
         rc, _, err = run("split", "--force", "-n", "65", "-o", self.p("d%d", "p.lmdb"), a, "-q")
         self.assertEqual(rc, 3, err)
-        with open(self.p("d0", "p.lmdb")) as f:
-            self.assertEqual(f.read(), "old")
+        with open(self.p("d0", "p.lmdb"), "rb") as f:
+            self.assertEqual(f.read(), old)
         self.assertEqual(glob.glob(self.p("d*", "p.lmdb.partial*")), [])
         self.assertEqual(glob.glob(self.p("d*", "p.lmdb")), [self.p("d0", "p.lmdb")])
 
@@ -808,6 +810,42 @@ class Pack(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertEqual(sum(self.info(pat % i)["latents"]["records"] for i in range(2)), 10)
         self.assertNotEqual(self.split_sets(pat, 2)[0][0], first[0][0])
+
+    def test_export_tar_names_a_killed_exports_leftover(self):
+        """A killed export-tar leaves TAR.tmp.XXXXXX: the rerun names it (and leaves it)."""
+        a = self.p("ta.shard")
+        writer("write", a, 10, 8)
+        os.makedirs(self.p("tl"))
+        left = self.p("tl", "t-0.tar.tmp.AbC123")
+        open(left, "wb").close()
+        rc, _, err = run("export-tar", a, "-o", self.p("tl", "t-%d.tar"))
+        self.assertEqual(rc, 0, err)
+        self.assertIn("t-0.tar.tmp.AbC123: a temporary output left by an earlier run", err)
+        self.assertTrue(os.path.exists(left))
+
+    def test_force_replaces_only_shards(self):
+        """--force replaces a shard, never a file of another kind: a FIFO, a user's JSONL (or a
+        device such as /dev/null, not tried here), for merge, compact and split alike."""
+        a = self.p("fa.shard")
+        writer("write", a, 10, 8)
+        fifo, jl = self.p("out.fifo"), self.p("meta.jsonl")
+        os.mkfifo(fifo)
+        with open(jl, "w") as f:
+            f.write('{"key": "x"}\n')
+        for out in (fifo, jl):
+            for cmd in (["merge", "--force", "-o", out, a], ["compact", "--force", a, "-o", out]):
+                rc, _, err = run(*cmd, "-q")
+                self.assertEqual(rc, 2, err)
+                self.assertIn("%s: not a" % out, err)
+                self.assertIn("not replaced, even with --force", err)
+        self.assertTrue(stat.S_ISFIFO(os.stat(fifo).st_mode))
+        with open(jl) as f:
+            self.assertEqual(f.read(), '{"key": "x"}\n')
+        os.rename(jl, self.p("part-0.lmdb"))
+        rc, _, err = run("split", "--force", "-n", "2", "-o", self.p("part-%d.lmdb"), a, "-q")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("part-0.lmdb: not a shard file: not replaced, even with --force", err)
+        self.assertFalse(os.path.exists(self.p("part-1.lmdb")))
 
     def test_output_being_written_is_never_replaced(self):
         """Not even --force replaces a shard another process is writing: the writer would go on

@@ -189,6 +189,7 @@ static sd_status lock_for_publish(const pack_out *v, long n, int *fds, sd_error 
         st = sd_shard_lock_file(v[i].tmp, &fds[n + i], &held, err);
         if (st || lstat(v[i].final, &sb) != 0) continue;
         if (!(v[i].mode & PACK_OUT_REPLACE)) return refuse_appeared(&v[i], err);
+        if (sd_shard_replaceable(v[i].final, err) == SD_EFORMAT) return SD_EFORMAT; /* appeared meanwhile */
         st = sd_shard_lock_file(v[i].final, &fds[i], &held, err);
         if (st == SD_ENOTFOUND) st = SD_OK; /* gone meanwhile, or a dangling link: no writer to protect */
         else if (held)

@@ -346,6 +346,9 @@ static int copy_main(int argc, char **argv, int compact)
             rc = (sd_cli_usage_error(cli, "output %s is also an input", output), SD_EXIT_USAGE);
     if (rc < 0 && !force && pack_path_taken(output))
         rc = (sd_cli_usage_error(cli, "output %s exists: --force replaces it", output), SD_EXIT_USAGE);
+    sd_error re = {0};
+    if (rc < 0 && force && pack_path_taken(output) && sd_shard_replaceable(output, &re) == SD_EFORMAT)
+        rc = (sd_cli_usage_error(cli, "%s", re.msg), SD_EXIT_USAGE);
     if (rc < 0 && pack_path_busy(output)) {
         sd_log(SD_LOG_ERROR, "output %s is being written by another process (it holds the shard's writer lock): "
                "not replaced, even with --force", output);

@@ -259,6 +259,8 @@ static int check_part_names(const options *o, char *msg, size_t cap)
         if (pack_same_file(name, o->input))
             return snprintf(msg, cap, "part %s is the input SHARD: choose another -o pattern", name), 1;
         if (stat(name, &sb) == 0 && S_ISDIR(sb.st_mode)) return snprintf(msg, cap, "part %s is a directory", name), 1;
+        sd_error re = {0};
+        if (o->force && sd_shard_replaceable(name, &re) == SD_EFORMAT) return snprintf(msg, cap, "%s", re.msg), 1;
         if (!o->force && pack_path_taken(name) && !taken++) memcpy(first, name, sizeof first);
     }
     if (taken)

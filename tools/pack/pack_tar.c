@@ -78,6 +78,7 @@ static sd_status open_tar(tar_run *r, sd_error *err)
 {
     if (sd_part_name(r->pattern, r->ntar, r->tar_name, sizeof r->tar_name))
         return sd_err_set(err, SD_EINVAL, "output pattern %s: name too long", r->pattern);
+    sd_outfile_warn_own_leftovers(r->tar_name); /* a killed export's TAR.tmp.* */
     sd_status st = sd_outfile_open(&r->out, r->tar_name, err);
     if (st) return st;
     r->a = archive_write_new();
