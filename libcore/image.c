@@ -416,14 +416,16 @@ static sd_fast try_fast(const unsigned char *buf, size_t len, const sd_imginfo *
 {
     unsigned char *icc = NULL;
     size_t icc_len = 0;
+    char why[SD_FAST_WHY_MAX] = "";
     sd_fast r = SD_FAST_DECLINE;
     switch (info->format) {
-    case SD_IMG_JPEG: r = sd_fast_jpeg(buf, len, info, plan, out, &icc, &icc_len); break;
+    case SD_IMG_JPEG: r = sd_fast_jpeg(buf, len, info, plan, out, &icc, &icc_len, why); break;
     case SD_IMG_PNG: r = sd_fast_png(buf, len, info, plan, out, &icc, &icc_len); break;
     case SD_IMG_WEBP: r = sd_fast_webp(buf, len, info, plan, out, &icc, &icc_len); break;
     default: break;
     }
     if (r == SD_FAST_DONE && icc) *st = apply_icc(out, sd_image_out_w(plan), sd_image_out_h(plan), icc, icc_len, name, err);
+    if (r == SD_FAST_CORRUPT) *st = sd_err_set(err, SD_EFORMAT, "%s: corrupt JPEG data (libjpeg: %s)", name, why);
     free(icc);
     return r;
 }

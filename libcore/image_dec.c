@@ -16,6 +16,8 @@
 #include "image_int.h"
 #include "image_jpeg.h"
 
+#include <jerror.h> /* the JWRN_* warning codes */
+
 #include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -33,14 +35,35 @@
 
 /* ---- JPEG ---- */
 
-/* libjpeg's fatal errors must not return: jump back to the decoder. */
-static void jpeg_on_error(j_common_ptr c) { longjmp(((sd_jpeg_fail *)c->err)->jump, 1); }
+/* The warnings libjpeg gives for damaged entropy-coded data: the image
+ * decodes anyway, with grey or smeared blocks (libvips passes it on with a
+ * warning, PIL silently), which would go into the latents as a good
+ * sample. */
+int sd_jpeg_warning_is_corrupt(int msg_code)
+{
+    return msg_code == JWRN_HUFF_BAD_CODE || msg_code == JWRN_MUST_RESYNC || msg_code == JWRN_HIT_MARKER ||
+           msg_code == JWRN_BOGUS_PROGRESSION || msg_code == JWRN_NOT_SEQUENTIAL || msg_code == JWRN_JPEG_EOF;
+}
 
-/* Warnings (corrupt data, premature end) end the fast path as well: libvips
- * with fail_on=truncated then makes the call. Trace messages are ignored. */
+/* libjpeg's fatal errors must not return: jump back to the decoder, its
+ * text kept. */
+static void jpeg_on_error(j_common_ptr c)
+{
+    sd_jpeg_fail *f = (sd_jpeg_fail *)c->err;
+    c->err->format_message(c, f->msg);
+    longjmp(f->jump, 1);
+}
+
+/* Warnings end the fast path as well: damaged data is refused by the
+ * caller, anything else (extra bytes before a marker) goes to libvips with
+ * fail_on=truncated. Trace messages are ignored. */
 static void jpeg_on_message(j_common_ptr c, int level)
 {
-    if (level < 0) longjmp(((sd_jpeg_fail *)c->err)->jump, 1);
+    if (level >= 0) return;
+    sd_jpeg_fail *f = (sd_jpeg_fail *)c->err;
+    f->corrupt = sd_jpeg_warning_is_corrupt(c->err->msg_code);
+    c->err->format_message(c, f->msg);
+    longjmp(f->jump, 1);
 }
 
 /* The error manager both JPEG readers use (image_jpeg.h). */
@@ -49,6 +72,8 @@ void sd_jpeg_fail_init(struct jpeg_decompress_struct *c, sd_jpeg_fail *f)
     c->err = jpeg_std_error(&f->pub);
     f->pub.error_exit = jpeg_on_error;
     f->pub.emit_message = jpeg_on_message;
+    f->corrupt = 0;
+    f->msg[0] = 0;
 }
 
 /* The DCT scale: the largest 1/d (d = 8, 4, 2, 1) whose output, rounded up
@@ -64,7 +89,7 @@ int sd_jpeg_denom(unsigned w, unsigned h, const sd_image_plan *p)
 /* Decode + shrink a baseline or progressive 8-bit YCbCr/RGB/grey JPEG with
  * no EXIF rotation; the ICC profile of a colour image goes to the caller. */
 sd_fast sd_fast_jpeg(const unsigned char *buf, size_t len, const sd_imginfo *info, const sd_image_plan *plan,
-                     unsigned char *out, unsigned char **icc, size_t *icc_len)
+                     unsigned char *out, unsigned char **icc, size_t *icc_len, char *why)
 {
     if (info->format != SD_IMG_JPEG || info->orientation != 1) return SD_FAST_DECLINE;
     if (info->width < (uint32_t)plan->resize_w || info->height < (uint32_t)plan->resize_h) return SD_FAST_DECLINE;
@@ -79,7 +104,9 @@ sd_fast sd_fast_jpeg(const unsigned char *buf, size_t len, const sd_imginfo *inf
         sd_area_free(area);
         free(rows);
         free(prof);
-        return SD_FAST_DECLINE;
+        if (!fail.corrupt) return SD_FAST_DECLINE;
+        snprintf(why, SD_FAST_WHY_MAX, "%s", fail.msg);
+        return SD_FAST_CORRUPT;
     }
     jpeg_create_decompress(&c);
     jpeg_mem_src(&c, buf, (unsigned long)len);

@@ -34,14 +34,17 @@ void sd_image_portable_only(int on);
 /* What a direct decoder did with an image. */
 typedef enum {
     SD_FAST_DONE = 0, /* `out` holds the plan's crop, RGB8 */
-    SD_FAST_DECLINE   /* not for this path (format, feature, upscale, any decoder complaint): use libvips */
+    SD_FAST_DECLINE,  /* not for this path (format, feature, upscale, any decoder complaint): use libvips */
+    SD_FAST_CORRUPT   /* damaged compressed data (a JPEG's entropy-coded segments): refused, not handed on */
 } sd_fast;
 
 /* The decoders: `info` is the header already parsed by imghdr. On DONE,
  * *icc may hold the file's ICC profile (malloc'ed, the caller applies and
- * frees it) for an RGB image. */
+ * frees it) for an RGB image; on CORRUPT (JPEG only) `why` holds the
+ * decoder's message, SD_FAST_WHY_MAX bytes at most. */
+enum { SD_FAST_WHY_MAX = 200 };
 sd_fast sd_fast_jpeg(const unsigned char *buf, size_t len, const sd_imginfo *info, const sd_image_plan *plan,
-                     unsigned char *out, unsigned char **icc, size_t *icc_len);
+                     unsigned char *out, unsigned char **icc, size_t *icc_len, char *why);
 sd_fast sd_fast_png(const unsigned char *buf, size_t len, const sd_imginfo *info, const sd_image_plan *plan,
                     unsigned char *out, unsigned char **icc, size_t *icc_len);
 sd_fast sd_fast_webp(const unsigned char *buf, size_t len, const sd_imginfo *info, const sd_image_plan *plan,

@@ -13,7 +13,14 @@
 typedef struct {
     struct jpeg_error_mgr pub;
     jmp_buf jump;
+    int corrupt;   /* the jump was a warning about damaged image data (sd_jpeg_warning_is_corrupt) */
+    char msg[JMSG_LENGTH_MAX]; /* libjpeg's text of the error or warning that jumped */
 } sd_jpeg_fail;
+
+/* Whether a libjpeg warning code says the image data is damaged (bad
+ * Huffman code, lost restart marker, premature end) rather than something
+ * harmless such as extra bytes before a marker. */
+int sd_jpeg_warning_is_corrupt(int msg_code);
 
 /* c->err set to f's manager, whose fatal errors and warnings longjmp to
  * f->jump (trace messages are ignored); the caller setjmps f->jump. */

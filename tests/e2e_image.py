@@ -411,6 +411,26 @@ def synthetic(d, tmp):
     open(ptr, "wb").write(open(qp, "rb").read()[:200])
     e = d.run(ptr, 200, 100)
     check(isinstance(e, str) and e.startswith("err") and ptr in e, "truncated PNG -> error naming it: %s" % e)
+    # damaged entropy-coded data inside a whole JPEG (a marker where scan data should be):
+    # libjpeg only warns and libvips would decode the rest grey; refused, with libjpeg's
+    # reason. A JPEG with only extra bytes before a marker (harmless) still decodes.
+    noisy = os.path.join(tmp, "noisy.jpg")
+    Image.fromarray(noise(240, 320, 3, 9)).save(noisy, quality=90)
+    raw = bytearray(open(noisy, "rb").read())
+    sos = raw.index(b"\xff\xda")
+    raw[sos + 400:sos + 402] = b"\xff\xd0"
+    bad = os.path.join(tmp, "corrupt.jpg")
+    open(bad, "wb").write(bytes(raw))
+    e = d.run(bad, 160, 120)
+    check(isinstance(e, str) and e.startswith("err") and bad in e and "corrupt JPEG data (libjpeg: " in e,
+          "corrupt JPEG data -> refused naming it: %s" % (e if isinstance(e, str) else "decoded"))
+    raw = bytearray(open(noisy, "rb").read())
+    eoi = raw.rindex(b"\xff\xd9")
+    extra = os.path.join(tmp, "extra.jpg")
+    open(extra, "wb").write(bytes(raw[:eoi]) + b"\x00\x00\x00" + bytes(raw[eoi:]))
+    a = d.run(extra, 160, 120)
+    check(isinstance(a, np.ndarray) and a.shape == (120, 160, 3), "extra bytes before EOI still decode: %s"
+          % (a if isinstance(a, str) else ""))
     junk = os.path.join(tmp, "junk.jpg")
     open(junk, "wb").write(b"\xff\xd8\xff\xe0" + bytes(range(256)) * 8)
     e = d.run(junk, 64, 64)

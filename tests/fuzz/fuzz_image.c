@@ -29,13 +29,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         unsigned char *icc = NULL;
         size_t icc_len = 0;
         sd_fast r = SD_FAST_DECLINE;
-        if (info.format == SD_IMG_JPEG) r = sd_fast_jpeg(data, size, &info, &plan, out, &icc, &icc_len);
+        char why[SD_FAST_WHY_MAX] = "";
+        if (info.format == SD_IMG_JPEG) r = sd_fast_jpeg(data, size, &info, &plan, out, &icc, &icc_len, why);
         else if (info.format == SD_IMG_PNG) r = sd_fast_png(data, size, &info, &plan, out, &icc, &icc_len);
         else if (info.format == SD_IMG_WEBP) r = sd_fast_webp(data, size, &info, &plan, out, &icc, &icc_len);
         unsigned sum = 0;
         if (r == SD_FAST_DONE)
             for (size_t i = 0; i < n; i++) sum += out[i]; /* every output byte written (MSan/valgrind) */
         if (icc && icc_len == 0) abort();
+        if (r == SD_FAST_CORRUPT && (icc || !why[0])) abort(); /* refused with libjpeg's reason, nothing handed out */
         free(icc);
         free(out);
         sd_fast_thread_done();
