@@ -441,6 +441,44 @@ class Text(unittest.TestCase):
         _, _, err = sh(LATENTS, "--text", self.sd1, "--text-only", "-o", s, "-", stdin=lines.encode())
         self.assertIn("attached to 0 records (0 had another one), 4 already attached", err)
 
+    def test_lost_empty_caption_embedding_is_stored_again(self):
+        """The empty caption's embedding (conditioning dropout) gone from a shard whose
+        records are all cached (sd-verify --repair deletes a damaged one): a --text rerun
+        stores it again, where it used to say "nothing to do" and leave it missing."""
+        jl = self.bucketed("lost.jsonl")
+        s = os.path.join(self.tmp, "lost_full.shard")
+        sh(LATENTS, "-q", "--vae", VAE, "--text", self.sd1, "-o", s, jl)
+        _, meta, _ = sh("mdb_dump", "-n", "-s", "meta", s)
+        lines = meta.splitlines()
+        empty = bytes.fromhex(lines[lines.index(" " + b"empty_text".hex()) + 1].strip()).decode()
+        # the same shard without that one text record, through mdb_dump / mdb_load
+        _, everything, _ = sh("mdb_dump", "-n", "-a", s)
+        out, db, skip = [], None, False
+        for l in everything.splitlines():
+            if l.startswith("database="):
+                db = l.split("=", 1)[1]
+            if skip:
+                skip = False
+                continue
+            if db == "text" and l == " " + empty:
+                skip = True
+                continue
+            out.append(l)
+        cut = os.path.join(self.tmp, "lost_cut.shard")
+        subprocess.run(["mdb_load", "-n", "-f", "/dev/stdin", cut], input="\n".join(out) + "\n", text=True,
+                       check=True)
+        self.assertEqual(entries(cut, "text"), entries(s, "text") - 1)
+        _, verr = sh(VERIFY, cut, ok=(1,))[1:]
+        self.assertIn("empty_text_missing", verr)
+        _, _, err = sh(LATENTS, "--vae", VAE, "--text", self.sd1, "-o", cut, jl)
+        self.assertIn("the empty caption's embedding (for conditioning dropout) is missing: stored again", err)
+        self.assertEqual(dump(cut, "text"), dump(s, "text"))
+        _, _, verr = sh(VERIFY, cut)
+        self.assertIn("0 problems", verr)
+        _, _, err = sh(LATENTS, "--vae", VAE, "--text", self.sd1, "-o", cut, jl)
+        self.assertIn("nothing to do", err)
+        self.assertNotIn("stored again", err)
+
     def test_damaged_record_is_encoded_again_not_retexted(self):
         """A record whose payload is damaged and whose caption changed is encoded again:
         giving it the new reference would rebuild it with a fresh checksum over the
