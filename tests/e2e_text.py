@@ -479,6 +479,22 @@ class Text(unittest.TestCase):
         self.assertIn("nothing to do", err)
         self.assertNotIn("stored again", err)
 
+    def test_export_kohya_of_mean_std_says_why_nothing(self):
+        """sd-pack export-kohya of a default (mean+std) shard writes nothing, since kohya caches
+        hold one sample per image: it says so and how to make one it can export. And
+        --vae-groups that a config.json overrides is said to be unused."""
+        if not PACK:
+            self.skipTest("no sd-pack given")
+        jl = self.bucketed("ms.jsonl")
+        s = os.path.join(self.tmp, "ms.shard")
+        sh(LATENTS, "-q", "--vae", VAE, "-o", s, jl)
+        _, _, err = sh(PACK, "export-kohya", s, "-o", os.path.join(self.tmp, "ms_out"))
+        self.assertIn("nothing exported: every record holds the posterior's mean and std", err)
+        self.assertIn("sd-latents --sample", err)
+        # --vae-groups beside a config.json that gives the groups: said to be unused
+        _, _, err = sh(LATENTS, "--vae", VAE, "--vae-groups", "3", "-o", s, jl)
+        self.assertIn("its config.json says norm_num_groups 4; --vae-groups 3 is for weights without one", err)
+
     def test_damaged_record_is_encoded_again_not_retexted(self):
         """A record whose payload is damaged and whose caption changed is encoded again:
         giving it the new reference would rebuild it with a fresh checksum over the

@@ -293,6 +293,7 @@ static void scan_fn(void *ctx, int worker, size_t begin, size_t end)
     sd_shard_read_end(t);
 }
 
+/* Release the sampled keys (a zeroed bounds is fine). */
 static void free_bounds(bounds *b)
 {
     for (size_t i = 0; i < b->n; i++) free(b->key[i]);
@@ -336,7 +337,9 @@ static sd_status make_bounds(sd_shard *s, int db, bounds *b, sd_error *err)
     }
     sd_shard_cursor_close(c);
     sd_shard_read_end(t);
-    return st == SD_ENOTFOUND ? SD_OK : st;
+    if (st == SD_ENOTFOUND) return SD_OK;
+    free_bounds(b); /* a cursor or memory failure part way: the caller gets nothing to free */
+    return st;
 }
 
 /* Check every record of one database in parallel; problems in key order. */

@@ -853,6 +853,9 @@ int latents_run(const latents_opts *o)
                "%.1f s", o->vae_path, r.vae.layout, r.vae_desc, sd_weights_bytes(&r.vae.w) >> 20, r.weights_hash,
                r.vae.cfg.scaling_factor, r.vae.cfg.scale_source, r.model_hash, sd_now() - t0);
         warn_guessed_scale(&r);
+        if (o->vae_groups > 0 && r.vae.cfg.groups != o->vae_groups) /* a config.json gave the groups */
+            sd_log(SD_LOG_WARN, "VAE %s: its config.json says norm_num_groups %d; --vae-groups %d is for weights "
+                   "without one, and is not used", o->vae_path, r.vae.cfg.groups, o->vae_groups);
     }
     if (!st && o->text_model) {
         int wdt = o->text_weights ? latents_dtype(o->text_weights) : SD_DT_F32; /* sd_latents.c checked it */

@@ -202,5 +202,9 @@ int pack_export_kohya(int argc, char **argv)
     sd_log(SD_LOG_INFO, "wrote %llu latents and %llu te_outputs npz files to %s, %llu records skipped, %llu text "
            "embeddings not written", (unsigned long long)r.written, (unsigned long long)r.te_written, output,
            (unsigned long long)r.tally.total, (unsigned long long)r.te_tally.total);
+    if (!r.written && sd_tally_count(&r.tally, "mean+std record (kohya caches hold samples)") == r.tally.total &&
+        r.tally.total)
+        sd_log(SD_LOG_WARN, "nothing exported: every record holds the posterior's mean and std (sd-latents' "
+               "default), and a kohya cache holds one sample per image; make the shard with sd-latents --sample");
     return pack_finish(&r.tally, &pc, "skipped");
 }
