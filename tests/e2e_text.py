@@ -495,6 +495,17 @@ class Text(unittest.TestCase):
         _, _, err = sh(LATENTS, "--vae", VAE, "--vae-groups", "3", "-o", s, jl)
         self.assertIn("its config.json says norm_num_groups 4; --vae-groups 3 is for weights without one", err)
 
+    def test_two_parts_into_one_shard_are_said(self):
+        """--shard 0/2 and then 1/2 into one -o (one file given to two GPUs' runs): allowed, the
+        shard holding both parts, but the second run says so."""
+        jl = self.bucketed("parts.jsonl")
+        s = os.path.join(self.tmp, "parts.shard")
+        _, _, err = sh(LATENTS, "--vae", VAE, "--shard", "0/2", "-o", s, jl)
+        self.assertNotIn("was written by --shard", err)
+        _, _, err = sh(LATENTS, "--vae", VAE, "--shard", "1/2", "-o", s, jl)
+        self.assertIn("was written by --shard 0/2; this run is --shard 1/2: the shard will hold the records of both "
+                      "parts", err)
+
     def test_damaged_record_is_encoded_again_not_retexted(self):
         """A record whose payload is damaged and whose caption changed is encoded again:
         giving it the new reference would rebuild it with a fresh checksum over the

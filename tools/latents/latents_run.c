@@ -15,11 +15,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arena.h"
 #include "backend.h"
 #include "buf.h"
 #include "cli.h"
 #include "dtoa.h"
 #include "hash.h"
+#include "json.h"
 #include "keyset.h"
 #include "log.h"
 #include "pool.h"
@@ -225,6 +227,29 @@ static sd_status check_meta(run *r, sd_error *err)
                         sd_shard_path(r->shard), old, r->model_hash);
     free(old);
     return st;
+}
+
+/* A shard written by another --shard part of a split input (one output
+ * file given to two GPUs' runs by mistake): it then holds both parts'
+ * records, which sd-train takes as one data set. Allowed (a part rerun
+ * into a merged file is fine), but said, before the meta's options name
+ * only this run's part. */
+static void warn_other_part(run *r)
+{
+    char *old = NULL, want[64];
+    sd_error e = {0};
+    if (sd_shard_meta_get(r->shard, SD_SHARD_META_OPTIONS, &old, &e)) return;
+    sd_arena a;
+    sd_arena_init(&a, 1 << 12);
+    sd_json *root = NULL;
+    const sd_json *part = NULL;
+    if (sd_json_parse(&a, old, strlen(old), &root, &e) == SD_OK) part = sd_json_get(root, "shard");
+    snprintf(want, sizeof want, "%d/%d", r->o->shard_index, r->o->shard_count);
+    if (part && part->type == SD_JSON_STRING && strcmp(part->str, want) != 0)
+        sd_log(SD_LOG_WARN, "%s was written by --shard %s; this run is --shard %s: the shard will hold the records "
+               "of both parts (give each part its own -o)", sd_shard_path(r->shard), part->str, want);
+    sd_arena_free(&a);
+    free(old);
 }
 
 /* The shard's scaling_factor against this run's: the latents are stored
@@ -868,6 +893,7 @@ int latents_run(const latents_opts *o)
     if (!st) st = sd_shard_open(&r.shard, o->output, &so, &err);
     if (!st) st = check_meta(&r, &err);
     if (!st) st = check_scale(&r, &err);
+    if (!st) warn_other_part(&r);
     if (!st) st = classify(&r, &err);
     if (!st) {
         r.pool = o->threads > 1 ? sd_pool_create(o->threads) : NULL;
