@@ -427,42 +427,51 @@ static sd_status check_lmdb_magic(const char *path, off_t size, sd_error *err)
 
 /* LMDB maps PATH-lock and writes its reader table into it: a lock file it
  * creates on a full disk is sparse, and the first write to it faults
- * (SIGBUS), in read-only tools too. Made here with its pages reserved
- * (posix_fallocate; LMDB takes a larger file as it is), a full disk is an
- * error naming the file. Where it cannot be made because the directory is
- * not the user's (a team's shared cache), a reader goes without LMDB's
- * reader table (MDB_NOLOCK, *nolock set) with a warning: a writer running
- * meanwhile could reuse pages it reads. LMDB itself already reads without
- * a lock file on a read-only file system. */
+ * (SIGBUS), in read-only tools too. So sdtk reserves its pages
+ * (posix_fallocate; LMDB takes a larger file as it is): an existing one
+ * in place (no data changes), a new one as a temporary file linked into
+ * place (a process that made one meanwhile keeps its own; nothing another
+ * process may use is ever unlinked). A full disk is then an error naming
+ * the file. Where the lock file cannot be made or written because the
+ * directory is not the user's (a team's shared cache), a reader goes
+ * without LMDB's reader table (MDB_NOLOCK, *nolock set) with a warning: a
+ * writer running meanwhile could reuse pages it reads. LMDB itself already
+ * reads without a lock file on a read-only file system. */
 static sd_status prepare_lock_file(const char *path, int ro, int *nolock, sd_error *err)
 {
-    char lp[4200];
-    struct stat sb;
+    char lp[4200], tmp[4220];
     *nolock = 0;
     if ((size_t)snprintf(lp, sizeof lp, "%s-lock", path) >= sizeof lp)
         return sd_err_set(err, SD_EINVAL, "%s: path too long", path);
-    int fd = -1;
-    if (stat(lp, &sb) == 0) {
-        if (!ro || access(lp, R_OK | W_OK) == 0 || errno != EACCES) return SD_OK;
-    } else {
-        fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    off_t bytes = ((off_t)(MAX_READERS + 4) * 64 + 4095) & ~(off_t)4095;
+    int fd = open(lp, O_RDWR | O_CLOEXEC), made = 0;
+    if (fd < 0 && errno == ENOENT) {
+        snprintf(tmp, sizeof tmp, "%s.XXXXXX", lp);
+        fd = mkstemp(tmp);
+        made = fd >= 0;
+        if (made && fchmod(fd, 0644)) { /* mkstemp's 0600 would lock other users out, as LMDB's 0644 does not */
+            close(fd);
+            unlink(tmp);
+            return SD_OK; /* LMDB's own open then */
+        }
     }
     if (fd < 0) {
         if (ro && errno == EACCES) {
-            sd_log(SD_LOG_WARN, "%s: cannot write it (%s): reading %s without LMDB's reader lock; do not write "
-                   "that shard while this runs", lp, strerror(errno), path);
+            sd_log(SD_LOG_WARN, "%s: cannot make or write it (%s): reading %s without LMDB's reader lock; do not "
+                   "write that shard while this runs", lp, strerror(errno), path);
             *nolock = 1;
         }
         return SD_OK; /* anything else: LMDB's own open says it */
     }
-    off_t bytes = ((off_t)(MAX_READERS + 4) * 64 + 4095) & ~(off_t)4095;
     int e = posix_fallocate(fd, 0, bytes);
     close(fd);
-    if (e == ENOSPC || e == EDQUOT) {
-        unlink(lp);
+    if (made) {
+        if (!e && link(tmp, lp) != 0 && errno != EEXIST) e = errno;
+        unlink(tmp);
+    }
+    if (e == ENOSPC || e == EDQUOT)
         return sd_err_set(err, SD_EIO, "%s: no room for LMDB's lock file (%lld bytes): %s", lp, (long long)bytes,
                           strerror(e));
-    }
     return SD_OK; /* EOPNOTSUPP and the like: LMDB sizes it as before */
 }
 

@@ -505,6 +505,16 @@ class Text(unittest.TestCase):
         _, _, err = sh(LATENTS, "--vae", VAE, "--shard", "1/2", "-o", s, jl)
         self.assertIn("was written by --shard 0/2; this run is --shard 1/2: the shard will hold the records of both "
                       "parts", err)
+        # a whole-input run into it, or a part rerun into a merge of the parts, is no mistake: no word
+        _, _, err = sh(LATENTS, "--vae", VAE, "-o", s, jl)
+        self.assertNotIn("was written by --shard", err)
+        if PACK:
+            p0, p1, m = (os.path.join(self.tmp, n) for n in ("part0.shard", "part1.shard", "merged.shard"))
+            sh(LATENTS, "-q", "--vae", VAE, "--shard", "0/2", "-o", p0, jl)
+            sh(LATENTS, "-q", "--vae", VAE, "--shard", "1/2", "-o", p1, jl)
+            sh(PACK, "merge", "-q", "-o", m, p0, p1)
+            _, _, err = sh(LATENTS, "--vae", VAE, "--shard", "1/2", "-o", m, jl)
+            self.assertNotIn("was written by --shard", err)
 
     def test_damaged_record_is_encoded_again_not_retexted(self):
         """A record whose payload is damaged and whose caption changed is encoded again:

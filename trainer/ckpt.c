@@ -30,10 +30,14 @@
 
 enum { PATH_CAP = 4096 };
 
-static const char *const ckpt_files[] = {"unet/config.json", "unet/diffusion_pytorch_model.safetensors",
-                                         "unet_ema/config.json", "unet_ema/diffusion_pytorch_model.safetensors",
-                                         "state.safetensors", "train_config.json", "unet.safetensors",
-                                         "unet_ema.safetensors"};
+/* The files of a checkpoint; the state file first, since removal goes in
+ * this order and a checkpoint counts as whole while its state file is
+ * there (sd_train_newest_checkpoint): a kill while pruning must not leave
+ * a state file without its UNet. */
+static const char *const ckpt_files[] = {"state.safetensors", "unet/config.json",
+                                         "unet/diffusion_pytorch_model.safetensors", "unet_ema/config.json",
+                                         "unet_ema/diffusion_pytorch_model.safetensors", "train_config.json",
+                                         "unet.safetensors", "unet_ema.safetensors"};
 
 /* dir/name into buf (PATH_CAP bytes); callers check their directory's
  * length first, so nothing is cut. */
@@ -856,7 +860,7 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
     sd_status rc = resume_from(tr, dir, err);
     char lp[PATH_CAP], name[128] = "";
     pjoin(lp, dir, "latest");
-    FILE *f = rc && rc != SD_EINVAL ? fopen(lp, "r") : NULL;
+    FILE *f = rc && rc != SD_EINVAL && tr->rank == 0 ? fopen(lp, "r") : NULL; /* rank 0 speaks for all */
     if (!f) return rc;
     if (!fgets(name, sizeof name, f)) name[0] = 0;
     fclose(f);

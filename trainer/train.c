@@ -560,13 +560,25 @@ static void adamw_on(sd_trainer *tr, const sd_backend *be, void *exec, sd_adamw_
     }
 }
 
-/* On the backend that holds the weights: the norm from the chunked sum of
- * squares (apart from the step, so a non-finite one can stop the run before
- * it reaches the weights). */
-static double grad_norm_local(sd_trainer *tr)
+/* The sum of squares of n values on the backend that holds them; a result
+ * that is not finite is first checked against the device: a failed CUDA
+ * context also answers NaN, and its own error is the one to report, not a
+ * non-finite gradient or weight. */
+static sd_status device_sum_squares(sd_trainer *tr, const float *x, double *ss, sd_error *err)
 {
     push_state(tr);
-    return sqrt(tr->be->sum_squares(tr->exec, tr->unet.w.total, tr->d_grad));
+    *ss = tr->be->sum_squares(tr->exec, tr->unet.w.total, x);
+    return isfinite(*ss) ? SD_OK : tr->be->sync(tr->exec, err);
+}
+
+/* The gradient's norm from the chunked sum of squares (apart from the step,
+ * so a non-finite one can stop the run before it reaches the weights). */
+static sd_status grad_norm_local(sd_trainer *tr, double *norm, sd_error *err)
+{
+    double ss;
+    sd_status rc = device_sum_squares(tr, tr->d_grad, &ss, err);
+    *norm = sqrt(ss);
+    return rc;
 }
 
 /* AdamW at the scheduled rate with the clipping factor for norm folded into
@@ -594,19 +606,23 @@ static void apply_norm(sd_trainer *tr, double norm)
     tr->host_stale = tr->cuda != NULL;
 }
 
-/* Whether every weight is finite: their sum of squares in double is,
- * exactly when they all are (no finite float's square overflows it). */
-static int weights_finite(sd_trainer *tr)
+/* Whether every weight is finite (*finite): their sum of squares in double
+ * is, exactly when they all are (no finite float's square overflows it). */
+static sd_status weights_finite(sd_trainer *tr, int *finite, sd_error *err)
 {
-    push_state(tr);
-    return isfinite(tr->be->sum_squares(tr->exec, tr->unet.w.total, tr->d_w));
+    double ss;
+    sd_status rc = device_sum_squares(tr, tr->d_w, &ss, err);
+    *finite = isfinite(ss);
+    return rc;
 }
 
 /* The norm, then the step with it (tests and the self-test call this
  * after sd_train_micro). */
 double sd_train_apply(sd_trainer *tr)
 {
-    double norm = grad_norm_local(tr);
+    double norm;
+    sd_error e = {0};
+    if (grad_norm_local(tr, &norm, &e)) norm = NAN; /* a device failure: the next step reports it */
     apply_norm(tr, norm);
     return norm;
 }
@@ -838,7 +854,8 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
         sd_status rc = grad_norm_zero1(tr, gnorm, err);
         if (rc) return rc;
     } else {
-        *gnorm = grad_norm_local(tr);
+        sd_status rc = grad_norm_local(tr, gnorm, err);
+        if (rc) return rc;
     }
     if (!isfinite(*loss) || !isfinite(*gnorm)) {
         /* the last good state stays: drop this step's gradient, take back its data */
@@ -1153,18 +1170,23 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
         rc = sd_train_step(tr, &loss, &gnorm, err);
         if (rc) break;
         if (!isfinite(loss) || !isfinite(gnorm)) {
+            const char *what = isfinite(loss) ? "gradient" : "loss";
+            int finite = 0;
+            rc = weights_finite(tr, &finite, err);
+            if (rc) return rc;
+            if (!finite) { /* an earlier step broke them (--lr far too large): saved, they resume broken */
+                sd_log(SD_LOG_ERROR, "%s %g at step %ld, and the weights themselves are not finite: stopping without "
+                       "saving them (the checkpoints already in %s stay as they are)", what,
+                       isfinite(loss) ? gnorm : loss, tr->step + 1, tr->o.out_dir);
+                return sd_err_set(err, SD_ERANGE, "non-finite %s at step %ld after non-finite weights", what,
+                                  tr->step + 1);
+            }
             if (isfinite(loss))
                 sd_log(SD_LOG_ERROR, "the gradient norm is %g at step %ld (the loss, %g, is finite): stopping; the "
                        "checkpoint holds the state before it", gnorm, tr->step + 1, loss);
             else
                 sd_log(SD_LOG_ERROR, "loss is %g at step %ld: stopping; the checkpoint holds the state before it", loss,
                        tr->step + 1);
-            if (!weights_finite(tr)) { /* an earlier step broke them (--lr far too large): saved, they resume broken */
-                sd_log(SD_LOG_ERROR, "the weights themselves are not finite at step %ld: not saved (the "
-                       "checkpoints already in %s stay as they are)", tr->step, tr->o.out_dir);
-                return sd_err_set(err, SD_ERANGE, "non-finite %s at step %ld after non-finite weights",
-                                  isfinite(loss) ? "gradient" : "loss", tr->step + 1);
-            }
             if (tr->saved_step != tr->step) rc = sd_train_save(tr, err);
             if (!rc)
                 rc = sd_err_set(err, SD_ERANGE, "non-finite %s at step %ld", isfinite(loss) ? "gradient" : "loss",

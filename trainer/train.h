@@ -247,8 +247,9 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err);
 /* Before any training: -o is created and a file can be written in it, so
  * an unusable output is found now, not at the first save. */
 sd_status sd_train_check_output(const char *out, sd_error *err);
-/* The run's hold on -o against a second trainer writing there: *fd stays
- * open until the process ends. */
+/* The run's hold on -o against a second trainer writing there: it lasts
+ * while *fd is open (sd-train closes it when the run ends; the kernel
+ * drops it however the process ends). */
 sd_status sd_train_lock_output(const char *out, int *fd, sd_error *err);
 /* The step of out's newest whole checkpoint-N below step `below`
  * (LONG_MAX: any), -1 when there is none. */

@@ -27,6 +27,7 @@ static size_t split_lines(char *text, size_t len, char **lines)
     return n;
 }
 
+/* One input: index the keys, look up every name, check the invariants. */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char *text = malloc(size + 1);

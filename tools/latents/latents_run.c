@@ -229,6 +229,18 @@ static sd_status check_meta(run *r, sd_error *err)
     return st;
 }
 
+/* Whether the shard's producer is sd-pack (a merge of parts), not one
+ * sd-latents run. */
+static int merged(run *r)
+{
+    char *p = NULL;
+    sd_error e = {0};
+    if (sd_shard_meta_get(r->shard, SD_SHARD_META_PRODUCER, &p, &e)) return 0;
+    int yes = strncmp(p, "sd-pack", 7) == 0;
+    free(p);
+    return yes;
+}
+
 /* A shard written by another --shard part of a split input (one output
  * file given to two GPUs' runs by mistake): it then holds both parts'
  * records, which sd-train takes as one data set. Allowed (a part rerun
@@ -245,7 +257,14 @@ static void warn_other_part(run *r)
     const sd_json *part = NULL;
     if (sd_json_parse(&a, old, strlen(old), &root, &e) == SD_OK) part = sd_json_get(root, "shard");
     snprintf(want, sizeof want, "%d/%d", r->o->shard_index, r->o->shard_count);
-    if (part && part->type == SD_JSON_STRING && strcmp(part->str, want) != 0)
+    int i, n;
+    char tail;
+    /* another I of the same N only: a whole-input run (0/1) into a part, or a
+     * part rerun into a merged file (whose options are its first input's),
+     * is no mistake */
+    if (r->o->shard_count > 1 && part && part->type == SD_JSON_STRING &&
+        sscanf(part->str, "%d/%d%c", &i, &n, &tail) == 2 && n == r->o->shard_count && i != r->o->shard_index &&
+        !merged(r))
         sd_log(SD_LOG_WARN, "%s was written by --shard %s; this run is --shard %s: the shard will hold the records "
                "of both parts (give each part its own -o)", sd_shard_path(r->shard), part->str, want);
     sd_arena_free(&a);
