@@ -124,6 +124,11 @@ typedef struct {
 void sd_unet_config_default(sd_unet_config *c);
 /* Read a diffusers UNet2DConditionModel config.json over the defaults. */
 sd_status sd_unet_config_read(const char *path, sd_unet_config *c, sd_error *err);
+/* The first architecture field in which a and b differ: 1 with its
+ * diffusers name (and block) in field and the values of a and b as text in
+ * va and vb (vcap bytes each); 0 when they agree (sample_size aside). */
+int sd_unet_config_diff(const sd_unet_config *a, const sd_unet_config *b, char *field, size_t fcap, char *va, char *vb,
+                        size_t vcap);
 /* The same config as diffusers' config.json text (for checkpoints). */
 sd_status sd_unet_config_write(const sd_unet_config *c, const char *path, sd_error *err);
 /* Check a config the graph can run. */

@@ -3,6 +3,7 @@
  * (config.json, or inferred from weight shapes), loading, torch-style
  * random init for from-scratch training, and saving. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -621,6 +622,76 @@ static void put_types(sd_buf *b, int *first, const char *key, const int *flag, i
         sd_buf_json_cstr(b, flag[i] ? with : without);
     }
     sd_buf_putc(b, ']');
+}
+
+/* One architecture field of sd_unet_config: its diffusers name, where it
+ * lies and whether it has a value per block. */
+typedef struct {
+    const char *name;
+    size_t off;
+    int per_block, is_float;
+} unet_field;
+
+_Static_assert(sizeof(int) == 4 && sizeof(float) == 4, "sd_unet_config_diff compares 4-byte fields");
+
+/* One field's value at p as text. */
+static void field_text(const char *p, int is_float, char *out, size_t cap)
+{
+    if (is_float) {
+        float x;
+        memcpy(&x, p, 4);
+        snprintf(out, cap, "%g", (double)x);
+    } else {
+        int x;
+        memcpy(&x, p, 4);
+        snprintf(out, cap, "%d", x);
+    }
+}
+
+/* The first architecture field in which a and b differ, beside the config
+ * reader and writer so the list follows the struct: 1 with its diffusers
+ * name (and block) in field and both values as text; 0 when they agree.
+ * sample_size is informational and not compared. */
+int sd_unet_config_diff(const sd_unet_config *a, const sd_unet_config *b, char *field, size_t fcap, char *va, char *vb,
+                        size_t vcap)
+{
+    static const unet_field f[] = {
+        {"in_channels", offsetof(sd_unet_config, in_channels), 0, 0},
+        {"out_channels", offsetof(sd_unet_config, out_channels), 0, 0},
+        {"len(block_out_channels)", offsetof(sd_unet_config, nblocks), 0, 0},
+        {"block_out_channels", offsetof(sd_unet_config, block_out), 1, 0},
+        {"layers_per_block", offsetof(sd_unet_config, layers), 1, 0},
+        {"down_block_types", offsetof(sd_unet_config, down_attn), 1, 0},
+        {"up_block_types", offsetof(sd_unet_config, up_attn), 1, 0},
+        {"attention_head_dim", offsetof(sd_unet_config, heads), 1, 0},
+        {"transformer_layers_per_block", offsetof(sd_unet_config, depth), 1, 0},
+        {"reverse_transformer_layers_per_block", offsetof(sd_unet_config, depth_up), 1, 0},
+        {"mid_block_type", offsetof(sd_unet_config, mid_attn), 0, 0},
+        {"norm_num_groups", offsetof(sd_unet_config, groups), 0, 0},
+        {"norm_eps", offsetof(sd_unet_config, eps), 0, 1},
+        {"cross_attention_dim", offsetof(sd_unet_config, cross_dim), 0, 0},
+        {"use_linear_projection", offsetof(sd_unet_config, linear_proj), 0, 0},
+        {"upcast_attention", offsetof(sd_unet_config, upcast_attention), 0, 0},
+        {"flip_sin_to_cos", offsetof(sd_unet_config, flip_sin_to_cos), 0, 0},
+        {"freq_shift", offsetof(sd_unet_config, freq_shift), 0, 1},
+        {"downsample_padding", offsetof(sd_unet_config, down_pad), 0, 0},
+        {"addition_embed_type", offsetof(sd_unet_config, text_time), 0, 0},
+        {"addition_time_embed_dim", offsetof(sd_unet_config, add_time_dim), 0, 0},
+        {"projection_class_embeddings_input_dim", offsetof(sd_unet_config, add_in_dim), 0, 0},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
+        int n = f[i].per_block ? (a->nblocks < SD_UNET_MAX_BLOCKS ? a->nblocks : SD_UNET_MAX_BLOCKS) : 1;
+        for (int k = 0; k < n; k++) {
+            const char *pa = (const char *)a + f[i].off + (size_t)k * 4, *pb = (const char *)b + f[i].off + (size_t)k * 4;
+            if (memcmp(pa, pb, 4) == 0) continue;
+            if (f[i].per_block) snprintf(field, fcap, "%s of block %d", f[i].name, k);
+            else snprintf(field, fcap, "%s", f[i].name);
+            field_text(pa, f[i].is_float, va, vcap);
+            field_text(pb, f[i].is_float, vb, vcap);
+            return 1;
+        }
+    }
+    return 0;
 }
 
 /* Write the config as diffusers' config.json (the keys sdtk models; every

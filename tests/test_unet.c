@@ -634,6 +634,29 @@ static int list_slots(const char *conf)
 }
 
 /* Every golden config, then the load/save/init/error checks. */
+/* sd_unet_config_diff: agreement (sample_size aside), the first differing
+ * field named with both values, per-block fields with their block. */
+static void check_config_diff(void)
+{
+    sd_unet_config a, b;
+    char field[96], va[32], vb[32];
+    sd_unet_config_default(&a);
+    b = a;
+    b.sample_size = a.sample_size + 32;
+    CHECK(sd_unet_config_diff(&a, &b, field, sizeof field, va, vb, sizeof va) == 0);
+    b.groups = 16;
+    CHECK(sd_unet_config_diff(&a, &b, field, sizeof field, va, vb, sizeof va) == 1 &&
+          strcmp(field, "norm_num_groups") == 0 && strcmp(va, "32") == 0 && strcmp(vb, "16") == 0);
+    b = a;
+    b.heads[2] = 5;
+    CHECK(sd_unet_config_diff(&a, &b, field, sizeof field, va, vb, sizeof va) == 1 &&
+          strcmp(field, "attention_head_dim of block 2") == 0 && strcmp(vb, "5") == 0);
+    b = a;
+    b.eps = 1e-6f;
+    CHECK(sd_unet_config_diff(&a, &b, field, sizeof field, va, vb, sizeof va) == 1 && strcmp(field, "norm_eps") == 0 &&
+          strcmp(va, "1e-05") == 0 && strcmp(vb, "1e-06") == 0);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "--list-slots") == 0) return list_slots(argv[2]);
@@ -646,5 +669,6 @@ int main(int argc, char **argv)
     check_init();
     check_depths();
     check_errors();
+    check_config_diff();
     return check_done("test_unet");
 }

@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -568,50 +567,6 @@ static sd_status data_differs(const sd_trainer *tr, const char *ck, const char *
     return rc;
 }
 
-/* An -o that is a file, read-only or on a full disk would otherwise be
- * found when the first checkpoint is written: with the default of saving
- * at the end only, after the whole run. A probe file is made and removed
- * (a full disk may still show only at a checkpoint's fsync). */
-sd_status sd_train_check_output(const char *out, sd_error *err)
-{
-    sd_status rc = sd_make_dirs(out, err);
-    if (rc) return rc;
-    char probe[PATH_CAP];
-    if ((size_t)snprintf(probe, sizeof probe, "%s/.sd-train-probe.XXXXXX", out) >= sizeof probe)
-        return sd_err_set(err, SD_EINVAL, "output path too long: %s", out);
-    int fd = mkstemp(probe);
-    if (fd < 0) return sd_err_set(err, SD_EIO, "%s: cannot write checkpoints there: %s", out, strerror(errno));
-    int ok = write(fd, "x", 1) == 1; /* no fsync: a startup probe need not wait for the disk */
-    int saved = errno;
-    close(fd);
-    unlink(probe);
-    if (!ok) return sd_err_set(err, SD_EIO, "%s: cannot write checkpoints there: %s", out, strerror(saved));
-    return SD_OK;
-}
-
-/* Two trainers writing one -o (a job started twice, a requeue while the
- * first still runs) would delete each other's checkpoint-N.tmp and mix
- * their files in one checkpoint: the first holds an exclusive flock on the
- * directory itself for its whole run (no lock file to leave behind; the
- * kernel drops it when the process ends, however it ends). A file system
- * without flock (some NFS setups) gets a warning. */
-sd_status sd_train_lock_output(const char *out, int *fd, sd_error *err)
-{
-    *fd = open(out, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (*fd < 0) return sd_err_set(err, SD_EIO, "%s: %s", out, strerror(errno));
-    if (flock(*fd, LOCK_EX | LOCK_NB) == 0) return SD_OK;
-    int e = errno;
-    if (e == EWOULDBLOCK) {
-        close(*fd);
-        *fd = -1;
-        return sd_err_set(err, SD_EINVAL, "%s: another sd-train is writing its checkpoints there (it holds the "
-                          "directory's lock): two runs in one -o would overwrite each other's checkpoints; wait for "
-                          "it, stop it, or give this run another -o", out);
-    }
-    sd_log(SD_LOG_WARN, "%s: cannot lock it (%s): make sure no other sd-train writes there", out, strerror(e));
-    return SD_OK;
-}
-
 /* The newest checkpoint-N of out below step `below` that is whole (it
  * holds its state file), -1 when there is none. */
 long sd_train_newest_checkpoint(const char *out, long below)
@@ -633,78 +588,22 @@ long sd_train_newest_checkpoint(const char *out, long below)
     return best;
 }
 
-/* One architecture field of sd_unet_config: its diffusers name, where it
- * lies and how many values it has (per block for the arrays). */
-typedef struct {
-    const char *name;
-    size_t off;
-    int per_block, is_float;
-} unet_field;
-
 /* The checkpoint's unet/config.json against the run's UNet: a resume
  * under another architecture with the same parameter count (other head
  * counts or norm groups) would load the weights into the wrong model
  * silently. The first field that differs is named. */
 static sd_status same_unet(const sd_unet_config *run, const char *ck, sd_error *err)
 {
-    char p[PATH_CAP];
+    char p[PATH_CAP], field[96], here[32], there[32];
     pjoin(p, ck, "unet/config.json");
     sd_unet_config c;
     sd_error e = {0};
     sd_unet_config_default(&c); /* what the file leaves out keeps diffusers' default, as for the run's */
     if (sd_unet_config_read(p, &c, &e)) return sd_err_set(err, SD_EFORMAT, "%s", e.msg);
-    static const unet_field f[] = {
-        {"in_channels", offsetof(sd_unet_config, in_channels), 0, 0},
-        {"out_channels", offsetof(sd_unet_config, out_channels), 0, 0},
-        {"len(block_out_channels)", offsetof(sd_unet_config, nblocks), 0, 0},
-        {"block_out_channels", offsetof(sd_unet_config, block_out), 1, 0},
-        {"layers_per_block", offsetof(sd_unet_config, layers), 1, 0},
-        {"down_block_types", offsetof(sd_unet_config, down_attn), 1, 0},
-        {"up_block_types", offsetof(sd_unet_config, up_attn), 1, 0},
-        {"attention_head_dim", offsetof(sd_unet_config, heads), 1, 0},
-        {"transformer_layers_per_block", offsetof(sd_unet_config, depth), 1, 0},
-        {"reverse_transformer_layers_per_block", offsetof(sd_unet_config, depth_up), 1, 0},
-        {"mid_block_type", offsetof(sd_unet_config, mid_attn), 0, 0},
-        {"norm_num_groups", offsetof(sd_unet_config, groups), 0, 0},
-        {"norm_eps", offsetof(sd_unet_config, eps), 0, 1},
-        {"cross_attention_dim", offsetof(sd_unet_config, cross_dim), 0, 0},
-        {"use_linear_projection", offsetof(sd_unet_config, linear_proj), 0, 0},
-        {"upcast_attention", offsetof(sd_unet_config, upcast_attention), 0, 0},
-        {"flip_sin_to_cos", offsetof(sd_unet_config, flip_sin_to_cos), 0, 0},
-        {"freq_shift", offsetof(sd_unet_config, freq_shift), 0, 1},
-        {"downsample_padding", offsetof(sd_unet_config, down_pad), 0, 0},
-        {"addition_embed_type", offsetof(sd_unet_config, text_time), 0, 0},
-        {"addition_time_embed_dim", offsetof(sd_unet_config, add_time_dim), 0, 0},
-        {"projection_class_embeddings_input_dim", offsetof(sd_unet_config, add_in_dim), 0, 0},
-    };
-    for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
-        int n = f[i].per_block ? run->nblocks : 1;
-        for (int k = 0; k < n; k++) {
-            const char *a = (const char *)run + f[i].off + (size_t)k * 4, *b = (const char *)&c + f[i].off + (size_t)k * 4;
-            if (memcmp(a, b, 4) == 0) continue;
-            char va[32], vb[32];
-            if (f[i].is_float) {
-                float x, y;
-                memcpy(&x, a, 4);
-                memcpy(&y, b, 4);
-                snprintf(va, sizeof va, "%g", (double)x);
-                snprintf(vb, sizeof vb, "%g", (double)y);
-            } else {
-                int x, y;
-                memcpy(&x, a, 4);
-                memcpy(&y, b, 4);
-                snprintf(va, sizeof va, "%d", x);
-                snprintf(vb, sizeof vb, "%d", y);
-            }
-            char field[96];
-            if (f[i].per_block) snprintf(field, sizeof field, "%s of block %d", f[i].name, k);
-            else snprintf(field, sizeof field, "%s", f[i].name);
-            return sd_err_set(err, SD_EINVAL, "%s: the checkpoint's UNet differs from this run's (%s: %s there, %s "
-                              "here): resume with the model it was made with, or start a new run from its weights "
-                              "with --unet %s/unet", p, field, vb, va, ck);
-        }
-    }
-    return SD_OK;
+    if (!sd_unet_config_diff(run, &c, field, sizeof field, here, there, sizeof here)) return SD_OK;
+    return sd_err_set(err, SD_EINVAL, "%s: the checkpoint's UNet differs from this run's (%s: %s there, %s here): "
+                      "resume with the model it was made with, or start a new run from its weights with --unet "
+                      "%s/unet", p, field, there, here, ck);
 }
 
 /* Load weights, moments, counters, cursor and RNG state. */
