@@ -697,7 +697,8 @@ static sd_status run_batches(run *r, sd_error *err)
         sd_status s2 = collect_or_retry(r, &prev, st ? &e2 : err);
         if (!s2) s2 = write_batch(r, &prev, st ? &e2 : err);
         if (!st) st = s2;
-        else if (s2) sd_log(SD_LOG_ERROR, "%s", e2.msg);
+        else if (s2 && strcmp(e2.msg, err->msg) != 0) /* the same failure (a full disk) is said once, by the caller */
+            sd_log(SD_LOG_ERROR, "%s", e2.msg);
     }
     sd_progress_finish(&prog);
     free(cur.todo);
