@@ -793,6 +793,11 @@ class Train(unittest.TestCase):
         shutil.rmtree(os.path.join(out, "checkpoint-3"))
         code, err = run("--steps", "4", *args, ok=(3,))
         self.assertIn("--resume %s/checkpoint-2 continues from there" % out, err)
+        with open(os.path.join(out, "latest"), "w") as f:
+            f.write("junk\n")
+        code, err = run("--steps", "4", *args, ok=(3,))
+        self.assertIn("latest: not a checkpoint name", err)
+        self.assertIn("latest names junk, which cannot be read; %s/checkpoint-2 is the newest whole" % out, err)
         code, err = run("--steps", "4", "--resume", os.path.join(out, "checkpoint-2"), *args)
         self.assertEqual(latest(out), 4)
 

@@ -192,6 +192,17 @@ static int cmp_long(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Whether out/name is a whole checkpoint: its state file is there (saves
+ * write it before the rename, prunes remove it first). */
+static int ckpt_whole(const char *out, const char *name)
+{
+    char p[PATH_CAP];
+    pjoin(p, out, name);
+    size_t pl = strlen(p);
+    snprintf(p + pl, sizeof p - pl, "/state.safetensors");
+    return access(p, F_OK) == 0;
+}
+
 /* Remove the checkpoint-N.old copies put_in_place set aside (a kill between
  * its two renames leaves one) once checkpoint-N itself is whole again. */
 static void drop_old_asides(const char *out)
@@ -201,13 +212,10 @@ static void drop_old_asides(const char *out)
     struct dirent *e;
     while ((e = readdir(d))) {
         size_t nl = strlen(e->d_name);
-        char base[256], p[PATH_CAP], st[PATH_CAP];
+        char base[256], p[PATH_CAP];
         if (nl <= 4 || nl >= sizeof base || strcmp(e->d_name + nl - 4, ".old") != 0) continue;
         snprintf(base, sizeof base, "%.*s", (int)(nl - 4), e->d_name);
-        pjoin(st, out, base);
-        size_t sl = strlen(st);
-        snprintf(st + sl, sizeof st - sl, "/state.safetensors");
-        if (ckpt_step(base) < 0 || access(st, F_OK) != 0) continue;
+        if (ckpt_step(base) < 0 || !ckpt_whole(out, base)) continue;
         pjoin(p, out, e->d_name);
         remove_ckpt(p);
     }
@@ -483,23 +491,23 @@ static sd_status read_flat(const sd_safetensors *st, const char *name, float *ds
     return rc;
 }
 
-/* Resolve dir (a checkpoint, or an output directory with latest). */
-static sd_status resolve(const char *dir, char *out, size_t cap, sd_error *err)
+/* Resolve dir (a checkpoint, or an output directory with latest) into out
+ * (PATH_CAP bytes); name gets what latest holds, "" without one. */
+static sd_status resolve(const char *dir, char *out, char name[128], sd_error *err)
 {
     char p[PATH_CAP];
     pjoin(p, dir, "latest");
+    name[0] = 0;
     FILE *f = fopen(p, "r");
     if (!f) {
-        snprintf(out, cap, "%s", dir);
+        snprintf(out, PATH_CAP, "%s", dir);
         return SD_OK;
     }
-    char name[128] = "";
-    int ok = fgets(name, sizeof name, f) != NULL;
+    int ok = fgets(name, 128, f) != NULL;
     fclose(f);
     name[strcspn(name, "\r\n")] = 0;
     if (!ok || ckpt_step(name) < 0) return sd_err_set(err, SD_EFORMAT, "%s: not a checkpoint name", p);
     pjoin(out, dir, name);
-    (void)cap;
     struct stat sb;
     char old[PATH_CAP];
     if (stat(out, &sb) != 0 && (size_t)snprintf(old, sizeof old, "%s.old", out) < sizeof old && stat(old, &sb) == 0) {
@@ -575,14 +583,9 @@ long sd_train_newest_checkpoint(const char *out, long below)
     if (!d) return -1;
     long best = -1;
     struct dirent *e;
-    char p[PATH_CAP];
     while ((e = readdir(d))) {
         long s = ckpt_step(e->d_name);
-        if (s <= best || s >= below) continue;
-        pjoin(p, out, e->d_name);
-        size_t pl = strlen(p);
-        snprintf(p + pl, sizeof p - pl, "/state.safetensors");
-        if (access(p, F_OK) == 0) best = s;
+        if (s > best && s < below && ckpt_whole(out, e->d_name)) best = s;
     }
     closedir(d);
     return best;
@@ -607,15 +610,12 @@ static sd_status same_unet(const sd_unet_config *run, const char *ck, sd_error *
 }
 
 /* Load weights, moments, counters, cursor and RNG state. */
-static sd_status resume_from(sd_trainer *tr, const char *dir, sd_error *err)
+static sd_status resume_from(sd_trainer *tr, const char *ck, sd_error *err)
 {
-    char ck[PATH_CAP], p[PATH_CAP], w[64];
-    if (strlen(dir) > PATH_CAP - 128) return sd_err_set(err, SD_EINVAL, "checkpoint path too long: %s", dir);
-    sd_status rc = resolve(dir, ck, sizeof ck, err);
-    if (rc) return rc;
+    char p[PATH_CAP], w[64];
     pjoin(p, ck, "state.safetensors");
     sd_safetensors *st = NULL;
-    rc = sd_st_open(&st, p, err);
+    sd_status rc = sd_st_open(&st, p, err);
     if (rc) return rc;
     size_t n = tr->unet.w.total;
     const char *fmt = meta_of(st, "format");
@@ -750,27 +750,25 @@ static sd_status resume_from(sd_trainer *tr, const char *dir, sd_error *err)
     return SD_OK;
 }
 
-/* resume_from, and where the checkpoint `latest` names cannot be read
- * (missing, cut short, garbage in latest), the way on: the newest whole
- * checkpoint before it, or --fresh. Option mismatches (SD_EINVAL) say
- * their own remedy. */
+/* resume_from the checkpoint dir's latest names (or dir itself), and
+ * where that cannot be read (missing, cut short, garbage in latest), the
+ * way on: the newest whole checkpoint before it, or --fresh. Option
+ * mismatches (SD_EINVAL) say their own remedy; rank 0 speaks for all. */
 sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
 {
-    sd_status rc = resume_from(tr, dir, err);
-    char lp[PATH_CAP], name[128] = "";
+    char ck[PATH_CAP], name[128], lp[PATH_CAP];
+    if (strlen(dir) > PATH_CAP - 128) return sd_err_set(err, SD_EINVAL, "checkpoint path too long: %s", dir);
+    sd_status rc = resolve(dir, ck, name, err);
+    if (!rc) rc = resume_from(tr, ck, err);
+    if (!rc || rc == SD_EINVAL || !name[0] || tr->rank != 0) return rc;
     pjoin(lp, dir, "latest");
-    FILE *f = rc && rc != SD_EINVAL && tr->rank == 0 ? fopen(lp, "r") : NULL; /* rank 0 speaks for all */
-    if (!f) return rc;
-    if (!fgets(name, sizeof name, f)) name[0] = 0;
-    fclose(f);
-    name[strcspn(name, "\r\n")] = 0;
     long step = ckpt_step(name), older = sd_train_newest_checkpoint(dir, step >= 0 ? step : LONG_MAX);
     if (older >= 0)
         sd_log(SD_LOG_ERROR, "%s names %s, which cannot be read; %s/checkpoint-%ld is the newest whole checkpoint "
-               "before it: --resume %s/checkpoint-%ld continues from there, --fresh starts over", lp,
-               name[0] ? name : "nothing", dir, older, dir, older);
+               "before it: --resume %s/checkpoint-%ld continues from there, --fresh starts over", lp, name, dir, older,
+               dir, older);
     else
         sd_log(SD_LOG_ERROR, "%s names %s, which cannot be read, and no whole checkpoint before it is there: --fresh "
-               "starts over", lp, name[0] ? name : "nothing");
+               "starts over", lp, name);
     return rc;
 }
