@@ -11,12 +11,33 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "lmdb_layout.h"
 #include "log.h"
 #include "shard_int.h"
 
 static const char *const db_names[NDBS] = {"latents", "text", "names", "buckets", "bindex", "meta"};
 
 enum { DEFAULT_MAP = 256u << 20, MAX_READERS = 1024 };
+
+/* A named database's name, for the page walk's messages and checks. */
+const char *sd_shard_db_name(int db)
+{
+    return db >= 0 && db < NDBS ? db_names[db] : "?";
+}
+
+/* The refusal of every use but the page walk, salvage and close on a shard
+ * opened with SD_SHARD_KEEP_DAMAGED whose pages are damaged: LMDB would
+ * read them. */
+sd_status sd_shard_refuse_damaged(const sd_shard *s, sd_error *err)
+{
+    if (!s->damaged) return SD_OK;
+    return sd_err_set(err, SD_EFORMAT, "%s: damaged shard: its pages must not be read through LMDB", s->path);
+}
+
+int sd_shard_damaged(const sd_shard *s)
+{
+    return s->damaged;
+}
 
 /* LMDB's error text with what was being done and the shard's path. */
 sd_status sd_shard_mdb_err(sd_error *err, int rc, const char *what, const sd_shard *s)
@@ -125,48 +146,7 @@ static sd_status open_dbs(sd_shard *s, sd_error *err)
  * again (a loose page, an overflow run) is put on the freelist unwritten. So
  * when the file is short, the freelist of the snapshot is read with pread
  * (never through the map) and the file is refused only when a page past its
- * end is not free. lmdb.h publishes no page layout: these are LMDB 0.9's
- * (data format 1, 64-bit), the few offsets that walk needs. */
-static const uint32_t LMDB_MAGIC = 0xBEEFC0DEu; /* mm_magic */
-enum {
-    LMDB_FORMAT = 1,            /* mm_version */
-    PG_HDR = 16,                /* pgno u64, pad u16, flags u16, lower u16 (overflow: page count u32) */
-    PG_FLAGS = 10,
-    PG_LOWER = 12,
-    PG_BRANCH = 0x01,
-    PG_LEAF = 0x02,
-    PG_OVERFLOW = 0x04,
-    NODE_HDR = 8,               /* data size (branch: child page) u32, flags u16, key size u16 */
-    NODE_BIGDATA = 0x01,        /* the data is the first page of an overflow run */
-    META_VERSION = PG_HDR + 4,
-    META_FREE_DB = PG_HDR + 24, /* mm_dbs[0]: page size u32, flags u16, depth u16, 4 counts u64, root u64 */
-    META_LAST_PG = PG_HDR + 120,
-    META_TXNID = PG_HDR + 128,
-    META_END = PG_HDR + 136,
-    MAX_DEPTH = 32 /* LMDB's cursor stack */
-};
-
-/* Host-order integers (LMDB writes its files in host byte order). */
-static uint16_t rd16(const uint8_t *p)
-{
-    uint16_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static uint32_t rd32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static uint64_t rd64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
+ * end is not free (LMDB's layout: lmdb_layout.h). */
 
 /* A freelist walk: the free pages among [have, last] (missing from the file). */
 typedef struct {
@@ -187,17 +167,17 @@ static sd_status walk_read(tail_walk *w, uint64_t pgno, uint8_t *buf, size_t len
     w->budget--;
     ssize_t r = pread(w->fd, buf, len, (off_t)(pgno * w->psize));
     if (r < 0) return SD_EIO;
-    return (size_t)r == len && rd64(buf) == pgno ? SD_OK : SD_ETRUNC;
+    return (size_t)r == len && lmdb_rd64(buf) == pgno ? SD_OK : SD_ETRUNC;
 }
 
 /* Collect the missing pages of one freelist entry (count, then page numbers). */
 static sd_status walk_idl(tail_walk *w, const uint8_t *p, size_t size)
 {
     if (size < 8) return SD_ETRUNC; /* not even its count: damage (LMDB writes at least one) */
-    uint64_t n = rd64(p);
+    uint64_t n = lmdb_rd64(p);
     if (n > size / 8 - 1) return SD_ETRUNC;
     for (uint64_t i = 1; i <= n; i++) {
-        uint64_t pg = rd64(p + 8 * i);
+        uint64_t pg = lmdb_rd64(p + 8 * i);
         if (pg < w->have || pg > w->last) continue;
         if (w->n == w->cap) {
             size_t cap = w->cap ? 2 * w->cap : 256;
@@ -217,8 +197,8 @@ static sd_status walk_big(tail_walk *w, uint64_t pgno, size_t size)
     uint8_t head[PG_HDR];
     sd_status st = walk_read(w, pgno, head, sizeof head);
     if (st) return st;
-    uint64_t pages = rd32(head + PG_LOWER);
-    if (!(rd16(head + PG_FLAGS) & PG_OVERFLOW) || pages == 0 || pages > w->have - pgno ||
+    uint64_t pages = lmdb_rd32(head + PG_LOWER);
+    if (!(lmdb_rd16(head + PG_FLAGS) & PG_OVERFLOW) || pages == 0 || pages > w->have - pgno ||
         size > pages * w->psize - PG_HDR)
         return SD_ETRUNC;
     uint8_t *buf = malloc(size ? size : 1);
@@ -236,21 +216,21 @@ static sd_status walk_page(tail_walk *w, uint64_t pgno, int depth)
     uint8_t *pg = malloc(w->psize);
     if (!pg) return SD_ENOMEM;
     sd_status st = walk_read(w, pgno, pg, w->psize);
-    unsigned flags = st ? 0 : rd16(pg + PG_FLAGS), lower = st ? 0 : rd16(pg + PG_LOWER);
+    unsigned flags = st ? 0 : lmdb_rd16(pg + PG_FLAGS), lower = st ? 0 : lmdb_rd16(pg + PG_LOWER);
     int leaf = (flags & PG_LEAF) != 0;
     if (!st && (leaf ? depth != 1 : !(flags & PG_BRANCH) || depth < 2)) st = SD_ETRUNC;
     if (!st && (lower < PG_HDR || lower > w->psize)) st = SD_ETRUNC;
     for (size_t i = 0; !st && i < (lower - PG_HDR) / 2; i++) {
-        size_t off = rd16(pg + PG_HDR + 2 * i);
+        size_t off = lmdb_rd16(pg + PG_HDR + 2 * i);
         if (off < PG_HDR || off > w->psize - NODE_HDR) {
             st = SD_ETRUNC;
             break;
         }
         const uint8_t *node = pg + off;
-        uint64_t lo = rd32(node), hi = rd16(node + 4);
-        size_t data = off + NODE_HDR + rd16(node + 6);
+        uint64_t lo = lmdb_rd32(node), hi = lmdb_rd16(node + 4);
+        size_t data = off + NODE_HDR + lmdb_rd16(node + 6);
         if (!leaf) st = walk_page(w, lo | hi << 32, depth - 1);
-        else if (hi & NODE_BIGDATA) st = data + 8 > w->psize ? SD_ETRUNC : walk_big(w, rd64(pg + data), lo);
+        else if (hi & NODE_BIGDATA) st = data + 8 > w->psize ? SD_ETRUNC : walk_big(w, lmdb_rd64(pg + data), lo);
         else st = data + lo > w->psize ? SD_ETRUNC : walk_idl(w, pg + data, lo);
     }
     free(pg);
@@ -308,20 +288,20 @@ static sd_status check_snapshot(sd_shard *s, int fd, size_t psize, uint64_t lmdb
     struct stat sb;
     sd_status st = read_meta(s, fd, psize, id, meta, err);
     if (!st && fstat(fd, &sb)) st = sd_err_set(err, SD_EIO, "%s: %s", s->path, strerror(errno));
-    int known = rd32(meta + PG_HDR) == LMDB_MAGIC && rd32(meta + META_VERSION) == LMDB_FORMAT &&
-                rd32(meta + META_FREE_DB) == psize && sizeof(size_t) == 8;
-    c->changed = !st && known && rd64(meta + META_TXNID) != id;
-    uint64_t last = known ? rd64(meta + META_LAST_PG) : lmdb_last;
+    int known = lmdb_rd32(meta + PG_HDR) == LMDB_MAGIC && lmdb_rd32(meta + META_VERSION) == LMDB_FORMAT &&
+                lmdb_rd32(meta + META_FREE_DB) == psize && sizeof(size_t) == 8;
+    c->changed = !st && known && lmdb_rd64(meta + META_TXNID) != id;
+    uint64_t last = known ? lmdb_rd64(meta + META_LAST_PG) : lmdb_last;
     if (!st && !c->changed) {
         c->size = (uint64_t)sb.st_size;
         c->used_end = !known || c->size / psize > last ? 0 : (last + 1) * psize;
     }
     if (!st && !c->changed && c->used_end && known) {
         tail_walk w = {fd, psize, c->size / psize, last, last + 1, NULL, 0, 0};
-        uint64_t root = rd64(meta + META_FREE_DB + 40);
-        int depth = rd16(meta + META_FREE_DB + 6);
+        uint64_t root = lmdb_rd64(meta + META_FREE_DB + 40);
+        int depth = lmdb_rd16(meta + META_FREE_DB + 6);
         sd_status ws = root == UINT64_MAX                 ? SD_OK /* an empty freelist */
-                       : depth < 1 || depth > MAX_DEPTH ? SD_ETRUNC
+                       : depth < 1 || depth > LMDB_MAX_DEPTH ? SD_ETRUNC
                                                         : walk_page(&w, root, depth);
         if (ws == SD_OK) c->used_end = walk_used_end(&w);
         else if (ws == SD_ENOMEM) st = sd_err_set(err, SD_ENOMEM, "out of memory");
@@ -363,6 +343,24 @@ static sd_status check_size(sd_shard *s, sd_error *err)
                       "%s: truncated shard: the file has %llu bytes, LMDB's last used page ends at %llu (copy it "
                       "again or rebuild it)",
                       s->path, (unsigned long long)c.size, (unsigned long long)c.used_end);
+}
+
+/* Walk every tree's pages before LMDB reads one (sd_shard_check_pages):
+ * a damaged file is refused naming its first damaged page, or with
+ * SD_SHARD_KEEP_DAMAGED kept for sd-verify with its databases unopened. */
+static sd_status check_pages(sd_shard *s, sd_error *err)
+{
+    sd_shard_pages found;
+    sd_status st = sd_shard_check_pages(s, 0, NULL, NULL, &found, err);
+    if (st || !found.damage) return st;
+    if (s->flags & SD_SHARD_KEEP_DAMAGED) {
+        s->damaged = 1;
+        return SD_OK;
+    }
+    return sd_err_set(err, SD_EFORMAT,
+                      "%s: damaged shard: %s (%llu damaged places); sd-verify --repair copies the records of its "
+                      "intact pages into a new file",
+                      s->path, found.first, (unsigned long long)found.damage);
 }
 
 /* The writer's exclusive lock: a second writer process fails at once. */
@@ -539,7 +537,8 @@ sd_status sd_shard_open(sd_shard **out, const char *path, const sd_shard_opts *o
     }
     if (!st && rc) st = sd_shard_mdb_err(err, rc, "open", s);
     if (!st) st = check_size(s, err);
-    if (!st) {
+    if (!st) st = check_pages(s, err);
+    if (!st && !s->damaged) {
         MDB_envinfo info;
         mdb_env_info(s->env, &info);
         s->map_size = info.me_mapsize;
@@ -589,6 +588,8 @@ size_t sd_shard_map_size(const sd_shard *s)
 sd_status sd_shard_meta_get(sd_shard *s, const char *key, char **value, sd_error *err)
 {
     *value = NULL;
+    sd_status refused = sd_shard_refuse_damaged(s, err);
+    if (refused) return refused;
     MDB_txn *txn = s->wtxn;
     int rc = txn ? 0 : sd_shard_txn_begin_ro(s, &txn);
     if (rc) return sd_shard_mdb_err(err, rc, "begin", s);
@@ -612,6 +613,8 @@ sd_status sd_shard_meta_get(sd_shard *s, const char *key, char **value, sd_error
 sd_status sd_shard_read_begin(sd_shard *s, sd_shard_txn **out, sd_error *err)
 {
     *out = NULL;
+    sd_status refused = sd_shard_refuse_damaged(s, err);
+    if (refused) return refused;
     sd_shard_txn *t = calloc(1, sizeof *t);
     if (!t) return sd_err_set(err, SD_ENOMEM, "out of memory");
     t->s = s;

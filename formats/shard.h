@@ -68,8 +68,11 @@ enum {
                            * after the close). */
     SD_SHARD_NOGROW = 8,  /* never grow the map: a full map is SD_ERANGE */
     SD_SHARD_RANDOM = 16, /* reader: random access, no OS read-ahead (MDB_NORDAHEAD) */
-    SD_SHARD_NOMETASYNC = 32 /* one fsync per commit instead of two (MDB_NOMETASYNC): an OS
-                              * crash may undo the last commit, the file stays consistent */
+    SD_SHARD_NOMETASYNC = 32, /* one fsync per commit instead of two (MDB_NOMETASYNC): an OS
+                               * crash may undo the last commit, the file stays consistent */
+    SD_SHARD_KEEP_DAMAGED = 64 /* open a file whose pages are damaged instead of refusing it
+                                * (sd-verify): sd_shard_damaged says so, and then only
+                                * sd_shard_check_pages, sd_shard_salvage and close may be used */
 };
 
 typedef struct {
@@ -82,8 +85,14 @@ typedef struct sd_shard sd_shard;
 
 /* Open (or with SD_SHARD_CREATE create) a shard; opts may be NULL (writer,
  * durable, existing file). A shard whose format_version is newer than
- * SD_SHARD_VERSION fails with SD_EUNSUPPORTED and a message naming both. */
+ * SD_SHARD_VERSION fails with SD_EUNSUPPORTED and a message naming both.
+ * Every page of every tree is checked first (sd_shard_check_pages, not
+ * deep): a damaged file fails with SD_EFORMAT naming the first damaged page,
+ * never a crash inside LMDB, unless SD_SHARD_KEEP_DAMAGED. */
 sd_status sd_shard_open(sd_shard **out, const char *path, const sd_shard_opts *opts, sd_error *err);
+/* 1 when the shard was opened with SD_SHARD_KEEP_DAMAGED and its pages are
+ * damaged: LMDB must not read it; its databases are not open. */
+int sd_shard_damaged(const sd_shard *s);
 /* Abort any open batch, sync (NOSYNC mode) and close; the handle is freed
  * even when the final sync fails. */
 sd_status sd_shard_close(sd_shard *s, sd_error *err);
@@ -103,6 +112,64 @@ sd_status sd_shard_lock_file(const char *path, int *fd, int *held, sd_error *err
  * holding a shard, or empty (SD_OK); anything else SD_EFORMAT, naming it;
  * SD_ENOTFOUND when nothing is there. */
 sd_status sd_shard_replaceable(const char *path, sd_error *err);
+
+/* ---- damaged pages ---------------------------------------------------------- */
+
+/* The named databases of a shard. */
+typedef enum {
+    SD_SHARD_DB_LATENTS = 0,
+    SD_SHARD_DB_TEXT,
+    SD_SHARD_DB_NAMES,   /* key = name, val = record key */
+    SD_SHARD_DB_BUCKETS, /* key = 8-byte bucket, val = uint64 LE count */
+    SD_SHARD_DB_BINDEX,  /* key = 8-byte bucket, val = record key */
+    SD_SHARD_DB_META
+} sd_shard_db;
+
+
+/* What a page walk found. */
+typedef struct {
+    uint64_t pages;    /* branch and leaf pages read */
+    uint64_t overflow; /* overflow runs (values of more than about half a page) */
+    uint64_t damage;   /* damaged pages, nodes, runs and counts */
+    uint64_t records;  /* latent records the latents database's header counts */
+    char first[400];   /* the first damage, described ("the latents database's page 12: ...") */
+} sd_shard_pages;
+
+/* One entry of a named database met by a page walk (key and value valid
+ * only during the call); a failure stops the walk. */
+typedef sd_status (*sd_shard_entry_fn)(void *ctx, sd_shard_db db, const void *key, size_t klen, const void *val,
+                                       size_t vlen, sd_error *err);
+
+/* Walk every page of the newest snapshot's trees (LMDB's own directory of
+ * databases, each named database, the dup trees, the freelist) with pread,
+ * bounds-checking every page header, node and overflow pointer against the
+ * page and the file, so that nothing LMDB's cursors would read lies outside
+ * them. deep also reads each overflow run's first page, finds pages used
+ * twice or both used and free, and compares each tree's entry count with its
+ * header. Damage is counted in out (a damaged page's subtree is skipped, the
+ * walk goes on), not returned: the result is an error only for I/O, memory,
+ * a writer rewriting the file throughout, or fn's own failure. fn (may be
+ * NULL) gets every entry of the latents, text, meta, names, buckets and
+ * bindex databases on intact pages, in key order. O(pages) reads. */
+sd_status sd_shard_check_pages(sd_shard *s, int deep, sd_shard_entry_fn fn, void *ctx, sd_shard_pages *out,
+                               sd_error *err);
+
+/* What a salvage copied and dropped. */
+typedef struct {
+    sd_shard_pages found; /* the deep walk before the copy */
+    uint64_t latents, texts, meta; /* entries copied */
+    uint64_t dropped;     /* entries not copied: records the store refuses (sd_shard_put's checks), meta not text */
+} sd_shard_salvage_counts;
+
+/* Replace a damaged shard (opened as writer, so no other writer runs) with
+ * a new file holding every latent record, text embedding and meta entry on
+ * its intact pages, the indexes rebuilt from the records: written under a
+ * temporary name beside it, synced, renamed over it under both files' writer
+ * locks, the old LMDB lock file removed (the protocol of sd-pack's
+ * replacements). *s is closed and reopened on the new file (on failure *s
+ * is closed, NULL, and the damaged file is left as it was). Records on the
+ * damaged pages are gone: a rerun of sd-latents computes them again. */
+sd_status sd_shard_salvage(sd_shard **s, sd_shard_salvage_counts *c, sd_error *err);
 
 /* ---- metadata -------------------------------------------------------------- */
 
@@ -238,15 +305,6 @@ sd_status sd_shard_get(sd_shard_txn *t, const void *key, size_t klen, const void
 sd_status sd_shard_get_text(sd_shard_txn *t, const uint8_t hash[16], const void **val, size_t *vlen, sd_error *err);
 /* Record key of a record name; SD_ENOTFOUND when absent. */
 sd_status sd_shard_get_name(sd_shard_txn *t, const char *name, size_t nlen, const void **key, size_t *klen, sd_error *err);
-
-typedef enum {
-    SD_SHARD_DB_LATENTS = 0,
-    SD_SHARD_DB_TEXT,
-    SD_SHARD_DB_NAMES,   /* key = name, val = record key */
-    SD_SHARD_DB_BUCKETS, /* key = 8-byte bucket, val = uint64 LE count */
-    SD_SHARD_DB_BINDEX,  /* key = 8-byte bucket, val = record key */
-    SD_SHARD_DB_META
-} sd_shard_db;
 
 /* Whether bindex holds (bucket (w, h), record key): sd-verify's check that
  * a record is findable through its bucket. */

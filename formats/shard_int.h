@@ -19,6 +19,7 @@ struct sd_shard {
     MDB_txn *wtxn; /* the open batch, or NULL */
     sd_buf log;    /* the open batch's operations, for replay */
     size_t nops;
+    int damaged;   /* opened with SD_SHARD_KEEP_DAMAGED and its pages are damaged */
 };
 
 struct sd_shard_txn {
@@ -26,6 +27,11 @@ struct sd_shard_txn {
     MDB_txn *txn;
 };
 
+/* A named database's name ("latents", ...). */
+const char *sd_shard_db_name(int db);
+/* SD_EFORMAT for a shard kept open with damaged pages (only the page walk,
+ * salvage and close may use it), else SD_OK. */
+sd_status sd_shard_refuse_damaged(const sd_shard *s, sd_error *err);
 /* An LMDB result as an sdtk error; MDB_NOTFOUND becomes SD_ENOTFOUND. */
 sd_status sd_shard_mdb_err(sd_error *err, int rc, const char *what, const sd_shard *s);
 /* Begin a read-only LMDB transaction, adopting a map grown by the writer. */

@@ -335,6 +335,8 @@ sd_status sd_shard_begin(sd_shard *s, sd_error *err)
 {
     if (s->flags & SD_SHARD_RDONLY) return sd_err_set(err, SD_EINVAL, "%s: opened read-only", s->path);
     if (s->wtxn) return sd_err_set(err, SD_EINVAL, "%s: a batch is already open", s->path);
+    sd_status refused = sd_shard_refuse_damaged(s, err);
+    if (refused) return refused;
     sd_buf_clear(&s->log);
     s->nops = 0;
     int rc = mdb_txn_begin(s->env, NULL, 0, &s->wtxn);
@@ -440,6 +442,8 @@ static sd_status exists_in(sd_shard *s, int db, const void *key, size_t klen, in
 {
     *found = 0;
     if (klen == 0 || klen > SD_SHARD_MAX_KEY) return sd_err_set(err, SD_EINVAL, "key length %zu not in 1..511", klen);
+    sd_status refused = sd_shard_refuse_damaged(s, err);
+    if (refused) return refused;
     MDB_txn *txn = s->wtxn;
     int rc = txn ? 0 : sd_shard_txn_begin_ro(s, &txn);
     if (rc) return sd_shard_mdb_err(err, rc, "begin", s);

@@ -1,0 +1,190 @@
+/* Salvage of a shard whose pages are damaged (sd-verify --repair): LMDB
+ * cannot be asked to delete the bad records of such a file, since reading
+ * its damaged pages would crash it and writing into it would spread the
+ * damage. So the entries of the intact pages are read by the page walk
+ * (shard_pages.c) and put into a new file, which replaces the damaged one. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "outfile.h"
+#include "shard_int.h"
+
+enum { BATCH_OPS = 4096, BATCH_BYTES = 64 << 20 };
+
+typedef struct {
+    sd_shard *out;
+    sd_shard_salvage_counts *c;
+    size_t batch; /* operations in the open batch */
+} copier;
+
+/* Commit the open batch, if any. */
+static sd_status flush(copier *cp, sd_error *err)
+{
+    if (!cp->batch) return SD_OK;
+    cp->batch = 0;
+    return sd_shard_commit(cp->out, err);
+}
+
+/* A meta entry as two C strings; 0 when a NUL inside makes it no text. */
+static int meta_text(const void *key, size_t klen, const void *val, size_t vlen, char **k, char **v)
+{
+    *k = *v = NULL;
+    if (memchr(key, 0, klen) || memchr(val, 0, vlen)) return 0;
+    *k = malloc(klen + 1);
+    *v = malloc(vlen + 1);
+    if (*k && *v) {
+        memcpy(*k, key, klen);
+        (*k)[klen] = 0;
+        memcpy(*v, val, vlen);
+        (*v)[vlen] = 0;
+    }
+    return 1;
+}
+
+/* Why a record of the damaged file is not copied, or NULL: the checks
+ * sd_shard_put makes, made first so that a failed put can only be the new
+ * file's own failure (I/O, memory), which stops the salvage. */
+static const char *refused(sd_shard_db db, size_t klen, const void *val, size_t vlen, sd_error *why)
+{
+    sd_shard_rec r;
+    if (klen == 0 || klen > SD_SHARD_MAX_KEY || (db == SD_SHARD_DB_TEXT && klen != SD_SHARD_TEXT_KEY))
+        return "a key of a wrong length";
+    if (sd_shard_rec_parse(val, vlen, &r, why)) return why->msg;
+    if (r.kind != (db == SD_SHARD_DB_TEXT ? SD_REC_TEXT : SD_REC_LATENT)) return "a record of the other kind";
+    return NULL;
+}
+
+/* Put one entry of the damaged file into the new one: records that pass
+ * the store's checks (the others are counted as dropped and the copy goes
+ * on), meta entries that are text; the index databases are not copied, the
+ * puts rebuild them from the records. */
+static sd_status copy_entry(void *ctx, sd_shard_db db, const void *key, size_t klen, const void *val, size_t vlen,
+                            sd_error *err)
+{
+    copier *cp = ctx;
+    if (db != SD_SHARD_DB_LATENTS && db != SD_SHARD_DB_TEXT && db != SD_SHARD_DB_META) return SD_OK;
+    sd_error why;
+    const char *no = db == SD_SHARD_DB_META ? NULL : refused(db, klen, val, vlen, &why);
+    char *k = NULL, *v = NULL;
+    if (db == SD_SHARD_DB_META && !meta_text(key, klen, val, vlen, &k, &v)) no = "a meta entry that is not text";
+    if (no) {
+        cp->c->dropped++;
+        sd_log(SD_LOG_DEBUG, "salvage into %s drops %s entry: %s", sd_shard_path(cp->out), sd_shard_db_name(db), no);
+        return SD_OK;
+    }
+    sd_status st = cp->batch ? SD_OK : sd_shard_begin(cp->out, err);
+    uint64_t *count = db == SD_SHARD_DB_META ? &cp->c->meta : db == SD_SHARD_DB_TEXT ? &cp->c->texts : &cp->c->latents;
+    if (!st) {
+        cp->batch++;
+        st = db == SD_SHARD_DB_LATENTS ? sd_shard_put(cp->out, key, klen, val, vlen, err)
+             : db == SD_SHARD_DB_TEXT  ? sd_shard_put_text(cp->out, key, val, vlen, err)
+             : k && v                  ? sd_shard_meta_set(cp->out, k, v, err)
+                                       : sd_err_set(err, SD_ENOMEM, "out of memory");
+    }
+    if (!st) (*count)++;
+    free(k);
+    free(v);
+    if (!st && (cp->batch >= BATCH_OPS || sd_shard_batch_bytes(cp->out) >= BATCH_BYTES)) st = flush(cp, err);
+    return st;
+}
+
+/* "PATH-lock" or "PATH" + another suffix, malloc'ed. */
+static char *suffixed(const char *path, const char *suffix)
+{
+    size_t a = strlen(path), b = strlen(suffix);
+    char *s = malloc(a + b + 1);
+    if (s) {
+        memcpy(s, path, a);
+        memcpy(s + a, suffix, b + 1);
+    }
+    return s;
+}
+
+/* Remove a shard file and its LMDB lock file. */
+static void remove_with_lock(const char *path)
+{
+    char *lock = suffixed(path, "-lock");
+    unlink(path);
+    if (lock) unlink(lock);
+    free(lock);
+}
+
+/* Write the intact entries of s into the new file tmp (created empty). */
+static sd_status copy_into(sd_shard *s, const char *tmp, sd_shard_salvage_counts *c, sd_error *err)
+{
+    sd_shard_opts so = {SD_SHARD_CREATE | SD_SHARD_NOSYNC, 0, 0};
+    copier cp = {NULL, c, 0};
+    sd_status st = sd_shard_open(&cp.out, tmp, &so, err);
+    if (st) return st;
+    st = sd_shard_check_pages(s, 1, copy_entry, &cp, &c->found, err);
+    if (!st) st = flush(&cp, err);
+    else if (cp.batch) sd_shard_abort(cp.out);
+    sd_error e2;
+    sd_status cst = sd_shard_close(cp.out, st ? &e2 : err); /* NOSYNC: the close syncs */
+    return st ? st : cst;
+}
+
+/* Rename tmp over the damaged file (whose writer lock *s holds) under
+ * tmp's own writer lock, so that no writer opens the new file while the
+ * old file's -lock is still beside it; then that -lock goes. */
+static sd_status publish(sd_shard *s, const char *tmp, sd_error *err)
+{
+    int fd = -1, held = 0;
+    sd_status st = sd_shard_lock_file(tmp, &fd, &held, err);
+    char *names[2] = {(char *)tmp, s->path};
+    int tried = 0;
+    if (!st) st = sd_rename_set(names, names + 1, 1, &tried, err);
+    if (!st) {
+        char *lock = suffixed(s->path, "-lock");
+        if (lock) unlink(lock);
+        free(lock);
+    }
+    if (fd >= 0) close(fd);
+    return st;
+}
+
+/* See shard.h. */
+sd_status sd_shard_salvage(sd_shard **sp, sd_shard_salvage_counts *c, sd_error *err)
+{
+    sd_shard *s = *sp;
+    memset(c, 0, sizeof *c);
+    if (s->flags & SD_SHARD_RDONLY) return sd_err_set(err, SD_EINVAL, "%s: salvage needs the writer lock", s->path);
+    char *tmp = suffixed(s->path, ".salvage-XXXXXX");
+    if (!tmp) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    sd_outfile_warn_leftovers(s->path, ".salvage-", " (and its -lock)");
+    int fd = mkstemp(tmp);
+    struct stat sb;
+    sd_status st = SD_OK;
+    if (fd < 0) st = sd_err_set(err, SD_EIO, "%s: cannot create a file beside it: %s", s->path, strerror(errno));
+    else {
+        if (fstat(s->lock_fd, &sb) == 0) fchmod(fd, sb.st_mode & 07777);
+        close(fd);
+        st = copy_into(s, tmp, c, err);
+    }
+    unsigned flags = s->flags;
+    if (!st) st = publish(s, tmp, err);
+    if (fd >= 0) {
+        if (st) remove_with_lock(tmp);
+        else {
+            char *lock = suffixed(tmp, "-lock");
+            if (lock) unlink(lock);
+            free(lock);
+        }
+    }
+    free(tmp);
+    char *path = strdup(s->path);
+    sd_error e2;
+    sd_shard_close(s, &e2);
+    *sp = NULL;
+    if (!path) return st ? st : sd_err_set(err, SD_ENOMEM, "out of memory");
+    if (!st) {
+        sd_shard_opts so = {flags & ~(unsigned)SD_SHARD_CREATE, 0, 0};
+        st = sd_shard_open(sp, path, &so, err);
+    }
+    free(path);
+    return st;
+}
