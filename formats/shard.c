@@ -246,7 +246,7 @@ static int cmp_u64(const void *a, const void *b)
 /* Where the highest missing page that is not free ends; 0 when all are free. */
 static uint64_t walk_used_end(tail_walk *w)
 {
-    qsort(w->free, w->n, sizeof *w->free, cmp_u64);
+    if (w->n) qsort(w->free, w->n, sizeof *w->free, cmp_u64); /* an empty list may be NULL */
     uint64_t pg = w->last;
     for (size_t i = w->n; i > 0 && pg >= w->have && pg > 0; i--) {
         if (w->free[i - 1] > pg) continue; /* a duplicate */
@@ -358,9 +358,9 @@ static sd_status check_pages(sd_shard *s, sd_error *err)
         return SD_OK;
     }
     return sd_err_set(err, SD_EFORMAT,
-                      "%s: damaged shard: %s (%llu damaged places); sd-verify --repair copies the records of its "
+                      "%s: damaged shard: %s (%llu damaged place%s); sd-verify --repair copies the records of its "
                       "intact pages into a new file",
-                      s->path, found.first, (unsigned long long)found.damage);
+                      s->path, found.first, (unsigned long long)found.damage, found.damage == 1 ? "" : "s");
 }
 
 /* The writer's exclusive lock: a second writer process fails at once. */

@@ -194,15 +194,18 @@ static int check_run(walk *w, const tree *t, uint64_t from, uint64_t pg, uint64_
     return 1;
 }
 
-/* Collect a freelist entry's page numbers (deep): a count, then pages. */
+/* A freelist entry (a count, then page numbers): the count must fit the
+ * entry, since LMDB's writer trusts it when it takes pages from the list;
+ * deep, its pages are collected for check_free. */
 static void take_free(walk *w, const tree *t, uint64_t pg, const uint8_t *idl, uint64_t size)
 {
-    uint64_t n = size >= 8 ? lmdb_rd64(idl) : UINT64_MAX;
-    if (n > size / 8 - 1) {
+    uint64_t n = size >= 8 ? lmdb_rd64(idl) : 0;
+    if (size < 8 || n > size / 8 - 1) {
         damage(w, t, pg, "a freelist entry of %llu bytes claims %llu pages", (unsigned long long)size,
                (unsigned long long)n);
         return;
     }
+    if (!w->deep) return;
     if (w->nfree + n > w->free_cap) {
         size_t cap = w->free_cap ? w->free_cap : 256;
         while (cap < w->nfree + n) cap *= 2;
@@ -313,7 +316,7 @@ static uint64_t leaf_node(walk *w, const tree *t, uint64_t pg, const uint8_t *pa
     }
     if (flags & NODE_DUPDATA) return walk_subpage(w, t, pg, data, (size_t)size);
     int want = w->fn && t->kind == TREE_NAMED && t->db >= 0;
-    int want_free = w->deep && t->kind == TREE_FREE;
+    int want_free = t->kind == TREE_FREE;
     if (big) {
         int r = check_run(w, t, pg, lmdb_rd64(data), size, want || want_free, &data);
         if (r <= 0) return 0;
@@ -345,11 +348,11 @@ static uint64_t walk_page(walk *w, const tree *t, uint64_t from, uint64_t pg, un
         damage(w, t, pg, "its node bounds are damaged (lower %zu, upper %zu)", lower, upper);
         r = 0;
     }
-    size_t n = r > 0 ? (lower - PG_HDR) / 2 : 0;
+    size_t n = r > 0 ? (lower - PG_HDR) / 2 : 0, bad = 0;
     for (size_t i = 0; i < n && !w->st; i++) {
         size_t off = lmdb_rd16(page + PG_HDR + 2 * i);
         if (off < upper || off + NODE_HDR > w->psize || off + NODE_HDR + lmdb_rd16(page + off + 6) > w->psize) {
-            damage(w, t, pg, "node %zu (at byte %zu) runs past the page", i, off);
+            if (!bad++) damage(w, t, pg, "node %zu (at byte %zu) runs past the page", i, off); /* once a page */
             continue;
         }
         const uint8_t *node = page + off;

@@ -23,7 +23,11 @@ sd-verify and the test writer (tests/shard_writer.c):
     directory the user may not write (read without it, with a warning);
   - a shard file cut short: refused with a clear error (exit 3) by sd-verify
     (which still checks the next shard), --repair and sd-pack merge (run
-    from beside sd-verify), never SIGBUS.
+    from beside sd-verify), never SIGBUS;
+  - one flipped bit in an LMDB page (a B-tree page's header or nodes, a meta
+    page): sd-verify never crashes (no signal, no sanitizer report) and
+    reports damaged_page; --repair leaves a clean shard holding only
+    records of the original, and a rerun of the writer completes it.
 usage: e2e_shard.py SD_VERIFY SHARD_WRITER"""
 import json
 import os
@@ -210,6 +214,124 @@ def test_corruption(d):
         ftried += len(damaged)
         fdetected += corrupt_round(shard, damaged, "file round %d" % r)
     print("bit flips in the file at live record bytes: %d/%d detected" % (fdetected, ftried))
+
+
+def tree_pages(path):
+    """(page size, [page numbers]) of the pages of an LMDB file that look
+    like B-tree pages: a header naming its own page, branch or leaf flags
+    (some are free pages of older snapshots: flipping those is harmless)."""
+    data = open(path, "rb").read()
+    psize = struct.unpack_from("<I", data, 16 + 24)[0]  # the free DB's md_pad holds the page size
+    pages = []
+    for pg in range(2, len(data) // psize):
+        pgno, flags = struct.unpack_from("<Q", data, pg * psize)[0], struct.unpack_from("<H", data, pg * psize + 10)[0]
+        if pgno == pg and flags & 3 and not flags & 4:
+            pages.append(pg)
+    return psize, pages
+
+
+def no_crash(p):
+    """A tool that ended by itself, with no sanitizer report."""
+    return p.returncode in (0, 1, 3) and "Sanitizer" not in p.stderr and "runtime error" not in p.stderr
+
+
+def named_root(path, name):
+    """Root page of a named database: the newest meta's main tree (one leaf
+    in a small shard), the node whose key is name."""
+    data = open(path, "rb").read()
+    ps = struct.unpack_from("<I", data, 16 + 24)[0]
+    meta = max((struct.unpack_from("<Q", data, i * ps + 16 + 128)[0], i) for i in range(2))[1] * ps
+    main = struct.unpack_from("<Q", data, meta + 16 + 72 + 40)[0] * ps
+    lower = struct.unpack_from("<H", data, main + 12)[0]
+    for i in range((lower - 16) // 2):
+        node = main + struct.unpack_from("<H", data, main + 16 + 2 * i)[0]
+        ksize = struct.unpack_from("<H", data, node + 6)[0]
+        if data[node + 8:node + 8 + ksize] == name.encode():
+            return struct.unpack_from("<Q", data, node + 8 + ksize + 40)[0]
+    return None
+
+
+def test_damaged_root(d, base):
+    """The latents tree's root page with its node bounds damaged: sd-verify
+    reports damaged_page naming the page (exit 1) without reading a record,
+    sd-pack merge refuses the input (exit 3, no output left), --repair
+    salvages what it can (nothing here: every record hangs below that root)
+    and leaves a clean shard."""
+    shard = os.path.join(d, "root.shard")
+    data = bytearray(open(base, "rb").read())
+    root = named_root(base, "latents")
+    if not check(root is not None, "damaged root: no latents database found"):
+        return
+    struct.pack_into("<H", data, root * 4096 + 12, 0xFFFF)  # lower past upper and the page
+    open(shard, "wb").write(data)
+    want = "the latents database's page %d: its node bounds are damaged" % root
+    vrc, rep, err = verify(shard)
+    kinds_found = rep["shards"][0]["by_kind"] if rep else {}
+    check(vrc == 1 and kinds_found == {"damaged_page": 1} and want in err,
+          "damaged root: sd-verify exit %d, %s: %s" % (vrc, kinds_found, err[-300:]))
+    pack = os.path.join(os.path.dirname(VERIFY), "sd-pack")
+    p = subprocess.run([pack, "merge", "-q", "-o", os.path.join(d, "rm.shard"), shard], capture_output=True, text=True)
+    left = [f for f in os.listdir(d) if f.startswith("rm.shard")]
+    check(p.returncode == 3 and "damaged shard: " + want in p.stderr and not left,
+          "damaged root: sd-pack merge exit %d, left %s: %s" % (p.returncode, left, p.stderr[-300:]))
+    vrc, rep, err = verify(shard, "--repair")
+    sal = rep["shards"][0].get("salvaged", {}) if rep else {}
+    check(vrc == 1 and sal.get("records") == 0 and sal.get("header_records") == 600 and sal.get("text_records", 0) > 0,
+          "damaged root: --repair exit %d, salvaged %s: %s" % (vrc, sal, err[-300:]))
+    vrc, rep, err = verify(shard)
+    check(vrc == 0 and rep["shards"][0]["records"] == 0, "damaged root: after --repair exit %d: %s" % (vrc, err))
+    left = [f for f in os.listdir(d) if ".salvage-" in f]
+    check(not left, "damaged root: salvage left %s" % left)
+
+
+def test_damaged_pages(d):
+    base = os.path.join(d, "pages.shard")
+    check(write(base, 600, "32").returncode == 0, "write")
+    test_damaged_root(d, base)
+    psize, pages = tree_pages(base)
+    original = latent_keys(base)
+    rng = random.Random(12)
+    shard = os.path.join(d, "flip.shard")
+    outcome = {"salvaged": 0, "records": 0, "harmless": 0, "refused": 0}
+    trials = 120
+    for i in range(trials):
+        for f in (shard, shard + "-lock"):
+            if os.path.exists(f):
+                os.unlink(f)
+        data = bytearray(open(base, "rb").read())
+        if i % 10 == 9:  # a meta page: its database roots, counts, last page, txnid
+            pos = rng.randrange(2) * psize + 16 + rng.randrange(24, 136)
+        else:
+            pg = rng.choice(pages)
+            pos = pg * psize + (rng.randrange(16) if i % 2 else rng.randrange(16, psize))
+        data[pos] ^= 1 << rng.randrange(8)
+        open(shard, "wb").write(data)
+        what = "flip %d at byte %d (page %d, +%d)" % (i, pos, pos // psize, pos % psize)
+        p = subprocess.run([VERIFY, "-q", shard], capture_output=True, text=True)
+        if not check(no_crash(p), "%s: sd-verify: exit %d %s" % (what, p.returncode, p.stderr[-400:])):
+            continue
+        r = subprocess.run([VERIFY, "-q", "--repair", shard], capture_output=True, text=True)
+        if not check(no_crash(r), "%s: --repair: exit %d %s" % (what, r.returncode, r.stderr[-400:])):
+            continue
+        if r.returncode == 3:
+            outcome["refused"] += 1  # LMDB refuses the file itself (a meta page it rejects)
+            check("error" in r.stderr, "%s: --repair exit 3 without a message" % what)
+            continue
+        # salvaged: the page walk found damage; records: a flip in a key or
+        # an index entry the record checks found; harmless: a free page's bytes
+        outcome["salvaged" if "damaged pages" in r.stderr else "records" if p.returncode else "harmless"] += 1
+        v = subprocess.run([VERIFY, "-q", shard], capture_output=True, text=True)
+        check(v.returncode == 0, "%s: after --repair: exit %d %s" % (what, v.returncode, v.stderr[-400:]))
+        kept = latent_keys(shard)
+        check(kept <= original, "%s: %d records after --repair that the shard never held" % (what, len(kept - original)))
+        if i % 20 == 0:
+            w = write(shard, 600, "32")
+            v = subprocess.run([VERIFY, "-q", shard], capture_output=True, text=True)
+            check(w.returncode == 0 and v.returncode == 0 and latent_keys(shard) == original,
+                  "%s: the writer's rerun after --repair: %s %s" % (what, w.stderr[-200:], v.stderr[-200:]))
+    print("flipped bits in LMDB pages: %d trials: %d salvaged by --repair, %d repaired record by record, %d harmless, "
+          "%d refused by LMDB itself; no crash" % (trials, outcome["salvaged"], outcome["records"], outcome["harmless"],
+                                                  outcome["refused"]))
 
 
 def test_index_repair(d):
@@ -476,6 +598,7 @@ def main():
         test_misdirected_names(d)
         test_report_only(d)
         test_truncated(d)
+        test_damaged_pages(d)
         test_lock_file_cases(d)
         vrc, rep, err = verify(os.path.join(d, "missing.shard"))
         check(vrc == 3, "missing shard: exit %d" % vrc)

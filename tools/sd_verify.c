@@ -79,6 +79,8 @@ typedef struct {
     uint64_t repaired_latents, repaired_texts;
     int reindexed;
     uint64_t after_repair; /* problems left after --repair */
+    int salvaged;          /* damaged pages: --repair replaced the file with the intact entries */
+    sd_shard_salvage_counts salvage;
     sd_buf examples;       /* JSON array items: the first few problems of each kind */
 } shard_result;
 
@@ -689,12 +691,52 @@ static void tally_problems(shard_result *res)
     }
 }
 
+/* The pages under the records (sd_shard_check_pages, deep): damage is one
+ * problem naming the first damaged place; with --repair the file is
+ * replaced by the entries of its intact pages (sd_shard_salvage), since
+ * LMDB can neither read nor safely write it. */
+static sd_status check_pages(sd_shard **s, const options *o, shard_result *res, problem *found, sd_error *err)
+{
+    sd_shard_pages pages;
+    sd_status st = sd_shard_check_pages(*s, 1, NULL, NULL, &pages, err);
+    if (st || !pages.damage) return st;
+    memset(found, 0, sizeof *found);
+    found->reason = "damaged_page";
+    found->db = -1;
+    snprintf(found->detail, sizeof found->detail, "%llu damaged place%s; first: %.160s",
+             (unsigned long long)pages.damage, pages.damage == 1 ? "" : "s", pages.first);
+    if (!o->repair) {
+        sd_log(SD_LOG_ERROR, "%s: damaged pages: %s (%llu damaged place%s)%s; sd-verify --repair copies the records of "
+               "its intact pages into a new file", res->path, pages.first, (unsigned long long)pages.damage, pages.damage == 1 ? "" : "s",
+               sd_shard_damaged(*s) ? ", so its records cannot be read" : "");
+        return SD_OK;
+    }
+    st = sd_shard_salvage(s, &res->salvage, err);
+    if (st) return st;
+    res->salvaged = 1;
+    const sd_shard_salvage_counts *c = &res->salvage;
+    sd_log(SD_LOG_WARN, "%s: damaged pages: %s (%llu damaged place%s); replaced by a new file holding the %llu latent "
+           "records (of %llu its header counted), %llu text records and %llu meta entries of its intact pages "
+           "(%llu entries dropped); rerun sd-latents to compute the lost records again", res->path, pages.first,
+           (unsigned long long)pages.damage, pages.damage == 1 ? "" : "s", (unsigned long long)c->latents, (unsigned long long)pages.records,
+           (unsigned long long)c->texts, (unsigned long long)c->meta, (unsigned long long)c->dropped);
+    return SD_OK;
+}
+
+/* Add the damaged-page problem to the shard's list (after a verify pass,
+ * which starts the list afresh). */
+static void add_found(shard_result *res, const problem *found)
+{
+    if (!found->reason) return;
+    add_problem(&res->probs, found->reason, found->db, NULL, 0, NULL, 0, "%s", found->detail);
+}
+
 /* Open, verify, optionally repair (re-verifying until clean or MAX_ROUNDS). */
 static void verify_shard(const char *path, const options *o, sd_pool *pool, shard_result *res)
 {
     sd_error err;
     sd_shard *s;
-    sd_shard_opts so = {o->repair ? 0 : SD_SHARD_RDONLY, 0, 0};
+    sd_shard_opts so = {(o->repair ? 0 : SD_SHARD_RDONLY) | SD_SHARD_KEEP_DAMAGED, 0, 0};
     res->path = path;
     sd_buf_init(&res->examples);
     sd_tally_init(&res->tally, o->verbose ? -1 : (int)o->examples);
@@ -706,8 +748,12 @@ static void verify_shard(const char *path, const options *o, sd_pool *pool, shar
         return;
     }
     res->opened = 1;
-    st = verify_pass(s, o, pool, 1, res, &err);
+    problem found = {0};
+    st = check_pages(&s, o, res, &found, &err);
+    if (!st && !sd_shard_damaged(s)) st = verify_pass(s, o, pool, 1, res, &err);
+    if (!st) add_found(res, &found);
     if (!st) tally_problems(res);
+    if (!st && res->salvaged) res->probs.n--; /* repaired by the salvage: not for the rounds below */
     for (int round = 0; !st && o->repair && any_repairable(&res->probs) && round < MAX_ROUNDS; round++) {
         st = repair(s, res, &err);
         shard_result again;
@@ -764,6 +810,22 @@ static void build_report(const shard_result *rs, int n, const options *o, sd_buf
             sd_buf_json_int(b, (int64_t)r->repaired_texts);
             sd_buf_json_key(b, &first, "problems_after_repair");
             sd_buf_json_int(b, (int64_t)r->after_repair);
+            if (r->salvaged) {
+                int f2 = 1;
+                sd_buf_json_key(b, &first, "salvaged");
+                sd_buf_puts(b, "{");
+                sd_buf_json_key(b, &f2, "records");
+                sd_buf_json_int(b, (int64_t)r->salvage.latents);
+                sd_buf_json_key(b, &f2, "text_records");
+                sd_buf_json_int(b, (int64_t)r->salvage.texts);
+                sd_buf_json_key(b, &f2, "meta");
+                sd_buf_json_int(b, (int64_t)r->salvage.meta);
+                sd_buf_json_key(b, &f2, "dropped");
+                sd_buf_json_int(b, (int64_t)r->salvage.dropped);
+                sd_buf_json_key(b, &f2, "header_records");
+                sd_buf_json_int(b, (int64_t)r->salvage.found.records);
+                sd_buf_puts(b, "}");
+            }
         }
         sd_buf_puts(b, "}");
     }
@@ -800,6 +862,12 @@ int main(int argc, char **argv)
                   "(they count as problems left after --repair): newer_version, a record of a newer format version "
                   "(sound for a newer sdtk, so never deleted), and empty_text_missing, a meta empty_text naming a "
                   "text embedding the shard lacks (sd-train's conditioning dropout needs it).\n\n"
+                  "Before the records, every page of the file's B-trees is checked (bounds of page headers, nodes "
+                  "and overflow runs, pages used twice or both used and free, entry counts): damage there is one "
+                  "damaged_page problem, and a file whose pages LMDB cannot read safely is not read. --repair then "
+                  "replaces the file with a new one holding every record, text embedding and meta entry of its "
+                  "intact pages (the indexes rebuilt); the records on damaged pages are lost, and a rerun of "
+                  "sd-latents computes them again.\n\n"
                   "Examples:\n"
                   "  sd-verify cache/*.shard --report verify.json\n"
                   "  sd-verify cache/latents.shard --manifest meta.jsonl --repair   # then rerun sd-latents\n",
