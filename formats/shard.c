@@ -347,11 +347,15 @@ static sd_status check_size(sd_shard *s, sd_error *err)
 
 /* Walk every tree's pages before LMDB reads one (sd_shard_check_pages):
  * a damaged file is refused naming its first damaged page, or with
- * SD_SHARD_KEEP_DAMAGED kept for sd-verify with its databases unopened. */
+ * SD_SHARD_KEEP_DAMAGED kept for sd-verify with its databases unopened. A
+ * writer walks deep: a page both free and in use, or an overflow run
+ * whose head miscounts its pages, would make LMDB's writer hand out a
+ * live page again and overwrite it. */
 static sd_status check_pages(sd_shard *s, sd_error *err)
 {
     sd_shard_pages found;
-    sd_status st = sd_shard_check_pages(s, 0, NULL, NULL, &found, err);
+    int deep = !(s->flags & SD_SHARD_RDONLY);
+    sd_status st = sd_shard_check_pages(s, deep, NULL, NULL, &found, err);
     if (st || !found.damage) return st;
     if (s->flags & SD_SHARD_KEEP_DAMAGED) {
         s->damaged = 1;
@@ -421,6 +425,35 @@ static sd_status check_lmdb_magic(const char *path, off_t size, sd_error *err)
     if (got < sizeof head || memcmp(head + 16, magic, 4) != 0)
         return sd_err_set(err, SD_EFORMAT, "%s: not an LMDB shard file (no LMDB meta page at its start)", path);
     return SD_OK;
+}
+
+/* LMDB's open trusts the newest meta page's page size and reads both meta
+ * pages through its map, so a damaged page size (or a file too short for
+ * the second meta page) makes mdb_env_open itself fault (SIGBUS). Both meta
+ * pages are read with pread first: LMDB's magic and version, one page size
+ * (a power of two, 512..64 KiB, LMDB's range), the file holding both. */
+static sd_status check_lmdb_metas(const char *path, sd_error *err)
+{
+    uint8_t m[2][META_END];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return sd_err_set(err, SD_EIO, "%s: %s", path, strerror(errno));
+    struct stat sb;
+    ssize_t r0 = pread(fd, m[0], META_END, 0);
+    uint32_t psize = r0 == META_END ? lmdb_rd32(m[0] + META_FREE_DB) : 0;
+    int sane = psize >= 512 && psize <= 65536 && (psize & (psize - 1)) == 0;
+    ssize_t r1 = sane ? pread(fd, m[1], META_END, psize) : 0;
+    int e = errno, fs = fstat(fd, &sb);
+    close(fd);
+    if (r0 < 0 || r1 < 0 || fs) return sd_err_set(err, SD_EIO, "%s: %s", path, strerror(e));
+    for (int i = 0; sane && i < 2; i++)
+        sane = (i == 0 || r1 == META_END) && lmdb_rd32(m[i] + PG_HDR) == LMDB_MAGIC &&
+               lmdb_rd32(m[i] + META_VERSION) == LMDB_FORMAT && lmdb_rd32(m[i] + META_FREE_DB) == psize;
+    if (sane && (uint64_t)sb.st_size >= 2 * (uint64_t)psize) return SD_OK;
+    return sd_err_set(err, SD_EFORMAT,
+                      sane ? "%s: damaged shard: the file (%lld bytes) is too short for its two LMDB meta pages"
+                           : "%s: damaged shard: its LMDB meta pages do not agree on a valid page size and format "
+                             "(%lld bytes); restore it from a copy or rebuild it",
+                      path, (long long)sb.st_size);
 }
 
 /* LMDB maps PATH-lock and writes its reader table into it: a lock file it
@@ -513,6 +546,7 @@ sd_status sd_shard_open(sd_shard **out, const char *path, const sd_shard_opts *o
         else if (!S_ISREG(sb.st_mode)) /* a FIFO or device: LMDB would say "Illegal seek" and leave a -lock */
             st = sd_err_set(err, SD_EFORMAT, "%s: not a regular file, so not a shard file", path);
         else if (sb.st_size > 0 || !create) st = check_lmdb_magic(path, sb.st_size, err);
+        if (!st && sb.st_size > 0) st = check_lmdb_metas(path, err);
     } else if (!create || errno != ENOENT) {
         st = sd_err_set(err, errno == ENOENT ? SD_ENOTFOUND : SD_EIO, "%s: %s", path, strerror(errno));
     }

@@ -86,9 +86,9 @@ typedef struct sd_shard sd_shard;
 /* Open (or with SD_SHARD_CREATE create) a shard; opts may be NULL (writer,
  * durable, existing file). A shard whose format_version is newer than
  * SD_SHARD_VERSION fails with SD_EUNSUPPORTED and a message naming both.
- * Every page of every tree is checked first (sd_shard_check_pages, not
- * deep): a damaged file fails with SD_EFORMAT naming the first damaged page,
- * never a crash inside LMDB, unless SD_SHARD_KEEP_DAMAGED. */
+ * Every page of every tree is checked first (sd_shard_check_pages; deep
+ * for a writer): a damaged file fails with SD_EFORMAT naming the first
+ * damaged page, never a crash inside LMDB, unless SD_SHARD_KEEP_DAMAGED. */
 sd_status sd_shard_open(sd_shard **out, const char *path, const sd_shard_opts *opts, sd_error *err);
 /* 1 when the shard was opened with SD_SHARD_KEEP_DAMAGED and its pages are
  * damaged: LMDB must not read it; its databases are not open. */

@@ -703,7 +703,7 @@ static sd_status check_pages(sd_shard **s, const options *o, shard_result *res, 
     memset(found, 0, sizeof *found);
     found->reason = "damaged_page";
     found->db = -1;
-    snprintf(found->detail, sizeof found->detail, "%llu damaged place%s; first: %.160s",
+    snprintf(found->detail, sizeof found->detail, "%llu damaged place%s; first: %.140s",
              (unsigned long long)pages.damage, pages.damage == 1 ? "" : "s", pages.first);
     if (!o->repair) {
         sd_log(SD_LOG_ERROR, "%s: damaged pages: %s (%llu damaged place%s)%s; sd-verify --repair copies the records of "
