@@ -40,7 +40,7 @@ typedef struct {
     int deep;
     uint64_t budget; /* pages and runs left to visit: damage cannot make the walk loop */
     int looped;      /* the budget ran out (counted once) */
-    uint8_t *seen;   /* deep: a bit per page, set when a tree or run uses it */
+    uint8_t *seen;   /* deep: a bit per page of the file, set when a tree or run uses it */
     uint64_t *free;  /* deep: the pages the freelist names */
     size_t nfree, free_cap;
     uint8_t *val;    /* a value read whole for the entry callback */
@@ -177,7 +177,7 @@ static int check_run(walk *w, const tree *t, uint64_t from, uint64_t pg, uint64_
         if (read_at(w, pg, 0, head, sizeof head)) return -1;
         uint64_t n = lmdb_rd32(head + PG_LOWER);
         if (lmdb_rd64(head) != pg || !(lmdb_rd16(head + PG_FLAGS) & PG_OVERFLOW) || n < need ||
-            n > w->last - pg + 1) {
+            n > w->last - pg + 1 || n > w->have - pg) { /* a run is written whole */
             damage(w, t, pg, "not the head of an overflow run of at least %llu pages", (unsigned long long)need);
             return 0;
         }
@@ -254,6 +254,12 @@ static void take_named(walk *w, const tree *t, uint64_t pg, const uint8_t *key, 
     w->named[w->nnamed++] = nt;
 }
 
+/* A dup value's length (a record key in bindex): as any LMDB key. */
+static int dup_fits(size_t klen)
+{
+    return klen >= 1 && klen <= SD_SHARD_MAX_KEY;
+}
+
 /* A dup sub-page stored inside a leaf node (size bytes at p): its header
  * and nodes inside it. Returns its entries. */
 static uint64_t walk_subpage(walk *w, const tree *t, uint64_t pg, const uint8_t *p, size_t size)
@@ -270,13 +276,26 @@ static uint64_t walk_subpage(walk *w, const tree *t, uint64_t pg, const uint8_t 
     for (size_t i = 0; i < n; i++) {
         size_t off = lmdb_rd16(p + PG_HDR + 2 * i);
         const uint8_t *node = p + off;
-        if (off < upper || off + NODE_HDR > size || lmdb_rd16(node + 4) != 0 ||
+        if (off < upper || off + NODE_HDR > size || lmdb_rd16(node + 4) != 0 || !dup_fits(lmdb_rd16(node + 6)) ||
             off + NODE_HDR + lmdb_rd16(node + 6) + (uint64_t)lmdb_rd32(node) > size) {
             damage(w, t, pg, "node %zu of a dup sub-page runs past it", i);
             return 0;
         }
     }
     return n;
+}
+
+/* The key lengths a leaf of tree t may hold: LMDB writes keys (and dup
+ * values) of 1..511 bytes (MDB_MAXKEYSIZE), and sdtk's own databases fix
+ * some: 16-byte text hashes, 8-byte buckets, 8-byte freelist txnids. A key
+ * outside them is a damaged node (one whose key size lost a bit shifts its
+ * value too), which --repair could not even name to delete it. */
+static int key_fits(const tree *t, size_t klen)
+{
+    if (t->kind == TREE_FREE) return klen == 8;
+    if (t->kind == TREE_NAMED && t->db == SD_SHARD_DB_TEXT) return klen == SD_SHARD_TEXT_KEY;
+    if (t->kind == TREE_NAMED && (t->db == SD_SHARD_DB_BUCKETS || t->db == SD_SHARD_DB_BINDEX)) return klen == 8;
+    return klen >= 1 && klen <= SD_SHARD_MAX_KEY;
 }
 
 /* One leaf node's data; returns the entries it holds (a dup node: its
@@ -292,6 +311,10 @@ static uint64_t leaf_node(walk *w, const tree *t, uint64_t pg, const uint8_t *pa
                   : t->kind == TREE_DUPS ? flags == 0
                   : t->dupsort ? flags == 0 || flags == NODE_DUPDATA || flags == (NODE_DUPDATA | NODE_SUBDATA)
                                : flags == 0 || big;
+    if (!key_fits(t, klen)) {
+        damage(w, t, pg, "node %zu has a key of %zu bytes", i, klen);
+        return 0;
+    }
     if (!allowed) {
         damage(w, t, pg, "node %zu has flags %#x", i, flags);
         return 0;
@@ -393,7 +416,7 @@ static void check_free(walk *w, const tree *ft)
     for (size_t i = 0; i < w->nfree; i++) {
         uint64_t p = w->free[i];
         if (p < 2 || p > w->last) damage(w, ft, p, "on the freelist but outside the snapshot's pages");
-        else if (w->seen[p >> 3] & (1u << (p & 7))) damage(w, ft, p, "on the freelist and in use");
+        else if (p < w->have && w->seen[p >> 3] & (1u << (p & 7))) damage(w, ft, p, "on the freelist and in use");
     }
 }
 
@@ -401,7 +424,8 @@ static void check_free(walk *w, const tree *ft)
 static sd_status walk_snapshot(walk *w, const uint8_t *meta)
 {
     if (w->deep) {
-        w->seen = calloc((size_t)(w->last / 8 + 1), 1);
+        /* the file's pages, not the snapshot's: a damaged last page may be anything */
+        w->seen = calloc((size_t)((w->have > 2 ? w->have : 2) / 8 + 1), 1);
         if (!w->seen) return sd_err_set(w->err, SD_ENOMEM, "out of memory");
         mark_used(w, 0, 2);
     }

@@ -284,10 +284,37 @@ def test_damaged_root(d, base):
     check(not left, "damaged root: salvage left %s" % left)
 
 
+def test_key_size(d, base):
+    """A latents leaf node whose key size lost its bit (16 -> 0 bytes): LMDB
+    reads it (its value shifted), but no key of 0 bytes can be named to
+    delete it; the page walk calls it damage, and --repair's salvage copies
+    every other record."""
+    shard = os.path.join(d, "key.shard")
+    data = bytearray(open(base, "rb").read())
+    page = named_root(base, "latents")
+    while page is not None and struct.unpack_from("<H", data, page * 4096 + 10)[0] & 1:  # down the first branch
+        node = page * 4096 + struct.unpack_from("<H", data, page * 4096 + 16)[0]
+        page = struct.unpack_from("<I", data, node)[0] | struct.unpack_from("<H", data, node + 4)[0] << 32
+    node = page * 4096 + struct.unpack_from("<H", data, page * 4096 + 16)[0]
+    if not check(struct.unpack_from("<H", data, node + 6)[0] == 16, "key size: the first leaf node's key is not 16 bytes"):
+        return
+    struct.pack_into("<H", data, node + 6, 0)
+    open(shard, "wb").write(data)
+    vrc, rep, err = verify(shard)
+    check(vrc == 1 and "node 0 has a key of 0 bytes" in err, "key size: sd-verify exit %d: %s" % (vrc, err[-300:]))
+    vrc, rep, err = verify(shard, "--repair")
+    sal = rep["shards"][0].get("salvaged", {}) if rep else {}
+    check(vrc == 1 and sal.get("records") == 599 and rep["shards"][0]["problems_after_repair"] == 0,
+          "key size: --repair exit %d, salvaged %s: %s" % (vrc, sal, err[-300:]))
+    vrc, rep, err = verify(shard)
+    check(vrc == 0 and rep["shards"][0]["records"] == 599, "key size: after --repair exit %d: %s" % (vrc, err[-300:]))
+
+
 def test_damaged_pages(d):
     base = os.path.join(d, "pages.shard")
     check(write(base, 600, "32").returncode == 0, "write")
     test_damaged_root(d, base)
+    test_key_size(d, base)
     psize, pages = tree_pages(base)
     original = latent_keys(base)
     rng = random.Random(12)
