@@ -370,6 +370,10 @@ static uint64_t walk_page(walk *w, const tree *t, uint64_t from, uint64_t pg, un
     } else if (r > 0 && (lower < PG_HDR + 2 || lower > upper || upper > w->psize || (lower - PG_HDR) % 2)) {
         damage(w, t, pg, "its node bounds are damaged (lower %zu, upper %zu)", lower, upper);
         r = 0;
+    } else if (r > 0 && depth > 1 && t->kind != TREE_FREE && lower < PG_HDR + 4) {
+        /* LMDB asserts (abort()) that a branch page outside the freelist has two keys */
+        damage(w, t, pg, "a branch page with one key");
+        r = 0;
     }
     size_t n = r > 0 ? (lower - PG_HDR) / 2 : 0, bad = 0;
     for (size_t i = 0; i < n && !w->st; i++) {
@@ -473,7 +477,7 @@ static sd_status walk_once(sd_shard *s, int fd, size_t psize, walk *w, int *chan
         w->have = (uint64_t)sb.st_size / psize;
         w->last = lmdb_rd64(meta + META_LAST_PG);
         w->budget = w->have + 16;
-        st = w->last >= 1 ? walk_snapshot(w, meta) : SD_OK;
+        st = walk_snapshot(w, meta); /* a damaged last page (below 2) leaves every root outside */
         if (!st && w->out->damage) st = read_meta(fd, psize, id, again, s->path, w->err);
         if (!st && w->out->damage) *changed = memcmp(meta, again, META_END) != 0;
     }
