@@ -132,6 +132,8 @@ typedef struct {
     uint64_t overflow; /* overflow runs (values of more than about half a page) */
     uint64_t damage;   /* damaged pages, nodes, runs and counts */
     uint64_t records;  /* latent records the latents database's header counts */
+    int directory;     /* LMDB's directory of databases is damaged or lacks one of sdtk's:
+                        * no entry can be told to belong to a database (salvage refuses) */
     char first[400];   /* the first damage, described ("the latents database's page 12: ...") */
 } sd_shard_pages;
 
@@ -144,9 +146,11 @@ typedef sd_status (*sd_shard_entry_fn)(void *ctx, sd_shard_db db, const void *ke
  * databases, each named database, the dup trees, the freelist) with pread,
  * bounds-checking every page header, node and overflow pointer against the
  * page and the file, so that nothing LMDB's cursors would read lies outside
- * them. deep also reads each overflow run's first page, finds pages used
- * twice or both used and free, and compares each tree's entry count with its
- * header. Damage is counted in out (a damaged page's subtree is skipped, the
+ * them, plus the few values LMDB asserts on or trusts (database flags,
+ * key sizes, two keys per branch page, each tree's entry count, freelist
+ * entries in descending order). deep also reads each overflow run's first
+ * page and finds pages used twice, listed free twice, or both used and free.
+ * Damage is counted in out (a damaged page's subtree is skipped, the
  * walk goes on), not returned: the result is an error only for I/O, memory,
  * a writer rewriting the file throughout, or fn's own failure. fn (may be
  * NULL) gets every entry of the latents, text, meta, names, buckets and
@@ -159,6 +163,7 @@ typedef struct {
     sd_shard_pages found; /* the deep walk before the copy */
     uint64_t latents, texts, meta; /* entries copied */
     uint64_t dropped;     /* entries not copied: records the store refuses (sd_shard_put's checks), meta not text */
+    char kept[4200];      /* where the damaged file was kept (PATH.damaged), "" when it was not replaced */
 } sd_shard_salvage_counts;
 
 /* Replace a damaged shard (opened as writer, so no other writer runs) with
@@ -166,9 +171,13 @@ typedef struct {
  * its intact pages, the indexes rebuilt from the records: written under a
  * temporary name beside it, synced, renamed over it under both files' writer
  * locks, the old LMDB lock file removed (the protocol of sd-pack's
- * replacements). *s is closed and reopened on the new file (on failure *s
- * is closed, NULL, and the damaged file is left as it was). Records on the
- * damaged pages are gone: a rerun of sd-latents computes them again. */
+ * replacements); the damaged file stays as PATH.damaged (a hard link,
+ * c->kept). Refused, with *s still open and nothing changed, when LMDB's
+ * directory of databases is damaged (nothing could be told apart) or the
+ * file holds a newer format, and left so when the copy fails (a full
+ * disk). After the rename *s is closed and reopened on the new file (on a
+ * failure from the rename on: closed, NULL). Records on the damaged pages
+ * are missing from the new file: a rerun of sd-latents computes them again. */
 sd_status sd_shard_salvage(sd_shard **s, sd_shard_salvage_counts *c, sd_error *err);
 
 /* ---- metadata -------------------------------------------------------------- */

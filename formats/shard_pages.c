@@ -25,6 +25,7 @@ typedef struct {
     int db;          /* sd_shard_db of a named database sdtk knows, else -1 */
     int dupsort;     /* its values are dup sub-pages or dup trees */
     char name[64];   /* for messages */
+    unsigned flags;  /* its md_flags */
     uint64_t root;
     unsigned depth;
     uint64_t entries; /* what its MDB_db says */
@@ -205,6 +206,11 @@ static void take_free(walk *w, const tree *t, uint64_t pg, const uint8_t *idl, u
                (unsigned long long)n);
         return;
     }
+    for (uint64_t i = 2; i <= n; i++)
+        if (lmdb_rd64(idl + 8 * i) >= lmdb_rd64(idl + 8 * (i - 1))) { /* LMDB's page search assumes it */
+            damage(w, t, pg, "a freelist entry's pages are not in descending order");
+            return;
+        }
     if (!w->deep) return;
     if (w->nfree + n > w->free_cap) {
         size_t cap = w->free_cap ? w->free_cap : 256;
@@ -223,8 +229,9 @@ static void take_free(walk *w, const tree *t, uint64_t pg, const uint8_t *idl, u
 /* A tree described by an MDB_db (48 bytes at db). */
 static tree tree_of(tree_kind kind, const uint8_t *db, const char *name)
 {
-    tree t = {kind, -1, (lmdb_rd16(db + DB_FLAGS) & DB_DUPSORT) != 0, "", lmdb_rd64(db + DB_ROOT),
-              lmdb_rd16(db + DB_DEPTH), lmdb_rd64(db + DB_ENTRIES)};
+    unsigned flags = lmdb_rd16(db + DB_FLAGS);
+    tree t = {kind, -1, (flags & DB_DUPSORT) != 0, "", flags, lmdb_rd64(db + DB_ROOT), lmdb_rd16(db + DB_DEPTH),
+              lmdb_rd64(db + DB_ENTRIES)};
     snprintf(t.name, sizeof t.name, "%s", name);
     return t;
 }
@@ -232,8 +239,9 @@ static tree tree_of(tree_kind kind, const uint8_t *db, const char *name)
 static uint64_t walk_tree(walk *w, const tree *t);
 
 /* A named database's entry in the main tree: kept for its own walk; a name
- * sdtk knows must have its flags (a flipped DUPSORT bit would make LMDB read
- * every value as a dup tree). */
+ * sdtk knows must have exactly its flags (a flipped DUPSORT bit would make
+ * LMDB read every value as a dup tree, REVERSEKEY or INTEGERKEY would make
+ * every lookup miss and look like thousands of index problems). */
 static void take_named(walk *w, const tree *t, uint64_t pg, const uint8_t *key, size_t klen, const uint8_t *db)
 {
     tree nt = tree_of(TREE_NAMED, db, "");
@@ -242,7 +250,7 @@ static void take_named(walk *w, const tree *t, uint64_t pg, const uint8_t *key, 
     nt.name[n] = 0;
     for (int i = 0; i < NDBS; i++)
         if (klen == strlen(sd_shard_db_name(i)) && !memcmp(key, sd_shard_db_name(i), klen)) nt.db = i;
-    if (nt.db >= 0 && nt.dupsort != (nt.db == SD_SHARD_DB_BINDEX)) {
+    if (nt.db >= 0 && nt.flags != (nt.db == SD_SHARD_DB_BINDEX ? (unsigned)DB_DUPSORT : 0)) {
         damage(w, t, pg, "the %s database's flags are %#x", nt.name, lmdb_rd16(db + DB_FLAGS));
         return;
     }
@@ -392,8 +400,8 @@ static uint64_t walk_page(walk *w, const tree *t, uint64_t from, uint64_t pg, un
     return entries;
 }
 
-/* A whole tree; deep, its entries must be what its MDB_db says (unless
- * damage inside it already explains a difference). */
+/* A whole tree; its entries must be what its MDB_db says (unless damage
+ * inside it already explains a difference): readers size arrays by it. */
 static uint64_t walk_tree(walk *w, const tree *t)
 {
     uint64_t before = w->out->damage;
@@ -407,19 +415,28 @@ static uint64_t walk_tree(walk *w, const tree *t)
         return 0;
     }
     uint64_t n = walk_page(w, t, t->root, t->root, t->depth);
-    if (w->deep && !w->st && w->out->damage == before && n != t->entries)
+    if (!w->st && w->out->damage == before && n != t->entries)
         damage(w, t, t->root, "the tree holds %llu entries, its header says %llu", (unsigned long long)n,
                (unsigned long long)t->entries);
     return n;
 }
 
-/* After every tree (deep): a page both on the freelist and in a tree would
- * be handed out again by the next write, which would overwrite live data. */
+static int cmp_page(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* After every tree (deep): a page both on the freelist and in a tree, or
+ * twice on the freelist, would be handed out again by a later write, which
+ * would overwrite live data (or trip LMDB's assertions). */
 static void check_free(walk *w, const tree *ft)
 {
+    if (w->nfree) qsort(w->free, w->nfree, sizeof *w->free, cmp_page);
     for (size_t i = 0; i < w->nfree; i++) {
         uint64_t p = w->free[i];
-        if (p < 2 || p > w->last) damage(w, ft, p, "on the freelist but outside the snapshot's pages");
+        if (i > 0 && p == w->free[i - 1]) damage(w, ft, p, "on the freelist twice");
+        else if (p < 2 || p > w->last) damage(w, ft, p, "on the freelist but outside the snapshot's pages");
         else if (p < w->have && w->seen[p >> 3] & (1u << (p & 7))) damage(w, ft, p, "on the freelist and in use");
     }
 }
@@ -435,9 +452,20 @@ static sd_status walk_snapshot(walk *w, const uint8_t *meta)
     }
     tree main = tree_of(TREE_MAIN, meta + META_MAIN_DB, "main"), fr = tree_of(TREE_FREE, meta + META_FREE_DB, "free");
     snprintf(fr.name, sizeof fr.name, "freelist");
-    walk_tree(w, &main);
+    uint64_t before = w->out->damage;
+    if (main.flags) damage(w, &main, main.root, "the main database's flags are %#x", main.flags);
+    else walk_tree(w, &main);
+    int missing = 0;
+    for (int db = 0; db < NDBS && main.root != LMDB_NO_PAGE; db++) {
+        int found = 0;
+        for (int i = 0; i < w->nnamed; i++) found |= w->named[i].db == db;
+        if (!found && !missing++) damage(w, &main, main.root, "no %s database", sd_shard_db_name(db));
+    }
+    w->out->directory = w->out->damage > before;
     for (int i = 0; i < w->nnamed && !w->st; i++) walk_tree(w, &w->named[i]);
-    if (!w->st) walk_tree(w, &fr);
+    /* the freelist's flags: INTEGERKEY and the environment's own, never a dup or reverse flag */
+    if ((fr.flags & 0x7e) != 0x08) damage(w, &fr, fr.root, "the freelist's flags are %#x", fr.flags);
+    else if (!w->st) walk_tree(w, &fr);
     if (!w->st && w->deep) check_free(w, &fr);
     return w->st;
 }

@@ -147,34 +147,105 @@ static sd_status publish(sd_shard *s, const char *tmp, sd_error *err)
     return st;
 }
 
+/* What the first walk finds that forbids a salvage by this sdtk. */
+typedef struct {
+    int newer_shard;      /* format_version above SD_SHARD_VERSION */
+    uint64_t newer_records; /* records of a newer format (the store could not put them) */
+} survey;
+
+/* One entry of the first walk: the format version and newer records. */
+static sd_status survey_entry(void *ctx, sd_shard_db db, const void *key, size_t klen, const void *val, size_t vlen,
+                              sd_error *err)
+{
+    (void)err;
+    survey *sv = ctx;
+    sd_shard_rec r;
+    sd_error e;
+    if (db == SD_SHARD_DB_META && klen == strlen(SD_SHARD_META_VERSION) && !memcmp(key, SD_SHARD_META_VERSION, klen)) {
+        char buf[16];
+        size_t n = vlen < sizeof buf - 1 ? vlen : sizeof buf - 1;
+        memcpy(buf, val, n);
+        buf[n] = 0;
+        sv->newer_shard = atol(buf) > SD_SHARD_VERSION;
+    } else if ((db == SD_SHARD_DB_LATENTS || db == SD_SHARD_DB_TEXT) &&
+               sd_shard_rec_parse(val, vlen, &r, &e) == SD_EUNSUPPORTED) {
+        sv->newer_records++;
+    }
+    return SD_OK;
+}
+
+/* Walk once before copying: a salvage needs the directory of databases
+ * (without it no entry can be told to belong to one, and a copy would be
+ * an empty shard renamed over records that may still be there), and must
+ * not drop what only a newer sdtk can read. */
+static sd_status check_salvageable(sd_shard *s, sd_shard_salvage_counts *c, sd_error *err)
+{
+    survey sv = {0, 0};
+    sd_status st = sd_shard_check_pages(s, 1, survey_entry, &sv, &c->found, err);
+    if (st) return st;
+    if (c->found.directory)
+        return sd_err_set(err, SD_EFORMAT,
+                          "%s: not salvaged: LMDB's directory of databases is damaged (%s), so no record can be told "
+                          "apart; restore the file from a copy or rebuild it",
+                          s->path, c->found.first);
+    if (sv.newer_shard || sv.newer_records)
+        return sd_err_set(err, SD_EUNSUPPORTED,
+                          "%s: not salvaged: it holds %s of a newer format than this sdtk writes; repair it with the "
+                          "sdtk that wrote it",
+                          s->path, sv.newer_shard ? "a shard" : "records");
+    return SD_OK;
+}
+
+/* Keep the damaged file under PATH.damaged (or .damaged-2 ...), a hard
+ * link made before the new file replaces it: the records the salvage could
+ * not reach are then still there for a closer look, at no cost in space. */
+static sd_status keep_original(sd_shard *s, sd_shard_salvage_counts *c, sd_error *err)
+{
+    for (int i = 1; i < 100; i++) {
+        int n = i == 1 ? snprintf(c->kept, sizeof c->kept, "%s.damaged", s->path)
+                       : snprintf(c->kept, sizeof c->kept, "%s.damaged-%d", s->path, i);
+        if (n < 0 || (size_t)n >= sizeof c->kept) break;
+        if (link(s->path, c->kept) == 0) return SD_OK;
+        if (errno != EEXIST)
+            return sd_err_set(err, SD_EIO, "%s: cannot keep it as %s: %s", s->path, c->kept, strerror(errno));
+    }
+    c->kept[0] = 0;
+    return sd_err_set(err, SD_EIO, "%s: cannot find a free name to keep it under (%s.damaged...)", s->path, s->path);
+}
+
 /* See shard.h. */
 sd_status sd_shard_salvage(sd_shard **sp, sd_shard_salvage_counts *c, sd_error *err)
 {
     sd_shard *s = *sp;
     memset(c, 0, sizeof *c);
     if (s->flags & SD_SHARD_RDONLY) return sd_err_set(err, SD_EINVAL, "%s: salvage needs the writer lock", s->path);
+    sd_status st = check_salvageable(s, c, err);
+    if (!st) st = keep_original(s, c, err);
+    if (st) return st; /* *s stays open: nothing was changed */
     char *tmp = suffixed(s->path, ".salvage-XXXXXX");
-    if (!tmp) return sd_err_set(err, SD_ENOMEM, "out of memory");
-    sd_outfile_warn_leftovers(s->path, ".salvage-", " (and its -lock)");
-    int fd = mkstemp(tmp);
+    int fd = tmp ? mkstemp(tmp) : -1;
     struct stat sb;
-    sd_status st = SD_OK;
-    if (fd < 0) st = sd_err_set(err, SD_EIO, "%s: cannot create a file beside it: %s", s->path, strerror(errno));
+    if (!tmp) st = sd_err_set(err, SD_ENOMEM, "out of memory");
+    else if (fd < 0) st = sd_err_set(err, SD_EIO, "%s: cannot create a file beside it: %s", s->path, strerror(errno));
     else {
+        sd_outfile_warn_leftovers(s->path, ".salvage-", " (and its -lock)");
         if (fstat(s->lock_fd, &sb) == 0) fchmod(fd, sb.st_mode & 07777);
         close(fd);
         st = copy_into(s, tmp, c, err);
+        if (st) remove_with_lock(tmp);
+    }
+    if (st) { /* nothing replaced: *s stays open, the original where it was */
+        unlink(c->kept);
+        c->kept[0] = 0;
+        free(tmp);
+        return st;
     }
     unsigned flags = s->flags;
-    if (!st) st = publish(s, tmp, err);
-    if (fd >= 0) {
-        if (st) remove_with_lock(tmp);
-        else {
-            char *lock = suffixed(tmp, "-lock");
-            if (lock) unlink(lock);
-            free(lock);
-        }
-    }
+    st = publish(s, tmp, err); /* on a failure here the copy at PATH.damaged stays */
+    char *lock = suffixed(tmp, "-lock");
+    if (lock) unlink(lock);
+    if (st) unlink(tmp);
+    free(lock);
     free(tmp);
     char *path = strdup(s->path);
     sd_error e2;

@@ -282,6 +282,20 @@ def test_damaged_root(d, base):
     check(vrc == 0 and rep["shards"][0]["records"] == 0, "damaged root: after --repair exit %d: %s" % (vrc, err))
     left = [f for f in os.listdir(d) if ".salvage-" in f]
     check(not left, "damaged root: salvage left %s" % left)
+    check(sal.get("kept") == shard + ".damaged" and open(shard + ".damaged", "rb").read() == data,
+          "damaged root: the damaged file is not kept as root.shard.damaged: %s" % sal)
+    # LMDB's directory of databases damaged: nothing can be told apart, so --repair must not
+    # replace the file with an empty shard; it says so and leaves the file as it is
+    data = bytearray(open(base, "rb").read())
+    meta = max((struct.unpack_from("<Q", data, i * 4096 + 16 + 128)[0], i) for i in range(2))[1] * 4096
+    main = struct.unpack_from("<Q", data, meta + 16 + 72 + 40)[0]
+    data[main * 4096] ^= 1  # the main tree's page names another page
+    open(shard, "wb").write(data)
+    vrc, rep, err = verify(shard, "--repair")
+    check(vrc == 1 and "not salvaged: LMDB's directory of databases is damaged" in err
+          and rep["shards"][0]["problems_after_repair"] == 1 and open(shard, "rb").read() == data
+          and not os.path.exists(shard + ".damaged-2"),
+          "damaged directory: --repair exit %d: %s" % (vrc, err[-300:]))
 
 
 def test_key_size(d, base):
@@ -322,7 +336,7 @@ def test_damaged_pages(d):
     outcome = {"salvaged": 0, "records": 0, "harmless": 0, "refused": 0}
     trials = 120
     for i in range(trials):
-        for f in (shard, shard + "-lock"):
+        for f in (shard, shard + "-lock", shard + ".damaged"):
             if os.path.exists(f):
                 os.unlink(f)
         data = bytearray(open(base, "rb").read())
@@ -340,9 +354,11 @@ def test_damaged_pages(d):
         r = subprocess.run([VERIFY, "-q", "--repair", shard], capture_output=True, text=True)
         if not check(no_crash(r), "%s: --repair: exit %d %s" % (what, r.returncode, r.stderr[-400:])):
             continue
-        if r.returncode == 3:
-            outcome["refused"] += 1  # LMDB refuses the file itself (a meta page it rejects)
-            check("error" in r.stderr, "%s: --repair exit 3 without a message" % what)
+        if r.returncode == 3 or "not salvaged" in r.stderr:
+            # LMDB's meta pages or its directory of databases damaged: refused, the file left as it was
+            outcome["refused"] += 1
+            check("error" in r.stderr and open(shard, "rb").read() == data,
+                  "%s: --repair refused (exit %d) but changed the file: %s" % (what, r.returncode, r.stderr[-300:]))
             continue
         # salvaged: the page walk found damage; records: a flip in a key or
         # an index entry the record checks found; harmless: a free page's bytes
@@ -357,7 +373,7 @@ def test_damaged_pages(d):
             check(w.returncode == 0 and v.returncode == 0 and latent_keys(shard) == original,
                   "%s: the writer's rerun after --repair: %s %s" % (what, w.stderr[-200:], v.stderr[-200:]))
     print("flipped bits in LMDB pages: %d trials: %d salvaged by --repair, %d repaired record by record, %d harmless, "
-          "%d refused by LMDB itself; no crash" % (trials, outcome["salvaged"], outcome["records"], outcome["harmless"],
+          "%d refused (meta pages or the directory of databases damaged); no crash" % (trials, outcome["salvaged"], outcome["records"], outcome["harmless"],
                                                   outcome["refused"]))
 
 

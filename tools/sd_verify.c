@@ -23,7 +23,7 @@
 #include "shard.h"
 #include "tally.h"
 
-enum { STRIDE = 256, MAX_ROUNDS = 3 };
+enum { STRIDE = 256, MAX_ROUNDS = 3, DB_PAGES = -2 /* problem.db of damaged_page */ };
 
 typedef struct {
     const char *manifest, *report;
@@ -36,7 +36,8 @@ typedef struct {
     const char *reason;
     int db; /* SD_SHARD_DB_LATENTS, _TEXT: --repair deletes the record (unless report_only);
              * SD_SHARD_DB_META: a meta entry (report only); -1: an index, name or manifest
-             * problem (the reindex fixes the indexes, the record stays) */
+             * problem (the reindex fixes the indexes, the record stays); DB_PAGES: damaged
+             * pages (the salvage replaces the file) */
     uint8_t *key;
     size_t klen;
     char *name;
@@ -676,6 +677,7 @@ static void tally_problems(shard_result *res)
         sd_buf_json_cstr(b, p->db == SD_SHARD_DB_TEXT      ? "text"
                             : p->db == SD_SHARD_DB_LATENTS ? "latents"
                             : p->db == SD_SHARD_DB_META    ? "meta"
+                            : p->db == DB_PAGES            ? "pages"
                                                            : "index");
         if (p->key) {
             sd_buf_json_key(b, &first, "key");
@@ -702,24 +704,28 @@ static sd_status check_pages(sd_shard **s, const options *o, shard_result *res, 
     if (st || !pages.damage) return st;
     memset(found, 0, sizeof *found);
     found->reason = "damaged_page";
-    found->db = -1;
+    found->db = DB_PAGES;
+    const char *plural = pages.damage == 1 ? "" : "s";
     snprintf(found->detail, sizeof found->detail, "%llu damaged place%s; first: %.140s",
-             (unsigned long long)pages.damage, pages.damage == 1 ? "" : "s", pages.first);
-    if (!o->repair) {
-        sd_log(SD_LOG_ERROR, "%s: damaged pages: %s (%llu damaged place%s)%s; sd-verify --repair copies the records of "
-               "its intact pages into a new file", res->path, pages.first, (unsigned long long)pages.damage, pages.damage == 1 ? "" : "s",
-               sd_shard_damaged(*s) ? ", so its records cannot be read" : "");
+             (unsigned long long)pages.damage, plural, pages.first);
+    sd_log(o->repair ? SD_LOG_WARN : SD_LOG_ERROR, "%s: damaged pages: %s (%llu damaged place%s)%s%s", res->path,
+           pages.first, (unsigned long long)pages.damage, plural,
+           sd_shard_damaged(*s) ? ", so its records cannot be read" : "",
+           o->repair ? "" : "; sd-verify --repair copies the records of its intact pages into a new file");
+    if (!o->repair) return SD_OK;
+    st = sd_shard_salvage(s, &res->salvage, err);
+    if (st && *s) { /* refused, nothing changed: the problem stays, nothing else is repaired */
+        sd_log(SD_LOG_ERROR, "%s", err->msg);
         return SD_OK;
     }
-    st = sd_shard_salvage(s, &res->salvage, err);
     if (st) return st;
     res->salvaged = 1;
     const sd_shard_salvage_counts *c = &res->salvage;
-    sd_log(SD_LOG_WARN, "%s: damaged pages: %s (%llu damaged place%s); replaced by a new file holding the %llu latent "
-           "records (of %llu its header counted), %llu text records and %llu meta entries of its intact pages "
-           "(%llu entries dropped); rerun sd-latents to compute the lost records again", res->path, pages.first,
-           (unsigned long long)pages.damage, pages.damage == 1 ? "" : "s", (unsigned long long)c->latents, (unsigned long long)pages.records,
-           (unsigned long long)c->texts, (unsigned long long)c->meta, (unsigned long long)c->dropped);
+    sd_log(SD_LOG_WARN, "%s: replaced by a new file holding the %llu latent records (of %llu its header counted), "
+           "%llu text records and %llu meta entries of its intact pages (%llu entries dropped); the damaged file is "
+           "kept as %s (remove it when done); rerun sd-latents to compute the missing records again", res->path,
+           (unsigned long long)c->latents, (unsigned long long)pages.records, (unsigned long long)c->texts,
+           (unsigned long long)c->meta, (unsigned long long)c->dropped, c->kept);
     return SD_OK;
 }
 
@@ -754,7 +760,8 @@ static void verify_shard(const char *path, const options *o, sd_pool *pool, shar
     if (!st) add_found(res, &found);
     if (!st) tally_problems(res);
     if (!st && res->salvaged) res->probs.n--; /* repaired by the salvage: not for the rounds below */
-    for (int round = 0; !st && o->repair && any_repairable(&res->probs) && round < MAX_ROUNDS; round++) {
+    int writable = !found.reason || res->salvaged; /* never write into a file with damaged pages */
+    for (int round = 0; !st && writable && o->repair && any_repairable(&res->probs) && round < MAX_ROUNDS; round++) {
         st = repair(s, res, &err);
         shard_result again;
         memset(&again, 0, sizeof again);
@@ -824,6 +831,8 @@ static void build_report(const shard_result *rs, int n, const options *o, sd_buf
                 sd_buf_json_int(b, (int64_t)r->salvage.dropped);
                 sd_buf_json_key(b, &f2, "header_records");
                 sd_buf_json_int(b, (int64_t)r->salvage.found.records);
+                sd_buf_json_key(b, &f2, "kept");
+                sd_buf_json_cstr(b, r->salvage.kept);
                 sd_buf_puts(b, "}");
             }
         }

@@ -3,8 +3,11 @@
  * it; the deep walk must finish, and when the open walk found no damage
  * every database is read to its end through LMDB's own cursors, which
  * trust the pages: a page the walk let through that sends LMDB outside the
- * file crashes here, under ASan. One file per process, rewritten per
- * input. */
+ * file crashes here, under ASan (or trips one of liblmdb's assertions).
+ * Then it is opened as a writer (the deep walk) and, when that succeeds, a
+ * meta entry is put and the first latent record deleted, so LMDB's writer
+ * takes pages from the freelist and frees a record's pages. One file per
+ * process, rewritten per input. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +63,35 @@ static void read_all(sd_shard *s)
     if (sum == 0xdeadbeef) abort(); /* keeps the reads */
 }
 
+/* The writer's side: one put and one delete, committed. */
+static void write_some(const char *path)
+{
+    sd_shard *s;
+    sd_error err;
+    sd_shard_opts so = {SD_SHARD_NOGROW, 1 << 20, 1 << 20};
+    if (sd_shard_open(&s, path, &so, &err)) return;
+    sd_shard_txn *t;
+    uint8_t key[SD_SHARD_MAX_KEY];
+    size_t klen = 0;
+    if (sd_shard_read_begin(s, &t, &err) == SD_OK) {
+        sd_shard_cursor *c;
+        const void *k, *v;
+        size_t vl;
+        if (sd_shard_cursor_open(t, SD_SHARD_DB_LATENTS, &c, &err) == SD_OK) {
+            if (sd_shard_cursor_next(c, &k, &klen, &v, &vl, &err) == SD_OK && klen <= sizeof key) memcpy(key, k, klen);
+            else klen = 0;
+            sd_shard_cursor_close(c);
+        }
+        sd_shard_read_end(t);
+    }
+    if (sd_shard_begin(s, &err) == SD_OK) {
+        sd_shard_meta_set(s, "fuzz", "a value long enough to need a page of its own now and then", &err);
+        if (klen) sd_shard_del(s, key, klen, &err);
+        sd_shard_commit(s, &err);
+    }
+    sd_shard_close(s, &err);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char path[64], lock[80];
@@ -79,6 +111,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             sum != 0xdeadbeef)
             read_all(s);
         sd_shard_close(s, &err);
+        write_some(path);
     }
     unlink(path);
     unlink(lock);
