@@ -506,6 +506,28 @@ static sd_status prepare_lock_file(const char *path, int ro, int *nolock, sd_err
     return SD_OK; /* EOPNOTSUPP and the like: LMDB sizes it as before */
 }
 
+/* See shard.h: the names of a shard's companions (its -lock, a temporary
+ * output beside it). */
+char *sd_shard_path_with(const char *path, const char *suffix)
+{
+    size_t a = strlen(path), b = strlen(suffix);
+    char *s = malloc(a + b + 1);
+    if (s) {
+        memcpy(s, path, a);
+        memcpy(s + a, suffix, b + 1);
+    }
+    return s;
+}
+
+/* See shard.h: LMDB leaves PATH-lock behind; a removed shard takes it along. */
+void sd_shard_remove_files(const char *path)
+{
+    char *lock = sd_shard_path_with(path, "-lock");
+    unlink(path);
+    if (lock) unlink(lock);
+    free(lock);
+}
+
 /* Whether an existing path may be replaced by a new shard (sd-pack
  * --force): a regular file that is a shard, or empty; --force must never
  * replace a FIFO, a device (-o /dev/null as root) or a user's JSONL.

@@ -112,6 +112,11 @@ sd_status sd_shard_lock_file(const char *path, int *fd, int *held, sd_error *err
  * holding a shard, or empty (SD_OK); anything else SD_EFORMAT, naming it;
  * SD_ENOTFOUND when nothing is there. */
 sd_status sd_shard_replaceable(const char *path, sd_error *err);
+/* path + suffix ("X.shard" + "-lock"), malloc'ed; NULL when out of memory. */
+char *sd_shard_path_with(const char *path, const char *suffix);
+/* Remove a shard file and the LMDB lock file beside it (a temporary
+ * output given up); errors are ignored, as for unlink. */
+void sd_shard_remove_files(const char *path);
 
 /* ---- damaged pages ---------------------------------------------------------- */
 

@@ -92,27 +92,6 @@ static sd_status copy_entry(void *ctx, sd_shard_db db, const void *key, size_t k
     return st;
 }
 
-/* "PATH-lock" or "PATH" + another suffix, malloc'ed. */
-static char *suffixed(const char *path, const char *suffix)
-{
-    size_t a = strlen(path), b = strlen(suffix);
-    char *s = malloc(a + b + 1);
-    if (s) {
-        memcpy(s, path, a);
-        memcpy(s + a, suffix, b + 1);
-    }
-    return s;
-}
-
-/* Remove a shard file and its LMDB lock file. */
-static void remove_with_lock(const char *path)
-{
-    char *lock = suffixed(path, "-lock");
-    unlink(path);
-    if (lock) unlink(lock);
-    free(lock);
-}
-
 /* Write the intact entries of s into the new file tmp (created empty). */
 static sd_status copy_into(sd_shard *s, const char *tmp, sd_shard_salvage_counts *c, sd_error *err)
 {
@@ -139,7 +118,7 @@ static sd_status publish(sd_shard *s, const char *tmp, sd_error *err)
     int tried = 0;
     if (!st) st = sd_rename_set(names, names + 1, 1, &tried, err);
     if (!st) {
-        char *lock = suffixed(s->path, "-lock");
+        char *lock = sd_shard_path_with(s->path, "-lock");
         if (lock) unlink(lock);
         free(lock);
     }
@@ -222,7 +201,7 @@ sd_status sd_shard_salvage(sd_shard **sp, sd_shard_salvage_counts *c, sd_error *
     sd_status st = check_salvageable(s, c, err);
     if (!st) st = keep_original(s, c, err);
     if (st) return st; /* *s stays open: nothing was changed */
-    char *tmp = suffixed(s->path, ".salvage-XXXXXX");
+    char *tmp = sd_shard_path_with(s->path, ".salvage-XXXXXX");
     int fd = tmp ? mkstemp(tmp) : -1;
     struct stat sb;
     if (!tmp) st = sd_err_set(err, SD_ENOMEM, "out of memory");
@@ -232,7 +211,7 @@ sd_status sd_shard_salvage(sd_shard **sp, sd_shard_salvage_counts *c, sd_error *
         if (fstat(s->lock_fd, &sb) == 0) fchmod(fd, sb.st_mode & 07777);
         close(fd);
         st = copy_into(s, tmp, c, err);
-        if (st) remove_with_lock(tmp);
+        if (st) sd_shard_remove_files(tmp);
     }
     if (st) { /* nothing replaced: *s stays open, the original where it was */
         unlink(c->kept);
@@ -242,7 +221,7 @@ sd_status sd_shard_salvage(sd_shard **sp, sd_shard_salvage_counts *c, sd_error *
     }
     unsigned flags = s->flags;
     st = publish(s, tmp, err); /* on a failure here the copy at PATH.damaged stays */
-    char *lock = suffixed(tmp, "-lock");
+    char *lock = sd_shard_path_with(tmp, "-lock");
     if (lock) unlink(lock);
     if (st) unlink(tmp);
     free(lock);

@@ -875,8 +875,10 @@ int main(int argc, char **argv)
                   "and overflow runs, pages used twice or both used and free, entry counts): damage there is one "
                   "damaged_page problem, and a file whose pages LMDB cannot read safely is not read. --repair then "
                   "replaces the file with a new one holding every record, text embedding and meta entry of its "
-                  "intact pages (the indexes rebuilt); the records on damaged pages are lost, and a rerun of "
-                  "sd-latents computes them again.\n\n"
+                  "intact pages (the indexes rebuilt), keeping the damaged file as SHARD.damaged (remove it when "
+                  "done); the records on damaged pages are missing from the new file, and a rerun of sd-latents "
+                  "computes them again. It refuses, leaving the file as it is, when LMDB's directory of databases "
+                  "is damaged or the file holds a newer format.\n\n"
                   "Examples:\n"
                   "  sd-verify cache/*.shard --report verify.json\n"
                   "  sd-verify cache/latents.shard --manifest meta.jsonl --repair   # then rerun sd-latents\n",

@@ -17,34 +17,13 @@
 enum { BATCH_OPS = 512 };
 static const size_t BATCH_BYTES = (size_t)64 << 20;
 
-/* path + suffix in a fresh string, or NULL. */
-static char *with_suffix(const char *path, const char *suffix)
-{
-    size_t a = strlen(path), b = strlen(suffix);
-    char *s = malloc(a + b + 1);
-    if (s) {
-        memcpy(s, path, a);
-        memcpy(s + a, suffix, b + 1);
-    }
-    return s;
-}
-
-/* Remove a shard file and the lock file LMDB keeps beside it. */
-static void remove_shard_files(const char *path)
-{
-    char *lock = with_suffix(path, "-lock");
-    unlink(path);
-    if (lock) unlink(lock);
-    free(lock);
-}
-
 /* A fresh, empty file beside path (PATH.partial-XXXXXX, mkstemp): the
  * temporary shard of a merge, compact or split. Being new, it can never be
  * one of the inputs, and no existing file is removed to make room for it. */
 static sd_status make_temp(const char *path, char **out, sd_error *err)
 {
     sd_outfile_warn_leftovers(path, ".partial-", " (and its -lock)");
-    *out = with_suffix(path, ".partial-XXXXXX");
+    *out = sd_shard_path_with(path, ".partial-XXXXXX");
     if (!*out) return sd_err_set(err, SD_ENOMEM, "out of memory");
     int fd = mkstemp(*out);
     if (fd < 0) {
@@ -81,14 +60,14 @@ sd_status pack_out_open(pack_out *o, const char *path, unsigned mode, sd_error *
     sd_status s = SD_OK;
     if (!resume) s = make_temp(path, &o->tmp, err);
     else if (stat(path, &st) != 0) {
-        o->tmp = with_suffix(path, ".partial");
+        o->tmp = sd_shard_path_with(path, ".partial");
         if (!o->tmp) s = sd_err_set(err, SD_ENOMEM, "out of memory");
-        else if (stat(o->tmp, &st) != 0) remove_shard_files(o->tmp);
+        else if (stat(o->tmp, &st) != 0) sd_shard_remove_files(o->tmp);
     }
     sd_shard_opts opts = {SD_SHARD_CREATE | (resume ? SD_SHARD_NOMETASYNC : SD_SHARD_NOSYNC), 0, 0};
     if (!s) s = sd_shard_open(&o->s, o->tmp ? o->tmp : path, &opts, err);
     if (s) {
-        if (o->tmp && !resume) remove_shard_files(o->tmp);
+        if (o->tmp && !resume) sd_shard_remove_files(o->tmp);
         free(o->final);
         free(o->tmp);
         o->final = o->tmp = NULL;
@@ -228,7 +207,7 @@ static sd_status room_for_locks(long n, sd_error *err)
 static void remove_old_locks(const pack_out *v, long renamed)
 {
     for (long i = 0; i < renamed; i++) {
-        char *lock = v[i].tmp ? with_suffix(v[i].final, "-lock") : NULL;
+        char *lock = v[i].tmp ? sd_shard_path_with(v[i].final, "-lock") : NULL;
         if (lock) unlink(lock);
         free(lock);
     }
@@ -274,7 +253,7 @@ sd_status pack_out_publish_set(pack_out *v, long n, sd_error *err)
     free(names);
     for (long i = 0; i < n; i++) {
         if (i >= renamed) pack_out_abort(&v[i], refused && (v[i].mode & PACK_OUT_RESUME));
-        char *lock = v[i].tmp ? with_suffix(v[i].tmp, "-lock") : NULL; /* LMDB's, beside the temp name */
+        char *lock = v[i].tmp ? sd_shard_path_with(v[i].tmp, "-lock") : NULL; /* LMDB's, beside the temp name */
         if (lock) unlink(lock);
         free(lock);
         free(v[i].final);
@@ -302,7 +281,7 @@ void pack_out_abort(pack_out *o, int keep)
         o->s = NULL;
     }
     o->batch_n = 0;
-    if (o->tmp && !keep) remove_shard_files(o->tmp);
+    if (o->tmp && !keep) sd_shard_remove_files(o->tmp);
     free(o->final);
     free(o->tmp);
     o->final = o->tmp = NULL;
