@@ -35,6 +35,7 @@ enum { MAX_NAMED = 16 };
 
 typedef struct {
     int fd;
+    const char *path; /* for errors */
     size_t psize;
     uint64_t have;   /* whole pages in the file */
     uint64_t last;   /* the snapshot's last page */
@@ -72,7 +73,7 @@ static void damage(walk *w, const tree *t, uint64_t pgno, const char *fmt, ...)
 /* Stop the walk with an error of its own (not damage). */
 static int fail(walk *w, sd_status code, const char *what)
 {
-    if (!w->st) w->st = sd_err_set(w->err, code, "%s", what);
+    if (!w->st) w->st = sd_err_set(w->err, code, "%s: reading its pages: %s", w->path, what);
     return -1;
 }
 
@@ -536,7 +537,7 @@ sd_status sd_shard_check_pages(sd_shard *s, int deep, sd_shard_entry_fn fn, void
     int rc = mdb_env_stat(s->env, &ms);
     if (!rc) rc = mdb_env_get_fd(s->env, &fd);
     if (rc) return sd_shard_mdb_err(err, rc, "reading the environment", s);
-    walk w = {.fd = fd, .psize = ms.ms_psize, .deep = deep, .fn = fn, .ctx = ctx, .out = out, .err = err};
+    walk w = {.fd = fd, .path = s->path, .psize = ms.ms_psize, .deep = deep, .fn = fn, .ctx = ctx, .out = out, .err = err};
     sd_status st = SD_OK;
     int changed = 1;
     for (int tries = 0; changed && tries < 4; tries++) {
