@@ -74,4 +74,11 @@ static inline uint64_t lmdb_rd64(const uint8_t *p)
     return v;
 }
 
+/* qsort's order of page numbers (the freelist checks sort them). */
+static inline int lmdb_cmp_pgno(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
 #endif

@@ -237,16 +237,10 @@ static sd_status walk_page(tail_walk *w, uint64_t pgno, int depth)
     return st;
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* Where the highest missing page that is not free ends; 0 when all are free. */
 static uint64_t walk_used_end(tail_walk *w)
 {
-    if (w->n) qsort(w->free, w->n, sizeof *w->free, cmp_u64); /* an empty list may be NULL */
+    if (w->n) qsort(w->free, w->n, sizeof *w->free, lmdb_cmp_pgno); /* an empty list may be NULL */
     uint64_t pg = w->last;
     for (size_t i = w->n; i > 0 && pg >= w->have && pg > 0; i--) {
         if (w->free[i - 1] > pg) continue; /* a duplicate */

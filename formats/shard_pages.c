@@ -23,7 +23,6 @@ typedef enum { TREE_MAIN, TREE_FREE, TREE_NAMED, TREE_DUPS } tree_kind;
 typedef struct {
     tree_kind kind;
     int db;          /* sd_shard_db of a named database sdtk knows, else -1 */
-    int dupsort;     /* its values are dup sub-pages or dup trees */
     char name[64];   /* for messages */
     unsigned flags;  /* its md_flags */
     uint64_t root;
@@ -231,8 +230,7 @@ static void take_free(walk *w, const tree *t, uint64_t pg, const uint8_t *idl, u
 static tree tree_of(tree_kind kind, const uint8_t *db, const char *name)
 {
     unsigned flags = lmdb_rd16(db + DB_FLAGS);
-    tree t = {kind, -1, (flags & DB_DUPSORT) != 0, "", flags, lmdb_rd64(db + DB_ROOT), lmdb_rd16(db + DB_DEPTH),
-              lmdb_rd64(db + DB_ENTRIES)};
+    tree t = {kind, -1, "", flags, lmdb_rd64(db + DB_ROOT), lmdb_rd16(db + DB_DEPTH), lmdb_rd64(db + DB_ENTRIES)};
     snprintf(t.name, sizeof t.name, "%s", name);
     return t;
 }
@@ -318,7 +316,7 @@ static uint64_t leaf_node(walk *w, const tree *t, uint64_t pg, const uint8_t *pa
     int big = flags == NODE_BIGDATA;
     int allowed = t->kind == TREE_MAIN ? flags == NODE_SUBDATA
                   : t->kind == TREE_DUPS ? flags == 0
-                  : t->dupsort ? flags == 0 || flags == NODE_DUPDATA || flags == (NODE_DUPDATA | NODE_SUBDATA)
+                  : t->flags & DB_DUPSORT ? flags == 0 || flags == NODE_DUPDATA || flags == (NODE_DUPDATA | NODE_SUBDATA)
                                : flags == 0 || big;
     if (!key_fits(t, klen)) {
         damage(w, t, pg, "node %zu has a key of %zu bytes", i, klen);
@@ -422,18 +420,12 @@ static uint64_t walk_tree(walk *w, const tree *t)
     return n;
 }
 
-static int cmp_page(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* After every tree (deep): a page both on the freelist and in a tree, or
  * twice on the freelist, would be handed out again by a later write, which
  * would overwrite live data (or trip LMDB's assertions). */
 static void check_free(walk *w, const tree *ft)
 {
-    if (w->nfree) qsort(w->free, w->nfree, sizeof *w->free, cmp_page);
+    if (w->nfree) qsort(w->free, w->nfree, sizeof *w->free, lmdb_cmp_pgno);
     for (size_t i = 0; i < w->nfree; i++) {
         uint64_t p = w->free[i];
         if (i > 0 && p == w->free[i - 1]) damage(w, ft, p, "on the freelist twice");
