@@ -424,6 +424,7 @@ static sd_fast try_fast(const unsigned char *buf, size_t len, const sd_imginfo *
     case SD_IMG_WEBP: r = sd_fast_webp(buf, len, info, plan, out, &icc, &icc_len); break;
     default: break;
     }
+    if (r == SD_FAST_DECLINE && info->format == SD_IMG_JPEG) r = sd_jpeg_scan_check(buf, len, why);
     if (r == SD_FAST_DONE && icc) *st = apply_icc(out, sd_image_out_w(plan), sd_image_out_h(plan), icc, icc_len, name, err);
     if (r == SD_FAST_CORRUPT) *st = sd_err_set(err, SD_EFORMAT, "%s: corrupt JPEG data (libjpeg: %s)", name, why);
     free(icc);

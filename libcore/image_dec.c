@@ -62,6 +62,7 @@ static void jpeg_on_message(j_common_ptr c, int level)
     if (level >= 0) return;
     sd_jpeg_fail *f = (sd_jpeg_fail *)c->err;
     f->corrupt = sd_jpeg_warning_is_corrupt(c->err->msg_code);
+    if (!f->corrupt && f->only_damage) return;
     c->err->format_message(c, f->msg);
     longjmp(f->jump, 1);
 }
@@ -73,6 +74,7 @@ void sd_jpeg_fail_init(struct jpeg_decompress_struct *c, sd_jpeg_fail *f)
     f->pub.error_exit = jpeg_on_error;
     f->pub.emit_message = jpeg_on_message;
     f->corrupt = 0;
+    f->only_damage = 0;
     f->msg[0] = 0;
 }
 
@@ -152,6 +154,49 @@ sd_fast sd_fast_jpeg(const unsigned char *buf, size_t len, const sd_imginfo *inf
     free(rows);
     *icc = prof;
     return SD_FAST_DONE;
+}
+
+/* For a JPEG the direct decoder declined (EXIF rotation, CMYK, an upscale,
+ * a harmless warning): libvips would decode damaged scan data grey or
+ * smeared and pass it on, so every scan is entropy-decoded here first, at
+ * the 1/8 DCT scale (the Huffman work of a full decode, little else).
+ * SD_FAST_CORRUPT with libjpeg's message when the data is damaged;
+ * SD_FAST_DECLINE otherwise, fatal errors included (libvips reports those). */
+sd_fast sd_jpeg_scan_check(const unsigned char *buf, size_t len, char *why)
+{
+    struct jpeg_decompress_struct c;
+    sd_jpeg_fail fail;
+    unsigned char *volatile rows = NULL;
+    sd_jpeg_fail_init(&c, &fail);
+    fail.only_damage = 1;
+    if (setjmp(fail.jump)) {
+        jpeg_destroy_decompress(&c);
+        free(rows);
+        if (!fail.corrupt) return SD_FAST_DECLINE;
+        snprintf(why, SD_FAST_WHY_MAX, "%s", fail.msg);
+        return SD_FAST_CORRUPT;
+    }
+    jpeg_create_decompress(&c);
+    jpeg_mem_src(&c, buf, (unsigned long)len);
+    jpeg_read_header(&c, TRUE);
+    c.scale_num = 1;
+    c.scale_denom = 8;
+    c.dct_method = JDCT_IFAST;
+    c.do_fancy_upsampling = FALSE;
+    jpeg_start_decompress(&c);
+    size_t stride = (size_t)c.output_width * (size_t)c.output_components;
+    int nrows = c.rec_outbuf_height > 0 && c.rec_outbuf_height <= 16 ? c.rec_outbuf_height : 1;
+    rows = malloc(stride * (size_t)nrows + 16);
+    if (!rows) longjmp(fail.jump, 1);
+    while (c.output_scanline < c.output_height) {
+        JSAMPROW rp[16];
+        for (int i = 0; i < nrows; i++) rp[i] = rows + stride * (size_t)i;
+        jpeg_read_scanlines(&c, rp, (JDIMENSION)nrows);
+    }
+    jpeg_finish_decompress(&c);
+    jpeg_destroy_decompress(&c);
+    free(rows);
+    return SD_FAST_DECLINE;
 }
 
 /* ---- PNG ---- */

@@ -50,6 +50,10 @@ sd_fast sd_fast_png(const unsigned char *buf, size_t len, const sd_imginfo *info
 sd_fast sd_fast_webp(const unsigned char *buf, size_t len, const sd_imginfo *info, const sd_image_plan *plan,
                      unsigned char *out, unsigned char **icc, size_t *icc_len);
 
+/* Damaged scan data in a JPEG the direct decoder declined: CORRUPT with
+ * libjpeg's message in `why`, else DECLINE (go on to libvips). */
+sd_fast sd_jpeg_scan_check(const unsigned char *buf, size_t len, char *why);
+
 /* The JPEG DCT scale denominator sd_fast_jpeg decodes a w x h image at for
  * this plan: the largest of 8, 4, 2, 1 whose output still covers the resize
  * size on both sides. */

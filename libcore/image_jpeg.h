@@ -14,6 +14,7 @@ typedef struct {
     struct jpeg_error_mgr pub;
     jmp_buf jump;
     int corrupt;   /* the jump was a warning about damaged image data (sd_jpeg_warning_is_corrupt) */
+    int only_damage; /* set after init: harmless warnings go on instead of jumping (the scan check) */
     char msg[JMSG_LENGTH_MAX]; /* libjpeg's text of the error or warning that jumped */
 } sd_jpeg_fail;
 

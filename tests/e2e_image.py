@@ -424,6 +424,26 @@ def synthetic(d, tmp):
     e = d.run(bad, 160, 120)
     check(isinstance(e, str) and e.startswith("err") and bad in e and "corrupt JPEG data (libjpeg: " in e,
           "corrupt JPEG data -> refused naming it: %s" % (e if isinstance(e, str) else "decoded"))
+    # the same damage in JPEGs the direct decoder leaves to libvips (EXIF-rotated,
+    # upscaled, CMYK) is refused too: libvips alone would decode the rest grey
+    def damaged(img, path, **kw):
+        img.save(path, quality=90, **kw)
+        raw = bytearray(open(path, "rb").read())
+        sos = raw.index(b"\xff\xda")
+        raw[sos + 400:sos + 402] = b"\xff\xd0"
+        open(path, "wb").write(bytes(raw))
+        return path
+    ex6 = Image.Exif()
+    ex6[0x0112] = 6
+    for what, path, rw, rh in (
+            ("EXIF-rotated", damaged(Image.fromarray(noise(240, 320, 3, 9)), os.path.join(tmp, "corrupt6.jpg"),
+                                     exif=ex6), 120, 160),
+            ("upscaled", bad, 480, 360),
+            ("CMYK", damaged(Image.fromarray(noise(240, 320, 4, 9), "CMYK"), os.path.join(tmp, "corruptk.jpg")),
+             160, 120)):
+        e = d.run(path, rw, rh)
+        check(isinstance(e, str) and e.startswith("err") and path in e and "corrupt JPEG data (libjpeg: " in e,
+              "corrupt %s JPEG (libvips path) -> refused naming it: %s" % (what, e if isinstance(e, str) else "decoded"))
     raw = bytearray(open(noisy, "rb").read())
     eoi = raw.rindex(b"\xff\xd9")
     extra = os.path.join(tmp, "extra.jpg")
