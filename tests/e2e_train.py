@@ -140,7 +140,9 @@ class Train(unittest.TestCase):
         """Start a run, send sig once a checkpoint before the end exists,
         rerun to the end; the result must equal the reference run."""
         out = os.path.join(self.tmp.name, name)
-        p = subprocess.Popen([TRAIN, "--unet", UNET, "-o", out] + COMMON + [self.shard], stderr=subprocess.PIPE)
+        m = out + ".jsonl"
+        p = subprocess.Popen([TRAIN, "--unet", UNET, "-o", out, "--metrics", m] + COMMON + [self.shard],
+                             stderr=subprocess.PIPE)
         t0 = time.time()
         while latest(out) < 2 and p.poll() is None and time.time() - t0 < 120:
             time.sleep(0.005)
@@ -153,7 +155,24 @@ class Train(unittest.TestCase):
         else:
             self.assertEqual(p.returncode, -signal.SIGKILL)
         self.assertLess(stopped_at, 10, "the run finished before the signal: nothing was tested")
-        run("--unet", UNET, "-o", out, *COMMON, self.shard)
+        # what a run killed after its checkpoint leaves: lines for steps the resume redoes, the
+        # last one cut short
+        with open(m, "a") as f:
+            f.write('{"step": %d, "loss": 1e9}\n{"step": %d, "lo' % (stopped_at + 1, stopped_at + 2))
+        with open(m) as f:
+            before = [l for l in f.read().splitlines() if not l.endswith("}") or json.loads(l)["step"] > stopped_at]
+        self.assertGreaterEqual(len(before), 2)
+        _, err = run("--unet", UNET, "-o", out, "--metrics", m, *COMMON, self.shard)
+        self.assertIn("moved to %s.superseded" % m, err)
+        # each step once, with the uninterrupted run's losses; the earlier lines kept aside
+        with open(m) as f:
+            lines = [json.loads(l) for l in f]
+        self.assertEqual([l["step"] for l in lines], list(range(1, 11)))
+        with open(os.path.join(self.tmp.name, "m.jsonl")) as f:
+            ref = [json.loads(l) for l in f]
+        self.assertEqual([l["loss"] for l in lines], [l["loss"] for l in ref])
+        with open(m + ".superseded") as f:
+            self.assertEqual(f.read().splitlines(), before)
         got = final(out)
         self.assertTrue(got[0] == self.want[0], "weights differ from the uninterrupted run")
         self.assertTrue(got[1] == self.want[1], "EMA weights differ from the uninterrupted run")

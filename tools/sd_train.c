@@ -221,7 +221,7 @@ int main(int argc, char **argv)
         {"save-single", 0, SD_OPT_FLAG, &o.save_single, NULL,
          "also write each checkpoint's UNet (and EMA UNet) as one safetensors file with the original "
          "model.diffusion_model.* names, as UIs load a UNet alone"},
-        {"metrics", 0, SD_OPT_STR, &o.metrics, "FILE", "append one JSON line per step"},
+        {"metrics", 0, SD_OPT_STR, &o.metrics, "FILE", "append one JSON line per step (a resume first moves later steps' lines to FILE.superseded)"},
         {"tensorboard", 0, SD_OPT_STR, &o.tensorboard, "DIR",
          "write TensorBoard event files there (loss, smoothed loss, lr, gradient norm, validation loss): "
          "tensorboard --logdir DIR"},

@@ -1144,9 +1144,8 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
     sd_status crc = check_world(tr, err);
     if (crc) return crc;
     if (o->metrics && !tr->metrics && tr->rank == 0) {
-        tr->metrics = fopen(o->metrics, "a");
-        if (!tr->metrics)
-            return sd_err_set(err, SD_EIO, "%s: cannot open the metrics file: %s", o->metrics, strerror(errno));
+        sd_status mrc = sd_metrics_open(o->metrics, tr->step, &tr->metrics, err);
+        if (mrc) return mrc;
     }
     if (o->tensorboard && !tr->tb.f && tr->rank == 0) {
         sd_status trc = sd_tb_open(&tr->tb, o->tensorboard, err);
