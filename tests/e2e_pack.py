@@ -300,6 +300,26 @@ class Pack(unittest.TestCase):
                 want += arrays["latents"].size * 2 * (2 if "latents_flipped" in keys else 1)
         self.assertEqual(self.info(shard)["latents"]["payload_bytes"], want)  # fp16: 2 bytes a value
 
+    def test_extend_keeps_one_dtype(self):
+        """An import into a shard that already holds records keeps the shard's element type: a
+        conflicting --dtype is refused (the shard untouched), no --dtype stores new files in the
+        recorded type even when the files hold another."""
+        d = self.kohya_dir("kd16")
+        shard = self.p("one-dtype.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard, "--dtype", "fp16", "-q")
+        self.assertEqual(rc, 0, err)
+        self.latents(os.path.join(d, "late.npz"), 64, 64, orig=(192, 192))  # float32, like the rest
+        before = self.info(shard)
+        rc, _, err = run("import-kohya", d, "-o", shard, "--dtype", "fp32", "-q")
+        self.assertEqual(rc, 3, err)
+        self.assertIn("holds fp16 latents from an earlier run; --dtype fp32 would mix", err)
+        self.assertEqual(self.info(shard), before)
+        rc, _, err = run("import-kohya", d, "-o", shard, "-q")
+        self.assertEqual(rc, 0, err)
+        info = self.info(shard)
+        self.assertEqual(info["latents"]["records"], before["latents"]["records"] + 1)
+        self.assertEqual(info["latents"]["dtypes"], {"fp16": before["latents"]["records"] + 1})
+
     def test_current_names_and_meta_captions(self):
         d = self.p("xl")
         self.latents(os.path.join(d, "a_1024x0768_sdxl.npz"), 64, 48, orig=(1024, 768))

@@ -151,15 +151,37 @@ static sd_status convert(sd_buf *b, int to, const sd_npz_member *m, sd_error *er
     return sd_convert((sd_npy_dtype)to, b->data, m->info.dtype, m->data, n, err);
 }
 
-/* The stored element type for an array: --dtype, or the file's own (fp64 -> fp32). */
-static int target_dtype(const run *r, const sd_npz_member *m)
+/* The stored element type for an array of kind which (0 latents, 1 text
+ * embeddings): --dtype, else the one the shard records for that kind (its
+ * first record's, maybe an earlier run's), else the file's own (fp64 ->
+ * fp32). One shard then holds one element type per kind. */
+static int target_dtype(const run *r, int which, const sd_npz_member *m)
 {
     if (r->o->npy_dtype >= 0) return r->o->npy_dtype;
+    sd_npy_dtype kept;
+    if (r->dtypes[which] && sd_npy_dtype_parse(r->dtypes[which], &kept) == 0 && sd_npy_is_float(kept) &&
+        kept != SD_NPY_F64)
+        return kept;
     return m->info.dtype == SD_NPY_F16 ? SD_NPY_F16 : SD_NPY_F32;
 }
 
 /* The members of the dtypes meta entry: latents, text embeddings. */
 static const char *const dtype_keys[2] = {"latent", "text"};
+
+/* A resumed or extended shard that records another element type than
+ * --dtype asks for would end up holding both: refused, naming both. */
+static sd_status check_dtypes(const run *r, sd_error *err)
+{
+    if (r->o->npy_dtype < 0) return SD_OK;
+    const char *want = sd_dtype_name(pack_shard_dtype(r->o->npy_dtype));
+    for (int i = 0; i < 2; i++)
+        if (r->dtypes[i] && strcmp(r->dtypes[i], want))
+            return sd_err_set(err, SD_EINVAL, "%s: holds %s %s from an earlier run; --dtype %s would mix element "
+                              "types in one shard (rerun with --dtype %s, or import into a new shard)",
+                              r->out.tmp ? r->out.tmp : r->out.final, r->dtypes[i], i ? "text embeddings" : "latents", r->o->dtype_name,
+                              r->dtypes[i]);
+    return SD_OK;
+}
 
 /* The dtypes meta entry already in the output (a resumed or extended
  * shard), so a run that stores no text embedding keeps the text dtype an
@@ -211,7 +233,7 @@ static sd_status note_dtype(run *r, int which, int npy_dtype, sd_error *err)
  * caption, same embedding), else the converted tensors themselves. */
 static sd_status put_text(run *r, const sd_kohya_te *te, const sd_kohya_meta_entry *me, uint8_t key[16], sd_error *err)
 {
-    int to = target_dtype(r, te->h1);
+    int to = target_dtype(r, 1, te->h1);
     const sd_npz_member *m[3] = {te->h1, te->h2, te->pool};
     static const int roles[3] = {SD_ROLE_HIDDEN1, SD_ROLE_HIDDEN2, SD_ROLE_POOLED};
     sd_shard_rec rec;
@@ -411,7 +433,7 @@ static sd_status put_latents(run *r, const cache_file *f, const char *path, cons
     sd_shard_rec rec;
     memset(&rec, 0, sizeof rec);
     rec.kind = SD_REC_LATENT;
-    int to = target_dtype(r, l->latents);
+    int to = target_dtype(r, 0, l->latents);
     sd_status st = set_meta(r, f, err);
     if (!st && te) st = put_text(r, te, me, rec.text_ref, err);
     const sd_npz_member *m[2] = {l->latents, l->flipped};
@@ -525,6 +547,7 @@ static sd_status import_all(run *r, sd_error *err)
     }
     sd_status st = count_bases(r, err);
     if (!st) st = load_dtypes(r, err);
+    if (!st) st = check_dtypes(r, err);
     sd_progress_init(&r->prog, "sd-pack import-kohya", "files", r->lat.n, !r->o->pc.quiet);
     for (size_t i = 0; !st && i < r->lat.n; i++) {
         if (i && !strcmp(r->lat.v[i].name, r->lat.v[i - 1].name)) {
@@ -560,7 +583,7 @@ int pack_import_kohya(int argc, char **argv)
     const sd_opt opts[] = {
         {"output", 'o', SD_OPT_STR, &o.output, "SHARD", "the shard to write or extend"},
         {"meta", 0, SD_OPT_STR, &o.meta_path, "FILE", "meta_lat.json / meta_cap_dd.json: captions and train_resolution"},
-        {"dtype", 0, SD_OPT_STR, &o.dtype_name, "T", "store tensors as fp16, bf16 or fp32 (default: as in the files)"},
+        {"dtype", 0, SD_OPT_STR, &o.dtype_name, "T", "store tensors as fp16, bf16 or fp32 (default: as the shard already holds them, else as in the first file)"},
         {"scale", 0, SD_OPT_DOUBLE, &o.scale, "X",
          "the VAE scaling factor sd-train applies (default: 0.18215 for _sd names, 0.13025 for _sdxl)"},
         {"strict", 0, SD_OPT_FLAG, &o.pc.strict, NULL, "exit 1 if any file was skipped"},
