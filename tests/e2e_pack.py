@@ -1010,6 +1010,25 @@ class Pack(unittest.TestCase):
         self.assertIn("o.lmdb.partial-Ab12Cd: a temporary output left by an earlier run", err)
         self.assertTrue(os.path.exists(left))
 
+    def test_export_kohya_names_a_killed_exports_leftovers(self):
+        """A killed export-kohya leaves NAME.npz.tmp.XXXXXX files in its tree: the rerun names
+        each (the first ten, then a count) and leaves them; the export itself is whole."""
+        d = self.kohya_dir("kl")
+        shard = self.p("kl.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard, "-q")
+        self.assertEqual(rc, 0, err)
+        out = self.p("kl-out")
+        os.makedirs(os.path.join(out, "sub"))
+        left = [os.path.join(out, "sub", "img%02d.npz.tmp.Ab%04d" % (i, i)) for i in range(12)]
+        for f in left:
+            open(f, "wb").close()
+        rc, _, err = run("export-kohya", shard, "-o", out, "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(err.count(": a temporary output left by an earlier run"), 10, err)
+        self.assertIn("%s: 12 such temporary files in all" % out, err)
+        self.assertTrue(all(os.path.exists(f) for f in left))
+        self.assertEqual(sorted(f for f in tree(out) if ".tmp." not in f), tree(d))
+
     def test_damaged_index_loses_nothing(self):
         """split and the exporters read the records, not only the indexes."""
         a = self.p("a.shard")

@@ -2,6 +2,7 @@
  * directory: one latents npz per record (float32, keys and dtypes as
  * sd-scripts writes them) and <stem>_te_outputs.npz for SDXL text
  * embeddings. Every file is written atomically. */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,39 @@ typedef struct {
     sd_buf file, path, lat, flip, te[3];
     uint64_t written, te_written;
 } export_run;
+
+/* 1 for the temporary name sd_outfile_open gives an npz (NAME.npz.tmp.
+ * and mkstemp's six characters). */
+static int is_npz_tmp(const char *name)
+{
+    const char *t = strstr(name, ".npz.tmp.");
+    return t && t != name && strlen(t + 9) == 6;
+}
+
+/* A killed export leaves NAME.npz.tmp.XXXXXX files anywhere in its tree,
+ * which a rerun never reuses: each is named (the first ten, then a count),
+ * not removed, since an export may be writing it now. Depth-limited like
+ * the names an export writes. */
+static void warn_tmp_files(const char *dir, int depth, long *found)
+{
+    DIR *d = depth < 32 ? opendir(dir) : NULL;
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char path[4096];
+        if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= sizeof path) continue;
+        struct stat sb;
+        if (lstat(path, &sb) != 0) continue;
+        if (S_ISDIR(sb.st_mode)) {
+            warn_tmp_files(path, depth + 1, found);
+        } else if (S_ISREG(sb.st_mode) && is_npz_tmp(e->d_name) && ++*found <= 10) {
+            sd_log(SD_LOG_WARN, "%s: a temporary output left by an earlier run (killed?); remove it unless a run is "
+                   "writing it now", path);
+        }
+    }
+    closedir(d);
+}
 
 /* mkdir -p for the directories of path (relative to nothing: full path). */
 static sd_status make_parents(char *path, sd_error *err)
@@ -183,6 +217,11 @@ int pack_export_kohya(int argc, char **argv)
     r.te_tally.verb = "te_outputs not written for";
     sd_progress prog;
     sd_progress_init(&prog, "sd-pack export-kohya", "records", 0, !pc.quiet);
+    long leftovers = 0;
+    warn_tmp_files(output, 0, &leftovers);
+    if (leftovers > 10)
+        sd_log(SD_LOG_WARN, "%s: %ld such temporary files in all (find %s -name '*.npz.tmp.*')", output, leftovers,
+               output);
     sd_error err;
     sd_status st = mkdir(output, 0755) && errno != EEXIST
                        ? sd_err_set(&err, SD_EIO, "%s: cannot create directory: %s", output, strerror(errno))
