@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "act_store.h"
+#include "dtype.h"
 #include "gemm.h"
 
 enum {
@@ -37,6 +39,9 @@ typedef struct {
     size_t sstride;
     float *y;
     const float *x, *w, *b;
+    int xdt, ydt;  /* storage of xs and ys (sd_wino_conv_st); SD_DT_F32 reads x and writes y */
+    const void *xs;
+    void *ys;
 } wctx;
 
 /* Output size, tiles, and the units: whole tile rows of one image, about
@@ -172,14 +177,17 @@ static void transform_input(const wctx *c, size_t ni, int ty0, int ty1, float *V
 {
     const sd_wino_shape *s = c->s;
     size_t hw = (size_t)s->h * (size_t)s->w, n = (size_t)c->ntx + 1;
-    float *rows[4] = {work, work + 2 * n, work + 4 * n, work + 6 * n}, *e = work + 8 * n;
+    float *rows[4] = {work, work + 2 * n, work + 4 * n, work + 6 * n}, *e = work + 8 * n, *wide = work + 16 * n;
     for (int ci = 0; ci < s->cin; ci++) {
-        const float *xp = c->x + (ni * (size_t)s->cin + (size_t)ci) * hw;
+        size_t plane = (ni * (size_t)s->cin + (size_t)ci) * hw;
+        const float *xp = c->xdt == SD_DT_F32 ? c->x + plane : NULL;
         for (int ty = ty0; ty < ty1; ty++) {
             for (int r = 0; r < 4; r++) {
                 int iy = 2 * ty - s->pt + r;
+                const float *xr = xp ? xp + (size_t)iy * (size_t)s->w : wide;
+                if (iy >= 0 && iy < s->h && !xp) sd_act_widen(wide, c->xs, plane + (size_t)iy * (size_t)s->w, (size_t)s->w, c->xdt);
                 if (iy >= 0 && iy < s->h)
-                    split_row(xp + (size_t)iy * (size_t)s->w, s->w, s->pl, (int)n, rows[r], rows[r] + n);
+                    split_row(xr, s->w, s->pl, (int)n, rows[r], rows[r] + n);
                 else
                     memset(rows[r], 0, 2 * n * sizeof(float));
             }
@@ -238,8 +246,10 @@ static void transform_output(const wctx *c, size_t ni, int ty0, int ty1, const f
     const sd_wino_shape *s = c->s;
     size_t ohw = (size_t)c->oh * (size_t)c->ow, fs = (size_t)s->cout * c->ntp, np = (size_t)c->ntx;
     int full = c->ow / 2, odd = c->ow & 1;
+    float *row = work + 8 * np; /* one output row before it is narrowed to ys */
     for (int co = 0; co < s->cout; co++) {
-        float *yp = c->y + (ni * (size_t)s->cout + (size_t)co) * ohw, bias = c->b ? c->b[co] : 0.0f;
+        size_t plane = (ni * (size_t)s->cout + (size_t)co) * ohw;
+        float *yp = c->ydt == SD_DT_F32 ? c->y + plane : NULL, bias = c->b ? c->b[co] : 0.0f;
         for (int ty = ty0; ty < ty1; ty++) {
             const float *m = Mb + (size_t)co * c->ntp + (size_t)(ty - ty0) * np;
             for (int cc = 0; cc < 4; cc++)
@@ -247,8 +257,10 @@ static void transform_output(const wctx *c, size_t ni, int ty0, int ty1, const f
                             m + (size_t)(12 + cc) * fs, work + (size_t)cc * np, work + (size_t)(4 + cc) * np);
             for (int a = 0; a < 2 && 2 * ty + a < c->oh; a++) {
                 const float *t = work + (size_t)(4 * a) * np;
-                float *yr = yp + (size_t)(2 * ty + a) * (size_t)c->ow;
+                size_t at = (size_t)(2 * ty + a) * (size_t)c->ow;
+                float *yr = yp ? yp + at : row;
                 (s->acc ? output_cols_acc : output_cols)(full, odd, t, t + np, t + 2 * np, t + 3 * np, bias, yr);
+                if (!yp) sd_act_narrow(c->ys, plane + at, row, (size_t)c->ow, c->ydt);
             }
         }
     }
@@ -279,10 +291,21 @@ static void units_range(void *vctx, int worker, size_t begin, size_t end)
 /* Plan, transform the weights, run the units (see conv_wino.h). */
 int sd_wino_conv(sd_pool *pool, const sd_wino_shape *s, float *y, const float *x, const float *w, const float *b)
 {
-    wctx c = {.y = y, .x = x, .w = w, .b = b};
+    return sd_wino_conv_st(pool, s, SD_DT_F32, y, SD_DT_F32, x, w, b);
+}
+
+/* The same with x and y stored as xdt / ydt (not with acc): input rows are
+ * widened as the transform reads them, output rows narrowed as the inverse
+ * writes them; the arithmetic is sd_wino_conv's. The work area grows by an
+ * input row and (inside it) an output row. */
+int sd_wino_conv_st(sd_pool *pool, const sd_wino_shape *s, int ydt, void *y, int xdt, const void *x, const float *w,
+                    const float *b)
+{
+    wctx c = {.y = y, .x = x, .w = w, .b = b, .xdt = xdt, .ydt = ydt, .xs = x, .ys = y};
+    if (s->acc && ydt != SD_DT_F32) return 0;
     wino_plan(&c, s);
     size_t per_row = 16 * ((size_t)s->cin + (size_t)s->cout) * (size_t)c.ntx;
-    size_t per = per_row * (size_t)c.rows + 16 * ((size_t)c.ntx + 1);
+    size_t per = per_row * (size_t)c.rows + 16 * ((size_t)c.ntx + 1) + (size_t)s->w;
     c.sstride = sd_scratch_stride(per);
     c.U = malloc(16 * (size_t)s->cout * (size_t)s->cin * sizeof(float));
     c.scratch = sd_scratch_alloc(sd_pool_size(pool), per);

@@ -26,4 +26,10 @@ int sd_wino_ok(const sd_wino_shape *s);
  * caller then takes another path; y is untouched). */
 int sd_wino_conv(sd_pool *pool, const sd_wino_shape *s, float *y, const float *x, const float *w, const float *b);
 
+/* sd_wino_conv with x stored as xdt and y as ydt (SD_DT_F32, F16, BF16;
+ * act_store.h), computed in fp32: y is the fp32 result for the widened x,
+ * rounded once. acc needs ydt fp32. */
+int sd_wino_conv_st(sd_pool *pool, const sd_wino_shape *s, int ydt, void *y, int xdt, const void *x, const float *w,
+                    const float *b);
+
 #endif

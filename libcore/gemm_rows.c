@@ -5,10 +5,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 
+#include "act_store.h"
 #include "dtype.h"
 #include "f16.h"
 #include "gemm_rows.h"
@@ -16,23 +14,13 @@
 
 enum { MR = SD_GEMM_ROWS_MR, NR = SD_GEMM_ROWS_NR, KC = SD_GEMM_ROWS_KC, NC = SD_GEMM_ROWS_NC };
 
-#if defined(__x86_64__) || defined(__i386__)
-/* F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports
- * does not know the name, and sdtk must build with clang too. */
-static int cpu_has_f16c(void)
-{
-    unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
-}
-#endif
-
 /* AVX2 when both the build and the CPU have it, with FMA and F16C (every
  * AVX2 CPU has both; F16C widens fp16 weights). The CPU model is the
  * compiler runtime's, read here, never cached by sdtk. */
 sd_gemm_rows_isa sd_gemm_rows_best_isa(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
-    if (sd_gemm_rows_have_avx2() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c())
+    if (sd_gemm_rows_have_avx2() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && sd_cpu_has_f16c())
         return SD_GEMM_ROWS_AVX2;
 #endif
     return SD_GEMM_ROWS_PORTABLE;

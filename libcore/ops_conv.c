@@ -13,7 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "act_store.h"
 #include "conv_wino.h"
+#include "dtype.h"
 #include "gemm.h"
 #include "ops_ref.h"
 
@@ -209,6 +211,9 @@ typedef struct {
     size_t sstride;
     float *y, *dx, *dw, *db;
     const float *x, *w, *b, *dy;
+    int xdt, ydt; /* the forward's storage of xs / ys (sd_conv2d_fwd_st) */
+    const void *xs;
+    void *ys;
 } gconv;
 
 /* Output rows per tile so a tile's col block (kdim rows) fits the scratch
@@ -284,14 +289,17 @@ static int gemm_dims_fit(const gconv *g)
 
 /* Columns [r0*ow, r1*ow) of the col matrix for input channels [c0, c1) of
  * one image: row ((ci-c0)*kh + ky)*kw + kx holds x[ci] at the input pixel
- * each output pixel's tap (ky, kx) reads, 0 in the padding. */
-static void im2col(const gconv *g, const float *x, int c0, int c1, int r0, int r1, float *col)
+ * each output pixel's tap (ky, kx) reads, 0 in the padding. x holds input
+ * rows from row0 on, channels cstride floats apart (the whole image: 0 and
+ * HW; a widened band of rows: its first row and size). */
+static void im2col(const gconv *g, const float *x, size_t cstride, int row0, int c0, int c1, int r0, int r1,
+                   float *col)
 {
     const sd_conv2d_shape *s = g->s;
     size_t T = (size_t)(r1 - r0) * (size_t)g->ow, ow = (size_t)g->ow;
     float *dst = col;
     for (int ci = c0; ci < c1; ci++) {
-        const float *xp = x + (size_t)ci * g->HW;
+        const float *xp = x + (size_t)ci * cstride;
         for (int ky = 0; ky < s->kh; ky++) {
             for (int kx = 0; kx < s->kw; kx++, dst += T) {
                 int ox0, ox1, off = kx - s->pad_l;
@@ -303,7 +311,7 @@ static void im2col(const gconv *g, const float *x, int c0, int c1, int r0, int r
                         memset(d, 0, ow * sizeof(float));
                         continue;
                     }
-                    const float *xr = xp + (size_t)iy * (size_t)s->w;
+                    const float *xr = xp + (size_t)(iy - row0) * (size_t)s->w;
                     memset(d, 0, (size_t)ox0 * sizeof(float));
                     if (s->stride == 1)
                         memcpy(d + ox0, xr + ox0 + off, (size_t)(ox1 - ox0) * sizeof(float));
@@ -368,7 +376,7 @@ static void gconv_fwd_range(void *vctx, int worker, size_t begin, size_t end)
             bm = xi + (size_t)r0 * (size_t)g->ow;
             ldb = g->HW;
         } else {
-            im2col(g, xi, 0, s->cin, r0, r1, col);
+            im2col(g, xi, g->HW, 0, 0, s->cin, r0, r1, col);
             bm = col;
             ldb = T;
         }
@@ -402,6 +410,140 @@ void sd_conv2d_fwd(sd_pool *pool, const sd_conv2d_shape *s, float *y, const floa
         }
     }
     sd_pool_for(pool, (size_t)s->n * (size_t)g.ntiles * (size_t)g.nfblocks, gconv_fwd_range, &g);
+    free(g.scratch);
+}
+
+/* The input rows [*lo, *hi) that output rows [r0, r1) read, clipped to
+ * the image. */
+static void input_band(const gconv *g, int r0, int r1, int *lo, int *hi)
+{
+    const sd_conv2d_shape *s = g->s;
+    int a = r0 * s->stride - s->pad_t, b = (r1 - 1) * s->stride - s->pad_t + s->kh;
+    *lo = a < 0 ? 0 : a;
+    *hi = b > s->h ? s->h : b;
+    if (*hi < *lo) *hi = *lo;
+}
+
+/* Floats of a typed forward unit's scratch: the widened input band (every
+ * channel), the col block (not pointwise) and the output tile. */
+static void st_scratch(const gconv *g, size_t *band, size_t *col, size_t *out)
+{
+    const sd_conv2d_shape *s = g->s;
+    size_t rows_in = (size_t)(g->rows - 1) * (size_t)s->stride + (size_t)s->kh;
+    if (rows_in > (size_t)s->h) rows_in = (size_t)s->h;
+    size_t T = (size_t)g->rows * (size_t)g->ow;
+    *band = (size_t)s->cin * rows_in * (size_t)s->w;
+    *col = g->pointwise ? 0 : g->K * T;
+    *out = (size_t)g->fb * T;
+}
+
+/* Typed forward units (sd_conv2d_fwd_st): the tile's input band widened to
+ * fp32, then the fp32 unit's col, bias and GEMM into an fp32 tile, each
+ * output row narrowed once. The GEMM sees the values the fp32 forward
+ * would for the widened input. */
+static void gconv_fwd_st_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const gconv *g = vctx;
+    const sd_conv2d_shape *s = g->s;
+    size_t nband, ncol, nout;
+    st_scratch(g, &nband, &ncol, &nout);
+    float *band = g->scratch + (size_t)worker * g->sstride, *col = band + nband, *tile = col + ncol;
+    for (size_t u = begin; u < end; u++) {
+        size_t ni = u / ((size_t)g->ntiles * (size_t)g->nfblocks), rest = u % ((size_t)g->ntiles * (size_t)g->nfblocks);
+        int r0 = (int)(rest / (size_t)g->nfblocks) * g->rows;
+        int r1 = r0 + g->rows < g->oh ? r0 + g->rows : g->oh;
+        int co0 = (int)(rest % (size_t)g->nfblocks) * g->fb, nco = s->cout - co0 < g->fb ? s->cout - co0 : g->fb;
+        size_t T = (size_t)(r1 - r0) * (size_t)g->ow;
+        int lo, hi;
+        input_band(g, r0, r1, &lo, &hi);
+        size_t cstride = (size_t)(hi - lo) * (size_t)s->w;
+        for (int ci = 0; ci < s->cin; ci++)
+            sd_act_widen(band + (size_t)ci * cstride, g->xs,
+                         (ni * (size_t)s->cin + (size_t)ci) * g->HW + (size_t)lo * (size_t)s->w, cstride, g->xdt);
+        const float *bm = band;
+        if (!g->pointwise) {
+            im2col(g, band, cstride, lo, 0, s->cin, r0, r1, col);
+            bm = col;
+        }
+        for (int co = 0; co < nco; co++) {
+            float *yr = tile + (size_t)co * T, bv = g->b ? g->b[co0 + co] : 0.0f;
+            for (size_t i = 0; i < T; i++) yr[i] = bv;
+        }
+        sd_sgemm(0, 0, nco, (int)T, (int)g->K, 1.0f, g->w + (size_t)co0 * g->K, (int)g->K, bm, (int)T,
+                 g->b ? 1.0f : 0.0f, tile, (int)T);
+        for (int co = 0; co < nco; co++)
+            sd_act_narrow(g->ys, (ni * (size_t)s->cout + (size_t)(co0 + co)) * g->P + (size_t)r0 * (size_t)g->ow,
+                          tile + (size_t)co * T, T, g->ydt);
+    }
+}
+
+/* One element of a dt buffer as a float (the typed fallback's loads). */
+static float load1(const void *p, size_t i, int dt)
+{
+    float f;
+    sd_act_widen(&f, p, i, 1, dt);
+    return f;
+}
+
+/* The typed fallback when no scratch can be had: each output value summed
+ * directly in the reference's order (bias, then channel, tap row, tap
+ * column), which gives the reference's bits, then narrowed. */
+static void ref_fwd_st_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const gconv *g = vctx;
+    const sd_conv2d_shape *s = g->s;
+    (void)worker;
+    for (size_t u = begin; u < end; u++) {
+        size_t ni = u / (size_t)s->cout, co = u % (size_t)s->cout;
+        for (int oy = 0; oy < g->oh; oy++)
+            for (int ox = 0; ox < g->ow; ox++) {
+                float acc = g->b ? g->b[co] : 0.0f;
+                for (int ci = 0; ci < s->cin; ci++) {
+                    size_t xp = (ni * (size_t)s->cin + (size_t)ci) * g->HW;
+                    const float *wp = g->w + (co * (size_t)s->cin + (size_t)ci) * g->khw;
+                    for (int ky = 0; ky < s->kh; ky++) {
+                        int iy = oy * s->stride - s->pad_t + ky;
+                        if (iy < 0 || iy >= s->h) continue;
+                        for (int kx = 0; kx < s->kw; kx++) {
+                            int ix = ox * s->stride - s->pad_l + kx;
+                            if (ix < 0 || ix >= s->w) continue;
+                            acc += wp[ky * s->kw + kx] * load1(g->xs, xp + (size_t)iy * (size_t)s->w + (size_t)ix, g->xdt);
+                        }
+                    }
+                }
+                sd_act_narrow(g->ys, u * g->P + (size_t)oy * (size_t)g->ow + (size_t)ox, &acc, 1, g->ydt);
+            }
+    }
+}
+
+/* y = conv(x, w) + b with x stored as xdt and y as ydt (act_store.h),
+ * computed in fp32 with fp32 weights: Winograd where sd_conv2d_fwd takes
+ * it, else im2col tiles over a widened band of input rows. */
+void sd_conv2d_fwd_st(sd_pool *pool, const sd_conv2d_shape *s, int ydt, void *y, int xdt, const void *x,
+                      const float *w, const float *b)
+{
+    if (ydt == SD_DT_F32 && xdt == SD_DT_F32) {
+        sd_conv2d_fwd(pool, s, y, x, w, b);
+        return;
+    }
+    if (s->kh == 3 && s->kw == 3 && s->stride == 1) {
+        sd_wino_shape ws = {.n = s->n, .cin = s->cin, .cout = s->cout, .h = s->h, .w = s->w, .pt = s->pad_t,
+                            .pb = s->pad_b, .pl = s->pad_l, .pr = s->pad_r};
+        if (sd_wino_ok(&ws) && sd_wino_conv_st(pool, &ws, ydt, y, xdt, x, w, b)) return;
+    }
+    gconv g = {.w = w, .b = b, .xdt = xdt, .ydt = ydt, .xs = x, .ys = y};
+    gconv_plan(&g, s, 0);
+    if (gemm_dims_fit(&g)) {
+        size_t band, col, out;
+        st_scratch(&g, &band, &col, &out);
+        g.sstride = sd_scratch_stride(band + col + out);
+        g.scratch = sd_scratch_alloc(sd_pool_size(pool), band + col + out);
+    }
+    if (!g.scratch) {
+        sd_pool_for(pool, (size_t)s->n * (size_t)s->cout, ref_fwd_st_range, &g);
+        return;
+    }
+    sd_pool_for(pool, (size_t)s->n * (size_t)g.ntiles * (size_t)g.nfblocks, gconv_fwd_st_range, &g);
     free(g.scratch);
 }
 
@@ -476,7 +618,7 @@ static void gconv_dw_range(void *vctx, int worker, size_t begin, size_t end)
                 int r1 = r0 + g->rows < g->oh ? r0 + g->rows : g->oh;
                 size_t T = (size_t)(r1 - r0) * (size_t)g->ow;
                 const float *dyt = g->dy + (size_t)ni * (size_t)s->cout * g->P + (size_t)r0 * (size_t)g->ow;
-                im2col(g, xi, c0, c1, r0, r1, col);
+                im2col(g, xi, g->HW, 0, c0, c1, r0, r1, col);
                 sd_sgemm(0, 1, s->cout, kb, (int)T, 1.0f, dyt, (int)g->P, col, (int)T, 1.0f,
                          g->dw + (size_t)c0 * g->khw, (int)g->K);
             }

@@ -33,6 +33,11 @@ int sd_conv2d_out_w(const sd_conv2d_shape *s);
 sd_status sd_conv2d_check(const sd_conv2d_shape *s, sd_error *err);
 void sd_conv2d_fwd(sd_pool *pool, const sd_conv2d_shape *s, float *y, const float *x, const float *w,
                    const float *b);
+/* The forward with x stored as xdt and y as ydt (SD_DT_F32, F16 or BF16:
+ * 16-bit activation storage, act_store.h); fp32 weights and arithmetic:
+ * y is sd_conv2d_fwd's result for the widened x, rounded once. */
+void sd_conv2d_fwd_st(sd_pool *pool, const sd_conv2d_shape *s, int ydt, void *y, int xdt, const void *x,
+                      const float *w, const float *b);
 void sd_conv2d_bwd(sd_pool *pool, const sd_conv2d_shape *s, float *dx, float *dw, float *db, const float *dy,
                    const float *x, const float *w);
 
@@ -46,6 +51,14 @@ typedef struct {
 sd_status sd_group_norm_check(const sd_gn_shape *s, sd_error *err);
 void sd_group_norm_fwd(sd_pool *pool, const sd_gn_shape *s, float *y, float *mean, float *rstd, const float *x,
                        const float *gamma, const float *beta);
+/* 16-bit activation storage (ops_store.c; dtypes SD_DT_F32, F16, BF16):
+ * each is the fp32 op's result for the widened inputs, rounded once into
+ * its output. group_norm_fwd_st applies SiLU after the norm when silu is
+ * set (the VAE's norm + SiLU pairs); y may be x. */
+void sd_group_norm_fwd_st(sd_pool *pool, const sd_gn_shape *s, int silu, int ydt, void *y, float *mean, float *rstd,
+                          int xdt, const void *x, const float *gamma, const float *beta);
+void sd_add_fwd_st(sd_pool *pool, size_t n, int dt, void *y, const void *a, const void *b);
+void sd_convert_st(sd_pool *pool, size_t n, int ydt, void *y, int xdt, const void *x);
 void sd_group_norm_bwd(sd_pool *pool, const sd_gn_shape *s, float *dx, float *dgamma, float *dbeta,
                        const float *dy, const float *x, const float *mean, const float *rstd, const float *gamma);
 
