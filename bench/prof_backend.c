@@ -67,6 +67,13 @@ W(C_ELEM, transpose_fwd, (void *e, int x, int y, int z, FP a, CF b), (e, x, y, z
 W(C_ELEM, transpose_bwd, (void *e, int x, int y, int z, FP a, CF b), (e, x, y, z, a, b))
 W(C_ELEM, gauss_std_fwd, (void *e, size_t n, FP a, CF b), (e, n, a, b))
 W(C_ELEM, gauss_std_bwd, (void *e, size_t n, FP a, CF b, CF c), (e, n, a, b, c))
+W(C_CONV, conv2d_fwd_st, (void *e, const sd_conv2d_shape *s, int a, void *b, int c, const void *d, CF f, CF g),
+  (e, s, a, b, c, d, f, g))
+W(C_NORM, group_norm_fwd_st,
+  (void *e, const sd_gn_shape *s, int a, int b, void *c, FP d, FP f, int g, const void *h, CF i, CF j),
+  (e, s, a, b, c, d, f, g, h, i, j))
+W(C_ELEM, add_fwd_st, (void *e, size_t n, int a, void *b, const void *c, const void *d), (e, n, a, b, c, d))
+W(C_ELEM, convert_st, (void *e, size_t n, int a, void *b, int c, const void *d), (e, n, a, b, c, d))
 W(C_ELEM, embedding_fwd, (void *e, const sd_embedding_shape *s, FP a, const int32_t *b, CF c, CF d), (e, s, a, b, c, d))
 W(C_ELEM, embedding_bwd, (void *e, const sd_embedding_shape *s, FP a, FP b, CF c, const int32_t *d), (e, s, a, b, c, d))
 
@@ -84,7 +91,7 @@ const sd_backend *prof_backend(const sd_backend *be)
     P(quick_gelu_bwd); P(geglu_fwd); P(geglu_bwd); P(scale_fwd); P(scale_bwd); P(mul_fwd); P(mul_bwd);
     P(concat_fwd); P(concat_bwd); P(add_bcast_channel_fwd); P(add_bcast_channel_bwd); P(timestep_emb_fwd);
     P(timestep_emb_bwd); P(transpose_fwd); P(transpose_bwd); P(gauss_std_fwd); P(gauss_std_bwd);
-    P(embedding_fwd); P(embedding_bwd);
+    P(embedding_fwd); P(embedding_bwd); P(conv2d_fwd_st); P(group_norm_fwd_st); P(add_fwd_st); P(convert_st);
 #undef P
     return &prof;
 }

@@ -12,15 +12,19 @@
 #include "f16.h"
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
 #include <immintrin.h>
 
-/* F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports
- * does not know the name. */
+/* F16C, from the compiler runtime's CPU model (read, never cached here).
+ * clang before 15 does not know the name; every x86 CPU with AVX2 has F16C
+ * (Intel since Ivy Bridge, AMD since Piledriver), so AVX2 stands for it
+ * there. */
 int sd_cpu_has_f16c(void)
 {
-    unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+#if defined(__clang__) && __clang_major__ < 15
+    return __builtin_cpu_supports("avx2");
+#else
+    return __builtin_cpu_supports("f16c");
+#endif
 }
 
 /* fp16 -> float, 8 at a time (exact), the tail one by one. */

@@ -54,6 +54,16 @@ CPU_OP(attn_rows_fwd,
        (void *exec, const sd_attn_shape *s, int ld, float *y, float *lse, const float *q, const float *k,
         const float *v),
        (pool, s, ld, y, lse, q, k, v))
+CPU_OP(conv2d_fwd_st,
+       (void *exec, const sd_conv2d_shape *s, int ydt, void *y, int xdt, const void *x, const float *w,
+        const float *b),
+       (pool, s, ydt, y, xdt, x, w, b))
+CPU_OP(group_norm_fwd_st,
+       (void *exec, const sd_gn_shape *s, int silu, int ydt, void *y, float *mean, float *rstd, int xdt,
+        const void *x, const float *gamma, const float *beta),
+       (pool, s, silu, ydt, y, mean, rstd, xdt, x, gamma, beta))
+CPU_OP(add_fwd_st, (void *exec, size_t n, int dt, void *y, const void *a, const void *b), (pool, n, dt, y, a, b))
+CPU_OP(convert_st, (void *exec, size_t n, int ydt, void *y, int xdt, const void *x), (pool, n, ydt, y, xdt, x))
 CPU_OP(attn_bwd,
        (void *exec, const sd_attn_shape *s, float *dq, float *dk, float *dv, const float *dy, const float *q,
         const float *k, const float *v, const float *y, const float *lse),
@@ -180,6 +190,10 @@ static const sd_backend cpu_backend = {
     .attn_fwd = cpu_attn_fwd,
     .attn_rows_fwd = cpu_attn_rows_fwd,
     .attn_bwd = cpu_attn_bwd,
+    .conv2d_fwd_st = cpu_conv2d_fwd_st,
+    .group_norm_fwd_st = cpu_group_norm_fwd_st,
+    .add_fwd_st = cpu_add_fwd_st,
+    .convert_st = cpu_convert_st,
     .layer_norm_fwd = cpu_layer_norm_fwd,
     .layer_norm_bwd = cpu_layer_norm_bwd,
     .gelu_fwd = cpu_gelu_fwd,

@@ -61,6 +61,14 @@ typedef struct {
     void (*upsample2x_fwd)(void *, int, int, int, float *, const float *);
     void (*upsample2x_bwd)(void *, int, int, int, float *, const float *);
     void (*attn_fwd)(void *, const sd_attn_shape *, float *, float *, const float *, const float *, const float *);
+    /* optional: 16-bit activation storage (ops_store.c; x and y dtypes of
+     * dtype.h, fp32 weights and arithmetic); CPU only */
+    void (*conv2d_fwd_st)(void *, const sd_conv2d_shape *, int, void *, int, const void *, const float *,
+                          const float *);
+    void (*group_norm_fwd_st)(void *, const sd_gn_shape *, int, int, void *, float *, float *, int, const void *,
+                              const float *, const float *);
+    void (*add_fwd_st)(void *, size_t, int, void *, const void *, const void *);
+    void (*convert_st)(void *, size_t, int, void *, int, const void *);
     void (*attn_bwd)(void *, const sd_attn_shape *, float *, float *, float *, const float *, const float *,
                      const float *, const float *, const float *, const float *);
     /* optional: attention on token-major rows (sd_attn_rows_fwd); CPU only */

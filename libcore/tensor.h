@@ -15,7 +15,7 @@
 enum { SD_TENSOR_MAX_DIMS = 4 };
 
 typedef struct {
-    sd_dtype dtype; /* only SD_DT_F32 is computed today (dtype.h) */
+    sd_dtype dtype; /* SD_DT_F32; the VAE forward's buffers may be F16/BF16 (act_store.h, ops_cpu.h *_st) */
     int ndim;
     int shape[SD_TENSOR_MAX_DIMS];
     float *data; /* not owned */

@@ -74,7 +74,14 @@ typedef struct {
     sd_vae_attn attn;
     sd_vae_norm norm_out;
     char layout[64]; /* "diffusers", "ldm single-file", ... for logs */
+    int act_dtype;   /* activation storage: 0 or SD_DT_F32, SD_DT_F16, SD_DT_BF16 (sd_vae_set_activations) */
 } sd_vae;
+
+/* Store the encoder's activations as dtype (SD_DT_F32, the default;
+ * SD_DT_F16 or SD_DT_BF16: half the activation memory, fp32 arithmetic,
+ * each layer's output rounded to 16 bits). Changes the workspace size;
+ * an encode on a backend without the 16-bit ops (CUDA today) is refused. */
+sd_status sd_vae_set_activations(sd_vae *v, int dtype, sd_error *err);
 
 /* Build the layer table and the flat parameter buffer for cfg. */
 sd_status sd_vae_build(sd_vae *v, const sd_vae_config *cfg, sd_error *err);

@@ -206,6 +206,28 @@ class Latents(unittest.TestCase):
         self.assertNotEqual(dump(s, "latents"), before)
         sh(VERIFY, "--manifest", sub, s)
 
+    def test_vae_activations_are_part_of_the_key(self):
+        """--vae-activations bf16 caches a record set that verifies clean, with other bytes and
+        other keys than fp32's: a later fp32 run replaces every record, and the shard's options
+        meta names the storage."""
+        sub = self.path("sub6.jsonl")
+        with open(self.jsonl) as f, open(sub, "w") as g:
+            g.writelines(f.readlines()[:6])
+        s = self.path("act16.shard")
+        _, _, err = sh(LATENTS, "--vae", VAE, "--vae-activations", "bf16", "-o", s, sub)
+        self.assertEqual(summary(err), (6, 0, 0, 0), err)
+        self.assertIn('"vae_activations": "bf16"', meta_value(s, "options"))
+        sh(VERIFY, "--manifest", sub, s)
+        act16 = dump(s, "latents")
+        full = set(self.full_records["latents"])
+        self.assertFalse(set(act16) & full)
+        _, _, err = sh(LATENTS, "--vae", VAE, "-o", s, sub)
+        self.assertEqual(summary(err), (6, 6, 0, 0), err)
+        self.assertTrue(set(dump(s, "latents")) <= full)
+        for args in (["--vae-activations", "fp8"], ["--vae-activations", "fp16", "--device", "cuda:0"]):
+            code, _, err = sh(LATENTS, "--vae", VAE, *args, "-o", self.path("act-usage.shard"), sub, ok=(2,))
+            self.assertIn("--vae-activations", err)
+
     def test_other_vae_is_refused(self):
         s = self.path("other.shard")
         shutil.copy(self.full, s)

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "dtype.h"
 #include "safetensors.h"
 #include "vae.h"
 
@@ -154,6 +155,81 @@ static void check_config(const char *name, int groups, double scale)
     sd_st_close(g.st);
 }
 
+/* 16-bit activations (sd_vae_set_activations): the golden moments within
+ * the rounding such storage costs (relative to the largest golden value:
+ * 5e-2 for bf16, 8e-3 for fp16), yet not fp32's bits (the path ran);
+ * 1 and 3 threads and each image alone give the same bits; less
+ * workspace at 512x512; a backend without the 16-bit ops is refused. */
+static void check_act16(const char *name)
+{
+    golden g;
+    char path[512];
+    if (!golden_open(&g, name)) return;
+    snprintf(path, sizeof path, "%s/%s", GOLDEN_DIR, name);
+    sd_vae v;
+    sd_error err = {0};
+    if (!CHECK(sd_vae_load(&v, path, NULL, &err) == SD_OK)) {
+        fprintf(stderr, "%s\n", err.msg);
+        sd_st_close(g.st);
+        return;
+    }
+    size_t nl = (size_t)g.n * (size_t)g.lc * (size_t)g.lh * (size_t)g.lw, per = nl / (size_t)g.n;
+    float *m32 = calloc(nl, 4), *s32 = calloc(nl, 4), *mean = calloc(nl, 4), *std = calloc(nl, 4);
+    float *m2 = calloc(nl, 4), *s2 = calloc(nl, 4);
+    double scale_m = 0, scale_s = 0;
+    for (size_t i = 0; i < nl; i++) {
+        scale_m = fmax(scale_m, fabs(((const float *)g.mean->data)[i]));
+        scale_s = fmax(scale_s, fabs(((const float *)g.std->data)[i]));
+    }
+    size_t ws32 = sd_vae_workspace_floats(&v, 1, 512, 512);
+    if (CHECK(m32 && s32 && mean && std && m2 && s2) && CHECK(encode(&v, &g, 1, m32, s32))) {
+        const int dts[2] = {SD_DT_BF16, SD_DT_F16};
+        const double tol[2] = {5e-2, 8e-3};
+        for (int d = 0; d < 2; d++) {
+            CHECK(sd_vae_set_activations(&v, dts[d], &err) == SD_OK);
+            if (!CHECK(encode(&v, &g, 1, mean, std))) continue;
+            double em = max_err(mean, g.mean) / scale_m, es = max_err(std, g.std) / scale_s;
+            size_t ws16 = sd_vae_workspace_floats(&v, 1, 512, 512);
+            printf("%-6s %s activations: max err / max |golden| mean %.2e std %.2e; workspace at 512x512 %.1f "
+                   "MiB (fp32 %.1f MiB)\n", name, sd_dtype_name(dts[d]), em, es, ws16 * 4.0 / 1048576,
+                   ws32 * 4.0 / 1048576);
+            CHECK(em <= tol[d] && es <= tol[d]);
+            CHECK(memcmp(mean, m32, nl * 4) != 0);
+            CHECK(ws16 < ws32 * 6 / 10);
+            CHECK(encode(&v, &g, 3, m2, s2));
+            CHECK(!memcmp(m2, mean, nl * 4) && !memcmp(s2, std, nl * 4));
+            golden one = g;
+            one.n = 1;
+            size_t px = (size_t)3 * (size_t)g.h * (size_t)g.w;
+            for (int i = 0; i < g.n; i++) {
+                sd_st_tensor xi = *g.x;
+                xi.data = (const float *)g.x->data + (size_t)i * px;
+                one.x = &xi;
+                CHECK(encode(&v, &one, 2, m2, s2));
+                CHECK(!memcmp(m2, mean + (size_t)i * per, per * 4) && !memcmp(s2, std + (size_t)i * per, per * 4));
+            }
+        }
+        /* a backend without the 16-bit ops (as CUDA today) is refused, naming it */
+        sd_backend nohalf = *sd_backend_cpu();
+        nohalf.conv2d_fwd_st = NULL;
+        float *ws = malloc(sd_vae_workspace_floats(&v, g.n, g.h, g.w) * sizeof(float));
+        sd_status st = ws ? sd_vae_encode_on(&v, &nohalf, NULL, v.w.data, g.n, g.h, g.w, g.x->data, mean, std, ws,
+                                             &err)
+                          : SD_ENOMEM;
+        CHECK(st == SD_EUNSUPPORTED && strstr(err.msg, "fp16 activations") && strstr(err.msg, "cpu"));
+        free(ws);
+        CHECK(sd_vae_set_activations(&v, 7, &err) == SD_EINVAL);
+    }
+    free(m32);
+    free(s32);
+    free(mean);
+    free(std);
+    free(m2);
+    free(s2);
+    sd_vae_free(&v);
+    sd_st_close(g.st);
+}
+
 /* The "sdxl" vae/ folder as diffusers saved it before 0.14 (the hub's
  * SD 1.x / 2.x VAEs): mid-block attention named query, key, value and
  * proj_attn. The same weights, so the same moments as "sdxl". */
@@ -222,6 +298,8 @@ int main(void)
     check_small_inputs();
     check_config("sd", 4, 0.18215);
     check_config("sdxl", 2, 0.13025);
+    check_act16("sd");
+    check_act16("sdxl");
     check_old_names();
     check_errors();
     return check_done("test_vae");

@@ -64,6 +64,7 @@ typedef struct {
     int cuda_device; /* -1: the CPU */
     int tf32;        /* GPU: TF32 tensor cores (part of the record key: other bytes) */
     int mixed;       /* GPU: SD_DT_BF16 / SD_DT_F16 matrix products (sd_cuda_opts; part of the key too) */
+    int vae_act;     /* CPU: SD_DT_F16 / SD_DT_BF16 VAE activation storage, 0: fp32 (part of the key too) */
     size_t gpu_mem_limit; /* GPU: most device bytes held (sd_cuda_opts.mem_limit); 0: no limit */
     int cudnn_search; /* GPU: cuDNN's timed algorithm choice (the last bits may vary by run) */
     int vae_groups;

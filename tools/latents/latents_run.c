@@ -118,6 +118,7 @@ static void key_of(const run *r, const latent_job *j, const uint8_t *prefix, uin
                   j->orig_h, j->member ? j->member : "", r->o->sample, r->o->flip, r->dtype,
                   (unsigned long long)key_seed(r->o), r->model_hash);
     sd_buf_puts(&b, latents_numerics(r->o)); /* other numerics: other records (nothing added for strict fp32) */
+    if (r->o->vae_act) sd_buf_puts(&b, r->o->vae_act == SD_DT_BF16 ? "|act-bf16" : "|act-fp16");
     sd_key128 k = sd_key128_of(b.data, b.len);
     memcpy(out, &k.lo, 8);
     memcpy(out + 8, &k.hi, 8);
@@ -325,9 +326,10 @@ static sd_status write_meta(run *r, sd_error *err)
     sd_buf_json_cstr(&b, o->vae_path);
     sd_buf_puts(&b, ", \"vae_config\": ");
     sd_buf_json_cstr(&b, r->vae_desc);
-    sd_buf_printf(&b, ", \"mode\": \"%s\", \"flip\": %s, \"seed\": %llu, \"shard\": \"%d/%d\"}",
+    sd_buf_printf(&b, ", \"mode\": \"%s\", \"flip\": %s, \"seed\": %llu, \"shard\": \"%d/%d\", "
+                  "\"vae_activations\": \"%s\"}",
                   o->sample ? "sample" : "mean_std", o->flip ? "true" : "false", (unsigned long long)key_seed(o),
-                  o->shard_index, o->shard_count);
+                  o->shard_index, o->shard_count, sd_dtype_name(o->vae_act ? o->vae_act : SD_DT_F32));
     if (!st) st = sd_shard_meta_set(r->shard, SD_SHARD_META_OPTIONS, sd_buf_cstr(&b), err);
     sd_buf_free(&b);
     if (!st && r->text_on) {
@@ -892,6 +894,7 @@ int latents_run(const latents_opts *o)
     sd_vae_opts vo = {.config_path = o->vae_config, .groups = o->vae_groups, .scaling_factor = o->scale};
     double t0 = sd_now();
     if (!st) st = sd_vae_load(&r.vae, o->vae_path, &vo, &err);
+    if (!st && o->vae_act) st = sd_vae_set_activations(&r.vae, o->vae_act, &err);
     if (!st) {
         vae_identity(&r);
         sd_log(SD_LOG_INFO, "VAE %s (%s): %s, %zu MB of weights (hash %s), scaling factor %g (%s), model_hash %s, "
