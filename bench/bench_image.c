@@ -336,15 +336,9 @@ static int floor_jpeg(const bench_job *j, floor_state *s)
     c.scale_num = 1;
     c.scale_denom = shrinks(j) ? (unsigned)sd_jpeg_denom(c.image_width, c.image_height, &j->plan) : 1;
     jpeg_start_decompress(&c);
-    size_t stride = (size_t)c.output_width * (size_t)c.output_components;
-    int nrows = c.rec_outbuf_height > 0 && c.rec_outbuf_height <= 16 ? c.rec_outbuf_height : 1;
-    unsigned char *rows = room(s, stride * (size_t)nrows);
+    unsigned char *rows = room(s, sd_jpeg_drain_bytes(&c));
     if (!rows) longjmp(fail.jump, 1);
-    while (c.output_scanline < c.output_height) {
-        JSAMPROW rp[16];
-        for (int i = 0; i < nrows; i++) rp[i] = rows + stride * (size_t)i;
-        jpeg_read_scanlines(&c, rp, (JDIMENSION)nrows);
-    }
+    sd_jpeg_drain(&c, rows);
     jpeg_finish_decompress(&c);
     jpeg_destroy_decompress(&c);
     return 0;

@@ -156,6 +156,30 @@ sd_fast sd_fast_jpeg(const unsigned char *buf, size_t len, const sd_imginfo *inf
     return SD_FAST_DONE;
 }
 
+/* The scanlines libjpeg hands out per call (its rec_outbuf_height, 1..16). */
+static int drain_rows(const struct jpeg_decompress_struct *c)
+{
+    return c->rec_outbuf_height > 0 && c->rec_outbuf_height <= 16 ? c->rec_outbuf_height : 1;
+}
+
+/* See image_jpeg.h. */
+size_t sd_jpeg_drain_bytes(const struct jpeg_decompress_struct *c)
+{
+    return (size_t)c->output_width * (size_t)c->output_components * (size_t)drain_rows(c) + 16;
+}
+
+/* See image_jpeg.h. */
+void sd_jpeg_drain(struct jpeg_decompress_struct *c, unsigned char *rows)
+{
+    size_t stride = (size_t)c->output_width * (size_t)c->output_components;
+    int nrows = drain_rows(c);
+    while (c->output_scanline < c->output_height) {
+        JSAMPROW rp[16];
+        for (int i = 0; i < nrows; i++) rp[i] = rows + stride * (size_t)i;
+        jpeg_read_scanlines(c, rp, (JDIMENSION)nrows);
+    }
+}
+
 /* For a JPEG the direct decoder declined (EXIF rotation, CMYK, an upscale,
  * a harmless warning): libvips would decode damaged scan data grey or
  * smeared and pass it on, so every scan is entropy-decoded here first, at
@@ -184,15 +208,9 @@ sd_fast sd_jpeg_scan_check(const unsigned char *buf, size_t len, char *why)
     c.dct_method = JDCT_IFAST;
     c.do_fancy_upsampling = FALSE;
     jpeg_start_decompress(&c);
-    size_t stride = (size_t)c.output_width * (size_t)c.output_components;
-    int nrows = c.rec_outbuf_height > 0 && c.rec_outbuf_height <= 16 ? c.rec_outbuf_height : 1;
-    rows = malloc(stride * (size_t)nrows + 16);
+    rows = malloc(sd_jpeg_drain_bytes(&c));
     if (!rows) longjmp(fail.jump, 1);
-    while (c.output_scanline < c.output_height) {
-        JSAMPROW rp[16];
-        for (int i = 0; i < nrows; i++) rp[i] = rows + stride * (size_t)i;
-        jpeg_read_scanlines(&c, rp, (JDIMENSION)nrows);
-    }
+    sd_jpeg_drain(&c, rows);
     jpeg_finish_decompress(&c);
     jpeg_destroy_decompress(&c);
     free(rows);

@@ -27,4 +27,10 @@ int sd_jpeg_warning_is_corrupt(int msg_code);
  * f->jump (trace messages are ignored); the caller setjmps f->jump. */
 void sd_jpeg_fail_init(struct jpeg_decompress_struct *c, sd_jpeg_fail *f);
 
+/* Bytes of row buffer sd_jpeg_drain needs after jpeg_start_decompress. */
+size_t sd_jpeg_drain_bytes(const struct jpeg_decompress_struct *c);
+/* Decode every scanline left into rows, which are discarded: what a
+ * check or a timing wants from the decoder, the entropy decoding whole. */
+void sd_jpeg_drain(struct jpeg_decompress_struct *c, unsigned char *rows);
+
 #endif

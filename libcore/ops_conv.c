@@ -349,6 +349,27 @@ static void col2im_add(const gconv *g, float *dx, int c0, int c1, int r0, int r1
     }
 }
 
+/* A forward unit: image ni, output rows [r0, r1) (T pixels), output
+ * channels [co0, co0 + nco). */
+typedef struct {
+    size_t ni, T;
+    int r0, r1, co0, nco;
+} fwd_unit;
+
+/* Unit u of the forward's numbering (image, row tile, channel block). */
+static fwd_unit fwd_unit_of(const gconv *g, size_t u)
+{
+    const sd_conv2d_shape *s = g->s;
+    size_t per = (size_t)g->ntiles * (size_t)g->nfblocks, rest = u % per;
+    fwd_unit f = {.ni = u / per};
+    f.r0 = (int)(rest / (size_t)g->nfblocks) * g->rows;
+    f.r1 = f.r0 + g->rows < g->oh ? f.r0 + g->rows : g->oh;
+    f.co0 = (int)(rest % (size_t)g->nfblocks) * g->fb;
+    f.nco = s->cout - f.co0 < g->fb ? s->cout - f.co0 : g->fb;
+    f.T = (size_t)(f.r1 - f.r0) * (size_t)g->ow;
+    return f;
+}
+
 /* Forward: each unit is one tile of output rows of one image and one
  * block of output channels (all of them but for small images):
  * y_tile[block] = w[block] col_tile (+ bias, written first). */
@@ -358,11 +379,9 @@ static void gconv_fwd_range(void *vctx, int worker, size_t begin, size_t end)
     const sd_conv2d_shape *s = g->s;
     float *col = g->scratch ? g->scratch + (size_t)worker * g->sstride : NULL;
     for (size_t u = begin; u < end; u++) {
-        size_t ni = u / ((size_t)g->ntiles * (size_t)g->nfblocks), rest = u % ((size_t)g->ntiles * (size_t)g->nfblocks);
-        int r0 = (int)(rest / (size_t)g->nfblocks) * g->rows;
-        int r1 = r0 + g->rows < g->oh ? r0 + g->rows : g->oh;
-        int co0 = (int)(rest % (size_t)g->nfblocks) * g->fb, nco = s->cout - co0 < g->fb ? s->cout - co0 : g->fb;
-        size_t T = (size_t)(r1 - r0) * (size_t)g->ow;
+        fwd_unit f = fwd_unit_of(g, u);
+        size_t ni = f.ni, T = f.T;
+        int r0 = f.r0, r1 = f.r1, co0 = f.co0, nco = f.nco;
         float *yt = g->y + (ni * (size_t)s->cout + (size_t)co0) * g->P + (size_t)r0 * (size_t)g->ow;
         if (g->b)
             for (int co = 0; co < nco; co++) {
@@ -449,11 +468,9 @@ static void gconv_fwd_st_range(void *vctx, int worker, size_t begin, size_t end)
     st_scratch(g, &nband, &ncol, &nout);
     float *band = g->scratch + (size_t)worker * g->sstride, *col = band + nband, *tile = col + ncol;
     for (size_t u = begin; u < end; u++) {
-        size_t ni = u / ((size_t)g->ntiles * (size_t)g->nfblocks), rest = u % ((size_t)g->ntiles * (size_t)g->nfblocks);
-        int r0 = (int)(rest / (size_t)g->nfblocks) * g->rows;
-        int r1 = r0 + g->rows < g->oh ? r0 + g->rows : g->oh;
-        int co0 = (int)(rest % (size_t)g->nfblocks) * g->fb, nco = s->cout - co0 < g->fb ? s->cout - co0 : g->fb;
-        size_t T = (size_t)(r1 - r0) * (size_t)g->ow;
+        fwd_unit f = fwd_unit_of(g, u);
+        size_t ni = f.ni, T = f.T;
+        int r0 = f.r0, r1 = f.r1, co0 = f.co0, nco = f.nco;
         int lo, hi;
         input_band(g, r0, r1, &lo, &hi);
         size_t cstride = (size_t)(hi - lo) * (size_t)s->w;
