@@ -35,8 +35,10 @@
     X(concat_fwd) X(concat_bwd) X(add_bcast_channel_fwd) X(add_bcast_channel_bwd) X(timestep_emb_fwd)              \
     X(timestep_emb_bwd) X(transpose_fwd) X(transpose_bwd) X(gauss_std_fwd) X(gauss_std_bwd) X(embedding_fwd)       \
     X(embedding_bwd) X(sum_squares) X(adamw) X(adamw_bf16) X(ema)
-/* Entries a backend may leave NULL (backend.h: the caller falls back). */
-#define OPTIONAL_ENTRIES(X) X(attn_rows_fwd) X(linear_act_fwd)
+/* Entries a backend may leave NULL (backend.h: the caller falls back, or
+ * refuses, as the VAE does 16-bit activations without the *_st ops). */
+#define OPTIONAL_ENTRIES(X)                                                                                          \
+    X(attn_rows_fwd) X(linear_act_fwd) X(conv2d_fwd_st) X(group_norm_fwd_st) X(add_fwd_st) X(convert_st)
 
 #define COUNT_ONE(m) +1
 #define CHECK_ONE(m)                                                                                                 \
