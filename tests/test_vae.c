@@ -7,6 +7,7 @@
  * before diffusers 0.14 (old attention names) gives the same moments;
  * clear errors for missing files, wrong shapes and files without a VAE. */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -230,6 +231,65 @@ static void check_act16(const char *name)
     sd_st_close(g.st);
 }
 
+/* 16-bit activations on configs the golden ones do not cover, with random
+ * weights: no mid-block attention, no quant_conv, both on and off, a last
+ * block wide enough that the attention's fp32 copies get their own room,
+ * odd sizes, and n = 2 in one pass (sd_vae_encode_batch_on, whose workspace
+ * is the batch's): the moments stay within bf16's rounding of fp32's, and
+ * (under the sanitizers) every buffer the forward carves fits. */
+static void check_act16_shapes(void)
+{
+    uint32_t seed = 12345;
+    for (int cfgi = 0; cfgi < 5; cfgi++) {
+        sd_vae_config c = {.in_channels = 3, .latent_channels = 4, .nblocks = 3, .block_out = {32, 64, 64},
+                           .layers_per_block = 1, .groups = 8, .use_quant_conv = cfgi & 1,
+                           .mid_attention = (cfgi >> 1) & 1, .eps = 1e-6f, .scaling_factor = 0.18215};
+        if (cfgi == 4) { /* a wide last block: the attention's fp32 copies no longer fit in b and c */
+            c.block_out[0] = 8;
+            c.block_out[2] = 256;
+            c.mid_attention = 1;
+        }
+        sd_vae v;
+        sd_error err = {0};
+        if (!CHECK(sd_vae_build(&v, &c, &err) == SD_OK)) continue;
+        for (size_t i = 0; i < v.w.total; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            v.w.data[i] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * 0.25f;
+        }
+        const int n = 2, h = 37, w = 29;
+        int lh, lw;
+        sd_vae_latent_size(&c, h, w, &lh, &lw);
+        size_t px = (size_t)3 * h * w, nl = (size_t)n * 4 * lh * lw;
+        float *x = malloc(px * n * 4), *m32 = calloc(nl, 4), *s32 = calloc(nl, 4), *m16 = calloc(nl, 4),
+              *s16 = calloc(nl, 4);
+        for (size_t i = 0; x && i < px * n; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            x[i] = (float)(seed >> 8) / 8388608.0f - 1.0f;
+        }
+        for (int d = 0; d < 2 && x && m32 && s32 && m16 && s16; d++) {
+            CHECK(sd_vae_set_activations(&v, d ? SD_DT_BF16 : SD_DT_F32, &err) == SD_OK);
+            float *ws = malloc(sd_vae_batch_workspace_floats(&v, n, h, w) * sizeof(float));
+            sd_status st = ws ? sd_vae_encode_batch_on(&v, sd_backend_cpu(), NULL, v.w.data, n, h, w, x, d ? m16 : m32,
+                                                       d ? s16 : s32, ws, &err)
+                              : SD_ENOMEM;
+            if (!CHECK(st == SD_OK)) fprintf(stderr, "config %d: %s\n", cfgi, err.msg);
+            free(ws);
+        }
+        double scale = 0, worst = 0;
+        for (size_t i = 0; i < nl; i++) scale = fmax(scale, fabs(m32[i]));
+        for (size_t i = 0; i < nl; i++) worst = fmax(worst, fabs(m32[i] - m16[i]));
+        printf("random config quant_conv %d attention %d, 2 x %dx%d in one pass: bf16 vs fp32 mean max diff %.2e of %.2e\n",
+               c.use_quant_conv, c.mid_attention, w, h, worst, scale);
+        CHECK(scale > 0 && worst <= 5e-2 * scale && worst > 0);
+        free(x);
+        free(m32);
+        free(s32);
+        free(m16);
+        free(s16);
+        sd_vae_free(&v);
+    }
+}
+
 /* The "sdxl" vae/ folder as diffusers saved it before 0.14 (the hub's
  * SD 1.x / 2.x VAEs): mid-block attention named query, key, value and
  * proj_attn. The same weights, so the same moments as "sdxl". */
@@ -300,6 +360,7 @@ int main(void)
     check_config("sdxl", 2, 0.13025);
     check_act16("sd");
     check_act16("sdxl");
+    check_act16_shapes();
     check_old_names();
     check_errors();
     return check_done("test_vae");
