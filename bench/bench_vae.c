@@ -164,7 +164,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_vae: %s\n", err.msg);
         return 1;
     }
-    int act = strstr(dev, "bf16act") ? SD_DT_BF16 : strstr(dev, "fp16act") ? SD_DT_F16 : SD_DT_F32;
+    int cpu = strncmp(dev, "cpu", 3) == 0, act = SD_DT_F32;
+    if (cpu && dev[3] == ':') {
+        act = !strcmp(dev + 4, "bf16act") ? SD_DT_BF16 : !strcmp(dev + 4, "fp16act") ? SD_DT_F16 : 0;
+        if (!act) {
+            fprintf(stderr, "bench_vae: %s: the CPU's modes are bf16act and fp16act\n", dev);
+            return 2;
+        }
+    }
     if (act != SD_DT_F32 && sd_vae_set_activations(&v, act, &err)) {
         fprintf(stderr, "bench_vae: %s\n", err.msg);
         return 1;
@@ -208,7 +215,7 @@ int main(int argc, char **argv)
     printf("sdtk %s %s activations, %d thread(s), batch %d, %dx%d: best %.4f s, median %.4f s, %.2f images/s "
            "(workspace %zu MB, weights %zu MB)\n",
            dev, sd_dtype_name(act), threads, batch, w, h, ts[0], ts[reps / 2], batch / ts[reps / 2],
-           (batch > 1 && strcmp(dev, "cpu") != 0 ? sd_vae_batch_workspace_floats(&v, batch, h, w)
+           (batch > 1 && be->is_device ? sd_vae_batch_workspace_floats(&v, batch, h, w)
                                                  : sd_vae_workspace_floats(&v, batch, h, w)) *
                    sizeof(float) >> 20,
            sd_weights_bytes(&v.w) >> 20);

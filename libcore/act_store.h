@@ -7,7 +7,8 @@
 
 #include <stddef.h>
 
-/* 1 when the CPU converts fp16 in hardware (F16C), read from CPUID. */
+/* 1 when the CPU converts fp16 in hardware (F16C), from the compiler
+ * runtime's CPU model (AVX2 standing for it under clang < 15). */
 int sd_cpu_has_f16c(void);
 
 /* dst[0..n) = the floats of src's elements [off, off + n) (exact). */

@@ -184,11 +184,12 @@ static void transform_input(const wctx *c, size_t ni, int ty0, int ty1, float *V
         for (int ty = ty0; ty < ty1; ty++) {
             for (int r = 0; r < 4; r++) {
                 int iy = 2 * ty - s->pt + r;
-                const float *xr = xp ? xp + (size_t)iy * (size_t)s->w : wide;
-                if (iy >= 0 && iy < s->h && !xp) sd_act_widen(wide, c->xs, plane + (size_t)iy * (size_t)s->w, (size_t)s->w, c->xdt);
-                if (iy >= 0 && iy < s->h)
+                if (iy >= 0 && iy < s->h) {
+                    const float *xr = wide;
+                    if (xp) xr = xp + (size_t)iy * (size_t)s->w;
+                    else sd_act_widen(wide, c->xs, plane + (size_t)iy * (size_t)s->w, (size_t)s->w, c->xdt);
                     split_row(xr, s->w, s->pl, (int)n, rows[r], rows[r] + n);
-                else
+                } else
                     memset(rows[r], 0, 2 * n * sizeof(float));
             }
             input_rows(2 * n, rows[0], rows[1], rows[2], rows[3], e, e + 2 * n, e + 4 * n, e + 6 * n);

@@ -504,7 +504,9 @@ static float load1(const void *p, size_t i, int dt)
 
 /* The typed fallback when no scratch can be had: each output value summed
  * directly in the reference's order (bias, then channel, tap row, tap
- * column), which gives the reference's bits, then narrowed. */
+ * column), which gives sd_conv2d_fwd_ref's bits, then narrowed. Those are
+ * not the GEMM's bits; the fp32 1x1 conv needs no scratch and keeps its
+ * GEMM, so only there does running out of memory change the result. */
 static void ref_fwd_st_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const gconv *g = vctx;

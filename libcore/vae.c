@@ -366,8 +366,8 @@ static void encode_batch_st(const sd_vae *v, const sd_backend *be, void *exec, c
     moments(&f, cfg->latent_channels, (size_t)h * (size_t)w, mom, mean, std);
 }
 
-/* Whether the backend can run this VAE's activation storage. */
-static sd_status check_backend(const sd_vae *v, const sd_backend *be, sd_error *err)
+/* Whether the backend can run this VAE's activation storage (vae.h). */
+sd_status sd_vae_check_backend(const sd_vae *v, const sd_backend *be, sd_error *err)
 {
     if (!act16(v) || (be->conv2d_fwd_st && be->group_norm_fwd_st && be->add_fwd_st && be->convert_st)) return SD_OK;
     return sd_err_set(err, SD_EUNSUPPORTED, "%s activations: the %s backend has no 16-bit activation ops yet (fp32 "
@@ -383,7 +383,7 @@ sd_status sd_vae_encode_on(const sd_vae *v, const sd_backend *be, void *exec, co
                            int w, const float *x, float *mean, float *std, float *ws, sd_error *err)
 {
     sd_status st = sd_vae_check_input(v, n, h, w, err);
-    if (!st) st = check_backend(v, be, err);
+    if (!st) st = sd_vae_check_backend(v, be, err);
     if (st) return st;
     sd_vae_encode_queue(v, be, exec, params, n, h, w, 1, x, mean, std, ws);
     return be->sync(exec, err);
@@ -419,7 +419,7 @@ sd_status sd_vae_encode_batch_on(const sd_vae *v, const sd_backend *be, void *ex
                                  int h, int w, const float *x, float *mean, float *std, float *ws, sd_error *err)
 {
     sd_status st = sd_vae_check_input(v, n, h, w, err);
-    if (!st) st = check_backend(v, be, err);
+    if (!st) st = sd_vae_check_backend(v, be, err);
     if (st) return st;
     sd_vae_encode_queue(v, be, exec, params, n, h, w, 0, x, mean, std, ws);
     return be->sync(exec, err);

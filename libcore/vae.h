@@ -78,9 +78,12 @@ typedef struct {
 } sd_vae;
 
 /* Store the encoder's activations as dtype (SD_DT_F32, the default;
- * SD_DT_F16 or SD_DT_BF16: half the activation memory, fp32 arithmetic,
- * each layer's output rounded to 16 bits). Changes the workspace size;
- * an encode on a backend without the 16-bit ops (CUDA today) is refused. */
+ * SD_DT_F16 or SD_DT_BF16: fp32 arithmetic, each layer's output rounded
+ * to 16 bits; half the activation buffers, so about half the workspace
+ * for SD's VAEs, though a config whose last block is so wide that the
+ * attention's fp32 copies do not fit in two idle buffers needs room for
+ * them on top). Changes the workspace size; an encode on a backend
+ * without the 16-bit ops (CUDA today) is refused. */
 sd_status sd_vae_set_activations(sd_vae *v, int dtype, sd_error *err);
 
 /* Build the layer table and the flat parameter buffer for cfg. */
@@ -95,6 +98,9 @@ void sd_vae_latent_size(const sd_vae_config *cfg, int h, int w, int *lh, int *lw
  * 2^(nblocks-1) pixels: 8 for SD's VAE), as torch requires; SD_EINVAL
  * naming the size otherwise. */
 sd_status sd_vae_check_input(const sd_vae *v, int n, int h, int w, sd_error *err);
+/* SD_EUNSUPPORTED, naming the backend, when v stores its activations in
+ * 16 bits and be lacks the 16-bit ops (every encode entry point checks). */
+sd_status sd_vae_check_backend(const sd_vae *v, const sd_backend *be, sd_error *err);
 /* Floats of scratch memory sd_vae_encode needs for n images of h x w (it
  * runs them one at a time: the same for any n). */
 size_t sd_vae_workspace_floats(const sd_vae *v, int n, int h, int w);

@@ -54,6 +54,7 @@ sd_status sd_vae_runner_init(sd_vae_runner *r, const sd_vae *v, const sd_backend
 sd_status sd_vae_runner_submit(sd_vae_runner *r, const sd_vae *v, int n, int h, int w, const float *x, sd_error *err)
 {
     sd_status st = sd_vae_check_input(v, n, h, w, err);
+    if (!st) st = sd_vae_check_backend(v, r->be, err);
     if (st) return st;
     st = SD_ENOMEM;
     if (r->pending) return sd_err_set(err, SD_EINVAL, "VAE encode: the previous batch was not collected");

@@ -219,6 +219,15 @@ static void check_act16(const char *name)
                           : SD_ENOMEM;
         CHECK(st == SD_EUNSUPPORTED && strstr(err.msg, "fp16 activations") && strstr(err.msg, "cpu"));
         free(ws);
+        /* and through the runner, sd-latents' way in (it used to call a NULL op) */
+        sd_vae_runner run;
+        err.msg[0] = 0;
+        st = sd_vae_runner_init(&run, &v, &nohalf, NULL, &err);
+        if (CHECK(st == SD_OK)) {
+            st = sd_vae_runner_encode(&run, &v, g.n, g.h, g.w, g.x->data, mean, std, &err);
+            CHECK(st == SD_EUNSUPPORTED && strstr(err.msg, "fp16 activations"));
+            sd_vae_runner_free(&run);
+        }
         CHECK(sd_vae_set_activations(&v, 7, &err) == SD_EINVAL);
     }
     free(m32);

@@ -83,7 +83,8 @@ int main(int argc, char **argv)
          "CPU: store the VAE encoder's activations as fp32 (default), fp16 or bf16: half the encoder's scratch "
          "memory (216 MB instead of 408 MB at 512x512), fp32 arithmetic, each layer's output rounded to 16 bits "
          "(the latent mean moves by ~1.5e-3 of its largest value with fp16, ~1.2e-2 with bf16), about as fast. "
-         "Records made so get their own keys"},
+         "fp16 turns an activation above 65504 into infinity (the original SDXL VAE is known for such "
+         "activations: bf16, or its fp16-fix variant, avoids them). Records made so get their own keys"},
         {"gpu-memory-limit", 0, SD_OPT_DOUBLE, &gpu_mem_gib, "GIB",
          "GPU: hold at most this much device memory in sdtk's allocator (the CUDA libraries' own few hundred MiB "
          "come on top), as on a smaller card (default: what the device has)"},
