@@ -96,30 +96,54 @@ def varint(b, i):
             return v, i
 
 
-def tb_scalars(path):
-    """The TFRecord frames of an event file, CRCs checked: the file_version and {tag: [(step, value)]}."""
-    with open(path, "rb") as f:
-        data = f.read()
-    i, version, scalars = 0, None, {}
-    while i < len(data):
-        (n,) = struct.unpack("<Q", data[i:i + 8])
-        (lc,) = struct.unpack("<I", data[i + 8:i + 12])
-        assert lc == masked(crc32c(data[i:i + 8])), "length CRC"
-        rec = data[i + 12:i + 12 + n]
-        (dc,) = struct.unpack("<I", data[i + 12 + n:i + 16 + n])
-        assert dc == masked(crc32c(rec)), "data CRC"
-        i += 16 + n
-        step = 0
-        for f, wt, v in pb_fields(rec):
-            if f == 2:
-                step = v
-            elif f == 3:
-                version = v.decode()
-            elif f == 5:
-                for sf, _, sv in pb_fields(v):
-                    fields = {ff: vv for ff, _, vv in pb_fields(sv)}
-                    scalars.setdefault(fields[1].decode(), []).append((step, struct.unpack("<f", fields[2])[0]))
-    return version, scalars
+def tb_scalars(*paths):
+    """The TFRecord frames of event files read in turn, CRCs checked: the file_version, {tag: [(step, value)]}
+    and the steps of the SessionLog START events. A START at step S drops the scalars read so far with a
+    step >= S, as TensorBoard's reader does (EventAccumulator's purge of orphaned data)."""
+    version, scalars, starts = None, {}, []
+    for path in paths:
+        with open(path, "rb") as f:
+            data = f.read()
+        i = 0
+        while i < len(data):
+            (n,) = struct.unpack("<Q", data[i:i + 8])
+            (lc,) = struct.unpack("<I", data[i + 8:i + 12])
+            assert lc == masked(crc32c(data[i:i + 8])), "length CRC"
+            rec = data[i + 12:i + 12 + n]
+            (dc,) = struct.unpack("<I", data[i + 12 + n:i + 16 + n])
+            assert dc == masked(crc32c(rec)), "data CRC"
+            i += 16 + n
+            step = 0
+            for f, wt, v in pb_fields(rec):
+                if f == 2:
+                    step = v
+                elif f == 3:
+                    version = v.decode()
+                elif f == 5:
+                    for sf, _, sv in pb_fields(v):
+                        fields = {ff: vv for ff, _, vv in pb_fields(sv)}
+                        scalars.setdefault(fields[1].decode(), []).append((step, struct.unpack("<f", fields[2])[0]))
+                elif f == 7 and dict((ff, vv) for ff, _, vv in pb_fields(v)).get(1) == 1:
+                    starts.append(step)
+                    scalars = {t: [(st, x) for st, x in sv if st < step] for t, sv in scalars.items()}
+    return version, scalars, starts
+
+
+def tb_scalar_frame(step, tag, value):
+    """One TFRecord frame holding Event{step, Summary{Value{tag, simple_value}}}, written here independently
+    of tb_events.c, to stand for what a killed run logged after its checkpoint."""
+    def key_bytes(field, b):
+        return bytes([field << 3 | 2]) + vbytes(len(b)) + b
+    def vbytes(v):
+        out = b""
+        while v >= 0x80:
+            out += bytes([v & 0x7F | 0x80])
+            v >>= 7
+        return out + bytes([v])
+    val = key_bytes(1, tag.encode()) + bytes([2 << 3 | 5]) + struct.pack("<f", value)
+    rec = bytes([2 << 3 | 0]) + vbytes(step) + key_bytes(5, key_bytes(1, val))
+    n = struct.pack("<Q", len(rec))
+    return n + struct.pack("<I", masked(crc32c(n))) + rec + struct.pack("<I", masked(crc32c(rec)))
 
 
 class Train(unittest.TestCase):
@@ -140,9 +164,9 @@ class Train(unittest.TestCase):
         """Start a run, send sig once a checkpoint before the end exists,
         rerun to the end; the result must equal the reference run."""
         out = os.path.join(self.tmp.name, name)
-        m = out + ".jsonl"
-        p = subprocess.Popen([TRAIN, "--unet", UNET, "-o", out, "--metrics", m] + COMMON + [self.shard],
-                             stderr=subprocess.PIPE)
+        m, tb = out + ".jsonl", out + ".tb"
+        p = subprocess.Popen([TRAIN, "--unet", UNET, "-o", out, "--metrics", m, "--tensorboard", tb] + COMMON +
+                             [self.shard], stderr=subprocess.PIPE)
         t0 = time.time()
         while latest(out) < 2 and p.poll() is None and time.time() - t0 < 120:
             time.sleep(0.005)
@@ -161,8 +185,13 @@ class Train(unittest.TestCase):
             f.write('{"step": %d, "loss": 1e9}\n{"step": %d, "lo' % (stopped_at + 1, stopped_at + 2))
         with open(m) as f:
             before = [l for l in f.read().splitlines() if not l.endswith("}") or json.loads(l)["step"] > stopped_at]
+        first_tb = os.listdir(tb)
+        self.assertEqual(len(first_tb), 1)
+        with open(os.path.join(tb, first_tb[0]), "ab") as f:
+            f.write(tb_scalar_frame(stopped_at + 1, "train/loss", 1e9))
         self.assertGreaterEqual(len(before), 2)
-        _, err = run("--unet", UNET, "-o", out, "--metrics", m, *COMMON, self.shard)
+        time.sleep(1.1)  # the resumed run's event file gets a later name (its second), as after any real kill
+        _, err = run("--unet", UNET, "-o", out, "--metrics", m, "--tensorboard", tb, *COMMON, self.shard)
         self.assertIn("moved to %s.superseded" % m, err)
         # each step once, with the uninterrupted run's losses; the earlier lines kept aside
         with open(m) as f:
@@ -173,6 +202,15 @@ class Train(unittest.TestCase):
         self.assertEqual([l["loss"] for l in lines], [l["loss"] for l in ref])
         with open(m + ".superseded") as f:
             self.assertEqual(f.read().splitlines(), before)
+        # TensorBoard, reading the two event files in name order, shows each step once: the resumed
+        # run's START at stopped_at + 1 drops what the first run logged from there on
+        files = sorted(os.listdir(tb))
+        self.assertEqual(len(files), 2, files)
+        _, sc, starts = tb_scalars(*[os.path.join(tb, f) for f in files])
+        self.assertEqual(starts, [0, stopped_at + 1])
+        self.assertEqual([st for st, _ in sc["train/loss"]], list(range(1, 11)))
+        for (_, v), l in zip(sc["train/loss"], lines):
+            self.assertLessEqual(abs(v - l["loss"]), 1.2e-7 * abs(l["loss"]))
         got = final(out)
         self.assertTrue(got[0] == self.want[0], "weights differ from the uninterrupted run")
         self.assertTrue(got[1] == self.want[1], "EMA weights differ from the uninterrupted run")
@@ -330,8 +368,9 @@ class Train(unittest.TestCase):
         files = os.listdir(tb)
         self.assertEqual(len(files), 1)
         self.assertTrue(files[0].startswith("events.out.tfevents."))
-        version, sc = tb_scalars(os.path.join(tb, files[0]))
+        version, sc, starts = tb_scalars(os.path.join(tb, files[0]))
         self.assertEqual(version, "brain.Event:2")
+        self.assertEqual(starts, [0])
         self.assertEqual(sorted(sc), ["train/grad_norm", "train/loss", "train/loss_smooth", "train/lr", "val/loss"])
         with open(m) as f:
             rows = [json.loads(l) for l in f]

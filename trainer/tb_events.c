@@ -89,7 +89,20 @@ static sd_status frame(sd_tb *tb, const pb *e, sd_error *err)
     return SD_OK;
 }
 
-sd_status sd_tb_open(sd_tb *tb, const char *dir, sd_error *err)
+/* SessionLog{status = START} at start_step: TensorBoard's reader, on
+ * meeting it, drops the events it has read with a step >= start_step, so
+ * the steps a resumed run redoes (a killed run's, in an earlier file) are
+ * shown once, the resumed run's values. */
+static sd_status session_start(sd_tb *tb, int64_t start_step, sd_error *err)
+{
+    pb log = {.n = 0}, e;
+    pb_varint(&log, 1 << 3 | 0); /* SessionLog.status = 1 */
+    pb_varint(&log, 1);          /* START */
+    event(&e, start_step, 7, log.b, log.n); /* Event.session_log = 7 */
+    return frame(tb, &e, err);
+}
+
+sd_status sd_tb_open(sd_tb *tb, const char *dir, int64_t start_step, sd_error *err)
 {
     memset(tb, 0, sizeof *tb);
     sd_status mk = sd_make_dirs(dir, err);
@@ -107,6 +120,7 @@ sd_status sd_tb_open(sd_tb *tb, const char *dir, sd_error *err)
     static const char version[] = "brain.Event:2";
     event(&e, 0, 3, version, sizeof version - 1); /* Event.file_version = 3 */
     sd_status rc = frame(tb, &e, err);
+    if (!rc) rc = session_start(tb, start_step, err);
     if (rc) sd_tb_close(tb);
     return rc;
 }

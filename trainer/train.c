@@ -1148,7 +1148,8 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
         if (mrc) return mrc;
     }
     if (o->tensorboard && !tr->tb.f && tr->rank == 0) {
-        sd_status trc = sd_tb_open(&tr->tb, o->tensorboard, err);
+        /* a new run's baseline validation is at step 0, a resumed run logs from step + 1 */
+        sd_status trc = sd_tb_open(&tr->tb, o->tensorboard, tr->step == 0 ? 0 : tr->step + 1, err);
         if (trc) return trc;
     }
     double t0 = sd_now(), last = t0;
