@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <stdlib.h>
@@ -13,11 +14,53 @@
 
 #include "log.h"
 
+/* Whether a live process is writing the temporary output at path, so a
+ * rerun can tell a killed run's leftover from a running run's file: an
+ * LMDB file (a partial shard) has PATH-lock, whose byte 0 every process
+ * with the environment open holds under an fcntl lock (LMDB's own
+ * exclusive-or-shared lock); sd_outfile_open's PATH.tmp.* files are held
+ * under flock by their writer until closed. fcntl's F_GETLK cannot see
+ * this process's own locks; the flock probe can. */
+long sd_outfile_holder(const char *path)
+{
+    char lock[4200];
+    if ((size_t)snprintf(lock, sizeof lock, "%s-lock", path) < sizeof lock) {
+        int fd = open(lock, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+            int r = fcntl(fd, F_GETLK, &fl);
+            close(fd);
+            if (r == 0 && fl.l_type != F_UNLCK) return fl.l_pid > 0 ? (long)fl.l_pid : -1;
+        }
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return 0;
+    long held = 0;
+    if (flock(fd, LOCK_SH | LOCK_NB) != 0) held = errno == EWOULDBLOCK ? -1 : 0;
+    close(fd); /* drops the probe's own lock */
+    return held;
+}
+
+/* The warning for one temporary output found beside an output: a killed
+ * run's leftover (named, with the advice to remove it), or a file a live
+ * run is writing now (named, to be left alone). Never removed here. */
+void sd_outfile_warn_leftover(const char *path, const char *also)
+{
+    long pid = sd_outfile_holder(path);
+    if (pid > 0)
+        sd_log(SD_LOG_WARN, "%s: a temporary output another run (process %ld) is writing now; left alone", path, pid);
+    else if (pid < 0)
+        sd_log(SD_LOG_WARN, "%s: a temporary output another run is writing now; left alone", path);
+    else
+        sd_log(SD_LOG_WARN, "%s: a temporary output left by an earlier run (killed: no process holds it); remove "
+               "it%s", path, also);
+}
+
 /* Name the temporary outputs a killed run left beside path (names that
  * start with path's base name and then infix: each run takes a fresh
  * mkstemp name, so they are never reused), so their space is not lost
- * unnoticed; another run may still be writing one, so they are only named,
- * not removed. also says what else to remove with one ("" for nothing). */
+ * unnoticed, and those a running run is writing, which are left alone.
+ * also says what else to remove with one ("" for nothing). */
 void sd_outfile_warn_leftovers(const char *path, const char *infix, const char *also)
 {
     const char *slash = strrchr(path, '/');
@@ -28,11 +71,14 @@ void sd_outfile_warn_leftovers(const char *path, const char *infix, const char *
     DIR *d = opendir(dir);
     if (!d) return;
     struct dirent *e;
-    while ((e = readdir(d)))
-        if (strncmp(e->d_name, base, bl) == 0 && strncmp(e->d_name + bl, infix, il) == 0 &&
-            !strstr(e->d_name + bl, "-lock"))
-            sd_log(SD_LOG_WARN, "%s/%s: a temporary output left by an earlier run (killed?); remove it%s unless a "
-                   "run is writing it now", dir, e->d_name, also);
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, base, bl) != 0 || strncmp(e->d_name + bl, infix, il) != 0 ||
+            strstr(e->d_name + bl, "-lock"))
+            continue;
+        char full[8200];
+        snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
+        sd_outfile_warn_leftover(full, also);
+    }
     closedir(d);
 }
 
@@ -87,6 +133,7 @@ sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err)
         return st;
     }
     fchmod(fd, 0644);
+    flock(fd, LOCK_EX | LOCK_NB); /* a fresh file: tells a rerun this one is live (sd_outfile_holder) */
     o->f = fdopen(fd, "w");
     if (!o->f) {
         close(fd);

@@ -18,11 +18,17 @@ typedef struct {
 
 sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err);
 /* Warn about each file beside path named path's base name + infix + more
- * (a killed run's temporary output, e.g. sd_outfile_open's PATH.tmp.*;
- * never removed: a run may be writing it); also is appended to the
- * advice, e.g. " (and its -lock)". Tools call it once per output they
- * name (a readdir each: not per file of an export). */
+ * (a killed run's temporary output, e.g. sd_outfile_open's PATH.tmp.*, or
+ * one a running run is writing: the warning says which; never removed);
+ * also is appended to the advice, e.g. " (and its -lock)". Tools call it
+ * once per output they name (a readdir each: not per file of an export). */
 void sd_outfile_warn_leftovers(const char *path, const char *infix, const char *also);
+/* That warning for one such file. */
+void sd_outfile_warn_leftover(const char *path, const char *also);
+/* Who is writing the temporary output at path: a live process's pid, -1
+ * for one whose pid is not known (an flock), 0 for none (a leftover). An
+ * LMDB file counts as held while any process has it open (its -lock). */
+long sd_outfile_holder(const char *path);
 /* The same for sd_outfile_open's own PATH.tmp.* names; NULL or "-": nothing. */
 void sd_outfile_warn_own_leftovers(const char *path);
 sd_status sd_outfile_commit(sd_outfile *o, sd_error *err);

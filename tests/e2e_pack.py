@@ -11,6 +11,7 @@ inputs that are also outputs, and existing outputs (refused without --force,
 never replaced while a writer holds them, LMDB's lock file of a replaced
 shard removed).
 Usage: e2e_pack.py SD_PACK SD_VERIFY SHARD_WRITER  (needs numpy)"""
+import fcntl
 import glob
 import io
 import json
@@ -999,16 +1000,23 @@ class Pack(unittest.TestCase):
 
     def test_leftover_temporary_outputs_are_named(self):
         """A killed compact leaves OUT.partial-XXXXXX (each run takes a fresh name): the next
-        run names it in a warning, and leaves it alone."""
+        run names it in a warning, and leaves it alone; one a live process holds is named as
+        such."""
         a = self.p("a.shard")
         writer("write", a, 5, 8)
         left = self.p("o.lmdb.partial-Ab12Cd")
         with open(left, "wb") as f:
             f.write(b"x")
-        rc, _, err = run("compact", a, "-o", self.p("o.lmdb"))
+        live = self.p("o.lmdb.partial-Cd34Ef")  # one a running writer holds (its flock, as a shard writer's)
+        with open(live, "wb") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            rc, _, err = run("compact", a, "-o", self.p("o.lmdb"))
         self.assertEqual(rc, 0, err)
-        self.assertIn("o.lmdb.partial-Ab12Cd: a temporary output left by an earlier run", err)
-        self.assertTrue(os.path.exists(left))
+        self.assertIn("o.lmdb.partial-Ab12Cd: a temporary output left by an earlier run (killed: no process holds "
+                      "it); remove it (and its -lock)", err)
+        self.assertIn("o.lmdb.partial-Cd34Ef: a temporary output another run is writing now; left alone", err)
+        self.assertNotIn("Cd34Ef: a temporary output left", err)
+        self.assertTrue(os.path.exists(left) and os.path.exists(live))
 
     def test_export_kohya_names_a_killed_exports_leftovers(self):
         """A killed export-kohya leaves NAME.npz.tmp.XXXXXX files in its tree: the rerun names

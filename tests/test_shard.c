@@ -15,6 +15,7 @@
 
 #include "check.h"
 #include "hash.h"
+#include "outfile.h"
 #include "shard.h"
 
 static char dir[] = "/tmp/sdtk_test_shard_XXXXXX";
@@ -511,6 +512,55 @@ static void test_concurrent_reader(void)
     sd_shard_close(s, &err);
 }
 
+/* A rerun tells a killed run's temporary output from one a live process is
+ * writing (sd_outfile_holder): a shard another process has open is held by
+ * that process's pid (LMDB's lock file), this process's own writer is held
+ * (its flock), sd_outfile's temp file is held until committed, and the same
+ * files once their writers are gone are leftovers. */
+static void test_leftover_holder(void)
+{
+    char path[256], tmp[300];
+    snprintf(path, sizeof path, "%s/out.lmdb.partial-Ab12Cd", dir);
+    int ready[2], done[2];
+    CHECK(pipe(ready) == 0 && pipe(done) == 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        sd_error e;
+        sd_shard *w;
+        sd_shard_opts o = {SD_SHARD_CREATE, 256 << 10, 0};
+        char c = 1;
+        if (sd_shard_open(&w, path, &o, &e) || write(ready[1], &c, 1) != 1 || read(done[0], &c, 1) != 1) _exit(2);
+        _exit(sd_shard_close(w, &e) ? 3 : 0);
+    }
+    char c;
+    CHECK(read(ready[0], &c, 1) == 1);
+    CHECK(sd_outfile_holder(path) == (long)pid);
+    CHECK(write(done[1], &c, 1) == 1);
+    int status;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(sd_outfile_holder(path) == 0); /* the file and its -lock stay, no process holds them */
+    for (int i = 0; i < 2; i++) close(ready[i]), close(done[i]);
+
+    sd_error err;
+    sd_shard *s;
+    CHECK(sd_shard_open(&s, path, NULL, &err) == SD_OK);
+    CHECK(sd_outfile_holder(path) == -1); /* fcntl cannot see this process's lock; the writer's flock can */
+    sd_shard_close(s, &err);
+    CHECK(sd_outfile_holder(path) == 0);
+
+    snprintf(tmp, sizeof tmp, "%s/out.jsonl", dir);
+    sd_outfile f;
+    CHECK(sd_outfile_open(&f, tmp, &err) == SD_OK);
+    CHECK(sd_outfile_holder(f.tmp) == -1);
+    char held[300];
+    snprintf(held, sizeof held, "%s", f.tmp);
+    fputs("x\n", f.f);
+    CHECK(sd_outfile_commit(&f, &err) == SD_OK);
+    CHECK(access(held, F_OK) != 0 && sd_outfile_holder(tmp) == 0);
+    CHECK(sd_outfile_holder(held) == 0); /* gone */
+}
+
 /* LMDB's own view of a closed shard, read through LMDB on the whole file:
  * page size, last page, and which pages up to it are on the freelist. */
 typedef struct {
@@ -800,6 +850,7 @@ int main(void)
     test_reindex_broken();
     test_full();
     test_concurrent_reader();
+    test_leftover_holder();
     test_truncated();
     test_free_tail();
     char cmd[300];

@@ -35,7 +35,7 @@ static int is_npz_tmp(const char *name)
 
 /* A killed export leaves NAME.npz.tmp.XXXXXX files anywhere in its tree,
  * which a rerun never reuses: each is named (the first ten, then a count),
- * not removed, since an export may be writing it now. Depth-limited like
+ * as a leftover or as one a running export is writing, and not removed. Depth-limited like
  * the names an export writes. */
 static void warn_tmp_files(const char *dir, int depth, long *found)
 {
@@ -51,8 +51,7 @@ static void warn_tmp_files(const char *dir, int depth, long *found)
         if (S_ISDIR(sb.st_mode)) {
             warn_tmp_files(path, depth + 1, found);
         } else if (S_ISREG(sb.st_mode) && is_npz_tmp(e->d_name) && ++*found <= 10) {
-            sd_log(SD_LOG_WARN, "%s: a temporary output left by an earlier run (killed?); remove it unless a run is "
-                   "writing it now", path);
+            sd_outfile_warn_leftover(path, "");
         }
     }
     closedir(d);
