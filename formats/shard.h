@@ -168,6 +168,10 @@ typedef struct {
     sd_shard_pages found; /* the deep walk before the copy */
     uint64_t latents, texts, meta; /* entries copied */
     uint64_t dropped;     /* entries not copied: records the store refuses (sd_shard_put's checks), meta not text */
+    int older;            /* 1: the snapshot before the newest was walked too (the other meta page) */
+    int older_only;       /* 1: only it (the newest one's directory of databases is damaged) */
+    sd_shard_pages older_found; /* its walk */
+    uint64_t from_older;  /* entries (of latents, meta, texts above) found only in it */
     char kept[4200];      /* where the damaged file was kept (PATH.damaged), "" when it was not replaced */
 } sd_shard_salvage_counts;
 
@@ -177,12 +181,21 @@ typedef struct {
  * temporary name beside it, synced, renamed over it under both files' writer
  * locks, the old LMDB lock file removed (the protocol of sd-pack's
  * replacements); the damaged file stays as PATH.damaged (a hard link,
- * c->kept). Refused, with *s still open and nothing changed, when LMDB's
- * directory of databases is damaged (nothing could be told apart) or the
- * file holds a newer format, and left so when the copy fails (a full
- * disk). After the rename *s is closed and reopened on the new file (on a
- * failure from the rename on: closed, NULL). Records on the damaged pages
- * are missing from the new file: a rerun of sd-latents computes them again. */
+ * c->kept). The entries the newest snapshot's damaged pages hide are then
+ * taken from the snapshot before it (LMDB's other meta page, intact until
+ * the next commit; a write copies every page from the root down to what it
+ * changes, so damage to a recent root or branch page hides the most
+ * records, and the older snapshot still reaches them through its own
+ * copies): an entry missing from the newest snapshot's intact pages is
+ * copied from the older one; what the last commit alone wrote, or deleted,
+ * may then be missing, or back (the record checks after a salvage find a
+ * deleted bad record again). Refused, with *s still open and nothing
+ * changed, when LMDB's directory of databases is damaged in both snapshots
+ * (nothing could be told apart) or the file holds a newer format, and left
+ * so when the copy fails (a full disk). After the rename *s is closed and
+ * reopened on the new file (on a failure from the rename on: closed, NULL).
+ * Records on pages damaged in both snapshots are missing from the new file:
+ * a rerun of sd-latents computes them again. */
 sd_status sd_shard_salvage(sd_shard **s, sd_shard_salvage_counts *c, sd_error *err);
 
 /* ---- metadata -------------------------------------------------------------- */

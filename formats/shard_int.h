@@ -36,5 +36,11 @@ sd_status sd_shard_refuse_damaged(const sd_shard *s, sd_error *err);
 sd_status sd_shard_mdb_err(sd_error *err, int rc, const char *what, const sd_shard *s);
 /* Begin a read-only LMDB transaction, adopting a map grown by the writer. */
 int sd_shard_txn_begin_ro(sd_shard *s, MDB_txn **out);
+/* sd_shard_check_pages of the newest snapshot (older = 0) or of the one
+ * before it (older = 1: the other meta page, which LMDB leaves intact until
+ * the next commit, so a salvage can take what the newest snapshot's damaged
+ * pages hide); SD_ENOTFOUND when that page holds no such snapshot. */
+sd_status sd_shard_walk_snapshot(sd_shard *s, int deep, int older, sd_shard_entry_fn fn, void *ctx,
+                                 sd_shard_pages *out, sd_error *err);
 
 #endif

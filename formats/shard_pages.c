@@ -473,7 +473,9 @@ static sd_status read_meta(int fd, size_t psize, uint64_t id, uint8_t meta[META_
 }
 
 /* One try: a fresh read transaction pins the snapshot, its meta page is
- * read and walked. Every page the walk can reach is then stable: a writer
+ * read and walked (older: the snapshot before it, on the other meta page,
+ * which LMDB keeps intact until the next commit; SD_ENOTFOUND when that
+ * page holds no such snapshot). Every page the walk can reach is then stable: a writer
  * reuses no page freed after the pinned snapshot, and the meta page read
  * holds that snapshot or, when a writer rewrote it meanwhile, a newer one,
  * whose pages are as safe. Only a read torn by that rewrite could mix two
@@ -481,19 +483,21 @@ static sd_status read_meta(int fd, size_t psize, uint64_t id, uint8_t meta[META_
  * is read again, and *changed (try again) when it differs. A meta page of
  * another layout than LMDB 0.9's 64-bit one is not walked: never a false
  * refusal. */
-static sd_status walk_once(sd_shard *s, int fd, size_t psize, walk *w, int *changed)
+static sd_status walk_once(sd_shard *s, int fd, size_t psize, int older, walk *w, int *changed)
 {
     MDB_txn *txn;
     int rc = sd_shard_txn_begin_ro(s, &txn);
     if (rc) return sd_shard_mdb_err(w->err, rc, "begin", s);
-    uint64_t id = mdb_txn_id(txn);
-    uint8_t meta[META_END], again[META_END];
+    uint64_t newest = mdb_txn_id(txn), id = older ? newest - 1 : newest;
+    uint8_t meta[META_END] = {0}, again[META_END];
     struct stat sb;
     *changed = 0;
-    sd_status st = read_meta(fd, psize, id, meta, s->path, w->err);
+    /* snapshot 0 is the empty file's: nothing to take from it */
+    sd_status st = older && newest < 2 ? SD_ENOTFOUND : read_meta(fd, psize, id, meta, s->path, w->err);
     if (!st && fstat(fd, &sb)) st = sd_err_set(w->err, SD_EIO, "%s: %s", s->path, strerror(errno));
     int known = lmdb_rd32(meta + PG_HDR) == LMDB_MAGIC && lmdb_rd32(meta + META_VERSION) == LMDB_FORMAT &&
                 lmdb_rd32(meta + META_FREE_DB) == psize && sizeof(size_t) == 8;
+    if (!st && older && (!known || lmdb_rd64(meta + META_TXNID) != id)) st = SD_ENOTFOUND;
     if (!st && known) {
         w->have = (uint64_t)sb.st_size / psize;
         w->last = lmdb_rd64(meta + META_LAST_PG);
@@ -524,6 +528,13 @@ static void walk_free(walk *w)
 sd_status sd_shard_check_pages(sd_shard *s, int deep, sd_shard_entry_fn fn, void *ctx, sd_shard_pages *out,
                               sd_error *err)
 {
+    return sd_shard_walk_snapshot(s, deep, 0, fn, ctx, out, err);
+}
+
+/* See shard_int.h. */
+sd_status sd_shard_walk_snapshot(sd_shard *s, int deep, int older, sd_shard_entry_fn fn, void *ctx,
+                                 sd_shard_pages *out, sd_error *err)
+{
     MDB_stat ms;
     int fd;
     int rc = mdb_env_stat(s->env, &ms);
@@ -535,7 +546,11 @@ sd_status sd_shard_check_pages(sd_shard *s, int deep, sd_shard_entry_fn fn, void
     for (int tries = 0; changed && tries < 4; tries++) {
         walk_free(&w);
         memset(out, 0, sizeof *out);
-        st = walk_once(s, fd, ms.ms_psize, &w, &changed);
+        st = walk_once(s, fd, ms.ms_psize, older, &w, &changed);
+        if (st == SD_ENOTFOUND) { /* no older snapshot: out says nothing */
+            walk_free(&w);
+            return sd_err_set(err, SD_ENOTFOUND, "%s: no older snapshot on its other meta page", s->path);
+        }
         if (st && !changed) break;
         st = SD_OK;
     }

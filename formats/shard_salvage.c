@@ -19,6 +19,7 @@ typedef struct {
     sd_shard *out;
     sd_shard_salvage_counts *c;
     size_t batch; /* operations in the open batch */
+    sd_shard_txn *have; /* the older snapshot's walk: what the newest one's gave, committed */
 } copier;
 
 /* Commit the open batch, if any. */
@@ -58,6 +59,30 @@ static const char *refused(sd_shard_db db, size_t klen, const void *val, size_t 
     return NULL;
 }
 
+/* Whether the new file already holds the entry, or for a latent record a
+ * record of its name (the older snapshot's walk: the newest snapshot's
+ * entry wins, and a name keeps one record, the newest). */
+static sd_status copied_already(copier *cp, sd_shard_db db, const void *key, size_t klen, const void *val,
+                                size_t vlen, const char *k, int *yes, sd_error *err)
+{
+    const void *v;
+    size_t vl;
+    sd_status st = db == SD_SHARD_DB_LATENTS ? sd_shard_get(cp->have, key, klen, &v, &vl, err)
+                   : db == SD_SHARD_DB_TEXT  ? sd_shard_get_text(cp->have, key, &v, &vl, err)
+                                             : SD_OK;
+    sd_shard_rec r;
+    sd_error why;
+    if (st == SD_ENOTFOUND && db == SD_SHARD_DB_LATENTS && sd_shard_rec_parse(val, vlen, &r, &why) == SD_OK)
+        st = sd_shard_get_name(cp->have, r.name, r.name_len, &v, &vl, err);
+    if (db == SD_SHARD_DB_META) {
+        char *mv = NULL;
+        st = sd_shard_meta_get(cp->out, k, &mv, err);
+        free(mv);
+    }
+    *yes = st == SD_OK;
+    return st == SD_ENOTFOUND ? SD_OK : st;
+}
+
 /* Put one entry of the damaged file into the new one: records that pass
  * the store's checks (the others are counted as dropped and the copy goes
  * on), meta entries that are text; the index databases are not copied, the
@@ -76,6 +101,16 @@ static sd_status copy_entry(void *ctx, sd_shard_db db, const void *key, size_t k
         sd_log(SD_LOG_DEBUG, "salvage into %s drops %s entry: %s", sd_shard_path(cp->out), sd_shard_db_name(db), no);
         return SD_OK;
     }
+    if (cp->have) {
+        int yes = 0;
+        sd_status hst = copied_already(cp, db, key, klen, val, vlen, k, &yes, err);
+        if (hst || yes) {
+            free(k);
+            free(v);
+            return hst;
+        }
+        cp->c->from_older++;
+    }
     sd_status st = cp->batch ? SD_OK : sd_shard_begin(cp->out, err);
     uint64_t *count = db == SD_SHARD_DB_META ? &cp->c->meta : db == SD_SHARD_DB_TEXT ? &cp->c->texts : &cp->c->latents;
     if (!st) {
@@ -92,16 +127,33 @@ static sd_status copy_entry(void *ctx, sd_shard_db db, const void *key, size_t k
     return st;
 }
 
-/* Write the intact entries of s into the new file tmp (created empty). */
+/* The older snapshot's entries that the newest one's walk did not give,
+ * into cp->out (all of the newest one's committed, so they can be looked
+ * up). */
+static sd_status copy_older(sd_shard *s, copier *cp, sd_error *err)
+{
+    sd_status st = sd_shard_read_begin(cp->out, &cp->have, err);
+    if (st) return st;
+    st = sd_shard_walk_snapshot(s, 1, 1, copy_entry, cp, &cp->c->older_found, err);
+    if (!st) st = flush(cp, err);
+    sd_shard_read_end(cp->have);
+    cp->have = NULL;
+    return st;
+}
+
+/* Write the intact entries of s into the new file tmp (created empty):
+ * the newest snapshot's, unless its directory of databases is damaged,
+ * then what only the older snapshot still reaches. */
 static sd_status copy_into(sd_shard *s, const char *tmp, sd_shard_salvage_counts *c, sd_error *err)
 {
     sd_shard_opts so = {SD_SHARD_CREATE | SD_SHARD_NOSYNC, 0, 0};
-    copier cp = {NULL, c, 0};
+    copier cp = {NULL, c, 0, NULL};
     sd_status st = sd_shard_open(&cp.out, tmp, &so, err);
     if (st) return st;
-    st = sd_shard_check_pages(s, 1, copy_entry, &cp, &c->found, err);
+    if (!c->older_only) st = sd_shard_check_pages(s, 1, copy_entry, &cp, &c->found, err);
     if (!st) st = flush(&cp, err);
-    else if (cp.batch) sd_shard_abort(cp.out);
+    if (!st && c->older) st = copy_older(s, &cp, err);
+    if (st && cp.batch) sd_shard_abort(cp.out);
     sd_error e2;
     sd_status cst = sd_shard_close(cp.out, st ? &e2 : err); /* NOSYNC: the close syncs */
     return st ? st : cst;
@@ -155,17 +207,23 @@ static sd_status survey_entry(void *ctx, sd_shard_db db, const void *key, size_t
 
 /* Walk once before copying: a salvage needs the directory of databases
  * (without it no entry can be told to belong to one, and a copy would be
- * an empty shard renamed over records that may still be there), and must
- * not drop what only a newer sdtk can read. */
+ * an empty shard renamed over records that may still be there) of the
+ * newest snapshot or of the one before it, and must not drop what only a
+ * newer sdtk can read. Sets whether the older snapshot is walked too. */
 static sd_status check_salvageable(sd_shard *s, sd_shard_salvage_counts *c, sd_error *err)
 {
     survey sv = {0, 0};
     sd_status st = sd_shard_check_pages(s, 1, survey_entry, &sv, &c->found, err);
     if (st) return st;
-    if (c->found.directory)
+    sd_error none;
+    st = sd_shard_walk_snapshot(s, 1, 1, survey_entry, &sv, &c->older_found, &none);
+    if (st && st != SD_ENOTFOUND) return sd_err_set(err, st, "%s", none.msg);
+    c->older = !st && !c->older_found.directory;
+    c->older_only = c->older && c->found.directory;
+    if (c->found.directory && !c->older)
         return sd_err_set(err, SD_EFORMAT,
-                          "%s: not salvaged: LMDB's directory of databases is damaged (%s), so no record can be told "
-                          "apart; restore the file from a copy or rebuild it",
+                          "%s: not salvaged: LMDB's directory of databases is damaged (%s), in the snapshot before "
+                          "the newest too, so no record can be told apart; restore the file from a copy or rebuild it",
                           s->path, c->found.first);
     if (sv.newer_shard || sv.newer_records)
         return sd_err_set(err, SD_EUNSUPPORTED,
@@ -201,13 +259,13 @@ sd_status sd_shard_salvage(sd_shard **sp, sd_shard_salvage_counts *c, sd_error *
     sd_status st = check_salvageable(s, c, err);
     if (!st) st = keep_original(s, c, err);
     if (st) return st; /* *s stays open: nothing was changed */
+    sd_outfile_warn_leftovers(s->path, ".salvage-", " (and its -lock)"); /* before this salvage's own */
     char *tmp = sd_shard_path_with(s->path, ".salvage-XXXXXX");
     int fd = tmp ? mkstemp(tmp) : -1;
     struct stat sb;
     if (!tmp) st = sd_err_set(err, SD_ENOMEM, "out of memory");
     else if (fd < 0) st = sd_err_set(err, SD_EIO, "%s: cannot create a file beside it: %s", s->path, strerror(errno));
     else {
-        sd_outfile_warn_leftovers(s->path, ".salvage-", " (and its -lock)");
         if (fstat(s->lock_fd, &sb) == 0) fchmod(fd, sb.st_mode & 07777);
         close(fd);
         st = copy_into(s, tmp, c, err);

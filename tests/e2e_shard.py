@@ -27,8 +27,11 @@ sd-verify and the test writer (tests/shard_writer.c):
   - one flipped bit in an LMDB page (a B-tree page's header or nodes, a meta
     page): sd-verify never crashes (no signal, no sanitizer report) and
     reports damaged_page; --repair leaves a clean shard holding only
-    records of the original, and a rerun of the writer completes it.
+    records of the original, and a rerun of the writer completes it; a
+    damaged root or directory page of the newest snapshot is salvaged from
+    the snapshot before it (all but the last commit's records).
 usage: e2e_shard.py SD_VERIFY SHARD_WRITER"""
+import glob
 import json
 import os
 import random
@@ -255,8 +258,15 @@ def test_damaged_root(d, base):
     """The latents tree's root page with its node bounds damaged: sd-verify
     reports damaged_page naming the page (exit 1) without reading a record,
     sd-pack merge refuses the input (exit 3, no output left), --repair
-    salvages what it can (nothing here: every record hangs below that root)
-    and leaves a clean shard."""
+    salvages what it can and leaves a clean shard: every record hangs below
+    that root, so the newest snapshot gives none, and the snapshot before it
+    (LMDB's other meta page, its own root page) gives all but the last
+    commit's (the writer's last batch: records 576..599). LMDB's directory of
+    databases damaged in the newest snapshot: salvaged from the older one;
+    damaged in both: refused, the file left as it was."""
+    before_last = os.path.join(d, "before-last.shard")  # what the older snapshot holds
+    check(write(before_last, 576, "32").returncode == 0, "write")
+    want_keys = latent_keys(before_last)
     shard = os.path.join(d, "root.shard")
     data = bytearray(open(base, "rb").read())
     root = named_root(base, "latents")
@@ -276,26 +286,42 @@ def test_damaged_root(d, base):
           "damaged root: sd-pack merge exit %d, left %s: %s" % (p.returncode, left, p.stderr[-300:]))
     vrc, rep, err = verify(shard, "--repair")
     sal = rep["shards"][0].get("salvaged", {}) if rep else {}
-    check(vrc == 1 and sal.get("records") == 0 and sal.get("header_records") == 600 and sal.get("text_records", 0) > 0,
+    check(vrc == 1 and sal.get("records") == 576 and sal.get("from_older_snapshot", 0) >= 576
+          and sal.get("older_snapshot") is True and sal.get("header_records") == 600 and sal.get("text_records", 0) > 0,
           "damaged root: --repair exit %d, salvaged %s: %s" % (vrc, sal, err[-300:]))
     vrc, rep, err = verify(shard)
-    check(vrc == 0 and rep["shards"][0]["records"] == 0, "damaged root: after --repair exit %d: %s" % (vrc, err))
+    check(vrc == 0 and rep["shards"][0]["records"] == 576 and latent_keys(shard) == want_keys,
+          "damaged root: after --repair exit %d: %s" % (vrc, err))
     left = [f for f in os.listdir(d) if ".salvage-" in f]
     check(not left, "damaged root: salvage left %s" % left)
     check(sal.get("kept") == shard + ".damaged" and open(shard + ".damaged", "rb").read() == data,
           "damaged root: the damaged file is not kept as root.shard.damaged: %s" % sal)
-    # LMDB's directory of databases damaged: nothing can be told apart, so --repair must not
-    # replace the file with an empty shard; it says so and leaves the file as it is
+    # LMDB's directory of databases damaged in the newest snapshot: the older one's is its own
+    # page, so the salvage takes everything from it
     data = bytearray(open(base, "rb").read())
-    meta = max((struct.unpack_from("<Q", data, i * 4096 + 16 + 128)[0], i) for i in range(2))[1] * 4096
-    main = struct.unpack_from("<Q", data, meta + 16 + 72 + 40)[0]
-    data[main * 4096] ^= 1  # the main tree's page names another page
+    metas = sorted((struct.unpack_from("<Q", data, i * 4096 + 16 + 128)[0], i) for i in range(2))
+    mains = [struct.unpack_from("<Q", data, i * 4096 + 16 + 72 + 40)[0] for _, i in metas]  # older, newest
+    check(mains[0] != mains[1], "damaged directory: both snapshots share their main page %s" % mains)
+    data[mains[1] * 4096] ^= 1  # the newest main tree's page names another page
     open(shard, "wb").write(data)
     vrc, rep, err = verify(shard, "--repair")
-    check(vrc == 1 and "not salvaged: LMDB's directory of databases is damaged" in err
+    sal = rep["shards"][0].get("salvaged", {}) if rep else {}
+    check(vrc == 1 and sal.get("records") == 576 and sal.get("from_older_snapshot", 0) >= 576
+          and sal.get("older_snapshot") is True, "damaged directory: --repair exit %d, salvaged %s: %s" %
+          (vrc, sal, err[-300:]))
+    vrc, rep, err = verify(shard)
+    check(vrc == 0 and latent_keys(shard) == want_keys, "damaged directory: after --repair exit %d: %s" % (vrc, err))
+    # damaged in both: nothing can be told apart, so --repair must not replace the file with
+    # an empty shard; it says so and leaves the file as it is
+    for f in glob.glob(shard + ".damaged*"):
+        os.unlink(f)
+    data[mains[0] * 4096] ^= 1
+    open(shard, "wb").write(data)
+    vrc, rep, err = verify(shard, "--repair")
+    check(vrc == 1 and "not salvaged: LMDB's directory of databases is damaged" in err and "too" in err
           and rep["shards"][0]["problems_after_repair"] == 1 and open(shard, "rb").read() == data
-          and not os.path.exists(shard + ".damaged-2"),
-          "damaged directory: --repair exit %d: %s" % (vrc, err[-300:]))
+          and not os.path.exists(shard + ".damaged"),
+          "damaged directory in both snapshots: --repair exit %d: %s" % (vrc, err[-300:]))
 
 
 def test_key_size(d, base):

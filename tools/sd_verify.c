@@ -721,11 +721,16 @@ static sd_status check_pages(sd_shard **s, const options *o, shard_result *res, 
     if (st) return st;
     res->salvaged = 1;
     const sd_shard_salvage_counts *c = &res->salvage;
+    char older[160] = "";
+    if (c->older)
+        snprintf(older, sizeof older, "; %llu of these entries %s", (unsigned long long)c->from_older,
+                 c->older_only ? "from the snapshot before the newest alone (the newest one's directory is damaged)"
+                               : "only in the snapshot before the newest");
     sd_log(SD_LOG_WARN, "%s: replaced by a new file holding the %llu latent records (of %llu its header counted), "
-           "%llu text records and %llu meta entries of its intact pages (%llu entries dropped); the damaged file is "
-           "kept as %s (remove it when done); rerun sd-latents to compute the missing records again", res->path,
+           "%llu text records and %llu meta entries of its intact pages (%llu entries dropped%s); the damaged file "
+           "is kept as %s (remove it when done); rerun sd-latents to compute the missing records again", res->path,
            (unsigned long long)c->latents, (unsigned long long)pages.records, (unsigned long long)c->texts,
-           (unsigned long long)c->meta, (unsigned long long)c->dropped, c->kept);
+           (unsigned long long)c->meta, (unsigned long long)c->dropped, older, c->kept);
     return SD_OK;
 }
 
@@ -831,6 +836,10 @@ static void build_report(const shard_result *rs, int n, const options *o, sd_buf
                 sd_buf_json_int(b, (int64_t)r->salvage.dropped);
                 sd_buf_json_key(b, &f2, "header_records");
                 sd_buf_json_int(b, (int64_t)r->salvage.found.records);
+                sd_buf_json_key(b, &f2, "older_snapshot");
+                sd_buf_puts(b, r->salvage.older ? "true" : "false");
+                sd_buf_json_key(b, &f2, "from_older_snapshot");
+                sd_buf_json_int(b, (int64_t)r->salvage.from_older);
                 sd_buf_json_key(b, &f2, "kept");
                 sd_buf_json_cstr(b, r->salvage.kept);
                 sd_buf_puts(b, "}");

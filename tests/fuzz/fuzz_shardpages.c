@@ -1,6 +1,7 @@
 /* Fuzz target for the shard page walk (formats/shard_pages.c): any bytes
  * are written as a shard file and opened read-only the way sd-verify opens
- * it; the deep walk must finish, and when the open walk found no damage
+ * it; the deep walk must finish (of the newest snapshot, and of the one
+ * before it, which the salvage reads too), and when the open walk found no damage
  * every database is read to its end through LMDB's own cursors, which
  * trust the pages: a page the walk let through that sends LMDB outside the
  * file crashes here, under ASan (or trips one of liblmdb's assertions).
@@ -15,6 +16,7 @@
 
 #include "fuzz.h"
 #include "shard.h"
+#include "shard_int.h"
 
 /* Count the entries the walk hands over (their bytes touched for ASan). */
 static sd_status touch(void *ctx, sd_shard_db db, const void *key, size_t klen, const void *val, size_t vlen,
@@ -110,6 +112,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (sd_shard_check_pages(s, 1, touch, &sum, &pages, &err) == SD_OK && !sd_shard_damaged(s) &&
             sum != 0xdeadbeef)
             read_all(s);
+        sd_shard_walk_snapshot(s, 1, 1, touch, &sum, &pages, &err); /* the salvage's walk of the older snapshot */
         sd_shard_close(s, &err);
         write_some(path);
     }
