@@ -10,8 +10,8 @@
  * With ema_decay, an exponential moving average of the weights follows
  * every ema_every steps as diffusers' EMAModel computes it.
  *
- * Checkpoints (ckpt.c) hold the model as a diffusers unet/ folder (and the
- * EMA weights as unet_ema/) plus a
+ * Checkpoints (ckpt_save.c, ckpt_resume.c) hold the model as a diffusers
+ * unet/ folder (and the EMA weights as unet_ema/) plus a
  * training-state file (moments, step, RNG state, data cursor), written to a
  * temporary directory that is renamed into place, so a killed run never
  * leaves a half checkpoint; a run resumed from one draws the same batches
@@ -237,8 +237,8 @@ void sd_train_moments_from(sd_trainer *tr, const void *m, const void *v, int src
  * SD_DT_BF16): copied, widened exactly, or rounded to nearest. */
 void sd_train_moments_convert(void *dst, int dst_dt, const void *src, int src_dt, size_t n);
 
-/* Checkpoints (ckpt.c): out_dir/checkpoint-<step>/ with unet/ and
- * state.safetensors, and out_dir/latest naming the newest. */
+/* Checkpoints (ckpt_save.c, ckpt_resume.c): out_dir/checkpoint-<step>/
+ * with unet/ and state.safetensors, and out_dir/latest naming the newest. */
 sd_status sd_train_save(sd_trainer *tr, sd_error *err);
 /* Continue from a checkpoint directory, or from out_dir/latest when dir is
  * an output directory. The model and data options must be the ones the

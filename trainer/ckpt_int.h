@@ -1,0 +1,17 @@
+/* Inside sdtrain only: what the checkpoint files share (ckpt_save.c:
+ * writing, pruning; ckpt_resume.c: finding and reading). */
+#ifndef SDTK_CKPT_INT_H
+#define SDTK_CKPT_INT_H
+
+enum { PATH_CAP = 4096 };
+
+/* dir/name into buf (PATH_CAP bytes); callers check their directory's
+ * length first, so nothing is cut. */
+void sd_train_pjoin(char *buf, const char *dir, const char *name);
+/* The step of a "checkpoint-<digits>" name, -1 for anything else. */
+long sd_train_ckpt_step(const char *name);
+/* Whether out/name is a whole checkpoint: its state file is there (saves
+ * write it before the rename, prunes remove it first). */
+int sd_train_ckpt_whole(const char *out, const char *name);
+
+#endif

@@ -1,0 +1,59 @@
+/* Inside sdtrain only: what the trainer's files share (train_open.c: the
+ * trainer and its options; train_pass.c: one UNet pass; train_update.c:
+ * the optimizer update; train_step.c: one step from the shards;
+ * train_val.c, train_tally.c, train_world.c, train_loop.c: validation,
+ * skip counts, the ranks' start check and the run). */
+#ifndef SDTK_TRAIN_INT_H
+#define SDTK_TRAIN_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "train.h"
+
+/* What the UNet expects of each record (data.h); training adds the
+ * dropout and flip options, validation uses neither. */
+sd_load_opts sd_train_load_opts(const sd_trainer *tr, int training);
+/* A timestep in the run's range [t_min, t_max). */
+int sd_train_draw_timestep(const sd_train_opts *o, sd_rng *rng);
+/* splitmix64's finaliser: a well-mixed 64-bit hash of x. */
+uint64_t sd_train_mix64(uint64_t x);
+
+/* Plan the graph for a new input shape and size the buffers (nothing while
+ * the shape repeats). */
+sd_status sd_train_prepare(sd_trainer *tr, int n, int h, int w, int tctx, sd_error *err);
+/* Host floats into the backend's buffer; nothing when they are the same
+ * buffer (the CPU). */
+void sd_train_put(sd_trainer *tr, float *dst, const float *src, size_t floats);
+/* The host's weights, moments and EMA onto the device when they changed
+ * there (a new run, a resume); nothing on the CPU. */
+void sd_train_push_state(sd_trainer *tr);
+/* Noise the latents (with noise_in when given, else with noise), predict,
+ * compare with the target (made from noise); with backward, add the
+ * gradient of loss * grad_scale into the backend's gradient. */
+sd_status sd_train_pass(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
+                        const float *text, const float *tids, const float *noise, const float *noise_in, const int *t,
+                        double grad_scale, int backward, double *loss, sd_error *err);
+
+/* Zero the gradients on the backend. */
+void sd_train_zero_grad(sd_trainer *tr);
+/* The gradient's norm from the chunked sum of squares of the whole buffer. */
+sd_status sd_train_grad_norm_local(sd_trainer *tr, double *norm, sd_error *err);
+/* AdamW at the scheduled rate, clipped for norm, then the gradients zeroed,
+ * the step counted and the EMA updated. */
+void sd_train_apply_norm(sd_trainer *tr, double norm);
+/* Whether every weight is finite (*finite). */
+sd_status sd_train_weights_finite(sd_trainer *tr, int *finite, sd_error *err);
+/* ZeRO-1: the gradient's norm over every rank's own segments, and the
+ * update of those segments followed by the weights' all-gather. */
+sd_status sd_train_grad_norm_zero1(sd_trainer *tr, double *norm, sd_error *err);
+sd_status sd_train_apply_zero1(sd_trainer *tr, double norm, sd_error *err);
+
+/* The first stop request acknowledged in the log (rank 0 speaks). */
+void sd_train_tell_stop(sd_trainer *tr);
+/* A tally's summary over every rank, logged by rank 0 (collective). */
+sd_status sd_train_log_tally_all(const sd_trainer *tr, const sd_tally *t, const char *what, sd_error *err);
+/* Several ranks: every rank's state against rank 0's before the run. */
+sd_status sd_train_check_world(const sd_trainer *tr, sd_error *err);
+
+#endif

@@ -1,0 +1,293 @@
+/* Opening and closing a trainer: the default options, the model, the
+ * optimizer state, the shards and the backend. */
+#include "train.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist.h"
+#include "dtype.h"
+#include "log.h"
+#include "safetensors.h"
+#include "train_int.h"
+#ifdef SDTK_HAVE_CUDA
+#include "sd_cuda.h"
+#endif
+#ifdef SDTK_HAVE_NCCL
+#include "nccl_sum.h"
+#endif
+
+/* diffusers train_text_to_image.py defaults. */
+void sd_train_opts_default(sd_train_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->batch = 1;
+    o->accum = 1;
+    o->pred = SD_PRED_EPSILON;
+    o->adam = (sd_adamw_opts){.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 1e-2};
+    o->lr = (sd_lr_sched){.kind = SD_LR_CONSTANT, .base = 1e-4, .warmup = 500, .total = 0};
+    o->max_grad_norm = 1.0;
+    o->max_steps = 1000;
+    o->save_dtype = SD_ST_F32;
+    o->ema_every = 1;
+    o->keep = 2;
+    o->threads = 1;
+    o->device = -1;
+    o->moments = SD_DT_F32;
+    o->t_min = 0;
+    o->t_max = SD_DDPM_STEPS;
+}
+
+/* What the UNet expects of each record (data.h); training adds the
+ * dropout and flip options, validation uses neither. */
+sd_load_opts sd_train_load_opts(const sd_trainer *tr, int training)
+{
+    const sd_unet_config *c = &tr->unet.cfg;
+    sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
+                       .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0,
+                       .dropout = training ? tr->o.dropout : 0, .no_flip = training ? tr->o.no_flip : 1};
+    return lo;
+}
+
+/* The model's parameters as diffusers counts them: the sum of its tensors'
+ * sizes (the flat buffer pads each tensor to 16 floats). */
+size_t sd_train_param_count(const sd_trainer *tr)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < tr->unet.w.nslots; i++) n += tr->unet.w.slots[i].n;
+    return n;
+}
+
+/* The model: loaded, or built from a config and initialised. */
+static sd_status open_model(sd_trainer *tr, sd_error *err)
+{
+    const sd_train_opts *o = &tr->o;
+    if (o->unet) {
+        sd_unet_opts uo = {.config_path = o->unet_config};
+        return sd_unet_load(&tr->unet, o->unet, &uo, err);
+    }
+    if (!o->unet_config) return sd_err_set(err, SD_EINVAL, "no UNet: give a model path or a config.json");
+    sd_unet_config c;
+    sd_unet_config_default(&c);
+    sd_status rc = sd_unet_config_read(o->unet_config, &c, err);
+    if (!rc) rc = sd_unet_build(&tr->unet, &c, err);
+    if (!rc) {
+        sd_unet_init_random(&tr->unet, o->init_seed);
+        snprintf(tr->unet.layout, sizeof tr->unet.layout, "new (seed %llu)", (unsigned long long)o->init_seed);
+    }
+    return rc;
+}
+
+/* The backend the UNet runs on: the CPU table on the pool (the weights and
+ * gradients are the host buffers), or a CUDA context with device copies of
+ * the weights and gradients. */
+static sd_status open_backend(sd_trainer *tr, sd_error *err)
+{
+    tr->be = sd_backend_cpu();
+    tr->exec = tr->pool;
+    tr->d_w = tr->unet.w.data;
+    tr->d_grad = tr->grad;
+    tr->d_m = tr->m;
+    tr->d_v = tr->v;
+    tr->d_ema = tr->ema;
+    if (tr->o.device < 0)
+        return tr->o.nccl ? sd_err_set(err, SD_EINVAL, "NCCL sums GPU gradients: it needs --device cuda:K") : SD_OK;
+#ifdef SDTK_HAVE_CUDA
+    sd_cuda_opts co = {.allow_tf32 = tr->o.tf32, .mixed = tr->o.mixed, .attn_flash = tr->o.attn_flash,
+                       .mem_limit = tr->o.gpu_mem_limit, .attn_block = tr->o.attn_block};
+    sd_cuda *c = NULL;
+    sd_status rc = sd_cuda_create(&c, tr->o.device, &co, err);
+    if (rc) return rc;
+    tr->cuda = c;
+    tr->be = sd_backend_cuda();
+    tr->exec = c;
+    size_t n = tr->unet.w.total, bytes = n * sizeof(float), mbytes = n * tr->moment_size;
+    void *got[5] = {0};
+    size_t want[5] = {bytes, bytes, mbytes, mbytes, bytes}, total = 0;
+    int nb = tr->ema && !tr->o.ema_host ? 5 : 4; /* --ema-on-cpu: the EMA stays in host memory */
+    for (int i = 0; i < nb; i++) {
+        total += want[i];
+        got[i] = tr->be->alloc(c, want[i]);
+        if (!got[i]) {
+            for (int j = 0; j < i; j++) tr->be->release(c, got[j]);
+            tr->d_w = tr->d_grad = tr->d_ema = NULL;
+            tr->d_m = tr->d_v = NULL;
+            for (int j = i + 1; j < nb; j++) total += want[j];
+            return sd_err_set(err, SD_ENOMEM, "cuda:%d: no room for the weights, gradients and AdamW moments "
+                              "(%.1f MiB)%s%s", tr->o.device, (double)total / (1 << 20),
+                              nb == 5 ? "; --ema-on-cpu keeps the EMA in host memory" : "",
+                              tr->moment_size == 4 ? "; --adam-moments bf16 halves the moments" : "");
+        }
+    }
+    tr->d_w = got[0];
+    tr->d_grad = got[1];
+    tr->d_m = got[2];
+    tr->d_v = got[3];
+    tr->d_ema = got[4];
+    tr->be->zero(c, tr->d_grad, bytes);
+    tr->dev_stale = 1;
+    rc = tr->be->sync(c, err);
+    if (rc || !(tr->world > 1 || tr->o.nccl)) return rc;
+#ifdef SDTK_HAVE_NCCL
+    sd_nccl *nc = NULL;
+    rc = sd_nccl_open(&nc, tr->rank, tr->world, err);
+    if (rc) return rc;
+    tr->nccl = nc;
+    if (!tr->o.quiet && tr->rank == 0)
+        sd_log(SD_LOG_INFO, "gradient sums over %s, %d rank%s", sd_nccl_version(nc), tr->world, tr->world == 1 ? "" : "s");
+    return SD_OK;
+#else
+    if (tr->o.nccl) return sd_err_set(err, SD_EUNSUPPORTED, "--nccl: this build has no NCCL (the CUDA toolkit's libnccl)");
+    return SD_OK; /* several GPU ranks sum through the host over MPI */
+#endif
+#else
+    return sd_err_set(err, SD_EUNSUPPORTED,
+                      "--device cuda:%d: this build has no CUDA backend (configure where nvcc and cuDNN are installed)",
+                      tr->o.device);
+#endif
+}
+
+/* Everything a run needs before its first step. */
+sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
+{
+    memset(tr, 0, sizeof(*tr));
+    tr->o = *o;
+    tr->saved_step = -1;
+    if (o->batch < 1 || o->accum < 1 || o->max_steps < 0)
+        return sd_err_set(err, SD_EINVAL, "batch and accumulation must be >= 1");
+    if (o->t_min < 0 || o->t_max > SD_DDPM_STEPS || o->t_min >= o->t_max)
+        return sd_err_set(err, SD_EINVAL, "timestep range [%d, %d): within [0, %d) and not empty", o->t_min, o->t_max,
+                          SD_DDPM_STEPS);
+    sd_status rc = open_model(tr, err);
+    if (rc) return rc;
+    size_t n = tr->unet.w.total;
+    tr->rank = sd_dist_rank();
+    tr->world = sd_dist_world();
+    if (o->zero1 && o->device >= 0) {
+        sd_trainer_close(tr);
+        return sd_err_set(err, SD_EUNSUPPORTED, "--zero1 shards the CPU optimizer; GPU ranks keep whole moments");
+    }
+    if (o->zero_terminal_snr && o->snr_gamma > 0 && o->pred == SD_PRED_EPSILON) {
+        sd_trainer_close(tr);
+        return sd_err_set(err, SD_EINVAL, "zero terminal SNR with min-SNR weights and epsilon prediction: the "
+                          "weights divide by the SNR, which is 0 at the last timestep (use v-prediction)");
+    }
+    if (o->moments != SD_DT_F32 && o->moments != SD_DT_BF16) {
+        sd_trainer_close(tr);
+        return sd_err_set(err, SD_EINVAL, "AdamW moments are stored as fp32 or bf16");
+    }
+    tr->moment_size = o->moments == SD_DT_BF16 ? 2 : 4;
+    if (o->zero1) {
+        size_t own = sd_dist_owned(n, tr->rank, tr->world);
+        tr->m_sh = calloc(own ? own : 1, tr->moment_size);
+        tr->v_sh = calloc(own ? own : 1, tr->moment_size);
+        if (!tr->m_sh || !tr->v_sh) {
+            sd_trainer_close(tr);
+            return sd_err_set(err, SD_ENOMEM, "out of memory for the optimizer shard");
+        }
+    } else {
+        tr->m = calloc(n, tr->moment_size);
+        tr->v = calloc(n, tr->moment_size);
+    }
+    tr->grad = calloc(n, sizeof(float));
+    if (o->ema_decay > 0) {
+        tr->ema = malloc(n * sizeof(float));
+        if (tr->ema) memcpy(tr->ema, tr->unet.w.data, n * sizeof(float));
+    }
+    if ((!o->zero1 && (!tr->m || !tr->v)) || !tr->grad || (o->ema_decay > 0 && !tr->ema)) {
+        sd_trainer_close(tr);
+        return sd_err_set(err, SD_ENOMEM, "out of memory for optimizer state (%zu MB)",
+                          n * (2 * tr->moment_size + (o->ema_decay > 0 ? 8 : 4)) >> 20);
+    }
+    sd_ddpm_init(&tr->sched, 0.00085, 0.012);
+    if (o->zero_terminal_snr) sd_ddpm_zero_terminal_snr(&tr->sched);
+    sd_rng_seed(&tr->rng, o->seed);
+    sd_tally_init(&tr->tally, 5);
+    tr->pool = o->threads > 1 ? sd_pool_create(o->threads) : NULL;
+    tr->loss_ema = NAN;
+    if (o->nshards > 0) {
+        rc = sd_data_open(&tr->data, o->shards, o->nshards, o->batch, o->seed, o->allow_mixed, err);
+        if (!rc && !o->no_carry) {
+            rc = sd_data_set_carry(&tr->data, err);
+            if (rc) sd_data_close(&tr->data);
+        }
+        if (rc) {
+            sd_trainer_close(tr);
+            return rc;
+        }
+        tr->have_data = 1;
+    }
+    tr->val_loss = NAN;
+    if (o->val_shard) {
+        /* a fixed order, whatever the training seed */
+        rc = sd_data_open(&tr->val, &o->val_shard, 1, o->batch, 0x76616c69646174ULL, o->allow_mixed, err);
+        if (!rc && tr->have_data && !o->allow_mixed &&
+            (strcmp(tr->val.model, tr->data.model) != 0 || strcmp(tr->val.text_encoder, tr->data.text_encoder) != 0)) {
+            /* a held-out loss on other latents or other embeddings measures nothing about this training */
+            rc = sd_err_set(err, SD_EFORMAT,
+                            "--val %s: made with another VAE or text encoder setup than the training shards "
+                            "(model_hash '%s', text_encoder '%s' vs '%s', '%s'); --allow-mixed takes it anyway",
+                            o->val_shard, tr->val.model, tr->val.text_encoder, tr->data.model, tr->data.text_encoder);
+            sd_data_close(&tr->val);
+        }
+        if (rc) {
+            sd_trainer_close(tr);
+            return rc;
+        }
+        tr->have_val = 1;
+    }
+    /* every shard against the UNet now, not after 1000 batches of skipped records */
+    sd_load_opts lo = sd_train_load_opts(tr, 0);
+    if (tr->have_data) rc = sd_data_check_model(&tr->data, &lo, err);
+    if (!rc && tr->have_val) rc = sd_data_check_model(&tr->val, &lo, err);
+    if (rc) {
+        sd_trainer_close(tr);
+        return rc;
+    }
+    /* last: with several GPU ranks this joins the NCCL communicator, which
+     * an error after it would have to destroy while the others wait in it */
+    rc = open_backend(tr, err);
+    if (rc) sd_trainer_close(tr);
+    return rc;
+}
+
+/* Free everything. */
+void sd_trainer_close(sd_trainer *tr)
+{
+#ifdef SDTK_HAVE_NCCL
+    sd_nccl_close(tr->nccl);
+#endif
+    if (tr->cuda) {
+        void *dev[] = {tr->d_w, tr->d_grad, tr->d_m, tr->d_v, tr->d_ema, tr->d_act, tr->d_dact, tr->d_dout};
+        for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+            if (dev[i]) tr->be->release(tr->exec, dev[i]);
+#ifdef SDTK_HAVE_CUDA
+        sd_cuda_destroy(tr->cuda);
+#endif
+    }
+    free(tr->stage);
+    free(tr->m_sh);
+    free(tr->v_sh);
+    sd_unet_free(&tr->unet);
+    free(tr->m);
+    free(tr->v);
+    free(tr->grad);
+    free(tr->ema);
+    if (tr->have_data) sd_data_close(&tr->data);
+    if (tr->have_val) sd_data_close(&tr->val);
+    sd_batch_free(&tr->vbatch);
+    sd_batch_free(&tr->batch);
+    sd_unet_graph_free(&tr->g);
+    free(tr->act);
+    free(tr->dact);
+    free(tr->noise);
+    free(tr->noise_in);
+    free(tr->target);
+    free(tr->dout);
+    free(tr->t);
+    if (tr->pool) sd_pool_destroy(tr->pool);
+    if (tr->metrics) fclose(tr->metrics);
+    sd_tb_close(&tr->tb);
+    memset(tr, 0, sizeof(*tr));
+}

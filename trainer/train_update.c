@@ -1,0 +1,144 @@
+/* The optimizer side of a step: the gradient's norm, AdamW with the
+ * clipping folded in, the EMA, and ZeRO-1's sharded update. */
+#include "train.h"
+
+#include <math.h>
+
+#include "dist.h"
+#include "train_int.h"
+
+/* Zero the gradients on the backend. */
+void sd_train_zero_grad(sd_trainer *tr)
+{
+    tr->be->zero(tr->exec, tr->d_grad, tr->unet.w.total * sizeof(float));
+}
+
+/* The stochastic-rounding key of the AdamW step that makes `step` (bf16
+ * moments): from the seed and the step alone, so a resumed run rounds as
+ * the uninterrupted one did. */
+static uint32_t sr_key(const sd_trainer *tr, long step)
+{
+    return (uint32_t)(sd_train_mix64(sd_train_mix64(tr->o.seed ^ 0x61646d2d62663136ULL) ^ (uint64_t)step) >> 32);
+}
+
+/* AdamW on n elements starting at global index lo, with the moments of
+ * those elements at m and v in this run's storage. */
+static void adamw_on(sd_trainer *tr, const sd_backend *be, void *exec, sd_adamw_args *a, size_t lo, size_t n,
+                     float *p, void *m, void *v, const float *g)
+{
+    if (tr->moment_size == 2) {
+        a->sr_key = sr_key(tr, tr->step + 1);
+        be->adamw_bf16(exec, a, n, lo, p, m, v, g);
+    } else {
+        be->adamw(exec, a, n, p, m, v, g);
+    }
+}
+
+/* The sum of squares of n values on the backend that holds them; a result
+ * that is not finite is first checked against the device: a failed CUDA
+ * context also answers NaN, and its own error is the one to report, not a
+ * non-finite gradient or weight. */
+static sd_status device_sum_squares(sd_trainer *tr, const float *x, double *ss, sd_error *err)
+{
+    sd_train_push_state(tr);
+    *ss = tr->be->sum_squares(tr->exec, tr->unet.w.total, x);
+    return isfinite(*ss) ? SD_OK : tr->be->sync(tr->exec, err);
+}
+
+/* The gradient's norm from the chunked sum of squares (apart from the step,
+ * so a non-finite one can stop the run before it reaches the weights). */
+sd_status sd_train_grad_norm_local(sd_trainer *tr, double *norm, sd_error *err)
+{
+    double ss;
+    sd_status rc = device_sum_squares(tr, tr->d_grad, &ss, err);
+    *norm = sqrt(ss);
+    return rc;
+}
+
+/* AdamW at the scheduled rate with the clipping factor for norm folded into
+ * its reading of the gradient (bit for bit what clipping in place then
+ * stepping gives), then zero the gradients, count the step, the EMA. */
+void sd_train_apply_norm(sd_trainer *tr, double norm)
+{
+    size_t n = tr->unet.w.total;
+    const sd_backend *be = tr->be;
+    double lr = sd_lr_at(&tr->o.lr, tr->step);
+    sd_adamw_args a = sd_adamw_args_at(&tr->o.adam, lr, tr->step + 1, sd_clip_factor(norm, tr->o.max_grad_norm));
+    adamw_on(tr, be, tr->exec, &a, 0, n, tr->d_w, tr->d_m, tr->d_v, tr->d_grad);
+    sd_train_zero_grad(tr);
+    tr->step++;
+    if (tr->ema && tr->step % (tr->o.ema_every > 0 ? tr->o.ema_every : 1) == 0) {
+        tr->ema_updates++;
+        float rate = (float)(1.0 - sd_ema_decay(tr->o.ema_decay, tr->ema_updates));
+        if (tr->d_ema) {
+            be->ema(tr->exec, n, tr->d_ema, tr->d_w, rate);
+        } else { /* a GPU run with the EMA on the host: the weights come over first */
+            be->d2h(tr->exec, tr->unet.w.data, tr->d_w, n * sizeof(float));
+            sd_ema_fwd(tr->pool, n, tr->ema, tr->unet.w.data, rate);
+        }
+    }
+    tr->host_stale = tr->cuda != NULL;
+}
+
+/* Whether every weight is finite (*finite): their sum of squares in double
+ * is, exactly when they all are (no finite float's square overflows it). */
+sd_status sd_train_weights_finite(sd_trainer *tr, int *finite, sd_error *err)
+{
+    double ss;
+    sd_status rc = device_sum_squares(tr, tr->d_w, &ss, err);
+    *finite = isfinite(ss);
+    return rc;
+}
+
+/* The norm, then the step with it (tests and the self-test call this
+ * after sd_train_micro). */
+double sd_train_apply(sd_trainer *tr)
+{
+    double norm;
+    sd_error e = {0};
+    if (sd_train_grad_norm_local(tr, &norm, &e)) norm = NAN; /* a device failure: the next step reports it */
+    sd_train_apply_norm(tr, norm);
+    return norm;
+}
+
+/* ZeRO-1's gradient norm, after the reduce-scatter left each rank the
+ * summed gradient of its own segments: every rank's sum of squares added
+ * in rank order. It is grouped by segment, so it may differ from the
+ * whole-buffer chunks of sd_train_grad_norm_local in the last bits. */
+sd_status sd_train_grad_norm_zero1(sd_trainer *tr, double *norm, sd_error *err)
+{
+    size_t n = tr->unet.w.total, lo, hi;
+    double ss = 0;
+    for (size_t b = 0; b < sd_dist_blocks(n); b++) {
+        sd_dist_segment(n, b, tr->rank, tr->world, &lo, &hi);
+        ss += sd_sum_squares(tr->pool, hi - lo, tr->grad + lo);
+    }
+    sd_status rc = sd_dist_sum_f64(&ss, 1, err);
+    *norm = sqrt(ss);
+    return rc;
+}
+
+/* ZeRO-1's optimizer step: AdamW on the own segments with the packed
+ * moments, then the updated weights all-gathered. The same arithmetic per
+ * element as sd_train_apply_norm. */
+sd_status sd_train_apply_zero1(sd_trainer *tr, double norm, sd_error *err)
+{
+    size_t n = tr->unet.w.total, off = 0, lo, hi;
+    double lr = sd_lr_at(&tr->o.lr, tr->step);
+    sd_adamw_args a = sd_adamw_args_at(&tr->o.adam, lr, tr->step + 1, sd_clip_factor(norm, tr->o.max_grad_norm));
+    for (size_t b = 0; b < sd_dist_blocks(n); b++) {
+        sd_dist_segment(n, b, tr->rank, tr->world, &lo, &hi);
+        adamw_on(tr, sd_backend_cpu(), tr->pool, &a, lo, hi - lo, tr->unet.w.data + lo,
+                 (char *)tr->m_sh + off * tr->moment_size, (char *)tr->v_sh + off * tr->moment_size, tr->grad + lo);
+        off += hi - lo;
+    }
+    sd_status rc = sd_dist_allgather_f32(tr->unet.w.data, n, err);
+    if (rc) return rc;
+    sd_train_zero_grad(tr);
+    tr->step++;
+    if (tr->ema && tr->step % (tr->o.ema_every > 0 ? tr->o.ema_every : 1) == 0) {
+        tr->ema_updates++;
+        sd_ema_fwd(tr->pool, n, tr->ema, tr->unet.w.data, (float)(1.0 - sd_ema_decay(tr->o.ema_decay, tr->ema_updates)));
+    }
+    return SD_OK;
+}
