@@ -444,7 +444,8 @@ class Text(unittest.TestCase):
     def test_lost_empty_caption_embedding_is_stored_again(self):
         """The empty caption's embedding (conditioning dropout) gone from a shard whose
         records are all cached (sd-verify --repair deletes a damaged one): a --text rerun
-        stores it again, where it used to say "nothing to do" and leave it missing."""
+        stores it again, where it used to say "nothing to do" and leave it missing; so does a
+        --text-only rerun, where every record was attached already."""
         jl = self.bucketed("lost.jsonl")
         s = os.path.join(self.tmp, "lost_full.shard")
         sh(LATENTS, "-q", "--vae", VAE, "--text", self.sd1, "-o", s, jl)
@@ -477,6 +478,18 @@ class Text(unittest.TestCase):
         self.assertIn("0 problems", verr)
         _, _, err = sh(LATENTS, "--vae", VAE, "--text", self.sd1, "-o", cut, jl)
         self.assertIn("nothing to do", err)
+        self.assertNotIn("stored again", err)
+        # the same through --text-only, whose rerun had every record attached: it stores it again too
+        cut2 = os.path.join(self.tmp, "lost_cut2.shard")
+        subprocess.run(["mdb_load", "-n", "-f", "/dev/stdin", cut2], input="\n".join(out) + "\n", text=True,
+                       check=True)
+        _, _, err = sh(LATENTS, "--text", self.sd1, "--text-only", "-o", cut2, jl)
+        self.assertIn("the empty caption's embedding (for conditioning dropout) is missing: stored again", err)
+        self.assertIn("attached to 0 records", err)
+        self.assertEqual(dump(cut2, "text"), dump(s, "text"))
+        _, _, verr = sh(VERIFY, cut2)
+        self.assertIn("0 problems", verr)
+        _, _, err = sh(LATENTS, "--text", self.sd1, "--text-only", "-o", cut2, jl)
         self.assertNotIn("stored again", err)
 
     def test_export_kohya_of_mean_std_says_why_nothing(self):

@@ -178,6 +178,28 @@ static sd_status write_meta(attach *a, sd_error *err)
     return st;
 }
 
+/* The empty caption's embedding (conditioning dropout) and its meta
+ * written again, in their own transaction, when the shard lost them (or
+ * never had them): otherwise only the first transaction with records to
+ * attach writes them, and a rerun with every record attached left a shard
+ * whose embedding sd-verify --repair deleted without it for good. */
+static sd_status restore_empty(attach *a, sd_error *err)
+{
+    int lost = 0;
+    sd_status st = text_empty_lost(a->shard, a->empty_key, &lost, err);
+    if (st || !lost) return st;
+    if (lost == 2)
+        sd_log(SD_LOG_INFO, "%s: the empty caption's embedding (for conditioning dropout) is missing: stored again",
+               a->o->output);
+    st = sd_shard_begin(a->shard, err);
+    if (st) return st;
+    st = write_meta(a, err);
+    if (!st) st = sd_shard_commit(a->shard, err);
+    else sd_shard_abort(a->shard);
+    if (!st) a->meta_pending = 0;
+    return st;
+}
+
 /* Up to --text-batch jobs with work from *next on, rebuilt (read in one
  * snapshot, which the writer's lock keeps current); returns how many
  * captions went into caps/lens/keys. */
@@ -315,6 +337,7 @@ int latents_attach(const latents_opts *o)
         a.pool = o->threads > 1 ? sd_pool_create(o->threads) : NULL;
         st = open_device(&a, &err);
     }
+    if (!st) st = restore_empty(&a, &err);
     if (!st) {
         sd_log(SD_LOG_INFO, "%zu captions read (%llu lines), %llu records already refer to theirs", a.jobs.n,
                (unsigned long long)a.jobs.lines, (unsigned long long)a.done);

@@ -830,35 +830,6 @@ static void warn_guessed_scale(const run *r)
            r->vae.cfg.scaling_factor, r->vae.cfg.scale_source, r->vae.cfg.scaling_factor);
 }
 
-/* Whether a --text run must write the empty caption's embedding again
- * (*lost 1; 2 where the meta names it but the embedding is gone):
- * the shard's empty_text meta names another key or none (a shard made
- * without --text), or the embedding it names is gone (deleted by sd-verify
- * --repair as damaged; a damaged one still there is --repair's to delete). Without this a rerun with every record cached
- * never reached write_meta, and the shard stayed without it for good. */
-static sd_status empty_text_lost(run *r, int *lost, sd_error *err)
-{
-    char hex[33], *meta = NULL;
-    sd_error e = {0};
-    *lost = 0;
-    if (!r->text_on) return SD_OK;
-    sd_shard_text_key_hex(r->empty_key, hex);
-    sd_status st = sd_shard_meta_get(r->shard, SD_SHARD_META_EMPTY_TEXT, &meta, &e);
-    if (st && st != SD_ENOTFOUND) return sd_err_set(err, st, "%s", e.msg);
-    *lost = !meta || strcmp(meta, hex) != 0;
-    free(meta);
-    if (*lost) return SD_OK;
-    sd_shard_txn *t = NULL;
-    const void *v;
-    size_t vl;
-    if ((st = sd_shard_read_begin(r->shard, &t, err))) return st;
-    sd_status g = sd_shard_get_text(t, r->empty_key, &v, &vl, &e); /* a damaged one: sd-verify --repair first */
-    *lost = g == SD_ENOTFOUND ? 2 : 0;
-    sd_shard_read_end(t);
-    if (g && g != SD_ENOTFOUND) return sd_err_set(err, g, "%s", e.msg);
-    return SD_OK;
-}
-
 /* The meta alone, in its own transaction: a --scale that changes the
  * shard's factor takes effect even when every record is cached. */
 static sd_status rewrite_meta(run *r, sd_error *err)
@@ -928,7 +899,7 @@ int latents_run(const latents_opts *o)
                o->threads);
         r.meta_pending = 1;
         int empty_lost = 0;
-        st = empty_text_lost(&r, &empty_lost, &err);
+        if (r.text_on) st = text_empty_lost(r.shard, r.empty_key, &empty_lost, &err);
         if (!st && empty_lost == 2)
             sd_log(SD_LOG_INFO, "%s: the empty caption's embedding (for conditioning dropout) is missing: stored again",
                    o->output);

@@ -279,3 +279,32 @@ sd_status text_put(text_cache *t, sd_shard *s, const char *caption, size_t len, 
     const uint8_t *k[1] = {key};
     return text_put_many(t, s, 1, c, &len, k, rec, err);
 }
+
+/* Whether a --text or --text-only run must write the empty caption's
+ * embedding again (*lost 1; 2 where the meta names it but the embedding
+ * is gone): the shard's empty_text meta names another key or none (a shard
+ * made without --text), or the embedding it names is gone (deleted by
+ * sd-verify --repair as damaged; a damaged one still there is --repair's
+ * to delete). Without this a rerun with every record cached never wrote
+ * the meta again, and the shard stayed without it for good. */
+sd_status text_empty_lost(sd_shard *shard, const uint8_t empty_key[16], int *lost, sd_error *err)
+{
+    char hex[33], *meta = NULL;
+    sd_error e = {0};
+    *lost = 0;
+    sd_shard_text_key_hex(empty_key, hex);
+    sd_status st = sd_shard_meta_get(shard, SD_SHARD_META_EMPTY_TEXT, &meta, &e);
+    if (st && st != SD_ENOTFOUND) return sd_err_set(err, st, "%s", e.msg);
+    *lost = !meta || strcmp(meta, hex) != 0;
+    free(meta);
+    if (*lost) return SD_OK;
+    sd_shard_txn *t = NULL;
+    const void *v;
+    size_t vl;
+    if ((st = sd_shard_read_begin(shard, &t, err))) return st;
+    sd_status g = sd_shard_get_text(t, empty_key, &v, &vl, &e); /* a damaged one: sd-verify --repair first */
+    *lost = g == SD_ENOTFOUND ? 2 : 0;
+    sd_shard_read_end(t);
+    if (g && g != SD_ENOTFOUND) return sd_err_set(err, g, "%s", e.msg);
+    return SD_OK;
+}

@@ -52,4 +52,9 @@ sd_status text_put(text_cache *t, sd_shard *s, const char *caption, size_t len, 
 sd_status text_put_many(text_cache *t, sd_shard *s, size_t count, const char *const *captions, const size_t *lens,
                         const uint8_t *const *keys, sd_buf *rec, sd_error *err);
 
+/* Whether the shard's empty caption's embedding (meta empty_text and its
+ * record) must be written again: *lost 0 no, 1 the meta names another key
+ * or none, 2 the meta names it but the record is gone. */
+sd_status text_empty_lost(sd_shard *shard, const uint8_t empty_key[16], int *lost, sd_error *err);
+
 #endif
