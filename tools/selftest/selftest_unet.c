@@ -2,7 +2,7 @@
  * trainer on a GPU against the same trainer on the CPU: the forward pass,
  * the loss and every parameter gradient of one micro-batch, the path
  * sd-train --device takes. */
-#include "selftest_unet.h"
+#include "selftest.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -148,19 +148,6 @@ static const grad_tols unet_tols[SELFTEST_NMODES] = {
     [SELFTEST_BF16] = {5e-2, 0.5, 2e-3},
     [SELFTEST_FP16] = {6e-3, 0.5, 3e-4},
 };
-
-int selftest_mode(int tf32, int mixed)
-{
-    if (mixed == SD_DT_BF16) return SELFTEST_BF16;
-    if (mixed) return SELFTEST_FP16;
-    return tf32 ? SELFTEST_TF32 : SELFTEST_STRICT;
-}
-
-const char *selftest_mode_name(int mode)
-{
-    static const char *const names[SELFTEST_NMODES] = {"strict", "tf32", "bf16", "fp16"};
-    return mode >= 0 && mode < SELFTEST_NMODES ? names[mode] : "?";
-}
 
 /* The CPU's gradient and the model's tensors, which the device's
  * gradients are judged against. */
