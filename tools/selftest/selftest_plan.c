@@ -19,23 +19,27 @@ typedef struct {
     int count;
 } rec_row;
 
-static rec_row rec[MAX_REC];
-static int nrec;
+/* The calls recorded so far: the recording backend's exec context. */
+typedef struct {
+    rec_row row[MAX_REC];
+    int n;
+} recorder;
 
 /* Add a call to the row of the same description (or a new row). */
-static void rec_add(const char *op, size_t tensors, size_t scratch)
+static void rec_add(void *ex, const char *op, size_t tensors, size_t scratch)
 {
-    for (int i = 0; i < nrec; i++)
-        if (strcmp(rec[i].op, op) == 0) {
-            rec[i].count++;
+    recorder *r = ex;
+    for (int i = 0; i < r->n; i++)
+        if (strcmp(r->row[i].op, op) == 0) {
+            r->row[i].count++;
             return;
         }
-    if (nrec == MAX_REC) return;
-    snprintf(rec[nrec].op, sizeof rec[nrec].op, "%s", op);
-    rec[nrec].tensors = tensors;
-    rec[nrec].scratch = scratch;
-    rec[nrec].count = 1;
-    nrec++;
+    if (r->n == MAX_REC) return;
+    rec_row *w = &r->row[r->n++];
+    snprintf(w->op, sizeof w->op, "%s", op);
+    w->tensors = tensors;
+    w->scratch = scratch;
+    w->count = 1;
 }
 
 /* conv2d: input, output, weights, bias; scratch is the padded input copy
@@ -43,7 +47,7 @@ static void rec_add(const char *op, size_t tensors, size_t scratch)
  * comes on top, bounded by the context's limit). */
 static void rec_conv(void *ex, const sd_conv2d_shape *s, float *y, const float *x, const float *w, const float *b)
 {
-    (void)ex, (void)y, (void)x, (void)w, (void)b;
+    (void)y, (void)x, (void)w, (void)b;
     char d[96];
     size_t in = SZ(s->n) * SZ(s->cin) * SZ(s->h) * SZ(s->w);
     size_t out = SZ(s->n) * SZ(s->cout) * SZ(sd_conv2d_out_h(s)) * SZ(sd_conv2d_out_w(s));
@@ -52,7 +56,7 @@ static void rec_conv(void *ex, const sd_conv2d_shape *s, float *y, const float *
     size_t pad = asym ? SZ(s->n) * SZ(s->cin) * SZ(s->h + s->pad_t + s->pad_b) * SZ(s->w + s->pad_l + s->pad_r) : 0;
     snprintf(d, sizeof d, "conv2d %dx%d%s %d->%d at %dx%d", s->kh, s->kw, s->stride > 1 ? " s2" : "", s->cin, s->cout,
              s->h, s->w);
-    rec_add(d, (in + out + par) * sizeof(float), pad * sizeof(float));
+    rec_add(ex, d, (in + out + par) * sizeof(float), pad * sizeof(float));
 }
 
 /* group norm: x, y (in place counts once), stats, affine; scratch is the
@@ -60,80 +64,77 @@ static void rec_conv(void *ex, const sd_conv2d_shape *s, float *y, const float *
 static void rec_gn(void *ex, const sd_gn_shape *s, float *y, float *mean, float *rstd, const float *x,
                    const float *gamma, const float *beta)
 {
-    (void)ex, (void)mean, (void)rstd, (void)gamma, (void)beta;
+    (void)mean, (void)rstd, (void)gamma, (void)beta;
     char d[96];
     size_t units = SZ(s->n) * SZ(s->groups), m = SZ(s->c / s->groups) * SZ(s->hw), el = SZ(s->n) * SZ(s->c) * SZ(s->hw);
     size_t chunks = (m + 8191) / 8192;
     if (chunks > 1024) chunks = 1024;
     snprintf(d, sizeof d, "group_norm %d ch at %d px", s->c, s->hw);
-    rec_add(d, ((y == x ? 1 : 2) * el + 2 * units + 2 * SZ(s->c)) * sizeof(float), units * chunks * 3 * sizeof(float));
+    rec_add(ex, d, ((y == x ? 1 : 2) * el + 2 * units + 2 * SZ(s->c)) * sizeof(float), units * chunks * 3 * sizeof(float));
 }
 
 /* silu in place or not. */
 static void rec_silu(void *ex, size_t n, float *y, const float *x)
 {
-    (void)ex;
     char d[96];
     snprintf(d, sizeof d, "silu %zu", n);
-    rec_add(d, (y == x ? 1 : 2) * n * sizeof(float), 0);
+    rec_add(ex, d, (y == x ? 1 : 2) * n * sizeof(float), 0);
 }
 
 /* residual add: distinct buffers among y, a, b. */
 static void rec_add_op(void *ex, size_t n, float *y, const float *a, const float *b)
 {
-    (void)ex;
     char d[96];
     snprintf(d, sizeof d, "add %zu", n);
-    rec_add(d, (1 + (a != y) + (b != y && b != a)) * n * sizeof(float), 0);
+    rec_add(ex, d, (1 + (a != y) + (b != y && b != a)) * n * sizeof(float), 0);
 }
 
 /* linear: x, y, w, b. */
 static void rec_linear(void *ex, const sd_linear_shape *s, float *y, const float *x, const float *w, const float *b)
 {
-    (void)ex, (void)y, (void)x, (void)w, (void)b;
+    (void)y, (void)x, (void)w, (void)b;
     char d[96];
     snprintf(d, sizeof d, "linear %dx%d->%d", s->m, s->k, s->n);
-    rec_add(d, (SZ(s->m) * SZ(s->k) + SZ(s->m) * SZ(s->n) + SZ(s->n) * SZ(s->k) + SZ(s->n)) * sizeof(float), 0);
+    rec_add(ex, d, (SZ(s->m) * SZ(s->k) + SZ(s->m) * SZ(s->n) + SZ(s->n) * SZ(s->k) + SZ(s->n)) * sizeof(float), 0);
 }
 
 /* attention: q, k, v, y, lse; the score block in scratch. */
 static void rec_attn(void *ex, const sd_attn_shape *s, float *y, float *lse, const float *q, const float *k,
                      const float *v)
 {
-    (void)ex, (void)y, (void)lse, (void)q, (void)k, (void)v;
+    (void)y, (void)lse, (void)q, (void)k, (void)v;
     char d[96];
     size_t bh = SZ(s->b) * SZ(s->heads);
     snprintf(d, sizeof d, "attention T=%d d=%d", s->tq, s->d);
     /* scratch: one block of scores (attn_blocks.h), the cuBLAS path's */
-    rec_add(d, (bh * (2 * SZ(s->tq) + 2 * SZ(s->tk)) * SZ(s->d) + bh * SZ(s->tq)) * sizeof(float),
+    rec_add(ex, d, (bh * (2 * SZ(s->tq) + 2 * SZ(s->tk)) * SZ(s->d) + bh * SZ(s->tq)) * sizeof(float),
             sd_attn_block_bytes(s, 0));
 }
 
 /* transpose: in and out. */
 static void rec_transpose(void *ex, int n, int rows, int cols, float *y, const float *x)
 {
-    (void)ex, (void)y, (void)x;
+    (void)y, (void)x;
     char d[96];
     snprintf(d, sizeof d, "transpose %dx%d", rows, cols);
-    rec_add(d, 2 * SZ(n) * SZ(rows) * SZ(cols) * sizeof(float), 0);
+    rec_add(ex, d, 2 * SZ(n) * SZ(rows) * SZ(cols) * sizeof(float), 0);
 }
 
 /* posterior std. */
 static void rec_gstd(void *ex, size_t n, float *y, const float *x)
 {
-    (void)ex;
     char d[96];
     snprintf(d, sizeof d, "gauss_std %zu", n);
-    rec_add(d, (y == x ? 1 : 2) * n * sizeof(float), 0);
+    rec_add(ex, d, (y == x ? 1 : 2) * n * sizeof(float), 0);
 }
 
 /* device copy of the mean. */
 static void rec_d2d(void *ex, void *dst, const void *src, size_t bytes)
 {
-    (void)ex, (void)dst, (void)src;
+    (void)dst, (void)src;
     char d[96];
     snprintf(d, sizeof d, "copy %zu bytes", bytes);
-    rec_add(d, 2 * bytes, 0);
+    rec_add(ex, d, 2 * bytes, 0);
 }
 
 /* Nothing is queued, nothing fails. */
@@ -178,19 +179,19 @@ static int plan_one(sd_vae *v, int res, size_t conv_ws_cap)
     if (base == MAP_FAILED) return fprintf(stderr, "sd-selftest: cannot reserve %zu bytes of address space\n", span), 1;
     float *ws = (float *)(void *)base, *x = ws + wsf, *mean = x + SZ(3) * res * res;
     float *std = mean + SZ(v->cfg.latent_channels) * lh * lw;
-    nrec = 0;
+    recorder rec = {.n = 0};
     sd_error err = {0};
-    sd_status st = sd_vae_encode_on(v, &rec_backend, NULL, v->w.data, 1, res, res, x, mean, std, ws, &err);
+    sd_status st = sd_vae_encode_on(v, &rec_backend, &rec, v->w.data, 1, res, res, x, mean, std, ws, &err);
     munmap(base, span);
     if (st) return fprintf(stderr, "sd-selftest: plan: %s\n", err.msg), 1;
     size_t scratch = 0, peak_op = 0;
     printf("\n## %dx%d (latent %dx%d)\n\n", res, res, lh, lw);
     printf("| op (SD VAE encoder, one image) | calls | tensors MiB | CUDA scratch MiB |\n|---|---|---|---|\n");
-    for (int i = 0; i < nrec; i++) {
-        printf("| %s | %d | %.1f | %.1f |\n", rec[i].op, rec[i].count, selftest_mib(rec[i].tensors),
-               selftest_mib(rec[i].scratch));
-        if (rec[i].scratch > scratch) scratch = rec[i].scratch;
-        if (rec[i].tensors > peak_op) peak_op = rec[i].tensors;
+    for (int i = 0; i < rec.n; i++) {
+        const rec_row *w = &rec.row[i];
+        printf("| %s | %d | %.1f | %.1f |\n", w->op, w->count, selftest_mib(w->tensors), selftest_mib(w->scratch));
+        if (w->scratch > scratch) scratch = w->scratch;
+        if (w->tensors > peak_op) peak_op = w->tensors;
     }
     size_t ctx = (size_t)1 << 30; /* CUDA context, cuBLAS and cuDNN handles and kernels: about 1 GiB */
     size_t wsb = wsf * sizeof(float), io = in_img + out_img, fixed = ctx + wbytes + conv_ws_cap;
