@@ -1,7 +1,7 @@
 /* The few facts of LMDB 0.9's on-disk layout (data format 1, 64-bit) that
  * sdtk reads itself, with pread, before LMDB touches a page: the size check
- * of a file cut short (shard.c) and the bounds-checked page walk that keeps a
- * damaged page from crashing LMDB's cursors (shard_pages.c). lmdb.h
+ * of a file cut short (shard_tail.c) and the bounds-checked page walk that
+ * keeps a damaged page from crashing LMDB's cursors (shard_pages.c). lmdb.h
  * publishes none of it; the offsets are those of lmdb/mdb.c's MDB_page,
  * MDB_node, MDB_db and MDB_meta. LMDB writes its files in host byte order. */
 #ifndef SDTK_LMDB_LAYOUT_H

@@ -1,23 +1,22 @@
 /* The shard store: opening an LMDB environment for a shard file (writer or
- * reader), its metadata, and the read side (zero-copy gets, cursors, the
- * bucket index). Writing lives in shard_write.c. */
+ * reader) after checking the file is whole, closing it, and its metadata.
+ * The locks live in shard_lock.c, a file cut short is found by
+ * shard_tail.c, reading in shard_read.c, writing in shard_write.c. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "lmdb_layout.h"
-#include "log.h"
 #include "shard_int.h"
 
 static const char *const db_names[NDBS] = {"latents", "text", "names", "buckets", "bindex", "meta"};
 
-enum { DEFAULT_MAP = 256u << 20, MAX_READERS = 1024 };
+enum { DEFAULT_MAP = 256u << 20 };
 
 /* A named database's name, for the page walk's messages and checks. */
 const char *sd_shard_db_name(int db)
@@ -139,206 +138,6 @@ static sd_status open_dbs(sd_shard *s, sd_error *err)
     return rc ? sd_shard_mdb_err(err, rc, "commit", s) : SD_OK;
 }
 
-/* ---- files cut short -------------------------------------------------------
- * LMDB maps the whole file and reads pages in place, so a page past the end
- * of a cut file raises SIGBUS on first touch. A file may still legitimately
- * end before LMDB's last page: a page that a transaction allocated and freed
- * again (a loose page, an overflow run) is put on the freelist unwritten. So
- * when the file is short, the freelist of the snapshot is read with pread
- * (never through the map) and the file is refused only when a page past its
- * end is not free (LMDB's layout: lmdb_layout.h). */
-
-/* A freelist walk: the free pages among [have, last] (missing from the file). */
-typedef struct {
-    int fd;
-    size_t psize;
-    uint64_t have;   /* whole pages in the file */
-    uint64_t last;   /* the snapshot's last page */
-    uint64_t budget; /* pages left to visit: a damaged tree cannot loop */
-    uint64_t *free;
-    size_t n, cap;
-} tail_walk;
-
-/* len bytes of page pgno; a page past the end or not naming itself is damage
- * (SD_ETRUNC: the freelist cannot tell which missing pages are free). */
-static sd_status walk_read(tail_walk *w, uint64_t pgno, uint8_t *buf, size_t len)
-{
-    if (pgno >= w->have || w->budget == 0) return SD_ETRUNC;
-    w->budget--;
-    ssize_t r = pread(w->fd, buf, len, (off_t)(pgno * w->psize));
-    if (r < 0) return SD_EIO;
-    return (size_t)r == len && lmdb_rd64(buf) == pgno ? SD_OK : SD_ETRUNC;
-}
-
-/* Collect the missing pages of one freelist entry (count, then page numbers). */
-static sd_status walk_idl(tail_walk *w, const uint8_t *p, size_t size)
-{
-    if (size < 8) return SD_ETRUNC; /* not even its count: damage (LMDB writes at least one) */
-    uint64_t n = lmdb_rd64(p);
-    if (n > size / 8 - 1) return SD_ETRUNC;
-    for (uint64_t i = 1; i <= n; i++) {
-        uint64_t pg = lmdb_rd64(p + 8 * i);
-        if (pg < w->have || pg > w->last) continue;
-        if (w->n == w->cap) {
-            size_t cap = w->cap ? 2 * w->cap : 256;
-            uint64_t *f = realloc(w->free, cap * sizeof *f);
-            if (!f) return SD_ENOMEM;
-            w->free = f;
-            w->cap = cap;
-        }
-        w->free[w->n++] = pg;
-    }
-    return SD_OK;
-}
-
-/* A freelist entry too big for its leaf, read from its overflow run. */
-static sd_status walk_big(tail_walk *w, uint64_t pgno, size_t size)
-{
-    uint8_t head[PG_HDR];
-    sd_status st = walk_read(w, pgno, head, sizeof head);
-    if (st) return st;
-    uint64_t pages = lmdb_rd32(head + PG_LOWER);
-    if (!(lmdb_rd16(head + PG_FLAGS) & PG_OVERFLOW) || pages == 0 || pages > w->have - pgno ||
-        size > pages * w->psize - PG_HDR)
-        return SD_ETRUNC;
-    uint8_t *buf = malloc(size ? size : 1);
-    if (!buf) return SD_ENOMEM;
-    ssize_t r = pread(w->fd, buf, size, (off_t)(pgno * w->psize + PG_HDR));
-    st = r < 0 ? SD_EIO : (size_t)r != size ? SD_ETRUNC : walk_idl(w, buf, size);
-    free(buf);
-    return st;
-}
-
-/* One page of the freelist tree, depth levels above the leaves plus one:
- * a branch's children, a leaf's entries. */
-static sd_status walk_page(tail_walk *w, uint64_t pgno, int depth)
-{
-    uint8_t *pg = malloc(w->psize);
-    if (!pg) return SD_ENOMEM;
-    sd_status st = walk_read(w, pgno, pg, w->psize);
-    unsigned flags = st ? 0 : lmdb_rd16(pg + PG_FLAGS), lower = st ? 0 : lmdb_rd16(pg + PG_LOWER);
-    int leaf = (flags & PG_LEAF) != 0;
-    if (!st && (leaf ? depth != 1 : !(flags & PG_BRANCH) || depth < 2)) st = SD_ETRUNC;
-    if (!st && (lower < PG_HDR || lower > w->psize)) st = SD_ETRUNC;
-    for (size_t i = 0; !st && i < (lower - PG_HDR) / 2; i++) {
-        size_t off = lmdb_rd16(pg + PG_HDR + 2 * i);
-        if (off < PG_HDR || off > w->psize - NODE_HDR) {
-            st = SD_ETRUNC;
-            break;
-        }
-        const uint8_t *node = pg + off;
-        uint64_t lo = lmdb_rd32(node), hi = lmdb_rd16(node + 4);
-        size_t data = off + NODE_HDR + lmdb_rd16(node + 6);
-        if (!leaf) st = walk_page(w, lo | hi << 32, depth - 1);
-        else if (hi & NODE_BIGDATA) st = data + 8 > w->psize ? SD_ETRUNC : walk_big(w, lmdb_rd64(pg + data), lo);
-        else st = data + lo > w->psize ? SD_ETRUNC : walk_idl(w, pg + data, lo);
-    }
-    free(pg);
-    return st;
-}
-
-/* Where the highest missing page that is not free ends; 0 when all are free. */
-static uint64_t walk_used_end(tail_walk *w)
-{
-    if (w->n) qsort(w->free, w->n, sizeof *w->free, lmdb_cmp_pgno); /* an empty list may be NULL */
-    uint64_t pg = w->last;
-    for (size_t i = w->n; i > 0 && pg >= w->have && pg > 0; i--) {
-        if (w->free[i - 1] > pg) continue; /* a duplicate */
-        if (w->free[i - 1] < pg) break;
-        pg--;
-    }
-    return pg >= w->have ? (pg + 1) * w->psize : 0;
-}
-
-/* What one snapshot needs of a short file. */
-typedef struct {
-    uint64_t size;     /* the file's size */
-    uint64_t used_end; /* the end of its last page past that size that is not free, or 0 */
-    int changed;       /* the snapshot's meta page was rewritten meanwhile: try again */
-} tail_check;
-
-/* Read the meta page of snapshot id (LMDB writes txn t's meta into page t & 1). */
-static sd_status read_meta(sd_shard *s, int fd, size_t psize, uint64_t id, uint8_t meta[META_END], sd_error *err)
-{
-    ssize_t r = pread(fd, meta, META_END, (off_t)((id & 1) * psize));
-    if (r < 0) return sd_err_set(err, SD_EIO, "%s: %s", s->path, strerror(errno));
-    if (r != META_END) memset(meta, 0, META_END);
-    return SD_OK;
-}
-
-/* Fill c for the snapshot of a fresh read transaction: its pages, freelist
- * included, are not reused by a writer while that transaction lives, and its
- * meta page is read before the file's size, so pages a writer is adding are
- * never missed; the meta is read again after the walk to catch a rewrite.
- * A meta page of another layout than LMDB 0.9's cannot be walked: the file
- * is then accepted as before this check (never a false refusal). */
-static sd_status check_snapshot(sd_shard *s, int fd, size_t psize, uint64_t lmdb_last, tail_check *c, sd_error *err)
-{
-    MDB_txn *txn;
-    int rc = sd_shard_txn_begin_ro(s, &txn);
-    if (rc) return sd_shard_mdb_err(err, rc, "begin", s);
-    uint64_t id = mdb_txn_id(txn);
-    uint8_t meta[META_END], again[META_END];
-    struct stat sb;
-    sd_status st = read_meta(s, fd, psize, id, meta, err);
-    if (!st && fstat(fd, &sb)) st = sd_err_set(err, SD_EIO, "%s: %s", s->path, strerror(errno));
-    int known = lmdb_rd32(meta + PG_HDR) == LMDB_MAGIC && lmdb_rd32(meta + META_VERSION) == LMDB_FORMAT &&
-                lmdb_rd32(meta + META_FREE_DB) == psize && sizeof(size_t) == 8;
-    c->changed = !st && known && lmdb_rd64(meta + META_TXNID) != id;
-    uint64_t last = known ? lmdb_rd64(meta + META_LAST_PG) : lmdb_last;
-    if (!st && !c->changed) {
-        c->size = (uint64_t)sb.st_size;
-        c->used_end = !known || c->size / psize > last ? 0 : (last + 1) * psize;
-    }
-    if (!st && !c->changed && c->used_end && known) {
-        tail_walk w = {fd, psize, c->size / psize, last, last + 1, NULL, 0, 0};
-        uint64_t root = lmdb_rd64(meta + META_FREE_DB + 40);
-        int depth = lmdb_rd16(meta + META_FREE_DB + 6);
-        sd_status ws = root == UINT64_MAX                 ? SD_OK /* an empty freelist */
-                       : depth < 1 || depth > LMDB_MAX_DEPTH ? SD_ETRUNC
-                                                        : walk_page(&w, root, depth);
-        if (ws == SD_OK) c->used_end = walk_used_end(&w);
-        else if (ws == SD_ENOMEM) st = sd_err_set(err, SD_ENOMEM, "out of memory");
-        else if (ws == SD_EIO) st = sd_err_set(err, SD_EIO, "%s: reading its freelist: %s", s->path, strerror(errno));
-        free(w.free);
-    }
-    if (!st && !c->changed && known) st = read_meta(s, fd, psize, id, again, err);
-    if (!st && !c->changed && known) c->changed = memcmp(meta, again, META_END) != 0;
-    mdb_txn_abort(txn);
-    return st;
-}
-
-/* Refuse a file cut short before anything reads a page past its end. A
- * writer never shrinks the file and writes a transaction's pages before the
- * meta page naming them, so the meta read first is covered by the size read
- * after it: a reader opening while a writer commits is never refused. */
-static sd_status check_size(sd_shard *s, sd_error *err)
-{
-    MDB_envinfo info;
-    MDB_stat ms;
-    int fd;
-    struct stat sb;
-    int rc = mdb_env_info(s->env, &info);
-    if (!rc) rc = mdb_env_stat(s->env, &ms);
-    if (!rc) rc = mdb_env_get_fd(s->env, &fd);
-    if (rc) return sd_shard_mdb_err(err, rc, "reading the environment", s);
-    if (fstat(fd, &sb)) return sd_err_set(err, SD_EIO, "%s: %s", s->path, strerror(errno));
-    if ((uint64_t)sb.st_size >= ((uint64_t)info.me_last_pgno + 1) * ms.ms_psize) return SD_OK;
-    tail_check c = {0, 0, 1};
-    for (int tries = 0; c.changed && tries < 4; tries++) {
-        sd_status st = check_snapshot(s, fd, ms.ms_psize, info.me_last_pgno, &c, err);
-        if (st) return st;
-    }
-    if (c.changed)
-        return sd_err_set(err, SD_EIO, "%s: a writer kept rewriting the file while its size was checked; try again",
-                          s->path);
-    if (c.used_end <= c.size) return SD_OK;
-    return sd_err_set(err, SD_ETRUNC,
-                      "%s: truncated shard: the file has %llu bytes, LMDB's last used page ends at %llu (copy it "
-                      "again or rebuild it)",
-                      s->path, (unsigned long long)c.size, (unsigned long long)c.used_end);
-}
-
 /* Walk every tree's pages before LMDB reads one (sd_shard_check_pages):
  * a damaged file is refused naming its first damaged page, or with
  * SD_SHARD_KEEP_DAMAGED kept for sd-verify with its databases unopened. A
@@ -359,35 +158,6 @@ static sd_status check_pages(sd_shard *s, sd_error *err)
                       "%s: damaged shard: %s (%llu damaged place%s); sd-verify --repair copies the records of its "
                       "intact pages into a new file",
                       s->path, found.first, (unsigned long long)found.damage, found.damage == 1 ? "" : "s");
-}
-
-/* The writer's exclusive lock: a second writer process fails at once. */
-static sd_status lock_writer(sd_shard *s, sd_error *err)
-{
-    int f = O_RDWR | O_CLOEXEC | (s->flags & SD_SHARD_CREATE ? O_CREAT : 0);
-    s->lock_fd = open(s->path, f, 0644);
-    if (s->lock_fd < 0)
-        return sd_err_set(err, errno == ENOENT ? SD_ENOTFOUND : SD_EIO, "%s: %s", s->path, strerror(errno));
-    if (flock(s->lock_fd, LOCK_EX | LOCK_NB))
-        return sd_err_set(err, SD_EIO, "%s: %s", s->path,
-                          errno == EWOULDBLOCK ? "another process is writing this shard" : strerror(errno));
-    return SD_OK;
-}
-
-/* The writer lock taken without opening the environment (see shard.h): a
- * tool replacing a shard file must not pull it from under a writer, whose
- * records would go on into the unlinked file and be lost. */
-sd_status sd_shard_lock_file(const char *path, int *fd, int *held, sd_error *err)
-{
-    *held = 0;
-    *fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO there must not block the open */
-    if (*fd < 0) return sd_err_set(err, errno == ENOENT ? SD_ENOTFOUND : SD_EIO, "%s: %s", path, strerror(errno));
-    if (flock(*fd, LOCK_EX | LOCK_NB) == 0) return SD_OK;
-    int e = errno;
-    close(*fd);
-    *fd = -1;
-    *held = e == EWOULDBLOCK;
-    return sd_err_set(err, SD_EIO, "%s: %s", path, *held ? "another process is writing this shard" : strerror(e));
 }
 
 /* Free everything of a handle (no sync). */
@@ -448,56 +218,6 @@ static sd_status check_lmdb_metas(const char *path, sd_error *err)
                            : "%s: damaged shard: its LMDB meta pages do not agree on a valid page size and format "
                              "(%lld bytes); restore it from a copy or rebuild it",
                       path, (long long)sb.st_size);
-}
-
-/* LMDB maps PATH-lock and writes its reader table into it: a lock file it
- * creates on a full disk is sparse, and the first write to it faults
- * (SIGBUS), in read-only tools too. So sdtk reserves its pages
- * (posix_fallocate; LMDB takes a larger file as it is): an existing one
- * in place (no data changes), a new one as a temporary file linked into
- * place (a process that made one meanwhile keeps its own; nothing another
- * process may use is ever unlinked). A full disk is then an error naming
- * the file. Where the lock file cannot be made or written because the
- * directory is not the user's (a team's shared cache), a reader goes
- * without LMDB's reader table (MDB_NOLOCK, *nolock set) with a warning: a
- * writer running meanwhile could reuse pages it reads. LMDB itself already
- * reads without a lock file on a read-only file system. */
-static sd_status prepare_lock_file(const char *path, int ro, int *nolock, sd_error *err)
-{
-    char lp[4200], tmp[4220];
-    *nolock = 0;
-    if ((size_t)snprintf(lp, sizeof lp, "%s-lock", path) >= sizeof lp)
-        return sd_err_set(err, SD_EINVAL, "%s: path too long", path);
-    off_t bytes = ((off_t)(MAX_READERS + 4) * 64 + 4095) & ~(off_t)4095;
-    int fd = open(lp, O_RDWR | O_CLOEXEC), made = 0;
-    if (fd < 0 && errno == ENOENT) {
-        snprintf(tmp, sizeof tmp, "%s.XXXXXX", lp);
-        fd = mkstemp(tmp);
-        made = fd >= 0;
-        if (made && fchmod(fd, 0644)) { /* mkstemp's 0600 would lock other users out, as LMDB's 0644 does not */
-            close(fd);
-            unlink(tmp);
-            return SD_OK; /* LMDB's own open then */
-        }
-    }
-    if (fd < 0) {
-        if (ro && errno == EACCES) {
-            sd_log(SD_LOG_WARN, "%s: cannot make or write it (%s): reading %s without LMDB's reader lock; do not "
-                   "write that shard while this runs", lp, strerror(errno), path);
-            *nolock = 1;
-        }
-        return SD_OK; /* anything else: LMDB's own open says it */
-    }
-    int e = posix_fallocate(fd, 0, bytes);
-    close(fd);
-    if (made) {
-        if (!e && link(tmp, lp) != 0 && errno != EEXIST) e = errno;
-        unlink(tmp);
-    }
-    if (e == ENOSPC || e == EDQUOT)
-        return sd_err_set(err, SD_EIO, "%s: no room for LMDB's lock file (%lld bytes): %s", lp, (long long)bytes,
-                          strerror(e));
-    return SD_OK; /* EOPNOTSUPP and the like: LMDB sizes it as before */
 }
 
 /* See shard.h: the names of a shard's companions (its -lock, a temporary
@@ -566,9 +286,9 @@ sd_status sd_shard_open(sd_shard **out, const char *path, const sd_shard_opts *o
     } else if (!create || errno != ENOENT) {
         st = sd_err_set(err, errno == ENOENT ? SD_ENOTFOUND : SD_EIO, "%s: %s", path, strerror(errno));
     }
-    if (!st && !ro) st = lock_writer(s, err);
+    if (!st && !ro) st = sd_shard_lock_writer(s, err);
     int nolock = 0;
-    if (!st) st = prepare_lock_file(path, ro, &nolock, err);
+    if (!st) st = sd_shard_prepare_lock_file(path, ro, &nolock, err);
     int rc = st ? 0 : mdb_env_create(&s->env);
     if (!st && !rc) rc = mdb_env_set_maxdbs(s->env, NDBS + 2);
     if (!st && !rc) rc = mdb_env_set_maxreaders(s->env, MAX_READERS);
@@ -586,7 +306,7 @@ sd_status sd_shard_open(sd_shard **out, const char *path, const sd_shard_opts *o
             st = sd_err_set(err, SD_EFORMAT, "%s: not an LMDB shard file (%s)", path, mdb_strerror(rc));
     }
     if (!st && rc) st = sd_shard_mdb_err(err, rc, "open", s);
-    if (!st) st = check_size(s, err);
+    if (!st) st = sd_shard_check_size(s, err);
     if (!st) st = check_pages(s, err);
     if (!st && !s->damaged) {
         MDB_envinfo info;
@@ -655,256 +375,4 @@ sd_status sd_shard_meta_get(sd_shard *s, const char *key, char **value, sd_error
     }
     if (txn != s->wtxn) mdb_txn_abort(txn);
     return st;
-}
-
-/* ---- read transactions ---------------------------------------------------- */
-
-/* A snapshot for one thread. */
-sd_status sd_shard_read_begin(sd_shard *s, sd_shard_txn **out, sd_error *err)
-{
-    *out = NULL;
-    sd_status refused = sd_shard_refuse_damaged(s, err);
-    if (refused) return refused;
-    sd_shard_txn *t = calloc(1, sizeof *t);
-    if (!t) return sd_err_set(err, SD_ENOMEM, "out of memory");
-    t->s = s;
-    int rc = sd_shard_txn_begin_ro(s, &t->txn);
-    if (rc) {
-        free(t);
-        return sd_shard_mdb_err(err, rc, "begin read", s);
-    }
-    *out = t;
-    return SD_OK;
-}
-
-void sd_shard_read_end(sd_shard_txn *t)
-{
-    if (!t) return;
-    if (t->txn) mdb_txn_abort(t->txn);
-    free(t);
-}
-
-void sd_shard_read_reset(sd_shard_txn *t)
-{
-    mdb_txn_reset(t->txn);
-}
-
-/* Fresh snapshot after a reset; a grown map needs a new transaction. */
-sd_status sd_shard_read_renew(sd_shard_txn *t, sd_error *err)
-{
-    int rc = mdb_txn_renew(t->txn);
-    if (rc == MDB_MAP_RESIZED) {
-        mdb_txn_abort(t->txn);
-        t->txn = NULL;
-        rc = sd_shard_txn_begin_ro(t->s, &t->txn);
-    }
-    return rc ? sd_shard_mdb_err(err, rc, "renew read", t->s) : SD_OK;
-}
-
-/* Zero-copy lookup in one database. */
-static sd_status get_in(sd_shard_txn *t, int db, const void *key, size_t klen, const void **val, size_t *vlen,
-                        sd_error *err)
-{
-    MDB_val k = {klen, (void *)key}, v;
-    *val = NULL;
-    *vlen = 0;
-    if (klen == 0 || klen > SD_SHARD_MAX_KEY) return sd_err_set(err, SD_EINVAL, "key length %zu not in 1..511", klen);
-    int rc = mdb_get(t->txn, t->s->dbi[db], &k, &v);
-    if (rc == MDB_NOTFOUND) return sd_err_set(err, SD_ENOTFOUND, "not found");
-    if (rc) return sd_shard_mdb_err(err, rc, "get", t->s);
-    *val = v.mv_data;
-    *vlen = v.mv_size;
-    return SD_OK;
-}
-
-sd_status sd_shard_get(sd_shard_txn *t, const void *key, size_t klen, const void **val, size_t *vlen, sd_error *err)
-{
-    return get_in(t, SD_SHARD_DB_LATENTS, key, klen, val, vlen, err);
-}
-
-sd_status sd_shard_get_text(sd_shard_txn *t, const uint8_t hash[16], const void **val, size_t *vlen, sd_error *err)
-{
-    return get_in(t, SD_SHARD_DB_TEXT, hash, SD_SHARD_TEXT_KEY, val, vlen, err);
-}
-
-sd_status sd_shard_get_name(sd_shard_txn *t, const char *name, size_t nlen, const void **key, size_t *klen, sd_error *err)
-{
-    return get_in(t, SD_SHARD_DB_NAMES, name, nlen, key, klen, err);
-}
-
-/* An exact (bucket, key) lookup among the bucket's duplicates. */
-sd_status sd_shard_index_has(sd_shard_txn *t, uint32_t w, uint32_t h, const void *key, size_t klen, int *found,
-                             sd_error *err)
-{
-    uint8_t bk[8];
-    sd_shard_bucket_key(w, h, bk);
-    MDB_cursor *c;
-    *found = 0;
-    int rc = mdb_cursor_open(t->txn, t->s->dbi[SD_SHARD_DB_BINDEX], &c);
-    if (rc) return sd_shard_mdb_err(err, rc, "cursor", t->s);
-    MDB_val k = {8, bk}, v = {klen, (void *)key};
-    rc = mdb_cursor_get(c, &k, &v, MDB_GET_BOTH);
-    mdb_cursor_close(c);
-    if (rc && rc != MDB_NOTFOUND) return sd_shard_mdb_err(err, rc, "index lookup", t->s);
-    *found = rc == 0;
-    return SD_OK;
-}
-
-/* Entries of one database, from LMDB's page statistics (O(1)). */
-sd_status sd_shard_count(sd_shard_txn *t, sd_shard_db db, uint64_t *n, sd_error *err)
-{
-    MDB_stat st;
-    int rc = mdb_stat(t->txn, t->s->dbi[db], &st);
-    if (rc) return sd_shard_mdb_err(err, rc, "stat", t->s);
-    *n = st.ms_entries;
-    return SD_OK;
-}
-
-/* Every bucket with its count: what a trainer reads at startup. */
-sd_status sd_shard_buckets(sd_shard_txn *t, sd_shard_bucket **out, size_t *n, sd_error *err)
-{
-    *out = NULL;
-    *n = 0;
-    uint64_t cnt = 0;
-    sd_status st = sd_shard_count(t, SD_SHARD_DB_BUCKETS, &cnt, err);
-    if (st) return st;
-    sd_shard_bucket *b = malloc((cnt ? cnt : 1) * sizeof *b);
-    if (!b) return sd_err_set(err, SD_ENOMEM, "out of memory");
-    MDB_cursor *c;
-    int rc = mdb_cursor_open(t->txn, t->s->dbi[SD_SHARD_DB_BUCKETS], &c);
-    if (rc) {
-        free(b);
-        return sd_shard_mdb_err(err, rc, "cursor", t->s);
-    }
-    MDB_val k, v;
-    size_t i = 0;
-    for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); !rc && i < cnt; rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
-        if (k.mv_size != 8 || v.mv_size != 8) continue;
-        sd_shard_bucket_unkey(k.mv_data, &b[i].w, &b[i].h);
-        const uint8_t *p = v.mv_data;
-        b[i].count = 0;
-        for (int j = 7; j >= 0; j--) b[i].count = b[i].count << 8 | p[j];
-        i++;
-    }
-    mdb_cursor_close(c);
-    if (rc && rc != MDB_NOTFOUND) {
-        free(b);
-        return sd_shard_mdb_err(err, rc, "reading buckets", t->s);
-    }
-    *out = b;
-    *n = i;
-    return SD_OK;
-}
-
-/* ---- cursors --------------------------------------------------------------- */
-
-struct sd_shard_cursor {
-    sd_shard_txn *t;
-    MDB_cursor *c;
-    int db;
-    int state; /* 0 = before first, 1 = positioned (next moves on), 2 = positioned, yield current, 3 = end */
-    int bucket;
-    uint8_t bkey[8];
-};
-
-static sd_status cursor_new(sd_shard_txn *t, int db, sd_shard_cursor **out, sd_error *err)
-{
-    *out = NULL;
-    sd_shard_cursor *c = calloc(1, sizeof *c);
-    if (!c) return sd_err_set(err, SD_ENOMEM, "out of memory");
-    c->t = t;
-    c->db = db;
-    int rc = mdb_cursor_open(t->txn, t->s->dbi[db], &c->c);
-    if (rc) {
-        free(c);
-        return sd_shard_mdb_err(err, rc, "cursor", t->s);
-    }
-    *out = c;
-    return SD_OK;
-}
-
-sd_status sd_shard_cursor_open(sd_shard_txn *t, sd_shard_db db, sd_shard_cursor **out, sd_error *err)
-{
-    if ((int)db < 0 || (int)db >= NDBS) return sd_err_set(err, SD_EINVAL, "bad database %d", (int)db);
-    return cursor_new(t, db, out, err);
-}
-
-sd_status sd_shard_cursor_bucket(sd_shard_txn *t, uint32_t w, uint32_t h, sd_shard_cursor **out, sd_error *err)
-{
-    sd_status st = cursor_new(t, SD_SHARD_DB_BINDEX, out, err);
-    if (st) return st;
-    (*out)->bucket = 1;
-    sd_shard_bucket_key(w, h, (*out)->bkey);
-    return SD_OK;
-}
-
-/* Position at the first key >= key; next() yields it. */
-sd_status sd_shard_cursor_seek(sd_shard_cursor *c, const void *key, size_t klen, sd_error *err)
-{
-    if (c->bucket) return sd_err_set(err, SD_EINVAL, "seek on a bucket cursor");
-    MDB_val k = {klen, (void *)key}, v;
-    int rc = mdb_cursor_get(c->c, &k, &v, MDB_SET_RANGE);
-    if (rc == MDB_NOTFOUND) {
-        c->state = 3;
-        return SD_OK;
-    }
-    if (rc) return sd_shard_mdb_err(err, rc, "seek", c->t->s);
-    c->state = 2;
-    return SD_OK;
-}
-
-/* Step a bucket cursor over its duplicates and look the record up. */
-static sd_status bucket_next(sd_shard_cursor *c, const void **key, size_t *klen, const void **val, size_t *vlen,
-                             sd_error *err)
-{
-    MDB_val k = {8, c->bkey}, v;
-    int rc = c->state == 0 ? mdb_cursor_get(c->c, &k, &v, MDB_SET_KEY) : mdb_cursor_get(c->c, &k, &v, MDB_NEXT_DUP);
-    if (!rc && c->state == 0) rc = mdb_cursor_get(c->c, &k, &v, MDB_FIRST_DUP);
-    c->state = 1;
-    if (rc == MDB_NOTFOUND) {
-        c->state = 3;
-        return sd_err_set(err, SD_ENOTFOUND, "end");
-    }
-    if (rc) return sd_shard_mdb_err(err, rc, "bucket cursor", c->t->s);
-    *key = v.mv_data;
-    *klen = v.mv_size;
-    MDB_val rk = v, rv;
-    rc = mdb_get(c->t->txn, c->t->s->dbi[SD_SHARD_DB_LATENTS], &rk, &rv);
-    if (rc == MDB_NOTFOUND) {
-        *val = NULL;
-        *vlen = 0;
-        return SD_OK;
-    }
-    if (rc) return sd_shard_mdb_err(err, rc, "get", c->t->s);
-    *val = rv.mv_data;
-    *vlen = rv.mv_size;
-    return SD_OK;
-}
-
-sd_status sd_shard_cursor_next(sd_shard_cursor *c, const void **key, size_t *klen, const void **val, size_t *vlen,
-                               sd_error *err)
-{
-    if (c->state == 3) return sd_err_set(err, SD_ENOTFOUND, "end");
-    if (c->bucket) return bucket_next(c, key, klen, val, vlen, err);
-    MDB_val k, v;
-    MDB_cursor_op op = c->state == 0 ? MDB_FIRST : c->state == 2 ? MDB_GET_CURRENT : MDB_NEXT;
-    int rc = mdb_cursor_get(c->c, &k, &v, op);
-    c->state = 1;
-    if (rc == MDB_NOTFOUND) {
-        c->state = 3;
-        return sd_err_set(err, SD_ENOTFOUND, "end");
-    }
-    if (rc) return sd_shard_mdb_err(err, rc, "cursor", c->t->s);
-    *key = k.mv_data;
-    *klen = k.mv_size;
-    *val = v.mv_data;
-    *vlen = v.mv_size;
-    return SD_OK;
-}
-
-void sd_shard_cursor_close(sd_shard_cursor *c)
-{
-    if (!c) return;
-    mdb_cursor_close(c->c);
-    free(c);
 }

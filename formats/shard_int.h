@@ -1,5 +1,8 @@
-/* Private state shared by the shard library's files (shard.c: open, meta,
- * reading; shard_write.c: batches, index maintenance, map growth). */
+/* Private state shared by the shard library's files (shard.c: open, close,
+ * meta; shard_lock.c: the writer's lock and LMDB's lock file; shard_tail.c:
+ * a file cut short; shard_read.c: reading; shard_write.c: batches, index
+ * maintenance, map growth; shard_pages.c, shard_salvage.c: the page walk and
+ * salvage). */
 #ifndef SDTK_SHARD_INT_H
 #define SDTK_SHARD_INT_H
 
@@ -8,6 +11,10 @@
 #include "shard.h"
 
 enum { NDBS = 6 };
+
+/* LMDB's reader slots: what sd_shard_open asks for, and what its lock file's
+ * pages are reserved for (sd_shard_prepare_lock_file). */
+enum { MAX_READERS = 1024 };
 
 struct sd_shard {
     MDB_env *env;
@@ -42,5 +49,15 @@ int sd_shard_txn_begin_ro(sd_shard *s, MDB_txn **out);
  * pages hide); SD_ENOTFOUND when that page holds no such snapshot. */
 sd_status sd_shard_walk_snapshot(sd_shard *s, int deep, int older, sd_shard_entry_fn fn, void *ctx,
                                  sd_shard_pages *out, sd_error *err);
+/* The writer's exclusive lock: a second writer process fails at once
+ * (shard_lock.c; s->lock_fd holds it). */
+sd_status sd_shard_lock_writer(sd_shard *s, sd_error *err);
+/* Reserve the pages of PATH-lock before LMDB maps it, so a full disk is an
+ * error and not a SIGBUS; a reader that cannot make or write it goes without
+ * LMDB's reader table (*nolock set) (shard_lock.c). */
+sd_status sd_shard_prepare_lock_file(const char *path, int ro, int *nolock, sd_error *err);
+/* Refuse a file cut short before anything reads a page past its end, unless
+ * every missing page is free (shard_tail.c). */
+sd_status sd_shard_check_size(sd_shard *s, sd_error *err);
 
 #endif

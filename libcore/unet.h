@@ -117,7 +117,7 @@ typedef struct {
     char layout[64]; /* "diffusers", "ldm prefix model.diffusion_model.", ... for logs */
 } sd_unet;
 
-/* ---- building and loading (unet_load.c) ------------------------------------ */
+/* ---- config (unet_config.c), building (unet_names.c), loading (unet_load.c) - */
 
 /* Diffusers' defaults (SD 1.x: 320/640/1280/1280, 2 layers, 8 heads, 768
  * cross dim, conv projections). */
