@@ -33,6 +33,8 @@ sd_status sd_shard_refuse_damaged(const sd_shard *s, sd_error *err)
     return sd_err_set(err, SD_EFORMAT, "%s: damaged shard: its pages must not be read through LMDB", s->path);
 }
 
+/* For sd-verify, which opens a damaged file to walk and salvage it: whether
+ * LMDB must be kept away from this handle's records. */
 int sd_shard_damaged(const sd_shard *s)
 {
     return s->damaged;
@@ -344,11 +346,13 @@ sd_status sd_shard_sync(sd_shard *s, sd_error *err)
     return rc ? sd_shard_mdb_err(err, rc, "sync", s) : SD_OK;
 }
 
+/* The file's path as opened, for callers' messages (the trainer's skipped records). */
 const char *sd_shard_path(const sd_shard *s)
 {
     return s->path;
 }
 
+/* The writer's current map, which grows as batches fill it (the shard tests check that growth). */
 size_t sd_shard_map_size(const sd_shard *s)
 {
     return s->map_size;

@@ -24,6 +24,7 @@ sd_status sd_shard_read_begin(sd_shard *s, sd_shard_txn **out, sd_error *err)
     return SD_OK;
 }
 
+/* End the snapshot and free the handle; NULL is allowed, for cleanup paths. */
 void sd_shard_read_end(sd_shard_txn *t)
 {
     if (!t) return;
@@ -31,6 +32,8 @@ void sd_shard_read_end(sd_shard_txn *t)
     free(t);
 }
 
+/* Release the snapshot between uses (sd-verify after each chunk) so that LMDB
+ * need not keep its pages; sd_shard_read_renew takes a fresh one on the same handle. */
 void sd_shard_read_reset(sd_shard_txn *t)
 {
     mdb_txn_reset(t->txn);
@@ -64,16 +67,19 @@ static sd_status get_in(sd_shard_txn *t, int db, const void *key, size_t klen, c
     return SD_OK;
 }
 
+/* A latent record by its key, zero-copy from the map. */
 sd_status sd_shard_get(sd_shard_txn *t, const void *key, size_t klen, const void **val, size_t *vlen, sd_error *err)
 {
     return get_in(t, SD_SHARD_DB_LATENTS, key, klen, val, vlen, err);
 }
 
+/* A text embedding by its 16-byte content hash (what a latent record's text_ref holds). */
 sd_status sd_shard_get_text(sd_shard_txn *t, const uint8_t hash[16], const void **val, size_t *vlen, sd_error *err)
 {
     return get_in(t, SD_SHARD_DB_TEXT, hash, SD_SHARD_TEXT_KEY, val, vlen, err);
 }
 
+/* The record key a record name (sd-meta's key) maps to, for finding a record by name. */
 sd_status sd_shard_get_name(sd_shard_txn *t, const char *name, size_t nlen, const void **key, size_t *klen, sd_error *err)
 {
     return get_in(t, SD_SHARD_DB_NAMES, name, nlen, key, klen, err);
@@ -154,6 +160,7 @@ struct sd_shard_cursor {
     uint8_t bkey[8];
 };
 
+/* What both kinds of cursor share: the handle and an LMDB cursor on database db. */
 static sd_status cursor_new(sd_shard_txn *t, int db, sd_shard_cursor **out, sd_error *err)
 {
     *out = NULL;
@@ -170,12 +177,15 @@ static sd_status cursor_new(sd_shard_txn *t, int db, sd_shard_cursor **out, sd_e
     return SD_OK;
 }
 
+/* A cursor over one whole database, refused for a number that is not one of the shard's. */
 sd_status sd_shard_cursor_open(sd_shard_txn *t, sd_shard_db db, sd_shard_cursor **out, sd_error *err)
 {
     if ((int)db < 0 || (int)db >= NDBS) return sd_err_set(err, SD_EINVAL, "bad database %d", (int)db);
     return cursor_new(t, db, out, err);
 }
 
+/* A cursor over one bucket's records through bindex's duplicates: how the trainer's data
+ * index lists each bucket's records. */
 sd_status sd_shard_cursor_bucket(sd_shard_txn *t, uint32_t w, uint32_t h, sd_shard_cursor **out, sd_error *err)
 {
     sd_status st = cursor_new(t, SD_SHARD_DB_BINDEX, out, err);
@@ -228,6 +238,8 @@ static sd_status bucket_next(sd_shard_cursor *c, const void **key, size_t *klen,
     return SD_OK;
 }
 
+/* Both kinds' step: a bucket cursor looks its record up, a plain one yields the entry
+ * (after a seek, the entry sought first). */
 sd_status sd_shard_cursor_next(sd_shard_cursor *c, const void **key, size_t *klen, const void **val, size_t *vlen,
                                sd_error *err)
 {
@@ -249,6 +261,7 @@ sd_status sd_shard_cursor_next(sd_shard_cursor *c, const void **key, size_t *kle
     return SD_OK;
 }
 
+/* Close the LMDB cursor and free the handle; NULL is allowed, for cleanup paths. */
 void sd_shard_cursor_close(sd_shard_cursor *c)
 {
     if (!c) return;

@@ -71,6 +71,7 @@ static void putf64(uint8_t *p, double d)
     put64(p, v);
 }
 
+/* The reverse of putf64: the crop box read back as the doubles it was. */
 static double getf64(const uint8_t *p)
 {
     uint64_t v = get64(p);
@@ -79,6 +80,8 @@ static double getf64(const uint8_t *p)
     return d;
 }
 
+/* The payload and each tensor in it start 16-byte aligned (docs/FORMATS.md): build
+ * lays them out with this and parse checks the offsets against it. */
 static size_t align16(size_t n)
 {
     return (n + 15) & ~(size_t)15;
@@ -182,6 +185,8 @@ static int role_ok(int kind, int role)
     return role >= SD_ROLE_HIDDEN && role <= SD_ROLE_POOLED;
 }
 
+/* Reserved bytes, the name's padding and a text record's text_ref must be zero:
+ * parse checks them with this. */
 static int all_zero(const uint8_t *p, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -380,6 +385,7 @@ void sd_shard_bucket_key(uint32_t w, uint32_t h, uint8_t out[8])
     }
 }
 
+/* The reverse of sd_shard_bucket_key, for readers of the buckets database. */
 void sd_shard_bucket_unkey(const uint8_t in[8], uint32_t *w, uint32_t *h)
 {
     *w = (uint32_t)in[0] << 24 | (uint32_t)in[1] << 16 | (uint32_t)in[2] << 8 | in[3];

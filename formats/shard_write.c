@@ -14,6 +14,7 @@ typedef struct {
     uint32_t op, klen, vlen, pad;
 } op_head;
 
+/* The batch log's entries are padded to 8 bytes: run_op writes them so, replay steps over them. */
 static size_t align8(size_t n)
 {
     return (n + 7) & ~(size_t)7;
@@ -137,6 +138,7 @@ static int op_put(sd_shard *s, MDB_txn *txn, const void *key, size_t klen, const
     return rc;
 }
 
+/* Delete a latent record and its index entries (unindex finds them also for a corrupt value). */
 static int op_del(sd_shard *s, MDB_txn *txn, const void *key, size_t klen)
 {
     MDB_val k = {klen, (void *)key}, old;
@@ -331,6 +333,7 @@ static sd_status grow_replay(sd_shard *s, sd_error *err)
     }
 }
 
+/* Open the write transaction and empty the log the batch is kept in for a replay. */
 sd_status sd_shard_begin(sd_shard *s, sd_error *err)
 {
     if (s->flags & SD_SHARD_RDONLY) return sd_err_set(err, SD_EINVAL, "%s: opened read-only", s->path);
@@ -366,11 +369,13 @@ sd_status sd_shard_commit(sd_shard *s, sd_error *err)
     return SD_OK;
 }
 
+/* Give the batch up: the transaction aborted, its log forgotten. */
 void sd_shard_abort(sd_shard *s)
 {
     drop_batch(s);
 }
 
+/* The log's size, by which sd-pack sizes its batches (it commits once one holds BATCH_BYTES). */
 size_t sd_shard_batch_bytes(const sd_shard *s)
 {
     return s->log.len;
@@ -410,6 +415,7 @@ static sd_status run_op(sd_shard *s, int op, const void *key, size_t klen, const
     return own ? sd_shard_commit(s, err) : SD_OK;
 }
 
+/* The checks every write shares: a writable handle and a key LMDB takes (1..511 bytes). */
 static sd_status check_writer(sd_shard *s, size_t klen, sd_error *err)
 {
     if (s->flags & SD_SHARD_RDONLY) return sd_err_set(err, SD_EINVAL, "%s: opened read-only", s->path);
@@ -417,6 +423,7 @@ static sd_status check_writer(sd_shard *s, size_t klen, sd_error *err)
     return SD_OK;
 }
 
+/* The record is validated here, before it is logged, so that a replay never meets a bad one. */
 sd_status sd_shard_put(sd_shard *s, const void *key, size_t klen, const void *val, size_t vlen, sd_error *err)
 {
     sd_status st = check_writer(s, klen, err);
@@ -427,6 +434,7 @@ sd_status sd_shard_put(sd_shard *s, const void *key, size_t klen, const void *va
     return run_op(s, OP_PUT, key, klen, val, vlen, err);
 }
 
+/* As sd_shard_put, for a text-embedding record under its content hash. */
 sd_status sd_shard_put_text(sd_shard *s, const uint8_t hash[16], const void *val, size_t vlen, sd_error *err)
 {
     sd_status st = check_writer(s, SD_SHARD_TEXT_KEY, err);
@@ -455,6 +463,7 @@ static sd_status exists_in(sd_shard *s, int db, const void *key, size_t klen, in
     return SD_OK;
 }
 
+/* A missing record is reported (SD_ENOTFOUND) before anything is logged. */
 sd_status sd_shard_del(sd_shard *s, const void *key, size_t klen, sd_error *err)
 {
     sd_status st = check_writer(s, klen, err);
@@ -465,6 +474,7 @@ sd_status sd_shard_del(sd_shard *s, const void *key, size_t klen, sd_error *err)
     return run_op(s, OP_DEL, key, klen, NULL, 0, err);
 }
 
+/* As sd_shard_del, for a text-embedding record. */
 sd_status sd_shard_del_text(sd_shard *s, const uint8_t hash[16], sd_error *err)
 {
     sd_status st = check_writer(s, SD_SHARD_TEXT_KEY, err);
@@ -475,6 +485,7 @@ sd_status sd_shard_del_text(sd_shard *s, const uint8_t hash[16], sd_error *err)
     return run_op(s, OP_DEL_TEXT, hash, SD_SHARD_TEXT_KEY, NULL, 0, err);
 }
 
+/* Meta entries go through the log like records, so that a replay after map growth keeps them. */
 sd_status sd_shard_meta_set(sd_shard *s, const char *key, const char *value, sd_error *err)
 {
     size_t klen = strlen(key);
@@ -483,22 +494,26 @@ sd_status sd_shard_meta_set(sd_shard *s, const char *key, const char *value, sd_
     return run_op(s, OP_META, key, klen, value, strlen(value), err);
 }
 
+/* sd-verify --repair's index rebuild, logged as one operation like the others. */
 sd_status sd_shard_reindex(sd_shard *s, sd_error *err)
 {
     if (s->flags & SD_SHARD_RDONLY) return sd_err_set(err, SD_EINVAL, "%s: opened read-only", s->path);
     return run_op(s, OP_REINDEX, NULL, 0, NULL, 0, err);
 }
 
+/* Whether a latent record is stored or put in the open batch: a resumed writer skips it. */
 sd_status sd_shard_exists(sd_shard *s, const void *key, size_t klen, int *found, sd_error *err)
 {
     return exists_in(s, SD_SHARD_DB_LATENTS, key, klen, found, err);
 }
 
+/* Whether a text embedding is there, so that a caption already encoded or copied is not done again. */
 sd_status sd_shard_text_exists(sd_shard *s, const uint8_t hash[16], int *found, sd_error *err)
 {
     return exists_in(s, SD_SHARD_DB_TEXT, hash, SD_SHARD_TEXT_KEY, found, err);
 }
 
+/* Whether a record name is taken, for sd-pack's copies and imports that go by name. */
 sd_status sd_shard_name_exists(sd_shard *s, const char *name, size_t nlen, int *found, sd_error *err)
 {
     return exists_in(s, SD_SHARD_DB_NAMES, name, nlen, found, err);

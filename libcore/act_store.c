@@ -46,6 +46,7 @@ __attribute__((target("avx,f16c"))) static void narrow_f16c(uint16_t *dst, const
     for (; i < n; i++) dst[i] = sd_f32_to_f16(src[i]);
 }
 #else
+/* Off x86 there is no F16C: the portable conversions are used. */
 int sd_cpu_has_f16c(void)
 {
     return 0;

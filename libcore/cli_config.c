@@ -233,6 +233,7 @@ static const char *take(int argc, char **argv, int i, const char *name, int *use
     return i + 1 < argc ? argv[i + 1] : "";
 }
 
+/* See cli.h: the files' options first, then the command line's own, then --set, so later ones win. */
 int sd_cli_expand(const sd_cli *cli, int argc, char **argv, sd_cli_args *out)
 {
     memset(out, 0, sizeof *out);
@@ -283,6 +284,7 @@ int sd_cli_expand(const sd_cli *cli, int argc, char **argv, sd_cli_args *out)
     return -1;
 }
 
+/* Free the expanded words and the files' text they point into, once no option value is used. */
 void sd_cli_args_free(sd_cli_args *a)
 {
     for (int i = 0; i < a->keep.n; i++) free((void *)a->keep.v[i]);

@@ -87,6 +87,7 @@ static int numeric_ref(unsigned long long num, uint32_t *cp)
     return *cp = (uint32_t)num, 1;
 }
 
+/* ftfy's entity pattern matches [0-9A-Za-z] only: ASCII, whatever a code point's Unicode class. */
 static int is_alnum_ascii(uint32_t c)
 {
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');

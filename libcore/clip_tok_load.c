@@ -296,6 +296,7 @@ void sd_clip_tok_free(sd_clip_tok *t)
     free(t);
 }
 
+/* The special token ids the vocabulary gave, for callers that frame and pad the id sequences. */
 int32_t sd_clip_tok_bos(const sd_clip_tok *t) { return t->bos; }
 int32_t sd_clip_tok_eos(const sd_clip_tok *t) { return t->eos; }
 int32_t sd_clip_tok_pad(const sd_clip_tok *t) { return t->pad; }

@@ -21,6 +21,8 @@ const char *sd_img_format_name(sd_img_format f)
     }
 }
 
+/* Field reads in both byte orders: PNG's and JPEG's fields are big-endian, GIF's and WebP's
+ * little-endian (WebP's canvas size in 24 bits). */
 static uint32_t be16(const unsigned char *p) { return (uint32_t)p[0] << 8 | p[1]; }
 static uint32_t be32(const unsigned char *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
 static uint32_t le16(const unsigned char *p) { return (uint32_t)p[1] << 8 | p[0]; }
@@ -260,6 +262,7 @@ sd_status sd_imghdr_parse(const unsigned char *p, size_t n, sd_imginfo *out, sd_
     return parse_window(p, n, 1, out, &more, err);
 }
 
+/* Declared above for sd_imghdr_parse: the size fields first, then walk_rest for what lies past them. */
 static sd_status parse_window(const unsigned char *p, size_t n, int whole, sd_imginfo *out, int *more, sd_error *err)
 {
     sd_status st = parse_size(p, n, whole, out, err);

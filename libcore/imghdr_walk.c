@@ -11,6 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
+/* Field reads in both byte orders: PNG's chunks are big-endian, WebP's and GIF's little-endian,
+ * an EXIF block's either. */
 static uint32_t be16(const unsigned char *p) { return (uint32_t)p[0] << 8 | p[1]; }
 static uint32_t be32(const unsigned char *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
 static uint32_t le16(const unsigned char *p) { return (uint32_t)p[1] << 8 | p[0]; }
@@ -67,6 +69,7 @@ typedef struct {
     int le;
 } tiff_block;
 
+/* A TIFF field in the block's own byte order (EXIF's "II" or "MM"). */
 static uint32_t tiff16(const tiff_block *b, uint64_t at) { return b->le ? le16(b->t + at) : be16(b->t + at); }
 static uint32_t tiff32(const tiff_block *b, uint64_t at) { return b->le ? le32(b->t + at) : be32(b->t + at); }
 

@@ -96,6 +96,8 @@ static int make_plan(const sd_cli *cli, const bucket_opts *o, sd_plan *p)
     return -1;
 }
 
+/* Options, the bucket plan, then every input file through the run into stdout, -o, or --split's
+ * parts and their manifest. */
 int main(int argc, char **argv)
 {
     bucket_opts o = {.plan = NULL, .resolution = "1024x1024", .min_bucket = 256, .max_bucket = 2048, .steps = 64};

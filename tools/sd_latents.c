@@ -38,6 +38,8 @@ static int usage_msg(char *msg, size_t cap, const char *fmt, ...)
     return 1;
 }
 
+/* Options and their checks (every usage problem before any work), then latents_run, or
+ * latents_attach for --text-only. */
 int main(int argc, char **argv)
 {
     latents_opts o = {.device = "cpu", .dtype_name = "fp16", .shard_count = 1};

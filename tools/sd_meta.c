@@ -246,6 +246,7 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
     return status;
 }
 
+/* The option table and --help; run_meta does the work. */
 int main(int argc, char **argv)
 {
     options o = {0};

@@ -33,6 +33,7 @@ static void usage(FILE *f)
                "no --strict; each command's --help gives its own line).\n");
 }
 
+/* Dispatch to the subcommand the first word names; the top-level --help and --version. */
 int main(int argc, char **argv)
 {
     if (argc < 2) {

@@ -30,6 +30,9 @@
 
 enum { EXIT_NO_GPU = 4 };
 
+/* Options, the device context, then each check in turn (the op cases, attention in blocks and on
+ * the flash kernel, AdamW with bf16 moments, the golden VAE, the tiny UNets) and the probe; the
+ * exit code says whether one failed or an error stopped the run. */
 int main(int argc, char **argv)
 {
     const char *device = "cuda:0", *golden = SDTK_GOLDEN_VAE, *golden_unet = SDTK_GOLDEN_UNET;

@@ -18,6 +18,8 @@
 #include "tally.h"
 #include "verify.h"
 
+/* Options, then each shard verified (and with --repair repaired) in turn, a summary per shard
+ * and overall, and the JSON report. */
 int main(int argc, char **argv)
 {
     verify_opts o = {0};

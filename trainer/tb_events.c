@@ -102,6 +102,8 @@ static sd_status session_start(sd_tb *tb, int64_t start_step, sd_error *err)
     return frame(tb, &e, err);
 }
 
+/* See tb_events.h. The name follows TensorBoard's pattern (events.out.tfevents.TIME.HOST), which
+ * its reader looks for in dir; opened for append. */
 sd_status sd_tb_open(sd_tb *tb, const char *dir, int64_t start_step, sd_error *err)
 {
     memset(tb, 0, sizeof *tb);
@@ -125,6 +127,7 @@ sd_status sd_tb_open(sd_tb *tb, const char *dir, int64_t start_step, sd_error *e
     return rc;
 }
 
+/* See tb_events.h. A closed writer (a failed open, or after close) writes nothing. */
 sd_status sd_tb_scalar(sd_tb *tb, const char *tag, int64_t step, double value, sd_error *err)
 {
     if (!tb->f) return SD_OK;
@@ -140,6 +143,7 @@ sd_status sd_tb_scalar(sd_tb *tb, const char *tag, int64_t step, double value, s
     return frame(tb, &e, err);
 }
 
+/* Safe twice and after a failed open: sd_tb_open's error path and the trainer's close both call it. */
 void sd_tb_close(sd_tb *tb)
 {
     if (tb->f) fclose(tb->f);

@@ -37,6 +37,7 @@ static void attn_bwd(const target *t, const sd_attn_shape *s, float **p)
 {
     t->be->attn_bwd(t->ex, s, p[5], p[6], p[7], p[8], p[0], p[1], p[2], p[3], p[4]);
 }
+/* The entry points selftest_ops.c's table names: each attention shape forward and backward. */
 void selftest_at_cross_fwd(const target *t, float **p) { attn_fwd(t, &selftest_at_cross, p); }
 void selftest_at_cross_bwd(const target *t, float **p) { attn_bwd(t, &selftest_at_cross, p); }
 void selftest_at_causal_fwd(const target *t, float **p) { attn_fwd(t, &selftest_at_causal, p); }

@@ -20,6 +20,7 @@ static void conv_bwd(const target *t, const sd_conv2d_shape *s, float **p)
 {
     t->be->conv2d_bwd(t->ex, s, p[4], p[5], p[6], p[7], p[0], p[1]);
 }
+/* The entry points selftest_ops.c's table names: each convolution shape forward and backward. */
 void selftest_conv_same_fwd(const target *t, float **p) { conv_fwd(t, &selftest_conv_same, p); }
 void selftest_conv_same_bwd(const target *t, float **p) { conv_bwd(t, &selftest_conv_same, p); }
 void selftest_conv_down_fwd(const target *t, float **p) { conv_fwd(t, &selftest_conv_down, p); }

@@ -19,6 +19,7 @@ static void gn_bwd(const target *t, const sd_gn_shape *s, float **p)
 {
     t->be->group_norm_bwd(t->ex, s, p[6], p[7], p[8], p[9], p[0], p[4], p[5], p[1]);
 }
+/* The entry points selftest_ops.c's table names: each group norm shape forward and backward. */
 void selftest_gn_small_fwd(const target *t, float **p) { gn_fwd(t, &selftest_gn_small, p); }
 void selftest_gn_small_bwd(const target *t, float **p) { gn_bwd(t, &selftest_gn_small, p); }
 void selftest_gn_chunked_fwd(const target *t, float **p) { gn_fwd(t, &selftest_gn_chunked, p); }

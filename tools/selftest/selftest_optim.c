@@ -13,6 +13,8 @@
 /* Optimizer: p m v (updated in place) | g | sum of squares / n | ema. */
 static const sd_adamw_args adamw_args = {.decay = 0.9999f, .b1 = 0.9f, .b2 = 0.999f, .step_size = 1e-3f,
                                          .bc2_sqrt = 0.0447f, .eps = 1e-8f, .gscale = 0.7f};
+/* The case's two calls: "forward" the sum of squares (stored as mean_sq, an output checked like
+ * the others) and one AdamW step, "backward" the EMA. */
 void selftest_opt_f(const target *t, float **p)
 {
     float mean_sq = (float)(t->be->sum_squares(t->ex, ELEM_N, p[3]) / ELEM_N);

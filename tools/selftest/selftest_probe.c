@@ -10,6 +10,7 @@
 /* Seconds of the best of `reps` runs of fn after one warm-up, synced. */
 typedef void (*probe_fn)(const target *t, float **p);
 
+/* The best of several runs, not the mean: the probe reports what the device can do, not a passing stall. */
 static double time_best(const target *t, probe_fn fn, float **p, int reps, sd_error *err)
 {
     fn(t, p);
@@ -31,6 +32,7 @@ static const sd_linear_shape probe_gemm = {.m = 4096, .k = 4096, .n = 4096};
 static const sd_attn_shape probe_attn = {.b = 1, .heads = 1, .tq = 4096, .tk = 4096, .d = 512,
                                          .scale = 0.0441941738f};
 
+/* The timed calls, one op each on the probe shapes above (p: that op's buffers from probe_bufs). */
 static void probe_conv_fwd(const target *t, float **p)
 {
     t->be->conv2d_fwd(t->ex, &probe_conv, p[1], p[0], p[2], p[3]);

@@ -256,6 +256,7 @@ static int mutate_grad(const char *name, const grad_ref *ref, float *g)
     return ok > 0;
 }
 
+/* See selftest.h: one tiny golden UNet through the trainer on the device and on the CPU. */
 int selftest_unet(const char *dir, const char *name, int device, int tf32, int mixed, int mutate)
 {
     char path[4096], model[4096];
