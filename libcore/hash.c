@@ -17,6 +17,16 @@ uint64_t sd_mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
+/* splitmix64 as a stream, for the few seeded generators that need one
+ * (the UNet's random init, the trainer's RNG seeding, --sample's noise):
+ * the state advances by the golden-ratio step and sd_mix64 mixes it. */
+uint64_t sd_splitmix64(uint64_t *state)
+{
+    uint64_t x = *state;
+    *state += 0x9e3779b97f4a7c15ull;
+    return sd_mix64(x);
+}
+
 /* Map a hash to [0,1) using its top 53 bits, for fraction tests. */
 double sd_hash_unit(uint64_t h)
 {

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hash.h"
 #include "unet.h"
 
 /* How one slot starts a new training run. */
@@ -272,15 +273,6 @@ void sd_unet_free(sd_unet *u)
     u->ninit = u->initcap = 0;
 }
 
-/* splitmix64: a small seeded generator, the same stream on every machine. */
-static uint64_t mix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* Fill each slot as its init record says, one generator stream for all. */
 void sd_unet_init_random(sd_unet *u, uint64_t seed)
 {
@@ -291,7 +283,7 @@ void sd_unet_init_random(sd_unet *u, uint64_t seed)
         for (size_t j = 0; j < in->n; j++) {
             if (in->kind == INIT_ONES) p[j] = 1.0f;
             else if (in->kind == INIT_ZEROS) p[j] = 0.0f;
-            else p[j] = (float)(((double)(mix64(&s) >> 11) * 0x1p-53 * 2.0 - 1.0) * in->bound);
+            else p[j] = (float)(((double)(sd_splitmix64(&s) >> 11) * 0x1p-53 * 2.0 - 1.0) * in->bound);
         }
     }
 }

@@ -10,6 +10,7 @@
 #include "check.h"
 #include "cli.h"
 #include "dtoa.h"
+#include "hash.h"
 #include "keyset.h"
 #include "lines.h"
 #include "pool.h"
@@ -321,6 +322,18 @@ static void test_progress_rate(void)
     CHECK(strstr(line, " 50 images/s") != NULL);
 }
 
+/* sd_splitmix64 is the published splitmix64 stream (its first outputs from
+ * seed 0), which the UNet's random init, the trainer's RNG seeding and
+ * --sample's noise each used to carry a copy of. */
+static void test_splitmix64(void)
+{
+    uint64_t s = 0;
+    CHECK(sd_splitmix64(&s) == 0xe220a8397b1dcdafull);
+    CHECK(sd_splitmix64(&s) == 0x6e789e6aa1b965f4ull);
+    CHECK(sd_splitmix64(&s) == 0x06c45d188009454full);
+    CHECK(s == 3 * 0x9e3779b97f4a7c15ull);
+}
+
 int main(void)
 {
     test_dtoa();
@@ -332,5 +345,6 @@ int main(void)
     test_pattern();
     test_cli_false_flag();
     test_progress_rate();
+    test_splitmix64();
     return check_done("test_core");
 }

@@ -3,20 +3,14 @@
 
 #include <math.h>
 
-/* One splitmix64 step: spreads a seed over the state words. */
-static uint64_t splitmix(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+#include "hash.h"
 
-/* Seeding: the state must not be all zeros, which splitmix never gives for
- * all four words. */
+/* Seeding through splitmix64, which spreads a seed over the state words:
+ * the state must not be all zeros, which splitmix64 never gives for all
+ * four words. */
 void sd_rng_seed(sd_rng *r, uint64_t seed)
 {
-    for (int i = 0; i < 4; i++) r->s[i] = splitmix(&seed);
+    for (int i = 0; i < 4; i++) r->s[i] = sd_splitmix64(&seed);
 }
 
 /* Rotate left, for the generator's scrambler. */

@@ -17,23 +17,14 @@ void latents_flip_lr(float *dst, const float *src, int planes, int h, int w)
     }
 }
 
-/* splitmix64: the per-record noise stream for --sample. */
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 /* mean + std * N(0, 1) in place of mean (Box-Muller), seeded by the record
  * name, the variant and --seed, so a sample never depends on batch order. */
 static void sample_into(float *mean, const float *std, size_t n, const char *name, int variant, uint64_t seed)
 {
     uint64_t s = sd_hash64(name, strlen(name), seed) ^ (uint64_t)variant * 0xD6E8FEB86659FD93ull;
     for (size_t i = 0; i < n; i += 2) {
-        double u1 = ((double)(splitmix(&s) >> 11) + 1.0) / 9007199254740993.0;
-        double u2 = (double)(splitmix(&s) >> 11) / 9007199254740992.0;
+        double u1 = ((double)(sd_splitmix64(&s) >> 11) + 1.0) / 9007199254740993.0;
+        double u2 = (double)(sd_splitmix64(&s) >> 11) / 9007199254740992.0;
         double rad = sqrt(-2.0 * log(u1));
         mean[i] += std[i] * (float)(rad * cos(2.0 * M_PI * u2));
         if (i + 1 < n) mean[i + 1] += std[i + 1] * (float)(rad * sin(2.0 * M_PI * u2));
