@@ -234,18 +234,6 @@ static sd_status infer_config(const sd_safetensors *st, const layout *l, const s
     return SD_OK;
 }
 
-/* An integer member of a config object; absent keeps *out. */
-static sd_status cfg_int(const sd_json *obj, const char *key, int *out, const char *path, sd_error *err)
-{
-    const sd_json *m = sd_json_get(obj, key);
-    double d;
-    if (!m || m->type == SD_JSON_NULL) return SD_OK;
-    if (sd_json_whole(m, 0, 1e8, &d))
-        return sd_err_set(err, SD_EFORMAT, "%s: %s must be a non-negative integer", path, key);
-    *out = (int)d;
-    return SD_OK;
-}
-
 /* Whether the config's "architectures" list names the projection model. */
 static int has_projection_arch(const sd_json *root)
 {
@@ -268,20 +256,19 @@ static sd_status read_config(const char *path, sd_clip_text_config *c, sd_error 
     *c = (sd_clip_text_config){.vocab = 49408, .positions = 77, .width = 512, .layers = 12, .heads = 8,
                                .mlp = 2048, .act = SD_CLIP_QUICK_GELU, .eps = 1e-5f, .eos_id = 49407};
     snprintf(c->source, sizeof c->source, "config.json");
-    sd_status rc = sd_parse_json_file(path, &text, &a, &root, err);
-    if (!rc && root->type != SD_JSON_OBJECT) rc = sd_err_set(err, SD_EFORMAT, "%s: not a JSON object", path);
+    sd_status rc = sd_model_config_read(path, NULL, &text, &a, &root, err);
     const sd_json *tc = rc ? NULL : sd_json_get(root, "text_config");
     const sd_json *obj = tc && tc->type == SD_JSON_OBJECT ? tc : root;
     int proj = 512;
-    if (!rc) rc = cfg_int(obj, "vocab_size", &c->vocab, path, err);
-    if (!rc) rc = cfg_int(obj, "max_position_embeddings", &c->positions, path, err);
-    if (!rc) rc = cfg_int(obj, "hidden_size", &c->width, path, err);
-    if (!rc) rc = cfg_int(obj, "num_hidden_layers", &c->layers, path, err);
-    if (!rc) rc = cfg_int(obj, "num_attention_heads", &c->heads, path, err);
-    if (!rc) rc = cfg_int(obj, "intermediate_size", &c->mlp, path, err);
-    if (!rc) rc = cfg_int(obj, "eos_token_id", &c->eos_id, path, err);
-    if (!rc) rc = cfg_int(obj, "projection_dim", &proj, path, err);
-    if (!rc && obj != root) rc = cfg_int(root, "projection_dim", &proj, path, err);
+    if (!rc) rc = sd_model_config_int(obj, "vocab_size", 1e8, &c->vocab, path, err);
+    if (!rc) rc = sd_model_config_int(obj, "max_position_embeddings", 1e8, &c->positions, path, err);
+    if (!rc) rc = sd_model_config_int(obj, "hidden_size", 1e8, &c->width, path, err);
+    if (!rc) rc = sd_model_config_int(obj, "num_hidden_layers", 1e8, &c->layers, path, err);
+    if (!rc) rc = sd_model_config_int(obj, "num_attention_heads", 1e8, &c->heads, path, err);
+    if (!rc) rc = sd_model_config_int(obj, "intermediate_size", 1e8, &c->mlp, path, err);
+    if (!rc) rc = sd_model_config_int(obj, "eos_token_id", 1e8, &c->eos_id, path, err);
+    if (!rc) rc = sd_model_config_int(obj, "projection_dim", 1e8, &proj, path, err);
+    if (!rc && obj != root) rc = sd_model_config_int(root, "projection_dim", 1e8, &proj, path, err);
     if (!rc && has_projection_arch(root)) c->proj = proj;
     const sd_json *act = rc ? NULL : sd_json_get(obj, "hidden_act");
     if (act && act->type == SD_JSON_STRING) {

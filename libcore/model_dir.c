@@ -65,6 +65,37 @@ sd_status sd_model_files(const char *path, const char *sub, const char *const *f
     return SD_OK;
 }
 
+/* One reading of a model component's config.json for every loader (the
+ * VAE's, the UNet's and the text encoders'): parsed, an object, and of
+ * the class the loader builds, so that a UNet folder given as --vae is
+ * named as such instead of failing on some missing member. */
+sd_status sd_model_config_read(const char *path, const char *class_name, sd_buf *text, sd_arena *a, sd_json **root,
+                               sd_error *err)
+{
+    sd_status rc = sd_parse_json_file(path, text, a, root, err);
+    if (rc) return rc;
+    if ((*root)->type != SD_JSON_OBJECT) return sd_err_set(err, SD_EFORMAT, "%s: not a JSON object", path);
+    const sd_json *cls = class_name ? sd_json_get(*root, "_class_name") : NULL;
+    const char *s = cls ? sd_json_str(cls) : NULL;
+    if (cls && (!s || strcmp(s, class_name) != 0))
+        return sd_err_set(err, SD_EUNSUPPORTED, "%s: _class_name %s, expected %s", path, s ? s : "(not a string)",
+                          class_name);
+    return SD_OK;
+}
+
+/* The loaders' integer members, one rule and one message for all. */
+sd_status sd_model_config_int(const sd_json *obj, const char *key, double max, int *out, const char *path,
+                              sd_error *err)
+{
+    const sd_json *m = sd_json_get(obj, key);
+    double d;
+    if (!m || m->type == SD_JSON_NULL) return SD_OK;
+    if (sd_json_whole(m, 0, max, &d))
+        return sd_err_set(err, SD_EFORMAT, "%s: %s must be a non-negative integer", path, key);
+    *out = (int)d;
+    return SD_OK;
+}
+
 /* A v-prediction model (SD 2.x 768-v) trained with the epsilon target
  * learns the wrong thing without any error: the model folder says which
  * target its scheduler expects, as diffusers' training script reads it. */
@@ -86,14 +117,12 @@ sd_status sd_model_prediction(const char *path, char *out, size_t cap, char *fro
     sd_json *root = NULL;
     sd_buf_init(&text);
     sd_arena_init(&a, 1 << 12);
-    sd_status rc = sd_parse_json_file(from, &text, &a, &root, err);
-    const sd_json *p = rc || root->type != SD_JSON_OBJECT ? NULL : sd_json_get(root, "prediction_type");
-    if (!rc && p && (p->type != SD_JSON_STRING || p->len == 0 || p->len >= cap || memchr(p->str, 0, p->len)))
+    sd_status rc = sd_model_config_read(from, NULL, &text, &a, &root, err);
+    const sd_json *p = rc ? NULL : sd_json_get(root, "prediction_type");
+    if (p && (p->type != SD_JSON_STRING || p->len == 0 || p->len >= cap || memchr(p->str, 0, p->len)))
         rc = sd_err_set(err, SD_EFORMAT, "%s: prediction_type is not a short string", from);
-    else if (!rc && p)
+    else if (p)
         memcpy(out, p->str, p->len + 1);
-    else if (!rc && root->type != SD_JSON_OBJECT)
-        rc = sd_err_set(err, SD_EFORMAT, "%s: not a JSON object", from);
     sd_arena_free(&a);
     sd_buf_free(&text);
     return rc;

@@ -6,7 +6,10 @@
 
 #include <stddef.h>
 
+#include "arena.h"
+#include "buf.h"
 #include "err.h"
+#include "json.h"
 
 int sd_is_dir(const char *path);
 int sd_is_file(const char *path);
@@ -30,5 +33,16 @@ sd_status sd_model_files(const char *path, const char *sub, const char *const *f
  * when there is none (a single file, a lone unet/ folder); from is the file
  * read. An unreadable or malformed scheduler config is an error naming it. */
 sd_status sd_model_prediction(const char *path, char *out, size_t cap, char *from, size_t from_cap, sd_error *err);
+
+/* A component's config.json parsed into *root (text and a hold its bytes
+ * and nodes; the caller frees them, also on failure): it must be a JSON
+ * object, and its "_class_name", when there, must be class_name (NULL: any
+ * or none, as transformers' configs name no class). */
+sd_status sd_model_config_read(const char *path, const char *class_name, sd_buf *text, sd_arena *a, sd_json **root,
+                               sd_error *err);
+/* A config member that counts something (channels, layers, a vocabulary):
+ * absent or null keeps *out, else a whole number in [0, max]. */
+sd_status sd_model_config_int(const sd_json *obj, const char *key, double max, int *out, const char *path,
+                              sd_error *err);
 
 #endif

@@ -7,6 +7,7 @@
 #include "arena.h"
 #include "buf.h"
 #include "json.h"
+#include "model_dir.h"
 #include "outfile.h"
 #include "slurp.h"
 #include "unet.h"
@@ -263,16 +264,8 @@ sd_status sd_unet_config_read(const char *path, sd_unet_config *c, sd_error *err
     sd_json *root = NULL;
     sd_buf_init(&text);
     sd_arena_init(&a, 1 << 14);
-    sd_status rc = sd_parse_json_file(path, &text, &a, &root, err);
-    if (!rc && root->type != SD_JSON_OBJECT) rc = sd_err_set(err, SD_EFORMAT, "%s: not a JSON object", path);
+    sd_status rc = sd_model_config_read(path, "UNet2DConditionModel", &text, &a, &root, err);
     cfgr r = {root, path, err};
-    if (!rc) {
-        const sd_json *cls = sd_json_get(root, "_class_name");
-        const char *s = cls ? sd_json_str(cls) : NULL;
-        if (cls && (!s || strcmp(s, "UNet2DConditionModel") != 0))
-            rc = sd_err_set(err, SD_EUNSUPPORTED, "%s: _class_name %s, expected UNet2DConditionModel", path,
-                            s ? s : "(not a string)");
-    }
     if (!rc) rc = check_defaults(&r);
     if (!rc) rc = read_structure(&r, c);
     if (!rc) rc = get_int(&r, "in_channels", 1, 1 << 16, &c->in_channels);

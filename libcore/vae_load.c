@@ -166,18 +166,6 @@ static void default_config(sd_vae_config *c)
     snprintf(c->scale_source, sizeof c->scale_source, "default (SD 1.x/2.x)");
 }
 
-/* An integer member of a config object; absent keeps *out. */
-static sd_status cfg_int(const sd_json *root, const char *key, int *out, const char *path, sd_error *err)
-{
-    const sd_json *m = sd_json_get(root, key);
-    double d;
-    if (!m || m->type == SD_JSON_NULL) return SD_OK;
-    if (sd_json_whole(m, 0, 1e6, &d))
-        return sd_err_set(err, SD_EFORMAT, "%s: %s must be a non-negative integer", path, key);
-    *out = (int)d;
-    return SD_OK;
-}
-
 /* A boolean member; absent keeps *out. */
 static sd_status cfg_bool(const sd_json *root, const char *key, int *out, const char *path, sd_error *err)
 {
@@ -198,13 +186,7 @@ static sd_status read_config(const char *path, sd_vae_config *c, sd_error *err)
     sd_json *root = NULL;
     sd_buf_init(&text);
     sd_arena_init(&a, 1 << 14);
-    sd_status rc = sd_parse_json_file(path, &text, &a, &root, err);
-    if (!rc && root->type != SD_JSON_OBJECT) rc = sd_err_set(err, SD_EFORMAT, "%s: not a JSON object", path);
-    if (!rc) {
-        const sd_json *cls = sd_json_get(root, "_class_name");
-        if (cls && cls->type == SD_JSON_STRING && strcmp(cls->str, "AutoencoderKL") != 0)
-            rc = sd_err_set(err, SD_EUNSUPPORTED, "%s: _class_name %s, expected AutoencoderKL", path, cls->str);
-    }
+    sd_status rc = sd_model_config_read(path, "AutoencoderKL", &text, &a, &root, err);
     const sd_json *bo = rc ? NULL : sd_json_get(root, "block_out_channels");
     if (!rc && bo) {
         if (bo->type != SD_JSON_ARRAY || bo->len < 1 || bo->len > SD_VAE_MAX_BLOCKS)
@@ -220,10 +202,10 @@ static sd_status read_config(const char *path, sd_vae_config *c, sd_error *err)
         }
         if (!rc) c->nblocks = i;
     }
-    if (!rc) rc = cfg_int(root, "in_channels", &c->in_channels, path, err);
-    if (!rc) rc = cfg_int(root, "latent_channels", &c->latent_channels, path, err);
-    if (!rc) rc = cfg_int(root, "layers_per_block", &c->layers_per_block, path, err);
-    if (!rc) rc = cfg_int(root, "norm_num_groups", &c->groups, path, err);
+    if (!rc) rc = sd_model_config_int(root, "in_channels", 1e6, &c->in_channels, path, err);
+    if (!rc) rc = sd_model_config_int(root, "latent_channels", 1e6, &c->latent_channels, path, err);
+    if (!rc) rc = sd_model_config_int(root, "layers_per_block", 1e6, &c->layers_per_block, path, err);
+    if (!rc) rc = sd_model_config_int(root, "norm_num_groups", 1e6, &c->groups, path, err);
     if (!rc) rc = cfg_bool(root, "use_quant_conv", &c->use_quant_conv, path, err);
     if (!rc) rc = cfg_bool(root, "mid_block_add_attention", &c->mid_attention, path, err);
     if (!rc) {

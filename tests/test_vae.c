@@ -11,9 +11,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "dtype.h"
+#include "model_dir.h"
 #include "safetensors.h"
 #include "vae.h"
 
@@ -362,6 +364,88 @@ static void check_small_inputs(void)
     sd_vae_free(&v);
 }
 
+/* Write text to a fresh file under /tmp; the path goes to out. */
+static int write_temp(char *out, size_t cap, const char *text)
+{
+    snprintf(out, cap, "/tmp/sdtk-test-config-XXXXXX");
+    int fd = mkstemp(out);
+    if (fd < 0) return 0;
+    size_t n = strlen(text);
+    int ok = write(fd, text, n) == (ssize_t)n;
+    close(fd);
+    return ok;
+}
+
+/* The loaders' one config reader (sd_model_config_read, _int): a config
+ * that is not an object, or of another class than the loader builds (a
+ * UNet's config given as the VAE's), is refused naming the file and the
+ * class; members that count things must be whole numbers in range. */
+static void check_config_reader(void)
+{
+    static const struct {
+        const char *text, *class_name;
+        sd_status want;
+        const char *msg;
+    } cases[] = {
+        {"[1, 2]", NULL, SD_EFORMAT, "not a JSON object"},
+        {"{\"_class_name\": \"UNet2DConditionModel\"}", "AutoencoderKL", SD_EUNSUPPORTED,
+         "_class_name UNet2DConditionModel, expected AutoencoderKL"},
+        {"{\"_class_name\": 5}", "AutoencoderKL", SD_EUNSUPPORTED, "(not a string), expected AutoencoderKL"},
+        {"{\"_class_name\": \"AutoencoderKL\"}", "AutoencoderKL", SD_OK, NULL},
+        {"{}", "AutoencoderKL", SD_OK, NULL},
+        {"{\"_class_name\": \"CLIPTextModel\"}", NULL, SD_OK, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[64];
+        if (!CHECK(write_temp(path, sizeof path, cases[i].text))) continue;
+        sd_buf text;
+        sd_arena a;
+        sd_json *root = NULL;
+        sd_buf_init(&text);
+        sd_arena_init(&a, 1 << 12);
+        sd_error err = {0};
+        sd_status st = sd_model_config_read(path, cases[i].class_name, &text, &a, &root, &err);
+        if (!CHECK(st == cases[i].want)) fprintf(stderr, "  case %zu: %s\n", i, err.msg);
+        if (cases[i].msg) CHECK(strstr(err.msg, cases[i].msg) != NULL && strstr(err.msg, path) != NULL);
+        sd_arena_free(&a);
+        sd_buf_free(&text);
+        unlink(path);
+    }
+    /* counting members */
+    char path[64];
+    if (!CHECK(write_temp(path, sizeof path, "{\"a\": 3, \"b\": -1, \"c\": 2.5, \"d\": null, \"e\": 2e6, "
+                                             "\"f\": \"x\"}")))
+        return;
+    sd_buf text;
+    sd_arena a;
+    sd_json *root = NULL;
+    sd_buf_init(&text);
+    sd_arena_init(&a, 1 << 12);
+    sd_error err = {0};
+    if (CHECK(sd_model_config_read(path, NULL, &text, &a, &root, &err) == SD_OK)) {
+        int v = 7;
+        CHECK(sd_model_config_int(root, "a", 1e6, &v, path, &err) == SD_OK && v == 3);
+        CHECK(sd_model_config_int(root, "d", 1e6, &v, path, &err) == SD_OK && v == 3); /* null keeps */
+        CHECK(sd_model_config_int(root, "absent", 1e6, &v, path, &err) == SD_OK && v == 3);
+        const char *bad[] = {"b", "c", "e", "f"};
+        for (int i = 0; i < 4; i++) {
+            CHECK(sd_model_config_int(root, bad[i], 1e6, &v, path, &err) == SD_EFORMAT && v == 3);
+            CHECK(strstr(err.msg, "must be a non-negative integer") != NULL);
+        }
+    }
+    sd_arena_free(&a);
+    sd_buf_free(&text);
+    unlink(path);
+    /* through the loader: the golden UNet's config given as the VAE's */
+    sd_vae v;
+    char weights[512], conf[512];
+    snprintf(weights, sizeof weights, "%s/sd/single.safetensors", GOLDEN_DIR);
+    snprintf(conf, sizeof conf, "%s/../unet/sd1/unet/config.json", GOLDEN_DIR);
+    sd_vae_opts o = {.config_path = conf};
+    CHECK(sd_vae_load(&v, weights, &o, &err) == SD_EUNSUPPORTED);
+    CHECK(strstr(err.msg, "expected AutoencoderKL") != NULL);
+}
+
 int main(void)
 {
     check_small_inputs();
@@ -372,5 +456,6 @@ int main(void)
     check_act16_shapes();
     check_old_names();
     check_errors();
+    check_config_reader();
     return check_done("test_vae");
 }
