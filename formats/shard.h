@@ -136,6 +136,8 @@ typedef struct {
     uint64_t pages;    /* branch and leaf pages read */
     uint64_t overflow; /* overflow runs (values of more than about half a page) */
     uint64_t damage;   /* damaged pages, nodes, runs and counts */
+    uint64_t hidden;   /* of those, the ones in LMDB's directory or a named database (not the
+                        * freelist): entries the walk could not reach */
     uint64_t records;  /* latent records the latents database's header counts */
     int directory;     /* LMDB's directory of databases is damaged or lacks one of sdtk's:
                         * no entry can be told to belong to a database (salvage refuses) */
@@ -168,7 +170,8 @@ typedef struct {
     sd_shard_pages found; /* the deep walk before the copy */
     uint64_t latents, texts, meta; /* entries copied */
     uint64_t dropped;     /* entries not copied: records the store refuses (sd_shard_put's checks), meta not text */
-    int older;            /* 1: the snapshot before the newest was walked too (the other meta page) */
+    int older;            /* 1: the snapshot before the newest was walked too (the other meta page),
+                           * since the newest one's damage hid entries (not only its freelist) */
     int older_only;       /* 1: only it (the newest one's directory of databases is damaged) */
     sd_shard_pages older_found; /* its walk */
     uint64_t from_older;  /* entries (of latents, meta, texts above) found only in it */
@@ -186,12 +189,16 @@ typedef struct {
  * the next commit; a write copies every page from the root down to what it
  * changes, so damage to a recent root or branch page hides the most
  * records, and the older snapshot still reaches them through its own
- * copies): an entry missing from the newest snapshot's intact pages is
- * copied from the older one; what the last commit alone wrote, or deleted,
- * may then be missing, or back (the record checks after a salvage find a
- * deleted bad record again). Refused, with *s still open and nothing
- * changed, when LMDB's directory of databases is damaged in both snapshots
- * (nothing could be told apart) or the file holds a newer format, and left
+ * copies): an entry missing from the newest snapshot's intact pages (and
+ * not dropped there), or a latent record whose name they lack, is copied
+ * from the older one; what the last commit alone wrote, or deleted, may
+ * then be missing, or back (the record checks after a salvage find a
+ * deleted bad record again). A newest snapshot whose only damage is in its
+ * freelist hides nothing: the older one is not read then. Refused, with *s
+ * still open and nothing changed, when LMDB's directory of databases is
+ * damaged in the newest snapshot and there is no older one with it intact
+ * (nothing could be told apart), or either snapshot holds a newer format
+ * (the store could not put those records), and left
  * so when the copy fails (a full disk). After the rename *s is closed and
  * reopened on the new file (on a failure from the rename on: closed, NULL).
  * Records on pages damaged in both snapshots are missing from the new file:

@@ -60,6 +60,7 @@ static void damage(walk *w, const tree *t, uint64_t pgno, const char *fmt, ...)
 {
     sd_shard_pages *o = w->out;
     o->damage++;
+    o->hidden += t->kind != TREE_FREE;
     if (o->first[0]) return;
     int n = snprintf(o->first, sizeof o->first, "the %s database's page %llu: ", t->name, (unsigned long long)pgno);
     if (n < 0 || (size_t)n >= sizeof o->first) return;

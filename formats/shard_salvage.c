@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "keyset.h"
 #include "log.h"
 #include "outfile.h"
 #include "shard_int.h"
@@ -18,8 +19,9 @@ enum { BATCH_OPS = 4096, BATCH_BYTES = 64 << 20 };
 typedef struct {
     sd_shard *out;
     sd_shard_salvage_counts *c;
-    size_t batch; /* operations in the open batch */
-    sd_shard_txn *have; /* the older snapshot's walk: what the newest one's gave, committed */
+    size_t batch;      /* operations in the open batch */
+    int second;      /* the older snapshot's walk after the newest one's: only what that did not give */
+    sd_keyset given; /* the entries (database and key) the newest walk gave, copied or dropped */
 } copier;
 
 /* Commit the open batch, if any. */
@@ -59,28 +61,31 @@ static const char *refused(sd_shard_db db, size_t klen, const void *val, size_t 
     return NULL;
 }
 
-/* Whether the new file already holds the entry, or for a latent record a
- * record of its name (the older snapshot's walk: the newest snapshot's
- * entry wins, and a name keeps one record, the newest). */
-static sd_status copied_already(copier *cp, sd_shard_db db, const void *key, size_t klen, const void *val,
-                                size_t vlen, const char *k, int *yes, sd_error *err)
+/* An entry's identity across the two walks: its database and key. */
+static sd_key128 entry_id(sd_shard_db db, const void *key, size_t klen)
 {
-    const void *v;
-    size_t vl;
-    sd_status st = db == SD_SHARD_DB_LATENTS ? sd_shard_get(cp->have, key, klen, &v, &vl, err)
-                   : db == SD_SHARD_DB_TEXT  ? sd_shard_get_text(cp->have, key, &v, &vl, err)
-                                             : SD_OK;
+    unsigned char d = (unsigned char)db;
+    return sd_key128_of2(&d, 1, key, klen);
+}
+
+/* Whether the newest snapshot's walk already gave this entry (the older
+ * snapshot's walk: the newest snapshot's entry wins, also over the new
+ * file's own created and format_version only where it had them), copied or
+ * dropped, or for a latent record a record of its name (a name keeps one
+ * record, the newest). The name is looked up through the writer, which sees
+ * its own open batch: no read transaction stays open while the copy may
+ * grow the map. */
+static sd_status seen_already(copier *cp, sd_shard_db db, const void *key, size_t klen, const void *val,
+                              size_t vlen, int *seen, sd_error *err)
+{
+    int fresh = sd_keyset_insert(&cp->given, entry_id(db, key, klen));
+    if (fresh < 0) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    *seen = !fresh;
     sd_shard_rec r;
     sd_error why;
-    if (st == SD_ENOTFOUND && db == SD_SHARD_DB_LATENTS && sd_shard_rec_parse(val, vlen, &r, &why) == SD_OK)
-        st = sd_shard_get_name(cp->have, r.name, r.name_len, &v, &vl, err);
-    if (db == SD_SHARD_DB_META) {
-        char *mv = NULL;
-        st = sd_shard_meta_get(cp->out, k, &mv, err);
-        free(mv);
-    }
-    *yes = st == SD_OK;
-    return st == SD_ENOTFOUND ? SD_OK : st;
+    if (!*seen && db == SD_SHARD_DB_LATENTS && sd_shard_rec_parse(val, vlen, &r, &why) == SD_OK && r.name_len > 0)
+        return sd_shard_name_exists(cp->out, r.name, r.name_len, seen, err);
+    return SD_OK;
 }
 
 /* Put one entry of the damaged file into the new one: records that pass
@@ -92,6 +97,13 @@ static sd_status copy_entry(void *ctx, sd_shard_db db, const void *key, size_t k
 {
     copier *cp = ctx;
     if (db != SD_SHARD_DB_LATENTS && db != SD_SHARD_DB_TEXT && db != SD_SHARD_DB_META) return SD_OK;
+    if (cp->second) {
+        int seen = 0;
+        sd_status sst = seen_already(cp, db, key, klen, val, vlen, &seen, err);
+        if (sst || seen) return sst;
+    } else if (sd_keyset_insert(&cp->given, entry_id(db, key, klen)) < 0) {
+        return sd_err_set(err, SD_ENOMEM, "out of memory");
+    }
     sd_error why;
     const char *no = db == SD_SHARD_DB_META ? NULL : refused(db, klen, val, vlen, &why);
     char *k = NULL, *v = NULL;
@@ -99,17 +111,9 @@ static sd_status copy_entry(void *ctx, sd_shard_db db, const void *key, size_t k
     if (no) {
         cp->c->dropped++;
         sd_log(SD_LOG_DEBUG, "salvage into %s drops %s entry: %s", sd_shard_path(cp->out), sd_shard_db_name(db), no);
+        free(k);
+        free(v);
         return SD_OK;
-    }
-    if (cp->have) {
-        int yes = 0;
-        sd_status hst = copied_already(cp, db, key, klen, val, vlen, k, &yes, err);
-        if (hst || yes) {
-            free(k);
-            free(v);
-            return hst;
-        }
-        cp->c->from_older++;
     }
     sd_status st = cp->batch ? SD_OK : sd_shard_begin(cp->out, err);
     uint64_t *count = db == SD_SHARD_DB_META ? &cp->c->meta : db == SD_SHARD_DB_TEXT ? &cp->c->texts : &cp->c->latents;
@@ -121,38 +125,35 @@ static sd_status copy_entry(void *ctx, sd_shard_db db, const void *key, size_t k
                                        : sd_err_set(err, SD_ENOMEM, "out of memory");
     }
     if (!st) (*count)++;
+    if (!st && cp->second) cp->c->from_older++;
     free(k);
     free(v);
     if (!st && (cp->batch >= BATCH_OPS || sd_shard_batch_bytes(cp->out) >= BATCH_BYTES)) st = flush(cp, err);
     return st;
 }
 
-/* The older snapshot's entries that the newest one's walk did not give,
- * into cp->out (all of the newest one's committed, so they can be looked
- * up). */
-static sd_status copy_older(sd_shard *s, copier *cp, sd_error *err)
-{
-    sd_status st = sd_shard_read_begin(cp->out, &cp->have, err);
-    if (st) return st;
-    st = sd_shard_walk_snapshot(s, 1, 1, copy_entry, cp, &cp->c->older_found, err);
-    if (!st) st = flush(cp, err);
-    sd_shard_read_end(cp->have);
-    cp->have = NULL;
-    return st;
-}
-
 /* Write the intact entries of s into the new file tmp (created empty):
- * the newest snapshot's, unless its directory of databases is damaged,
- * then what only the older snapshot still reaches. */
+ * the newest snapshot's, then what only the older snapshot still reaches;
+ * when the newest one's directory of databases is damaged, the older
+ * snapshot's entries alone, all of them (its created and format_version
+ * too, over the new file's own). */
 static sd_status copy_into(sd_shard *s, const char *tmp, sd_shard_salvage_counts *c, sd_error *err)
 {
     sd_shard_opts so = {SD_SHARD_CREATE | SD_SHARD_NOSYNC, 0, 0};
-    copier cp = {NULL, c, 0, NULL};
+    copier cp = {NULL, c, 0, 0, {0}};
+    sd_keyset_init(&cp.given);
     sd_status st = sd_shard_open(&cp.out, tmp, &so, err);
-    if (st) return st;
+    if (st) {
+        sd_keyset_free(&cp.given);
+        return st;
+    }
     if (!c->older_only) st = sd_shard_check_pages(s, 1, copy_entry, &cp, &c->found, err);
     if (!st) st = flush(&cp, err);
-    if (!st && c->older) st = copy_older(s, &cp, err);
+    cp.second = !c->older_only;
+    if (!st && c->older) st = sd_shard_walk_snapshot(s, 1, 1, copy_entry, &cp, &c->older_found, err);
+    if (!st) st = flush(&cp, err);
+    if (!st && c->older_only) c->from_older = c->latents + c->texts + c->meta;
+    sd_keyset_free(&cp.given);
     if (st && cp.batch) sd_shard_abort(cp.out);
     sd_error e2;
     sd_status cst = sd_shard_close(cp.out, st ? &e2 : err); /* NOSYNC: the close syncs */
@@ -197,7 +198,7 @@ static sd_status survey_entry(void *ctx, sd_shard_db db, const void *key, size_t
         size_t n = vlen < sizeof buf - 1 ? vlen : sizeof buf - 1;
         memcpy(buf, val, n);
         buf[n] = 0;
-        sv->newer_shard = atol(buf) > SD_SHARD_VERSION;
+        sv->newer_shard |= atol(buf) > SD_SHARD_VERSION; /* in either snapshot */
     } else if ((db == SD_SHARD_DB_LATENTS || db == SD_SHARD_DB_TEXT) &&
                sd_shard_rec_parse(val, vlen, &r, &e) == SD_EUNSUPPORTED) {
         sv->newer_records++;
@@ -215,16 +216,24 @@ static sd_status check_salvageable(sd_shard *s, sd_shard_salvage_counts *c, sd_e
     survey sv = {0, 0};
     sd_status st = sd_shard_check_pages(s, 1, survey_entry, &sv, &c->found, err);
     if (st) return st;
-    sd_error none;
-    st = sd_shard_walk_snapshot(s, 1, 1, survey_entry, &sv, &c->older_found, &none);
-    if (st && st != SD_ENOTFOUND) return sd_err_set(err, st, "%s", none.msg);
-    c->older = !st && !c->older_found.directory;
+    /* the older snapshot only where the newest one's damage hides entries (not a damaged freelist):
+     * it may hold what the last commit deleted */
+    int hides = c->found.directory || c->found.hidden > 0, have_older = 0;
+    if (hides) {
+        sd_error none;
+        st = sd_shard_walk_snapshot(s, 1, 1, survey_entry, &sv, &c->older_found, &none);
+        if (st && st != SD_ENOTFOUND) return sd_err_set(err, st, "%s", none.msg);
+        have_older = !st;
+    }
+    c->older = have_older && !c->older_found.directory;
     c->older_only = c->older && c->found.directory;
     if (c->found.directory && !c->older)
         return sd_err_set(err, SD_EFORMAT,
-                          "%s: not salvaged: LMDB's directory of databases is damaged (%s), in the snapshot before "
-                          "the newest too, so no record can be told apart; restore the file from a copy or rebuild it",
-                          s->path, c->found.first);
+                          "%s: not salvaged: LMDB's directory of databases is damaged (%s)%s, so no record can be told "
+                          "apart; restore the file from a copy or rebuild it",
+                          s->path, c->found.first,
+                          have_older ? ", in the snapshot before the newest too"
+                                     : " and the file holds no earlier snapshot to take it from");
     if (sv.newer_shard || sv.newer_records)
         return sd_err_set(err, SD_EUNSUPPORTED,
                           "%s: not salvaged: it holds %s of a newer format than this sdtk writes; repair it with the "

@@ -15,42 +15,37 @@
 #include "log.h"
 
 /* Whether a live process is writing the temporary output at path, so a
- * rerun can tell a killed run's leftover from a running run's file: an
- * LMDB file (a partial shard) has PATH-lock, whose byte 0 every process
- * with the environment open holds under an fcntl lock (LMDB's own
- * exclusive-or-shared lock); sd_outfile_open's PATH.tmp.* files are held
- * under flock by their writer until closed. fcntl's F_GETLK cannot see
- * this process's own locks; the flock probe can. */
-long sd_outfile_holder(const char *path)
+ * rerun can tell a killed run's leftover from a running run's file: the
+ * writer holds an flock on it (sd_outfile_open on its PATH.tmp.* file, a
+ * shard writer on its data file), which a probe from another open file
+ * description sees, in this process too. The probe opens the file itself,
+ * never LMDB's PATH-lock: closing any descriptor of a file drops every
+ * fcntl lock this process holds on it, LMDB's own among them. */
+int sd_outfile_held(const char *path)
 {
-    char lock[4200];
-    if ((size_t)snprintf(lock, sizeof lock, "%s-lock", path) < sizeof lock) {
-        int fd = open(lock, O_RDONLY | O_CLOEXEC);
-        if (fd >= 0) {
-            struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
-            int r = fcntl(fd, F_GETLK, &fl);
-            close(fd);
-            if (r == 0 && fl.l_type != F_UNLCK) return fl.l_pid > 0 ? (long)fl.l_pid : -1;
-        }
-    }
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return 0;
-    long held = 0;
-    if (flock(fd, LOCK_SH | LOCK_NB) != 0) held = errno == EWOULDBLOCK ? -1 : 0;
-    close(fd); /* drops the probe's own lock */
+    if (fd < 0) return errno == ENOENT ? 0 : -1;
+    int held = 0;
+    if (flock(fd, LOCK_SH | LOCK_NB) != 0) held = errno == EWOULDBLOCK ? 1 : -1;
+    int saved = errno;
+    close(fd); /* drops the probe's own flock */
+    errno = saved;
     return held;
 }
 
 /* The warning for one temporary output found beside an output: a killed
- * run's leftover (named, with the advice to remove it), or a file a live
- * run is writing now (named, to be left alone). Never removed here. */
+ * run's leftover (named, with the advice to remove it), a file a live run
+ * is writing now (named, to be left alone), or, where the probe cannot
+ * tell (no flock on this file system, no permission), the old hedge.
+ * Never removed here. */
 void sd_outfile_warn_leftover(const char *path, const char *also)
 {
-    long pid = sd_outfile_holder(path);
-    if (pid > 0)
-        sd_log(SD_LOG_WARN, "%s: a temporary output another run (process %ld) is writing now; left alone", path, pid);
-    else if (pid < 0)
+    int held = sd_outfile_held(path);
+    if (held > 0)
         sd_log(SD_LOG_WARN, "%s: a temporary output another run is writing now; left alone", path);
+    else if (held < 0)
+        sd_log(SD_LOG_WARN, "%s: a temporary output left by an earlier run (killed?) or being written by another "
+               "(cannot tell: %s); remove it%s unless a run is writing it now", path, strerror(errno), also);
     else
         sd_log(SD_LOG_WARN, "%s: a temporary output left by an earlier run (killed: no process holds it); remove "
                "it%s", path, also);
@@ -133,7 +128,7 @@ sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err)
         return st;
     }
     fchmod(fd, 0644);
-    flock(fd, LOCK_EX | LOCK_NB); /* a fresh file: tells a rerun this one is live (sd_outfile_holder) */
+    flock(fd, LOCK_EX | LOCK_NB); /* a fresh file: tells a rerun this one is live (sd_outfile_held) */
     o->f = fdopen(fd, "w");
     if (!o->f) {
         close(fd);

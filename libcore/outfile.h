@@ -25,10 +25,10 @@ sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err);
 void sd_outfile_warn_leftovers(const char *path, const char *infix, const char *also);
 /* That warning for one such file. */
 void sd_outfile_warn_leftover(const char *path, const char *also);
-/* Who is writing the temporary output at path: a live process's pid, -1
- * for one whose pid is not known (an flock), 0 for none (a leftover). An
- * LMDB file counts as held while any process has it open (its -lock). */
-long sd_outfile_holder(const char *path);
+/* Whether a live process is writing the temporary output at path (holds
+ * its writer's flock): 1 yes, 0 no (a leftover, or gone), -1 cannot tell
+ * (errno says why). */
+int sd_outfile_held(const char *path);
 /* The same for sd_outfile_open's own PATH.tmp.* names; NULL or "-": nothing. */
 void sd_outfile_warn_own_leftovers(const char *path);
 sd_status sd_outfile_commit(sd_outfile *o, sd_error *err);

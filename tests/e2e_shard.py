@@ -324,6 +324,71 @@ def test_damaged_root(d, base):
           "damaged directory in both snapshots: --repair exit %d: %s" % (vrc, err[-300:]))
 
 
+def damage_root(path, name):
+    """Damage the node bounds of a named database's root page in the newest snapshot."""
+    data = bytearray(open(path, "rb").read())
+    root = named_root(path, name)
+    struct.pack_into("<H", data, root * 4096 + 12, 0xFFFF)
+    open(path, "wb").write(data)
+    return data
+
+
+def test_salvage_older_snapshot_edges(d):
+    """The older snapshot's walk, in the cases a review found wrong: a last commit that raised
+    format_version (the older snapshot's version must not clear the refusal); a bad record in
+    both snapshots (dropped once, not twice), and the meta entries of a file whose newest meta
+    tree is damaged (the original created, not the new file's own); a record with no name (the format allows it) in
+    the older snapshot (the salvage used to stop on the empty name's lookup); a newest snapshot
+    whose only damage is its freelist (nothing hidden: the older one is not read)."""
+    # format_version raised by the last commit, the shared latents root damaged: refused, unchanged
+    s = os.path.join(d, "newer.shard")
+    check(write(s, 100, "32").returncode == 0, "write")
+    subprocess.run([WRITER, "meta", s, "format_version", "2"], check=True)
+    data = damage_root(s, "latents")  # shared by both snapshots; the newest one's meta says version 2
+    vrc, rep, err = verify(s, "--repair")
+    check(vrc == 1 and "not salvaged: it holds a shard of a newer format" in err and open(s, "rb").read() == data,
+          "newer format in the last commit: --repair exit %d: %s" % (vrc, err[-300:]))
+    # one bad record in both snapshots, the newest meta root damaged: dropped once; the older
+    # snapshot's created and format_version replace the new file's own
+    s = os.path.join(d, "dropped.shard")
+    check(write(s, 100, "32").returncode == 0, "write")
+    subprocess.run([WRITER, "newver", s, "rec000005", "damaged"], check=True, capture_output=True)
+    subprocess.run([WRITER, "meta", s, "note", "x"], check=True)
+    damage_root(s, "meta")
+    vrc, rep, err = verify(s, "--repair")
+    sal = rep["shards"][0].get("salvaged", {}) if rep else {}
+    # newver adds a 101st record, of a newer version with its header damaged: refused by the store
+    check(sal.get("dropped") == 1 and sal.get("older_snapshot") is True and sal.get("records") == 100
+          and sal.get("meta") == 2 and sal.get("from_older_snapshot") == 2,
+          "bad record in both snapshots: --repair exit %d, salvaged %s: %s" % (vrc, sal, err[-300:]))
+    # an unnamed record in the older snapshot, the newest latents root damaged: salvaged with it
+    s = os.path.join(d, "unnamed.shard")
+    check(write(s, 100, "32").returncode == 0, "write")
+    subprocess.run([WRITER, "unnamed", s, "rec000001"], check=True)
+    before = latent_keys(s)
+    check(("55" * 16) in before and ("56" * 16) in before, "unnamed: the writer's two records are not there")
+    damage_root(s, "latents")
+    vrc, rep, err = verify(s, "--repair")
+    sal = rep["shards"][0].get("salvaged", {}) if rep else {}
+    kept = latent_keys(s)
+    check(sal.get("records") == 101 and kept == before - {"56" * 16},
+          "unnamed record: --repair exit %d, salvaged %s, %d records: %s" % (vrc, sal, len(kept), err[-300:]))
+    # only the freelist damaged: salvaged from the newest snapshot alone
+    s = os.path.join(d, "freelist.shard")
+    check(write(s, 100, "32").returncode == 0, "write")
+    subprocess.run([WRITER, "meta", s, "note", "x"], check=True)
+    data = bytearray(open(s, "rb").read())
+    meta = max((struct.unpack_from("<Q", data, i * 4096 + 16 + 128)[0], i) for i in range(2))[1] * 4096
+    free_root = struct.unpack_from("<Q", data, meta + 16 + 24 + 40)[0]
+    if check(free_root != 2 ** 64 - 1, "freelist: the shard has no freelist to damage"):
+        data[free_root * 4096] ^= 1  # the freelist's root page names another page
+        open(s, "wb").write(data)
+        vrc, rep, err = verify(s, "--repair")
+        sal = rep["shards"][0].get("salvaged", {}) if rep else {}
+        check(sal.get("older_snapshot") is False and sal.get("records") == 100,
+              "freelist damage: --repair exit %d, salvaged %s: %s" % (vrc, sal, err[-300:]))
+
+
 def test_key_size(d, base):
     """A latents leaf node whose key size lost its bit (16 -> 0 bytes): LMDB
     reads it (its value shifted), but no key of 0 bytes can be named to
@@ -354,6 +419,7 @@ def test_damaged_pages(d):
     base = os.path.join(d, "pages.shard")
     check(write(base, 600, "32").returncode == 0, "write")
     test_damaged_root(d, base)
+    test_salvage_older_snapshot_edges(d)
     test_key_size(d, base)
     psize, pages = tree_pages(base)
     original = latent_keys(base)

@@ -385,6 +385,18 @@ class Train(unittest.TestCase):
         same("train/grad_norm", train, "grad_norm")
         same("val/loss", val, "val_loss")
         self.assertEqual([st for st, _ in sc["val/loss"]], [0, 2, 4])
+        # the finished run started again takes no step and validates nothing new: step 4's validation
+        # is neither logged twice to TensorBoard nor to the metrics file
+        time.sleep(1.1)  # a second event file
+        run("--unet", UNET, "-o", out, "--steps", "4", "--batch", "2", "--val", self.shard, "--val-every", "2",
+            "--metrics", m, "--tensorboard", tb, "-q", self.shard)
+        files = sorted(os.listdir(tb))
+        self.assertEqual(len(files), 2)
+        _, sc, starts = tb_scalars(*[os.path.join(tb, f) for f in files])
+        self.assertEqual(starts, [0, 5])
+        self.assertEqual([st for st, _ in sc["val/loss"]], [0, 2, 4])
+        with open(m) as f:
+            self.assertEqual([r["step"] for r in map(json.loads, f) if "val_loss" in r], [0, 2, 4])
 
     def test_save_single(self):
         """--save-single: each checkpoint also holds unet.safetensors and unet_ema.safetensors with the

@@ -391,6 +391,48 @@ static int cmd_meta(char **argv)
     return (s && sd_shard_close(s, &err)) || st ? 3 : 0;
 }
 
+/* A record with no name (the format allows it; it gets no names entry):
+ * NAME's record copied under the key of sixteen 'U's with the name left
+ * out, in its own commit, then one more commit of the same record named
+ * "after-unnamed" under sixteen 'V's, so that the unnamed record is in the
+ * snapshot before the newest too and the two latents roots differ. */
+static int cmd_unnamed(char **argv)
+{
+    sd_error err;
+    sd_shard *s = NULL;
+    sd_shard_txn *t = NULL;
+    const void *k, *v;
+    size_t kl, vl;
+    sd_shard_rec r;
+    sd_buf b[2];
+    sd_buf_init(&b[0]);
+    sd_buf_init(&b[1]);
+    sd_status st = sd_shard_open(&s, argv[2], NULL, &err);
+    if (!st) st = sd_shard_read_begin(s, &t, &err);
+    if (!st) st = sd_shard_get_name(t, argv[3], strlen(argv[3]), &k, &kl, &err);
+    if (!st) st = sd_shard_get(t, k, kl, &v, &vl, &err);
+    if (!st) st = sd_shard_rec_parse(v, vl, &r, &err);
+    if (!st) { /* both built while the read transaction keeps the record's bytes */
+        r.name_len = 0;
+        st = sd_shard_rec_build(&r, &b[0], &err);
+        r.name = "after-unnamed";
+        r.name_len = strlen(r.name);
+        if (!st) st = sd_shard_rec_build(&r, &b[1], &err);
+    }
+    if (t) sd_shard_read_end(t);
+    for (int i = 0; i < 2 && !st; i++) {
+        uint8_t key[16];
+        memset(key, i ? 'V' : 'U', sizeof key);
+        st = sd_shard_begin(s, &err);
+        if (!st) st = sd_shard_put(s, key, sizeof key, b[i].data, b[i].len, &err);
+        if (!st) st = sd_shard_commit(s, &err);
+    }
+    sd_buf_free(&b[0]);
+    sd_buf_free(&b[1]);
+    if (st) fprintf(stderr, "shard_writer: %s\n", err.msg);
+    return (s && sd_shard_close(s, &err)) || st ? 3 : 0;
+}
+
 /* names[NAME] = names[TARGET], through LMDB: a names entry leading to a
  * record of another name. */
 static int cmd_misname(char **argv)
@@ -508,11 +550,13 @@ int main(int argc, char **argv)
     if (argc >= 5 && !strcmp(argv[1], "meta")) return cmd_meta(argv);
     if (argc >= 5 && !strcmp(argv[1], "misname")) return cmd_misname(argv);
     if (argc >= 4 && !strcmp(argv[1], "newver")) return cmd_newver(argc, argv);
+    if (argc >= 4 && !strcmp(argv[1], "unnamed")) return cmd_unnamed(argv);
     fprintf(stderr, "usage: shard_writer write SHARD N [BATCH] "
                     "[nosync|nogrow|slow|map=BYTES|keyseed=K|dupnames|notext]...\n"
                     "       shard_writer corrupt SHARD COUNT SEED [text|indexed]\n"
                     "       shard_writer unindex SHARD bindex|names COUNT\n       shard_writer locate SHARD\n"
                     "       shard_writer emptytext SHARD ENCODER\n       shard_writer meta SHARD KEY VALUE\n"
-                    "       shard_writer misname SHARD NAME TARGET\n       shard_writer newver SHARD NAME [damaged]\n");
+                    "       shard_writer misname SHARD NAME TARGET\n       shard_writer newver SHARD NAME [damaged]\n"
+                    "       shard_writer unnamed SHARD NAME\n");
     return 2;
 }

@@ -4,6 +4,7 @@
  * full map with growth disabled, a reader in a second process while the
  * writer commits, and files cut short (refused unless every missing page is
  * free, as LMDB's own freelist says). */
+#include <fcntl.h>
 #include <lmdb.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -512,15 +513,35 @@ static void test_concurrent_reader(void)
     sd_shard_close(s, &err);
 }
 
+/* Whether another process holds an fcntl lock on byte 0 of path (LMDB's
+ * lock on its -lock file while an environment is open), seen from a child
+ * process: the caller's own locks are invisible to itself. 1 yes, 0 no,
+ * -1 the child failed. */
+static int locked_elsewhere(const char *path)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(path, O_RDONLY);
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+        if (fd < 0 || fcntl(fd, F_GETLK, &fl) != 0) _exit(2);
+        _exit(fl.l_type != F_UNLCK);
+    }
+    int status;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) > 1) return -1;
+    return WEXITSTATUS(status);
+}
+
 /* A rerun tells a killed run's temporary output from one a live process is
- * writing (sd_outfile_holder): a shard another process has open is held by
- * that process's pid (LMDB's lock file), this process's own writer is held
- * (its flock), sd_outfile's temp file is held until committed, and the same
- * files once their writers are gone are leftovers. */
+ * writing (sd_outfile_held): a shard another process writes is held (its
+ * writer's flock), so is this process's own writer and sd_outfile's temp
+ * file until committed, and the same files once their writers are gone
+ * are leftovers. The probe must not drop this process's LMDB lock (closing
+ * any descriptor of the -lock file would): a child still sees it after. */
 static void test_leftover_holder(void)
 {
-    char path[256], tmp[300];
+    char path[256], lock[300], tmp[300];
     snprintf(path, sizeof path, "%s/out.lmdb.partial-Ab12Cd", dir);
+    snprintf(lock, sizeof lock, "%s-lock", path);
     int ready[2], done[2];
     CHECK(pipe(ready) == 0 && pipe(done) == 0);
     pid_t pid = fork();
@@ -534,31 +555,33 @@ static void test_leftover_holder(void)
     }
     char c;
     CHECK(read(ready[0], &c, 1) == 1);
-    CHECK(sd_outfile_holder(path) == (long)pid);
+    CHECK(sd_outfile_held(path) == 1);
     CHECK(write(done[1], &c, 1) == 1);
     int status;
     waitpid(pid, &status, 0);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    CHECK(sd_outfile_holder(path) == 0); /* the file and its -lock stay, no process holds them */
+    CHECK(sd_outfile_held(path) == 0); /* the file and its -lock stay, no process holds them */
     for (int i = 0; i < 2; i++) close(ready[i]), close(done[i]);
 
     sd_error err;
     sd_shard *s;
     CHECK(sd_shard_open(&s, path, NULL, &err) == SD_OK);
-    CHECK(sd_outfile_holder(path) == -1); /* fcntl cannot see this process's lock; the writer's flock can */
+    CHECK(locked_elsewhere(lock) == 1);
+    CHECK(sd_outfile_held(path) == 1);
+    CHECK(locked_elsewhere(lock) == 1); /* the probe left LMDB's lock in place */
     sd_shard_close(s, &err);
-    CHECK(sd_outfile_holder(path) == 0);
+    CHECK(sd_outfile_held(path) == 0 && locked_elsewhere(lock) == 0);
 
     snprintf(tmp, sizeof tmp, "%s/out.jsonl", dir);
     sd_outfile f;
     CHECK(sd_outfile_open(&f, tmp, &err) == SD_OK);
-    CHECK(sd_outfile_holder(f.tmp) == -1);
+    CHECK(sd_outfile_held(f.tmp) == 1);
     char held[300];
     snprintf(held, sizeof held, "%s", f.tmp);
     fputs("x\n", f.f);
     CHECK(sd_outfile_commit(&f, &err) == SD_OK);
-    CHECK(access(held, F_OK) != 0 && sd_outfile_holder(tmp) == 0);
-    CHECK(sd_outfile_holder(held) == 0); /* gone */
+    CHECK(access(held, F_OK) != 0 && sd_outfile_held(tmp) == 0);
+    CHECK(sd_outfile_held(held) == 0); /* gone */
 }
 
 /* LMDB's own view of a closed shard, read through LMDB on the whole file:

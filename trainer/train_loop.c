@@ -159,7 +159,10 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
         }
     }
     sd_train_tell_stop(tr); /* a request that came after the last micro-batch */
-    if (!rc && tr->have_val && val_step != tr->step) rc = validate_and_log(tr, err);
+    /* a resumed run that took no step (a finished run started again, a stop before the first step)
+     * validated nothing new: its checkpoint's run logged step S's loss, metrics and events */
+    int stepped = tr->step != step0 || step0 == 0;
+    if (!rc && tr->have_val && val_step != tr->step && stepped) rc = validate_and_log(tr, err);
     if (!rc && tr->saved_step != tr->step) rc = sd_train_save(tr, err); /* not again after a stop on a save step */
     else if (!rc && !o->quiet) sd_log(SD_LOG_INFO, "checkpoint-%ld already holds step %ld", tr->step, tr->step);
     /* a bad record is met again each epoch: the counts are of draws */

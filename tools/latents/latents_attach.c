@@ -178,19 +178,20 @@ static sd_status write_meta(attach *a, sd_error *err)
     return st;
 }
 
-/* The empty caption's embedding (conditioning dropout) and its meta
- * written again, in their own transaction, when the shard lost them (or
- * never had them): otherwise only the first transaction with records to
- * attach writes them, and a rerun with every record attached left a shard
- * whose embedding sd-verify --repair deleted without it for good. */
+/* The empty caption's embedding (conditioning dropout) written again, in
+ * its own transaction, when the shard's meta names it but the record is
+ * gone (sd-verify --repair deleted a damaged one): otherwise only the first
+ * transaction with records to attach writes it, and a rerun with every
+ * record attached left the shard without it for good. A shard that never
+ * had text meta gets it with its first attached records, as before: never
+ * an encoder identity on a shard with none attached. */
 static sd_status restore_empty(attach *a, sd_error *err)
 {
     int lost = 0;
     sd_status st = text_empty_lost(a->shard, a->empty_key, &lost, err);
-    if (st || !lost) return st;
-    if (lost == 2)
-        sd_log(SD_LOG_INFO, "%s: the empty caption's embedding (for conditioning dropout) is missing: stored again",
-               a->o->output);
+    if (st || lost != 2) return st;
+    sd_log(SD_LOG_INFO, "%s: the empty caption's embedding (for conditioning dropout) is missing: stored again",
+           a->o->output);
     st = sd_shard_begin(a->shard, err);
     if (st) return st;
     st = write_meta(a, err);

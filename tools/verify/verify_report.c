@@ -102,7 +102,8 @@ void verify_build_report(const shard_result *rs, int n, const verify_opts *o, sd
                 sd_buf_json_key(b, &f2, "dropped");
                 sd_buf_json_int(b, (int64_t)r->salvage.dropped);
                 sd_buf_json_key(b, &f2, "header_records");
-                sd_buf_json_int(b, (int64_t)r->salvage.found.records);
+                sd_buf_json_int(b, (int64_t)(r->salvage.older_only ? r->salvage.older_found.records
+                                                                    : r->salvage.found.records));
                 sd_buf_json_key(b, &f2, "older_snapshot");
                 sd_buf_puts(b, r->salvage.older ? "true" : "false");
                 sd_buf_json_key(b, &f2, "from_older_snapshot");

@@ -113,8 +113,8 @@ static sd_status check_pages(sd_shard **s, const verify_opts *o, shard_result *r
     sd_log(SD_LOG_WARN, "%s: replaced by a new file holding the %llu latent records (of %llu its header counted), "
            "%llu text records and %llu meta entries of its intact pages (%llu entries dropped%s); the damaged file "
            "is kept as %s (remove it when done); rerun sd-latents to compute the missing records again", res->path,
-           (unsigned long long)c->latents, (unsigned long long)pages.records, (unsigned long long)c->texts,
-           (unsigned long long)c->meta, (unsigned long long)c->dropped, older, c->kept);
+           (unsigned long long)c->latents, (unsigned long long)(c->older_only ? c->older_found.records : pages.records),
+           (unsigned long long)c->texts, (unsigned long long)c->meta, (unsigned long long)c->dropped, older, c->kept);
     return SD_OK;
 }
 
