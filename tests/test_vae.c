@@ -364,16 +364,36 @@ static void check_small_inputs(void)
     sd_vae_free(&v);
 }
 
-/* Write text to a fresh file under /tmp; the path goes to out. */
-static int write_temp(char *out, size_t cap, const char *text)
+/* A config.json written to a fresh file under /tmp and read back. */
+typedef struct {
+    char path[64];
+    sd_buf text;
+    sd_arena a;
+    sd_json *root;
+} config_doc;
+
+/* Write text to a fresh file and read it with sd_model_config_read; the
+ * file and buffers stay until config_doc_free (also after a failure). */
+static sd_status config_doc_read(config_doc *d, const char *text, const char *class_name, sd_error *err)
 {
-    snprintf(out, cap, "/tmp/sdtk-test-config-XXXXXX");
-    int fd = mkstemp(out);
-    if (fd < 0) return 0;
+    sd_buf_init(&d->text);
+    sd_arena_init(&d->a, 1 << 12);
+    d->root = NULL;
+    snprintf(d->path, sizeof d->path, "/tmp/sdtk-test-config-XXXXXX");
+    int fd = mkstemp(d->path);
     size_t n = strlen(text);
-    int ok = write(fd, text, n) == (ssize_t)n;
-    close(fd);
-    return ok;
+    int ok = fd >= 0 && write(fd, text, n) == (ssize_t)n;
+    if (fd >= 0) close(fd);
+    if (!ok) return sd_err_set(err, SD_EIO, "%s: cannot write it", d->path);
+    return sd_model_config_read(d->path, class_name, &d->text, &d->a, &d->root, err);
+}
+
+/* The buffers and the file of config_doc_read. */
+static void config_doc_free(config_doc *d)
+{
+    sd_arena_free(&d->a);
+    sd_buf_free(&d->text);
+    unlink(d->path);
 }
 
 /* The loaders' one config reader (sd_model_config_read, _int): a config
@@ -396,46 +416,29 @@ static void check_config_reader(void)
         {"{\"_class_name\": \"CLIPTextModel\"}", NULL, SD_OK, NULL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char path[64];
-        if (!CHECK(write_temp(path, sizeof path, cases[i].text))) continue;
-        sd_buf text;
-        sd_arena a;
-        sd_json *root = NULL;
-        sd_buf_init(&text);
-        sd_arena_init(&a, 1 << 12);
+        config_doc d;
         sd_error err = {0};
-        sd_status st = sd_model_config_read(path, cases[i].class_name, &text, &a, &root, &err);
+        sd_status st = config_doc_read(&d, cases[i].text, cases[i].class_name, &err);
         if (!CHECK(st == cases[i].want)) fprintf(stderr, "  case %zu: %s\n", i, err.msg);
-        if (cases[i].msg) CHECK(strstr(err.msg, cases[i].msg) != NULL && strstr(err.msg, path) != NULL);
-        sd_arena_free(&a);
-        sd_buf_free(&text);
-        unlink(path);
+        if (cases[i].msg) CHECK(strstr(err.msg, cases[i].msg) != NULL && strstr(err.msg, d.path) != NULL);
+        config_doc_free(&d);
     }
     /* counting members */
-    char path[64];
-    if (!CHECK(write_temp(path, sizeof path, "{\"a\": 3, \"b\": -1, \"c\": 2.5, \"d\": null, \"e\": 2e6, "
-                                             "\"f\": \"x\"}")))
-        return;
-    sd_buf text;
-    sd_arena a;
-    sd_json *root = NULL;
-    sd_buf_init(&text);
-    sd_arena_init(&a, 1 << 12);
+    config_doc d;
     sd_error err = {0};
-    if (CHECK(sd_model_config_read(path, NULL, &text, &a, &root, &err) == SD_OK)) {
+    if (CHECK(config_doc_read(&d, "{\"a\": 3, \"b\": -1, \"c\": 2.5, \"d\": null, \"e\": 2e6, \"f\": \"x\"}", NULL,
+                              &err) == SD_OK)) {
         int v = 7;
-        CHECK(sd_model_config_int(root, "a", 1e6, &v, path, &err) == SD_OK && v == 3);
-        CHECK(sd_model_config_int(root, "d", 1e6, &v, path, &err) == SD_OK && v == 3); /* null keeps */
-        CHECK(sd_model_config_int(root, "absent", 1e6, &v, path, &err) == SD_OK && v == 3);
+        CHECK(sd_model_config_int(d.root, "a", 1e6, &v, d.path, &err) == SD_OK && v == 3);
+        CHECK(sd_model_config_int(d.root, "d", 1e6, &v, d.path, &err) == SD_OK && v == 3); /* null keeps */
+        CHECK(sd_model_config_int(d.root, "absent", 1e6, &v, d.path, &err) == SD_OK && v == 3);
         const char *bad[] = {"b", "c", "e", "f"};
         for (int i = 0; i < 4; i++) {
-            CHECK(sd_model_config_int(root, bad[i], 1e6, &v, path, &err) == SD_EFORMAT && v == 3);
+            CHECK(sd_model_config_int(d.root, bad[i], 1e6, &v, d.path, &err) == SD_EFORMAT && v == 3);
             CHECK(strstr(err.msg, "must be a non-negative integer") != NULL);
         }
     }
-    sd_arena_free(&a);
-    sd_buf_free(&text);
-    unlink(path);
+    config_doc_free(&d);
     /* through the loader: the golden UNet's config given as the VAE's */
     sd_vae v;
     char weights[512], conf[512];
