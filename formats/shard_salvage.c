@@ -21,7 +21,8 @@ typedef struct {
     sd_shard_salvage_counts *c;
     size_t batch;      /* operations in the open batch */
     int second;      /* the older snapshot's walk after the newest one's: only what that did not give */
-    sd_keyset given; /* the entries (database and key) the newest walk gave, copied or dropped */
+    sd_keyset given; /* the entries (database and key) the newest walk gave, copied or dropped:
+                      * kept only when the older snapshot is walked after it */
 } copier;
 
 /* Commit the open batch, if any. */
@@ -68,13 +69,14 @@ static sd_key128 entry_id(sd_shard_db db, const void *key, size_t klen)
     return sd_key128_of2(&d, 1, key, klen);
 }
 
-/* Whether the newest snapshot's walk already gave this entry (the older
- * snapshot's walk: the newest snapshot's entry wins, also over the new
- * file's own created and format_version only where it had them), copied or
- * dropped, or for a latent record a record of its name (a name keeps one
- * record, the newest). The name is looked up through the writer, which sees
- * its own open batch: no read transaction stays open while the copy may
- * grow the map. */
+/* Whether the newest snapshot's walk already gave this entry, copied or
+ * dropped (the older snapshot's walk: the newest snapshot's entry wins),
+ * or for a latent record a record of its name (a name keeps one record,
+ * the newest). The new file's own created and format_version, written at
+ * its creation, were not given by the walk, so the older snapshot's replace
+ * them where the newest gave none. The name is looked up through the
+ * writer, which sees its own open batch: no read transaction stays open
+ * while the copy may grow the map. */
 static sd_status seen_already(copier *cp, sd_shard_db db, const void *key, size_t klen, const void *val,
                               size_t vlen, int *seen, sd_error *err)
 {
@@ -101,7 +103,7 @@ static sd_status copy_entry(void *ctx, sd_shard_db db, const void *key, size_t k
         int seen = 0;
         sd_status sst = seen_already(cp, db, key, klen, val, vlen, &seen, err);
         if (sst || seen) return sst;
-    } else if (sd_keyset_insert(&cp->given, entry_id(db, key, klen)) < 0) {
+    } else if (cp->c->older && sd_keyset_insert(&cp->given, entry_id(db, key, klen)) < 0) {
         return sd_err_set(err, SD_ENOMEM, "out of memory");
     }
     sd_error why;
