@@ -21,8 +21,9 @@ typedef struct {
     sd_shard_salvage_counts *c;
     size_t batch;      /* operations in the open batch */
     int second;      /* the older snapshot's walk after the newest one's: only what that did not give */
-    sd_keyset given; /* the entries (database and key) the newest walk gave, copied or dropped:
-                      * kept only when the older snapshot is walked after it */
+    sd_keyset given; /* the entries (database and key) the newest walk copied, and apart (the
+                      * database's id with its top bit set) those it dropped: kept only when
+                      * the older snapshot is walked after it */
 } copier;
 
 /* Commit the open batch, if any. */
@@ -51,7 +52,10 @@ static int meta_text(const void *key, size_t klen, const void *val, size_t vlen,
 
 /* Why a record of the damaged file is not copied, or NULL: the checks
  * sd_shard_put makes, made first so that a failed put can only be the new
- * file's own failure (I/O, memory), which stops the salvage. */
+ * file's own failure (I/O, memory), which stops the salvage; and the
+ * payload's checksum, so that a record whose bytes are damaged is not
+ * copied (the record checks after the salvage would delete it) and the
+ * older snapshot's sound copy, where there is one, is taken instead. */
 static const char *refused(sd_shard_db db, size_t klen, const void *val, size_t vlen, sd_error *why)
 {
     sd_shard_rec r;
@@ -59,35 +63,48 @@ static const char *refused(sd_shard_db db, size_t klen, const void *val, size_t 
         return "a key of a wrong length";
     if (sd_shard_rec_parse(val, vlen, &r, why)) return why->msg;
     if (r.kind != (db == SD_SHARD_DB_TEXT ? SD_REC_TEXT : SD_REC_LATENT)) return "a record of the other kind";
+    if (sd_shard_rec_check_payload(&r, why)) return why->msg;
     return NULL;
 }
 
-/* An entry's identity across the two walks: its database and key. */
-static sd_key128 entry_id(sd_shard_db db, const void *key, size_t klen)
+/* An entry's identity across the two walks: its database and key, and
+ * whether the newest walk dropped it (not copied). */
+static sd_key128 entry_id(sd_shard_db db, int dropped, const void *key, size_t klen)
 {
-    unsigned char d = (unsigned char)db;
+    unsigned char d = (unsigned char)((unsigned)db | (dropped ? 0x80u : 0u));
     return sd_key128_of2(&d, 1, key, klen);
 }
 
-/* Whether the newest snapshot's walk already gave this entry, copied or
- * dropped (the older snapshot's walk: the newest snapshot's entry wins),
- * or for a latent record a record of its name (a name keeps one record,
- * the newest). The new file's own created and format_version, written at
- * its creation, were not given by the walk, so the older snapshot's replace
+/* Remember (the newest walk) or look up (the older walk: *was 1 when it was
+ * there) an entry's identity; an insert answers both. */
+static sd_status note_entry(copier *cp, sd_shard_db db, int dropped, const void *key, size_t klen, int *was,
+                            sd_error *err)
+{
+    int fresh = sd_keyset_insert(&cp->given, entry_id(db, dropped, key, klen));
+    if (fresh < 0) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    if (was) *was = !fresh;
+    return SD_OK;
+}
+
+/* Whether the newest snapshot's walk copied this entry (the older
+ * snapshot's walk: the newest snapshot's entry wins), or for a latent
+ * record a record of its name (a name keeps one record, the newest). An
+ * entry the newest walk dropped is not seen: the older snapshot's copy may
+ * be sound. The new file's own created and format_version, written at its
+ * creation, were not copied by the walk, so the older snapshot's replace
  * them where the newest gave none. The name is looked up through the
  * writer, which sees its own open batch: no read transaction stays open
  * while the copy may grow the map. */
 static sd_status seen_already(copier *cp, sd_shard_db db, const void *key, size_t klen, const void *val,
                               size_t vlen, int *seen, sd_error *err)
 {
-    int fresh = sd_keyset_insert(&cp->given, entry_id(db, key, klen));
-    if (fresh < 0) return sd_err_set(err, SD_ENOMEM, "out of memory");
-    *seen = !fresh;
+    sd_status st = note_entry(cp, db, 0, key, klen, seen, err);
     sd_shard_rec r;
     sd_error why;
-    if (!*seen && db == SD_SHARD_DB_LATENTS && sd_shard_rec_parse(val, vlen, &r, &why) == SD_OK && r.name_len > 0)
-        return sd_shard_name_exists(cp->out, r.name, r.name_len, seen, err);
-    return SD_OK;
+    if (!st && !*seen && db == SD_SHARD_DB_LATENTS && sd_shard_rec_parse(val, vlen, &r, &why) == SD_OK &&
+        r.name_len > 0)
+        st = sd_shard_name_exists(cp->out, r.name, r.name_len, seen, err);
+    return st;
 }
 
 /* Put one entry of the damaged file into the new one: records that pass
@@ -103,18 +120,20 @@ static sd_status copy_entry(void *ctx, sd_shard_db db, const void *key, size_t k
         int seen = 0;
         sd_status sst = seen_already(cp, db, key, klen, val, vlen, &seen, err);
         if (sst || seen) return sst;
-    } else if (cp->c->older && sd_keyset_insert(&cp->given, entry_id(db, key, klen)) < 0) {
-        return sd_err_set(err, SD_ENOMEM, "out of memory");
     }
+    int keep = cp->c->older && !cp->c->older_only && !cp->second; /* the newest walk, with the older to come */
     sd_error why;
     const char *no = db == SD_SHARD_DB_META ? NULL : refused(db, klen, val, vlen, &why);
     char *k = NULL, *v = NULL;
     if (db == SD_SHARD_DB_META && !meta_text(key, klen, val, vlen, &k, &v)) no = "a meta entry that is not text";
     if (no) {
-        cp->c->dropped++;
-        sd_log(SD_LOG_DEBUG, "salvage into %s drops %s entry: %s", sd_shard_path(cp->out), sd_shard_db_name(db), no);
         free(k);
         free(v);
+        int twice = 0; /* the older snapshot's copy as bad as the newest one's: counted once */
+        sd_status dst = keep || cp->second ? note_entry(cp, db, 1, key, klen, &twice, err) : SD_OK;
+        if (dst) return dst;
+        if (!twice) cp->c->dropped++;
+        sd_log(SD_LOG_DEBUG, "salvage into %s drops %s entry: %s", sd_shard_path(cp->out), sd_shard_db_name(db), no);
         return SD_OK;
     }
     sd_status st = cp->batch ? SD_OK : sd_shard_begin(cp->out, err);
@@ -128,6 +147,7 @@ static sd_status copy_entry(void *ctx, sd_shard_db db, const void *key, size_t k
     }
     if (!st) (*count)++;
     if (!st && cp->second) cp->c->from_older++;
+    if (!st && keep) st = note_entry(cp, db, 0, key, klen, NULL, err);
     free(k);
     free(v);
     if (!st && (cp->batch >= BATCH_OPS || sd_shard_batch_bytes(cp->out) >= BATCH_BYTES)) st = flush(cp, err);

@@ -338,8 +338,9 @@ def test_salvage_older_snapshot_edges(d):
     format_version (the older snapshot's version must not clear the refusal); a bad record in
     both snapshots (dropped once, not twice), and the meta entries of a file whose newest meta
     tree is damaged (the original created, not the new file's own); a record with no name (the format allows it) in
-    the older snapshot (the salvage used to stop on the empty name's lookup); a newest snapshot
-    whose only damage is its freelist (nothing hidden: the older one is not read)."""
+    the older snapshot (the salvage used to stop on the empty name's lookup); records the last
+    commit damaged that are sound in the older snapshot (taken from it); a newest snapshot whose
+    only damage is its freelist (nothing hidden: the older one is not read)."""
     # format_version raised by the last commit, the shared latents root damaged: refused, unchanged
     s = os.path.join(d, "newer.shard")
     check(write(s, 100, "32").returncode == 0, "write")
@@ -373,6 +374,19 @@ def test_salvage_older_snapshot_edges(d):
     kept = latent_keys(s)
     check(sal.get("records") == 101 and kept == before - {"56" * 16},
           "unnamed record: --repair exit %d, salvaged %s, %d records: %s" % (vrc, sal, len(kept), err[-300:]))
+    # records damaged by the last commit (header, payload, length), sound in the older snapshot:
+    # the newest copies are dropped, the older ones taken, every record kept
+    s = os.path.join(d, "stale.shard")
+    check(write(s, 100, "32").returncode == 0, "write")
+    before = latent_keys(s)
+    bad = subprocess.run([WRITER, "corrupt", s, "4", "7", "indexed"], capture_output=True, text=True, check=True)
+    nbad = len(bad.stdout.split("\n")) - 1
+    damage_root(s, "meta")  # the meta tree, untouched by that commit: damaged in both snapshots
+    vrc, rep, err = verify(s, "--repair")
+    sal = rep["shards"][0].get("salvaged", {}) if rep else {}
+    check(nbad == 4 and sal.get("records") == 100 and sal.get("dropped") == 4 and sal.get("from_older_snapshot", 0) >= 4
+          and latent_keys(s) == before, "records damaged by the last commit: --repair exit %d, salvaged %s: %s"
+          % (vrc, sal, err[-300:]))
     # only the freelist damaged: salvaged from the newest snapshot alone
     s = os.path.join(d, "freelist.shard")
     check(write(s, 100, "32").returncode == 0, "write")

@@ -445,7 +445,8 @@ class Text(unittest.TestCase):
         """The empty caption's embedding (conditioning dropout) gone from a shard whose
         records are all cached (sd-verify --repair deletes a damaged one): a --text rerun
         stores it again, where it used to say "nothing to do" and leave it missing; so does a
-        --text-only rerun, where every record was attached already."""
+        --text-only rerun, where every record was attached already, and one whose shard lost the
+        text meta itself while its records still refer to their embeddings."""
         jl = self.bucketed("lost.jsonl")
         s = os.path.join(self.tmp, "lost_full.shard")
         sh(LATENTS, "-q", "--vae", VAE, "--text", self.sd1, "-o", s, jl)
@@ -491,6 +492,34 @@ class Text(unittest.TestCase):
         self.assertIn("0 problems", verr)
         _, _, err = sh(LATENTS, "--text", self.sd1, "--text-only", "-o", cut2, jl)
         self.assertNotIn("stored again", err)
+        # the text meta itself gone (a salvage that took the meta from before the attach) while every
+        # record still refers to its embedding: a --text-only rerun writes it again
+        out3, db, skip = [], None, False
+        for l in everything.splitlines():
+            if l.startswith("database="):
+                db = l.split("=", 1)[1]
+            if skip:
+                skip = False
+                continue
+            if db == "meta" and l.strip() in (b"empty_text".hex(), b"text_encoder".hex()):
+                skip = True
+                continue
+            out3.append(l)
+        cut3 = os.path.join(self.tmp, "lost_cut3.shard")
+        subprocess.run(["mdb_load", "-n", "-f", "/dev/stdin", cut3], input="\n".join(out3) + "\n", text=True,
+                       check=True)
+        _, meta3, _ = sh("mdb_dump", "-n", "-s", "meta", cut3)
+        self.assertNotIn(b"empty_text".hex(), meta3)
+        _, _, err = sh(LATENTS, "--text", self.sd1, "--text-only", "-o", cut3, jl)
+        self.assertIn("its text meta (empty_text, text_encoder) is missing while records refer to these embeddings: "
+                      "stored again", err)
+        def meta_of(dump):  # {key: value} of an mdb_dump of the meta database
+            rows = [bytes.fromhex(l.strip()).decode() for l in dump.splitlines() if l.startswith(" ")]
+            return dict(zip(rows[::2], rows[1::2]))
+        _, meta3, _ = sh("mdb_dump", "-n", "-s", "meta", cut3)
+        for k in ("empty_text", "text_encoder"):
+            self.assertEqual(meta_of(meta3)[k], meta_of(meta)[k], k)
+        self.assertEqual(dump(cut3, "text"), dump(s, "text"))
 
     def test_export_kohya_of_mean_std_says_why_nothing(self):
         """sd-pack export-kohya of a default (mean+std) shard writes nothing, since kohya caches

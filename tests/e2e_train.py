@@ -397,6 +397,13 @@ class Train(unittest.TestCase):
         self.assertEqual([st for st, _ in sc["val/loss"]], [0, 2, 4])
         with open(m) as f:
             self.assertEqual([r["step"] for r in map(json.loads, f) if "val_loss" in r], [0, 2, 4])
+        # a run of 0 steps (checkpoint-0) started again: step 0's baseline is not validated twice either
+        out0 = os.path.join(self.tmp.name, "tb-run0")
+        for _ in range(2):
+            run("--unet", UNET, "-o", out0, "--steps", "0", "--batch", "2", "--val", self.shard, "--metrics",
+                out0 + ".jsonl", "-q", self.shard)
+        with open(out0 + ".jsonl") as f:
+            self.assertEqual([r["step"] for r in map(json.loads, f) if "val_loss" in r], [0])
 
     def test_save_single(self):
         """--save-single: each checkpoint also holds unet.safetensors and unet_ema.safetensors with the

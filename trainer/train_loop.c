@@ -102,7 +102,10 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
     tr->stop_all = 0;
     tr->stop_told = 0;
     long val_step = -1; /* the step of the last validation */
-    if (tr->have_val && tr->step == 0) { /* the baseline of a new run */
+    /* this -o's own checkpoint of the step resumed: the run that saved it validated and logged that
+     * step already (a finished run started again, a stop before the first step), so no second time */
+    int logged = tr->saved_step == tr->step;
+    if (tr->have_val && tr->step == 0 && !logged) { /* the baseline of a new run */
         rc = validate_and_log(tr, err);
         if (rc) return rc;
         val_step = 0;
@@ -159,10 +162,8 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
         }
     }
     sd_train_tell_stop(tr); /* a request that came after the last micro-batch */
-    /* a resumed run that took no step (a finished run started again, a stop before the first step)
-     * validated nothing new: its checkpoint's run logged step S's loss, metrics and events */
-    int stepped = tr->step != step0 || step0 == 0;
-    if (!rc && tr->have_val && val_step != tr->step && stepped) rc = validate_and_log(tr, err);
+    if (!rc && tr->have_val && val_step != tr->step && !(tr->step == step0 && logged))
+        rc = validate_and_log(tr, err);
     if (!rc && tr->saved_step != tr->step) rc = sd_train_save(tr, err); /* not again after a stop on a save step */
     else if (!rc && !o->quiet) sd_log(SD_LOG_INFO, "checkpoint-%ld already holds step %ld", tr->step, tr->step);
     /* a bad record is met again each epoch: the counts are of draws */

@@ -178,20 +178,23 @@ static sd_status write_meta(attach *a, sd_error *err)
     return st;
 }
 
-/* The empty caption's embedding (conditioning dropout) written again, in
- * its own transaction, when the shard's meta names it but the record is
- * gone (sd-verify --repair deleted a damaged one): otherwise only the first
- * transaction with records to attach writes it, and a rerun with every
- * record attached left the shard without it for good. A shard that never
- * had text meta gets it with its first attached records, as before: never
- * an encoder identity on a shard with none attached. */
+/* The text meta (empty_text, text_encoder, dtypes) and the empty caption's
+ * embedding (conditioning dropout) written again, in their own
+ * transaction, when the shard lost them while records still refer to this
+ * setup's embeddings: the embedding deleted by sd-verify --repair, or the
+ * meta gone with a salvage that took it from before the attach. Otherwise
+ * only the first transaction with records to attach writes them, and a
+ * rerun with every record attached left the shard without them for good.
+ * A shard with nothing attached gets them with its first attached records,
+ * as before: never an encoder identity on a shard with none attached. */
 static sd_status restore_empty(attach *a, sd_error *err)
 {
     int lost = 0;
     sd_status st = text_empty_lost(a->shard, a->empty_key, &lost, err);
-    if (st || lost != 2) return st;
-    sd_log(SD_LOG_INFO, "%s: the empty caption's embedding (for conditioning dropout) is missing: stored again",
-           a->o->output);
+    if (st || !lost || (lost == 1 && a->done == 0)) return st;
+    sd_log(SD_LOG_INFO, "%s: %s: stored again", a->o->output,
+           lost == 2 ? "the empty caption's embedding (for conditioning dropout) is missing"
+                     : "its text meta (empty_text, text_encoder) is missing while records refer to these embeddings");
     st = sd_shard_begin(a->shard, err);
     if (st) return st;
     st = write_meta(a, err);
