@@ -453,22 +453,28 @@ class Text(unittest.TestCase):
         _, meta, _ = sh("mdb_dump", "-n", "-s", "meta", s)
         lines = meta.splitlines()
         empty = bytes.fromhex(lines[lines.index(" " + b"empty_text".hex()) + 1].strip()).decode()
-        # the same shard without that one text record, through mdb_dump / mdb_load
         _, everything, _ = sh("mdb_dump", "-n", "-a", s)
-        out, db, skip = [], None, False
-        for l in everything.splitlines():
-            if l.startswith("database="):
-                db = l.split("=", 1)[1]
-            if skip:
-                skip = False
-                continue
-            if db == "text" and l == " " + empty:
-                skip = True
-                continue
-            out.append(l)
-        cut = os.path.join(self.tmp, "lost_cut.shard")
-        subprocess.run(["mdb_load", "-n", "-f", "/dev/stdin", cut], input="\n".join(out) + "\n", text=True,
-                       check=True)
+
+        def copy_without(name, database, keys):
+            """s again as name, without the entries of database whose hex keys are given
+            (through mdb_dump / mdb_load)."""
+            out, db, skip = [], None, False
+            for l in everything.splitlines():
+                if l.startswith("database="):
+                    db = l.split("=", 1)[1]
+                if skip:  # the value line of a dropped key
+                    skip = False
+                    continue
+                if db == database and l.strip() in keys:
+                    skip = True
+                    continue
+                out.append(l)
+            path = os.path.join(self.tmp, name)
+            subprocess.run(["mdb_load", "-n", "-f", "/dev/stdin", path], input="\n".join(out) + "\n", text=True,
+                           check=True)
+            return path
+        # the same shard without that one text record
+        cut = copy_without("lost_cut.shard", "text", {empty})
         self.assertEqual(entries(cut, "text"), entries(s, "text") - 1)
         _, verr = sh(VERIFY, cut, ok=(1,))[1:]
         self.assertIn("empty_text_missing", verr)
@@ -481,9 +487,7 @@ class Text(unittest.TestCase):
         self.assertIn("nothing to do", err)
         self.assertNotIn("stored again", err)
         # the same through --text-only, whose rerun had every record attached: it stores it again too
-        cut2 = os.path.join(self.tmp, "lost_cut2.shard")
-        subprocess.run(["mdb_load", "-n", "-f", "/dev/stdin", cut2], input="\n".join(out) + "\n", text=True,
-                       check=True)
+        cut2 = copy_without("lost_cut2.shard", "text", {empty})
         _, _, err = sh(LATENTS, "--text", self.sd1, "--text-only", "-o", cut2, jl)
         self.assertIn("the empty caption's embedding (for conditioning dropout) is missing: stored again", err)
         self.assertIn("attached to 0 records", err)
@@ -494,20 +498,7 @@ class Text(unittest.TestCase):
         self.assertNotIn("stored again", err)
         # the text meta itself gone (a salvage that took the meta from before the attach) while every
         # record still refers to its embedding: a --text-only rerun writes it again
-        out3, db, skip = [], None, False
-        for l in everything.splitlines():
-            if l.startswith("database="):
-                db = l.split("=", 1)[1]
-            if skip:
-                skip = False
-                continue
-            if db == "meta" and l.strip() in (b"empty_text".hex(), b"text_encoder".hex()):
-                skip = True
-                continue
-            out3.append(l)
-        cut3 = os.path.join(self.tmp, "lost_cut3.shard")
-        subprocess.run(["mdb_load", "-n", "-f", "/dev/stdin", cut3], input="\n".join(out3) + "\n", text=True,
-                       check=True)
+        cut3 = copy_without("lost_cut3.shard", "meta", {b"empty_text".hex(), b"text_encoder".hex()})
         _, meta3, _ = sh("mdb_dump", "-n", "-s", "meta", cut3)
         self.assertNotIn(b"empty_text".hex(), meta3)
         _, _, err = sh(LATENTS, "--text", self.sd1, "--text-only", "-o", cut3, jl)
