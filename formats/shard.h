@@ -137,7 +137,8 @@ typedef struct {
     uint64_t overflow; /* overflow runs (values of more than about half a page) */
     uint64_t damage;   /* damaged pages, nodes, runs and counts */
     uint64_t hidden;   /* of those, the ones in LMDB's directory or a named database (not the
-                        * freelist): entries the walk could not reach */
+                        * freelist), and a page both free and in a tree: entries the walk could
+                        * not reach, or may have read from a freed page */
     uint64_t records;  /* latent records the latents database's header counts */
     int directory;     /* LMDB's directory of databases is damaged or lacks one of sdtk's:
                         * no entry can be told to belong to a database (salvage refuses) */

@@ -146,6 +146,7 @@ static int read_page(walk *w, const tree *t, uint64_t from, uint64_t pg, uint8_t
     }
     if (w->deep && mark_used(w, pg, 1)) {
         damage(w, t, pg, "reached a second time");
+        w->out->hidden += t->kind == TREE_FREE; /* a tree reaches it too: which one is wrong is not known */
         return 0;
     }
     return 1;
@@ -431,7 +432,10 @@ static void check_free(walk *w, const tree *ft)
         uint64_t p = w->free[i];
         if (i > 0 && p == w->free[i - 1]) damage(w, ft, p, "on the freelist twice");
         else if (p < 2 || p > w->last) damage(w, ft, p, "on the freelist but outside the snapshot's pages");
-        else if (p < w->have && w->seen[p >> 3] & (1u << (p & 7))) damage(w, ft, p, "on the freelist and in use");
+        else if (p < w->have && w->seen[p >> 3] & (1u << (p & 7))) {
+            damage(w, ft, p, "on the freelist and in use");
+            w->out->hidden++; /* a tree pointer damaged into a freed page may be the cause */
+        }
     }
 }
 
