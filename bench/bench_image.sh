@@ -24,7 +24,10 @@
 # The floor uses the system's libjpeg-turbo / libwebp / libdeflate (Debian
 # 12: 2.1 / 1.2 / 1.14); PIL's wheel bundles its own, newer builds.
 # usage: bench/bench_image.sh BUILD_DIR [PASSES]   (after building sd-meta,
-#        sd-bucket, bench_image and image_dump; PY=python3 by default)
+#        sd-bucket, bench_image and image_dump; PY: Debian's /usr/bin/python3
+#        by default (python3-pil with Debian's libjpeg-turbo 2.1 and libwebp
+#        1.2, the decoders sdtk links), else python3; PY=VENV/bin/python for
+#        a PyPI Pillow, whose wheel bundles newer decoders)
 set -eu
 B=$(realpath "${1:-build}")
 PASSES=${2:-2}
@@ -45,7 +48,11 @@ for line in open(sys.argv[1]):
     print("\t".join(str(x) for x in [r["image"], r.get("offset", 0), r.get("size", -1)] + r["resize"] + r["crop"]))
 PY
 echo "records: $(wc -l < "$T/jobs.tsv") images from $PHOTOS, $PASSES passes; CPU: $(nproc) cores"
-PY=${PY:-python3}
+if [[ -z ${PY:-} ]]; then PY=python3; [[ -x /usr/bin/python3 ]] && PY=/usr/bin/python3; fi
+# the peer, named: Pillow's version and the decoder builds it runs
+"$PY" -c 'from PIL import features as f; import PIL
+print("peer: %s, Pillow %s, libjpeg-turbo %s, libwebp %s" % (__import__("sys").executable, PIL.__version__,
+      f.version("libjpeg_turbo") or "?", f.version("webp") or "?"))'
 pil=$("$PY" "$HERE/bench_image_pil.py" time "$T/jobs.tsv" "$PASSES" pil); echo "$pil"
 cv=$("$PY" "$HERE/bench_image_pil.py" time "$T/jobs.tsv" "$PASSES" cv2); echo "$cv"
 one=$("$B/bench/bench_image" 1 "$PASSES" < "$T/jobs.tsv" 2>/dev/null); echo "$one"
