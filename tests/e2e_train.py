@@ -442,6 +442,43 @@ class Train(unittest.TestCase):
         self.assertEqual(sorted(os.listdir(out)), ["checkpoint-2", "checkpoint-4", "latest"])
         self.assertEqual(latest(out), 2)
 
+    def test_foreign_checkpoints_left_alone(self):
+        """checkpoint-N directories another tool wrote into -o (diffusers' scripts use the same
+        names, with a unet/ of the same file names inside) are named at the start, neither
+        counted nor removed by --keep, and a save of the same step sets the old one aside
+        instead of deleting its weights. A checkpoint saved before the ownership mark existed
+        (an sdtk state, no mark) is still the trainer's to prune."""
+        out = os.path.join(self.tmp.name, "foreign")
+        weights = {}
+        for step in (1, 3, 4):
+            d = os.path.join(out, "checkpoint-%d" % step, "unet")
+            os.makedirs(d)
+            for name in ("config.json", "diffusion_pytorch_model.safetensors"):
+                with open(os.path.join(d, name), "w") as f:
+                    f.write("someone's %s %d" % (name, step))
+                weights[os.path.join("checkpoint-%d" % step, "unet", name)] = "someone's %s %d" % (name, step)
+        with open(os.path.join(out, "checkpoint-3", "optimizer.bin"), "w") as f:
+            f.write("opt")
+        code, err = run("--unet", UNET, "-o", out, "--batch", "2", "--steps", "6", "--save-every", "2", "--keep", "1",
+                        "-j", "1", "-q", self.shard)
+        for step in (1, 3, 4):
+            self.assertIn("checkpoint-%d: not a checkpoint of sd-train's" % step, err)
+        kept = [n for n in os.listdir(out) if n.startswith("checkpoint-4.tmp-kept-")]
+        self.assertEqual(len(kept), 1, os.listdir(out))
+        for rel, text in weights.items():
+            where = rel.replace("checkpoint-4", kept[0]) if rel.startswith("checkpoint-4") else rel
+            with open(os.path.join(out, where)) as f:
+                self.assertEqual(f.read(), text, where)
+        self.assertEqual(sorted(n for n in os.listdir(out) if n not in kept),
+                         ["checkpoint-1", "checkpoint-3", "checkpoint-6", "latest"])
+        # an sdtk checkpoint without the mark (an older version's) still goes with --keep
+        os.remove(os.path.join(out, "checkpoint-6", ".sdtk-checkpoint"))
+        code, err = run("--unet", UNET, "-o", out, "--batch", "2", "--steps", "8", "--save-every", "2", "--keep", "1",
+                        "-j", "1", "-q", self.shard)
+        self.assertNotIn("checkpoint-6: not a checkpoint", err)
+        self.assertFalse(os.path.exists(os.path.join(out, "checkpoint-6")))
+        self.assertTrue(os.path.exists(os.path.join(out, "checkpoint-8", ".sdtk-checkpoint")))
+
     def test_carry_is_a_resume_option(self):
         """Full or short last batches decide the data order: a checkpoint made with --no-carry
         resumes only with it (a clear error otherwise), and resumes fine with it."""
@@ -540,7 +577,7 @@ class Train(unittest.TestCase):
         run(*args, "--steps", "2")
         ck = os.path.join(out, "checkpoint-2")
         found = sorted(os.path.relpath(os.path.join(d, f), ck) for d, _, fs in os.walk(ck) for f in fs)
-        self.assertEqual(found, ["state.safetensors", "train_config.json", "unet/config.json",
+        self.assertEqual(found, [".sdtk-checkpoint", "state.safetensors", "train_config.json", "unet/config.json",
                                  "unet/diffusion_pytorch_model.safetensors"])
         kept = [n for n in os.listdir(out) if n.startswith("checkpoint-2.tmp-kept-")]
         self.assertEqual(sorted(set(os.listdir(out)) - set(kept)), ["checkpoint-2", "latest"])
@@ -900,7 +937,7 @@ class Train(unittest.TestCase):
         self.assertGreaterEqual(step, 1)
         ck = os.path.join(out, "checkpoint-%d" % step)
         found = sorted(os.path.relpath(os.path.join(d, f), ck) for d, _, fs in os.walk(ck) for f in fs)
-        self.assertEqual(found, ["state.safetensors", "train_config.json", "unet/config.json",
+        self.assertEqual(found, [".sdtk-checkpoint", "state.safetensors", "train_config.json", "unet/config.json",
                                  "unet/diffusion_pytorch_model.safetensors"])
         code, err = run("--steps", step, *args)  # loads the checkpoint: nothing left to train
         self.assertIn("checkpoint-%d already holds step %d" % (step, step), err)

@@ -5,6 +5,9 @@
 
 enum { PATH_CAP = 4096 };
 
+/* The file every checkpoint directory the trainer writes carries first. */
+static const char CKPT_MARK[] = ".sdtk-checkpoint";
+
 /* dir/name into buf (PATH_CAP bytes); callers check their directory's
  * length first, so nothing is cut. */
 void sd_train_pjoin(char *buf, const char *dir, const char *name);
@@ -13,5 +16,8 @@ long sd_train_ckpt_step(const char *name);
 /* Whether out/name is a whole checkpoint: its state file is there (saves
  * write it before the rename, prunes remove it first). */
 int sd_train_ckpt_whole(const char *out, const char *name);
+/* Whether dir is a checkpoint this trainer wrote (its mark, or an sdtk
+ * training state): the only kind pruning and replacing touch. */
+int sd_train_ckpt_owned(const char *dir);
 
 #endif

@@ -110,7 +110,12 @@ static int real_dir(const char *dir, const char *sub)
 /* Remove a checkpoint directory made by this code (only its own files and
  * their temporary names, so a wrong path never loses anything else; a
  * link where a directory should be is never followed: what it leads to is
- * someone else's, and the link keeps the directory); whether it is gone. */
+ * someone else's, and the link keeps the directory); whether it is gone.
+ * In a directory that is not the trainer's (sd_train_ckpt_owned: another
+ * tool's checkpoint-N, say diffusers' with its own unet/) files with the
+ * trainer's names are someone's model: only the unmistakable temporary
+ * names (NAME.tmp.XXXXXX) go. The ownership mark goes last, so a prune
+ * killed halfway leaves a directory the next prune still knows. */
 static int remove_own_files(const char *dir)
 {
     struct stat sb;
@@ -119,9 +124,10 @@ static int remove_own_files(const char *dir)
         errno = ENOTDIR;
         return 0;
     }
+    int owned = sd_train_ckpt_owned(dir);
     int unet = real_dir(dir, "unet"), ema = real_dir(dir, "unet_ema");
     char p[PATH_CAP];
-    for (size_t i = 0; i < sizeof ckpt_files / sizeof *ckpt_files; i++) {
+    for (size_t i = 0; owned && i < sizeof ckpt_files / sizeof *ckpt_files; i++) {
         const char *f = ckpt_files[i];
         if ((name_in(f, "unet") && !unet) || (name_in(f, "unet_ema") && !ema)) continue;
         sd_train_pjoin(p, dir, f);
@@ -134,6 +140,8 @@ static int remove_own_files(const char *dir)
     if (unet) rmdir(p);
     sd_train_pjoin(p, dir, "unet_ema");
     if (ema) rmdir(p);
+    sd_train_pjoin(p, dir, CKPT_MARK);
+    if (owned) unlink(p);
     return rmdir(dir) == 0 || errno == ENOENT;
 }
 
@@ -197,6 +205,42 @@ int sd_train_ckpt_whole(const char *out, const char *name)
     return access(p, F_OK) == 0;
 }
 
+/* Whether dir is a checkpoint this trainer wrote: it carries the mark
+ * every save puts in first, or (saved before the mark existed) an sdtk
+ * training state. Pruning and replacing touch nothing else. */
+int sd_train_ckpt_owned(const char *dir)
+{
+    char p[PATH_CAP];
+    sd_train_pjoin(p, dir, CKPT_MARK);
+    if (access(p, F_OK) == 0) return 1;
+    sd_train_pjoin(p, dir, "state.safetensors");
+    if (access(p, F_OK) != 0) return 0;
+    sd_safetensors *st = NULL;
+    sd_error e = {0};
+    if (sd_st_open(&st, p, &e)) return 0;
+    int ours = 0;
+    for (size_t i = 0; i < sd_st_meta_count(st); i++)
+        if (strcmp(sd_st_meta_at(st, i)->key, "format") == 0)
+            ours = strcmp(sd_st_meta_at(st, i)->value, "sdtk-train-state 1") == 0;
+    sd_st_close(st);
+    return ours;
+}
+
+/* Put the ownership mark (sd_train_ckpt_owned) into a new checkpoint
+ * directory before anything else goes in. */
+static sd_status write_mark(const char *dir, sd_error *err)
+{
+    char p[PATH_CAP];
+    sd_train_pjoin(p, dir, CKPT_MARK);
+    static const char text[] = "a checkpoint written by sdtk's sd-train (--keep may remove it)\n";
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0) return sd_err_set(err, SD_EIO, "%s: %s", p, strerror(errno));
+    int ok = write(fd, text, sizeof text - 1) == (ssize_t)(sizeof text - 1);
+    int e = errno;
+    close(fd);
+    return ok ? SD_OK : sd_err_set(err, SD_EIO, "%s: %s", p, strerror(e));
+}
+
 /* Remove the checkpoint-N.old copies put_in_place set aside (a kill between
  * its two renames leaves one) once checkpoint-N itself is whole again. */
 static void drop_old_asides(const char *out)
@@ -232,6 +276,9 @@ static void prune(const char *out, int keep, long current)
     while ((e = readdir(d))) {
         long s = sd_train_ckpt_step(e->d_name);
         if (s < 0 || s > current) continue; /* a later step is another run's (--fresh): not ours to delete */
+        char p[PATH_CAP];
+        sd_train_pjoin(p, out, e->d_name);
+        if (!sd_train_ckpt_owned(p)) continue; /* another tool's checkpoint-N: neither counted nor removed */
         if (n == cap) {
             size_t c = cap ? 2 * cap : 16;
             long *q = realloc(steps, c * sizeof(long));
@@ -349,6 +396,7 @@ static sd_status save_local(sd_trainer *tr, sd_error *err)
     if (rc) return rc;
     rc = discard_dir(tmp, err); /* a run killed while saving left it */
     if (!rc) rc = make_dir(tmp, err);
+    if (!rc) rc = write_mark(tmp, err);
     sd_train_pjoin(p, tmp, "unet");
     if (!rc) rc = make_dir(p, err);
     sd_train_pjoin(p, tmp, "unet/config.json");

@@ -1,18 +1,39 @@
 /* sd-train's output directory before the run: made, probed for
  * writing, and held against a second trainer writing there. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt_int.h"
 #include "log.h"
 #include "outfile.h"
 #include "train.h"
 
-enum { PATH_CAP = 4096 };
+/* checkpoint-N directories in out that another tool wrote (diffusers'
+ * training scripts use the same names): named once at the start, so a
+ * user sees that --keep neither counts nor removes them. */
+static void warn_foreign_checkpoints(const char *out)
+{
+    DIR *d = opendir(out);
+    if (!d) return;
+    struct dirent *e;
+    char p[PATH_CAP];
+    struct stat sb;
+    while ((e = readdir(d))) {
+        if (sd_train_ckpt_step(e->d_name) < 0) continue;
+        sd_train_pjoin(p, out, e->d_name);
+        if (lstat(p, &sb) != 0 || !S_ISDIR(sb.st_mode) || sd_train_ckpt_owned(p)) continue;
+        sd_log(SD_LOG_WARN, "%s: not a checkpoint of sd-train's (no %s, no sdtk training state): left alone; "
+               "--keep neither counts nor removes it, and a save of that step sets it aside", p, CKPT_MARK);
+    }
+    closedir(d);
+}
 
 /* An -o that is a file, read-only or on a full disk would otherwise be
  * found when the first checkpoint is written: with the default of saving
@@ -32,6 +53,7 @@ sd_status sd_train_check_output(const char *out, sd_error *err)
     close(fd);
     unlink(probe);
     if (!ok) return sd_err_set(err, SD_EIO, "%s: cannot write checkpoints there: %s", out, strerror(saved));
+    warn_foreign_checkpoints(out);
     return SD_OK;
 }
 
