@@ -115,24 +115,18 @@ static void add_lines(sd_meta_run *m, char *block, size_t len, long lineno, cons
 
 /* Read the opened stream block by block: JSON lines, unless its first
  * non-blank byte is '[' (then one JSON array of posts). A UTF-8 BOM at the
- * very start (Windows editors write one) is not part of the first post. */
+ * very start (Windows editors write one) never reaches here: sd_lines drops it. */
 static sd_status read_stream(sd_meta_run *m, sd_lines *lr, const char *origin, sd_error *err)
 {
     char **lines = malloc(MAX_LINES * sizeof *lines);
     size_t *lens = malloc(MAX_LINES * sizeof *lens);
     sd_status st = lines && lens ? SD_OK : sd_err_set(err, SD_ENOMEM, "out of memory");
-    int decided = 0, at_start = 1;
+    int decided = 0;
     while (!st) {
         char *block;
         size_t len;
         long first;
         if ((st = sd_lines_next(lr, &block, &len, &first, err)) || len == 0) break;
-        if (at_start) {
-            size_t b = sd_bom_len(block, len);
-            block += b;
-            len -= b;
-            at_start = 0;
-        }
         int c = decided ? 0 : first_nonblank(block, len);
         if (c == '[') {
             st = read_array(m, lr, block, len, origin, err);

@@ -249,6 +249,7 @@ const char *sd_fit_reason(sd_fit_status s)
     case SD_FIT_BELOW_MIN: return "image area below --min-res";
     case SD_FIT_NEEDS_UPSCALE: return "image would need upscaling (--no-upscale)";
     case SD_FIT_EXTREME_AR: return "aspect ratio too extreme for bucketing";
+    case SD_FIT_RESIZE_TOO_LARGE: return "aspect ratio too extreme: resize over 65535 pixels a side";
     }
     return "?";
 }
@@ -398,6 +399,7 @@ sd_fit_status sd_bucket_select(const sd_plan *p, int w, int h, sd_fit *f)
     /* the resized image always covers the bucket; keep the box inside it anyway */
     if (f->rw < f->bw) f->rw = f->bw;
     if (f->rh < f->bh) f->rh = f->bh;
+    if (f->rw > SD_BUCKET_MAX_RESIZE || f->rh > SD_BUCKET_MAX_RESIZE) return SD_FIT_RESIZE_TOO_LARGE;
     f->crop[0] = (f->rw - f->bw) / 2;
     f->crop[1] = (f->rh - f->bh) / 2;
     f->crop[2] = f->crop[0] + f->bw;

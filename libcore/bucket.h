@@ -40,8 +40,14 @@ typedef enum {
     SD_FIT_TOO_SMALL,   /* a side would be 0 after flooring to steps */
     SD_FIT_BELOW_MIN,   /* multires without --upscale: area below min_res^2 */
     SD_FIT_NEEDS_UPSCALE, /* list/sdxl with no_upscale */
-    SD_FIT_EXTREME_AR   /* kohya no_upscale arithmetic breaks down (Python would divide by 0) */
+    SD_FIT_EXTREME_AR,  /* kohya no_upscale arithmetic breaks down (Python would divide by 0) */
+    SD_FIT_RESIZE_TOO_LARGE /* a resize side over SD_BUCKET_MAX_RESIZE: the image pipeline refuses it */
 } sd_fit_status;
+
+/* The largest resize side a record may ask for: the image pipeline's limit
+ * (SD_IMGHDR_MAX_SIDE, sd_image_plan_check), so sd-bucket never writes a
+ * record sd-latents must refuse. */
+enum { SD_BUCKET_MAX_RESIZE = 65535 };
 
 typedef struct {
     int bw, bh;          /* bucket */

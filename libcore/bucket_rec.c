@@ -11,6 +11,7 @@
 
 #include "imghdr.h"
 #include "json.h"
+#include "slurp.h"
 
 /* Fields this tool owns: replaced on output, whatever the input held. */
 static const char *const owned_fields[] = {"original_size", "bucket", "resize", "crop", "kohya_crop_ltrb"};
@@ -101,10 +102,9 @@ static int read_size(const char *root, sd_brec_worker *wk, const sd_json *rec, c
             if (wk->tar_fd >= 0) close(wk->tar_fd);
             free(wk->tar_path);
             wk->tar_path = NULL;
-            wk->tar_fd = open(path, O_RDONLY | O_CLOEXEC);
-            if (wk->tar_fd < 0) {
-                int e = errno;
-                skip(res, e == ENOENT ? "image file not found" : "image file unreadable", "%s: %s", path, strerror(e));
+            sd_status ost = sd_open_regular(path, &wk->tar_fd, &err);
+            if (ost) {
+                skip(res, header_reason(ost), "%s: %s", path, err.msg);
                 return -1;
             }
             wk->tar_path = strdup(path);

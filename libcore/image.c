@@ -15,6 +15,20 @@
 
 #include "image_int.h"
 #include "imghdr.h"
+#include "log.h"
+#include "slurp.h"
+
+/* libvips' own warnings ("profile incompatible with image", a truncated
+ * PNG's "not enough data") arrive through GLib, without the file, before
+ * sdtk's own message that names it (a failed image) or for an image that
+ * was decoded all the same: shown with -v, as libvips' detail, not as
+ * unnamed lines in every run's output. */
+static void vips_warning(const gchar *domain, GLogLevelFlags level, const gchar *message, gpointer unused)
+{
+    (void)level;
+    (void)unused;
+    sd_log(SD_LOG_DEBUG, "%s: %s", domain ? domain : "libvips", message);
+}
 
 /* libvips is process-wide state: set it up once, from one thread, so that
  * each image then runs on the thread that loads it (sdtk parallelises across
@@ -29,6 +43,7 @@ sd_status sd_image_init(sd_error *err)
         g_free(m);
         return SD_EUNSUPPORTED;
     }
+    g_log_set_handler("VIPS", G_LOG_LEVEL_WARNING | G_LOG_LEVEL_MESSAGE, vips_warning, NULL);
     vips_concurrency_set(1);
     vips_cache_set_max(0);
     vips_block_untrusted_set(TRUE);
@@ -75,8 +90,10 @@ static void src_name(const sd_image_src *src, char *out, size_t n)
  * shard fd could serve many threads, into the thread's file buffer. */
 static sd_status read_bytes(const sd_image_src *src, const char *name, unsigned char **out, size_t *len, sd_error *err)
 {
-    int fd = open(src->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return sd_err_set(err, errno == ENOENT ? SD_ENOTFOUND : SD_EIO, "%s: %s", name, strerror(errno));
+    int fd;
+    sd_error oe = {0};
+    sd_status ost = sd_open_regular(src->path, &fd, &oe);
+    if (ost) return sd_err_set(err, ost, "%s: %s", name, oe.msg);
     uint64_t size = src->size;
     if (size == SD_IMAGE_WHOLE_FILE) {
         struct stat st;
@@ -227,8 +244,10 @@ sd_status sd_image_check_member(const sd_image_src *src, sd_error *err)
     if (src->size == SD_IMAGE_WHOLE_FILE || src->offset < 512 || src->offset % 512)
         return sd_err_set(err, SD_EFORMAT, "%s: offset %llu is not a tar member's data offset", name,
                           (unsigned long long)src->offset);
-    int fd = open(src->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return sd_err_set(err, errno == ENOENT ? SD_ENOTFOUND : SD_EIO, "%s: %s", name, strerror(errno));
+    int fd;
+    sd_error oe = {0};
+    sd_status ost = sd_open_regular(src->path, &fd, &oe);
+    if (ost) return sd_err_set(err, ost, "%s: %s", name, oe.msg);
     unsigned char h[512];
     uint64_t hpos = src->offset - 512;
     ssize_t got = pread(fd, h, sizeof h, (off_t)hpos);

@@ -1,5 +1,6 @@
 #include "imghdr.h"
 #include "imghdr_int.h"
+#include "slurp.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -393,12 +394,10 @@ sd_status sd_imghdr_read_fd(int fd, uint64_t offset, uint64_t size, sd_imginfo *
 /* Open path and read its image size. */
 sd_status sd_imghdr_read_file(const char *path, sd_imginfo *out, sd_error *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        return sd_err_set(err, e == ENOENT || e == ENOTDIR ? SD_ENOTFOUND : SD_EIO, "%s", strerror(e));
-    }
-    sd_status st = sd_imghdr_read_fd(fd, 0, UINT64_MAX, out, err);
+    int fd;
+    sd_status st = sd_open_regular(path, &fd, err);
+    if (st) return st;
+    st = sd_imghdr_read_fd(fd, 0, UINT64_MAX, out, err);
     close(fd);
     return st;
 }

@@ -1,4 +1,5 @@
 #include "lines.h"
+#include "utf8.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -41,7 +42,7 @@ static long count_lines(const char *p, size_t n)
 }
 
 /* Hand out the next block of whole lines (ending in '\n', except possibly the
- * file's last line). The block may be modified and stays valid until the next
+ * file's last line), the first without a leading UTF-8 byte order mark. The block may be modified and stays valid until the next
  * call. *len == 0 means end of input. */
 sd_status sd_lines_next(sd_lines *l, char **start, size_t *len, long *first_line, sd_error *err)
 {
@@ -78,6 +79,12 @@ sd_status sd_lines_next(sd_lines *l, char **start, size_t *len, long *first_line
     *len = n;
     *first_line = l->next_line;
     l->next_line += count_lines(l->buf, n);
+    if (!l->started) { /* a UTF-8 byte order mark (Windows editors write one) is not part of line 1 */
+        size_t b = sd_bom_len(l->buf, n);
+        *start += b;
+        *len -= b;
+        l->started = 1;
+    }
     return SD_OK;
 }
 

@@ -15,6 +15,7 @@ typedef struct {
     size_t keep;      /* bytes of the previous block's incomplete tail */
     long next_line;   /* line number of the first line of the next block */
     int eof;
+    int started;      /* the first block was handed out (its BOM dropped) */
 } sd_lines;
 
 sd_status sd_lines_open(sd_lines *l, const char *path, size_t block, sd_error *err);

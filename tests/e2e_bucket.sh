@@ -80,6 +80,22 @@ fi
 check "skip message file:line" "$(grep -c 'skip in.jsonl:9 ' err.txt)" 1
 check "skip message for missing" "$(grep -c 'skip in.jsonl:4 .*missing.jpg' err.txt)" 1
 
+# a FIFO where an image should be is skipped, not read (which would block forever);
+# a strip whose resize would pass the image pipeline's 65535 limit is skipped here, not
+# written for sd-latents to refuse; a UTF-8 BOM before line 1 is not part of the record
+mkfifo pipe.png
+python3 -c 'import zlib,struct,sys
+def chunk(t, d): return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+sys.stdout.buffer.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 1000, 1, 8, 2, 0, 0, 0)) + chunk(b"IEND", b""))' > strip.png
+printf '\xef\xbb\xbf{"v":1,"key":"b1","image":"wide.jpg"}\n{"v":1,"key":"p1","image":"pipe.png"}\n{"v":1,"key":"s1","image":"strip.png"}\n' > odd.jsonl
+timeout 60 "$BIN" -r 256x256 odd.jsonl -o odd.out 2> odd.err
+check "fifo, strip, BOM: exit" $? 0
+check "BOM line read" "$(grep -c '"key":"b1"' odd.out)" 1
+check "fifo named" "$(grep -c 'pipe.png: not a regular file (a FIFO)' odd.err)" 1
+check "strip refused" "$(grep -c 'resize over 65535 pixels a side' odd.err)" 2
+check "only the BOM line out" "$(wc -l < odd.out)" 1
+rm -f pipe.png
+
 # stdin gives the same output as a file
 "$BIN" -q < in.jsonl > out_stdin.jsonl
 cmp -s out.jsonl out_stdin.jsonl || fail "stdin output differs from file output"
@@ -97,6 +113,11 @@ check "bad plan" $? 2
 check "split without -o" $? 2
 "$BIN" --split 3 -o 'part.jsonl' in.jsonl > /dev/null 2>&1
 check "split -o without %d" $? 2
+# --split 0 (PARTS=0 in a Makefile) is a usage error, not one file named part-%d.jsonl
+"$BIN" --split 0 -o 'zero-%d.jsonl' in.jsonl > /dev/null 2> zero.err
+check "split 0" $? 2
+check "split 0 names the range" "$(grep -c 'must be 1..10000' zero.err)" 1
+check "split 0 writes nothing" "$(ls zero-* 2>/dev/null | wc -l)" 0
 "$BIN" -r 1024 in.jsonl > /dev/null 2>&1
 check "bad resolution" $? 2
 "$BIN" --plan list --buckets 512x in.jsonl > /dev/null 2>&1

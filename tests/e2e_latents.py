@@ -292,6 +292,54 @@ class Latents(unittest.TestCase):
         # the two not-bucketed lines may fall to either process: counted once in all
         self.assertEqual(sum(int(n) for n in re.findall(r"\b(\d+)\s+not bucketed", errs)), 2, errs)
 
+    def test_fifo_image_and_bom(self):
+        """An image path that is a FIFO (a file swapped after sd-meta, a hand-made list) is
+        skipped as unreadable instead of blocking the run forever, and a UTF-8 byte order mark
+        before the first record (a list saved by a Windows editor) is not part of it."""
+        d = self.path("fifo")
+        os.makedirs(d)
+        os.mkfifo(os.path.join(d, "pipe.png"))
+        r = json.loads(open(self.jsonl).readline())
+        good = dict(r, image=os.path.realpath(os.path.join(self.tmp, r["image"])) if not os.path.isabs(r["image"])
+                    else r["image"])
+        lines = [json.dumps(dict(r, key="pipe", image=os.path.join(d, "pipe.png"))), json.dumps(good)]
+        bj = os.path.join(d, "b.jsonl")
+        with open(bj, "w", encoding="utf-8") as f:
+            f.write("\ufeff" + "\n".join(lines) + "\n")
+        s = os.path.join(d, "s.shard")
+        p = subprocess.run([LATENTS, "--vae", VAE, "-j", "1", "-o", s, bj], capture_output=True, timeout=300)
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 0, err)
+        self.assertIn("not a regular file (a FIFO)", err)
+        self.assertRegex(err, r"1\s+unreadable image")
+        self.assertNotIn("malformed JSON", err)
+        self.assertEqual(entries(s), 1)
+        code, out, err = sh(VERIFY, "--manifest", bj, s, ok=(0, 1))
+        self.assertNotIn("no usable", err)  # line 1 read as a record despite its BOM
+        self.assertIn("name pipe: manifest line 1: not in shard", err)  # the one record the FIFO kept out
+
+    def test_libvips_warnings_stay_out_of_the_output(self):
+        """libvips warns through GLib without naming the file ("profile incompatible with image"
+        for a CMYK JPEG without a CMYK profile): such lines appear only with -v, as detail, and
+        the image is still written."""
+        from PIL import Image
+        d = self.path("cmyk")
+        os.makedirs(d)
+        Image.new("RGB", (160, 120), (200, 120, 30)).convert("CMYK").save(os.path.join(d, "cmyk.jpg"))
+        with open(os.path.join(d, "cmyk.txt"), "w") as f:
+            f.write("x\n")
+        _, meta, _ = sh(META, "-q", d)
+        _, bj, _ = sh(BUCKET, "-q", "--plan", "kohya", *RES, "-", stdin=meta.encode())
+        with open(os.path.join(d, "b.jsonl"), "w") as f:
+            f.write(bj)
+        _, _, err = sh(LATENTS, "--vae", VAE, "-j", "1", "-o", os.path.join(d, "s.shard"), os.path.join(d, "b.jsonl"))
+        self.assertNotIn("VIPS-WARNING", err)
+        self.assertNotIn("profile incompatible", err)
+        self.assertEqual(entries(os.path.join(d, "s.shard")), 1)
+        _, _, err = sh(LATENTS, "-v", "--vae", VAE, "-j", "1", "-o", os.path.join(d, "v.shard"),
+                       os.path.join(d, "b.jsonl"))
+        self.assertIn("debug: VIPS: profile incompatible with image", err)
+
     def test_usage_errors_and_devices(self):
         s = self.path("usage.shard")
         for args in (["--batch", "0"], ["--device", "gpu"], ["--shard", "3/3"], ["-j", "-1"], ["--tf32"],

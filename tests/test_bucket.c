@@ -11,6 +11,7 @@
 #include "buf.h"
 #include "check.h"
 #include "hash.h"
+#include "imghdr.h"
 
 /* Does the plan hold bucket w x h? */
 static int has(const sd_plan *p, int w, int h)
@@ -138,6 +139,12 @@ static void test_sdxl_and_list(void)
     CHECK(sd_bucket_select(&p, 1920, 1080, &f) == SD_FIT_OK && f.bw == 1344 && f.bh == 768);
     CHECK(sd_bucket_select(&p, 1080, 1920, &f) == SD_FIT_OK && f.bw == 768 && f.bh == 1344);
     CHECK(sd_bucket_select(&p, 5000, 1000, &f) == SD_FIT_OK && f.bw == 2048 && f.bh == 512);
+    /* a 1-pixel strip would need a resize wider than the image pipeline takes:
+     * refused here rather than written for sd-latents to refuse */
+    CHECK((int)SD_BUCKET_MAX_RESIZE == (int)SD_IMGHDR_MAX_SIDE);
+    CHECK(sd_bucket_select(&p, 1000, 1, &f) == SD_FIT_RESIZE_TOO_LARGE);
+    CHECK(sd_bucket_select(&p, 1, 1000, &f) == SD_FIT_RESIZE_TOO_LARGE);
+    CHECK(sd_bucket_select(&p, 100, 1, &f) == SD_FIT_OK && f.rw <= SD_BUCKET_MAX_RESIZE);
     sd_plan_free(&p);
     CHECK(sd_plan_sdxl(&p, 1, &err) == SD_OK);
     CHECK(sd_bucket_select(&p, 800, 800, &f) == SD_FIT_NEEDS_UPSCALE);

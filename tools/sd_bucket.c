@@ -2,6 +2,7 @@
  * and the crop, report the bucket distribution, and optionally split the
  * records into balanced parts. The run, the parts and the report live in
  * tools/bucket/; this file is the command line and the plan it asks for. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,7 +101,9 @@ static int make_plan(const sd_cli *cli, const bucket_opts *o, sd_plan *p)
  * parts and their manifest. */
 int main(int argc, char **argv)
 {
-    bucket_opts o = {.plan = NULL, .resolution = "1024x1024", .min_bucket = 256, .max_bucket = 2048, .steps = 64};
+    /* split LONG_MIN: not given, so that an explicit --split 0 is refused */
+    bucket_opts o = {.plan = NULL, .resolution = "1024x1024", .min_bucket = 256, .max_bucket = 2048, .steps = 64,
+                     .split = LONG_MIN};
     const sd_opt opts[] = {
         {"plan", 0, SD_OPT_STR, &o.plan, "NAME", "bucket plan: kohya, sdxl, list, multires (default: list with --buckets, multires with --min-res/--max-res, else kohya)"},
         {"resolution", 'r', SD_OPT_STR, &o.resolution, "WxH", "kohya: max resolution (default 1024x1024)"},
@@ -151,11 +154,12 @@ int main(int argc, char **argv)
         return rc;
     }
     sd_log_setup("sd-bucket", o.quiet ? SD_LOG_WARN : o.verbose ? SD_LOG_DEBUG : SD_LOG_INFO);
-    if (o.split < 0 || o.split > 10000) {
+    if (o.split != LONG_MIN && (o.split < 1 || o.split > 10000)) {
         sd_cli_usage_error(&cli, "--split must be 1..10000");
         sd_strlist_free(&files);
         return SD_EXIT_USAGE;
     }
+    if (o.split == LONG_MIN) o.split = 0;
     if (o.split > 0 && (!o.output || !sd_part_pattern_ok(o.output))) {
         sd_cli_usage_error(&cli, "--split needs -o with exactly one %%d, e.g. -o 'part-%%d.jsonl'");
         sd_strlist_free(&files);

@@ -10,6 +10,7 @@
 #include "json.h"
 #include "latents.h"
 #include "strmap.h"
+#include "utf8.h"
 
 /* A JSON array of `n` integers into out; 0 on success. */
 static int int_array(const sd_json *a, int n, int *out)
@@ -188,11 +189,12 @@ sd_status jobs_read(job_list *l, const char *path, int index, int count, int cap
     while (!st && (len = getline(&line, &cap, f)) >= 0) {
         l->lines++;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) len--;
-        if (len == 0) continue;
+        size_t bom = l->lines == 1 ? sd_bom_len(line, (size_t)len) : 0; /* a Windows editor's byte order mark */
+        if ((size_t)len == bom) continue;
         sd_json *root_json = NULL;
         sd_error pe = {0};
         sd_arena_reset(&a);
-        if (sd_json_parse(&a, line, (size_t)len, &root_json, &pe)) {
+        if (sd_json_parse(&a, line + bom, (size_t)len - bom, &root_json, &pe)) {
             if (index == 0) /* every --shard process reads the line: the first one reports it */
                 sd_skip(tally, "malformed JSON", "%s:%llu: %s", path, (unsigned long long)l->lines, pe.msg);
             continue;
