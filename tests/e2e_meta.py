@@ -552,10 +552,14 @@ class WebDataset(Base):
             ("d.jpg", img), ("d.cls", b"cat"),
             ("e.jpg", img), ("e.json", b'{"cls": "x"}'),
             ("f.jpg", img), ("f.cls", b"7"),
-            ("g.jpg", img), ("g.json", b'{"cls": 2.5}')])
+            ("g.jpg", img), ("g.json", b'{"cls": 2.5}'),
+            ("h.jpg", img), ("h.cls", b" 03\n"),                 # an integer however written
+            ("i.jpg", img), ("i.json", b'{"cls": 3.0}'),
+            ("j.jpg", img), ("j.json", b'{"cls": "-0"}')])
         rc, recs, err = run([self.p("c.tar"), "--cls-map", self.p("cls.json")])
         self.assertEqual(rc, 0, err)
-        self.assertEqual([(r["key"], r["caption"]) for r in recs], [("a", "three"), ("b", "three"), ("c", "three")])
+        self.assertEqual([(r["key"], r["caption"]) for r in recs],
+                         [("a", "three"), ("b", "three"), ("c", "three"), ("h", "three"), ("i", "three"), ("j", "zero")])
         self.assertEqual(skipped(err, "bad cls"), 3)
         self.assertEqual(skipped(err, "cls not in the class map"), 1)
         self.assertIn("'cat'", err)
