@@ -691,6 +691,61 @@ class BooruKeys(Base):
         self.assertIn("p.jsonl:5 (id 1.5)", err)
 
 
+class FlagsOverrideRules(Base):
+    """A flag given as 0 overrides the rules file (0 is a value, not "not
+    given"); out-of-range fractions and thread counts are usage errors."""
+
+    def setUp(self):
+        super().setUp()
+        write(self.p("p.jsonl"), jsonl([post(i, image_width=64, image_height=64) for i in range(1, 11)]))
+        write(self.p("rules.json"), json.dumps({"min_side": 100, "min_pixels": 10 ** 6, "val_every": 2,
+                                                "val_fraction": 1, "shuffle_tag_p": 1}))
+
+    def test_zero_flags_override_the_rules_file(self):
+        rc, recs, err = run([self.p("p.jsonl"), "-r", self.p("rules.json"), "--min-side", "0"])
+        self.assertEqual((rc, len(recs)), (0, 0), err)  # min_pixels still drops them all
+        rc, recs, err = run([self.p("p.jsonl"), "-r", self.p("rules.json"), "--min-side", "0", "--min-pixels", "0",
+                             "--val-every", "0", "--val-fraction", "0", "--shuffle-tags", "0"])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(len(recs), 10, err)
+        self.assertEqual({r["split"] for r in recs}, {"train"})
+        self.assertEqual({r["caption"] for r in recs}, {"a, b, c"})
+
+    def test_out_of_range_values(self):
+        for flag, val in (("--shuffle-tags", "-0.5"), ("--val-fraction", "-0.5"), ("--shuffle-tags", "1.5"),
+                          ("--val-fraction", "nan")):
+            rc, recs, err = run([self.p("p.jsonl"), flag, val])
+            self.assertEqual(rc, 2, (flag, val, err))
+            self.assertIn(flag + " must be in [0,1]", err)
+        for val in ("-3", "0"):
+            rc, recs, err = run([self.p("p.jsonl"), "-j", val])
+            self.assertEqual(rc, 2, (val, err))
+            self.assertIn("--threads must be an integer from 1", err)
+
+
+class TemplateVariables(Base):
+    """Unknown {names}, an unclosed '{' and a lone '}' in the caption template
+    are errors when the rules are read; {{ and }} are literal braces."""
+
+    def test_typos_are_usage_errors(self):
+        write(self.p("p.jsonl"), jsonl([post(1)]))
+        for t in ("{caption}, {tag}", "{caption", "a } b"):
+            rc, recs, err = run([self.p("p.jsonl"), "-t", t])
+            self.assertEqual((rc, recs), (2, []), (t, err))
+        rc, recs, err = run([self.p("p.jsonl"), "-t", "{caption}, {tag}"])
+        self.assertIn("unknown variable {tag} (known: {caption}, {tags}, {rating}, {score_tag}, {general}", err)
+        write(self.p("rules.json"), json.dumps({"caption_template": "{ratng}, {tags}"}))
+        rc, recs, err = run([self.p("p.jsonl"), "-r", self.p("rules.json")])
+        self.assertEqual(rc, 2, err)
+        self.assertIn("unknown variable {ratng}", err)
+
+    def test_literal_braces(self):
+        write(self.p("p.jsonl"), jsonl([post(1)]))
+        rc, recs, err = run([self.p("p.jsonl"), "-t", "{{style}}, {tags}"])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(recs[0]["caption"], "{style}, a, b, c")
+
+
 if __name__ == "__main__":
     SD_META = sys.argv.pop(1)
     unittest.main(verbosity=1)
