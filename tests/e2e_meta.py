@@ -616,6 +616,34 @@ class Cli(Base):
         self.assertIn("meta.jsonl.tmp.Ab12Cd: a temporary output left by an earlier run", err)
         self.assertEqual(sorted(os.listdir(self.p("o"))), ["meta.jsonl", "meta.jsonl.tmp.Ab12Cd"])
 
+    def test_output_file_mode_and_symlink(self):
+        """A new -o file gets 0666 less the umask, a replaced one keeps its
+        mode, and a symlink to a regular file stays a link to the new data."""
+        import stat
+        write(self.p("posts.jsonl"), json.dumps(post()) + "\n")
+        new = self.p("new.jsonl")
+        p = subprocess.run([SD_META, self.p("posts.jsonl"), "-o", new], capture_output=True,
+                           preexec_fn=lambda: os.umask(0o027))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(stat.S_IMODE(os.stat(new).st_mode), 0o640)
+        old = self.p("old.jsonl")
+        write(old, "old\n")
+        os.chmod(old, 0o600)
+        self.assertEqual(run([self.p("posts.jsonl"), "-o", old])[0], 0)
+        self.assertEqual(stat.S_IMODE(os.stat(old).st_mode), 0o600)
+        self.assertEqual(json.loads(read(old))["key"], "1234")
+        os.makedirs(self.p("data"))
+        target = self.p("data", "meta.jsonl")
+        write(target, "old\n")
+        os.chmod(target, 0o664)
+        os.symlink(os.path.join("data", "meta.jsonl"), self.p("link.jsonl"))
+        rc, _, err = run([self.p("posts.jsonl"), "-o", self.p("link.jsonl")])
+        self.assertEqual(rc, 0, err)
+        self.assertTrue(os.path.islink(self.p("link.jsonl")))
+        self.assertEqual(json.loads(read(target))["key"], "1234")
+        self.assertEqual(stat.S_IMODE(os.stat(target).st_mode), 0o664)
+        self.assertEqual(sorted(os.listdir(self.p("data"))), ["meta.jsonl"])
+
     def test_output_to_a_fifo_is_not_replaced(self):
         import stat
         import threading

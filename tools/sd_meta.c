@@ -270,7 +270,7 @@ int main(int argc, char **argv)
     o.min_side = o.min_pixels = o.val_every = LONG_MIN;
     double min_score = -1e300, abs_min_score = -1e300;
     const sd_opt opts[] = {
-        {"output", 'o', SD_OPT_STR, &o.out, "FILE", "write here (atomically) instead of stdout"},
+        {"output", 'o', SD_OPT_STR, &o.out, "FILE", "write here (atomically) instead of stdout; a new file gets 0666 less the umask, a replaced one keeps its mode, a symlink's target is replaced"},
         {"format", 0, SD_OPT_STR, &o.format, "jsonl|kohya", "output format (default jsonl); kohya: one meta_cap_dd.json object, the finished caption in caption and tags empty (val records and images inside tars left out)"},
         {"source", 0, SD_OPT_STR, &o.source, "KIND", "folder|tree|metatree|booru|kohya|wds (default: detect)"},
         {"rules", 'r', SD_OPT_STR, &o.rules, "FILE", "JSON rules file (docs/FORMATS.md)"},
