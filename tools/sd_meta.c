@@ -11,6 +11,7 @@
 #include "rules.h"
 #include "slurp.h"
 #include "sources.h"
+#include "utf8.h"
 
 static const char summary[] =
     "Read dataset sources and write one JSON record per image to stdout (or -o FILE,\n"
@@ -127,6 +128,15 @@ static sd_status rules_from_options(sd_rules *r, const options *o, sd_error *err
     return sd_rules_check_template(r->template_, err);
 }
 
+/* Log an error whose text may name files: control bytes and invalid UTF-8
+ * escaped as \xHH (sd_name_escape), so a name with a newline stays on one
+ * line. */
+static void log_error(const char *msg)
+{
+    char esc[2048];
+    sd_log(SD_LOG_ERROR, "%s", sd_name_escape(msg, esc, sizeof esc));
+}
+
 /* Read one source path with the reader for its kind. */
 static sd_status read_source(sd_meta_run *m, const char *path, sd_source_kind kind, const options *o, sd_error *err)
 {
@@ -183,7 +193,7 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
     sd_rules rules;
     sd_rules_init(&rules);
     if (rules_from_options(&rules, o, &err)) {
-        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        log_error(err.msg);
         sd_rules_free(&rules);
         return SD_EXIT_USAGE;
     }
@@ -192,7 +202,7 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
     sd_json *cls_map = NULL;
     char *cls_text = NULL;
     if (o->cls_map && load_cls_map(o->cls_map, &cls_arena, &cls_map, &cls_text, &err)) {
-        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        log_error(err.msg);
         sd_rules_free(&rules);
         sd_arena_free(&cls_arena);
         free(cls_text);
@@ -204,7 +214,7 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
     sd_outfile out;
     sd_outfile_warn_own_leftovers(o->out);
     if (sd_outfile_open(&out, o->out, &err)) {
-        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        log_error(err.msg);
         sd_rules_free(&rules);
         sd_arena_free(&cls_arena);
         free(cls_text);
@@ -227,28 +237,39 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
     run.out_file = &out;
     for (int i = 0; i < pos->n && status == SD_EXIT_OK; i++) {
         if (read_source(&run, pos->v[i], kind, o, &err)) {
-            sd_log(SD_LOG_ERROR, "%s", err.msg);
+            log_error(err.msg);
             status = SD_EXIT_FATAL;
         }
     }
     if (status == SD_EXIT_OK && sd_meta_finish(&run, &err)) {
-        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        log_error(err.msg);
         status = SD_EXIT_FATAL;
+    }
+    if (status == SD_EXIT_OK && run.read == 0 && !o->allow_empty) {
+        /* an empty folder, a wrong path: an empty output must not replace a good one unnoticed */
+        sd_log(SD_LOG_ERROR, "nothing found in the source%s; %s (--allow-empty writes an empty output)",
+               pos->n > 1 ? "s" : "", o->out && strcmp(o->out, "-") != 0 ? "-o not written" : "nothing written");
+        status = SD_EXIT_SKIPPED;
     }
     int via_temp = out.tmp != NULL; /* a regular file: written whole or not at all */
     if (status == SD_EXIT_OK && sd_outfile_commit(&out, &err)) {
-        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        log_error(err.msg);
         status = SD_EXIT_FATAL;
     } else if (status != SD_EXIT_OK) {
         sd_outfile_abort(&out);
     }
-    if (status == SD_EXIT_OK || !via_temp)
+    if (status == SD_EXIT_OK || (!via_temp && !run.write_failed))
         sd_log(SD_LOG_INFO, "records read %llu, written %llu, skipped %llu", (unsigned long long)run.read,
                (unsigned long long)run.written, (unsigned long long)run.skips.total);
+    else if (!via_temp) /* stdout or a device: what was flushed before the failure is out */
+        sd_log(SD_LOG_INFO, "records read %llu, written %llu before the output failed (%llu lost), skipped %llu",
+               (unsigned long long)run.read, (unsigned long long)run.written_out,
+               (unsigned long long)(run.written - run.written_out), (unsigned long long)run.skips.total);
     else /* the temporary output was dropped: -o holds what it held before */
         sd_log(SD_LOG_INFO, "records read %llu, none written (%s left as it was), skipped %llu",
                (unsigned long long)run.read, o->out, (unsigned long long)run.skips.total);
     sd_tally_log(&run.skips, "skipped by reason");
+    if (run.ignored.total) sd_tally_log(&run.ignored, "ignored (not errors; --verbose names them)");
     if (run.val_left_out)
         sd_log(SD_LOG_INFO, "%llu val records left out of the kohya metadata (it has no split: sd-scripts would "
                "train on them)", (unsigned long long)run.val_left_out);
@@ -299,6 +320,7 @@ int main(int argc, char **argv)
         {"no-extra", 0, SD_OPT_FLAG, &o.no_extra, NULL, "do not pass the source's other fields through"},
         {"threads", 'j', SD_OPT_INT, &o.threads, "N", "worker threads (default: all cores)"},
         {"strict", 0, SD_OPT_FLAG, &o.strict, NULL, "exit 1 if any record was skipped"},
+        {"allow-empty", 0, SD_OPT_FLAG, &o.allow_empty, NULL, "when the sources hold nothing at all, write the empty output and exit 0 (default: warn, leave -o as it was, exit 1)"},
         {"quiet", 'q', SD_OPT_FLAG, &o.quiet, NULL, "only errors and the final summary"},
         {"verbose", 'v', SD_OPT_FLAG, &o.verbose, NULL, "report every skipped record"},
         {NULL, 0, 0, NULL, NULL, NULL}};
