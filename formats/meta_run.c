@@ -216,8 +216,12 @@ void sd_meta_flush(sd_meta_run *m)
         m->written++;
     }
     if (!m->write_failed && (!m->out_file || !m->out_file->tmp)) { /* stdout or a device: known to be out */
-        if (fflush(m->out) == 0) m->written_out = m->written;
-        else m->write_failed = 1, m->write_errno = errno;
+        if (fflush(m->out) == 0) {
+            m->written_out = m->written;
+        } else {
+            m->write_failed = 1;
+            m->write_errno = errno;
+        }
     }
     m->n = 0;
     sd_arena_reset(&m->arena);
