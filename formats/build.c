@@ -3,6 +3,7 @@
  * but its input, the shared read-only options and its own arena. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,17 +154,31 @@ const char *sd_pattern_check(const char *pat)
     return NULL;
 }
 
+enum { MAX_TEXT_FILE = 64 << 20 };
+
 /* Read a small text file whole, without a leading UTF-8 byte order mark
  * (Windows editors write one; it is not part of the first tag or of the
- * JSON); NULL with errno set on failure. */
-static char *read_text_file(sd_arena *a, const char *path, size_t *len)
+ * JSON). Opened non-blocking and checked to be a regular file before any
+ * read, so a FIFO or device named like a caption cannot hang the run.
+ * NULL with why (for the message) set on failure. */
+static char *read_text_file(sd_arena *a, const char *path, size_t *len, char *why, size_t why_len)
 {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, why_len, "%s", strerror(errno));
+        return NULL;
+    }
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (64 << 20)) {
+    int ok = 0;
+    if (fstat(fd, &st) != 0) snprintf(why, why_len, "%s", strerror(errno));
+    else if (!S_ISREG(st.st_mode))
+        snprintf(why, why_len, "not a regular file%s", S_ISDIR(st.st_mode) ? " (a directory)" : "");
+    else if (st.st_size > MAX_TEXT_FILE)
+        snprintf(why, why_len, "too large (%lld bytes, limit %d)", (long long)st.st_size, MAX_TEXT_FILE);
+    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) snprintf(why, why_len, "%s", strerror(errno));
+    else ok = 1;
+    if (!ok) {
         close(fd);
-        errno = EINVAL;
         return NULL;
     }
     char *buf = sd_arena_alloc(a, (size_t)st.st_size + 1);
@@ -171,11 +186,19 @@ static char *read_text_file(sd_arena *a, const char *path, size_t *len)
     while (buf && got < (size_t)st.st_size) {
         ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
         if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
+        if (r < 0) {
+            snprintf(why, why_len, "%s", strerror(errno));
+            close(fd);
+            return NULL;
+        }
+        if (r == 0) break;
         got += (size_t)r;
     }
     close(fd);
-    if (!buf) return NULL;
+    if (!buf) {
+        snprintf(why, why_len, "out of memory");
+        return NULL;
+    }
     buf[got] = 0;
     size_t bom = sd_bom_len(buf, got);
     *len = got - bom;
@@ -198,10 +221,16 @@ static char *trim(char *s, size_t *len)
 static char *read_caption_file(sd_arena *a, const char *path, size_t *n, const char **reason, char *detail,
                                size_t detail_len)
 {
-    char *t = read_text_file(a, path, n);
+    char why[128];
+    char *t = read_text_file(a, path, n, why, sizeof why);
     if (!t) {
         *reason = "unreadable caption file";
-        snprintf(detail, detail_len, "%s: %s", path, strerror(errno));
+        snprintf(detail, detail_len, "%s: %s", path, why);
+        return NULL;
+    }
+    if (memchr(t, 0, *n)) { /* would cut the caption short; a UTF-16 file without its BOM looks like this */
+        *reason = "caption contains NUL bytes (UTF-16?)";
+        snprintf(detail, detail_len, "%s", path);
         return NULL;
     }
     if (sd_utf8_check(t, *n) != *n) {
@@ -231,26 +260,33 @@ static void join_lines(char *t, size_t *n)
 }
 
 /* A webdataset class label (a JSON number or string, or a .cls member's
- * text) through --cls-map: an integer label must be given, and the map
- * must name it; otherwise the record is skipped with the reason. */
+ * text) through --cls-map: the label must be an integer, written any way
+ * that means one (" 03\n", 3.0, 3e0 all are class 3), and the map must name
+ * it by its plain decimal text; otherwise the record is skipped with the
+ * reason. */
 static int cls_caption(const sd_json *map, const char *txt, size_t len, const char **caption, const char **reason,
                        char *detail, size_t detail_len)
 {
     while (len && (*txt == ' ' || *txt == '\t' || *txt == '\n' || *txt == '\r')) txt++, len--;
     while (len && (txt[len - 1] == ' ' || txt[len - 1] == '\t' || txt[len - 1] == '\n' || txt[len - 1] == '\r'))
         len--;
-    char k[32];
-    size_t i = len && txt[0] == '-' ? 1 : 0;
-    int ok = txt && len > i && len < sizeof k;
-    for (; ok && i < len; i++) ok = txt[i] >= '0' && txt[i] <= '9';
+    char k[64];
+    int ok = txt && len && len < sizeof k && strspn(txt, "0123456789+-.eE") >= len;
+    double d = 0;
+    if (ok) {
+        memcpy(k, txt, len);
+        k[len] = 0;
+        char *end;
+        d = strtod(k, &end);
+        ok = end == k + len && d == floor(d) && fabs(d) <= 9007199254740992.0;
+    }
     if (!ok) {
         *reason = "bad cls";
         snprintf(detail, detail_len, "class label '%.*s' is not an integer", (int)(len < 40 ? len : 40), txt ? txt : "");
         return -1;
     }
-    memcpy(k, txt, len);
-    k[len] = 0;
-    *caption = sd_json_str(sd_json_get(map, k[0] == '-' && k[1] == '0' && !k[2] ? "0" : k));
+    snprintf(k, sizeof k, "%lld", (long long)d + 0); /* -0 is class 0 */
+    *caption = sd_json_str(sd_json_get(map, k));
     if (!*caption) {
         *reason = "cls not in the class map";
         snprintf(detail, detail_len, "class %s", k);
@@ -281,13 +317,63 @@ static int int_field(const sd_json *v)
     return (int)d;
 }
 
-/* A scalar field (id, md5) as a string in the arena; NULL if absent. */
-static const char *scalar_str(sd_arena *a, const sd_json *v)
+/* A post's id or md5 as its key: a string as it is, a number as its
+ * integer text (1001.0 and 1e3 are the posts 1001 and 1000, so their
+ * duplicates are caught). NULL when absent or empty; NULL with *bad set
+ * when the value cannot be a key (a fractional or huge number, NUL bytes). */
+static const char *key_text(sd_arena *a, const sd_json *v, const char **bad)
 {
     if (!v) return NULL;
-    if (v->type == SD_JSON_STRING) return v->len ? v->str : NULL;
-    if (v->type == SD_JSON_NUMBER) return sd_arena_strndup(a, v->str, v->len);
+    if (v->type == SD_JSON_STRING) {
+        if (memchr(v->str, 0, v->len)) *bad = "post id contains NUL bytes";
+        return v->len && !*bad ? v->str : NULL;
+    }
+    if (v->type != SD_JSON_NUMBER) return NULL;
+    size_t sign = v->len && v->str[0] == '-';
+    if (v->len > sign && strspn(v->str + sign, "0123456789") == v->len - sign) /* exact, however long */
+        return sd_arena_strndup(a, v->str, v->len);
+    double d;
+    if (sd_json_whole(v, -9007199254740992.0, 9007199254740992.0, &d)) {
+        *bad = "post id not an integer";
+        return NULL;
+    }
+    char text[32];
+    snprintf(text, sizeof text, "%lld", (long long)d + 0);
+    return sd_arena_strndup(a, text, strlen(text));
+}
+
+/* A post's key: its id, else its md5 (e621: file.md5). -1 with *reason and
+ * the detail when the value given cannot be a key. */
+static int post_key(sd_record *r, sd_arena *a, const sd_json *post, int e621, const char **reason, char *detail,
+                    size_t detail_len)
+{
+    const char *bad = NULL;
+    const sd_json *id = sd_json_get(post, "id");
+    r->key = key_text(a, id, &bad);
+    if (!r->key && !bad) r->key = key_text(a, e621 ? sd_json_path(post, "file.md5", 8) : sd_json_get(post, "md5"), &bad);
+    if (!bad) return 0;
+    *reason = bad;
+    if (id && id->type == SD_JSON_NUMBER) snprintf(detail, detail_len, "id %.*s", (int)(id->len < 40 ? id->len : 40), id->str);
+    return -1;
+}
+
+/* Tags are length-counted, so one holding a NUL byte (a JSON "\u0000")
+ * would pass into the record's tags while the caption, built as C text,
+ * stops at it: the record is refused instead. The first such tag, or NULL. */
+static const sd_tag *tag_with_nul(const sd_record *r)
+{
+    for (int i = 0; i < r->ntags; i++)
+        if (r->tags[i].s && memchr(r->tags[i].s, 0, r->tags[i].len)) return &r->tags[i];
     return NULL;
+}
+
+/* A caption field of a JSON record: its text, or NULL when absent; -1 when
+ * it holds a NUL byte (the caption would stop there). */
+static int caption_field(const sd_json *v, const char **out)
+{
+    if (v && v->type == SD_JSON_STRING && memchr(v->str, 0, v->len)) return -1;
+    *out = sd_json_str(v);
+    return 0;
 }
 
 /* Danbooru2021-style tags (gwern's dumps): an array of {"name", "category"}
@@ -363,8 +449,6 @@ static void fill_danbooru(sd_record *r, sd_arena *a, const sd_json *o)
         r->width = int_field(sd_json_get(o, "width"));
         r->height = int_field(sd_json_get(o, "height"));
     }
-    r->key = scalar_str(a, sd_json_get(o, "id"));
-    if (!r->key) r->key = scalar_str(a, sd_json_get(o, "md5"));
     r->consumed = danbooru_consumed;
 }
 
@@ -397,8 +481,6 @@ static void fill_e621(sd_record *r, sd_arena *a, const sd_json *o)
     const sd_json *file = sd_json_get(o, "file");
     r->width = int_field(sd_json_get(file, "width"));
     r->height = int_field(sd_json_get(file, "height"));
-    r->key = scalar_str(a, sd_json_get(o, "id"));
-    if (!r->key) r->key = scalar_str(a, sd_json_get(file, "md5"));
     r->consumed = e621_consumed;
 }
 
@@ -494,10 +576,11 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
         char *text = in->text;
         size_t len = in->len;
         if (!text && in->txt_path) {
-            text = read_text_file(a, in->txt_path, &len);
+            char why[128];
+            text = read_text_file(a, in->txt_path, &len, why, sizeof why);
             if (!text) {
                 *reason = "unreadable metadata file";
-                snprintf(detail, detail_len, "%s", strerror(errno));
+                snprintf(detail, detail_len, "%s", why);
                 return -1;
             }
         }
@@ -520,7 +603,10 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
                 r->has_score = 1;
                 r->score = d;
             }
-            r->caption = sd_json_str(sd_json_get(root, "caption"));
+            if (caption_field(sd_json_get(root, "caption"), &r->caption)) {
+                *reason = "caption contains NUL bytes";
+                return -1;
+            }
             r->width = int_field(sd_json_get(root, "width"));
             r->height = int_field(sd_json_get(root, "height"));
             const char *path = sd_json_str(sd_json_get(root, "path"));
@@ -536,6 +622,7 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
             int e621 = o->force_e621 >= 0 ? o->force_e621 : is_e621_post(root);
             if (e621) fill_e621(r, a, root);
             else fill_danbooru(r, a, root);
+            if (post_key(r, a, root, e621, reason, detail, detail_len)) return -1;
             if (!r->key) {
                 *reason = "post has no id or md5";
                 return -1;
@@ -605,7 +692,10 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
             }
             r->fields = root;
             r->consumed = wds_consumed;
-            if (!r->caption) r->caption = sd_json_str(sd_json_get(root, "caption"));
+            if (!r->caption && caption_field(sd_json_get(root, "caption"), &r->caption)) {
+                *reason = "caption contains NUL bytes";
+                return -1;
+            }
             if (!r->width) r->width = int_field(sd_json_get(root, "width"));
             if (!r->height) r->height = int_field(sd_json_get(root, "height"));
             const sd_json *cls = sd_json_get(root, "cls");
@@ -630,6 +720,14 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
             *reason = "missing caption";
             return -1;
         }
+    }
+    const sd_tag *nul = tag_with_nul(r);
+    if (nul) {
+        *reason = "tag contains NUL bytes";
+        char esc[80];
+        snprintf(esc, sizeof esc, "%.*s", (int)(nul->len < 60 ? nul->len : 60), nul->s);
+        snprintf(detail, detail_len, "tag '%s\\u0000...'", esc);
+        return -1;
     }
     if (!r->key || !*r->key) {
         *reason = "no key";

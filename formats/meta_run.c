@@ -2,8 +2,11 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "utf8.h"
 
 struct sd_meta_worker {
     SD_WORKER_ALIGN sd_arena arena; /* record strings, reset each batch */
@@ -47,6 +50,8 @@ sd_status sd_meta_run_init(sd_meta_run *m, const sd_rules *rules, const sd_build
     sd_arena_init(&m->run_arena, 1 << 16);
     sd_keyset_init(&m->keys);
     sd_tally_init(&m->skips, show_limit);
+    sd_tally_init(&m->ignored, show_limit < 0 ? 10 : 0);
+    m->ignored.verb = "ignored";
     sd_progress_init(&m->progress, "sd-meta", "records", 0, progress);
     if (format == SD_OUT_KOHYA) fputs("{", out);
     return SD_OK;
@@ -81,6 +86,15 @@ sd_input *sd_meta_add(sd_meta_run *m, sd_input_kind kind, const char *origin, lo
     return in;
 }
 
+/* Count a skip and report it with control bytes and invalid UTF-8 in its
+ * text escaped as \xHH (sd_name_escape): a file name holding a newline or
+ * ESC must not split or recolour the message. */
+static void skip_escaped(sd_tally *t, const char *reason, const char *msg)
+{
+    char esc[2048];
+    sd_skip(t, reason, "%s", sd_name_escape(msg, esc, sizeof esc));
+}
+
 /* Count and report a candidate that a reader rejected before it became an
  * input (bad tar member, unreadable directory, ...). */
 void sd_meta_skip_input(sd_meta_run *m, const char *reason, const char *fmt, ...)
@@ -92,7 +106,15 @@ void sd_meta_skip_input(sd_meta_run *m, const char *reason, const char *fmt, ...
     va_end(ap);
     m->read++;
     m->next_ordinal++;
-    sd_skip(&m->skips, reason, "%s", where);
+    skip_escaped(&m->skips, reason, where);
+}
+
+/* Count and report a file that is left out without being an error (a
+ * caption file with no usable image): counted in the summary, named with
+ * --verbose. */
+void sd_meta_note_ignored(sd_meta_run *m, const char *reason, const char *path)
+{
+    skip_escaped(&m->ignored, reason, path);
 }
 
 /* sd-scripts opens plain image files only, so a record whose image lies
@@ -166,17 +188,19 @@ void sd_meta_flush(sd_meta_run *m)
     sd_pool_for(m->pool, m->n, process_range, m);
     for (size_t i = 0; i < m->n; i++) {
         sd_meta_result *res = &m->res[i];
-        char where[600];
+        char where[600], msg[1200];
         if (res->reason) {
             input_where(&m->in[i], where, sizeof where);
-            if (res->detail[0]) sd_skip(&m->skips, res->reason, "%s (%s)", where, res->detail);
-            else sd_skip(&m->skips, res->reason, "%s", where);
+            if (res->detail[0]) snprintf(msg, sizeof msg, "%s (%s)", where, res->detail);
+            else snprintf(msg, sizeof msg, "%s", where);
+            skip_escaped(&m->skips, res->reason, msg);
             continue;
         }
         int fresh = sd_keyset_insert(&m->keys, res->key);
         if (fresh == 0) {
             input_where(&m->in[i], where, sizeof where);
-            sd_skip(&m->skips, "duplicate key", "%s (key '%s' seen before; first kept)", where, res->key_str);
+            snprintf(msg, sizeof msg, "%s (key '%s' seen before; first kept)", where, res->key_str);
+            skip_escaped(&m->skips, "duplicate key", msg);
             continue;
         }
         if (res->val_left_out) {
@@ -190,6 +214,14 @@ void sd_meta_flush(sd_meta_run *m)
             m->write_errno = errno;
         }
         m->written++;
+    }
+    if (!m->write_failed && (!m->out_file || !m->out_file->tmp)) { /* stdout or a device: known to be out */
+        if (fflush(m->out) == 0) {
+            m->written_out = m->written;
+        } else {
+            m->write_failed = 1;
+            m->write_errno = errno;
+        }
     }
     m->n = 0;
     sd_arena_reset(&m->arena);
@@ -208,6 +240,7 @@ sd_status sd_meta_finish(sd_meta_run *m, sd_error *err)
         m->write_failed = 1;
         m->write_errno = errno;
     }
+    if (!m->write_failed && !ferror(m->out)) m->written_out = m->written;
     if (m->write_failed || ferror(m->out))
         return sd_err_set(err, SD_EIO, "%s: writing the output failed: %s",
                           m->out_file && m->out_file->path ? m->out_file->path : "standard output",

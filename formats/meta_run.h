@@ -39,8 +39,10 @@ typedef struct {
     /* run state */
     sd_keyset keys;
     uint64_t read, written, next_ordinal;
+    uint64_t written_out; /* records known to have reached stdout or a device (flushed without error) */
     uint64_t val_left_out; /* val records not written (kohya output has no split) */
     sd_tally skips;
+    sd_tally ignored; /* files left out that are not errors (sd_meta_note_ignored) */
     sd_progress progress;
     int write_failed, write_errno; /* the first failed write's errno */
 } sd_meta_run;
@@ -50,6 +52,7 @@ sd_status sd_meta_run_init(sd_meta_run *m, const sd_rules *rules, const sd_build
 sd_input *sd_meta_add(sd_meta_run *m, sd_input_kind kind, const char *origin, long line);
 void sd_meta_flush(sd_meta_run *m);
 void sd_meta_skip_input(sd_meta_run *m, const char *reason, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void sd_meta_note_ignored(sd_meta_run *m, const char *reason, const char *path);
 const char *sd_meta_keep(sd_meta_run *m, const char *s);
 const char *sd_meta_entry_origin(sd_meta_run *m, const char *file, long idx, const char *key, size_t klen);
 sd_status sd_meta_finish(sd_meta_run *m, sd_error *err);

@@ -72,6 +72,7 @@ sd_status sd_rules_load_json(sd_rules *r, const sd_json *root, sd_error *err);
 sd_status sd_rules_add_where(sd_rules *r, const char *expr, sd_error *err);
 sd_status sd_rules_add_tags(sd_strmap *set, const char *list, sd_error *err);
 sd_status sd_rules_set_tag_order(sd_rules *r, const char *list, sd_error *err);
+sd_status sd_rules_check_template(const char *t, sd_error *err);
 int sd_rules_apply(const sd_rules *r, sd_record *rec, uint64_t ordinal, sd_arena *a, sd_buf scratch[3],
                    const char **reason);
 size_t sd_tag_normalize(const char *s, size_t n, char *out, size_t cap);

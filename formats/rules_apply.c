@@ -3,6 +3,7 @@
  * and min_score -> tag rewrites -> caption template -> tag shuffle -> split. */
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "hash.h"
@@ -312,6 +313,71 @@ static int expand_var(const sd_rules *r, const sd_record *rec, const normtag *nt
     return -1;
 }
 
+/* Is name (n bytes) a template variable expand_var knows? */
+static int is_template_var(const char *name, size_t n)
+{
+    static const char *const fixed[] = {"caption", "tags", "rating", "score_tag"};
+    for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++)
+        if (strlen(fixed[i]) == n && memcmp(name, fixed[i], n) == 0) return 1;
+    for (int c = 0; c < SD_TAG_NCAT; c++) {
+        const char *cat = sd_tag_cat_name((sd_tag_cat)c);
+        if (strlen(cat) == n && memcmp(name, cat, n) == 0) return 1;
+    }
+    return 0;
+}
+
+/* Refuse a caption template with an unknown {name}, an unclosed '{' or a
+ * lone '}' when the rules are read: a typo such as {tag} would otherwise
+ * be written literally into every caption. {{ and }} are literal braces. */
+sd_status sd_rules_check_template(const char *t, sd_error *err)
+{
+    char known[256] = "{caption}, {tags}, {rating}, {score_tag}";
+    for (int c = 0; c < SD_TAG_NCAT; c++) {
+        size_t k = strlen(known);
+        snprintf(known + k, sizeof known - k, ", {%s}", sd_tag_cat_name((sd_tag_cat)c));
+    }
+    for (const char *p = t; *p; p++) {
+        if ((p[0] == '{' && p[1] == '{') || (p[0] == '}' && p[1] == '}')) {
+            p++;
+            continue;
+        }
+        if (*p == '}')
+            return sd_err_set(err, SD_EINVAL, "caption template '%s': '}' without '{' (write }} for a literal brace)", t);
+        if (*p != '{') continue;
+        size_t n = strcspn(p + 1, "{}");
+        if (p[1 + n] != '}')
+            return sd_err_set(err, SD_EINVAL, "caption template '%s': '{' without '}' (write {{ for a literal brace)", t);
+        if (!is_template_var(p + 1, n))
+            return sd_err_set(err, SD_EINVAL, "caption template '%s': unknown variable {%.*s} (known: %s; {{ and }} "
+                              "are literal braces)", t, (int)n, p + 1, known);
+        p += n + 1;
+    }
+    return SD_OK;
+}
+
+/* Expand a caption template (checked by sd_rules_check_template) into cap:
+ * {name} a variable, {{ and }} literal braces, the rest as it is. */
+static void expand_template(const sd_rules *r, const sd_record *rec, const normtag *nt, sd_buf *cap)
+{
+    const char *t = r->template_;
+    while (*t) {
+        if ((t[0] == '{' && t[1] == '{') || (t[0] == '}' && t[1] == '}')) {
+            sd_buf_putc(cap, t[0]);
+            t += 2;
+            continue;
+        }
+        const char *close = t[0] == '{' ? strchr(t, '}') : NULL;
+        if (close) {
+            expand_var(r, rec, nt, t + 1, (size_t)(close - t - 1), cap);
+            t = close + 1;
+            continue;
+        }
+        size_t n = strcspn(t + 1, "{}") + 1; /* a lone brace (never in a checked template) goes out as it is */
+        sd_buf_put(cap, t, n);
+        t += n;
+    }
+}
+
 /* Drop comma-separated items that came out empty (a missing caption or
  * score tag) and trim the ends; non-empty items keep their exact text. */
 static void drop_empty_items(sd_buf *in, sd_buf *out)
@@ -417,18 +483,7 @@ int sd_rules_apply(const sd_rules *r, sd_record *rec, uint64_t ordinal, sd_arena
 
     sd_buf *cap = &scratch[1], *clean = &scratch[2];
     sd_buf_clear(cap);
-    const char *t = r->template_;
-    while (*t) {
-        const char *open = strchr(t, '{');
-        const char *close = open ? strchr(open, '}') : NULL;
-        if (!open || !close) {
-            sd_buf_puts(cap, t);
-            break;
-        }
-        sd_buf_put(cap, t, (size_t)(open - t));
-        if (expand_var(r, rec, nt, open + 1, (size_t)(close - open - 1), cap)) sd_buf_put(cap, open, (size_t)(close - open + 1));
-        t = close + 1;
-    }
+    expand_template(r, rec, nt, cap);
     drop_empty_items(cap, clean);
     if (r->shuffle_tag_p > 0 &&
         sd_hash_unit(sd_hash64(rec->key, strlen(rec->key), r->seed ^ 0x70726f62ull)) < r->shuffle_tag_p) {

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "sources.h"
 
 typedef struct {
@@ -24,6 +25,7 @@ typedef struct {
     int mode;              /* 0 flat, 1 tree, 2 metatree */
     dir_id *seen;
     size_t nseen, capseen;
+    uint64_t found; /* images (or metadata files) seen, usable or not */
 } walker;
 
 /* strcmp for qsort over char* arrays. */
@@ -80,16 +82,56 @@ static int has_name(char **names, int n, const char *name)
     return bsearch(&name, names, (size_t)n, sizeof *names, cmp_names) != NULL;
 }
 
-/* "dir/name" in run-lifetime or batch memory. */
+/* "dir/name" in run-lifetime or batch memory (one slash, also when dir is "/"). */
 static char *path_join(sd_arena *a, const char *dir, const char *name)
 {
     size_t dl = strlen(dir), nl = strlen(name);
     char *p = sd_arena_alloc(a, dl + nl + 2);
     if (!p) return NULL;
     memcpy(p, dir, dl);
-    p[dl] = '/';
-    memcpy(p + dl + 1, name, nl + 1);
+    if (!dl || dir[dl - 1] != '/') p[dl++] = '/';
+    memcpy(p + dl, name, nl + 1);
     return p;
+}
+
+/* The root as given without its trailing slashes ("/" stays "/"), in run
+ * memory, so records name "dir/x.png", never "dir//x.png". */
+static const char *clean_root(sd_meta_run *m, const char *root)
+{
+    size_t n = strlen(root);
+    while (n > 1 && root[n - 1] == '/') n--;
+    return sd_arena_strndup(&m->run_arena, root, n);
+}
+
+/* Is there a file STEM.EXT with an image extension (no further dot) in the
+ * sorted listing? The names starting "STEM." are adjacent there. */
+static int has_image_for(char **names, int n, const char *stem, size_t sl)
+{
+    char prefix[1024];
+    if (sl + 2 > sizeof prefix) return 1; /* too long to judge: not reported */
+    memcpy(prefix, stem, sl);
+    prefix[sl] = '.';
+    prefix[sl + 1] = 0;
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (strcmp(names[mid], prefix) < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    for (int i = lo; i < n && strncmp(names[i], prefix, sl + 1) == 0; i++)
+        if (!strchr(names[i] + sl + 1, '.') && sd_is_image_name(names[i], strlen(names[i]))) return 1;
+    return 0;
+}
+
+/* Flat mode: a .txt or .caption file whose image is missing or has an
+ * extension sdtk does not read (.gif, .jfif) is counted and, with
+ * --verbose, named: not an error, but no longer silent. */
+static void note_orphan_caption(walker *w, const char *path, const char *name, char **names, int n)
+{
+    size_t nl = strlen(name), el = nl > 4 && strcmp(name + nl - 4, ".txt") == 0 ? 4
+                                : nl > 8 && strcmp(name + nl - 8, ".caption") == 0 ? 8 : 0;
+    if (el && !has_image_for(names, n, name, nl - el))
+        sd_meta_note_ignored(w->m, "caption without a usable image", path);
 }
 
 /* Key of a file: its path relative to the root, without the extension. */
@@ -111,34 +153,45 @@ static char *make_key(sd_arena *a, const char *rel, const char *name)
     return k;
 }
 
-/* Add one image found in dir (flat or tree mode). */
+/* Add one image found in dir (flat or tree mode); one with no caption file
+ * is skipped here, the message naming where the captions were looked for. */
 static void add_image(walker *w, const char *dir, const char *rel, const char *name, char **names, int n)
 {
     sd_meta_run *m = w->m;
-    sd_input *in = sd_meta_add(m, SD_IN_FILES, NULL, 0);
-    in->image = path_join(&m->arena, dir, name);
-    in->origin = in->image;
-    in->key = make_key(&m->arena, rel, name);
     const char *dot = strrchr(name, '.');
     size_t stem = (size_t)(dot - name);
-    char cand[1024];
+    const char *found[2] = {NULL, NULL}; /* .txt, .caption */
+    const char *exts[2] = {".txt", ".caption"};
+    char *stem_path = NULL; /* tree mode: captions/REL/STEM */
     if (w->mode == 0) {
-        snprintf(cand, sizeof cand, "%.*s.txt", (int)stem, name);
-        if (has_name(names, n, cand)) in->txt_path = path_join(&m->arena, dir, cand);
-        snprintf(cand, sizeof cand, "%.*s.caption", (int)stem, name);
-        if (has_name(names, n, cand)) in->cap_path = path_join(&m->arena, dir, cand);
-    } else {
-        const char *exts[2] = {".txt", ".caption"};
         for (int k = 0; k < 2; k++) {
-            char *p = sd_arena_alloc(&m->arena, strlen(w->cap_root) + strlen(rel) + stem + 16);
+            char cand[1024];
+            snprintf(cand, sizeof cand, "%.*s%s", (int)stem, name, exts[k]);
+            if (has_name(names, n, cand)) found[k] = path_join(&m->arena, dir, cand);
+        }
+    } else {
+        stem_path = sd_arena_alloc(&m->arena, strlen(w->cap_root) + strlen(rel) + stem + 4);
+        if (!stem_path) return;
+        sprintf(stem_path, "%s/%s%s%.*s", w->cap_root, rel, *rel ? "/" : "", (int)stem, name);
+        for (int k = 0; k < 2; k++) {
+            char *p = sd_arena_alloc(&m->arena, strlen(stem_path) + 16);
             if (!p) continue;
-            sprintf(p, "%s/%s%s%.*s%s", w->cap_root, rel, *rel ? "/" : "", (int)stem, name, exts[k]);
-            if (access(p, F_OK) == 0) {
-                if (k == 0) in->txt_path = p;
-                else in->cap_path = p;
-            }
+            sprintf(p, "%s%s", stem_path, exts[k]);
+            if (access(p, F_OK) == 0) found[k] = p;
         }
     }
+    char *image = path_join(&m->arena, dir, name);
+    if (!found[0] && !found[1]) {
+        if (stem_path) sd_meta_skip_input(m, "missing caption", "%s (no %s.txt or .caption)", image, stem_path);
+        else sd_meta_skip_input(m, "missing caption", "%s (no .txt or .caption beside it)", image);
+        return;
+    }
+    sd_input *in = sd_meta_add(m, SD_IN_FILES, NULL, 0);
+    in->image = image;
+    in->origin = in->image;
+    in->key = make_key(&m->arena, rel, name);
+    in->txt_path = found[0];
+    in->cap_path = found[1];
 }
 
 /* Report an entry that cannot be used, its path escaped (see sd_name_escape)
@@ -213,11 +266,13 @@ static void walk(walker *w, const char *dir, const char *rel, int depth)
         size_t nl = strlen(name);
         if (w->mode == 2) {
             if (nl > 5 && strcmp(name + nl - 5, ".json") == 0) {
+                w->found++;
                 sd_input *in = sd_meta_add(m, SD_IN_METAFILE, path, 0);
                 in->txt_path = path;
                 in->root = w->root;
             }
         } else if (sd_is_image_name(name, nl)) {
+            w->found++;
             /* the key is the path cut at '/' and '.', so it is UTF-8 when the path is */
             if (!sd_name_is_utf8(path)) {
                 skip_path(m, "file name not UTF-8", path, NULL);
@@ -228,19 +283,30 @@ static void walk(walker *w, const char *dir, const char *rel, int depth)
                 continue;
             }
             add_image(w, dir, rel, name, names, n);
+        } else if (w->mode == 0) {
+            note_orphan_caption(w, path, name, names, n);
         }
     }
     for (int i = 0; i < n; i++) free(names[i]);
     free(names);
 }
 
+/* Say loudly that a folder held nothing to read (a wrong directory, a
+ * mount that is not there), its name escaped for the message. */
+static void warn_nothing_found(const char *root, const char *what)
+{
+    char esc[320];
+    sd_log(SD_LOG_WARN, "no %s found in %s", what, sd_name_escape(root, esc, sizeof esc));
+}
+
 /* Read a flat folder (tree = 0) or an images/ + captions/ pair (tree = 1). */
 sd_status sd_read_folder(sd_meta_run *m, const char *root, int tree, sd_error *err)
 {
+    root = clean_root(m, root);
     struct stat st;
     if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode)) return sd_err_set(err, SD_EIO, "%s: not a directory", root);
     if (access(root, R_OK | X_OK) != 0) return sd_err_set(err, SD_EIO, "%s: cannot list: %s", root, strerror(errno));
-    walker w = {m, sd_meta_keep(m, root), NULL, tree ? 1 : 0, NULL, 0, 0};
+    walker w = {m, root, NULL, tree ? 1 : 0, NULL, 0, 0, 0};
     if (tree) {
         char *img = path_join(&m->run_arena, root, "images");
         if (stat(img, &st) != 0 || !S_ISDIR(st.st_mode))
@@ -251,12 +317,14 @@ sd_status sd_read_folder(sd_meta_run *m, const char *root, int tree, sd_error *e
         walk(&w, root, "", 0);
     }
     free(w.seen);
+    if (!w.found) warn_nothing_found(root, "images");
     return SD_OK;
 }
 
 /* Read a tree of metadata .json files; image paths are relative to root. */
 sd_status sd_read_metatree(sd_meta_run *m, const char *root, sd_error *err)
 {
+    root = clean_root(m, root);
     struct stat st;
     if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode)) return sd_err_set(err, SD_EIO, "%s: not a directory", root);
     if (access(root, R_OK | X_OK) != 0) return sd_err_set(err, SD_EIO, "%s: cannot list: %s", root, strerror(errno));
@@ -265,8 +333,9 @@ sd_status sd_read_metatree(sd_meta_run *m, const char *root, sd_error *err)
         return sd_err_set(err, SD_EINVAL, "%s: directory name is not UTF-8 (records name their images by it)",
                           sd_name_escape(root, esc, sizeof esc));
     }
-    walker w = {m, sd_meta_keep(m, root), NULL, 2, NULL, 0, 0};
+    walker w = {m, root, NULL, 2, NULL, 0, 0, 0};
     walk(&w, root, "", 0);
     free(w.seen);
+    if (!w.found) warn_nothing_found(root, "metadata .json files");
     return SD_OK;
 }

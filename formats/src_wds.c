@@ -6,10 +6,12 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <ctype.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "sources.h"
@@ -27,6 +29,8 @@ typedef struct {
     int64_t offset;      /* resolved data offset, -1 unknown */
     char *txt, *json, *cls;
     size_t json_len;
+    const char *problem;       /* a member that spoils the sample (empty image, NUL bytes), or NULL */
+    char problem_member[1024]; /* that member's name */
 } sample;
 
 /* Expand the first {a,b} or {000..123} group of a pattern, recursively. */
@@ -115,6 +119,16 @@ static void sample_clear(sample *s)
     free(s->cls);
     s->txt = s->json = s->cls = NULL;
     s->image_member = NULL;
+    s->problem = NULL;
+}
+
+/* Remember the first member that spoils the sample, reported when it is
+ * emitted (so it counts once, under its own reason). */
+static void sample_spoil(sample *s, const char *problem, const char *member)
+{
+    if (s->problem) return;
+    s->problem = problem;
+    snprintf(s->problem_member, sizeof s->problem_member, "%s", member);
 }
 
 /* Why a complete sample cannot become an input (reported by the caller),
@@ -123,6 +137,7 @@ static const char *sample_problem(const sample *s)
 {
     /* the key goes into the JSON record; the member is the key plus an ASCII extension */
     if (!sd_name_is_utf8(s->key)) return "tar member name not UTF-8";
+    if (s->problem) return s->problem;
     return s->image_member ? NULL : "tar sample without image";
 }
 
@@ -134,7 +149,8 @@ static void emit(sd_meta_run *m, const char *origin, sample *s, int fd)
     const char *problem = sample_problem(s);
     if (problem) {
         char esc[256];
-        sd_meta_skip_input(m, problem, "%s[%s]", origin, sd_name_escape(s->key, esc, sizeof esc));
+        const char *name = problem == s->problem ? s->problem_member : s->key;
+        sd_meta_skip_input(m, problem, "%s[%s]", origin, sd_name_escape(name, esc, sizeof esc));
         sample_clear(s);
         return;
     }
@@ -172,6 +188,17 @@ static char *copy_text(const char *t, size_t len, size_t *out_len)
     return copy;
 }
 
+/* libarchive's own words for its last error ("Unrecognized archive
+ * format", "Damaged tar archive"); its errno alone would read as
+ * strerror(EILSEQ), a message about multibyte characters. */
+static const char *archive_reason(struct archive *ar)
+{
+    const char *why = archive_error_string(ar);
+    if (why && *why) return why;
+    int e = archive_errno(ar);
+    return e > 0 ? strerror(e) : "unknown error";
+}
+
 /* Read one shard. A shard that cannot be opened (or whose path the records
  * could not name in UTF-8) is an error for the caller to judge. */
 static sd_status read_shard(sd_meta_run *m, const char *path, sd_error *err)
@@ -181,13 +208,16 @@ static sd_status read_shard(sd_meta_run *m, const char *path, sd_error *err)
         return sd_err_set(err, SD_EINVAL, "%s: shard path is not UTF-8 (records name it)",
                           sd_name_escape(path, esc, sizeof esc));
     }
+    struct stat fst;
+    if (stat(path, &fst) == 0 && S_ISREG(fst.st_mode) && fst.st_size == 0)
+        return sd_err_set(err, SD_EFORMAT, "%s: cannot open: empty file (not a tar)", path);
     struct archive *ar = archive_read_new();
     archive_read_support_filter_all(ar);
     archive_read_support_format_tar(ar);
     if (archive_read_open_filename(ar, path, 1 << 16) != ARCHIVE_OK) {
-        int e = archive_errno(ar);
-        sd_status st =
-            sd_err_set(err, SD_EIO, "%s: cannot open: %s", path, e > 0 ? strerror(e) : archive_error_string(ar));
+        int e = archive_errno(ar); /* a system error in its usual words (EILSEQ: libarchive's "not this format") */
+        sd_status st = sd_err_set(err, SD_EIO, "%s: cannot open: %s", path,
+                                  e > 0 && e != EILSEQ ? strerror(e) : archive_reason(ar));
         archive_read_free(ar);
         return st;
     }
@@ -201,6 +231,7 @@ static sd_status read_shard(sd_meta_run *m, const char *path, sd_error *err)
     struct archive_entry *e;
     char last_member[1024] = "";
     int pending_image = 0; /* an image member whose offset waits for the next header */
+    int in_damage = 0;     /* inside a run of damaged headers (reported once per run) */
     for (;;) {
         int r = archive_read_next_header(ar, &e);
         int64_t pos = archive_read_header_position(ar);
@@ -212,6 +243,14 @@ static sd_status read_shard(sd_meta_run *m, const char *path, sd_error *err)
         }
         pending_image = 0;
         if (r == ARCHIVE_EOF) break;
+        if (r == ARCHIVE_RETRY) { /* a header failed its checksum: libarchive steps on a block at a time */
+            if (!in_damage)
+                sd_meta_skip_input(m, "damaged tar", "%s at byte %lld, after member '%s' (%s; the members there are "
+                                   "lost)", origin, (long long)pos, last_member, archive_reason(ar));
+            in_damage = 1;
+            continue;
+        }
+        in_damage = 0;
         if (r == ARCHIVE_FATAL || r == ARCHIVE_FAILED) {
             sd_meta_skip_input(m, "truncated or corrupt tar", "%s after member '%s' (%s)", origin, last_member,
                                archive_error_string(ar));
@@ -256,6 +295,10 @@ static sd_status read_shard(sd_meta_run *m, const char *path, sd_error *err)
                 sd_meta_skip_input(m, "tar sample with two images", "%s[%s]", origin, name);
                 continue;
             }
+            if (size == 0) { /* as the folder source: nothing to decode */
+                sample_spoil(&s, "empty image file", name);
+                continue;
+            }
             la_ssize_t got = archive_read_data(ar, s.probe, PROBE);
             if (got < 0 || (size >= PROBE && got != PROBE) || archive_read_data_skip(ar) != ARCHIVE_OK) {
                 sd_meta_skip_input(m, "truncated or corrupt tar", "%s[%s] (%s)", origin, name, archive_error_string(ar));
@@ -277,6 +320,12 @@ static sd_status read_shard(sd_meta_run *m, const char *path, sd_error *err)
             }
             char *copy = copy_text(t, tl, &tl);
             if (!copy) continue;
+            if (memchr(copy, 0, tl) && ext[0] != 'j') { /* strlen would cut it short; JSON's parser reports its own */
+                sample_spoil(&s, ext[0] == 'c' ? "class label contains NUL bytes" : "caption contains NUL bytes (UTF-16?)",
+                             name);
+                free(copy);
+                continue;
+            }
             if (ext[0] == 'j') {
                 free(s.json);
                 s.json = copy;

@@ -84,8 +84,35 @@ void sd_outfile_warn_own_leftovers(const char *path)
     if (path && strcmp(path, "-") != 0) sd_outfile_warn_leftovers(path, ".tmp.", "");
 }
 
+/* Create PATH.tmp.XXXXXX (six random letters and digits, a fresh name each
+ * try) with mode 0666, so the kernel applies the umask as for any new file
+ * (mkstemp's 0600 needed an fchmod to a guessed mode). tmp holds the name. */
+static int create_temp(char *tmp, size_t cap, const char *path)
+{
+    static const char alnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    for (int attempt = 0; attempt < 100; attempt++) {
+        unsigned char rnd[6];
+        if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            uint64_t x = (uint64_t)ts.tv_nsec * 2654435761u ^ (uint64_t)getpid() << 20 ^ (uint64_t)attempt << 40;
+            for (size_t i = 0; i < sizeof rnd; i++) rnd[i] = (unsigned char)(x >> (8 * i));
+        }
+        char suffix[7];
+        for (size_t i = 0; i < sizeof rnd; i++) suffix[i] = alnum[rnd[i] % (sizeof alnum - 1)];
+        suffix[6] = 0;
+        snprintf(tmp, cap, "%s.tmp.%s", path, suffix);
+        int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd >= 0 || errno != EEXIST) return fd;
+    }
+    errno = EEXIST;
+    return -1;
+}
+
 /* Open path for writing through a temp file; NULL or "-" means stdout, and
- * an existing non-regular file (device, FIFO) is written in place. */
+ * an existing non-regular file (device, FIFO) is written in place. A new
+ * file gets 0666 less the umask, a replaced one keeps its mode, and a
+ * symlink to a regular file stays a link: its target is replaced. */
 sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err)
 {
     o->f = NULL;
@@ -102,7 +129,8 @@ sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err)
         return SD_OK;
     }
     struct stat target;
-    if (stat(path, &target) == 0 && !S_ISREG(target.st_mode)) {
+    int exists = stat(path, &target) == 0;
+    if (exists && !S_ISREG(target.st_mode)) {
         /* a device or pipe (/dev/null, a FIFO): write to it directly, never rename over it */
         if (S_ISDIR(target.st_mode)) return sd_err_set(err, SD_EINVAL, "%s: is a directory", path);
         o->f = fopen(path, "w");
@@ -111,15 +139,19 @@ sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err)
         o->path = strdup(path); /* for messages; NULL only costs the name */
         return SD_OK;
     }
+    struct stat link;
+    char *real = exists && lstat(path, &link) == 0 && S_ISLNK(link.st_mode) ? realpath(path, NULL) : NULL;
+    if (real) path = real; /* the rename goes to the link's target, beside it */
     size_t n = strlen(path) + 32;
     o->path = strdup(path);
+    free(real);
+    path = o->path ? o->path : "";
     o->tmp = malloc(n);
     if (!o->path || !o->tmp) {
         sd_outfile_abort(o);
         return sd_err_set(err, SD_ENOMEM, "out of memory");
     }
-    snprintf(o->tmp, n, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(o->tmp);
+    int fd = create_temp(o->tmp, n, path);
     if (fd < 0) {
         sd_status st = sd_err_set(err, SD_EIO, "%s: cannot create temp file: %s", path, strerror(errno));
         free(o->tmp);
@@ -127,7 +159,8 @@ sd_status sd_outfile_open(sd_outfile *o, const char *path, sd_error *err)
         sd_outfile_abort(o);
         return st;
     }
-    fchmod(fd, 0644);
+    if (exists && fchmod(fd, target.st_mode & 07777) != 0)
+        sd_log(SD_LOG_WARN, "%s: cannot keep its mode %o: %s", path, (unsigned)(target.st_mode & 07777), strerror(errno));
     flock(fd, LOCK_EX | LOCK_NB); /* a fresh file: tells a rerun this one is live (sd_outfile_held) */
     o->f = fdopen(fd, "w");
     if (!o->f) {

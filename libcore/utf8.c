@@ -97,14 +97,20 @@ int sd_name_is_utf8(const char *s)
     return sd_utf8_check(s, n) == n;
 }
 
-/* A name for messages: valid UTF-8 copied, every other byte as \xHH, so a
- * message names the exact bytes and stays UTF-8 itself. A name too long for
- * out (cap >= 8) is cut at a character boundary. Returns out. */
+/* A name for messages: valid UTF-8 copied, every other byte and every
+ * control byte (newline, ESC, DEL) as \xHH, so a message names the exact
+ * bytes, stays UTF-8 and stays on one line. A name too long for out
+ * (cap >= 8) is cut at a character boundary. Returns out. */
 const char *sd_name_escape(const char *s, char *out, size_t cap)
 {
     size_t n = strlen(s), o = 0, i = 0;
     while (i < n) {
         size_t ok = sd_utf8_check(s + i, n - i);
+        for (size_t k = 0; k < ok; k++)
+            if ((unsigned char)s[i + k] < 0x20 || s[i + k] == 0x7f) {
+                ok = k;
+                break;
+            }
         if (o + ok + 5 > cap) { /* no room for the run, an escape and the NUL */
             size_t take = o + 5 <= cap ? cap - 5 - o : 0;
             while (take && ((unsigned char)s[i + take] & 0xc0) == 0x80) take--;

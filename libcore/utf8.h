@@ -10,7 +10,7 @@ int sd_utf8_encode(unsigned cp, char out[4]);
 size_t sd_bom_len(const char *s, size_t n);
 /* Whether a NUL-terminated name is valid UTF-8 (records must be). */
 int sd_name_is_utf8(const char *s);
-/* A name for messages: valid UTF-8 copied, other bytes as \xHH (cap >= 8); returns out. */
+/* A name for messages: valid UTF-8 copied, other bytes and control bytes as \xHH (cap >= 8); returns out. */
 const char *sd_name_escape(const char *s, char *out, size_t cap);
 
 #endif

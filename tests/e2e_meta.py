@@ -552,10 +552,14 @@ class WebDataset(Base):
             ("d.jpg", img), ("d.cls", b"cat"),
             ("e.jpg", img), ("e.json", b'{"cls": "x"}'),
             ("f.jpg", img), ("f.cls", b"7"),
-            ("g.jpg", img), ("g.json", b'{"cls": 2.5}')])
+            ("g.jpg", img), ("g.json", b'{"cls": 2.5}'),
+            ("h.jpg", img), ("h.cls", b" 03\n"),                 # an integer however written
+            ("i.jpg", img), ("i.json", b'{"cls": 3.0}'),
+            ("j.jpg", img), ("j.json", b'{"cls": "-0"}')])
         rc, recs, err = run([self.p("c.tar"), "--cls-map", self.p("cls.json")])
         self.assertEqual(rc, 0, err)
-        self.assertEqual([(r["key"], r["caption"]) for r in recs], [("a", "three"), ("b", "three"), ("c", "three")])
+        self.assertEqual([(r["key"], r["caption"]) for r in recs],
+                         [("a", "three"), ("b", "three"), ("c", "three"), ("h", "three"), ("i", "three"), ("j", "zero")])
         self.assertEqual(skipped(err, "bad cls"), 3)
         self.assertEqual(skipped(err, "cls not in the class map"), 1)
         self.assertIn("'cat'", err)
@@ -612,6 +616,34 @@ class Cli(Base):
         self.assertIn("meta.jsonl.tmp.Ab12Cd: a temporary output left by an earlier run", err)
         self.assertEqual(sorted(os.listdir(self.p("o"))), ["meta.jsonl", "meta.jsonl.tmp.Ab12Cd"])
 
+    def test_output_file_mode_and_symlink(self):
+        """A new -o file gets 0666 less the umask, a replaced one keeps its
+        mode, and a symlink to a regular file stays a link to the new data."""
+        import stat
+        write(self.p("posts.jsonl"), json.dumps(post()) + "\n")
+        new = self.p("new.jsonl")
+        p = subprocess.run([SD_META, self.p("posts.jsonl"), "-o", new], capture_output=True,
+                           preexec_fn=lambda: os.umask(0o027))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(stat.S_IMODE(os.stat(new).st_mode), 0o640)
+        old = self.p("old.jsonl")
+        write(old, "old\n")
+        os.chmod(old, 0o600)
+        self.assertEqual(run([self.p("posts.jsonl"), "-o", old])[0], 0)
+        self.assertEqual(stat.S_IMODE(os.stat(old).st_mode), 0o600)
+        self.assertEqual(json.loads(read(old))["key"], "1234")
+        os.makedirs(self.p("data"))
+        target = self.p("data", "meta.jsonl")
+        write(target, "old\n")
+        os.chmod(target, 0o664)
+        os.symlink(os.path.join("data", "meta.jsonl"), self.p("link.jsonl"))
+        rc, _, err = run([self.p("posts.jsonl"), "-o", self.p("link.jsonl")])
+        self.assertEqual(rc, 0, err)
+        self.assertTrue(os.path.islink(self.p("link.jsonl")))
+        self.assertEqual(json.loads(read(target))["key"], "1234")
+        self.assertEqual(stat.S_IMODE(os.stat(target).st_mode), 0o664)
+        self.assertEqual(sorted(os.listdir(self.p("data"))), ["meta.jsonl"])
+
     def test_output_to_a_fifo_is_not_replaced(self):
         import stat
         import threading
@@ -637,6 +669,80 @@ class Cli(Base):
         self.assertEqual(outs[0], outs[1])
         self.assertEqual(outs[0], outs[2])
         self.assertEqual(len(outs[0].splitlines()), sum(1 for x in posts if x["score"] >= 5))
+
+
+class FolderMessages(Base):
+    """What a folder run says about what it did not use: captions without a
+    usable image, where a tree's captions were looked for, names with
+    control bytes, a trailing slash, a folder with no images at all."""
+
+    def test_captions_without_a_usable_image_are_counted(self):
+        d = self.p("ds")
+        self.img(self.p("ds", "a.jpg"))
+        write(self.p("ds", "a.txt"), "a")
+        write(self.p("ds", "b.gif"), b"GIF89a")
+        write(self.p("ds", "b.txt"), "b")
+        write(self.p("ds", "c.jfif"), b"\xff\xd8\xff")
+        write(self.p("ds", "c.caption"), "c")
+        write(self.p("ds", "orphan.txt"), "o")
+        rc, recs, err = run(["--strict", d])
+        self.assertEqual(rc, 0, err)  # not errors
+        self.assertEqual([r["key"] for r in recs], ["a"])
+        self.assertEqual(skipped(err, "caption without a usable image"), 3, err)
+        self.assertIn("ignored (not errors; --verbose names them): 3", err)
+        self.assertNotIn("b.txt", err)
+        rc, recs, err = run(["-v", d])
+        for name in ("b.txt", "c.caption", "orphan.txt"):
+            self.assertIn("ignored " + os.path.join(d, name) + ": caption without a usable image", err)
+
+    def test_tree_names_where_it_looked(self):
+        d = self.p("tree")
+        self.img(self.p("tree", "images", "sub", "x.png"))
+        os.makedirs(self.p("tree", "captions"))
+        rc, recs, err = run(["--source", "tree", d])
+        self.assertEqual(skipped(err, "missing caption"), 1, err)
+        self.assertIn("(no " + os.path.join(d, "captions", "sub", "x") + ".txt or .caption)", err)
+
+    def test_control_bytes_in_names_are_escaped(self):
+        d = self.p("ds")
+        self.img(self.p("ds", "ok.png"))
+        write(self.p("ds", "ok.txt"), "ok")
+        write(self.p("ds", "bad\nname\x1b[31m.png"), b"")  # empty image: skipped with its name
+        rc, recs, err = run([d])
+        self.assertEqual(skipped(err, "empty image file"), 1, err)
+        self.assertIn("bad\\x0aname\\x1b[31m.png: empty image file", err)
+        self.assertNotIn("\x1b", err)
+        self.assertTrue(all(l.startswith("sd-meta:") for l in err.splitlines()), err)
+
+    def test_trailing_slash(self):
+        d = self.p("slash")
+        self.img(self.p("slash", "ok.png"))
+        write(self.p("slash", "ok.txt"), "ok")
+        rc, recs, err = run([d + "//"])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(recs[0]["image"], os.path.join(d, "ok.png"))
+
+    def test_empty_folder_keeps_the_output(self):
+        os.makedirs(self.p("empty"))
+        out = self.p("meta.jsonl")
+        write(out, "old\n")
+        rc, recs, err = run([self.p("empty"), "-o", out])
+        self.assertEqual(rc, 1, err)
+        self.assertIn("no images found in " + self.p("empty"), err)
+        self.assertIn("nothing found in the source; -o not written", err)
+        self.assertEqual(read(out), b"old\n")
+        rc, recs, err = run([self.p("empty"), "-o", out, "--allow-empty"])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(read(out), b"")
+
+    def test_write_failure_reports_what_was_written(self):
+        write(self.p("posts.jsonl"), "".join(json.dumps(post(id=i + 1)) + "\n" for i in range(4)))
+        with open("/dev/full", "wb") as full:
+            p = subprocess.run([SD_META, "-q", self.p("posts.jsonl")], stdout=full, stderr=subprocess.PIPE)
+        err = p.stderr.decode()
+        self.assertEqual(p.returncode, 3, err)
+        self.assertIn("written 0 before the output failed (4 lost)", err)
+        self.assertNotIn("written 4", err)
 
 
 if __name__ == "__main__":

@@ -585,6 +585,167 @@ class UnreadableEntries(Base):
         super().tearDown()
 
 
+class DamagedTars(Base):
+    """Damage inside a tar is reported and counted, never a silent loss: a
+    wrecked header (libarchive steps over it), an empty image member, a
+    caption with NUL bytes, a file that is no tar at all."""
+
+    def damaged(self, blocks):
+        """20 USTAR samples NNNN.jpg + NNNN.txt (2560 bytes each), the given
+        512-byte blocks overwritten with garbage."""
+        make_tar(self.p("t.tar"), [(f"{i:04d}.{e}", d) for i in range(20)
+                                   for e, d in (("jpg", JPEG + b"\x55" * 531), ("txt", f"cap {i}".encode()))],
+                 fmt=tarfile.USTAR_FORMAT)
+        with tarfile.open(self.p("t.tar")) as t:  # the layout the offsets below assume
+            self.assertEqual((t.getmember("0005.jpg").offset, t.getmember("0005.txt").offset), (12800, 14336))
+        raw = bytearray(meta_util.read(self.p("t.tar")))
+        for b in blocks:
+            raw[b:b + 512] = b"B" * 512
+        write(self.p("d.tar"), bytes(raw))
+        return self.p("d.tar")
+
+    def test_wrecked_sample_headers(self):
+        rc, recs, err = run(["-j1", "--strict", self.damaged([5 * 2560, 5 * 2560 + 1536])])
+        self.assertEqual(rc, 1, err)
+        self.assertEqual(len(recs), 19)
+        self.assertEqual(skipped(err, "damaged tar"), 1, err)
+        self.assertIn("d.tar at byte 12800, after member '0004.txt'", err)
+
+    def test_wrecked_image_header(self):
+        rc, recs, err = run(["-j1", self.damaged([5 * 2560])])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(len(recs), 19)
+        self.assertEqual(skipped(err, "damaged tar"), 1, err)
+        self.assertEqual(skipped(err, "tar sample without image"), 1, err)
+
+    def test_empty_image_member(self):
+        make_tar(self.p("e.tar"), [("a.jpg", b""), ("a.txt", b"a"), ("b.jpg", JPEG), ("b.txt", b"b")])
+        rc, recs, err = run([self.p("e.tar")])
+        self.assertEqual([r["key"] for r in recs], ["b"], err)
+        self.assertEqual(skipped(err, "empty image file"), 1, err)
+        self.assertIn("e.tar[a.jpg]", err)
+        self.assertEqual(skipped(err, "tar sample without image"), 0, err)
+
+    def test_caption_member_with_nul_bytes(self):
+        make_tar(self.p("n.tar"), [("a.jpg", JPEG), ("a.txt", "a cat".encode("utf-16-le")), ("b.jpg", JPEG),
+                                   ("b.txt", b"b")])
+        rc, recs, err = run([self.p("n.tar")])
+        self.assertEqual([r["key"] for r in recs], ["b"], err)
+        self.assertEqual(skipped(err, "caption contains NUL bytes (UTF-16?)"), 1, err)
+        self.assertIn("n.tar[a.txt]", err)
+
+    def test_not_a_tar(self):
+        write(self.p("empty.tar"), b"")
+        write(self.p("text.tar"), b"hello\n" * 100)
+        rc, recs, err = run([self.p("empty.tar")])
+        self.assertEqual(rc, 3, err)
+        self.assertIn("empty.tar: cannot open: empty file (not a tar)", err)
+        rc, recs, err = run([self.p("text.tar")])
+        self.assertEqual(rc, 3, err)
+        self.assertIn("text.tar: cannot open: Unrecognized archive format", err)
+        self.assertNotIn("multibyte", err)
+
+
+class CaptionFiles(Base):
+    """Caption files that cannot be read are skipped with the reason, and a
+    FIFO named like one never blocks the run."""
+
+    def test_fifo_directory_huge_and_utf16(self):
+        d = self.p("ds")
+        for n in "abcde":
+            write(os.path.join(d, n + ".png"), PNG)
+        os.mkfifo(os.path.join(d, "a.txt"))
+        os.mkdir(os.path.join(d, "b.txt"))
+        with open(os.path.join(d, "c.txt"), "wb") as f:
+            f.truncate(65 << 20)
+        write(os.path.join(d, "d.txt"), "a cat, a hat".encode("utf-16-le"))
+        write(os.path.join(d, "e.txt"), "fine")
+        rc, recs, err = run(["-v", d], timeout=20)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([r["key"] for r in recs], ["e"])
+        self.assertEqual(skipped(err, "unreadable caption file"), 3, err)
+        self.assertIn("a.txt: not a regular file)", err)
+        self.assertIn("b.txt: not a regular file (a directory))", err)
+        self.assertIn("c.txt: too large (68157440 bytes, limit 67108864))", err)
+        self.assertEqual(skipped(err, "caption contains NUL bytes (UTF-16?)"), 1, err)
+        self.assertNotIn("Invalid argument", err)
+
+
+class BooruKeys(Base):
+    """Numeric ids are keys by their integer value, so 1001.0 and 1e3 are
+    caught as duplicates; ids and tags with NUL bytes are refused."""
+
+    def test_numeric_ids_and_nul_bytes(self):
+        text = (b'{"id":1001,"tag_string":"a"}\n{"id":1001.0,"tag_string":"a"}\n{"id":1e3,"tag_string":"a"}\n'
+                b'{"id":1000,"tag_string":"a"}\n{"id":1.5,"tag_string":"a"}\n{"id":1e300,"tag_string":"a"}\n'
+                b'{"id":"x\\u0000y","tag_string":"a"}\n{"id":7,"tag_string":"a\\u0000b c"}\n'
+                b'{"id":12345678901234567890123,"tag_string":"a"}\n')
+        write(self.p("p.jsonl"), text)
+        rc, recs, err = run([self.p("p.jsonl")])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([r["key"] for r in recs], ["1001", "1000", "12345678901234567890123"])
+        self.assertEqual(skipped(err, "duplicate key"), 2, err)
+        self.assertEqual(skipped(err, "post id not an integer"), 2, err)
+        self.assertEqual(skipped(err, "post id contains NUL bytes"), 1, err)
+        self.assertEqual(skipped(err, "tag contains NUL bytes"), 1, err)
+        self.assertIn("p.jsonl:5 (id 1.5)", err)
+
+
+class FlagsOverrideRules(Base):
+    """A flag given as 0 overrides the rules file (0 is a value, not "not
+    given"); out-of-range fractions and thread counts are usage errors."""
+
+    def setUp(self):
+        super().setUp()
+        write(self.p("p.jsonl"), jsonl([post(i, image_width=64, image_height=64) for i in range(1, 11)]))
+        write(self.p("rules.json"), json.dumps({"min_side": 100, "min_pixels": 10 ** 6, "val_every": 2,
+                                                "val_fraction": 1, "shuffle_tag_p": 1}))
+
+    def test_zero_flags_override_the_rules_file(self):
+        rc, recs, err = run([self.p("p.jsonl"), "-r", self.p("rules.json"), "--min-side", "0"])
+        self.assertEqual((rc, len(recs)), (0, 0), err)  # min_pixels still drops them all
+        rc, recs, err = run([self.p("p.jsonl"), "-r", self.p("rules.json"), "--min-side", "0", "--min-pixels", "0",
+                             "--val-every", "0", "--val-fraction", "0", "--shuffle-tags", "0"])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(len(recs), 10, err)
+        self.assertEqual({r["split"] for r in recs}, {"train"})
+        self.assertEqual({r["caption"] for r in recs}, {"a, b, c"})
+
+    def test_out_of_range_values(self):
+        for flag, val in (("--shuffle-tags", "-0.5"), ("--val-fraction", "-0.5"), ("--shuffle-tags", "1.5"),
+                          ("--val-fraction", "nan")):
+            rc, recs, err = run([self.p("p.jsonl"), flag, val])
+            self.assertEqual(rc, 2, (flag, val, err))
+            self.assertIn(flag + " must be in [0,1]", err)
+        for val in ("-3", "0"):
+            rc, recs, err = run([self.p("p.jsonl"), "-j", val])
+            self.assertEqual(rc, 2, (val, err))
+            self.assertIn("--threads must be an integer from 1", err)
+
+
+class TemplateVariables(Base):
+    """Unknown {names}, an unclosed '{' and a lone '}' in the caption template
+    are errors when the rules are read; {{ and }} are literal braces."""
+
+    def test_typos_are_usage_errors(self):
+        write(self.p("p.jsonl"), jsonl([post(1)]))
+        for t in ("{caption}, {tag}", "{caption", "a } b"):
+            rc, recs, err = run([self.p("p.jsonl"), "-t", t])
+            self.assertEqual((rc, recs), (2, []), (t, err))
+        rc, recs, err = run([self.p("p.jsonl"), "-t", "{caption}, {tag}"])
+        self.assertIn("unknown variable {tag} (known: {caption}, {tags}, {rating}, {score_tag}, {general}", err)
+        write(self.p("rules.json"), json.dumps({"caption_template": "{ratng}, {tags}"}))
+        rc, recs, err = run([self.p("p.jsonl"), "-r", self.p("rules.json")])
+        self.assertEqual(rc, 2, err)
+        self.assertIn("unknown variable {ratng}", err)
+
+    def test_literal_braces(self):
+        write(self.p("p.jsonl"), jsonl([post(1)]))
+        rc, recs, err = run([self.p("p.jsonl"), "-t", "{{style}}, {tags}"])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(recs[0]["caption"], "{style}, a, b, c")
+
+
 if __name__ == "__main__":
     SD_META = sys.argv.pop(1)
     unittest.main(verbosity=1)

@@ -11,6 +11,7 @@
 #include "rules.h"
 #include "slurp.h"
 #include "sources.h"
+#include "utf8.h"
 
 static const char summary[] =
     "Read dataset sources and write one JSON record per image to stdout (or -o FILE,\n"
@@ -26,7 +27,8 @@ static const char summary[] =
 static const char epilog[] =
     "Rules are applied in this order: rating, abs_min_score, where, min size, blacklist,\n"
     "tag bonuses and min_score, tag rewrites, caption template, tag shuffle, split.\n"
-    "Flags add to (or override) the rules file. Full reference: docs/FORMATS.md.\n\n"
+    "Flags add to (or override) the rules file; a flag given as 0 overrides it too.\n"
+    "Full reference: docs/FORMATS.md.\n\n"
     "Examples:\n"
     "  sd-meta photos/ > meta.jsonl\n"
     "  sd-meta --rules rules.json --image-pattern '{id%1000:04d}/{id}.{file_ext}' \\\n"
@@ -41,8 +43,13 @@ typedef struct {
     double min_score, abs_min_score, shuffle_p, val_fraction;
     long min_side, min_pixels, keep_tokens, seed, val_every, threads;
     int escape_parens, keep_underscores, no_check, no_extra, strict, quiet, verbose;
-    int has_min_score, has_abs_min_score;
+    int has_min_score, has_abs_min_score, has_shuffle_p, has_val_fraction, allow_empty;
 } options;
+
+/* A double flag's value before parsing: its flag was not given. Integer
+ * flags use LONG_MIN the same way, so an explicit 0 can override a rules
+ * file. */
+static const double DOUBLE_NOT_GIVEN = -1e300;
 
 /* Load the cls -> prompt map for WebDataset class labels. */
 static sd_status load_cls_map(const char *path, sd_arena *a, sd_json **out, char **text, sd_error *err)
@@ -72,7 +79,16 @@ static sd_status check_int_options(const options *o, sd_error *err)
     if ((st = check_int("min-pixels", o->min_pixels, 0, LONG_MAX, err))) return st;
     if ((st = check_int("keep-tokens", o->keep_tokens, 0, INT_MAX, err))) return st;
     if ((st = check_int("seed", o->seed, 0, LONG_MAX, err))) return st;
+    if ((st = check_int("threads", o->threads, 1, 4096, err))) return st;
     return check_int("val-every", o->val_every, 0, LONG_MAX, err);
+}
+
+/* A probability flag must lie in [0,1] (NaN included in the refusal): a
+ * negative one used to be taken for "not given" and ignored. */
+static sd_status check_fraction(const char *name, int given, double v, sd_error *err)
+{
+    if (!given || (v >= 0 && v <= 1)) return SD_OK;
+    return sd_err_set(err, SD_ERANGE, "--%s must be in [0,1], got %g", name, v);
 }
 
 /* Turn flags into rules on top of the rules file. */
@@ -80,6 +96,8 @@ static sd_status rules_from_options(sd_rules *r, const options *o, sd_error *err
 {
     sd_status st;
     if ((st = check_int_options(o, err))) return st;
+    if ((st = check_fraction("shuffle-tags", o->has_shuffle_p, o->shuffle_p, err))) return st;
+    if ((st = check_fraction("val-fraction", o->has_val_fraction, o->val_fraction, err))) return st;
     if (o->rules && (st = sd_rules_load_file(r, o->rules, err))) return st;
     for (int i = 0; i < o->blacklist.n; i++)
         if ((st = sd_rules_add_tags(&r->blacklist, o->blacklist.v[i], err))) return st;
@@ -95,21 +113,28 @@ static sd_status rules_from_options(sd_rules *r, const options *o, sd_error *err
         r->has_abs_min_score = 1;
         r->abs_min_score = o->abs_min_score;
     }
-    if (o->min_side) r->min_side = (int)o->min_side;
-    if (o->min_pixels) r->min_pixels = o->min_pixels;
+    if (o->min_side != LONG_MIN) r->min_side = (int)o->min_side;
+    if (o->min_pixels != LONG_MIN) r->min_pixels = o->min_pixels;
     if (o->template_) free(r->template_), r->template_ = strdup(o->template_);
     if (o->artist_prefix) free(r->artist_prefix), r->artist_prefix = strdup(o->artist_prefix);
     if (o->tag_order && (st = sd_rules_set_tag_order(r, o->tag_order, err))) return st;
     if (o->escape_parens) r->escape_parens = 1;
     if (o->keep_underscores) r->underscores = 0;
-    if (o->shuffle_p >= 0) r->shuffle_tag_p = o->shuffle_p;
+    if (o->has_shuffle_p) r->shuffle_tag_p = o->shuffle_p;
     if (o->keep_tokens != LONG_MIN) r->keep_tokens = (int)o->keep_tokens;
     if (o->seed != LONG_MIN) r->seed = (unsigned long long)o->seed;
-    if (o->val_every > 0) r->val_every = o->val_every;
-    if (o->val_fraction > 0) r->val_fraction = o->val_fraction;
-    if (r->shuffle_tag_p < 0 || r->shuffle_tag_p > 1) return sd_err_set(err, SD_ERANGE, "--shuffle-tags must be in [0,1]");
-    if (r->val_fraction < 0 || r->val_fraction > 1) return sd_err_set(err, SD_ERANGE, "--val-fraction must be in [0,1]");
-    return SD_OK;
+    if (o->val_every != LONG_MIN) r->val_every = o->val_every;
+    if (o->has_val_fraction) r->val_fraction = o->val_fraction;
+    return sd_rules_check_template(r->template_, err);
+}
+
+/* Log an error whose text may name files: control bytes and invalid UTF-8
+ * escaped as \xHH (sd_name_escape), so a name with a newline stays on one
+ * line. */
+static void log_error(const char *msg)
+{
+    char esc[2048];
+    sd_log(SD_LOG_ERROR, "%s", sd_name_escape(msg, esc, sizeof esc));
 }
 
 /* Read one source path with the reader for its kind. */
@@ -168,7 +193,7 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
     sd_rules rules;
     sd_rules_init(&rules);
     if (rules_from_options(&rules, o, &err)) {
-        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        log_error(err.msg);
         sd_rules_free(&rules);
         return SD_EXIT_USAGE;
     }
@@ -177,7 +202,7 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
     sd_json *cls_map = NULL;
     char *cls_text = NULL;
     if (o->cls_map && load_cls_map(o->cls_map, &cls_arena, &cls_map, &cls_text, &err)) {
-        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        log_error(err.msg);
         sd_rules_free(&rules);
         sd_arena_free(&cls_arena);
         free(cls_text);
@@ -189,13 +214,13 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
     sd_outfile out;
     sd_outfile_warn_own_leftovers(o->out);
     if (sd_outfile_open(&out, o->out, &err)) {
-        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        log_error(err.msg);
         sd_rules_free(&rules);
         sd_arena_free(&cls_arena);
         free(cls_text);
         return SD_EXIT_FATAL;
     }
-    sd_pool *pool = sd_pool_create(o->threads > 0 ? (int)o->threads : sd_default_threads());
+    sd_pool *pool = sd_pool_create(o->threads != LONG_MIN ? (int)o->threads : sd_default_threads());
     sd_meta_run run;
     int status = SD_EXIT_OK;
     if (!pool || sd_meta_run_init(&run, &rules, &bopts, pool, out.f, fmt, o->verbose ? -1 : o->quiet ? 0 : 10, !o->quiet, &err)) {
@@ -212,28 +237,39 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
     run.out_file = &out;
     for (int i = 0; i < pos->n && status == SD_EXIT_OK; i++) {
         if (read_source(&run, pos->v[i], kind, o, &err)) {
-            sd_log(SD_LOG_ERROR, "%s", err.msg);
+            log_error(err.msg);
             status = SD_EXIT_FATAL;
         }
     }
     if (status == SD_EXIT_OK && sd_meta_finish(&run, &err)) {
-        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        log_error(err.msg);
         status = SD_EXIT_FATAL;
+    }
+    if (status == SD_EXIT_OK && run.read == 0 && !o->allow_empty) {
+        /* an empty folder, a wrong path: an empty output must not replace a good one unnoticed */
+        sd_log(SD_LOG_ERROR, "nothing found in the source%s; %s (--allow-empty writes an empty output)",
+               pos->n > 1 ? "s" : "", o->out && strcmp(o->out, "-") != 0 ? "-o not written" : "nothing written");
+        status = SD_EXIT_SKIPPED;
     }
     int via_temp = out.tmp != NULL; /* a regular file: written whole or not at all */
     if (status == SD_EXIT_OK && sd_outfile_commit(&out, &err)) {
-        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        log_error(err.msg);
         status = SD_EXIT_FATAL;
     } else if (status != SD_EXIT_OK) {
         sd_outfile_abort(&out);
     }
-    if (status == SD_EXIT_OK || !via_temp)
+    if (status == SD_EXIT_OK || (!via_temp && !run.write_failed))
         sd_log(SD_LOG_INFO, "records read %llu, written %llu, skipped %llu", (unsigned long long)run.read,
                (unsigned long long)run.written, (unsigned long long)run.skips.total);
+    else if (!via_temp) /* stdout or a device: what was flushed before the failure is out */
+        sd_log(SD_LOG_INFO, "records read %llu, written %llu before the output failed (%llu lost), skipped %llu",
+               (unsigned long long)run.read, (unsigned long long)run.written_out,
+               (unsigned long long)(run.written - run.written_out), (unsigned long long)run.skips.total);
     else /* the temporary output was dropped: -o holds what it held before */
         sd_log(SD_LOG_INFO, "records read %llu, none written (%s left as it was), skipped %llu",
                (unsigned long long)run.read, o->out, (unsigned long long)run.skips.total);
     sd_tally_log(&run.skips, "skipped by reason");
+    if (run.ignored.total) sd_tally_log(&run.ignored, "ignored (not errors; --verbose names them)");
     if (run.val_left_out)
         sd_log(SD_LOG_INFO, "%llu val records left out of the kohya metadata (it has no split: sd-scripts would "
                "train on them)", (unsigned long long)run.val_left_out);
@@ -250,13 +286,12 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
 int main(int argc, char **argv)
 {
     options o = {0};
-    o.shuffle_p = -1;
-    o.keep_tokens = LONG_MIN; /* not given */
-    o.seed = LONG_MIN;
-    o.threads = 0;
+    o.shuffle_p = o.val_fraction = DOUBLE_NOT_GIVEN;
+    o.keep_tokens = o.seed = o.threads = LONG_MIN; /* not given */
+    o.min_side = o.min_pixels = o.val_every = LONG_MIN;
     double min_score = -1e300, abs_min_score = -1e300;
     const sd_opt opts[] = {
-        {"output", 'o', SD_OPT_STR, &o.out, "FILE", "write here (atomically) instead of stdout"},
+        {"output", 'o', SD_OPT_STR, &o.out, "FILE", "write here (atomically) instead of stdout; a new file gets 0666 less the umask, a replaced one keeps its mode, a symlink's target is replaced"},
         {"format", 0, SD_OPT_STR, &o.format, "jsonl|kohya", "output format (default jsonl); kohya: one meta_cap_dd.json object, the finished caption in caption and tags empty (val records and images inside tars left out)"},
         {"source", 0, SD_OPT_STR, &o.source, "KIND", "folder|tree|metatree|booru|kohya|wds (default: detect)"},
         {"rules", 'r', SD_OPT_STR, &o.rules, "FILE", "JSON rules file (docs/FORMATS.md)"},
@@ -267,7 +302,7 @@ int main(int argc, char **argv)
         {"where", 'w', SD_OPT_LIST, &o.where, "EXPR", "keep records where EXPR holds: 'aesthetic>6', 'is_deleted==false' (repeatable)"},
         {"min-side", 0, SD_OPT_INT, &o.min_side, "PX", "drop images whose shorter side is below PX (when known)"},
         {"min-pixels", 0, SD_OPT_INT, &o.min_pixels, "N", "drop images with fewer than N pixels (when known)"},
-        {"template", 't', SD_OPT_STR, &o.template_, "TEXT", "caption template (default '{caption}, {score_tag}, {tags}')"},
+        {"template", 't', SD_OPT_STR, &o.template_, "TEXT", "caption template (default '{caption}, {score_tag}, {tags}'; {{ }} literal braces)"},
         {"tag-order", 0, SD_OPT_STR, &o.tag_order, "LIST", "tag categories in caption order"},
         {"artist-prefix", 0, SD_OPT_STR, &o.artist_prefix, "TEXT", "prefix for artist tags in the caption"},
         {"escape-parens", 0, SD_OPT_FLAG, &o.escape_parens, NULL, "write ( ) in tags as \\( \\)"},
@@ -285,6 +320,7 @@ int main(int argc, char **argv)
         {"no-extra", 0, SD_OPT_FLAG, &o.no_extra, NULL, "do not pass the source's other fields through"},
         {"threads", 'j', SD_OPT_INT, &o.threads, "N", "worker threads (default: all cores)"},
         {"strict", 0, SD_OPT_FLAG, &o.strict, NULL, "exit 1 if any record was skipped"},
+        {"allow-empty", 0, SD_OPT_FLAG, &o.allow_empty, NULL, "when the sources hold nothing at all, write the empty output and exit 0 (default: warn, leave -o as it was, exit 1)"},
         {"quiet", 'q', SD_OPT_FLAG, &o.quiet, NULL, "only errors and the final summary"},
         {"verbose", 'v', SD_OPT_FLAG, &o.verbose, NULL, "report every skipped record"},
         {NULL, 0, 0, NULL, NULL, NULL}};
@@ -296,6 +332,8 @@ int main(int argc, char **argv)
         o.min_score = min_score;
         o.has_abs_min_score = abs_min_score > -1e300;
         o.abs_min_score = abs_min_score;
+        o.has_shuffle_p = o.shuffle_p != DOUBLE_NOT_GIVEN;
+        o.has_val_fraction = o.val_fraction != DOUBLE_NOT_GIVEN;
         rc = run_meta(&o, &pos, &cli);
     }
     sd_strlist_free(&pos);
