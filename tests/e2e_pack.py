@@ -638,6 +638,30 @@ class Pack(unittest.TestCase):
         rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).view(np.float32)
         self.assertTrue(np.array_equal(lat, rounded))
 
+    def test_export_tar_utf8_names(self):
+        """Record names are UTF-8: export-tar writes them as they are whatever the locale
+        (sd-pack never sets one; the old pax writer failed to convert them, exit 3, no tar)."""
+        d = self.p("u8")
+        self.latents(os.path.join(d, "猫.npz"), 64, 48)
+        self.latents(os.path.join(d, "sub", "é" * 60 + ".npz"), 48, 64)  # a pax path, long and non-ASCII
+        self.latents(os.path.join(d, "plain.npz"), 64, 64)
+        shard = self.p("u8.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard, "-q")
+        self.assertEqual(rc, 0, err)
+        os.makedirs(self.p("tars"))
+        for i, env in enumerate(({"LC_ALL": "C"}, {"LC_ALL": "C.UTF-8"})):
+            p = subprocess.run([SD_PACK, "export-tar", shard, "-o", self.p("tars", "u%d-%%d.tar" % i), "-q"],
+                               env=dict(os.environ, **env), capture_output=True, text=True, errors="replace")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with tarfile.open(self.p("tars", "u%d-0.tar" % i), encoding="utf-8") as tf:
+                got = {m.name: tf.extractfile(m).read() for m in tf.getmembers()}
+            want = ["plain", "sub/" + "é" * 60, "猫"]
+            self.assertEqual(sorted(n[:-5] for n in got if n.endswith(".json")), want)
+            for n in want:
+                self.assertEqual(json.loads(got[n + ".json"])["name"], n)
+                src, _ = npz_dict(os.path.join(d, n + ".npz"))
+                self.assertTrue(np.array_equal(np.load(io.BytesIO(got[n + ".latents.npy"])), src["latents"]))
+
     # -- metadata keys ---------------------------------------------------------
 
     def test_meta_full_path_keys(self):
