@@ -410,6 +410,42 @@ class Pack(unittest.TestCase):
         rc, _, err = run("import-kohya", d, "-o", self.p("s.lmdb"), "--strict", "-q")
         self.assertEqual(rc, 1)
 
+    def test_record_name_over_the_limit_is_a_skip(self):
+        """A relative path giving a record name over 511 bytes (the names index key limit) is
+        skipped naming the file, and the import goes on (it aborted, every rerun alike)."""
+        d = self.p("long")
+        long_rel = os.path.join("d" * 200, "e" * 200, "x" * 120)
+        self.latents(os.path.join(d, long_rel + ".npz"), 64, 48)
+        self.latents(os.path.join(d, "ok.npz"), 64, 48)
+        shard = self.p("l.lmdb")
+        for attempt in range(2):  # a rerun meets the file again: skipped again, not fatal
+            rc, _, err = run("import-kohya", d, "-o", shard)
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(skipped(err, "record name too long"), 1, err)
+            self.assertIn("%s/%s.npz (record name 522 bytes, limit 511)" % (d, long_rel), err)
+        self.assertEqual(self.info(shard)["latents"]["records"], 1)
+
+    def test_directory_loops_are_not_followed(self):
+        """A directory link back to an ancestor is reported and not followed (it imported one
+        file 33 times: again/img, again/again/img, ...); a link elsewhere is followed once."""
+        d, elsewhere = self.p("loopd"), self.p("elsewhere")
+        self.latents(os.path.join(d, "img.npz"), 64, 48)
+        self.latents(os.path.join(d, "sub", "deep.npz"), 64, 48)
+        self.latents(os.path.join(elsewhere, "one.npz"), 64, 48)
+        os.symlink(elsewhere, os.path.join(d, "other"))
+        # one loop link per run: the two together made the old walk exponential (2^32 paths)
+        for i, (link, to) in enumerate(((os.path.join(d, "again"), "."), (os.path.join(d, "sub", "up"), ".."))):
+            os.symlink(to, link)
+            shard = self.p("loop%d.lmdb" % i)
+            rc, _, err = run("import-kohya", d, "-o", shard)
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(skipped(err, "directory loop"), 1, err)
+            self.assertIn("%s (leads back to %s; not followed)" % (link, d), err)
+            rc, _, err = run("export-kohya", shard, "-o", self.p("out%d" % i), "--layout", "legacy", "-q")
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(tree(self.p("out%d" % i)), ["img.npz", "other/one.npz", "sub/deep.npz"])
+            os.unlink(link)
+
     def test_usage_errors(self):
         rc, out, _ = run("--help")
         self.assertEqual(rc, 0)

@@ -81,9 +81,58 @@ static int file_cmp(const void *a, const void *b)
     return c ? c : (int)x->kind - (int)y->kind;
 }
 
-/* Walk dir/sub recursively, collecting cache files by kind. */
-static sd_status walk(run *r, const char *sub, int depth, sd_error *err)
+/* A directory on the walk's current path (its device and inode, and its
+ * path under DIR), linked to the one above it: a directory met again among
+ * its own ancestors is a loop (a symbolic link such as "again -> .") that
+ * would otherwise import its files under ever longer names. */
+typedef struct dir_on_path {
+    dev_t dev;
+    ino_t ino;
+    const char *rel;
+    const struct dir_on_path *up;
+} dir_on_path;
+
+/* The ancestor of a walk that is the directory sb describes, or NULL. */
+static const dir_on_path *ancestor_of(const dir_on_path *path, const struct stat *sb)
 {
+    for (; path; path = path->up)
+        if (path->dev == sb->st_dev && path->ino == sb->st_ino) return path;
+    return NULL;
+}
+
+/* Add one cache file found at rel (base name base) to its kind's list,
+ * unless the record name it gives exceeds the shard's name limit (a skip
+ * naming the file: reruns would meet it again). */
+static sd_status add_file(run *r, const char *rel, const char *base, sd_error *err)
+{
+    size_t stem;
+    uint32_t w, h;
+    sd_kohya_kind k = sd_kohya_classify(base, &stem, &w, &h);
+    if (k == SD_KOHYA_NONE) return SD_OK;
+    size_t prefix = strlen(rel) - strlen(base);
+    if (prefix + stem > SD_SHARD_MAX_KEY) {
+        sd_skip(&r->tally, "record name too long", "%s/%s (record name %zu bytes, limit %d)", r->o->dir, rel,
+                prefix + stem, SD_SHARD_MAX_KEY);
+        return SD_OK;
+    }
+    char *name = malloc(prefix + stem + 1), *relc = strdup(rel);
+    if (name && relc) {
+        memcpy(name, rel, prefix + stem);
+        name[prefix + stem] = 0;
+        if (!list_add(k == SD_KOHYA_TE ? &r->te : &r->lat, relc, name, k)) return SD_OK;
+    }
+    free(name);
+    free(relc);
+    return sd_err_set(err, SD_ENOMEM, "out of memory");
+}
+
+/* Walk the directory here (DIR/here->rel) recursively, collecting cache
+ * files by kind. Directory links are followed, except one leading back to
+ * a directory on the current path (a "directory loop" skip naming the
+ * link); paths too long and nesting past 32 levels are skips too. */
+static sd_status walk(run *r, const dir_on_path *here, int depth, sd_error *err)
+{
+    const char *sub = here->rel;
     char path[4096];
     snprintf(path, sizeof path, "%s%s%s", r->o->dir, *sub ? "/" : "", sub);
     DIR *d = opendir(path);
@@ -93,36 +142,40 @@ static sd_status walk(run *r, const char *sub, int depth, sd_error *err)
     while (!st && (e = readdir(d))) {
         if (e->d_name[0] == '.') continue;
         char rel[4096], full[8192];
-        if (snprintf(rel, sizeof rel, "%s%s%s", sub, *sub ? "/" : "", e->d_name) >= (int)sizeof rel) continue;
+        if (snprintf(rel, sizeof rel, "%s%s%s", sub, *sub ? "/" : "", e->d_name) >= (int)sizeof rel) {
+            sd_skip(&r->tally, "path too long", "%s/%s/%.64s... (over %zu bytes)", r->o->dir, sub, e->d_name,
+                    sizeof rel - 1);
+            continue;
+        }
         snprintf(full, sizeof full, "%s/%s", r->o->dir, rel);
         struct stat sb;
         if (stat(full, &sb)) continue;
         if (S_ISDIR(sb.st_mode)) {
-            if (depth < 32) st = walk(r, rel, depth + 1, err);
+            const dir_on_path *loop = ancestor_of(here, &sb), next = {sb.st_dev, sb.st_ino, rel, here};
+            if (loop)
+                sd_skip(&r->tally, "directory loop", "%s (leads back to %s%s%s; not followed)", full, r->o->dir,
+                        *loop->rel ? "/" : "", loop->rel);
+            else if (depth >= 32)
+                sd_skip(&r->tally, "directories nested too deep", "%s (over 32 levels; not followed)", full);
+            else
+                st = walk(r, &next, depth + 1, err);
             continue;
         }
-        size_t stem;
-        uint32_t w, h;
-        sd_kohya_kind k = sd_kohya_classify(e->d_name, &stem, &w, &h);
-        if (!S_ISREG(sb.st_mode) || k == SD_KOHYA_NONE) continue;
-        size_t prefix = strlen(rel) - strlen(e->d_name);
-        char *name = malloc(prefix + stem + 1), *relc = strdup(rel);
-        if (!name || !relc) {
-            free(name);
-            free(relc);
-            st = sd_err_set(err, SD_ENOMEM, "out of memory");
-            break;
-        }
-        memcpy(name, rel, prefix + stem);
-        name[prefix + stem] = 0;
-        if (list_add(k == SD_KOHYA_TE ? &r->te : &r->lat, relc, name, k)) {
-            free(name);
-            free(relc);
-            st = sd_err_set(err, SD_ENOMEM, "out of memory");
-        }
+        if (S_ISREG(sb.st_mode)) st = add_file(r, rel, e->d_name, err);
     }
     closedir(d);
     return st;
+}
+
+/* Walk DIR from its top (its own identity starts the path a loop is
+ * detected on). */
+static sd_status walk_top(run *r, sd_error *err)
+{
+    struct stat sb;
+    if (stat(r->o->dir, &sb) || !S_ISDIR(sb.st_mode))
+        return sd_err_set(err, SD_EIO, "%s: cannot open directory", r->o->dir);
+    const dir_on_path top = {sb.st_dev, sb.st_ino, "", NULL};
+    return walk(r, &top, 0, err);
 }
 
 /* The te_outputs file of an image name, or NULL. */
@@ -604,7 +657,9 @@ int pack_import_kohya(int argc, char **argv)
         "The stored crop box is the one sd-scripts cut (cover resize, centre crop), sdtk's convention,\n"
         "when crop_ltrb is sd-scripts' value for original_size and the latents' size; any other\n"
         "crop_ltrb is stored as given (flagged, with a warning).\n"
-        "Bad files are reported (file and reason), counted and skipped.\n"
+        "Bad files are reported (file and reason), counted and skipped, among them files whose record\n"
+        "name would exceed 511 bytes. Directory links are followed, except one leading back to a\n"
+        "directory on its own path (a loop such as 'again -> .'): reported, not followed.\n"
         "A new shard is built as SHARD.partial and renamed at the end; rerun after a kill, the\n"
         "import continues, skipping names already present. An existing SHARD is extended in place.\n"
         "Both survive a crash: every commit is written so that the shard stays consistent (an OS\n"
@@ -653,7 +708,7 @@ int pack_import_kohya(int argc, char **argv)
         st = sd_kohya_meta_load(&r.meta, o.meta_path, &err);
         r.have_meta = 1;
     }
-    if (!st) st = walk(&r, "", 0, &err);
+    if (!st) st = walk_top(&r, &err);
     if (!st) st = pack_out_open(&r.out, o.output, PACK_OUT_RESUME, &err);
     r.out.batch_max = 64; /* small commits: a killed import loses little */
     if (!st) {
