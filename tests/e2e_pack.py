@@ -446,6 +446,46 @@ class Pack(unittest.TestCase):
             self.assertEqual(tree(self.p("out%d" % i)), ["img.npz", "other/one.npz", "sub/deep.npz"])
             os.unlink(link)
 
+    def test_import_into_a_foreign_shard_is_refused(self):
+        """import-kohya into an existing shard of sd-latents (a model_hash) mixed foreign latents
+        in and overwrote its producer and options; now refused (exit 2, shard untouched) unless
+        --allow-mixed, which keeps the shard's meta. A kohya import of the other family too."""
+        d = self.p("kd")
+        self.latents(os.path.join(d, "img_0192x0144_sdxl.npz"), 64, 48, orig=(192, 144))
+        a = self.p("a.shard")
+        writer("write", a, 6, 8)
+        for k, v in (("producer", "sd-latents 0.1.0"), ("model_hash", "0123abcd"), ("options", '{"vae": "x"}')):
+            writer("meta", a, k, v)
+        with open(a, "rb") as f:
+            before = f.read()
+        rc, _, err = run("import-kohya", d, "-o", a)
+        self.assertEqual(rc, 2, err)
+        self.assertIn("%s: made by 'sd-latents 0.1.0' (model_hash 0123abcd, kohya_layout none)" % a, err)
+        self.assertIn("--allow-mixed", err)
+        with open(a, "rb") as f:
+            self.assertEqual(f.read(), before)
+        rc, _, err = run("import-kohya", d, "-o", a, "--allow-mixed", "--scale", "0.13025")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("importing anyway (--allow-mixed)", err)
+        meta = self.info(a)["meta"]
+        self.assertEqual((meta["producer"], meta["options"], meta.get("kohya_layout")),
+                         ("sd-latents 0.1.0", '{"vae": "x"}', None))
+        self.assertEqual(self.info(a)["latents"]["records"], 7)
+        # a kohya import of SD 1.x/2.x names does not take _sdxl names; one of _sdxl names does
+        sd, d2 = self.p("sd"), self.p("kd2")
+        self.latents(os.path.join(sd, "old_0192x0144_sd.npz"), 64, 48, orig=(192, 144))
+        self.latents(os.path.join(d2, "two_0192x0144_sdxl.npz"), 64, 48, orig=(192, 144))
+        for src, out in ((sd, "s.lmdb"), (d, "x.lmdb")):
+            rc, _, err = run("import-kohya", src, "-o", self.p(out), "-q")
+            self.assertEqual(rc, 0, err)
+        rc, _, err = run("import-kohya", d2, "-o", self.p("s.lmdb"), "--scale", "0.13025")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("it is a kohya import of the other model family", err)
+        rc, _, err = run("import-kohya", d2, "-o", self.p("x.lmdb"), "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.info(self.p("x.lmdb"))["latents"]["records"], 2)
+        self.assertIn("allow-mixed", run("import-kohya", "--help")[1])
+
     def test_usage_errors(self):
         rc, out, _ = run("--help")
         self.assertEqual(rc, 0)

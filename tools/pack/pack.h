@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "err.h"
+#include "kohya_cache.h"
 #include "npy.h"
 #include "progress.h"
 #include "shard.h"
@@ -73,6 +74,8 @@ int pack_rec_check(const void *v, size_t vl, int kind, const char *wrong_kind, s
 void pack_crop_ltrb(const sd_shard_rec *rec, double ltrb[4]);
 
 int pack_finish(const sd_tally *t, const pack_common *c, const char *what);
+sd_status pack_import_target_check(sd_shard *s, const char *path, sd_kohya_kind family, int allow_mixed,
+                                   int *keep_meta, sd_error *err);
 
 typedef int (*pack_cmd)(int argc, char **argv);
 int pack_info(int argc, char **argv);

@@ -31,6 +31,7 @@ typedef struct {
     const char *dir, *meta_path, *dtype_name, *output;
     int npy_dtype; /* target element type, -1 = keep the file's */
     double scale;  /* --scale; 0 = by the cache names */
+    int allow_mixed; /* --allow-mixed: import into a shard made otherwise */
     pack_common pc;
 } options;
 
@@ -46,6 +47,7 @@ typedef struct {
     uint64_t imported, present, texts_new;
     sd_buf rec, conv[4], path;
     int meta_done;
+    int keep_meta; /* an existing shard: its producer, kohya_layout and options stay */
     char *dtypes[2]; /* stored dtype names of latents and text embeddings ("fp16"), NULL = none yet */
 } run;
 
@@ -384,10 +386,11 @@ static sd_status settle_scale(run *r, sd_error *err)
     return sd_shard_meta_set(r->out.s, SD_SHARD_META_SCALING, now, err);
 }
 
-/* Meta entries describing the import, set once (on the first record). */
+/* Meta entries describing the import, set once (on the first record) in a
+ * new shard; an existing one keeps those describing how it was made. */
 static sd_status set_meta(run *r, const cache_file *f, sd_error *err)
 {
-    if (r->meta_done) return SD_OK;
+    if (r->meta_done || r->keep_meta) return SD_OK;
     r->meta_done = 1;
     char buf[1024];
     snprintf(buf, sizeof buf, "sd-pack import-kohya %s", sd_version());
@@ -615,6 +618,15 @@ static sd_status import_all(run *r, sd_error *err)
     return st;
 }
 
+/* The model family the cache names say (the first _sd or _sdxl name's),
+ * SD_KOHYA_LEGACY when only legacy names (which say none) were found. */
+static sd_kohya_kind names_family(const run *r)
+{
+    for (size_t i = 0; i < r->lat.n; i++)
+        if (r->lat.v[i].kind == SD_KOHYA_SD || r->lat.v[i].kind == SD_KOHYA_SDXL) return r->lat.v[i].kind;
+    return SD_KOHYA_LEGACY;
+}
+
 /* Free everything of a run but the output. */
 static void run_free(run *r)
 {
@@ -639,6 +651,8 @@ int pack_import_kohya(int argc, char **argv)
         {"dtype", 0, SD_OPT_STR, &o.dtype_name, "T", "store tensors as fp16, bf16 or fp32 (default: as the shard already holds them, else as in the first file)"},
         {"scale", 0, SD_OPT_DOUBLE, &o.scale, "X",
          "the VAE scaling factor sd-train applies (default: 0.18215 for _sd names, 0.13025 for _sdxl)"},
+        {"allow-mixed", 0, SD_OPT_FLAG, &o.allow_mixed, NULL,
+         "import into an existing SHARD that is not a kohya import of the same model family"},
         {"strict", 0, SD_OPT_FLAG, &o.pc.strict, NULL, "exit 1 if any file was skipped"},
         {"quiet", 'q', SD_OPT_FLAG, &o.pc.quiet, NULL, "only warnings and errors"},
         {"verbose", 'v', SD_OPT_FLAG, &o.pc.verbose, NULL, "show every skipped file"},
@@ -661,7 +675,10 @@ int pack_import_kohya(int argc, char **argv)
         "name would exceed 511 bytes. Directory links are followed, except one leading back to a\n"
         "directory on its own path (a loop such as 'again -> .'): reported, not followed.\n"
         "A new shard is built as SHARD.partial and renamed at the end; rerun after a kill, the\n"
-        "import continues, skipping names already present. An existing SHARD is extended in place.\n"
+        "import continues, skipping names already present. An existing SHARD is extended in place\n"
+        "when it is a kohya import (meta kohya_layout, no model_hash) of the same model family (_sd\n"
+        "or _sdxl names; legacy names fit either); any other (a shard of sd-latents) is refused,\n"
+        "exit 2 and untouched, unless --allow-mixed. Its producer, kohya_layout and options stay.\n"
         "Both survive a crash: every commit is written so that the shard stays consistent (an OS\n"
         "crash may undo the last one).",
         opts,
@@ -711,6 +728,11 @@ int pack_import_kohya(int argc, char **argv)
     if (!st) st = walk_top(&r, &err);
     if (!st) st = pack_out_open(&r.out, o.output, PACK_OUT_RESUME, &err);
     r.out.batch_max = 64; /* small commits: a killed import loses little */
+    int refused = 0;
+    if (!st && (st = pack_import_target_check(r.out.s, o.output, names_family(&r), o.allow_mixed, &r.keep_meta, &err))) {
+        refused = st == SD_EINVAL;
+        pack_out_abort(&r.out, 1);
+    }
     if (!st) {
         st = import_all(&r, &err);
         if (st) pack_out_abort(&r.out, 1);
@@ -720,7 +742,7 @@ int pack_import_kohya(int argc, char **argv)
         sd_log(SD_LOG_ERROR, "%s", err.msg);
         run_free(&r);
         sd_strlist_free(&pos);
-        return SD_EXIT_FATAL;
+        return refused ? SD_EXIT_USAGE : SD_EXIT_FATAL;
     }
     sd_log(SD_LOG_INFO, "imported %llu records (%llu new text embeddings), %llu already present, %llu skipped -> %s",
            (unsigned long long)r.imported, (unsigned long long)r.texts_new, (unsigned long long)r.present,
