@@ -1257,6 +1257,21 @@ class Pack(unittest.TestCase):
             self.assertEqual(rc, 0, err)
             self.assertEqual(self.info(self.p(cmd[0][0] + ".lmdb"))["latents"]["records"], 20, err)
 
+    def test_final_progress_line_counts_every_skip(self):
+        """The last progress line gave the skips as of the last record's update, one short when
+        that record was skipped (merge a a: "8 records, 3 skipped", then "skipped: 4")."""
+        a = self.p("a.shard")
+        writer("write", a, 4, 8)
+        writer("misname", a, "zzz", "rec000001")  # the last name in order leads to another record
+        os.makedirs(self.p("tars"))
+        for cmd in (["merge", "-o", self.p("m.lmdb"), a, a], ["export-kohya", a, "-o", self.p("k")],
+                    ["export-tar", a, "-o", self.p("tars", "t-%d.tar")]):
+            rc, _, err = run(*cmd)
+            self.assertEqual(rc, 0, err)
+            progress = re.findall(r"^sd-pack [\w-]+: \d+(?:/\d+)? records.*?, (\d+) skipped, ", err, re.M)
+            summary = re.findall(r"^sd-pack [\w-]+: skipped: (\d+)$", err, re.M)
+            self.assertEqual((progress[-1:], summary), (["4" if cmd[0] == "merge" else "1"],) * 2, err)
+
     # -- split sets: identity, renames, leftovers; write errors ------------------
 
     def split_sets(self, pattern, n):

@@ -74,6 +74,7 @@ int pack_rec_check(const void *v, size_t vl, int kind, const char *wrong_kind, s
 void pack_crop_ltrb(const sd_shard_rec *rec, double ltrb[4]);
 
 int pack_finish(const sd_tally *t, const pack_common *c, const char *what);
+void pack_progress_finish(sd_progress *p, const sd_tally *t);
 sd_status pack_import_target_check(sd_shard *s, const char *path, sd_kohya_kind family, int allow_mixed,
                                    int *keep_meta, sd_error *err);
 

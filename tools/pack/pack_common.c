@@ -513,6 +513,15 @@ int pack_finish(const sd_tally *t, const pack_common *c, const char *what)
     return t->total && c->strict ? SD_EXIT_SKIPPED : SD_EXIT_OK;
 }
 
+/* End a progress display with the run's final skip count: skips counted
+ * after its last update (the last record's) would be missing from its last
+ * line, which then disagrees with the summary below it. */
+void pack_progress_finish(sd_progress *p, const sd_tally *t)
+{
+    p->skipped = t->total;
+    sd_progress_finish(p);
+}
+
 /* kohya's crop_ltrb for a record: sd-scripts' get_crop_ltrb for its
  * original size and bucket, or, for a record whose crop box holds a
  * crop_ltrb kept as a kohya file gave it (SD_REC_F_CROP_FLOAT), that box,

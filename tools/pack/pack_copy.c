@@ -270,7 +270,7 @@ static int run_copy(const char *prog, const sd_strlist *in, const char *output, 
         st = copy_shard(in->v[i], &o, all_text, i == 0 ? producer : NULL, &r, &err);
         if (st) sd_log(SD_LOG_ERROR, "%s", err.msg);
     }
-    sd_progress_finish(&r.prog);
+    pack_progress_finish(&r.prog, &r.tally);
     if (st) {
         pack_out_abort(&o, 0);
         return SD_EXIT_FATAL;

@@ -225,7 +225,7 @@ int pack_export_kohya(int argc, char **argv)
     sd_status st = mkdir(output, 0755) && errno != EEXIST
                        ? sd_err_set(&err, SD_EIO, "%s: cannot create directory: %s", output, strerror(errno))
                        : pack_walk(pos.v[0], &r.tally, &prog, export_one, &r, &err);
-    sd_progress_finish(&prog);
+    pack_progress_finish(&prog, &r.tally);
     sd_buf_free(&r.file);
     sd_buf_free(&r.path);
     sd_buf_free(&r.lat);

@@ -614,7 +614,7 @@ static sd_status import_all(run *r, sd_error *err)
         st = import_one(r, &r->lat.v[i], err);
         sd_progress_update(&r->prog, i + 1, r->tally.total);
     }
-    sd_progress_finish(&r->prog);
+    pack_progress_finish(&r->prog, &r->tally);
     return st;
 }
 

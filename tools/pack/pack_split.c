@@ -233,7 +233,7 @@ static sd_status split_all(const options *o, uint64_t *counts, sd_tally *tally, 
         if (!st) st = split_pass(o, t, &bt, outs, first, n, counts, tally, &prog, &done, err);
         for (int i = first; !st && i < first + n; i++) st = pack_out_close(&outs[i], err);
     }
-    sd_progress_finish(&prog);
+    pack_progress_finish(&prog, tally);
     if (!st) st = pack_out_publish_set(outs, o->parts, err);
     for (long i = 0; outs && i < o->parts; i++) pack_out_abort(&outs[i], 0);
     free(outs);

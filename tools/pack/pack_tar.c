@@ -261,7 +261,7 @@ int pack_export_tar(int argc, char **argv)
     sd_progress_init(&prog, "sd-pack export-tar", "records", 0, !pc.quiet);
     sd_error err;
     sd_status st = pack_walk(pos.v[0], &r.tally, &prog, tar_one, &r, &err);
-    sd_progress_finish(&prog);
+    pack_progress_finish(&prog, &r.tally);
     if (!st) st = close_tar(&r, &err);
     if (r.a) { /* a failed tar: close it first, as free skips that (and leaks) once a write has failed */
         archive_write_close(r.a);
