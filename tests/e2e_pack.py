@@ -1046,6 +1046,12 @@ class Pack(unittest.TestCase):
 
     # -- what the copies and exporters check ---------------------------------
 
+    def assert_skips_name_records(self, err, shard, n):
+        """n skip lines about shard name their record as the exporters do: 'NAME' (KEY HEX),
+        not by the key alone."""
+        named = re.findall(r"skip %s: record 'rec\d{6}' \([0-9a-f]{32}\): " % re.escape(shard), err)
+        self.assertEqual(len(named), n, err)
+
     def test_corrupt_text_embedding_is_not_copied(self):
         a = self.p("a.shard")
         writer("write", a, 30, 8)
@@ -1056,12 +1062,14 @@ class Pack(unittest.TestCase):
             rc, _, err = run(*cmd)
             self.assertEqual(rc, 0, err)
             self.assertEqual(skipped(err, "text embedding corrupt"), len(refs), err)
+            self.assert_skips_name_records(err, a, len(refs))
             out = cmd[2] if cmd[0] == "merge" else cmd[3]
             self.assertEqual(self.info(out)["latents"]["records"], 30 - len(refs))
             self.verify(out)
         rc, _, err = run("split", "-n", "2", "-o", self.p("s-%d.lmdb"), a)
         self.assertEqual(rc, 0, err)
         self.assertEqual(skipped(err, "text embedding corrupt"), len(refs), err)
+        self.assert_skips_name_records(err, a, len(refs))
         self.assertEqual(sum(self.info(self.p("s-%d.lmdb" % i))["latents"]["records"] for i in range(2)),
                          30 - len(refs))
         for i in range(2):

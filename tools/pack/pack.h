@@ -66,6 +66,7 @@ sd_status pack_find_empty_text(sd_shard *s, sd_shard_txn *t, uint8_t key[16], in
                                sd_error *why, sd_error *err);
 sd_status pack_put_empty_text(sd_shard_txn *from, pack_out *to, const uint8_t key[16], sd_error *err);
 void pack_hex(const void *key, size_t n, char *out, size_t cap);
+void pack_rec_label(const void *key, size_t klen, const void *v, size_t vl, char *out, size_t cap);
 
 int pack_npy_dtype(int shard_dtype);
 int pack_shard_dtype(int npy_dtype);
