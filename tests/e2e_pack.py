@@ -283,6 +283,34 @@ class Pack(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertEqual(self.info(self.p("old.lmdb"))["meta"]["scaling_factor"], "0.18215")
 
+    def test_export_layout_must_fit_the_scaling_factor(self):
+        """_sd/_sdxl names say the model and a re-import takes the scaling_factor from them: a
+        layout that contradicts the shard's factor is refused (exit 2, nothing written) unless
+        --force-layout (the old export wrote _sdxl names for an SD 1.x shard, silently)."""
+        d = self.p("sd")
+        self.latents(os.path.join(d, "img_0192x0144_sd.npz"), 64, 48, orig=(192, 144))
+        shard = self.p("sd.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard, "-q")
+        self.assertEqual(rc, 0, err)
+        rc, _, err = run("export-kohya", shard, "-o", self.p("x"), "--layout", "sdxl")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("%s: scaling_factor 0.18215, but --layout sdxl names are read back as scaling_factor 0.13025"
+                      % shard, err)
+        self.assertFalse(os.path.exists(self.p("x")))
+        for layout in ("sd", "legacy"):
+            rc, _, err = run("export-kohya", shard, "-o", self.p(layout), "--layout", layout, "-q")
+            self.assertEqual(rc, 0, err)
+        rc, _, err = run("export-kohya", shard, "-o", self.p("x"), "--layout", "sdxl", "--force-layout", "-q")
+        self.assertEqual((rc, tree(self.p("x"))), (0, ["img_0192x0144_sdxl.npz"]), err)
+        # the layout recorded at import contradicting a --scale given then: refused as well
+        shard2 = self.p("sd2.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard2, "--scale", "0.13025", "-q")
+        self.assertEqual(rc, 0, err)
+        rc, _, err = run("export-kohya", shard2, "-o", self.p("y"))
+        self.assertEqual(rc, 2, err)
+        self.assertIn("the layout it was imported with, sd names", err)
+        self.assertIn("--force-layout", run("export-kohya", "--help")[1])
+
     def test_fp16_import_equals_numpy_rounding(self):
         d = self.kohya_dir()
         shard = self.p("h.lmdb")
