@@ -311,6 +311,19 @@ class Pack(unittest.TestCase):
         self.assertIn("the layout it was imported with, sd names", err)
         self.assertIn("--force-layout", run("export-kohya", "--help")[1])
 
+    def test_scale_zero_means_the_default(self):
+        """--scale 0 is the default (the factor from the cache names), as sd-latents documents
+        it; the old help did not say so while -1 was refused."""
+        d = self.p("sd")
+        self.latents(os.path.join(d, "img_0192x0144_sd.npz"), 64, 48, orig=(192, 144))
+        rc, _, err = run("import-kohya", d, "-o", self.p("z.lmdb"), "--scale", "0", "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.info(self.p("z.lmdb"))["meta"]["scaling_factor"], "0.18215")
+        rc, _, err = run("import-kohya", d, "-o", self.p("n.lmdb"), "--scale", "-1")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("--scale must be a finite number > 0, or 0 for the default", err)
+        self.assertIn("(default, or 0: 0.18215 for _sd names", run("import-kohya", "--help")[1])
+
     def test_fp16_import_equals_numpy_rounding(self):
         d = self.kohya_dir()
         shard = self.p("h.lmdb")

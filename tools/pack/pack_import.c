@@ -650,7 +650,8 @@ int pack_import_kohya(int argc, char **argv)
         {"meta", 0, SD_OPT_STR, &o.meta_path, "FILE", "meta_lat.json / meta_cap_dd.json: captions and train_resolution"},
         {"dtype", 0, SD_OPT_STR, &o.dtype_name, "T", "store tensors as fp16, bf16 or fp32 (default: as the shard already holds them, else as in the first file)"},
         {"scale", 0, SD_OPT_DOUBLE, &o.scale, "X",
-         "the VAE scaling factor sd-train applies (default: 0.18215 for _sd names, 0.13025 for _sdxl)"},
+         "the VAE scaling factor sd-train applies, a finite number > 0 (default, or 0: 0.18215 for _sd names,\n"
+         "                                 0.13025 for _sdxl; legacy names: 0.13025 with te_outputs, else 0.18215), as sd-latents --scale"},
         {"allow-mixed", 0, SD_OPT_FLAG, &o.allow_mixed, NULL,
          "import into an existing SHARD that is not a kohya import of the same model family"},
         {"strict", 0, SD_OPT_FLAG, &o.pc.strict, NULL, "exit 1 if any file was skipped"},
@@ -704,7 +705,8 @@ int pack_import_kohya(int argc, char **argv)
     else if (o.dtype_name && (sd_npy_dtype_parse(o.dtype_name, &dt) || !sd_npy_is_float(dt) || dt == SD_NPY_F64))
         rc = (sd_cli_usage_error(&cli, "--dtype must be fp16, bf16 or fp32, not '%s'", o.dtype_name), SD_EXIT_USAGE);
     else if (!(o.scale >= 0 && o.scale <= 1e6))
-        rc = (sd_cli_usage_error(&cli, "--scale must be a positive number"), SD_EXIT_USAGE);
+        rc = (sd_cli_usage_error(&cli, "--scale must be a finite number > 0, or 0 for the default (from the cache "
+                                 "names), not %g", o.scale), SD_EXIT_USAGE);
     if (rc >= 0) {
         sd_strlist_free(&pos);
         return rc;
