@@ -9,7 +9,9 @@ leading to another record, the empty caption's embedding (empty_text) and
 the text encoder setup (text_encoder) through merge/compact/split,
 inputs that are also outputs, and existing outputs (refused without --force,
 never replaced while a writer holds them, LMDB's lock file of a replaced
-shard removed).
+shard removed), UTF-8 record names in tars, the import walk's limits (names over 511
+bytes, directory loops), imports into shards made otherwise, export layouts that contradict
+the scaling factor, and skip counts and record names in the messages.
 Usage: e2e_pack.py SD_PACK SD_VERIFY SHARD_WRITER  (needs numpy)"""
 import fcntl
 import glob
