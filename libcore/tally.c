@@ -41,7 +41,7 @@ void sd_skip(sd_tally *t, const char *reason, const char *fmt, ...)
     e->n++;
     t->total++;
     if (t->show_limit >= 0 && e->n > (uint64_t)t->show_limit) return;
-    char where[512];
+    char where[8192]; /* room for a full path and its detail (a record name alone may be 511 bytes) */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(where, sizeof where, fmt, ap);

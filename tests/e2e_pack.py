@@ -9,7 +9,9 @@ leading to another record, the empty caption's embedding (empty_text) and
 the text encoder setup (text_encoder) through merge/compact/split,
 inputs that are also outputs, and existing outputs (refused without --force,
 never replaced while a writer holds them, LMDB's lock file of a replaced
-shard removed).
+shard removed), UTF-8 record names in tars, the import walk's limits (names over 511
+bytes, directory loops), imports into shards made otherwise, export layouts that contradict
+the scaling factor, and skip counts and record names in the messages.
 Usage: e2e_pack.py SD_PACK SD_VERIFY SHARD_WRITER  (needs numpy)"""
 import fcntl
 import glob
@@ -283,6 +285,47 @@ class Pack(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertEqual(self.info(self.p("old.lmdb"))["meta"]["scaling_factor"], "0.18215")
 
+    def test_export_layout_must_fit_the_scaling_factor(self):
+        """_sd/_sdxl names say the model and a re-import takes the scaling_factor from them: a
+        layout that contradicts the shard's factor is refused (exit 2, nothing written) unless
+        --force-layout (the old export wrote _sdxl names for an SD 1.x shard, silently)."""
+        d = self.p("sd")
+        self.latents(os.path.join(d, "img_0192x0144_sd.npz"), 64, 48, orig=(192, 144))
+        shard = self.p("sd.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard, "-q")
+        self.assertEqual(rc, 0, err)
+        rc, _, err = run("export-kohya", shard, "-o", self.p("x"), "--layout", "sdxl")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("%s: scaling_factor 0.18215, but --layout sdxl names are read back as scaling_factor 0.13025"
+                      % shard, err)
+        self.assertFalse(os.path.exists(self.p("x")))
+        for layout in ("sd", "legacy"):
+            rc, _, err = run("export-kohya", shard, "-o", self.p(layout), "--layout", layout, "-q")
+            self.assertEqual(rc, 0, err)
+        rc, _, err = run("export-kohya", shard, "-o", self.p("x"), "--layout", "sdxl", "--force-layout", "-q")
+        self.assertEqual((rc, tree(self.p("x"))), (0, ["img_0192x0144_sdxl.npz"]), err)
+        # the layout recorded at import contradicting a --scale given then: refused as well
+        shard2 = self.p("sd2.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard2, "--scale", "0.13025", "-q")
+        self.assertEqual(rc, 0, err)
+        rc, _, err = run("export-kohya", shard2, "-o", self.p("y"))
+        self.assertEqual(rc, 2, err)
+        self.assertIn("the layout it was imported with, sd names", err)
+        self.assertIn("--force-layout", run("export-kohya", "--help")[1])
+
+    def test_scale_zero_means_the_default(self):
+        """--scale 0 is the default (the factor from the cache names), as sd-latents documents
+        it; the old help did not say so while -1 was refused."""
+        d = self.p("sd")
+        self.latents(os.path.join(d, "img_0192x0144_sd.npz"), 64, 48, orig=(192, 144))
+        rc, _, err = run("import-kohya", d, "-o", self.p("z.lmdb"), "--scale", "0", "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.info(self.p("z.lmdb"))["meta"]["scaling_factor"], "0.18215")
+        rc, _, err = run("import-kohya", d, "-o", self.p("n.lmdb"), "--scale", "-1")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("--scale must be a finite number > 0, or 0 for the default", err)
+        self.assertIn("(default, or 0: 0.18215 for _sd names", run("import-kohya", "--help")[1])
+
     def test_fp16_import_equals_numpy_rounding(self):
         d = self.kohya_dir()
         shard = self.p("h.lmdb")
@@ -409,6 +452,82 @@ class Pack(unittest.TestCase):
         self.verify(shard)
         rc, _, err = run("import-kohya", d, "-o", self.p("s.lmdb"), "--strict", "-q")
         self.assertEqual(rc, 1)
+
+    def test_record_name_over_the_limit_is_a_skip(self):
+        """A relative path giving a record name over 511 bytes (the names index key limit) is
+        skipped naming the file, and the import goes on (it aborted, every rerun alike)."""
+        d = self.p("long")
+        long_rel = os.path.join("d" * 200, "e" * 200, "x" * 120)
+        self.latents(os.path.join(d, long_rel + ".npz"), 64, 48)
+        self.latents(os.path.join(d, "ok.npz"), 64, 48)
+        shard = self.p("l.lmdb")
+        for attempt in range(2):  # a rerun meets the file again: skipped again, not fatal
+            rc, _, err = run("import-kohya", d, "-o", shard)
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(skipped(err, "record name too long"), 1, err)
+            self.assertIn("%s/%s.npz (record name 522 bytes, limit 511)" % (d, long_rel), err)
+        self.assertEqual(self.info(shard)["latents"]["records"], 1)
+
+    def test_directory_loops_are_not_followed(self):
+        """A directory link back to an ancestor is reported and not followed (it imported one
+        file 33 times: again/img, again/again/img, ...); a link elsewhere is followed once."""
+        d, elsewhere = self.p("loopd"), self.p("elsewhere")
+        self.latents(os.path.join(d, "img.npz"), 64, 48)
+        self.latents(os.path.join(d, "sub", "deep.npz"), 64, 48)
+        self.latents(os.path.join(elsewhere, "one.npz"), 64, 48)
+        os.symlink(elsewhere, os.path.join(d, "other"))
+        # one loop link per run: the two together made the old walk exponential (2^32 paths)
+        for i, (link, to) in enumerate(((os.path.join(d, "again"), "."), (os.path.join(d, "sub", "up"), ".."))):
+            os.symlink(to, link)
+            shard = self.p("loop%d.lmdb" % i)
+            rc, _, err = run("import-kohya", d, "-o", shard)
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(skipped(err, "directory loop"), 1, err)
+            self.assertIn("%s (leads back to %s; not followed)" % (link, d), err)
+            rc, _, err = run("export-kohya", shard, "-o", self.p("out%d" % i), "--layout", "legacy", "-q")
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(tree(self.p("out%d" % i)), ["img.npz", "other/one.npz", "sub/deep.npz"])
+            os.unlink(link)
+
+    def test_import_into_a_foreign_shard_is_refused(self):
+        """import-kohya into an existing shard of sd-latents (a model_hash) mixed foreign latents
+        in and overwrote its producer and options; now refused (exit 2, shard untouched) unless
+        --allow-mixed, which keeps the shard's meta. A kohya import of the other family too."""
+        d = self.p("kd")
+        self.latents(os.path.join(d, "img_0192x0144_sdxl.npz"), 64, 48, orig=(192, 144))
+        a = self.p("a.shard")
+        writer("write", a, 6, 8)
+        for k, v in (("producer", "sd-latents 0.1.0"), ("model_hash", "0123abcd"), ("options", '{"vae": "x"}')):
+            writer("meta", a, k, v)
+        with open(a, "rb") as f:
+            before = f.read()
+        rc, _, err = run("import-kohya", d, "-o", a)
+        self.assertEqual(rc, 2, err)
+        self.assertIn("%s: made by 'sd-latents 0.1.0' (model_hash 0123abcd, kohya_layout none)" % a, err)
+        self.assertIn("--allow-mixed", err)
+        with open(a, "rb") as f:
+            self.assertEqual(f.read(), before)
+        rc, _, err = run("import-kohya", d, "-o", a, "--allow-mixed", "--scale", "0.13025")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("importing anyway (--allow-mixed)", err)
+        meta = self.info(a)["meta"]
+        self.assertEqual((meta["producer"], meta["options"], meta.get("kohya_layout")),
+                         ("sd-latents 0.1.0", '{"vae": "x"}', None))
+        self.assertEqual(self.info(a)["latents"]["records"], 7)
+        # a kohya import of SD 1.x/2.x names does not take _sdxl names; one of _sdxl names does
+        sd, d2 = self.p("sd"), self.p("kd2")
+        self.latents(os.path.join(sd, "old_0192x0144_sd.npz"), 64, 48, orig=(192, 144))
+        self.latents(os.path.join(d2, "two_0192x0144_sdxl.npz"), 64, 48, orig=(192, 144))
+        for src, out in ((sd, "s.lmdb"), (d, "x.lmdb")):
+            rc, _, err = run("import-kohya", src, "-o", self.p(out), "-q")
+            self.assertEqual(rc, 0, err)
+        rc, _, err = run("import-kohya", d2, "-o", self.p("s.lmdb"), "--scale", "0.13025")
+        self.assertEqual(rc, 2, err)
+        self.assertIn("it is a kohya import of the other model family", err)
+        rc, _, err = run("import-kohya", d2, "-o", self.p("x.lmdb"), "-q")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(self.info(self.p("x.lmdb"))["latents"]["records"], 2)
+        self.assertIn("allow-mixed", run("import-kohya", "--help")[1])
 
     def test_usage_errors(self):
         rc, out, _ = run("--help")
@@ -637,6 +756,30 @@ class Pack(unittest.TestCase):
         bits = src["latents"].view(np.uint32)
         rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).view(np.float32)
         self.assertTrue(np.array_equal(lat, rounded))
+
+    def test_export_tar_utf8_names(self):
+        """Record names are UTF-8: export-tar writes them as they are whatever the locale
+        (sd-pack never sets one; the old pax writer failed to convert them, exit 3, no tar)."""
+        d = self.p("u8")
+        self.latents(os.path.join(d, "猫.npz"), 64, 48)
+        self.latents(os.path.join(d, "sub", "é" * 60 + ".npz"), 48, 64)  # a pax path, long and non-ASCII
+        self.latents(os.path.join(d, "plain.npz"), 64, 64)
+        shard = self.p("u8.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard, "-q")
+        self.assertEqual(rc, 0, err)
+        os.makedirs(self.p("tars"))
+        for i, env in enumerate(({"LC_ALL": "C"}, {"LC_ALL": "C.UTF-8"})):
+            p = subprocess.run([SD_PACK, "export-tar", shard, "-o", self.p("tars", "u%d-%%d.tar" % i), "-q"],
+                               env=dict(os.environ, **env), capture_output=True, text=True, errors="replace")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with tarfile.open(self.p("tars", "u%d-0.tar" % i), encoding="utf-8") as tf:
+                got = {m.name: tf.extractfile(m).read() for m in tf.getmembers()}
+            want = ["plain", "sub/" + "é" * 60, "猫"]
+            self.assertEqual(sorted(n[:-5] for n in got if n.endswith(".json")), want)
+            for n in want:
+                self.assertEqual(json.loads(got[n + ".json"])["name"], n)
+                src, _ = npz_dict(os.path.join(d, n + ".npz"))
+                self.assertTrue(np.array_equal(np.load(io.BytesIO(got[n + ".latents.npy"])), src["latents"]))
 
     # -- metadata keys ---------------------------------------------------------
 
@@ -946,6 +1089,12 @@ class Pack(unittest.TestCase):
 
     # -- what the copies and exporters check ---------------------------------
 
+    def assert_skips_name_records(self, err, shard, n):
+        """n skip lines about shard name their record as the exporters do: 'NAME' (KEY HEX),
+        not by the key alone."""
+        named = re.findall(r"skip %s: record 'rec\d{6}' \([0-9a-f]{32}\): " % re.escape(shard), err)
+        self.assertEqual(len(named), n, err)
+
     def test_corrupt_text_embedding_is_not_copied(self):
         a = self.p("a.shard")
         writer("write", a, 30, 8)
@@ -956,12 +1105,14 @@ class Pack(unittest.TestCase):
             rc, _, err = run(*cmd)
             self.assertEqual(rc, 0, err)
             self.assertEqual(skipped(err, "text embedding corrupt"), len(refs), err)
+            self.assert_skips_name_records(err, a, len(refs))
             out = cmd[2] if cmd[0] == "merge" else cmd[3]
             self.assertEqual(self.info(out)["latents"]["records"], 30 - len(refs))
             self.verify(out)
         rc, _, err = run("split", "-n", "2", "-o", self.p("s-%d.lmdb"), a)
         self.assertEqual(rc, 0, err)
         self.assertEqual(skipped(err, "text embedding corrupt"), len(refs), err)
+        self.assert_skips_name_records(err, a, len(refs))
         self.assertEqual(sum(self.info(self.p("s-%d.lmdb" % i))["latents"]["records"] for i in range(2)),
                          30 - len(refs))
         for i in range(2):
@@ -1156,6 +1307,21 @@ class Pack(unittest.TestCase):
             rc, _, err = run(*cmd)
             self.assertEqual(rc, 0, err)
             self.assertEqual(self.info(self.p(cmd[0][0] + ".lmdb"))["latents"]["records"], 20, err)
+
+    def test_final_progress_line_counts_every_skip(self):
+        """The last progress line gave the skips as of the last record's update, one short when
+        that record was skipped (merge a a: "8 records, 3 skipped", then "skipped: 4")."""
+        a = self.p("a.shard")
+        writer("write", a, 4, 8)
+        writer("misname", a, "zzz", "rec000001")  # the last name in order leads to another record
+        os.makedirs(self.p("tars"))
+        for cmd in (["merge", "-o", self.p("m.lmdb"), a, a], ["export-kohya", a, "-o", self.p("k")],
+                    ["export-tar", a, "-o", self.p("tars", "t-%d.tar")]):
+            rc, _, err = run(*cmd)
+            self.assertEqual(rc, 0, err)
+            progress = re.findall(r"^sd-pack [\w-]+: \d+(?:/\d+)? records.*?, (\d+) skipped, ", err, re.M)
+            summary = re.findall(r"^sd-pack [\w-]+: skipped: (\d+)$", err, re.M)
+            self.assertEqual((progress[-1:], summary), (["4" if cmd[0] == "merge" else "1"],) * 2, err)
 
     # -- split sets: identity, renames, leftovers; write errors ------------------
 

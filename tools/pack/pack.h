@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "err.h"
+#include "kohya_cache.h"
 #include "npy.h"
 #include "progress.h"
 #include "shard.h"
@@ -65,6 +66,7 @@ sd_status pack_find_empty_text(sd_shard *s, sd_shard_txn *t, uint8_t key[16], in
                                sd_error *why, sd_error *err);
 sd_status pack_put_empty_text(sd_shard_txn *from, pack_out *to, const uint8_t key[16], sd_error *err);
 void pack_hex(const void *key, size_t n, char *out, size_t cap);
+void pack_rec_label(const void *key, size_t klen, const void *v, size_t vl, char *out, size_t cap);
 
 int pack_npy_dtype(int shard_dtype);
 int pack_shard_dtype(int npy_dtype);
@@ -73,6 +75,9 @@ int pack_rec_check(const void *v, size_t vl, int kind, const char *wrong_kind, s
 void pack_crop_ltrb(const sd_shard_rec *rec, double ltrb[4]);
 
 int pack_finish(const sd_tally *t, const pack_common *c, const char *what);
+void pack_progress_finish(sd_progress *p, const sd_tally *t);
+sd_status pack_import_target_check(sd_shard *s, const char *path, sd_kohya_kind family, int allow_mixed,
+                                   int *keep_meta, sd_error *err);
 
 typedef int (*pack_cmd)(int argc, char **argv);
 int pack_info(int argc, char **argv);

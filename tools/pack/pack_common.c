@@ -486,6 +486,25 @@ void pack_hex(const void *key, size_t n, char *out, size_t cap)
     out[j < cap ? j : cap - 1] = 0;
 }
 
+/* How a skip message names a latent record: "'NAME' (KEY HEX)" when its
+ * header can be read and carries a name (as the exporters and sd-train
+ * name records), else the key's hex alone. A name over 200 bytes is cut at
+ * a character boundary, marked "...". */
+void pack_rec_label(const void *key, size_t klen, const void *v, size_t vl, char *out, size_t cap)
+{
+    char hex[80];
+    sd_shard_rec rec;
+    sd_error e;
+    pack_hex(key, klen, hex, sizeof hex);
+    if (sd_shard_rec_parse(v, vl, &rec, &e) != SD_OK || !rec.name_len) {
+        snprintf(out, cap, "%s", hex);
+        return;
+    }
+    size_t n = rec.name_len < 200 ? rec.name_len : 200;
+    while (n < rec.name_len && n && ((unsigned char)rec.name[n] & 0xC0) == 0x80) n--;
+    snprintf(out, cap, "'%.*s%s' (%s)", (int)n, rec.name, n < rec.name_len ? "..." : "", hex);
+}
+
 /* The .npy dtype of a shard dtype (bf16 maps to itself: callers widen). */
 int pack_npy_dtype(int shard_dtype)
 {
@@ -511,6 +530,15 @@ int pack_finish(const sd_tally *t, const pack_common *c, const char *what)
 {
     if (t->total) sd_tally_log(t, what);
     return t->total && c->strict ? SD_EXIT_SKIPPED : SD_EXIT_OK;
+}
+
+/* End a progress display with the run's final skip count: skips counted
+ * after its last update (the last record's) would be missing from its last
+ * line, which then disagrees with the summary below it. */
+void pack_progress_finish(sd_progress *p, const sd_tally *t)
+{
+    p->skipped = t->total;
+    sd_progress_finish(p);
 }
 
 /* kohya's crop_ltrb for a record: sd-scripts' get_crop_ltrb for its

@@ -124,7 +124,7 @@ static sd_status copy_shard(const char *path, pack_out *o, int all_text, const c
     if (!st) st = sd_shard_cursor_open(t, SD_SHARD_DB_LATENTS, &c, err);
     const void *k, *v;
     size_t kl, vl;
-    char hex[80];
+    char hex[80], label[512];
     while (!st && (st = sd_shard_cursor_next(c, &k, &kl, &v, &vl, err)) == SD_OK) {
         r->in++;
         sd_progress_update(&r->prog, r->in, r->tally.total);
@@ -134,9 +134,8 @@ static sd_status copy_shard(const char *path, pack_out *o, int all_text, const c
         st = check_one(t, o, k, kl, v, vl, &skip, &why, err);
         if (st) break;
         if (skip) {
-            pack_hex(k, kl, hex, sizeof hex);
-            sd_skip(&r->tally, skip, "%s: record %s%s%s%s", path, hex, why.msg[0] ? " (" : "", why.msg,
-                    why.msg[0] ? ")" : "");
+            pack_rec_label(k, kl, v, vl, label, sizeof label);
+            sd_skip(&r->tally, skip, "%s: record %s%s%s", path, label, why.msg[0] ? ": " : "", why.msg);
             continue;
         }
         st = pack_out_put(o, k, kl, v, vl, err);
@@ -270,7 +269,7 @@ static int run_copy(const char *prog, const sd_strlist *in, const char *output, 
         st = copy_shard(in->v[i], &o, all_text, i == 0 ? producer : NULL, &r, &err);
         if (st) sd_log(SD_LOG_ERROR, "%s", err.msg);
     }
-    sd_progress_finish(&r.prog);
+    pack_progress_finish(&r.prog, &r.tally);
     if (st) {
         pack_out_abort(&o, 0);
         return SD_EXIT_FATAL;

@@ -166,15 +166,41 @@ static int pick_layout(const char *opt, const char *shard, sd_kohya_kind *out)
     return 0;
 }
 
+/* A layout whose names say another model than the shard's scaling_factor
+ * (_sd: 0.18215, _sdxl: 0.13025): import-kohya takes the factor from those
+ * names, so a round trip would silently change it. 1 with the refusal in
+ * msg; 0 for legacy names (they say no model) or a shard without a factor. */
+static int layout_contradicts(const char *shard, sd_kohya_kind layout, int explicit_layout, char *msg, size_t cap)
+{
+    double want = layout == SD_KOHYA_SD ? 0.18215 : layout == SD_KOHYA_SDXL ? 0.13025 : 0;
+    sd_shard *s;
+    sd_shard_txn *t;
+    sd_error err;
+    if (!want || pack_open_ro(&s, &t, shard, &err)) return 0; /* the walk reports an unreadable shard */
+    char *v = NULL, *end = NULL;
+    int bad = sd_shard_meta_get(s, SD_SHARD_META_SCALING, &v, &err) == SD_OK && strtod(v, &end) != want;
+    if (bad)
+        snprintf(msg, cap, "%s: scaling_factor %s, but %s %s names are read back as scaling_factor %g (import-kohya "
+                 "takes it from _sd/_sdxl names): use --layout legacy or %s, or --force-layout to write them anyway",
+                 shard, v, explicit_layout ? "--layout" : "the layout it was imported with,", sd_kohya_kind_name(layout),
+                 want, layout == SD_KOHYA_SD ? "sdxl" : "sd");
+    free(v);
+    pack_close_ro(s, t);
+    return bad;
+}
+
 /* sd-pack export-kohya SHARD -o DIR */
 int pack_export_kohya(int argc, char **argv)
 {
     const char *output = NULL, *layout = NULL;
     pack_common pc = {0};
+    int force_layout = 0;
     const sd_opt opts[] = {
         {"output", 'o', SD_OPT_STR, &output, "DIR", "directory to write the npz files into (created)"},
         {"layout", 0, SD_OPT_STR, &layout, "L", "file names: legacy (<stem>.npz), sd or sdxl (<stem>_WWWWxHHHH_sd[xl].npz);\n"
                                               "                                 default: as imported, else legacy"},
+        {"force-layout", 0, SD_OPT_FLAG, &force_layout, NULL,
+         "write sd/sdxl names even when they contradict the shard's scaling_factor"},
         {"strict", 0, SD_OPT_FLAG, &pc.strict, NULL, "exit 1 if any record was skipped"},
         {"quiet", 'q', SD_OPT_FLAG, &pc.quiet, NULL, "only warnings and errors"},
         {"verbose", 'v', SD_OPT_FLAG, &pc.verbose, NULL, "show every skipped record"},
@@ -190,7 +216,9 @@ int pack_export_kohya(int argc, char **argv)
         "float16 when stored as fp16, else float32); other text embeddings have no kohya file and are\n"
         "counted apart (they do not make --strict fail). Records the names index misses are exported\n"
         "under their own names, with a warning. Files are written atomically; existing ones are\n"
-        "replaced.",
+        "replaced. sd and sdxl names say the model (import-kohya takes scaling_factor 0.18215 from\n"
+        "_sd names, 0.13025 from _sdxl): a layout that contradicts the shard's scaling_factor is\n"
+        "refused (exit 2) unless --force-layout.",
         opts, "Example:\n  sd-pack export-kohya cache.lmdb -o train_data --layout sdxl", NULL};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
@@ -206,6 +234,11 @@ int pack_export_kohya(int argc, char **argv)
     else if (!output) rc = (sd_cli_usage_error(&cli, "-o DIR is required"), SD_EXIT_USAGE);
     else if (pick_layout(layout, pos.v[0], &r.layout) || r.layout == SD_KOHYA_TE)
         rc = (sd_cli_usage_error(&cli, "--layout must be legacy, sd or sdxl"), SD_EXIT_USAGE);
+    char msg[4200];
+    if (rc < 0 && !force_layout && layout_contradicts(pos.v[0], r.layout, layout != NULL, msg, sizeof msg)) {
+        sd_log(SD_LOG_ERROR, "%s", msg);
+        rc = SD_EXIT_USAGE;
+    }
     if (rc >= 0) {
         sd_strlist_free(&pos);
         return rc;
@@ -225,7 +258,7 @@ int pack_export_kohya(int argc, char **argv)
     sd_status st = mkdir(output, 0755) && errno != EEXIST
                        ? sd_err_set(&err, SD_EIO, "%s: cannot create directory: %s", output, strerror(errno))
                        : pack_walk(pos.v[0], &r.tally, &prog, export_one, &r, &err);
-    sd_progress_finish(&prog);
+    pack_progress_finish(&prog, &r.tally);
     sd_buf_free(&r.file);
     sd_buf_free(&r.path);
     sd_buf_free(&r.lat);

@@ -31,6 +31,7 @@ typedef struct {
     const char *dir, *meta_path, *dtype_name, *output;
     int npy_dtype; /* target element type, -1 = keep the file's */
     double scale;  /* --scale; 0 = by the cache names */
+    int allow_mixed; /* --allow-mixed: import into a shard made otherwise */
     pack_common pc;
 } options;
 
@@ -46,6 +47,7 @@ typedef struct {
     uint64_t imported, present, texts_new;
     sd_buf rec, conv[4], path;
     int meta_done;
+    int keep_meta; /* an existing shard: its producer, kohya_layout and options stay */
     char *dtypes[2]; /* stored dtype names of latents and text embeddings ("fp16"), NULL = none yet */
 } run;
 
@@ -81,9 +83,58 @@ static int file_cmp(const void *a, const void *b)
     return c ? c : (int)x->kind - (int)y->kind;
 }
 
-/* Walk dir/sub recursively, collecting cache files by kind. */
-static sd_status walk(run *r, const char *sub, int depth, sd_error *err)
+/* A directory on the walk's current path (its device and inode, and its
+ * path under DIR), linked to the one above it: a directory met again among
+ * its own ancestors is a loop (a symbolic link such as "again -> .") that
+ * would otherwise import its files under ever longer names. */
+typedef struct dir_on_path {
+    dev_t dev;
+    ino_t ino;
+    const char *rel;
+    const struct dir_on_path *up;
+} dir_on_path;
+
+/* The ancestor of a walk that is the directory sb describes, or NULL. */
+static const dir_on_path *ancestor_of(const dir_on_path *path, const struct stat *sb)
 {
+    for (; path; path = path->up)
+        if (path->dev == sb->st_dev && path->ino == sb->st_ino) return path;
+    return NULL;
+}
+
+/* Add one cache file found at rel (base name base) to its kind's list,
+ * unless the record name it gives exceeds the shard's name limit (a skip
+ * naming the file: reruns would meet it again). */
+static sd_status add_file(run *r, const char *rel, const char *base, sd_error *err)
+{
+    size_t stem;
+    uint32_t w, h;
+    sd_kohya_kind k = sd_kohya_classify(base, &stem, &w, &h);
+    if (k == SD_KOHYA_NONE) return SD_OK;
+    size_t prefix = strlen(rel) - strlen(base);
+    if (prefix + stem > SD_SHARD_MAX_KEY) {
+        sd_skip(&r->tally, "record name too long", "%s/%s (record name %zu bytes, limit %d)", r->o->dir, rel,
+                prefix + stem, SD_SHARD_MAX_KEY);
+        return SD_OK;
+    }
+    char *name = malloc(prefix + stem + 1), *relc = strdup(rel);
+    if (name && relc) {
+        memcpy(name, rel, prefix + stem);
+        name[prefix + stem] = 0;
+        if (!list_add(k == SD_KOHYA_TE ? &r->te : &r->lat, relc, name, k)) return SD_OK;
+    }
+    free(name);
+    free(relc);
+    return sd_err_set(err, SD_ENOMEM, "out of memory");
+}
+
+/* Walk the directory here (DIR/here->rel) recursively, collecting cache
+ * files by kind. Directory links are followed, except one leading back to
+ * a directory on the current path (a "directory loop" skip naming the
+ * link); paths too long and nesting past 32 levels are skips too. */
+static sd_status walk(run *r, const dir_on_path *here, int depth, sd_error *err)
+{
+    const char *sub = here->rel;
     char path[4096];
     snprintf(path, sizeof path, "%s%s%s", r->o->dir, *sub ? "/" : "", sub);
     DIR *d = opendir(path);
@@ -93,36 +144,40 @@ static sd_status walk(run *r, const char *sub, int depth, sd_error *err)
     while (!st && (e = readdir(d))) {
         if (e->d_name[0] == '.') continue;
         char rel[4096], full[8192];
-        if (snprintf(rel, sizeof rel, "%s%s%s", sub, *sub ? "/" : "", e->d_name) >= (int)sizeof rel) continue;
+        if (snprintf(rel, sizeof rel, "%s%s%s", sub, *sub ? "/" : "", e->d_name) >= (int)sizeof rel) {
+            sd_skip(&r->tally, "path too long", "%s/%s/%.64s... (over %zu bytes)", r->o->dir, sub, e->d_name,
+                    sizeof rel - 1);
+            continue;
+        }
         snprintf(full, sizeof full, "%s/%s", r->o->dir, rel);
         struct stat sb;
         if (stat(full, &sb)) continue;
         if (S_ISDIR(sb.st_mode)) {
-            if (depth < 32) st = walk(r, rel, depth + 1, err);
+            const dir_on_path *loop = ancestor_of(here, &sb), next = {sb.st_dev, sb.st_ino, rel, here};
+            if (loop)
+                sd_skip(&r->tally, "directory loop", "%s (leads back to %s%s%s; not followed)", full, r->o->dir,
+                        *loop->rel ? "/" : "", loop->rel);
+            else if (depth >= 32)
+                sd_skip(&r->tally, "directories nested too deep", "%s (over 32 levels; not followed)", full);
+            else
+                st = walk(r, &next, depth + 1, err);
             continue;
         }
-        size_t stem;
-        uint32_t w, h;
-        sd_kohya_kind k = sd_kohya_classify(e->d_name, &stem, &w, &h);
-        if (!S_ISREG(sb.st_mode) || k == SD_KOHYA_NONE) continue;
-        size_t prefix = strlen(rel) - strlen(e->d_name);
-        char *name = malloc(prefix + stem + 1), *relc = strdup(rel);
-        if (!name || !relc) {
-            free(name);
-            free(relc);
-            st = sd_err_set(err, SD_ENOMEM, "out of memory");
-            break;
-        }
-        memcpy(name, rel, prefix + stem);
-        name[prefix + stem] = 0;
-        if (list_add(k == SD_KOHYA_TE ? &r->te : &r->lat, relc, name, k)) {
-            free(name);
-            free(relc);
-            st = sd_err_set(err, SD_ENOMEM, "out of memory");
-        }
+        if (S_ISREG(sb.st_mode)) st = add_file(r, rel, e->d_name, err);
     }
     closedir(d);
     return st;
+}
+
+/* Walk DIR from its top (its own identity starts the path a loop is
+ * detected on). */
+static sd_status walk_top(run *r, sd_error *err)
+{
+    struct stat sb;
+    if (stat(r->o->dir, &sb) || !S_ISDIR(sb.st_mode))
+        return sd_err_set(err, SD_EIO, "%s: cannot open directory", r->o->dir);
+    const dir_on_path top = {sb.st_dev, sb.st_ino, "", NULL};
+    return walk(r, &top, 0, err);
 }
 
 /* The te_outputs file of an image name, or NULL. */
@@ -331,10 +386,11 @@ static sd_status settle_scale(run *r, sd_error *err)
     return sd_shard_meta_set(r->out.s, SD_SHARD_META_SCALING, now, err);
 }
 
-/* Meta entries describing the import, set once (on the first record). */
+/* Meta entries describing the import, set once (on the first record) in a
+ * new shard; an existing one keeps those describing how it was made. */
 static sd_status set_meta(run *r, const cache_file *f, sd_error *err)
 {
-    if (r->meta_done) return SD_OK;
+    if (r->meta_done || r->keep_meta) return SD_OK;
     r->meta_done = 1;
     char buf[1024];
     snprintf(buf, sizeof buf, "sd-pack import-kohya %s", sd_version());
@@ -558,8 +614,17 @@ static sd_status import_all(run *r, sd_error *err)
         st = import_one(r, &r->lat.v[i], err);
         sd_progress_update(&r->prog, i + 1, r->tally.total);
     }
-    sd_progress_finish(&r->prog);
+    pack_progress_finish(&r->prog, &r->tally);
     return st;
+}
+
+/* The model family the cache names say (the first _sd or _sdxl name's),
+ * SD_KOHYA_LEGACY when only legacy names (which say none) were found. */
+static sd_kohya_kind names_family(const run *r)
+{
+    for (size_t i = 0; i < r->lat.n; i++)
+        if (r->lat.v[i].kind == SD_KOHYA_SD || r->lat.v[i].kind == SD_KOHYA_SDXL) return r->lat.v[i].kind;
+    return SD_KOHYA_LEGACY;
 }
 
 /* Free everything of a run but the output. */
@@ -585,7 +650,10 @@ int pack_import_kohya(int argc, char **argv)
         {"meta", 0, SD_OPT_STR, &o.meta_path, "FILE", "meta_lat.json / meta_cap_dd.json: captions and train_resolution"},
         {"dtype", 0, SD_OPT_STR, &o.dtype_name, "T", "store tensors as fp16, bf16 or fp32 (default: as the shard already holds them, else as in the first file)"},
         {"scale", 0, SD_OPT_DOUBLE, &o.scale, "X",
-         "the VAE scaling factor sd-train applies (default: 0.18215 for _sd names, 0.13025 for _sdxl)"},
+         "the VAE scaling factor sd-train applies, a finite number > 0 (default, or 0: 0.18215 for _sd names,\n"
+         "                                 0.13025 for _sdxl; legacy names: 0.13025 with te_outputs, else 0.18215), as sd-latents --scale"},
+        {"allow-mixed", 0, SD_OPT_FLAG, &o.allow_mixed, NULL,
+         "import into an existing SHARD that is not a kohya import of the same model family"},
         {"strict", 0, SD_OPT_FLAG, &o.pc.strict, NULL, "exit 1 if any file was skipped"},
         {"quiet", 'q', SD_OPT_FLAG, &o.pc.quiet, NULL, "only warnings and errors"},
         {"verbose", 'v', SD_OPT_FLAG, &o.pc.verbose, NULL, "show every skipped file"},
@@ -604,9 +672,14 @@ int pack_import_kohya(int argc, char **argv)
         "The stored crop box is the one sd-scripts cut (cover resize, centre crop), sdtk's convention,\n"
         "when crop_ltrb is sd-scripts' value for original_size and the latents' size; any other\n"
         "crop_ltrb is stored as given (flagged, with a warning).\n"
-        "Bad files are reported (file and reason), counted and skipped.\n"
+        "Bad files are reported (file and reason), counted and skipped, among them files whose record\n"
+        "name would exceed 511 bytes. Directory links are followed, except one leading back to a\n"
+        "directory on its own path (a loop such as 'again -> .'): reported, not followed.\n"
         "A new shard is built as SHARD.partial and renamed at the end; rerun after a kill, the\n"
-        "import continues, skipping names already present. An existing SHARD is extended in place.\n"
+        "import continues, skipping names already present. An existing SHARD is extended in place\n"
+        "when it is a kohya import (meta kohya_layout, no model_hash) of the same model family (_sd\n"
+        "or _sdxl names; legacy names fit either); any other (a shard of sd-latents) is refused,\n"
+        "exit 2 and untouched, unless --allow-mixed. Its producer, kohya_layout and options stay.\n"
         "Both survive a crash: every commit is written so that the shard stays consistent (an OS\n"
         "crash may undo the last one).",
         opts,
@@ -632,7 +705,8 @@ int pack_import_kohya(int argc, char **argv)
     else if (o.dtype_name && (sd_npy_dtype_parse(o.dtype_name, &dt) || !sd_npy_is_float(dt) || dt == SD_NPY_F64))
         rc = (sd_cli_usage_error(&cli, "--dtype must be fp16, bf16 or fp32, not '%s'", o.dtype_name), SD_EXIT_USAGE);
     else if (!(o.scale >= 0 && o.scale <= 1e6))
-        rc = (sd_cli_usage_error(&cli, "--scale must be a positive number"), SD_EXIT_USAGE);
+        rc = (sd_cli_usage_error(&cli, "--scale must be a finite number > 0, or 0 for the default (from the cache "
+                                 "names), not %g", o.scale), SD_EXIT_USAGE);
     if (rc >= 0) {
         sd_strlist_free(&pos);
         return rc;
@@ -653,9 +727,14 @@ int pack_import_kohya(int argc, char **argv)
         st = sd_kohya_meta_load(&r.meta, o.meta_path, &err);
         r.have_meta = 1;
     }
-    if (!st) st = walk(&r, "", 0, &err);
+    if (!st) st = walk_top(&r, &err);
     if (!st) st = pack_out_open(&r.out, o.output, PACK_OUT_RESUME, &err);
     r.out.batch_max = 64; /* small commits: a killed import loses little */
+    int refused = 0;
+    if (!st && (st = pack_import_target_check(r.out.s, o.output, names_family(&r), o.allow_mixed, &r.keep_meta, &err))) {
+        refused = st == SD_EINVAL;
+        pack_out_abort(&r.out, 1);
+    }
     if (!st) {
         st = import_all(&r, &err);
         if (st) pack_out_abort(&r.out, 1);
@@ -665,7 +744,7 @@ int pack_import_kohya(int argc, char **argv)
         sd_log(SD_LOG_ERROR, "%s", err.msg);
         run_free(&r);
         sd_strlist_free(&pos);
-        return SD_EXIT_FATAL;
+        return refused ? SD_EXIT_USAGE : SD_EXIT_FATAL;
     }
     sd_log(SD_LOG_INFO, "imported %llu records (%llu new text embeddings), %llu already present, %llu skipped -> %s",
            (unsigned long long)r.imported, (unsigned long long)r.texts_new, (unsigned long long)r.present,

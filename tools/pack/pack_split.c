@@ -155,16 +155,16 @@ static sd_status split_pass(const options *o, sd_shard_txn *t, const bucket_tabl
     if (!st) st = sd_shard_cursor_open(t, SD_SHARD_DB_LATENTS, &c, err);
     const void *k, *v;
     size_t kl, vl;
-    char hex[80];
+    char label[512];
     while (!st && (st = sd_shard_cursor_next(c, &k, &kl, &v, &vl, err)) == SD_OK) {
         sd_shard_rec rec;
         sd_error why;
-        pack_hex(k, kl, hex, sizeof hex);
+        pack_rec_label(k, kl, v, vl, label, sizeof label);
         int bad = sd_shard_rec_parse(v, vl, &rec, &why) != SD_OK;
         if (!bad && rec.kind != SD_REC_LATENT) bad = (sd_err_set(&why, SD_EFORMAT, "not a latent record"), 1);
         if (bad) {
             if (first == 0) /* it has no part: report it in the first pass only */
-                sd_skip(tally, "corrupt record", "%s: record %s (%s)", o->input, hex, why.msg);
+                sd_skip(tally, "corrupt record", "%s: record %s: %s", o->input, label, why.msg);
             continue;
         }
         int part = sd_splitter_next(&sp, bucket_find(bt, rec.bucket_w, rec.bucket_h));
@@ -172,7 +172,7 @@ static sd_status split_pass(const options *o, sd_shard_txn *t, const bucket_tabl
         sd_progress_update(prog, ++*done, tally->total);
         const char *skip;
         st = copy_record(t, &outs[part], k, kl, v, vl, &rec, &skip, &why, err); /* outs is indexed by part */
-        if (!st && skip) sd_skip(tally, skip, "%s: record %s (%s)", o->input, hex, why.msg);
+        if (!st && skip) sd_skip(tally, skip, "%s: record %s: %s", o->input, label, why.msg);
         else if (!st) counts[part]++;
     }
     if (st == SD_ENOTFOUND) st = SD_OK;
@@ -233,7 +233,7 @@ static sd_status split_all(const options *o, uint64_t *counts, sd_tally *tally, 
         if (!st) st = split_pass(o, t, &bt, outs, first, n, counts, tally, &prog, &done, err);
         for (int i = first; !st && i < first + n; i++) st = pack_out_close(&outs[i], err);
     }
-    sd_progress_finish(&prog);
+    pack_progress_finish(&prog, tally);
     if (!st) st = pack_out_publish_set(outs, o->parts, err);
     for (long i = 0; outs && i < o->parts; i++) pack_out_abort(&outs[i], 0);
     free(outs);

@@ -73,6 +73,17 @@ static sd_status close_tar(tar_run *r, sd_error *err)
     return sd_outfile_commit(&r->out, err);
 }
 
+/* A pax writer that stores member names as the record names' bytes
+ * (UTF-8), marked hdrcharset=BINARY: libarchive's default converts names
+ * from the process locale to UTF-8, which fails for any non-ASCII name
+ * when the locale is C (sd-pack never sets one), and its UTF-8 entry API
+ * crashes the pax writer in the C locale (libarchive 3.6). */
+static int start_pax(struct archive *a)
+{
+    if (archive_write_set_format_pax_restricted(a) != ARCHIVE_OK) return -1;
+    return archive_write_set_format_option(a, "pax", "hdrcharset", "BINARY") == ARCHIVE_OK ? 0 : -1;
+}
+
 /* Start tar number r->ntar under a temporary name. */
 static sd_status open_tar(tar_run *r, sd_error *err)
 {
@@ -82,7 +93,7 @@ static sd_status open_tar(tar_run *r, sd_error *err)
     sd_status st = sd_outfile_open(&r->out, r->tar_name, err);
     if (st) return st;
     r->a = archive_write_new();
-    if (!r->a || archive_write_set_format_pax_restricted(r->a) != ARCHIVE_OK ||
+    if (!r->a || start_pax(r->a) ||
         archive_write_open_FILE(r->a, r->out.f) != ARCHIVE_OK) {
         char why[512] = "out of memory";
         if (r->a) tar_error(r->a, why, sizeof why);
@@ -225,8 +236,9 @@ int pack_export_tar(int argc, char **argv)
         "embedding as <name>.te1.npy, .te2.npy, .pool2.npy (SDXL) or <name>.te.npy, and <name>.json\n"
         "with name, original_size, crop (the box cut from the resized image, as stored), crop_ltrb\n"
         "(sd-scripts' value for the same image), bucket, dtype, flags and the text key. fp16 and fp32\n"
-        "stay as stored; bf16 is written as float32 (numpy has no bfloat16). Each tar is written\n"
-        "under a temporary name and renamed when complete.",
+        "stay as stored; bf16 is written as float32 (numpy has no bfloat16). Member names are the\n"
+        "record names' UTF-8 bytes whatever the locale (pax path records marked hdrcharset=BINARY).\n"
+        "Each tar is written under a temporary name and renamed when complete.",
         opts, "Example:\n  sd-pack export-tar cache.lmdb -o 'tars/cache-%05d.tar' --per-tar 2000", NULL};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
@@ -249,7 +261,7 @@ int pack_export_tar(int argc, char **argv)
     sd_progress_init(&prog, "sd-pack export-tar", "records", 0, !pc.quiet);
     sd_error err;
     sd_status st = pack_walk(pos.v[0], &r.tally, &prog, tar_one, &r, &err);
-    sd_progress_finish(&prog);
+    pack_progress_finish(&prog, &r.tally);
     if (!st) st = close_tar(&r, &err);
     if (r.a) { /* a failed tar: close it first, as free skips that (and leaks) once a write has failed */
         archive_write_close(r.a);
