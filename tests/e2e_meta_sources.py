@@ -634,6 +634,22 @@ class DamagedTars(Base):
         self.assertEqual(skipped(err, "caption contains NUL bytes (UTF-16?)"), 1, err)
         self.assertIn("n.tar[a.txt]", err)
 
+    def test_utf8_member_names_are_no_damage(self):
+        """libarchive warns (ARCHIVE_WARN) when a pax name cannot be converted to the C
+        locale's charset and leaves the UTF-8 bytes as they are: that warning is not damage,
+        and the names come through whatever the locale."""
+        make_tar(self.p("u.tar"), [("猫.jpg", JPEG), ("猫.txt", b"cat"), ("é/dog.jpg", JPEG), ("é/dog.txt", b"dog")],
+                 fmt=tarfile.PAX_FORMAT)
+        for lc in ("C", "C.UTF-8"):
+            env = dict(os.environ, LC_ALL=lc)
+            p = subprocess.run([SD_META, "-j1", "--strict", self.p("u.tar")], capture_output=True, env=env)
+            err = p.stderr.decode()
+            self.assertEqual(p.returncode, 0, err)
+            recs = [json.loads(l) for l in p.stdout.decode().splitlines()]
+            self.assertEqual([(r["key"], r["member"], r["caption"]) for r in recs],
+                             [("猫", "猫.jpg", "cat"), ("é/dog", "é/dog.jpg", "dog")], err)
+            self.assertEqual(skipped(err, "damaged tar"), 0, err)
+
     def test_not_a_tar(self):
         write(self.p("empty.tar"), b"")
         write(self.p("text.tar"), b"hello\n" * 100)
