@@ -432,6 +432,60 @@ class Latents(unittest.TestCase):
         self.assertRegex(err, r"4\s+bad original_size")
         self.assertEqual(entries(s), 1)
 
+    def test_bucket_without_workspace_is_skipped(self):
+        """A bucket whose VAE workspace cannot be had (over --max-workspace, or over the machine's
+        memory by default) skips its records, each named with the bucket and the size, before any
+        of its images is decoded; the other buckets are encoded and the run ends as for any skip
+        (0, 1 with --strict), where it used to stop with "cannot allocate the workspace"."""
+        from PIL import Image
+        d = self.path("ws")
+        os.makedirs(d)
+        Image.new("RGB", (32, 1024), (10, 200, 30)).save(os.path.join(d, "tall.png"))
+        Image.new("RGB", (400, 300), (200, 30, 30)).save(os.path.join(d, "ok.png"))
+        Image.new("RGB", (400, 400), (30, 30, 200)).save(os.path.join(d, "sq.png"))
+
+        def rec(key, image, size, bucket, resize, crop):
+            return json.dumps({"v": 1, "key": key, "image": os.path.join(d, image), "caption": "c",
+                               "original_size": size, "bucket": bucket, "resize": resize, "crop": crop}) + "\n"
+
+        jl = os.path.join(d, "ws.jsonl")
+        with open(jl, "w") as f:
+            f.write(rec("tall", "tall.png", [32, 1024], [64, 2048], [64, 2048], [0, 0, 64, 2048]))
+            f.write(rec("huge", "sq.png", [400, 400], [65528, 65528], [65528, 65528], [0, 0, 65528, 65528]))
+            for k in "abc":
+                f.write(rec(k, "ok.png", [400, 300], [128, 96], [128, 96], [0, 0, 128, 96]))
+        s = os.path.join(d, "cap.shard")
+        _, _, err = sh(LATENTS, "--vae", VAE, "--max-workspace", "8", "-o", s, jl)
+        self.assertRegex(err, r"tall \(\S+tall.png\), bucket 64x2048: VAE workspace of \d+ MiB cannot be allocated "
+                              r"\(over --max-workspace 8 MiB\)")
+        self.assertRegex(err, r"huge \(\S+sq.png\), bucket 65528x65528: VAE workspace of \d+ MiB cannot be allocated")
+        self.assertRegex(err, r"\b2\s+VAE workspace cannot be allocated")
+        self.assertEqual(summary(err), (3, 0, 0, 2), err)
+        self.assertEqual(entries(s), 3)
+        sh(LATENTS, "--strict", "--vae", VAE, "--max-workspace", "8", "-o", s, jl, ok=(1,))
+        # under the cap but the allocation itself fails (ASan builds: its allocation limit stands in
+        # for `ulimit -v`, which ASan cannot run under): skipped with the allocator's reason
+        env = dict(os.environ, ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") +
+                   ":max_allocation_size_mb=8:allocator_may_return_null=1")
+        p = subprocess.run([LATENTS, "--vae", VAE, "--max-workspace", "64", "-o", os.path.join(d, "alloc.shard"), jl],
+                           capture_output=True, env=env)
+        err = p.stderr.decode()
+        if "AddressSanitizer" in err:
+            self.assertEqual(p.returncode, 0, err)
+            self.assertIn("bucket 64x2048: VAE workspace of 12 MiB cannot be allocated (VAE on cpu: cannot allocate "
+                          "the workspace (12 MiB))", err)
+            self.assertEqual(summary(err), (3, 0, 0, 2), err)
+        # no cap given: a bucket needing more than the machine's memory is refused up front
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if ram > 300 << 30:
+            self.skipTest("this machine has the memory for a 65528x65528 workspace")
+        s = os.path.join(d, "default.shard")
+        _, _, err = sh(LATENTS, "--vae", VAE, "-o", s, jl)
+        self.assertRegex(err, r"huge \(\S+sq.png\), bucket 65528x65528: VAE workspace of \d+ MiB cannot be allocated "
+                              r"\(over this machine's \d+ MiB of memory")
+        self.assertEqual(summary(err), (4, 0, 0, 1), err)
+        self.assertEqual(entries(s), 4)
+
     def test_moved_tar_members_are_skipped(self):
         """A tar rebuilt after sd-meta with its members in another order: the recorded offsets
         lead to other members' bytes, which must not be stored under these names. Short names,

@@ -72,6 +72,7 @@ typedef struct {
     int shard_index, shard_count;
     int batch, text_batch, threads, flip, sample, nosync, strict, quiet;
     uint64_t seed;
+    size_t max_workspace; /* --max-workspace: most bytes of VAE workspace a bucket may need; 0: the default */
 } latents_opts;
 
 /* Floats per latent and its shape [c, h, w]. */

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "arena.h"
 #include "backend.h"
@@ -632,6 +633,75 @@ static sd_status run_texts(run *r, sd_error *err)
     return st;
 }
 
+/* The most VAE workspace one image may need, into *cap (0: no cap) and
+ * what it is into what: --max-workspace, else on the CPU the machine's
+ * memory (under overcommit a bigger allocation may succeed and the encode
+ * then be killed), else none (a device allocation fails cleanly). */
+static void workspace_cap(const run *r, size_t *cap, char *what, size_t what_cap)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    *cap = 0;
+    what[0] = 0;
+    if (r->o->max_workspace) {
+        *cap = r->o->max_workspace;
+        snprintf(what, what_cap, "over --max-workspace %zu MiB", *cap >> 20);
+    } else if (!r->cuda && pages > 0 && page > 0) {
+        *cap = (size_t)pages * (size_t)page;
+        snprintf(what, what_cap, "over this machine's %zu MiB of memory; --max-workspace sets the limit", *cap >> 20);
+    }
+}
+
+/* Whether the bucket of jobs [i, g) can be encoded: its VAE workspace
+ * (one image's, the least a batch needs) is within workspace_cap and can
+ * be allocated, tried before any of its images is decoded. When not, each
+ * of its jobs still to do is skipped, named with the bucket, the size and
+ * why, so the other buckets go on; *skipped: how many. The runner's
+ * workspace may grow here: the batch in flight must have been collected. */
+static int bucket_fits(run *r, size_t i, size_t g, uint64_t *skipped)
+{
+    const latent_job *first = &r->jobs.v[i];
+    int w = first->bucket_w, h = first->bucket_h;
+    size_t need = sd_vae_runner_image_workspace(&r->vae, h, w), cap;
+    char why[sizeof r->dec_msg[0]];
+    workspace_cap(r, &cap, why, sizeof why);
+    sd_error e = {0};
+    *skipped = 0;
+    int under_cap = !cap || need <= cap;
+    if (under_cap && sd_vae_runner_reserve(&r->runner, &r->vae, h, w, &e) == SD_OK) return 1;
+    if (under_cap) snprintf(why, sizeof why, "%s", e.msg);
+    for (size_t k = i; k < g; k++) {
+        const latent_job *j = &r->jobs.v[k];
+        if (j->state == JOB_DONE) continue;
+        sd_skip(&r->tally, "VAE workspace cannot be allocated",
+                "%s:%llu %s (%s), bucket %dx%d: VAE workspace of %zu MiB cannot be allocated (%s)", r->o->input,
+                (unsigned long long)j->line, j->name, j->image, w, h, need >> 20, why);
+        r->bad++;
+        ++*skipped;
+    }
+    return 0;
+}
+
+/* The batch in flight collected and written now, when bucket [i, ...)
+ * needs a bigger workspace than the runner holds (bucket_fits grows it,
+ * and the batch in flight may still be using it on a device). */
+static sd_status settle_before_growth(run *r, size_t i, batch *prev, int *in_flight, sd_error *err)
+{
+    const latent_job *j = &r->jobs.v[i];
+    if (!*in_flight || r->runner.ws_cap >= sd_vae_runner_image_workspace(&r->vae, j->bucket_h, j->bucket_w))
+        return SD_OK;
+    *in_flight = 0;
+    sd_status st = collect_or_retry(r, prev, err);
+    return st ? st : write_batch(r, prev, err);
+}
+
+/* Whether any job of [i, g) is still to do. */
+static int bucket_has_work(const run *r, size_t i, size_t g)
+{
+    for (size_t k = i; k < g; k++)
+        if (r->jobs.v[k].state != JOB_DONE) return 1;
+    return 0;
+}
+
 /* Walk the bucket-sorted jobs in fixed batches, running those with work:
  * batch k decodes while batch k - 1 encodes (a GPU works meanwhile),
  * then k - 1 is collected, k submitted, and k - 1's records written while
@@ -665,6 +735,14 @@ static sd_status run_batches(run *r, sd_error *err)
         while (g < r->jobs.n && r->jobs.v[g].bucket_w == r->jobs.v[i].bucket_w &&
                r->jobs.v[g].bucket_h == r->jobs.v[i].bucket_h)
             g++;
+        uint64_t skipped = 0;
+        if (bucket_has_work(r, i, g)) st = settle_before_growth(r, i, &prev, &in_flight, err);
+        if (!st && bucket_has_work(r, i, g) && !bucket_fits(r, i, g, &skipped)) {
+            done += skipped;
+            sd_progress_update(&prog, done, r->bad);
+            i = g;
+            continue;
+        }
         for (size_t b = i; b < g && !st; b += (size_t)o->batch) {
             size_t m = 0;
             for (size_t k = b; k < g && k < b + (size_t)o->batch; k++)
