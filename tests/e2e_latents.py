@@ -275,7 +275,8 @@ class Latents(unittest.TestCase):
         code, _, err = sh(LATENTS, "--vae", VAE, "-o", s, bj, ok=(0,))
         self.assertIn("broken", err)
         self.assertRegex(err, r"1\s+unreadable image")
-        self.assertRegex(err, r"2\s+not bucketed")
+        self.assertRegex(err, r"1\s+not bucketed")  # nobucket; huge has its plan, a bad one
+        self.assertIn("(huge): resize [1e+300,%d]: out of range (max 10000000)" % r["resize"][1], err)
         self.assertRegex(err, r"1\s+bad offset/size")
         self.assertRegex(err, r"1\s+malformed JSON")
         self.assertRegex(err, r"1\s+record does not fit the image")
@@ -289,8 +290,46 @@ class Latents(unittest.TestCase):
             errs += e
         for why in ("malformed JSON", "unreadable image", "record does not fit the image", "bad offset/size"):
             self.assertEqual(len(re.findall(r"\b1\s+" + why, errs)), 1, (why, errs))
-        # the two not-bucketed lines may fall to either process: counted once in all
-        self.assertEqual(sum(int(n) for n in re.findall(r"\b(\d+)\s+not bucketed", errs)), 2, errs)
+        # the not-bucketed and bad-plan lines may fall to either process: counted once in all
+        self.assertEqual(sum(int(n) for n in re.findall(r"\b(\d+)\s+not bucketed", errs)), 1, errs)
+        self.assertEqual(sum(int(n) for n in re.findall(r"\b(\d+)\s+bad resize/crop", errs)), 1, errs)
+
+    def test_bad_plan_says_what_is_wrong(self):
+        """A record with its bucket, resize and crop present but wrong is not called "not bucketed",
+        and its message says what is wrong (sd_image_plan_check's words where it applies)."""
+        from PIL import Image
+        d = self.path("badplan")
+        os.makedirs(d)
+        img = os.path.join(d, "a.png")
+        Image.new("RGB", (400, 300), (200, 30, 30)).save(img)
+        base = {"v": 1, "image": img, "caption": "c", "original_size": [400, 300], "bucket": [400, 296],
+                "resize": [400, 300], "crop": [0, 2, 400, 298]}
+        cases = (("negcrop", {"crop": [-8, 2, 392, 298]}, "crop [-8,2,392,298]: negative"),
+                 ("fraccrop", {"crop": [0.5, 2, 400.5, 298]}, "crop [0.5,2,400.5,298]: not whole numbers"),
+                 ("shortcrop", {"crop": [0, 2, 400]}, "crop has 3 numbers, not 4"),
+                 ("negresize", {"resize": [-400, -300]}, "resize [-400,-300]: negative"),
+                 ("bigresize", {"resize": [80000, 60000]}, "resize 80000x60000 out of range (each side 1..65535)"),
+                 ("outcrop", {"crop": [100, 2, 500, 298]}, "crop [100,2,500,298] not inside the 400x300 resized image"),
+                 ("strcrop", {"crop": "0,2,400,298"}, "crop is not an array of 4 numbers"),
+                 ("badbucket", {"bucket": [400]}, "bucket has 1 numbers, not 2"),
+                 ("sizes", {"bucket": [400, 288]}, "crop [0,2,400,298] is 400x296, the bucket 400x288"))
+        jl = os.path.join(d, "plans.jsonl")
+        with open(jl, "w") as f:
+            for key, change, _ in cases:
+                f.write(json.dumps(dict(base, key=key, **change)) + "\n")
+            nocrop = dict(base, key="nocrop")
+            del nocrop["crop"]
+            f.write(json.dumps(nocrop) + "\n")
+            f.write(json.dumps(dict(base, key="good")) + "\n")
+        _, _, err = sh(LATENTS, "--vae", VAE, "-o", os.path.join(d, "plans.shard"), jl)
+        for i, (key, _, why) in enumerate(cases):
+            self.assertIn("%s:%d (%s): %s: " % (jl, i + 1, key, why), err)
+        self.assertIn("(nocrop): no crop: not bucketed", err)
+        self.assertRegex(err, r"\b1\s+not bucketed")
+        self.assertRegex(err, r"\b7\s+bad resize/crop")
+        self.assertRegex(err, r"\b1\s+bad bucket")
+        self.assertRegex(err, r"\b1\s+crop size differs from bucket")
+        self.assertEqual(summary(err), (1, 0, 0, 0), err)
 
     def test_usage_errors_and_devices(self):
         s = self.path("usage.shard")

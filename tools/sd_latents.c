@@ -125,8 +125,8 @@ int main(int argc, char **argv)
                   "plan or options changed are replaced; with --text, a record whose caption changed keeps its latents "
                   "and gets the new caption's embedding (no image encoded again). A shard made before the VAE's "
                   "config joined its "
-                  "model_hash is encoded again whole. Unreadable images, and tar members that are no longer at "
-                  "their recorded offset, and buckets whose VAE workspace cannot be had (--max-workspace) "
+                  "model_hash is encoded again whole. Unreadable images, tar members that are no longer at "
+                  "their recorded offset, records whose plan is missing or wrong (the reason named) and buckets whose VAE workspace cannot be had (--max-workspace) "
                   "are reported and counted; the run goes on.",
                   opts,
                   "Examples:\n"
