@@ -4,7 +4,7 @@ wallpaper photos ($SDTK_PHOTOS; synthetic PIL images otherwise) with the
 tiny golden VAE, then sd-verify clean; kill -9 in the middle and rerun: the
 shard holds exactly the full record set, byte-identical to an uninterrupted
 run; 1 vs 2 threads identical; --shard i/N parts partition the set; changed
-options replace stale records; another VAE (weights or encoder config) is
+options are refused (a changed plan replaces its record); another VAE (weights or encoder config) is
 refused; WebDataset members read in place give the same latents as the
 files, and a member no longer at its recorded offset is skipped; bad images
 and records are reported and counted and the run goes on; --seed without
@@ -192,19 +192,53 @@ class Latents(unittest.TestCase):
             got |= set(dump(s, "latents"))
         self.assertEqual(got, full)  # same keys, same bytes as one process
 
-    def test_changed_options_replace_stale_records(self):
-        sub = self.path("sub4.jsonl")
-        with open(self.jsonl) as f, open(sub, "w") as g:
-            g.writelines(f.readlines()[:4])
+    def test_changed_options_are_refused(self):
+        """A rerun whose records would differ in kind from the shard's (dtype, mode, flip,
+        --sample's seed) is refused, exit 2, the shard untouched, naming both: a partial rerun
+        used to leave fp16 and fp32, flipped and unflipped records under a meta naming only
+        the last run's. Options that shape no record (threads, batch, --shard) are not
+        refused; the meta's `parts` lists every part whose run wrote the shard, its options no
+        `shard` of the last run. A changed plan (here original_size) still replaces its record."""
+        sub = first_lines(self.jsonl, self.path("sub4.jsonl"), 4)
+        two = first_lines(self.jsonl, self.path("sub2.jsonl"), 2)
         s = self.path("stale.shard")
-        sh(LATENTS, "-q", "--vae", VAE, "-o", s, sub)
-        before = dump(s, "latents")
-        _, _, err = sh(LATENTS, "--vae", VAE, "--flip", "--sample", "--seed", "3", "-o", s, sub)
-        self.assertEqual(summary(err), (4, 4, 0, 0))
+        sh(LATENTS, "-q", "--vae", VAE, "--shard", "0/2", "-o", s, sub)
+        sh(LATENTS, "-q", "--vae", VAE, "--shard", "1/2", "-o", s, sub)
         self.assertEqual(entries(s), 4)
-        self.assertEqual(entries(s, "names"), 4)
-        self.assertNotEqual(dump(s, "latents"), before)
-        sh(VERIFY, "--manifest", sub, s)
+        with open(s, "rb") as f:
+            before = f.read()
+        for args, said in ((["--dtype", "fp32", "--flip"], "dtype fp16, flip false (its meta); this run's would have "
+                                                            "dtype fp32, flip true"),
+                           (["--sample", "--seed", "3"], "mode mean_std (its meta); this run's would have mode sample"),
+                           (["--vae-activations", "bf16"], "vae_activations fp32 (its meta); this run's would have "
+                                                           "vae_activations bf16")):
+            _, _, err = sh(LATENTS, "--vae", VAE, *args, "-o", s, two, ok=(2,))
+            self.assertIn("%s holds records made with %s" % (s, said), err)
+            self.assertIn("or write to a new shard (-o)", err)
+            with open(s, "rb") as f:
+                self.assertEqual(f.read(), before, args)
+        _, _, err = sh(LATENTS, "--vae", VAE, "-j", "1", "--batch", "3", "-o", s, sub)
+        self.assertIn("nothing to do: 4 records already cached", err)
+        self.assertEqual(json.loads(meta_value(s, "parts")), ["0/2", "1/2"])
+        self.assertNotIn("shard", json.loads(meta_value(s, "options")))
+        # --sample's seed shapes its records; without --sample it is 0 and not compared
+        t = self.path("sample.shard")
+        sh(LATENTS, "-q", "--vae", VAE, "--sample", "--seed", "3", "-o", t, two)
+        _, _, err = sh(LATENTS, "--vae", VAE, "--sample", "--seed", "4", "-o", t, sub, ok=(2,))
+        self.assertIn("seed 3 (its meta); this run's would have seed 4", err)
+        _, _, err = sh(LATENTS, "--vae", VAE, "--sample", "--seed", "3", "-o", t, sub)
+        self.assertEqual(summary(err), (2, 0, 2, 0), err)
+        # a changed plan is another record key: replaced, as before
+        lines = open(sub).read().splitlines()
+        r = json.loads(lines[0])
+        r["original_size"] = [r["original_size"][0] + 1, r["original_size"][1]]
+        moved = self.path("moved4.jsonl")
+        with open(moved, "w") as f:
+            f.write("\n".join([json.dumps(r)] + lines[1:]) + "\n")
+        _, _, err = sh(LATENTS, "--vae", VAE, "-o", s, moved)
+        self.assertEqual(summary(err), (1, 1, 3, 0), err)
+        self.assertEqual(entries(s), 4)
+        sh(VERIFY, "--manifest", moved, s)
 
     def test_vae_activations_are_part_of_the_key(self):
         """--vae-activations bf16 caches a record set that verifies clean, with other bytes and
@@ -221,9 +255,13 @@ class Latents(unittest.TestCase):
         act16 = dump(s, "latents")
         full = set(self.full_records["latents"])
         self.assertFalse(set(act16) & full)
-        _, _, err = sh(LATENTS, "--vae", VAE, "-o", s, sub)
-        self.assertEqual(summary(err), (6, 6, 0, 0), err)
-        self.assertTrue(set(dump(s, "latents")) <= full)
+        # into the bf16 shard an fp32 run is refused (its meta would lie); a new shard matches
+        _, _, err = sh(LATENTS, "--vae", VAE, "-o", s, sub, ok=(2,))
+        self.assertIn("vae_activations bf16 (its meta); this run's would have vae_activations fp32", err)
+        t = self.path("act32.shard")
+        _, _, err = sh(LATENTS, "--vae", VAE, "-o", t, sub)
+        self.assertEqual(summary(err), (6, 0, 0, 0), err)
+        self.assertTrue(set(dump(t, "latents")) <= full)
         for args in (["--vae-activations", "fp8"], ["--vae-activations", "fp16", "--device", "cuda:0"]):
             code, _, err = sh(LATENTS, "--vae", VAE, *args, "-o", self.path("act-usage.shard"), sub, ok=(2,))
             self.assertIn("--vae-activations", err)

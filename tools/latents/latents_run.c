@@ -231,48 +231,6 @@ static sd_status check_meta(run *r, sd_error *err)
     return st;
 }
 
-/* Whether the shard's producer is sd-pack (a merge of parts), not one
- * sd-latents run. */
-static int merged(run *r)
-{
-    char *p = NULL;
-    sd_error e = {0};
-    if (sd_shard_meta_get(r->shard, SD_SHARD_META_PRODUCER, &p, &e)) return 0;
-    int yes = strncmp(p, "sd-pack", 7) == 0;
-    free(p);
-    return yes;
-}
-
-/* A shard written by another --shard part of a split input (one output
- * file given to two GPUs' runs by mistake): it then holds both parts'
- * records, which sd-train takes as one data set. Allowed (a part rerun
- * into a merged file is fine), but said, before the meta's options name
- * only this run's part. */
-static void warn_other_part(run *r)
-{
-    char *old = NULL, want[64];
-    sd_error e = {0};
-    if (sd_shard_meta_get(r->shard, SD_SHARD_META_OPTIONS, &old, &e)) return;
-    sd_arena a;
-    sd_arena_init(&a, 1 << 12);
-    sd_json *root = NULL;
-    const sd_json *part = NULL;
-    if (sd_json_parse(&a, old, strlen(old), &root, &e) == SD_OK) part = sd_json_get(root, "shard");
-    snprintf(want, sizeof want, "%d/%d", r->o->shard_index, r->o->shard_count);
-    int i, n;
-    char tail;
-    /* another I of the same N only: a whole-input run (0/1) into a part, or a
-     * part rerun into a merged file (whose options are its first input's),
-     * is no mistake */
-    if (r->o->shard_count > 1 && part && part->type == SD_JSON_STRING &&
-        sscanf(part->str, "%d/%d%c", &i, &n, &tail) == 2 && n == r->o->shard_count && i != r->o->shard_index &&
-        !merged(r))
-        sd_log(SD_LOG_WARN, "%s was written by --shard %s; this run is --shard %s: the shard will hold the records "
-               "of both parts (give each part its own -o)", sd_shard_path(r->shard), part->str, want);
-    sd_arena_free(&a);
-    free(old);
-}
-
 /* The shard's scaling_factor against this run's: the latents are stored
  * unscaled (the trainer multiplies by the meta's factor), so an explicit
  * --scale only rewrites the meta (r->scale_changed), even when every
@@ -327,12 +285,16 @@ static sd_status write_meta(run *r, sd_error *err)
     sd_buf_json_cstr(&b, o->vae_path);
     sd_buf_puts(&b, ", \"vae_config\": ");
     sd_buf_json_cstr(&b, r->vae_desc);
-    sd_buf_printf(&b, ", \"mode\": \"%s\", \"flip\": %s, \"seed\": %llu, \"shard\": \"%d/%d\", "
-                  "\"vae_activations\": \"%s\"}",
+    sd_buf_printf(&b, ", \"mode\": \"%s\", \"flip\": %s, \"seed\": %llu, \"vae_activations\": \"%s\"}",
                   o->sample ? "sample" : "mean_std", o->flip ? "true" : "false", (unsigned long long)key_seed(o),
-                  o->shard_index, o->shard_count, sd_dtype_name(o->vae_act ? o->vae_act : SD_DT_F32));
+                  sd_dtype_name(o->vae_act ? o->vae_act : SD_DT_F32));
+    sd_buf parts;
+    sd_buf_init(&parts);
+    latents_parts_json(r->shard, o, &parts); /* before the options: an older shard's part is in them */
     if (!st) st = sd_shard_meta_set(r->shard, SD_SHARD_META_OPTIONS, sd_buf_cstr(&b), err);
+    if (!st) st = sd_shard_meta_set(r->shard, SD_SHARD_META_PARTS, sd_buf_cstr(&parts), err);
     sd_buf_free(&b);
+    sd_buf_free(&parts);
     if (!st && r->text_on) {
         /* the empty caption's embedding, stored once for conditioning
          * dropout at train time; its key is in meta "empty_text" */
@@ -965,7 +927,9 @@ int latents_run(const latents_opts *o)
     if (!st) st = sd_shard_open(&r.shard, o->output, &so, &err);
     if (!st) st = check_meta(&r, &err);
     if (!st) st = check_scale(&r, &err);
-    if (!st) warn_other_part(&r);
+    int refused = 0; /* records of other options: a usage error, nothing written */
+    if (!st) refused = (st = latents_check_options(r.shard, o, r.dtype, &err)) != SD_OK;
+    if (!st) latents_warn_other_part(r.shard, o);
     if (!st) st = classify(&r, &err);
     if (!st) {
         r.pool = o->threads > 1 ? sd_pool_create(o->threads) : NULL;
@@ -1015,7 +979,7 @@ int latents_run(const latents_opts *o)
                (unsigned long long)r.text.invalid_utf8);
     }
     sd_tally_log(&r.tally, "records");
-    int code = st ? SD_EXIT_FATAL : (o->strict && r.tally.total ? SD_EXIT_SKIPPED : SD_EXIT_OK);
+    int code = refused ? SD_EXIT_USAGE : st ? SD_EXIT_FATAL : (o->strict && r.tally.total ? SD_EXIT_SKIPPED : SD_EXIT_OK);
     run_free(&r);
     if (image_ok) sd_image_shutdown();
     return code;
