@@ -44,6 +44,7 @@ enum {
 #define SD_SHARD_META_CREATED "created"        /* "2024-05-01T12:00:00Z" */
 #define SD_SHARD_META_PRODUCER "producer"      /* "sd-latents 0.1.0" */
 #define SD_SHARD_META_OPTIONS "options"        /* JSON object of the producer's options */
+#define SD_SHARD_META_PARTS "parts"            /* sd-latents: JSON list of the --shard I/N parts that wrote it */
 #define SD_SHARD_META_MODEL "model_hash"       /* hash of the weights used (hex) */
 #define SD_SHARD_META_SCALING "scaling_factor" /* "0.18215", "0.13025" */
 #define SD_SHARD_META_DTYPES "dtypes"          /* JSON object: {"latent":"fp16","text":"fp16"} */

@@ -70,7 +70,8 @@ void sd_image_shutdown(void)
 sd_status sd_image_plan_check(const sd_image_plan *p, sd_error *err)
 {
     if (p->resize_w < 1 || p->resize_h < 1 || p->resize_w > SD_IMGHDR_MAX_SIDE || p->resize_h > SD_IMGHDR_MAX_SIDE)
-        return sd_err_set(err, SD_ERANGE, "resize %dx%d out of range", p->resize_w, p->resize_h);
+        return sd_err_set(err, SD_ERANGE, "resize %dx%d out of range (each side 1..%d)", p->resize_w, p->resize_h,
+                          SD_IMGHDR_MAX_SIDE);
     if (p->crop_l < 0 || p->crop_t < 0 || p->crop_r > p->resize_w || p->crop_b > p->resize_h || p->crop_l >= p->crop_r ||
         p->crop_t >= p->crop_b)
         return sd_err_set(err, SD_ERANGE, "crop [%d,%d,%d,%d] not inside the %dx%d resized image", p->crop_l, p->crop_t,

@@ -157,6 +157,14 @@ sd_status sd_vae_runner_encode(sd_vae_runner *r, const sd_vae *v, int n, int h, 
                                float *std, sd_error *err);
 sd_status sd_vae_runner_submit(sd_vae_runner *r, const sd_vae *v, int n, int h, int w, const float *x, sd_error *err);
 sd_status sd_vae_runner_collect(sd_vae_runner *r, float *mean, float *std, sd_error *err);
+/* Bytes of workspace one h x w image needs: the least any batch of that
+ * size needs (one image at a time), so a caller can tell whether a size
+ * fits before it decodes an image of it. */
+size_t sd_vae_runner_image_workspace(const sd_vae *v, int h, int w);
+/* The workspace grown to one h x w image's (sd_vae_runner_image_workspace)
+ * now, before any image of that size is decoded; SD_ENOMEM naming the size
+ * when it cannot be had. Any submitted batch must have been collected. */
+sd_status sd_vae_runner_reserve(sd_vae_runner *r, const sd_vae *v, int h, int w, sd_error *err);
 /* After a batch ran out of device memory in one pass: one image at a time
  * from now on, the batch workspace released; 0 when already so. */
 int sd_vae_runner_one_at_a_time(sd_vae_runner *r);

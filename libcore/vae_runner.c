@@ -103,6 +103,25 @@ sd_status sd_vae_runner_encode(sd_vae_runner *r, const sd_vae *v, int n, int h, 
     return st ? st : sd_vae_runner_collect(r, mean, std, err);
 }
 
+/* One image's workspace: what submit grows to when it goes one at a time
+ * (sd_vae_workspace_floats is the same for any n). */
+size_t sd_vae_runner_image_workspace(const sd_vae *v, int h, int w)
+{
+    return sd_vae_workspace_floats(v, 1, h, w) * sizeof(float);
+}
+
+/* A size whose workspace cannot be had is then known before its images are
+ * decoded (a tall bucket's decode can take minutes), not at submit. */
+sd_status sd_vae_runner_reserve(sd_vae_runner *r, const sd_vae *v, int h, int w, sd_error *err)
+{
+    sd_status st = sd_vae_check_input(v, 1, h, w, err);
+    if (st) return st;
+    size_t bytes = sd_vae_runner_image_workspace(v, h, w);
+    if (r->ws && r->ws_cap >= bytes) return SD_OK;
+    if (r->pending) return sd_err_set(err, SD_EINVAL, "VAE workspace: the previous batch was not collected");
+    return grow(r, &r->ws, &r->ws_cap, bytes / sizeof(float), "workspace", err);
+}
+
 /* One image at a time from now on, and the whole batch's workspace (about
  * n times one image's) given back, so the retry that follows has the
  * room. 0 when it went one at a time already. */

@@ -4,7 +4,7 @@ wallpaper photos ($SDTK_PHOTOS; synthetic PIL images otherwise) with the
 tiny golden VAE, then sd-verify clean; kill -9 in the middle and rerun: the
 shard holds exactly the full record set, byte-identical to an uninterrupted
 run; 1 vs 2 threads identical; --shard i/N parts partition the set; changed
-options replace stale records; another VAE (weights or encoder config) is
+options are refused (a changed plan replaces its record); another VAE (weights or encoder config) is
 refused; WebDataset members read in place give the same latents as the
 files, and a member no longer at its recorded offset is skipped; bad images
 and records are reported and counted and the run goes on; --seed without
@@ -192,19 +192,53 @@ class Latents(unittest.TestCase):
             got |= set(dump(s, "latents"))
         self.assertEqual(got, full)  # same keys, same bytes as one process
 
-    def test_changed_options_replace_stale_records(self):
-        sub = self.path("sub4.jsonl")
-        with open(self.jsonl) as f, open(sub, "w") as g:
-            g.writelines(f.readlines()[:4])
+    def test_changed_options_are_refused(self):
+        """A rerun whose records would differ in kind from the shard's (dtype, mode, flip,
+        --sample's seed) is refused, exit 2, the shard untouched, naming both: a partial rerun
+        used to leave fp16 and fp32, flipped and unflipped records under a meta naming only
+        the last run's. Options that shape no record (threads, batch, --shard) are not
+        refused; the meta's `parts` lists every part whose run wrote the shard, its options no
+        `shard` of the last run. A changed plan (here original_size) still replaces its record."""
+        sub = first_lines(self.jsonl, self.path("sub4.jsonl"), 4)
+        two = first_lines(self.jsonl, self.path("sub2.jsonl"), 2)
         s = self.path("stale.shard")
-        sh(LATENTS, "-q", "--vae", VAE, "-o", s, sub)
-        before = dump(s, "latents")
-        _, _, err = sh(LATENTS, "--vae", VAE, "--flip", "--sample", "--seed", "3", "-o", s, sub)
-        self.assertEqual(summary(err), (4, 4, 0, 0))
+        sh(LATENTS, "-q", "--vae", VAE, "--shard", "0/2", "-o", s, sub)
+        sh(LATENTS, "-q", "--vae", VAE, "--shard", "1/2", "-o", s, sub)
         self.assertEqual(entries(s), 4)
-        self.assertEqual(entries(s, "names"), 4)
-        self.assertNotEqual(dump(s, "latents"), before)
-        sh(VERIFY, "--manifest", sub, s)
+        with open(s, "rb") as f:
+            before = f.read()
+        for args, said in ((["--dtype", "fp32", "--flip"], "dtype fp16, flip false (its meta); this run's would have "
+                                                            "dtype fp32, flip true"),
+                           (["--sample", "--seed", "3"], "mode mean_std (its meta); this run's would have mode sample"),
+                           (["--vae-activations", "bf16"], "vae_activations fp32 (its meta); this run's would have "
+                                                           "vae_activations bf16")):
+            _, _, err = sh(LATENTS, "--vae", VAE, *args, "-o", s, two, ok=(2,))
+            self.assertIn("%s holds records made with %s" % (s, said), err)
+            self.assertIn("or write to a new shard (-o)", err)
+            with open(s, "rb") as f:
+                self.assertEqual(f.read(), before, args)
+        _, _, err = sh(LATENTS, "--vae", VAE, "-j", "1", "--batch", "3", "-o", s, sub)
+        self.assertIn("nothing to do: 4 records already cached", err)
+        self.assertEqual(json.loads(meta_value(s, "parts")), ["0/2", "1/2"])
+        self.assertNotIn("shard", json.loads(meta_value(s, "options")))
+        # --sample's seed shapes its records; without --sample it is 0 and not compared
+        t = self.path("sample.shard")
+        sh(LATENTS, "-q", "--vae", VAE, "--sample", "--seed", "3", "-o", t, two)
+        _, _, err = sh(LATENTS, "--vae", VAE, "--sample", "--seed", "4", "-o", t, sub, ok=(2,))
+        self.assertIn("seed 3 (its meta); this run's would have seed 4", err)
+        _, _, err = sh(LATENTS, "--vae", VAE, "--sample", "--seed", "3", "-o", t, sub)
+        self.assertEqual(summary(err), (2, 0, 2, 0), err)
+        # a changed plan is another record key: replaced, as before
+        lines = open(sub).read().splitlines()
+        r = json.loads(lines[0])
+        r["original_size"] = [r["original_size"][0] + 1, r["original_size"][1]]
+        moved = self.path("moved4.jsonl")
+        with open(moved, "w") as f:
+            f.write("\n".join([json.dumps(r)] + lines[1:]) + "\n")
+        _, _, err = sh(LATENTS, "--vae", VAE, "-o", s, moved)
+        self.assertEqual(summary(err), (1, 1, 3, 0), err)
+        self.assertEqual(entries(s), 4)
+        sh(VERIFY, "--manifest", moved, s)
 
     def test_vae_activations_are_part_of_the_key(self):
         """--vae-activations bf16 caches a record set that verifies clean, with other bytes and
@@ -221,9 +255,13 @@ class Latents(unittest.TestCase):
         act16 = dump(s, "latents")
         full = set(self.full_records["latents"])
         self.assertFalse(set(act16) & full)
-        _, _, err = sh(LATENTS, "--vae", VAE, "-o", s, sub)
-        self.assertEqual(summary(err), (6, 6, 0, 0), err)
-        self.assertTrue(set(dump(s, "latents")) <= full)
+        # into the bf16 shard an fp32 run is refused (its meta would lie); a new shard matches
+        _, _, err = sh(LATENTS, "--vae", VAE, "-o", s, sub, ok=(2,))
+        self.assertIn("vae_activations bf16 (its meta); this run's would have vae_activations fp32", err)
+        t = self.path("act32.shard")
+        _, _, err = sh(LATENTS, "--vae", VAE, "-o", t, sub)
+        self.assertEqual(summary(err), (6, 0, 0, 0), err)
+        self.assertTrue(set(dump(t, "latents")) <= full)
         for args in (["--vae-activations", "fp8"], ["--vae-activations", "fp16", "--device", "cuda:0"]):
             code, _, err = sh(LATENTS, "--vae", VAE, *args, "-o", self.path("act-usage.shard"), sub, ok=(2,))
             self.assertIn("--vae-activations", err)
@@ -275,7 +313,8 @@ class Latents(unittest.TestCase):
         code, _, err = sh(LATENTS, "--vae", VAE, "-o", s, bj, ok=(0,))
         self.assertIn("broken", err)
         self.assertRegex(err, r"1\s+unreadable image")
-        self.assertRegex(err, r"2\s+not bucketed")
+        self.assertRegex(err, r"1\s+not bucketed")  # nobucket; huge has its plan, a bad one
+        self.assertIn("(huge): resize [1e+300,%d]: out of range (max 10000000)" % r["resize"][1], err)
         self.assertRegex(err, r"1\s+bad offset/size")
         self.assertRegex(err, r"1\s+malformed JSON")
         self.assertRegex(err, r"1\s+record does not fit the image")
@@ -289,8 +328,46 @@ class Latents(unittest.TestCase):
             errs += e
         for why in ("malformed JSON", "unreadable image", "record does not fit the image", "bad offset/size"):
             self.assertEqual(len(re.findall(r"\b1\s+" + why, errs)), 1, (why, errs))
-        # the two not-bucketed lines may fall to either process: counted once in all
-        self.assertEqual(sum(int(n) for n in re.findall(r"\b(\d+)\s+not bucketed", errs)), 2, errs)
+        # the not-bucketed and bad-plan lines may fall to either process: counted once in all
+        self.assertEqual(sum(int(n) for n in re.findall(r"\b(\d+)\s+not bucketed", errs)), 1, errs)
+        self.assertEqual(sum(int(n) for n in re.findall(r"\b(\d+)\s+bad resize/crop", errs)), 1, errs)
+
+    def test_bad_plan_says_what_is_wrong(self):
+        """A record with its bucket, resize and crop present but wrong is not called "not bucketed",
+        and its message says what is wrong (sd_image_plan_check's words where it applies)."""
+        from PIL import Image
+        d = self.path("badplan")
+        os.makedirs(d)
+        img = os.path.join(d, "a.png")
+        Image.new("RGB", (400, 300), (200, 30, 30)).save(img)
+        base = {"v": 1, "image": img, "caption": "c", "original_size": [400, 300], "bucket": [400, 296],
+                "resize": [400, 300], "crop": [0, 2, 400, 298]}
+        cases = (("negcrop", {"crop": [-8, 2, 392, 298]}, "crop [-8,2,392,298]: negative"),
+                 ("fraccrop", {"crop": [0.5, 2, 400.5, 298]}, "crop [0.5,2,400.5,298]: not whole numbers"),
+                 ("shortcrop", {"crop": [0, 2, 400]}, "crop has 3 numbers, not 4"),
+                 ("negresize", {"resize": [-400, -300]}, "resize [-400,-300]: negative"),
+                 ("bigresize", {"resize": [80000, 60000]}, "resize 80000x60000 out of range (each side 1..65535)"),
+                 ("outcrop", {"crop": [100, 2, 500, 298]}, "crop [100,2,500,298] not inside the 400x300 resized image"),
+                 ("strcrop", {"crop": "0,2,400,298"}, "crop is not an array of 4 numbers"),
+                 ("badbucket", {"bucket": [400]}, "bucket has 1 numbers, not 2"),
+                 ("sizes", {"bucket": [400, 288]}, "crop [0,2,400,298] is 400x296, the bucket 400x288"))
+        jl = os.path.join(d, "plans.jsonl")
+        with open(jl, "w") as f:
+            for key, change, _ in cases:
+                f.write(json.dumps(dict(base, key=key, **change)) + "\n")
+            nocrop = dict(base, key="nocrop")
+            del nocrop["crop"]
+            f.write(json.dumps(nocrop) + "\n")
+            f.write(json.dumps(dict(base, key="good")) + "\n")
+        _, _, err = sh(LATENTS, "--vae", VAE, "-o", os.path.join(d, "plans.shard"), jl)
+        for i, (key, _, why) in enumerate(cases):
+            self.assertIn("%s:%d (%s): %s: " % (jl, i + 1, key, why), err)
+        self.assertIn("(nocrop): no crop: not bucketed", err)
+        self.assertRegex(err, r"\b1\s+not bucketed")
+        self.assertRegex(err, r"\b7\s+bad resize/crop")
+        self.assertRegex(err, r"\b1\s+bad bucket")
+        self.assertRegex(err, r"\b1\s+crop size differs from bucket")
+        self.assertEqual(summary(err), (1, 0, 0, 0), err)
 
     def test_fifo_image_and_bom(self):
         """An image path that is a FIFO (a file swapped after sd-meta, a hand-made list) is
@@ -479,6 +556,60 @@ class Latents(unittest.TestCase):
         _, _, err = sh(LATENTS, "--vae", VAE, "-o", s, bad)
         self.assertRegex(err, r"4\s+bad original_size")
         self.assertEqual(entries(s), 1)
+
+    def test_bucket_without_workspace_is_skipped(self):
+        """A bucket whose VAE workspace cannot be had (over --max-workspace, or over the machine's
+        memory by default) skips its records, each named with the bucket and the size, before any
+        of its images is decoded; the other buckets are encoded and the run ends as for any skip
+        (0, 1 with --strict), where it used to stop with "cannot allocate the workspace"."""
+        from PIL import Image
+        d = self.path("ws")
+        os.makedirs(d)
+        Image.new("RGB", (32, 1024), (10, 200, 30)).save(os.path.join(d, "tall.png"))
+        Image.new("RGB", (400, 300), (200, 30, 30)).save(os.path.join(d, "ok.png"))
+        Image.new("RGB", (400, 400), (30, 30, 200)).save(os.path.join(d, "sq.png"))
+
+        def rec(key, image, size, bucket, resize, crop):
+            return json.dumps({"v": 1, "key": key, "image": os.path.join(d, image), "caption": "c",
+                               "original_size": size, "bucket": bucket, "resize": resize, "crop": crop}) + "\n"
+
+        jl = os.path.join(d, "ws.jsonl")
+        with open(jl, "w") as f:
+            f.write(rec("tall", "tall.png", [32, 1024], [64, 2048], [64, 2048], [0, 0, 64, 2048]))
+            f.write(rec("huge", "sq.png", [400, 400], [65528, 65528], [65528, 65528], [0, 0, 65528, 65528]))
+            for k in "abc":
+                f.write(rec(k, "ok.png", [400, 300], [128, 96], [128, 96], [0, 0, 128, 96]))
+        s = os.path.join(d, "cap.shard")
+        _, _, err = sh(LATENTS, "--vae", VAE, "--max-workspace", "8", "-o", s, jl)
+        self.assertRegex(err, r"tall \(\S+tall.png\), bucket 64x2048: VAE workspace of \d+ MiB cannot be allocated "
+                              r"\(over --max-workspace 8 MiB\)")
+        self.assertRegex(err, r"huge \(\S+sq.png\), bucket 65528x65528: VAE workspace of \d+ MiB cannot be allocated")
+        self.assertRegex(err, r"\b2\s+VAE workspace cannot be allocated")
+        self.assertEqual(summary(err), (3, 0, 0, 2), err)
+        self.assertEqual(entries(s), 3)
+        sh(LATENTS, "--strict", "--vae", VAE, "--max-workspace", "8", "-o", s, jl, ok=(1,))
+        # under the cap but the allocation itself fails (ASan builds: its allocation limit stands in
+        # for `ulimit -v`, which ASan cannot run under): skipped with the allocator's reason
+        env = dict(os.environ, ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") +
+                   ":max_allocation_size_mb=8:allocator_may_return_null=1")
+        p = subprocess.run([LATENTS, "--vae", VAE, "--max-workspace", "64", "-o", os.path.join(d, "alloc.shard"), jl],
+                           capture_output=True, env=env)
+        err = p.stderr.decode()
+        if "AddressSanitizer" in err:
+            self.assertEqual(p.returncode, 0, err)
+            self.assertIn("bucket 64x2048: VAE workspace of 12 MiB cannot be allocated (VAE on cpu: cannot allocate "
+                          "the workspace (12 MiB))", err)
+            self.assertEqual(summary(err), (3, 0, 0, 2), err)
+        # no cap given: a bucket needing more than the machine's memory is refused up front
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if ram > 300 << 30:
+            self.skipTest("this machine has the memory for a 65528x65528 workspace")
+        s = os.path.join(d, "default.shard")
+        _, _, err = sh(LATENTS, "--vae", VAE, "-o", s, jl)
+        self.assertRegex(err, r"huge \(\S+sq.png\), bucket 65528x65528: VAE workspace of \d+ MiB cannot be allocated "
+                              r"\(over this machine's \d+ MiB of memory")
+        self.assertEqual(summary(err), (4, 0, 0, 1), err)
+        self.assertEqual(entries(s), 4)
 
     def test_moved_tar_members_are_skipped(self):
         """A tar rebuilt after sd-meta with its members in another order: the recorded offsets

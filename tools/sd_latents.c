@@ -44,7 +44,7 @@ int main(int argc, char **argv)
 {
     latents_opts o = {.device = "cpu", .dtype_name = "fp16", .shard_count = 1};
     const char *part = NULL, *mixed = "no", *vae_act = "fp32";
-    long batch = 1, text_batch = 32, threads = 0, groups = 0, seed = 0, clip_skip = 0;
+    long batch = 1, text_batch = 32, threads = 0, groups = 0, seed = 0, clip_skip = 0, max_ws_mib = 0;
     int quiet = 0, verbose = 0, text_only = 0;
     double gpu_mem_gib = 0;
     const sd_opt opts[] = {
@@ -90,6 +90,10 @@ int main(int argc, char **argv)
         {"gpu-memory-limit", 0, SD_OPT_DOUBLE, &gpu_mem_gib, "GIB",
          "GPU: hold at most this much device memory in sdtk's allocator (the CUDA libraries' own few hundred MiB "
          "come on top), as on a smaller card (default: what the device has)"},
+        {"max-workspace", 0, SD_OPT_INT, &max_ws_mib, "MIB",
+         "skip (named, counted) the records of a bucket whose VAE workspace, one image's, is over MIB MiB or "
+         "cannot be allocated, before decoding them; the other buckets go on (default: on the CPU the machine's "
+         "memory, on a GPU whatever it can allocate)"},
         {"cudnn-search", 0, SD_OPT_FLAG, &o.cudnn_search, NULL,
          "GPU: time cuDNN's convolution algorithms per shape and take the fastest (1.5x at --batch 8 in strict "
          "fp32 on an H100); the choice depends on timing, so a resumed run's latents may differ in the last bits"},
@@ -118,11 +122,13 @@ int main(int argc, char **argv)
                   "sample) in an LMDB shard, one transaction per batch (on a GPU a batch encodes while the next "
                   "decodes). Rerunning resumes: records already stored "
                   "with the same plan, options and VAE (its weights and encoder config) are skipped; records whose "
-                  "plan or options changed are replaced; with --text, a record whose caption changed keeps its latents "
+                  "plan changed are replaced; a run whose --dtype, --flip, --sample, --seed (with --sample) or "
+                  "--vae-activations differ from the shard's is refused (exit 2, nothing written: use a new -o); with --text, a record whose caption changed keeps its latents "
                   "and gets the new caption's embedding (no image encoded again). A shard made before the VAE's "
                   "config joined its "
-                  "model_hash is encoded again whole. Unreadable images, and tar members that are no longer at "
-                  "their recorded offset, are reported and counted; the run goes on.",
+                  "model_hash is encoded again whole. Unreadable images, tar members that are no longer at "
+                  "their recorded offset, records whose plan is missing or wrong (the reason named) and buckets whose VAE workspace cannot be had (--max-workspace) "
+                  "are reported and counted; the run goes on.",
                   opts,
                   "Examples:\n"
                   "  sd-meta data/ | sd-bucket --plan sdxl | sd-latents --vae sdxl-model/ -o cache/latents.shard\n"
@@ -142,10 +148,10 @@ int main(int argc, char **argv)
     if (!o.vae_path && !text_only) bad = usage_msg(msg, sizeof msg, "no VAE (--vae PATH)");
     if (text_only && !o.text_model) bad = usage_msg(msg, sizeof msg, "--text-only needs --text MODEL");
     if (text_only && (o.vae_path || o.vae_config || groups || o.scale || o.flip || o.sample || seed || part ||
-                      batch != 1 || o.cudnn_search || strcmp(vae_act, "fp32")))
+                      batch != 1 || o.cudnn_search || max_ws_mib || strcmp(vae_act, "fp32")))
         bad = usage_msg(msg, sizeof msg,
                         "--text-only runs no VAE: --vae, --vae-config, --vae-groups, --vae-activations, --scale, "
-                        "--flip, --sample, --seed, --shard, --batch and --cudnn-search do not apply");
+                        "--flip, --sample, --seed, --shard, --batch, --max-workspace and --cudnn-search do not apply");
     if (part && parse_part(part, &o.shard_index, &o.shard_count))
         bad = usage_msg(msg, sizeof msg, "--shard %s: expected I/N with 0 <= I < N", part);
     if (batch < 1 || batch > 1024) bad = usage_msg(msg, sizeof msg, "--batch must be 1..1024");
@@ -153,6 +159,8 @@ int main(int argc, char **argv)
     if (threads < 0 || threads > 1024) bad = usage_msg(msg, sizeof msg, "--threads must be 0..1024");
     if (groups < 0 || groups > 4096) bad = usage_msg(msg, sizeof msg, "--vae-groups must be 0..4096");
     if (seed < 0) bad = usage_msg(msg, sizeof msg, "--seed must not be negative");
+    if (max_ws_mib < 0 || max_ws_mib > 1L << 30)
+        bad = usage_msg(msg, sizeof msg, "--max-workspace must be 0..%ld MiB (0: the default)", 1L << 30);
     if (clip_skip < 0 || clip_skip > 48) bad = usage_msg(msg, sizeof msg, "--clip-skip must be 0..48");
     if (o.tokenizer && !o.text_model) bad = usage_msg(msg, sizeof msg, "--tokenizer needs --text");
     if (o.text_weights && !o.text_model) bad = usage_msg(msg, sizeof msg, "--text-weights needs --text");
@@ -191,6 +199,7 @@ int main(int argc, char **argv)
     o.vae_groups = (int)groups;
     o.vae_act = strcmp(vae_act, "fp32") ? latents_dtype(vae_act) : 0;
     o.clip_skip = (int)clip_skip;
+    o.max_workspace = (size_t)max_ws_mib << 20;
     o.seed = (uint64_t)seed;
     o.quiet = quiet;
     if (seed && !o.sample)

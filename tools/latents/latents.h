@@ -72,6 +72,7 @@ typedef struct {
     int shard_index, shard_count;
     int batch, text_batch, threads, flip, sample, nosync, strict, quiet;
     uint64_t seed;
+    size_t max_workspace; /* --max-workspace: most bytes of VAE workspace a bucket may need; 0: the default */
 } latents_opts;
 
 /* Floats per latent and its shape [c, h, w]. */
@@ -100,6 +101,18 @@ int latents_attach(const latents_opts *o);
  * kohya cache's "cats/001" for sd-scripts' key "001" or
  * "/data/cats/001.png"; latents_match.c); ambiguous ones skipped. */
 sd_status latents_match_names(sd_shard *shard, job_list *jobs, sd_tally *tally, sd_error *err);
+
+/* The shard's meta against this run (latents_meta.c): SD_EINVAL naming
+ * both when the latent dtype, mode, flip, --sample's seed or the VAE's
+ * activation storage the shard records differ from this run's (fields the
+ * meta lacks are not compared), before anything is written. */
+sd_status latents_check_options(sd_shard *s, const latents_opts *o, int dtype, sd_error *err);
+/* The meta's "parts" (the --shard I/N of every run that wrote the shard)
+ * with this run's added, as a JSON list into out. */
+void latents_parts_json(sd_shard *s, const latents_opts *o, sd_buf *out);
+/* A warning when another I of this run's --shard I/N wrote the shard (one
+ * -o given to two processes by mistake); sd-pack's merges are no mistake. */
+void latents_warn_other_part(sd_shard *s, const latents_opts *o);
 
 /* The device's numerics as a key suffix: "" for the CPU and strict fp32,
  * else "|tf32", "|mixed-bf16" or "|mixed-fp16" (record and text keys). */

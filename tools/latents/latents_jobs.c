@@ -1,6 +1,7 @@
 /* sd-latents input: bucketed JSONL records (sd-meta | sd-bucket) into a job
  * list, this process's part of it, sorted by bucket for batching. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,77 @@ static int int_array(const sd_json *a, int n, int *out)
         out[i] = (int)d;
     }
     return 0;
+}
+
+/* A plan field (bucket, resize, crop): a JSON array of n whole numbers
+ * 0..1e7 into out; 0 when valid, 1 when absent, -1 when malformed with
+ * why saying how ("crop has 3 numbers, not 4", "crop [-8,2,392,298]:
+ * negative"), so a record that has its plan is never called unbucketed. */
+static int plan_array(const sd_json *obj, const char *field, int n, int *out, char *why, size_t cap)
+{
+    const sd_json *a = sd_json_get(obj, field);
+    if (!a || a->type == SD_JSON_NULL) return 1;
+    if (a->type != SD_JSON_ARRAY) {
+        snprintf(why, cap, "%s is not an array of %d numbers", field, n);
+        return -1;
+    }
+    if ((int)a->len != n) {
+        snprintf(why, cap, "%s has %zu numbers, not %d", field, (size_t)a->len, n);
+        return -1;
+    }
+    char text[160] = "";
+    int i = 0, negative = 0, fraction = 0, huge = 0;
+    for (const sd_json *e = a->child; e; e = e->next, i++) {
+        double d;
+        if (sd_json_num(e, &d)) {
+            snprintf(why, cap, "%s: element %d is not a number", field, i + 1);
+            return -1;
+        }
+        snprintf(text + strlen(text), sizeof text - strlen(text), "%s%.15g", i ? "," : "", d);
+        negative |= d < 0;
+        fraction |= d != floor(d);
+        huge |= d > 1e7;
+        if (!negative && !fraction && !huge) out[i] = (int)d;
+    }
+    const char *what = negative ? "negative" : fraction ? "not whole numbers" : huge ? "out of range (max 10000000)" : NULL;
+    if (what) snprintf(why, cap, "%s [%s]: %s", field, text, what);
+    return what ? -1 : 0;
+}
+
+/* The record's bucket, resize and crop into the job: NULL when they make
+ * a sound plan, else the skip reason with the precise why ("not
+ * bucketed" only when a field is missing). */
+static const char *plan_from(const sd_json *r, latent_job *j, int rs[2], char *why, size_t cap)
+{
+    int b[2], c[4];
+    int hb = plan_array(r, "bucket", 2, b, why, cap);
+    int hr = hb < 0 ? 0 : plan_array(r, "resize", 2, rs, why, cap);
+    int hc = hb < 0 || hr < 0 ? 0 : plan_array(r, "crop", 4, c, why, cap);
+    if (hb < 0) return "bad bucket";
+    if (hr < 0 || hc < 0) return "bad resize/crop";
+    if (hb || hr || hc) {
+        snprintf(why, cap, "no %s", hb ? "bucket" : hr ? "resize" : "crop");
+        return "not bucketed (no bucket/resize/crop: run sd-bucket first)";
+    }
+    if (b[0] % 8 || b[1] % 8 || b[0] < 8 || b[1] < 8) {
+        snprintf(why, cap, "bucket %dx%d", b[0], b[1]);
+        return "bucket size is not a positive multiple of 8";
+    }
+    j->bucket_w = b[0];
+    j->bucket_h = b[1];
+    j->plan = (sd_image_plan){.resize_w = rs[0], .resize_h = rs[1], .crop_l = c[0], .crop_t = c[1],
+                              .crop_r = c[2], .crop_b = c[3], .keep_aspect = 1};
+    sd_error e = {0};
+    if (sd_image_plan_check(&j->plan, &e)) {
+        snprintf(why, cap, "%s", e.msg);
+        return "bad resize/crop";
+    }
+    if (sd_image_out_w(&j->plan) != b[0] || sd_image_out_h(&j->plan) != b[1]) {
+        snprintf(why, cap, "crop [%d,%d,%d,%d] is %dx%d, the bucket %dx%d", c[0], c[1], c[2], c[3],
+                 sd_image_out_w(&j->plan), sd_image_out_h(&j->plan), b[0], b[1]);
+        return "crop size differs from bucket";
+    }
+    return NULL;
 }
 
 /* A non-negative integer member; 0 when present and valid, 1 when absent. */
@@ -73,11 +145,14 @@ static const char *caption_from(const sd_json *r, latent_job *j)
     return NULL;
 }
 
-/* Turn one parsed record into a job; a reason string when it cannot be.
- * captions_only (--text-only) reads the key and caption alone. */
-static const char *job_from(const sd_json *r, int captions_only, const char *root, latent_job *j)
+/* Turn one parsed record into a job; a reason string when it cannot be
+ * (why: the details, or ""). captions_only (--text-only) reads the key
+ * and caption alone. */
+static const char *job_from(const sd_json *r, int captions_only, const char *root, latent_job *j, char *detail,
+                            size_t cap)
 {
-    int b[2], rs[2], c[4], o[2];
+    int rs[2], o[2];
+    detail[0] = 0;
     memset(j, 0, sizeof(*j));
     if (r->type != SD_JSON_OBJECT) return "not a JSON object";
     j->name = dup_str(r, "key");
@@ -95,17 +170,8 @@ static const char *job_from(const sd_json *r, int captions_only, const char *roo
         free(j->image);
         j->image = p;
     }
-    if (int_array(sd_json_get(r, "bucket"), 2, b) || int_array(sd_json_get(r, "resize"), 2, rs) ||
-        int_array(sd_json_get(r, "crop"), 4, c))
-        return "not bucketed (no bucket/resize/crop: run sd-bucket first)";
-    if (b[0] % 8 || b[1] % 8 || b[0] < 8 || b[1] < 8) return "bucket size is not a positive multiple of 8";
-    j->bucket_w = b[0];
-    j->bucket_h = b[1];
-    j->plan = (sd_image_plan){.resize_w = rs[0], .resize_h = rs[1], .crop_l = c[0], .crop_t = c[1],
-                              .crop_r = c[2], .crop_b = c[3], .keep_aspect = 1};
-    sd_error e = {0};
-    if (sd_image_plan_check(&j->plan, &e)) return "bad resize/crop";
-    if (sd_image_out_w(&j->plan) != b[0] || sd_image_out_h(&j->plan) != b[1]) return "crop size differs from bucket";
+    const char *bad = plan_from(r, j, rs, detail, cap);
+    if (bad) return bad;
     const sd_json *os = sd_json_get(r, "original_size");
     if (os && os->type != SD_JSON_NULL) { /* present: SDXL's size conditioning must get what it says */
         if (int_array(os, 2, o) || o[0] < 1 || o[1] < 1) return "bad original_size (not [w, h] of 1..1e7)";
@@ -200,10 +266,13 @@ sd_status jobs_read(job_list *l, const char *path, int index, int count, int cap
             continue;
         }
         latent_job j;
-        const char *why = job_from(root_json, captions_only, root, &j);
+        char detail[256];
+        const char *why = job_from(root_json, captions_only, root, &j, detail, sizeof detail);
         if (why) { /* reported by the process whose shard the key falls in (the first one without a key) */
             int mine = count <= 1 || (j.name ? shard_of(j.name, count) == index : index == 0);
-            if (mine) sd_skip(tally, why, "%s:%llu (%s)", path, (unsigned long long)l->lines, j.name ? j.name : "no key");
+            if (mine)
+                sd_skip(tally, why, "%s:%llu (%s)%s%s", path, (unsigned long long)l->lines, j.name ? j.name : "no key",
+                        detail[0] ? ": " : "", detail);
             job_free(&j);
             continue;
         }

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "arena.h"
 #include "backend.h"
@@ -230,48 +231,6 @@ static sd_status check_meta(run *r, sd_error *err)
     return st;
 }
 
-/* Whether the shard's producer is sd-pack (a merge of parts), not one
- * sd-latents run. */
-static int merged(run *r)
-{
-    char *p = NULL;
-    sd_error e = {0};
-    if (sd_shard_meta_get(r->shard, SD_SHARD_META_PRODUCER, &p, &e)) return 0;
-    int yes = strncmp(p, "sd-pack", 7) == 0;
-    free(p);
-    return yes;
-}
-
-/* A shard written by another --shard part of a split input (one output
- * file given to two GPUs' runs by mistake): it then holds both parts'
- * records, which sd-train takes as one data set. Allowed (a part rerun
- * into a merged file is fine), but said, before the meta's options name
- * only this run's part. */
-static void warn_other_part(run *r)
-{
-    char *old = NULL, want[64];
-    sd_error e = {0};
-    if (sd_shard_meta_get(r->shard, SD_SHARD_META_OPTIONS, &old, &e)) return;
-    sd_arena a;
-    sd_arena_init(&a, 1 << 12);
-    sd_json *root = NULL;
-    const sd_json *part = NULL;
-    if (sd_json_parse(&a, old, strlen(old), &root, &e) == SD_OK) part = sd_json_get(root, "shard");
-    snprintf(want, sizeof want, "%d/%d", r->o->shard_index, r->o->shard_count);
-    int i, n;
-    char tail;
-    /* another I of the same N only: a whole-input run (0/1) into a part, or a
-     * part rerun into a merged file (whose options are its first input's),
-     * is no mistake */
-    if (r->o->shard_count > 1 && part && part->type == SD_JSON_STRING &&
-        sscanf(part->str, "%d/%d%c", &i, &n, &tail) == 2 && n == r->o->shard_count && i != r->o->shard_index &&
-        !merged(r))
-        sd_log(SD_LOG_WARN, "%s was written by --shard %s; this run is --shard %s: the shard will hold the records "
-               "of both parts (give each part its own -o)", sd_shard_path(r->shard), part->str, want);
-    sd_arena_free(&a);
-    free(old);
-}
-
 /* The shard's scaling_factor against this run's: the latents are stored
  * unscaled (the trainer multiplies by the meta's factor), so an explicit
  * --scale only rewrites the meta (r->scale_changed), even when every
@@ -326,12 +285,16 @@ static sd_status write_meta(run *r, sd_error *err)
     sd_buf_json_cstr(&b, o->vae_path);
     sd_buf_puts(&b, ", \"vae_config\": ");
     sd_buf_json_cstr(&b, r->vae_desc);
-    sd_buf_printf(&b, ", \"mode\": \"%s\", \"flip\": %s, \"seed\": %llu, \"shard\": \"%d/%d\", "
-                  "\"vae_activations\": \"%s\"}",
+    sd_buf_printf(&b, ", \"mode\": \"%s\", \"flip\": %s, \"seed\": %llu, \"vae_activations\": \"%s\"}",
                   o->sample ? "sample" : "mean_std", o->flip ? "true" : "false", (unsigned long long)key_seed(o),
-                  o->shard_index, o->shard_count, sd_dtype_name(o->vae_act ? o->vae_act : SD_DT_F32));
+                  sd_dtype_name(o->vae_act ? o->vae_act : SD_DT_F32));
+    sd_buf parts;
+    sd_buf_init(&parts);
+    latents_parts_json(r->shard, o, &parts); /* before the options: an older shard's part is in them */
     if (!st) st = sd_shard_meta_set(r->shard, SD_SHARD_META_OPTIONS, sd_buf_cstr(&b), err);
+    if (!st) st = sd_shard_meta_set(r->shard, SD_SHARD_META_PARTS, sd_buf_cstr(&parts), err);
     sd_buf_free(&b);
+    sd_buf_free(&parts);
     if (!st && r->text_on) {
         /* the empty caption's embedding, stored once for conditioning
          * dropout at train time; its key is in meta "empty_text" */
@@ -632,6 +595,75 @@ static sd_status run_texts(run *r, sd_error *err)
     return st;
 }
 
+/* The most VAE workspace one image may need, into *cap (0: no cap) and
+ * what it is into what: --max-workspace, else on the CPU the machine's
+ * memory (under overcommit a bigger allocation may succeed and the encode
+ * then be killed), else none (a device allocation fails cleanly). */
+static void workspace_cap(const run *r, size_t *cap, char *what, size_t what_cap)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    *cap = 0;
+    what[0] = 0;
+    if (r->o->max_workspace) {
+        *cap = r->o->max_workspace;
+        snprintf(what, what_cap, "over --max-workspace %zu MiB", *cap >> 20);
+    } else if (!r->cuda && pages > 0 && page > 0) {
+        *cap = (size_t)pages * (size_t)page;
+        snprintf(what, what_cap, "over this machine's %zu MiB of memory; --max-workspace sets the limit", *cap >> 20);
+    }
+}
+
+/* Whether the bucket of jobs [i, g) can be encoded: its VAE workspace
+ * (one image's, the least a batch needs) is within workspace_cap and can
+ * be allocated, tried before any of its images is decoded. When not, each
+ * of its jobs still to do is skipped, named with the bucket, the size and
+ * why, so the other buckets go on; *skipped: how many. The runner's
+ * workspace may grow here: the batch in flight must have been collected. */
+static int bucket_fits(run *r, size_t i, size_t g, uint64_t *skipped)
+{
+    const latent_job *first = &r->jobs.v[i];
+    int w = first->bucket_w, h = first->bucket_h;
+    size_t need = sd_vae_runner_image_workspace(&r->vae, h, w), cap;
+    char why[sizeof r->dec_msg[0]];
+    workspace_cap(r, &cap, why, sizeof why);
+    sd_error e = {0};
+    *skipped = 0;
+    int under_cap = !cap || need <= cap;
+    if (under_cap && sd_vae_runner_reserve(&r->runner, &r->vae, h, w, &e) == SD_OK) return 1;
+    if (under_cap) snprintf(why, sizeof why, "%s", e.msg);
+    for (size_t k = i; k < g; k++) {
+        const latent_job *j = &r->jobs.v[k];
+        if (j->state == JOB_DONE) continue;
+        sd_skip(&r->tally, "VAE workspace cannot be allocated",
+                "%s:%llu %s (%s), bucket %dx%d: VAE workspace of %zu MiB cannot be allocated (%s)", r->o->input,
+                (unsigned long long)j->line, j->name, j->image, w, h, need >> 20, why);
+        r->bad++;
+        ++*skipped;
+    }
+    return 0;
+}
+
+/* The batch in flight collected and written now, when bucket [i, ...)
+ * needs a bigger workspace than the runner holds (bucket_fits grows it,
+ * and the batch in flight may still be using it on a device). */
+static sd_status settle_before_growth(run *r, size_t i, batch *prev, int *in_flight, sd_error *err)
+{
+    const latent_job *j = &r->jobs.v[i];
+    if (!*in_flight || r->runner.ws_cap >= sd_vae_runner_image_workspace(&r->vae, j->bucket_h, j->bucket_w))
+        return SD_OK;
+    *in_flight = 0;
+    sd_status st = collect_or_retry(r, prev, err);
+    return st ? st : write_batch(r, prev, err);
+}
+
+/* Whether any job of [i, g) is still to do. */
+static int bucket_has_work(const run *r, size_t i, size_t g)
+{
+    for (size_t k = i; k < g; k++)
+        if (r->jobs.v[k].state != JOB_DONE) return 1;
+    return 0;
+}
+
 /* Walk the bucket-sorted jobs in fixed batches, running those with work:
  * batch k decodes while batch k - 1 encodes (a GPU works meanwhile),
  * then k - 1 is collected, k submitted, and k - 1's records written while
@@ -665,6 +697,14 @@ static sd_status run_batches(run *r, sd_error *err)
         while (g < r->jobs.n && r->jobs.v[g].bucket_w == r->jobs.v[i].bucket_w &&
                r->jobs.v[g].bucket_h == r->jobs.v[i].bucket_h)
             g++;
+        uint64_t skipped = 0;
+        if (bucket_has_work(r, i, g)) st = settle_before_growth(r, i, &prev, &in_flight, err);
+        if (!st && bucket_has_work(r, i, g) && !bucket_fits(r, i, g, &skipped)) {
+            done += skipped;
+            sd_progress_update(&prog, done, r->bad);
+            i = g;
+            continue;
+        }
         for (size_t b = i; b < g && !st; b += (size_t)o->batch) {
             size_t m = 0;
             for (size_t k = b; k < g && k < b + (size_t)o->batch; k++)
@@ -887,7 +927,9 @@ int latents_run(const latents_opts *o)
     if (!st) st = sd_shard_open(&r.shard, o->output, &so, &err);
     if (!st) st = check_meta(&r, &err);
     if (!st) st = check_scale(&r, &err);
-    if (!st) warn_other_part(&r);
+    int refused = 0; /* records of other options: a usage error, nothing written */
+    if (!st) refused = (st = latents_check_options(r.shard, o, r.dtype, &err)) != SD_OK;
+    if (!st) latents_warn_other_part(r.shard, o);
     if (!st) st = classify(&r, &err);
     if (!st) {
         r.pool = o->threads > 1 ? sd_pool_create(o->threads) : NULL;
@@ -937,7 +979,7 @@ int latents_run(const latents_opts *o)
                (unsigned long long)r.text.invalid_utf8);
     }
     sd_tally_log(&r.tally, "records");
-    int code = st ? SD_EXIT_FATAL : (o->strict && r.tally.total ? SD_EXIT_SKIPPED : SD_EXIT_OK);
+    int code = refused ? SD_EXIT_USAGE : st ? SD_EXIT_FATAL : (o->strict && r.tally.total ? SD_EXIT_SKIPPED : SD_EXIT_OK);
     run_free(&r);
     if (image_ok) sd_image_shutdown();
     return code;
