@@ -780,6 +780,16 @@ class Pack(unittest.TestCase):
                 self.assertEqual(json.loads(got[n + ".json"])["name"], n)
                 src, _ = npz_dict(os.path.join(d, n + ".npz"))
                 self.assertTrue(np.array_equal(np.load(io.BytesIO(got[n + ".latents.npy"])), src["latents"]))
+            # standard pax: a header only where a name needs one (never hdrcharset=BINARY, which
+            # GNU tar warns about on every member), and GNU tar reads the tar without a word
+            with open(self.p("tars", "u%d-0.tar" % i), "rb") as f:
+                raw = f.read()
+            self.assertFalse(b"hdrcharset" in raw, "a hdrcharset pax record in the tar")
+            need = sum(1 for n in got if not n.isascii() or len(n.encode()) > 100)
+            self.assertEqual(raw.count(b"PaxHeader"), need, "a pax header for each non-ASCII member name only")
+            if shutil.which("tar"):
+                t = subprocess.run(["tar", "tf", self.p("tars", "u%d-0.tar" % i)], capture_output=True)
+                self.assertEqual((t.returncode, t.stderr), (0, b""))
 
     # -- metadata keys ---------------------------------------------------------
 

@@ -3,6 +3,7 @@
  * each tar written atomically, so millions of caches fit in ~1000 files. */
 #include <archive.h>
 #include <archive_entry.h>
+#include <locale.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@ typedef struct {
     struct archive *a;
     char tar_name[4096];
     int ntar;
+    int utf8_locale; /* LC_CTYPE is C.UTF-8: libarchive passes UTF-8 names through */
     uint64_t in_tar, records;
     sd_buf npy, conv, member, json;
 } tar_run;
@@ -74,13 +76,17 @@ static sd_status close_tar(tar_run *r, sd_error *err)
 }
 
 /* A pax writer that stores member names as the record names' bytes
- * (UTF-8), marked hdrcharset=BINARY: libarchive's default converts names
- * from the process locale to UTF-8, which fails for any non-ASCII name
- * when the locale is C (sd-pack never sets one), and its UTF-8 entry API
- * crashes the pax writer in the C locale (libarchive 3.6). */
-static int start_pax(struct archive *a)
+ * (UTF-8). libarchive converts a name from the locale's charset to UTF-8,
+ * which fails for any non-ASCII name in the C locale (sd-pack's default),
+ * and its UTF-8 entry API crashes the pax writer there (libarchive 3.6):
+ * so export-tar runs with LC_CTYPE C.UTF-8 (utf8_locale), where the
+ * conversion passes UTF-8 through and a pax header is written only for
+ * the names that need one, as before. Without that locale, every member is
+ * marked hdrcharset=BINARY instead (names right, one pax header each). */
+static int start_pax(struct archive *a, int utf8_locale)
 {
     if (archive_write_set_format_pax_restricted(a) != ARCHIVE_OK) return -1;
+    if (utf8_locale) return 0;
     return archive_write_set_format_option(a, "pax", "hdrcharset", "BINARY") == ARCHIVE_OK ? 0 : -1;
 }
 
@@ -93,7 +99,7 @@ static sd_status open_tar(tar_run *r, sd_error *err)
     sd_status st = sd_outfile_open(&r->out, r->tar_name, err);
     if (st) return st;
     r->a = archive_write_new();
-    if (!r->a || start_pax(r->a) ||
+    if (!r->a || start_pax(r->a, r->utf8_locale) ||
         archive_write_open_FILE(r->a, r->out.f) != ARCHIVE_OK) {
         char why[512] = "out of memory";
         if (r->a) tar_error(r->a, why, sizeof why);
@@ -237,7 +243,7 @@ int pack_export_tar(int argc, char **argv)
         "with name, original_size, crop (the box cut from the resized image, as stored), crop_ltrb\n"
         "(sd-scripts' value for the same image), bucket, dtype, flags and the text key. fp16 and fp32\n"
         "stay as stored; bf16 is written as float32 (numpy has no bfloat16). Member names are the\n"
-        "record names' UTF-8 bytes whatever the locale (pax path records marked hdrcharset=BINARY).\n"
+        "record names' UTF-8 bytes whatever the locale (pax path records where a name needs one).\n"
         "Each tar is written under a temporary name and renamed when complete.",
         opts, "Example:\n  sd-pack export-tar cache.lmdb -o 'tars/cache-%05d.tar' --per-tar 2000", NULL};
     sd_strlist pos = {0};
@@ -256,6 +262,7 @@ int pack_export_tar(int argc, char **argv)
         sd_strlist_free(&pos);
         return rc;
     }
+    r.utf8_locale = setlocale(LC_CTYPE, "C.UTF-8") != NULL; /* record names are UTF-8: see start_pax */
     sd_tally_init(&r.tally, pc.verbose ? -1 : 10);
     sd_progress prog;
     sd_progress_init(&prog, "sd-pack export-tar", "records", 0, !pc.quiet);
