@@ -228,6 +228,13 @@ class Latents(unittest.TestCase):
         self.assertIn("seed 3 (its meta); this run's would have seed 4", err)
         _, _, err = sh(LATENTS, "--vae", VAE, "--sample", "--seed", "3", "-o", t, sub)
         self.assertEqual(summary(err), (2, 0, 2, 0), err)
+        # seeds over 2^53 are compared exactly, not as doubles (which make ...993 and ...992 one)
+        u = self.path("bigseed.shard")
+        sh(LATENTS, "-q", "--vae", VAE, "--sample", "--seed", "9007199254740993", "-o", u, two)
+        _, _, err = sh(LATENTS, "--vae", VAE, "--sample", "--seed", "9007199254740993", "-o", u, two)
+        self.assertIn("nothing to do", err)
+        _, _, err = sh(LATENTS, "--vae", VAE, "--sample", "--seed", "9007199254740992", "-o", u, two, ok=(2,))
+        self.assertIn("seed 9007199254740993 (its meta); this run's would have seed 9007199254740992", err)
         # a changed plan is another record key: replaced, as before
         lines = open(sub).read().splitlines()
         r = json.loads(lines[0])

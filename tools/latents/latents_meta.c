@@ -49,9 +49,9 @@ sd_status latents_check_options(sd_shard *s, const latents_opts *o, int dtype, s
     const sd_json *opt = meta_json(s, SD_SHARD_META_OPTIONS, &a, &raw_opt);
     const sd_json *flip = opt ? sd_json_get(opt, "flip") : NULL, *seed = opt ? sd_json_get(opt, "seed") : NULL;
     const char *mode = json_str(opt, "mode"), *act = json_str(opt, "vae_activations");
-    double d;
-    if (mode && !strcmp(mode, "sample") && o->sample && seed && !sd_json_num(seed, &d)) /* the seed draws only --sample's noise */
-        snprintf(seed_was, sizeof seed_was, "%.0f", d);
+    /* the seed draws only --sample's noise; compared as its JSON text, exactly (a double loses seeds over 2^53) */
+    if (mode && !strcmp(mode, "sample") && o->sample && seed && seed->type == SD_JSON_NUMBER && seed->str)
+        snprintf(seed_was, sizeof seed_was, "%.*s", (int)seed->len, seed->str);
     snprintf(seed_now, sizeof seed_now, "%llu", (unsigned long long)o->seed);
     sd_buf was, now;
     sd_buf_init(&was);

@@ -44,11 +44,13 @@ sd_status pack_import_target_check(sd_shard *s, const char *path, sd_kohya_kind 
     const char *why = NULL;
     if (producer && (model || !layout)) why = "it is not a kohya import";
     else if (producer && families_differ(layout, family)) why = "it is a kohya import of the other model family";
-    if (why && !allow_mixed)
-        st = sd_err_set(err, SD_EINVAL, "%s: made by '%s' (model_hash %s, kohya_layout %s) and the cache has %s names: "
-                        "%s, and importing would mix foreign latents into it; import into a new shard, or pass "
-                        "--allow-mixed to import anyway (the shard's meta is kept)", path, producer, model ? model : "none",
-                        layout ? layout : "none", sd_kohya_kind_name(family), why);
+    if (why && !allow_mixed) { /* said in full here: an sd_error holds 256 bytes, a long path would cut the advice */
+        sd_log(SD_LOG_ERROR, "%s: made by '%s' (model_hash %s, kohya_layout %s) and the cache has %s names: %s, and "
+               "importing would mix foreign latents into it; import into a new shard, or pass --allow-mixed to import "
+               "anyway (the shard's meta is kept)", path, producer, model ? model : "none", layout ? layout : "none",
+               sd_kohya_kind_name(family), why);
+        st = sd_err_set(err, SD_EINVAL, "%s: nothing imported (a shard made otherwise; see above)", path);
+    }
     else if (why)
         sd_log(SD_LOG_WARN, "%s: made by '%s' (model_hash %s): %s; importing anyway (--allow-mixed), its meta kept", path,
                producer, model ? model : "none", why);
