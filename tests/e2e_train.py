@@ -471,12 +471,25 @@ class Train(unittest.TestCase):
                 self.assertEqual(f.read(), text, where)
         self.assertEqual(sorted(n for n in os.listdir(out) if n not in kept),
                          ["checkpoint-1", "checkpoint-3", "checkpoint-6", "latest"])
-        # an sdtk checkpoint without the mark (an older version's) still goes with --keep
+        # an sdtk checkpoint without the mark (an older version's) still goes with --keep, and so
+        # does one whose prune by an older version was killed after its state file went (its
+        # train_config.json is left); an older version's killed save (checkpoint-N.tmp, unmarked,
+        # its weights written) is cleared by the next save of that step, not set aside
         os.remove(os.path.join(out, "checkpoint-6", ".sdtk-checkpoint"))
+        shutil.copytree(os.path.join(out, "checkpoint-6"), os.path.join(out, "checkpoint-5"))
+        for name in (".sdtk-checkpoint", "state.safetensors"):
+            f = os.path.join(out, "checkpoint-5", name)
+            if os.path.exists(f):
+                os.remove(f)
+        shutil.copytree(os.path.join(out, "checkpoint-6", "unet"), os.path.join(out, "checkpoint-8.tmp", "unet"))
         code, err = run("--unet", UNET, "-o", out, "--batch", "2", "--steps", "8", "--save-every", "2", "--keep", "1",
                         "-j", "1", "-q", self.shard)
         self.assertNotIn("checkpoint-6: not a checkpoint", err)
+        self.assertNotIn("checkpoint-5: not a checkpoint", err)
+        self.assertNotIn("not the trainer's", err)
         self.assertFalse(os.path.exists(os.path.join(out, "checkpoint-6")))
+        self.assertFalse(os.path.exists(os.path.join(out, "checkpoint-5")))
+        self.assertEqual([n for n in os.listdir(out) if n.startswith("checkpoint-8.tmp")], [])
         self.assertTrue(os.path.exists(os.path.join(out, "checkpoint-8", ".sdtk-checkpoint")))
 
     def test_carry_is_a_resume_option(self):

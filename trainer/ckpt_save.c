@@ -21,6 +21,7 @@
 #include "log.h"
 #include "outfile.h"
 #include "safetensors.h"
+#include "slurp.h"
 #include "train.h"
 
 /* The files of a checkpoint; the state file first, since removal goes in
@@ -115,8 +116,10 @@ static int real_dir(const char *dir, const char *sub)
  * tool's checkpoint-N, say diffusers' with its own unet/) files with the
  * trainer's names are someone's model: only the unmistakable temporary
  * names (NAME.tmp.XXXXXX) go. The ownership mark goes last, so a prune
- * killed halfway leaves a directory the next prune still knows. */
-static int remove_own_files(const char *dir)
+ * killed halfway leaves a directory the next prune still knows. trusted:
+ * the directory is the trainer's by its name (checkpoint-N.tmp, where
+ * saves are written; an older version's killed save left one unmarked). */
+static int remove_own_files(const char *dir, int trusted)
 {
     struct stat sb;
     if (lstat(dir, &sb) != 0) return errno == ENOENT;
@@ -124,7 +127,7 @@ static int remove_own_files(const char *dir)
         errno = ENOTDIR;
         return 0;
     }
-    int owned = sd_train_ckpt_owned(dir);
+    int owned = trusted || sd_train_ckpt_owned(dir);
     int unet = real_dir(dir, "unet"), ema = real_dir(dir, "unet_ema");
     char p[PATH_CAP];
     for (size_t i = 0; owned && i < sizeof ckpt_files / sizeof *ckpt_files; i++) {
@@ -148,7 +151,7 @@ static int remove_own_files(const char *dir)
 /* remove_own_files, naming a directory that stays (it holds other files). */
 static void remove_ckpt(const char *dir)
 {
-    if (!remove_own_files(dir)) sd_log(SD_LOG_WARN, "%s: not removed: %s", dir, strerror(errno));
+    if (!remove_own_files(dir, 0)) sd_log(SD_LOG_WARN, "%s: not removed: %s", dir, strerror(errno));
 }
 
 /* A directory this code is done with but that must not stay under its
@@ -156,7 +159,7 @@ static void remove_ckpt(const char *dir)
  * anything else is left (files someone put into a checkpoint that was
  * saved again) the directory is renamed aside to DIR-kept-XXXXXX with a
  * warning, never deleted. A file or link of that name is removed. */
-static sd_status discard_dir(const char *dir, sd_error *err)
+static sd_status discard_dir(const char *dir, int trusted, sd_error *err)
 {
     struct stat sb;
     if (lstat(dir, &sb) != 0) {
@@ -167,7 +170,7 @@ static sd_status discard_dir(const char *dir, sd_error *err)
         if (unlink(dir) == 0) return SD_OK;
         return sd_err_set(err, SD_EIO, "%s: cannot remove: %s", dir, strerror(errno));
     }
-    if (remove_own_files(dir)) return SD_OK;
+    if (remove_own_files(dir, trusted)) return SD_OK;
     char aside[PATH_CAP];
     if ((size_t)snprintf(aside, sizeof aside, "%s-kept-XXXXXX", dir) >= sizeof aside)
         return sd_err_set(err, SD_EINVAL, "output path too long: %s", dir);
@@ -205,16 +208,37 @@ int sd_train_ckpt_whole(const char *out, const char *name)
     return access(p, F_OK) == 0;
 }
 
+/* Whether dir holds the trainer's train_config.json (its "_shards" list):
+ * what an older version's prune, killed after it removed the state file
+ * (it went first, the config later), left to say the directory is ours. */
+static int config_is_ours(const char *dir)
+{
+    char p[PATH_CAP];
+    sd_train_pjoin(p, dir, "train_config.json");
+    sd_buf text;
+    sd_arena a;
+    sd_json *root = NULL;
+    sd_error e = {0};
+    sd_buf_init(&text);
+    sd_arena_init(&a, 1 << 12);
+    int ours = sd_parse_json_file(p, &text, &a, &root, &e) == SD_OK && root->type == SD_JSON_OBJECT &&
+               sd_json_get(root, "_shards") != NULL;
+    sd_arena_free(&a);
+    sd_buf_free(&text);
+    return ours;
+}
+
 /* Whether dir is a checkpoint this trainer wrote: it carries the mark
  * every save puts in first, or (saved before the mark existed) an sdtk
- * training state. Pruning and replacing touch nothing else. */
+ * training state, or, that state already pruned, the trainer's config.
+ * Pruning and replacing touch nothing else. */
 int sd_train_ckpt_owned(const char *dir)
 {
     char p[PATH_CAP];
     sd_train_pjoin(p, dir, CKPT_MARK);
     if (access(p, F_OK) == 0) return 1;
     sd_train_pjoin(p, dir, "state.safetensors");
-    if (access(p, F_OK) != 0) return 0;
+    if (access(p, F_OK) != 0) return config_is_ours(dir);
     sd_safetensors *st = NULL;
     sd_error e = {0};
     if (sd_st_open(&st, p, &e)) return 0;
@@ -368,7 +392,7 @@ static sd_status put_in_place(const char *tmp, const char *fin, sd_error *err)
     }
     if (renameat2(AT_FDCWD, tmp, AT_FDCWD, fin, RENAME_EXCHANGE) == 0) {
         sd_error why = {0}; /* the new one is in place: what is left of the old one is no failure */
-        if (discard_dir(tmp, &why)) sd_log(SD_LOG_WARN, "%s", why.msg); /* now the old one */
+        if (discard_dir(tmp, 0, &why)) sd_log(SD_LOG_WARN, "%s", why.msg); /* now the old one: maybe not ours */
         return SD_OK;
     }
     char old[PATH_CAP];
@@ -394,7 +418,7 @@ static sd_status save_local(sd_trainer *tr, sd_error *err)
         return sd_err_set(err, SD_EINVAL, "output path too long: %s", out);
     sd_status rc = sd_make_dirs(out, err); /* -o a/b/run: parents too */
     if (rc) return rc;
-    rc = discard_dir(tmp, err); /* a run killed while saving left it */
+    rc = discard_dir(tmp, 1, err); /* a run killed while saving left it */
     if (!rc) rc = make_dir(tmp, err);
     if (!rc) rc = write_mark(tmp, err);
     sd_train_pjoin(p, tmp, "unet");
