@@ -50,7 +50,7 @@ sd_status sd_meta_run_init(sd_meta_run *m, const sd_rules *rules, const sd_build
     sd_arena_init(&m->run_arena, 1 << 16);
     sd_keyset_init(&m->keys);
     sd_tally_init(&m->skips, show_limit);
-    sd_tally_init(&m->ignored, show_limit < 0 ? 10 : 0);
+    sd_tally_init(&m->ignored, show_limit < 0 ? -1 : 0); /* named with --verbose (all of them), else counted */
     m->ignored.verb = "ignored";
     sd_progress_init(&m->progress, "sd-meta", "records", 0, progress);
     if (format == SD_OUT_KOHYA) fputs("{", out);

@@ -78,10 +78,15 @@ void sd_outfile_warn_leftovers(const char *path, const char *infix, const char *
 }
 
 /* sd_outfile_warn_leftovers for sd_outfile_open's own temporary names
- * (PATH.tmp.XXXXXX); nothing for stdout (NULL or "-"). */
+ * (PATH.tmp.XXXXXX); nothing for stdout (NULL or "-"). A symlink's are
+ * beside its target, where sd_outfile_open writes them. */
 void sd_outfile_warn_own_leftovers(const char *path)
 {
-    if (path && strcmp(path, "-") != 0) sd_outfile_warn_leftovers(path, ".tmp.", "");
+    if (!path || strcmp(path, "-") == 0) return;
+    struct stat link;
+    char *real = lstat(path, &link) == 0 && S_ISLNK(link.st_mode) ? realpath(path, NULL) : NULL;
+    sd_outfile_warn_leftovers(real ? real : path, ".tmp.", "");
+    free(real);
 }
 
 /* Create PATH.tmp.XXXXXX (six random letters and digits, a fresh name each

@@ -643,6 +643,11 @@ class Cli(Base):
         self.assertEqual(json.loads(read(target))["key"], "1234")
         self.assertEqual(stat.S_IMODE(os.stat(target).st_mode), 0o664)
         self.assertEqual(sorted(os.listdir(self.p("data"))), ["meta.jsonl"])
+        # a killed run's temporary file is beside the link's target: named there too
+        write(target + ".tmp.aB3dE9", "partial\n")
+        rc, _, err = run([self.p("posts.jsonl"), "-o", self.p("link.jsonl")])
+        self.assertEqual(rc, 0, err)
+        self.assertIn(target + ".tmp.aB3dE9: a temporary output left by an earlier run", err)
 
     def test_output_to_a_fifo_is_not_replaced(self):
         import stat
@@ -694,6 +699,12 @@ class FolderMessages(Base):
         rc, recs, err = run(["-v", d])
         for name in ("b.txt", "c.caption", "orphan.txt"):
             self.assertIn("ignored " + os.path.join(d, name) + ": caption without a usable image", err)
+        # --verbose names every one, however many (it stopped at 10)
+        for i in range(12):
+            write(self.p("ds", "more%02d.txt" % i), "m")
+        rc, recs, err = run(["-v", d])
+        self.assertEqual(err.count(": caption without a usable image"), 15, err)
+        self.assertNotIn("not shown", err)
 
     def test_tree_names_where_it_looked(self):
         d = self.p("tree")
