@@ -733,10 +733,12 @@ class FlagsOverrideRules(Base):
             rc, recs, err = run([self.p("p.jsonl"), flag, val])
             self.assertEqual(rc, 2, (flag, val, err))
             self.assertIn(flag + " must be in [0,1]", err)
-        for val in ("-3", "0"):
+        for val in ("-3", "1025"):
             rc, recs, err = run([self.p("p.jsonl"), "-j", val])
             self.assertEqual(rc, 2, (val, err))
-            self.assertIn("--threads must be an integer from 1", err)
+            self.assertIn("--threads must be an integer from 0 to 1024", err)
+        rc, recs, err = run([self.p("p.jsonl"), "-j", "0"])  # all cores, as -j 0 means in every tool
+        self.assertEqual((rc, len(recs)), (0, 10), err)
 
 
 class TemplateVariables(Base):

@@ -79,7 +79,7 @@ static sd_status check_int_options(const options *o, sd_error *err)
     if ((st = check_int("min-pixels", o->min_pixels, 0, LONG_MAX, err))) return st;
     if ((st = check_int("keep-tokens", o->keep_tokens, 0, INT_MAX, err))) return st;
     if ((st = check_int("seed", o->seed, 0, LONG_MAX, err))) return st;
-    if ((st = check_int("threads", o->threads, 1, 4096, err))) return st;
+    if ((st = check_int("threads", o->threads, 0, 1024, err))) return st; /* 0: all cores, as in the other tools */
     return check_int("val-every", o->val_every, 0, LONG_MAX, err);
 }
 
@@ -220,7 +220,7 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
         free(cls_text);
         return SD_EXIT_FATAL;
     }
-    sd_pool *pool = sd_pool_create(o->threads != LONG_MIN ? (int)o->threads : sd_default_threads());
+    sd_pool *pool = sd_pool_create(o->threads > 0 ? (int)o->threads : sd_default_threads());
     sd_meta_run run;
     int status = SD_EXIT_OK;
     if (!pool || sd_meta_run_init(&run, &rules, &bopts, pool, out.f, fmt, o->verbose ? -1 : o->quiet ? 0 : 10, !o->quiet, &err)) {
@@ -318,7 +318,7 @@ int main(int argc, char **argv)
         {"flavor", 0, SD_OPT_STR, &o.flavor, "danbooru|e621", "booru record layout (default: detect per record)"},
         {"cls-map", 0, SD_OPT_STR, &o.cls_map, "FILE", "webdataset: JSON map from cls to caption"},
         {"no-extra", 0, SD_OPT_FLAG, &o.no_extra, NULL, "do not pass the source's other fields through"},
-        {"threads", 'j', SD_OPT_INT, &o.threads, "N", "worker threads (default: all cores)"},
+        {"threads", 'j', SD_OPT_INT, &o.threads, "N", "worker threads (default, or 0: all cores)"},
         {"strict", 0, SD_OPT_FLAG, &o.strict, NULL, "exit 1 if any record was skipped"},
         {"allow-empty", 0, SD_OPT_FLAG, &o.allow_empty, NULL, "when the sources hold nothing at all, write the empty output and exit 0 (default: warn, leave -o as it was, exit 1)"},
         {"quiet", 'q', SD_OPT_FLAG, &o.quiet, NULL, "only errors and the final summary"},
