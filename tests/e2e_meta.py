@@ -563,6 +563,11 @@ class WebDataset(Base):
         self.assertEqual(skipped(err, "bad cls"), 3)
         self.assertEqual(skipped(err, "cls not in the class map"), 1)
         self.assertIn("'cat'", err)
+        # a map key no label could match (labels are looked up in plain decimal) is refused
+        write(self.p("cls03.json"), json.dumps({"3": "three", "003": "padded"}))
+        rc, recs, err = run([self.p("c.tar"), "--cls-map", self.p("cls03.json")])
+        self.assertNotEqual(rc, 0, err)
+        self.assertIn("key '003' is not a class number in plain decimal", err)
 
     def test_unsafe_and_truncated(self):
         self.make_tar(self.p("bad.tar"), self.samples("", 2), extra=[("../evil.jpg", b"x"), ("/abs.jpg", b"y"),

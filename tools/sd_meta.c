@@ -51,7 +51,17 @@ typedef struct {
  * file. */
 static const double DOUBLE_NOT_GIVEN = -1e300;
 
-/* Load the cls -> prompt map for WebDataset class labels. */
+/* Whether a class-map key is a class number as labels are looked up: plain
+ * decimal, no sign but '-', no leading zero ("3", "-2", "0", not "03"). */
+static int plain_class_key(const char *k)
+{
+    const char *d = *k == '-' ? k + 1 : k;
+    return *d && strspn(d, "0123456789") == strlen(d) && (d[0] != '0' || d[1] == 0) && strcmp(k, "-0") != 0;
+}
+
+/* Load the cls -> prompt map for WebDataset class labels. Labels are read
+ * as integers (" 03", 3.0 are class 3) and looked up by plain decimal, so a
+ * key written otherwise ("03") could never match: refused, naming it. */
 static sd_status load_cls_map(const char *path, sd_arena *a, sd_json **out, char **text, sd_error *err)
 {
     sd_buf b;
@@ -59,6 +69,10 @@ static sd_status load_cls_map(const char *path, sd_arena *a, sd_json **out, char
     sd_status st = sd_parse_json_file(path, &b, a, out, err);
     *text = b.data;
     if (!st && (*out)->type != SD_JSON_OBJECT) st = sd_err_set(err, SD_EFORMAT, "%s: expected {\"cls\": \"prompt\"}", path);
+    for (const sd_json *c = st ? NULL : (*out)->child; c && !st; c = c->next)
+        if (!plain_class_key(c->key))
+            st = sd_err_set(err, SD_EFORMAT, "%s: key '%.40s' is not a class number in plain decimal (e.g. 3, not 03)",
+                            path, c->key);
     return st;
 }
 
