@@ -1,6 +1,8 @@
 #include "pool.h"
 
 #include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,4 +162,43 @@ int sd_default_threads(void)
     if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1 : (int)n;
+}
+
+/* A cgroup memory limit file's value in bytes; 0 for "max", none or unreadable. */
+static size_t cgroup_limit(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[64] = "";
+    size_t v = 0;
+    if (fgets(line, sizeof line, f) && line[0] >= '0' && line[0] <= '9') {
+        unsigned long long x = strtoull(line, NULL, 10);
+        v = x > (unsigned long long)SIZE_MAX ? 0 : (size_t)x;
+    }
+    fclose(f);
+    return v;
+}
+
+/* The memory this process may use: the machine's, or less where a cgroup
+ * limits it (a container, a Slurm job), v2 at the process's own cgroup or
+ * the namespace root, v1's memory controller; 0 when unknown. Sizes a
+ * memory check before an allocation that overcommit would let through. */
+size_t sd_memory_limit(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    size_t mem = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
+    char path[4200] = "", line[4096];
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    while (f && fgets(line, sizeof line, f)) /* "0::/path" is the v2 hierarchy */
+        if (strncmp(line, "0::", 3) == 0) {
+            line[strcspn(line, "\n")] = 0;
+            snprintf(path, sizeof path, "/sys/fs/cgroup%s/memory.max", line + 3);
+        }
+    if (f) fclose(f);
+    const char *const files[] = {path, "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        size_t lim = files[i][0] ? cgroup_limit(files[i]) : 0;
+        if (lim && (!mem || lim < mem)) mem = lim;
+    }
+    return mem;
 }

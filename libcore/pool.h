@@ -13,6 +13,7 @@ void sd_pool_destroy(sd_pool *p);
 int sd_pool_size(const sd_pool *p);
 void sd_pool_for(sd_pool *p, size_t n, sd_range_fn fn, void *ctx);
 int sd_default_threads(void);
+size_t sd_memory_limit(void);
 void *sd_worker_array(size_t n, size_t size);
 
 /* Per-worker state structs start with this member so each worker's fields

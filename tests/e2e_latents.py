@@ -614,7 +614,7 @@ class Latents(unittest.TestCase):
         s = os.path.join(d, "default.shard")
         _, _, err = sh(LATENTS, "--vae", VAE, "-o", s, jl)
         self.assertRegex(err, r"huge \(\S+sq.png\), bucket 65528x65528: VAE workspace of \d+ MiB cannot be allocated "
-                              r"\(over this machine's \d+ MiB of memory")
+                              r"\(over the \d+ MiB of memory this process may use")
         self.assertEqual(summary(err), (4, 0, 0, 1), err)
         self.assertEqual(entries(s), 4)
 

@@ -42,6 +42,10 @@ static void test_pool(void)
         }
         sd_pool_destroy(p);
     }
+    /* the memory limit: known here, and never above the machine's */
+    size_t mem = sd_memory_limit();
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    CHECK(mem > 0 && mem <= (size_t)pages * (size_t)page);
 }
 
 /* Lines come back whole across block boundaries, with right line numbers,
@@ -91,6 +95,22 @@ static void test_lines(void)
     CHECK(expect == 2003);
     sd_lines_close(&l);
     unlink(path);
+
+    /* a UTF-8 byte order mark before line 1 is not part of it; one later is data */
+    char path2[] = "/tmp/sdtk-lines-XXXXXX";
+    fd = mkstemp(path2);
+    f = fdopen(fd, "w");
+    if (!CHECK(f)) return;
+    fputs("\xef\xbb\xbf{\"a\":1}\n\xef\xbb\xbfx\n", f);
+    fclose(f);
+    CHECK(sd_lines_open(&l, path2, 4096, &err) == SD_OK);
+    char *b;
+    size_t len;
+    long first;
+    CHECK(sd_lines_next(&l, &b, &len, &first, &err) == SD_OK && first == 1);
+    CHECK(len == 13 && memcmp(b, "{\"a\":1}\n\xef\xbb\xbfx\n", 13) == 0);
+    sd_lines_close(&l);
+    unlink(path2);
 }
 
 static void test_utf8(void)

@@ -92,8 +92,8 @@ int main(int argc, char **argv)
          "come on top), as on a smaller card (default: what the device has)"},
         {"max-workspace", 0, SD_OPT_INT, &max_ws_mib, "MIB",
          "skip (named, counted) the records of a bucket whose VAE workspace, one image's, is over MIB MiB or "
-         "cannot be allocated, before decoding them; the other buckets go on (default: on the CPU the machine's "
-         "memory, on a GPU whatever it can allocate)"},
+         "cannot be allocated, before decoding them; the other buckets go on (default: on the CPU the memory the "
+         "process may use, the machine's or its cgroup's limit; on a GPU whatever it can allocate)"},
         {"cudnn-search", 0, SD_OPT_FLAG, &o.cudnn_search, NULL,
          "GPU: time cuDNN's convolution algorithms per shape and take the fastest (1.5x at --batch 8 in strict "
          "fp32 on an H100); the choice depends on timing, so a resumed run's latents may differ in the last bits"},

@@ -596,20 +596,20 @@ static sd_status run_texts(run *r, sd_error *err)
 }
 
 /* The most VAE workspace one image may need, into *cap (0: no cap) and
- * what it is into what: --max-workspace, else on the CPU the machine's
- * memory (under overcommit a bigger allocation may succeed and the encode
- * then be killed), else none (a device allocation fails cleanly). */
+ * what it is into what: --max-workspace, else on the CPU the memory this
+ * process may use (the machine's or its cgroup's limit: under overcommit a
+ * bigger allocation may succeed and the encode then be killed), else none
+ * (a device allocation fails cleanly). */
 static void workspace_cap(const run *r, size_t *cap, char *what, size_t what_cap)
 {
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     *cap = 0;
     what[0] = 0;
     if (r->o->max_workspace) {
         *cap = r->o->max_workspace;
         snprintf(what, what_cap, "over --max-workspace %zu MiB", *cap >> 20);
-    } else if (!r->cuda && pages > 0 && page > 0) {
-        *cap = (size_t)pages * (size_t)page;
-        snprintf(what, what_cap, "over this machine's %zu MiB of memory; --max-workspace sets the limit", *cap >> 20);
+    } else if (!r->cuda && (*cap = sd_memory_limit())) {
+        snprintf(what, what_cap, "over the %zu MiB of memory this process may use (the machine's or its cgroup's); "
+                 "--max-workspace sets the limit", *cap >> 20);
     }
 }
 
