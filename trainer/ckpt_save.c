@@ -401,7 +401,8 @@ static sd_status put_in_place(const char *tmp, const char *fin, sd_error *err)
     remove_ckpt(old);
     if (rename(fin, old) != 0) return sd_err_set(err, SD_EIO, "rename %s -> %s: %s", fin, old, strerror(errno));
     if (rename(tmp, fin) != 0) return sd_err_set(err, SD_EIO, "rename %s -> %s: %s", tmp, fin, strerror(errno));
-    remove_ckpt(old);
+    sd_error why = {0}; /* as after the swap: another tool's old one is set aside, not left as .old */
+    if (discard_dir(old, 0, &why)) sd_log(SD_LOG_WARN, "%s", why.msg);
     return SD_OK;
 }
 
