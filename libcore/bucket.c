@@ -109,7 +109,7 @@ sd_status sd_plan_kohya(sd_plan *p, int max_w, int max_h, int min_size, int max_
     if (min_size % steps) min_size -= min_size % steps;
     if (max_size % steps) max_size += steps - max_size % steps;
     int lo = max_w < max_h ? max_w : max_h, hi = max_w > max_h ? max_w : max_h;
-    if (min_size == 0 || min_size > lo)
+    if ((min_size == 0 && !no_upscale) || min_size > lo) /* kohya's no_upscale never uses the min: 0 passes its assert */
         return sd_err_set(err, SD_EINVAL, "min bucket size %d (a multiple of steps %d) must be positive and at most the smaller resolution side %d",
                           min_size, steps, lo);
     if (max_size < hi)

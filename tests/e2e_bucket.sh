@@ -272,6 +272,8 @@ grep -q "does nothing" warn.txt && fail "default options warned as unused"
 # --- other plans ------------------------------------------------------------
 "$BIN" -q --plan sdxl in.jsonl | grep -q '"key":"k01".*"bucket":\[1344,768\]' || fail "sdxl plan 1920x1080"
 "$BIN" -q --plan list --buckets 768x512,512x768 in.jsonl | grep '"k01"' | grep -q '"bucket":\[768,512\]' || fail "list plan"
+"$BIN" -q --plan list --buckets 768x512,512x768 --report list.json in.jsonl > /dev/null
+check "list plan's buckets in the report" "$(grep -c '"plan":{"name":"list","no_upscale":false,"buckets":\[\[512,768\],\[768,512\]\]}' list.json)" 1
 "$BIN" -q --plan multires --min-res 512 --max-res 1024 in.jsonl -o mr.jsonl
 check "multires skips below min-res" "$(grep -c '"k12"' mr.jsonl)" 0
 "$BIN" -q --no-upscale in.jsonl | grep '"k03"' | grep -q '"bucket":\[640,448\],"resize":\[640,480\]' || fail "no-upscale keeps 640x480"

@@ -320,6 +320,17 @@ class Text(unittest.TestCase):
         _, _, err = sh(LATENTS, "--text", self.sd1, "--text-only", "-o", bare, jl)
         self.assertIn("text embeddings attached to %d records (0 had another one), 0 already attached" % n, err)
         self.assertEqual(skipped_count(err, "no latent record of this name"), 1, err)
+        # a line without a caption (or with null) leaves the record's embedding as it is, counted,
+        # rather than blanking it to the empty caption's
+        names = sorted(before)[:2]
+        attached = self.by_name(bare)
+        nocap = os.path.join(self.tmp, "nocap.jsonl")
+        with open(nocap, "w") as f:
+            f.write('{"key": "%s"}\n{"key": "%s", "caption": null}\n' % tuple(names))
+        _, _, err = sh(LATENTS, "--text", self.sd1, "--text-only", "-o", bare, nocap)
+        self.assertEqual(skipped_count(err, "no caption (the record keeps its embedding; \"caption\": \"\" sets the "
+                                            "empty one)"), 2, err)
+        self.assertEqual(self.by_name(bare), attached)
         self.assertEqual(dump(bare, "text"), dump(full, "text"))
         after, ref = self.by_name(bare), self.by_name(full)
         self.assertEqual(sorted(after), sorted(before))

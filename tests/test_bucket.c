@@ -75,6 +75,16 @@ static void test_kohya_lists(void)
     CHECK(sd_plan_kohya(&p, 512, 512, 640, 1024, 64, 0, &err) == SD_EINVAL);
     CHECK(sd_plan_kohya(&p, 1024, 1024, 256, 768, 64, 0, &err) == SD_EINVAL);
     CHECK(sd_plan_kohya(&p, 1024, 1024, 256, 2048, 0, 0, &err) == SD_EINVAL);
+    /* --min-bucket 64 with steps 128 floors to 0: sd-scripts' assert passes, and with
+     * bucket_no_upscale it never makes buckets, so only that case is a plan (its select
+     * from kohya's code: 3000x2000 -> bucket and resize 1152x768); without it kohya
+     * divides by zero */
+    CHECK(sd_plan_kohya(&p, 1024, 1024, 64, 2048, 128, 0, &err) == SD_EINVAL);
+    CHECK(sd_plan_kohya(&p, 1024, 1024, 64, 2048, 128, 1, &err) == SD_OK);
+    sd_fit f;
+    CHECK(sd_bucket_select(&p, 3000, 2000, &f) == SD_FIT_OK && f.bw == 1152 && f.bh == 768 && f.rw == 1152 &&
+          f.rh == 768);
+    sd_plan_free(&p);
 }
 
 static void test_kohya_select(void)

@@ -42,6 +42,11 @@ static void build_report(const bucket_run *r, const size_t *order, const uint64_
                       p->upscale ? "true" : "false");
     else
         sd_buf_printf(b, ",\"no_upscale\":%s", p->no_upscale ? "true" : "false");
+    if (p->kind == SD_PLAN_LIST) { /* the list is the plan's one setting */
+        sd_buf_puts(b, ",\"buckets\":[");
+        for (size_t i = 0; i < p->n; i++) sd_buf_printf(b, "%s[%d,%d]", i ? "," : "", p->resos[i].w, p->resos[i].h);
+        sd_buf_putc(b, ']');
+    }
     sd_buf_printf(b, "},\"records_in\":%llu,\"records_out\":%llu,\"skipped\":%llu,\"skip_reasons\":",
                   (unsigned long long)r->in, (unsigned long long)r->out, (unsigned long long)r->tally.total);
     sd_tally_json(&r->tally, b);

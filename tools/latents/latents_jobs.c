@@ -157,7 +157,11 @@ static const char *job_from(const sd_json *r, int captions_only, const char *roo
     if (r->type != SD_JSON_OBJECT) return "not a JSON object";
     j->name = dup_str(r, "key");
     if (!j->name || !j->name[0] || strlen(j->name) > 511) return "no usable key (1..511 bytes)";
-    if (captions_only) return caption_from(r, j);
+    if (captions_only) { /* --text-only replaces a record's embedding: no caption is no reason to blank it */
+        const sd_json *c = sd_json_get(r, "caption");
+        if (!c || c->type == SD_JSON_NULL) return "no caption (the record keeps its embedding; \"caption\": \"\" sets the empty one)";
+        return caption_from(r, j);
+    }
     j->image = dup_str(r, "image");
     if (!j->image) return "no image path";
     if (root && j->image[0] != '/') { /* as sd-bucket --root resolved it */
