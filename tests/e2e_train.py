@@ -492,6 +492,23 @@ class Train(unittest.TestCase):
         self.assertEqual([n for n in os.listdir(out) if n.startswith("checkpoint-8.tmp")], [])
         self.assertTrue(os.path.exists(os.path.join(out, "checkpoint-8", ".sdtk-checkpoint")))
 
+    def test_new_run_sets_an_earlier_runs_metrics_aside(self):
+        """A new run given a metrics file that holds another run's lines (--fresh into the same
+        -o, a --config round trip that carries the path) moves them to METRICS.superseded with
+        a warning instead of appending a second copy of steps 1..N; --fresh with --resume is a
+        usage error."""
+        out, m = os.path.join(self.tmp.name, "again-metrics"), os.path.join(self.tmp.name, "again-metrics.jsonl")
+        args = ["--unet", UNET, "-o", out, "--batch", "2", "--steps", "3", "-j", "1", "-q", "--metrics", m, self.shard]
+        run(*args)
+        code, err = run("--fresh", *args)
+        self.assertIn("3 lines of an earlier run (this one is new, from step 0) moved to %s.superseded" % m, err)
+        with open(m) as f:
+            self.assertEqual([json.loads(l)["step"] for l in f], [1, 2, 3])
+        with open(m + ".superseded") as f:
+            self.assertEqual([json.loads(l)["step"] for l in f], [1, 2, 3])
+        code, err = run("--fresh", "--resume", os.path.join(out, "checkpoint-3"), *args, ok=(2,))
+        self.assertIn("--fresh starts over and --resume continues", err)
+
     def test_carry_is_a_resume_option(self):
         """Full or short last batches decide the data order: a checkpoint made with --no-carry
         resumes only with it (a clear error otherwise), and resumes fine with it."""

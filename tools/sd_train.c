@@ -331,6 +331,7 @@ int main(int argc, char **argv)
     if (!bad && sd_cli_gib_bytes(gpu_mem_gib, &o.gpu_mem_limit)) bad = "--gpu-memory-limit: GiB, 0 or more";
     if (!bad && o.gpu_mem_limit && o.device < 0) bad = "--gpu-memory-limit needs --device cuda or cuda:K";
     if (!bad && o.val_every < 0) bad = "--val-every must not be negative";
+    if (!bad && fresh && resume) bad = "--fresh starts over and --resume continues: give one of them";
     if (!bad && o.zero1 && o.device >= 0) bad = "--zero1 shards the CPU optimizer; not with --device cuda";
     if (!bad && !sd_lr_kind_parse(sched, &o.lr.kind))
         bad = "--lr-schedule: constant, constant_with_warmup, cosine or linear";
@@ -359,6 +360,9 @@ int main(int argc, char **argv)
         sd_log(SD_LOG_WARN, "--warmup %ld with the constant schedule does nothing; constant_with_warmup warms up", warmup);
     if (o.val_every > 0 && !o.val_shard) sd_log(SD_LOG_WARN, "--val-every without --val: there is nothing to validate");
     if (o.ema_every != 1 && o.ema_decay == 0) sd_log(SD_LOG_WARN, "--ema-every without --ema-decay: there is no EMA");
+    if (o.ema_host && (o.device < 0 || o.ema_decay == 0))
+        sd_log(SD_LOG_WARN, "--ema-on-cpu does nothing %s", o.ema_decay == 0 ? "without --ema-decay: there is no EMA"
+                                                            : "on the CPU, where the EMA is in host memory anyway");
     if (o.zero_terminal_snr && o.pred == SD_PRED_EPSILON)
         sd_log(SD_LOG_WARN, "--zero-terminal-snr with epsilon prediction: at the last timestep the input is the noise "
                "itself; the schedule was made for v-prediction (--prediction v_prediction)");

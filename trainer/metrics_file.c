@@ -61,7 +61,9 @@ static sd_status append_superseded(const char *path, const char *data, size_t le
 /* A resumed run logs the steps after its checkpoint again: the earlier
  * run's lines for them (and any line cut short) are moved to
  * PATH.superseded, the rest rewritten atomically, so the file holds each
- * step once, the resumed run's values last. Nothing is deleted. */
+ * step once, the resumed run's values last. Nothing is deleted. step -1:
+ * a new run, which logs every step again (another run's file given to it,
+ * a --fresh start, a --config round trip): every line is moved. */
 static sd_status drop_after(const char *path, long step, sd_error *err)
 {
     struct stat st;
@@ -85,24 +87,25 @@ static sd_status drop_after(const char *path, long step, sd_error *err)
     }
     if (!rc && nmoved) rc = append_superseded(path, (const char *)moved.data, moved.len, err);
     if (!rc && nmoved) rc = sd_write_file_atomic(path, keep.data, keep.len, err);
-    if (!rc && nmoved)
+    if (!rc && nmoved && step >= 0)
         sd_log(SD_LOG_WARN, "%s: %ld line%s after step %ld (from the run before this resume) moved to %s.superseded",
                path, nmoved, nmoved == 1 ? "" : "s", step, path);
+    else if (!rc && nmoved)
+        sd_log(SD_LOG_WARN, "%s: %ld line%s of an earlier run (this one is new, from step 0) moved to %s.superseded",
+               path, nmoved, nmoved == 1 ? "" : "s", path);
     sd_buf_free(&text);
     sd_buf_free(&keep);
     sd_buf_free(&moved);
     return rc;
 }
 
-/* Open the metrics file for appending; resumed_step > 0 first moves the
- * lines past it aside (drop_after). */
-sd_status sd_metrics_open(const char *path, long resumed_step, FILE **out, sd_error *err)
+/* Open the metrics file for appending, the lines after step keep_through
+ * moved aside first (drop_after; -1 for a new run: all of them). */
+sd_status sd_metrics_open(const char *path, long keep_through, FILE **out, sd_error *err)
 {
     *out = NULL;
-    if (resumed_step > 0) {
-        sd_status rc = drop_after(path, resumed_step, err);
-        if (rc) return rc;
-    }
+    sd_status rc = drop_after(path, keep_through, err);
+    if (rc) return rc;
     *out = fopen(path, "a");
     if (!*out) return sd_err_set(err, SD_EIO, "%s: cannot open the metrics file: %s", path, strerror(errno));
     return SD_OK;

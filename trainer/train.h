@@ -244,10 +244,11 @@ sd_status sd_train_save(sd_trainer *tr, sd_error *err);
  * an output directory. The model and data options must be the ones the
  * checkpoint was made with (the state records them). */
 sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err);
-/* The JSONL metrics file (metrics_file.c), opened for appending; with
- * resumed_step > 0 the lines after that step (a killed run's) are first
- * moved to PATH.superseded, so each step is in the file once. */
-sd_status sd_metrics_open(const char *path, long resumed_step, FILE **out, sd_error *err);
+/* The JSONL metrics file (metrics_file.c), opened for appending; the lines
+ * after step keep_through (a resumed run's checkpoint step; -1 for a new
+ * run: all) are first moved to PATH.superseded, so each step is in the
+ * file once, from the run that wrote it last. */
+sd_status sd_metrics_open(const char *path, long keep_through, FILE **out, sd_error *err);
 /* Before any training: -o is created and a file can be written in it, so
  * an unusable output is found now, not at the first save. */
 sd_status sd_train_check_output(const char *out, sd_error *err);

@@ -87,7 +87,8 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
     sd_status crc = sd_train_check_world(tr, err);
     if (crc) return crc;
     if (o->metrics && !tr->metrics && tr->rank == 0) {
-        sd_status mrc = sd_metrics_open(o->metrics, tr->step, &tr->metrics, err);
+        /* a resumed run keeps the lines through its checkpoint's step, a new one none */
+        sd_status mrc = sd_metrics_open(o->metrics, tr->saved_step >= 0 ? tr->step : -1, &tr->metrics, err);
         if (mrc) return mrc;
     }
     if (o->tensorboard && !tr->tb.f && tr->rank == 0) {
