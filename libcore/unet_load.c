@@ -59,6 +59,12 @@ sd_status sd_unet_load(sd_unet *u, const char *path, const sd_unet_opts *opts, s
     rc = config[0] ? sd_unet_config_read(config, &cfg, err)
                    : sd_unet_infer_config(&p, &cfg, opts->groups, err, weights);
     if (!rc) rc = sd_unet_build(u, &cfg, err);
+    if (rc == SD_EINVAL && !config[0]) { /* what the weights cannot show (norm groups) was guessed: say so */
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        rc = sd_err_set(err, rc, "%s: %s (the config was inferred from the weights, which do not show "
+                        "norm_num_groups; give the model's config.json: sd-train --unet-config)", weights, why);
+    }
     if (!rc) {
         rc = sd_weights_load(&u->w, st, &p.lay, weights, err);
         if (!rc) rc = sd_weights_check_unused(&u->w, st, &p.lay, weights, "UNet", err);

@@ -429,6 +429,13 @@ class Train(unittest.TestCase):
                 with open(m) as f:
                     losses.append([json.loads(l)["loss"] for l in f])
             self.assertEqual(losses[0], losses[1], sub)
+        # without the config, the one the weights imply guesses 32 norm groups (this UNet has 4): the
+        # error names the file and says what to give
+        code, err = run("--unet", os.path.join(ck, "unet.safetensors"), "-o", os.path.join(self.tmp.name, "single-nocfg"),
+                        "--steps", "1", "-q", self.shard, ok=(3,))
+        self.assertIn(os.path.join(ck, "unet.safetensors") + ": UNet config: 8 channels not divisible by 32 norm groups "
+                      "(the config was inferred from the weights", err)
+        self.assertIn("sd-train --unet-config", err)
 
     def test_fresh_keeps_its_checkpoints(self):
         """--fresh in a directory with a longer earlier run: --keep prunes only this run's
