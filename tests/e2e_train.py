@@ -302,6 +302,17 @@ class Train(unittest.TestCase):
         self.assertEqual([s for s, _ in vals[0]], [0, 2, 4])
         self.assertEqual(vals[0], vals[1])
         self.assertEqual(len(set(v for _, v in vals[0])), 1)  # lr 0: the weights never move
+        # nor on the batch size: each record's timestep and noise come from its own stream (they were
+        # drawn per batch, so batch 1..4 gave losses 1% apart); only the sums' rounding differs
+        by_batch = []
+        for batch in (1, 3, 4):
+            m = os.path.join(self.tmp.name, "valb%d.jsonl" % batch)
+            run("--unet", UNET, "-o", os.path.join(self.tmp.name, "valb%d" % batch), "--steps", "0", "--batch", batch,
+                "--val", self.shard, "--metrics", m, "-j", "1", "-q", self.shard)
+            with open(m) as f:
+                by_batch.append([r["val_loss"] for r in map(json.loads, f) if "val_loss" in r][0])
+        for v in by_batch + [vals[0][0][1]]:
+            self.assertAlmostEqual(v, by_batch[0], delta=1e-5 * abs(by_batch[0]), msg=by_batch)
         out = os.path.join(self.tmp.name, "val-train")
         m = out + ".jsonl"
         run("--unet", UNET, "-o", out, "--val", self.shard, "--metrics", m, *COMMON, self.shard)

@@ -109,6 +109,8 @@ typedef struct {
     int pooled;        /* SDXL pooled width, 0 for SD1/SD2 */
     double dropout;    /* probability of the empty-caption embedding */
     int no_flip;       /* never use the flipped variant */
+    uint64_t record_seed; /* nonzero: the rng is seeded per record from this and the record's index, so
+                           * its draws do not depend on the batch it falls in (validation) */
 } sd_load_opts;
 
 /* Before training, every shard against the model: the first readable
@@ -127,6 +129,8 @@ typedef struct {
     size_t cap_x0, cap_ctx, cap_text, cap_tids;
     float *tmp;        /* one record's std or scratch */
     size_t cap_tmp;
+    uint32_t *item;    /* each loaded record's index in sd_data.items */
+    size_t cap_item;
 } sd_batch;
 
 /* Read batch b's records into out, drawing from rng in record order (flip,
@@ -134,6 +138,8 @@ typedef struct {
  * be smaller than the batch, or 0. */
 sd_status sd_data_load(sd_data *d, const sd_data_batch *b, const sd_load_opts *o, sd_rng *rng, sd_batch *out,
                        sd_tally *tally, sd_error *err);
+/* The seed of record idx's own stream under base (sd_load_opts.record_seed). */
+uint64_t sd_data_record_seed(uint64_t base, uint32_t idx);
 void sd_batch_free(sd_batch *b);
 
 #endif

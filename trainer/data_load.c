@@ -9,6 +9,7 @@
 
 #include "data_int.h"
 #include "f16.h"
+#include "hash.h"
 
 /* n stored elements of dtype at src (any alignment) as floats; 0 when the
  * dtype is unknown or a value is not finite. */
@@ -27,6 +28,14 @@ static int to_floats(float *dst, const void *src, size_t n, int dtype)
         dst[i] = f;
     }
     return 1;
+}
+
+/* The seed of record idx's own stream under base (sd_load_opts.record_seed):
+ * one splitmix64 step, so neighbouring indices get unrelated streams. */
+uint64_t sd_data_record_seed(uint64_t base, uint32_t idx)
+{
+    uint64_t s = base ^ ((uint64_t)idx * 0x9E3779B97F4A7C15ULL);
+    return sd_splitmix64(&s);
 }
 
 /* Make room for n floats in *p; 0 on success. */
@@ -197,7 +206,8 @@ sd_status sd_data_load(sd_data *d, const sd_data_batch *b, const sd_load_opts *o
         return sd_err_set(err, SD_EINVAL, "conditioning dropout needs the shards' empty_text embedding, none has one");
     if (need_floats(&out->x0, &out->cap_x0, n * per) || need_floats(&out->ctx, &out->cap_ctx, n * tmax) ||
         need_floats(&out->text, &out->cap_text, n * (size_t)(o->pooled ? o->pooled : 1)) ||
-        need_floats(&out->tids, &out->cap_tids, n * 6) || need_floats(&out->tmp, &out->cap_tmp, 2 * per))
+        need_floats(&out->tids, &out->cap_tids, n * 6) || need_floats(&out->tmp, &out->cap_tmp, 2 * per) ||
+        sd_data_grow((void **)&out->item, &out->cap_item, n ? n : 1, sizeof(uint32_t)))
         return sd_err_set(err, SD_ENOMEM, "out of memory loading a batch");
     out->n = 0;
     out->c = c;
@@ -208,7 +218,9 @@ sd_status sd_data_load(sd_data *d, const sd_data_batch *b, const sd_load_opts *o
     if (!tx) return sd_err_set(err, SD_ENOMEM, "out of memory");
     sd_status rc = SD_OK;
     for (size_t i = 0; i < n && !rc; i++) {
-        const sd_data_item *it = &d->items[d->perm[b->start + i]];
+        uint32_t idx = d->perm[b->start + i];
+        const sd_data_item *it = &d->items[idx];
+        if (o->record_seed) sd_rng_seed(rng, sd_data_record_seed(o->record_seed, idx));
         if (!tx[it->shard] && (rc = sd_shard_read_begin(d->shards[it->shard], &tx[it->shard], err))) break;
         if (d->has_empty && !tx[d->empty_shard] &&
             (rc = sd_shard_read_begin(d->shards[d->empty_shard], &tx[d->empty_shard], err)))
@@ -246,7 +258,7 @@ sd_status sd_data_load(sd_data *d, const sd_data_batch *b, const sd_load_opts *o
                     note, note[0] ? ")" : "");
             continue;
         }
-        out->n++;
+        out->item[out->n++] = idx;
     }
     /* text rows were written at stride tmax: pack them to [n, tctx, cross] */
     size_t row = (size_t)out->tctx * (size_t)o->cross_dim;
@@ -339,5 +351,6 @@ void sd_batch_free(sd_batch *b)
     free(b->text);
     free(b->tids);
     free(b->tmp);
+    free(b->item);
     memset(b, 0, sizeof(*b));
 }

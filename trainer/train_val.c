@@ -10,6 +10,10 @@ sd_status sd_train_validate(sd_trainer *tr, double *loss, long *images, sd_error
 {
     const sd_unet_config *c = &tr->unet.cfg;
     sd_load_opts lo = sd_train_load_opts(tr, 0);
+    /* each record's draws (latent sample, timestep, noise) from its own stream: the loss of given
+     * weights is the same at any batch size or world size */
+    static const uint64_t load_base = 0x76616c2d6c6f6164ULL, draw_base = 0x76616c2d64726177ULL;
+    lo.record_seed = load_base;
     int pooled = lo.pooled;
     int world = tr->world > 0 ? tr->world : 1;
     double red[2] = {0, 0};
@@ -25,15 +29,17 @@ sd_status sd_train_validate(sd_trainer *tr, double *loss, long *images, sd_error
         if (rc || cur.epoch != 0) break; /* past the last batch: sd_data_next rolled into epoch 1 */
         if ((int)(k % (size_t)world) != tr->rank) continue;
         sd_train_tell_stop(tr);
-        sd_rng_seed(&rng, sd_train_mix64(0x76616c2d6c6f7373ULL ^ (uint64_t)k));
         rc = sd_data_load(&tr->val, &db, &lo, &rng, &tr->vbatch, &vt, err);
         sd_batch *b = &tr->vbatch;
         if (rc || b->n == 0) continue;
         rc = sd_train_prepare(tr, b->n, b->h, b->w, b->tctx, err);
         if (rc) break;
         size_t per = (size_t)b->c * (size_t)b->h * (size_t)b->w;
-        for (int i = 0; i < b->n; i++) tr->t[i] = sd_train_draw_timestep(&tr->o, &rng);
-        sd_rng_normal(&rng, tr->noise, (size_t)b->n * per);
+        for (int i = 0; i < b->n; i++) {
+            sd_rng_seed(&rng, sd_data_record_seed(draw_base, b->item[i]));
+            tr->t[i] = sd_train_draw_timestep(&tr->o, &rng);
+            sd_rng_normal(&rng, tr->noise + (size_t)i * per, per);
+        }
         double l;
         rc = sd_train_eval(tr, b->n, b->h, b->w, b->tctx, b->x0, b->ctx, pooled ? b->text : NULL,
                            c->text_time ? b->tids : NULL, tr->noise, tr->t, &l, err);
