@@ -173,6 +173,25 @@ static void shard_free(sd_shard *s)
     free(s);
 }
 
+/* Where an intact second LMDB meta page lies when the first is damaged:
+ * at one of LMDB's page sizes (512..64 KiB), the magic, the format and
+ * that page size in its free database's record; 0 when none is. Tells a
+ * shard with one damaged page from a file that was never one. */
+static off_t second_meta_at(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    off_t found = 0;
+    for (uint32_t psize = 512; psize <= 65536 && !found; psize *= 2) {
+        uint8_t m[META_END];
+        if (pread(fd, m, META_END, psize) == META_END && lmdb_rd32(m + PG_HDR) == LMDB_MAGIC &&
+            lmdb_rd32(m + META_VERSION) == LMDB_FORMAT && lmdb_rd32(m + META_FREE_DB) == psize)
+            found = psize;
+    }
+    close(fd);
+    return found;
+}
+
 /* An existing file that is not an LMDB data file (a JSONL stream given as
  * a shard by mistake, an empty file) is refused before LMDB opens it, which
  * would leave a 64 KB PATH-lock beside it and, for an empty file, say only
@@ -188,8 +207,14 @@ static sd_status check_lmdb_magic(const char *path, off_t size, sd_error *err)
     size_t got = fread(head, 1, sizeof head, f);
     fclose(f);
     static const unsigned char magic[4] = {0xDE, 0xC0, 0xEF, 0xBE};
-    if (got < sizeof head || memcmp(head + 16, magic, 4) != 0)
+    if (got < sizeof head || memcmp(head + 16, magic, 4) != 0) {
+        off_t second = second_meta_at(path);
+        if (second)
+            return sd_err_set(err, SD_EFORMAT, "%s: damaged shard: its first LMDB meta page is damaged (the second, at "
+                              "byte %lld, is intact); sd-verify --repair cannot rebuild a meta page: restore the file "
+                              "from a copy, or rebuild it (sd-latents into a new shard)", path, (long long)second);
         return sd_err_set(err, SD_EFORMAT, "%s: not an LMDB shard file (no LMDB meta page at its start)", path);
+    }
     return SD_OK;
 }
 

@@ -684,6 +684,18 @@ def test_truncated(d):
         p = subprocess.run([VERIFY, "-q", dam], capture_output=True, text=True)
         check(p.returncode == 3 and "truncated shard" in p.stderr,
               "damaged freelist: sd-verify exit %d: %s" % (p.returncode, p.stderr[-300:]))
+    # the first meta page's magic damaged (one bit): named as a damaged shard with an intact second
+    # meta page, not as a file that was never a shard; a file that never was one still is that
+    mp = os.path.join(d, "meta0.shard")
+    data = bytearray(open(good, "rb").read())
+    data[16] ^= 1
+    open(mp, "wb").write(data)
+    p = subprocess.run([VERIFY, "-q", "--repair", mp], capture_output=True, text=True)
+    check(p.returncode == 3 and "damaged shard: its first LMDB meta page is damaged (the second, at byte 4096, is intact)"
+          in p.stderr and open(mp, "rb").read() == data, "meta page 0: exit %d: %s" % (p.returncode, p.stderr[-300:]))
+    open(mp, "wb").write(b'{"v": 1}\n' * 1000)
+    p = subprocess.run([VERIFY, "-q", mp], capture_output=True, text=True)
+    check(p.returncode == 3 and "not an LMDB shard file" in p.stderr, "not a shard: %s" % p.stderr[-300:])
     # a page past LMDB's last one (a writer killed before its commit leaves such) is no damage
     with open(good, "ab") as f:
         f.write(bytes(4096))
