@@ -159,12 +159,13 @@ static sd_status split_pass(const options *o, sd_shard_txn *t, const bucket_tabl
     while (!st && (st = sd_shard_cursor_next(c, &k, &kl, &v, &vl, err)) == SD_OK) {
         sd_shard_rec rec;
         sd_error why;
-        pack_rec_label(k, kl, v, vl, label, sizeof label);
         int bad = sd_shard_rec_parse(v, vl, &rec, &why) != SD_OK;
         if (!bad && rec.kind != SD_REC_LATENT) bad = (sd_err_set(&why, SD_EFORMAT, "not a latent record"), 1);
         if (bad) {
-            if (first == 0) /* it has no part: report it in the first pass only */
+            if (first == 0) { /* it has no part: report it in the first pass only */
+                pack_rec_label(k, kl, v, vl, label, sizeof label); /* named only when skipped: off the copy loop */
                 sd_skip(tally, "corrupt record", "%s: record %s: %s", o->input, label, why.msg);
+            }
             continue;
         }
         int part = sd_splitter_next(&sp, bucket_find(bt, rec.bucket_w, rec.bucket_h));
@@ -172,8 +173,12 @@ static sd_status split_pass(const options *o, sd_shard_txn *t, const bucket_tabl
         sd_progress_update(prog, ++*done, tally->total);
         const char *skip;
         st = copy_record(t, &outs[part], k, kl, v, vl, &rec, &skip, &why, err); /* outs is indexed by part */
-        if (!st && skip) sd_skip(tally, skip, "%s: record %s: %s", o->input, label, why.msg);
-        else if (!st) counts[part]++;
+        if (!st && skip) {
+            pack_rec_label(k, kl, v, vl, label, sizeof label);
+            sd_skip(tally, skip, "%s: record %s: %s", o->input, label, why.msg);
+        } else if (!st) {
+            counts[part]++;
+        }
     }
     if (st == SD_ENOTFOUND) st = SD_OK;
     sd_shard_cursor_close(c);
