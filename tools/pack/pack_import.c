@@ -145,8 +145,8 @@ static sd_status walk(run *r, const dir_on_path *here, int depth, sd_error *err)
         if (e->d_name[0] == '.') continue;
         char rel[4096], full[8192];
         if (snprintf(rel, sizeof rel, "%s%s%s", sub, *sub ? "/" : "", e->d_name) >= (int)sizeof rel) {
-            sd_skip(&r->tally, "path too long", "%s/%s/%.64s... (over %zu bytes)", r->o->dir, sub, e->d_name,
-                    sizeof rel - 1);
+            sd_skip(&r->tally, "path too long", "%s/%s%s%.64s... (over %zu bytes)", r->o->dir, sub, *sub ? "/" : "",
+                    e->d_name, sizeof rel - 1);
             continue;
         }
         snprintf(full, sizeof full, "%s/%s", r->o->dir, rel);
