@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "source.h"
+#include "slurp.h"
 #include "utf8.h"
 
 static const char *const danbooru_consumed[] = {
@@ -158,33 +159,27 @@ enum { MAX_TEXT_FILE = 64 << 20 };
 
 /* Read a small text file whole, without a leading UTF-8 byte order mark
  * (Windows editors write one; it is not part of the first tag or of the
- * JSON). Opened non-blocking and checked to be a regular file before any
- * read, so a FIFO or device named like a caption cannot hang the run.
- * NULL with why (for the message) set on failure. */
+ * JSON). Opened by sd_open_regular, so a FIFO or device named like a
+ * caption cannot hang the run. NULL with why (for the message) set on
+ * failure. */
 static char *read_text_file(sd_arena *a, const char *path, size_t *len, char *why, size_t why_len)
 {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(why, why_len, "%s", strerror(errno));
+    int fd;
+    off_t fsize = 0;
+    sd_error e = {0};
+    if (sd_open_regular(path, &fd, &fsize, &e)) {
+        snprintf(why, why_len, "%s", e.msg);
         return NULL;
     }
-    struct stat st;
-    int ok = 0;
-    if (fstat(fd, &st) != 0) snprintf(why, why_len, "%s", strerror(errno));
-    else if (!S_ISREG(st.st_mode))
-        snprintf(why, why_len, "not a regular file%s", S_ISDIR(st.st_mode) ? " (a directory)" : "");
-    else if (st.st_size > MAX_TEXT_FILE)
-        snprintf(why, why_len, "too large (%lld bytes, limit %d)", (long long)st.st_size, MAX_TEXT_FILE);
-    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0) snprintf(why, why_len, "%s", strerror(errno));
-    else ok = 1;
-    if (!ok) {
+    if (fsize > MAX_TEXT_FILE) {
+        snprintf(why, why_len, "too large (%lld bytes, limit %d)", (long long)fsize, MAX_TEXT_FILE);
         close(fd);
         return NULL;
     }
-    char *buf = sd_arena_alloc(a, (size_t)st.st_size + 1);
+    char *buf = sd_arena_alloc(a, (size_t)fsize + 1);
     size_t got = 0;
-    while (buf && got < (size_t)st.st_size) {
-        ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+    while (buf && got < (size_t)fsize) {
+        ssize_t r = read(fd, buf + got, (size_t)fsize - got);
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) {
             snprintf(why, why_len, "%s", strerror(errno));

@@ -102,7 +102,7 @@ static int read_size(const char *root, sd_brec_worker *wk, const sd_json *rec, c
             if (wk->tar_fd >= 0) close(wk->tar_fd);
             free(wk->tar_path);
             wk->tar_path = NULL;
-            sd_status ost = sd_open_regular(path, &wk->tar_fd, &err);
+            sd_status ost = sd_open_regular(path, &wk->tar_fd, NULL, &err);
             if (ost) {
                 skip(res, header_reason(ost), "%s: %s", path, err.msg);
                 return -1;

@@ -92,18 +92,12 @@ static void src_name(const sd_image_src *src, char *out, size_t n)
 static sd_status read_bytes(const sd_image_src *src, const char *name, unsigned char **out, size_t *len, sd_error *err)
 {
     int fd;
+    off_t fsize = 0;
     sd_error oe = {0};
-    sd_status ost = sd_open_regular(src->path, &fd, &oe);
+    sd_status ost = sd_open_regular(src->path, &fd, &fsize, &oe);
     if (ost) return sd_err_set(err, ost, "%s: %s", name, oe.msg);
     uint64_t size = src->size;
-    if (size == SD_IMAGE_WHOLE_FILE) {
-        struct stat st;
-        if (fstat(fd, &st) != 0) {
-            close(fd);
-            return sd_err_set(err, SD_EIO, "%s: stat: %s", name, strerror(errno));
-        }
-        size = (uint64_t)st.st_size > src->offset ? (uint64_t)st.st_size - src->offset : 0;
-    }
+    if (size == SD_IMAGE_WHOLE_FILE) size = (uint64_t)fsize > src->offset ? (uint64_t)fsize - src->offset : 0;
     sd_status st = SD_OK;
     if (size == 0) st = sd_err_set(err, SD_ETRUNC, "%s: empty image (0 bytes)", name);
     else if (size > SD_IMAGE_MAX_BYTES)
@@ -247,7 +241,7 @@ sd_status sd_image_check_member(const sd_image_src *src, sd_error *err)
                           (unsigned long long)src->offset);
     int fd;
     sd_error oe = {0};
-    sd_status ost = sd_open_regular(src->path, &fd, &oe);
+    sd_status ost = sd_open_regular(src->path, &fd, NULL, &oe);
     if (ost) return sd_err_set(err, ost, "%s: %s", name, oe.msg);
     unsigned char h[512];
     uint64_t hpos = src->offset - 512;

@@ -395,7 +395,7 @@ sd_status sd_imghdr_read_fd(int fd, uint64_t offset, uint64_t size, sd_imginfo *
 sd_status sd_imghdr_read_file(const char *path, sd_imginfo *out, sd_error *err)
 {
     int fd;
-    sd_status st = sd_open_regular(path, &fd, err);
+    sd_status st = sd_open_regular(path, &fd, NULL, err);
     if (st) return st;
     st = sd_imghdr_read_fd(fd, 0, UINT64_MAX, out, err);
     close(fd);

@@ -32,6 +32,7 @@ sd_status sd_read_file(const char *path, sd_buf *out, sd_error *err)
 /* What kind of file a stat says, for "not a regular file" messages. */
 static const char *file_kind(mode_t m)
 {
+    if (S_ISDIR(m)) return "a directory";
     if (S_ISFIFO(m)) return "a FIFO";
     if (S_ISCHR(m)) return "a character device";
     if (S_ISBLK(m)) return "a block device";
@@ -43,7 +44,7 @@ static const char *file_kind(mode_t m)
  * file would block (a FIFO, even in open()), never end (/dev/zero) or not
  * read at all (a directory). O_NONBLOCK lets the open of a FIFO return so
  * that fstat can say what it is; it changes nothing for a regular file. */
-sd_status sd_open_regular(const char *path, int *fd, sd_error *err)
+sd_status sd_open_regular(const char *path, int *fd, off_t *size, sd_error *err)
 {
     *fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (*fd < 0) {
@@ -53,8 +54,8 @@ sd_status sd_open_regular(const char *path, int *fd, sd_error *err)
     struct stat sb;
     sd_status st = SD_OK;
     if (fstat(*fd, &sb) != 0) st = sd_err_set(err, SD_EIO, "stat: %s", strerror(errno));
-    else if (S_ISDIR(sb.st_mode)) st = sd_err_set(err, SD_EIO, "%s", strerror(EISDIR));
     else if (!S_ISREG(sb.st_mode)) st = sd_err_set(err, SD_EIO, "not a regular file (%s)", file_kind(sb.st_mode));
+    else if (size) *size = sb.st_size;
     if (st) {
         close(*fd);
         *fd = -1;

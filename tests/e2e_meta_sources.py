@@ -680,7 +680,7 @@ class CaptionFiles(Base):
         self.assertEqual(rc, 0, err)
         self.assertEqual([r["key"] for r in recs], ["e"])
         self.assertEqual(skipped(err, "unreadable caption file"), 3, err)
-        self.assertIn("a.txt: not a regular file)", err)
+        self.assertIn("a.txt: not a regular file (a FIFO))", err)
         self.assertIn("b.txt: not a regular file (a directory))", err)
         self.assertIn("c.txt: too large (68157440 bytes, limit 67108864))", err)
         self.assertEqual(skipped(err, "caption contains NUL bytes (UTF-16?)"), 1, err)
