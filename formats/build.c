@@ -216,7 +216,7 @@ static char *trim(char *s, size_t *len)
 static char *read_caption_file(sd_arena *a, const char *path, size_t *n, const char **reason, char *detail,
                                size_t detail_len)
 {
-    char why[128];
+    char why[256]; /* an sd_error message fits */
     char *t = read_text_file(a, path, n, why, sizeof why);
     if (!t) {
         *reason = "unreadable caption file";
@@ -571,7 +571,7 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
         char *text = in->text;
         size_t len = in->len;
         if (!text && in->txt_path) {
-            char why[128];
+            char why[256]; /* an sd_error message fits */
             text = read_text_file(a, in->txt_path, &len, why, sizeof why);
             if (!text) {
                 *reason = "unreadable metadata file";
