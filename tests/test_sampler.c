@@ -27,6 +27,7 @@ typedef struct {
     int saw_uncond;
 } toy;
 
+/* The model callback: both predictions of the scaled input at t. */
 static sd_status toy_model(void *ctx, const float *x, double t, float *cond, float *uncond, sd_error *err)
 {
     toy *m = ctx;
@@ -48,6 +49,7 @@ typedef struct {
     size_t used, total;
 } replay;
 
+/* The noise callback: the next n golden values. */
 static sd_status replay_noise(void *ctx, float *out, size_t n, sd_error *err)
 {
     replay *r = ctx;
@@ -57,6 +59,7 @@ static sd_status replay_noise(void *ctx, float *out, size_t n, sd_error *err)
     return SD_OK;
 }
 
+/* The progress callback: counts steps reported in order. */
 static void count_step(void *ctx, int step, int steps)
 {
     int *c = ctx;

@@ -3,8 +3,9 @@
  * SD-shaped tiny AutoencoderKL, loaded from its diffusers folder (decoder
  * in fp16 beside an fp32 encoder, config.json) and from its single-file ldm
  * checkpoint (config inferred from the decoder's shapes), within 1e-4;
- * bit-identical for 1 and 3 threads, alone or in a batch and through the
- * host runner; diffusers' 8-bit conversion; clear errors for a file
+ * the 8-bit images within one level; bit-identical for 1 and 3 threads,
+ * alone or in a batch and through the host runner; diffusers' 8-bit
+ * conversion; clear errors for a file
  * without a decoder and bad latent sizes. */
 #include <math.h>
 #include <stdint.h>
@@ -71,6 +72,17 @@ static void check_model(const char *label, const char *path, const sd_vae_opts *
         double e = max_err(img, want);
         printf("%-24s layout %-28s max err %.2e\n", label, d.layout, e);
         CHECK(e <= 1e-4);
+        /* the 8-bit pictures: within one level everywhere */
+        uint8_t *a8 = malloc(np), *b8 = malloc(np);
+        if (CHECK(a8 && b8)) {
+            sd_vae_image_to_rgb8(n, h, w, img, a8);
+            sd_vae_image_to_rgb8(n, h, w, want->data, b8);
+            size_t off = 0;
+            for (size_t i = 0; i < np; i++) off += abs((int)a8[i] - (int)b8[i]) > 1;
+            CHECK(off == 0);
+        }
+        free(a8);
+        free(b8);
         if (more) {
             CHECK(decode(&d, 3, n, lh, lw, z->data, img2));
             CHECK(memcmp(img, img2, np * sizeof(float)) == 0);

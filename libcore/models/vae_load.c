@@ -1,5 +1,7 @@
-/* The VAE encoder's layer table, its weight names in both layouts, its
- * config (config.json or inferred from shapes) and loading. */
+/* The VAE's weight registration in both layouts (shared with the
+ * decoder, vae_decode_load.c), the encoder's layer table, the config
+ * (config.json or inferred from the encoder's or the decoder's shapes),
+ * opening a VAE's weights file and loading the encoder. */
 #include <stdio.h>
 #include <string.h>
 
