@@ -7,7 +7,7 @@
  * projections stored as 1x1 convs), or a standalone VAE file (ldm or
  * diffusers names, no prefix). The config comes from config.json when there
  * is one, else it is inferred from weight shapes (see sd_vae_load). Only
- * the encoder and quant_conv are loaded; the decoder is ignored.
+ * the encoder and quant_conv are loaded here; the decoder is vae_decode.h's.
  *
  * Forward only: the VAE is frozen in SD training. Ops go through the
  * backend table (backend.h), so the same code runs on any backend. */
@@ -24,12 +24,14 @@ enum { SD_VAE_MAX_BLOCKS = 6, SD_VAE_MAX_LAYERS = 4 };
 
 typedef struct {
     int in_channels;     /* 3 */
+    int out_channels;    /* 3: the decoder's image channels */
     int latent_channels; /* 4 */
     int nblocks;         /* len(block_out_channels) */
     int block_out[SD_VAE_MAX_BLOCKS];
     int layers_per_block;
     int groups;         /* norm_num_groups */
     int use_quant_conv; /* 1 */
+    int use_post_quant_conv; /* 1: the decoder's */
     int mid_attention;  /* mid_block_add_attention */
     float eps;          /* 1e-6 in every diffusers VAE norm */
     double scaling_factor, shift_factor;
