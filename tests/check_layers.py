@@ -33,7 +33,7 @@ RANKS = {
     "libcore/models": 2,
     "formats": 3,
     "trainer": 4,
-    "tools/bucket": 5, "tools/latents": 5, "tools/pack": 5, "tools/selftest": 5, "tools/verify": 5,
+    "tools/bucket": 5, "tools/latents": 5, "tools/pack": 5, "tools/sample": 5, "tools/selftest": 5, "tools/verify": 5,
     "tools": 6,
     "tests": 7, "tests/fuzz": 7, "bench": 7,
 }

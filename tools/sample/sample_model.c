@@ -1,0 +1,200 @@
+/* sd-sample's model: a diffusers folder's tokenizer(s) and text
+ * encoder(s), UNet, VAE decoder and the scheduler's prediction type, put
+ * on the run's backend; and a prompt's text conditioning. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "model_dir.h"
+#include "sample.h"
+
+/* The folder's last path component, for A1111's "Model:" field. */
+static void model_name(const char *path, char *out, size_t cap)
+{
+    size_t len = strlen(path);
+    while (len > 1 && path[len - 1] == '/') len--;
+    size_t s = len;
+    while (s > 0 && path[s - 1] != '/') s--;
+    snprintf(out, cap, "%.*s", (int)(len - s), path + s);
+    char *dot = strrchr(out, '.');
+    if (dot && !strcmp(dot, ".safetensors")) *dot = 0;
+}
+
+/* Tokenizer and encoder `which` (0, or 1 for SDXL's second). */
+static sd_status open_encoder(sample_model *m, const char *path, int which, sd_error *err)
+{
+    sd_clip_text_opts o = {.which = which};
+    sd_status st = sd_clip_text_load(&m->enc[which], path, &o, err);
+    if (st) return st;
+    m->enc_loaded[which] = 1;
+    return sd_clip_tok_load_model(path, which + 1, &m->tok[which], err);
+}
+
+/* Load the text side: one encoder (SD 1.x: last layer, SD 2.x: OpenCLIP's
+ * penultimate), or SDXL's two (both penultimate, the second's pooled
+ * output); the context width is their sum. */
+static sd_status open_text(sample_model *m, const char *path, sd_error *err)
+{
+    char p2[4096];
+    snprintf(p2, sizeof p2, "%s/text_encoder_2", path);
+    m->sdxl = sd_is_dir(p2);
+    m->n_enc = m->sdxl ? 2 : 1;
+    m->work = sd_clip_work_new();
+    if (!m->work) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    sd_status st = SD_OK;
+    for (int i = 0; i < m->n_enc && !st; i++) st = open_encoder(m, path, i, err);
+    if (st) return st;
+    if (m->sdxl) {
+        st = sd_clip_text_preset(&m->enc[0], SD_CLIP_SDXL_L, 0, &m->out[0], err);
+        if (!st) st = sd_clip_text_preset(&m->enc[1], SD_CLIP_SDXL_G, 0, &m->out[1], err);
+        m->pooled_dim = sd_clip_text_pooled_dim(&m->enc[1]);
+    } else {
+        sd_clip_variant v = m->enc[0].cfg.act == SD_CLIP_GELU ? SD_CLIP_SD2 : SD_CLIP_SD1;
+        st = sd_clip_text_preset(&m->enc[0], v, 0, &m->out[0], err);
+    }
+    m->tctx = SD_CLIP_CTX;
+    m->cross = 0;
+    for (int i = 0; i < m->n_enc; i++) m->cross += m->enc[i].cfg.width;
+    return st;
+}
+
+/* The UNet must take what the text side gives: the context width, and for
+ * SDXL the pooled width plus six time ids (a model folder mixing families
+ * fails here, naming both numbers). */
+static sd_status check_fit(const sample_model *m, const char *path, sd_error *err)
+{
+    const sd_unet_config *c = &m->unet.cfg;
+    if (c->cross_dim != m->cross)
+        return sd_err_set(err, SD_EFORMAT, "%s: the text encoder%s give%s %d-wide embeddings, the UNet's "
+                          "cross_attention_dim is %d (components of different model families?)", path,
+                          m->n_enc > 1 ? "s" : "", m->n_enc > 1 ? "" : "s", m->cross, c->cross_dim);
+    if (m->sdxl != !!c->text_time)
+        return sd_err_set(err, SD_EFORMAT, "%s: %s, but the UNet %s SDXL's text_time conditioning", path,
+                          m->sdxl ? "two text encoders (SDXL)" : "one text encoder", c->text_time ? "takes" : "lacks");
+    if (m->sdxl && c->add_in_dim != m->pooled_dim + SD_UNET_TIME_IDS * c->add_time_dim)
+        return sd_err_set(err, SD_EFORMAT, "%s: pooled width %d + 6 x %d time ids differ from the UNet's "
+                          "projection_class_embeddings_input_dim %d", path, m->pooled_dim, c->add_time_dim,
+                          c->add_in_dim);
+    if (c->in_channels != m->vae.cfg.latent_channels || c->out_channels != m->vae.cfg.latent_channels)
+        return sd_err_set(err, SD_EFORMAT, "%s: the UNet takes %d channels and gives %d, the VAE's latents have %d",
+                          path, c->in_channels, c->out_channels, m->vae.cfg.latent_channels);
+    return SD_OK;
+}
+
+/* scheduler/scheduler_config.json's prediction_type (none: epsilon). */
+static sd_status read_prediction(sample_model *m, const char *path, sd_error *err)
+{
+    char pred[64], from[4096];
+    sd_status st = sd_model_prediction(path, pred, sizeof pred, from, sizeof from, err);
+    if (st) return st;
+    if (!pred[0] || !strcmp(pred, "epsilon")) m->pred = SD_PRED_EPSILON;
+    else if (!strcmp(pred, "v_prediction")) m->pred = SD_PRED_V;
+    else
+        return sd_err_set(err, SD_EUNSUPPORTED, "%s: prediction_type \"%s\" (epsilon and v_prediction are supported)",
+                          from, pred);
+    return SD_OK;
+}
+
+/* The UNet's weights on the backend (the CPU uses its own buffer). */
+static sd_status unet_to_backend(sample_model *m, sd_error *err)
+{
+    if (!m->be->is_device) {
+        m->params = m->unet.w.data;
+        return SD_OK;
+    }
+    size_t bytes = m->unet.w.total * sizeof(float);
+    m->params = m->be->alloc(m->exec, bytes);
+    if (!m->params) return sd_err_set(err, SD_ENOMEM, "out of device memory for the UNet (%zu MiB)", bytes >> 20);
+    m->be->h2d(m->exec, m->params, m->unet.w.data, bytes);
+    return m->be->sync(m->exec, err);
+}
+
+/* Load everything (see sample.h); on failure the caller closes. */
+sd_status sample_model_open(sample_model *m, const char *path, const sd_backend *be, void *exec, sd_error *err)
+{
+    memset(m, 0, sizeof(*m));
+    m->be = be;
+    m->exec = exec;
+    model_name(path, m->name, sizeof m->name);
+    if (!sd_is_dir(path))
+        return sd_err_set(err, SD_EUNSUPPORTED, "%s: not a diffusers model folder (unet/, vae/, text_encoder/, "
+                          "tokenizer/); single-file checkpoints are not supported by sd-sample yet", path);
+    sd_status st = open_text(m, path, err);
+    if (!st) {
+        sd_unet_opts uo = {0};
+        st = sd_unet_load(&m->unet, path, &uo, err);
+        m->unet_loaded = !st;
+    }
+    if (!st) {
+        sd_vae_opts vo = {0};
+        st = sd_vae_decoder_load(&m->vae, path, &vo, err);
+        m->vae_loaded = !st;
+    }
+    if (!st) st = check_fit(m, path, err);
+    if (!st) st = read_prediction(m, path, err);
+    for (int i = 0; i < m->n_enc && !st; i++) st = sd_clip_text_runner_init(&m->run[i], &m->enc[i], be, exec, err);
+    if (!st) st = sd_vae_decode_runner_init(&m->vrun, &m->vae, be, exec, err);
+    if (!st) st = unet_to_backend(m, err);
+    if (!st)
+        sd_log(SD_LOG_INFO, "model %s: %s, UNet %s, VAE %s, %s prediction", path,
+               m->sdxl ? "SDXL" : m->enc[0].cfg.act == SD_CLIP_GELU ? "SD 2.x" : "SD 1.x", m->unet.layout,
+               m->vae.layout, m->pred == SD_PRED_V ? "v" : "epsilon");
+    return st;
+}
+
+/* Release everything sample_model_open and the sampling made. */
+void sample_model_close(sample_model *m)
+{
+    for (int i = 0; i < 2; i++) {
+        sd_clip_text_runner_free(&m->run[i]);
+        if (m->enc_loaded[i]) sd_clip_text_free(&m->enc[i]);
+        if (m->tok[i]) sd_clip_tok_free(m->tok[i]);
+    }
+    if (m->work) sd_clip_work_free(m->work);
+    sd_clip_ids_free(&m->ids);
+    sd_vae_decode_runner_free(&m->vrun);
+    if (m->be && m->be->is_device) {
+        if (m->params) m->be->release(m->exec, m->params);
+        if (m->act) m->be->release(m->exec, m->act);
+    } else {
+        free(m->act);
+    }
+    sd_unet_graph_free(&m->g);
+    if (m->unet_loaded) sd_unet_free(&m->unet);
+    if (m->vae_loaded) sd_vae_decoder_free(&m->vae);
+    free(m->stage);
+    memset(m, 0, sizeof(*m));
+}
+
+/* diffusers' default: unet.config.sample_size * vae_scale_factor. */
+void sample_model_default_size(const sample_model *m, int *w, int *h)
+{
+    int s = m->unet.cfg.sample_size > 0 ? m->unet.cfg.sample_size : 64;
+    sd_vae_decoded_size(&m->vae.cfg, s, s, h, w);
+}
+
+/* One prompt through each encoder: 77 padded ids, the hidden state the
+ * variant conditions on, placed side by side in ctx; SDXL's pooled output
+ * from the second encoder. */
+sd_status sample_model_text(sample_model *m, const char *prompt, float *ctx, float *pooled, sd_error *err)
+{
+    int off = 0;
+    for (int i = 0; i < m->n_enc; i++) {
+        int32_t ids[SD_CLIP_CTX];
+        int wd = m->enc[i].cfg.width;
+        sd_status st = sd_clip_encode(m->tok[i], m->work, prompt, strlen(prompt), &m->ids, err);
+        if (st) return st;
+        sd_clip_pad_ids(m->ids.ids, m->ids.n, sd_clip_tok_pad(m->tok[i]), SD_CLIP_CTX, ids);
+        float *h = malloc((size_t)SD_CLIP_CTX * (size_t)wd * sizeof(float));
+        if (!h) return sd_err_set(err, SD_ENOMEM, "out of memory");
+        st = sd_clip_text_runner_encode(&m->run[i], &m->enc[i], 1, SD_CLIP_CTX, ids, &m->out[i], h,
+                                        i == 1 ? pooled : NULL, err);
+        for (int t = 0; t < SD_CLIP_CTX && !st; t++)
+            memcpy(ctx + (size_t)t * (size_t)m->cross + off, h + (size_t)t * (size_t)wd, (size_t)wd * sizeof(float));
+        free(h);
+        if (st) return st;
+        off += wd;
+    }
+    return SD_OK;
+}

@@ -1,0 +1,198 @@
+/* sd-sample's prompts: one JSON object per line, each field over the
+ * command line's defaults; a bad line is named by its number and reason,
+ * counted and left out, and the run goes on. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena.h"
+#include "json.h"
+#include "log.h"
+#include "sample.h"
+#include "slurp.h"
+
+/* Sizes must divide into latents (a multiple of 8) and stay sane. */
+int sample_size_ok(long v)
+{
+    return v >= 8 && v <= 8192 && v % 8 == 0;
+}
+
+/* A string field into *dst (a copy in the job), or the reason. */
+static const char *take_str(const sd_json *root, const char *key, char **dst, char *why, size_t cap)
+{
+    const sd_json *v = sd_json_get(root, key);
+    if (!v) return NULL;
+    const char *s = sd_json_str(v);
+    if (!s) {
+        snprintf(why, cap, "\"%s\" is not a string", key);
+        return "field of the wrong type";
+    }
+    char *c = strdup(s);
+    if (!c) {
+        snprintf(why, cap, "out of memory");
+        return "out of memory";
+    }
+    free(*dst);
+    *dst = c;
+    return NULL;
+}
+
+/* A whole-number field in [lo, hi] into *dst, or the reason. */
+static const char *take_whole(const sd_json *root, const char *key, double lo, double hi, double *dst, char *why,
+                              size_t cap)
+{
+    const sd_json *v = sd_json_get(root, key);
+    if (!v) return NULL;
+    if (sd_json_whole(v, lo, hi, dst)) {
+        snprintf(why, cap, "\"%s\" must be a whole number from %.0f to %.0f", key, lo, hi);
+        return "field out of range or of the wrong type";
+    }
+    return NULL;
+}
+
+/* The line's fields over def; a reason when one is missing its type or
+ * range (the job's strings are then freed by the caller). */
+static const char *fields(const sd_json *root, sample_job *j, char *why, size_t cap)
+{
+    const char *r;
+    double d;
+    if ((r = take_str(root, "prompt", &j->prompt, why, cap)) || (r = take_str(root, "negative", &j->negative, why, cap)))
+        return r;
+    if ((r = take_whole(root, "seed", 0, SAMPLE_SEED_MAX, &d, why, cap))) return r;
+    if (sd_json_get(root, "seed")) j->seed = (uint64_t)d;
+    if ((r = take_whole(root, "steps", 1, 1000, &d, why, cap))) return r;
+    if (sd_json_get(root, "steps")) j->steps = (int)d;
+    const sd_json *v = sd_json_get(root, "cfg");
+    if (v && (sd_json_num(v, &j->cfg) || j->cfg < 0 || j->cfg > 100)) {
+        snprintf(why, cap, "\"cfg\" must be a number from 0 to 100");
+        return "field out of range or of the wrong type";
+    }
+    v = sd_json_get(root, "sampler");
+    if (v) {
+        sd_error e = {0};
+        const char *s = sd_json_str(v);
+        if (!s || sd_sampler_parse(s, &j->sampler, &e)) {
+            snprintf(why, cap, "%s", s ? e.msg : "\"sampler\" is not a string");
+            return "unknown sampler";
+        }
+    }
+    const char *dims[2] = {"width", "height"};
+    int *dst[2] = {&j->width, &j->height};
+    for (int i = 0; i < 2; i++) {
+        v = sd_json_get(root, dims[i]);
+        if (!v) continue;
+        if (sd_json_whole(v, 8, 8192, &d) || !sample_size_ok((long)d)) {
+            snprintf(why, cap, "\"%s\" must be a multiple of 8 from 8 to 8192", dims[i]);
+            return "size not a multiple of 8";
+        }
+        *dst[i] = (int)d;
+    }
+    return NULL;
+}
+
+/* One line over def; NULL on success, else the reason (and details in why). */
+const char *sample_parse_line(char *text, size_t len, const sample_job *def, sample_job *out, char *why, size_t cap)
+{
+    sd_arena a;
+    sd_arena_init(&a, 4096);
+    sd_json *root = NULL;
+    sd_error e = {0};
+    const char *r = NULL;
+    *out = *def;
+    out->prompt = strdup(def->prompt ? def->prompt : "");
+    out->negative = strdup(def->negative ? def->negative : "");
+    why[0] = 0;
+    if (!out->prompt || !out->negative) {
+        snprintf(why, cap, "out of memory");
+        r = "out of memory";
+    } else if (sd_json_parse(&a, text, len, &root, &e)) {
+        snprintf(why, cap, "%s", e.msg);
+        r = "bad JSON";
+    } else if (root->type != SD_JSON_OBJECT) {
+        snprintf(why, cap, "a line must be a JSON object");
+        r = "bad JSON";
+    } else {
+        r = fields(root, out, why, cap);
+    }
+    sd_arena_free(&a);
+    if (r) {
+        free(out->prompt);
+        free(out->negative);
+        out->prompt = out->negative = NULL;
+    }
+    return r;
+}
+
+/* Count a refused line by its reason. */
+static void count_skip(sample_skips *s, const char *reason)
+{
+    if (!strcmp(reason, "bad JSON")) s->bad_json++;
+    else if (!strcmp(reason, "unknown sampler")) s->bad_sampler++;
+    else if (!strcmp(reason, "size not a multiple of 8")) s->bad_size++;
+    else s->bad_field++;
+}
+
+/* Read every line of path into jobs (see sample.h). */
+sd_status sample_read_prompts(const char *path, const sample_job *def, sample_job **jobs, size_t *n,
+                              sample_skips *skips, sd_error *err)
+{
+    sd_buf text;
+    sd_buf_init(&text);
+    *jobs = NULL;
+    *n = 0;
+    sd_status st = sd_read_file(path, &text, err);
+    if (st) {
+        sd_buf_free(&text);
+        return st;
+    }
+    size_t cap = 0;
+    long line = 0;
+    char *p = text.data, *end = text.data + text.len;
+    while (p && p < end && !st) {
+        char *nl = memchr(p, '\n', (size_t)(end - p)), *stop = nl ? nl : end;
+        size_t len = (size_t)(stop - p);
+        line++;
+        if (len && p[len - 1] == '\r') len--;
+        size_t lead = 0;
+        while (lead < len && (p[lead] == ' ' || p[lead] == '\t')) lead++;
+        if (lead < len) {
+            if (*n == cap) {
+                size_t nc = cap ? 2 * cap : 16;
+                sample_job *g = realloc(*jobs, nc * sizeof(**jobs));
+                if (!g) {
+                    st = sd_err_set(err, SD_ENOMEM, "out of memory");
+                    break;
+                }
+                *jobs = g;
+                cap = nc;
+            }
+            char why[256];
+            const char *r = sample_parse_line(p, len, def, &(*jobs)[*n], why, sizeof why);
+            if (r) {
+                sd_log(SD_LOG_WARN, "%s:%ld: %s (%s): line skipped", path, line, r, why);
+                count_skip(skips, r);
+            } else {
+                (*jobs)[*n].line = line;
+                (*n)++;
+            }
+        }
+        p = nl ? nl + 1 : NULL;
+    }
+    sd_buf_free(&text);
+    if (st) {
+        sample_jobs_free(*jobs, *n);
+        *jobs = NULL;
+        *n = 0;
+    }
+    return st;
+}
+
+/* Free jobs and their strings. */
+void sample_jobs_free(sample_job *jobs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(jobs[i].prompt);
+        free(jobs[i].negative);
+    }
+    free(jobs);
+}

@@ -1,0 +1,102 @@
+/* sd-sample: render prompts with a Stable Diffusion model into PNG files.
+ * This file is the command line only; the work is in tools/sample/. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "log.h"
+#include "pool.h"
+#include "sample/sample.h"
+
+/* Options, their checks (every usage problem before any work), then the run. */
+int main(int argc, char **argv)
+{
+    sample_opts o = {.device = "cpu", .contact = 1};
+    const char *sampler = "dpmpp_2m";
+    long seed = 0, steps = 20, width = 0, height = 0, threads = 0;
+    double cfg = 7.0;
+    int quiet = 0, verbose = 0, no_contact = 0;
+    const sd_opt opts[] = {
+        {"model", 0, SD_OPT_STR, &o.model, "PATH",
+         "a diffusers model folder: unet/, vae/, text_encoder/, tokenizer/ (SDXL: also text_encoder_2/, "
+         "tokenizer_2/), scheduler/scheduler_config.json for prediction_type (none: epsilon)"},
+        {"prompts", 0, SD_OPT_STR, &o.prompts, "FILE.jsonl",
+         "one JSON object per line with any of prompt, negative, seed, steps, cfg, sampler, width, height; a "
+         "field left out takes the value of the option of its name below"},
+        {"output", 'o', SD_OPT_STR, &o.output, "DIR", "where the images go (created if missing)"},
+        {"prompt", 0, SD_OPT_STR, &o.defaults.prompt, "TEXT", "the prompt without --prompts (default \"\")"},
+        {"negative", 0, SD_OPT_STR, &o.defaults.negative, "TEXT",
+         "the negative prompt (default \"\"; SDXL then conditions on zeros, as diffusers does)"},
+        {"seed", 0, SD_OPT_INT, &seed, "N",
+         "the noise seed, 0..2^53-1 (default 0): torch.randn with a CPU generator seeded so, as diffusers and "
+         "ComfyUI draw it"},
+        {"steps", 0, SD_OPT_INT, &steps, "N", "sampling steps, 1..1000 (default 20)"},
+        {"cfg", 0, SD_OPT_DOUBLE, &cfg, "X", "classifier-free guidance scale, 0..100 (default 7; 1 or less: none)"},
+        {"sampler", 0, SD_OPT_STR, &sampler, "NAME",
+         "ddim, euler, euler_a, dpmpp_2m (default) or dpmpp_2m_karras, each with the model's timestep spacing as "
+         "diffusers gives it"},
+        {"width", 0, SD_OPT_INT, &width, "PX",
+         "image width, a multiple of 8 (default: the UNet's sample_size times the VAE's factor: 512 for SD 1.5, 768 "
+         "for SD 2.x-768, 1024 for SDXL)"},
+        {"height", 0, SD_OPT_INT, &height, "PX", "image height, the same way"},
+        {"device", 0, SD_OPT_STR, &o.device, "DEV", "cpu (default) or cuda:K: everything on GPU K"},
+        {"threads", 'j', SD_OPT_INT, &threads, "N", "CPU threads (default: all CPUs); the images do not depend on it"},
+        {"no-contact-sheet", 0, SD_OPT_FLAG, &no_contact, NULL, "do not write DIR/contact.png"},
+        {"strict", 0, SD_OPT_FLAG, &o.strict, NULL, "exit 1 when a line was skipped or an image failed"},
+        {"quiet", 'q', SD_OPT_FLAG, &quiet, NULL, "only warnings and errors"},
+        {"verbose", 'v', SD_OPT_FLAG, &verbose, NULL, "debug messages"},
+        {NULL, 0, 0, NULL, NULL, NULL}};
+    sd_cli cli = {"sd-sample", "[OPTIONS] --model PATH (--prompts FILE.jsonl | --prompt TEXT) -o DIR",
+                  "Render prompts with a Stable Diffusion model (SD 1.x, SD 2.x epsilon or v, SDXL with its added "
+                  "size conditioning) as diffusers' pipelines do: the text encoder(s), the initial latents from "
+                  "torch's CPU generator for the seed (times the scheduler's init_noise_sigma; Euler a's noise "
+                  "continues the same generator), the sampler with classifier-free guidance, the VAE decoder. "
+                  "Each line of --prompts (or the one --prompt) gives DIR/NNNNN.png, NNNNN the line's 0-based "
+                  "number, holding its settings in a `parameters` text chunk as A1111 writes it, and DIR/contact.png "
+                  "shows them all in a grid. A bad line (named by its number) is skipped and counted; an image whose "
+                  "latents become non-finite (the step named) fails alone; the run goes on and ends with a "
+                  "summary by reason.",
+                  opts,
+                  "Examples:\n"
+                  "  sd-sample --model sd15/ --prompt 'a red bicycle' --seed 1 -o out/\n"
+                  "  sd-sample --model sdxl/ --prompts prompts.jsonl -o samples/ --device cuda:0\n"
+                  "  prompts.jsonl:  {\"prompt\": \"a cat\", \"negative\": \"blurry\", \"seed\": 4, \"steps\": 30, "
+                  "\"cfg\": 6.5, \"sampler\": \"euler_a\", \"width\": 768, \"height\": 512}\n",
+                  NULL};
+    sd_strlist pos = {0};
+    int rc = sd_cli_parse(&cli, argc, argv, &pos);
+    if (rc >= 0) return rc;
+    sd_log_setup("sd-sample", quiet ? SD_LOG_WARN : verbose ? SD_LOG_DEBUG : SD_LOG_INFO);
+    const char *bad = NULL;
+    char msg[256];
+    sd_error e = {0};
+    if (pos.n) bad = "no positional arguments (the prompts come from --prompts or --prompt)";
+    else if (!o.model) bad = "no model (--model PATH)";
+    else if (!o.output) bad = "no output folder (-o DIR)";
+    else if (!o.prompts && !o.defaults.prompt) bad = "nothing to render: give --prompts FILE.jsonl or --prompt TEXT";
+    else if (o.prompts && o.defaults.prompt)
+        bad = "--prompt and --prompts together: a line without \"prompt\" would silently take --prompt; use one";
+    else if (seed < 0 || (double)seed > SAMPLE_SEED_MAX) bad = "--seed must be 0..2^53-1";
+    else if (steps < 1 || steps > 1000) bad = "--steps must be 1..1000";
+    else if (!(cfg >= 0 && cfg <= 100)) bad = "--cfg must be a number from 0 to 100";
+    else if ((width && !sample_size_ok(width)) || (height && !sample_size_ok(height)))
+        bad = "--width and --height must be multiples of 8 from 8 to 8192";
+    else if (threads < 0 || threads > 1024) bad = "--threads must be 0..1024";
+    else if (sd_sampler_parse(sampler, &o.defaults.sampler, &e)) bad = strncpy(msg, e.msg, sizeof msg - 1);
+    else if (sd_cli_parse_device(o.device, &o.cuda_device)) bad = "--device: expected cpu or cuda:K";
+    sd_strlist_free(&pos);
+    if (bad) {
+        msg[sizeof msg - 1] = 0;
+        sd_cli_usage_error(&cli, "%s", bad);
+        return SD_EXIT_USAGE;
+    }
+    o.defaults.seed = (uint64_t)seed;
+    o.defaults.steps = (int)steps;
+    o.defaults.cfg = cfg;
+    o.defaults.width = (int)width;
+    o.defaults.height = (int)height;
+    o.threads = threads > 0 ? (int)threads : sd_default_threads();
+    o.quiet = quiet;
+    o.contact = !no_contact;
+    return sample_run(&o);
+}
