@@ -142,7 +142,7 @@ static int run_jobs(const sample_opts *o, sample_model *m, sample_job *jobs, siz
         if (!st) st = write_png(path, j, w, h, img, m->name, &e);
         r.steps_before += (uint64_t)j->steps;
         if (st) {
-            sd_log(SD_LOG_WARN, "%s%s: %s: image skipped", path, where, e.msg);
+            sd_log(SD_LOG_WARN, "%s%s: %s: image not written", path, where, e.msg);
             (*failed)++;
             free(img);
             img = NULL;
