@@ -30,9 +30,21 @@ except ImportError as e:  # pragma: no cover
     sys.exit(77)
 
 SAMPLE = GOLDEN = None
+# tests/golden/make_sample_golden.py renders these with diffusers
+GOLDEN_FAMILIES = {"sd15": ("sd1", "sd", [(8, "quick_gelu", 0, "<|endoftext|>")], "epsilon"),
+                   "sd21v": ("sd2", "sd", [(12, "gelu", 0, "!")], "v_prediction")}
+GOLDEN_CASE = {"prompt": "a red bicycle", "negative": "blurry, low quality", "seed": 1, "steps": 10, "cfg": 7,
+               "width": 64, "height": 64}
 SAMPLERS = ["ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras"]
 A1111 = {"ddim": "DDIM", "euler": "Euler", "euler_a": "Euler a", "dpmpp_2m": "DPM++ 2M",
          "dpmpp_2m_karras": "DPM++ 2M"}
+
+
+# SD 1.5's and 2.1's scheduler_config.json (what diffusers reads when a
+# pipeline swaps samplers in with from_config; sd-sample reads prediction_type)
+SCHEDULER = {"_class_name": "PNDMScheduler", "beta_start": 0.00085, "beta_end": 0.012,
+             "beta_schedule": "scaled_linear", "num_train_timesteps": 1000, "set_alpha_to_one": False,
+             "skip_prk_steps": True, "steps_offset": 1, "trained_betas": None, "clip_sample": False}
 
 
 def sh(*args, ok=(0,)):
@@ -86,9 +98,7 @@ def make_model(d, unet, vae, encoders, pred="epsilon"):
         make_encoder(os.path.join(d, "text_encoder" + sfx), rng, width, act, proj)
     os.makedirs(os.path.join(d, "scheduler"))
     with open(os.path.join(d, "scheduler", "scheduler_config.json"), "w") as f:
-        json.dump({"_class_name": "EulerDiscreteScheduler", "prediction_type": pred, "num_train_timesteps": 1000,
-                   "beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
-                   "steps_offset": 1}, f)
+        json.dump(dict(SCHEDULER, prediction_type=pred), f)
 
 
 def jsonl(path, rows):
@@ -155,6 +165,23 @@ class Sample(unittest.TestCase):
             with open(os.path.join(d1, "%05d.png" % i), "rb") as f, \
                     open(os.path.join(self.out("o-euler_a"), "%05d.png" % i), "rb") as g:
                 self.assertEqual(f.read(), g.read())
+
+    def test_matches_diffusers(self):
+        """10 steps, CFG 7, a negative prompt, every sampler, SD 1.x epsilon
+        and SD 2.x v: within 1 level of diffusers' StableDiffusionPipeline
+        (tests/golden/make_sample_golden.py) on >= 99.9% of the pixels."""
+        for fam, (unet, vae, enc, pred) in GOLDEN_FAMILIES.items():
+            m = self.out("g-" + fam)
+            make_model(m, unet, vae, enc, pred)
+            p = jsonl(self.out("p-g-%s.jsonl" % fam), [dict(GOLDEN_CASE, sampler=s) for s in SAMPLERS])
+            d = self.out("o-g-" + fam)
+            sh(SAMPLE, "--model", m, "--prompts", p, "-o", d, "-q")
+            for i, s in enumerate(SAMPLERS):
+                with self.subTest(family=fam, sampler=s):
+                    a = np.asarray(pixels(os.path.join(d, "%05d.png" % i)), dtype=np.int16)
+                    b = np.asarray(pixels(os.path.join(GOLDEN, "sample", "%s_%s.png" % (fam, s))), dtype=np.int16)
+                    diff = np.abs(a - b)
+                    self.assertGreaterEqual((diff <= 1).mean(), 0.999, "max difference %d" % diff.max())
 
     def test_flags_and_defaults(self):
         """--prompt with flags; the default size is the UNet's sample_size x 8."""
