@@ -32,7 +32,8 @@ except ImportError as e:  # pragma: no cover
 SAMPLE = GOLDEN = None
 # tests/golden/make_sample_golden.py renders these with diffusers
 GOLDEN_FAMILIES = {"sd15": ("sd1", "sd", [(8, "quick_gelu", 0, "<|endoftext|>")], "epsilon"),
-                   "sd21v": ("sd2", "sd", [(12, "gelu", 0, "!")], "v_prediction")}
+                   "sd21v": ("sd2", "sd", [(12, "gelu", 0, "!")], "v_prediction"),
+                   "sdxl": ("sdxl", "sd", [(8, "quick_gelu", 0, "<|endoftext|>"), (8, "gelu", 8, "!")], "epsilon")}
 GOLDEN_CASE = {"prompt": "a red bicycle", "negative": "blurry, low quality", "seed": 1, "steps": 10, "cfg": 7,
                "width": 64, "height": 64}
 SAMPLERS = ["ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras"]
@@ -45,6 +46,10 @@ A1111 = {"ddim": "DDIM", "euler": "Euler", "euler_a": "Euler a", "dpmpp_2m": "DP
 SCHEDULER = {"_class_name": "PNDMScheduler", "beta_start": 0.00085, "beta_end": 0.012,
              "beta_schedule": "scaled_linear", "num_train_timesteps": 1000, "set_alpha_to_one": False,
              "skip_prk_steps": True, "steps_offset": 1, "trained_betas": None, "clip_sample": False}
+
+# and what SDXL's adds (its file says "leading" spacing for every sampler)
+SDXL_SCHEDULER = {"_class_name": "EulerDiscreteScheduler", "interpolation_type": "linear", "sample_max_value": 1.0,
+                  "timestep_spacing": "leading", "use_karras_sigmas": False}
 
 
 def sh(*args, ok=(0,)):
@@ -98,7 +103,7 @@ def make_model(d, unet, vae, encoders, pred="epsilon"):
         make_encoder(os.path.join(d, "text_encoder" + sfx), rng, width, act, proj)
     os.makedirs(os.path.join(d, "scheduler"))
     with open(os.path.join(d, "scheduler", "scheduler_config.json"), "w") as f:
-        json.dump(dict(SCHEDULER, prediction_type=pred), f)
+        json.dump(dict(SCHEDULER, prediction_type=pred, **(SDXL_SCHEDULER if len(encoders) == 2 else {})), f)
 
 
 def jsonl(path, rows):
@@ -167,19 +172,25 @@ class Sample(unittest.TestCase):
                 self.assertEqual(f.read(), g.read())
 
     def test_matches_diffusers(self):
-        """10 steps, CFG 7, a negative prompt, every sampler, SD 1.x epsilon
-        and SD 2.x v: within 1 level of diffusers' StableDiffusionPipeline
+        """10 steps, CFG 7, a negative prompt, every sampler, SD 1.x epsilon,
+        SD 2.x v and SDXL (and SDXL without a negative prompt): within 1
+        level of diffusers' StableDiffusion(XL)Pipeline
         (tests/golden/make_sample_golden.py) on >= 99.9% of the pixels."""
         for fam, (unet, vae, enc, pred) in GOLDEN_FAMILIES.items():
             m = self.out("g-" + fam)
             make_model(m, unet, vae, enc, pred)
-            p = jsonl(self.out("p-g-%s.jsonl" % fam), [dict(GOLDEN_CASE, sampler=s) for s in SAMPLERS])
+            rows = [dict(GOLDEN_CASE, sampler=s) for s in SAMPLERS]
+            names = ["%s_%s" % (fam, s) for s in SAMPLERS]
+            if len(enc) == 2:  # SDXL without a negative prompt: zeros, as diffusers
+                rows.append({k: v for k, v in dict(GOLDEN_CASE, sampler="euler").items() if k != "negative"})
+                names.append(fam + "_noneg_euler")
+            p = jsonl(self.out("p-g-%s.jsonl" % fam), rows)
             d = self.out("o-g-" + fam)
             sh(SAMPLE, "--model", m, "--prompts", p, "-o", d, "-q")
-            for i, s in enumerate(SAMPLERS):
-                with self.subTest(family=fam, sampler=s):
+            for i, name in enumerate(names):
+                with self.subTest(case=name):
                     a = np.asarray(pixels(os.path.join(d, "%05d.png" % i)), dtype=np.int16)
-                    b = np.asarray(pixels(os.path.join(GOLDEN, "sample", "%s_%s.png" % (fam, s))), dtype=np.int16)
+                    b = np.asarray(pixels(os.path.join(GOLDEN, "sample", name + ".png")), dtype=np.int16)
                     diff = np.abs(a - b)
                     self.assertGreaterEqual((diff <= 1).mean(), 0.999, "max difference %d" % diff.max())
 

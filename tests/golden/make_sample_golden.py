@@ -11,8 +11,11 @@ with a negative prompt, CFG 7, 10 steps, 64x64, seed 1 with diffusers'
 StableDiffusionPipeline in fp32 on the CPU, a CPU torch.Generator seeded
 so (the noise sd-sample draws), each sampler swapped in with from_config
 as the diffusers docs do. Writes tests/golden/sample/<family>_<sampler>.png
-(the pipeline's 8-bit output). Families: sd15 (epsilon) and sd21v
-(v_prediction, the SD 2.x UNet and an OpenCLIP-style encoder)."""
+(the pipeline's 8-bit output). Families: sd15 (epsilon), sd21v
+(v_prediction, the SD 2.x UNet and an OpenCLIP-style encoder) and sdxl
+(StableDiffusionXLPipeline: two encoders, pooled output, size time ids;
+also sdxl_noneg_euler without a negative prompt, conditioned on zeros)."""
+import json
 import os
 import sys
 import tempfile
@@ -21,8 +24,9 @@ import numpy as np
 import torch
 from PIL import Image
 from diffusers import (AutoencoderKL, DDIMScheduler, DPMSolverMultistepScheduler, EulerAncestralDiscreteScheduler,
-                       EulerDiscreteScheduler, StableDiffusionPipeline, UNet2DConditionModel)
-from transformers import CLIPTextModel, CLIPTokenizer
+                       EulerDiscreteScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline,
+                       UNet2DConditionModel)
+from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -39,16 +43,36 @@ FAMILIES = e2e_sample.GOLDEN_FAMILIES
 CASE = e2e_sample.GOLDEN_CASE
 
 
-def pipeline(d):
-    """StableDiffusionPipeline from the folder's parts (no safety checker)."""
-    tok = CLIPTokenizer(os.path.join(d, "tokenizer", "vocab.json"), os.path.join(d, "tokenizer", "merges.txt"),
-                        pad_token=open(os.path.join(d, "tokenizer", "pad")).read(), model_max_length=77)
-    return StableDiffusionPipeline(
-        vae=AutoencoderKL.from_pretrained(os.path.join(d, "vae"), torch_dtype=torch.float32).float(),
-        text_encoder=CLIPTextModel.from_pretrained(os.path.join(d, "text_encoder"), torch_dtype=torch.float32).float(),
-        tokenizer=tok, unet=UNet2DConditionModel.from_pretrained(os.path.join(d, "unet"), torch_dtype=torch.float32).float(),
-        scheduler=DDIMScheduler.from_config(dict(e2e_sample.SCHEDULER)), safety_checker=None,
-        feature_extractor=None, requires_safety_checker=False)
+def tokenizer(d, sub, pad):
+    return CLIPTokenizer(os.path.join(d, sub, "vocab.json"), os.path.join(d, sub, "merges.txt"), pad_token=pad,
+                         model_max_length=77)
+
+
+def load(cls, path):
+    return cls.from_pretrained(path, torch_dtype=torch.float32).float()
+
+
+def pipeline(d, encoders, sched):
+    """The family's pipeline from the folder's parts (no safety checker, no
+    watermark)."""
+    parts = dict(vae=load(AutoencoderKL, os.path.join(d, "vae")),
+                 text_encoder=load(CLIPTextModel, os.path.join(d, "text_encoder")),
+                 tokenizer=tokenizer(d, "tokenizer", encoders[0][3]),
+                 unet=load(UNet2DConditionModel, os.path.join(d, "unet")), scheduler=DDIMScheduler.from_config(sched))
+    if len(encoders) == 2:
+        return StableDiffusionXLPipeline(text_encoder_2=load(CLIPTextModelWithProjection,
+                                                             os.path.join(d, "text_encoder_2")),
+                                         tokenizer_2=tokenizer(d, "tokenizer_2", encoders[1][3]),
+                                         add_watermarker=False, **parts)
+    return StableDiffusionPipeline(safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+                                   **parts)
+
+
+def render(pipe, negative):
+    img = pipe(CASE["prompt"], negative_prompt=negative, num_inference_steps=CASE["steps"],
+               guidance_scale=CASE["cfg"], width=CASE["width"], height=CASE["height"],
+               generator=torch.Generator().manual_seed(CASE["seed"]), output_type="np").images[0]
+    return (img * 255).round().astype(np.uint8)
 
 
 def main():
@@ -59,18 +83,17 @@ def main():
         for fam, (unet, vae, encoders, pred) in FAMILIES.items():
             d = os.path.join(tmp, fam)
             e2e_sample.make_model(d, unet, vae, encoders, pred)
-            with open(os.path.join(d, "tokenizer", "pad"), "w") as f:
-                f.write(encoders[0][3])
-            pipe = pipeline(d)
+            with open(os.path.join(d, "scheduler", "scheduler_config.json")) as f:
+                sched = json.load(f)
+            pipe = pipeline(d, encoders, sched)
             for name, (cls, extra) in SAMPLERS.items():
-                pipe.scheduler = cls.from_config(dict(e2e_sample.SCHEDULER, prediction_type=pred, **extra))
-                img = pipe(CASE["prompt"], negative_prompt=CASE["negative"], num_inference_steps=CASE["steps"],
-                           guidance_scale=CASE["cfg"], width=CASE["width"], height=CASE["height"],
-                           generator=torch.Generator().manual_seed(CASE["seed"]), output_type="np").images[0]
-                rgb = (img * 255).round().astype(np.uint8)
+                pipe.scheduler = cls.from_config(dict(sched, **extra))
+                rgb = render(pipe, CASE["negative"])
                 Image.fromarray(rgb).save(os.path.join(out, "%s_%s.png" % (fam, name)))
                 print(fam, name, rgb.mean(), rgb.std())
-
+            if len(encoders) == 2:  # no negative prompt: SDXL conditions on zeros
+                pipe.scheduler = EulerDiscreteScheduler.from_config(sched)
+                Image.fromarray(render(pipe, None)).save(os.path.join(out, "%s_noneg_euler.png" % fam))
 
 if __name__ == "__main__":
     main()
