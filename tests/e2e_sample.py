@@ -90,6 +90,29 @@ def write_st(path, tensors):
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
+def raw_st(path):
+    """A safetensors file as {name: (dtype, shape, bytes)}."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        head = json.loads(f.read(n))
+        data = f.read()
+    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in head.items() if k != "__metadata__"}
+
+
+def write_raw_st(path, tensors):
+    """{name: (dtype, shape, bytes)} as a safetensors file."""
+    header, blobs, off = {}, [], 0
+    for k, (dt, shape, b) in tensors.items():
+        header[k] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
 def make_model(d, unet, vae, encoders, pred="epsilon"):
     """A diffusers folder: golden unet/ and vae/ (only the SD-shaped golden
     VAE holds a decoder; SDXL's VAE differs in weights, not shapes), tiny encoders
@@ -193,6 +216,34 @@ class Sample(unittest.TestCase):
                     b = np.asarray(pixels(os.path.join(GOLDEN, "sample", name + ".png")), dtype=np.int16)
                     diff = np.abs(a - b)
                     self.assertGreaterEqual((diff <= 1).mean(), 0.999, "max difference %d" % diff.max())
+
+    def test_single_file_checkpoint(self):
+        """One file with the UNet (model.diffusion_model.*), the VAE
+        (first_stage_model.*) and the encoder (cond_stage_model.transformer.*)
+        as A1111 loads them gives the pixels of a folder holding the same
+        tensors; without --tokenizer it is a clear error."""
+        folder = self.out("sf-folder")
+        make_model(folder, "sd1", "sd", [(8, "quick_gelu", 0, "<|endoftext|>")])
+        unet = os.path.join(GOLDEN, "unet", "sd1", "single.safetensors")
+        vae = os.path.join(GOLDEN, "vae", "sd", "single.safetensors")
+        shutil.copy(unet, os.path.join(folder, "unet", "diffusion_pytorch_model.safetensors"))
+        shutil.copy(vae, os.path.join(folder, "vae", "diffusion_pytorch_model.safetensors"))
+        t = {k: v for k, v in raw_st(unet).items() if k.startswith("model.diffusion_model.")}
+        t.update({k: v for k, v in raw_st(vae).items() if k.startswith("first_stage_model.")})
+        t.update({"cond_stage_model.transformer." + k: v
+                  for k, v in raw_st(os.path.join(folder, "text_encoder", "model.safetensors")).items()})
+        single = self.out("tiny-sd1.safetensors")
+        write_raw_st(single, t)
+        args = ["--prompt", "a cat", "--negative", "dog", "--steps", "3", "--width", "64", "--height", "64", "-q"]
+        sh(SAMPLE, "--model", folder, "-o", self.out("sf-o1"), *args)
+        sh(SAMPLE, "--model", single, "--tokenizer", folder, "--unet-config", os.path.join(folder, "unet", "config.json"),
+           "--vae-config", os.path.join(folder, "vae", "config.json"),
+           "--text-config", os.path.join(folder, "text_encoder", "config.json"), "-o", self.out("sf-o2"), *args)
+        a, b = (pixels(os.path.join(self.out(d), "00000.png")) for d in ("sf-o1", "sf-o2"))
+        self.assertEqual(a.tobytes(), b.tobytes())
+        self.assertIn("Model: tiny-sd1,", b.text["parameters"])
+        code, err = sh(SAMPLE, "--model", single, "--prompt", "x", "-o", self.out("sf-o3"), ok=(3,))
+        self.assertIn("--tokenizer", err)
 
     def test_flags_and_defaults(self):
         """--prompt with flags; the default size is the UNet's sample_size x 8."""

@@ -17,9 +17,19 @@ int main(int argc, char **argv)
     double cfg = 7.0;
     int quiet = 0, verbose = 0, no_contact = 0;
     const sd_opt opts[] = {
-        {"model", 0, SD_OPT_STR, &o.model, "PATH",
+        {"model", 0, SD_OPT_STR, &o.src.path, "PATH",
          "a diffusers model folder: unet/, vae/, text_encoder/, tokenizer/ (SDXL: also text_encoder_2/, "
-         "tokenizer_2/), scheduler/scheduler_config.json for prediction_type (none: epsilon)"},
+         "tokenizer_2/), scheduler/scheduler_config.json for prediction_type (none: epsilon); or a single-file "
+         "checkpoint (.safetensors, ldm/sgm names as A1111 and ComfyUI load) with --tokenizer"},
+        {"tokenizer", 0, SD_OPT_STR, &o.src.tokenizer, "DIR",
+         "a folder holding tokenizer/ (SDXL: and tokenizer_2/): needed with a single-file --model"},
+        {"prediction", 0, SD_OPT_STR, &o.src.prediction, "TYPE",
+         "epsilon or v_prediction (default: the folder's scheduler config; a single file: epsilon)"},
+        {"unet-config", 0, SD_OPT_STR, &o.src.unet_config, "FILE", "a diffusers config.json for the UNet (default: "
+         "the folder's, or inferred from a single file's shapes)"},
+        {"vae-config", 0, SD_OPT_STR, &o.src.vae_config, "FILE", "the same for the VAE"},
+        {"text-config", 0, SD_OPT_STR, &o.src.text_config[0], "FILE", "the same for the (first) text encoder"},
+        {"text-config-2", 0, SD_OPT_STR, &o.src.text_config[1], "FILE", "the same for SDXL's second text encoder"},
         {"prompts", 0, SD_OPT_STR, &o.prompts, "FILE.jsonl",
          "one JSON object per line with any of prompt, negative, seed, steps, cfg, sampler, width, height; a "
          "field left out takes the value of the option of its name below"},
@@ -47,7 +57,7 @@ int main(int argc, char **argv)
         {"verbose", 'v', SD_OPT_FLAG, &verbose, NULL, "debug messages"},
         {NULL, 0, 0, NULL, NULL, NULL}};
     sd_cli cli = {"sd-sample", "[OPTIONS] --model PATH (--prompts FILE.jsonl | --prompt TEXT) -o DIR",
-                  "Render prompts with a Stable Diffusion model (SD 1.x, SD 2.x epsilon or v, SDXL with its added "
+                  "Render prompts with a Stable Diffusion model folder or single file (SD 1.x, SD 2.x epsilon or v, SDXL with its added "
                   "size conditioning) as diffusers' pipelines do: the text encoder(s), the initial latents from "
                   "torch's CPU generator for the seed (times the scheduler's init_noise_sigma; Euler a's noise "
                   "continues the same generator), the sampler with classifier-free guidance, the VAE decoder. "
@@ -60,6 +70,7 @@ int main(int argc, char **argv)
                   "Examples:\n"
                   "  sd-sample --model sd15/ --prompt 'a red bicycle' --seed 1 -o out/\n"
                   "  sd-sample --model sdxl/ --prompts prompts.jsonl -o samples/ --device cuda:0\n"
+                  "  sd-sample --model v1-5-pruned-emaonly.safetensors --tokenizer sd15/ --prompt 'a cat' -o out/\n"
                   "  prompts.jsonl:  {\"prompt\": \"a cat\", \"negative\": \"blurry\", \"seed\": 4, \"steps\": 30, "
                   "\"cfg\": 6.5, \"sampler\": \"euler_a\", \"width\": 768, \"height\": 512}\n",
                   NULL};
@@ -71,7 +82,9 @@ int main(int argc, char **argv)
     char msg[256];
     sd_error e = {0};
     if (pos.n) bad = "no positional arguments (the prompts come from --prompts or --prompt)";
-    else if (!o.model) bad = "no model (--model PATH)";
+    else if (!o.src.path) bad = "no model (--model PATH)";
+    else if (o.src.prediction && strcmp(o.src.prediction, "epsilon") && strcmp(o.src.prediction, "v_prediction"))
+        bad = "--prediction: expected epsilon or v_prediction";
     else if (!o.output) bad = "no output folder (-o DIR)";
     else if (!o.prompts && !o.defaults.prompt) bad = "nothing to render: give --prompts FILE.jsonl or --prompt TEXT";
     else if (o.prompts && o.defaults.prompt)

@@ -34,8 +34,18 @@ typedef struct {
  * up to 2^53; A1111's seeds stay below 2^32). */
 #define SAMPLE_SEED_MAX 9007199254740991.0
 
+/* Where the model comes from: a diffusers folder, or a single-file
+ * checkpoint with tokenizers from a folder and what a file cannot say
+ * (configs to use instead of inferring, the prediction type). */
 typedef struct {
-    const char *model, *prompts, *output, *device;
+    const char *path, *tokenizer;
+    const char *unet_config, *vae_config, *text_config[2];
+    const char *prediction; /* "epsilon", "v_prediction" or NULL: the folder's scheduler, else epsilon */
+} sample_source;
+
+typedef struct {
+    sample_source src;
+    const char *prompts, *output, *device;
     int cuda_device; /* -1: the CPU */
     int threads, strict, quiet, contact;
     sample_job defaults; /* the flags' values; prompt/negative not owned here */
@@ -112,9 +122,10 @@ typedef struct {
     size_t stage_cap;  /* floats */
 } sample_model;
 
-/* Load the model folder's text encoder(s) and tokenizer(s), UNet, VAE
- * decoder and scheduler prediction type, and put them on be. */
-sd_status sample_model_open(sample_model *m, const char *path, const sd_backend *be, void *exec, sd_error *err);
+/* Load the text encoder(s) and tokenizer(s), UNet, VAE decoder and
+ * prediction type of src, and put them on be. */
+sd_status sample_model_open(sample_model *m, const sample_source *src, const sd_backend *be, void *exec,
+                            sd_error *err);
 void sample_model_close(sample_model *m);
 /* The default size: the UNet's sample_size times the VAE's factor. */
 void sample_model_default_size(const sample_model *m, int *w, int *h);

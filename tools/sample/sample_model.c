@@ -1,6 +1,7 @@
-/* sd-sample's model: a diffusers folder's tokenizer(s) and text
- * encoder(s), UNet, VAE decoder and the scheduler's prediction type, put
- * on the run's backend; and a prompt's text conditioning. */
+/* sd-sample's model: a diffusers folder's (or a single-file checkpoint's)
+ * tokenizer(s) and text encoder(s), UNet, VAE decoder and the scheduler's
+ * prediction type, put on the run's backend; and a prompt's text
+ * conditioning. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,28 +23,31 @@ static void model_name(const char *path, char *out, size_t cap)
 }
 
 /* Tokenizer and encoder `which` (0, or 1 for SDXL's second). */
-static sd_status open_encoder(sample_model *m, const char *path, int which, sd_error *err)
+static sd_status open_encoder(sample_model *m, const sample_source *src, int which, sd_error *err)
 {
-    sd_clip_text_opts o = {.which = which};
-    sd_status st = sd_clip_text_load(&m->enc[which], path, &o, err);
+    sd_clip_text_opts o = {.which = which, .config_path = src->text_config[which]};
+    sd_status st = sd_clip_text_load(&m->enc[which], src->path, &o, err);
     if (st) return st;
     m->enc_loaded[which] = 1;
-    return sd_clip_tok_load_model(path, which + 1, &m->tok[which], err);
+    return sd_clip_tok_load_model(src->tokenizer ? src->tokenizer : src->path, which + 1, &m->tok[which], err);
 }
 
 /* Load the text side: one encoder (SD 1.x: last layer, SD 2.x: OpenCLIP's
- * penultimate), or SDXL's two (both penultimate, the second's pooled
- * output); the context width is their sum. */
-static sd_status open_text(sample_model *m, const char *path, sd_error *err)
+ * penultimate), or SDXL's two (a folder with text_encoder_2/, a file with
+ * conditioner.embedders.1; both penultimate, the second's pooled output);
+ * the context width is their sum. */
+static sd_status open_text(sample_model *m, const sample_source *src, sd_error *err)
 {
     char p2[4096];
-    snprintf(p2, sizeof p2, "%s/text_encoder_2", path);
+    snprintf(p2, sizeof p2, "%s/text_encoder_2", src->path);
     m->sdxl = sd_is_dir(p2);
+    sd_status st = SD_OK;
+    if (!sd_is_dir(src->path)) st = sd_clip_text_file_has_second(src->path, &m->sdxl, err);
+    if (st) return st;
     m->n_enc = m->sdxl ? 2 : 1;
     m->work = sd_clip_work_new();
     if (!m->work) return sd_err_set(err, SD_ENOMEM, "out of memory");
-    sd_status st = SD_OK;
-    for (int i = 0; i < m->n_enc && !st; i++) st = open_encoder(m, path, i, err);
+    for (int i = 0; i < m->n_enc && !st; i++) st = open_encoder(m, src, i, err);
     if (st) return st;
     if (m->sdxl) {
         st = sd_clip_text_preset(&m->enc[0], SD_CLIP_SDXL_L, 0, &m->out[0], err);
@@ -82,12 +86,20 @@ static sd_status check_fit(const sample_model *m, const char *path, sd_error *er
     return SD_OK;
 }
 
-/* scheduler/scheduler_config.json's prediction_type (none: epsilon). */
-static sd_status read_prediction(sample_model *m, const char *path, sd_error *err)
+/* The prediction type: src->prediction, else a folder's
+ * scheduler/scheduler_config.json, else epsilon (a single file cannot say:
+ * a v model needs --prediction v_prediction, warned about). */
+static sd_status read_prediction(sample_model *m, const sample_source *src, sd_error *err)
 {
-    char pred[64], from[4096];
-    sd_status st = sd_model_prediction(path, pred, sizeof pred, from, sizeof from, err);
-    if (st) return st;
+    char pred[64] = "", from[4096] = "--prediction";
+    if (src->prediction) snprintf(pred, sizeof pred, "%s", src->prediction);
+    else if (sd_is_dir(src->path)) {
+        sd_status st = sd_model_prediction(src->path, pred, sizeof pred, from, sizeof from, err);
+        if (st) return st;
+    } else {
+        sd_log(SD_LOG_WARN, "%s: a single file does not say its prediction type: epsilon assumed (SD 2.x-768 and "
+               "other v models need --prediction v_prediction)", src->path);
+    }
     if (!pred[0] || !strcmp(pred, "epsilon")) m->pred = SD_PRED_EPSILON;
     else if (!strcmp(pred, "v_prediction")) m->pred = SD_PRED_V;
     else
@@ -111,28 +123,31 @@ static sd_status unet_to_backend(sample_model *m, sd_error *err)
 }
 
 /* Load everything (see sample.h); on failure the caller closes. */
-sd_status sample_model_open(sample_model *m, const char *path, const sd_backend *be, void *exec, sd_error *err)
+sd_status sample_model_open(sample_model *m, const sample_source *src, const sd_backend *be, void *exec,
+                            sd_error *err)
 {
     memset(m, 0, sizeof(*m));
     m->be = be;
     m->exec = exec;
+    const char *path = src->path;
     model_name(path, m->name, sizeof m->name);
-    if (!sd_is_dir(path))
-        return sd_err_set(err, SD_EUNSUPPORTED, "%s: not a diffusers model folder (unet/, vae/, text_encoder/, "
-                          "tokenizer/); single-file checkpoints are not supported by sd-sample yet", path);
-    sd_status st = open_text(m, path, err);
+    if (!sd_is_dir(path) && !src->tokenizer)
+        return sd_err_set(err, SD_EINVAL, "%s: %s; a single-file checkpoint needs --tokenizer DIR (a folder holding "
+                          "tokenizer/ and, for SDXL, tokenizer_2/)", path,
+                          sd_is_file(path) ? "not a model folder" : "no such file or folder");
+    sd_status st = open_text(m, src, err);
     if (!st) {
-        sd_unet_opts uo = {0};
+        sd_unet_opts uo = {.config_path = src->unet_config};
         st = sd_unet_load(&m->unet, path, &uo, err);
         m->unet_loaded = !st;
     }
     if (!st) {
-        sd_vae_opts vo = {0};
+        sd_vae_opts vo = {.config_path = src->vae_config};
         st = sd_vae_decoder_load(&m->vae, path, &vo, err);
         m->vae_loaded = !st;
     }
     if (!st) st = check_fit(m, path, err);
-    if (!st) st = read_prediction(m, path, err);
+    if (!st) st = read_prediction(m, src, err);
     for (int i = 0; i < m->n_enc && !st; i++) st = sd_clip_text_runner_init(&m->run[i], &m->enc[i], be, exec, err);
     if (!st) st = sd_vae_decode_runner_init(&m->vrun, &m->vae, be, exec, err);
     if (!st) st = unet_to_backend(m, err);

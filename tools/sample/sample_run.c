@@ -178,7 +178,7 @@ int sample_run(const sample_opts *o)
     memset(&m, 0, sizeof m);
     int rc = SD_EXIT_FATAL;
     if (read_jobs(o, &jobs, &n, &sk, &err) || sd_make_dirs(o->output, &err) || open_backend(o, &be, &exec, &err) ||
-        sample_model_open(&m, o->model, be, exec, &err)) {
+        sample_model_open(&m, &o->src, be, exec, &err)) {
         sd_log(SD_LOG_ERROR, "%s", err.msg);
     } else if (run_jobs(o, &m, jobs, n, &failed) == 0) {
         size_t skipped = sk.bad_json + sk.bad_field + sk.bad_size + sk.bad_sampler;
