@@ -47,7 +47,8 @@ int main(int argc, char **argv)
          "diffusers gives it"},
         {"width", 0, SD_OPT_INT, &width, "PX",
          "image width, a multiple of 8 (default: the UNet's sample_size times the VAE's factor: 512 for SD 1.5, 768 "
-         "for SD 2.x-768, 1024 for SDXL)"},
+         "for SD 2.x-768, 1024 for SDXL); SD and SDXL UNets take multiples of 64 (8 x their 3 downsamplings): an "
+         "image of another size fails with a message, the others go on"},
         {"height", 0, SD_OPT_INT, &height, "PX", "image height, the same way"},
         {"device", 0, SD_OPT_STR, &o.device, "DEV", "cpu (default) or cuda:K: everything on GPU K"},
         {"threads", 'j', SD_OPT_INT, &threads, "N", "CPU threads (default: all CPUs); the images do not depend on it"},

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
 #include "sample.h"
 #include "torch_randn.h"
 
@@ -28,8 +29,12 @@ static sd_status prepare(sample_model *m, int n, int lh, int lw, sd_error *err)
     if (m->g.ops && m->gn == n && m->gh == lh && m->gw == lw) return SD_OK;
     sd_unet_graph_free(&m->g);
     m->gn = 0;
-    sd_status st = sd_unet_plan(&m->unet, n, lh, lw, m->tctx, 0, &m->g, err);
+    /* checkpointed: a block's intermediates share one region (no backward here), the
+     * activation buffer a fraction of the full plan's; the forward computes the same */
+    sd_status st = sd_unet_plan(&m->unet, n, lh, lw, m->tctx, 1, &m->g, err);
     if (st) return st;
+    sd_log(SD_LOG_DEBUG, "UNet graph, %d x %dx%d latents: activations %.1f MiB", n, lh, lw,
+           (double)m->g.nact * sizeof(float) / 1048576.0);
     if (m->g.nact > m->act_cap) {
         if (m->be->is_device) {
             if (m->act) m->be->release(m->exec, m->act);

@@ -131,10 +131,11 @@ sd_status sample_model_open(sample_model *m, const sample_source *src, const sd_
     m->exec = exec;
     const char *path = src->path;
     model_name(path, m->name, sizeof m->name);
+    if (!sd_is_dir(path) && !sd_is_file(path))
+        return sd_err_set(err, SD_ENOTFOUND, "--model %s: no such file or folder", path);
     if (!sd_is_dir(path) && !src->tokenizer)
-        return sd_err_set(err, SD_EINVAL, "%s: %s; a single-file checkpoint needs --tokenizer DIR (a folder holding "
-                          "tokenizer/ and, for SDXL, tokenizer_2/)", path,
-                          sd_is_file(path) ? "not a model folder" : "no such file or folder");
+        return sd_err_set(err, SD_EINVAL, "--model %s: a single-file checkpoint needs --tokenizer DIR (a folder "
+                          "holding tokenizer/ and, for SDXL, tokenizer_2/)", path);
     sd_status st = open_text(m, src, err);
     if (!st) {
         sd_unet_opts uo = {.config_path = src->unet_config};

@@ -140,10 +140,11 @@ sd_status sample_read_prompts(const char *path, const sample_job *def, sample_jo
     sd_buf_init(&text);
     *jobs = NULL;
     *n = 0;
-    sd_status st = sd_read_file(path, &text, err);
+    sd_error e = {0};
+    sd_status st = sd_read_file(path, &text, &e);
     if (st) {
         sd_buf_free(&text);
-        return st;
+        return sd_err_set(err, st, "--prompts: %s", e.msg);
     }
     size_t cap = 0;
     long line = 0;
