@@ -132,7 +132,7 @@ static int run_jobs(const sample_opts *o, sample_model *m, sample_job *jobs, siz
     for (size_t i = 0; i < n; i++) {
         sample_job *j = &jobs[i];
         int w = j->width ? j->width : dw, h = j->height ? j->height : dh;
-        char path[4200], where[64] = "";
+        char path[4200], where[4200] = "";
         snprintf(path, sizeof path, "%s/%05ld.png", o->output, j->line ? j->line - 1 : (long)i);
         if (j->line) snprintf(where, sizeof where, " (%s line %ld)", o->prompts, j->line);
         sd_error e = {0};
