@@ -339,6 +339,22 @@ class Latents(unittest.TestCase):
         self.assertEqual(sum(int(n) for n in re.findall(r"\b(\d+)\s+not bucketed", errs)), 1, errs)
         self.assertEqual(sum(int(n) for n in re.findall(r"\b(\d+)\s+bad resize/crop", errs)), 1, errs)
 
+    def test_verbose_names_every_skip(self):
+        """-v names every skipped record, as sd-bucket's does; without it the first 10 of a reason
+        are named and the 10th says that --verbose shows all."""
+        d = self.path("verbose")
+        os.makedirs(d)
+        r = json.loads(open(self.jsonl).readline())
+        bj = os.path.join(d, "b.jsonl")
+        with open(bj, "w") as f:
+            for i in range(13):
+                f.write(json.dumps(dict(r, key="gone%02d" % i, image=os.path.join(d, "gone%02d.png" % i))) + "\n")
+        for args, named in (([], 10), (["-v"], 13)):
+            _, _, err = sh(LATENTS, *args, "--vae", VAE, "-j", "1", "-o", os.path.join(d, "s.shard"), bj)
+            self.assertEqual(len(re.findall(r"skip gone\d\d ", err)), named, err)
+            self.assertRegex(err, r"13\s+unreadable image")
+            self.assertEqual("--verbose shows all" in err, not args, err)
+
     def test_bad_plan_says_what_is_wrong(self):
         """A record with its bucket, resize and crop present but wrong is not called "not bucketed",
         and its message says what is wrong (sd_image_plan_check's words where it applies)."""

@@ -892,7 +892,7 @@ int latents_run(const latents_opts *o)
     sd_buf_init(&r.rec);
     sd_buf_init(&r.trec);
     sd_buf_init(&r.conv);
-    sd_tally_init(&r.tally, 10);
+    sd_tally_init(&r.tally, o->verbose ? -1 : 10);
     sd_error err = {0};
     sd_status st = SD_OK;
     r.dtype = latents_dtype(o->dtype_name); /* sd_latents.c checked it */
