@@ -313,7 +313,8 @@ static sd_status check_pixels(const unsigned char *buf, size_t len, uint64_t lim
 }
 
 /* An RGB image with an embedded profile (Adobe RGB, Display P3, ...) is
- * moved to sRGB (relative colorimetric); thumbnail does this only for CMYK
+ * moved to sRGB (relative colorimetric, or the intent the profile has:
+ * sd_icc_intent); thumbnail does this only for CMYK
  * unless given an export profile, and with one it also re-maps untagged
  * images through its perceptual intent (pure red comes out 248,26,16). A
  * profile lcms cannot read leaves the pixels as they are, as PIL would, and
@@ -326,8 +327,10 @@ static VipsImage *icc_to_srgb(VipsImage *in)
     if (in->Bands < 3 || in->Type == VIPS_INTERPRETATION_CMYK || !vips_image_get_typeof(in, VIPS_META_ICC_NAME)) return in;
     const void *icc = NULL;
     size_t n = 0;
-    if (!vips_image_get_blob(in, VIPS_META_ICC_NAME, &icc, &n) && sd_icc_is_srgb(icc, n)) return in; /* sRGB already */
-    if (vips_icc_transform(in, &t, "srgb", "embedded", TRUE, "intent", VIPS_INTENT_RELATIVE, NULL)) {
+    if (vips_image_get_blob(in, VIPS_META_ICC_NAME, &icc, &n) || sd_icc_is_srgb(icc, n)) return in; /* sRGB already */
+    int intent = sd_icc_intent(icc, n);
+    if (intent < 0) return in; /* unreadable */
+    if (vips_icc_transform(in, &t, "srgb", "embedded", TRUE, "intent", intent, NULL)) {
         vips_error_clear();
         return in;
     }

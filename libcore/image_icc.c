@@ -61,3 +61,28 @@ int sd_icc_is_srgb(const unsigned char *icc, size_t n)
     cmsCloseProfile(src);
     return same;
 }
+
+/* libvips 8.14 given an intent the input profile lacks warns and hands the
+ * pixels back untransformed (a profile with only a perceptual table, as
+ * some scanners and printers write: Pillow's icc_profile_big.jpg), where
+ * lcms itself, as PIL calls it, falls back to the perceptual table. So the
+ * pipeline asks first: relative colorimetric when the profile can be used
+ * as input with it, else the intent its header names, else the first it has
+ * of perceptual, saturation and absolute colorimetric; -1 when lcms cannot
+ * read the profile or it supports none. lcms' intent numbers are libvips'
+ * VipsIntent values. */
+int sd_icc_intent(const unsigned char *icc, size_t n)
+{
+    if (!icc || n < 132 || n > 0xffffffffu) return -1;
+    cmsHPROFILE p = cmsOpenProfileFromMem(icc, (cmsUInt32Number)n);
+    if (!p) return -1;
+    int order[5] = {INTENT_RELATIVE_COLORIMETRIC, (int)cmsGetHeaderRenderingIntent(p), INTENT_PERCEPTUAL,
+                    INTENT_SATURATION, INTENT_ABSOLUTE_COLORIMETRIC};
+    int intent = -1;
+    for (int i = 0; i < 5 && intent < 0; i++)
+        if (order[i] >= 0 && order[i] <= INTENT_ABSOLUTE_COLORIMETRIC &&
+            cmsIsIntentSupported(p, (cmsUInt32Number)order[i], LCMS_USED_AS_INPUT))
+            intent = order[i];
+    cmsCloseProfile(p);
+    return intent;
+}
