@@ -378,17 +378,76 @@ static int step(VipsImage **im, VipsImage *out, int rc)
     return rc;
 }
 
-/* Decode + resize with shrink-on-load: vips_thumbnail to exactly the
- * record's size (VIPS_SIZE_FORCE may stretch by the bucketer's rounding, as
- * kohya's cv2/PIL resize to resized_size does), auto-rotated, CMYK to sRGB,
- * failing on truncated data rather than filling it grey (libvips 8.14's
- * thumbnail_buffer ignores its own fail_on; the loader option string works). */
-static VipsImage *decode_resized(unsigned char *buf, size_t len, const sd_image_plan *plan)
+/* Samples whose 8-bit meaning libvips knows: 8 and 16 bits, floats in a
+ * colour space that defines their range (scRGB, 0..1 linear: a float RGB
+ * TIFF; XYZ, Lab), Lab's signed 16 bits, coded (LabQ, Radiance) pixels.
+ * Anything else (32-bit integers, float grey, doubles, signed samples) has
+ * no range: libvips' cast and PIL's convert would clip it at 255, white for
+ * most of such a picture, so it is refused (SD_EUNSUPPORTED) saying so. */
+static sd_status check_samples(const VipsImage *im, const char *name, sd_error *err)
 {
-    VipsImage *im = NULL;
+    VipsBandFormat f = im->BandFmt;
+    VipsInterpretation t = im->Type;
+    if (im->Coding != VIPS_CODING_NONE || f == VIPS_FORMAT_UCHAR || f == VIPS_FORMAT_USHORT) return SD_OK;
+    if ((f == VIPS_FORMAT_FLOAT || f == VIPS_FORMAT_DOUBLE) &&
+        (t == VIPS_INTERPRETATION_scRGB || t == VIPS_INTERPRETATION_XYZ || t == VIPS_INTERPRETATION_LAB))
+        return SD_OK;
+    if (f == VIPS_FORMAT_SHORT && t == VIPS_INTERPRETATION_LABS) return SD_OK;
+    const char *kind = f == VIPS_FORMAT_UINT     ? "32-bit unsigned integer"
+                       : f == VIPS_FORMAT_INT    ? "32-bit signed integer"
+                       : f == VIPS_FORMAT_FLOAT  ? "32-bit float"
+                       : f == VIPS_FORMAT_DOUBLE ? "64-bit float"
+                       : f == VIPS_FORMAT_CHAR   ? "signed 8-bit"
+                       : f == VIPS_FORMAT_SHORT  ? "signed 16-bit"
+                                                 : "complex";
+    return sd_err_set(err, SD_EUNSUPPORTED, "%s: %s samples (%s, %d bands) have no defined range to take to 8 bits "
+                      "(libvips and PIL would clip them at 255); convert the image to 8 or 16 bits per sample",
+                      name, kind, vips_enum_nick(VIPS_TYPE_INTERPRETATION, t), im->Bands);
+}
+
+/* vips_thumbnail to exactly the record's size (VIPS_SIZE_FORCE may stretch
+ * by the bucketer's rounding, as kohya's cv2/PIL resize to resized_size
+ * does), auto-rotated, failing on truncated data rather than filling it grey
+ * (libvips 8.14's thumbnail_buffer ignores its own fail_on; the loader
+ * option string works). A JPEG or a format imghdr does not know (TIFF, ...)
+ * may be CMYK or have samples of no defined range: their header, read by
+ * libvips without decoding, says; those samples are refused (*st set), and
+ * CMYK goes to sRGB first (sd_cmyk_to_srgb: untagged CMYK as PIL maps it,
+ * where thumbnail's own conversion lifts black), then is thumbnailed
+ * without shrink-on-load. NULL on failure. */
+static VipsImage *thumbnail(unsigned char *buf, size_t len, const sd_imginfo *info, const sd_image_plan *plan,
+                            const char *name, sd_status *st, sd_error *err)
+{
+    VipsImage *im = NULL, *src = NULL;
+    if (info->format == SD_IMG_JPEG || info->format == SD_IMG_UNKNOWN) {
+        src = vips_image_new_from_buffer(buf, len, "fail_on=truncated", NULL);
+        if (!src) return NULL;
+        if ((*st = check_samples(src, name, err)) || src->Type != VIPS_INTERPRETATION_CMYK) {
+            g_object_unref(src);
+            src = NULL;
+        }
+    }
+    if (*st) return NULL;
+    if (src) {
+        VipsImage *rgb = sd_cmyk_to_srgb(src);
+        int rc = !rgb || vips_thumbnail_image(rgb, &im, plan->resize_w, "height", plan->resize_h, "size",
+                                              VIPS_SIZE_FORCE, NULL);
+        if (rgb) g_object_unref(rgb);
+        return rc ? NULL : im;
+    }
     if (vips_thumbnail_buffer(buf, len, &im, plan->resize_w, "height", plan->resize_h, "size", VIPS_SIZE_FORCE,
                               "option_string", "fail_on=truncated", NULL))
         return NULL;
+    return im;
+}
+
+/* Decode + resize with shrink-on-load (thumbnail), to 8-bit sRGB. NULL on
+ * failure; *st set when the failure has its own message. */
+static VipsImage *decode_resized(unsigned char *buf, size_t len, const sd_imginfo *info, const sd_image_plan *plan,
+                                 const char *name, sd_status *st, sd_error *err)
+{
+    VipsImage *im = thumbnail(buf, len, info, plan, name, st, err);
+    if (!im) return NULL;
     im = to_srgb8(im);
     if (!im) return NULL;
     if (im->Xsize != plan->resize_w || im->Ysize != plan->resize_h) {
@@ -482,7 +541,7 @@ static sd_status load_rgb8(const sd_image_src *src, const sd_image_plan *plan, u
     st = check_pixels(buf, len, plan->max_pixels ? plan->max_pixels : SD_IMAGE_MAX_PIXELS, name, &info, err);
     if (!st && plan->keep_aspect) st = check_aspect(&info, plan, name, err);
     if (!st && try_fast(buf, len, &info, plan, out, name, &st, err) == SD_FAST_DONE) return st;
-    VipsImage *im = st ? NULL : decode_resized(buf, len, plan);
+    VipsImage *im = st ? NULL : decode_resized(buf, len, &info, plan, name, &st, err);
     if (!st && !im) st = vips_fail(err, SD_EFORMAT, name, "decode failed");
     int cw = sd_image_out_w(plan), ch = sd_image_out_h(plan);
     VipsImage *t = NULL;

@@ -69,6 +69,12 @@ int sd_icc_is_srgb(const unsigned char *icc, size_t n);
  * lcms cannot read it. */
 int sd_icc_intent(const unsigned char *icc, size_t n);
 
+/* A CMYK image (libvips' CMYK interpretation, 8 or 16 bits) as 3-band
+ * 8-bit sRGB: through its embedded profile, else naively as PIL does, black
+ * to black (image_icc.c). Takes over `in`; NULL on failure, libvips' error
+ * set. */
+struct _VipsImage *sd_cmyk_to_srgb(struct _VipsImage *in);
+
 /* Per-thread reusable buffers (image_dec.c): the encoded file, the inflated
  * PNG, the HWC pixels behind sd_image_load_chw. A slot's buffer stays valid
  * until the next sd_scratch call for that slot on the same thread. */

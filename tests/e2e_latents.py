@@ -420,12 +420,13 @@ class Latents(unittest.TestCase):
 
     def test_libvips_warnings_stay_out_of_the_output(self):
         """libvips warns through GLib without naming the file ("profile incompatible with image"
-        for a CMYK JPEG without a CMYK profile): such lines appear only with -v, as detail, and
-        the image is still written."""
-        from PIL import Image
+        for a CMYK JPEG tagged with an RGB profile): such lines appear only with -v, as detail, and
+        the image is still written (mapped as an untagged one)."""
+        from PIL import Image, ImageCms
         d = self.path("cmyk")
         os.makedirs(d)
-        Image.new("RGB", (160, 120), (200, 120, 30)).convert("CMYK").save(os.path.join(d, "cmyk.jpg"))
+        srgb = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+        Image.new("RGB", (160, 120), (200, 120, 30)).convert("CMYK").save(os.path.join(d, "cmyk.jpg"), icc_profile=srgb)
         with open(os.path.join(d, "cmyk.txt"), "w") as f:
             f.write("x\n")
         _, meta, _ = sh(META, "-q", d)

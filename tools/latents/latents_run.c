@@ -328,7 +328,9 @@ static void decode_range(void *vctx, int worker, size_t begin, size_t end)
             c->r->dec_why[i] = st == SD_EFORMAT ? "tar member changed since sd-meta" : "unreadable image";
         else {
             st = sd_image_load_chw(&src, &j->plan, c->r->img + i * c->chw, &e);
-            c->r->dec_why[i] = st == SD_EINVAL ? "record does not fit the image" : "unreadable image";
+            c->r->dec_why[i] = st == SD_EINVAL         ? "record does not fit the image"
+                               : st == SD_EUNSUPPORTED ? "not a supported image" /* sd-bucket's word (BMP) */
+                                                       : "unreadable image";
         }
         c->r->dec_st[i] = st;
         if (st) snprintf(c->r->dec_msg[i], sizeof c->r->dec_msg[i], "%s", e.msg);
