@@ -18,15 +18,29 @@
 #include "log.h"
 #include "slurp.h"
 
+/* The last libvips warning given on this thread, for a failure that left
+ * libvips' error buffer empty: libpng's complaint about a PNG's header
+ * arrives only as a warning (Pillow's broken.png read "unknown libvips
+ * error"). GLib calls the handler on the thread that warns, and a header is
+ * read on the image's own thread, so no image takes another's warning;
+ * load_rgb8 empties it as each image starts. Per thread by necessity: the
+ * handler is process-wide and gets no context. */
+static _Thread_local char thread_warning[160];
+
 /* libvips' own warnings ("profile incompatible with image", a truncated
  * PNG's "not enough data") arrive through GLib, without the file, before
  * sdtk's own message that names it (a failed image) or for an image that
  * was decoded all the same: shown with -v, as libvips' detail, not as
- * unnamed lines in every run's output. */
+ * unnamed lines in every run's output; the thread's last one is kept for
+ * vips_fail. */
 static void vips_warning(const gchar *domain, GLogLevelFlags level, const gchar *message, gpointer unused)
 {
     (void)level;
     (void)unused;
+    snprintf(thread_warning, sizeof thread_warning, "%s", message ? message : "");
+    for (char *c = thread_warning; *c; c++) /* one line: libjpeg's end in a newline */
+        if (*c == '\n' || *c == '\r' || *c == '\t') *c = ' ';
+    for (size_t n = strlen(thread_warning); n && thread_warning[n - 1] == ' ';) thread_warning[--n] = 0;
     sd_log(SD_LOG_DEBUG, "%s: %s", domain ? domain : "libvips", message);
 }
 
@@ -267,17 +281,62 @@ sd_status sd_image_check_member(const sd_image_src *src, sd_error *err)
     return st;
 }
 
-/* libvips' message for a failure; its error buffer is shared by all threads,
- * so under concurrency the text may name another thread's image as well. */
+/* One line of libvips' error text as the message says it: a loader refused
+ * as untrusted ("magickload_buffer: operation is blocked", what libvips
+ * says for any file it cannot sniff, a truncated one too) in words. */
+static void reason_line(const char *line, char *out, size_t cap)
+{
+    const char *tail = "_buffer: operation is blocked";
+    size_t n = strlen(line), tl = strlen(tail);
+    if (n > tl && strcmp(line + n - tl, tail) == 0 && !memchr(line, ' ', n - tl))
+        snprintf(out, cap, "only libvips' %.*s would read it, a loader sdtk blocks as untrusted (a format sdtk does "
+                 "not read, or a damaged file)", (int)(n - tl), line);
+    else snprintf(out, cap, "%s", line);
+}
+
+/* What libvips said about a failure, as one line: the newest lines of its
+ * error text (at most 3, each once; older lines there are other images'
+ * recovered warnings or errors) and the thread's last warning (often the
+ * detail: libpng's), else that it gave no reason. Modifies m. */
+static void vips_reason(char *m, char *out, size_t cap)
+{
+    enum { KEEP = 3 };
+    const char *keep[KEEP];
+    int n = 0;
+    char *save = NULL;
+    for (char *l = strtok_r(m, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        while (*l == ' ') l++;
+        size_t len = strlen(l);
+        while (len && l[len - 1] == ' ') l[--len] = 0;
+        int seen = 0;
+        for (int i = 0; i < n; i++) seen |= strcmp(keep[i], l) == 0;
+        if (!len || seen) continue;
+        if (n == KEEP) memmove(keep, keep + 1, (KEEP - 1) * sizeof *keep), n--;
+        keep[n++] = l;
+    }
+    size_t at = 0;
+    out[0] = 0;
+    for (int i = 0; i < n && at + 1 < cap; i++) {
+        char line[300];
+        reason_line(keep[i], line, sizeof line);
+        int w = snprintf(out + at, cap - at, "%s%s", i ? "; " : "", line);
+        at += w > 0 ? (size_t)w : 0;
+    }
+    if (thread_warning[0] && at + 1 < cap && !strstr(out, thread_warning))
+        snprintf(out + at, cap - at, "%s%s (libvips' warning)", n ? "; " : "", thread_warning);
+    else if (!n) snprintf(out, cap, "libvips gave no reason");
+}
+
+/* libvips' message for a failure (vips_reason). Its error buffer is shared
+ * by all threads: under concurrency the text may name another thread's image
+ * as well, or have been emptied by another image's start (load_rgb8). */
 static sd_status vips_fail(sd_error *err, sd_status code, const char *name, const char *what)
 {
     char *m = vips_error_buffer_copy();
-    size_t n = strlen(m);
-    while (n && (m[n - 1] == '\n' || m[n - 1] == ' ')) m[--n] = 0;
-    for (char *c = m; *c; c++)
-        if (*c == '\n') *c = ' ';
-    sd_err_set(err, code, "%s: %s: %s", name, what, n ? m : "unknown libvips error");
+    char why[512];
+    vips_reason(m, why, sizeof why);
     g_free(m);
+    sd_err_set(err, code, "%s: %s: %s", name, what, why);
     return code;
 }
 
@@ -299,6 +358,12 @@ static sd_status check_pixels(const unsigned char *buf, size_t len, uint64_t lim
     } else memset(info, 0, sizeof *info);
     if (st != SD_OK || info->format == SD_IMG_GIF) {
         VipsImage *im = vips_image_new_from_buffer(buf, len, "", NULL);
+        int known = st != SD_EUNSUPPORTED || strncmp(herr.msg, "not a recognised image", 22) != 0;
+        if (!im && known) { /* a format imghdr knows (damaged, or BMP): its words too */
+            char what[300];
+            snprintf(what, sizeof what, "not a readable image (%s)", herr.msg);
+            return vips_fail(err, SD_EFORMAT, name, what);
+        }
         if (!im) return vips_fail(err, SD_EFORMAT, name, "not a readable image");
         uint64_t vw = (uint64_t)vips_image_get_width(im), vh = (uint64_t)vips_image_get_height(im);
         g_object_unref(im);
@@ -531,6 +596,13 @@ static sd_status load_rgb8(const sd_image_src *src, const sd_image_plan *plan, u
 {
     char name[200];
     src_name(src, name, sizeof name);
+    /* libvips' recovered warnings of earlier images (libjpeg's "extraneous
+     * bytes before marker") stay in its error buffer, which only a failure's
+     * copy empties: they became the next failure's whole message (cut at 256
+     * bytes) and could fill the buffer so that a failure's own words were
+     * dropped. Emptied as each image starts. */
+    thread_warning[0] = 0;
+    if (vips_error_buffer()[0]) vips_error_clear();
     sd_error perr = {0};
     sd_status st = sd_image_plan_check(plan, &perr);
     if (st) return sd_err_set(err, st, "%s: %s", name, perr.msg);

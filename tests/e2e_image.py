@@ -495,6 +495,33 @@ def synthetic(d, tmp):
     a = d.run(extra, 160, 120)
     check(isinstance(a, np.ndarray) and a.shape == (120, 160, 3), "extra bytes before EOI still decode: %s"
           % (a if isinstance(a, str) else ""))
+    # libvips' reasons, not "unknown libvips error": a PNG whose first chunk is garbage
+    # (Pillow's broken.png: libpng's complaint arrives only as a warning), and a truncated PNG
+    # decoded after JPEGs whose harmless warnings libvips left in its error buffer (once
+    # they were the whole message: another image's words, cut at 256 bytes)
+    garbage = os.path.join(tmp, "garbage.png")
+    open(garbage, "wb").write(b"\x89PNG\r\n\x1a\n" + bytes((i * 89 + 7) % 256 for i in range(600)))
+    e = d.run(garbage, 64, 64)
+    check(isinstance(e, str) and garbage in e and "unknown libvips error" not in e and "invalid chunk type" in e
+          and "IHDR" in e, "PNG with a garbage first chunk -> libpng's and the header's reasons: %s" % e)
+    unk = os.path.join(tmp, "unknown.img")  # no format libvips sniffs: it offers ImageMagick, blocked
+    open(unk, "wb").write(b"\x00\x01" + bytes(range(256)) * 2)
+    e = d.run(unk, 64, 64)
+    check(isinstance(e, str) and unk in e and "magickload would read it, a loader sdtk blocks as untrusted" in e,
+          "a file of no format sdtk reads -> says the loader left is blocked: %s" % e)
+    raw = open(noisy, "rb").read()
+    dqt = raw.index(b"\xff\xdb")
+    xdb = os.path.join(tmp, "xdb.jpg")  # 4 stray bytes before the DQT marker: libjpeg warns, decodes
+    open(xdb, "wb").write(raw[:dqt] + b"\0\0\0\0" + raw[dqt:])
+    for _ in range(3):
+        check(isinstance(d.run(xdb, 160, 120), np.ndarray), "JPEG with stray bytes before a marker decodes")
+    tpng = os.path.join(tmp, "trunc_noise.png")
+    buf = io.BytesIO()
+    Image.fromarray(noise(203, 301, 3, 7)).save(buf, "PNG")
+    open(tpng, "wb").write(buf.getvalue()[:len(buf.getvalue()) // 2])
+    e = d.run(tpng, 150, 101)
+    check(isinstance(e, str) and tpng in e and "VipsJpeg" not in e and "png" in e.split(tpng)[1].lower(),
+          "truncated PNG after warned JPEGs -> its own reason only: %s" % e)
     junk = os.path.join(tmp, "junk.jpg")
     open(junk, "wb").write(b"\xff\xd8\xff\xe0" + bytes(range(256)) * 8)
     e = d.run(junk, 64, 64)
