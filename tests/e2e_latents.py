@@ -355,6 +355,25 @@ class Latents(unittest.TestCase):
             self.assertRegex(err, r"13\s+unreadable image")
             self.assertEqual("--verbose shows all" in err, not args, err)
 
+    def test_samples_without_a_range_are_refused(self):
+        """A float grey TIFF (32-bit samples with no range to take to 8 bits) is skipped as 'not
+        a supported image', the kind of samples named, not clipped to white into the shard."""
+        import numpy as np
+        from PIL import Image
+        d = self.path("f32")
+        os.makedirs(d)
+        tif = os.path.join(d, "f.tif")
+        Image.fromarray(np.full((64, 64), 1000.0, np.float32), "F").save(tif)
+        rec = {"v": 1, "key": "f", "image": tif, "caption": "c", "original_size": [64, 64], "bucket": [64, 64],
+               "resize": [64, 64], "crop": [0, 0, 64, 64]}
+        bj = os.path.join(d, "b.jsonl")
+        with open(bj, "w") as f:
+            f.write(json.dumps(rec) + "\n")
+        _, _, err = sh(LATENTS, "--vae", VAE, "-j", "1", "-o", os.path.join(d, "s.shard"), bj)
+        self.assertIn("32-bit float samples", err)
+        self.assertRegex(err, r"\b1\s+not a supported image")
+        self.assertEqual(summary(err), (0, 0, 0, 1), err)
+
     def test_bad_plan_says_what_is_wrong(self):
         """A record with its bucket, resize and crop present but wrong is not called "not bucketed",
         and its message says what is wrong (sd_image_plan_check's words where it applies)."""
