@@ -447,8 +447,9 @@ static int step(VipsImage **im, VipsImage *out, int rc)
  * colour space that defines their range (scRGB, 0..1 linear: a float RGB
  * TIFF; XYZ, Lab), Lab's signed 16 bits, coded (LabQ, Radiance) pixels.
  * Anything else (32-bit integers, float grey, doubles, signed samples) has
- * no range: libvips' cast and PIL's convert would clip it at 255, white for
- * most of such a picture, so it is refused (SD_EUNSUPPORTED) saying so. */
+ * no range: libvips' cast and PIL's convert would clip it to 0..255, white
+ * for most of a 32-bit picture, so it is refused (SD_EUNSUPPORTED) saying
+ * so. */
 static sd_status check_samples(const VipsImage *im, const char *name, sd_error *err)
 {
     VipsBandFormat f = im->BandFmt;
@@ -465,9 +466,10 @@ static sd_status check_samples(const VipsImage *im, const char *name, sd_error *
                        : f == VIPS_FORMAT_CHAR   ? "signed 8-bit"
                        : f == VIPS_FORMAT_SHORT  ? "signed 16-bit"
                                                  : "complex";
-    return sd_err_set(err, SD_EUNSUPPORTED, "%s: %s samples (%s, %d bands) have no defined range to take to 8 bits "
-                      "(libvips and PIL would clip them at 255); convert the image to 8 or 16 bits per sample",
-                      name, kind, vips_enum_nick(VIPS_TYPE_INTERPRETATION, t), im->Bands);
+    return sd_err_set(err, SD_EUNSUPPORTED, "%s: %s samples (%s, %d band%s) have no defined range to take to 8 "
+                      "bits (libvips and PIL would clip them to 0..255); convert the image to unsigned 8 or 16 bits "
+                      "per sample", name, kind, vips_enum_nick(VIPS_TYPE_INTERPRETATION, t), im->Bands,
+                      im->Bands == 1 ? "" : "s");
 }
 
 /* vips_thumbnail to exactly the record's size (VIPS_SIZE_FORCE may stretch
