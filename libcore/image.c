@@ -311,7 +311,10 @@ static void vips_reason(char *m, char *out, size_t cap)
         int seen = 0;
         for (int i = 0; i < n; i++) seen |= strcmp(keep[i], l) == 0;
         if (!len || seen) continue;
-        if (n == KEEP) memmove(keep, keep + 1, (KEEP - 1) * sizeof *keep), n--;
+        if (n == KEEP) { /* the oldest goes */
+            memmove(keep, keep + 1, (KEEP - 1) * sizeof *keep);
+            n--;
+        }
         keep[n++] = l;
     }
     size_t at = 0;
@@ -358,13 +361,12 @@ static sd_status check_pixels(const unsigned char *buf, size_t len, uint64_t lim
     } else memset(info, 0, sizeof *info);
     if (st != SD_OK || info->format == SD_IMG_GIF) {
         VipsImage *im = vips_image_new_from_buffer(buf, len, "", NULL);
-        int known = st != SD_EUNSUPPORTED || strncmp(herr.msg, "not a recognised image", 22) != 0;
-        if (!im && known) { /* a format imghdr knows (damaged, or BMP): its words too */
-            char what[300];
-            snprintf(what, sizeof what, "not a readable image (%s)", herr.msg);
+        if (!im) { /* a format imghdr knows (damaged, or BMP): its words too */
+            char what[300] = "not a readable image";
+            if (st != SD_EUNSUPPORTED || strncmp(herr.msg, "not a recognised image", 22) != 0)
+                snprintf(what, sizeof what, "not a readable image (%s)", herr.msg);
             return vips_fail(err, SD_EFORMAT, name, what);
         }
-        if (!im) return vips_fail(err, SD_EFORMAT, name, "not a readable image");
         uint64_t vw = (uint64_t)vips_image_get_width(im), vh = (uint64_t)vips_image_get_height(im);
         g_object_unref(im);
         w = vw > w ? vw : w;
