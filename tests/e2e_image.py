@@ -509,6 +509,14 @@ def synthetic(d, tmp):
     e = d.run(unk, 64, 64)
     check(isinstance(e, str) and unk in e and "magickload would read it, a loader sdtk blocks as untrusted" in e,
           "a file of no format sdtk reads -> says the loader left is blocked: %s" % e)
+    def chunk(t, data):
+        return struct.pack(">I", len(data)) + t + data + struct.pack(">I", zlib.crc32(t + data) & 0xFFFFFFFF)
+    noidat = os.path.join(tmp, "noidat.png")  # IHDR then IEND (Pillow's apng/syntax_num_frames_zero.png)
+    open(noidat, "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 32, 16, 8, 2, 0, 0, 0))
+                             + chunk(b"IEND", b""))
+    e = d.run(noidat, 32, 16)
+    check(isinstance(e, str) and noidat in e and "unknown libvips error" not in e and "IEND" in e,
+          "PNG without image data -> libpng's reason: %s" % e)
     raw = open(noisy, "rb").read()
     dqt = raw.index(b"\xff\xdb")
     xdb = os.path.join(tmp, "xdb.jpg")  # 4 stray bytes before the DQT marker: libjpeg warns, decodes
