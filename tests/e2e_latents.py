@@ -326,6 +326,7 @@ class Latents(unittest.TestCase):
         self.assertRegex(err, r"1\s+malformed JSON")
         self.assertRegex(err, r"1\s+record does not fit the image")
         self.assertIn("another aspect ratio", err)
+        self.assertIn("wrong width/height in the record (rerun sd-bucket with --read-sizes)", err)  # what helps
         self.assertEqual(entries(s), 3)
         sh(LATENTS, "--strict", "--vae", VAE, "-o", s, bj, ok=(1,))
         # two --shard processes: each bad line is reported by one of them only
