@@ -321,6 +321,8 @@ size_t sd_shard_batch_bytes(const sd_shard *s);
 sd_status sd_shard_exists(sd_shard *s, const void *key, size_t klen, int *found, sd_error *err);
 sd_status sd_shard_text_exists(sd_shard *s, const uint8_t hash[16], int *found, sd_error *err);
 sd_status sd_shard_name_exists(sd_shard *s, const char *name, size_t nlen, int *found, sd_error *err);
+/* A copy of a latent record's value (the open batch's puts included) into out. */
+sd_status sd_shard_peek(sd_shard *s, const void *key, size_t klen, sd_buf *out, int *found, sd_error *err);
 
 /* ---- reading --------------------------------------------------------------- */
 
