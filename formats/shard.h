@@ -240,7 +240,10 @@ enum {
     SD_REC_F_CROP_FLOAT = 4, /* crop holds kohya's crop_ltrb, not the box cut (earlier
                               * import-kohya versions; now only a crop_ltrb that is not
                               * sd-scripts' value for the record's size and bucket) */
-    SD_REC_F_ALL = 7
+    SD_REC_F_TRANSPOSED = 8, /* the image file stores it transposed (EXIF orientation 5-8):
+                              * orig_w/orig_h are the displayed size, the stored one is
+                              * (orig_h, orig_w), the size sd-scripts names its npz by */
+    SD_REC_F_ALL = 15
 };
 
 typedef struct {
