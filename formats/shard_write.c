@@ -463,6 +463,30 @@ static sd_status exists_in(sd_shard *s, int db, const void *key, size_t klen, in
     return SD_OK;
 }
 
+/* A copy of a latent record's stored value, the open batch's puts
+ * included, appended to out (cleared first); *found 0 when absent. For a
+ * writer that must tell a record it wrote before (a resumed run) from
+ * another one stored under the same name. */
+sd_status sd_shard_peek(sd_shard *s, const void *key, size_t klen, sd_buf *out, int *found, sd_error *err)
+{
+    *found = 0;
+    sd_buf_clear(out);
+    if (klen == 0 || klen > SD_SHARD_MAX_KEY) return sd_err_set(err, SD_EINVAL, "key length %zu not in 1..511", klen);
+    sd_status refused = sd_shard_refuse_damaged(s, err);
+    if (refused) return refused;
+    MDB_txn *txn = s->wtxn;
+    int rc = txn ? 0 : sd_shard_txn_begin_ro(s, &txn);
+    if (rc) return sd_shard_mdb_err(err, rc, "begin", s);
+    MDB_val k = {klen, (void *)key}, v;
+    rc = mdb_get(txn, s->dbi[SD_SHARD_DB_LATENTS], &k, &v);
+    if (rc == 0) sd_buf_put(out, v.mv_data, v.mv_size);
+    if (txn != s->wtxn) mdb_txn_abort(txn);
+    if (rc && rc != MDB_NOTFOUND) return sd_shard_mdb_err(err, rc, "get", s);
+    if (out->oom) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    *found = rc == 0;
+    return SD_OK;
+}
+
 /* A missing record is reported (SD_ENOTFOUND) before anything is logged. */
 sd_status sd_shard_del(sd_shard *s, const void *key, size_t klen, sd_error *err)
 {

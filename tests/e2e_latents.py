@@ -326,6 +326,7 @@ class Latents(unittest.TestCase):
         self.assertRegex(err, r"1\s+malformed JSON")
         self.assertRegex(err, r"1\s+record does not fit the image")
         self.assertIn("another aspect ratio", err)
+        self.assertIn("wrong width/height in the record (rerun sd-bucket with --read-sizes)", err)  # what helps
         self.assertEqual(entries(s), 3)
         sh(LATENTS, "--strict", "--vae", VAE, "-o", s, bj, ok=(1,))
         # two --shard processes: each bad line is reported by one of them only
@@ -695,6 +696,43 @@ class Latents(unittest.TestCase):
             _, _, err = sh(LATENTS, "--vae", VAE, "-o", s, "-", stdin=bj.encode())
             self.assertRegex(err, r"\b%d\s+tar member changed since sd-meta" % len(picks), (label, err))
             self.assertEqual(entries(s), 0, label)
+
+
+class ExifExport(unittest.TestCase):
+    """An EXIF-rotated JPEG (orientation 6: stored 96x64, displayed 64x96): its record says the
+    file stores it transposed (flag 8), and export-kohya names its npz by the stored size, the
+    one sd-scripts (imagesize, no EXIF) looks for (issue 31, item 15). SD_PACK: sd-pack."""
+
+    def test_npz_named_by_the_stored_size(self):
+        from PIL import Image
+        tmp = tempfile.mkdtemp(prefix="sdlat-exif-")
+        self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+        ds = os.path.join(tmp, "ds")
+        os.makedirs(ds)
+        ex = Image.Exif()
+        ex[0x0112] = 6
+        Image.new("RGB", (96, 64), (200, 30, 30)).save(os.path.join(ds, "rot.jpg"), quality=90, exif=ex)
+        Image.new("RGB", (96, 64), (30, 30, 200)).save(os.path.join(ds, "flat.jpg"), quality=90)
+        for n in ("rot", "flat"):
+            with open(os.path.join(ds, n + ".txt"), "w") as fh:
+                fh.write("a photo\n")
+        _, meta, _ = sh(META, "-q", ds)
+        _, bj, _ = sh(BUCKET, "-q", "--plan", "kohya", *RES, "-", stdin=meta.encode())
+        self.assertIn('"width":64,"height":96,"original_size":[64,96]', bj.splitlines()[1])  # rot, upright
+        s = os.path.join(tmp, "s.shard")
+        sh(LATENTS, "-q", "--sample", "--vae", VAE, "-o", s, "-", stdin=bj.encode())
+        flags = {}
+        for v in dump(s, "latents")[1::2]:  # the record header: u16 flags at byte 10, the name at 256
+            raw = bytes.fromhex(v.strip())
+            flags[raw[256:256 + int.from_bytes(raw[12:14], "little")].decode()] = int.from_bytes(raw[10:12], "little")
+        self.assertEqual(flags, {"rot": 8, "flat": 0})
+        code, _, err = sh(VERIFY, s)
+        self.assertIn("0 problems", err)
+        if not os.environ.get("SD_PACK"):
+            self.skipTest("SD_PACK not set: the export half needs sd-pack")
+        out = os.path.join(tmp, "kohya")
+        sh(os.environ["SD_PACK"], "export-kohya", "-q", "--layout", "sd", "--force-layout", s, "-o", out)
+        self.assertEqual(sorted(os.listdir(out)), ["flat_0096x0064_sd.npz", "rot_0096x0064_sd.npz"])
 
 
 if __name__ == "__main__":

@@ -588,8 +588,10 @@ static sd_status check_aspect(const sd_imginfo *info, const sd_image_plan *plan,
     int64_t skew = rw * H - rh * W;
     if (skew < 0) skew = -skew;
     if (skew <= 2 * (W + H)) return SD_OK;
-    return sd_err_set(err, SD_EINVAL, "%s: the image is %lldx%lld but the record resizes it to %lldx%lld, another "
-                      "aspect ratio (stale or wrong width/height in the record? run sd-bucket again)", name,
+    /* the remedy before the sizes, so a long name cannot truncate it away: sd-bucket takes a record's
+     * width/height as given, so running it again alone changes nothing */
+    return sd_err_set(err, SD_EINVAL, "%s: wrong width/height in the record (rerun sd-bucket with --read-sizes): the "
+                      "image is %lldx%lld, the record resizes it to %lldx%lld, another aspect ratio", name,
                       (long long)W, (long long)H, (long long)rw, (long long)rh);
 }
 

@@ -24,6 +24,7 @@ typedef struct {
     uint64_t offset, size;
     int bucket_w, bucket_h;
     int orig_w, orig_h;
+    int transposed;     /* the file stores the image transposed (EXIF 5-8): SD_REC_F_TRANSPOSED */
     sd_image_plan plan; /* resize + crop (flip is per variant) */
     size_t seq;         /* position in the input, for a stable order */
     uint64_t line;      /* its line in the input, for messages */
