@@ -327,6 +327,24 @@ def enlargements(d, tmp):
         diff = int(np.abs(a.astype(int) - ref).max()) if isinstance(a, np.ndarray) else a
         check(diff == 0, "enlargement 53x37 -> %dx%d box %s flip %d: PIL LANCZOS's bytes (max diff %s)"
               % (rw, rh, box, flip, diff))
+    # extreme shapes: one pixel, a side that grows while the other shrinks 500x
+    rng = np.random.default_rng(5)
+    for (w, h), rw, rh in (((1, 1), 5, 7), ((3, 2000), 4, 10), ((2000, 3), 1, 4), ((9, 5), 64, 1)):
+        src = rng.integers(0, 256, (h, w, 3)).astype(np.uint8)
+        ep = os.path.join(tmp, "edge%dx%d.png" % (w, h))
+        Image.fromarray(src).save(ep)
+        a = d.run(ep, rw, rh)
+        diff = int(np.abs(a.astype(int) - pil_lanczos(src, rw, rh)).max()) if isinstance(a, np.ndarray) else a
+        check(diff == 0, "enlargement %dx%d -> %dx%d: PIL LANCZOS's bytes (max diff %s)" % (w, h, rw, rh, diff))
+    # an EXIF-rotated JPEG is turned upright at its own size, then enlarged
+    ex = Image.Exif()
+    ex[0x0112] = 6
+    rp = os.path.join(tmp, "rot6.jpg")
+    Image.fromarray(noise(30, 40, 3, 4)).save(rp, quality=95, exif=ex)
+    upright = np.asarray(ImageOps.exif_transpose(Image.open(rp)).convert("RGB"))
+    a = d.run(rp, 45, 60, box=(5, 0, 45, 60), flip=1)
+    diff = int(np.abs(a.astype(int) - pil_lanczos(upright, 45, 60, (5, 0, 45, 60), 1)).max()) if isinstance(a, np.ndarray) else a
+    check(diff == 0, "EXIF-rotated 40x30 JPEG -> 45x60: PIL LANCZOS's bytes of the upright image (max diff %s)" % diff)
 
 
 def near(a, colour, tol):
