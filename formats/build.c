@@ -7,9 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "imghdr.h"
 #include "source.h"
 #include "slurp.h"
 #include "utf8.h"
@@ -520,6 +522,15 @@ static int image_ok(const char *path, const char **reason)
     return 1;
 }
 
+/* A BMP by its name (any case): sd-bucket and sd-latents refuse BMP
+ * (sd_img_refusal), so sd-meta refuses it too, for the same reason, rather
+ * than pass on a record the next tool drops. */
+static int bmp_name(const char *name)
+{
+    size_t n = strlen(name);
+    return n > 4 && strcasecmp(name + n - 4, ".bmp") == 0;
+}
+
 /* Copy a source string into the record after checking it is UTF-8. */
 static int take_text(sd_arena *a, const char *s, size_t n, const char **out)
 {
@@ -730,6 +741,15 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
     }
     if (o->check_images && r->image && !r->member && !image_ok(r->image, reason)) {
         snprintf(detail, detail_len, "%s", r->image);
+        return -1;
+    }
+    if (o->check_images && r->image && bmp_name(r->member ? r->member : r->image)) {
+        *reason = "not a supported image"; /* sd-bucket's reason */
+        if (!r->member && in->origin && strcmp(in->origin, r->image) == 0) /* the message names it already */
+            snprintf(detail, detail_len, "%s", sd_img_refusal(SD_IMG_BMP));
+        else
+            snprintf(detail, detail_len, "%s%s%s%s: %s", r->image, r->member ? "[" : "", r->member ? r->member : "",
+                     r->member ? "]" : "", sd_img_refusal(SD_IMG_BMP));
         return -1;
     }
     return 0;

@@ -290,6 +290,10 @@ static sd_status read_shard(sd_meta_run *m, const char *path, sd_error *err)
         ext[el] = 0;
         int64_t size = archive_entry_size(e);
         size_t tl;
+        if (!strcmp(ext, "bmp")) { /* an image no tool reads (sd_img_refusal): named as such, not "without image" */
+            sample_spoil(&s, "not a supported image", name);
+            continue;
+        }
         if (!strcmp(ext, "jpg") || !strcmp(ext, "jpeg") || !strcmp(ext, "png") || !strcmp(ext, "webp")) {
             if (s.image_member) {
                 sd_meta_skip_input(m, "tar sample with two images", "%s[%s]", origin, name);

@@ -442,6 +442,50 @@ def synthetic(d, tmp):
         m = a.reshape(-1, 3).mean(0)
         check(m[0] > 180 and m[1] < 90 and m[2] < 90, "CMYK red converts to sRGB red, got %s" % m)
 
+    # untagged CMYK as PIL's convert("RGB") maps it (naively, black to black): libvips' fallback
+    # press profile, taken without black point compensation, lifted black to about (30,33,43).
+    # A JPEG at its size, EXIF-rotated and shrunk (libvips' paths), and a TIFF (a format imghdr
+    # does not parse).
+    ck = noise(40, 56, 4, 21)
+    ck[:8, :8] = (0, 0, 0, 255)  # K only: black
+    ck[8:16, :8] = (0, 0, 0, 0)  # no ink: white
+    for ext, kw in (("jpg", {"quality": 95}), ("tif", {})):
+        ckp = os.path.join(tmp, "cmyk_noise." + ext)
+        Image.fromarray(ck, "CMYK").save(ckp, **kw)
+        ref = np.asarray(Image.open(ckp).convert("RGB")).astype(int)
+        a = d.run(ckp, 56, 40)
+        ok = isinstance(a, np.ndarray)
+        check(ok and np.abs(a - ref).max() <= 1, "untagged CMYK %s within 1 level of PIL's convert: %s" % (
+            ext, np.abs(a - ref).max() if ok else a))
+        check(ok and a[2:6, 2:6].max() <= 3 and a[10:14, 2:6].min() >= 252,
+              "untagged CMYK %s: black stays black, white white: %s %s" % (ext, a[3, 3] if ok else a, a[11, 3] if ok else ""))
+        a = d.run(ckp, 28, 20)
+        lz = np.asarray(Image.open(ckp).convert("RGB").resize((28, 20), Image.LANCZOS)).astype(int)
+        check(isinstance(a, np.ndarray) and np.abs(a - lz).mean() < 2.0, "untagged CMYK %s halved near PIL's: %s" % (
+            ext, np.abs(a - lz).mean() if isinstance(a, np.ndarray) else a))
+    ex6 = Image.Exif()
+    ex6[0x0112] = 6
+    ckp = os.path.join(tmp, "cmyk_exif6.jpg")
+    Image.fromarray(ck, "CMYK").save(ckp, quality=95, exif=ex6)
+    ref = np.asarray(ImageOps.exif_transpose(Image.open(ckp)).convert("RGB")).astype(int)
+    a = d.run(ckp, 40, 56)
+    check(isinstance(a, np.ndarray) and a.shape == ref.shape and np.abs(a - ref).max() <= 1,
+          "untagged CMYK JPEG with EXIF orientation 6: upright, as PIL: %s" % (a if isinstance(a, str) else ""))
+
+    # 32-bit samples (integers, float grey) have no range to take to 8 bits: refused saying so,
+    # not clipped to white; float RGB (scRGB to libvips, 0..1 linear) is converted
+    for fmt, bits, name in ((1, 32, "32-bit unsigned integer"), (2, 32, "32-bit signed integer"),
+                            (3, 32, "32-bit float")):
+        tp32 = os.path.join(tmp, "s%d.tif" % fmt)
+        vals = np.full((6, 8), 40000 if fmt < 3 else 0.5)
+        open(tp32, "wb").write(tiff_samples(vals[..., None], fmt))
+        e = d.run(tp32, 8, 6)
+        check(isinstance(e, str) and e.startswith("err unsupported") and name + " samples" in e and tp32 in e,
+              "grey TIFF with %s samples refused: %s" % (name, e if isinstance(e, str) else "loaded"))
+    tpf = os.path.join(tmp, "rgbf.tif")
+    open(tpf, "wb").write(tiff_samples(np.tile([0.2140, 0.0, 1.0], (6, 8, 1)), 3))
+    check(near(d.run(tpf, 8, 6), (128, 0, 255), 1), "float RGB TIFF (linear 0..1) -> sRGB")
+
     # WebP
     wp = os.path.join(tmp, "q.webp")
     Image.fromarray(q).save(wp, lossless=True)
@@ -518,6 +562,41 @@ def synthetic(d, tmp):
     a = d.run(extra, 160, 120)
     check(isinstance(a, np.ndarray) and a.shape == (120, 160, 3), "extra bytes before EOI still decode: %s"
           % (a if isinstance(a, str) else ""))
+    # libvips' reasons, not "unknown libvips error": a PNG whose first chunk is garbage
+    # (Pillow's broken.png: libpng's complaint arrives only as a warning), and a truncated PNG
+    # decoded after JPEGs whose harmless warnings libvips left in its error buffer (once
+    # they were the whole message: another image's words, cut at 256 bytes)
+    garbage = os.path.join(tmp, "garbage.png")
+    open(garbage, "wb").write(b"\x89PNG\r\n\x1a\n" + bytes((i * 89 + 7) % 256 for i in range(600)))
+    e = d.run(garbage, 64, 64)
+    check(isinstance(e, str) and garbage in e and "unknown libvips error" not in e and "invalid chunk type" in e
+          and "IHDR" in e, "PNG with a garbage first chunk -> libpng's and the header's reasons: %s" % e)
+    unk = os.path.join(tmp, "unknown.img")  # no format libvips sniffs: it offers ImageMagick, blocked
+    open(unk, "wb").write(b"\x00\x01" + bytes(range(256)) * 2)
+    e = d.run(unk, 64, 64)
+    check(isinstance(e, str) and unk in e and "magickload would read it, a loader sdtk blocks as untrusted" in e,
+          "a file of no format sdtk reads -> says the loader left is blocked: %s" % e)
+    def chunk(t, data):
+        return struct.pack(">I", len(data)) + t + data + struct.pack(">I", zlib.crc32(t + data) & 0xFFFFFFFF)
+    noidat = os.path.join(tmp, "noidat.png")  # IHDR then IEND (Pillow's apng/syntax_num_frames_zero.png)
+    open(noidat, "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 32, 16, 8, 2, 0, 0, 0))
+                             + chunk(b"IEND", b""))
+    e = d.run(noidat, 32, 16)
+    check(isinstance(e, str) and noidat in e and "unknown libvips error" not in e and "IEND" in e,
+          "PNG without image data -> libpng's reason: %s" % e)
+    raw = open(noisy, "rb").read()
+    dqt = raw.index(b"\xff\xdb")
+    xdb = os.path.join(tmp, "xdb.jpg")  # 4 stray bytes before the DQT marker: libjpeg warns, decodes
+    open(xdb, "wb").write(raw[:dqt] + b"\0\0\0\0" + raw[dqt:])
+    for _ in range(3):
+        check(isinstance(d.run(xdb, 160, 120), np.ndarray), "JPEG with stray bytes before a marker decodes")
+    tpng = os.path.join(tmp, "trunc_noise.png")
+    buf = io.BytesIO()
+    Image.fromarray(noise(203, 301, 3, 7)).save(buf, "PNG")
+    open(tpng, "wb").write(buf.getvalue()[:len(buf.getvalue()) // 2])
+    e = d.run(tpng, 150, 101)
+    check(isinstance(e, str) and tpng in e and "VipsJpeg" not in e and "png" in e.split(tpng)[1].lower(),
+          "truncated PNG after warned JPEGs -> its own reason only: %s" % e)
     junk = os.path.join(tmp, "junk.jpg")
     open(junk, "wb").write(b"\xff\xd8\xff\xe0" + bytes(range(256)) * 8)
     e = d.run(junk, 64, 64)
@@ -549,6 +628,22 @@ def tiff_header_only(w, h):
     tags = [(256, 4, w), (257, 4, h), (258, 3, 8), (259, 3, 1), (262, 3, 1), (273, 4, 8), (277, 3, 1), (278, 4, h), (279, 4, 16)]
     ifd = struct.pack("<H", len(tags)) + b"".join(struct.pack("<HHII", t, ty, 1, v) for t, ty, v in tags) + b"\0\0\0\0"
     return b"II*\0" + struct.pack("<I", 24) + b"\0" * 16 + ifd
+
+
+def tiff_samples(a, sample_format):
+    """A little-endian uncompressed TIFF of a (h x w x c, c 1 or 3) with 32-bit samples:
+    SampleFormat 1 (unsigned), 2 (signed) or 3 (IEEE float)."""
+    h, w, c = a.shape
+    data = a.astype({1: "<u4", 2: "<i4", 3: "<f4"}[sample_format]).tobytes()
+    bps_at = 8 + len(data)  # the BitsPerSample triple for RGB, after the data
+    tags = [(256, 4, 1, w), (257, 4, 1, h), (258, 3, c, 32 if c == 1 else bps_at), (259, 3, 1, 1),
+            (262, 3, 1, 1 if c == 1 else 2), (273, 4, 1, 8), (277, 3, 1, c), (278, 4, 1, h), (279, 4, 1, len(data)),
+            (284, 3, 1, 1), (339, 3, 1, sample_format)]
+    extra = struct.pack("<HHH", 32, 32, 32) + b"\0\0" if c == 3 else b""
+    ifd_at = 8 + len(data) + len(extra)
+    ifd = struct.pack("<H", len(tags)) + b"".join(struct.pack("<HHII", t, ty, n, v) if ty == 4 or n > 2 else
+                                                  struct.pack("<HHIHH", t, ty, n, v, 0) for t, ty, n, v in tags)
+    return b"II*\0" + struct.pack("<I", ifd_at) + data + extra + ifd + b"\0\0\0\0"
 
 
 def srgb_reference(path):

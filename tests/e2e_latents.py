@@ -339,6 +339,41 @@ class Latents(unittest.TestCase):
         self.assertEqual(sum(int(n) for n in re.findall(r"\b(\d+)\s+not bucketed", errs)), 1, errs)
         self.assertEqual(sum(int(n) for n in re.findall(r"\b(\d+)\s+bad resize/crop", errs)), 1, errs)
 
+    def test_verbose_names_every_skip(self):
+        """-v names every skipped record, as sd-bucket's does; without it the first 10 of a reason
+        are named and the 10th says that --verbose shows all."""
+        d = self.path("verbose")
+        os.makedirs(d)
+        r = json.loads(open(self.jsonl).readline())
+        bj = os.path.join(d, "b.jsonl")
+        with open(bj, "w") as f:
+            for i in range(13):
+                f.write(json.dumps(dict(r, key="gone%02d" % i, image=os.path.join(d, "gone%02d.png" % i))) + "\n")
+        for args, named in (([], 10), (["-v"], 13)):
+            _, _, err = sh(LATENTS, *args, "--vae", VAE, "-j", "1", "-o", os.path.join(d, "s.shard"), bj)
+            self.assertEqual(len(re.findall(r"skip gone\d\d ", err)), named, err)
+            self.assertRegex(err, r"13\s+unreadable image")
+            self.assertEqual("--verbose shows all" in err, not args, err)
+
+    def test_samples_without_a_range_are_refused(self):
+        """A float grey TIFF (32-bit samples with no range to take to 8 bits) is skipped as 'not
+        a supported image', the kind of samples named, not clipped to white into the shard."""
+        import numpy as np
+        from PIL import Image
+        d = self.path("f32")
+        os.makedirs(d)
+        tif = os.path.join(d, "f.tif")
+        Image.fromarray(np.full((64, 64), 1000.0, np.float32), "F").save(tif)
+        rec = {"v": 1, "key": "f", "image": tif, "caption": "c", "original_size": [64, 64], "bucket": [64, 64],
+               "resize": [64, 64], "crop": [0, 0, 64, 64]}
+        bj = os.path.join(d, "b.jsonl")
+        with open(bj, "w") as f:
+            f.write(json.dumps(rec) + "\n")
+        _, _, err = sh(LATENTS, "--vae", VAE, "-j", "1", "-o", os.path.join(d, "s.shard"), bj)
+        self.assertIn("32-bit float samples", err)
+        self.assertRegex(err, r"\b1\s+not a supported image")
+        self.assertEqual(summary(err), (0, 0, 0, 1), err)
+
     def test_bad_plan_says_what_is_wrong(self):
         """A record with its bucket, resize and crop present but wrong is not called "not bucketed",
         and its message says what is wrong (sd_image_plan_check's words where it applies)."""
@@ -404,12 +439,13 @@ class Latents(unittest.TestCase):
 
     def test_libvips_warnings_stay_out_of_the_output(self):
         """libvips warns through GLib without naming the file ("profile incompatible with image"
-        for a CMYK JPEG without a CMYK profile): such lines appear only with -v, as detail, and
-        the image is still written."""
-        from PIL import Image
+        for a CMYK JPEG tagged with an RGB profile): such lines appear only with -v, as detail, and
+        the image is still written (mapped as an untagged one)."""
+        from PIL import Image, ImageCms
         d = self.path("cmyk")
         os.makedirs(d)
-        Image.new("RGB", (160, 120), (200, 120, 30)).convert("CMYK").save(os.path.join(d, "cmyk.jpg"))
+        srgb = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+        Image.new("RGB", (160, 120), (200, 120, 30)).convert("CMYK").save(os.path.join(d, "cmyk.jpg"), icc_profile=srgb)
         with open(os.path.join(d, "cmyk.txt"), "w") as f:
             f.write("x\n")
         _, meta, _ = sh(META, "-q", d)

@@ -180,6 +180,10 @@ int main(int argc, char **argv)
         fails = f < 0 ? -1 : fails + f;
     }
     int vae = fails < 0 ? -1 : selftest_check_vae(&t, golden, mode);
+    if (vae >= 0) {
+        int dec = selftest_check_vae_decode(&t, golden, mode);
+        vae = dec < 0 ? -1 : vae && dec;
+    }
     int unet = 1;
     const char *unets[] = {"sd1", "sdxl"};
     for (int i = 0; i < 2 && vae >= 0 && unet >= 0; i++) {

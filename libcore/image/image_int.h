@@ -74,6 +74,18 @@ int sd_jpeg_denom(unsigned w, unsigned h, const sd_image_plan *plan);
  * within the profiles' rounding (image_icc.c): the transform is skipped. */
 int sd_icc_is_srgb(const unsigned char *icc, size_t n);
 
+/* The rendering intent (lcms' and VipsIntent's numbering) to take an
+ * embedded profile's colours to sRGB with: relative colorimetric where the
+ * profile supports it as input, else the one it has (image_icc.c); -1 when
+ * lcms cannot read it. */
+int sd_icc_intent(const unsigned char *icc, size_t n);
+
+/* A CMYK image (libvips' CMYK interpretation, 8 or 16 bits) as 3-band
+ * 8-bit sRGB: through its embedded profile, else naively as PIL does, black
+ * to black (image_icc.c). Takes over `in`; NULL on failure, libvips' error
+ * set. */
+struct _VipsImage *sd_cmyk_to_srgb(struct _VipsImage *in);
+
 /* Per-thread reusable buffers (image_dec.c): the encoded file, the inflated
  * PNG, the HWC pixels behind sd_image_load_chw. A slot's buffer stays valid
  * until the next sd_scratch call for that slot on the same thread. */

@@ -5,6 +5,7 @@
 
 #include "dtype.h"
 #include "vae.h"
+#include "vae_int.h"
 
 /* Output size of the VAE's stride-2 downsample: pad right/bottom by 1,
  * 3x3 stride 2, so floor((h - 2) / 2) + 1. */
@@ -120,84 +121,18 @@ size_t sd_vae_workspace_floats(const sd_vae *v, int n, int h, int w)
     return sd_vae_batch_workspace_floats(v, 1, h, w);
 }
 
-/* What every layer needs: the backend, its exec context, weights, batch
- * and scratch (all in the backend's memory). */
-typedef struct {
-    const sd_backend *be;
-    void *pool;     /* the backend's exec: an sd_pool * on the CPU */
-    const float *p; /* flat parameters */
-    const sd_vae_config *cfg;
-    int n;
-    float *mean, *rstd; /* group-norm stats [n * groups] */
-} fwd;
-
-/* y = silu(group_norm(x)), y may be x. */
-static void norm_silu(const fwd *f, const sd_vae_norm *nm, int c, int hw, float *y, const float *x)
-{
-    sd_gn_shape s = {.n = f->n, .c = c, .hw = hw, .groups = f->cfg->groups, .eps = f->cfg->eps};
-    f->be->group_norm_fwd(f->pool, &s, y, f->mean, f->rstd, x, f->p + nm->g, f->p + nm->b);
-    f->be->silu_fwd(f->pool, (size_t)f->n * (size_t)c * (size_t)hw, y, y);
-}
-
-/* y = conv(x) with torch's symmetric "same" padding (k / 2 per side). */
-static void conv(const fwd *f, const sd_vae_conv *cv, int h, int w, float *y, const float *x)
-{
-    int p = cv->k / 2;
-    sd_conv2d_shape s = {.n = f->n, .cin = cv->cin, .h = h, .w = w, .cout = cv->cout, .kh = cv->k, .kw = cv->k,
-                         .stride = 1, .pad_t = p, .pad_b = p, .pad_l = p, .pad_r = p};
-    f->be->conv2d_fwd(f->pool, &s, y, x, f->p + cv->w, f->p + cv->b);
-}
-
 /* Downsample2D(padding=0): pad (0, 1, 0, 1), 3x3 stride 2. */
-static void conv_down(const fwd *f, const sd_vae_conv *cv, int h, int w, float *y, const float *x)
+static void conv_down(const sd_vae_fwd *f, const sd_vae_conv *cv, int h, int w, float *y, const float *x)
 {
     sd_conv2d_shape s = {.n = f->n, .cin = cv->cin, .h = h, .w = w, .cout = cv->cout, .kh = 3, .kw = 3,
                          .stride = 2, .pad_t = 0, .pad_b = 1, .pad_l = 0, .pad_r = 1};
     f->be->conv2d_fwd(f->pool, &s, y, x, f->p + cv->w, f->p + cv->b);
 }
 
-/* ResnetBlock2D (no time embedding, output scale 1): the input in *a is
- * replaced by shortcut(x) + conv2(silu(norm2(conv1(silu(norm1(x)))))). */
-static void resnet(const fwd *f, const sd_vae_resnet *r, int h, int w, float *a, float *b, float *c)
-{
-    int hw = h * w;
-    norm_silu(f, &r->n1, r->cin, hw, b, a);
-    conv(f, &r->c1, h, w, c, b);
-    norm_silu(f, &r->n2, r->cout, hw, c, c);
-    conv(f, &r->c2, h, w, b, c);
-    if (r->has_sc) {
-        conv(f, &r->sc, h, w, c, a);
-        f->be->add_fwd(f->pool, (size_t)f->n * (size_t)r->cout * (size_t)hw, a, c, b);
-    } else {
-        f->be->add_fwd(f->pool, (size_t)f->n * (size_t)r->cout * (size_t)hw, a, a, b);
-    }
-}
-
-/* The mid block's single-head self-attention over all hw positions, with
- * its residual: a += to_out(attn(q, k, v)) of group_norm(a). */
-static void attention(const fwd *f, const sd_vae_attn *at, int hw, float *a, float *b, float *c, float *q, float *k,
-                      float *v, float *lse)
-{
-    int C = at->c;
-    sd_gn_shape gs = {.n = f->n, .c = C, .hw = hw, .groups = f->cfg->groups, .eps = f->cfg->eps};
-    f->be->group_norm_fwd(f->pool, &gs, b, f->mean, f->rstd, a, f->p + at->n.g, f->p + at->n.b);
-    f->be->transpose_fwd(f->pool, f->n, C, hw, c, b); /* c: [n, hw, C] */
-    sd_linear_shape ls = {.m = f->n * hw, .k = C, .n = C};
-    f->be->linear_fwd(f->pool, &ls, q, c, f->p + at->wq, f->p + at->bq);
-    f->be->linear_fwd(f->pool, &ls, k, c, f->p + at->wk, f->p + at->bk);
-    f->be->linear_fwd(f->pool, &ls, v, c, f->p + at->wv, f->p + at->bv);
-    sd_attn_shape as = {.b = f->n, .heads = 1, .tq = hw, .tk = hw, .d = C, .causal = 0,
-                        .scale = (float)(1.0 / sqrt((double)C))};
-    f->be->attn_fwd(f->pool, &as, b, lse, q, k, v);
-    f->be->linear_fwd(f->pool, &ls, c, b, f->p + at->wo, f->p + at->bo);
-    f->be->transpose_fwd(f->pool, f->n, hw, C, b, c); /* b: [n, C, hw] */
-    f->be->add_fwd(f->pool, (size_t)f->n * (size_t)C * (size_t)hw, a, a, b);
-}
-
 /* The posterior from the moments [n, 2L, hw]: mean = first L channels,
  * std = exp(0.5 * clamp(logvar, -30, 20)) of the rest, as diffusers'
  * DiagonalGaussianDistribution computes them (the gauss_std op). */
-static void moments(const fwd *f, int L, size_t hw, const float *m, float *mean, float *std)
+static void moments(const sd_vae_fwd *f, int L, size_t hw, const float *m, float *mean, float *std)
 {
     size_t per = (size_t)L * hw;
     for (int b = 0; b < f->n; b++) {
@@ -225,12 +160,12 @@ static void encode_batch(const sd_vae *v, const sd_backend *be, void *exec, cons
         lse = vv + (size_t)n * t * top;
         tail = lse + (size_t)n * t;
     }
-    fwd f = {.be = be, .pool = exec, .p = params, .cfg = cfg, .n = n, .mean = tail,
+    sd_vae_fwd f = {.be = be, .pool = exec, .p = params, .cfg = cfg, .n = n, .mean = tail,
              .rstd = tail + (size_t)n * (size_t)cfg->groups};
 
-    conv(&f, &v->conv_in, h, w, a, x);
+    sd_vae_conv_fwd(&f, &v->conv_in, h, w, a, x);
     for (int i = 0; i < cfg->nblocks; i++) {
-        for (int j = 0; j < cfg->layers_per_block; j++) resnet(&f, &v->res[i][j], h, w, a, b, c);
+        for (int j = 0; j < cfg->layers_per_block; j++) sd_vae_resnet_fwd(&f, &v->res[i][j], h, w, a, b, c);
         if (i < cfg->nblocks - 1) {
             conv_down(&f, &v->down[i], h, w, b, a);
             float *s = a;
@@ -240,14 +175,14 @@ static void encode_batch(const sd_vae *v, const sd_backend *be, void *exec, cons
             w = down_size(w);
         }
     }
-    resnet(&f, &v->mid[0], h, w, a, b, c);
-    if (cfg->mid_attention) attention(&f, &v->attn, h * w, a, b, c, q, k, vv, lse);
-    resnet(&f, &v->mid[1], h, w, a, b, c);
-    norm_silu(&f, &v->norm_out, (int)top, h * w, b, a);
-    conv(&f, &v->conv_out, h, w, c, b);
+    sd_vae_resnet_fwd(&f, &v->mid[0], h, w, a, b, c);
+    if (cfg->mid_attention) sd_vae_attn_fwd(&f, &v->attn, h * w, a, b, c, q, k, vv, lse);
+    sd_vae_resnet_fwd(&f, &v->mid[1], h, w, a, b, c);
+    sd_vae_norm_silu(&f, &v->norm_out, (int)top, h * w, b, a);
+    sd_vae_conv_fwd(&f, &v->conv_out, h, w, c, b);
     const float *m = c;
     if (cfg->use_quant_conv) {
-        conv(&f, &v->quant, h, w, b, c);
+        sd_vae_conv_fwd(&f, &v->quant, h, w, b, c);
         m = b;
     }
     moments(&f, cfg->latent_channels, (size_t)h * (size_t)w, m, mean, std);
@@ -256,7 +191,7 @@ static void encode_batch(const sd_vae *v, const sd_backend *be, void *exec, cons
 /* ---- 16-bit activations: the same layers, a, b, c stored as dt ---- */
 
 /* y = silu(group_norm(x)) with typed x and y (y may be x). */
-static void norm_silu_st(const fwd *f, int dt, const sd_vae_norm *nm, int c, int hw, void *y, const void *x)
+static void norm_silu_st(const sd_vae_fwd *f, int dt, const sd_vae_norm *nm, int c, int hw, void *y, const void *x)
 {
     sd_gn_shape s = {.n = f->n, .c = c, .hw = hw, .groups = f->cfg->groups, .eps = f->cfg->eps};
     f->be->group_norm_fwd_st(f->pool, &s, 1, dt, y, f->mean, f->rstd, dt, x, f->p + nm->g, f->p + nm->b);
@@ -264,7 +199,7 @@ static void norm_silu_st(const fwd *f, int dt, const sd_vae_norm *nm, int c, int
 
 /* conv with torch's "same" padding or, down set, the (0, 1, 0, 1)-padded
  * stride-2 downsample; x and y typed as xdt / ydt. */
-static void conv_st(const fwd *f, const sd_vae_conv *cv, int down, int h, int w, int ydt, void *y, int xdt,
+static void conv_st(const sd_vae_fwd *f, const sd_vae_conv *cv, int down, int h, int w, int ydt, void *y, int xdt,
                     const void *x)
 {
     int p = cv->k / 2;
@@ -280,7 +215,7 @@ static void conv_st(const fwd *f, const sd_vae_conv *cv, int down, int h, int w,
 }
 
 /* resnet() with typed buffers. */
-static void resnet_st(const fwd *f, int dt, const sd_vae_resnet *r, int h, int w, void *a, void *b, void *c)
+static void resnet_st(const sd_vae_fwd *f, int dt, const sd_vae_resnet *r, int h, int w, void *a, void *b, void *c)
 {
     int hw = h * w;
     size_t n = (size_t)f->n * (size_t)r->cout * (size_t)hw;
@@ -328,7 +263,7 @@ static void encode_batch_st(const sd_vae *v, const sd_backend *be, void *exec, c
     }
     float *mom = tail;
     tail = mom + 2 * (size_t)n * (size_t)cfg->latent_channels * t;
-    fwd f = {.be = be, .pool = exec, .p = params, .cfg = cfg, .n = n, .mean = tail,
+    sd_vae_fwd f = {.be = be, .pool = exec, .p = params, .cfg = cfg, .n = n, .mean = tail,
              .rstd = tail + (size_t)n * (size_t)cfg->groups};
 
     conv_st(&f, &v->conv_in, 0, h, w, dt, a, SD_DT_F32, x);
@@ -352,7 +287,7 @@ static void encode_batch_st(const sd_vae *v, const sd_backend *be, void *exec, c
             fc = c;
         }
         be->convert_st(exec, nt, SD_DT_F32, fa, dt, a);
-        attention(&f, &v->attn, h * w, fa, fb, fc, q, k, vv, lse);
+        sd_vae_attn_fwd(&f, &v->attn, h * w, fa, fb, fc, q, k, vv, lse);
         be->convert_st(exec, nt, dt, a, SD_DT_F32, fa);
     }
     resnet_st(&f, dt, &v->mid[1], h, w, a, b, c);

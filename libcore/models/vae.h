@@ -7,7 +7,7 @@
  * projections stored as 1x1 convs), or a standalone VAE file (ldm or
  * diffusers names, no prefix). The config comes from config.json when there
  * is one, else it is inferred from weight shapes (see sd_vae_load). Only
- * the encoder and quant_conv are loaded; the decoder is ignored.
+ * the encoder and quant_conv are loaded here; the decoder is vae_decode.h's.
  *
  * Forward only: the VAE is frozen in SD training. Ops go through the
  * backend table (backend.h), so the same code runs on any backend. */
@@ -24,12 +24,14 @@ enum { SD_VAE_MAX_BLOCKS = 6, SD_VAE_MAX_LAYERS = 4 };
 
 typedef struct {
     int in_channels;     /* 3 */
+    int out_channels;    /* 3: the decoder's image channels */
     int latent_channels; /* 4 */
     int nblocks;         /* len(block_out_channels) */
     int block_out[SD_VAE_MAX_BLOCKS];
     int layers_per_block;
     int groups;         /* norm_num_groups */
     int use_quant_conv; /* 1 */
+    int use_post_quant_conv; /* 1: the decoder's */
     int mid_attention;  /* mid_block_add_attention */
     float eps;          /* 1e-6 in every diffusers VAE norm */
     double scaling_factor, shift_factor;
@@ -137,7 +139,7 @@ void sd_vae_encode_queue(const sd_vae *v, const sd_backend *be, void *exec, cons
  * an image's latents never depend on its batch); on a device (whole_batch,
  * set by init from be->is_device) a batch goes in one pass
  * (sd_vae_encode_batch_on: on an H100 batch 8 ran 1.2x faster per image
- * than batch 1 with TF32, docs/GPU.md), or one at a time when its scratch
+ * than batch 1 with TF32, bench/RESULTS.md), or one at a time when its scratch
  * does not fit in the device's memory. encode = submit + collect: submit
  * copies the batch in and queues its encode (x may be reused on return),
  * collect waits for it and copies the moments out, so a caller can

@@ -1,5 +1,7 @@
-/* The VAE encoder's layer table, its weight names in both layouts, its
- * config (config.json or inferred from shapes) and loading. */
+/* The VAE's weight registration in both layouts (shared with the
+ * decoder, vae_decode_load.c), the encoder's layer table, the config
+ * (config.json or inferred from the encoder's or the decoder's shapes),
+ * opening a VAE's weights file and loading the encoder. */
 #include <stdio.h>
 #include <string.h>
 
@@ -9,18 +11,13 @@
 #include "model_dir.h"
 #include "slurp.h"
 #include "vae.h"
-
-/* Registration state: the names of the current layer in both layouts. */
-typedef struct {
-    sd_vae *v;
-    sd_error *err;
-} reg;
+#include "vae_int.h"
 
 /* One parameter known as d (diffusers) and l (ldm). */
-static sd_status add(reg *r, const char *d, const char *l, int ndim, int a, int b, int c, int e, size_t *off)
+static sd_status add(sd_vae_reg *r, const char *d, const char *l, int ndim, int a, int b, int c, int e, size_t *off)
 {
     int shape[4] = {a, b, c, e};
-    return sd_weights_add(&r->v->w, d, l, ndim, shape, off, r->err);
+    return sd_weights_add(r->w, d, l, ndim, shape, off, r->err);
 }
 
 /* "prefix.suffix" in a small buffer, for names built from parts. */
@@ -31,7 +28,7 @@ static const char *cat(char *buf, const char *prefix, const char *suffix)
 }
 
 /* A conv's weight [cout, cin, k, k] and bias. */
-static sd_status add_conv(reg *r, sd_vae_conv *cv, const char *d, const char *l, int cin, int cout, int k)
+sd_status sd_vae_add_conv(sd_vae_reg *r, sd_vae_conv *cv, const char *d, const char *l, int cin, int cout, int k)
 {
     char a[SD_WEIGHT_NAME_MAX], b[SD_WEIGHT_NAME_MAX];
     cv->cin = cin;
@@ -43,7 +40,7 @@ static sd_status add_conv(reg *r, sd_vae_conv *cv, const char *d, const char *l,
 }
 
 /* A group norm's gamma and beta. */
-static sd_status add_norm(reg *r, sd_vae_norm *n, const char *d, const char *l, int c)
+sd_status sd_vae_add_norm(sd_vae_reg *r, sd_vae_norm *n, const char *d, const char *l, int c)
 {
     char a[SD_WEIGHT_NAME_MAX], b[SD_WEIGHT_NAME_MAX];
     sd_status rc = add(r, cat(a, d, "weight"), cat(b, l, "weight"), 1, c, 0, 0, 0, &n->g);
@@ -52,7 +49,7 @@ static sd_status add_norm(reg *r, sd_vae_norm *n, const char *d, const char *l, 
 }
 
 /* A linear's weight [out, in] and bias (ldm: a 1x1 conv, squeezed). */
-static sd_status add_linear(reg *r, size_t *w, size_t *b, const char *d, const char *l, int c)
+static sd_status add_linear(sd_vae_reg *r, size_t *w, size_t *b, const char *d, const char *l, int c)
 {
     char x[SD_WEIGHT_NAME_MAX], y[SD_WEIGHT_NAME_MAX];
     sd_status rc = add(r, cat(x, d, "weight"), cat(y, l, "weight"), 2, c, c, 0, 0, w);
@@ -62,23 +59,37 @@ static sd_status add_linear(reg *r, size_t *w, size_t *b, const char *d, const c
 
 /* ResnetBlock2D: norm1, conv1, norm2, conv2, 1x1 shortcut when cin != cout
  * (diffusers conv_shortcut, ldm nin_shortcut). */
-static sd_status add_resnet(reg *r, sd_vae_resnet *rs, const char *d, const char *l, int cin, int cout)
+sd_status sd_vae_add_resnet(sd_vae_reg *r, sd_vae_resnet *rs, const char *d, const char *l, int cin, int cout)
 {
     char a[SD_WEIGHT_NAME_MAX], b[SD_WEIGHT_NAME_MAX];
     rs->cin = cin;
     rs->cout = cout;
     rs->has_sc = cin != cout;
-    sd_status rc = add_norm(r, &rs->n1, cat(a, d, "norm1"), cat(b, l, "norm1"), cin);
-    if (!rc) rc = add_conv(r, &rs->c1, cat(a, d, "conv1"), cat(b, l, "conv1"), cin, cout, 3);
-    if (!rc) rc = add_norm(r, &rs->n2, cat(a, d, "norm2"), cat(b, l, "norm2"), cout);
-    if (!rc) rc = add_conv(r, &rs->c2, cat(a, d, "conv2"), cat(b, l, "conv2"), cout, cout, 3);
+    sd_status rc = sd_vae_add_norm(r, &rs->n1, cat(a, d, "norm1"), cat(b, l, "norm1"), cin);
+    if (!rc) rc = sd_vae_add_conv(r, &rs->c1, cat(a, d, "conv1"), cat(b, l, "conv1"), cin, cout, 3);
+    if (!rc) rc = sd_vae_add_norm(r, &rs->n2, cat(a, d, "norm2"), cat(b, l, "norm2"), cout);
+    if (!rc) rc = sd_vae_add_conv(r, &rs->c2, cat(a, d, "conv2"), cat(b, l, "conv2"), cout, cout, 3);
     if (!rc && rs->has_sc)
-        rc = add_conv(r, &rs->sc, cat(a, d, "conv_shortcut"), cat(b, l, "nin_shortcut"), cin, cout, 1);
+        rc = sd_vae_add_conv(r, &rs->sc, cat(a, d, "conv_shortcut"), cat(b, l, "nin_shortcut"), cin, cout, 1);
     return rc;
 }
 
-/* Check a config the forward pass can run. */
-static sd_status check_config(const sd_vae_config *c, sd_error *err)
+/* The mid block's attention: group norm, q, k, v, out (diffusers
+ * d.to_q..., ldm l.q...). */
+sd_status sd_vae_add_attn(sd_vae_reg *r, sd_vae_attn *at, const char *d, const char *l, int c)
+{
+    char x[SD_WEIGHT_NAME_MAX], y[SD_WEIGHT_NAME_MAX];
+    at->c = c;
+    sd_status rc = sd_vae_add_norm(r, &at->n, cat(x, d, "group_norm"), cat(y, l, "norm"), c);
+    if (!rc) rc = add_linear(r, &at->wq, &at->bq, cat(x, d, "to_q"), cat(y, l, "q"), c);
+    if (!rc) rc = add_linear(r, &at->wk, &at->bk, cat(x, d, "to_k"), cat(y, l, "k"), c);
+    if (!rc) rc = add_linear(r, &at->wv, &at->bv, cat(x, d, "to_v"), cat(y, l, "v"), c);
+    if (!rc) rc = add_linear(r, &at->wo, &at->bo, cat(x, d, "to_out.0"), cat(y, l, "proj_out"), c);
+    return rc;
+}
+
+/* Check a config the forward passes can run. */
+sd_status sd_vae_check_config(const sd_vae_config *c, sd_error *err)
 {
     if (c->nblocks < 1 || c->nblocks > SD_VAE_MAX_BLOCKS)
         return sd_err_set(err, SD_EUNSUPPORTED, "VAE with %d down blocks (1..%d supported)", c->nblocks,
@@ -98,47 +109,38 @@ static sd_status check_config(const sd_vae_config *c, sd_error *err)
 /* Register every encoder parameter in the order diffusers lists them. */
 sd_status sd_vae_build(sd_vae *v, const sd_vae_config *cfg, sd_error *err)
 {
-    sd_status rc = check_config(cfg, err);
+    sd_status rc = sd_vae_check_config(cfg, err);
     if (rc) return rc;
     memset(v, 0, sizeof(*v));
     v->cfg = *cfg;
     sd_weights_init(&v->w);
-    reg r = {v, err};
+    sd_vae_reg r = {&v->w, err};
     const int *bo = cfg->block_out;
     int nb = cfg->nblocks, top = bo[nb - 1];
-    rc = add_conv(&r, &v->conv_in, "encoder.conv_in", "encoder.conv_in", cfg->in_channels, bo[0], 3);
+    rc = sd_vae_add_conv(&r, &v->conv_in, "encoder.conv_in", "encoder.conv_in", cfg->in_channels, bo[0], 3);
     char d[SD_WEIGHT_NAME_MAX], l[SD_WEIGHT_NAME_MAX];
     int cin = bo[0];
     for (int i = 0; i < nb && !rc; i++) {
         for (int j = 0; j < cfg->layers_per_block && !rc; j++) {
             snprintf(d, sizeof d, "encoder.down_blocks.%d.resnets.%d", i, j);
             snprintf(l, sizeof l, "encoder.down.%d.block.%d", i, j);
-            rc = add_resnet(&r, &v->res[i][j], d, l, cin, bo[i]);
+            rc = sd_vae_add_resnet(&r, &v->res[i][j], d, l, cin, bo[i]);
             cin = bo[i];
         }
         if (!rc && i < nb - 1) {
             snprintf(d, sizeof d, "encoder.down_blocks.%d.downsamplers.0.conv", i);
             snprintf(l, sizeof l, "encoder.down.%d.downsample.conv", i);
-            rc = add_conv(&r, &v->down[i], d, l, bo[i], bo[i], 3);
+            rc = sd_vae_add_conv(&r, &v->down[i], d, l, bo[i], bo[i], 3);
         }
     }
-    if (!rc) rc = add_resnet(&r, &v->mid[0], "encoder.mid_block.resnets.0", "encoder.mid.block_1", top, top);
-    if (!rc && cfg->mid_attention) {
-        const char *a = "encoder.mid_block.attentions.0", *b = "encoder.mid.attn_1";
-        char x[SD_WEIGHT_NAME_MAX], y[SD_WEIGHT_NAME_MAX];
-        sd_vae_attn *at = &v->attn;
-        at->c = top;
-        rc = add_norm(&r, &at->n, cat(x, a, "group_norm"), cat(y, b, "norm"), top);
-        if (!rc) rc = add_linear(&r, &at->wq, &at->bq, cat(x, a, "to_q"), cat(y, b, "q"), top);
-        if (!rc) rc = add_linear(&r, &at->wk, &at->bk, cat(x, a, "to_k"), cat(y, b, "k"), top);
-        if (!rc) rc = add_linear(&r, &at->wv, &at->bv, cat(x, a, "to_v"), cat(y, b, "v"), top);
-        if (!rc) rc = add_linear(&r, &at->wo, &at->bo, cat(x, a, "to_out.0"), cat(y, b, "proj_out"), top);
-    }
-    if (!rc) rc = add_resnet(&r, &v->mid[1], "encoder.mid_block.resnets.1", "encoder.mid.block_2", top, top);
-    if (!rc) rc = add_norm(&r, &v->norm_out, "encoder.conv_norm_out", "encoder.norm_out", top);
-    if (!rc) rc = add_conv(&r, &v->conv_out, "encoder.conv_out", "encoder.conv_out", top, 2 * cfg->latent_channels, 3);
+    if (!rc) rc = sd_vae_add_resnet(&r, &v->mid[0], "encoder.mid_block.resnets.0", "encoder.mid.block_1", top, top);
+    if (!rc && cfg->mid_attention)
+        rc = sd_vae_add_attn(&r, &v->attn, "encoder.mid_block.attentions.0", "encoder.mid.attn_1", top);
+    if (!rc) rc = sd_vae_add_resnet(&r, &v->mid[1], "encoder.mid_block.resnets.1", "encoder.mid.block_2", top, top);
+    if (!rc) rc = sd_vae_add_norm(&r, &v->norm_out, "encoder.conv_norm_out", "encoder.norm_out", top);
+    if (!rc) rc = sd_vae_add_conv(&r, &v->conv_out, "encoder.conv_out", "encoder.conv_out", top, 2 * cfg->latent_channels, 3);
     if (!rc && cfg->use_quant_conv)
-        rc = add_conv(&r, &v->quant, "quant_conv", "quant_conv", 2 * cfg->latent_channels,
+        rc = sd_vae_add_conv(&r, &v->quant, "quant_conv", "quant_conv", 2 * cfg->latent_channels,
                       2 * cfg->latent_channels, 1);
     if (!rc) rc = sd_weights_alloc(&v->w, err);
     if (rc) sd_weights_free(&v->w);
@@ -156,6 +158,8 @@ static void default_config(sd_vae_config *c)
 {
     memset(c, 0, sizeof(*c));
     c->in_channels = 3;
+    c->out_channels = 3;
+    c->use_post_quant_conv = 1;
     c->latent_channels = 4;
     c->layers_per_block = 2;
     c->groups = 32;
@@ -203,10 +207,12 @@ static sd_status read_config(const char *path, sd_vae_config *c, sd_error *err)
         if (!rc) c->nblocks = i;
     }
     if (!rc) rc = sd_model_config_int(root, "in_channels", 1e6, &c->in_channels, path, err);
+    if (!rc) rc = sd_model_config_int(root, "out_channels", 1e6, &c->out_channels, path, err);
     if (!rc) rc = sd_model_config_int(root, "latent_channels", 1e6, &c->latent_channels, path, err);
     if (!rc) rc = sd_model_config_int(root, "layers_per_block", 1e6, &c->layers_per_block, path, err);
     if (!rc) rc = sd_model_config_int(root, "norm_num_groups", 1e6, &c->groups, path, err);
     if (!rc) rc = cfg_bool(root, "use_quant_conv", &c->use_quant_conv, path, err);
+    if (!rc) rc = cfg_bool(root, "use_post_quant_conv", &c->use_post_quant_conv, path, err);
     if (!rc) rc = cfg_bool(root, "mid_block_add_attention", &c->mid_attention, path, err);
     if (!rc) {
         const sd_json *sf = sd_json_get(root, "scaling_factor");
@@ -230,16 +236,18 @@ static sd_status read_config(const char *path, sd_vae_config *c, sd_error *err)
     return rc;
 }
 
-/* The names one file uses: which prefix, which layout. */
-static int detect_layout(const sd_safetensors *st, sd_weight_layout *lay, char *desc, size_t cap)
+/* The names one file uses for `part` ("encoder", "decoder"): which
+ * prefix, which layout (ldm names its blocks down.N / up.N). */
+static int detect_layout(const sd_safetensors *st, const char *part, sd_weight_layout *lay, char *desc, size_t cap)
 {
     static const char *prefixes[] = {"", "first_stage_model.", "vae."};
+    const char *blocks = strcmp(part, "decoder") == 0 ? "up" : "down";
     char name[160];
     for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++) {
-        snprintf(name, sizeof name, "%sencoder.conv_in.weight", prefixes[i]);
+        snprintf(name, sizeof name, "%s%s.conv_in.weight", prefixes[i], part);
         if (!sd_st_find(st, name)) continue;
         lay->prefix = prefixes[i];
-        snprintf(name, sizeof name, "%sencoder.down.0.block.0.norm1.weight", prefixes[i]);
+        snprintf(name, sizeof name, "%s%s.%s.0.block.0.norm1.weight", prefixes[i], part, blocks);
         lay->use_alt = sd_st_find(st, name) != NULL;
         snprintf(desc, cap, "%s%s%s", lay->use_alt ? "ldm" : "diffusers", *prefixes[i] ? " prefix " : "",
                  prefixes[i]);
@@ -257,13 +265,10 @@ static int dim_of(const sd_safetensors *st, const sd_weight_layout *lay, const c
     return t && t->ndim > d ? (int)t->shape[d] : 0;
 }
 
-/* Infer the architecture from weight shapes: blocks and their widths from
- * each block's first conv, layers from the resnets present, latent
- * channels from conv_out, attention and quant_conv from their presence.
- * Norm groups are not in the weights: 32 (every SD/SDXL VAE) unless given.
- * SDXL and SD VAEs share one architecture; the scaling factor is SDXL's
- * when the same file holds an SDXL conditioner, else SD's. */
-static void infer_config(const sd_safetensors *st, const sd_weight_layout *lay, sd_vae_config *c)
+/* The encoder's architecture from its shapes: blocks and their widths
+ * from each block's first conv, layers from the resnets present, latent
+ * channels from conv_out, attention and quant_conv from their presence. */
+static void infer_encoder(const sd_safetensors *st, const sd_weight_layout *lay, sd_vae_config *c)
 {
     char n[160];
     int alt = lay->use_alt;
@@ -287,6 +292,48 @@ static void infer_config(const sd_safetensors *st, const sd_weight_layout *lay, 
     c->use_quant_conv = dim_of(st, lay, "quant_conv.weight", 0) > 0;
     c->mid_attention = dim_of(st, lay, alt ? "encoder.mid.attn_1.norm.weight"
                                            : "encoder.mid_block.attentions.0.group_norm.weight", 0) > 0;
+}
+
+/* The decoder's architecture from its shapes: ldm's up.K runs at level K
+ * (block_out[K] wide), diffusers' up_blocks.I at level nblocks-1-I; each
+ * up block has layers_per_block + 1 resnets; latent channels from conv_in,
+ * image channels from conv_out, post_quant_conv and attention from their
+ * presence. */
+static void infer_decoder(const sd_safetensors *st, const sd_weight_layout *lay, sd_vae_config *c)
+{
+    char n[160];
+    int alt = lay->use_alt, widths[SD_VAE_MAX_BLOCKS];
+    c->out_channels = dim_of(st, lay, "decoder.conv_out.weight", 0);
+    c->nblocks = 0;
+    for (int i = 0; i < SD_VAE_MAX_BLOCKS; i++) {
+        snprintf(n, sizeof n, alt ? "decoder.up.%d.block.0.conv1.weight" : "decoder.up_blocks.%d.resnets.0.conv1.weight",
+                 i);
+        int co = dim_of(st, lay, n, 0);
+        if (!co) break;
+        widths[c->nblocks++] = co;
+    }
+    for (int i = 0; i < c->nblocks; i++) c->block_out[i] = alt ? widths[i] : widths[c->nblocks - 1 - i];
+    c->layers_per_block = 0;
+    for (int j = 1; j < SD_VAE_MAX_LAYERS + 2; j++) {
+        snprintf(n, sizeof n, alt ? "decoder.up.0.block.%d.conv1.weight" : "decoder.up_blocks.0.resnets.%d.conv1.weight",
+                 j);
+        if (!dim_of(st, lay, n, 0)) break;
+        c->layers_per_block = j;
+    }
+    c->latent_channels = dim_of(st, lay, "decoder.conv_in.weight", 1);
+    c->use_post_quant_conv = dim_of(st, lay, "post_quant_conv.weight", 0) > 0;
+    c->mid_attention = dim_of(st, lay, alt ? "decoder.mid.attn_1.norm.weight"
+                                           : "decoder.mid_block.attentions.0.group_norm.weight", 0) > 0;
+}
+
+/* Infer the architecture of `part` from weight shapes. Norm groups are not
+ * in the weights: 32 (every SD/SDXL VAE) unless given. SDXL and SD VAEs
+ * share one architecture; the scaling factor is SDXL's when the same file
+ * holds an SDXL conditioner, else SD's. */
+static void infer_config(const sd_safetensors *st, const sd_weight_layout *lay, const char *part, sd_vae_config *c)
+{
+    if (strcmp(part, "decoder") == 0) infer_decoder(st, lay, c);
+    else infer_encoder(st, lay, c);
     for (size_t i = 0; i < sd_st_count(st); i++)
         if (strncmp(sd_st_tensor_at(st, i)->name, "conditioner.embedders.", 22) == 0) {
             c->scaling_factor = 0.13025;
@@ -301,17 +348,20 @@ static void infer_config(const sd_safetensors *st, const sd_weight_layout *lay, 
  * (_convert_deprecated_attention_blocks: to_q, to_k, to_v, to_out.0;
  * group_norm kept). Point each of those slots at its old name when the
  * file has that and not the current one. */
-static void use_deprecated_attn_names(sd_vae *v, const sd_safetensors *st, const sd_weight_layout *lay)
+void sd_vae_use_deprecated_attn_names(sd_weights *w, const sd_vae_source *src, const char *part)
 {
+    const sd_safetensors *st = src->st;
+    const sd_weight_layout *lay = &src->lay;
     static const struct {
         const char *now, *old;
     } ren[] = {{"to_q.", "query."}, {"to_k.", "key."}, {"to_v.", "value."}, {"to_out.0.", "proj_attn."}};
-    static const char base[] = "encoder.mid_block.attentions.0.";
-    char now[2 * SD_WEIGHT_NAME_MAX], old[2 * SD_WEIGHT_NAME_MAX];
-    for (size_t i = 0; i < v->w.nslots; i++) {
-        sd_weight_slot *s = &v->w.slots[i];
-        if (strncmp(s->name, base, sizeof base - 1) != 0) continue;
-        const char *rest = s->name + sizeof base - 1;
+    char base[64], now[2 * SD_WEIGHT_NAME_MAX], old[2 * SD_WEIGHT_NAME_MAX];
+    snprintf(base, sizeof base, "%s.mid_block.attentions.0.", part);
+    size_t nb = strlen(base);
+    for (size_t i = 0; i < w->nslots; i++) {
+        sd_weight_slot *s = &w->slots[i];
+        if (strncmp(s->name, base, nb) != 0) continue;
+        const char *rest = s->name + nb;
         for (size_t k = 0; k < sizeof ren / sizeof *ren; k++) {
             size_t n = strlen(ren[k].now);
             if (strncmp(rest, ren[k].now, n) != 0) continue;
@@ -323,47 +373,62 @@ static void use_deprecated_attn_names(sd_vae *v, const sd_safetensors *st, const
     }
 }
 
-/* Load the encoder from a folder or a file, config from config.json
- * (folder's, or opts->config_path) or inferred from the weights. */
-sd_status sd_vae_load(sd_vae *v, const char *path, const sd_vae_opts *opts, sd_error *err)
+/* The weights file of path (a model folder's vae/, a vae/ folder, a
+ * file) opened, its layout for `part` found and its config read from
+ * config.json (the folder's, or opts->config_path) or inferred. */
+sd_status sd_vae_source_open(sd_vae_source *s, const char *path, const sd_vae_opts *opts, const char *part,
+                             sd_error *err)
 {
-    char weights[4096], config[4096];
+    char config[4096];
     sd_vae_opts none = {0};
     if (!opts) opts = &none;
+    memset(s, 0, sizeof *s);
     static const char *const files[] = {"diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.fp16.safetensors"};
-    sd_status rc = sd_model_files(path, "vae", files, 2, opts->config_path, weights, config, sizeof weights, err);
+    sd_status rc = sd_model_files(path, "vae", files, 2, opts->config_path, s->weights, config, sizeof config, err);
+    if (!rc) rc = sd_st_open(&s->st, s->weights, err);
     if (rc) return rc;
-
-    sd_safetensors *st = NULL;
-    rc = sd_st_open(&st, weights, err);
-    if (rc) return rc;
-    sd_weight_layout lay;
-    char desc[64];
-    sd_vae_config cfg;
-    default_config(&cfg);
-    if (!detect_layout(st, &lay, desc, sizeof desc)) {
-        sd_st_close(st);
+    default_config(&s->cfg);
+    if (!detect_layout(s->st, part, &s->lay, s->desc, sizeof s->desc)) {
+        sd_vae_source_close(s);
         return sd_err_set(err, SD_EFORMAT,
-                          "%s: no VAE encoder in it (looked for encoder.conv_in.weight, with no prefix, "
+                          "%s: no VAE %s in it (looked for %s.conv_in.weight, with no prefix, "
                           "first_stage_model. or vae.)",
-                          weights);
+                          s->weights, part, part);
     }
-    if (config[0]) rc = read_config(config, &cfg, err);
+    if (config[0]) rc = read_config(config, &s->cfg, err);
     else {
-        infer_config(st, &lay, &cfg);
-        if (opts->groups > 0) cfg.groups = opts->groups;
+        infer_config(s->st, &s->lay, part, &s->cfg);
+        if (opts->groups > 0) s->cfg.groups = opts->groups;
     }
     if (!rc && opts->scaling_factor > 0) {
-        cfg.scaling_factor = opts->scaling_factor;
-        snprintf(cfg.scale_source, sizeof cfg.scale_source, "command line");
+        s->cfg.scaling_factor = opts->scaling_factor;
+        snprintf(s->cfg.scale_source, sizeof s->cfg.scale_source, "command line");
     }
-    if (!rc) rc = sd_vae_build(v, &cfg, err);
-    if (!rc) {
-        if (!lay.use_alt) use_deprecated_attn_names(v, st, &lay);
-        rc = sd_weights_load(&v->w, st, &lay, weights, err);
-        if (rc) sd_vae_free(v);
-        else snprintf(v->layout, sizeof v->layout, "%s", desc);
+    if (rc) sd_vae_source_close(s);
+    return rc;
+}
+
+/* Close the file. */
+void sd_vae_source_close(sd_vae_source *s)
+{
+    sd_st_close(s->st);
+    s->st = NULL;
+}
+
+/* Load the encoder from a folder or a file. */
+sd_status sd_vae_load(sd_vae *v, const char *path, const sd_vae_opts *opts, sd_error *err)
+{
+    sd_vae_source src;
+    sd_status rc = sd_vae_source_open(&src, path, opts, "encoder", err);
+    if (!rc) rc = sd_vae_build(v, &src.cfg, err);
+    if (rc) {
+        if (src.st) sd_vae_source_close(&src);
+        return rc;
     }
-    sd_st_close(st);
+    if (!src.lay.use_alt) sd_vae_use_deprecated_attn_names(&v->w, &src, "encoder");
+    rc = sd_weights_load(&v->w, src.st, &src.lay, src.weights, err);
+    if (rc) sd_vae_free(v);
+    else snprintf(v->layout, sizeof v->layout, "%s", src.desc);
+    sd_vae_source_close(&src);
     return rc;
 }

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""Golden files for the VAE encoder (libcore/vae*.c), run by hand, not in CI:
+"""Golden files for the VAE encoder (libcore/models/vae*.c), run by hand, not in CI:
     python3 tests/golden/make_vae_golden.py
 (needs torch, diffusers, safetensors, numpy from PyPI).
 
 For two tiny AutoencoderKL configs with random weights it writes, under
 tests/golden/vae/<name>/:
   vae/config.json + vae/diffusion_pytorch_model.safetensors   diffusers layout
-      (fp32; encoder, quant_conv and post_quant_conv only: the decoder is
-      dropped to keep the files small, the loader must ignore what it does
-      not use, as post_quant_conv shows)
+      (encoder, quant_conv, post_quant_conv in fp32; "sd" also keeps the
+      decoder, stored as fp16 to keep the file small, "sdxl" drops it:
+      the encoder's loader must ignore what it does not use)
   single.safetensors   the same weights in the original ldm single-file
       layout (first_stage_model.encoder.down.0.block.0.*, mid.attn_1 q/k/v/
       proj_out as 1x1 conv weights [C, C, 1, 1]), stored as fp16 (the "sd"
@@ -16,7 +16,9 @@ tests/golden/vae/<name>/:
       conditioner.embedders tensor so the loader can tell an SDXL checkpoint
   expected.safetensors input x [2, 3, H, W] in [-1, 1] and the posterior's
       mean and std (std = exp(0.5 * clamp(logvar, -30, 20))) as diffusers
-      computes them in float64 from the same fp32 weights
+      computes them in float64 from the same fp32 weights; for "sd" also
+      sampled latents z [2, 4, H/8, W/8] (randn) and `decoded`, the image
+      vae.decode(z / scaling_factor) gives in float64 (the SD pipelines' call)
 
 Weights are rounded to values that fp16 and bf16 both represent exactly
 (8 significant bits, nothing below fp16's smallest normal), so the fp16/bf16 single files and
@@ -31,6 +33,7 @@ keys, so the scaling factor can be told from the file alone).
 used before 0.14 (see make_old_names)."""
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -38,12 +41,12 @@ import torch
 from diffusers import AutoencoderKL
 from safetensors.torch import load_file, save_file
 
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vae")
+HERE = os.environ.get("VAE_GOLDEN_DIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "vae")
 
 CONFIGS = {
     "sd": dict(block_out_channels=(8, 16, 32, 32), layers_per_block=2, norm_num_groups=4,
                latent_channels=4, scaling_factor=0.18215, use_quant_conv=True, size=(40, 32),
-               single_dtype=torch.float16, single_prefix="first_stage_model."),
+               single_dtype=torch.float16, single_prefix="first_stage_model.", decoder=True),
     "sdxl": dict(block_out_channels=(8, 16, 16), layers_per_block=1, norm_num_groups=2,
                  latent_channels=4, scaling_factor=0.13025, use_quant_conv=True, size=(24, 40),
                  single_dtype=torch.bfloat16, single_prefix="first_stage_model."),
@@ -62,8 +65,17 @@ def round_weights(sd):
     return out
 
 
-def ldm_name(k):
-    """Map a diffusers encoder key to its original ldm (CompVis) name."""
+def ldm_name(k, nblocks=4):
+    """Map a diffusers encoder or decoder key to its original ldm (CompVis)
+    name; ldm numbers the decoder's up blocks by level (up.{nblocks-1-i})."""
+    m = re.match(r"decoder\.up_blocks\.(\d+)\.(resnets|upsamplers)\.(\d+)\.(.*)", k)
+    if m:
+        level = nblocks - 1 - int(m.group(1))
+        if m.group(2) == "upsamplers":
+            return "decoder.up.%d.upsample.%s" % (level, m.group(4))
+        return "decoder.up.%d.block.%s.%s" % (level, m.group(3), m.group(4).replace("conv_shortcut.", "nin_shortcut."))
+    if k.startswith("decoder."):
+        return "de" + ldm_name("en" + k[2:], nblocks)[2:]
     k = k.replace("encoder.down_blocks.", "encoder.down.")
     k = k.replace(".resnets.", ".block.")
     k = k.replace(".downsamplers.0.conv.", ".downsample.conv.")
@@ -92,7 +104,9 @@ def make(name, cfg):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
-    state = round_weights({k: v for k, v in model.state_dict().items() if not k.startswith("decoder.")})
+    keep_dec = cfg.get("decoder", False)
+    state = round_weights({k: v for k, v in model.state_dict().items()
+                           if keep_dec or not k.startswith("decoder.")})
     model.load_state_dict(state, strict=False)
     model = model.double().eval()
 
@@ -103,6 +117,14 @@ def make(name, cfg):
         post = model.encode(x.double()).latent_dist
     mean = post.mean.float().contiguous()
     std = post.std.float().contiguous()
+    extra = {}
+    if keep_dec:
+        # sampled (scaled) latents, decoded as the SD pipelines do:
+        # vae.decode(latents / scaling_factor)
+        z = torch.randn(2, cfg["latent_channels"], *mean.shape[2:], generator=torch.Generator().manual_seed(9))
+        with torch.no_grad():
+            dec = model.decode(z.double() / cfg["scaling_factor"]).sample
+        extra = {"z": z.float().contiguous(), "decoded": dec.float().contiguous()}
 
     d = os.path.join(HERE, name)
     shutil.rmtree(d, ignore_errors=True)
@@ -112,11 +134,13 @@ def make(name, cfg):
     conf["_class_name"] = "AutoencoderKL"
     with open(os.path.join(d, "vae", "config.json"), "w") as f:
         json.dump(conf, f, indent=2, sort_keys=True)
-    save_file(state, os.path.join(d, "vae", "diffusion_pytorch_model.safetensors"))
+    # the decoder in fp16 (its values are exact there) to keep the file small
+    folder = {k: (v.half() if k.startswith("decoder.") else v) for k, v in state.items()}
+    save_file(folder, os.path.join(d, "vae", "diffusion_pytorch_model.safetensors"))
 
     single = {}
     for k, v in state.items():
-        nk = ldm_name(k)
+        nk = ldm_name(k, nb)
         if ".mid.attn_1." in nk and nk.endswith(".weight") and v.ndim == 2:
             v = v[:, :, None, None]
         single[cfg["single_prefix"] + nk] = v.to(cfg["single_dtype"]).contiguous()
@@ -124,7 +148,7 @@ def make(name, cfg):
     if name == "sdxl":
         single["conditioner.embedders.1.model.text_projection"] = torch.zeros(4, 4, dtype=cfg["single_dtype"])
     save_file(single, os.path.join(d, "single.safetensors"))
-    save_file({"x": x.contiguous(), "mean": mean, "std": std}, os.path.join(d, "expected.safetensors"))
+    save_file({"x": x.contiguous(), "mean": mean, "std": std, **extra}, os.path.join(d, "expected.safetensors"))
     print(name, "x", tuple(x.shape), "mean", tuple(mean.shape),
           "|mean| max %.3f, std range %.3f..%.3f" % (mean.abs().max(), std.min(), std.max()))
 

@@ -71,6 +71,7 @@ typedef struct {
     double scale;
     int shard_index, shard_count;
     int batch, text_batch, threads, flip, sample, nosync, strict, quiet;
+    int verbose; /* -v: every skipped record named, not the first 10 of each reason */
     uint64_t seed;
     size_t max_workspace; /* --max-workspace: most bytes of VAE workspace a bucket may need; 0: the default */
 } latents_opts;

@@ -310,7 +310,9 @@ static void decode_range(void *vctx, int worker, size_t begin, size_t end)
             c->r->dec_why[i] = st == SD_EFORMAT ? "tar member changed since sd-meta" : "unreadable image";
         else {
             st = sd_image_load_chw(&src, &j->plan, c->r->img + i * c->chw, &e);
-            c->r->dec_why[i] = st == SD_EINVAL ? "record does not fit the image" : "unreadable image";
+            c->r->dec_why[i] = st == SD_EINVAL         ? "record does not fit the image"
+                               : st == SD_EUNSUPPORTED ? "not a supported image" /* sd-bucket's word (BMP) */
+                                                       : "unreadable image";
         }
         c->r->dec_st[i] = st;
         if (st) snprintf(c->r->dec_msg[i], sizeof c->r->dec_msg[i], "%s", e.msg);
@@ -842,7 +844,7 @@ int latents_run(const latents_opts *o)
     sd_buf_init(&r.rec);
     sd_buf_init(&r.trec);
     sd_buf_init(&r.conv);
-    sd_tally_init(&r.tally, 10);
+    sd_tally_init(&r.tally, o->verbose ? -1 : 10);
     sd_error err = {0};
     sd_status st = SD_OK;
     r.dtype = latents_dtype(o->dtype_name); /* sd_latents.c checked it */

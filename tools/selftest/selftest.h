@@ -127,6 +127,8 @@ int selftest_check_adamw_bf16(const target *dev, const target *ref, int mode);
  * and judge it with every mode's tolerances, failing when a tensor above
  * the floor is not caught (selftest_unet.c). */
 int selftest_check_vae(const target *t, const char *dir, int mode);
+/* The golden VAE's decoder on t, the same way (selftest_vae.c). */
+int selftest_check_vae_decode(const target *t, const char *dir, int mode);
 int selftest_unet(const char *dir, const char *name, int device, int tf32, int mixed, int mutate);
 
 /* The SD VAE encoder architecture (selftest_vae.c), the throughput probe

@@ -1,5 +1,6 @@
-/* sd-selftest: the golden VAE encoded on a device against diffusers' values
- * (and the CPU), and the SD VAE architecture the probe and --plan build. */
+/* sd-selftest: the golden VAE encoded and decoded on a device against
+ * diffusers' values (and the CPU), and the SD VAE architecture the probe
+ * and --plan build. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 #include "progress.h"
 #include "safetensors.h"
 #include "selftest.h"
+#include "vae_decode.h"
 
 /* The golden VAE's tolerance per mode: its mean and std against
  * diffusers', each normwise (selftest_tensor_error). Measured on the H100, the
@@ -80,6 +82,67 @@ int selftest_check_vae(const target *t, const char *dir, int mode)
     free(cws);
     sd_st_close(st);
     sd_vae_free(&v);
+    return rc;
+}
+
+/* The golden VAE's decoder (decode(z / scaling_factor), the "decoded"
+ * tensor of expected.safetensors) run on t through the host runner,
+ * judged with the encoder's tolerance for mode (not yet measured on a
+ * device: the decoder is deeper, so a TF32 or 16-bit failure here wants a
+ * look before a wider tolerance); 1 pass, 0 fail, -1 error. */
+int selftest_check_vae_decode(const target *t, const char *dir, int mode)
+{
+    char path[4096];
+    sd_error err = {0};
+    sd_vae_decoder d;
+    snprintf(path, sizeof path, "%s/vae", dir);
+    if (sd_vae_decoder_load(&d, path, NULL, &err)) {
+        fprintf(stderr, "sd-selftest: golden VAE decoder: %s\n", err.msg);
+        return -1;
+    }
+    sd_safetensors *st = NULL;
+    snprintf(path, sizeof path, "%s/expected.safetensors", dir);
+    const sd_st_tensor *z = NULL, *want = NULL;
+    if (sd_st_open(&st, path, &err) == SD_OK) {
+        z = sd_st_find(st, "z");
+        want = sd_st_find(st, "decoded");
+    }
+    if (!z || !want || z->ndim != 4) {
+        fprintf(stderr, "sd-selftest: %s: %s\n", path, st ? "no z/decoded tensors" : err.msg);
+        sd_st_close(st);
+        sd_vae_decoder_free(&d);
+        return -1;
+    }
+    int n = (int)z->shape[0], lh = (int)z->shape[2], lw = (int)z->shape[3];
+    size_t np = want->nbytes / sizeof(float);
+    float *img = malloc(np * sizeof(float)), *cpu = malloc(np * sizeof(float));
+    float *ws = malloc(sd_vae_decode_workspace_floats(&d, lh, lw) * sizeof(float));
+    int rc = -1;
+    sd_vae_decode_runner r = {0};
+    if (!img || !cpu || !ws) {
+        fprintf(stderr, "sd-selftest: golden VAE decoder: out of memory\n");
+    } else {
+        double t0 = sd_now();
+        sd_status r1 = sd_vae_decode_runner_init(&r, &d, t->be, t->ex, &err);
+        if (!r1) r1 = sd_vae_decode_runner_decode(&r, &d, n, lh, lw, z->data, img, &err);
+        double dt = sd_now() - t0;
+        sd_status r2 = r1 ? r1 : sd_vae_decode(&d, sd_backend_cpu(), NULL, n, lh, lw, z->data, cpu, ws, &err);
+        if (r1 || r2) {
+            fprintf(stderr, "sd-selftest: golden VAE decode: %s\n", err.msg);
+        } else {
+            double e = selftest_tensor_error(img, want->data, np), c = selftest_tensor_error(img, cpu, np);
+            rc = e <= vae_tols[mode];
+            printf("golden VAE decoder (%s, %dx4x%dx%d, %.3f s): normwise error vs diffusers %.2e (tol %.0e), vs CPU "
+                   "%.2e  %s\n",
+                   dir, n, lh, lw, dt, e, vae_tols[mode], c, rc ? "pass" : "FAIL");
+        }
+    }
+    sd_vae_decode_runner_free(&r);
+    free(img);
+    free(cpu);
+    free(ws);
+    sd_st_close(st);
+    sd_vae_decoder_free(&d);
     return rc;
 }
 
