@@ -5,12 +5,15 @@ sizes, crop boxes, flips, EXIF rotation, alpha on white, grey/16-bit/CMYK to
 sRGB, tar members by offset, clear errors and bomb refusal; the direct
 decoders (PNG pixels exact, every filter type in runs and mixes at odd
 sizes, the area resize against a float INTER_AREA, JPEG DCT-scaled decode,
-ICC profiles) and the files they leave to libvips. Every job runs twice,
-with the AVX2 loops and without (image_dump --portable): the bytes must be
-the same.
+ICC profiles) and the files they leave to libvips; enlargements against
+PIL's LANCZOS byte for byte (pixel centres: the 8x8 column case). Every
+job runs twice, with the AVX2 loops and without (image_dump --portable):
+the bytes must be the same.
 With --photos: every photo in $SDTK_PHOTOS at two bucket-style plans against
 PIL's decode of the same box resized by a float INTER_AREA when both sides
-shrink, by PIL's LANCZOS otherwise (exit 77 when SDTK_PHOTOS is not set).
+shrink, by PIL's LANCZOS otherwise, and three photos shrunk to a quarter
+and taken back up against PIL's LANCZOS (>= 99% of values within 1 level)
+(exit 77 when SDTK_PHOTOS is not set).
 Usage: e2e_image.py [--photos] IMAGE_DUMP"""
 import io
 import math
@@ -282,6 +285,68 @@ def direct_decoders(d, tmp):
     check(isinstance(e, str) and e.startswith("err") and bad in e, "PNG with a bad IDAT CRC -> error naming it: %s" % e)
 
 
+def pil_lanczos(a, rw, rh, box=None, flip=0):
+    """kohya's pil_resize: PIL's LANCZOS to rw x rh, then the box, mirrored on flip."""
+    l, t, r, b = box or (0, 0, rw, rh)
+    ref = np.asarray(Image.fromarray(a).resize((rw, rh), Image.LANCZOS))[t:b, l:r]
+    return ref[:, ::-1] if flip else ref
+
+
+def centroid(a, axis):
+    """Where the brightness of the red channel lies along an axis (0: x, 1: y)."""
+    w = a[..., 0].astype(float).sum(axis)
+    return float((w * np.arange(w.size)).sum() / w.sum())
+
+
+def enlargements(d, tmp):
+    """A side that grows is resized as PIL's LANCZOS (kohya's pil_resize):
+    pixel centres kept in place (libvips' upsizing was bicubic and shifted
+    half an output pixel right and down), and the same bytes as PIL for
+    enlargements, stretches and one side up with the other down, crops and
+    flips included."""
+    col = np.zeros((8, 8, 3), np.uint8)
+    col[:, 3] = 255
+    cp = os.path.join(tmp, "column.png")
+    Image.fromarray(col).save(cp)
+    a = d.run(cp, 16, 16)
+    cx = centroid(a, 0) if isinstance(a, np.ndarray) else -1
+    check(abs(cx - 6.5) < 0.05, "8x8, white column at x=3, to 16x16: centroid x %.3f, PIL's 6.5" % cx)
+    rp = os.path.join(tmp, "row.png")
+    Image.fromarray(col.transpose(1, 0, 2).copy()).save(rp)
+    a = d.run(rp, 16, 16)
+    cy = centroid(a, 1) if isinstance(a, np.ndarray) else -1
+    check(abs(cy - 6.5) < 0.05, "8x8, white row at y=3, to 16x16: centroid y %.3f, PIL's 6.5" % cy)
+    src = noise(37, 53, 3, 13)
+    np_ = os.path.join(tmp, "small.png")
+    Image.fromarray(src).save(np_)
+    for rw, rh, box, flip in ((16 * 53 // 8, 16 * 37 // 8, None, 0), (101, 80, (5, 7, 99, 80), 1), (53, 111, None, 0),
+                              (160, 37, (0, 0, 150, 37), 1), (60, 20, None, 0), (20, 60, (1, 2, 19, 59), 1),
+                              (1000, 700, (900, 600, 1000, 700), 0)):
+        a = d.run(np_, rw, rh, box=box, flip=flip)
+        ref = pil_lanczos(src, rw, rh, box, flip)
+        diff = int(np.abs(a.astype(int) - ref).max()) if isinstance(a, np.ndarray) else a
+        check(diff == 0, "enlargement 53x37 -> %dx%d box %s flip %d: PIL LANCZOS's bytes (max diff %s)"
+              % (rw, rh, box, flip, diff))
+    # extreme shapes: one pixel, a side that grows while the other shrinks 500x
+    rng = np.random.default_rng(5)
+    for (w, h), rw, rh in (((1, 1), 5, 7), ((3, 2000), 4, 10), ((2000, 3), 1, 4), ((9, 5), 64, 1)):
+        src = rng.integers(0, 256, (h, w, 3)).astype(np.uint8)
+        ep = os.path.join(tmp, "edge%dx%d.png" % (w, h))
+        Image.fromarray(src).save(ep)
+        a = d.run(ep, rw, rh)
+        diff = int(np.abs(a.astype(int) - pil_lanczos(src, rw, rh)).max()) if isinstance(a, np.ndarray) else a
+        check(diff == 0, "enlargement %dx%d -> %dx%d: PIL LANCZOS's bytes (max diff %s)" % (w, h, rw, rh, diff))
+    # an EXIF-rotated JPEG is turned upright at its own size, then enlarged
+    ex = Image.Exif()
+    ex[0x0112] = 6
+    rp = os.path.join(tmp, "rot6.jpg")
+    Image.fromarray(noise(30, 40, 3, 4)).save(rp, quality=95, exif=ex)
+    upright = np.asarray(ImageOps.exif_transpose(Image.open(rp)).convert("RGB"))
+    a = d.run(rp, 45, 60, box=(5, 0, 45, 60), flip=1)
+    diff = int(np.abs(a.astype(int) - pil_lanczos(upright, 45, 60, (5, 0, 45, 60), 1)).max()) if isinstance(a, np.ndarray) else a
+    check(diff == 0, "EXIF-rotated 40x30 JPEG -> 45x60: PIL LANCZOS's bytes of the upright image (max diff %s)" % diff)
+
+
 def near(a, colour, tol):
     return np.abs(a.astype(int) - np.array(colour)).max() <= tol
 
@@ -324,6 +389,8 @@ def synthetic(d, tmp):
     ref = np.asarray(Image.fromarray(g).resize((200, 25), Image.LANCZOS)).astype(int)
     a = d.run(gp, 200, 25)
     check(np.abs(a.astype(int) - ref).mean() < 1.0, "gradient 512->200 within 1 level of PIL LANCZOS")
+
+    enlargements(d, tmp)
 
     # EXIF orientation 6: stored 200x100, displayed 100x200 (rotated 90 clockwise)
     ep = os.path.join(tmp, "exif6.jpg")
@@ -612,6 +679,7 @@ def photos(d):
         sys.exit(77)
     files = sorted(os.path.join(root, f) for f in os.listdir(root) if f.lower().endswith((".jpg", ".jpeg", ".png", ".webp")))
     check(len(files) > 0, "photos found in " + root)
+    quarter_and_back(d, files, d.fast.tmp)
     errs = []
     for i, f in enumerate(files):
         ref = srgb_reference(f)
@@ -635,6 +703,42 @@ def photos(d):
     if errs:
         print("photos: %d loads, mean abs diff vs INTER_AREA (LANCZOS for upscales) of PIL's decode (0..255): mean %.3f,"
               " max %.3f" % (len(errs), float(np.mean(errs)), float(np.max(errs))))
+
+
+def quarter_and_back(d, files, tmp):
+    """Photos shrunk to a quarter (each side) and taken back up to their own
+    size, as a small image in a bucket would be: sdtk's enlargement against
+    PIL's LANCZOS of the same small file, on three boxes of each (corners,
+    where the window is cut by the edge, and the centre; one flipped).
+    One JPEG, one PNG and one WebP photo; the small files are PNG and, for
+    one, a JPEG (the same libjpeg-turbo decode on both sides)."""
+    picked = []
+    for ext in ((".jpg", ".jpeg"), (".png",), (".webp",)):
+        picked += [f for f in files if f.lower().endswith(ext)][:1]
+    same = near1 = total = 0
+    for i, f in enumerate(picked):
+        ref = srgb_reference(f)
+        w, h = ref.size
+        small = os.path.join(tmp, "quarter%d.%s" % (i, "jpg" if i == 0 else "png"))
+        ref.reduce(4).save(small, quality=95)
+        up = Image.open(small).convert("RGB").resize((w, h), Image.LANCZOS)
+        s = 384
+        for box, flip in (((0, 0, s, s), 1), ((w - s, h - s, w, h), 0), ((w // 2 - s // 2, h // 2 - s // 2, w // 2 + s // 2, h // 2 + s // 2), 0)):
+            a = d.run(small, w, h, box=box, flip=flip)
+            if not isinstance(a, np.ndarray):
+                check(False, "%s: %s" % (small, a))
+                continue
+            r = np.asarray(up.crop(box))
+            if flip:
+                r = r[:, ::-1]
+            diff = np.abs(a.astype(int) - r.astype(int))
+            same, near1, total = same + int((diff == 0).sum()), near1 + int((diff <= 1).sum()), total + diff.size
+    check(len(picked) > 0 and total > 0, "quarter-size photos enlarged")
+    if total:
+        print("quarter and back up (%d photos): %.4f%% of values equal to PIL LANCZOS, %.4f%% within 1 level"
+              % (len(picked), 100.0 * same / total, 100.0 * near1 / total))
+        check(near1 >= 0.99 * total, "photos at a quarter taken back up: %.3f%% of values within 1 level of PIL LANCZOS"
+              " (>= 99%%)" % (100.0 * near1 / total))
 
 
 TOL = 3.0  # mean abs difference per channel, 0..255 units, vs the reference of the same box

@@ -445,6 +445,20 @@ static int step(VipsImage **im, VipsImage *out, int rc)
     return rc;
 }
 
+/* The size libvips will decode the image at, upright (its header read
+ * lazily, no pixels; width and height swapped for an EXIF rotation by 90
+ * degrees, as vips_thumbnail will turn it); 0 when it cannot read it. */
+static int upright_size(unsigned char *buf, size_t len, int *w, int *h)
+{
+    VipsImage *im = vips_image_new_from_buffer(buf, len, "", NULL);
+    if (!im) return 0;
+    int swap = vips_image_get_orientation_swap(im);
+    *w = swap ? im->Ysize : im->Xsize;
+    *h = swap ? im->Xsize : im->Ysize;
+    g_object_unref(im);
+    return 1;
+}
+
 /* Samples whose 8-bit meaning libvips knows: 8 and 16 bits, floats in a
  * colour space that defines their range (scRGB, 0..1 linear: a float RGB
  * TIFF; XYZ, Lab), Lab's signed 16 bits, coded (LabQ, Radiance) pixels.
@@ -510,23 +524,55 @@ static VipsImage *thumbnail(unsigned char *buf, size_t len, const sd_imginfo *in
     return im;
 }
 
-/* Decode + resize with shrink-on-load (thumbnail), to 8-bit sRGB. NULL on
- * failure; *st set when the failure has its own message. */
+/* Decode + resize with shrink-on-load (thumbnail), to 8-bit sRGB. When a
+ * side grows, thumbnail decodes at the image's own upright size instead
+ * (*grow = 1) and the caller enlarges it as PIL does: libvips' upsizing is
+ * bicubic and shifted by half an output pixel. NULL on failure; *st set
+ * when the failure has its own message. */
 static VipsImage *decode_resized(unsigned char *buf, size_t len, const sd_imginfo *info, const sd_image_plan *plan,
-                                 const char *name, sd_status *st, sd_error *err)
+                                 const char *name, int *grow, sd_status *st, sd_error *err)
 {
-    VipsImage *im = thumbnail(buf, len, info, plan, name, st, err);
+    sd_image_plan at = *plan; /* thumbnail's target: the plan's resize, or the image's own size */
+    int w, h;
+    *grow = 0;
+    if (!upright_size(buf, len, &w, &h)) return NULL;
+    if (at.resize_w > w || at.resize_h > h) {
+        at.resize_w = w;
+        at.resize_h = h;
+        *grow = 1;
+    }
+    const int tw = at.resize_w, th = at.resize_h;
+    VipsImage *im = thumbnail(buf, len, info, &at, name, st, err);
     if (!im) return NULL;
     im = to_srgb8(im);
     if (!im) return NULL;
-    if (im->Xsize != plan->resize_w || im->Ysize != plan->resize_h) {
+    if (im->Xsize != tw || im->Ysize != th) {
         /* thumbnail rounds to the nearest pixel; should it miss by one,
          * stretch the last step so the crop box means what the record says */
         VipsImage *t = NULL;
-        double hs = (double)plan->resize_w / im->Xsize, vs = (double)plan->resize_h / im->Ysize;
+        double hs = (double)tw / im->Xsize, vs = (double)th / im->Ysize;
         if (step(&im, t, vips_resize(im, &t, hs, "vscale", vs, NULL))) return NULL;
     }
     return im;
+}
+
+/* An enlargement: the image decoded at its own size, evaluated into memory,
+ * then PIL's LANCZOS resize of the plan's crop box (sd_lanczos_rgb8) into
+ * `out`. Takes over `im`. */
+static sd_status enlarge(VipsImage *im, const sd_image_plan *plan, unsigned char *out, const char *name, sd_error *err)
+{
+    size_t n = 0;
+    int w = im->Xsize, h = im->Ysize;
+    unsigned char *px = vips_image_write_to_memory(im, &n);
+    g_object_unref(im);
+    sd_status st = SD_OK;
+    if (!px) st = vips_fail(err, SD_EFORMAT, name, "decode failed");
+    else if (n != (size_t)w * h * 3) st = sd_err_set(err, SD_EFORMAT, "%s: decoded %zu bytes, want %dx%dx3", name, n, w, h);
+    else if (sd_lanczos_rgb8(px, w, h, (size_t)w * 3, plan, out))
+        st = sd_err_set(err, SD_ENOMEM, "%s: no memory to enlarge %dx%d to %dx%d", name, w, h, plan->resize_w,
+                        plan->resize_h);
+    g_free(px);
+    return st;
 }
 
 /* The profile a direct decoder found, applied to its finished RGB8 output
@@ -597,7 +643,8 @@ static sd_status check_aspect(const sd_imginfo *info, const sd_image_plan *plan,
 
 /* The whole pipeline to uint8 HWC: bytes in memory, bomb check, then a
  * direct decoder where one fits, else one lazy libvips chain (thumbnail,
- * colour, crop, flip) evaluated at the end. */
+ * colour, crop, flip) evaluated at the end; an enlargement is decoded at
+ * the image's size and resized as PIL's LANCZOS (enlarge). */
 static sd_status load_rgb8(const sd_image_src *src, const sd_image_plan *plan, unsigned char *out, sd_error *err)
 {
     char name[200];
@@ -619,8 +666,10 @@ static sd_status load_rgb8(const sd_image_src *src, const sd_image_plan *plan, u
     st = check_pixels(buf, len, plan->max_pixels ? plan->max_pixels : SD_IMAGE_MAX_PIXELS, name, &info, err);
     if (!st && plan->keep_aspect) st = check_aspect(&info, plan, name, err);
     if (!st && try_fast(buf, len, &info, plan, out, name, &st, err) == SD_FAST_DONE) return st;
-    VipsImage *im = st ? NULL : decode_resized(buf, len, &info, plan, name, &st, err);
+    int grow = 0;
+    VipsImage *im = st ? NULL : decode_resized(buf, len, &info, plan, name, &grow, &st, err);
     if (!st && !im) st = vips_fail(err, SD_EFORMAT, name, "decode failed");
+    if (!st && grow) return enlarge(im, plan, out, name, err);
     int cw = sd_image_out_w(plan), ch = sd_image_out_h(plan);
     VipsImage *t = NULL;
     if (!st && (cw != plan->resize_w || ch != plan->resize_h) &&
