@@ -54,7 +54,7 @@ static void run(const sd_safetensors *st, sd_optimizer kind, double beta1, int t
 {
     sd_error err = {0};
     build(w);
-    CHECK(sd_opt_state_init(s, kind, beta1 >= 0, w, threads, &err) == SD_OK);
+    CHECK(sd_opt_state_init(s, kind, beta1 >= 0, w, &err) == SD_OK);
     float *g = calloc(w->total, sizeof(float));
     sd_pool *pool = threads > 1 ? sd_pool_create(threads) : NULL;
     char nm[64];

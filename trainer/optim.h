@@ -74,21 +74,16 @@ typedef struct {
     sd_q8_tensor *q8;        /* adamw8bit: per tensor */
     sd_q8_tables *tables;    /* adamw8bit: the maps and their tables */
     sd_adafactor_tensor *af; /* adafactor: per tensor */
-    float *scratch;          /* adafactor: per-worker scratch */
     size_t nbufs;
     sd_opt_buf bufs[SD_OPT_MAX_BUFS];
 } sd_opt_state;
 
 /* The zeroed state of optimizer kind (adamw8bit or adafactor; with_m:
- * Adafactor's first moment) for the tensors of w, with scratch for a pool
- * of up to `workers` threads. */
-sd_status sd_opt_state_init(sd_opt_state *s, sd_optimizer kind, int with_m, const sd_weights *w, int workers,
-                            sd_error *err);
+ * Adafactor's first moment) for the tensors of w. */
+sd_status sd_opt_state_init(sd_opt_state *s, sd_optimizer kind, int with_m, const sd_weights *w, sd_error *err);
 void sd_opt_state_free(sd_opt_state *s);
-/* The bytes the state holds between steps (buffers and tables; scratch
- * apart, see sd_opt_state_scratch_bytes). */
+/* The bytes the state holds (buffers, tables, per-tensor views). */
 size_t sd_opt_state_bytes(const sd_opt_state *s);
-size_t sd_opt_state_scratch_bytes(const sd_opt_state *s);
 /* The state's buffer of this name, NULL when it has none. */
 sd_opt_buf *sd_opt_state_buf(sd_opt_state *s, const char *name);
 

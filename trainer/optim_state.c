@@ -108,7 +108,7 @@ static void factored_sizes(const sd_weight_slot *sl, size_t *rows, size_t *cols)
 /* Adafactor's layout: adafactor_row and adafactor_col for tensors of rank
  * >= 2, adafactor_v for the rest, adafactor_m (every value) with a first
  * moment; packed in slot order. */
-static int init_af(sd_opt_state *s, const sd_weights *w, int with_m, int workers)
+static int init_af(sd_opt_state *s, const sd_weights *w, int with_m)
 {
     size_t nr = 0, nc = 0, nv = 0, nm = 0;
     for (size_t k = 0; k < w->nslots; k++) {
@@ -151,19 +151,17 @@ static int init_af(sd_opt_state *s, const sd_weights *w, int with_m, int workers
         if (with_m) t->m = (float *)s->bufs[3].data + nm;
         nm += sl->n;
     }
-    s->scratch = malloc(sd_adafactor_scratch_floats(NULL, w->nslots, s->af) * (size_t)workers * sizeof(float));
-    return s->scratch != NULL;
+    return 1;
 }
 
 /* The zeroed state for w's tensors. */
-sd_status sd_opt_state_init(sd_opt_state *s, sd_optimizer kind, int with_m, const sd_weights *w, int workers,
-                            sd_error *err)
+sd_status sd_opt_state_init(sd_opt_state *s, sd_optimizer kind, int with_m, const sd_weights *w, sd_error *err)
 {
     memset(s, 0, sizeof *s);
     s->kind = kind;
     s->ntensors = w->nslots;
     if (kind == SD_OPT_ADAMW) return SD_OK;
-    int ok = kind == SD_OPT_ADAMW8BIT ? init_q8(s, w) : init_af(s, w, with_m, workers > 0 ? workers : 1);
+    int ok = kind == SD_OPT_ADAMW8BIT ? init_q8(s, w) : init_af(s, w, with_m);
     if (ok) return SD_OK;
     size_t bytes = sd_opt_state_bytes(s);
     sd_opt_state_free(s);
@@ -178,7 +176,6 @@ void sd_opt_state_free(sd_opt_state *s)
     free(s->q8);
     free(s->tables);
     free(s->af);
-    free(s->scratch);
     memset(s, 0, sizeof *s);
 }
 
@@ -190,13 +187,6 @@ size_t sd_opt_state_bytes(const sd_opt_state *s)
     if (s->kind == SD_OPT_ADAMW8BIT) b += sizeof(sd_q8_tables) + s->ntensors * sizeof(sd_q8_tensor);
     if (s->kind == SD_OPT_ADAFACTOR) b += s->ntensors * sizeof(sd_adafactor_tensor);
     return b;
-}
-
-/* Adafactor's scratch for one worker (the largest tensor). */
-size_t sd_opt_state_scratch_bytes(const sd_opt_state *s)
-{
-    return s->kind == SD_OPT_ADAFACTOR && s->af ? sd_adafactor_scratch_floats(NULL, s->ntensors, s->af) * sizeof(float)
-                                                : 0;
 }
 
 /* The buffer of that name. */
@@ -240,6 +230,6 @@ void sd_opt_state_step(sd_opt_state *s, sd_pool *pool, const sd_adamw_opts *o, d
         sd_adamw8_fwd(pool, &a, s->tables, s->ntensors, s->q8, p, g);
     } else if (s->kind == SD_OPT_ADAFACTOR) {
         sd_adafactor_args a = af_args(o, adafactor_beta1, lr, step, gscale);
-        sd_adafactor_fwd(pool, &a, s->ntensors, s->af, p, g, s->scratch);
+        sd_adafactor_fwd(pool, &a, s->ntensors, s->af, p, g);
     }
 }

@@ -172,7 +172,7 @@ void sd_train_opts_default(sd_train_opts *o);
 
 /* The bytes of optimizer state this process holds between steps: AdamW's
  * two moments (this rank's share under ZeRO-1), or 8-bit AdamW's or
- * Adafactor's state with Adafactor's scratch. */
+ * Adafactor's state. */
 size_t sd_train_optimizer_bytes(const sd_trainer *tr);
 
 /* Load or create the model, allocate optimizer state, open the shards

@@ -62,12 +62,11 @@ size_t sd_train_param_count(const sd_trainer *tr)
 }
 
 /* AdamW's moments (this rank's segments under ZeRO-1), or the other
- * optimizer's state and scratch. */
+ * optimizer's state. */
 size_t sd_train_optimizer_bytes(const sd_trainer *tr)
 {
     if (tr->o.optimizer != SD_OPT_ADAMW)
-        return sd_opt_state_bytes(&tr->opt) +
-               sd_opt_state_scratch_bytes(&tr->opt) * (size_t)(tr->o.threads > 1 ? tr->o.threads : 1);
+        return sd_opt_state_bytes(&tr->opt);
     size_t n = tr->o.zero1 ? sd_dist_owned(tr->unet.w.total, tr->rank, tr->world) : tr->unet.w.total;
     return 2 * n * tr->moment_size;
 }
@@ -175,8 +174,7 @@ static sd_status open_other_optimizer(sd_trainer *tr, sd_error *err)
         sd_trainer_close(tr);
         return sd_err_set(err, SD_EUNSUPPORTED, "--optimizer %s %s", name, why);
     }
-    sd_status rc = sd_opt_state_init(&tr->opt, o->optimizer, o->adafactor_beta1 >= 0, &tr->unet.w,
-                                     o->threads > 1 ? o->threads : 1, err);
+    sd_status rc = sd_opt_state_init(&tr->opt, o->optimizer, o->adafactor_beta1 >= 0, &tr->unet.w, err);
     if (rc) sd_trainer_close(tr);
     return rc;
 }

@@ -5,16 +5,18 @@
  * state [o, i, kw]), for rank 1 it is kept whole; eps 1e-30 is added to
  * the squared gradient, decay 1 - step^-0.8, the update clipped to RMS 1,
  * an optional first moment over the scaled update, weight decay as
- * p -= p * wd * lr. Means and norms are summed in double. */
+ * p -= p * wd * lr. Means and norms are summed in double. The update is
+ * computed twice, once for its RMS and once to apply it (the same bits
+ * both times), so no tensor-sized scratch is held. */
 #include <math.h>
 
 #include "ops_cpu.h"
 
-/* One factored tensor: batch x rows x cols values; u gets the
- * preconditioned gradient (n values). */
-static void factored(const sd_adafactor_args *a, const sd_adafactor_tensor *x, const float *g, float *u)
+/* The second moment's new factors of one factored tensor (batch x rows x
+ * cols values): rows and columns of g^2 + 1e-30 averaged into them. */
+static void update_factors(const sd_adafactor_args *a, const sd_adafactor_tensor *x, const float *g, size_t batch,
+                           size_t rows, size_t cols)
 {
-    size_t cols = (size_t)x->shape[x->ndim - 1], rows = (size_t)x->shape[x->ndim - 2], batch = x->n / (rows * cols);
     float b2 = a->beta2t, one_b2 = a->one_beta2t;
     for (size_t b = 0; b < batch; b++) {
         const float *gb = g + b * rows * cols;
@@ -37,63 +39,73 @@ static void factored(const sd_adafactor_args *a, const sd_adafactor_tensor *x, c
             *cs = fmaf((float)(s / (double)rows), one_b2, *cs * b2);
         }
     }
+}
+
+/* One tensor's pass over its preconditioned update u: with p NULL the sum
+ * of u^2 is returned; else u / d * lr goes through the first moment (when
+ * there is one) and, after the weight decay, out of p. u is
+ * rsqrt(row / mean(row)) * rsqrt(col) * g for a factored tensor (the row
+ * mean per leading index), rsqrt(v) * g for the rest. */
+static double pass(const sd_adafactor_args *a, const sd_adafactor_tensor *x, const float *g, float d, float *p)
+{
+    size_t cols = x->row ? (size_t)x->shape[x->ndim - 1] : x->n, rows = x->row ? (size_t)x->shape[x->ndim - 2] : 1;
+    size_t batch = x->n / (rows * cols);
+    double ss = 0;
     for (size_t b = 0; b < batch; b++) {
-        double s = 0; /* exp_avg_sq_row.mean(dim=-1) */
-        for (size_t r = 0; r < rows; r++) s += x->row[b * rows + r];
-        float mean = (float)(s / (double)rows);
+        float mean = 0;
+        if (x->row) {
+            double s = 0; /* exp_avg_sq_row.mean(dim=-1) */
+            for (size_t r = 0; r < rows; r++) s += x->row[b * rows + r];
+            mean = (float)(s / (double)rows);
+        }
         for (size_t r = 0; r < rows; r++) {
-            float rf = 1.0f / sqrtf(x->row[b * rows + r] / mean);
+            float rf = x->row ? 1.0f / sqrtf(x->row[b * rows + r] / mean) : 1.0f;
             for (size_t c = 0; c < cols; c++) {
                 size_t i = (b * rows + r) * cols + c;
-                float cf = 1.0f / sqrtf(x->col[b * cols + c]);
-                u[i] = rf * cf * (g[i] * a->gscale);
+                float gi = g[i] * a->gscale;
+                float u = x->row ? rf * (1.0f / sqrtf(x->col[b * cols + c])) * gi : 1.0f / sqrtf(x->v[i]) * gi;
+                if (!p) {
+                    ss += (double)u * (double)u;
+                    continue;
+                }
+                u = u / d * a->lr;
+                if (x->m) {
+                    x->m[i] = fmaf(u, a->one_beta1, x->m[i] * a->beta1);
+                    u = x->m[i];
+                }
+                float w = p[i];
+                if (a->decay_on) w = fmaf(w, a->neg_wd_lr, w); /* add_(p, alpha=-wd * lr) */
+                p[i] = w - u;
             }
         }
     }
+    return ss;
 }
 
-/* One unfactored tensor (rank 1): the whole second moment. */
-static void unfactored(const sd_adafactor_args *a, const sd_adafactor_tensor *x, const float *g, float *u)
-{
-    for (size_t i = 0; i < x->n; i++) {
-        float gi = g[i] * a->gscale;
-        x->v[i] = fmaf(gi * gi + 1e-30f, a->one_beta2t, x->v[i] * a->beta2t);
-        u[i] = 1.0f / sqrtf(x->v[i]) * gi;
-    }
-}
-
-/* One tensor's step: the preconditioned update, clipped by its RMS,
- * scaled by lr, through the first moment when there is one, then weight
+/* One tensor's step: the second moment, the update's RMS, then the
+ * update clipped by it, scaled by lr, through the first moment, weight
  * decay and the update applied to p. */
-static void adafactor_tensor(const sd_adafactor_args *a, const sd_adafactor_tensor *x, float *p, const float *g,
-                             float *u)
+static void adafactor_tensor(const sd_adafactor_args *a, const sd_adafactor_tensor *x, float *p, const float *g)
 {
-    if (x->row) factored(a, x, g, u);
-    else unfactored(a, x, g, u);
-    double ss = 0;
-    for (size_t i = 0; i < x->n; i++) ss += (double)u[i] * (double)u[i];
-    double rms = sqrt(ss) / sqrt((double)x->n), div = rms / a->clip_threshold;
-    float d = (float)(div > 1.0 ? div : 1.0);
-    for (size_t i = 0; i < x->n; i++) {
-        float ui = u[i] / d * a->lr;
-        if (x->m) {
-            x->m[i] = fmaf(ui, a->one_beta1, x->m[i] * a->beta1);
-            ui = x->m[i];
+    if (x->row) {
+        size_t cols = (size_t)x->shape[x->ndim - 1], rows = (size_t)x->shape[x->ndim - 2];
+        update_factors(a, x, g, x->n / (rows * cols), rows, cols);
+    } else {
+        for (size_t i = 0; i < x->n; i++) {
+            float gi = g[i] * a->gscale;
+            x->v[i] = fmaf(gi * gi + 1e-30f, a->one_beta2t, x->v[i] * a->beta2t);
         }
-        float w = p[i];
-        if (a->decay_on) w = fmaf(w, a->neg_wd_lr, w); /* add_(p, alpha=-wd * lr) */
-        p[i] = w - ui;
     }
+    double rms = sqrt(pass(a, x, g, 1.0f, NULL)) / sqrt((double)x->n), div = rms / a->clip_threshold;
+    pass(a, x, g, (float)(div > 1.0 ? div : 1.0), p);
 }
 
-/* Work of one Adafactor call: tensors split over the pool, each worker
- * with its own scratch. */
+/* Work of one Adafactor call: tensors split over the pool. */
 typedef struct {
     const sd_adafactor_args *a;
     const sd_adafactor_tensor *ts;
-    float *p, *scratch;
+    float *p;
     const float *g;
-    size_t stride;
 } adafactor_ctx;
 
 /* A range of tensors, each whole on one worker (the same bits for any
@@ -101,25 +113,14 @@ typedef struct {
 static void adafactor_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const adafactor_ctx *c = vctx;
-    float *u = c->scratch + (size_t)worker * c->stride;
-    for (size_t k = begin; k < end; k++) adafactor_tensor(c->a, &c->ts[k], c->p + c->ts[k].off, c->g + c->ts[k].off, u);
-}
-
-/* The scratch floats sd_adafactor_fwd needs: the largest tensor's size
- * for each worker of the pool. */
-size_t sd_adafactor_scratch_floats(const sd_pool *pool, size_t ntensors, const sd_adafactor_tensor *ts)
-{
-    size_t most = 1;
-    for (size_t k = 0; k < ntensors; k++)
-        if (ts[k].n > most) most = ts[k].n;
-    return most * (size_t)sd_pool_size(pool);
+    (void)worker;
+    for (size_t k = begin; k < end; k++) adafactor_tensor(c->a, &c->ts[k], c->p + c->ts[k].off, c->g + c->ts[k].off);
 }
 
 /* One Adafactor step over every tensor. */
 void sd_adafactor_fwd(sd_pool *pool, const sd_adafactor_args *a, size_t ntensors, const sd_adafactor_tensor *ts,
-                      float *p, const float *g, float *scratch)
+                      float *p, const float *g)
 {
-    adafactor_ctx c = {.a = a, .ts = ts, .p = p, .g = g, .scratch = scratch,
-                       .stride = sd_adafactor_scratch_floats(pool, ntensors, ts) / (size_t)sd_pool_size(pool)};
+    adafactor_ctx c = {.a = a, .ts = ts, .p = p, .g = g};
     sd_pool_for(pool, ntensors, adafactor_range, &c);
 }

@@ -253,11 +253,10 @@ typedef struct {
     double clip_threshold;
     int decay_on;
 } sd_adafactor_args;
-/* Scratch floats sd_adafactor_fwd needs on this pool. */
-size_t sd_adafactor_scratch_floats(const sd_pool *pool, size_t ntensors, const sd_adafactor_tensor *ts);
-/* One Adafactor step over every tensor, each on one worker. */
+/* One Adafactor step over every tensor, each on one worker (no scratch:
+ * the update is computed once for its RMS and again to apply it). */
 void sd_adafactor_fwd(sd_pool *pool, const sd_adafactor_args *a, size_t ntensors, const sd_adafactor_tensor *ts,
-                      float *p, const float *g, float *scratch);
+                      float *p, const float *g);
 
 /* Nearest 2x upsample: x [planes, h, w] -> y [planes, 2h, 2w], planes = n*c. */
 void sd_upsample2x_fwd(sd_pool *pool, int planes, int h, int w, float *y, const float *x);
