@@ -384,7 +384,10 @@ static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *e
     snprintf(v[16], 80, "%ld", tr->epochs_steps);
     char beta1[40] = "none";
     if (tr->o.adafactor_beta1 >= 0) snprintf(beta1, sizeof beta1, "%.17g", tr->o.adafactor_beta1);
-    sd_st_meta meta[21] = {{"optimizer", sd_optimizer_name(tr->o.optimizer)}, {"adafactor_beta1", beta1}, {"epochs", v[15]}, {"epochs_steps", v[16]}, {"zero_terminal_snr", v[14]}, {"world_size", v[13]}, {"ema_updates", v[12]}, {"format", "sdtk-train-state 1"}, {"step", v[0]}, {"images", v[1]}, {"epoch", v[2]},
+    sd_st_meta meta[21] = {{"optimizer", sd_optimizer_name(tr->o.optimizer)}, {"adafactor_beta1", beta1},
+                           {"epochs", v[15]}, {"epochs_steps", v[16]}, {"zero_terminal_snr", v[14]},
+                           {"world_size", v[13]}, {"ema_updates", v[12]}, {"format", "sdtk-train-state 1"},
+                           {"step", v[0]}, {"images", v[1]}, {"epoch", v[2]},
                            {"batch", v[3]}, {"rng", v[4]}, {"seed", v[5]}, {"data_fingerprint", v[6]},
                            {"batch_size", v[7]}, {"accumulation", v[8]}, {"prediction", v[9]},
                            {"param_floats", v[10]}, {"loss_smooth", v[11]},

@@ -229,7 +229,8 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         tr->ema = malloc(n * sizeof(float));
         if (tr->ema) memcpy(tr->ema, tr->unet.w.data, n * sizeof(float));
     }
-    if ((!o->zero1 && o->optimizer == SD_OPT_ADAMW && (!tr->m || !tr->v)) || !tr->grad || (o->ema_decay > 0 && !tr->ema)) {
+    int adamw_whole = !o->zero1 && o->optimizer == SD_OPT_ADAMW;
+    if ((adamw_whole && (!tr->m || !tr->v)) || !tr->grad || (o->ema_decay > 0 && !tr->ema)) {
         sd_trainer_close(tr);
         return sd_err_set(err, SD_ENOMEM, "out of memory for optimizer state (%zu MB)",
                           n * (2 * tr->moment_size + (o->ema_decay > 0 ? 8 : 4)) >> 20);
