@@ -12,6 +12,11 @@
 
 #include "ops_cpu.h"
 
+/* Columns summed together in one sweep over the rows (each column's sum
+ * still in row order): a wide matrix is read row by row, not a column at
+ * a time across all rows. */
+enum { COL_CHUNK = 64 };
+
 /* The second moment's new factors of one factored tensor (batch x rows x
  * cols values): rows and columns of g^2 + 1e-30 averaged into them. */
 static void update_factors(const sd_adafactor_args *a, const sd_adafactor_tensor *x, const float *g, size_t batch,
@@ -29,14 +34,18 @@ static void update_factors(const sd_adafactor_args *a, const sd_adafactor_tensor
             float *rs = &x->row[b * rows + r];
             *rs = fmaf((float)(s / (double)cols), one_b2, *rs * b2);
         }
-        for (size_t c = 0; c < cols; c++) { /* update.mean(dim=-2) */
-            double s = 0;
-            for (size_t r = 0; r < rows; r++) {
-                float gi = gb[r * cols + c] * a->gscale;
-                s += (double)(gi * gi + 1e-30f);
+        for (size_t c0 = 0; c0 < cols; c0 += COL_CHUNK) { /* update.mean(dim=-2), a chunk of columns at a time */
+            size_t nc = cols - c0 < COL_CHUNK ? cols - c0 : COL_CHUNK;
+            double s[COL_CHUNK] = {0};
+            for (size_t r = 0; r < rows; r++)
+                for (size_t c = 0; c < nc; c++) {
+                    float gi = gb[r * cols + c0 + c] * a->gscale;
+                    s[c] += (double)(gi * gi + 1e-30f);
+                }
+            for (size_t c = 0; c < nc; c++) {
+                float *cs = &x->col[b * cols + c0 + c];
+                *cs = fmaf((float)(s[c] / (double)rows), one_b2, *cs * b2);
             }
-            float *cs = &x->col[b * cols + c];
-            *cs = fmaf((float)(s / (double)rows), one_b2, *cs * b2);
         }
     }
 }
