@@ -990,6 +990,67 @@ class Train(unittest.TestCase):
         code, err = run("--steps", step, *args)  # loads the checkpoint: nothing left to train
         self.assertIn("checkpoint-%d already holds step %d" % (step, step), err)
 
+    def test_other_optimizers_resume_exactly(self):
+        """--optimizer adamw8bit and adafactor (with a first moment): a run killed after a
+        checkpoint and rerun ends byte-identical to an uninterrupted one; the state file names
+        the optimizer and holds its buffers; a resume under another optimizer is refused naming
+        both, as is Adafactor's first moment added on resume; the log counts the state's bytes."""
+        args = ["--batch", "2", "--steps", "8", "--save-every", "2", "--keep", "0", "--seed", "3", "--lr", "1e-3",
+                "--ema-decay", "0.99", "-j", "2", "-q"]
+        for opt, extra, bufs in (("adamw8bit", [], {"opt.q8_m": "U8", "opt.q8_absmax_v": "F32", "opt.q8_m32": "F32"}),
+                                 ("adafactor", ["--adafactor-beta1", "0.9"],
+                                  {"opt.adafactor_row": "F32", "opt.adafactor_v": "F32", "opt.adafactor_m": "F32"})):
+            with self.subTest(opt=opt):
+                ref = os.path.join(self.tmp.name, opt + "-ref")
+                run("--unet", UNET, "-o", ref, "--optimizer", opt, *extra, *args, self.shard)
+                out = os.path.join(self.tmp.name, opt + "-killed")
+                p = subprocess.Popen([TRAIN, "--unet", UNET, "-o", out, "--optimizer", opt] + extra + args +
+                                     [self.shard], stderr=subprocess.PIPE)
+                t0 = time.time()
+                while latest(out) < 2 and p.poll() is None and time.time() - t0 < 120:
+                    time.sleep(0.005)
+                p.kill()
+                p.communicate()
+                stopped_at = latest(out)
+                self.assertGreaterEqual(stopped_at, 2)
+                self.assertLess(stopped_at, 8, "the run finished before the kill: nothing was tested")
+                _, err = run("--unet", UNET, "-o", out, "--optimizer", opt, *extra, *args[:-1], self.shard)
+                self.assertIn("optimizer state (%s)" % opt, err)
+                got, want = final(out, 8), final(ref, 8)
+                self.assertTrue(got[0] == want[0], "weights differ from the uninterrupted run")
+                self.assertTrue(got[1] == want[1], "EMA weights differ from the uninterrupted run")
+                self.assertTrue(got[2] == want[2], "training state differs from the uninterrupted run")
+                self.assertEqual(state_meta(ref, 8)["optimizer"], opt)
+                with open(os.path.join(ref, "checkpoint-8", "state.safetensors"), "rb") as f:
+                    n = struct.unpack("<Q", f.read(8))[0]
+                    head = json.loads(f.read(n))
+                self.assertNotIn("adam_m", head)
+                for name, dt in bufs.items():
+                    self.assertEqual(head[name]["dtype"], dt, name)
+                # another optimizer (AdamW, the default, too) cannot continue this state
+                other = "adafactor" if opt == "adamw8bit" else "adamw8bit"
+                for o in (other, "adamw"):
+                    _, err = run("--unet", UNET, "-o", ref, "--optimizer", o, "--steps", "10", "--batch", "2",
+                                 "--seed", "3", "--ema-decay", "0.99", "-j", "1", self.shard, ok=(3,))
+                    self.assertIn("made with --optimizer %s, this run has --optimizer %s" % (opt, o), err)
+                self.assertEqual(latest(ref), 8)
+        # AdamW's checkpoints (no optimizer in older states) are refused by the others too
+        _, err = run("--unet", UNET, "-o", self.ref, "--optimizer", "adafactor", *COMMON[:-3], "-j", "1", self.shard,
+                     ok=(3,))
+        self.assertIn("made with --optimizer adamw, this run has --optimizer adafactor", err)
+        _, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "adafactor-ref"), "--optimizer", "adafactor",
+                     "--steps", "10", "--batch", "2", "--seed", "3", "--ema-decay", "0.99", "-j", "1", self.shard,
+                     ok=(3,))
+        self.assertIn("first moment", err)
+        # what the other optimizers cannot do yet is refused up front
+        for extra, why in ((["--optimizer", "adam"], "--optimizer: adamw, adamw8bit or adafactor"),
+                           (["--optimizer", "adamw8bit", "--zero1"], "not sharded yet"),
+                           (["--optimizer", "adafactor", "--adam-moments", "bf16"], "AdamW's"),
+                           (["--optimizer", "adafactor", "--device", "cuda:0"], "CPU only"),
+                           (["--adafactor-beta1", "0.9"], "--optimizer adafactor")):
+            _, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), *extra, self.shard, ok=(2,))
+            self.assertIn(why, err)
+
     def test_usage(self):
         code, err = run("-o", os.path.join(self.tmp.name, "x"), self.shard, ok=(2,))
         self.assertIn("--unet", err)
