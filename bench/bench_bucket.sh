@@ -5,6 +5,7 @@
 #  (b) bucketing + an 8-way split of a generated 1M-record JSONL (records carry
 #      width/height) on 2 threads.
 # usage: bench/bench_bucket.sh BUILD_DIR   (after building sd-bucket and bench_imghdr)
+# Results: bench/RESULTS.md, "Image headers" and "sd-bucket".
 set -eu
 B=$(realpath "${1:-build}")
 PHOTOS=${SDTK_PHOTOS:-/tmp/photos}

@@ -9,11 +9,7 @@
 # row the same bits whatever the row count, so a caption's embedding never
 # depends on its batch). Then the max abs difference of the two hidden states
 # (a sanity check that both computed the same function).
-# Measured (2-core AMD EPYC VM, AVX2, shared, load 0.5-2; `bench_clip.sh
-# build 16 3 3` twice at a6eaa34): sdtk / PyTorch batched per round, 1 thread
-# 0.99-1.23x (median 1.15x of 6), 2 threads 0.99-1.19x (median 1.06x); one
-# caption per call 1.3-2.0x. Hidden states agree to 8.1e-6. Older figures and
-# where the time goes: docs/ARCHITECTURE.md, CLIP "Speed".
+# Results: bench/RESULTS.md, "CLIP text encoder (CPU)".
 # ROUNDS > 1 alternates the two sides that many times per thread count (the
 # VM's load drifts over a minute; a ratio taken within one round is steadier)
 # and ends with every round's ratio and their median.

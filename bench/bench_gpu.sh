@@ -11,6 +11,7 @@
 # usage: bench/bench_gpu.sh BUILD_DIR [LOG_DIR [vae]]   (Release build with
 #        the CUDA backend; python3 with torch + diffusers; vae: only the VAE
 #        benchmark)
+# Results: bench/RESULTS.md, "GPU (H100)".
 set -u
 B=$(realpath "${1:-build}")
 LOG=${2:-$(mktemp -d)}

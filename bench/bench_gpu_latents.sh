@@ -7,6 +7,7 @@
 # usage: bench/bench_gpu_latents.sh BUILD_DIR IMAGES VAE [BATCH [TEXT]]
 #        (python3 with numpy; BATCH images per VAE batch, default 1; TEXT a
 #        text-encoder model for --text, whose embeddings are compared too)
+# Results: bench/RESULTS.md, "GPU (H100)".
 set -u
 B=$(realpath "${1:-build}")
 IMAGES=$2

@@ -9,6 +9,7 @@
 # two shards of each mode are compared record by record (bit for bit).
 # usage: bench/bench_gpu_pipeline.sh BUILD_DIR IMAGES VAE [COPIES [BATCH [OTHER]]]
 #        (DEV=cpu runs it on the CPU, strict only: a check of the script)
+# Results: bench/RESULTS.md, "GPU (H100)".
 set -u
 DEV=${DEV:-cuda:0}
 B=$(realpath "${1:-build}")

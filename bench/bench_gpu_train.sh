@@ -9,8 +9,9 @@
 #    same run, strict fp32, TF32 and bf16 mixed precision (MODES, default
 #    all three; PyTorch under torch.autocast for bf16); sdtk with attention
 #    through cuBLAS (the default) and on its flash kernel (--attn-flash).
-#    BENCH_BATCH=8 times batches of 8 (docs/GPU.md, run 27: PyTorch is
-#    faster there), as both bench_train and bench_train.py read it.
+#    BENCH_BATCH=8 times batches of 8, as both bench_train and
+#    bench_train.py read it.
+# Results: bench/RESULTS.md, "GPU (H100)".
 # usage: bench/bench_gpu_train.sh BUILD_DIR SHARD CONFIG [STEPS]   (python3
 #        with torch, diffusers, numpy, safetensors)
 set -u

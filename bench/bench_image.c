@@ -7,7 +7,7 @@
  * read before timing).
  *
  * With "floor", the decoder floor instead: for each job only the work the
- * decoder libraries must do for it, as libcore/image_dec.c calls them, so
+ * decoder libraries must do for it, as libcore/image/image_dec.c calls them, so
  * bench_image.sh can show how close sdtk is to what these libraries allow:
  * - JPEG: libjpeg-turbo at the DCT scale sd_fast_jpeg picks (sd_jpeg_denom),
  *   RGB or grey out, every scanline read;

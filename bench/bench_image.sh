@@ -28,6 +28,7 @@
 #        by default (python3-pil with Debian's libjpeg-turbo 2.1 and libwebp
 #        1.2, the decoders sdtk links), else python3; PY=VENV/bin/python for
 #        a PyPI Pillow, whose wheel bundles newer decoders)
+# Results: bench/RESULTS.md, "Image decode".
 set -eu
 B=$(realpath "${1:-build}")
 PASSES=${2:-2}

@@ -5,6 +5,7 @@
 #   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && cmake --build build -j
 #   bench/bench_meta.sh [N] [BUILD_DIR]       (N posts, default 1000000)
 # Goals (issue 2): >= 300k records/s on 2 cores; >= 20x Python per core.
+# Results: bench/RESULTS.md, "sd-meta".
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 n=${1:-1000000}

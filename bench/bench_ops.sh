@@ -6,6 +6,7 @@
 # single runs vary by ~15%). --bwd adds backward; --cpu times 1 thread only, by the
 # computing thread's CPU time (steady while other jobs load the machine).
 # Needs: pip install torch. Usage: bench/bench_ops.sh [BUILD_DIR] [ROUNDS] [REPEATS] [--bwd] [--cpu]
+# Results: bench/RESULTS.md, "CPU ops".
 set -eu
 build=${1:-build}; rounds=${2:-3}; reps=${3:-3}; shift $(( $# < 3 ? $# : 3 ))
 flags=""; threads="2 1"

@@ -2,6 +2,7 @@
 # Shard store benchmark: bytes per sample vs kohya npz, sd-verify GB/s on a
 # ~1.5 GB shard (warm page cache: dropping caches needs root), random-read
 # samples/s. Usage: bench/bench_shard.sh BUILD_DIR [WORK_DIR]
+# Results: bench/RESULTS.md, "sd-verify", "Shard reads" and "Cache size".
 set -eu
 build=$1
 work=${2:-$(mktemp -d)}

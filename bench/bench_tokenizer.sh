@@ -2,6 +2,7 @@
 # CLIP tokenizer captions/s on one core: sdtk vs transformers' CLIPTokenizerFast (Rust) and
 # CLIPTokenizer (slow, Python) on the golden corpus repeated to >= 200k captions.
 # Needs: pip install "transformers<5" ftfy tokenizers. Usage: bench/bench_tokenizer.sh BUILD_DIR
+# Results: bench/RESULTS.md, "Tokenizer".
 set -eu
 build=${1:-build}; src=$(cd "$(dirname "$0")/.." && pwd)/tests/golden/tokenizer
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT

@@ -9,21 +9,7 @@
 # warm-up losses of both must agree (same weights, inputs and timestep).
 # Each process needs about 16 GB of memory (weights, gradients, two AdamW
 # moments: 4 x 3.4 GB, plus activations).
-# Measured (2 cores of an AMD EPYC VM, 2026-11-22, after this session's conv,
-# attention and GEMM changes): 2 threads, load 1-2: PyTorch 2.15 best 38.4 s,
-# sdtk 27.5 s (1.39x; 2 rounds at 6b24264) and PyTorch 39.3 s, sdtk 25.0 s
-# (1.57x; 1 round at d67021f: conv 9.3 s, linear 5.8 s, attention 4.8 s, norm
-# 0.4 s, elementwise 1.5 s, AdamW 3.0 s); 1 thread with another job on the
-# second core: PyTorch 64.5 s, sdtk 50.7 s (1.27x, at de9d9e4, before the
-# GEMM and exp changes). Before all of them (an earlier, quieter run):
-# PyTorch 33.9 s, sdtk 68.7 s (0.49x). Losses agree: warm-up 1.124317 both,
-# after one AdamW step 1.324678 vs 1.324681. With cpu:ckpt (gradient
-# checkpointing) the activations take 655.3 MiB instead of 2577.5 and the
-# step about 1.4x as long. After the optimizer's loops were vectorised
-# (88166fe and the sum of squares after it; load ~1.1): PyTorch 41.1 s, sdtk
-# 24.9 s (1.65x; clip + AdamW 1.2 s); MODE cpu:m16 (bf16 AdamW moments):
-# PyTorch 40.2 s (fp32 moments: bench_train.py has no bf16 mode), sdtk 23.5 s
-# (1.71x, not like for like), losses 1.324681 and 0.636182.
+# Results: bench/RESULTS.md, "Training step (CPU)".
 # usage: bench/bench_train.sh BUILD_DIR [THREADS] [STEPS] [ROUNDS] [MODE]
 #        (after building bench_train in a Release build; needs python3 with
 #        torch + diffusers). ROUNDS (default 1) alternates PyTorch and sdtk

@@ -8,6 +8,7 @@
 # moments sharded: reduce-scatter + all-gather instead of the all-reduce).
 # By hand, never in tests.
 # Usage: bench/bench_train_mpi.sh [BUILD_DIR] [STEPS]
+# Results: bench/RESULTS.md, "Data parallel (CPU)".
 set -eu
 build=${1:-build}
 steps=${2:-60}

@@ -6,6 +6,7 @@
 # that both computed the same function).
 # usage: bench/bench_vae.sh BUILD_DIR [REPS]   (after building bench_vae in a
 #        Release build; needs python3 with torch + diffusers from PyPI)
+# Results: bench/RESULTS.md, "VAE encode (CPU)".
 set -eu
 B=$(realpath "${1:-build}")
 REPS=${2:-3}

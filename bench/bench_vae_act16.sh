@@ -7,6 +7,7 @@
 # then each 16-bit mode's latent mean against fp32's (max and mean abs
 # difference, relative to the largest value).
 # usage: bench/bench_vae_act16.sh BUILD_DIR [REPS]   (Release build with bench_vae)
+# Results: bench/RESULTS.md, "VAE encode (CPU)".
 set -eu
 B=$(realpath "${1:-build}")
 REPS=${2:-3}

@@ -7,6 +7,7 @@
 # through NCCL in a world of one (--nccl) against the plain run.
 # usage: bench/check_gpu_resume.sh BUILD_DIR SHARD CONFIG [STEPS]
 #        (DEV=cpu runs the same checks on the CPU, a check of the script)
+# Results: bench/RESULTS.md, "GPU (H100)".
 set -u
 B=$(realpath "${1:-build}")
 SHARD=$2

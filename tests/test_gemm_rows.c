@@ -1,4 +1,4 @@
-/* The linear forward's own sgemm (libcore/gemm_rows.h): a row's result must
+/* The linear forward's own sgemm (libcore/engine/gemm_rows.h): a row's result must
  * not depend on anything but the row. Bitwise (memcmp): the AVX2 kernel,
  * the portable kernel and the unpacked reference agree on every shape
  * (m, n, k not multiples of the 6 x 16 tile or of the 256-step k block,

@@ -1,4 +1,4 @@
-/* Engine ops (libcore/ops_*.c): every op's backward against central finite
+/* Engine ops (libcore/engine/ops_*.c): every op's backward against central finite
  * differences of its forward, forward values and gradients against torch
  * autograd (tests/golden/ops, made by tests/golden/make_ops_golden.py),
  * bit-identical results for 1, 2 and 3 threads, shape validation, and the

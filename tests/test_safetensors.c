@@ -13,6 +13,7 @@
 #include "arena.h"
 #include "buf.h"
 #include "check.h"
+#include "f16.h"
 #include "json.h"
 #include "safetensors.h"
 #include "slurp.h"
@@ -73,9 +74,9 @@ static void test_write_roundtrip(void)
 {
     float w[6] = {1, -2, 3.5f, 0, 1e-3f, 7};
     uint16_t h[3] = {0x3c00, 0xc000, 0x7bff};
-    sd_st_tensor t[3] = {{"w", SD_ST_F32, 2, {2, 3}, sizeof w, w},
-                         {"h", SD_ST_F16, 1, {3}, sizeof h, h},
-                         {"scalar_empty", SD_ST_F32, 1, {0}, 0, NULL}};
+    sd_st_tensor t[3] = {{"w", SD_ST_F32, 2, {2, 3}, sizeof w, w, NULL},
+                         {"h", SD_ST_F16, 1, {3}, sizeof h, h, NULL},
+                         {"scalar_empty", SD_ST_F32, 1, {0}, 0, NULL, NULL}};
     sd_st_meta meta[1] = {{"producer", "sdtk \"test\""}};
     char path[] = "/tmp/sdtk-st-XXXXXX";
     int fd = mkstemp(path);
@@ -104,6 +105,44 @@ static void test_write_roundtrip(void)
     t[0].nbytes = 8;
     CHECK(sd_st_write(path, t, 1, NULL, 0, &err) == SD_EINVAL);
     unlink(path);
+}
+
+/* Tensors given as floats (.f32) are converted while written, in pieces:
+ * the bytes equal the whole tensor converted at once with f16.h (40,000
+ * values cross the writer's pieces), for F32, F16 and BF16; another dtype
+ * is refused. */
+static void test_write_converted(void)
+{
+    enum { N = 40000 };
+    float *x = malloc(N * sizeof(float));
+    uint16_t *h = malloc(N * sizeof(uint16_t)), *b = malloc(N * sizeof(uint16_t));
+    if (!CHECK(x && h && b)) goto out;
+    for (int i = 0; i < N; i++) {
+        x[i] = (float)((i * 2654435761u) % 100003) / 977.0f - 50.0f;
+        h[i] = sd_f32_to_f16(x[i]);
+        b[i] = sd_f32_to_bf16(x[i]);
+    }
+    sd_st_tensor t[3] = {{"f32", SD_ST_F32, 1, {N}, N * 4, NULL, x},
+                         {"f16", SD_ST_F16, 2, {200, 200}, N * 2, NULL, x},
+                         {"bf16", SD_ST_BF16, 1, {N}, N * 2, NULL, x}};
+    char path[] = "/tmp/sdtk-stc-XXXXXX";
+    int fd = mkstemp(path);
+    close(fd);
+    sd_error err;
+    sd_safetensors *st = NULL;
+    if (!CHECK(sd_st_write(path, t, 3, NULL, 0, &err) == SD_OK && sd_st_open(&st, path, &err) == SD_OK)) goto out;
+    const sd_st_tensor *r32 = sd_st_find(st, "f32"), *r16 = sd_st_find(st, "f16"), *rb = sd_st_find(st, "bf16");
+    CHECK(r32 && r32->nbytes == N * 4 && memcmp(r32->data, x, N * 4) == 0);
+    CHECK(r16 && r16->nbytes == N * 2 && r16->ndim == 2 && memcmp(r16->data, h, N * 2) == 0);
+    CHECK(rb && rb->nbytes == N * 2 && memcmp(rb->data, b, N * 2) == 0);
+    sd_st_close(st);
+    t[0].dtype = SD_ST_I32;
+    CHECK(sd_st_write(path, t, 1, NULL, 0, &err) == SD_EINVAL && strstr(err.msg, "F32, F16 or BF16") != NULL);
+out:
+    unlink(path);
+    free(x);
+    free(h);
+    free(b);
 }
 
 /* Every prefix of the golden file and every single-byte change of its header
@@ -289,8 +328,8 @@ static void test_sharded(void)
     char dir[] = "/tmp/sdtk-shards-XXXXXX";
     if (!CHECK(mkdtemp(dir) != NULL)) return;
     float a[4] = {1, 2, 3, 4}, b[2] = {-1, 0.5f}, c[3] = {7, 8, 9};
-    sd_st_tensor s1[2] = {{"a", SD_ST_F32, 2, {2, 2}, sizeof a, a}, {"b", SD_ST_F32, 1, {2}, sizeof b, b}};
-    sd_st_tensor s2[1] = {{"c", SD_ST_F32, 1, {3}, sizeof c, c}};
+    sd_st_tensor s1[2] = {{"a", SD_ST_F32, 2, {2, 2}, sizeof a, a, NULL}, {"b", SD_ST_F32, 1, {2}, sizeof b, b, NULL}};
+    sd_st_tensor s2[1] = {{"c", SD_ST_F32, 1, {3}, sizeof c, c, NULL}};
     sd_st_meta meta[1] = {{"format", "pt"}};
     char p1[512], p2[512];
     snprintf(p1, sizeof p1, "%s/m-00001-of-00002.safetensors", dir);
@@ -353,7 +392,7 @@ static void test_sharded(void)
         if (st) sd_st_close(st);
     }
     /* the same tensor in both shards: the one the index does not name is refused */
-    sd_st_tensor dup[1] = {{"a", SD_ST_F32, 2, {2, 2}, sizeof a, a}};
+    sd_st_tensor dup[1] = {{"a", SD_ST_F32, 2, {2, 2}, sizeof a, a, NULL}};
     if (CHECK(sd_st_write(p2, dup, 1, NULL, 0, &err) == SD_OK)) {
         put_text(dir, "m.safetensors.index.json",
                  "{\"weight_map\": {\"a\": \"m-00002-of-00002.safetensors\", \"b\": \"m-00001-of-00002.safetensors\"}}");
@@ -373,6 +412,7 @@ int main(void)
 {
     test_golden();
     test_write_roundtrip();
+    test_write_converted();
     test_corruptions();
     test_bad_headers();
     test_sharded();

@@ -1,6 +1,7 @@
 /* Inside sdtrain only: what the trainer's files share (train_open.c: the
  * trainer and its options; train_pass.c: one UNet pass; train_update.c:
  * the optimizer update; train_step.c: one step from the shards;
+ * train_shared.c: the draws and stop notice those three and the loop use;
  * train_val.c, train_tally.c, train_world.c, train_loop.c: validation,
  * skip counts, the ranks' start check and the run). */
 #ifndef SDTK_TRAIN_INT_H

@@ -10,20 +10,6 @@
 #include "progress.h"
 #include "train_int.h"
 
-/* The first stop request (SIGINT/SIGTERM) acknowledged as soon as the
- * loop sees it, since a handler may not log and the step in progress (with
- * a large --accum, many micro-batches) and the save still take a while.
- * Shown even with -q; rank 0 speaks for a world of ranks (its own request,
- * or another rank's once the step's reduction agreed on it). */
-void sd_train_tell_stop(sd_trainer *tr)
-{
-    if (tr->stop_told || !((tr->stop_req && *tr->stop_req) || tr->stop_all)) return;
-    tr->stop_told = 1;
-    if (tr->rank == 0)
-        sd_log(SD_LOG_WARN, "stopping after this step and saving a checkpoint; Ctrl-C again to quit at once "
-               "(checkpoints already written stay)");
-}
-
 /* After a metrics line: a write that failed (disk full) is named once and
  * the file closed, so no torn line follows; training goes on, since the
  * checkpoints are what a run must not lose. */

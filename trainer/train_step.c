@@ -13,23 +13,6 @@
 #include "nccl_sum.h"
 #endif
 
-/* A timestep in the run's range [t_min, t_max): the whole schedule by
- * default, where the draw is the one it always was. */
-int sd_train_draw_timestep(const sd_train_opts *o, sd_rng *rng)
-{
-    return o->t_min + (int)sd_rng_below(rng, (uint64_t)(o->t_max - o->t_min));
-}
-
-/* splitmix64's finaliser: a well-mixed 64-bit hash of x. */
-uint64_t sd_train_mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 /* The stream of one batch: seeded by (seed, epoch, batch in the epoch), so
  * a batch draws the same flips, dropout, latent noise, timesteps and noise
  * whichever rank computes it and however the global batch is split. */

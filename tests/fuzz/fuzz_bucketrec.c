@@ -1,4 +1,4 @@
-/* Fuzz target for sd-bucket's record path (libcore/bucket_rec.c): the
+/* Fuzz target for sd-bucket's record path (libcore/image/bucket_rec.c): the
  * input is one JSONL line, as sd-meta writes or a user edits it. It goes
  * through the kohya and SDXL plans; a bucketed record must come out as one
  * JSON object whose crop box lies inside its resize size and has exactly

@@ -1,4 +1,4 @@
-/* Fuzz target for sd-train-style config files (libcore/cli_config.c): any
+/* Fuzz target for sd-train-style config files (libcore/base/cli_config.c): any
  * bytes are either refused with a usage error or expanded into option
  * words that the option parser then accepts or refuses, and every word is
  * a string; nothing else may happen. */

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden values for the engine's CPU ops (libcore/ops_*.c), run by hand,
+"""Golden values for the engine's CPU ops (libcore/engine/ops_*.c), run by hand,
 not in CI:  python3 tests/golden/make_ops_golden.py   (needs torch, numpy,
 safetensors from PyPI). Writes tests/golden/ops/ops.safetensors: for each
 case small fp32 inputs, weights, an upstream gradient dy, the forward output

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden files for the CLIP text encoders (libcore/clip_text*.c), run by
+"""Golden files for the CLIP text encoders (libcore/models/clip_text*.c), run by
 hand, not in CI:
     python3 tests/golden/make_text_golden.py
 (needs torch, transformers, safetensors, numpy from PyPI).

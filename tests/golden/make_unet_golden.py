@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden files for the UNet (libcore/unet*.c) and the trainer's math
+"""Golden files for the UNet (libcore/models/unet*.c) and the trainer's math
 (trainer/), run by hand, not in CI:
     python3 tests/golden/make_unet_golden.py [unet] [train] [train_sdxl]
 (needs torch, diffusers, safetensors, numpy from PyPI).

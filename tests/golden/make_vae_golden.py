@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden files for the VAE encoder (libcore/vae*.c), run by hand, not in CI:
+"""Golden files for the VAE encoder (libcore/models/vae*.c), run by hand, not in CI:
     python3 tests/golden/make_vae_golden.py
 (needs torch, diffusers, safetensors, numpy from PyPI).
 

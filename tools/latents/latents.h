@@ -88,7 +88,7 @@ sd_status latents_record(const latent_job *j, const latents_opts *o, int dtype, 
                          sd_buf *out, sd_error *err);
 
 /* The stored dtype (SD_DT_F16, SD_DT_BF16, SD_DT_F32) a name gives: fp16
- * (NULL too), bf16 or fp32; 0 for anything else. */
+ * (NULL too), bf16 or fp32; 0 for anything else (latents_device.c). */
 int latents_dtype(const char *name);
 
 /* The whole tool: returns an SD_EXIT_* code. */
@@ -115,7 +115,8 @@ void latents_parts_json(sd_shard *s, const latents_opts *o, sd_buf *out);
 void latents_warn_other_part(sd_shard *s, const latents_opts *o);
 
 /* The device's numerics as a key suffix: "" for the CPU and strict fp32,
- * else "|tf32", "|mixed-bf16" or "|mixed-fp16" (record and text keys). */
+ * else "|tf32", "|mixed-bf16" or "|mixed-fp16" (record and text keys;
+ * latents_device.c). */
 const char *latents_numerics(const latents_opts *o);
 
 /* The record named name rebuilt with text_ref as its text reference (all
@@ -125,7 +126,8 @@ sd_status latents_retext_record(sd_shard_txn *t, const char *name, const uint8_t
                                 sd_buf *val, sd_error *err);
 
 /* The CUDA context of --device cuda:K (an sd_cuda *) and its backend; an
- * error when this build has no CUDA. latents_cuda_close(NULL) is a no-op. */
+ * error when this build has no CUDA. latents_cuda_close(NULL) is a no-op
+ * (latents_device.c). */
 sd_status latents_cuda_open(const latents_opts *o, void **cuda, const sd_backend **be, sd_error *err);
 void latents_cuda_close(void *cuda);
 

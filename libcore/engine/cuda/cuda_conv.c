@@ -67,7 +67,7 @@ static void plan_free(sdc_conv_plan *p)
     free(p);
 }
 
-/* Every plan of the context (called by sd_cuda_destroy). */
+/* Every plan of the context (called by sd_cuda_destroy, cuda_backend.c). */
 void sdc_conv_plans_free(sd_cuda *c)
 {
     for (size_t i = 0; i < c->nplans; i++) plan_free(c->plans[i]);

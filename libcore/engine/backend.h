@@ -1,7 +1,7 @@
 /* The backend boundary: one table of entry points per device. Models call
  * ops and move memory only through a table, so the same model code runs on
  * the CPU (sd_backend_cpu) and on a GPU (sd_backend_cuda in
- * libcore/cuda/sd_cuda.h) unchanged.
+ * libcore/engine/cuda/sd_cuda.h) unchanged.
  *
  * exec: every entry takes the backend's execution context first, opaque to
  * the model. The CPU table's exec is the sd_pool * (NULL = one thread); the

@@ -48,7 +48,8 @@ if(SDTK_HAVE_CUDA)
     ${sdtk_cuda_dir}/cuda_ctx.c ${sdtk_cuda_dir}/cuda_conv.c ${sdtk_cuda_dir}/cuda_linear.c
     ${sdtk_cuda_dir}/cuda_attn_gemm.c ${sdtk_cuda_dir}/cuda_backend.c
     ${sdtk_cuda_dir}/cuda_elem.cu ${sdtk_cuda_dir}/cuda_norm.cu ${sdtk_cuda_dir}/cuda_attn.cu
-    ${sdtk_cuda_dir}/cuda_scores.cu ${sdtk_cuda_dir}/cuda_optim.cu ${sdtk_cuda_dir}/cuda_half.cu)
+    ${sdtk_cuda_dir}/cuda_scores.cu ${sdtk_cuda_dir}/cuda_optim.cu ${sdtk_cuda_dir}/cuda_half.cu
+    ${sdtk_cuda_dir}/cuda_probe.cu)
   target_include_directories(sdcuda PUBLIC ${sdtk_cuda_dir})
   target_include_directories(sdcuda SYSTEM PRIVATE ${SDTK_CUDNN_INCLUDE_DIR})
   target_link_libraries(sdcuda PUBLIC sdengine CUDA::cudart CUDA::cublas ${SDTK_CUDNN_LIBRARY})

@@ -5,6 +5,17 @@
 
 #include "cuda_int.h"
 
+/* Everything the context owns: first the convolution plans the ops
+ * cached in it, then the context itself (cuda_ctx.c), after the queued
+ * work has finished. */
+void sd_cuda_destroy(sd_cuda *c)
+{
+    if (!c) return;
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    sdc_conv_plans_free(c);
+    sdc_ctx_free(c);
+}
+
 /* The context, or NULL when an earlier failure is pending. */
 static sd_cuda *live(void *exec)
 {

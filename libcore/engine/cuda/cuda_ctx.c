@@ -137,7 +137,7 @@ sd_status sd_cuda_create(sd_cuda **out, int device, const sd_cuda_opts *opts, sd
     }
     if (ce != cudaSuccess) {
         sd_err_set(err, SD_EIO, "CUDA device %d: %s: %s", device, stage, cudaGetErrorString(ce));
-        sd_cuda_destroy(c);
+        sdc_ctx_free(c);
         return SD_EIO;
     }
     c->smem_optin = (size_t)optin;
@@ -146,7 +146,7 @@ sd_status sd_cuda_create(sd_cuda **out, int device, const sd_cuda_opts *opts, sd
         st = sd_err_set(err, SD_EUNSUPPORTED, "CUDA device %d: mixed precision %s: unknown type", device,
                         sd_dtype_name(c->opts.mixed));
     if (st) {
-        sd_cuda_destroy(c);
+        sdc_ctx_free(c);
         return st;
     }
     if (!c->opts.conv_workspace) c->opts.conv_workspace = default_conv_workspace(c->opts.mem_limit);
@@ -156,26 +156,27 @@ sd_status sd_cuda_create(sd_cuda **out, int device, const sd_cuda_opts *opts, sd
         be = cublasSetMathMode(c->blas, c->opts.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
     if (be != CUBLAS_STATUS_SUCCESS) {
         sd_err_set(err, SD_EIO, "cuBLAS on device %d: %s", device, cublasGetStatusString(be));
-        sd_cuda_destroy(c);
+        sdc_ctx_free(c);
         return SD_EIO;
     }
     cudnnStatus_t de = cudnnCreate(&c->dnn);
     if (de == CUDNN_STATUS_SUCCESS) de = cudnnSetStream(c->dnn, c->stream);
     if (de != CUDNN_STATUS_SUCCESS) {
         sd_err_set(err, SD_EIO, "cuDNN on device %d: %s", device, cudnnGetErrorString(de));
-        sd_cuda_destroy(c);
+        sdc_ctx_free(c);
         return SD_EIO;
     }
     *out = c;
     return SD_OK;
 }
 
-/* Everything the context owns, after the queued work has finished. */
-void sd_cuda_destroy(sd_cuda *c)
+/* Everything the context itself owns (allocations, library handles, the
+ * stream), after the queued work has finished; sd_cuda_destroy
+ * (cuda_backend.c) frees what the ops cached first. */
+void sdc_ctx_free(sd_cuda *c)
 {
     if (!c) return;
     if (c->stream) cudaStreamSynchronize(c->stream);
-    sdc_conv_plans_free(c);
     for (size_t i = 0; i < c->nblk; i++) cudaFree(c->blk[i].p);
     free(c->blk);
     if (c->dnn) cudnnDestroy(c->dnn);
@@ -224,6 +225,25 @@ void sd_cuda_trim(sd_cuda *c)
         c->cached -= c->blk[i].size;
     }
     c->nblk = keep;
+}
+
+/* fp32 compute: on TF32 tensor cores when allowed, and always for 16-bit
+ * inputs (tensor cores, fp32 accumulation). */
+cublasComputeType_t sdc_blas_compute(const sd_cuda *c)
+{
+    return c->opts.allow_tf32 && !c->opts.mixed ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+/* The matrix products' input type. */
+cudaDataType_t sdc_ab_type(const sd_cuda *c)
+{
+    return c->opts.mixed == SD_DT_BF16 ? CUDA_R_16BF : c->opts.mixed == SD_DT_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+/* Bytes of one such input element. */
+size_t sdc_ab_size(const sd_cuda *c)
+{
+    return c->opts.mixed ? 2 : 4;
 }
 
 /* The stream every launcher queues on. */

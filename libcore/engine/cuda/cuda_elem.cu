@@ -78,16 +78,6 @@ static cudaError_t launched(void)
     return cudaGetLastError();
 }
 
-/* Whether the device can run this build's kernels: the runtime finds an
- * image (machine code of its architecture, or PTX it can compile) or not. */
-extern "C" cudaError_t sdk_kernel_image(void)
-{
-    cudaFuncAttributes a;
-    cudaError_t e = cudaFuncGetAttributes(&a, (const void *)act_fwd_kernel);
-    if (e != cudaSuccess) cudaGetLastError(); /* not sticky; leave the runtime clean */
-    return e;
-}
-
 extern "C" cudaError_t sdk_act_fwd(sd_cuda *c, sdk_act kind, size_t n, float *y, const float *x)
 {
     if (!n) return cudaSuccess;

@@ -45,6 +45,10 @@ int sdc_cuda_ok(sd_cuda *c, cudaError_t e, const char *what);
 int sdc_dnn_ok(sd_cuda *c, cudnnStatus_t e, const char *what);
 int sdc_blas_ok(sd_cuda *c, cublasStatus_t e, const char *what);
 
+/* The context's own resources, freed after the queued work (cuda_ctx.c;
+ * sd_cuda_destroy in cuda_backend.c frees the conv plans first). */
+void sdc_ctx_free(sd_cuda *c);
+
 /* The table's memory entries (cuda_ctx.c). */
 void *sdc_mem_alloc(void *exec, size_t bytes);
 void sdc_mem_release(void *exec, void *p);
@@ -60,16 +64,16 @@ void sdc_conv2d_bwd(sd_cuda *c, const sd_conv2d_shape *s, float *dx, float *dw, 
                     const float *x, const float *w);
 void sdc_conv_plans_free(sd_cuda *c);
 
-/* cuBLAS linear layers (cuda_linear.c), and what every matrix product of
- * the backend takes: the compute type of cuBLAS calls (fp32, TF32 tensor
- * cores when allowed, fp32 accumulation of 16-bit inputs in mixed
- * precision), the type of their inputs (CUDA_R_32F, or the mixed type)
- * and its size in bytes, and an fp32 buffer as such an input: x itself,
- * or a 16-bit copy of its n floats in scratch (*tmp set: the caller
- * releases it; NULL when out of memory, recorded). */
+/* What every matrix product of the backend takes (cuda_ctx.c): the
+ * compute type of cuBLAS calls (fp32, TF32 tensor cores when allowed, fp32
+ * accumulation of 16-bit inputs in mixed precision), the type of their
+ * inputs (CUDA_R_32F, or the mixed type) and its size in bytes. */
 cublasComputeType_t sdc_blas_compute(const sd_cuda *c);
 cudaDataType_t sdc_ab_type(const sd_cuda *c);
 size_t sdc_ab_size(const sd_cuda *c);
+/* cuBLAS linear layers (cuda_linear.c), and an fp32 buffer as a matrix
+ * product's input: x itself, or a 16-bit copy of its n floats in scratch
+ * (*tmp set: the caller releases it; NULL when out of memory, recorded). */
 const void *sdc_ab_operand(sd_cuda *c, const float *x, size_t n, void **tmp, const char *what);
 void sdc_linear_fwd(sd_cuda *c, const sd_linear_shape *s, float *y, const float *x, const float *w, const float *b);
 void sdc_linear_bwd(sd_cuda *c, const sd_linear_shape *s, float *dx, float *dw, float *db, const float *dy,

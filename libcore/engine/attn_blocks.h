@@ -1,4 +1,4 @@
-/* How attention through cuBLAS (libcore/cuda/cuda_attn_gemm.c) cuts the
+/* How attention through cuBLAS (libcore/engine/cuda/cuda_attn_gemm.c) cuts the
  * score matrix into blocks: a block holds `heads` heads x `rows` query
  * rows x tk scores and at most SD_ATTN_BLOCK_FLOATS floats (256 MiB), so
  * the forward needs one such buffer and the backward two, whatever T is

@@ -1,6 +1,7 @@
 /* The UNet graph's op records, shared by the forward (unet.c) and backward
- * (unet_bwd.c) runners. Every tensor is a float offset into the flat
- * activation buffer (or, for weights, the parameter buffer). */
+ * (unet_bwd.c) runners and the gradient layout (unet_grads.c). Every tensor
+ * is a float offset into the flat activation buffer (or, for weights, the
+ * parameter buffer). */
 #ifndef SDTK_UNET_INT_H
 #define SDTK_UNET_INT_H
 
@@ -65,7 +66,7 @@ struct sd_unet_op {
 void sd_unet_run_ops(const sd_unet_graph *g, size_t begin, size_t end, const sd_backend *be, void *exec,
                      const float *params, float *act);
 
-/* Lay out the gradient buffer (unet_bwd.c): each activation's gradient
+/* Lay out the gradient buffer (unet_grads.c): each activation's gradient
  * lives from its last reader's backward to its producer's, and blocks of
  * gradients no longer live are reused; sets the ops' g* offsets, their zero
  * bits, their producers px, g->outp and g->ndact. Runs on the planning

@@ -12,25 +12,6 @@
 #include "cuda_int.h"
 #include "dtype.h"
 
-/* fp32 compute: on TF32 tensor cores when allowed, and always for 16-bit
- * inputs (tensor cores, fp32 accumulation). */
-cublasComputeType_t sdc_blas_compute(const sd_cuda *c)
-{
-    return c->opts.allow_tf32 && !c->opts.mixed ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-}
-
-/* The matrix products' input type. */
-cudaDataType_t sdc_ab_type(const sd_cuda *c)
-{
-    return c->opts.mixed == SD_DT_BF16 ? CUDA_R_16BF : c->opts.mixed == SD_DT_F16 ? CUDA_R_16F : CUDA_R_32F;
-}
-
-/* Bytes of one such input element. */
-size_t sdc_ab_size(const sd_cuda *c)
-{
-    return c->opts.mixed ? 2 : 4;
-}
-
 /* x itself in fp32, else rounded into a scratch copy the caller releases. */
 const void *sdc_ab_operand(sd_cuda *c, const float *x, size_t n, void **tmp, const char *what)
 {

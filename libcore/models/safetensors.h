@@ -36,6 +36,10 @@ typedef struct {
     uint64_t shape[SD_ST_MAX_DIMS];
     uint64_t nbytes;
     const void *data; /* points into the mapping */
+    /* writing only: when set, data is ignored and the tensor's values are
+     * these floats, converted to dtype (F32, F16 or BF16) while they are
+     * written, a small piece at a time: no copy of the tensor is made */
+    const float *f32;
 } sd_st_tensor;
 
 typedef struct {
@@ -54,6 +58,8 @@ size_t sd_st_meta_count(const sd_safetensors *st);
 const sd_st_meta *sd_st_meta_at(const sd_safetensors *st, size_t i);
 const char *sd_st_dtype_name(sd_st_dtype d);
 size_t sd_st_dtype_size(sd_st_dtype d);
+/* Write the tensors (in order) and the metadata as one file, atomically
+ * (temporary name, fsync, rename). */
 sd_status sd_st_write(const char *path, const sd_st_tensor *t, size_t n, const sd_st_meta *meta, size_t nmeta,
                       sd_error *err);
 

@@ -1,6 +1,6 @@
 /* Scalar formulas of the element-wise ops, written once for both backends:
  * the CPU ops (ops_elem.c, ops_act.c, ops_embed.c, ops_layout.c) and the
- * CUDA kernels (the .cu files of libcore/cuda) include this header, so the
+ * CUDA kernels (the .cu files of libcore/engine/cuda) include this header, so the
  * CPU tests (finite differences, torch golden values) check the very
  * expressions the GPU runs. Under nvcc each function is __host__
  * __device__; the CUDA math library's expf/erff/sinf/cosf differ from

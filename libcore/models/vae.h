@@ -137,7 +137,7 @@ void sd_vae_encode_queue(const sd_vae *v, const sd_backend *be, void *exec, cons
  * an image's latents never depend on its batch); on a device (whole_batch,
  * set by init from be->is_device) a batch goes in one pass
  * (sd_vae_encode_batch_on: on an H100 batch 8 ran 1.2x faster per image
- * than batch 1 with TF32, docs/GPU.md), or one at a time when its scratch
+ * than batch 1 with TF32, bench/RESULTS.md), or one at a time when its scratch
  * does not fit in the device's memory. encode = submit + collect: submit
  * copies the batch in and queues its encode (x may be reused on return),
  * collect waits for it and copies the moments out, so a caller can

@@ -1,0 +1,39 @@
+/* What the step (train_step.c), the update (train_update.c), the
+ * validation (train_val.c) and the loop (train_loop.c) all use, kept below
+ * them so that none of those files calls back into another: the timestep
+ * draw, the seed mixer and the stop request's acknowledgement. */
+#include <stdint.h>
+
+#include "log.h"
+#include "train_int.h"
+
+/* A timestep in the run's range [t_min, t_max): the whole schedule by
+ * default, where the draw is the one it always was. */
+int sd_train_draw_timestep(const sd_train_opts *o, sd_rng *rng)
+{
+    return o->t_min + (int)sd_rng_below(rng, (uint64_t)(o->t_max - o->t_min));
+}
+
+/* splitmix64's finaliser: a well-mixed 64-bit hash of x. */
+uint64_t sd_train_mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+/* The first stop request (SIGINT/SIGTERM) acknowledged as soon as the
+ * loop sees it, since a handler may not log and the step in progress (with
+ * a large --accum, many micro-batches) and the save still take a while.
+ * Shown even with -q; rank 0 speaks for a world of ranks (its own request,
+ * or another rank's once the step's reduction agreed on it). */
+void sd_train_tell_stop(sd_trainer *tr)
+{
+    if (tr->stop_told || !((tr->stop_req && *tr->stop_req) || tr->stop_all)) return;
+    tr->stop_told = 1;
+    if (tr->rank == 0)
+        sd_log(SD_LOG_WARN, "stopping after this step and saving a checkpoint; Ctrl-C again to quit at once "
+               "(checkpoints already written stay)");
+}
