@@ -166,7 +166,8 @@ int main(int argc, char **argv)
         {"set", 0, SD_OPT_LIST, &sets, "KEY=VALUE", "override one option last, dotted keys allowed (optimizer.lr=1e-5)"},
         {"unet", 0, SD_OPT_STR, &o.unet, "PATH", "the UNet to train: a diffusers model or unet/ folder, or a .safetensors file"},
         {"unet-config", 0, SD_OPT_STR, &o.unet_config, "FILE",
-         "a diffusers UNet config.json: for a single file without one, or alone to train a new model from scratch"},
+         "a diffusers UNet config.json: for a single file without one (in its metadata, as --save-single writes), "
+         "or alone to train a new model from scratch"},
         {"init-seed", 0, SD_OPT_INT, &init_seed, "N", "seed of a new model's random weights (default 0)"},
         {"output", 'o', SD_OPT_STR, &o.out_dir, "DIR", "checkpoints go to DIR/checkpoint-STEP, DIR/latest names the newest"},
         {"resume", 0, SD_OPT_STR, &resume, "DIR",
@@ -232,7 +233,7 @@ int main(int argc, char **argv)
         {"save-dtype", 0, SD_OPT_STR, &dtype, "T", "unet/ weights as fp32 (default), fp16 or bf16"},
         {"save-single", 0, SD_OPT_FLAG, &o.save_single, NULL,
          "also write each checkpoint's UNet (and EMA UNet) as one safetensors file with the original "
-         "model.diffusion_model.* names, as UIs load a UNet alone"},
+         "model.diffusion_model.* names, as UIs load a UNet alone, and its config.json in the file's metadata"},
         {"metrics", 0, SD_OPT_STR, &o.metrics, "FILE", "append one JSON line per step (a resume first moves later steps' lines to FILE.superseded)"},
         {"tensorboard", 0, SD_OPT_STR, &o.tensorboard, "DIR",
          "write TensorBoard event files there (loss, smoothed loss, lr, gradient norm, validation loss): "
