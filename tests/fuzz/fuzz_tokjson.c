@@ -1,4 +1,4 @@
-/* Fuzz target for tokenizer.json (libcore/clip_tok_load.c): what
+/* Fuzz target for tokenizer.json (libcore/models/clip_tok_load.c): what
  * transformers 5 saves as a CLIP tokenizer, read when a folder has no
  * vocab.json. The input is the file; it is written into a private temp
  * folder and loaded as a tokenizer folder. Checked: the load succeeds or

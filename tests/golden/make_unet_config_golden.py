@@ -10,7 +10,7 @@ base, and a tiny one with other floats and switches (norm_eps 1e-6,
 freq_shift 1, no mid block). The models are built on the meta device, so
 nothing is allocated. sdtk's writer must reproduce each file byte for
 byte: every key, sorted, indented, floats as Python prints them, and
-_diffusers_version (libcore/unet_config.c names the release used here)."""
+_diffusers_version (libcore/models/unet_config.c names the release used here)."""
 import os
 
 import diffusers
