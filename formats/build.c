@@ -7,9 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "imghdr.h"
 #include "source.h"
 #include "slurp.h"
 #include "utf8.h"
@@ -21,7 +23,7 @@ static const char *const danbooru_consumed[] = {
     "tag_count_meta", "tags", "width", "height", NULL};
 static const char *const e621_consumed[] = {"id", "tags", "rating", "score", "file", NULL};
 static const char *const metafile_consumed[] = {"tags", "score", "path", "caption", "width", "height", NULL};
-static const char *const wds_consumed[] = {"caption", "key", "width", "height", NULL};
+static const char *const wds_consumed[] = {"caption", "width", "height", NULL}; /* img2dataset's "key" stays in extra */
 
 /* Reset an input to a kind and its origin for messages. */
 void sd_input_init(sd_input *in, sd_input_kind kind, const char *origin, long line)
@@ -252,6 +254,26 @@ static void join_lines(char *t, size_t *n)
     }
     t[w] = 0;
     *n = w;
+}
+
+/* One rule for the captions of every source (a .caption file, a tar's
+ * .txt member, a JSON caption field, kohya metadata): blanks around the
+ * caption trimmed and its line breaks (LF, CRLF, CR) joined as by
+ * join_lines, so the same text gives the same caption, and the same
+ * text-embedding key, wherever it was read. Copies only a caption that
+ * changes. */
+static void settle_caption(sd_arena *a, sd_record *r)
+{
+    const char *c = r->caption;
+    if (!c || !*c) return;
+    size_t n = strlen(c);
+    int blank_ends = strchr(" \t\n\r", c[0]) || strchr(" \t\n\r", c[n - 1]);
+    if (!blank_ends && !strpbrk(c, "\n\r")) return;
+    char *t = sd_arena_strndup(a, c, n);
+    if (!t) return;
+    t = trim(t, &n);
+    join_lines(t, &n);
+    r->caption = t;
 }
 
 /* A webdataset class label (a JSON number or string, or a .cls member's
@@ -520,6 +542,15 @@ static int image_ok(const char *path, const char **reason)
     return 1;
 }
 
+/* A BMP by its name (any case): sd-bucket and sd-latents refuse BMP
+ * (sd_img_refusal), so sd-meta refuses it too, for the same reason, rather
+ * than pass on a record the next tool drops. */
+static int bmp_name(const char *name)
+{
+    size_t n = strlen(name);
+    return n > 4 && strcasecmp(name + n - 4, ".bmp") == 0;
+}
+
 /* Copy a source string into the record after checking it is UTF-8. */
 static int take_text(sd_arena *a, const char *s, size_t n, const char **out)
 {
@@ -580,7 +611,8 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
             }
         }
         const char *pristine = text ? sd_arena_strndup(a, text, len) : NULL;
-        if (!text || sd_json_parse(a, text, len, &root, &err)) {
+        int nonfinite = 0;
+        if (!text || sd_json_parse_py(a, text, len, &root, &nonfinite, &err)) {
             *reason = "malformed JSON";
             snprintf(detail, detail_len, "%s", err.msg);
             return -1;
@@ -590,7 +622,7 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
             return -1;
         }
         r->fields = root;
-        r->fields_text = pristine;
+        r->fields_text = nonfinite ? NULL : pristine; /* NaN/Infinity: re-serialised, as null */
         if (in->kind == SD_IN_METAFILE) {
             add_tags_value(r, a, sd_json_get(root, "tags"), SD_TAG_GENERAL);
             double d;
@@ -680,7 +712,8 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
         if (in->text) { /* a webdataset .json member: fields pass through */
             sd_json *root;
             sd_error err = {SD_OK, ""};
-            if (sd_json_parse(a, in->text, in->len, &root, &err) || root->type != SD_JSON_OBJECT) {
+            int nonfinite; /* NaN/Infinity: kept as numbers for --where, written as null */
+            if (sd_json_parse_py(a, in->text, in->len, &root, &nonfinite, &err) || root->type != SD_JSON_OBJECT) {
                 *reason = "malformed JSON";
                 snprintf(detail, detail_len, "%s", err.msg);
                 return -1;
@@ -716,6 +749,7 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
             return -1;
         }
     }
+    settle_caption(a, r);
     const sd_tag *nul = tag_with_nul(r);
     if (nul) {
         *reason = "tag contains NUL bytes";
@@ -730,6 +764,15 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
     }
     if (o->check_images && r->image && !r->member && !image_ok(r->image, reason)) {
         snprintf(detail, detail_len, "%s", r->image);
+        return -1;
+    }
+    if (o->check_images && r->image && bmp_name(r->member ? r->member : r->image)) {
+        *reason = "not a supported image"; /* sd-bucket's reason */
+        if (!r->member && in->origin && strcmp(in->origin, r->image) == 0) /* the message names it already */
+            snprintf(detail, detail_len, "%s", sd_img_refusal(SD_IMG_BMP));
+        else
+            snprintf(detail, detail_len, "%s%s%s%s: %s", r->image, r->member ? "[" : "", r->member ? r->member : "",
+                     r->member ? "]" : "", sd_img_refusal(SD_IMG_BMP));
         return -1;
     }
     return 0;

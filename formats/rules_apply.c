@@ -48,7 +48,9 @@ static int key_num(const char *key, double *out)
 
 /* Numeric value of a where-field: record fields first, then the source's
  * (dotted paths allowed). 0 if found, -1 if missing or null, -2 if the field
- * holds something else (a boolean, an object, non-numeric text). */
+ * holds something else (a boolean, an object, non-numeric text). A Python
+ * NaN or Infinity is a number and compares as Python compares it (NaN:
+ * every comparison false but !=). */
 static int field_num(const sd_record *rec, const char *f, double *out)
 {
     if (strcmp(f, "key") == 0) return rec->key ? key_num(rec->key, out) : -1;
@@ -61,6 +63,7 @@ static int field_num(const sd_record *rec, const char *f, double *out)
     if (strcmp(f, "height") == 0 && rec->height) return *out = rec->height, 0;
     const sd_json *v = sd_json_path(rec->fields, f, strlen(f));
     if (!v || v->type == SD_JSON_NULL) return -1;
+    if (v->type == SD_JSON_NUMBER) return *out = v->num, 0;
     return sd_json_num(v, out) ? -2 : 0;
 }
 

@@ -240,7 +240,10 @@ enum {
     SD_REC_F_CROP_FLOAT = 4, /* crop holds kohya's crop_ltrb, not the box cut (earlier
                               * import-kohya versions; now only a crop_ltrb that is not
                               * sd-scripts' value for the record's size and bucket) */
-    SD_REC_F_ALL = 7
+    SD_REC_F_TRANSPOSED = 8, /* the image file stores it transposed (EXIF orientation 5-8):
+                              * orig_w/orig_h are the displayed size, the stored one is
+                              * (orig_h, orig_w), the size sd-scripts names its npz by */
+    SD_REC_F_ALL = 15
 };
 
 typedef struct {
@@ -321,6 +324,8 @@ size_t sd_shard_batch_bytes(const sd_shard *s);
 sd_status sd_shard_exists(sd_shard *s, const void *key, size_t klen, int *found, sd_error *err);
 sd_status sd_shard_text_exists(sd_shard *s, const uint8_t hash[16], int *found, sd_error *err);
 sd_status sd_shard_name_exists(sd_shard *s, const char *name, size_t nlen, int *found, sd_error *err);
+/* A copy of a latent record's value (the open batch's puts included) into out. */
+sd_status sd_shard_peek(sd_shard *s, const void *key, size_t klen, sd_buf *out, int *found, sd_error *err);
 
 /* ---- reading --------------------------------------------------------------- */
 

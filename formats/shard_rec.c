@@ -315,7 +315,7 @@ sd_status sd_shard_rec_parse(const void *val, size_t len, sd_shard_rec *out, sd_
     if (out->ntensors < 1 || out->ntensors > SD_SHARD_MAX_TENSORS)
         return sd_err_set(err, SD_EFORMAT, "tensor count %d not in 1..4", out->ntensors);
     if (out->flags & ~SD_REC_F_ALL) return sd_err_set(err, SD_EFORMAT, "unknown flags 0x%x", out->flags);
-    if (out->kind == SD_REC_TEXT && (out->flags & (SD_REC_F_FLIPPED | SD_REC_F_MEANSTD)))
+    if (out->kind == SD_REC_TEXT && (out->flags & (SD_REC_F_FLIPPED | SD_REC_F_MEANSTD | SD_REC_F_TRANSPOSED)))
         return sd_err_set(err, SD_EFORMAT, "text record with latent flags 0x%x", out->flags);
     if (out->name_len > SD_SHARD_MAX_KEY) return sd_err_set(err, SD_EFORMAT, "name length %zu > %d", out->name_len, SD_SHARD_MAX_KEY);
     if (get16(v + OFF_RSV0) || !all_zero(v + OFF_RSV1, OFF_HDRHASH - OFF_RSV1))

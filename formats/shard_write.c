@@ -445,10 +445,13 @@ sd_status sd_shard_put_text(sd_shard *s, const uint8_t hash[16], const void *val
     return run_op(s, OP_PUT_TEXT, hash, SD_SHARD_TEXT_KEY, val, vlen, err);
 }
 
-/* Existence in the writer's view: the open batch, else the last commit. */
-static sd_status exists_in(sd_shard *s, int db, const void *key, size_t klen, int *found, sd_error *err)
+/* A key's value in the writer's view (the open batch, else the last
+ * commit): *found, and with out a copy of the value appended to it (cleared
+ * first). */
+static sd_status lookup_in(sd_shard *s, int db, const void *key, size_t klen, sd_buf *out, int *found, sd_error *err)
 {
     *found = 0;
+    if (out) sd_buf_clear(out);
     if (klen == 0 || klen > SD_SHARD_MAX_KEY) return sd_err_set(err, SD_EINVAL, "key length %zu not in 1..511", klen);
     sd_status refused = sd_shard_refuse_damaged(s, err);
     if (refused) return refused;
@@ -457,10 +460,27 @@ static sd_status exists_in(sd_shard *s, int db, const void *key, size_t klen, in
     if (rc) return sd_shard_mdb_err(err, rc, "begin", s);
     MDB_val k = {klen, (void *)key}, v;
     rc = mdb_get(txn, s->dbi[db], &k, &v);
+    if (rc == 0 && out) sd_buf_put(out, v.mv_data, v.mv_size);
     if (txn != s->wtxn) mdb_txn_abort(txn);
     if (rc && rc != MDB_NOTFOUND) return sd_shard_mdb_err(err, rc, "get", s);
+    if (out && out->oom) return sd_err_set(err, SD_ENOMEM, "out of memory");
     *found = rc == 0;
     return SD_OK;
+}
+
+/* Existence in the writer's view: the open batch, else the last commit. */
+static sd_status exists_in(sd_shard *s, int db, const void *key, size_t klen, int *found, sd_error *err)
+{
+    return lookup_in(s, db, key, klen, NULL, found, err);
+}
+
+/* A copy of a latent record's stored value, the open batch's puts
+ * included, appended to out (cleared first); *found 0 when absent. For a
+ * writer that must tell a record it wrote before (a resumed run) from
+ * another one stored under the same name. */
+sd_status sd_shard_peek(sd_shard *s, const void *key, size_t klen, sd_buf *out, int *found, sd_error *err)
+{
+    return lookup_in(s, SD_SHARD_DB_LATENTS, key, klen, out, found, err);
 }
 
 /* A missing record is reported (SD_ENOTFOUND) before anything is logged. */

@@ -70,7 +70,8 @@ static sd_status read_array(sd_meta_run *m, sd_lines *lr, const char *block, siz
     sd_arena_init(&a, 1 << 20);
     sd_json *root = NULL;
     sd_status st = read_rest(lr, &text, err);
-    if (!st && (st = sd_json_parse(&a, text.data, text.len, &root, err))) {
+    int nonfinite; /* Python's NaN/Infinity: each element is re-serialised, so they reach the worker as null */
+    if (!st && (st = sd_json_parse_py(&a, text.data, text.len, &root, &nonfinite, err))) {
         char msg[sizeof err->msg];
         snprintf(msg, sizeof msg, "%s", err->msg);
         sd_err_set(err, st, "%s: %s", origin, msg);

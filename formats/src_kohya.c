@@ -12,6 +12,16 @@
 #include "sources.h"
 
 
+/* A caption or tags string in run memory, without a leading U+FEFF:
+ * sd-scripts' merge scripts read tag and caption files as utf-8, not
+ * utf-8-sig, so a Windows editor's BOM arrives inside the first tag, where
+ * --blacklist and the rules would miss it (the folder source drops it). */
+static char *without_bom(sd_meta_run *m, const sd_json *v)
+{
+    size_t b = sd_bom_len(v->str, v->len);
+    return sd_arena_strndup(&m->arena, v->str + b, v->len - b);
+}
+
 /* Read the dictionary and add one input per entry. Images are looked up as
  * KEY (if it has an image extension) or KEY.{png,jpg,jpeg,webp,bmp} under
  * image_root (default: the json file's directory). */
@@ -46,8 +56,8 @@ sd_status sd_read_kohya(sd_meta_run *m, const char *path, const char *image_root
             in->origin = sd_meta_entry_origin(m, origin, idx, e->key, e->key_len);
             in->key = sd_arena_strndup(&m->arena, e->key, e->key_len);
             in->root = root;
-            if (cap) in->caption = sd_arena_strndup(&m->arena, cap->str, cap->len);
-            if (tags) in->tags_text = sd_arena_strndup(&m->arena, tags->str, tags->len);
+            if (cap) in->caption = without_bom(m, cap);
+            if (tags) in->tags_text = without_bom(m, tags);
         }
     }
     sd_arena_free(&a);

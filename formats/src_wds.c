@@ -200,7 +200,9 @@ static const char *archive_reason(struct archive *ar)
 }
 
 /* Read one shard. A shard that cannot be opened (or whose path the records
- * could not name in UTF-8) is an error for the caller to judge. */
+ * could not name in UTF-8) is an error for the caller to judge; so is a
+ * compressed one (*.tar.gz): libarchive would stream it, but the records
+ * would name members with no byte offset, which every later stage needs. */
 static sd_status read_shard(sd_meta_run *m, const char *path, sd_error *err)
 {
     if (!sd_name_is_utf8(path)) {
@@ -218,6 +220,13 @@ static sd_status read_shard(sd_meta_run *m, const char *path, sd_error *err)
         int e = archive_errno(ar); /* a system error in its usual words (EILSEQ: libarchive's "not this format") */
         sd_status st = sd_err_set(err, SD_EIO, "%s: cannot open: %s", path,
                                   e > 0 && e != EILSEQ ? strerror(e) : archive_reason(ar));
+        archive_read_free(ar);
+        return st;
+    }
+    if (archive_filter_count(ar) > 1) { /* filter 0 is the outermost: gzip, bzip2, xz, zstd */
+        sd_status st = sd_err_set(err, SD_EUNSUPPORTED, "%s: compressed tar (%s): its images cannot be read in place "
+                                  "(sd-bucket and sd-latents read each image at its byte offset in the shard); "
+                                  "unpack it (e.g. gunzip) and give the .tar", path, archive_filter_name(ar, 0));
         archive_read_free(ar);
         return st;
     }
@@ -290,6 +299,10 @@ static sd_status read_shard(sd_meta_run *m, const char *path, sd_error *err)
         ext[el] = 0;
         int64_t size = archive_entry_size(e);
         size_t tl;
+        if (!strcmp(ext, "bmp")) { /* an image no tool reads (sd_img_refusal): named as such, not "without image" */
+            sample_spoil(&s, "not a supported image", name);
+            continue;
+        }
         if (!strcmp(ext, "jpg") || !strcmp(ext, "jpeg") || !strcmp(ext, "png") || !strcmp(ext, "webp")) {
             if (s.image_member) {
                 sd_meta_skip_input(m, "tar sample with two images", "%s[%s]", origin, name);
@@ -369,7 +382,8 @@ sd_status sd_read_wds(sd_meta_run *m, const char *path, sd_error *err)
         else if (n == 1) st = sd_err_set(err, e1.code, "%s", e1.msg);
         else {
             if (!first.code) first = e1;
-            sd_meta_skip_input(m, "unreadable tar shard", "%s", e1.msg);
+            sd_meta_skip_input(m, e1.code == SD_EUNSUPPORTED ? "compressed tar shard" : "unreadable tar shard", "%s",
+                               e1.msg);
         }
         free(paths[i]);
     }

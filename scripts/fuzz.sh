@@ -11,7 +11,7 @@ build=$root/build-fuzz
 san="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1"
 CC=${CC:-clang} cmake -S "$root" -B "$build" -DSDTK_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug -DSDTK_CUDA=OFF -DSDTK_MPI=OFF \
     -DCMAKE_C_FLAGS="$san" >/dev/null
-cmake --build "$build" -j2 --target fuzz_booru fuzz_tar fuzz_npz fuzz_shardrec fuzz_safetensors fuzz_image fuzz_config fuzz_caption fuzz_bucketrec fuzz_rules fuzz_kohyamatch fuzz_shardpages >/dev/null
+cmake --build "$build" -j2 --target fuzz_booru fuzz_tar fuzz_npz fuzz_shardrec fuzz_safetensors fuzz_image fuzz_config fuzz_caption fuzz_bucketrec fuzz_rules fuzz_kohyamatch fuzz_shardpages fuzz_tokjson >/dev/null
 mkdir -p "$build/artifacts"
 status=0
 # run TARGET PROGRAM ARGS...: the caption target under fuzz_caption.sh, which
@@ -25,8 +25,8 @@ run() {
         "$@"
     fi
 }
-for t in ${SDTK_FUZZ_TARGETS:-booru tar npz shardrec safetensors image config caption bucketrec rules kohyamatch shardpages}; do
-    case $t in booru | shardrec | safetensors | config | caption | bucketrec | rules | kohyamatch) max=4096 ;; tar | npz | image | shardpages) max=65536 ;; esac
+for t in ${SDTK_FUZZ_TARGETS:-booru tar npz shardrec safetensors image config caption bucketrec rules kohyamatch shardpages tokjson}; do
+    case $t in booru | shardrec | safetensors | config | caption | bucketrec | rules | kohyamatch) max=4096 ;; tar | npz | image | shardpages | tokjson) max=65536 ;; esac
     scratch=$build/corpus_$t
     rm -rf "$scratch"
     cp -r "$root/tests/fuzz/corpus_$t" "$scratch"

@@ -89,20 +89,32 @@ def check_includes(root):
     return problems
 
 
+def target_dirs(build):
+    """The folders of the targets the build defines now (CMake's TargetDirectories.txt),
+    so a target an older layout left in the build folder is not read; a build folder
+    without that list is walked whole."""
+    listing = os.path.join(build, "CMakeFiles", "TargetDirectories.txt")
+    if os.path.isfile(listing):
+        with open(listing) as f:
+            return [line.strip() for line in f if line.strip()]
+    found = []
+    for dirpath, dirnames, filenames in os.walk(build):
+        if "link.txt" in filenames:
+            found.append(dirpath)
+    return found
+
+
 def object_files(build):
     """The object files the build links into its libraries and tools (not tests or
-    benchmarks), from CMake's link commands: a stale object of a removed source is
-    not among them."""
+    benchmarks), from CMake's link commands: a stale object of a removed source, or of
+    a target the build no longer has, is not among them."""
     objs = set()
-    for dirpath, dirnames, filenames in os.walk(build):
-        rel = os.path.relpath(dirpath, build)
-        if rel.split(os.sep)[0] in ("tests", "bench") or "CompilerId" in rel:
-            dirnames[:] = []
+    for tdir in target_dirs(build):
+        rel = os.path.relpath(tdir, build)
+        if rel.split(os.sep)[0] in ("tests", "bench") or not os.path.isfile(os.path.join(tdir, "link.txt")):
             continue
-        if "link.txt" not in filenames:
-            continue
-        cwd = os.path.dirname(os.path.dirname(dirpath))  # the target's build folder, where it links
-        with open(os.path.join(dirpath, "link.txt")) as f:
+        cwd = os.path.dirname(os.path.dirname(tdir))  # the target's build folder, where it links
+        with open(os.path.join(tdir, "link.txt")) as f:
             words = f.read().split()
         for w in list(words):
             if w.startswith("@") and os.path.isfile(os.path.join(cwd, w[1:])):
@@ -260,9 +272,17 @@ def self_test():
         link("ac")  # b no longer linked: its stale object must not count
         if check_calls(os.path.join(tmp, "build")):
             failures.append("a tree without a circle reported one")
+        # a target an older layout left behind, linking b with a: read when the build has no
+        # list of its targets, not read when CMake's list leaves it out
+        write("build/libcore/CMakeFiles/old.dir/link.txt", "ar qc libold.a CMakeFiles/x.dir/b.c.o\n")
+        if len(check_calls(os.path.join(tmp, "build"))) != 1:
+            failures.append("without TargetDirectories.txt the old target's circle was not found")
+        write("build/CMakeFiles/TargetDirectories.txt", os.path.join(tmp, "build/libcore/CMakeFiles/x.dir") + "\n")
+        if check_calls(os.path.join(tmp, "build")):
+            failures.append("a target missing from TargetDirectories.txt was read")
     for f in failures:
         print("self-test:", f)
-    print(f"check_layers self-test: {5 - len(failures)} passed, {len(failures)} failed")
+    print(f"check_layers self-test: {7 - len(failures)} passed, {len(failures)} failed")
     return 1 if failures else 0
 
 

@@ -96,6 +96,14 @@ check "strip refused" "$(grep -c 'resize over 65535 pixels a side' odd.err)" 2
 check "only the BOM line out" "$(wc -l < odd.out)" 1
 rm -f pipe.png
 
+# a record whose width/height are wrong (a producer's json, a stale dump) is bucketed as they say;
+# --read-sizes reads every header instead (sd-latents names it as the remedy), for files and tar members
+printf '{"v":1,"key":"w1","image":"wide.jpg","width":480,"height":640}\n{"v":1,"key":"w2","image":"shard.tar","member":"000001.jpg","offset":512,"size":%s,"width":480,"height":640}\n' "$jsize" > wrong.jsonl
+check "wrong sizes trusted" "$("$BIN" -q wrong.jsonl | grep -c '"width":480,"height":640')" 2
+"$BIN" -q --read-sizes wrong.jsonl > read.jsonl
+check "exit code --read-sizes" $? 0
+check "--read-sizes: header sizes" "$(grep -c '"width":1920,"height":1080,"original_size":\[1920,1080\],"bucket":\[1344,768\]' read.jsonl)" 2
+
 # stdin gives the same output as a file
 "$BIN" -q < in.jsonl > out_stdin.jsonl
 cmp -s out.jsonl out_stdin.jsonl || fail "stdin output differs from file output"

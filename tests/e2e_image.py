@@ -5,12 +5,15 @@ sizes, crop boxes, flips, EXIF rotation, alpha on white, grey/16-bit/CMYK to
 sRGB, tar members by offset, clear errors and bomb refusal; the direct
 decoders (PNG pixels exact, every filter type in runs and mixes at odd
 sizes, the area resize against a float INTER_AREA, JPEG DCT-scaled decode,
-ICC profiles) and the files they leave to libvips. Every job runs twice,
-with the AVX2 loops and without (image_dump --portable): the bytes must be
-the same.
+ICC profiles) and the files they leave to libvips; enlargements against
+PIL's LANCZOS byte for byte (pixel centres: the 8x8 column case). Every
+job runs twice, with the AVX2 loops and without (image_dump --portable):
+the bytes must be the same.
 With --photos: every photo in $SDTK_PHOTOS at two bucket-style plans against
 PIL's decode of the same box resized by a float INTER_AREA when both sides
-shrink, by PIL's LANCZOS otherwise (exit 77 when SDTK_PHOTOS is not set).
+shrink, by PIL's LANCZOS otherwise, and three photos shrunk to a quarter
+and taken back up against PIL's LANCZOS (>= 99% of values within 1 level)
+(exit 77 when SDTK_PHOTOS is not set).
 Usage: e2e_image.py [--photos] IMAGE_DUMP"""
 import io
 import math
@@ -282,6 +285,68 @@ def direct_decoders(d, tmp):
     check(isinstance(e, str) and e.startswith("err") and bad in e, "PNG with a bad IDAT CRC -> error naming it: %s" % e)
 
 
+def pil_lanczos(a, rw, rh, box=None, flip=0):
+    """kohya's pil_resize: PIL's LANCZOS to rw x rh, then the box, mirrored on flip."""
+    l, t, r, b = box or (0, 0, rw, rh)
+    ref = np.asarray(Image.fromarray(a).resize((rw, rh), Image.LANCZOS))[t:b, l:r]
+    return ref[:, ::-1] if flip else ref
+
+
+def centroid(a, axis):
+    """Where the brightness of the red channel lies along an axis (0: x, 1: y)."""
+    w = a[..., 0].astype(float).sum(axis)
+    return float((w * np.arange(w.size)).sum() / w.sum())
+
+
+def enlargements(d, tmp):
+    """A side that grows is resized as PIL's LANCZOS (kohya's pil_resize):
+    pixel centres kept in place (libvips' upsizing was bicubic and shifted
+    half an output pixel right and down), and the same bytes as PIL for
+    enlargements, stretches and one side up with the other down, crops and
+    flips included."""
+    col = np.zeros((8, 8, 3), np.uint8)
+    col[:, 3] = 255
+    cp = os.path.join(tmp, "column.png")
+    Image.fromarray(col).save(cp)
+    a = d.run(cp, 16, 16)
+    cx = centroid(a, 0) if isinstance(a, np.ndarray) else -1
+    check(abs(cx - 6.5) < 0.05, "8x8, white column at x=3, to 16x16: centroid x %.3f, PIL's 6.5" % cx)
+    rp = os.path.join(tmp, "row.png")
+    Image.fromarray(col.transpose(1, 0, 2).copy()).save(rp)
+    a = d.run(rp, 16, 16)
+    cy = centroid(a, 1) if isinstance(a, np.ndarray) else -1
+    check(abs(cy - 6.5) < 0.05, "8x8, white row at y=3, to 16x16: centroid y %.3f, PIL's 6.5" % cy)
+    src = noise(37, 53, 3, 13)
+    np_ = os.path.join(tmp, "small.png")
+    Image.fromarray(src).save(np_)
+    for rw, rh, box, flip in ((16 * 53 // 8, 16 * 37 // 8, None, 0), (101, 80, (5, 7, 99, 80), 1), (53, 111, None, 0),
+                              (160, 37, (0, 0, 150, 37), 1), (60, 20, None, 0), (20, 60, (1, 2, 19, 59), 1),
+                              (1000, 700, (900, 600, 1000, 700), 0)):
+        a = d.run(np_, rw, rh, box=box, flip=flip)
+        ref = pil_lanczos(src, rw, rh, box, flip)
+        diff = int(np.abs(a.astype(int) - ref).max()) if isinstance(a, np.ndarray) else a
+        check(diff == 0, "enlargement 53x37 -> %dx%d box %s flip %d: PIL LANCZOS's bytes (max diff %s)"
+              % (rw, rh, box, flip, diff))
+    # extreme shapes: one pixel, a side that grows while the other shrinks 500x
+    rng = np.random.default_rng(5)
+    for (w, h), rw, rh in (((1, 1), 5, 7), ((3, 2000), 4, 10), ((2000, 3), 1, 4), ((9, 5), 64, 1)):
+        src = rng.integers(0, 256, (h, w, 3)).astype(np.uint8)
+        ep = os.path.join(tmp, "edge%dx%d.png" % (w, h))
+        Image.fromarray(src).save(ep)
+        a = d.run(ep, rw, rh)
+        diff = int(np.abs(a.astype(int) - pil_lanczos(src, rw, rh)).max()) if isinstance(a, np.ndarray) else a
+        check(diff == 0, "enlargement %dx%d -> %dx%d: PIL LANCZOS's bytes (max diff %s)" % (w, h, rw, rh, diff))
+    # an EXIF-rotated JPEG is turned upright at its own size, then enlarged
+    ex = Image.Exif()
+    ex[0x0112] = 6
+    rp = os.path.join(tmp, "rot6.jpg")
+    Image.fromarray(noise(30, 40, 3, 4)).save(rp, quality=95, exif=ex)
+    upright = np.asarray(ImageOps.exif_transpose(Image.open(rp)).convert("RGB"))
+    a = d.run(rp, 45, 60, box=(5, 0, 45, 60), flip=1)
+    diff = int(np.abs(a.astype(int) - pil_lanczos(upright, 45, 60, (5, 0, 45, 60), 1)).max()) if isinstance(a, np.ndarray) else a
+    check(diff == 0, "EXIF-rotated 40x30 JPEG -> 45x60: PIL LANCZOS's bytes of the upright image (max diff %s)" % diff)
+
+
 def near(a, colour, tol):
     return np.abs(a.astype(int) - np.array(colour)).max() <= tol
 
@@ -324,6 +389,8 @@ def synthetic(d, tmp):
     ref = np.asarray(Image.fromarray(g).resize((200, 25), Image.LANCZOS)).astype(int)
     a = d.run(gp, 200, 25)
     check(np.abs(a.astype(int) - ref).mean() < 1.0, "gradient 512->200 within 1 level of PIL LANCZOS")
+
+    enlargements(d, tmp)
 
     # EXIF orientation 6: stored 200x100, displayed 100x200 (rotated 90 clockwise)
     ep = os.path.join(tmp, "exif6.jpg")
@@ -374,6 +441,50 @@ def synthetic(d, tmp):
     if isinstance(a, np.ndarray):
         m = a.reshape(-1, 3).mean(0)
         check(m[0] > 180 and m[1] < 90 and m[2] < 90, "CMYK red converts to sRGB red, got %s" % m)
+
+    # untagged CMYK as PIL's convert("RGB") maps it (naively, black to black): libvips' fallback
+    # press profile, taken without black point compensation, lifted black to about (30,33,43).
+    # A JPEG at its size, EXIF-rotated and shrunk (libvips' paths), and a TIFF (a format imghdr
+    # does not parse).
+    ck = noise(40, 56, 4, 21)
+    ck[:8, :8] = (0, 0, 0, 255)  # K only: black
+    ck[8:16, :8] = (0, 0, 0, 0)  # no ink: white
+    for ext, kw in (("jpg", {"quality": 95}), ("tif", {})):
+        ckp = os.path.join(tmp, "cmyk_noise." + ext)
+        Image.fromarray(ck, "CMYK").save(ckp, **kw)
+        ref = np.asarray(Image.open(ckp).convert("RGB")).astype(int)
+        a = d.run(ckp, 56, 40)
+        ok = isinstance(a, np.ndarray)
+        check(ok and np.abs(a - ref).max() <= 1, "untagged CMYK %s within 1 level of PIL's convert: %s" % (
+            ext, np.abs(a - ref).max() if ok else a))
+        check(ok and a[2:6, 2:6].max() <= 3 and a[10:14, 2:6].min() >= 252,
+              "untagged CMYK %s: black stays black, white white: %s %s" % (ext, a[3, 3] if ok else a, a[11, 3] if ok else ""))
+        a = d.run(ckp, 28, 20)
+        lz = np.asarray(Image.open(ckp).convert("RGB").resize((28, 20), Image.LANCZOS)).astype(int)
+        check(isinstance(a, np.ndarray) and np.abs(a - lz).mean() < 2.0, "untagged CMYK %s halved near PIL's: %s" % (
+            ext, np.abs(a - lz).mean() if isinstance(a, np.ndarray) else a))
+    ex6 = Image.Exif()
+    ex6[0x0112] = 6
+    ckp = os.path.join(tmp, "cmyk_exif6.jpg")
+    Image.fromarray(ck, "CMYK").save(ckp, quality=95, exif=ex6)
+    ref = np.asarray(ImageOps.exif_transpose(Image.open(ckp)).convert("RGB")).astype(int)
+    a = d.run(ckp, 40, 56)
+    check(isinstance(a, np.ndarray) and a.shape == ref.shape and np.abs(a - ref).max() <= 1,
+          "untagged CMYK JPEG with EXIF orientation 6: upright, as PIL: %s" % (a if isinstance(a, str) else ""))
+
+    # 32-bit samples (integers, float grey) have no range to take to 8 bits: refused saying so,
+    # not clipped to white; float RGB (scRGB to libvips, 0..1 linear) is converted
+    for fmt, bits, name in ((1, 32, "32-bit unsigned integer"), (2, 32, "32-bit signed integer"),
+                            (3, 32, "32-bit float")):
+        tp32 = os.path.join(tmp, "s%d.tif" % fmt)
+        vals = np.full((6, 8), 40000 if fmt < 3 else 0.5)
+        open(tp32, "wb").write(tiff_samples(vals[..., None], fmt))
+        e = d.run(tp32, 8, 6)
+        check(isinstance(e, str) and e.startswith("err unsupported") and name + " samples" in e and tp32 in e,
+              "grey TIFF with %s samples refused: %s" % (name, e if isinstance(e, str) else "loaded"))
+    tpf = os.path.join(tmp, "rgbf.tif")
+    open(tpf, "wb").write(tiff_samples(np.tile([0.2140, 0.0, 1.0], (6, 8, 1)), 3))
+    check(near(d.run(tpf, 8, 6), (128, 0, 255), 1), "float RGB TIFF (linear 0..1) -> sRGB")
 
     # WebP
     wp = os.path.join(tmp, "q.webp")
@@ -451,6 +562,41 @@ def synthetic(d, tmp):
     a = d.run(extra, 160, 120)
     check(isinstance(a, np.ndarray) and a.shape == (120, 160, 3), "extra bytes before EOI still decode: %s"
           % (a if isinstance(a, str) else ""))
+    # libvips' reasons, not "unknown libvips error": a PNG whose first chunk is garbage
+    # (Pillow's broken.png: libpng's complaint arrives only as a warning), and a truncated PNG
+    # decoded after JPEGs whose harmless warnings libvips left in its error buffer (once
+    # they were the whole message: another image's words, cut at 256 bytes)
+    garbage = os.path.join(tmp, "garbage.png")
+    open(garbage, "wb").write(b"\x89PNG\r\n\x1a\n" + bytes((i * 89 + 7) % 256 for i in range(600)))
+    e = d.run(garbage, 64, 64)
+    check(isinstance(e, str) and garbage in e and "unknown libvips error" not in e and "invalid chunk type" in e
+          and "IHDR" in e, "PNG with a garbage first chunk -> libpng's and the header's reasons: %s" % e)
+    unk = os.path.join(tmp, "unknown.img")  # no format libvips sniffs: it offers ImageMagick, blocked
+    open(unk, "wb").write(b"\x00\x01" + bytes(range(256)) * 2)
+    e = d.run(unk, 64, 64)
+    check(isinstance(e, str) and unk in e and "magickload would read it, a loader sdtk blocks as untrusted" in e,
+          "a file of no format sdtk reads -> says the loader left is blocked: %s" % e)
+    def chunk(t, data):
+        return struct.pack(">I", len(data)) + t + data + struct.pack(">I", zlib.crc32(t + data) & 0xFFFFFFFF)
+    noidat = os.path.join(tmp, "noidat.png")  # IHDR then IEND (Pillow's apng/syntax_num_frames_zero.png)
+    open(noidat, "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 32, 16, 8, 2, 0, 0, 0))
+                             + chunk(b"IEND", b""))
+    e = d.run(noidat, 32, 16)
+    check(isinstance(e, str) and noidat in e and "unknown libvips error" not in e and "IEND" in e,
+          "PNG without image data -> libpng's reason: %s" % e)
+    raw = open(noisy, "rb").read()
+    dqt = raw.index(b"\xff\xdb")
+    xdb = os.path.join(tmp, "xdb.jpg")  # 4 stray bytes before the DQT marker: libjpeg warns, decodes
+    open(xdb, "wb").write(raw[:dqt] + b"\0\0\0\0" + raw[dqt:])
+    for _ in range(3):
+        check(isinstance(d.run(xdb, 160, 120), np.ndarray), "JPEG with stray bytes before a marker decodes")
+    tpng = os.path.join(tmp, "trunc_noise.png")
+    buf = io.BytesIO()
+    Image.fromarray(noise(203, 301, 3, 7)).save(buf, "PNG")
+    open(tpng, "wb").write(buf.getvalue()[:len(buf.getvalue()) // 2])
+    e = d.run(tpng, 150, 101)
+    check(isinstance(e, str) and tpng in e and "VipsJpeg" not in e and "png" in e.split(tpng)[1].lower(),
+          "truncated PNG after warned JPEGs -> its own reason only: %s" % e)
     junk = os.path.join(tmp, "junk.jpg")
     open(junk, "wb").write(b"\xff\xd8\xff\xe0" + bytes(range(256)) * 8)
     e = d.run(junk, 64, 64)
@@ -482,6 +628,22 @@ def tiff_header_only(w, h):
     tags = [(256, 4, w), (257, 4, h), (258, 3, 8), (259, 3, 1), (262, 3, 1), (273, 4, 8), (277, 3, 1), (278, 4, h), (279, 4, 16)]
     ifd = struct.pack("<H", len(tags)) + b"".join(struct.pack("<HHII", t, ty, 1, v) for t, ty, v in tags) + b"\0\0\0\0"
     return b"II*\0" + struct.pack("<I", 24) + b"\0" * 16 + ifd
+
+
+def tiff_samples(a, sample_format):
+    """A little-endian uncompressed TIFF of a (h x w x c, c 1 or 3) with 32-bit samples:
+    SampleFormat 1 (unsigned), 2 (signed) or 3 (IEEE float)."""
+    h, w, c = a.shape
+    data = a.astype({1: "<u4", 2: "<i4", 3: "<f4"}[sample_format]).tobytes()
+    bps_at = 8 + len(data)  # the BitsPerSample triple for RGB, after the data
+    tags = [(256, 4, 1, w), (257, 4, 1, h), (258, 3, c, 32 if c == 1 else bps_at), (259, 3, 1, 1),
+            (262, 3, 1, 1 if c == 1 else 2), (273, 4, 1, 8), (277, 3, 1, c), (278, 4, 1, h), (279, 4, 1, len(data)),
+            (284, 3, 1, 1), (339, 3, 1, sample_format)]
+    extra = struct.pack("<HHH", 32, 32, 32) + b"\0\0" if c == 3 else b""
+    ifd_at = 8 + len(data) + len(extra)
+    ifd = struct.pack("<H", len(tags)) + b"".join(struct.pack("<HHII", t, ty, n, v) if ty == 4 or n > 2 else
+                                                  struct.pack("<HHIHH", t, ty, n, v, 0) for t, ty, n, v in tags)
+    return b"II*\0" + struct.pack("<I", ifd_at) + data + extra + ifd + b"\0\0\0\0"
 
 
 def srgb_reference(path):
@@ -517,6 +679,7 @@ def photos(d):
         sys.exit(77)
     files = sorted(os.path.join(root, f) for f in os.listdir(root) if f.lower().endswith((".jpg", ".jpeg", ".png", ".webp")))
     check(len(files) > 0, "photos found in " + root)
+    quarter_and_back(d, files, d.fast.tmp)
     errs = []
     for i, f in enumerate(files):
         ref = srgb_reference(f)
@@ -540,6 +703,42 @@ def photos(d):
     if errs:
         print("photos: %d loads, mean abs diff vs INTER_AREA (LANCZOS for upscales) of PIL's decode (0..255): mean %.3f,"
               " max %.3f" % (len(errs), float(np.mean(errs)), float(np.max(errs))))
+
+
+def quarter_and_back(d, files, tmp):
+    """Photos shrunk to a quarter (each side) and taken back up to their own
+    size, as a small image in a bucket would be: sdtk's enlargement against
+    PIL's LANCZOS of the same small file, on three boxes of each (corners,
+    where the window is cut by the edge, and the centre; one flipped).
+    One JPEG, one PNG and one WebP photo; the small files are PNG and, for
+    one, a JPEG (the same libjpeg-turbo decode on both sides)."""
+    picked = []
+    for ext in ((".jpg", ".jpeg"), (".png",), (".webp",)):
+        picked += [f for f in files if f.lower().endswith(ext)][:1]
+    same = near1 = total = 0
+    for i, f in enumerate(picked):
+        ref = srgb_reference(f)
+        w, h = ref.size
+        small = os.path.join(tmp, "quarter%d.%s" % (i, "jpg" if i == 0 else "png"))
+        ref.reduce(4).save(small, quality=95)
+        up = Image.open(small).convert("RGB").resize((w, h), Image.LANCZOS)
+        s = 384
+        for box, flip in (((0, 0, s, s), 1), ((w - s, h - s, w, h), 0), ((w // 2 - s // 2, h // 2 - s // 2, w // 2 + s // 2, h // 2 + s // 2), 0)):
+            a = d.run(small, w, h, box=box, flip=flip)
+            if not isinstance(a, np.ndarray):
+                check(False, "%s: %s" % (small, a))
+                continue
+            r = np.asarray(up.crop(box))
+            if flip:
+                r = r[:, ::-1]
+            diff = np.abs(a.astype(int) - r.astype(int))
+            same, near1, total = same + int((diff == 0).sum()), near1 + int((diff <= 1).sum()), total + diff.size
+    check(len(picked) > 0 and total > 0, "quarter-size photos enlarged")
+    if total:
+        print("quarter and back up (%d photos): %.4f%% of values equal to PIL LANCZOS, %.4f%% within 1 level"
+              % (len(picked), 100.0 * same / total, 100.0 * near1 / total))
+        check(near1 >= 0.99 * total, "photos at a quarter taken back up: %.3f%% of values within 1 level of PIL LANCZOS"
+              " (>= 99%%)" % (100.0 * near1 / total))
 
 
 TOL = 3.0  # mean abs difference per channel, 0..255 units, vs the reference of the same box

@@ -326,6 +326,7 @@ class Latents(unittest.TestCase):
         self.assertRegex(err, r"1\s+malformed JSON")
         self.assertRegex(err, r"1\s+record does not fit the image")
         self.assertIn("another aspect ratio", err)
+        self.assertIn("wrong width/height in the record (rerun sd-bucket with --read-sizes)", err)  # what helps
         self.assertEqual(entries(s), 3)
         sh(LATENTS, "--strict", "--vae", VAE, "-o", s, bj, ok=(1,))
         # two --shard processes: each bad line is reported by one of them only
@@ -338,6 +339,41 @@ class Latents(unittest.TestCase):
         # the not-bucketed and bad-plan lines may fall to either process: counted once in all
         self.assertEqual(sum(int(n) for n in re.findall(r"\b(\d+)\s+not bucketed", errs)), 1, errs)
         self.assertEqual(sum(int(n) for n in re.findall(r"\b(\d+)\s+bad resize/crop", errs)), 1, errs)
+
+    def test_verbose_names_every_skip(self):
+        """-v names every skipped record, as sd-bucket's does; without it the first 10 of a reason
+        are named and the 10th says that --verbose shows all."""
+        d = self.path("verbose")
+        os.makedirs(d)
+        r = json.loads(open(self.jsonl).readline())
+        bj = os.path.join(d, "b.jsonl")
+        with open(bj, "w") as f:
+            for i in range(13):
+                f.write(json.dumps(dict(r, key="gone%02d" % i, image=os.path.join(d, "gone%02d.png" % i))) + "\n")
+        for args, named in (([], 10), (["-v"], 13)):
+            _, _, err = sh(LATENTS, *args, "--vae", VAE, "-j", "1", "-o", os.path.join(d, "s.shard"), bj)
+            self.assertEqual(len(re.findall(r"skip gone\d\d ", err)), named, err)
+            self.assertRegex(err, r"13\s+unreadable image")
+            self.assertEqual("--verbose shows all" in err, not args, err)
+
+    def test_samples_without_a_range_are_refused(self):
+        """A float grey TIFF (32-bit samples with no range to take to 8 bits) is skipped as 'not
+        a supported image', the kind of samples named, not clipped to white into the shard."""
+        import numpy as np
+        from PIL import Image
+        d = self.path("f32")
+        os.makedirs(d)
+        tif = os.path.join(d, "f.tif")
+        Image.fromarray(np.full((64, 64), 1000.0, np.float32), "F").save(tif)
+        rec = {"v": 1, "key": "f", "image": tif, "caption": "c", "original_size": [64, 64], "bucket": [64, 64],
+               "resize": [64, 64], "crop": [0, 0, 64, 64]}
+        bj = os.path.join(d, "b.jsonl")
+        with open(bj, "w") as f:
+            f.write(json.dumps(rec) + "\n")
+        _, _, err = sh(LATENTS, "--vae", VAE, "-j", "1", "-o", os.path.join(d, "s.shard"), bj)
+        self.assertIn("32-bit float samples", err)
+        self.assertRegex(err, r"\b1\s+not a supported image")
+        self.assertEqual(summary(err), (0, 0, 0, 1), err)
 
     def test_bad_plan_says_what_is_wrong(self):
         """A record with its bucket, resize and crop present but wrong is not called "not bucketed",
@@ -404,12 +440,13 @@ class Latents(unittest.TestCase):
 
     def test_libvips_warnings_stay_out_of_the_output(self):
         """libvips warns through GLib without naming the file ("profile incompatible with image"
-        for a CMYK JPEG without a CMYK profile): such lines appear only with -v, as detail, and
-        the image is still written."""
-        from PIL import Image
+        for a CMYK JPEG tagged with an RGB profile): such lines appear only with -v, as detail, and
+        the image is still written (mapped as an untagged one)."""
+        from PIL import Image, ImageCms
         d = self.path("cmyk")
         os.makedirs(d)
-        Image.new("RGB", (160, 120), (200, 120, 30)).convert("CMYK").save(os.path.join(d, "cmyk.jpg"))
+        srgb = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+        Image.new("RGB", (160, 120), (200, 120, 30)).convert("CMYK").save(os.path.join(d, "cmyk.jpg"), icc_profile=srgb)
         with open(os.path.join(d, "cmyk.txt"), "w") as f:
             f.write("x\n")
         _, meta, _ = sh(META, "-q", d)
@@ -659,6 +696,43 @@ class Latents(unittest.TestCase):
             _, _, err = sh(LATENTS, "--vae", VAE, "-o", s, "-", stdin=bj.encode())
             self.assertRegex(err, r"\b%d\s+tar member changed since sd-meta" % len(picks), (label, err))
             self.assertEqual(entries(s), 0, label)
+
+
+class ExifExport(unittest.TestCase):
+    """An EXIF-rotated JPEG (orientation 6: stored 96x64, displayed 64x96): its record says the
+    file stores it transposed (flag 8), and export-kohya names its npz by the stored size, the
+    one sd-scripts (imagesize, no EXIF) looks for (issue 31, item 15). SD_PACK: sd-pack."""
+
+    def test_npz_named_by_the_stored_size(self):
+        from PIL import Image
+        tmp = tempfile.mkdtemp(prefix="sdlat-exif-")
+        self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+        ds = os.path.join(tmp, "ds")
+        os.makedirs(ds)
+        ex = Image.Exif()
+        ex[0x0112] = 6
+        Image.new("RGB", (96, 64), (200, 30, 30)).save(os.path.join(ds, "rot.jpg"), quality=90, exif=ex)
+        Image.new("RGB", (96, 64), (30, 30, 200)).save(os.path.join(ds, "flat.jpg"), quality=90)
+        for n in ("rot", "flat"):
+            with open(os.path.join(ds, n + ".txt"), "w") as fh:
+                fh.write("a photo\n")
+        _, meta, _ = sh(META, "-q", ds)
+        _, bj, _ = sh(BUCKET, "-q", "--plan", "kohya", *RES, "-", stdin=meta.encode())
+        self.assertIn('"width":64,"height":96,"original_size":[64,96]', bj.splitlines()[1])  # rot, upright
+        s = os.path.join(tmp, "s.shard")
+        sh(LATENTS, "-q", "--sample", "--vae", VAE, "-o", s, "-", stdin=bj.encode())
+        flags = {}
+        for v in dump(s, "latents")[1::2]:  # the record header: u16 flags at byte 10, the name at 256
+            raw = bytes.fromhex(v.strip())
+            flags[raw[256:256 + int.from_bytes(raw[12:14], "little")].decode()] = int.from_bytes(raw[10:12], "little")
+        self.assertEqual(flags, {"rot": 8, "flat": 0})
+        code, _, err = sh(VERIFY, s)
+        self.assertIn("0 problems", err)
+        if not os.environ.get("SD_PACK"):
+            self.skipTest("SD_PACK not set: the export half needs sd-pack")
+        out = os.path.join(tmp, "kohya")
+        sh(os.environ["SD_PACK"], "export-kohya", "-q", "--layout", "sd", "--force-layout", s, "-o", out)
+        self.assertEqual(sorted(os.listdir(out)), ["flat_0096x0064_sd.npz", "rot_0096x0064_sd.npz"])
 
 
 if __name__ == "__main__":

@@ -454,6 +454,43 @@ class Kohya(Base):
         self.assertEqual((rc, json.loads(read(out))), (0, {}), err)
         self.assertEqual(skipped(err, "image inside a tar (sd-scripts reads image files only)"), 1)
 
+    def test_bmp_is_refused_as_sd_bucket_refuses_it(self):
+        """A .bmp image (any case), from a folder, a kohya file or a tar, is skipped as 'not a
+        supported image' with sd-bucket's words (libvips reads BMP only through ImageMagick,
+        which sdtk blocks), counted: no record that the next tool drops. --no-check-images
+        (a caption-only kohya import) keeps it."""
+        d = self.p("bmp")
+        write(self.p("bmp", "a.bmp"), b"BM" + bytes(60))
+        write(self.p("bmp", "a.txt"), "cat")
+        write(self.p("bmp", "B.BMP"), b"BM" + bytes(60))
+        write(self.p("bmp", "B.txt"), "dog")
+        self.img(self.p("bmp", "c.jpg"), 0)
+        write(self.p("bmp", "c.txt"), "cow")
+        rc, recs, err = run([d])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([r["key"] for r in recs], ["c"])
+        self.assertEqual(skipped(err, "not a supported image"), 2)
+        self.assertIn("skip %s (BMP: libvips reads it only through ImageMagick, which sdtk blocks as untrusted; "
+                      "convert it to PNG): not a supported image" % self.p("bmp", "a.bmp"), err)
+        self.assertIn(self.p("bmp", "B.BMP"), err)
+        meta = self.p("bmp", "meta_cap_dd.json")
+        write(meta, json.dumps({"a": {"caption": "cat"}, "c": {"caption": "cow"}}))
+        rc, recs, err = run([meta])
+        self.assertEqual(([r["key"] for r in recs], skipped(err, "not a supported image")), (["c"], 1), err)
+        self.assertIn(self.p("bmp", "a.bmp") + ": BMP: libvips", err)
+        rc, recs, err = run(["--no-check-images", meta])
+        self.assertEqual([r["key"] for r in recs], ["a", "c"], err)
+        tp = self.p("bmp.tar")
+        with tarfile.open(tp, "w") as tf:
+            for name, data in (("0001.bmp", b"BM" + bytes(60)), ("0001.txt", b"x"), ("0002.jpg", b"\xff\xd8\xff" + bytes(300)),
+                               ("0002.txt", b"y")):
+                ti = tarfile.TarInfo(name)
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
+        rc, recs, err = run([tp])
+        self.assertEqual(([r["key"] for r in recs], skipped(err, "not a supported image")), (["0002"], 1), err)
+        self.assertIn("skip %s[0001.bmp]: not a supported image" % tp, err)
+
     def test_image_lookup_as_sd_scripts(self):
         """A key finds its image with upper-case extensions too, and of several the first in
         sorted order (sd-scripts' glob_images sorts: a.jpg before a.png); sd-meta's own kohya

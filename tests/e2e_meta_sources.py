@@ -6,6 +6,7 @@ out-of-range integer rules, long shuffled captions, --image-pattern syntax
 how array and kohya entries are named in messages, names that are not
 UTF-8, missing tar shards, escaped parentheses in tag rules, UTF-8 BOMs,
 where-conditions on the key and directories that cannot be searched."""
+import gzip
 import io
 import json
 import os
@@ -762,6 +763,86 @@ class TemplateVariables(Base):
         rc, recs, err = run([self.p("p.jsonl"), "-t", "{{style}}, {tags}"])
         self.assertEqual(rc, 0, err)
         self.assertEqual(recs[0]["caption"], "{style}, a, b, c")
+
+
+class ProducerFiles(Base):
+    """What webdataset's writers, img2dataset and sd-scripts' merge scripts
+    write (issue 31, items 10-14)."""
+
+    def test_compressed_tar_is_refused_with_the_reason(self):
+        # the later stages pread images at their offsets in the shard: a .tar.gz has none
+        make_tar(self.p("plain", "00000.tar"), [("a.png", PNG), ("a.txt", b"x")])
+        os.makedirs(self.p("gz"))
+        with open(self.p("plain", "00000.tar"), "rb") as f, gzip.open(self.p("gz", "00000.tar.gz"), "wb") as g:
+            g.write(f.read())
+        rc, recs, err = run([self.p("gz", "00000.tar.gz")])
+        self.assertEqual((rc, recs), (3, []), err)
+        self.assertIn("00000.tar.gz: compressed tar (gzip)", err)
+        self.assertIn("unpack it", err)
+        shutil.copy(self.p("plain", "00000.tar"), self.p("gz", "00001.tar"))
+        rc, recs, err = run([self.p("gz", "{00000..00001}.tar{.gz,}")])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([(x["key"], x["member"], "offset" in x) for x in recs], [("a", "a.png", True)], err)
+        self.assertEqual(skipped(err, "compressed tar shard"), 1, err)
+
+    def test_python_nan_and_infinity_keep_the_sample(self):
+        # json.dumps writes NaN/Infinity by default (allow_nan); json.loads and webdataset read them
+        meta = json.dumps({"caption": "c", "pwatermark": float("nan"), "aesthetic": float("inf"),
+                           "low": float("-inf"), "n": [1.5, float("nan")]}).encode()
+        self.assertIn(b"NaN", meta)
+        make_tar(self.p("t.tar"), [("a.png", PNG), ("a.json", meta), ("b.png", PNG), ("b.json", b'{"caption": "d"}')])
+        rc, recs, err = run([self.p("t.tar")])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([x["key"] for x in recs], ["a", "b"], err)
+        self.assertEqual(recs[0]["extra"], {"pwatermark": None, "aesthetic": None, "low": None, "n": [1.5, None]})
+        # a filter compares them as Python does: NaN fails every comparison, Infinity is large
+        rc, recs, err = run([self.p("t.tar"), "--where", "aesthetic>6", "--where", "low<0"])
+        self.assertEqual([x["key"] for x in recs], ["a"], err)
+        rc, recs, err = run([self.p("t.tar"), "--where", "pwatermark<=0.5"])
+        self.assertEqual([x["key"] for x in recs], [], err)
+        self.assertEqual(skipped(err, "where pwatermark<=0.5"), 1, err)
+        self.assertEqual(skipped(err, "where pwatermark<=0.5: field missing"), 1, err)
+        # JSON lines and metadata files from Python tools too; strict JSON (and "nan" text) still refused
+        write(self.p("p.jsonl"), jsonl([post(1, aesthetic=float("nan")), post(2)]) + b'{"id": 3, "x": nan}\n')
+        rc, recs, err = run([self.p("p.jsonl")])
+        self.assertEqual([(x["key"], x.get("extra", {}).get("aesthetic", 0)) for x in recs], [("1", None), ("2", 0)],
+                         err)
+        self.assertEqual(skipped(err, "malformed JSON"), 1, err)
+
+    def test_crlf_caption_is_one_caption_from_every_source(self):
+        cap = b"line one\r\nline two \r\n"
+        make_tar(self.p("t.tar"), [("a.png", PNG), ("a.txt", cap), ("b.png", PNG),
+                                   ("b.json", json.dumps({"caption": "line one\r\nline two"}).encode())])
+        write(self.p("f", "a.jpg"), JPEG)
+        write(self.p("f", "a.caption"), cap)
+        write(self.p("k", "a.jpg"), JPEG)
+        write(self.p("k", "meta_cap.json"), json.dumps({"a": {"caption": "line one\r\nline two"}}))
+        got = []
+        for src in (self.p("t.tar"), self.p("f"), self.p("k", "meta_cap.json")):
+            rc, recs, err = run([src])
+            self.assertEqual(rc, 0, err)
+            got += [x["caption"] for x in recs]
+        self.assertEqual(got, ["line one line two"] * 4)
+
+    def test_kohya_tags_lose_their_bom(self):
+        # sd-scripts' merge scripts read tag files as utf-8: a BOM stays inside the first tag
+        write(self.p("k", "a.jpg"), JPEG)
+        write(self.p("k", "b.jpg"), JPEG)
+        write(self.p("k", "meta_cap_dd.json"), json.dumps({"a": {"caption": "\ufeffa cat", "tags": "\ufefflowres, cat"},
+                                                           "b": {"tags": "\ufeffsolo, dog"}}))
+        rc, recs, err = run(["--source", "kohya", self.p("k", "meta_cap_dd.json"), "--blacklist", "lowres"])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([(x["key"], x["caption"]) for x in recs], [("b", "solo, dog")], err)
+        self.assertEqual(skipped(err, "blacklisted tag"), 1, err)
+
+    def test_img2dataset_key_stays_in_extra(self):
+        meta = json.dumps({"url": "http://x/a.png", "key": "000000001", "status": "success", "caption": "c",
+                           "width": 8, "height": 8, "original_width": 16, "original_height": 16}).encode()
+        make_tar(self.p("t.tar"), [("000000001.png", PNG), ("000000001.json", meta), ("000000001.txt", b"c")])
+        rc, recs, err = run([self.p("t.tar")])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(recs[0]["extra"], {"url": "http://x/a.png", "key": "000000001", "status": "success",
+                                            "original_width": 16, "original_height": 16})
 
 
 if __name__ == "__main__":

@@ -586,6 +586,31 @@ class Pack(unittest.TestCase):
         self.assertFalse(os.path.exists(out + ".partial"))
         self.verify(out)
 
+    def test_same_name_from_another_directory_is_refused(self):
+        """import-kohya A then B into one shard: B's file named like one of A's is another image,
+        not 'already present' (issue 31, item 16); the same directory again is a resume."""
+        a, b = self.p("A"), self.p("B")
+        self.latents(os.path.join(a, "img00.npz"), 64, 64, orig=(192, 192))
+        self.latents(os.path.join(a, "img01.npz"), 64, 48, flip=True, orig=(200, 150))
+        self.latents(os.path.join(b, "img00.npz"), 64, 64, orig=(192, 192))  # same name and size, other latents
+        shutil.copy(os.path.join(a, "img01.npz"), b)  # the very same file
+        self.latents(os.path.join(b, "img02.npz"), 48, 64, orig=(150, 200))
+        shard = self.p("ab.lmdb")
+        rc, _, err = run("import-kohya", a, "-o", shard, "-q")
+        self.assertEqual(rc, 0, err)
+        for again in range(2):  # the second run resumes B: the refusal stands, nothing doubles
+            rc, _, err = run("import-kohya", b, "-o", shard)
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(skipped(err, "name already in the shard for other latents"), 1, err)
+            self.assertIn("img00.npz: the shard's record 'img00' holds other latents", err)
+            self.assertIn("%d already present" % (1 + again), err)
+        self.assertEqual(self.info(shard)["latents"]["records"], 3)
+        rc, _, err = run("import-kohya", a, "-o", shard, "--strict")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("0 records (0 new text embeddings), 2 already present, 0 skipped", err)
+        rc, _, err = run("import-kohya", b, "-o", shard, "--strict", "-q")
+        self.assertEqual(rc, 1, err)
+
     def kill_mid_import(self, src, out, total):
         """Start an import, stop it (SIGSTOP) once its partial shard holds
         committed records, SIGKILL it while it holds fewer than total;

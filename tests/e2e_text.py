@@ -7,7 +7,8 @@ gives a new embedding and replaces only that image's record; SDXL (two
 encoders + pooled) and SD 1.x layouts; records with invalid UTF-8 are refused and counted;
 --text-batch 32 (captions encoded together) stores the bytes --text-batch 1 does;
 --text-weights fp16 on fp16-exact weights stores the fp32 records, bf16 on others new keys;
-a SIGKILL in the caption pass keeps whole text records and the rerun equals an uninterrupted run.
+a SIGKILL in the caption pass keeps whole text records and the rerun equals an uninterrupted run;
+folders saved by transformers 5 (no text_model. prefix, tokenizer.json only) cache what the hub layout does.
 
 The text encoders are tiny random transformers-layout CLIP models written
 here with numpy (the real 49408-token vocabulary, width 32, 2 layers), the
@@ -620,6 +621,28 @@ class Text(unittest.TestCase):
         _, _, err = sh(LATENTS, "--vae", VAE, "-o", os.path.join(self.tmp, "nb.shard"), nb)
         self.assertIn("no usable record in the input", err)
         self.assertNotIn("nothing to do", err)
+
+    def test_transformers5_layout(self):
+        """What transformers 5 saves (tests/golden/clip_text_t5, made by make_text_t5_golden.py):
+        CLIPTextModel weights without the text_model. prefix, tokenizers as tokenizer.json +
+        tokenizer_config.json only. SD 1.x (the first encoder alone) and SDXL cache the same text
+        records, keys and bytes, as the hub layout of the same weights, and the same latent records."""
+        golden = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden", "clip_text_t5")
+        jl = self.bucketed("t5.jsonl")
+        for variant, parts in (("sd1", ("text_encoder", "tokenizer")), ("sdxl", None)):
+            dumps = []
+            for layout in ("hub", "t5"):
+                model = os.path.join(golden, layout)
+                if parts:
+                    model = os.path.join(self.tmp, "%s-%s" % (variant, layout))
+                    for p in parts:
+                        shutil.copytree(os.path.join(golden, layout, p), os.path.join(model, p))
+                s = os.path.join(self.tmp, "%s-%s.shard" % (variant, layout))
+                _, _, err = sh(LATENTS, "--vae", VAE, "--text", model, "-o", s, jl)
+                self.assertIn("SDXL" if variant == "sdxl" else "SD 1.x", err)
+                self.assertEqual(entries(s, "text"), self.distinct, err)
+                dumps.append((dump(s, "text"), dump(s, "latents")))
+            self.assertEqual(dumps[0], dumps[1], variant)
 
     def test_missing_tokenizer_is_a_clear_error(self):
         jl = self.bucketed("t.jsonl")

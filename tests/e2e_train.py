@@ -8,7 +8,7 @@ metrics lines are written; the checkpoint's unet/ loads back (a second run
 from it trains on); a model from --unet-config alone trains and its loss
 falls; bad usage exits 2; a killed save's temporary files never reach a
 checkpoint; several copies started by a launcher without an MPI world are refused.
-Usage: e2e_train.py SD_TRAIN TEST_TRAIN UNET_DIR"""
+Usage: e2e_train.py SD_TRAIN TEST_TRAIN UNET_DIR [TEST...]"""
 import json
 import math
 import struct
@@ -36,6 +36,26 @@ def run(*args, ok=(0,)):
     if p.returncode not in ok:
         raise AssertionError("%s -> %d\n%s" % (" ".join(map(str, args)), p.returncode, p.stderr.decode()))
     return p.returncode, p.stderr.decode()
+
+
+def st_header(path):
+    """A safetensors file's JSON header."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n))
+
+
+def st_without_metadata(src, dst):
+    """A copy of a safetensors file without its __metadata__ (as another tool writes one)."""
+    with open(src, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        head = json.loads(f.read(n))
+        data = f.read()
+    head.pop("__metadata__", None)
+    h = json.dumps(head).encode()
+    h += b" " * (-len(h) % 8)
+    with open(dst, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + data)
 
 
 def final(out, step=10):
@@ -418,35 +438,90 @@ class Train(unittest.TestCase):
 
     def test_save_single(self):
         """--save-single: each checkpoint also holds unet.safetensors and unet_ema.safetensors with the
-        original model.diffusion_model.* names; loaded back (with the folder's config.json) they give the
-        same loss as the checkpoint's diffusers folders."""
+        original model.diffusion_model.* names and the config in their metadata; loaded back alone
+        they give the same loss as the checkpoint's diffusers folders."""
         out = os.path.join(self.tmp.name, "single")
         run("--unet", UNET, "-o", out, "--steps", "2", "--batch", "2", "--ema-decay", "0.9", "--save-single",
             "--save-dtype", "bf16", "-q", self.shard)
         ck = os.path.join(out, "checkpoint-2")
-        with open(os.path.join(ck, "unet.safetensors"), "rb") as f:
-            n = struct.unpack("<Q", f.read(8))[0]
-            head = json.loads(f.read(n))
+        head = st_header(os.path.join(ck, "unet.safetensors"))
         names = [k for k in head if k != "__metadata__"]
         self.assertTrue(names and all(k.startswith("model.diffusion_model.") for k in names))
         self.assertTrue(all(head[k]["dtype"] == "BF16" for k in names))
+        with open(os.path.join(ck, "unet", "config.json")) as f:
+            self.assertEqual(head["__metadata__"]["unet_config"], f.read())
         for sub in ("unet", "unet_ema"):
             losses = []
             for model in (os.path.join(ck, sub), os.path.join(ck, sub + ".safetensors")):
                 m = os.path.join(self.tmp.name, "single-%s-%d.jsonl" % (sub, len(losses)))
-                run("--unet", model, "--unet-config", os.path.join(ck, sub, "config.json"), "-o",
-                    os.path.join(self.tmp.name, "single-load-%s-%d" % (sub, len(losses))), "--steps", "2",
-                    "--batch", "2", "--lr", "0", "--metrics", m, "-q", self.shard)
+                _, err = run("--unet", model, "-o", os.path.join(self.tmp.name, "single-load-%s-%d" % (sub, len(losses))),
+                             "--steps", "2", "--batch", "2", "--lr", "0", "--metrics", m, self.shard)
+                self.assertNotIn("inferred", err)
                 with open(m) as f:
                     losses.append([json.loads(l)["loss"] for l in f])
             self.assertEqual(losses[0], losses[1], sub)
-        # without the config, the one the weights imply guesses 32 norm groups (this UNet has 4): the
-        # error names the file and says what to give
-        code, err = run("--unet", os.path.join(ck, "unet.safetensors"), "-o", os.path.join(self.tmp.name, "single-nocfg"),
-                        "--steps", "1", "-q", self.shard, ok=(3,))
-        self.assertIn(os.path.join(ck, "unet.safetensors") + ": UNet config: 8 channels not divisible by 32 norm groups "
+        # a file without that metadata (another tool's): the config the weights imply guesses 32 norm
+        # groups (this UNet has 4): the error names the file and says what to give
+        bare = os.path.join(self.tmp.name, "bare.safetensors")
+        st_without_metadata(os.path.join(ck, "unet.safetensors"), bare)
+        code, err = run("--unet", bare, "-o", os.path.join(self.tmp.name, "single-nocfg"), "--steps", "1", "-q",
+                        self.shard, ok=(3,))
+        self.assertIn(bare + ": UNet config: 8 channels not divisible by 32 norm groups "
                       "(the config was inferred from the weights", err)
         self.assertIn("sd-train --unet-config", err)
+
+    def test_single_file_keeps_its_heads(self):
+        """A single file sd-train wrote for a model whose heads are not what the widths suggest (32
+        channels, 2 heads of 16) loads as that model: its metadata carries the config. Without the
+        metadata the config is inferred, 8 heads a block: a warning says what was guessed, and the
+        loss shows it is another model."""
+        cfg = os.path.join(self.tmp.name, "heads2.json")
+        with open(os.path.join(UNET, "unet", "config.json")) as f:
+            c = json.load(f)
+        c.update(block_out_channels=[32, 32, 32], norm_num_groups=32, attention_head_dim=2)
+        with open(cfg, "w") as f:
+            json.dump(c, f)
+        out = os.path.join(self.tmp.name, "heads2")
+        run("--unet-config", cfg, "--init-seed", "3", "-o", out, "--steps", "0", "--save-single", "-q", self.shard)
+        ck = os.path.join(out, "checkpoint-0")
+        bare = os.path.join(self.tmp.name, "heads2-bare.safetensors")
+        st_without_metadata(os.path.join(ck, "unet.safetensors"), bare)
+        losses, errs = [], []
+        for i, model in enumerate((os.path.join(ck, "unet"), os.path.join(ck, "unet.safetensors"), bare)):
+            m = os.path.join(self.tmp.name, "heads2-%d.jsonl" % i)
+            _, err = run("--unet", model, "-o", os.path.join(self.tmp.name, "heads2-load-%d" % i), "--steps", "2",
+                         "--batch", "2", "--lr", "0", "--metrics", m, self.shard)
+            with open(m) as f:
+                losses.append([json.loads(l)["loss"] for l in f])
+            errs.append(err)
+        self.assertEqual(losses[0], losses[1])
+        self.assertNotIn("inferred", errs[1])
+        self.assertIn(bare + ": no config.json and no unet_config in the file's metadata: the UNet config is "
+                      "inferred from the weights, which do not show attention_head_dim (guessed [8, 8, 8])", errs[2])
+        self.assertNotEqual(losses[0], losses[2])
+
+    def test_checkpoint_config_is_what_diffusers_writes(self):
+        """A checkpoint's unet/config.json has every key diffusers' save_config writes, in its order
+        and layout, _diffusers_version included, and floats as written (norm_eps 1e-05, not
+        9.999999747378752e-06): the tiny golden UNet's config as diffusers 0.42.1 writes it."""
+        out = os.path.join(self.tmp.name, "cfgtext")
+        run("--unet", UNET, "-o", out, "--steps", "0", "-q", self.shard)
+        with open(os.path.join(out, "checkpoint-0", "unet", "config.json")) as f:
+            text = f.read()
+        with open(os.path.join(os.path.dirname(UNET), "configs", "sd15.json")) as f:
+            keys = list(json.load(f))
+        got = json.loads(text)
+        self.assertEqual(list(got), keys)
+        self.assertEqual(got["_diffusers_version"], "0.42.1")
+        self.assertIn('\n  "norm_eps": 1e-05,\n', text)
+        self.assertIn('\n  "dropout": 0.0,\n', text)
+        self.assertEqual(text, json.dumps(got, indent=2, sort_keys=True) + "\n")  # Python's layout
+        with open(os.path.join(UNET, "unet", "config.json")) as f:
+            src = json.load(f)
+        for k, v in src.items():  # the golden UNet's own config, per-block values as lists
+            if k in ("attention_head_dim", "transformer_layers_per_block", "layers_per_block") and isinstance(v, int):
+                v = [v] * len(src["block_out_channels"])
+            self.assertEqual(got[k], v, k)
 
     def test_fresh_keeps_its_checkpoints(self):
         """--fresh in a directory with a longer earlier run: --keep prunes only this run's
@@ -990,6 +1065,67 @@ class Train(unittest.TestCase):
         code, err = run("--steps", step, *args)  # loads the checkpoint: nothing left to train
         self.assertIn("checkpoint-%d already holds step %d" % (step, step), err)
 
+    def test_other_optimizers_resume_exactly(self):
+        """--optimizer adamw8bit and adafactor (with a first moment): a run killed after a
+        checkpoint and rerun ends byte-identical to an uninterrupted one; the state file names
+        the optimizer and holds its buffers; a resume under another optimizer is refused naming
+        both, as is Adafactor's first moment added on resume; the log counts the state's bytes."""
+        args = ["--batch", "2", "--steps", "8", "--save-every", "2", "--keep", "0", "--seed", "3", "--lr", "1e-3",
+                "--ema-decay", "0.99", "-j", "2", "-q"]
+        for opt, extra, bufs in (("adamw8bit", [], {"opt.q8_m": "U8", "opt.q8_absmax_v": "F32", "opt.q8_m32": "F32"}),
+                                 ("adafactor", ["--adafactor-beta1", "0.9"],
+                                  {"opt.adafactor_row": "F32", "opt.adafactor_v": "F32", "opt.adafactor_m": "F32"})):
+            with self.subTest(opt=opt):
+                ref = os.path.join(self.tmp.name, opt + "-ref")
+                run("--unet", UNET, "-o", ref, "--optimizer", opt, *extra, *args, self.shard)
+                out = os.path.join(self.tmp.name, opt + "-killed")
+                p = subprocess.Popen([TRAIN, "--unet", UNET, "-o", out, "--optimizer", opt] + extra + args +
+                                     [self.shard], stderr=subprocess.PIPE)
+                t0 = time.time()
+                while latest(out) < 2 and p.poll() is None and time.time() - t0 < 120:
+                    time.sleep(0.005)
+                p.kill()
+                p.communicate()
+                stopped_at = latest(out)
+                self.assertGreaterEqual(stopped_at, 2)
+                self.assertLess(stopped_at, 8, "the run finished before the kill: nothing was tested")
+                _, err = run("--unet", UNET, "-o", out, "--optimizer", opt, *extra, *args[:-1], self.shard)
+                self.assertIn("optimizer state (%s)" % opt, err)
+                got, want = final(out, 8), final(ref, 8)
+                self.assertTrue(got[0] == want[0], "weights differ from the uninterrupted run")
+                self.assertTrue(got[1] == want[1], "EMA weights differ from the uninterrupted run")
+                self.assertTrue(got[2] == want[2], "training state differs from the uninterrupted run")
+                self.assertEqual(state_meta(ref, 8)["optimizer"], opt)
+                with open(os.path.join(ref, "checkpoint-8", "state.safetensors"), "rb") as f:
+                    n = struct.unpack("<Q", f.read(8))[0]
+                    head = json.loads(f.read(n))
+                self.assertNotIn("adam_m", head)
+                for name, dt in bufs.items():
+                    self.assertEqual(head[name]["dtype"], dt, name)
+                # another optimizer (AdamW, the default, too) cannot continue this state
+                other = "adafactor" if opt == "adamw8bit" else "adamw8bit"
+                for o in (other, "adamw"):
+                    _, err = run("--unet", UNET, "-o", ref, "--optimizer", o, "--steps", "10", "--batch", "2",
+                                 "--seed", "3", "--ema-decay", "0.99", "-j", "1", self.shard, ok=(3,))
+                    self.assertIn("made with --optimizer %s, this run has --optimizer %s" % (opt, o), err)
+                self.assertEqual(latest(ref), 8)
+        # AdamW's checkpoints (no optimizer in older states) are refused by the others too
+        _, err = run("--unet", UNET, "-o", self.ref, "--optimizer", "adafactor", *COMMON[:-3], "-j", "1", self.shard,
+                     ok=(3,))
+        self.assertIn("made with --optimizer adamw, this run has --optimizer adafactor", err)
+        _, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "adafactor-ref"), "--optimizer", "adafactor",
+                     "--steps", "10", "--batch", "2", "--seed", "3", "--ema-decay", "0.99", "-j", "1", self.shard,
+                     ok=(3,))
+        self.assertIn("first moment", err)
+        # what the other optimizers cannot do yet is refused up front
+        for extra, why in ((["--optimizer", "adam"], "--optimizer: adamw, adamw8bit or adafactor"),
+                           (["--optimizer", "adamw8bit", "--zero1"], "not sharded yet"),
+                           (["--optimizer", "adafactor", "--adam-moments", "bf16"], "AdamW's"),
+                           (["--optimizer", "adafactor", "--device", "cuda:0"], "CPU only"),
+                           (["--adafactor-beta1", "0.9"], "--optimizer adafactor")):
+            _, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), *extra, self.shard, ok=(2,))
+            self.assertIn(why, err)
+
     def test_usage(self):
         code, err = run("-o", os.path.join(self.tmp.name, "x"), self.shard, ok=(2,))
         self.assertIn("--unet", err)
@@ -1030,4 +1166,4 @@ class Train(unittest.TestCase):
 
 if __name__ == "__main__":
     TRAIN, MAKE, UNET = sys.argv[1:4]
-    unittest.main(argv=sys.argv[:1], verbosity=2)
+    unittest.main(argv=sys.argv[:1] + sys.argv[4:], verbosity=2)

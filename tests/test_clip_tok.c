@@ -126,26 +126,99 @@ static void put_file(const char *dir, const char *name, const char *data)
 /* A minimal CLIP-shaped vocabulary: the 256 byte symbols in
  * bytes_to_unicode order (ids 0..255), the same with </w> (256..511), the
  * specials (512, 513), then extra members. */
-static void put_vocab(const char *dir, const char *extra)
+static void vocab_text(sd_buf *b, const char *extra)
 {
     unsigned cps[256], k = 0, m = 0;
     for (unsigned x = 0; x < 256; x++)
         if ((x >= '!' && x <= '~') || (x >= 0xa1 && x <= 0xac) || x >= 0xae) cps[k++] = x;
     for (unsigned x = 0; x < 256; x++)
         if (!((x >= '!' && x <= '~') || (x >= 0xa1 && x <= 0xac) || x >= 0xae)) cps[k++] = 256 + m++;
-    sd_buf b;
-    sd_buf_init(&b);
-    sd_buf_puts(&b, "{");
+    sd_buf_puts(b, "{");
     for (unsigned i = 0; i < 512; i++) {
         char s[16];
         int n = sd_utf8_encode(cps[i % 256], s);
         if (i >= 256) memcpy(s + n, "</w>", 4), n += 4;
-        sd_buf_json_str(&b, s, (size_t)n);
-        sd_buf_printf(&b, ":%u,", i);
+        sd_buf_json_str(b, s, (size_t)n);
+        sd_buf_printf(b, ":%u,", i);
     }
-    sd_buf_printf(&b, "\"<|startoftext|>\":512,\"<|endoftext|>\":513%s}", extra);
+    sd_buf_printf(b, "\"<|startoftext|>\":512,\"<|endoftext|>\":513%s}", extra);
+}
+
+/* That vocabulary as dir/vocab.json. */
+static void put_vocab(const char *dir, const char *extra)
+{
+    sd_buf b;
+    sd_buf_init(&b);
+    vocab_text(&b, extra);
     put_file(dir, "vocab.json", sd_buf_cstr(&b));
     sd_buf_free(&b);
+}
+
+/* dir/tokenizer.json as transformers 5 saves it: model type, the
+ * vocabulary above plus extra, merges (a JSON list) and added tokens. */
+static void put_tokenizer_json(const char *dir, const char *type, const char *extra, const char *merges,
+                               const char *added)
+{
+    sd_buf b;
+    sd_buf_init(&b);
+    sd_buf_printf(&b, "{\"version\": \"1.0\", \"added_tokens\": %s, \"model\": {\"type\": \"%s\", "
+                  "\"end_of_word_suffix\": \"</w>\", \"vocab\": ", added, type);
+    vocab_text(&b, extra);
+    sd_buf_printf(&b, ", \"merges\": %s}}", merges);
+    put_file(dir, "tokenizer.json", sd_buf_cstr(&b));
+    sd_buf_free(&b);
+}
+
+/* A folder with tokenizer.json and tokenizer_config.json only (what
+ * transformers 5 saves) gives the ids and the identity of the same tables
+ * in vocab.json + merges.txt, whichever form its merges take; a model that
+ * is not BPE, a merge outside the vocabulary and an added token that is not
+ * in it are refused with the file named. */
+static void tokenizer_json_cases(const char *tmp)
+{
+    char dir[512], ref[512];
+    snprintf(dir, sizeof dir, "%s/tjsmall", tmp);
+    snprintf(ref, sizeof ref, "%s/tjref", tmp);
+    mkdir(dir, 0755);
+    mkdir(ref, 0755);
+    sd_clip_tok *t = NULL, *r = NULL;
+    sd_error err;
+    CHECK(sd_clip_tok_load(dir, &t, &err) == SD_EIO && strstr(err.msg, "tokenizer.json") &&
+          strstr(err.msg, "vocab.json"));
+    put_vocab(ref, ",\"ab\":600,\"ab</w>\":601");
+    put_file(ref, "merges.txt", "#version: 0.2\na b</w>\na b\n");
+    put_file(ref, "tokenizer_config.json", "{\"pad_token\": \"!\"}");
+    put_file(dir, "tokenizer_config.json", "{\"pad_token\": \"!\"}");
+    const char *specials = "[{\"id\": 512, \"content\": \"<|startoftext|>\"}, {\"id\": 0, \"content\": \"!\"}]";
+    const char *forms[2] = {"[[\"a\", \"b</w>\"], [\"a\", \"b\"]]", "[\"a b</w>\", \"a b\"]"};
+    if (!CHECK(sd_clip_tok_load(ref, &r, &err) == SD_OK)) return;
+    sd_clip_work *w = sd_clip_work_new();
+    sd_clip_ids a = {0}, b = {0};
+    for (int f = 0; f < 2; f++) {
+        put_tokenizer_json(dir, "BPE", ",\"ab\":600,\"ab</w>\":601", forms[f], specials);
+        if (!CHECK(sd_clip_tok_load(dir, &t, &err) == SD_OK)) {
+            fprintf(stderr, "  %s\n", err.msg);
+            continue;
+        }
+        CHECK(sd_clip_tok_identity(t) == sd_clip_tok_identity(r) && sd_clip_tok_pad(t) == 0);
+        CHECK(sd_clip_encode(t, w, "ab ab! ba", 9, &a, &err) == SD_OK);
+        CHECK(sd_clip_encode(r, w, "ab ab! ba", 9, &b, &err) == SD_OK);
+        CHECK(a.n == b.n && a.n == 7 && memcmp(a.ids, b.ids, a.n * sizeof *a.ids) == 0 && a.ids[1] == 601);
+        sd_clip_tok_free(t);
+    }
+    sd_clip_ids_free(&a);
+    sd_clip_ids_free(&b);
+    sd_clip_work_free(w);
+    sd_clip_tok_free(r);
+    put_tokenizer_json(dir, "WordPiece", "", "[]", "[]");
+    CHECK(sd_clip_tok_load(dir, &t, &err) == SD_EUNSUPPORTED && strstr(err.msg, "tokenizer.json: model type WordPiece"));
+    put_tokenizer_json(dir, "BPE", ",\"ab\":600", "[[\"a\", \"b\"], [\"b\", \"a\"]]", "[]");
+    CHECK(sd_clip_tok_load(dir, &t, &err) == SD_EFORMAT && strstr(err.msg, "model.merges[1]") &&
+          strstr(err.msg, "do not belong together"));
+    put_tokenizer_json(dir, "BPE", "", "[\"a b c\"]", "[]");
+    CHECK(sd_clip_tok_load(dir, &t, &err) == SD_EPARSE && strstr(err.msg, "model.merges[0]: not two tokens"));
+    put_tokenizer_json(dir, "BPE", ",\"ab\":600", "[[\"a\", \"b\"]]", "[{\"id\": 49408, \"content\": \"<cat-toy>\"}]");
+    CHECK(sd_clip_tok_load(dir, &t, &err) == SD_EUNSUPPORTED && strstr(err.msg, "tokenizer.json: added token \"<cat-toy>\""));
 }
 
 /* Missing files, malformed and mismatched vocab/merges, pad from config. */
@@ -241,9 +314,37 @@ static void exact_ids(const sd_clip_tok *t, sd_clip_work *w)
     sd_clip_ids_free(&ids);
 }
 
+/* The full CLIP tables as tokenizer.json (dir_json, written by
+ * test_clip_tok.sh from the golden vocab.json and merges.txt, the vocabulary
+ * in another order) give the corpus's ids and the identity of vocab.json +
+ * merges.txt (dir). */
+static void same_as_tokenizer_json(const char *dir, const char *dir_json)
+{
+    sd_clip_tok *t = NULL, *t0 = NULL, *ref = NULL;
+    sd_error err;
+    char path[512];
+    snprintf(path, sizeof path, "%s/corpus.jsonl", dir);
+    if (!CHECK(sd_clip_tok_load(dir_json, &t, &err) == SD_OK)) {
+        fprintf(stderr, "  %s\n", err.msg);
+        return;
+    }
+    if (CHECK(sd_clip_tok_load(dir, &ref, &err) == SD_OK)) {
+        CHECK(sd_clip_tok_identity(t) == sd_clip_tok_identity(ref));
+        sd_clip_tok_free(ref);
+    }
+    sd_clip_work *w = sd_clip_work_new();
+    if (CHECK(sd_clip_tok_load(dir_json, &t0, &err) == SD_OK) &&
+        CHECK(sd_clip_tok_set_pad_token(t0, "!", &err) == SD_OK && sd_clip_tok_pad(t0) == 0))
+        run_corpus(t, t0, w, path);
+    exact_ids(t, w);
+    sd_clip_tok_free(t0);
+    sd_clip_work_free(w);
+    sd_clip_tok_free(t);
+}
+
 int main(int argc, char **argv)
 {
-    if (argc < 2) return fprintf(stderr, "usage: test_clip_tok DIR\n"), 2;
+    if (argc < 2) return fprintf(stderr, "usage: test_clip_tok DIR [DIR_WITH_TOKENIZER_JSON]\n"), 2;
     sd_clip_tok *t;
     sd_error err;
     if (CHECK(sd_clip_tok_load(argv[1], &t, &err) == SD_OK)) {
@@ -262,6 +363,8 @@ int main(int argc, char **argv)
     } else {
         fprintf(stderr, "%s\n", err.msg);
     }
+    if (argc > 2) same_as_tokenizer_json(argv[1], argv[2]);
     error_cases(argv[1]);
+    tokenizer_json_cases(argv[1]);
     return check_done("clip_tok");
 }

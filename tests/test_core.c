@@ -262,6 +262,19 @@ static void test_dtoa(void)
     CHECK_STR(a, "0.1");
     sd_dtoa_shortest(-2.5, a, sizeof a);
     CHECK_STR(a, "-2.5");
+    /* floats print with the digits they were given (a UNet's norm_eps) */
+    static const struct {
+        float f;
+        const char *want;
+    } fl[] = {{1e-5f, "1e-05"}, {1e-6f, "1e-06"}, {0.1f, "0.1"}, {-2.5f, "-2.5"}, {3.14159274f, "3.1415927"},
+              {0.18215f, "0.18215"}, {1e10f, "10000000000.0"}, {1e-45f, "1e-45"}, {3.4028235e38f, "3.4028235e+38"}};
+    for (size_t i = 0; i < sizeof fl / sizeof *fl; i++) {
+        double d = sd_f32_shortest(fl[i].f);
+        CHECK((float)d == fl[i].f);
+        if (d == floor(d) && fabs(d) < 9e15) snprintf(a, sizeof a, "%.1f", d);
+        else sd_dtoa_shortest(d, a, sizeof a);
+        CHECK_STR(a, fl[i].want);
+    }
 }
 
 /* The words sd_cli_expand makes of argv, joined by spaces (argv0 left

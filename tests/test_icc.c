@@ -6,7 +6,10 @@
  * them, to within the rounding of libvips' path through Lab), and the same
  * PNG tagged sRGB loads with its pixels untouched; an RGBA PNG tagged
  * Adobe RGB is mapped before it is flattened onto white, and a JPEG tagged
- * Adobe RGB is mapped too. */
+ * Adobe RGB is mapped too; a profile with only a perceptual table (no
+ * relative colorimetric one, as Pillow's icc_profile_big.jpg has, which
+ * libvips 8.14 would leave untransformed) is applied at that intent, in a
+ * PNG, a JPEG and on the libvips path (an upscale). */
 #include <lcms2.h>
 #include <math.h>
 #include <stdio.h>
@@ -199,11 +202,135 @@ static void test_alpha_and_jpeg(const char *base)
     unlink(jpg);
 }
 
+/* The colour table of perceptual_only: Adobe RGB's 2.2 gamma and D50
+ * colorant matrix, its XYZ halved as lcms encodes XYZ in a table's output
+ * (1.0 stands for 1 + 32767/32768). */
+static cmsInt32Number adobe_sampler(const cmsUInt16Number in[], cmsUInt16Number out[], void *unused)
+{
+    (void)unused;
+    static const double m[9] = {0.6097559, 0.2052401, 0.1492240, 0.3111242, 0.6256560,
+                                0.0632197, 0.0194811, 0.0608902, 0.7448387};
+    double lin[3];
+    for (int c = 0; c < 3; c++) lin[c] = pow(in[c] / 65535.0, 2.2);
+    for (int r = 0; r < 3; r++) {
+        double v = (m[3 * r] * lin[0] + m[3 * r + 1] * lin[1] + m[3 * r + 2] * lin[2]) / (1.0 + 32767.0 / 32768.0);
+        out[r] = (cmsUInt16Number)lround(v * 65535.0);
+    }
+    return 1;
+}
+
+/* An RGB display profile (v2) whose only table is AToB0 (perceptual): no
+ * colorants, so relative colorimetric is not supported as input, as in
+ * Pillow's icc_profile_big.jpg. The table: identity curves, a 17^3 grid of
+ * adobe_sampler, identity curves (what a lut16Type holds). */
+static cmsHPROFILE perceptual_only(void)
+{
+    cmsHPROFILE p = cmsCreateProfilePlaceholder(NULL);
+    cmsSetProfileVersion(p, 2.1);
+    cmsSetDeviceClass(p, cmsSigDisplayClass);
+    cmsSetColorSpace(p, cmsSigRgbData);
+    cmsSetPCS(p, cmsSigXYZData);
+    cmsSetHeaderRenderingIntent(p, INTENT_PERCEPTUAL);
+    cmsToneCurve *one = cmsBuildGamma(NULL, 1.0);
+    cmsToneCurve *id3[3] = {one, one, one};
+    cmsPipeline *lut = cmsPipelineAlloc(NULL, 3, 3);
+    cmsStage *clut = cmsStageAllocCLut16bit(NULL, 17, 3, 3, NULL);
+    cmsStageSampleCLut16bit(clut, adobe_sampler, NULL, 0);
+    cmsPipelineInsertStage(lut, cmsAT_END, cmsStageAllocToneCurves(NULL, 3, id3));
+    cmsPipelineInsertStage(lut, cmsAT_END, clut);
+    cmsPipelineInsertStage(lut, cmsAT_END, cmsStageAllocToneCurves(NULL, 3, id3));
+    cmsWriteTag(p, cmsSigAToB0Tag, lut);
+    cmsWriteTag(p, cmsSigMediaWhitePointTag, cmsD50_XYZ());
+    cmsPipelineFree(lut);
+    cmsFreeToneCurve(one);
+    return p;
+}
+
+static int load_at(const char *path, int rw, int rh, unsigned char *out);
+
+/* The perceptual-only profile: sd_icc_intent picks perceptual, and a PNG
+ * and a JPEG tagged with it (the direct decoders), and the PNG upscaled
+ * (libvips' path), come out as lcms maps their pixels at that intent. */
+static void test_perceptual_only(const char *base)
+{
+    enum { W = 40, H = 24 };
+    unsigned char px[W * H * 3], want[W * H * 3], got[W * H * 3], big[4 * W * H * 3], big_want[4 * W * H * 3];
+    for (int i = 0; i < W * H; i++) {
+        px[3 * i] = (unsigned char)(i * 7);
+        px[3 * i + 1] = (unsigned char)(200 - i % 90);
+        px[3 * i + 2] = (unsigned char)(i * 13 + 40);
+    }
+    cmsHPROFILE p = perceptual_only();
+    CHECK(!cmsIsIntentSupported(p, INTENT_RELATIVE_COLORIMETRIC, LCMS_USED_AS_INPUT)); /* the case itself */
+    cmsUInt32Number n;
+    unsigned char *icc = profile_bytes(p, &n);
+    CHECK(icc && sd_icc_intent(icc, n) == INTENT_PERCEPTUAL);
+    CHECK(icc && !sd_icc_is_srgb(icc, n));
+    free(icc);
+    cmsHPROFILE s = cmsCreate_sRGBProfile();
+    cmsHTRANSFORM t = cmsCreateTransform(p, TYPE_RGB_8, s, TYPE_RGB_8, INTENT_PERCEPTUAL, 0);
+    cmsCloseProfile(p);
+    cmsCloseProfile(s);
+    if (!CHECK(t != NULL)) return;
+    char png[80], jpg[80];
+    snprintf(png, sizeof png, "%s-p.png", base);
+    snprintf(jpg, sizeof jpg, "%s-p.jpg", base);
+    cmsDoTransform(t, px, want, W * H);
+    if (CHECK(write_png(png, px, W, H, perceptual_only()) == 0) && CHECK(load(png, W, H, got) == 0)) {
+        int worst = worst_diff(got, want, W * H * 3), moved = 0;
+        for (int i = 0; i < W * H * 3; i++) moved += got[i] != px[i];
+        printf("perceptual-only PNG: largest difference to lcms %d levels, %d values moved\n", worst, moved);
+        CHECK(worst <= 2 && moved > W * H);
+    }
+    /* the upscale (libvips' path): each source pixel doubled on each side, so
+     * the profile's map of the nearest source pixel, to within the resampling */
+    if (CHECK(load_at(png, 2 * W, 2 * H, big) == 0)) {
+        double sum = 0;
+        for (int y = 0; y < 2 * H; y++)
+            for (int x = 0; x < 2 * W; x++)
+                for (int c = 0; c < 3; c++) {
+                    big_want[(y * 2 * W + x) * 3 + c] = want[((y / 2) * W + x / 2) * 3 + c];
+                    sum += fabs((double)big[(y * 2 * W + x) * 3 + c] - (double)px[((y / 2) * W + x / 2) * 3 + c]) -
+                           fabs((double)big[(y * 2 * W + x) * 3 + c] - (double)big_want[(y * 2 * W + x) * 3 + c]);
+                }
+        printf("perceptual-only PNG upscaled: closer to the mapped pixels than to the raw ones by %.1f levels on "
+               "average\n", sum / (4.0 * W * H * 3));
+        CHECK(sum / (4.0 * W * H * 3) > 3.0);
+    }
+    if (CHECK(write_tagged(jpg, px, W, H, 3, perceptual_only()) == 0)) {
+        VipsImage *im = vips_image_new_from_file(jpg, NULL); /* the decoded pixels, profile not applied */
+        size_t nb = 0;
+        void *raw = im ? vips_image_write_to_memory(im, &nb) : NULL;
+        if (CHECK(raw && nb == sizeof px) && CHECK(load(jpg, W, H, got) == 0)) {
+            cmsDoTransform(t, raw, want, W * H);
+            int worst = worst_diff(got, want, W * H * 3);
+            printf("perceptual-only JPEG: largest difference to lcms on its decoded pixels %d levels\n", worst);
+            CHECK(worst <= 2);
+        }
+        g_free(raw);
+        if (im) g_object_unref(im);
+    }
+    cmsDeleteTransform(t);
+    unlink(png);
+    unlink(jpg);
+}
+
 /* Loads path at its own size (no resize, no crop). */
 static int load(const char *path, int w, int h, unsigned char *out)
 {
     sd_image_src src = {.path = path, .size = SD_IMAGE_WHOLE_FILE};
     sd_image_plan plan = {.resize_w = w, .resize_h = h, .crop_r = w, .crop_b = h};
+    sd_error err = {0};
+    sd_status st = sd_image_load_rgb8(&src, &plan, out, &err);
+    if (st) fprintf(stderr, "  %s\n", err.msg);
+    return st;
+}
+
+/* Loads path resized to rw x rh (no crop). */
+static int load_at(const char *path, int rw, int rh, unsigned char *out)
+{
+    sd_image_src src = {.path = path, .size = SD_IMAGE_WHOLE_FILE};
+    sd_image_plan plan = {.resize_w = rw, .resize_h = rh, .crop_r = rw, .crop_b = rh};
     sd_error err = {0};
     sd_status st = sd_image_load_rgb8(&src, &plan, out, &err);
     if (st) fprintf(stderr, "  %s\n", err.msg);
@@ -249,6 +376,7 @@ static void test_end_to_end(void)
         CHECK(memcmp(got, px, sizeof px) == 0);
     unlink(png);
     test_alpha_and_jpeg(path);
+    test_perceptual_only(path);
     unlink(path);
 }
 

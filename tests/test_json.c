@@ -73,6 +73,35 @@ int main(void)
     deep[4000] = 0;
     CHECK(parse(&a, deep, &v) == SD_EPARSE);
 
+    /* Python's json.dumps words: refused by the strict parser, read by
+     * sd_json_parse_py as non-finite numbers, written back as null */
+    const char *py = "{\"a\": NaN, \"b\": [Infinity, -Infinity, 1.5], \"c\": \"NaN\"}";
+    CHECK(parse(&a, py, &v) == SD_EPARSE);
+    {
+        size_t n = strlen(py);
+        char *copy = sd_arena_strndup(&a, py, n);
+        sd_error err;
+        int nf = -1;
+        if (CHECK(sd_json_parse_py(&a, copy, n, &v, &nf, &err) == SD_OK)) {
+            CHECK(nf == 3);
+            const sd_json *na = sd_json_get(v, "a"), *inf = sd_json_get(v, "b")->child;
+            CHECK(na->type == SD_JSON_NUMBER && na->num != na->num && sd_json_num(na, &d) == -1);
+            CHECK(inf->type == SD_JSON_NUMBER && inf->num > 1e308 && inf->next->num < -1e308);
+            sd_buf w;
+            sd_buf_init(&w);
+            sd_json_write(&w, v);
+            CHECK_STR(sd_buf_cstr(&w), "{\"a\":null,\"b\":[null,null,1.5],\"c\":\"NaN\"}");
+            sd_buf_free(&w);
+        }
+        const char *pybad[] = {"nan", "-NaN", "Infinit", "+Infinity", "NaNa", "[Inf]", "-infinity", "NaN1"};
+        for (size_t i = 0; i < sizeof pybad / sizeof *pybad; i++) {
+            n = strlen(pybad[i]);
+            copy = sd_arena_strndup(&a, pybad[i], n);
+            if (!CHECK(sd_json_parse_py(&a, copy, n, &v, &nf, &err) != SD_OK))
+                fprintf(stderr, "  accepted: %s\n", pybad[i]);
+        }
+    }
+
     /* writer escapes */
     sd_buf b;
     sd_buf_init(&b);

@@ -22,6 +22,7 @@
 #include "buf.h"
 #include "check.h"
 #include "safetensors.h"
+#include "slurp.h"
 #include "unet.h"
 
 #ifndef GOLDEN_DIR
@@ -408,6 +409,15 @@ static void check_roundtrip(const char *name)
         CHECK(strstr(v.layout, "model.diffusion_model.") != NULL);
         sd_unet_free(&v);
     }
+    /* the file alone: its metadata holds the config, heads and norm groups
+     * included, which inference from the shapes would guess */
+    if (CHECK(sd_unet_load(&v, f, NULL, &err) == SD_OK)) {
+        CHECK(memcmp(&v.cfg, &u.cfg, sizeof v.cfg) == 0);
+        CHECK(v.w.total == u.w.total && memcmp(v.w.data, u.w.data, u.w.total * sizeof(float)) == 0);
+        sd_unet_free(&v);
+    } else {
+        fprintf(stderr, "%s single file alone: %s\n", name, err.msg);
+    }
     unlink(f);
     unlink(path);
     rmdir(dir);
@@ -657,6 +667,35 @@ static void check_config_diff(void)
           strcmp(va, "1e-05") == 0 && strcmp(vb, "1e-06") == 0);
 }
 
+/* config.json as sdtk writes it is what diffusers' save_config writes for
+ * the same config, byte for byte (tests/golden/unet/configs, made by
+ * make_unet_config_golden.py): every key, _diffusers_version included,
+ * sorted and indented, floats as Python prints them (1e-06, 0.0). */
+static void check_config_text(const char *name)
+{
+    char path[512];
+    sd_error err = {0};
+    sd_unet_config c;
+    sd_unet_config_default(&c);
+    snprintf(path, sizeof path, "%s/configs/%s.json", GOLDEN_DIR, name);
+    sd_buf want, got;
+    sd_buf_init(&want);
+    sd_buf_init(&got);
+    if (CHECK(sd_read_file(path, &want, &err) == SD_OK) && CHECK(sd_unet_config_read(path, &c, &err) == SD_OK)) {
+        sd_unet_config_json(&c, &got);
+        if (!CHECK(got.len == want.len && memcmp(got.data, want.data, got.len) == 0))
+            fprintf(stderr, "%s: sdtk writes\n%.*s\n", name, (int)got.len, got.data);
+        /* and the text reads back as the same config */
+        sd_unet_config d;
+        sd_unet_config_default(&d);
+        CHECK(sd_unet_config_parse(got.data, got.len, name, &d, &err) == SD_OK && memcmp(&c, &d, sizeof c) == 0);
+    } else {
+        fprintf(stderr, "%s\n", err.msg);
+    }
+    sd_buf_free(&want);
+    sd_buf_free(&got);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "--list-slots") == 0) return list_slots(argv[2]);
@@ -670,5 +709,8 @@ int main(int argc, char **argv)
     check_depths();
     check_errors();
     check_config_diff();
+    check_config_text("sd15");
+    check_config_text("sdxl");
+    check_config_text("tiny");
     return check_done("test_unet");
 }

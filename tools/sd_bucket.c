@@ -116,6 +116,8 @@ int main(int argc, char **argv)
         {"min-res", 0, SD_OPT_INT, &o.min_res, "R", "multires: smallest training area R*R (default 512)"},
         {"max-res", 0, SD_OPT_INT, &o.max_res, "R", "multires: largest training area R*R (default 1024)"},
         {"upscale", 0, SD_OPT_FLAG, &o.upscale, NULL, "multires: upscale images below min-res instead of skipping"},
+        {"read-sizes", 0, SD_OPT_FLAG, &o.read_sizes, NULL,
+         "read every image's size from its header, also where the record has width/height (wrong or stale ones)"},
         {"root", 0, SD_OPT_STR, &o.root, "DIR", "resolve relative image paths against DIR (default: current dir)"},
         {"split", 0, SD_OPT_INT, &o.split, "N", "write N bucket-balanced parts (-o must hold %d) and, last, their manifest (PATTERN.parts.json beside part 0)"},
         {"output", 'o', SD_OPT_STR, &o.output, "FILE", "output JSONL (default stdout); with --split a pattern like part-%d.jsonl"},
@@ -131,9 +133,10 @@ int main(int argc, char **argv)
     const sd_cli cli = {
         "sd-bucket", "[OPTIONS] [FILE.jsonl...]",
         "Assign each metadata record (JSONL, from sd-meta) an aspect-ratio bucket, the resize and the crop.\n"
-        "Adds width/height (if missing, read from the image header), original_size, bucket, resize, crop\n"
-        "(the box actually cut from the resized image: SDXL crop_coords_top_left = (crop[1], crop[0])) and\n"
-        "kohya_crop_ltrb (sd-scripts' letterbox values). Reads stdin when no FILE or '-' is given.",
+        "Adds width/height (if missing, read from the image header; with --read-sizes always), original_size,\n"
+        "bucket, resize, crop (the box actually cut from the resized image: SDXL crop_coords_top_left =\n"
+        "(crop[1], crop[0])) and kohya_crop_ltrb (sd-scripts' letterbox values). Reads stdin when no FILE or\n"
+        "'-' is given.",
         opts,
         "Plans:\n"
         "  kohya     sd-scripts make_bucket_resolutions/select_bucket, bit-compatible (but for EXIF-rotated\n"

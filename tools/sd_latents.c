@@ -202,6 +202,7 @@ int main(int argc, char **argv)
     o.max_workspace = (size_t)max_ws_mib << 20;
     o.seed = (uint64_t)seed;
     o.quiet = quiet;
+    o.verbose = verbose;
     if (seed && !o.sample)
         sd_log(SD_LOG_WARN, "--seed %ld without --sample changes nothing: the seed draws only --sample's noise", seed);
     rc = text_only ? latents_attach(&o) : latents_run(&o);

@@ -47,6 +47,10 @@ static void log_model(const sd_trainer *tr, int resumed)
     sd_log(SD_LOG_INFO, "UNet %s, %zu parameters; %zu records in %zu buckets",
            resumed ? "from the checkpoint" : tr->unet.layout, sd_train_param_count(tr), tr->data.nitems,
            tr->data.nbuckets);
+    sd_log(SD_LOG_INFO, "memory: weights %.1f MiB, gradients %.1f MiB, optimizer state (%s) %.1f MiB%s",
+           (double)tr->unet.w.total * 4 / (1 << 20), (double)tr->unet.w.total * 4 / (1 << 20),
+           sd_optimizer_name(tr->o.optimizer), (double)sd_train_optimizer_bytes(tr) / (1 << 20),
+           tr->ema ? "; EMA as much as the weights" : "");
 }
 
 /* Whether out/latest exists (a run to resume). */
@@ -148,7 +152,7 @@ int main(int argc, char **argv)
     sd_train_opts o;
     sd_train_opts_default(&o);
     const char *pred = NULL, *sched = "constant", *dtype = "fp32", *resume = NULL, *device = "cpu";
-    const char *mixed = "no", *moments = "fp32";
+    const char *mixed = "no", *moments = "fp32", *optimizer = "adamw";
     const char *config_file = NULL; /* read by sd_cli_expand; listed for --help */
     sd_strlist sets = {0};
     long batch = 1, accum = 1, steps = 1000, warmup = 0, save_every = 0, keep = 2, threads = 0, seed = 0,
@@ -162,7 +166,8 @@ int main(int argc, char **argv)
         {"set", 0, SD_OPT_LIST, &sets, "KEY=VALUE", "override one option last, dotted keys allowed (optimizer.lr=1e-5)"},
         {"unet", 0, SD_OPT_STR, &o.unet, "PATH", "the UNet to train: a diffusers model or unet/ folder, or a .safetensors file"},
         {"unet-config", 0, SD_OPT_STR, &o.unet_config, "FILE",
-         "a diffusers UNet config.json: for a single file without one, or alone to train a new model from scratch"},
+         "a diffusers UNet config.json: for a single file without one (in its metadata, as --save-single writes), "
+         "or alone to train a new model from scratch"},
         {"init-seed", 0, SD_OPT_INT, &init_seed, "N", "seed of a new model's random weights (default 0)"},
         {"output", 'o', SD_OPT_STR, &o.out_dir, "DIR", "checkpoints go to DIR/checkpoint-STEP, DIR/latest names the newest"},
         {"resume", 0, SD_OPT_STR, &resume, "DIR",
@@ -178,6 +183,14 @@ int main(int argc, char **argv)
         {"lr", 0, SD_OPT_DOUBLE, &lr, "X", "learning rate (default 1e-4)"},
         {"lr-schedule", 0, SD_OPT_STR, &sched, "NAME", "constant (default), constant_with_warmup, cosine or linear"},
         {"warmup", 0, SD_OPT_INT, &warmup, "N", "warmup steps of the schedule (default 0)"},
+        {"optimizer", 0, SD_OPT_STR, &optimizer, "NAME",
+         "adamw (default: torch's AdamW), adamw8bit (bitsandbytes' AdamW8bit: both moments 8-bit in blocks of 256, "
+         "about 2 bytes per weight instead of 8; tensors under 4096 values keep fp32 moments) or adafactor "
+         "(transformers' Adafactor with relative_step, scale_parameter and warmup_init off at --lr: a factored "
+         "second moment for matrices and conv kernels, no first moment unless --adafactor-beta1); --beta1, --beta2 "
+         "and --adam-eps are AdamW's and AdamW8bit's, --weight-decay every optimizer's; CPU only so far"},
+        {"adafactor-beta1", 0, SD_OPT_DOUBLE, &o.adafactor_beta1, "X",
+         "--optimizer adafactor: keep a first moment with this beta1 (default none, as transformers)"},
         {"beta1", 0, SD_OPT_DOUBLE, &o.adam.beta1, "X", "AdamW beta1 (default 0.9)"},
         {"beta2", 0, SD_OPT_DOUBLE, &o.adam.beta2, "X", "AdamW beta2 (default 0.999)"},
         {"adam-eps", 0, SD_OPT_DOUBLE, &o.adam.eps, "X", "AdamW epsilon (default 1e-8)"},
@@ -220,7 +233,7 @@ int main(int argc, char **argv)
         {"save-dtype", 0, SD_OPT_STR, &dtype, "T", "unet/ weights as fp32 (default), fp16 or bf16"},
         {"save-single", 0, SD_OPT_FLAG, &o.save_single, NULL,
          "also write each checkpoint's UNet (and EMA UNet) as one safetensors file with the original "
-         "model.diffusion_model.* names, as UIs load a UNet alone"},
+         "model.diffusion_model.* names, as UIs load a UNet alone, and its config.json in the file's metadata"},
         {"metrics", 0, SD_OPT_STR, &o.metrics, "FILE", "append one JSON line per step (a resume first moves later steps' lines to FILE.superseded)"},
         {"tensorboard", 0, SD_OPT_STR, &o.tensorboard, "DIR",
          "write TensorBoard event files there (loss, smoothed loss, lr, gradient norm, validation loss): "
@@ -342,6 +355,17 @@ int main(int argc, char **argv)
     if (!bad && strcmp(moments, "fp32") == 0) o.moments = SD_DT_F32;
     else if (!bad && strcmp(moments, "bf16") == 0) o.moments = SD_DT_BF16;
     else if (!bad) bad = "--adam-moments: fp32 or bf16";
+    if (!bad && !sd_optimizer_parse(optimizer, &o.optimizer)) bad = "--optimizer: adamw, adamw8bit or adafactor";
+    if (!bad && o.adafactor_beta1 >= 0 && o.optimizer != SD_OPT_ADAFACTOR)
+        bad = "--adafactor-beta1 is Adafactor's (--optimizer adafactor)";
+    if (!bad && !(o.adafactor_beta1 < 1 && isfinite(o.adafactor_beta1)))
+        bad = "--adafactor-beta1 in [0, 1)";
+    if (!bad && o.optimizer != SD_OPT_ADAMW && o.device >= 0)
+        bad = "--optimizer adamw8bit and adafactor run on the CPU only so far (no CUDA kernels for them yet)";
+    if (!bad && o.optimizer != SD_OPT_ADAMW && o.zero1)
+        bad = "--zero1 shards AdamW's moments; --optimizer adamw8bit and adafactor are not sharded yet";
+    if (!bad && o.optimizer != SD_OPT_ADAMW && o.moments != SD_DT_F32)
+        bad = "--adam-moments bf16 is AdamW's: --optimizer adamw8bit and adafactor keep their own state";
     if (!bad && strcmp(dtype, "fp32") == 0) o.save_dtype = SD_ST_F32;
     else if (!bad && strcmp(dtype, "fp16") == 0) o.save_dtype = SD_ST_F16;
     else if (!bad && strcmp(dtype, "bf16") == 0) o.save_dtype = SD_ST_BF16;

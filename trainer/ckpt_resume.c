@@ -187,6 +187,45 @@ static sd_status same_unet(const sd_unet_config *run, const char *ck, sd_error *
                       "%s/unet", p, field, there, here, ck);
 }
 
+/* The checkpoint's optimizer (states from before the option: AdamW)
+ * against the run's: another one's state cannot continue this one, and
+ * Adafactor with and without a first moment keep different state. */
+static sd_status same_optimizer(const sd_trainer *tr, const sd_safetensors *st, const char *ck, const char *path,
+                                sd_error *err)
+{
+    const char *was = meta_of(st, "optimizer"), *now = sd_optimizer_name(tr->o.optimizer);
+    if (!was) was = "adamw";
+    if (strcmp(was, now) != 0)
+        return sd_err_set(err, SD_EINVAL, "%s: made with --optimizer %s, this run has --optimizer %s: resume with "
+                          "--optimizer %s, or start a new run from its weights with --unet %s/unet", path, was, now,
+                          was, ck);
+    const char *b1 = meta_of(st, "adafactor_beta1");
+    int had_m = b1 && strcmp(b1, "none") != 0, has_m = tr->o.adafactor_beta1 >= 0;
+    if (tr->o.optimizer == SD_OPT_ADAFACTOR && had_m != has_m)
+        return sd_err_set(err, SD_EINVAL, "%s: made %s Adafactor's first moment (--adafactor-beta1 %s), this run %s "
+                          "it: resume %s --adafactor-beta1", path, had_m ? "with" : "without", had_m ? b1 : "not given",
+                          has_m ? "has" : "lacks", had_m ? "with" : "without");
+    return SD_OK;
+}
+
+/* The state file's buffers of 8-bit AdamW or Adafactor (opt.NAME, each
+ * of the dtype and size this run's layout gives) into the run's state. */
+static sd_status read_opt_state(sd_trainer *tr, const sd_safetensors *st, const char *path, sd_error *err)
+{
+    for (size_t i = 0; i < tr->opt.nbufs; i++) {
+        sd_opt_buf *b = &tr->opt.bufs[i];
+        if (!b->count) continue;
+        char name[64];
+        snprintf(name, sizeof name, "opt.%s", b->name);
+        const sd_st_tensor *t = sd_st_find(st, name);
+        if (!t || (int)t->dtype != b->st_dtype || t->ndim != 1 || t->shape[0] != b->count)
+            return sd_err_set(err, SD_EFORMAT, "%s: tensor %s missing or not %zu %s values", path, name, b->count,
+                              b->st_dtype == SD_ST_U8 ? "uint8" : "fp32");
+        memcpy(b->data, t->data, t->nbytes);
+    }
+    return SD_OK;
+}
+
 /* Load weights, moments, counters, cursor and RNG state. */
 static sd_status resume_from(sd_trainer *tr, const char *ck, sd_error *err)
 {
@@ -241,12 +280,16 @@ static sd_status resume_from(sd_trainer *tr, const char *ck, sd_error *err)
     snprintf(w, sizeof w, "%016" PRIx64, tr->have_data ? tr->data.fingerprint : 0);
     if (!rc && (!meta_of(st, "data_fingerprint") || strcmp(meta_of(st, "data_fingerprint"), w) != 0))
         rc = data_differs(tr, ck, p, err);
+    if (!rc) rc = same_optimizer(tr, st, ck, p, err);
     const sd_st_tensor *tm = NULL, *tv = NULL;
     int mdt = SD_DT_F32;
-    if (!rc) rc = moments_of(tr, st, n, p, &tm, &tv, &mdt, err);
-    if (!rc && tr->o.zero1) { /* each rank takes its segments from the mapped file: no whole copy */
+    if (!rc && tr->o.optimizer != SD_OPT_ADAMW) rc = read_opt_state(tr, st, p, err);
+    else if (!rc) rc = moments_of(tr, st, n, p, &tm, &tv, &mdt, err);
+    if (rc || tr->o.optimizer != SD_OPT_ADAMW) {
+        /* nothing more of AdamW's */
+    } else if (tr->o.zero1) { /* each rank takes its segments from the mapped file: no whole copy */
         sd_train_moments_from(tr, tm->data, tv->data, mdt);
-    } else if (!rc) {
+    } else {
         sd_train_moments_convert(tr->m, tr->o.moments, tm->data, mdt, n);
         sd_train_moments_convert(tr->v, tr->o.moments, tv->data, mdt, n);
     }

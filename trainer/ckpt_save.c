@@ -342,9 +342,22 @@ static sd_st_tensor flat(const char *name, const float *p, size_t n)
 /* The training state file: moments (and master weights) plus metadata. */
 static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *err)
 {
-    size_t n = tr->unet.w.total, nt = 2;
+    size_t n = tr->unet.w.total, nt = 0;
     int mdt = tr->moment_size == 2 ? SD_ST_BF16 : SD_ST_F32; /* the moments as the run stores them */
-    sd_st_tensor t[4] = {flat_as("adam_m", tr->m, n, mdt), flat_as("adam_v", tr->v, n, mdt)};
+    sd_st_tensor t[SD_OPT_MAX_BUFS + 2];
+    char names[SD_OPT_MAX_BUFS][64];
+    if (tr->o.optimizer == SD_OPT_ADAMW) {
+        t[nt++] = flat_as("adam_m", tr->m, n, mdt);
+        t[nt++] = flat_as("adam_v", tr->v, n, mdt);
+    }
+    for (size_t i = 0; i < tr->opt.nbufs; i++) { /* another optimizer's buffers, as opt.NAME */
+        const sd_opt_buf *b = &tr->opt.bufs[i];
+        if (!b->count) continue;
+        snprintf(names[i], sizeof names[i], "opt.%s", b->name);
+        t[nt] = (sd_st_tensor){.name = names[i], .dtype = b->st_dtype, .ndim = 1,
+                               .nbytes = b->count * (b->st_dtype == SD_ST_U8 ? 1 : 4), .data = b->data};
+        t[nt++].shape[0] = b->count;
+    }
     if (tr->o.save_dtype != SD_ST_F32) {
         /* unet/ (and unet_ema/) are rounded: keep the fp32 originals here */
         t[nt++] = flat("params", tr->unet.w.data, n);
@@ -369,12 +382,17 @@ static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *e
     snprintf(v[14], 80, "%d", tr->o.zero_terminal_snr ? 1 : 0);
     snprintf(v[15], 80, "%ld", tr->epochs);
     snprintf(v[16], 80, "%ld", tr->epochs_steps);
-    sd_st_meta meta[19] = {{"epochs", v[15]}, {"epochs_steps", v[16]}, {"zero_terminal_snr", v[14]}, {"world_size", v[13]}, {"ema_updates", v[12]}, {"format", "sdtk-train-state 1"}, {"step", v[0]}, {"images", v[1]}, {"epoch", v[2]},
+    char beta1[40] = "none";
+    if (tr->o.adafactor_beta1 >= 0) snprintf(beta1, sizeof beta1, "%.17g", tr->o.adafactor_beta1);
+    sd_st_meta meta[21] = {{"optimizer", sd_optimizer_name(tr->o.optimizer)}, {"adafactor_beta1", beta1},
+                           {"epochs", v[15]}, {"epochs_steps", v[16]}, {"zero_terminal_snr", v[14]},
+                           {"world_size", v[13]}, {"ema_updates", v[12]}, {"format", "sdtk-train-state 1"},
+                           {"step", v[0]}, {"images", v[1]}, {"epoch", v[2]},
                            {"batch", v[3]}, {"rng", v[4]}, {"seed", v[5]}, {"data_fingerprint", v[6]},
                            {"batch_size", v[7]}, {"accumulation", v[8]}, {"prediction", v[9]},
                            {"param_floats", v[10]}, {"loss_smooth", v[11]},
                            {"batches", tr->o.no_carry ? "short" : "full"}};
-    return sd_st_write(path, t, nt, meta, 19, err);
+    return sd_st_write(path, t, nt, meta, 21, err);
 }
 
 /* Move the finished tmp directory to fin. When fin exists (the same step

@@ -11,7 +11,9 @@
 
 #include <stddef.h>
 
+#include "err.h"
 #include "ops_cpu.h"
+#include "weights.h"
 
 typedef struct {
     double beta1, beta2, eps, weight_decay;
@@ -43,5 +45,53 @@ typedef struct {
 double sd_lr_at(const sd_lr_sched *l, long s);
 /* Parse "constant", "constant_with_warmup", "cosine", "linear". */
 int sd_lr_kind_parse(const char *name, sd_lr_kind *out);
+
+/* --optimizer: torch's AdamW (fp32 or bf16 moments, the flat moment
+ * buffers of the trainer), bitsandbytes' AdamW8bit, transformers'
+ * Adafactor (relative_step, scale_parameter, warmup_init off). */
+typedef enum { SD_OPT_ADAMW = 0, SD_OPT_ADAMW8BIT, SD_OPT_ADAFACTOR } sd_optimizer;
+/* "adamw", "adamw8bit", "adafactor". */
+const char *sd_optimizer_name(sd_optimizer o);
+/* Parse one of those names; 0 for anything else. */
+int sd_optimizer_parse(const char *name, sd_optimizer *out);
+
+/* One flat buffer of optimizer state as the state file stores it. */
+typedef struct {
+    const char *name;
+    int st_dtype; /* SD_ST_U8 or SD_ST_F32 */
+    size_t count;
+    void *data;
+} sd_opt_buf;
+
+enum { SD_OPT_MAX_BUFS = 6 };
+
+/* The per-tensor state of 8-bit AdamW or Adafactor (optim_state.c): the
+ * tensors' views into a few flat buffers (bufs, in the state file under
+ * their names), made from the model's slots in order. */
+typedef struct {
+    sd_optimizer kind;
+    size_t ntensors;
+    sd_q8_tensor *q8;        /* adamw8bit: per tensor */
+    sd_q8_tables *tables;    /* adamw8bit: the maps and their tables */
+    sd_adafactor_tensor *af; /* adafactor: per tensor */
+    size_t nbufs;
+    sd_opt_buf bufs[SD_OPT_MAX_BUFS];
+} sd_opt_state;
+
+/* The zeroed state of optimizer kind (adamw8bit or adafactor; with_m:
+ * Adafactor's first moment) for the tensors of w. */
+sd_status sd_opt_state_init(sd_opt_state *s, sd_optimizer kind, int with_m, const sd_weights *w, sd_error *err);
+void sd_opt_state_free(sd_opt_state *s);
+/* The bytes the state holds (buffers, tables, per-tensor views). */
+size_t sd_opt_state_bytes(const sd_opt_state *s);
+/* The state's buffer of this name, NULL when it has none. */
+sd_opt_buf *sd_opt_state_buf(sd_opt_state *s, const char *name);
+
+/* The step number `step` (1-based) at rate lr over the flat weights p
+ * with gradients g read times gscale: AdamW8bit with o's betas, eps and
+ * weight decay, or Adafactor with o's weight decay and beta1 (< 0: no
+ * first moment). */
+void sd_opt_state_step(sd_opt_state *s, sd_pool *pool, const sd_adamw_opts *o, double adafactor_beta1, double lr,
+                       long step, double gscale, float *p, const float *g);
 
 #endif

@@ -84,6 +84,8 @@ typedef struct {
     int nccl; /* GPU: sum gradients over NCCL even in a world of one (a check of the path) */
     int zero1; /* CPU ranks: shard the AdamW moments across ranks (ZeRO stage 1) */
     int moments; /* SD_DT_F32 (default) or SD_DT_BF16: how the AdamW moments are stored */
+    sd_optimizer optimizer; /* AdamW (default), 8-bit AdamW or Adafactor (optim.h) */
+    double adafactor_beta1; /* Adafactor's first moment's beta1; < 0: none (transformers' beta1=None) */
     /* validation: a shard of held-out records, its loss at the start, every
      * val_every steps (0: at checkpoints) and at the end */
     const char *val_shard;
@@ -143,6 +145,7 @@ typedef struct {
     /* ZeRO-1: this rank's segments of the moments (dist.h's layout), packed;
      * m and v are then NULL except while a checkpoint is written or read */
     void *m_sh, *v_sh;
+    sd_opt_state opt; /* --optimizer adamw8bit or adafactor: their per-tensor state (optim.h) */
     FILE *metrics;
     sd_tb tb; /* TensorBoard scalars, when o.tensorboard (rank 0) */
     double loss_ema;
@@ -166,6 +169,11 @@ typedef struct {
  * betas (0.9, 0.999), eps 1e-8, weight decay 1e-2, clipping at 1.0,
  * epsilon prediction, batch 1, no accumulation. */
 void sd_train_opts_default(sd_train_opts *o);
+
+/* The bytes of optimizer state this process holds between steps: AdamW's
+ * two moments (this rank's share under ZeRO-1), or 8-bit AdamW's or
+ * Adafactor's state. */
+size_t sd_train_optimizer_bytes(const sd_trainer *tr);
 
 /* Load or create the model, allocate optimizer state, open the shards
  * (when o->nshards > 0; each checked against the UNet: latent channels,

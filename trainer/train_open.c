@@ -35,6 +35,8 @@ void sd_train_opts_default(sd_train_opts *o)
     o->threads = 1;
     o->device = -1;
     o->moments = SD_DT_F32;
+    o->optimizer = SD_OPT_ADAMW;
+    o->adafactor_beta1 = -1;
     o->t_min = 0;
     o->t_max = SD_DDPM_STEPS;
 }
@@ -57,6 +59,16 @@ size_t sd_train_param_count(const sd_trainer *tr)
     size_t n = 0;
     for (size_t i = 0; i < tr->unet.w.nslots; i++) n += tr->unet.w.slots[i].n;
     return n;
+}
+
+/* AdamW's moments (this rank's segments under ZeRO-1), or the other
+ * optimizer's state. */
+size_t sd_train_optimizer_bytes(const sd_trainer *tr)
+{
+    if (tr->o.optimizer != SD_OPT_ADAMW)
+        return sd_opt_state_bytes(&tr->opt);
+    size_t n = tr->o.zero1 ? sd_dist_owned(tr->unet.w.total, tr->rank, tr->world) : tr->unet.w.total;
+    return 2 * n * tr->moment_size;
 }
 
 /* The model: loaded, or built from a config and initialised. */
@@ -148,6 +160,25 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
 #endif
 }
 
+/* The state of --optimizer adamw8bit or adafactor instead of AdamW's
+ * moments: CPU only and without ZeRO-1 for now, with fp32 state of its
+ * own (--adam-moments is AdamW's). */
+static sd_status open_other_optimizer(sd_trainer *tr, sd_error *err)
+{
+    const sd_train_opts *o = &tr->o;
+    const char *name = sd_optimizer_name(o->optimizer), *why = NULL;
+    if (o->device >= 0) why = "runs on the CPU only so far (no CUDA kernels for it yet)";
+    else if (o->zero1) why = "is not sharded by --zero1 yet";
+    else if (o->moments != SD_DT_F32) why = "keeps its own state: --adam-moments bf16 is AdamW's";
+    if (why) {
+        sd_trainer_close(tr);
+        return sd_err_set(err, SD_EUNSUPPORTED, "--optimizer %s %s", name, why);
+    }
+    sd_status rc = sd_opt_state_init(&tr->opt, o->optimizer, o->adafactor_beta1 >= 0, &tr->unet.w, err);
+    if (rc) sd_trainer_close(tr);
+    return rc;
+}
+
 /* Everything a run needs before its first step. */
 sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
 {
@@ -178,7 +209,10 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         return sd_err_set(err, SD_EINVAL, "AdamW moments are stored as fp32 or bf16");
     }
     tr->moment_size = o->moments == SD_DT_BF16 ? 2 : 4;
-    if (o->zero1) {
+    if (o->optimizer != SD_OPT_ADAMW) {
+        rc = open_other_optimizer(tr, err);
+        if (rc) return rc;
+    } else if (o->zero1) {
         size_t own = sd_dist_owned(n, tr->rank, tr->world);
         tr->m_sh = calloc(own ? own : 1, tr->moment_size);
         tr->v_sh = calloc(own ? own : 1, tr->moment_size);
@@ -195,7 +229,8 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         tr->ema = malloc(n * sizeof(float));
         if (tr->ema) memcpy(tr->ema, tr->unet.w.data, n * sizeof(float));
     }
-    if ((!o->zero1 && (!tr->m || !tr->v)) || !tr->grad || (o->ema_decay > 0 && !tr->ema)) {
+    int adamw_whole = !o->zero1 && o->optimizer == SD_OPT_ADAMW;
+    if ((adamw_whole && (!tr->m || !tr->v)) || !tr->grad || (o->ema_decay > 0 && !tr->ema)) {
         sd_trainer_close(tr);
         return sd_err_set(err, SD_ENOMEM, "out of memory for optimizer state (%zu MB)",
                           n * (2 * tr->moment_size + (o->ema_decay > 0 ? 8 : 4)) >> 20);
@@ -269,6 +304,7 @@ void sd_trainer_close(sd_trainer *tr)
     free(tr->stage);
     free(tr->m_sh);
     free(tr->v_sh);
+    sd_opt_state_free(&tr->opt);
     sd_unet_free(&tr->unet);
     free(tr->m);
     free(tr->v);

@@ -55,16 +55,22 @@ sd_status sd_train_grad_norm_local(sd_trainer *tr, double *norm, sd_error *err)
     return rc;
 }
 
-/* AdamW at the scheduled rate with the clipping factor for norm folded into
- * its reading of the gradient (bit for bit what clipping in place then
- * stepping gives), then zero the gradients, count the step, the EMA. */
+/* AdamW (or --optimizer's other choice) at the scheduled rate with the
+ * clipping factor for norm folded into its reading of the gradient (bit
+ * for bit what clipping in place then stepping gives), then zero the
+ * gradients, count the step, the EMA. */
 void sd_train_apply_norm(sd_trainer *tr, double norm)
 {
     size_t n = tr->unet.w.total;
     const sd_backend *be = tr->be;
-    double lr = sd_lr_at(&tr->o.lr, tr->step);
-    sd_adamw_args a = sd_adamw_args_at(&tr->o.adam, lr, tr->step + 1, sd_clip_factor(norm, tr->o.max_grad_norm));
-    adamw_on(tr, be, tr->exec, &a, 0, n, tr->d_w, tr->d_m, tr->d_v, tr->d_grad);
+    double lr = sd_lr_at(&tr->o.lr, tr->step), gscale = sd_clip_factor(norm, tr->o.max_grad_norm);
+    if (tr->o.optimizer != SD_OPT_ADAMW) { /* the CPU alone (sd_trainer_open refuses a device) */
+        sd_opt_state_step(&tr->opt, tr->pool, &tr->o.adam, tr->o.adafactor_beta1, lr, tr->step + 1, gscale, tr->d_w,
+                          tr->d_grad);
+    } else {
+        sd_adamw_args a = sd_adamw_args_at(&tr->o.adam, lr, tr->step + 1, gscale);
+        adamw_on(tr, be, tr->exec, &a, 0, n, tr->d_w, tr->d_m, tr->d_v, tr->d_grad);
+    }
     sd_train_zero_grad(tr);
     tr->step++;
     if (tr->ema && tr->step % (tr->o.ema_every > 0 ? tr->o.ema_every : 1) == 0) {

@@ -164,3 +164,21 @@ int sd_dtoa_shortest(double v, char *out, size_t cap)
     }
     return sd_dtoa_shortest_printf(v, out, cap);
 }
+
+/* A float written through a double prints all the binary digits the
+ * widening keeps (1e-5f as 9.999999747378752e-06); configs written for
+ * Python readers want the digits the value was given with. The shortest
+ * of 1..9 significant digits that reads back as v as a float (9 always
+ * does), returned as the double those digits name, which sd_dtoa_shortest
+ * then prints with the same digits. */
+double sd_f32_shortest(float v)
+{
+    if (!isfinite(v) || v == 0) return v;
+    char tmp[48];
+    for (int prec = 1; prec < 9; prec++) {
+        snprintf(tmp, sizeof tmp, "%.*e", prec - 1, (double)v);
+        double d = strtod(tmp, NULL);
+        if ((float)d == v) return d;
+    }
+    return v;
+}

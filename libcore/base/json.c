@@ -12,6 +12,8 @@ typedef struct {
     sd_arena *a;
     char *p, *end, *start;
     sd_error *err;
+    int py;        /* accept Python's NaN, Infinity, -Infinity (sd_json_parse_py) */
+    int nonfinite; /* how many of them were read */
 } parser;
 
 /* Report a parse error with its byte offset. */
@@ -159,6 +161,26 @@ static sd_status parse_string(parser *ps, char **out, uint32_t *out_len)
     return fail(ps, "unterminated string");
 }
 
+/* Python's json.dumps writes a non-finite float as NaN, Infinity or
+ * -Infinity (allow_nan, its default) and json.loads reads them back: in a
+ * Python parse, such a word at q (after any '-') becomes a number whose text
+ * is the word. 1 when one was read. */
+static int python_word(parser *ps, sd_json *v, char *s, char *q, int neg)
+{
+    size_t left = (size_t)(ps->end - q);
+    int inf = left >= 8 && memcmp(q, "Infinity", 8) == 0;
+    int nan = !neg && left >= 3 && memcmp(q, "NaN", 3) == 0;
+    if (!ps->py || (!inf && !nan)) return 0;
+    q += inf ? 8 : 3;
+    v->type = SD_JSON_NUMBER;
+    v->str = s;
+    v->len = (uint32_t)(q - s);
+    v->num = nan ? NAN : neg ? -INFINITY : INFINITY;
+    ps->p = q;
+    ps->nonfinite++;
+    return 1;
+}
+
 /* Parse a number per the JSON grammar; integers avoid strtod. */
 static sd_status parse_number(parser *ps, sd_json *v)
 {
@@ -168,6 +190,7 @@ static sd_status parse_number(parser *ps, sd_json *v)
         neg = 1;
         q++;
     }
+    if (python_word(ps, v, s, q, neg)) return SD_OK;
     if (q >= ps->end || *q < '0' || *q > '9') return fail(ps, "bad number");
     uint64_t iv = 0;
     int digits = 0;
@@ -315,22 +338,41 @@ static sd_status parse_value(parser *ps, sd_json *v, int depth)
     return st;
 }
 
+/* Parse one document with the parser's settings; see sd_json_parse. */
+static sd_status parse_document(parser *ps, sd_json **out)
+{
+    sd_json *root = sd_arena_alloc(ps->a, sizeof *root);
+    if (!root) return sd_err_set(ps->err, SD_ENOMEM, "out of memory");
+    root->key = NULL;
+    root->key_len = 0;
+    root->next = NULL;
+    sd_status st = parse_value(ps, root, 0);
+    if (st) return st;
+    skip_ws(ps);
+    if (ps->p != ps->end) return fail(ps, "trailing characters after value");
+    *out = root;
+    return SD_OK;
+}
+
 /* Parse text[0,len) as one JSON document. The buffer is modified (strings are
  * unescaped in place) and must stay alive as long as the returned tree. */
 sd_status sd_json_parse(sd_arena *a, char *text, size_t len, sd_json **out, sd_error *err)
 {
-    parser ps = {a, text, text + len, text, err};
-    sd_json *root = sd_arena_alloc(a, sizeof *root);
-    if (!root) return sd_err_set(err, SD_ENOMEM, "out of memory");
-    root->key = NULL;
-    root->key_len = 0;
-    root->next = NULL;
-    sd_status st = parse_value(&ps, root, 0);
-    if (st) return st;
-    skip_ws(&ps);
-    if (ps.p != ps.end) return fail(&ps, "trailing characters after value");
-    *out = root;
-    return SD_OK;
+    parser ps = {a, text, text + len, text, err, 0, 0};
+    return parse_document(&ps, out);
+}
+
+/* As sd_json_parse, also reading what Python's json module writes and reads
+ * beyond RFC 8259: NaN, Infinity and -Infinity. Metadata made by Python
+ * tools (webdataset, img2dataset, scrapers) holds them; *nonfinite counts
+ * them (the caller then re-serialises with sd_json_write, which writes them
+ * as null, so its own output stays strict JSON). */
+sd_status sd_json_parse_py(sd_arena *a, char *text, size_t len, sd_json **out, int *nonfinite, sd_error *err)
+{
+    parser ps = {a, text, text + len, text, err, 1, 0};
+    sd_status st = parse_document(&ps, out);
+    *nonfinite = ps.nonfinite;
+    return st;
 }
 
 /* Find a member by name (first match); NULL if obj is not an object or lacks it. */
@@ -417,14 +459,18 @@ void sd_json_write_member_raw(sd_buf *b, const sd_json *m, const char *pristine)
     sd_json_write(b, m);
 }
 
-/* Serialise a parsed value back to compact JSON (numbers keep their source text). */
+/* Serialise a parsed value back to compact JSON (numbers keep their source
+ * text, Python's NaN and Infinity become null). */
 void sd_json_write(sd_buf *b, const sd_json *v)
 {
     switch (v->type) {
     case SD_JSON_NULL: sd_buf_put(b, "null", 4); return;
     case SD_JSON_FALSE: sd_buf_put(b, "false", 5); return;
     case SD_JSON_TRUE: sd_buf_put(b, "true", 4); return;
-    case SD_JSON_NUMBER: sd_buf_put(b, v->str, v->len); return;
+    case SD_JSON_NUMBER: /* Python's NaN and Infinity are not JSON: null, as JavaScript writes them */
+        if (v->str[0] == 'N' || v->str[0] == 'I' || (v->str[0] == '-' && v->str[1] == 'I')) sd_buf_put(b, "null", 4);
+        else sd_buf_put(b, v->str, v->len);
+        return;
     case SD_JSON_STRING: sd_buf_json_str(b, v->str, v->len); return;
     case SD_JSON_ARRAY:
     case SD_JSON_OBJECT: {

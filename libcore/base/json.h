@@ -38,6 +38,9 @@ struct sd_json {
 };
 
 sd_status sd_json_parse(sd_arena *a, char *text, size_t len, sd_json **out, sd_error *err);
+/* Also Python's NaN, Infinity, -Infinity (numbers whose text is that word,
+ * num NaN or +-inf; *nonfinite counts them); see json.c. */
+sd_status sd_json_parse_py(sd_arena *a, char *text, size_t len, sd_json **out, int *nonfinite, sd_error *err);
 sd_json *sd_json_get(const sd_json *obj, const char *key);
 sd_json *sd_json_path(const sd_json *obj, const char *path, size_t len);
 const char *sd_json_str(const sd_json *v);

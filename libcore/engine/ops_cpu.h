@@ -196,6 +196,68 @@ void sd_adamw_bf16_fwd(sd_pool *pool, const sd_adamw_args *a, size_t n, size_t i
 /* ema = ema - one_minus_decay * (ema - p) over n floats. */
 void sd_ema_fwd(sd_pool *pool, size_t n, float *ema, const float *p, float one_minus_decay);
 
+/* 8-bit AdamW (ops_optim8.c), bitsandbytes' AdamW8bit on the CPU: the
+ * moments as codes of its dynamic map in blocks of SD_Q8_BLOCK with one
+ * fp32 absmax each; tensors below SD_Q8_MIN_SIZE values keep fp32
+ * moments (its min_8bit_size). */
+enum { SD_Q8_CODES = 256, SD_Q8_LUT = 65536, SD_Q8_BLOCK = 256, SD_Q8_MIN_SIZE = 4096 };
+/* bitsandbytes' create_dynamic_map(signed): 256 sorted fp32 codes. */
+void sd_q8_dynamic_map(int is_signed, float code[SD_Q8_CODES]);
+/* The nearest-code table of its native CPU quantizer for a map. */
+void sd_q8_lut(const float code[SD_Q8_CODES], uint8_t lut[SD_Q8_LUT]);
+/* n values (a block) into codes through lut, their absmax into *absmax. */
+void sd_q8_quantize_block(const uint8_t *lut, size_t n, const float *x, uint8_t *q, float *absmax);
+/* The maps and their tables (made once per run). */
+typedef struct {
+    float code_m[SD_Q8_CODES], code_v[SD_Q8_CODES];
+    uint8_t lut_m[SD_Q8_LUT], lut_v[SD_Q8_LUT];
+} sd_q8_tables;
+/* One tensor's state: at float offset off of the weights, n values; qm,
+ * qv (n codes) and am, av (one absmax per block) for 8-bit state, else
+ * m32, v32 (n floats). */
+typedef struct {
+    size_t off, n;
+    uint8_t *qm, *qv;
+    float *am, *av;
+    float *m32, *v32;
+} sd_q8_tensor;
+/* A step's constants, rounded to fp32 as torch passes Python floats:
+ * one_b1 = 1 - b1, one_b2 = 1 - b2, bc2 = sqrt(1 - b2^t), neg_lr_c1 =
+ * -lr / (1 - b1^t) (8-bit path); eps_c2 = eps bc2, step_size = -lr bc2 /
+ * (1 - b1^t) (32-bit path); decay = 1 - lr wd when decay_on. */
+typedef struct {
+    float b1, b2, one_b1, one_b2, eps, bc2, neg_lr_c1, eps_c2, step_size, decay, gscale;
+    int decay_on;
+} sd_adamw8_args;
+/* One AdamW8bit step over every tensor (p and g the flat weights and
+ * gradients); each tensor is done by one worker: the same bits for any
+ * thread count. */
+void sd_adamw8_fwd(sd_pool *pool, const sd_adamw8_args *a, const sd_q8_tables *t, size_t ntensors,
+                   const sd_q8_tensor *ts, float *p, const float *g);
+
+/* Adafactor (ops_adafactor.c), transformers' Adafactor with
+ * relative_step, scale_parameter and warmup_init off: one tensor's
+ * state. Rank >= 2: row (n / last dim values) and col (n / second-last
+ * dim values), factored over the last two dims; rank 1: v (n values); m
+ * (n values) only with a first moment. */
+typedef struct {
+    size_t off, n;
+    int ndim, shape[4];
+    float *row, *col, *v, *m;
+} sd_adafactor_tensor;
+/* A step's constants: beta2t = 1 - t^-0.8 and 1 - beta2t, the rate, the
+ * first moment's beta1 and 1 - beta1, -wd lr (decay_on), clip_threshold
+ * 1, gscale the clipping factor. */
+typedef struct {
+    float beta2t, one_beta2t, lr, beta1, one_beta1, neg_wd_lr, gscale;
+    double clip_threshold;
+    int decay_on;
+} sd_adafactor_args;
+/* One Adafactor step over every tensor, each on one worker (no scratch:
+ * the update is computed once for its RMS and again to apply it). */
+void sd_adafactor_fwd(sd_pool *pool, const sd_adafactor_args *a, size_t ntensors, const sd_adafactor_tensor *ts,
+                      float *p, const float *g);
+
 /* Nearest 2x upsample: x [planes, h, w] -> y [planes, 2h, 2w], planes = n*c. */
 void sd_upsample2x_fwd(sd_pool *pool, int planes, int h, int w, float *y, const float *x);
 void sd_upsample2x_bwd(sd_pool *pool, int planes, int h, int w, float *dx, const float *dy);

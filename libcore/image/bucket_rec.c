@@ -22,6 +22,7 @@ void sd_brec_worker_init(sd_brec_worker *wk)
     sd_arena_init(&wk->arena, 64 * 1024);
     wk->tar_fd = -1;
     wk->tar_path = NULL;
+    wk->read_sizes = 0;
 }
 
 /* Close the cached shard and free the arena. */
@@ -209,7 +210,7 @@ void sd_bucket_record(const sd_plan *plan, const char *root, sd_brec_worker *wk,
     }
     const sd_json *jw = sd_json_get(rec, "width"), *jh = sd_json_get(rec, "height");
     uint32_t w = 0, h = 0;
-    if (jw && jh && jw->type != SD_JSON_NULL && jh->type != SD_JSON_NULL) {
+    if (!wk->read_sizes && jw && jh && jw->type != SD_JSON_NULL && jh->type != SD_JSON_NULL) {
         uint64_t uw, uh;
         if (json_uint(jw, 1e9, &uw) || json_uint(jh, 1e9, &uh)) {
             skip(res, "bad width/height", "%s: width/height are not whole non-negative numbers", image);

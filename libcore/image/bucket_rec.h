@@ -18,6 +18,7 @@ typedef struct {
     sd_buf out; /* the worker's output records of the current batch */
     int tar_fd;
     char *tar_path;
+    int read_sizes; /* sd-bucket --read-sizes: every size from the image header, none from the record */
 } sd_brec_worker;
 
 typedef struct {

@@ -18,15 +18,29 @@
 #include "log.h"
 #include "slurp.h"
 
+/* The last libvips warning given on this thread, for a failure that left
+ * libvips' error buffer empty: libpng's complaint about a PNG's header
+ * arrives only as a warning (Pillow's broken.png read "unknown libvips
+ * error"). GLib calls the handler on the thread that warns, and a header is
+ * read on the image's own thread, so no image takes another's warning;
+ * load_rgb8 empties it as each image starts. Per thread by necessity: the
+ * handler is process-wide and gets no context. */
+static _Thread_local char thread_warning[160];
+
 /* libvips' own warnings ("profile incompatible with image", a truncated
  * PNG's "not enough data") arrive through GLib, without the file, before
  * sdtk's own message that names it (a failed image) or for an image that
  * was decoded all the same: shown with -v, as libvips' detail, not as
- * unnamed lines in every run's output. */
+ * unnamed lines in every run's output; the thread's last one is kept for
+ * vips_fail. */
 static void vips_warning(const gchar *domain, GLogLevelFlags level, const gchar *message, gpointer unused)
 {
     (void)level;
     (void)unused;
+    snprintf(thread_warning, sizeof thread_warning, "%s", message ? message : "");
+    for (char *c = thread_warning; *c; c++) /* one line: libjpeg's end in a newline */
+        if (*c == '\n' || *c == '\r' || *c == '\t') *c = ' ';
+    for (size_t n = strlen(thread_warning); n && thread_warning[n - 1] == ' ';) thread_warning[--n] = 0;
     sd_log(SD_LOG_DEBUG, "%s: %s", domain ? domain : "libvips", message);
 }
 
@@ -267,17 +281,65 @@ sd_status sd_image_check_member(const sd_image_src *src, sd_error *err)
     return st;
 }
 
-/* libvips' message for a failure; its error buffer is shared by all threads,
- * so under concurrency the text may name another thread's image as well. */
+/* One line of libvips' error text as the message says it: a loader refused
+ * as untrusted ("magickload_buffer: operation is blocked", what libvips
+ * says for any file it cannot sniff, a truncated one too) in words. */
+static void reason_line(const char *line, char *out, size_t cap)
+{
+    const char *tail = "_buffer: operation is blocked";
+    size_t n = strlen(line), tl = strlen(tail);
+    if (n > tl && strcmp(line + n - tl, tail) == 0 && !memchr(line, ' ', n - tl))
+        snprintf(out, cap, "only libvips' %.*s would read it, a loader sdtk blocks as untrusted (a format sdtk does "
+                 "not read, or a damaged file)", (int)(n - tl), line);
+    else snprintf(out, cap, "%s", line);
+}
+
+/* What libvips said about a failure, as one line: the newest lines of its
+ * error text (at most 3, each once; older lines there are other images'
+ * recovered warnings or errors) and the thread's last warning (often the
+ * detail: libpng's), else that it gave no reason. Modifies m. */
+static void vips_reason(char *m, char *out, size_t cap)
+{
+    enum { KEEP = 3 };
+    const char *keep[KEEP];
+    int n = 0;
+    char *save = NULL;
+    for (char *l = strtok_r(m, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        while (*l == ' ') l++;
+        size_t len = strlen(l);
+        while (len && l[len - 1] == ' ') l[--len] = 0;
+        int seen = 0;
+        for (int i = 0; i < n; i++) seen |= strcmp(keep[i], l) == 0;
+        if (!len || seen) continue;
+        if (n == KEEP) { /* the oldest goes */
+            memmove(keep, keep + 1, (KEEP - 1) * sizeof *keep);
+            n--;
+        }
+        keep[n++] = l;
+    }
+    size_t at = 0;
+    out[0] = 0;
+    for (int i = 0; i < n && at + 1 < cap; i++) {
+        char line[300];
+        reason_line(keep[i], line, sizeof line);
+        int w = snprintf(out + at, cap - at, "%s%s", i ? "; " : "", line);
+        at += w > 0 ? (size_t)w : 0;
+    }
+    if (thread_warning[0] && at + 1 < cap && !strstr(out, thread_warning))
+        snprintf(out + at, cap - at, "%s%s (libvips' warning)", n ? "; " : "", thread_warning);
+    else if (!n) snprintf(out, cap, "libvips gave no reason");
+}
+
+/* libvips' message for a failure (vips_reason). Its error buffer is shared
+ * by all threads: under concurrency the text may name another thread's image
+ * as well, or have been emptied by another image's start (load_rgb8). */
 static sd_status vips_fail(sd_error *err, sd_status code, const char *name, const char *what)
 {
     char *m = vips_error_buffer_copy();
-    size_t n = strlen(m);
-    while (n && (m[n - 1] == '\n' || m[n - 1] == ' ')) m[--n] = 0;
-    for (char *c = m; *c; c++)
-        if (*c == '\n') *c = ' ';
-    sd_err_set(err, code, "%s: %s: %s", name, what, n ? m : "unknown libvips error");
+    char why[512];
+    vips_reason(m, why, sizeof why);
     g_free(m);
+    sd_err_set(err, code, "%s: %s: %s", name, what, why);
     return code;
 }
 
@@ -299,7 +361,12 @@ static sd_status check_pixels(const unsigned char *buf, size_t len, uint64_t lim
     } else memset(info, 0, sizeof *info);
     if (st != SD_OK || info->format == SD_IMG_GIF) {
         VipsImage *im = vips_image_new_from_buffer(buf, len, "", NULL);
-        if (!im) return vips_fail(err, SD_EFORMAT, name, "not a readable image");
+        if (!im) { /* a format imghdr knows (damaged, or BMP): its words too */
+            char what[300] = "not a readable image";
+            if (st != SD_EUNSUPPORTED || strncmp(herr.msg, "not a recognised image", 22) != 0)
+                snprintf(what, sizeof what, "not a readable image (%s)", herr.msg);
+            return vips_fail(err, SD_EFORMAT, name, what);
+        }
         uint64_t vw = (uint64_t)vips_image_get_width(im), vh = (uint64_t)vips_image_get_height(im);
         g_object_unref(im);
         w = vw > w ? vw : w;
@@ -313,7 +380,8 @@ static sd_status check_pixels(const unsigned char *buf, size_t len, uint64_t lim
 }
 
 /* An RGB image with an embedded profile (Adobe RGB, Display P3, ...) is
- * moved to sRGB (relative colorimetric); thumbnail does this only for CMYK
+ * moved to sRGB (relative colorimetric, or the intent the profile has:
+ * sd_icc_intent); thumbnail does this only for CMYK
  * unless given an export profile, and with one it also re-maps untagged
  * images through its perceptual intent (pure red comes out 248,26,16). A
  * profile lcms cannot read leaves the pixels as they are, as PIL would, and
@@ -326,8 +394,10 @@ static VipsImage *icc_to_srgb(VipsImage *in)
     if (in->Bands < 3 || in->Type == VIPS_INTERPRETATION_CMYK || !vips_image_get_typeof(in, VIPS_META_ICC_NAME)) return in;
     const void *icc = NULL;
     size_t n = 0;
-    if (!vips_image_get_blob(in, VIPS_META_ICC_NAME, &icc, &n) && sd_icc_is_srgb(icc, n)) return in; /* sRGB already */
-    if (vips_icc_transform(in, &t, "srgb", "embedded", TRUE, "intent", VIPS_INTENT_RELATIVE, NULL)) {
+    if (vips_image_get_blob(in, VIPS_META_ICC_NAME, &icc, &n) || sd_icc_is_srgb(icc, n)) return in; /* sRGB already */
+    int intent = sd_icc_intent(icc, n);
+    if (intent < 0) return in; /* unreadable */
+    if (vips_icc_transform(in, &t, "srgb", "embedded", TRUE, "intent", intent, NULL)) {
         vips_error_clear();
         return in;
     }
@@ -375,27 +445,134 @@ static int step(VipsImage **im, VipsImage *out, int rc)
     return rc;
 }
 
-/* Decode + resize with shrink-on-load: vips_thumbnail to exactly the
- * record's size (VIPS_SIZE_FORCE may stretch by the bucketer's rounding, as
- * kohya's cv2/PIL resize to resized_size does), auto-rotated, CMYK to sRGB,
- * failing on truncated data rather than filling it grey (libvips 8.14's
- * thumbnail_buffer ignores its own fail_on; the loader option string works). */
-static VipsImage *decode_resized(unsigned char *buf, size_t len, const sd_image_plan *plan)
+/* The size libvips will decode the image at, upright (its header read
+ * lazily, no pixels; width and height swapped for an EXIF rotation by 90
+ * degrees, as vips_thumbnail will turn it); 0 when it cannot read it. */
+static int upright_size(unsigned char *buf, size_t len, int *w, int *h)
 {
-    VipsImage *im = NULL;
+    VipsImage *im = vips_image_new_from_buffer(buf, len, "", NULL);
+    if (!im) return 0;
+    int swap = vips_image_get_orientation_swap(im);
+    *w = swap ? im->Ysize : im->Xsize;
+    *h = swap ? im->Xsize : im->Ysize;
+    g_object_unref(im);
+    return 1;
+}
+
+/* Samples whose 8-bit meaning libvips knows: 8 and 16 bits, floats in a
+ * colour space that defines their range (scRGB, 0..1 linear: a float RGB
+ * TIFF; XYZ, Lab), Lab's signed 16 bits, coded (LabQ, Radiance) pixels.
+ * Anything else (32-bit integers, float grey, doubles, signed samples) has
+ * no range: libvips' cast and PIL's convert would clip it to 0..255, white
+ * for most of a 32-bit picture, so it is refused (SD_EUNSUPPORTED) saying
+ * so. */
+static sd_status check_samples(const VipsImage *im, const char *name, sd_error *err)
+{
+    VipsBandFormat f = im->BandFmt;
+    VipsInterpretation t = im->Type;
+    if (im->Coding != VIPS_CODING_NONE || f == VIPS_FORMAT_UCHAR || f == VIPS_FORMAT_USHORT) return SD_OK;
+    if ((f == VIPS_FORMAT_FLOAT || f == VIPS_FORMAT_DOUBLE) &&
+        (t == VIPS_INTERPRETATION_scRGB || t == VIPS_INTERPRETATION_XYZ || t == VIPS_INTERPRETATION_LAB))
+        return SD_OK;
+    if (f == VIPS_FORMAT_SHORT && t == VIPS_INTERPRETATION_LABS) return SD_OK;
+    const char *kind = f == VIPS_FORMAT_UINT     ? "32-bit unsigned integer"
+                       : f == VIPS_FORMAT_INT    ? "32-bit signed integer"
+                       : f == VIPS_FORMAT_FLOAT  ? "32-bit float"
+                       : f == VIPS_FORMAT_DOUBLE ? "64-bit float"
+                       : f == VIPS_FORMAT_CHAR   ? "signed 8-bit"
+                       : f == VIPS_FORMAT_SHORT  ? "signed 16-bit"
+                                                 : "complex";
+    return sd_err_set(err, SD_EUNSUPPORTED, "%s: %s samples (%s, %d band%s) have no defined range to take to 8 "
+                      "bits (libvips and PIL would clip them to 0..255); convert the image to unsigned 8 or 16 bits "
+                      "per sample", name, kind, vips_enum_nick(VIPS_TYPE_INTERPRETATION, t), im->Bands,
+                      im->Bands == 1 ? "" : "s");
+}
+
+/* vips_thumbnail to exactly the record's size (VIPS_SIZE_FORCE may stretch
+ * by the bucketer's rounding, as kohya's cv2/PIL resize to resized_size
+ * does), auto-rotated, failing on truncated data rather than filling it grey
+ * (libvips 8.14's thumbnail_buffer ignores its own fail_on; the loader
+ * option string works). A JPEG or a format imghdr does not know (TIFF, ...)
+ * may be CMYK or have samples of no defined range: their header, read by
+ * libvips without decoding, says; those samples are refused (*st set), and
+ * CMYK goes to sRGB first (sd_cmyk_to_srgb: untagged CMYK as PIL maps it,
+ * where thumbnail's own conversion lifts black), then is thumbnailed
+ * without shrink-on-load. NULL on failure. */
+static VipsImage *thumbnail(unsigned char *buf, size_t len, const sd_imginfo *info, const sd_image_plan *plan,
+                            const char *name, sd_status *st, sd_error *err)
+{
+    VipsImage *im = NULL, *src = NULL;
+    if (info->format == SD_IMG_JPEG || info->format == SD_IMG_UNKNOWN) {
+        src = vips_image_new_from_buffer(buf, len, "fail_on=truncated", NULL);
+        if (!src) return NULL;
+        if ((*st = check_samples(src, name, err)) || src->Type != VIPS_INTERPRETATION_CMYK) {
+            g_object_unref(src);
+            src = NULL;
+        }
+    }
+    if (*st) return NULL;
+    if (src) {
+        VipsImage *rgb = sd_cmyk_to_srgb(src);
+        int rc = !rgb || vips_thumbnail_image(rgb, &im, plan->resize_w, "height", plan->resize_h, "size",
+                                              VIPS_SIZE_FORCE, NULL);
+        if (rgb) g_object_unref(rgb);
+        return rc ? NULL : im;
+    }
     if (vips_thumbnail_buffer(buf, len, &im, plan->resize_w, "height", plan->resize_h, "size", VIPS_SIZE_FORCE,
                               "option_string", "fail_on=truncated", NULL))
         return NULL;
+    return im;
+}
+
+/* Decode + resize with shrink-on-load (thumbnail), to 8-bit sRGB. When a
+ * side grows, thumbnail decodes at the image's own upright size instead
+ * (*grow = 1) and the caller enlarges it as PIL does: libvips' upsizing is
+ * bicubic and shifted by half an output pixel. NULL on failure; *st set
+ * when the failure has its own message. */
+static VipsImage *decode_resized(unsigned char *buf, size_t len, const sd_imginfo *info, const sd_image_plan *plan,
+                                 const char *name, int *grow, sd_status *st, sd_error *err)
+{
+    sd_image_plan at = *plan; /* thumbnail's target: the plan's resize, or the image's own size */
+    int w, h;
+    *grow = 0;
+    if (!upright_size(buf, len, &w, &h)) return NULL;
+    if (at.resize_w > w || at.resize_h > h) {
+        at.resize_w = w;
+        at.resize_h = h;
+        *grow = 1;
+    }
+    const int tw = at.resize_w, th = at.resize_h;
+    VipsImage *im = thumbnail(buf, len, info, &at, name, st, err);
+    if (!im) return NULL;
     im = to_srgb8(im);
     if (!im) return NULL;
-    if (im->Xsize != plan->resize_w || im->Ysize != plan->resize_h) {
+    if (im->Xsize != tw || im->Ysize != th) {
         /* thumbnail rounds to the nearest pixel; should it miss by one,
          * stretch the last step so the crop box means what the record says */
         VipsImage *t = NULL;
-        double hs = (double)plan->resize_w / im->Xsize, vs = (double)plan->resize_h / im->Ysize;
+        double hs = (double)tw / im->Xsize, vs = (double)th / im->Ysize;
         if (step(&im, t, vips_resize(im, &t, hs, "vscale", vs, NULL))) return NULL;
     }
     return im;
+}
+
+/* An enlargement: the image decoded at its own size, evaluated into memory,
+ * then PIL's LANCZOS resize of the plan's crop box (sd_lanczos_rgb8) into
+ * `out`. Takes over `im`. */
+static sd_status enlarge(VipsImage *im, const sd_image_plan *plan, unsigned char *out, const char *name, sd_error *err)
+{
+    size_t n = 0;
+    int w = im->Xsize, h = im->Ysize;
+    unsigned char *px = vips_image_write_to_memory(im, &n);
+    g_object_unref(im);
+    sd_status st = SD_OK;
+    if (!px) st = vips_fail(err, SD_EFORMAT, name, "decode failed");
+    else if (n != (size_t)w * h * 3) st = sd_err_set(err, SD_EFORMAT, "%s: decoded %zu bytes, want %dx%dx3", name, n, w, h);
+    else if (sd_lanczos_rgb8(px, w, h, (size_t)w * 3, plan, out))
+        st = sd_err_set(err, SD_ENOMEM, "%s: no memory to enlarge %dx%d to %dx%d", name, w, h, plan->resize_w,
+                        plan->resize_h);
+    g_free(px);
+    return st;
 }
 
 /* The profile a direct decoder found, applied to its finished RGB8 output
@@ -457,18 +634,28 @@ static sd_status check_aspect(const sd_imginfo *info, const sd_image_plan *plan,
     int64_t skew = rw * H - rh * W;
     if (skew < 0) skew = -skew;
     if (skew <= 2 * (W + H)) return SD_OK;
-    return sd_err_set(err, SD_EINVAL, "%s: the image is %lldx%lld but the record resizes it to %lldx%lld, another "
-                      "aspect ratio (stale or wrong width/height in the record? run sd-bucket again)", name,
+    /* the remedy before the sizes, so a long name cannot truncate it away: sd-bucket takes a record's
+     * width/height as given, so running it again alone changes nothing */
+    return sd_err_set(err, SD_EINVAL, "%s: wrong width/height in the record (rerun sd-bucket with --read-sizes): the "
+                      "image is %lldx%lld, the record resizes it to %lldx%lld, another aspect ratio", name,
                       (long long)W, (long long)H, (long long)rw, (long long)rh);
 }
 
 /* The whole pipeline to uint8 HWC: bytes in memory, bomb check, then a
  * direct decoder where one fits, else one lazy libvips chain (thumbnail,
- * colour, crop, flip) evaluated at the end. */
+ * colour, crop, flip) evaluated at the end; an enlargement is decoded at
+ * the image's size and resized as PIL's LANCZOS (enlarge). */
 static sd_status load_rgb8(const sd_image_src *src, const sd_image_plan *plan, unsigned char *out, sd_error *err)
 {
     char name[200];
     src_name(src, name, sizeof name);
+    /* libvips' recovered warnings of earlier images (libjpeg's "extraneous
+     * bytes before marker") stay in its error buffer, which only a failure's
+     * copy empties: they became the next failure's whole message (cut at 256
+     * bytes) and could fill the buffer so that a failure's own words were
+     * dropped. Emptied as each image starts. */
+    thread_warning[0] = 0;
+    if (vips_error_buffer()[0]) vips_error_clear();
     sd_error perr = {0};
     sd_status st = sd_image_plan_check(plan, &perr);
     if (st) return sd_err_set(err, st, "%s: %s", name, perr.msg);
@@ -479,8 +666,10 @@ static sd_status load_rgb8(const sd_image_src *src, const sd_image_plan *plan, u
     st = check_pixels(buf, len, plan->max_pixels ? plan->max_pixels : SD_IMAGE_MAX_PIXELS, name, &info, err);
     if (!st && plan->keep_aspect) st = check_aspect(&info, plan, name, err);
     if (!st && try_fast(buf, len, &info, plan, out, name, &st, err) == SD_FAST_DONE) return st;
-    VipsImage *im = st ? NULL : decode_resized(buf, len, plan);
+    int grow = 0;
+    VipsImage *im = st ? NULL : decode_resized(buf, len, &info, plan, name, &grow, &st, err);
     if (!st && !im) st = vips_fail(err, SD_EFORMAT, name, "decode failed");
+    if (!st && grow) return enlarge(im, plan, out, name, err);
     int cw = sd_image_out_w(plan), ch = sd_image_out_h(plan);
     VipsImage *t = NULL;
     if (!st && (cw != plan->resize_w || ch != plan->resize_h) &&

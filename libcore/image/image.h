@@ -3,8 +3,8 @@
  * member read in place, EXIF auto-rotate, colour to 8-bit sRGB (ICC, CMYK,
  * grey and 16-bit included), transparency flattened onto white, resize to a
  * record's `resize` size (an area average, kohya's INTER_AREA, when both
- * sides shrink, after shrink-on-load where the format allows it; lanczos3
- * when a side grows), cut the record's `crop` box, optional horizontal flip,
+ * sides shrink, after shrink-on-load where the format allows it; PIL's
+ * LANCZOS, byte for byte, when a side grows), cut the record's `crop` box, optional horizontal flip,
  * and hand back uint8 HWC pixels or float CHW in [-1, 1].
  *
  * Threading: sd_image_init() once, single-threaded, before any load (it sets

@@ -1,5 +1,6 @@
-/* Area resize (the weights of OpenCV's INTER_AREA, which kohya uses when both
- * sides shrink), streaming: source rows arrive top to bottom, each is folded
+/* The pipeline's two resizers. Shrinks: an area resize (the weights of
+ * OpenCV's INTER_AREA, which kohya uses when both sides shrink), streaming:
+ * source rows arrive top to bottom, each is folded
  * into the accumulator of the output row it belongs to (vertical pass over
  * the row's needed span; a row shared by two output rows finishes the first
  * and starts the second in one sweep), and a finished output row is filtered
@@ -8,9 +9,11 @@
  * RGBA rows keep four lanes per pixel all the way (the fourth unused) so the
  * vector loops never have to repack them. The loops come in SSE2 (or plain
  * C) and AVX2, chosen per image by what the CPU has; all arithmetic is exact
- * integer sums, so both give the same bytes. */
+ * integer sums, so both give the same bytes. Enlargements (a side grows):
+ * PIL's LANCZOS resize, byte for byte (sd_lanczos_rgb8, at the end). */
 #include "image_int.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -522,4 +525,177 @@ int sd_area_push(sd_area *a, const unsigned char *row)
         horizontal(a, a->vrow, o);
     }
     return ++a->o >= a->ch;
+}
+
+
+/* ---- Enlargements: PIL's Image.resize(size, Image.LANCZOS) ----
+ * What kohya's pil_resize does whenever a side grows (sd-scripts takes
+ * INTER_AREA only when both shrink), with Pillow's arithmetic
+ * (libImaging/Resample.c, read for its semantics): output pixel i of an axis
+ * is centred on source coordinate (i + 0.5) * in / out (pixel centres, no
+ * half-pixel shift); the kernel is lanczos3, widened by the factor only on
+ * an axis that shrinks; each output's weights are normalised to sum 1 in
+ * double, then rounded to 22 fraction bits; the horizontal pass runs first
+ * and its result is rounded and clipped to 8 bits, then the vertical pass;
+ * an axis that keeps its size is not filtered at all. Only the crop box is
+ * computed: each output pixel depends on its own taps alone, so the bytes
+ * are those of the whole resize, cut. */
+
+enum { LBITS = 22 }; /* Pillow's PRECISION_BITS */
+
+/* The taps of one output pixel on one axis. */
+typedef struct {
+    int first, n; /* source pixels [first, first + n) */
+    int32_t *w;   /* n weights in units of 2^-LBITS, summing to about 2^LBITS */
+} ltaps;
+
+/* sin(pi x) / (pi x), 1 at 0. */
+static double sinc(double x)
+{
+    if (x == 0.0) return 1.0;
+    x *= M_PI;
+    return sin(x) / x;
+}
+
+/* Lanczos-3: the sinc windowed by a sinc three times wider, zero outside
+ * [-3, 3) (Pillow's half-open support). */
+static double lanczos3(double x) { return x >= -3.0 && x < 3.0 ? sinc(x) * sinc(x / 3.0) : 0.0; }
+
+/* Most taps an output of an axis resized from `in` to `out` can have
+ * (Pillow's ksize: the support, widened when shrinking, both ways). */
+static int lanczos_ksize(int in, int out)
+{
+    double scale = (double)in / out;
+    return (int)ceil(3.0 * (scale < 1.0 ? 1.0 : scale)) * 2 + 1;
+}
+
+/* Taps of outputs c0 .. c0 + n - 1 of an axis resized from `in` to `out`
+ * pixels, in Pillow's order of operations so that the rounded weights come
+ * out the same: the window's ends rounded from centre -/+ support and
+ * clamped to the image, the kernel sampled at each source pixel's centre,
+ * normalised by their sum, each weight rounded half away from zero. `pool`
+ * holds n * lanczos_ksize(in, out) weights, `d` that many doubles. */
+static void lanczos_taps(ltaps *t, int32_t *pool, double *d, int in, int out, int c0, int n)
+{
+    double scale = (double)in / out, fscale = scale < 1.0 ? 1.0 : scale;
+    double support = 3.0 * fscale, ss = 1.0 / fscale;
+    size_t ksize = (size_t)lanczos_ksize(in, out);
+    for (int j = 0; j < n; j++) {
+        double center = (c0 + j + 0.5) * scale;
+        int lo = (int)(center - support + 0.5), hi = (int)(center + support + 0.5);
+        if (lo < 0) lo = 0;
+        if (hi > in) hi = in;
+        ltaps *o = &t[j];
+        o->first = lo;
+        o->n = hi - lo;
+        o->w = pool + (size_t)j * ksize;
+        double sum = 0.0;
+        for (int x = 0; x < o->n; x++) {
+            d[x] = lanczos3((x + lo - center + 0.5) * ss);
+            sum += d[x];
+        }
+        for (int x = 0; x < o->n; x++) {
+            double v = sum != 0.0 ? d[x] / sum : d[x];
+            o->w[x] = (int32_t)(v < 0 ? -0.5 + v * (1 << LBITS) : 0.5 + v * (1 << LBITS));
+        }
+    }
+}
+
+/* A weighted sum (with its rounding half already in) to 8 bits: Pillow's
+ * clip, which floors and saturates. */
+static inline unsigned char clip8(int64_t v)
+{
+    if (v < 0) return 0;
+    v >>= LBITS;
+    return (unsigned char)(v > 255 ? 255 : v);
+}
+
+/* The horizontal pass of one source row: cw RGB pixels through their taps,
+ * rounded and clipped to 8 bits as Pillow's first pass leaves them. */
+static void lanczos_row(unsigned char *restrict d, const unsigned char *restrict s, const ltaps *t, int cw)
+{
+    for (int c = 0; c < cw; c++) {
+        const unsigned char *p = s + (size_t)t[c].first * 3;
+        const int32_t *w = t[c].w;
+        int64_t r = 1 << (LBITS - 1), g = r, b = r;
+        for (int k = 0; k < t[c].n; k++) {
+            r += (int64_t)p[3 * k] * w[k];
+            g += (int64_t)p[3 * k + 1] * w[k];
+            b += (int64_t)p[3 * k + 2] * w[k];
+        }
+        d[3 * c] = clip8(r);
+        d[3 * c + 1] = clip8(g);
+        d[3 * c + 2] = clip8(b);
+    }
+}
+
+/* The vertical pass of one output row: n values (cw pixels' lanes) summed
+ * over the rows of its taps, row k at base + (first + k - y0) * stride; a
+ * plain loop over contiguous values per tap, which the compiler vectorises. */
+static void lanczos_col(unsigned char *restrict d, int64_t *restrict acc, const unsigned char *base, size_t stride,
+                        int y0, const ltaps *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++) acc[i] = 1 << (LBITS - 1);
+    for (int k = 0; k < t->n; k++) {
+        const unsigned char *row = base + (size_t)(t->first + k - y0) * stride;
+        int64_t w = t->w[k];
+        for (size_t i = 0; i < n; i++) acc[i] += row[i] * w;
+    }
+    for (size_t i = 0; i < n; i++) d[i] = clip8(acc[i]);
+}
+
+/* Mirror a row of cw RGB pixels in place (the plan's flip). */
+static void mirror_rgb(unsigned char *row, int cw)
+{
+    for (int a = 0, b = cw - 1; a < b; a++, b--)
+        for (int c = 0; c < 3; c++) {
+            unsigned char t = row[3 * a + c];
+            row[3 * a + c] = row[3 * b + c];
+            row[3 * b + c] = t;
+        }
+}
+
+/* See image_int.h. */
+int sd_lanczos_rgb8(const unsigned char *src, int sw, int sh, size_t stride, const sd_image_plan *p, unsigned char *out)
+{
+    const int cw = sd_image_out_w(p), ch = sd_image_out_h(p);
+    const int hz = sw != p->resize_w, vt = sh != p->resize_h; /* Pillow filters only an axis whose size changes */
+    const size_t kh = hz ? (size_t)lanczos_ksize(sw, p->resize_w) : 0, kv = vt ? (size_t)lanczos_ksize(sh, p->resize_h) : 0;
+    const size_t n = (size_t)cw * 3;
+    ltaps *th = malloc((size_t)cw * sizeof *th), *tv = malloc((size_t)ch * sizeof *tv);
+    int32_t *wh = malloc(((size_t)cw * kh + 1) * sizeof *wh), *wv = malloc(((size_t)ch * kv + 1) * sizeof *wv);
+    double *d = malloc(((kh > kv ? kh : kv) + 1) * sizeof *d);
+    int64_t *acc = malloc(n * sizeof *acc);
+    unsigned char *tmp = NULL;
+    int rc = -1;
+    if (!th || !tv || !wh || !wv || !d || !acc) goto done;
+    if (vt) lanczos_taps(tv, wv, d, sh, p->resize_h, p->crop_t, ch);
+    /* the source rows the vertical pass reads (all of the crop's when there is none) */
+    int y0 = vt ? tv[0].first : p->crop_t, y1 = vt ? tv[ch - 1].first + tv[ch - 1].n : p->crop_b;
+    const unsigned char *base = src + (size_t)y0 * stride + (size_t)p->crop_l * 3;
+    size_t bstride = stride;
+    if (hz) {
+        lanczos_taps(th, wh, d, sw, p->resize_w, p->crop_l, cw);
+        tmp = malloc((size_t)(y1 - y0) * n);
+        if (!tmp) goto done;
+        for (int y = y0; y < y1; y++) lanczos_row(tmp + (size_t)(y - y0) * n, src + (size_t)y * stride, th, cw);
+        base = tmp;
+        bstride = n;
+    }
+    for (int r = 0; r < ch; r++) {
+        unsigned char *o = out + (size_t)r * n;
+        if (vt) lanczos_col(o, acc, base, bstride, y0, &tv[r], n);
+        else memcpy(o, base + (size_t)r * bstride, n);
+        if (p->flip) mirror_rgb(o, cw);
+    }
+    rc = 0;
+done:
+    free(th);
+    free(tv);
+    free(wh);
+    free(wv);
+    free(d);
+    free(acc);
+    free(tmp);
+    return rc;
 }

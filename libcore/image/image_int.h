@@ -1,5 +1,6 @@
 /* Inside sdimage only: the direct decoders for the common formats (JPEG,
- * PNG, WebP) and the area resizer they feed. image.c tries them first and
+ * PNG, WebP), the area resizer they feed, and the Lanczos one for
+ * enlargements. image.c tries them first and
  * falls back to libvips for everything they decline. */
 #ifndef SDTK_IMAGE_INT_H
 #define SDTK_IMAGE_INT_H
@@ -23,6 +24,16 @@ sd_area *sd_area_new(int sw, int sh, int channels, const sd_image_plan *plan, un
  * needs has been pushed (later rows may be skipped). */
 int sd_area_push(sd_area *a, const unsigned char *row);
 void sd_area_free(sd_area *a);
+
+/* PIL's Image.resize(size, Image.LANCZOS) on 8-bit RGB, as kohya resizes
+ * when a side grows: pixel centres, lanczos3 (widened on an axis that
+ * shrinks), Pillow's fixed-point rounding and 8-bit clip between the
+ * horizontal and the vertical pass, so the same bytes. `src`: sw x sh RGB8
+ * rows `stride` bytes apart; only the plan's crop box is computed, written
+ * as RGB8 rows into `out` (cw * ch * 3 bytes), mirrored when the plan says
+ * flip. Any sizes (it is exact for shrinks too, but the pipeline shrinks
+ * with the area resizer). Returns 0, or -1 when out of memory. */
+int sd_lanczos_rgb8(const unsigned char *src, int sw, int sh, size_t stride, const sd_image_plan *plan, unsigned char *out);
 
 /* Whether the image loops run their AVX2 versions (the CPU has AVX2 and
  * no test turned them off); both versions give the same bytes. */
@@ -62,6 +73,18 @@ int sd_jpeg_denom(unsigned w, unsigned h, const sd_image_plan *plan);
 /* 1 when an embedded ICC profile maps colours to sRGB as the identity, to
  * within the profiles' rounding (image_icc.c): the transform is skipped. */
 int sd_icc_is_srgb(const unsigned char *icc, size_t n);
+
+/* The rendering intent (lcms' and VipsIntent's numbering) to take an
+ * embedded profile's colours to sRGB with: relative colorimetric where the
+ * profile supports it as input, else the one it has (image_icc.c); -1 when
+ * lcms cannot read it. */
+int sd_icc_intent(const unsigned char *icc, size_t n);
+
+/* A CMYK image (libvips' CMYK interpretation, 8 or 16 bits) as 3-band
+ * 8-bit sRGB: through its embedded profile, else naively as PIL does, black
+ * to black (image_icc.c). Takes over `in`; NULL on failure, libvips' error
+ * set. */
+struct _VipsImage *sd_cmyk_to_srgb(struct _VipsImage *in);
 
 /* Per-thread reusable buffers (image_dec.c): the encoded file, the inflated
  * PNG, the HWC pixels behind sd_image_load_chw. A slot's buffer stays valid

@@ -22,6 +22,15 @@ const char *sd_img_format_name(sd_img_format f)
     }
 }
 
+/* The one wording of a refused format's reason: sd-bucket's and sd-latents'
+ * header check and sd-meta's check of the file name say the same. */
+const char *sd_img_refusal(sd_img_format f)
+{
+    return f == SD_IMG_BMP ? "BMP: libvips reads it only through ImageMagick, which sdtk blocks as untrusted; convert "
+                             "it to PNG"
+                           : NULL;
+}
+
 /* Field reads in both byte orders: PNG's and JPEG's fields are big-endian, GIF's and WebP's
  * little-endian (WebP's canvas size in 24 bits). */
 static uint32_t be16(const unsigned char *p) { return (uint32_t)p[0] << 8 | p[1]; }
@@ -299,9 +308,7 @@ static sd_status parse_size(const unsigned char *p, size_t n, int whole, sd_imgi
         out->height = le16(p + 8);
         return SD_OK;
     }
-    if (p[0] == 'B' && p[1] == 'M')
-        return sd_err_set(err, SD_EUNSUPPORTED,
-                          "BMP: libvips reads it only through ImageMagick, which sdtk blocks as untrusted; convert it to PNG");
+    if (p[0] == 'B' && p[1] == 'M') return sd_err_set(err, SD_EUNSUPPORTED, "%s", sd_img_refusal(SD_IMG_BMP));
     return sd_err_set(err, SD_EUNSUPPORTED, "not a recognised image (JPEG, PNG, WebP, GIF)");
 }
 

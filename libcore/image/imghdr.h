@@ -27,6 +27,10 @@ typedef struct {
 } sd_imginfo;
 
 const char *sd_img_format_name(sd_img_format f);
+/* Why a format sdtk recognises is refused by every tool (BMP: libvips reads
+ * it only through ImageMagick, which sdtk blocks), with what to do; NULL for
+ * the formats it reads. */
+const char *sd_img_refusal(sd_img_format f);
 sd_status sd_imghdr_check_dims(uint64_t w, uint64_t h, sd_error *err);
 sd_status sd_imghdr_parse(const unsigned char *p, size_t n, sd_imginfo *out, sd_error *err);
 sd_status sd_imghdr_read_fd(int fd, uint64_t offset, uint64_t size, sd_imginfo *out, sd_error *err);

@@ -144,6 +144,7 @@ typedef struct {
 
 static const layout layouts[] = {
     {"text_model.", "", 0, -1},
+    {"", "", 0, -1}, /* transformers 5 saves CLIPTextModel without text_model. */
     {"cond_stage_model.transformer.text_model.", "cond_stage_model.transformer.", 0, 0},
     {"cond_stage_model.transformer.", "cond_stage_model.transformer.", 0, 0},
     {"conditioner.embedders.0.transformer.text_model.", "conditioner.embedders.0.transformer.", 0, 0},
@@ -383,7 +384,7 @@ sd_status sd_clip_text_load(sd_clip_text *m, const char *path, const sd_clip_tex
                               "standalone encoder's text_model.* / token_embedding.weight)",
                               weights);
         return sd_err_set(err, SD_EFORMAT,
-                          "%s: no CLIP text encoder in it (looked for text_model.*, cond_stage_model.transformer.*, "
+                          "%s: no CLIP text encoder in it (looked for [text_model.]embeddings.*, cond_stage_model.transformer.*, "
                           "cond_stage_model.model.*, conditioner.embedders.0.transformer.*)",
                           weights);
     }

@@ -24,7 +24,8 @@ struct sd_clip_tok {
     int32_t byte_id[256], byte_eow_id[256];
     int32_t bos, eos, pad;
     char pad_text[64]; /* pad token the text is split on (from_pretrained), "" when it is EOS */
-    uint64_t digest;   /* of the vocabulary and merges as read (sd_clip_tok_identity) */
+    uint64_t vocab_digest;  /* of the (token, id) entries, in any order (sd_clip_tok_identity) */
+    uint64_t merges_digest; /* of the merges' id pairs in rank order */
 };
 
 int32_t sd_clip_tok_lookup(const sd_clip_tok *t, const char *s, size_t n);

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "hash.h"
 #include "slurp.h"
@@ -32,7 +33,28 @@ int32_t sd_clip_tok_id(const sd_clip_tok *t, const char *token)
     return sd_clip_tok_lookup(t, token, strlen(token));
 }
 
-/* vocab.json: one object of token -> non-negative integer id. */
+/* The vocabulary from a JSON object of token -> non-negative integer id
+ * (vocab.json, or tokenizer.json's model.vocab). The digest adds one hash
+ * per entry, so it does not depend on the order a writer put them in
+ * (transformers 4 sorts vocab.json by token, the hub's files and
+ * tokenizer.json go by id). */
+static sd_status vocab_from_json(sd_clip_tok *t, const sd_json *obj, const char *path, sd_error *err)
+{
+    if (!obj || obj->type != SD_JSON_OBJECT)
+        return sd_err_set(err, SD_EFORMAT, "%s: not a JSON object of token -> id", path);
+    for (const sd_json *m = obj->child; m; m = m->next) {
+        if (m->type != SD_JSON_NUMBER || m->num < 0 || m->num > 1e8 || m->num != (double)(int32_t)m->num)
+            return sd_err_set(err, SD_EFORMAT, "%s: token \"%.40s\" has no valid integer id", path, m->key);
+        sd_strmap_slot *sl = sd_strmap_put(&t->vocab, m->key, m->key_len);
+        if (!sl) return sd_err_set(err, SD_ENOMEM, "out of memory loading %s", path);
+        sl->nval = m->num;
+        t->vocab_digest += sd_hash64(m->key, m->key_len, (uint64_t)m->num);
+    }
+    if (t->vocab.n == 0) return sd_err_set(err, SD_EFORMAT, "%s: empty vocabulary", path);
+    return SD_OK;
+}
+
+/* vocab.json: one object of token -> id. */
 static sd_status load_vocab(sd_clip_tok *t, const char *path, sd_error *err)
 {
     sd_buf text;
@@ -41,22 +63,7 @@ static sd_status load_vocab(sd_clip_tok *t, const char *path, sd_error *err)
     sd_buf_init(&text);
     sd_arena_init(&a, 1 << 20);
     sd_status st = sd_parse_json_file(path, &text, &a, &root, err);
-    if (st == SD_OK && root->type != SD_JSON_OBJECT)
-        st = sd_err_set(err, SD_EFORMAT, "%s: not a JSON object of token -> id", path);
-    for (sd_json *m = st ? NULL : root->child; m; m = m->next) {
-        if (m->type != SD_JSON_NUMBER || m->num < 0 || m->num > 1e8 || m->num != (double)(int32_t)m->num) {
-            st = sd_err_set(err, SD_EFORMAT, "%s: token \"%.40s\" has no valid integer id", path, m->key);
-            break;
-        }
-        sd_strmap_slot *sl = sd_strmap_put(&t->vocab, m->key, m->key_len);
-        if (!sl) {
-            st = sd_err_set(err, SD_ENOMEM, "out of memory loading %s", path);
-            break;
-        }
-        sl->nval = m->num;
-        t->digest = sd_hash64(m->key, m->key_len, t->digest ^ (uint64_t)m->num); /* in file order */
-    }
-    if (st == SD_OK && t->vocab.n == 0) st = sd_err_set(err, SD_EFORMAT, "%s: empty vocabulary", path);
+    if (st == SD_OK) st = vocab_from_json(t, root, path, err);
     sd_arena_free(&a);
     sd_buf_free(&text);
     return st;
@@ -97,6 +104,42 @@ static int pair_put(sd_clip_tok *t, int32_t a, int32_t b, int32_t rank, int32_t 
     return 0;
 }
 
+/* An empty pair table sized for the most merges transformers reads. */
+static sd_status pairs_alloc(sd_clip_tok *t, sd_error *err)
+{
+    size_t cap = 1;
+    while (cap < 2 * SD_CLIP_MAX_MERGES) cap <<= 1;
+    t->pairs = malloc(cap * sizeof *t->pairs);
+    if (!t->pairs) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    for (size_t i = 0; i < cap; i++) t->pairs[i].rank = -1;
+    t->pair_mask = cap - 1;
+    return SD_OK;
+}
+
+/* The next merge rank: the two tokens and their concatenation must be in
+ * the vocabulary. The digest chains the pairs' ids in rank order, which
+ * merges.txt and tokenizer.json (strings or pairs) give alike. `where`
+ * names the merge in an error ("FILE:LINE" or "FILE: merge N"). */
+static sd_status merge_add(sd_clip_tok *t, const char *a, size_t al, const char *b, size_t bl, const char *where,
+                           sd_error *err)
+{
+    char cat[1024];
+    int32_t ia = sd_clip_tok_lookup(t, a, al), ib = sd_clip_tok_lookup(t, b, bl), m = -1;
+    if (al + bl < sizeof cat) {
+        memcpy(cat, a, al);
+        memcpy(cat + al, b, bl);
+        m = sd_clip_tok_lookup(t, cat, al + bl);
+    }
+    if (ia < 0 || ib < 0 || m < 0)
+        return sd_err_set(err, SD_EFORMAT, "%s: merge \"%.*s %.*s\": %s not in the vocabulary (vocabulary and merges "
+                          "do not belong together)", where, (int)(al > 60 ? 60 : al), a, (int)(bl > 60 ? 60 : bl), b,
+                          ia < 0 || ib < 0 ? "a part" : "the merged token");
+    pair_put(t, ia, ib, t->nmerges++, m);
+    uint32_t ids[2] = {(uint32_t)ia, (uint32_t)ib};
+    t->merges_digest = sd_hash64(ids, sizeof ids, t->merges_digest);
+    return SD_OK;
+}
+
 /* merges.txt as transformers reads it: text stripped, split on '\n', lines
  * 1 .. 48894 (the first is the version header); each must be two tokens of
  * the vocabulary whose concatenation is in the vocabulary too. */
@@ -105,23 +148,15 @@ static sd_status load_merges(sd_clip_tok *t, const char *path, sd_error *err)
     sd_buf text;
     sd_buf_init(&text);
     sd_status st = sd_read_file(path, &text, err);
+    if (!st) st = pairs_alloc(t, err);
     if (st) return sd_buf_free(&text), st;
     char *s = text.data ? text.data : (char *)"";
     size_t n = text.len;
-    t->digest = sd_hash64(s, n, t->digest);
     while (n && (s[n - 1] == ' ' || (s[n - 1] >= 9 && s[n - 1] <= 13))) n--;
     while (n && (*s == ' ' || (*s >= 9 && *s <= 13))) s++, n--;
-    size_t cap = 1;
-    while (cap < 2 * SD_CLIP_MAX_MERGES) cap <<= 1;
-    t->pairs = malloc(cap * sizeof *t->pairs);
-    if (!t->pairs) return sd_buf_free(&text), sd_err_set(err, SD_ENOMEM, "out of memory");
-    for (size_t i = 0; i < cap; i++) t->pairs[i].rank = -1;
-    t->pair_mask = cap - 1;
     size_t pos = 0;
     long line = 0;
-    int32_t rank = 0;
-    char cat[1024];
-    while (pos <= n && rank < SD_CLIP_MAX_MERGES && st == SD_OK) {
+    while (pos <= n && t->nmerges < SD_CLIP_MAX_MERGES && st == SD_OK) {
         size_t end = pos;
         while (end < n && s[end] != '\n') end++;
         line++;
@@ -137,31 +172,43 @@ static sd_status load_merges(sd_clip_tok *t, const char *path, sd_error *err)
                 nf++;
                 i = j;
             }
-            if (nf != 2) {
-                st = sd_err_set(err, SD_EPARSE, "%s:%ld: expected two tokens, found %zu", path, line, nf);
-                break;
-            }
-            int32_t a = sd_clip_tok_lookup(t, f[0], fl[0]), b = sd_clip_tok_lookup(t, f[1], fl[1]);
-            int32_t m = -1;
-            if (fl[0] + fl[1] < sizeof cat) {
-                memcpy(cat, f[0], fl[0]);
-                memcpy(cat + fl[0], f[1], fl[1]);
-                m = sd_clip_tok_lookup(t, cat, fl[0] + fl[1]);
-            }
-            if (a < 0 || b < 0 || m < 0) {
-                st = sd_err_set(err, SD_EFORMAT,
-                                "%s:%ld: merge \"%.*s %.*s\": %s not in vocab.json (vocab and merges do not belong together)",
-                                path, line, (int)(fl[0] > 60 ? 60 : fl[0]), f[0], (int)(fl[1] > 60 ? 60 : fl[1]), f[1],
-                                a < 0 || b < 0 ? "a part" : "the merged token");
-                break;
-            }
-            pair_put(t, a, b, rank++, m);
+            char where[4200];
+            snprintf(where, sizeof where, "%s:%ld", path, line);
+            if (nf != 2) st = sd_err_set(err, SD_EPARSE, "%s: expected two tokens, found %zu", where, nf);
+            else st = merge_add(t, f[0], fl[0], f[1], fl[1], where, err);
         }
         pos = end + 1;
     }
     if (st == SD_OK && line < 2) st = sd_err_set(err, SD_EFORMAT, "%s: no merges after the header line", path);
-    t->nmerges = rank;
     sd_buf_free(&text);
+    return st;
+}
+
+/* tokenizer.json's model.merges, the first 48894 as transformers 4 reads
+ * merges.txt: each entry "a b" (tokenizers before 0.20) or ["a", "b"]. */
+static sd_status merges_from_json(sd_clip_tok *t, const sd_json *list, const char *path, sd_error *err)
+{
+    if (!list || list->type != SD_JSON_ARRAY || list->len == 0)
+        return sd_err_set(err, SD_EFORMAT, "%s: model.merges is not a list of merges", path);
+    sd_status st = pairs_alloc(t, err);
+    long i = 0;
+    for (const sd_json *e = list->child; e && !st && t->nmerges < SD_CLIP_MAX_MERGES; e = e->next, i++) {
+        char where[4200];
+        snprintf(where, sizeof where, "%s: model.merges[%ld]", path, i);
+        const char *a = NULL, *b = NULL;
+        size_t al = 0, bl = 0;
+        if (e->type == SD_JSON_STRING) {
+            const char *sp = memchr(e->str, ' ', e->len);
+            if (sp && sp > e->str && !memchr(sp + 1, ' ', e->len - (size_t)(sp - e->str) - 1) &&
+                sp + 1 < e->str + e->len)
+                a = e->str, al = (size_t)(sp - e->str), b = sp + 1, bl = e->len - al - 1;
+        } else if (e->type == SD_JSON_ARRAY && e->len == 2 && e->child->type == SD_JSON_STRING &&
+                   e->child->next->type == SD_JSON_STRING) {
+            a = e->child->str, al = e->child->len, b = e->child->next->str, bl = e->child->next->len;
+        }
+        if (!a) st = sd_err_set(err, SD_EPARSE, "%s: not two tokens (\"a b\" or [\"a\", \"b\"])", where);
+        else st = merge_add(t, a, al, b, bl, where, err);
+    }
     return st;
 }
 
@@ -201,11 +248,13 @@ static void load_pad(sd_clip_tok *t, const char *dir)
 }
 
 /* The first token of an added-tokens list that is not in the vocabulary:
- * added_tokens.json ({"<tok>": id}) or tokenizer_config.json's
- * added_tokens_decoder ({"id": {"content": "<tok>"}}). NULL when none. */
+ * added_tokens.json ({"<tok>": id}), tokenizer_config.json's
+ * added_tokens_decoder ({"id": {"content": "<tok>"}}) or tokenizer.json's
+ * added_tokens ([{"id": id, "content": "<tok>"}]). NULL when none. */
 static const char *first_unknown(const sd_clip_tok *t, const sd_json *list, int decoder)
 {
-    for (const sd_json *m = list && list->type == SD_JSON_OBJECT ? list->child : NULL; m; m = m->next) {
+    int listy = list && (list->type == SD_JSON_OBJECT || list->type == SD_JSON_ARRAY);
+    for (const sd_json *m = listy ? list->child : NULL; m; m = m->next) {
         const char *tok = decoder ? sd_json_str(sd_json_get(m, "content")) : m->key;
         if (tok && sd_clip_tok_id(t, tok) < 0) return tok;
     }
@@ -257,20 +306,69 @@ void sd_clip_tok_set_pad_id(sd_clip_tok *t, int32_t id)
     t->pad = id;
 }
 
-/* Load dir/vocab.json and dir/merges.txt (and the pad token from the
- * tokenizer configs when present). */
+/* Whether path exists with S_IFMT type `type` (S_IFREG, S_IFDIR). */
+static int path_is(const char *path, unsigned type)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && (sb.st_mode & S_IFMT) == type;
+}
+
+/* tokenizer.json, what transformers 5 saves alone (with
+ * tokenizer_config.json): a BPE model whose vocab and merges are the
+ * tables vocab.json and merges.txt hold, and added tokens, which must be in
+ * the vocabulary as for the other layout. */
+static sd_status load_tokenizer_json(sd_clip_tok *t, const char *path, sd_error *err)
+{
+    sd_buf text;
+    sd_arena a;
+    sd_json *root;
+    sd_buf_init(&text);
+    sd_arena_init(&a, 1 << 22);
+    sd_status st = sd_parse_json_file(path, &text, &a, &root, err);
+    const sd_json *model = st ? NULL : sd_json_get(root, "model");
+    const char *type = model ? sd_json_str(sd_json_get(model, "type")) : NULL;
+    const char *eow = model ? sd_json_str(sd_json_get(model, "end_of_word_suffix")) : NULL;
+    if (!st && (!model || model->type != SD_JSON_OBJECT))
+        st = sd_err_set(err, SD_EFORMAT, "%s: no \"model\" object: not a tokenizers file", path);
+    else if (!st && (!type || strcmp(type, "BPE") != 0))
+        st = sd_err_set(err, SD_EUNSUPPORTED, "%s: model type %s (CLIP's tokenizer is BPE)", path, type ? type : "missing");
+    else if (!st && eow && strcmp(eow, "</w>") != 0)
+        st = sd_err_set(err, SD_EUNSUPPORTED, "%s: end_of_word_suffix \"%.20s\" (CLIP's is \"</w>\")", path, eow);
+    if (!st) st = vocab_from_json(t, sd_json_get(model, "vocab"), path, err);
+    if (!st) st = find_base_ids(t, path, err);
+    if (!st) st = merges_from_json(t, sd_json_get(model, "merges"), path, err);
+    const char *tok = st ? NULL : first_unknown(t, sd_json_get(root, "added_tokens"), 1);
+    if (tok)
+        st = sd_err_set(err, SD_EUNSUPPORTED, "%s: added token \"%.40s\" is not in the vocabulary (textual inversion "
+                        "tokens are not supported)", path, tok);
+    sd_arena_free(&a);
+    sd_buf_free(&text);
+    return st;
+}
+
+/* The tables from dir/vocab.json and dir/merges.txt (transformers 4 and
+ * the hub's folders), else from dir/tokenizer.json (a folder transformers 5
+ * saved); the pad token from the tokenizer configs when present. */
 sd_status sd_clip_tok_load(const char *dir, sd_clip_tok **out, sd_error *err)
 {
     *out = NULL;
     sd_clip_tok *t = calloc(1, sizeof *t);
     if (!t) return sd_err_set(err, SD_ENOMEM, "out of memory");
     sd_strmap_init(&t->vocab);
-    char vp[4096], mp[4096];
+    char vp[4096], mp[4096], tj[4096];
     snprintf(vp, sizeof vp, "%s/vocab.json", dir);
     snprintf(mp, sizeof mp, "%s/merges.txt", dir);
-    sd_status st = load_vocab(t, vp, err);
-    if (!st) st = find_base_ids(t, vp, err);
-    if (!st) st = load_merges(t, mp, err);
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
+    sd_status st;
+    if (!path_is(vp, S_IFREG) && path_is(tj, S_IFREG)) {
+        st = load_tokenizer_json(t, tj, err);
+    } else if (!path_is(vp, S_IFREG) && path_is(dir, S_IFDIR)) {
+        st = sd_err_set(err, SD_EIO, "%s: no tokenizer in it (neither vocab.json + merges.txt nor tokenizer.json)", dir);
+    } else {
+        st = load_vocab(t, vp, err);
+        if (!st) st = find_base_ids(t, vp, err);
+        if (!st) st = load_merges(t, mp, err);
+    }
     if (!st) st = check_added(t, dir, err);
     if (st) return sd_clip_tok_free(t), st;
     load_pad(t, dir);
@@ -301,10 +399,11 @@ int32_t sd_clip_tok_bos(const sd_clip_tok *t) { return t->bos; }
 int32_t sd_clip_tok_eos(const sd_clip_tok *t) { return t->eos; }
 int32_t sd_clip_tok_pad(const sd_clip_tok *t) { return t->pad; }
 
-/* What decides the ids: the vocabulary and merges (a digest of both, taken
- * as they were read) and the padding; caches key text embeddings by it. */
+/* What decides the ids: the vocabulary and merges (digests of their
+ * content, the same whichever files or order they came in) and the
+ * padding; caches key text embeddings by it. */
 uint64_t sd_clip_tok_identity(const sd_clip_tok *t)
 {
-    uint64_t h = sd_hash64(t->pad_text, strlen(t->pad_text), t->digest ^ (uint64_t)(uint32_t)t->pad);
-    return h;
+    uint64_t tables[3] = {t->vocab_digest, t->merges_digest, (uint64_t)(uint32_t)t->pad};
+    return sd_hash64(t->pad_text, strlen(t->pad_text), sd_hash64(tables, sizeof tables, 0));
 }

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "buf.h"
 #include "err.h"
 #include "weights.h"
 
@@ -129,7 +130,13 @@ sd_status sd_unet_config_read(const char *path, sd_unet_config *c, sd_error *err
  * va and vb (vcap bytes each); 0 when they agree (sample_size aside). */
 int sd_unet_config_diff(const sd_unet_config *a, const sd_unet_config *b, char *field, size_t fcap, char *va, char *vb,
                         size_t vcap);
-/* The same config as diffusers' config.json text (for checkpoints). */
+/* The same from config.json's text held elsewhere (a single file's
+ * metadata); name (where it came from) goes into the messages. */
+sd_status sd_unet_config_parse(const char *json, size_t len, const char *name, sd_unet_config *c, sd_error *err);
+/* The config as diffusers' save_config writes config.json (every key,
+ * sorted, indented, floats as given): appended to b. */
+void sd_unet_config_json(const sd_unet_config *c, sd_buf *b);
+/* That text written to path atomically (checkpoints). */
 sd_status sd_unet_config_write(const sd_unet_config *c, const char *path, sd_error *err);
 /* Check a config the graph can run. */
 sd_status sd_unet_config_check(const sd_unet_config *c, sd_error *err);
@@ -142,8 +149,9 @@ sd_status sd_unet_build_names(sd_unet *u, const sd_unet_config *cfg, sd_error *e
 /* Load from a model folder (unet/ inside), a unet/ folder or a
  * .safetensors file (diffusers names, or ldm names with or without
  * model.diffusion_model.); the config from config.json (the folder's or
- * opts->config_path), else inferred from shapes (heads: 8 per block with
- * conv projections (SD1), else channels / 64 (SD2, SDXL)). */
+ * opts->config_path), else from the file's metadata (unet_config, what
+ * sd_unet_save writes), else inferred from shapes with a warning (heads: 8
+ * per block with conv projections (SD1), else channels / 64 (SD2, SDXL)). */
 sd_status sd_unet_load(sd_unet *u, const char *path, const sd_unet_opts *opts, sd_error *err);
 /* Initialise every parameter as torch does for a new model (conv and
  * linear: uniform +-1/sqrt(fan_in) for weights and biases; norms 1 and 0),
@@ -157,7 +165,8 @@ typedef enum { SD_UNET_NAMES_DIFFUSERS = 0, SD_UNET_NAMES_LDM = 1 } sd_unet_name
  * or an EMA copy) as safetensors in diffusers names (a unet/ folder's
  * diffusion_pytorch_model.safetensors) or ldm names under prefix (a
  * single-file checkpoint's model.diffusion_model.), as fp32, fp16 or bf16
- * (st_dtype SD_ST_F32/F16/BF16). Atomic (temp + fsync + rename). */
+ * (st_dtype SD_ST_F32/F16/BF16), with the config's config.json text in
+ * the metadata (unet_config). Atomic (temp + fsync + rename). */
 sd_status sd_unet_save(const sd_unet *u, const float *params, const char *path, sd_unet_names names,
                        const char *prefix, int st_dtype, sd_error *err);
 

@@ -6,6 +6,7 @@
 
 #include "arena.h"
 #include "buf.h"
+#include "dtoa.h"
 #include "json.h"
 #include "model_dir.h"
 #include "outfile.h"
@@ -256,17 +257,12 @@ static sd_status read_structure(const cfgr *r, sd_unet_config *c)
     return rc;
 }
 
-/* Read a diffusers UNet2DConditionModel config.json over c's values. */
-sd_status sd_unet_config_read(const char *path, sd_unet_config *c, sd_error *err)
+/* Every key of a parsed config over c's values; name (a path, or a file
+ * and the metadata key) goes into the messages. */
+static sd_status config_from_root(const sd_json *root, const char *name, sd_unet_config *c, sd_error *err)
 {
-    sd_buf text;
-    sd_arena a;
-    sd_json *root = NULL;
-    sd_buf_init(&text);
-    sd_arena_init(&a, 1 << 14);
-    sd_status rc = sd_model_config_read(path, "UNet2DConditionModel", &text, &a, &root, err);
-    cfgr r = {root, path, err};
-    if (!rc) rc = check_defaults(&r);
+    cfgr r = {root, name, err};
+    sd_status rc = check_defaults(&r);
     if (!rc) rc = read_structure(&r, c);
     if (!rc) rc = get_int(&r, "in_channels", 1, 1 << 16, &c->in_channels);
     if (!rc) rc = get_int(&r, "out_channels", 1, 1 << 16, &c->out_channels);
@@ -287,38 +283,112 @@ sd_status sd_unet_config_read(const char *path, sd_unet_config *c, sd_error *err
     if (!rc && !absent(&r, "addition_embed_type")) {
         const char *s = sd_json_str(sd_json_get(root, "addition_embed_type"));
         if (!s || strcmp(s, "text_time") != 0)
-            rc = sd_err_set(err, SD_EUNSUPPORTED, "%s: addition_embed_type %s (text_time or null supported)", path,
+            rc = sd_err_set(err, SD_EUNSUPPORTED, "%s: addition_embed_type %s (text_time or null supported)", name,
                             s ? s : "is not a string");
         c->text_time = 1;
         if (!rc) rc = get_int(&r, "addition_time_embed_dim", 2, 1 << 16, &c->add_time_dim);
         if (!rc) rc = get_int(&r, "projection_class_embeddings_input_dim", 1, 1 << 20, &c->add_in_dim);
     }
     if (!rc) rc = sd_unet_config_check(c, err);
+    return rc;
+}
+
+/* Read a diffusers UNet2DConditionModel config.json over c's values. */
+sd_status sd_unet_config_read(const char *path, sd_unet_config *c, sd_error *err)
+{
+    sd_buf text;
+    sd_arena a;
+    sd_json *root = NULL;
+    sd_buf_init(&text);
+    sd_arena_init(&a, 1 << 14);
+    sd_status rc = sd_model_config_read(path, "UNet2DConditionModel", &text, &a, &root, err);
+    if (!rc) rc = config_from_root(root, path, c, err);
     sd_arena_free(&a);
     sd_buf_free(&text);
     return rc;
 }
 
-/* A JSON list of n ints. */
-static void put_ints(sd_buf *b, int *first, const char *key, const int *v, int n)
+/* The same from config.json's text held elsewhere (a single file's
+ * safetensors metadata); name says where in messages. */
+sd_status sd_unet_config_parse(const char *json, size_t len, const char *name, sd_unet_config *c, sd_error *err)
 {
-    sd_buf_json_key(b, first, key);
-    sd_buf_putc(b, '[');
-    for (int i = 0; i < n; i++) sd_buf_printf(b, "%s%d", i ? ", " : "", v[i]);
-    sd_buf_putc(b, ']');
+    sd_buf text;
+    sd_arena a;
+    sd_json *root = NULL;
+    sd_buf_init(&text);
+    sd_arena_init(&a, 1 << 14);
+    sd_buf_put(&text, json, len);
+    sd_status rc = text.oom ? sd_err_set(err, SD_ENOMEM, "out of memory") : SD_OK;
+    if (!rc) rc = sd_json_parse(&a, text.data, text.len, &root, err);
+    if (rc == SD_EPARSE) {
+        char why[sizeof err->msg];
+        snprintf(why, sizeof why, "%s", err->msg);
+        rc = sd_err_set(err, SD_EPARSE, "%s: %s", name, why);
+    }
+    const sd_json *cls = rc ? NULL : sd_json_get(root, "_class_name");
+    const char *s = cls ? sd_json_str(cls) : NULL;
+    if (!rc && root->type != SD_JSON_OBJECT) rc = sd_err_set(err, SD_EFORMAT, "%s: not a JSON object", name);
+    else if (!rc && (!s || strcmp(s, "UNet2DConditionModel") != 0))
+        rc = sd_err_set(err, SD_EUNSUPPORTED, "%s: _class_name %s, expected UNet2DConditionModel", name,
+                        s ? s : "missing or not a string");
+    if (!rc) rc = config_from_root(root, name, c, err);
+    sd_arena_free(&a);
+    sd_buf_free(&text);
+    return rc;
 }
 
-/* A JSON list of block type names, attention ones where flag[i]. */
-static void put_types(sd_buf *b, int *first, const char *key, const int *flag, int n, const char *with,
+/* The next member's key as Python's json.dumps(indent=2) puts it: a comma
+ * after the previous member, a new line, two spaces. */
+static void key(sd_buf *b, int *first, const char *k)
+{
+    sd_buf_puts(b, *first ? "\n  " : ",\n  ");
+    *first = 0;
+    sd_buf_json_cstr(b, k);
+    sd_buf_puts(b, ": ");
+}
+
+/* A member whose value is JSON text written as is. */
+static void put_raw(sd_buf *b, int *first, const char *k, const char *json)
+{
+    key(b, first, k);
+    sd_buf_puts(b, json);
+}
+
+/* An integer member, or null when !present. */
+static void put_int(sd_buf *b, int *first, const char *k, int v, int present)
+{
+    key(b, first, k);
+    if (present) sd_buf_json_int(b, v);
+    else sd_buf_puts(b, "null");
+}
+
+/* A number member as Python prints the float it was given (1e-05). */
+static void put_float(sd_buf *b, int *first, const char *k, float v)
+{
+    key(b, first, k);
+    sd_buf_json_num(b, sd_f32_shortest(v));
+}
+
+/* A list of n ints, one per line, as json.dumps(indent=2) writes it. */
+static void put_ints(sd_buf *b, int *first, const char *k, const int *v, int n)
+{
+    key(b, first, k);
+    sd_buf_putc(b, '[');
+    for (int i = 0; i < n; i++) sd_buf_printf(b, "%s\n    %d", i ? "," : "", v[i]);
+    sd_buf_puts(b, "\n  ]");
+}
+
+/* A list of block type names, attention ones where flag[i]. */
+static void put_types(sd_buf *b, int *first, const char *k, const int *flag, int n, const char *with,
                       const char *without)
 {
-    sd_buf_json_key(b, first, key);
+    key(b, first, k);
     sd_buf_putc(b, '[');
     for (int i = 0; i < n; i++) {
-        if (i) sd_buf_puts(b, ", ");
+        sd_buf_puts(b, i ? ",\n    " : "\n    ");
         sd_buf_json_cstr(b, flag[i] ? with : without);
     }
-    sd_buf_putc(b, ']');
+    sd_buf_puts(b, "\n  ]");
 }
 
 /* One architecture field of sd_unet_config: its diffusers name, where it
@@ -391,57 +461,78 @@ int sd_unet_config_diff(const sd_unet_config *a, const sd_unet_config *b, char *
     return 0;
 }
 
-/* Write the config as diffusers' config.json (the keys sdtk models; every
- * other option keeps diffusers' default), atomically. */
+/* The diffusers release whose UNet2DConditionModel.save_config output
+ * sd_unet_config_json reproduces key for key (tests/golden/unet_config/,
+ * made with it); diffusers reads the version to adapt older configs. */
+static const char diffusers_version[] = "0.42.1";
+
+/* The config as diffusers' save_config writes config.json: every key of
+ * UNet2DConditionModel, sorted, indented by two, floats as Python prints
+ * them; the options sdtk does not model keep diffusers' defaults. */
+void sd_unet_config_json(const sd_unet_config *c, sd_buf *b)
+{
+    int f = 1, n = c->nblocks, tt = c->text_time;
+    sd_buf_putc(b, '{');
+    put_raw(b, &f, "_class_name", "\"UNet2DConditionModel\"");
+    key(b, &f, "_diffusers_version");
+    sd_buf_json_cstr(b, diffusers_version);
+    put_raw(b, &f, "act_fn", "\"silu\"");
+    put_raw(b, &f, "addition_embed_type", tt ? "\"text_time\"" : "null");
+    put_int(b, &f, "addition_embed_type_num_heads", 64, 1);
+    put_int(b, &f, "addition_time_embed_dim", c->add_time_dim, tt);
+    put_ints(b, &f, "attention_head_dim", c->heads, n);
+    put_raw(b, &f, "attention_type", "\"default\"");
+    put_ints(b, &f, "block_out_channels", c->block_out, n);
+    put_raw(b, &f, "center_input_sample", "false");
+    put_raw(b, &f, "class_embed_type", "null");
+    put_raw(b, &f, "class_embeddings_concat", "false");
+    put_int(b, &f, "conv_in_kernel", 3, 1);
+    put_int(b, &f, "conv_out_kernel", 3, 1);
+    put_int(b, &f, "cross_attention_dim", c->cross_dim, 1);
+    put_raw(b, &f, "cross_attention_norm", "null");
+    put_types(b, &f, "down_block_types", c->down_attn, n, "CrossAttnDownBlock2D", "DownBlock2D");
+    put_int(b, &f, "downsample_padding", c->down_pad, 1);
+    put_raw(b, &f, "dropout", "0.0");
+    put_raw(b, &f, "dual_cross_attention", "false");
+    put_raw(b, &f, "encoder_hid_dim", "null");
+    put_raw(b, &f, "encoder_hid_dim_type", "null");
+    put_raw(b, &f, "flip_sin_to_cos", c->flip_sin_to_cos ? "true" : "false");
+    put_float(b, &f, "freq_shift", c->freq_shift);
+    put_int(b, &f, "in_channels", c->in_channels, 1);
+    put_ints(b, &f, "layers_per_block", c->layers, n);
+    put_raw(b, &f, "mid_block_only_cross_attention", "null");
+    put_int(b, &f, "mid_block_scale_factor", 1, 1);
+    put_raw(b, &f, "mid_block_type", c->mid_attn ? "\"UNetMidBlock2DCrossAttn\"" : "null");
+    put_float(b, &f, "norm_eps", c->eps);
+    put_int(b, &f, "norm_num_groups", c->groups, 1);
+    put_raw(b, &f, "num_attention_heads", "null");
+    put_raw(b, &f, "num_class_embeds", "null");
+    put_raw(b, &f, "only_cross_attention", "false");
+    put_int(b, &f, "out_channels", c->out_channels, 1);
+    put_int(b, &f, "projection_class_embeddings_input_dim", c->add_in_dim, tt);
+    put_raw(b, &f, "resnet_out_scale_factor", "1.0");
+    put_raw(b, &f, "resnet_skip_time_act", "false");
+    put_raw(b, &f, "resnet_time_scale_shift", "\"default\"");
+    put_raw(b, &f, "reverse_transformer_layers_per_block", "null");
+    put_int(b, &f, "sample_size", c->sample_size, c->sample_size > 0);
+    put_raw(b, &f, "time_cond_proj_dim", "null");
+    put_raw(b, &f, "time_embedding_act_fn", "null");
+    put_raw(b, &f, "time_embedding_dim", "null");
+    put_raw(b, &f, "time_embedding_type", "\"positional\"");
+    put_raw(b, &f, "timestep_post_act", "null");
+    put_ints(b, &f, "transformer_layers_per_block", c->depth, n);
+    put_types(b, &f, "up_block_types", c->up_attn, n, "CrossAttnUpBlock2D", "UpBlock2D");
+    put_raw(b, &f, "upcast_attention", c->upcast_attention ? "true" : "false");
+    put_raw(b, &f, "use_linear_projection", c->linear_proj ? "true" : "false");
+    sd_buf_puts(b, "\n}\n");
+}
+
+/* Write that config.json atomically. */
 sd_status sd_unet_config_write(const sd_unet_config *c, const char *path, sd_error *err)
 {
     sd_buf b;
-    int first = 1, n = c->nblocks;
     sd_buf_init(&b);
-    sd_buf_putc(&b, '{');
-    sd_buf_json_key(&b, &first, "_class_name");
-    sd_buf_json_cstr(&b, "UNet2DConditionModel");
-    put_ints(&b, &first, "attention_head_dim", c->heads, n);
-    put_ints(&b, &first, "block_out_channels", c->block_out, n);
-    sd_buf_json_key(&b, &first, "cross_attention_dim");
-    sd_buf_json_int(&b, c->cross_dim);
-    sd_buf_json_key(&b, &first, "downsample_padding");
-    sd_buf_json_int(&b, c->down_pad);
-    put_types(&b, &first, "down_block_types", c->down_attn, n, "CrossAttnDownBlock2D", "DownBlock2D");
-    sd_buf_json_key(&b, &first, "flip_sin_to_cos");
-    sd_buf_puts(&b, c->flip_sin_to_cos ? "true" : "false");
-    sd_buf_json_key(&b, &first, "freq_shift");
-    sd_buf_json_num(&b, c->freq_shift);
-    sd_buf_json_key(&b, &first, "in_channels");
-    sd_buf_json_int(&b, c->in_channels);
-    put_ints(&b, &first, "layers_per_block", c->layers, n);
-    sd_buf_json_key(&b, &first, "mid_block_type");
-    sd_buf_puts(&b, c->mid_attn ? "\"UNetMidBlock2DCrossAttn\"" : "null");
-    sd_buf_json_key(&b, &first, "norm_eps");
-    sd_buf_json_num(&b, c->eps);
-    sd_buf_json_key(&b, &first, "norm_num_groups");
-    sd_buf_json_int(&b, c->groups);
-    sd_buf_json_key(&b, &first, "out_channels");
-    sd_buf_json_int(&b, c->out_channels);
-    if (c->sample_size > 0) {
-        sd_buf_json_key(&b, &first, "sample_size");
-        sd_buf_json_int(&b, c->sample_size);
-    }
-    put_ints(&b, &first, "transformer_layers_per_block", c->depth, n);
-    put_types(&b, &first, "up_block_types", c->up_attn, n, "CrossAttnUpBlock2D", "UpBlock2D");
-    sd_buf_json_key(&b, &first, "upcast_attention");
-    sd_buf_puts(&b, c->upcast_attention ? "true" : "false");
-    sd_buf_json_key(&b, &first, "use_linear_projection");
-    sd_buf_puts(&b, c->linear_proj ? "true" : "false");
-    if (c->text_time) {
-        sd_buf_json_key(&b, &first, "addition_embed_type");
-        sd_buf_json_cstr(&b, "text_time");
-        sd_buf_json_key(&b, &first, "addition_time_embed_dim");
-        sd_buf_json_int(&b, c->add_time_dim);
-        sd_buf_json_key(&b, &first, "projection_class_embeddings_input_dim");
-        sd_buf_json_int(&b, c->add_in_dim);
-    }
-    sd_buf_puts(&b, "}\n");
+    sd_unet_config_json(c, &b);
     sd_status rc = b.oom ? sd_err_set(err, SD_ENOMEM, "out of memory") : sd_write_file_atomic(path, b.data, b.len, err);
     sd_buf_free(&b);
     return rc;

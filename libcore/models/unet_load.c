@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "f16.h"
+#include "log.h"
 #include "model_dir.h"
 #include "unet_load_int.h"
 
@@ -32,6 +33,43 @@ static int detect_layout(const sd_safetensors *st, sd_weight_layout *lay, char *
     return 0;
 }
 
+/* The safetensors metadata key under which sd_unet_save stores the config
+ * (config.json's text), so that a single file alone is the whole model. */
+static const char meta_config_key[] = "unet_config";
+
+/* The config a file carries in its metadata into *cfg, *found = 1; *found
+ * = 0 when it carries none; an error when it is there but unusable. */
+static sd_status config_from_metadata(const sd_safetensors *st, const char *path, sd_unet_config *cfg, int *found,
+                                      sd_error *err)
+{
+    *found = 0;
+    for (size_t i = 0; i < sd_st_meta_count(st); i++) {
+        const sd_st_meta *m = sd_st_meta_at(st, i);
+        if (strcmp(m->key, meta_config_key) != 0) continue;
+        char name[4200];
+        snprintf(name, sizeof name, "%s: __metadata__ %s", path, meta_config_key);
+        *found = 1;
+        return sd_unet_config_parse(m->value, strlen(m->value), name, cfg, err);
+    }
+    return SD_OK;
+}
+
+/* Inferring from shapes guesses what the weights do not show: say so, with
+ * the values guessed, since a model with other heads would load and train
+ * as a different model without any error. */
+static void warn_guessed(const char *path, const sd_unet_config *c, int groups_given)
+{
+    char heads[128] = "";
+    size_t at = 0;
+    for (int i = 0; i < c->nblocks && at < sizeof heads; i++)
+        at += (size_t)snprintf(heads + at, sizeof heads - at, "%s%d", i ? ", " : "", c->heads[i]);
+    sd_log(SD_LOG_WARN,
+           "%s: no config.json and no %s in the file's metadata: the UNet config is inferred from the weights, "
+           "which do not show attention_head_dim (guessed [%s]) or norm_num_groups (%s %d); if the model's "
+           "differ it is another model: give its config.json (sd-train --unet-config)",
+           path, meta_config_key, heads, groups_given ? "given" : "guessed", c->groups);
+}
+
 /* Load weights and config from a folder or a file. */
 sd_status sd_unet_load(sd_unet *u, const char *path, const sd_unet_opts *opts, sd_error *err)
 {
@@ -56,10 +94,17 @@ sd_status sd_unet_load(sd_unet *u, const char *path, const sd_unet_opts *opts, s
                           "[model.diffusion_model.]input_blocks.0.0.weight)",
                           weights);
     }
-    rc = config[0] ? sd_unet_config_read(config, &cfg, err)
-                   : sd_unet_infer_config(&p, &cfg, opts->groups, err, weights);
+    /* config.json (given, or the folder's), else the file's own, else inferred */
+    int inferred = 0, own = 0;
+    if (config[0]) rc = sd_unet_config_read(config, &cfg, err);
+    else rc = config_from_metadata(st, weights, &cfg, &own, err);
+    if (!rc && !config[0] && !own) {
+        inferred = 1;
+        rc = sd_unet_infer_config(&p, &cfg, opts->groups, err, weights);
+        if (!rc) warn_guessed(weights, &cfg, opts->groups > 0);
+    }
     if (!rc) rc = sd_unet_build(u, &cfg, err);
-    if (rc == SD_EINVAL && !config[0]) { /* what the weights cannot show (norm groups) was guessed: say so */
+    if (rc == SD_EINVAL && inferred) { /* what the weights cannot show (norm groups) was guessed: say so */
         char why[sizeof err->msg];
         snprintf(why, sizeof why, "%s", err->msg);
         rc = sd_err_set(err, rc, "%s: %s (the config was inferred from the weights, which do not show "
@@ -103,10 +148,15 @@ sd_status sd_unet_save(const sd_unet *u, const float *params, const char *path, 
         t[i].nbytes = s->n * es;
         t[i].f32 = params + s->off;
     }
-    if (!rc) {
-        sd_st_meta meta[1] = {{"format", "pt"}};
-        rc = sd_st_write(path, t, w->nslots, meta, 1, err);
+    sd_buf conf;
+    sd_buf_init(&conf);
+    sd_unet_config_json(&u->cfg, &conf);
+    if (!rc && conf.oom) rc = sd_err_set(err, SD_ENOMEM, "out of memory saving the UNet");
+    if (!rc) { /* the config too: a single file then loads as the model it is */
+        sd_st_meta meta[2] = {{"format", "pt"}, {meta_config_key, sd_buf_cstr(&conf)}};
+        rc = sd_st_write(path, t, w->nslots, meta, 2, err);
     }
+    sd_buf_free(&conf);
     free(t);
     free(namebuf);
     return rc;

@@ -163,6 +163,7 @@ sd_status bucket_run_init(bucket_run *r, const bucket_opts *o, sd_error *err)
         return sd_err_set(err, SD_ENOMEM, "out of memory");
     for (int w = 0; w < r->nworkers; w++) {
         sd_brec_worker_init(&r->wk[w]);
+        r->wk[w].read_sizes = o->read_sizes;
         sd_buf_init(&r->wk[w].out);
     }
     sd_tally_init(&r->tally, o->verbose ? -1 : 10);

@@ -24,6 +24,7 @@ typedef struct {
     uint64_t offset, size;
     int bucket_w, bucket_h;
     int orig_w, orig_h;
+    int transposed;     /* the file stores the image transposed (EXIF 5-8): SD_REC_F_TRANSPOSED */
     sd_image_plan plan; /* resize + crop (flip is per variant) */
     size_t seq;         /* position in the input, for a stable order */
     uint64_t line;      /* its line in the input, for messages */
@@ -71,6 +72,7 @@ typedef struct {
     double scale;
     int shard_index, shard_count;
     int batch, text_batch, threads, flip, sample, nosync, strict, quiet;
+    int verbose; /* -v: every skipped record named, not the first 10 of each reason */
     uint64_t seed;
     size_t max_workspace; /* --max-workspace: most bytes of VAE workspace a bucket may need; 0: the default */
 } latents_opts;

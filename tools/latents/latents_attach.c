@@ -324,7 +324,7 @@ int latents_attach(const latents_opts *o)
     a.o = o;
     a.meta_pending = 1;
     sd_buf_init(&a.trec);
-    sd_tally_init(&a.tally, 10);
+    sd_tally_init(&a.tally, o->verbose ? -1 : 10);
     sd_error err = {0};
     int dtype = latents_dtype(o->dtype_name);
     int wdt = o->text_weights ? latents_dtype(o->text_weights) : SD_DT_F32; /* sd_latents.c checked both */

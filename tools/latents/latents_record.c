@@ -49,7 +49,8 @@ sd_status latents_record(const latent_job *j, const latents_opts *o, int dtype, 
     rec.crop[1] = j->plan.crop_t;
     rec.crop[2] = j->plan.crop_r;
     rec.crop[3] = j->plan.crop_b;
-    rec.flags = (uint16_t)((o->flip ? SD_REC_F_FLIPPED : 0) | (o->sample ? 0 : SD_REC_F_MEANSTD));
+    rec.flags = (uint16_t)((o->flip ? SD_REC_F_FLIPPED : 0) | (o->sample ? 0 : SD_REC_F_MEANSTD) |
+                           (j->transposed ? SD_REC_F_TRANSPOSED : 0));
     if (text_ref) memcpy(rec.text_ref, text_ref, 16);
     for (int v = 0; v < variants; v++) {
         if (o->sample) sample_into(mean[v], std[v], lat, j->name, v, o->seed);

@@ -11,6 +11,7 @@
  * bit-identical to an uninterrupted run's. With --text the captions come
  * first, in their own transactions (run_texts), so the text encoder sees
  * several captions per call whatever the image batch is. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include "cli.h"
 #include "dtoa.h"
 #include "hash.h"
+#include "imghdr.h"
 #include "json.h"
 #include "keyset.h"
 #include "log.h"
@@ -296,6 +298,22 @@ typedef struct {
     size_t chw;
 } dec_ctx;
 
+/* Whether the file stores the image transposed (EXIF orientation 5-8,
+ * which the decoders undo): the record says so, so that export-kohya names
+ * the npz by the stored size, the one sd-scripts (which ignores EXIF)
+ * looks for. A header that cannot be read again leaves it 0. */
+static int stored_transposed(const sd_image_src *src)
+{
+    sd_imginfo info;
+    sd_error e;
+    if (!src->member) return sd_imghdr_read_file(src->path, &info, &e) == SD_OK && info.orientation >= 5;
+    int fd = open(src->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    sd_status st = sd_imghdr_read_fd(fd, src->offset, src->size, &info, &e);
+    close(fd);
+    return st == SD_OK && info.orientation >= 5;
+}
+
 /* Decode one job per unit into its slot; failures are kept per job. */
 static void decode_range(void *vctx, int worker, size_t begin, size_t end)
 {
@@ -310,7 +328,10 @@ static void decode_range(void *vctx, int worker, size_t begin, size_t end)
             c->r->dec_why[i] = st == SD_EFORMAT ? "tar member changed since sd-meta" : "unreadable image";
         else {
             st = sd_image_load_chw(&src, &j->plan, c->r->img + i * c->chw, &e);
-            c->r->dec_why[i] = st == SD_EINVAL ? "record does not fit the image" : "unreadable image";
+            c->r->dec_why[i] = st == SD_EINVAL         ? "record does not fit the image"
+                               : st == SD_EUNSUPPORTED ? "not a supported image" /* sd-bucket's word (BMP) */
+                                                       : "unreadable image";
+            if (!st) j->transposed = stored_transposed(&src);
         }
         c->r->dec_st[i] = st;
         if (st) snprintf(c->r->dec_msg[i], sizeof c->r->dec_msg[i], "%s", e.msg);
@@ -842,7 +863,7 @@ int latents_run(const latents_opts *o)
     sd_buf_init(&r.rec);
     sd_buf_init(&r.trec);
     sd_buf_init(&r.conv);
-    sd_tally_init(&r.tally, 10);
+    sd_tally_init(&r.tally, o->verbose ? -1 : 10);
     sd_error err = {0};
     sd_status st = SD_OK;
     r.dtype = latents_dtype(o->dtype_name); /* sd_latents.c checked it */

@@ -142,7 +142,8 @@ static sd_status export_one(void *ctx, const pack_item *it, sd_error *err)
     if (st) return st;
     sd_buf name;
     sd_buf_init(&name);
-    sd_kohya_file_name(&name, it->name, r->layout, rec->orig_w, rec->orig_h);
+    int t = (rec->flags & SD_REC_F_TRANSPOSED) != 0; /* sd-scripts' imagesize reads the stored size, not EXIF's */
+    sd_kohya_file_name(&name, it->name, r->layout, t ? rec->orig_h : rec->orig_w, t ? rec->orig_w : rec->orig_h);
     st = name.oom ? sd_err_set(err, SD_ENOMEM, "out of memory") : write_out(r, sd_buf_cstr(&name), &r->file, err);
     sd_buf_free(&name);
     if (st) return st;

@@ -480,20 +480,20 @@ static uint16_t crop_box(const sd_kohya_latents *l, const char *path, uint32_t b
     return SD_REC_F_CROP_FLOAT;
 }
 
-/* Store one loaded latents file (and its text embedding when te is not
- * NULL) as a record named f->name. The crop box stored is the one
- * sd-scripts cut (sd_kohya_cut_box), sdtk's convention, not crop_ltrb. */
-static sd_status put_latents(run *r, const cache_file *f, const char *path, const sd_kohya_latents *l,
-                             const sd_kohya_te *te, const sd_kohya_meta_entry *me, sd_error *err)
+/* Build the latents record of one loaded file into r->rec, named f->name
+ * and referring to text_ref. The crop box stored is the one sd-scripts cut
+ * (sd_kohya_cut_box), sdtk's convention, not crop_ltrb. */
+static sd_status build_latents(run *r, const cache_file *f, const char *path, const sd_kohya_latents *l,
+                               const uint8_t text_ref[16], sd_error *err)
 {
     sd_shard_rec rec;
     memset(&rec, 0, sizeof rec);
     rec.kind = SD_REC_LATENT;
+    memcpy(rec.text_ref, text_ref, sizeof rec.text_ref);
     int to = target_dtype(r, 0, l->latents);
-    sd_status st = set_meta(r, f, err);
-    if (!st && te) st = put_text(r, te, me, rec.text_ref, err);
     const sd_npz_member *m[2] = {l->latents, l->flipped};
     rec.ntensors = l->flipped ? 2 : 1;
+    sd_status st = SD_OK;
     for (int i = 0; !st && i < rec.ntensors; i++) {
         st = convert(&r->conv[i], to, m[i], err);
         sd_shard_tensor *t = &rec.t[i];
@@ -513,15 +513,64 @@ static sd_status put_latents(run *r, const cache_file *f, const char *path, cons
     rec.flags |= crop_box(l, path, rec.bucket_w, rec.bucket_h, rec.crop);
     rec.name = f->name;
     rec.name_len = strlen(f->name);
-    uint8_t key[16];
+    if (!st) st = sd_shard_rec_build(&rec, &r->rec, err);
+    return st;
+}
+
+/* The record key of an imported file: its name under a fixed prefix. */
+static void latents_key(run *r, const cache_file *f, uint8_t key[16])
+{
     sd_buf_clear(&r->path);
     sd_buf_puts(&r->path, "kohya-import\n");
     sd_buf_puts(&r->path, f->name);
     key16(r->path.data, r->path.len, key);
-    if (!st) st = sd_shard_rec_build(&rec, &r->rec, err);
+}
+
+/* Store one loaded latents file (and its text embedding when te is not
+ * NULL) as a record named f->name. */
+static sd_status put_latents(run *r, const cache_file *f, const char *path, const sd_kohya_latents *l,
+                             const sd_kohya_te *te, const sd_kohya_meta_entry *me, sd_error *err)
+{
+    uint8_t text_ref[16] = {0}, key[16];
+    sd_status st = set_meta(r, f, err);
+    if (!st && te) st = put_text(r, te, me, text_ref, err);
+    if (!st) st = build_latents(r, f, path, l, text_ref, err);
+    latents_key(r, f, key);
     if (!st) st = pack_out_put(&r->out, key, sizeof key, r->rec.data, r->rec.len, err);
-    if (!st) st = note_dtype(r, 0, to, err);
+    if (!st) st = note_dtype(r, 0, target_dtype(r, 0, l->latents), err);
     if (!st) r->imported++;
+    return st;
+}
+
+/* A name already in the shard is this very file only when its stored
+ * record holds the same latents (a resumed import, or the same directory
+ * imported again): the same sizes, crop, flags and payload. Another image
+ * with the same name (a second directory imported into the shard) is not
+ * dropped as "already present": *same is 0 and the caller refuses it. */
+static sd_status same_as_stored(run *r, const cache_file *f, const char *path, sd_error *err, int *same)
+{
+    *same = 0;
+    sd_kohya_latents l;
+    const char *reason = NULL;
+    sd_error e;
+    if (sd_kohya_latents_load(path, &l, &reason, &e)) return SD_OK; /* unreadable now: not the stored one */
+    static const uint8_t no_text[16];
+    uint8_t key[16];
+    sd_status st = build_latents(r, f, path, &l, no_text, err);
+    sd_kohya_latents_free(&l);
+    if (st) return st;
+    latents_key(r, f, key);
+    sd_buf stored;
+    sd_buf_init(&stored);
+    int found = 0;
+    st = sd_shard_peek(r->out.s, key, sizeof key, &stored, &found, err);
+    sd_shard_rec a, b;
+    if (!st && found && sd_shard_rec_parse(stored.data, stored.len, &a, &e) == SD_OK &&
+        sd_shard_rec_parse(r->rec.data, r->rec.len, &b, &e) == SD_OK)
+        *same = a.payload_hash == b.payload_hash && a.payload_len == b.payload_len && a.flags == b.flags &&
+                a.orig_w == b.orig_w && a.orig_h == b.orig_h && a.bucket_w == b.bucket_w &&
+                a.bucket_h == b.bucket_h && memcmp(a.crop, b.crop, sizeof a.crop) == 0;
+    sd_buf_free(&stored);
     return st;
 }
 
@@ -533,12 +582,19 @@ static sd_status import_one(run *r, const cache_file *f, sd_error *err)
     int found = 0;
     sd_status st = sd_shard_name_exists(r->out.s, f->name, strlen(f->name), &found, err);
     if (st) return st;
-    if (found) {
-        r->present++;
-        return SD_OK;
-    }
     char full[8192];
     snprintf(full, sizeof full, "%s/%s", r->o->dir, f->rel);
+    if (found) {
+        int same = 0;
+        st = same_as_stored(r, f, full, err, &same);
+        if (st) return st;
+        if (same) r->present++;
+        else
+            sd_skip(&r->tally, "name already in the shard for other latents",
+                    "%s: the shard's record '%s' holds other latents (an import of another directory?): not "
+                    "imported; import each directory into its own shard, or rename one", full, f->name);
+        return SD_OK;
+    }
     sd_kohya_latents l;
     const char *reason = NULL;
     sd_error e;
@@ -676,7 +732,9 @@ int pack_import_kohya(int argc, char **argv)
         "name would exceed 511 bytes. Directory links are followed, except one leading back to a\n"
         "directory on its own path (a loop such as 'again -> .'): reported, not followed.\n"
         "A new shard is built as SHARD.partial and renamed at the end; rerun after a kill, the\n"
-        "import continues, skipping names already present. An existing SHARD is extended in place\n"
+        "import continues, skipping names already present with the same latents (a name present with\n"
+        "other latents, e.g. from an import of another directory, is refused: reported and skipped).\n"
+        "An existing SHARD is extended in place\n"
         "when it is a kohya import (meta kohya_layout, no model_hash) of the same model family (_sd\n"
         "or _sdxl names; legacy names fit either); any other (a shard of sd-latents) is refused,\n"
         "exit 2 and untouched, unless --allow-mixed. Its producer, kohya_layout and options stay.\n"
