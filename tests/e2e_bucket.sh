@@ -277,6 +277,14 @@ grep -q -- "--resolution does nothing with --plan sdxl" warn.txt || fail "sdxl p
 grep -q -- "--steps does nothing with --plan sdxl" warn.txt || fail "sdxl plan does not name the ignored --steps"
 "$BIN" in.jsonl 2> warn.txt > /dev/null
 grep -q "does nothing" warn.txt && fail "default options warned as unused"
+# --- a --report or --plot that cannot be written: refused before -o is published
+rm -f pub.jsonl
+"$BIN" -q in.jsonl -o pub.jsonl --report nodir/r.json 2> pub.err
+check "unwritable --report: exit" $? 3
+check "unwritable --report: -o not published" "$([ -e pub.jsonl ] && echo published || echo absent)" absent
+check "unwritable --report: named" "$(grep -c 'nodir/r.json' pub.err)" 1
+"$BIN" -q in.jsonl -o pub.jsonl --plot nodir/p.svg 2> pub.err
+check "unwritable --plot: -o not published" "$([ -e pub.jsonl ] && echo published || echo absent)" absent
 # --- other plans ------------------------------------------------------------
 "$BIN" -q --plan sdxl in.jsonl | grep -q '"key":"k01".*"bucket":\[1344,768\]' || fail "sdxl plan 1920x1080"
 "$BIN" -q --plan list --buckets 768x512,512x768 in.jsonl | grep '"k01"' | grep -q '"bucket":\[768,512\]' || fail "list plan"

@@ -97,6 +97,23 @@ static int make_plan(const sd_cli *cli, const bucket_opts *o, sd_plan *p)
     return -1;
 }
 
+/* The --report and --plot files are written after the records, which are
+ * published first: a path that cannot be written (a missing directory) is
+ * found before any work, by making and dropping a temporary file beside it,
+ * so a failed run leaves no new -o behind. */
+static sd_status side_outputs_writable(const bucket_opts *o, sd_error *err)
+{
+    const char *paths[2] = {o->report, o->plot};
+    for (int i = 0; i < 2; i++) {
+        if (!paths[i]) continue;
+        sd_outfile probe = {0};
+        sd_status st = sd_outfile_open(&probe, paths[i], err);
+        if (st) return st;
+        sd_outfile_abort(&probe);
+    }
+    return SD_OK;
+}
+
 /* Options, the bucket plan, then every input file through the run into stdout, -o, or --split's
  * parts and their manifest. */
 int main(int argc, char **argv)
@@ -185,7 +202,8 @@ int main(int argc, char **argv)
     sd_error err;
     sd_err_clear(&err);
     sd_outfile out = {0};
-    sd_status st = bucket_run_init(&r, &o, &err);
+    sd_status st = side_outputs_writable(&o, &err);
+    if (!st) st = bucket_run_init(&r, &o, &err);
     if (!st) {
         if (o.split > 0) {
             st = bucket_open_parts(&r, &err);
