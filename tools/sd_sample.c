@@ -96,11 +96,13 @@ int main(int argc, char **argv)
     else if ((width && !sample_size_ok(width)) || (height && !sample_size_ok(height)))
         bad = "--width and --height must be multiples of 8 from 8 to 8192";
     else if (threads < 0 || threads > 1024) bad = "--threads must be 0..1024";
-    else if (sd_sampler_parse(sampler, &o.defaults.sampler, &e)) bad = strncpy(msg, e.msg, sizeof msg - 1);
+    else if (sd_sampler_parse(sampler, &o.defaults.sampler, &e)) {
+        snprintf(msg, sizeof msg, "%s", e.msg);
+        bad = msg;
+    }
     else if (sd_cli_parse_device(o.device, &o.cuda_device)) bad = "--device: expected cpu or cuda:K";
     sd_strlist_free(&pos);
     if (bad) {
-        msg[sizeof msg - 1] = 0;
         sd_cli_usage_error(&cli, "%s", bad);
         return SD_EXIT_USAGE;
     }
