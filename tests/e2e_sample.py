@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 try:
     import numpy as np
     from PIL import Image
-    from tiny_clip import make_encoder, make_tokenizer
+    from tiny_clip import make_encoder, make_tokenizer, save_safetensors
 except ImportError as e:  # pragma: no cover
     print("skipped: %s" % e)
     sys.exit(77)
@@ -74,20 +74,6 @@ def read_st(path):
         a, b = v["data_offsets"]
         out[k] = np.frombuffer(data[a:b], dtype=dt).reshape(v["shape"]).astype(np.float32)
     return out
-
-
-def write_st(path, tensors):
-    """fp32 arrays as a safetensors file."""
-    header, blobs, off = {}, [], 0
-    for k, v in tensors.items():
-        b = np.ascontiguousarray(v, dtype="<f4").tobytes()
-        header[k] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
 def raw_st(path):
@@ -325,7 +311,7 @@ class Sample(unittest.TestCase):
         f = os.path.join(m, "unet", "diffusion_pytorch_model.safetensors")
         t = read_st(f)
         t["conv_out.bias"][:] = 3e38
-        write_st(f, t)
+        save_safetensors(f, t)
         d = self.out("o-nan")
         p = jsonl(self.out("p-nan.jsonl"), [{"prompt": "a", "steps": 3, "width": 64, "height": 64},
                                              {"prompt": "b", "steps": 3, "width": 64, "height": 64}])
