@@ -535,6 +535,17 @@ class Train(unittest.TestCase):
         self.assertEqual(sorted(os.listdir(out)), ["checkpoint-2", "checkpoint-4", "latest"])
         self.assertEqual(latest(out), 2)
 
+    def test_output_with_a_trailing_slash(self):
+        """-o run/ (as the README writes it): the checkpoints are named run/checkpoint-N in the
+        log, not run//checkpoint-N, and a rerun resumes from them."""
+        out = os.path.join(self.tmp.name, "slash") + "/"
+        _, err = run("--unet", UNET, "-o", out, "--steps", "2", "--batch", "2", "--save-every", "1", self.shard)
+        self.assertIn("saved " + out + "checkpoint-2", err)
+        self.assertNotIn("//", err.replace("://", ""))
+        self.assertEqual(latest(out), 2)
+        _, err = run("--unet", UNET, "-o", out, "--steps", "2", "--batch", "2", self.shard)
+        self.assertNotIn("//", err.replace("://", ""))
+
     def test_foreign_checkpoints_left_alone(self):
         """checkpoint-N directories another tool wrote into -o (diffusers' scripts use the same
         names, with a unet/ of the same file names inside) are named at the start, neither

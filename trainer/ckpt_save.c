@@ -37,7 +37,9 @@ static const char *const ckpt_files[] = {"state.safetensors", "unet/config.json"
  * length first, so nothing is cut. */
 void sd_train_pjoin(char *buf, const char *dir, const char *name)
 {
-    int n = snprintf(buf, PATH_CAP, "%s/%s", dir, name);
+    size_t len = strlen(dir);
+    int slash = len > 0 && dir[len - 1] == '/'; /* -o run/ names run/checkpoint-N, not run//checkpoint-N */
+    int n = snprintf(buf, PATH_CAP, "%s%s%s", dir, slash ? "" : "/", name);
     if (n < 0 || n >= PATH_CAP) buf[0] = 0;
 }
 
