@@ -445,11 +445,18 @@ static int step(VipsImage **im, VipsImage *out, int rc)
     return rc;
 }
 
-/* The size libvips will decode the image at, upright (its header read
- * lazily, no pixels; width and height swapped for an EXIF rotation by 90
- * degrees, as vips_thumbnail will turn it); 0 when it cannot read it. */
-static int upright_size(unsigned char *buf, size_t len, int *w, int *h)
+/* The size libvips will decode the image at, upright (width and height
+ * swapped for an EXIF rotation by 90 degrees, as vips_thumbnail will turn
+ * it): the header parser's displayed size where it read the file (check_pixels
+ * did already), else libvips' lazy header read (no pixels; GIF too, whose
+ * canvas libvips may grow); 0 when it cannot read it. */
+static int upright_size(unsigned char *buf, size_t len, const sd_imginfo *info, int *w, int *h)
 {
+    if (info->format != SD_IMG_UNKNOWN && info->format != SD_IMG_GIF) {
+        *w = (int)info->disp_w;
+        *h = (int)info->disp_h;
+        return 1;
+    }
     VipsImage *im = vips_image_new_from_buffer(buf, len, "", NULL);
     if (!im) return 0;
     int swap = vips_image_get_orientation_swap(im);
@@ -535,7 +542,7 @@ static VipsImage *decode_resized(unsigned char *buf, size_t len, const sd_imginf
     sd_image_plan at = *plan; /* thumbnail's target: the plan's resize, or the image's own size */
     int w, h;
     *grow = 0;
-    if (!upright_size(buf, len, &w, &h)) return NULL;
+    if (!upright_size(buf, len, info, &w, &h)) return NULL;
     if (at.resize_w > w || at.resize_h > h) {
         at.resize_w = w;
         at.resize_h = h;
