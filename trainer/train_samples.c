@@ -196,6 +196,10 @@ static void render_set(sd_trainer *tr, int ema, int only_missing)
     }
     for (size_t i = 0; i < s->n; i++) {
         const sd_sample_job *j = &s->jobs[i];
+        if (tr->stop_req && *tr->stop_req) { /* a stop asked for during the samples: the checkpoint is what counts */
+            sd_log(SD_LOG_WARN, "step %ld: stop requested: the step's remaining samples are skipped", tr->step);
+            break;
+        }
         snprintf(file, sizeof file, "%05ld.png", j->line - 1);
         sd_train_pjoin(path, dir, file);
         if (only_missing && access(path, F_OK) == 0) continue;
@@ -237,7 +241,7 @@ void sd_train_samples_render(sd_trainer *tr, int only_missing)
     }
     double t0 = sd_now();
     render_set(tr, 0, only_missing);
-    if (tr->ema) render_set(tr, 1, only_missing);
+    if (tr->ema && !(tr->stop_req && *tr->stop_req)) render_set(tr, 1, only_missing);
     sd_sample_model_release_work(&s->m); /* the UNet's and decoder's workspace back between sample steps */
     sd_log(SD_LOG_DEBUG, "step %ld: samples took %.1f s", tr->step, sd_now() - t0);
 }
