@@ -11,16 +11,19 @@ holds them as image summaries (PNG bytes, size, colorspace); a run with
 samples, stopped and resumed, ends with the same weights, EMA, state and
 losses as one without; bad prompt lines, an image that cannot be made and
 a model without a VAE are warnings and counts, and training goes on;
-pruned checkpoints take their samples with them; under mpirun (2 ranks, when
+pruned checkpoints take their samples with them; a stop request during the
+samples skips the rest of them; under mpirun (2 ranks, when
 built with MPI) rank 0 alone renders them, equal to sd-sample's.
 Usage: e2e_train_samples.py SD_TRAIN SD_SAMPLE TEST_TRAIN GOLDEN_DIR HAVE_MPI"""
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +35,7 @@ except ImportError as e:  # pragma: no cover
     print("skipped: %s" % e)
     sys.exit(77)
 from e2e_train import crc32c, masked, pb_fields
-from train_ckpt import ckpt_bytes
+from train_ckpt import ckpt_bytes, latest
 
 TRAIN = SAMPLE = MAKE = GOLDEN = HAVE_MPI = None
 BASE = ["--batch", "2", "--save-every", "2", "--keep", "0", "--seed", "5", "--lr", "5e-3", "--ema-decay", "0.9",
@@ -200,6 +203,26 @@ class TrainSamples(unittest.TestCase):
         self.assertIn("samples: 0 written, 4 failed (model unusable 4", err)
         self.assertFalse(os.path.exists(os.path.join(out, "checkpoint-2", "samples")))
         self.assertEqual(self.losses(m), self.losses(self.ref + ".jsonl")[:2])
+
+    def test_stop_during_samples(self):
+        """SIGTERM while a checkpoint's samples render: the remaining images are skipped, the run ends with
+        exit 0 at that checkpoint, without the end's samples."""
+        slow = e2e_sample.jsonl(self.path("slow.jsonl"), [dict(PROMPTS[0], steps=40, sampler="euler")] * 3)
+        out = self.path("stop")
+        p = subprocess.Popen([TRAIN, "--unet", self.model, "-o", out, "--sample-prompts", slow, "--steps", "6"] + BASE +
+                             [self.shard], stderr=subprocess.PIPE)
+        t0 = time.time()
+        first = os.path.join(out, "checkpoint-2", "samples", "00000.png")
+        while not os.path.exists(first) and p.poll() is None and time.time() - t0 < 120:
+            time.sleep(0.005)
+        p.send_signal(signal.SIGTERM)  # the second image is being rendered
+        _, err = p.communicate()
+        err = err.decode()
+        self.assertEqual(p.returncode, 0, err)
+        self.assertEqual(latest(out), 2, err)
+        self.assertIn("step 2: stop requested: the step's remaining samples are skipped", err)
+        self.assertLess(len(os.listdir(os.path.join(out, "checkpoint-2", "samples"))), 3)
+        self.assertFalse(os.path.exists(os.path.join(out, "checkpoint-2", "samples-ema")))
 
     @unittest.skipUnless(shutil.which("mpirun"), "no mpirun")
     def test_two_ranks(self):
