@@ -159,6 +159,11 @@ class SaveFull(unittest.TestCase):
         self.assertIn("base model %s: no usable text encoder" % notext, err)
         code, err = self.train(self.out("bad-family"), "--save-full", "--base-model", self.models["sd2"], ok=(3,))
         self.assertIn("%s: its text encoder gives 12-wide embeddings, the UNet takes 8" % self.models["sd2"], err)
+        lone = os.path.join(base, "unet")  # a unet/ folder alone (a checkpoint's): say how to name the model
+        code, err = sh(TRAIN, "--unet", lone, "-o", self.out("bad-lone"), "--steps", "1", "--save-full", "-q",
+                       self.shard, ok=(3,))
+        self.assertIn("base model %s: no usable VAE" % lone, err)
+        self.assertIn("name the model the UNet came from with --base-model PATH", err)
         code, err = sh(TOOL, "write", self.out("x.safetensors"), self.models["sdxl"], base, "fp32", ok=(2,))
         self.assertIn("no usable second text encoder", err)
         code, err = sh(TRAIN, "--unet-config", os.path.join(base, "unet", "config.json"), "-o", self.out("bad-new"),

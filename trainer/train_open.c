@@ -97,7 +97,8 @@ static sd_status open_model(sd_trainer *tr, sd_error *err)
  * run before its first step, not at its first checkpoint. */
 static sd_status check_full(sd_trainer *tr, sd_error *err)
 {
-    if (!tr->o.base_model) tr->o.base_model = tr->o.unet; /* what ckpt_save.c reads */
+    int defaulted = !tr->o.base_model;
+    if (defaulted) tr->o.base_model = tr->o.unet; /* what ckpt_save.c reads */
     const char *base = tr->o.base_model;
     sd_status rc;
     if (!base)
@@ -110,6 +111,11 @@ static sd_status check_full(sd_trainer *tr, sd_error *err)
             sd_log(SD_LOG_INFO, "full checkpoints: %s, the VAE and text encoder%s from %s",
                    sd_full_family_name(parts.family), parts.nte > 1 ? "s" : "", base);
         if (!rc) sd_full_parts_free(&parts);
+        else if (defaulted) { /* say where the parts were looked for, and how to name another model */
+            char why[sizeof err->msg];
+            snprintf(why, sizeof why, "%s", err->msg);
+            sd_err_set(err, rc, "--save-full: name the model the UNet came from with --base-model PATH; %s", why);
+        }
     }
     if (rc) sd_unet_free(&tr->unet);
     return rc;

@@ -3,9 +3,9 @@
 libcore/models/full_ckpt.c) against diffusers, run by hand, not in CI:
     python3 tests/golden/make_full_ckpt_golden.py build/tests/full_ckpt_tool DIFFUSERS_SRC
 (needs torch, diffusers, transformers from PyPI, safetensors; DIFFUSERS_SRC
-is a diffusers source tree: its scripts/convert_diffusers_to_original_*.py
-are diffusers' own diffusers-to-original converters, which the pip package
-does not ship).
+is a diffusers source tree: the two convert_diffusers_to_original_* scripts
+in its scripts folder are diffusers' own diffusers-to-original converters,
+which the pip package does not ship).
 
 For tiny SD 1.x, SD 2.x and SDXL folders (tests/e2e_sample.py's make_model:
 the golden UNets and VAE, numpy-made CLIP encoders, the real tokenizer) it
