@@ -5,7 +5,8 @@ sd-train writes full.safetensors and full_ema.safetensors (SD 1.x), which
 sdtk's single-file loaders read back equal to their sources, tensor for
 tensor (full_ckpt_tool compare), also in fp16; sd-sample from the file
 gives the pixels of the folder; SD 2.x and SDXL files from the same writer
-(full_ckpt_tool write) read back equal too; the names and shapes of every
+(full_ckpt_tool write) read back equal too, and written again from such a
+file as the base they are the same bytes; the names and shapes of every
 file match diffusers' own conversion (golden/full_ckpt/*.txt, made by
 tests/golden/make_full_ckpt_golden.py); bad base models and options are
 refused naming the file.
@@ -141,6 +142,20 @@ class SaveFull(unittest.TestCase):
                     if fam == "sdxl":
                         self.assertIn("text encoder 2: ", log)
                     self.check_names(fam, f)
+
+    def test_single_file_base(self):
+        """A single file as the base (the VAE and encoders under their
+        original names): the file written from it is the same bytes as the
+        one written from the folder, for each family."""
+        for fam in FAMILIES:
+            with self.subTest(family=fam):
+                m = self.models[fam]
+                f, g = self.out("%s-base.safetensors" % fam), self.out("%s-again.safetensors" % fam)
+                sh(TOOL, "write", f, m, m, "fp16")
+                sh(TOOL, "write", g, m, f, "fp16", m)
+                sh(TOOL, "compare", g, m, f, m)
+                with open(f, "rb") as a, open(g, "rb") as b:
+                    self.assertEqual(a.read(), b.read())
 
     def test_bad_base_models(self):
         """A base without its VAE or text encoder, or of another family, is

@@ -1,12 +1,15 @@
 /* The full single-file checkpoint (libcore/models/full_ckpt.h) for the
  * tests and the golden script:
- *   full_ckpt_tool write OUT UNET BASE fp32|fp16|bf16
+ *   full_ckpt_tool write OUT UNET BASE fp32|fp16|bf16 [CONFIGS]
  *     writes OUT from the UNet at UNET and the VAE and text encoders of BASE;
- *   full_ckpt_tool compare FILE UNET BASE
+ *   full_ckpt_tool compare FILE UNET BASE [CONFIGS]
  *     reads FILE back with sdtk's single-file loaders (UNet, VAE encoder and
  *     decoder, each text encoder) and compares every parameter with the same
  *     model loaded from its source (rounded to FILE's dtype first): exit 0
  *     when all are equal, 1 naming the first difference;
+ *   CONFIGS (default BASE) is a model folder whose vae/ and text_encoder(_2)/
+ *   config.json describe a single file's parts (tiny models' norm groups
+ *   and heads are not what inference assumes);
  *   full_ckpt_tool names FILE
  *     prints each tensor's name, dtype and shape, one a line. */
 #include <stdio.h>
@@ -67,8 +70,9 @@ static int file_dtype(const char *path, sd_error *err)
     return d;
 }
 
-/* compare: every part loaded from FILE and from its source. */
-static int compare(const char *file, const char *unet, const char *base)
+/* compare: every part loaded from FILE and from its source (configs from
+ * the folder cfgs for both, where it has them). */
+static int compare(const char *file, const char *unet, const char *base, const char *cfgs)
 {
     sd_error e = {0};
     int dtype = file_dtype(file, &e), bad = 0;
@@ -83,9 +87,9 @@ static int compare(const char *file, const char *unet, const char *base)
     sd_unet_free(&ua);
     sd_unet_free(&ub);
     char cfg[4096];
-    sd_vae_opts vo = {.config_path = config_of(cfg, sizeof cfg, base, "vae")};
+    sd_vae_opts vo = {.config_path = config_of(cfg, sizeof cfg, cfgs, "vae")};
     sd_vae va, vb;
-    if (sd_vae_load(&va, base, NULL, &e)) goto fail;
+    if (sd_vae_load(&va, base, &vo, &e)) goto fail;
     if (sd_vae_load(&vb, file, &vo, &e)) {
         sd_vae_free(&va);
         goto fail;
@@ -94,7 +98,7 @@ static int compare(const char *file, const char *unet, const char *base)
     sd_vae_free(&va);
     sd_vae_free(&vb);
     sd_vae_decoder da, db;
-    if (sd_vae_decoder_load(&da, base, NULL, &e)) goto fail;
+    if (sd_vae_decoder_load(&da, base, &vo, &e)) goto fail;
     if (sd_vae_decoder_load(&db, file, &vo, &e)) {
         sd_vae_decoder_free(&da);
         goto fail;
@@ -104,8 +108,8 @@ static int compare(const char *file, const char *unet, const char *base)
     sd_vae_decoder_free(&db);
     for (int i = 0; i < (sdxl ? 2 : 1); i++) {
         sd_clip_text ta, tb;
-        sd_clip_text_opts oa = {.which = i},
-                          ob = {.which = i, .config_path = config_of(cfg, sizeof cfg, base, i ? "text_encoder_2" : "text_encoder")};
+        const char *tc = config_of(cfg, sizeof cfg, cfgs, i ? "text_encoder_2" : "text_encoder");
+        sd_clip_text_opts oa = {.which = i, .config_path = tc}, ob = oa;
         if (sd_clip_text_load(&ta, base, &oa, &e)) goto fail;
         if (sd_clip_text_load(&tb, file, &ob, &e)) {
             sd_clip_text_free(&ta);
@@ -122,8 +126,9 @@ fail:
     return 2;
 }
 
-/* write: the UNet at unet, the rest from base, into out. */
-static int write_file(const char *out, const char *unet, const char *base, const char *dt)
+/* write: the UNet at unet, the rest from base (configs from the folder
+ * cfgs, where it has them), into out. */
+static int write_file(const char *out, const char *unet, const char *base, const char *dt, const char *cfgs)
 {
     int dtype = strcmp(dt, "fp16") == 0 ? SD_ST_F16 : strcmp(dt, "bf16") == 0 ? SD_ST_BF16 : SD_ST_F32;
     sd_error e = {0};
@@ -132,8 +137,12 @@ static int write_file(const char *out, const char *unet, const char *base, const
         fprintf(stderr, "full_ckpt_tool: %s\n", e.msg);
         return 2;
     }
+    char c0[4096], c1[4096], c2[4096];
+    sd_full_opts fo = {.vae_config = config_of(c0, sizeof c0, cfgs, "vae"),
+                       .text_config = {config_of(c1, sizeof c1, cfgs, "text_encoder"),
+                                       config_of(c2, sizeof c2, cfgs, "text_encoder_2")}};
     sd_full_parts p;
-    sd_status rc = sd_full_parts_load(&p, base, &u.cfg, &e);
+    sd_status rc = sd_full_parts_load(&p, base, &u.cfg, &fo, &e);
     if (!rc) {
         rc = sd_full_ckpt_write(out, &u, u.w.data, &p, dtype, &e);
         printf("%s: %s\n", out, sd_full_family_name(p.family));
@@ -165,9 +174,12 @@ static int names(const char *file)
 
 int main(int argc, char **argv)
 {
-    if (argc == 6 && strcmp(argv[1], "write") == 0) return write_file(argv[2], argv[3], argv[4], argv[5]);
-    if (argc == 5 && strcmp(argv[1], "compare") == 0) return compare(argv[2], argv[3], argv[4]);
+    if ((argc == 6 || argc == 7) && strcmp(argv[1], "write") == 0)
+        return write_file(argv[2], argv[3], argv[4], argv[5], argc == 7 ? argv[6] : argv[4]);
+    if ((argc == 5 || argc == 6) && strcmp(argv[1], "compare") == 0)
+        return compare(argv[2], argv[3], argv[4], argc == 6 ? argv[5] : argv[4]);
     if (argc == 3 && strcmp(argv[1], "names") == 0) return names(argv[2]);
-    fprintf(stderr, "usage: full_ckpt_tool write OUT UNET BASE fp32|fp16|bf16 | compare FILE UNET BASE | names FILE\n");
+    fprintf(stderr, "usage: full_ckpt_tool write OUT UNET BASE fp32|fp16|bf16 [CONFIGS] | compare FILE UNET BASE "
+                    "[CONFIGS] | names FILE\n");
     return 2;
 }

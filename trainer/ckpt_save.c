@@ -435,7 +435,7 @@ static sd_status put_in_place(const char *tmp, const char *fin, sd_error *err)
 static sd_status save_full(const sd_trainer *tr, const char *dir, sd_error *err)
 {
     sd_full_parts parts;
-    sd_status rc = sd_full_parts_load(&parts, tr->o.base_model, &tr->unet.cfg, err);
+    sd_status rc = sd_full_parts_load(&parts, tr->o.base_model, &tr->unet.cfg, NULL, err);
     if (rc) return rc;
     char p[PATH_CAP];
     sd_train_pjoin(p, dir, "full.safetensors");

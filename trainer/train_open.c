@@ -106,7 +106,7 @@ static sd_status check_full(sd_trainer *tr, sd_error *err)
                         "from: give it with --base-model PATH (a new model from --unet-config has none)");
     else {
         sd_full_parts parts;
-        rc = sd_full_parts_load(&parts, base, &tr->unet.cfg, err);
+        rc = sd_full_parts_load(&parts, base, &tr->unet.cfg, NULL, err);
         if (!rc && !tr->o.quiet && sd_dist_rank() == 0)
             sd_log(SD_LOG_INFO, "full checkpoints: %s, the VAE and text encoder%s from %s",
                    sd_full_family_name(parts.family), parts.nte > 1 ? "s" : "", base);

@@ -49,13 +49,17 @@ static sd_status check_text(const sd_full_parts *p, const char *base, const sd_u
 }
 
 /* Load the VAE halves and the encoders from base and check them. */
-sd_status sd_full_parts_load(sd_full_parts *p, const char *base, const sd_unet_config *ucfg, sd_error *err)
+sd_status sd_full_parts_load(sd_full_parts *p, const char *base, const sd_unet_config *ucfg, const sd_full_opts *opts,
+                             sd_error *err)
 {
+    sd_full_opts none = {0};
+    if (!opts) opts = &none;
     memset(p, 0, sizeof *p);
     sd_error e = {0};
-    sd_status rc = sd_vae_load(&p->enc, base, NULL, &e);
+    sd_vae_opts vo = {.config_path = opts->vae_config};
+    sd_status rc = sd_vae_load(&p->enc, base, &vo, &e);
     if (!rc) {
-        rc = sd_vae_decoder_load(&p->dec, base, NULL, &e);
+        rc = sd_vae_decoder_load(&p->dec, base, &vo, &e);
         if (rc) sd_vae_free(&p->enc);
     }
     if (rc) {
@@ -64,7 +68,7 @@ sd_status sd_full_parts_load(sd_full_parts *p, const char *base, const sd_unet_c
     }
     int want = ucfg->text_time ? 2 : 1;
     for (int i = 0; i < want && !rc; i++) {
-        sd_clip_text_opts o = {.which = i};
+        sd_clip_text_opts o = {.which = i, .config_path = opts->text_config[i]};
         rc = sd_clip_text_load(&p->te[i], base, &o, &e);
         if (rc) rc = sd_err_set(err, rc, "base model %s: no usable %stext encoder%s: %s", base, i ? "second " : "",
                                 ucfg->text_time ? " (the UNet is SDXL's, which takes two)" : "", e.msg);

@@ -31,12 +31,21 @@ typedef struct {
     int nte;
 } sd_full_parts;
 
+/* Configs for a base whose parts cannot be inferred from their shapes (a
+ * single file of a model with other norm groups or heads: tiny test
+ * models); NULL members, or a NULL opts, infer as the loaders do. */
+typedef struct {
+    const char *vae_config;     /* a diffusers VAE config.json */
+    const char *text_config[2]; /* each encoder's transformers config.json */
+} sd_full_opts;
+
 /* Load the VAE (encoder and decoder) and the text encoder(s) of the base
  * model (a diffusers folder or a single file) and check that they belong
  * to a UNet of config ucfg (text widths, pooled width, latent channels);
  * the family follows (SDXL: text_time; SD 2.x: an OpenCLIP/GELU encoder).
  * Errors name the base model and what is missing or does not fit. */
-sd_status sd_full_parts_load(sd_full_parts *p, const char *base, const sd_unet_config *ucfg, sd_error *err);
+sd_status sd_full_parts_load(sd_full_parts *p, const char *base, const sd_unet_config *ucfg, const sd_full_opts *opts,
+                             sd_error *err);
 void sd_full_parts_free(sd_full_parts *p);
 const char *sd_full_family_name(sd_full_family f);
 
