@@ -234,6 +234,13 @@ int main(int argc, char **argv)
         {"save-single", 0, SD_OPT_FLAG, &o.save_single, NULL,
          "also write each checkpoint's UNet (and EMA UNet) as one safetensors file with the original "
          "model.diffusion_model.* names, as UIs load a UNet alone, and its config.json in the file's metadata"},
+        {"save-full", 0, SD_OPT_FLAG, &o.save_full, NULL,
+         "also write each checkpoint as full.safetensors (and full_ema.safetensors with an EMA): the UNet, the VAE "
+         "and the text encoder(s) in one file with the original names (ldm for SD 1.x/2.x, sgm for SDXL) and "
+         "--save-dtype, as A1111, Forge and ComfyUI load a model; the VAE and text encoders come from --base-model"},
+        {"base-model", 0, SD_OPT_STR, &o.base_model, "PATH",
+         "the model --save-full takes the VAE and text encoder(s) from: a diffusers folder or a single-file "
+         "checkpoint (default: the --unet model)"},
         {"metrics", 0, SD_OPT_STR, &o.metrics, "FILE", "append one JSON line per step (a resume first moves later steps' lines to FILE.superseded)"},
         {"tensorboard", 0, SD_OPT_STR, &o.tensorboard, "DIR",
          "write TensorBoard event files there (loss, smoothed loss, lr, gradient norm, validation loss): "
@@ -284,6 +291,7 @@ int main(int argc, char **argv)
                   "Examples:\n"
                   "  sd-train --unet sd15/ -o run/ --batch 4 --lr 1e-5 --save-every 500 cache-*.shard\n"
                   "  sd-train --unet-config tiny/config.json -o run/ --steps 300 cache.shard   # from scratch\n"
+                  "  sd-train --unet sd15/ -o run/ --save-full --save-dtype fp16 cache.shard   # + one file for A1111\n"
                   "  sd-train --unet sd15/ -o run/ --epochs 10 subject.shard@10 reg.shard   # kohya-style repeats\n"
                   "  sd-train --config run/checkpoint-500/train_config.json --set optimizer.lr=5e-6 cache-*.shard\n"
                   "  mpirun -np 8 sd-train --device cuda --unet sd15/ -o run/ --batch 4 cache-*.shard   # 8 GPUs\n",
@@ -334,6 +342,9 @@ int main(int argc, char **argv)
              !(o.max_grad_norm >= 0 && isfinite(o.max_grad_norm)))
         bad = "--adam-eps, --weight-decay and --max-grad-norm must be finite and >= 0";
     else bad = pick_prediction(pred, o.unet, &o.pred, bad_buf, sizeof bad_buf);
+    if (!bad && o.save_full && !o.unet && !o.base_model)
+        bad = "--save-full with a new model (--unet-config) needs --base-model PATH for the VAE and text encoders";
+    if (!bad && o.base_model && !o.save_full) bad = "--base-model is what --save-full reads: give --save-full too";
     if (!bad && sd_cli_parse_device(device, &o.device)) bad = "--device: cpu, cuda or cuda:K";
     if (!bad && strcmp(device, "cuda") == 0) o.device = local_rank();
     if (!bad && o.nccl && o.device < 0) bad = "--nccl sums GPU gradients: it needs --device cuda or cuda:K";

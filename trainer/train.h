@@ -93,6 +93,11 @@ typedef struct {
     const char *config_json; /* the effective options, written into every checkpoint, or NULL */
     const char *tensorboard; /* a directory for TensorBoard event files (rank 0), or NULL */
     int save_single; /* also unet.safetensors (and unet_ema.safetensors): one file, ldm names */
+    /* also full.safetensors (and full_ema.safetensors): UNet, VAE and text
+     * encoder(s) in one file with ldm/sgm names (full_ckpt.h), the VAE and
+     * encoders from base_model, or from unet when base_model is NULL */
+    int save_full;
+    const char *base_model;
 } sd_train_opts;
 
 typedef struct {
