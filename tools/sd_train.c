@@ -147,11 +147,15 @@ static const char *check_samples(const sd_train_opts *o, char *buf, size_t cap)
     }
     char te[4200];
     snprintf(te, sizeof te, "%s/text_encoder", o->unet ? o->unet : "");
-    if (!o->sample_model && !(o->unet && sd_is_dir(te)))
+    const char *model = o->sample_model ? o->sample_model : o->base_model;
+    if (!model && !(o->unet && sd_is_dir(te)))
         return "--sample-prompts needs a model with a text encoder and a VAE to make the images: --sample-model PATH "
                "(the --unet folder holds no text_encoder/)";
-    if (o->sample_model && !sd_is_dir(o->sample_model) && !o->sample_tokenizer)
-        return "--sample-model: a single-file checkpoint needs --sample-tokenizer DIR (a folder holding tokenizer/)";
+    if (model && !sd_is_dir(model) && !o->sample_tokenizer) {
+        snprintf(buf, cap, "%s %s: a single-file checkpoint needs --sample-tokenizer DIR (a folder holding "
+                 "tokenizer/) to condition the samples", o->sample_model ? "--sample-model" : "--base-model", model);
+        return buf;
+    }
     return NULL;
 }
 
@@ -262,6 +266,13 @@ int main(int argc, char **argv)
         {"save-single", 0, SD_OPT_FLAG, &o.save_single, NULL,
          "also write each checkpoint's UNet (and EMA UNet) as one safetensors file with the original "
          "model.diffusion_model.* names, as UIs load a UNet alone, and its config.json in the file's metadata"},
+        {"save-full", 0, SD_OPT_FLAG, &o.save_full, NULL,
+         "also write each checkpoint as full.safetensors (and full_ema.safetensors with an EMA): the UNet, the VAE "
+         "and the text encoder(s) in one file with the original names (ldm for SD 1.x/2.x, sgm for SDXL) and "
+         "--save-dtype, as A1111, Forge and ComfyUI load a model; the VAE and text encoders come from --base-model"},
+        {"base-model", 0, SD_OPT_STR, &o.base_model, "PATH",
+         "the model --save-full takes the VAE and text encoder(s) from: a diffusers folder or a single-file "
+         "checkpoint (default: the --unet model)"},
         {"metrics", 0, SD_OPT_STR, &o.metrics, "FILE", "append one JSON line per step (a resume first moves later steps' lines to FILE.superseded)"},
         {"tensorboard", 0, SD_OPT_STR, &o.tensorboard, "DIR",
          "write TensorBoard event files there (loss, smoothed loss, lr, gradient norm, validation loss): "
@@ -278,9 +289,9 @@ int main(int argc, char **argv)
         {"sample-model", 0, SD_OPT_STR, &o.sample_model, "PATH",
          "the model whose text encoder(s) condition the prompts (once, at the start; then freed) and whose VAE "
          "decoder makes the images (kept): a diffusers folder, or a single file with --sample-tokenizer, as "
-         "sd-sample's --model (default: the --unet folder)"},
+         "sd-sample's --model (default: --base-model when given, else the --unet folder)"},
         {"sample-tokenizer", 0, SD_OPT_STR, &o.sample_tokenizer, "DIR",
-         "a folder holding tokenizer/ (SDXL: and tokenizer_2/) for a single-file --sample-model"},
+         "a folder holding tokenizer/ (SDXL: and tokenizer_2/) for a single-file --sample-model (or --base-model)"},
         {"threads", 'j', SD_OPT_INT, &threads, "N", "CPU threads (default: all CPUs)"},
         {"device", 0, SD_OPT_STR, &device, "DEV",
          "cpu (default) or cuda:K: the UNet, clipping, AdamW and the EMA on GPU K (weights and moments come back "
@@ -327,6 +338,7 @@ int main(int argc, char **argv)
                   "Examples:\n"
                   "  sd-train --unet sd15/ -o run/ --batch 4 --lr 1e-5 --save-every 500 cache-*.shard\n"
                   "  sd-train --unet-config tiny/config.json -o run/ --steps 300 cache.shard   # from scratch\n"
+                  "  sd-train --unet sd15/ -o run/ --save-full --save-dtype fp16 cache.shard   # + one file for A1111\n"
                   "  sd-train --unet sd15/ -o run/ --epochs 10 subject.shard@10 reg.shard   # kohya-style repeats\n"
                   "  sd-train --config run/checkpoint-500/train_config.json --set optimizer.lr=5e-6 cache-*.shard\n"
                   "  sd-train --unet sd15/ -o run/ --save-every 500 --ema-decay 0.9999 --sample-prompts prompts.jsonl "
@@ -381,6 +393,9 @@ int main(int argc, char **argv)
              !(o.max_grad_norm >= 0 && isfinite(o.max_grad_norm)))
         bad = "--adam-eps, --weight-decay and --max-grad-norm must be finite and >= 0";
     else bad = pick_prediction(pred, o.unet, &o.pred, bad_buf, sizeof bad_buf);
+    if (!bad && o.save_full && !o.unet && !o.base_model)
+        bad = "--save-full with a new model (--unet-config) needs --base-model PATH for the VAE and text encoders";
+    if (!bad && o.base_model && !o.save_full) bad = "--base-model is what --save-full reads: give --save-full too";
     if (!bad && sd_cli_parse_device(device, &o.device)) bad = "--device: cpu, cuda or cuda:K";
     if (!bad && strcmp(device, "cuda") == 0) o.device = local_rank();
     if (!bad && o.nccl && o.device < 0) bad = "--nccl sums GPU gradients: it needs --device cuda or cuda:K";

@@ -93,10 +93,16 @@ typedef struct {
     const char *config_json; /* the effective options, written into every checkpoint, or NULL */
     const char *tensorboard; /* a directory for TensorBoard event files (rank 0), or NULL */
     int save_single; /* also unet.safetensors (and unet_ema.safetensors): one file, ldm names */
+    /* also full.safetensors (and full_ema.safetensors): UNet, VAE and text
+     * encoder(s) in one file with ldm/sgm names (full_ckpt.h), the VAE and
+     * encoders from base_model, or from unet when base_model is NULL */
+    int save_full;
+    const char *base_model;
     /* samples (train_samples.c): the prompts of a JSONL file (sd-sample's
      * lines) rendered every sample_every steps (0: at checkpoints) and at
-     * the end, conditioned by sample_model's text encoders (NULL: the unet
-     * folder; sample_tokenizer for a single file) */
+     * the end, conditioned by sample_model's text encoders (NULL:
+     * base_model, else the unet folder; sample_tokenizer for a single
+     * file) */
     const char *sample_prompts;
     long sample_every;
     const char *sample_model, *sample_tokenizer;

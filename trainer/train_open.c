@@ -8,6 +8,7 @@
 
 #include "dist.h"
 #include "dtype.h"
+#include "full_ckpt.h"
 #include "log.h"
 #include "safetensors.h"
 #include "train_int.h"
@@ -88,6 +89,35 @@ static sd_status open_model(sd_trainer *tr, sd_error *err)
         sd_unet_init_random(&tr->unet, o->init_seed);
         snprintf(tr->unet.layout, sizeof tr->unet.layout, "new (seed %llu)", (unsigned long long)o->init_seed);
     }
+    return rc;
+}
+
+/* --save-full: the base model (--base-model, else the --unet model) is
+ * set, and its VAE and text encoder(s) loaded once and checked against the UNet, so that a missing or foreign part stops the
+ * run before its first step, not at its first checkpoint. */
+static sd_status check_full(sd_trainer *tr, sd_error *err)
+{
+    int defaulted = !tr->o.base_model;
+    if (defaulted) tr->o.base_model = tr->o.unet; /* what ckpt_save.c reads */
+    const char *base = tr->o.base_model;
+    sd_status rc;
+    if (!base)
+        rc = sd_err_set(err, SD_EINVAL, "--save-full takes the VAE and text encoders from the model the UNet came "
+                        "from: give it with --base-model PATH (a new model from --unet-config has none)");
+    else {
+        sd_full_parts parts;
+        rc = sd_full_parts_load(&parts, base, &tr->unet.cfg, NULL, err);
+        if (!rc && !tr->o.quiet && sd_dist_rank() == 0)
+            sd_log(SD_LOG_INFO, "full checkpoints: %s, the VAE and text encoder%s from %s",
+                   sd_full_family_name(parts.family), parts.nte > 1 ? "s" : "", base);
+        if (!rc) sd_full_parts_free(&parts);
+        else if (defaulted) { /* say where the parts were looked for, and how to name another model */
+            char why[sizeof err->msg];
+            snprintf(why, sizeof why, "%s", err->msg);
+            sd_err_set(err, rc, "--save-full: name the model the UNet came from with --base-model PATH; %s", why);
+        }
+    }
+    if (rc) sd_unet_free(&tr->unet);
     return rc;
 }
 
@@ -191,6 +221,7 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         return sd_err_set(err, SD_EINVAL, "timestep range [%d, %d): within [0, %d) and not empty", o->t_min, o->t_max,
                           SD_DDPM_STEPS);
     sd_status rc = open_model(tr, err);
+    if (!rc && o->save_full) rc = check_full(tr, err);
     if (rc) return rc;
     size_t n = tr->unet.w.total;
     tr->rank = sd_dist_rank();

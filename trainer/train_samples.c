@@ -37,11 +37,12 @@ struct sd_train_samples {
     const char *path;       /* the model the conditioning came from */
 };
 
-/* The model the prompts' conditioning comes from: --sample-model, else the
- * --unet folder (the tool checked that it holds a text encoder). */
+/* The model the prompts' conditioning comes from: --sample-model, else
+ * --save-full's --base-model, else the --unet folder (the tool checked
+ * that it holds a text encoder). */
 static const char *model_path(const sd_train_opts *o)
 {
-    return o->sample_model ? o->sample_model : o->unet;
+    return o->sample_model ? o->sample_model : o->base_model ? o->base_model : o->unet;
 }
 
 /* Every prompt's conditioning, then the text encoders freed; a prompt that
