@@ -12,7 +12,8 @@ samples, stopped and resumed, ends with the same weights, EMA, state and
 losses as one without; bad prompt lines, an image that cannot be made and
 a model without a VAE are warnings and counts, and training goes on;
 pruned checkpoints take their samples with them; a stop request during the
-samples skips the rest of them; under mpirun (2 ranks, when
+samples skips the rest of them; --save-full's --base-model conditions them
+when --sample-model is not given; under mpirun (2 ranks, when
 built with MPI) rank 0 alone renders them, equal to sd-sample's.
 Usage: e2e_train_samples.py SD_TRAIN SD_SAMPLE TEST_TRAIN GOLDEN_DIR HAVE_MPI"""
 import json
@@ -247,6 +248,13 @@ class TrainSamples(unittest.TestCase):
             want, _ = pixels(os.path.join(o, "%05d.png" % i))
             got, _ = pixels(os.path.join(out, "checkpoint-2", "samples", "%05d.png" % i))
             self.assertTrue(np.array_equal(got, want), "samples/%05d.png differs from sd-sample's" % i)
+
+    def test_base_model_conditions(self):
+        """--save-full's --base-model is the samples' model when --sample-model is not given."""
+        out = self.path("base")
+        _, err = run("--unet", os.path.join(self.model, "unet"), "--save-full", "--base-model", self.model, "-o", out,
+                     "--sample-prompts", self.prompts, "--steps", "1", *BASE, self.shard)
+        self.assertEqual(sorted(os.listdir(os.path.join(out, "checkpoint-1", "samples"))), ["00000.png", "00001.png"])
 
     def test_usage(self):
         """A missing prompts file, or no model to condition the prompts: usage errors before any work."""
