@@ -8,8 +8,6 @@
  * a warning and a count, never the run's end: sampling reads the weights,
  * uses its own generator (torch's, seeded by the prompt line) and its own
  * buffers, so the training is the same with and without it. */
-#include <errno.h>
-#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +15,6 @@
 
 #include "ckpt_int.h"
 #include "log.h"
-#include "model_dir.h"
 #include "outfile.h"
 #include "png_write.h"
 #include "progress.h"
