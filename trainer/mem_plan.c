@@ -39,7 +39,7 @@ void sd_host_mem_read(sd_host_mem *h)
 
 /* The bucket of most pixels that has records (the trainer's batches come
  * from one bucket each, so it makes the largest step). */
-static int largest_bucket(const sd_data *d, int *w, int *h)
+static int largest_bucket(const sd_data *d, int *w, int *h, size_t *which)
 {
     size_t best = 0;
     for (size_t i = 0; i < d->nbuckets; i++) {
@@ -48,6 +48,7 @@ static int largest_bucket(const sd_data *d, int *w, int *h)
             best = px;
             *w = (int)d->buckets[i].w;
             *h = (int)d->buckets[i].h;
+            *which = i;
         }
     }
     return best > 0;
@@ -120,20 +121,25 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     memset(p, 0, sizeof *p);
     if (o->device >= 0) snprintf(p->device, sizeof p->device, "cuda:%d", o->device);
     else snprintf(p->device, sizeof p->device, "cpu");
-    if (!largest_bucket(d, &p->width, &p->height))
+    size_t bucket = 0;
+    if (!largest_bucket(d, &p->width, &p->height, &bucket))
         return sd_err_set(err, SD_EINVAL, "memory plan: the shards have no records to plan a batch for");
     const sd_unet_config *c = &u->cfg;
     p->batch = o->batch;
     p->latent_h = p->height / 8; /* as sd_data_load cuts latents from a bucket */
     p->latent_w = p->width / 8;
-    p->tokens = 77; /* one CLIP chunk, what the shards' text embeddings hold */
+    sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
+                       .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0};
+    sd_status rc = sd_data_bucket_tokens(d, bucket, &lo, &p->tokens, err);
+    if (rc) return rc;
+    if (!p->tokens) p->tokens = 77; /* no readable embedding among the first records: one CLIP chunk */
     sd_train_state_bytes sb = sd_train_state_sizes(o, &u->w, rank, world);
     p->weights = sb.weights;
     p->gradients = sb.gradients;
     p->optimizer = sb.optimizer;
     p->ema = sb.ema;
     sd_unet_graph g = {0};
-    sd_status rc = sd_unet_plan(u, p->batch, p->latent_h, p->latent_w, p->tokens, o->checkpointing, &g, err);
+    rc = sd_unet_plan(u, p->batch, p->latent_h, p->latent_w, p->tokens, o->checkpointing, &g, err);
     if (rc) return rc;
     size_t io = (size_t)p->batch * (size_t)c->in_channels * (size_t)p->latent_h * (size_t)p->latent_w;
     p->graph_act = g.nact * sizeof(float);
@@ -148,7 +154,10 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     /* the host's other per-pass buffers (the CPU's dout is the io above) */
     size_t host_io = device ? 0 : sd_train_io_host_bytes(o, io, 0) - p->io;
     p->activations = p->graph_act + p->graph_dact + p->io + host_io;
-    p->conv_workspace = device ? sd_dev_conv_workspace(device_total, o->gpu_mem_limit) : 0;
+    /* cuDNN's cap as the context sizes it from the free memory; with no
+     * device to ask, a card of --gpu-memory-limit's size */
+    p->conv_workspace = device ? sd_dev_conv_workspace(device_total ? device_total : o->gpu_mem_limit, o->gpu_mem_limit)
+                               : 0;
     p->workspace = p->op_scratch + p->conv_workspace;
     if (device && o->ema_host) {
         p->ema_host = p->ema;
