@@ -212,6 +212,14 @@ sd_status sd_mem_plan_from_opts(const sd_train_opts *o, const sd_host_mem *host,
     sd_data d;
     rc = sd_data_open(&d, o->shards, o->nshards, o->batch, o->seed, o->allow_mixed, err);
     if (!rc) {
+        /* shards this model cannot train on are refused as a run refuses them */
+        const sd_unet_config *c = &u.cfg;
+        sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
+                           .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0};
+        rc = sd_data_check_model(&d, &lo, err);
+        if (rc) sd_data_close(&d);
+    }
+    if (!rc) {
         rc = sd_mem_plan_make(o, &u, &d, sd_dist_rank(), sd_dist_world(), host, device_memory(o), p, err);
         sd_data_close(&d);
     }
