@@ -344,7 +344,11 @@ int main(int argc, char **argv)
                   "  sd-train --unet-config tiny/config.json -o run/ --steps 300 cache.shard   # from scratch\n"
                   "  sd-train --unet sd15/ -o run/ --epochs 10 subject.shard@10 reg.shard   # kohya-style repeats\n"
                   "  sd-train --config run/checkpoint-500/train_config.json --set optimizer.lr=5e-6 cache-*.shard\n"
-                  "  mpirun -np 8 sd-train --device cuda --unet sd15/ -o run/ --batch 4 cache-*.shard   # 8 GPUs\n",
+                  "  mpirun -np 8 sd-train --device cuda --unet sd15/ -o run/ --batch 4 cache-*.shard   # 8 GPUs\n"
+                  "  sd-train --unet-config sdxl-unet.json --memory-plan --gradient-checkpointing --optimizer adafactor "
+                  "cache.shard   # bytes it needs, no weights allocated\n"
+                  "  sd-train --memory-plan --device cuda:0 --gpu-memory-limit 24 --unet sd15/ --batch 8 cache.shard   "
+                  "# fits a 24 GB card?\n",
         "0 ok (also when SIGINT/SIGTERM stopped the run after saving), 2 usage error, 3 fatal error "
         "(a non-finite loss included)."};
     sd_strlist pos = {0};

@@ -106,7 +106,7 @@ static void judge(const sd_train_opts *o, const sd_host_mem *host, size_t device
     if (o->device >= 0) {
         p->limit = o->gpu_mem_limit ? o->gpu_mem_limit : device_total;
         snprintf(p->limit_from, sizeof p->limit_from, "%s", o->gpu_mem_limit ? "--gpu-memory-limit"
-                                                            : device_total ? "device memory" : "unknown");
+                                                            : device_total ? "device memory" : "none (no device to ask)");
     } else {
         p->limit = o->host_mem_limit ? o->host_mem_limit : host->rss + host->available;
         snprintf(p->limit_from, sizeof p->limit_from, "%s",
