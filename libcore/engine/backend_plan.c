@@ -242,6 +242,33 @@ static void tr_op(void *ex, int n, int r, int c, float *y, const float *x)
     (void)ex, (void)n, (void)r, (void)c, (void)y, (void)x;
 }
 
+static void scale_op(void *ex, size_t n, float *y, const float *x, float a)
+{
+    (void)ex, (void)n, (void)y, (void)x, (void)a;
+}
+
+static void mul_fwd(void *ex, size_t n, float *y, const float *a, const float *b)
+{
+    (void)ex, (void)n, (void)y, (void)a, (void)b;
+}
+
+static void mul_bwd(void *ex, size_t n, float *da, float *db, const float *dy, const float *a, const float *b)
+{
+    (void)ex, (void)n, (void)da, (void)db, (void)dy, (void)a, (void)b;
+}
+
+static void emb_fwd(void *ex, const sd_embedding_shape *s, float *y, const int32_t *ids, const float *tok,
+                    const float *pos)
+{
+    (void)ex, (void)s, (void)y, (void)ids, (void)tok, (void)pos;
+}
+
+static void emb_bwd(void *ex, const sd_embedding_shape *s, float *dtok, float *dpos, const float *dy,
+                    const int32_t *ids)
+{
+    (void)ex, (void)s, (void)dtok, (void)dpos, (void)dy, (void)ids;
+}
+
 /* The optimizer's entries: no scratch worth a line (sum_squares' partial
  * sums are a few doubles). */
 static double sumsq(void *ex, size_t n, const float *x)
@@ -298,6 +325,10 @@ static const sd_backend plan_table = {
     .quick_gelu_bwd = un_bwd,
     .geglu_fwd = geglu_fwd,
     .geglu_bwd = geglu_bwd,
+    .scale_fwd = scale_op,
+    .scale_bwd = scale_op,
+    .mul_fwd = mul_fwd,
+    .mul_bwd = mul_bwd,
     .concat_fwd = cat_fwd,
     .concat_bwd = cat_bwd,
     .add_bcast_channel_fwd = bc_fwd,
@@ -308,6 +339,8 @@ static const sd_backend plan_table = {
     .transpose_bwd = tr_op,
     .gauss_std_fwd = un_fwd,
     .gauss_std_bwd = un_bwd,
+    .embedding_fwd = emb_fwd,
+    .embedding_bwd = emb_bwd,
     .sum_squares = sumsq,
     .adamw = adamw,
     .adamw_bf16 = adamw_bf16,
