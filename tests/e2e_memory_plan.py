@@ -7,7 +7,9 @@ a too-small --host-memory-limit gives fits false, and a normal run under it
 stops before its first step with the plan in its message (no checkpoint);
 an SD 1.5-size model is planned from --unet-config without allocating its
 weights; bad options are usage errors.
-Usage: e2e_memory_plan.py SD_TRAIN TEST_TRAIN UNET_CONFIG [TEST...]"""
+a --val shard whose bucket is larger is planned for; its text token count
+is read from the records.
+Usage: e2e_memory_plan.py SD_TRAIN TEST_TRAIN UNET_CONFIG BENCH_MEM_SHARD [TEST...]"""
 import json
 import os
 import resource
@@ -17,7 +19,7 @@ import sys
 import tempfile
 import unittest
 
-TRAIN = MAKE = CONFIG = None
+TRAIN = MAKE = CONFIG = SHARD_OF = None
 CATEGORIES = ("weights", "gradients", "optimizer", "ema", "activations", "workspace", "process", "total")
 
 
@@ -163,6 +165,15 @@ class MemoryPlan(unittest.TestCase):
         self.assertGreater(p["weights"], 3 << 30)
         self.assertLess(after, 1 << 20, "the plan allocated the weights (%d KiB peak, before %d)" % (after, before))
 
+    def test_val_shard_with_a_larger_bucket(self):
+        val = os.path.join(self.tmp.name, "val.shard")
+        subprocess.run([SHARD_OF, val, "128", "96", "8", "0", "2"], check=True)
+        plain = self.plan()
+        p = self.plan("--val", val)
+        self.assertEqual(p["bucket"], {"width": 128, "height": 96, "latent": [12, 16], "batch": 1, "tokens": 77})
+        self.assertGreater(p["activations"], plain["activations"])
+        self.assertEqual(p["weights"], plain["weights"])
+
     def test_bad_options(self):
         _, _, err = run("--unet-config", CONFIG, "--memory-plan", "--host-memory-limit", "-1", self.shard, ok=(2,))
         self.assertIn("--host-memory-limit", err)
@@ -176,5 +187,5 @@ class MemoryPlan(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    TRAIN, MAKE, CONFIG = sys.argv[1:4]
-    unittest.main(argv=sys.argv[:1] + sys.argv[4:], verbosity=2)
+    TRAIN, MAKE, CONFIG, SHARD_OF = sys.argv[1:5]
+    unittest.main(argv=sys.argv[:1] + sys.argv[5:], verbosity=2)

@@ -115,6 +115,7 @@ static void judge(const sd_train_opts *o, const sd_host_mem *host, size_t device
     p->fits = !p->limit || p->total <= p->limit;
 }
 
+/* The plan of one set of shards (mem_plan.h). */
 sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_data *d, int rank, int world,
                            const sd_host_mem *host, size_t device_total, sd_mem_plan *p, sd_error *err)
 {
@@ -203,25 +204,50 @@ static sd_status layout_model(const sd_train_opts *o, sd_unet *u, sd_error *err)
     return rc ? rc : sd_unet_build_names(u, &c, err);
 }
 
+/* Shards opened and checked against the model as sd_trainer_open does. */
+static sd_status open_checked(const sd_train_opts *o, const sd_unet *u, const char *const *paths, int n, sd_data *d,
+                              sd_error *err)
+{
+    sd_status rc = sd_data_open(d, paths, n, o->batch, o->seed, o->allow_mixed, err);
+    if (rc) return rc;
+    /* shards this model cannot train on are refused as a run refuses them */
+    const sd_unet_config *c = &u->cfg;
+    sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
+                       .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0};
+    rc = sd_data_check_model(d, &lo, err);
+    if (rc) sd_data_close(d);
+    return rc;
+}
+
+/* The training shards' plan, or the validation shard's where its largest
+ * bucket needs more (validation runs on the same buffers). */
+static sd_status plan_both(const sd_train_opts *o, const sd_unet *u, const sd_data *train, const sd_data *val,
+                           int rank, int world, const sd_host_mem *host, size_t device_total, sd_mem_plan *p,
+                           sd_error *err)
+{
+    sd_status rc = sd_mem_plan_make(o, u, train, rank, world, host, device_total, p, err);
+    if (rc || !val) return rc;
+    sd_mem_plan q;
+    rc = sd_mem_plan_make(o, u, val, rank, world, host, device_total, &q, err);
+    if (!rc && q.total > p->total) *p = q;
+    return rc;
+}
+
+/* --memory-plan (mem_plan.h): the layout, the shards, the plan. */
 sd_status sd_mem_plan_from_opts(const sd_train_opts *o, const sd_host_mem *host, sd_mem_plan *p, sd_error *err)
 {
     sd_unet u;
     memset(&u, 0, sizeof u);
     sd_status rc = layout_model(o, &u, err);
     if (rc) return rc;
-    sd_data d;
-    rc = sd_data_open(&d, o->shards, o->nshards, o->batch, o->seed, o->allow_mixed, err);
+    sd_data d, v;
+    rc = open_checked(o, &u, o->shards, o->nshards, &d, err);
+    if (!rc && o->val_shard && (rc = open_checked(o, &u, &o->val_shard, 1, &v, err))) sd_data_close(&d);
     if (!rc) {
-        /* shards this model cannot train on are refused as a run refuses them */
-        const sd_unet_config *c = &u.cfg;
-        sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
-                           .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0};
-        rc = sd_data_check_model(&d, &lo, err);
-        if (rc) sd_data_close(&d);
-    }
-    if (!rc) {
-        rc = sd_mem_plan_make(o, &u, &d, sd_dist_rank(), sd_dist_world(), host, device_memory(o), p, err);
+        rc = plan_both(o, &u, &d, o->val_shard ? &v : NULL, sd_dist_rank(), sd_dist_world(), host, device_memory(o),
+                       p, err);
         sd_data_close(&d);
+        if (o->val_shard) sd_data_close(&v);
     }
     sd_unet_free(&u);
     return rc;
@@ -240,5 +266,6 @@ sd_status sd_mem_plan_trainer(const sd_trainer *tr, const sd_host_mem *host, sd_
     }
 #endif
     if (!tr->have_data) return sd_err_set(err, SD_EINVAL, "memory plan: no shards");
-    return sd_mem_plan_make(&tr->o, &tr->unet, &tr->data, tr->rank, tr->world, host, device_total, p, err);
+    return plan_both(&tr->o, &tr->unet, &tr->data, tr->have_val ? &tr->val : NULL, tr->rank, tr->world, host,
+                     device_total, p, err);
 }
