@@ -102,7 +102,8 @@ int main(int argc, char **argv)
          sd_shard_meta_set(s, SD_SHARD_META_MODEL, "bench-vae", &err) == SD_OK;
     for (int i = 0; i < n && ok; i++) {
         uint8_t key[16] = {0xa0, (uint8_t)i, (uint8_t)(i >> 8)};
-        ok = put_text(s, key, cross, pooled, (uint32_t)i + 7u, &err) && put_latent(s, i, (uint32_t)w, (uint32_t)h, key, &err);
+        ok = put_text(s, key, cross, pooled, (uint32_t)i + 7u, &err) &&
+             put_latent(s, i, (uint32_t)w, (uint32_t)h, key, &err);
     }
     sd_error cerr = {0};
     if (s && sd_shard_close(s, &cerr) != SD_OK && ok) {

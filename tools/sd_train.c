@@ -345,8 +345,8 @@ int main(int argc, char **argv)
                   "  sd-train --unet sd15/ -o run/ --epochs 10 subject.shard@10 reg.shard   # kohya-style repeats\n"
                   "  sd-train --config run/checkpoint-500/train_config.json --set optimizer.lr=5e-6 cache-*.shard\n"
                   "  mpirun -np 8 sd-train --device cuda --unet sd15/ -o run/ --batch 4 cache-*.shard   # 8 GPUs\n"
-                  "  sd-train --unet-config sdxl-unet.json --memory-plan --gradient-checkpointing --optimizer adafactor "
-                  "cache.shard   # bytes it needs, no weights allocated\n"
+                  "  sd-train --unet-config sdxl-unet.json --memory-plan --gradient-checkpointing "
+                  "--optimizer adafactor cache.shard   # bytes it needs, no weights allocated\n"
                   "  sd-train --memory-plan --device cuda:0 --gpu-memory-limit 24 --unet sd15/ --batch 8 cache.shard   "
                   "# fits a 24 GB card?\n",
         "0 ok (also when SIGINT/SIGTERM stopped the run after saving), 2 usage error, 3 fatal error "
@@ -406,7 +406,8 @@ int main(int argc, char **argv)
     if (!bad && sd_cli_gib_bytes(gpu_mem_gib, &o.gpu_mem_limit)) bad = "--gpu-memory-limit: GiB, 0 or more";
     if (!bad && o.gpu_mem_limit && o.device < 0) bad = "--gpu-memory-limit needs --device cuda or cuda:K";
     if (!bad && sd_cli_gib_bytes(host_mem_gib, &o.host_mem_limit)) bad = "--host-memory-limit: GiB, 0 or more";
-    if (!bad && o.host_mem_limit && o.device >= 0) bad = "--host-memory-limit is the CPU's; a GPU run takes --gpu-memory-limit";
+    if (!bad && o.host_mem_limit && o.device >= 0)
+        bad = "--host-memory-limit is the CPU's; a GPU run takes --gpu-memory-limit";
     if (!bad && o.val_every < 0) bad = "--val-every must not be negative";
     if (!bad && fresh && resume) bad = "--fresh starts over and --resume continues: give one of them";
     if (!bad && o.zero1 && o.device >= 0) bad = "--zero1 shards the CPU optimizer; not with --device cuda";

@@ -20,7 +20,8 @@ sd_status sd_plan_exec_init(sd_plan_exec *x, size_t span, int workers, sd_error 
     x->workers = workers > 0 ? workers : 1;
     x->span = sd_plan_round(span ? span : 64);
     void *b = mmap(NULL, x->span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (b == MAP_FAILED) return sd_err_set(err, SD_ENOMEM, "memory plan: cannot reserve %zu bytes of address space", span);
+    if (b == MAP_FAILED)
+        return sd_err_set(err, SD_ENOMEM, "memory plan: cannot reserve %zu bytes of address space", span);
     x->base = b;
     return SD_OK;
 }
