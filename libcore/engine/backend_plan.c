@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include "attn_blocks.h"
+#include "dev_ws.h"
 
 /* 64-byte blocks, as the other backends align theirs. */
 size_t sd_plan_round(size_t bytes)
@@ -88,21 +89,14 @@ static sd_status plan_sync(void *ex, sd_error *err)
 }
 
 /* Convolutions: the CPU's im2col or Winograd scratch; on CUDA the padded
- * copy of the input made for asymmetric padding (cuDNN's workspace is a
- * cap the caller adds once). */
-static size_t conv_device_scratch(const sd_conv2d_shape *s)
-{
-    if (s->pad_t == s->pad_b && s->pad_l == s->pad_r) return 0;
-    return (size_t)s->n * (size_t)s->cin * (size_t)(s->h + s->pad_t + s->pad_b) * (size_t)(s->w + s->pad_l + s->pad_r) *
-           sizeof(float);
-}
-
+ * copy of the input made for asymmetric padding (dev_ws.h; cuDNN's
+ * workspace is a cap the caller adds once). */
 static void plan_conv_fwd(void *ex, const sd_conv2d_shape *s, float *y, const float *x, const float *w,
                           const float *b)
 {
     (void)y, (void)x, (void)w, (void)b;
     const sd_plan_exec *p = ex;
-    note(ex, p->device ? conv_device_scratch(s) : sd_conv2d_fwd_scratch_bytes(p->workers, s));
+    note(ex, p->device ? sd_dev_conv_pad_bytes(s) : sd_conv2d_fwd_scratch_bytes(p->workers, s));
 }
 
 static void plan_conv_bwd(void *ex, const sd_conv2d_shape *s, float *dx, float *dw, float *db, const float *dy,
@@ -110,7 +104,7 @@ static void plan_conv_bwd(void *ex, const sd_conv2d_shape *s, float *dx, float *
 {
     (void)db, (void)dy, (void)x, (void)w;
     const sd_plan_exec *p = ex;
-    note(ex, p->device ? conv_device_scratch(s) : sd_conv2d_bwd_scratch_bytes(p->workers, s, dx != NULL, dw != NULL));
+    note(ex, p->device ? sd_dev_conv_pad_bytes(s) : sd_conv2d_bwd_scratch_bytes(p->workers, s, dx != NULL, dw != NULL));
 }
 
 /* Linear: one packed block of w per CPU worker; cuBLAS takes its own. */
