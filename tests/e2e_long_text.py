@@ -6,7 +6,7 @@ embeddings:
   tiny SD 1.x and SDXL encoders equal tests/golden/long_text/ (a
   transcription of sd-scripts' get_hidden_states / get_hidden_states_sdxl
   run on transformers, tests/golden/make_long_text_golden.py) within 1e-4,
-  SDXL's pooled output included;
+  SDXL's pooled output included, and of SD 2.x ("!" padding) at 225;
 - --max-tokens 75 stores what a run without the option stores, byte for
   byte; 150 gets other text keys and a text_encoder meta ending in |tok150;
   a shard holding one length refuses another; bad values are usage errors;
@@ -97,7 +97,7 @@ class LongText(unittest.TestCase):
         with open(os.path.join(GOLDEN, "long_text", "captions.json")) as f:
             cls.gold = json.load(f)
         cls.caps = cls.gold["captions"]
-        cls.sd1, cls.sdxl = make_long_text_models(cls.tmp, os.path.join(GOLDEN, "tokenizer"))
+        cls.sd1, cls.sdxl, cls.sd2 = make_long_text_models(cls.tmp, os.path.join(GOLDEN, "tokenizer"))
         # 50 small images, then a shard of their latents without text (fp32)
         ds = os.path.join(cls.tmp, "ds")
         os.makedirs(ds)
@@ -137,11 +137,12 @@ class LongText(unittest.TestCase):
                 self.assertEqual(hashlib.sha256(f.read()).hexdigest(), h,
                                  "%s: not the weights the golden was made with (numpy's generator changed?)" % rel)
 
-    def check_golden(self, model, tokens, sdxl):
+    def check_golden(self, model, tokens, sdxl, name=None):
         self.test_weights_are_the_goldens()
         recs = text_records(self.shard(model, tokens))
         rows, w, n = tokens + 2, self.gold["width"], len(self.caps)
-        want = np.fromfile(os.path.join(GOLDEN, "long_text", "%s_%d.f32" % ("sdxl" if sdxl else "sd1", tokens)), "<f4")
+        name = name or ("sdxl" if sdxl else "sd1")
+        want = np.fromfile(os.path.join(GOLDEN, "long_text", "%s_%d.f32" % (name, tokens)), "<f4")
         want = want.reshape(n, -1)
         worst = 0.0
         for i in range(n):
@@ -158,7 +159,7 @@ class LongText(unittest.TestCase):
             err = float(np.abs(got - want[i]).max())
             self.assertLessEqual(err, 1e-4, "caption %d (%d tokens): max error %g" % (i, self.gold["tokens"][i], err))
             worst = max(worst, err)
-        print("%s %d: max error %.2e over %d captions" % ("sdxl" if sdxl else "sd1", tokens, worst, n))
+        print("%s %d: max error %.2e over %d captions" % (name, tokens, worst, n))
 
     def test_sd1_150(self):
         self.check_golden(self.sd1, 150, False)
@@ -171,6 +172,9 @@ class LongText(unittest.TestCase):
 
     def test_sdxl_225(self):
         self.check_golden(self.sdxl, 225, True)
+
+    def test_sd2_225(self):
+        self.check_golden(self.sd2, 225, False, "sd2")
 
     def test_75_is_todays_and_lengths_have_their_own_keys(self):
         plain, s75, s150 = self.shard(self.sd1, None), self.shard(self.sd1, 75), self.shard(self.sd1, 150)

@@ -19,7 +19,8 @@ Run by hand (torch, transformers: /tmp/fm-venv):
 Writes tests/golden/long_text/: captions.json (captions, token counts, hashes,
 shapes) and one little-endian float32 file per variant and length:
 sd1_150.f32 [50, 152, 4], sd1_225.f32 [50, 227, 4], sdxl_150.f32 and
-sdxl_225.f32 [50, T*4 + T*4 + 4] per caption (hidden1, hidden2, pooled)."""
+sdxl_225.f32 [50, T*4 + T*4 + 4] per caption (hidden1, hidden2, pooled),
+sd2_225.f32 [50, 227, 4] (SD 2.x: the OpenCLIP tokenizer's "!" padding)."""
 import hashlib
 import json
 import os
@@ -117,6 +118,16 @@ def sd1_states(tok, enc, caps, max_tokens):
     return join(h.reshape(b, -1, h.shape[-1]), max_tokens)
 
 
+def sd2_states(tok, enc, caps, max_tokens):
+    """get_hidden_states with args.v2: its fix-up for a chunk that starts
+    with EOS compares input_ids[j, 1] with tokenizer.eos_token, a string,
+    which a tensor never equals, so it joins as SD 1.x does; the chunks
+    differ (pad "!" = 0, mended ends)."""
+    for c in caps[:3]:
+        assert not bool(input_ids(tok, c, max_tokens + 2)[0, 1] == tok.eos_token)
+    return sd1_states(tok, enc, caps, max_tokens)
+
+
 def pool_workaround(enc, last, ids, eos):
     """The end token's row (the first EOS: argmax of the mask), projected."""
     idx = torch.argmax((ids == eos).int(), dim=1)
@@ -152,16 +163,19 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     caps = captions()
     with tempfile.TemporaryDirectory() as tmp:
-        sd1, sdxl = make_long_text_models(tmp, os.path.join(HERE, "tokenizer"))
+        sd1, sdxl, sd2 = make_long_text_models(tmp, os.path.join(HERE, "tokenizer"))
         hashes = {k: sha256(os.path.join(d, sub, "model.safetensors"))
                   for k, d, sub in (("sd1/text_encoder", sd1, "text_encoder"),
                                     ("sdxl/text_encoder", sdxl, "text_encoder"),
-                                    ("sdxl/text_encoder_2", sdxl, "text_encoder_2"))}
+                                    ("sdxl/text_encoder_2", sdxl, "text_encoder_2"),
+                                    ("sd2/text_encoder", sd2, "text_encoder"))}
         tok = CLIPTokenizer.from_pretrained(os.path.join(sd1, "tokenizer"))
         tok1 = CLIPTokenizer.from_pretrained(os.path.join(sdxl, "tokenizer"))
         tok2 = CLIPTokenizer.from_pretrained(os.path.join(sdxl, "tokenizer_2"))
         tok2.pad_token_id = 0  # as SdxlTokenizeStrategy sets it
-        assert tok.pad_token_id == tok.eos_token_id == 49407 and tok2.pad_token_id == 0
+        tokv2 = CLIPTokenizer.from_pretrained(os.path.join(sd2, "tokenizer"))
+        assert tok.pad_token_id == tok.eos_token_id == 49407 and tok2.pad_token_id == tokv2.pad_token_id == 0
+        encv2 = CLIPTextModel.from_pretrained(os.path.join(sd2, "text_encoder")).double().eval()
         enc = CLIPTextModel.from_pretrained(os.path.join(sd1, "text_encoder")).double().eval()
         enc1 = CLIPTextModel.from_pretrained(os.path.join(sdxl, "text_encoder")).double().eval()
         enc2 = CLIPTextModelWithProjection.from_pretrained(os.path.join(sdxl, "text_encoder_2")).double().eval()
@@ -173,6 +187,9 @@ def main():
             h1, h2, p = sdxl_states(tok1, tok2, enc1, enc2, caps, n)
             flat = torch.cat([h1.reshape(len(caps), -1), h2.reshape(len(caps), -1), p], dim=1)
             flat.numpy().astype("<f4").tofile(os.path.join(OUT, "sdxl_%d.f32" % n))
+        # SD 2.x (a diffusers text_encoder holds the 23 layers it uses: its last_hidden_state,
+        # as sd-scripts' v2 model), at 225 only: the same join as SD 1.x, other padding
+        sd2_states(tokv2, encv2, caps, 225).numpy().astype("<f4").tofile(os.path.join(OUT, "sd2_225.f32"))
     meta = {"source": "kohya-ss/sd-scripts 48d368fa557731ad0488c07304dfeba8c07910eb, transcribed",
             "width": WIDTH, "seeds": LONG_SEEDS, "sha256": hashes, "tokens": tokens, "captions": caps}
     with open(os.path.join(OUT, "captions.json"), "w") as f:
