@@ -12,8 +12,10 @@ embeddings:
   a shard holding one length refuses another; bad values are usage errors;
 - sd-train trains a tiny UNet (cross_attention_dim 4) on a 150-token shard
   with conditioning dropout (the empty caption's embedding has 152 rows too)
-  and validation, nothing skipped; shards of two lengths in one run are
-  refused with a message naming both, --allow-mixed or not.
+  and validation, nothing skipped, and a tiny SDXL UNet on a 225-token
+  shard; shards of two lengths in one run are refused with a message naming
+  both, --allow-mixed or not; a --val shard of another length is refused as
+  another setup, and validated on (the UNet planned again) with --allow-mixed.
 The encoders are tests/tiny_clip.py's (make_long_text_models), made again
 here from their seeds; the hashes of their weights are checked against the
 golden's first, so the expected numbers are for the same weights.
@@ -224,6 +226,26 @@ class LongText(unittest.TestCase):
         self.assertEqual({r["val_images"] for r in vals}, {len(self.caps)})
         self.assertTrue(os.path.isfile(os.path.join(out, "checkpoint-4", "unet", "diffusion_pytorch_model.safetensors")))
 
+    def test_train_sdxl_on_225_tokens(self):
+        """The SDXL path: both 227-row hidden states side by side (4 + 4) and the first chunk's
+        pooled output into text_time."""
+        with open(os.path.join(GOLDEN, "unet", "sdxl", "unet", "config.json")) as f:
+            cfg = json.load(f)
+        cfg["cross_attention_dim"] = 8
+        cfg["projection_class_embeddings_input_dim"] = 4 + 6 * cfg["addition_time_embed_dim"]
+        conf = os.path.join(self.tmp, "unet_sdxl_8.json")
+        with open(conf, "w") as f:
+            json.dump(cfg, f)
+        s = self.shard(self.sdxl, 225)
+        m = os.path.join(self.tmp, "runxl.jsonl")
+        _, _, err = sh(TRAIN, "--unet-config", conf, "-o", os.path.join(self.tmp, "runxl"), "--steps", "2", "--batch",
+                       "4", "--dropout", "0.5", "--metrics", m, "-j", "1", s)
+        self.assertIn("step 2/2", err)
+        with open(m) as f:
+            losses = [json.loads(l)["loss"] for l in f]
+        self.assertEqual(len(losses), 2)
+        self.assertTrue(all(np.isfinite(losses)), losses)
+
     def test_two_lengths_in_one_run_refused(self):
         s75, s150 = self.shard(self.sd1, 75), self.shard(self.sd1, 150)
         for extra in ([], ["--allow-mixed"]):
@@ -231,6 +253,18 @@ class LongText(unittest.TestCase):
                            *extra, s75, s150, ok=(3,))
             self.assertIn("%s: text embeddings of 150 caption tokens (152 rows), the first shard's of 75 (77 rows)"
                           % s150, err)
+        # a held-out shard of another length: refused as another setup, taken with --allow-mixed
+        # (the UNet is planned again for its length)
+        _, _, err = sh(TRAIN, "--unet-config", UNET_CONFIG, "-o", os.path.join(self.tmp, "valmix"), "--steps", "1",
+                       "--val", s75, s150, ok=(3,))
+        self.assertIn("--val %s: made with another VAE or text encoder setup" % s75, err)
+        m = os.path.join(self.tmp, "valmix.jsonl")
+        sh(TRAIN, "--unet-config", UNET_CONFIG, "-o", os.path.join(self.tmp, "valmix"), "--steps", "2", "--batch", "4",
+           "--allow-mixed", "--val", s75, "--val-every", "1", "--metrics", m, "-j", "1", s150)
+        with open(m) as f:
+            vals = [r for r in map(json.loads, f) if "val_loss" in r]
+        self.assertEqual([r["val_images"] for r in vals], [len(self.caps)] * 3)
+        self.assertTrue(all(np.isfinite([r["val_loss"] for r in vals])))
 
 
 if __name__ == "__main__":
