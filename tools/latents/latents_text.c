@@ -264,7 +264,7 @@ sd_status text_put_many(text_cache *t, sd_shard *s, size_t count, const char *co
     int32_t *ids = malloc(np * seq * sizeof(int32_t));
     size_t cbytes = (need + pdim) * esz;
     if (!ids || grow(&t->hidden, &t->hidden_cap, np * need) || grow(&t->pooled, &t->pooled_cap, np * pdim + 1) ||
-        grow(&t->raw, &t->raw_cap, np * seq * wmax) || grow(&t->rawpool, &t->rawpool_cap, nseq * pdim + 1))
+        (k > 1 && (grow(&t->raw, &t->raw_cap, np * seq * wmax) || grow(&t->rawpool, &t->rawpool_cap, nseq * pdim + 1))))
         st = sd_err_set(err, SD_ENOMEM, "out of memory for text encoding");
     if (!st && cbytes > t->conv_cap) {
         unsigned char *c = realloc(t->conv, cbytes);
@@ -279,10 +279,12 @@ sd_status text_put_many(text_cache *t, sd_shard *s, size_t count, const char *co
         size_t wd = (size_t)t->enc[i].cfg.width;
         for (size_t j = 0; j < np && !st; j++)
             st = tokenize(t, i, captions[pend[j]], lens[pend[j]], ids + j * seq, err);
+        /* one chunk (75 tokens) is the joined sequence itself: straight into hidden and pooled */
+        float *h = k > 1 ? t->raw : t->hidden + base, *p = k > 1 ? t->rawpool : t->pooled;
         if (!st)
-            st = sd_clip_text_runner_encode(&t->run[i], &t->enc[i], (int)nseq, SD_CLIP_CTX, ids, &t->out[i], t->raw,
-                                            i == 1 ? t->rawpool : NULL, err);
-        for (size_t j = 0; j < np && !st; j++) {
+            st = sd_clip_text_runner_encode(&t->run[i], &t->enc[i], (int)nseq, SD_CLIP_CTX, ids, &t->out[i], h,
+                                            i == 1 ? p : NULL, err);
+        for (size_t j = 0; j < np && k > 1 && !st; j++) {
             sd_clip_kohya_join(t->raw + j * seq * wd, k, wd, t->hidden + base + j * rows * wd);
             if (i == 1) /* the first chunk's, as sd-scripts' pool2[::n] */
                 memcpy(t->pooled + j * pdim, t->rawpool + j * k * pdim, pdim * sizeof(float));
