@@ -62,14 +62,42 @@ size_t sd_train_param_count(const sd_trainer *tr)
     return n;
 }
 
+/* Values in each AdamW moment this rank holds: all, or its ZeRO-1 share. */
+static size_t moment_values(const sd_train_opts *o, size_t total, int rank, int world)
+{
+    return o->zero1 ? sd_dist_owned(total, rank, world) : total;
+}
+
+/* Bytes of one AdamW moment value. */
+static size_t moment_bytes(const sd_train_opts *o)
+{
+    return o->moments == SD_DT_BF16 ? 2 : 4;
+}
+
 /* AdamW's moments (this rank's segments under ZeRO-1), or the other
  * optimizer's state. */
 size_t sd_train_optimizer_bytes(const sd_trainer *tr)
 {
     if (tr->o.optimizer != SD_OPT_ADAMW)
         return sd_opt_state_bytes(&tr->opt);
-    size_t n = tr->o.zero1 ? sd_dist_owned(tr->unet.w.total, tr->rank, tr->world) : tr->unet.w.total;
-    return 2 * n * tr->moment_size;
+    return 2 * moment_values(&tr->o, tr->unet.w.total, tr->rank, tr->world) * tr->moment_size;
+}
+
+/* What sd_trainer_open allocates for w's model under o, from the same
+ * helpers it allocates with (train.h). */
+sd_train_state_bytes sd_train_state_sizes(const sd_train_opts *o, const sd_weights *w, int rank, int world)
+{
+    sd_train_state_bytes b = {.weights = sd_weights_bytes(w), .gradients = w->total * sizeof(float)};
+    if (o->optimizer == SD_OPT_ADAMW) {
+        b.optimizer = 2 * moment_values(o, w->total, rank, world) * moment_bytes(o);
+    } else {
+        sd_opt_state s;
+        sd_opt_state_layout(&s, o->optimizer, o->adafactor_beta1 >= 0, w);
+        b.optimizer = sd_opt_state_bytes(&s);
+        sd_opt_state_free(&s);
+    }
+    b.ema = o->ema_decay > 0 ? w->total * sizeof(float) : 0;
+    return b;
 }
 
 /* The model: loaded, or built from a config and initialised. */
@@ -239,12 +267,12 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         sd_trainer_close(tr);
         return sd_err_set(err, SD_EINVAL, "AdamW moments are stored as fp32 or bf16");
     }
-    tr->moment_size = o->moments == SD_DT_BF16 ? 2 : 4;
+    tr->moment_size = moment_bytes(o);
     if (o->optimizer != SD_OPT_ADAMW) {
         rc = open_other_optimizer(tr, err);
         if (rc) return rc;
     } else if (o->zero1) {
-        size_t own = sd_dist_owned(n, tr->rank, tr->world);
+        size_t own = moment_values(o, n, tr->rank, tr->world);
         tr->m_sh = calloc(own ? own : 1, tr->moment_size);
         tr->v_sh = calloc(own ? own : 1, tr->moment_size);
         if (!tr->m_sh || !tr->v_sh) {
