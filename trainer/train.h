@@ -99,7 +99,18 @@ typedef struct {
      * encoders from base_model, or from unet when base_model is NULL */
     int save_full;
     const char *base_model;
+    /* samples (train_samples.c): the prompts of a JSONL file (sd-sample's
+     * lines) rendered every sample_every steps (0: at checkpoints) and at
+     * the end, conditioned by sample_model's text encoders (NULL:
+     * base_model, else the unet folder; sample_tokenizer for a single
+     * file) */
+    const char *sample_prompts;
+    long sample_every;
+    const char *sample_model, *sample_tokenizer;
 } sd_train_opts;
+
+/* The samples' prompts, conditioning and VAE decoder (train_samples.c). */
+typedef struct sd_train_samples sd_train_samples;
 
 typedef struct {
     sd_train_opts o;
@@ -153,7 +164,8 @@ typedef struct {
     void *m_sh, *v_sh;
     sd_opt_state opt; /* --optimizer adamw8bit or adafactor: their per-tensor state (optim.h) */
     FILE *metrics;
-    sd_tb tb; /* TensorBoard scalars, when o.tensorboard (rank 0) */
+    sd_tb tb; /* TensorBoard scalars and sample images, when o.tensorboard (rank 0) */
+    sd_train_samples *samples; /* rank 0 with o.sample_prompts, from the run's start; else NULL */
     double loss_ema;
     /* data parallel (dist.h): this rank of world; each optimizer step
      * takes world * accum batches of the global order, this rank the ones

@@ -57,6 +57,19 @@ sd_status sd_train_apply_zero1(sd_trainer *tr, double norm, sd_error *err);
 void sd_train_tell_stop(sd_trainer *tr);
 /* A tally's summary over every rank, logged by rank 0 (collective). */
 sd_status sd_train_log_tally_all(const sd_trainer *tr, const sd_tally *t, const char *what, sd_error *err);
+/* Samples (train_samples.c), rank 0 only, nothing without
+ * o.sample_prompts. Open: the prompts read (an unreadable file is the only
+ * error), their conditioning made with the sample model's text encoders,
+ * which are freed, and the VAE decoder loaded; an unusable model is a
+ * warning and no samples. Render: every prompt at tr->step with the
+ * weights and the EMA weights (only_missing: only the images whose file
+ * is not there, for a run that took no step); failures are warned about
+ * and counted, never returned. Summary: the counts by reason. */
+sd_status sd_train_samples_open(sd_trainer *tr, sd_error *err);
+void sd_train_samples_render(sd_trainer *tr, int only_missing);
+void sd_train_samples_summary(const sd_trainer *tr);
+void sd_train_samples_close(sd_trainer *tr);
+
 /* Several ranks: every rank's state against rank 0's before the run. */
 sd_status sd_train_check_world(const sd_trainer *tr, sd_error *err);
 

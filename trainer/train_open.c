@@ -349,6 +349,7 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
 /* Free everything. */
 void sd_trainer_close(sd_trainer *tr)
 {
+    sd_train_samples_close(tr); /* its buffers on the backend go before the backend */
 #ifdef SDTK_HAVE_NCCL
     sd_nccl_close(tr->nccl);
 #endif
