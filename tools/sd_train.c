@@ -222,6 +222,11 @@ int main(int argc, char **argv)
         {"dropout", 0, SD_OPT_DOUBLE, &o.dropout, "P",
          "probability of training on the shard's empty-caption embedding (default 0)"},
         {"no-flip", 0, SD_OPT_FLAG, &o.no_flip, NULL, "never use the cached flipped latents"},
+        {"masked-loss", 0, SD_OPT_FLAG, &o.masked_loss, NULL,
+         "weight each latent pixel's squared error by the record's loss mask (sd-latents --masks, or an imported "
+         "kohya alpha_mask), reduced to the latent size as sd-scripts' --masked_loss does (the mean of each 8x8 "
+         "block) and mirrored for a flipped sample; a record without a mask weighs 1 everywhere. Validation "
+         "stays plain MSE"},
         {"no-carry", 0, SD_OPT_FLAG, &o.no_carry, NULL,
          "let a bucket's last batch of an epoch run short (by default it is filled with the first records of the "
          "bucket's next-epoch shuffle, so every batch is full, except in a bucket with fewer records than "
