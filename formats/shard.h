@@ -292,6 +292,10 @@ sd_status sd_shard_rec_build(const sd_shard_rec *r, sd_buf *out, sd_error *err);
 sd_status sd_shard_rec_parse(const void *val, size_t len, sd_shard_rec *out, sd_error *err);
 /* Recompute the payload's XXH3-64 and compare with the stored one. */
 sd_status sd_shard_rec_check_payload(const sd_shard_rec *r, sd_error *err);
+/* A loss mask reduced by f on each side as sd-scripts' area interpolation
+ * does (the mean of each f x f block; formats/shard_mask.c): src fp32
+ * [mh, mw] bytes, out [mh / f, mw / f], mirrored when flip. */
+void sd_shard_mask_reduce(const void *src, int mh, int mw, int f, int flip, float *out);
 /* Find a tensor by role; NULL when absent. */
 const sd_shard_tensor *sd_shard_rec_tensor(const sd_shard_rec *r, int role);
 

@@ -1,9 +1,8 @@
 /* sd-train --masked-loss: a record's loss mask at the latent size, as
- * sd-scripts' apply_masked_loss makes it (library/custom_train_functions.py:
- * the alpha mask, 0..1 at the image's size, interpolated with mode "area"
- * to the loss's size: with an image 8 times the latent, each latent pixel
- * takes the mean of its 8 x 8 pixels), mirrored for a flipped sample as
- * sd-scripts mirrors the cached mask. */
+ * sd-scripts' apply_masked_loss makes it (sd_shard_mask_reduce: with an
+ * image 8 times the latent, each latent pixel takes the mean of its 8 x 8
+ * pixels), mirrored for a flipped sample as sd-scripts mirrors the cached
+ * mask. */
 #include <stdio.h>
 #include <string.h>
 
@@ -30,23 +29,11 @@ const char *sd_data_mask_load(const sd_shard_rec *r, int flip, int h, int w, flo
         snprintf(note, NOTE_CAP, "mask %dx%d, latent %dx%d", mw, mh, w, h);
         return "loss mask size differs from the latent's";
     }
-    const unsigned char *src = m->data;
-    for (int y = 0; y < h; y++)
-        for (int x = 0; x < w; x++) {
-            /* area: the mean of the f x f block, summed in row order as torch's adaptive average */
-            float s = 0;
-            for (int dy = 0; dy < f; dy++)
-                for (int dx = 0; dx < f; dx++) {
-                    float v;
-                    memcpy(&v, src + 4 * ((size_t)(y * f + dy) * (size_t)mw + (size_t)(x * f + dx)), 4);
-                    s += v;
-                }
-            float a = s / (float)(f * f);
-            if (!(a >= 0.0f && a <= 1.0f)) {
-                snprintf(note, NOTE_CAP, "a latent pixel's weight %g", (double)a);
-                return "loss mask value outside 0..1";
-            }
-            out[(size_t)y * (size_t)w + (size_t)(flip ? w - 1 - x : x)] = a;
+    sd_shard_mask_reduce(m->data, mh, mw, f, flip, out);
+    for (size_t i = 0; i < n; i++)
+        if (!(out[i] >= 0.0f && out[i] <= 1.0f)) {
+            snprintf(note, NOTE_CAP, "a latent pixel's weight %g", (double)out[i]);
+            return "loss mask value outside 0..1";
         }
     return NULL;
 }

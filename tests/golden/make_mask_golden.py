@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Golden files for loss masks (sd-train --masked-loss, trainer/data_mask.c), run by hand,
 not in CI:
-    python3 tests/golden/make_mask_golden.py [train]
-(needs torch, diffusers, safetensors, numpy from PyPI).
+    SDTK_PHOTOS=/work/photos python3 tests/golden/make_mask_golden.py [train] [photos]
+(needs torch, diffusers, safetensors, numpy, PIL from PyPI).
 
 train: tests/golden/unet/sd1/masked.safetensors, the masked loss of sd-scripts on the tiny sd1
     UNet (tests/golden/unet/sd1, made by make_unet_golden.py), in float64: two samples of 16x16
@@ -15,7 +15,17 @@ train: tests/golden/unet/sd1/masked.safetensors, the masked loss of sd-scripts o
     [2, 16, 16]: torch's area interpolation of the alpha masks), the loss, and every parameter's
     gradient as statistics (grad_stats [P, 3] float64: L2 norm, projection on the fixed vector
     of make_unet_golden.rvec, largest magnitude; names one per line in the metadata entry
-    `names`)."""
+    `names`).
+
+photos: tests/golden/masks/photos.npz, sd-scripts' masks at the latent size for the cases of
+    tests/mask_alpha.py: RGBA PNGs made from the wallpaper photos (which have no transparency)
+    with a generated alpha channel, taken through sd-scripts' caching path
+    (library/train_util.py trim_and_resize_if_required: utils.resize_image with cv2's
+    INTER_AREA when both sides shrink, PIL's LANCZOS otherwise, then the crop; the alpha channel
+    as alpha.astype(float32) / 255) and apply_masked_loss' area interpolation to the latent
+    size (1/8). cv2 is not installed here: INTER_AREA is the float transcription of
+    tests/e2e_image.py (area_resize), rounded to 8 bits as cv2 stores it. Keys case<i>, float32
+    [crop_h / 8, crop_w / 8]."""
 import os
 import sys
 
@@ -87,7 +97,47 @@ def make_train():
     print(f"masked: loss {loss.item():.8f} (unmasked {unmasked:.8f}), mask mean {masks.mean().item():.4f}")
 
 
+def inter_area(a, rw, rh):
+    """cv2.resize(..., INTER_AREA) of a uint8 plane, in float, rounded to uint8 (the
+    transcription in tests/e2e_image.py area_resize: each output pixel the mean of the source
+    span it covers, edge pixels weighted by the part covered)."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from e2e_image import area_resize
+    return area_resize(a[:, :, None], rw, rh)[:, :, 0]
+
+
+def make_photos():
+    """tests/golden/masks/photos.npz (see the module's docstring)."""
+    from PIL import Image
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from mask_alpha import CASES, rgba_from_photo
+    root = os.environ["SDTK_PHOTOS"]
+    photos = sorted(f for f in os.listdir(root) if f.lower().endswith((".jpg", ".png")))
+    out = {}
+    for i, (pi, size, (rw, rh), (l, t, r, b)) in enumerate(CASES):
+        im = rgba_from_photo(os.path.join(root, photos[pi]), size, i)
+        rgba = np.asarray(im)
+        w, h = size
+        if (w, h) == (rw, rh):
+            alpha = rgba[:, :, 3]
+        elif w >= rw and h >= rh:
+            alpha = inter_area(rgba[:, :, 3], rw, rh)
+        else:  # PIL resizes an RGBA image's alpha as a plane of its own
+            alpha = np.asarray(Image.fromarray(rgba[:, :, 3], "L").resize((rw, rh), Image.LANCZOS))
+        alpha = alpha[t:b, l:r].astype(np.float32) / 255.0
+        m = torch.from_numpy(alpha)[None, None]
+        red = F.interpolate(m, size=(alpha.shape[0] // 8, alpha.shape[1] // 8), mode="area")[0, 0]
+        out["case%d" % i] = red.numpy().astype(np.float32)
+        print(f"photos case {i}: {photos[pi]} {size} -> {rw}x{rh} box {(l, t, r, b)}: mask {tuple(red.shape)} "
+              f"mean {red.mean().item():.4f}")
+    d = os.path.join(os.path.dirname(os.path.abspath(__file__)), "masks")
+    os.makedirs(d, exist_ok=True)
+    np.savez(os.path.join(d, "photos.npz"), **out)
+
+
 if __name__ == "__main__":
-    what = sys.argv[1:] or ["train"]
+    what = sys.argv[1:] or ["train", "photos"]
     if "train" in what:
         make_train()
+    if "photos" in what:
+        make_photos()
