@@ -141,6 +141,7 @@ int main(int argc, char **argv)
                   "Examples:\n"
                   "  sd-meta data/ | sd-bucket --plan sdxl | sd-latents --vae sdxl-model/ -o cache/latents.shard\n"
                   "  sd-latents --vae vae.safetensors --shard 0/4 -o cache/part0.shard bucketed.jsonl   # 4 processes\n"
+                  "  sd-latents --vae sd15/ --masks alpha -o masked.shard bucketed.jsonl   # then sd-train --masked-loss\n"
                   "  sd-meta --source kohya meta_cap_dd.json --no-check-images | sd-latents --text sd15/ --text-only "
                   "-o kohya.lmdb\n",
         NULL};

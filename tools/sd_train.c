@@ -290,6 +290,7 @@ int main(int argc, char **argv)
                   "  sd-train --unet sd15/ -o run/ --batch 4 --lr 1e-5 --save-every 500 cache-*.shard\n"
                   "  sd-train --unet-config tiny/config.json -o run/ --steps 300 cache.shard   # from scratch\n"
                   "  sd-train --unet sd15/ -o run/ --epochs 10 subject.shard@10 reg.shard   # kohya-style repeats\n"
+                  "  sd-train --unet sd15/ -o run/ --masked-loss masked.shard   # sd-latents --masks, or kohya alpha_mask\n"
                   "  sd-train --config run/checkpoint-500/train_config.json --set optimizer.lr=5e-6 cache-*.shard\n"
                   "  mpirun -np 8 sd-train --device cuda --unet sd15/ -o run/ --batch 4 cache-*.shard   # 8 GPUs\n",
         "0 ok (also when SIGINT/SIGTERM stopped the run after saving), 2 usage error, 3 fatal error "

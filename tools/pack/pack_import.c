@@ -750,7 +750,9 @@ int pack_import_kohya(int argc, char **argv)
         "sd-scripts caches text-encoder outputs only for SDXL (_te_outputs.npz), so an SD 1.x/2.x\n"
         "cache imports latents that sd-train cannot use on their own: sd-latents --text MODEL\n"
         "--text-only -o SHARD attaches them (captions from sd-meta, e.g. of the --meta file).\n"
-        "Not imported: alpha_mask (no shard tensor for it) and per-resolution keys (latents_HxW).\n"
+        "An alpha_mask becomes the record's loss mask as it is (fp32 at the image's size; sd-train\n"
+        "--masked-loss); one of another size or with values outside 0..1 skips the file.\n"
+        "Not imported: per-resolution keys (latents_HxW).\n"
         "Example:\n  sd-pack import-kohya train_data -o cache.lmdb --meta meta_lat.json --dtype fp16", NULL};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
