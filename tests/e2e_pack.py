@@ -243,7 +243,7 @@ class Pack(unittest.TestCase):
         rc, _, err = run("import-kohya", d, "-o", shard, "-q")
         self.assertEqual(rc, 0, err)
         self.verify(shard)
-        self.assertEqual(self.info(shard)["latents"]["records"], 4)
+        self.assertEqual((self.info(shard)["latents"]["records"], self.info(shard)["latents"]["masks"]), (4, 3))
         rc, _, err = run("export-kohya", shard, "-o", self.p("alpha-out"), "--layout", "legacy", "-q")
         self.assertEqual(rc, 0, err)
         self.assert_same_tree(self.p("alpha-out"), d)
