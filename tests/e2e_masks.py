@@ -141,8 +141,11 @@ class Masks(unittest.TestCase):
         with open(os.path.join(d, "broken_mask.png"), "wb") as f:
             f.write(b"\x89PNG\r\n\x1a\nnot really a png")
         Image.fromarray(good, "L").save(os.path.join(d, "orphan_mask.png"))
-        _, meta, _ = sh(META, "-q", d)
-        # sd-meta lists the mask files as pictures too when they have captions; these have none
+        _, meta, merr = sh(META, d)
+        # sd-meta leaves out a NAME_mask.png beside its image; the orphan has no image, so it is a
+        # picture without a caption
+        self.assertRegex(merr, r"\b4\s+loss mask beside its image")
+        self.assertNotIn("_mask", meta)
         _, jl, _ = sh(BUCKET, "-q", "--plan", "kohya", "-r", "64x64", "--min-bucket", "64", "--steps", "32", "-",
                       stdin=meta.encode())
         s = self.p("files.shard")
