@@ -181,6 +181,18 @@ class Masks(unittest.TestCase):
         self.assertTrue(all(l > 0 for l in losses(self.p("zu.jsonl"))))
         # and the run over every record trains
         sh(TRAIN, *common, "--masked-loss", "-o", self.p("frun"), s)
+        # version 1 records of the previous release and version 2 ones in one shard: merged, verified,
+        # trained on together
+        v1 = self.p("v1-for-merge.shard")
+        shutil.copy(os.path.join(HERE, "fixtures", "v1.shard"), v1)
+        merged = self.p("merged.shard")
+        sh(PACK, "merge", "-q", "-o", merged, v1, s)
+        _, out, _ = sh(PACK, "info", "--json", merged)
+        lat = json.loads(out)["latents"]
+        self.assertEqual((lat["records"], lat["masks"]), (7, 2))
+        _, _, verr = sh(VERIFY, merged)
+        self.assertIn("0 problems", verr)
+        sh(TRAIN, *common, "-b", "2", "--masked-loss", "-o", self.p("mrun"), merged)
 
     def test_verify_reports_a_mask_outside_0_1(self):
         s = self.p("w.shard")
