@@ -44,7 +44,7 @@ int main(int argc, char **argv)
 {
     latents_opts o = {.device = "cpu", .dtype_name = "fp16", .shard_count = 1};
     const char *part = NULL, *mixed = "no", *vae_act = "fp32", *masks = NULL;
-    long batch = 1, text_batch = 32, threads = 0, groups = 0, seed = 0, clip_skip = 0, max_ws_mib = 0;
+    long batch = 1, text_batch = 32, threads = 0, groups = 0, seed = 0, clip_skip = 0, max_ws_mib = 0, max_tokens = 75;
     int quiet = 0, verbose = 0, text_only = 0;
     double gpu_mem_gib = 0;
     const sd_opt opts[] = {
@@ -72,6 +72,11 @@ int main(int argc, char **argv)
          "fp32 arithmetic; fp16 files into fp16 give the fp32 embeddings bit for bit)"},
         {"clip-skip", 0, SD_OPT_INT, &clip_skip, "N",
          "skip N more text-encoder layers than the SD variant's default (kohya's --clip_skip 2 is 1 here)"},
+        {"max-tokens", 0, SD_OPT_INT, &max_tokens, "N",
+         "--text: caption tokens kept, 75 (default: 77 ids with BOS and EOS), 150 or 225 as sd-scripts' "
+         "--max_token_length: 75-token chunks each wrapped in BOS/EOS and padded as that encoder's tokenizer pads, "
+         "encoded alone, their hidden states joined into 152 or 227 rows (SDXL's pooled output: the first "
+         "chunk's). Embeddings of each length get their own keys; sd-train takes one length per run"},
         {"device", 0, SD_OPT_STR, &o.device, "DEV", "cpu (default) or cuda:K: the VAE and the --text encoders on GPU K (decoding stays on the CPU)"},
         {"tf32", 0, SD_OPT_FLAG, &o.tf32, NULL,
          "GPU: TF32 tensor cores (2.7x faster VAE on an H100, ~1e-3 relative error; records made so get their own "
@@ -143,7 +148,8 @@ int main(int argc, char **argv)
                   "  sd-latents --vae vae.safetensors --shard 0/4 -o cache/part0.shard bucketed.jsonl   # 4 processes\n"
                   "  sd-latents --vae sd15/ --masks alpha -o masked.shard bucketed.jsonl   # then sd-train --masked-loss\n"
                   "  sd-meta --source kohya meta_cap_dd.json --no-check-images | sd-latents --text sd15/ --text-only "
-                  "-o kohya.lmdb\n",
+                  "-o kohya.lmdb\n"
+                  "  sd-latents --vae sd15/ --text sd15/ --max-tokens 225 -o tags.lmdb bucketed.jsonl   # long tag lists\n",
         NULL};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
@@ -175,6 +181,9 @@ int main(int argc, char **argv)
     if (max_ws_mib < 0 || max_ws_mib > 1L << 30)
         bad = usage_msg(msg, sizeof msg, "--max-workspace must be 0..%ld MiB (0: the default)", 1L << 30);
     if (clip_skip < 0 || clip_skip > 48) bad = usage_msg(msg, sizeof msg, "--clip-skip must be 0..48");
+    if (max_tokens != 75 && max_tokens != 150 && max_tokens != 225)
+        bad = usage_msg(msg, sizeof msg, "--max-tokens %ld: expected 75, 150 or 225", max_tokens);
+    else if (max_tokens != 75 && !o.text_model) bad = usage_msg(msg, sizeof msg, "--max-tokens needs --text");
     if (o.tokenizer && !o.text_model) bad = usage_msg(msg, sizeof msg, "--tokenizer needs --text");
     if (o.text_weights && !o.text_model) bad = usage_msg(msg, sizeof msg, "--text-weights needs --text");
     if (!isfinite(o.scale) || o.scale < 0)
@@ -212,6 +221,7 @@ int main(int argc, char **argv)
     o.vae_groups = (int)groups;
     o.vae_act = strcmp(vae_act, "fp32") ? latents_dtype(vae_act) : 0;
     o.clip_skip = (int)clip_skip;
+    o.max_tokens = (int)max_tokens;
     o.max_workspace = (size_t)max_ws_mib << 20;
     o.seed = (uint64_t)seed;
     o.quiet = quiet;

@@ -14,6 +14,7 @@
 #include "dtype.h"
 #include "err.h"
 #include "log.h"
+#include "mem_plan.h"
 #include "model_dir.h"
 #include "pool.h"
 #include "safetensors.h"
@@ -73,6 +74,50 @@ static int fail_all(int code)
     }
     sd_dist_finalize();
     return code;
+}
+
+/* --memory-plan: the plan on stdout (rank 0), nothing trained. */
+static int print_plan(const sd_train_opts *o, const sd_host_mem *host)
+{
+    sd_mem_plan p;
+    sd_error err = {0};
+    if (sd_mem_plan_from_opts(o, host, &p, &err)) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        return fail_all(SD_EXIT_FATAL);
+    }
+    if (sd_dist_rank() == 0) sd_mem_plan_json(&p, o, stdout);
+    fflush(stdout);
+    sd_dist_finalize();
+    return SD_EXIT_OK;
+}
+
+/* Before the first step: a run whose plan does not fit stops now, with
+ * the plan in the message, not with an out-of-memory kill an hour in. */
+static sd_status check_plan(const sd_trainer *tr, const sd_host_mem *host, sd_error *err)
+{
+    sd_mem_plan p;
+    sd_status rc = sd_mem_plan_trainer(tr, host, &p, err);
+    if (rc || p.fits) {
+        if (!rc)
+            sd_log(SD_LOG_INFO, "memory plan: %.2f GiB at the largest bucket (%dx%d, batch %d) of %.2f GiB (%s)",
+                   (double)p.total / (1 << 30), p.width, p.height, p.batch, (double)p.limit / (1 << 30), p.limit_from);
+        return rc;
+    }
+    char *json = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&json, &len);
+    if (f) {
+        sd_mem_plan_json(&p, &tr->o, f);
+        fclose(f);
+    }
+    if (json && len) json[len - 1] = 0; /* the newline */
+    sd_log(SD_LOG_ERROR, "memory plan: %s", json ? json : "(no memory to print it)");
+    free(json);
+    return sd_err_set(err, SD_ENOMEM, "the memory plan above does not fit: %.2f GiB at the largest bucket (%dx%d, "
+                      "batch %d) against %.2f GiB (%s); stopped before the first step. A smaller --batch with "
+                      "--accum, --gradient-checkpointing, --optimizer adamw8bit or adafactor need less",
+                      (double)p.total / (1 << 30), p.width, p.height, p.batch, (double)p.limit / (1 << 30),
+                      p.limit_from);
 }
 
 /* The target the UNet learns: --prediction, or else what the model
@@ -157,8 +202,10 @@ int main(int argc, char **argv)
     sd_strlist sets = {0};
     long batch = 1, accum = 1, steps = 1000, warmup = 0, save_every = 0, keep = 2, threads = 0, seed = 0,
          init_seed = 0, epochs = 0, t_min = 0, t_max = SD_DDPM_STEPS;
-    double lr = 1e-4, gpu_mem_gib = 0;
-    int quiet = 0, verbose = 0, fresh = 0;
+    double lr = 1e-4, gpu_mem_gib = 0, host_mem_gib = 0;
+    int quiet = 0, verbose = 0, fresh = 0, memory_plan = 0;
+    sd_host_mem host; /* before anything of the model's size: the process's own footprint */
+    sd_host_mem_read(&host);
     const sd_opt opts[] = {
         {"config", 0, SD_OPT_STR, &config_file, "FILE",
          "options from a JSON file: long names as keys, or grouped (\"optimizer\": {\"lr\": 1e-5}); the command "
@@ -231,7 +278,7 @@ int main(int argc, char **argv)
          "let a bucket's last batch of an epoch run short (by default it is filled with the first records of the "
          "bucket's next-epoch shuffle, so every batch is full, except in a bucket with fewer records than "
          "--batch, which gives one short batch an epoch)"},
-        {"allow-mixed", 0, SD_OPT_FLAG, &o.allow_mixed, NULL, "train on shards made with different VAEs or text encoder setups (dropout then uses the empty caption of the first shard that names one and holds it)"},
+        {"allow-mixed", 0, SD_OPT_FLAG, &o.allow_mixed, NULL, "train on shards made with different VAEs or text encoder setups (dropout then uses the empty caption of the first shard that names one and holds it); shards of two caption lengths (sd-latents --max-tokens) stay refused"},
         {"seed", 0, SD_OPT_INT, &seed, "N", "seed of data order, timesteps and noise (default 0)"},
         {"save-every", 0, SD_OPT_INT, &save_every, "N", "checkpoint every N steps (default: at the end only)"},
         {"keep", 0, SD_OPT_INT, &keep, "N", "checkpoints kept (default 2; 0 keeps all)"},
@@ -239,6 +286,13 @@ int main(int argc, char **argv)
         {"save-single", 0, SD_OPT_FLAG, &o.save_single, NULL,
          "also write each checkpoint's UNet (and EMA UNet) as one safetensors file with the original "
          "model.diffusion_model.* names, as UIs load a UNet alone, and its config.json in the file's metadata"},
+        {"save-full", 0, SD_OPT_FLAG, &o.save_full, NULL,
+         "also write each checkpoint as full.safetensors (and full_ema.safetensors with an EMA): the UNet, the VAE "
+         "and the text encoder(s) in one file with the original names (ldm for SD 1.x/2.x, sgm for SDXL) and "
+         "--save-dtype, as A1111, Forge and ComfyUI load a model; the VAE and text encoders come from --base-model"},
+        {"base-model", 0, SD_OPT_STR, &o.base_model, "PATH",
+         "the model --save-full takes the VAE and text encoder(s) from: a diffusers folder or a single-file "
+         "checkpoint (default: the --unet model)"},
         {"metrics", 0, SD_OPT_STR, &o.metrics, "FILE", "append one JSON line per step (a resume first moves later steps' lines to FILE.superseded)"},
         {"tensorboard", 0, SD_OPT_STR, &o.tensorboard, "DIR",
          "write TensorBoard event files there (loss, smoothed loss, lr, gradient norm, validation loss): "
@@ -257,6 +311,17 @@ int main(int argc, char **argv)
          "GPU: hold at most this much device memory in sdtk's allocator (weights, optimizer, activations, "
          "scratch; the CUDA libraries' own few hundred MiB come on top), as on a smaller card: to see whether a "
          "run fits one, or to share a GPU (default: what the device has)"},
+        {"memory-plan", 0, SD_OPT_FLAG, &memory_plan, NULL,
+         "print the memory plan as one JSON object on stdout and exit without training: bytes of weights, "
+         "gradients, optimizer, ema, activations (the largest bucket of the shards at --batch, with or without "
+         "--gradient-checkpointing), workspace (op scratch; cuDNN's cap on a GPU), process (CPU: the process "
+         "itself) and total, the bucket, and fits (true/false) against --gpu-memory-limit, the device, "
+         "--host-memory-limit or the host's available memory; from the allocator's own arithmetic. --unet-config "
+         "alone allocates no weights (no -o needed). A run that would not fit stops before its first step with "
+         "this plan in the message"},
+        {"host-memory-limit", 0, SD_OPT_DOUBLE, &host_mem_gib, "GIB",
+         "CPU: the memory plan must fit in this many GiB (default: what the host has available plus the "
+         "process); a run whose plan does not stops before its first step"},
         {"attn-flash", 0, SD_OPT_FLAG, &o.attn_flash, NULL,
          "GPU: attention on the flash kernel, which keeps no scores in memory, instead of cuBLAS with blocks of "
          "scores (up to 512 MiB of scratch; taken anyway when that memory cannot be had); slower"},
@@ -289,10 +354,15 @@ int main(int argc, char **argv)
                   "Examples:\n"
                   "  sd-train --unet sd15/ -o run/ --batch 4 --lr 1e-5 --save-every 500 cache-*.shard\n"
                   "  sd-train --unet-config tiny/config.json -o run/ --steps 300 cache.shard   # from scratch\n"
+                  "  sd-train --unet sd15/ -o run/ --save-full --save-dtype fp16 cache.shard   # + one file for A1111\n"
                   "  sd-train --unet sd15/ -o run/ --epochs 10 subject.shard@10 reg.shard   # kohya-style repeats\n"
                   "  sd-train --unet sd15/ -o run/ --masked-loss masked.shard   # sd-latents --masks, or kohya alpha_mask\n"
                   "  sd-train --config run/checkpoint-500/train_config.json --set optimizer.lr=5e-6 cache-*.shard\n"
-                  "  mpirun -np 8 sd-train --device cuda --unet sd15/ -o run/ --batch 4 cache-*.shard   # 8 GPUs\n",
+                  "  mpirun -np 8 sd-train --device cuda --unet sd15/ -o run/ --batch 4 cache-*.shard   # 8 GPUs\n"
+                  "  sd-train --unet-config sdxl-unet.json --memory-plan --gradient-checkpointing "
+                  "--optimizer adafactor cache.shard   # bytes it needs, no weights allocated\n"
+                  "  sd-train --memory-plan --device cuda:0 --gpu-memory-limit 24 --unet sd15/ --batch 8 cache.shard   "
+                  "# fits a 24 GB card?\n",
         "0 ok (also when SIGINT/SIGTERM stopped the run after saving), 2 usage error, 3 fatal error "
         "(a non-finite loss included)."};
     sd_strlist pos = {0};
@@ -320,7 +390,7 @@ int main(int argc, char **argv)
     const char *bad = NULL;
     char bad_buf[700];
     if (pos.n < 1) bad = "no shards to train on";
-    else if (!o.out_dir) bad = "no output directory (-o DIR)";
+    else if (!o.out_dir && !memory_plan) bad = "no output directory (-o DIR)";
     else if (!o.unet && !o.unet_config) bad = "no model (--unet PATH or --unet-config FILE)";
     else if (batch < 1 || batch > 4096 || accum < 1 || accum > 4096) bad = "--batch and --accum: 1..4096";
     else if (steps < 0 || warmup < 0 || save_every < 0 || keep < 0 || seed < 0 || init_seed < 0 || threads < 0 ||
@@ -340,6 +410,9 @@ int main(int argc, char **argv)
              !(o.max_grad_norm >= 0 && isfinite(o.max_grad_norm)))
         bad = "--adam-eps, --weight-decay and --max-grad-norm must be finite and >= 0";
     else bad = pick_prediction(pred, o.unet, &o.pred, bad_buf, sizeof bad_buf);
+    if (!bad && o.save_full && !o.unet && !o.base_model)
+        bad = "--save-full with a new model (--unet-config) needs --base-model PATH for the VAE and text encoders";
+    if (!bad && o.base_model && !o.save_full) bad = "--base-model is what --save-full reads: give --save-full too";
     if (!bad && sd_cli_parse_device(device, &o.device)) bad = "--device: cpu, cuda or cuda:K";
     if (!bad && strcmp(device, "cuda") == 0) o.device = local_rank();
     if (!bad && o.nccl && o.device < 0) bad = "--nccl sums GPU gradients: it needs --device cuda or cuda:K";
@@ -349,6 +422,9 @@ int main(int argc, char **argv)
     if (!bad && o.mixed && o.device < 0) bad = "--mixed-precision is a GPU mode (the CPU computes in fp32)";
     if (!bad && sd_cli_gib_bytes(gpu_mem_gib, &o.gpu_mem_limit)) bad = "--gpu-memory-limit: GiB, 0 or more";
     if (!bad && o.gpu_mem_limit && o.device < 0) bad = "--gpu-memory-limit needs --device cuda or cuda:K";
+    if (!bad && sd_cli_gib_bytes(host_mem_gib, &o.host_mem_limit)) bad = "--host-memory-limit: GiB, 0 or more";
+    if (!bad && o.host_mem_limit && o.device >= 0)
+        bad = "--host-memory-limit is the CPU's; a GPU run takes --gpu-memory-limit";
     if (!bad && o.val_every < 0) bad = "--val-every must not be negative";
     if (!bad && fresh && resume) bad = "--fresh starts over and --resume continues: give one of them";
     if (!bad && o.zero1 && o.device >= 0) bad = "--zero1 shards the CPU optimizer; not with --device cuda";
@@ -412,6 +488,13 @@ int main(int argc, char **argv)
     o.init_seed = (uint64_t)init_seed;
     o.threads = threads > 0 ? (int)threads : sd_default_threads();
     o.quiet = quiet;
+    if (memory_plan) {
+        sd_strlist_free(&sets);
+        sd_cli_args_free(&args);
+        rc = print_plan(&o, &host);
+        sd_strlist_free(&pos);
+        return rc;
+    }
     /* the effective configuration, saved with every checkpoint */
     sd_buf cfg;
     sd_buf_init(&cfg);
@@ -466,6 +549,9 @@ int main(int argc, char **argv)
         signal(SIGINT, on_signal);
         signal(SIGTERM, on_signal);
         log_model(&tr, resume != NULL);
+        st = check_plan(&tr, &host, &err);
+    }
+    if (!st) {
         if (world > 1)
             sd_log(SD_LOG_INFO, "%s: global batch %d x %d ranks x %d accumulation = %d samples per step",
                    sd_dist_transport(), o.batch, world, o.accum, o.batch * world * o.accum);

@@ -18,6 +18,7 @@
 
 #include "ckpt_int.h"
 #include "dist.h"
+#include "full_ckpt.h"
 #include "log.h"
 #include "outfile.h"
 #include "safetensors.h"
@@ -31,7 +32,8 @@
 static const char *const ckpt_files[] = {"state.safetensors", "unet/config.json",
                                          "unet/diffusion_pytorch_model.safetensors", "unet_ema/config.json",
                                          "unet_ema/diffusion_pytorch_model.safetensors", "train_config.json",
-                                         "unet.safetensors", "unet_ema.safetensors"};
+                                         "unet.safetensors", "unet_ema.safetensors", "full.safetensors",
+                                         "full_ema.safetensors"};
 
 /* dir/name into buf (PATH_CAP bytes); callers check their directory's
  * length first, so nothing is cut. */
@@ -426,6 +428,24 @@ static sd_status put_in_place(const char *tmp, const char *fin, sd_error *err)
     return SD_OK;
 }
 
+/* full.safetensors (and full_ema.safetensors with an EMA) in dir: the
+ * weights (and EMA) with the base model's VAE and text encoders, loaded for
+ * this save and released after it (the run does not hold them between
+ * saves; sd_trainer_open checked them at the start). */
+static sd_status save_full(const sd_trainer *tr, const char *dir, sd_error *err)
+{
+    sd_full_parts parts;
+    sd_status rc = sd_full_parts_load(&parts, tr->o.base_model, &tr->unet.cfg, NULL, err);
+    if (rc) return rc;
+    char p[PATH_CAP];
+    sd_train_pjoin(p, dir, "full.safetensors");
+    rc = sd_full_ckpt_write(p, &tr->unet, tr->unet.w.data, &parts, tr->o.save_dtype, err);
+    sd_train_pjoin(p, dir, "full_ema.safetensors");
+    if (!rc && tr->ema) rc = sd_full_ckpt_write(p, &tr->unet, tr->ema, &parts, tr->o.save_dtype, err);
+    sd_full_parts_free(&parts);
+    return rc;
+}
+
 /* Write checkpoint-<step> through a .tmp directory and point latest at it. */
 static sd_status save_local(sd_trainer *tr, sd_error *err)
 {
@@ -468,6 +488,7 @@ static sd_status save_local(sd_trainer *tr, sd_error *err)
             rc = sd_unet_save(&tr->unet, tr->ema, p, SD_UNET_NAMES_LDM, "model.diffusion_model.", tr->o.save_dtype,
                               err);
     }
+    if (!rc && tr->o.save_full) rc = save_full(tr, tmp, err); /* one file as A1111 and ComfyUI load a model */
     sd_train_pjoin(p, tmp, "state.safetensors");
     if (!rc) rc = write_state(tr, p, err);
     sd_train_pjoin(p, tmp, "train_config.json");

@@ -122,6 +122,12 @@ typedef struct {
  * still checks every record (a shard may mix). */
 sd_status sd_data_check_model(const sd_data *d, const sd_load_opts *o, sd_error *err);
 
+/* The most text tokens among the first SD_DATA_TOKEN_PEEK records of
+ * bucket (the memory plan's batch; captions of several CLIP chunks are
+ * longer than 77); 0 when none has a readable text embedding. */
+enum { SD_DATA_TOKEN_PEEK = 64 };
+sd_status sd_data_bucket_tokens(const sd_data *d, size_t bucket, const sd_load_opts *o, int *tokens, sd_error *err);
+
 /* A loaded batch, buffers reused between calls. */
 typedef struct {
     int n, c, h, w;    /* latents [n, c, h, w] */

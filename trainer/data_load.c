@@ -349,6 +349,44 @@ sd_status sd_data_check_model(const sd_data *d, const sd_load_opts *o, sd_error 
     return rc;
 }
 
+/* The text tokens of one latent record's embedding; 0 when it has none
+ * the model can read. */
+static int record_tokens(const sd_data *d, const sd_data_item *it, sd_shard_txn *t, const sd_load_opts *o)
+{
+    static const uint8_t zero[16];
+    const void *val, *tval;
+    size_t vlen, tlen;
+    sd_shard_rec r, tr;
+    char note[NOTE_CAP];
+    const sd_shard_tensor *parts[2];
+    int np, T = 0;
+    if (sd_shard_get(t, d->keys + it->koff, it->klen, &val, &vlen, NULL) || sd_shard_rec_parse(val, vlen, &r, NULL) ||
+        r.kind != SD_REC_LATENT || memcmp(r.text_ref, zero, 16) == 0 ||
+        sd_shard_get_text(t, r.text_ref, &tval, &tlen, NULL) || sd_shard_rec_parse(tval, tlen, &tr, NULL) ||
+        tr.kind != SD_REC_TEXT || text_parts(&tr, o, parts, &np, &T, note))
+        return 0;
+    return T;
+}
+
+/* The most text tokens among the first records of a bucket (data.h). */
+sd_status sd_data_bucket_tokens(const sd_data *d, size_t bucket, const sd_load_opts *o, int *tokens, sd_error *err)
+{
+    const sd_data_bucket *bk = &d->buckets[bucket];
+    sd_shard_txn **tx = calloc((size_t)(d->nshards > 0 ? d->nshards : 1), sizeof(*tx));
+    sd_status rc = tx ? SD_OK : sd_err_set(err, SD_ENOMEM, "out of memory");
+    *tokens = 0;
+    for (size_t i = 0; i < bk->n && i < SD_DATA_TOKEN_PEEK && !rc; i++) {
+        const sd_data_item *it = &d->items[bk->first + i];
+        if (!tx[it->shard] && (rc = sd_shard_read_begin(d->shards[it->shard], &tx[it->shard], err))) break;
+        int T = record_tokens(d, it, tx[it->shard], o);
+        if (T > *tokens) *tokens = T;
+    }
+    for (int s = 0; s < d->nshards && tx; s++)
+        if (tx[s]) sd_shard_read_end(tx[s]);
+    free(tx);
+    return rc;
+}
+
 /* Release a batch's buffers. */
 void sd_batch_free(sd_batch *b)
 {

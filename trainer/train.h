@@ -80,6 +80,7 @@ typedef struct {
     int mixed;
     int attn_flash; /* GPU: attention on the flash kernel (no score blocks in memory; slower) */
     size_t gpu_mem_limit; /* GPU: most device bytes the run may hold (sd_cuda_opts.mem_limit); 0: no limit */
+    size_t host_mem_limit; /* CPU: most bytes the memory plan may reach (0: what the host has available) */
     size_t attn_block;    /* GPU: floats in one block of attention scores (sd_cuda_opts.attn_block); 0: default */
     int checkpointing; /* gradient checkpointing: recompute resnets and transformer blocks in the backward */
     int nccl; /* GPU: sum gradients over NCCL even in a world of one (a check of the path) */
@@ -94,6 +95,11 @@ typedef struct {
     const char *config_json; /* the effective options, written into every checkpoint, or NULL */
     const char *tensorboard; /* a directory for TensorBoard event files (rank 0), or NULL */
     int save_single; /* also unet.safetensors (and unet_ema.safetensors): one file, ldm names */
+    /* also full.safetensors (and full_ema.safetensors): UNet, VAE and text
+     * encoder(s) in one file with ldm/sgm names (full_ckpt.h), the VAE and
+     * encoders from base_model, or from unet when base_model is NULL */
+    int save_full;
+    const char *base_model;
 } sd_train_opts;
 
 typedef struct {
@@ -175,6 +181,15 @@ void sd_train_opts_default(sd_train_opts *o);
  * two moments (this rank's share under ZeRO-1), or 8-bit AdamW's or
  * Adafactor's state. */
 size_t sd_train_optimizer_bytes(const sd_trainer *tr);
+
+/* The bytes sd_trainer_open allocates for a model of weights w under o on
+ * this rank: the weights, their gradients, the optimizer state (AdamW's
+ * moments, their ZeRO-1 share, or the other optimizer's layout) and the
+ * EMA; from the same arithmetic the allocations take (the memory plan). */
+typedef struct {
+    size_t weights, gradients, optimizer, ema;
+} sd_train_state_bytes;
+sd_train_state_bytes sd_train_state_sizes(const sd_train_opts *o, const sd_weights *w, int rank, int world);
 
 /* Load or create the model, allocate optimizer state, open the shards
  * (when o->nshards > 0; each checked against the UNet: latent channels,

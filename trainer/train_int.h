@@ -20,6 +20,9 @@ int sd_train_draw_timestep(const sd_train_opts *o, sd_rng *rng);
 /* splitmix64's finaliser: a well-mixed 64-bit hash of x. */
 uint64_t sd_train_mix64(uint64_t x);
 
+/* The host bytes sd_train_prepare allocates beside the graph's buffers
+ * for io latent values (train_pass.c). */
+size_t sd_train_io_host_bytes(const sd_train_opts *o, size_t io, int cuda);
 /* Plan the graph for a new input shape and size the buffers (nothing while
  * the shape repeats). */
 sd_status sd_train_prepare(sd_trainer *tr, int n, int h, int w, int tctx, sd_error *err);

@@ -25,6 +25,16 @@ static void log_graph(sd_trainer *tr, int n, int h, int w)
                (double)tr->g.nact * mib, (double)tr->g.ndact * mib);
 }
 
+/* The host bytes of the per-pass buffers sd_train_prepare allocates for io
+ * latent values: noise, target, dout (also the backend's on the CPU), the
+ * timesteps and, with --input-perturbation, noise_in; on a GPU also the
+ * staging of x_t, timesteps and output. The memory plan counts these. */
+size_t sd_train_io_host_bytes(const sd_train_opts *o, size_t io, int cuda)
+{
+    size_t floats = 3 * io + (o->input_perturbation > 0 ? io : 0) + (cuda ? 3 * io : 0);
+    return floats * sizeof(float) + io * sizeof(int);
+}
+
 /* Plan the graph for a new input shape and size the buffers. */
 sd_status sd_train_prepare(sd_trainer *tr, int n, int h, int w, int tctx, sd_error *err)
 {

@@ -63,6 +63,7 @@ typedef struct {
     const char *text_model, *tokenizer; /* --text MODEL, --tokenizer DIR */
     const char *text_weights;           /* --text-weights fp32|fp16|bf16 (NULL: fp32) */
     int clip_skip;
+    int max_tokens; /* --max-tokens 75|150|225 (0 reads as 75) */
     int cuda_device; /* -1: the CPU */
     int tf32;        /* GPU: TF32 tensor cores (part of the record key: other bytes) */
     int mixed;       /* GPU: SD_DT_BF16 / SD_DT_F16 matrix products (sd_cuda_opts; part of the key too) */

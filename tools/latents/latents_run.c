@@ -904,7 +904,8 @@ int latents_run(const latents_opts *o)
     }
     if (!st && o->text_model) {
         int wdt = o->text_weights ? latents_dtype(o->text_weights) : SD_DT_F32; /* sd_latents.c checked it */
-        st = text_open(&r.text, o->text_model, o->tokenizer, o->clip_skip, r.dtype, wdt, latents_numerics(r.o), &err);
+        st = text_open(&r.text, o->text_model, o->tokenizer, o->clip_skip, o->max_tokens ? o->max_tokens : 75, r.dtype,
+                       wdt, latents_numerics(r.o), &err);
         r.text_on = !st;
         if (r.text_on) text_key(&r.text, "", 0, r.empty_key);
     }
