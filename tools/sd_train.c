@@ -301,6 +301,11 @@ int main(int argc, char **argv)
         {"dropout", 0, SD_OPT_DOUBLE, &o.dropout, "P",
          "probability of training on the shard's empty-caption embedding (default 0)"},
         {"no-flip", 0, SD_OPT_FLAG, &o.no_flip, NULL, "never use the cached flipped latents"},
+        {"masked-loss", 0, SD_OPT_FLAG, &o.masked_loss, NULL,
+         "weight each latent pixel's squared error by the record's loss mask (sd-latents --masks, or an imported "
+         "kohya alpha_mask), reduced to the latent size as sd-scripts' --masked_loss does (the mean of each 8x8 "
+         "block) and mirrored for a flipped sample; a record without a mask weighs 1 everywhere. Validation "
+         "stays plain MSE"},
         {"no-carry", 0, SD_OPT_FLAG, &o.no_carry, NULL,
          "let a bucket's last batch of an epoch run short (by default it is filled with the first records of the "
          "bucket's next-epoch shuffle, so every batch is full, except in a bucket with fewer records than "
@@ -398,6 +403,7 @@ int main(int argc, char **argv)
                   "  sd-train --unet-config tiny/config.json -o run/ --steps 300 cache.shard   # from scratch\n"
                   "  sd-train --unet sd15/ -o run/ --save-full --save-dtype fp16 cache.shard   # + one file for A1111\n"
                   "  sd-train --unet sd15/ -o run/ --epochs 10 subject.shard@10 reg.shard   # kohya-style repeats\n"
+                  "  sd-train --unet sd15/ -o run/ --masked-loss masked.shard   # sd-latents --masks, or kohya alpha_mask\n"
                   "  sd-train --config run/checkpoint-500/train_config.json --set optimizer.lr=5e-6 cache-*.shard\n"
                   "  sd-train --unet sd15/ -o run/ --save-every 500 --ema-decay 0.9999 --sample-prompts prompts.jsonl "
                   "--tensorboard tb/ cache.shard   # run/checkpoint-500/samples/00000.png ...\n"

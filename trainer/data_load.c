@@ -46,7 +46,6 @@ static int need_floats(float **p, size_t *cap, size_t n)
 
 /* Room for the numbers behind a record's reason (what it has, what the
  * UNet or the bucket takes). */
-enum { NOTE_CAP = 112 };
 
 /* The hidden states a UNet of o reads from a text record (SDXL: both
  * encoders' side by side, plus the pooled output; else the one encoder's)
@@ -159,7 +158,8 @@ static const char *latent_misfit(const sd_shard_tensor *m, int c, int h, int w, 
  * reason string when it cannot be used (the numbers behind it in note).
  * Draws flip, dropout and noise. */
 static const char *load_latent(sd_data *d, const sd_shard_rec *r, uint32_t shard, const sd_load_opts *o, sd_rng *rng,
-                               int c, int h, int w, float *x0, float *tmp, float *tids, int *use_empty, char *note)
+                               int c, int h, int w, float *x0, float *tmp, float *tids, float *mask, int *use_empty,
+                               char *note)
 {
     int meanstd = (r->flags & SD_REC_F_MEANSTD) != 0;
     int flip = 0;
@@ -178,6 +178,10 @@ static const char *load_latent(sd_data *d, const sd_shard_rec *r, uint32_t shard
     if (meanstd) {
         if (!to_floats(tmp, s->data, per, s->dtype)) return "latent std has non-finite values";
         for (size_t i = 0; i < per; i++) x0[i] += tmp[i] * tmp[per + i];
+    }
+    if (mask) {
+        why = sd_data_mask_load(r, flip, h, w, mask, note);
+        if (why) return why;
     }
     float sf = (float)d->shard_scaling[shard]; /* each shard's own: --allow-mixed mixes factors */
     for (size_t i = 0; i < per; i++) x0[i] *= sf;
@@ -207,6 +211,7 @@ sd_status sd_data_load(sd_data *d, const sd_data_batch *b, const sd_load_opts *o
     if (need_floats(&out->x0, &out->cap_x0, n * per) || need_floats(&out->ctx, &out->cap_ctx, n * tmax) ||
         need_floats(&out->text, &out->cap_text, n * (size_t)(o->pooled ? o->pooled : 1)) ||
         need_floats(&out->tids, &out->cap_tids, n * 6) || need_floats(&out->tmp, &out->cap_tmp, 2 * per) ||
+        (o->masked && need_floats(&out->mask, &out->cap_mask, n * (size_t)h * (size_t)w)) ||
         sd_data_grow((void **)&out->item, &out->cap_item, n ? n : 1, sizeof(uint32_t)))
         return sd_err_set(err, SD_ENOMEM, "out of memory loading a batch");
     out->n = 0;
@@ -238,7 +243,8 @@ sd_status sd_data_load(sd_data *d, const sd_data_batch *b, const sd_load_opts *o
             why = "corrupt latent record";
         if (!why)
             why = load_latent(d, &r, it->shard, o, rng, c, h, w, out->x0 + (size_t)k * per, out->tmp,
-                              out->tids + 6 * k, &use_empty, note);
+                              out->tids + 6 * k, o->masked ? out->mask + (size_t)k * (size_t)h * (size_t)w : NULL,
+                              &use_empty, note);
         if (!why) {
             static const uint8_t zero[16];
             int tc = out->tctx;
@@ -389,6 +395,7 @@ void sd_batch_free(sd_batch *b)
     free(b->text);
     free(b->tids);
     free(b->tmp);
+    free(b->mask);
     free(b->item);
     memset(b, 0, sizeof(*b));
 }

@@ -46,6 +46,7 @@ typedef struct {
     int no_carry; /* 1: a bucket's last batch of an epoch may be short (else it takes the next epoch's first) */
     double dropout; /* conditioning dropout: empty-caption embedding */
     int no_flip;
+    int masked_loss; /* weight the loss per latent pixel by each record's loss mask (ones without one) */
     /* math */
     sd_prediction pred;
     double snr_gamma;    /* > 0: min-SNR-gamma loss weights */
@@ -218,6 +219,12 @@ size_t sd_train_param_count(const sd_trainer *tr);
 sd_status sd_train_micro(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
                          const float *text, const float *tids, const float *noise, const int *t, double grad_scale,
                          double *loss, sd_error *err);
+/* sd_train_micro with a loss mask [n, h, w] at the latent size: each
+ * squared error times its pixel's weight before the mean, as sd-scripts'
+ * apply_masked_loss (--masked-loss). */
+sd_status sd_train_micro_masked(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
+                                const float *text, const float *tids, const float *noise, const int *t,
+                                const float *mask, double grad_scale, double *loss, sd_error *err);
 /* The gradients so far into tr->grad (a GPU run keeps them on the
  * device). */
 sd_status sd_train_grad_to_host(sd_trainer *tr, sd_error *err);

@@ -33,11 +33,13 @@ void sd_train_put(sd_trainer *tr, float *dst, const float *src, size_t floats);
  * there (a new run, a resume); nothing on the CPU. */
 void sd_train_push_state(sd_trainer *tr);
 /* Noise the latents (with noise_in when given, else with noise), predict,
- * compare with the target (made from noise); with backward, add the
- * gradient of loss * grad_scale into the backend's gradient. */
+ * compare with the target (made from noise), each squared error weighted by
+ * mask [n, h, w] (all channels of a latent pixel alike) when not NULL; with
+ * backward, add the gradient of loss * grad_scale into the backend's
+ * gradient. */
 sd_status sd_train_pass(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
                         const float *text, const float *tids, const float *noise, const float *noise_in, const int *t,
-                        double grad_scale, int backward, double *loss, sd_error *err);
+                        const float *mask, double grad_scale, int backward, double *loss, sd_error *err);
 
 /* Zero the gradients on the backend. */
 void sd_train_zero_grad(sd_trainer *tr);
