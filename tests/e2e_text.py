@@ -695,6 +695,13 @@ class Text(unittest.TestCase):
             self.assertEqual(len(refs), len({self.caps[i % 6].decode()} | set(extra(i))))
         _, _, verr = sh(VERIFY, s)
         self.assertIn("0 problems", verr)
+        # --text-only on a shard made without --text attaches the same variants
+        bare = os.path.join(self.tmp, "var.bare")
+        sh(LATENTS, "--vae", VAE, "-o", bare, jl)
+        self.assertEqual(entries(bare, "variants"), 0)
+        sh(LATENTS, "--text", self.sd1, "--text-only", "-o", bare, jl)
+        self.assertEqual(dump(bare, "variants"), dump(s, "variants"))
+        self.assertEqual(dump(bare, "text"), dump(s, "text"))
         # a rerun with other variants for i00: its entry alone is rewritten, no image encoded
         lat0 = dump(s, "latents")
         jl2 = self.variants_stream("var2.jsonl", lambda i: extra(i) + (["a new variant"] if i == 0 else []))
