@@ -220,7 +220,9 @@ int main(int argc, char **argv)
          "pure noise; for v-prediction models trained that way (with epsilon prediction a warning, with --snr-gamma "
          "refused)"},
         {"dropout", 0, SD_OPT_DOUBLE, &o.dropout, "P",
-         "probability of training on the shard's empty-caption embedding (default 0)"},
+         "probability of training on the shard's empty-caption embedding (default 0). A record with caption "
+         "variants (sd-meta --caption-variants) trains on one of them per epoch, drawn uniformly from the seed, the "
+         "epoch and the record (resume keeps the draws); validation uses its caption"},
         {"no-flip", 0, SD_OPT_FLAG, &o.no_flip, NULL, "never use the cached flipped latents"},
         {"no-carry", 0, SD_OPT_FLAG, &o.no_carry, NULL,
          "let a bucket's last batch of an epoch run short (by default it is filled with the first records of the "

@@ -182,6 +182,7 @@ static void classify_found(run *r, sd_shard_txn *t, latent_job *j, const void *k
             j->state = !r->text_on || !memcmp(ref, j->text_key, 16) ? JOB_DONE : JOB_RETEXT;
             j->rekey = j->state == JOB_RETEXT;
             memcpy(j->old_key, k, 16);
+            j->variants_stale = r->text_on && j->state == JOB_DONE && !variants_match(t, j, k);
             return;
         }
     }
@@ -609,7 +610,8 @@ static sd_status run_texts(run *r, sd_error *err)
             if (!st && (j->rekey || r->rt_keys[i].len == 16)) st = put_variants(r, j, key, err);
         }
         for (size_t i = 0; i < m && !st; i++) /* the same record, other variants: the entry alone */
-            if (jobs[i]->state == JOB_DONE && jobs[i]->variants_stale) st = put_variants(r, jobs[i], jobs[i]->key, err);
+            if (jobs[i]->state == JOB_DONE && jobs[i]->variants_stale) /* under the key it was found under */
+                st = put_variants(r, jobs[i], jobs[i]->old_key, err);
         if (!st) st = sd_shard_commit(r->shard, err);
         else sd_shard_abort(r->shard);
         if (!st) {

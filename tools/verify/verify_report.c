@@ -34,6 +34,7 @@ void verify_tally_problems(shard_result *res)
         sd_buf_json_cstr(b, p->db == SD_SHARD_DB_TEXT      ? "text"
                             : p->db == SD_SHARD_DB_LATENTS ? "latents"
                             : p->db == SD_SHARD_DB_META    ? "meta"
+                            : p->db == SD_SHARD_DB_VARIANTS ? "variants"
                             : p->db == VERIFY_DB_PAGES     ? "pages"
                                                            : "index");
         if (p->key) {
