@@ -9,17 +9,18 @@
 # embeddings stored, and the text and variants databases' bytes per record
 # (LMDB pages x page size) for K variants against one embedding per record.
 # usage: bench/bench_variants.sh BUILD_DIR [N] [K]   (a Release build with the
-#        tests built: shard_writer; python3 with numpy)
+#        tests built: shard_writer; python3 with numpy, or PYTHON=path)
 # Results: bench/RESULTS.md, "Caption variants".
 set -euo pipefail
+PY=${PYTHON:-python3}
 B=$(realpath "${1:-build}")
 N=${2:-100000}
 K=${3:-8}
 here=$(cd "$(dirname "$0")" && pwd)
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
-python3 "$here/gen_danbooru.py" "$N" "$T/posts.jsonl"
-python3 - "$T/enc" "$here/../tests" << 'PY'
+"$PY" "$here/gen_danbooru.py" "$N" "$T/posts.jsonl"
+"$PY" - "$T/enc" "$here/../tests" << 'PY'
 import os, sys
 import numpy as np
 sys.path.insert(0, sys.argv[2])
@@ -35,7 +36,7 @@ t0=$(now); "$B/tools/sd-meta" "${opts[@]}" "$T/posts.jsonl" -o "$T/k1.jsonl" 2>/
     "$T/posts.jsonl" -o "$T/kK.jsonl" 2>/dev/null || true
 t2=$(now)
 # the records renamed rec000000... (what shard_writer names its records), one per line
-python3 - "$T" << 'PY'
+"$PY" - "$T" << 'PY'
 import json, sys
 t = sys.argv[1]
 for name in ("k1", "kK"):
@@ -52,20 +53,21 @@ recs=$(wc -l < "$T/k1.names.jsonl")
 cp "$T/s1.shard" "$T/sK.shard"
 t3=$(now); "$B/tools/sd-latents" --text "$T/enc" --text-only -o "$T/s1.shard" "$T/k1.names.jsonl" 2> "$T/l1.log"; t4=$(now)
 "$B/tools/sd-latents" --text "$T/enc" --text-only -o "$T/sK.shard" "$T/kK.names.jsonl" 2> "$T/lK.log"; t5=$(now)
-python3 - "$T" "$recs" "$K" "$t0" "$t1" "$t2" "$t3" "$t4" "$t5" << 'PY'
+"$PY" - "$T" "$recs" "$K" "$t0" "$t1" "$t2" "$t3" "$t4" "$t5" "$N" << 'PY'
 import json, re, subprocess, sys
 t, recs, k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 t0, t1, t2, t3, t4, t5 = map(float, sys.argv[4:10])
 def db_bytes(shard, db):
+    env = subprocess.run(["mdb_stat", "-n", "-e", shard], capture_output=True, text=True).stdout
     out = subprocess.run(["mdb_stat", "-n", "-s", db, shard], capture_output=True, text=True).stdout
     if not out:
         return 0, 0
-    get = lambda w: int(re.search(w + r": (\d+)", out).group(1))
-    return get("Entries"), (get("Branch pages") + get("Leaf pages") + get("Overflow pages")) * get("Page size")
+    get = lambda w, o=out: int(re.search(w + r": (\d+)", o).group(1))
+    return get("Entries"), (get("Branch pages") + get("Leaf pages") + get("Overflow pages")) * get("Page size", env)
 with open(t + "/kK.names.jsonl") as f:
     nvar = sum(len(json.loads(l).get("captions", [1])) for l in f)
 print("%d posts -> %d records; sd-meta K=1 %.2f s (%.0f records/s), K=%d %.2f s (%.0f records/s, %.0f variants/s, "
-      "%.2f variants/record)" % (int(sys.argv[2]), recs, t1 - t0, recs / (t1 - t0), k, t2 - t1, recs / (t2 - t1),
+      "%.2f variants/record)" % (int(sys.argv[10]), recs, t1 - t0, recs / (t1 - t0), k, t2 - t1, recs / (t2 - t1),
                                  nvar / (t2 - t1), nvar / recs))
 for name, dt in (("1", t4 - t3), (str(k), t5 - t4)):
     log = open("%s/l%s.log" % (t, "1" if name == "1" else "K")).read()
