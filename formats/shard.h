@@ -130,7 +130,9 @@ typedef enum {
     SD_SHARD_DB_NAMES,   /* key = name, val = record key */
     SD_SHARD_DB_BUCKETS, /* key = 8-byte bucket, val = uint64 LE count */
     SD_SHARD_DB_BINDEX,  /* key = 8-byte bucket, val = record key */
-    SD_SHARD_DB_META
+    SD_SHARD_DB_META,
+    SD_SHARD_DB_VARIANTS /* key = record key, val = its caption variants' 16-byte text keys (2..64); optional:
+                          * a shard written before it has none, and a record with one caption no entry */
 } sd_shard_db;
 
 
@@ -317,6 +319,14 @@ sd_status sd_shard_put_text(sd_shard *s, const uint8_t hash[16], const void *val
 sd_status sd_shard_del(sd_shard *s, const void *key, size_t klen, sd_error *err);
 /* Delete a text-embedding record. SD_ENOTFOUND when absent. */
 sd_status sd_shard_del_text(sd_shard *s, const uint8_t hash[16], sd_error *err);
+/* The most caption variants a record may refer to (sd-meta --caption-variants). */
+enum { SD_SHARD_MAX_VARIANTS = 64 };
+/* Put a latent record's caption variants: n (2..SD_SHARD_MAX_VARIANTS)
+ * 16-byte text keys, the first equal to the record's text_ref, replacing
+ * any before; n <= 1 deletes the entry (one caption needs none). Deleting
+ * the record (sd_shard_del) deletes its entry too. */
+sd_status sd_shard_put_variants(sd_shard *s, const void *key, size_t klen, const uint8_t *refs, size_t n,
+                                sd_error *err);
 /* Commit the batch (durable unless NOSYNC or NOMETASYNC). On failure nothing of the batch
  * is stored and the shard is as it was before sd_shard_begin. */
 sd_status sd_shard_commit(sd_shard *s, sd_error *err);
@@ -354,6 +364,11 @@ sd_status sd_shard_read_renew(sd_shard_txn *t, sd_error *err);
  * when absent. *val points into the map (read-only, valid inside t). */
 sd_status sd_shard_get(sd_shard_txn *t, const void *key, size_t klen, const void **val, size_t *vlen, sd_error *err);
 sd_status sd_shard_get_text(sd_shard_txn *t, const uint8_t hash[16], const void **val, size_t *vlen, sd_error *err);
+/* A record's caption variants: *n 16-byte text keys at *refs (zero-copy);
+ * SD_ENOTFOUND when it has none (one caption, or a shard written before
+ * variants), SD_EFORMAT when the stored value is not whole keys. */
+sd_status sd_shard_get_variants(sd_shard_txn *t, const void *key, size_t klen, const uint8_t **refs, size_t *n,
+                                sd_error *err);
 /* Record key of a record name; SD_ENOTFOUND when absent. */
 sd_status sd_shard_get_name(sd_shard_txn *t, const char *name, size_t nlen, const void **key, size_t *klen, sd_error *err);
 

@@ -949,6 +949,108 @@ static void test_not_a_shard(void)
     if (CHECK(sd_shard_open(&s, empty, &modes[0], &err) == SD_OK)) sd_shard_close(s, &err);
 }
 
+/* Drop the shard's "variants" database with LMDB itself: the file a
+ * writer before the database existed leaves. */
+static int drop_variants_db(const char *path)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    int rc = mdb_env_create(&env);
+    if (rc) return rc;
+    mdb_env_set_maxdbs(env, 16);
+    rc = mdb_env_open(env, path, MDB_NOSUBDIR, 0644);
+    if (!rc) rc = mdb_txn_begin(env, NULL, 0, &txn);
+    if (!rc) {
+        rc = mdb_dbi_open(txn, "variants", 0, &dbi);
+        if (!rc) rc = mdb_drop(txn, dbi, 1);
+        if (!rc) rc = mdb_txn_commit(txn);
+        else mdb_txn_abort(txn);
+    }
+    mdb_env_close(env);
+    return rc;
+}
+
+/* The optional "variants" database (caption variants): put, read back,
+ * deleted with its record and by a put of one key, bad counts refused; a
+ * shard without the database (written before it) opens read-only, reads
+ * as holding none, passes the page walk, and gets it from a writer. */
+static void test_variants_db(void)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/variants.shard", dir);
+    sd_shard *s;
+    sd_error err;
+    sd_buf rec;
+    sd_buf_init(&rec);
+    uint8_t key[16] = {7}, refs[65 * 16];
+    for (size_t i = 0; i < sizeof refs; i++) refs[i] = (uint8_t)(i * 31 + 1);
+    refs[0] = 1; /* the record's text_ref (make_latent: i) */
+    memset(refs + 1, 0, 15);
+    sd_shard_opts w = {SD_SHARD_CREATE, 0, 0}, ro = {SD_SHARD_RDONLY, 0, 0};
+    if (!CHECK(sd_shard_open(&s, path, &w, &err) == SD_OK)) return;
+    CHECK(make_latent(&rec, 1, SD_DT_F16, 0, 0, &err) == SD_OK);
+    CHECK(sd_shard_put(s, key, 16, rec.data, rec.len, &err) == SD_OK);
+    CHECK(sd_shard_put_variants(s, key, 16, refs, 3, &err) == SD_OK);
+    CHECK(sd_shard_put_variants(s, key, 16, refs, 65, &err) == SD_EINVAL);
+    CHECK(sd_shard_close(s, &err) == SD_OK);
+    sd_shard_txn *t;
+    const uint8_t *got;
+    size_t n;
+    uint64_t cnt = 9;
+    sd_shard_pages pages;
+    if (CHECK(sd_shard_open(&s, path, &ro, &err) == SD_OK)) {
+        CHECK(sd_shard_check_pages(s, 1, NULL, NULL, &pages, &err) == SD_OK && pages.damage == 0);
+        if (CHECK(sd_shard_read_begin(s, &t, &err) == SD_OK)) {
+            CHECK(sd_shard_get_variants(t, key, 16, &got, &n, &err) == SD_OK && n == 3 && !memcmp(got, refs, 48));
+            CHECK(sd_shard_count(t, SD_SHARD_DB_VARIANTS, &cnt, &err) == SD_OK && cnt == 1);
+            sd_shard_read_end(t);
+        }
+        sd_shard_close(s, &err);
+    }
+    /* deleting the record deletes its variants; one key deletes the entry */
+    if (CHECK(sd_shard_open(&s, path, &w, &err) == SD_OK)) {
+        CHECK(sd_shard_del(s, key, 16, &err) == SD_OK);
+        if (CHECK(sd_shard_read_begin(s, &t, &err) == SD_OK)) {
+            CHECK(sd_shard_get_variants(t, key, 16, &got, &n, &err) == SD_ENOTFOUND);
+            sd_shard_read_end(t);
+        }
+        CHECK(sd_shard_put(s, key, 16, rec.data, rec.len, &err) == SD_OK);
+        CHECK(sd_shard_put_variants(s, key, 16, refs, 2, &err) == SD_OK);
+        CHECK(sd_shard_put_variants(s, key, 16, refs, 1, &err) == SD_OK);
+        if (CHECK(sd_shard_read_begin(s, &t, &err) == SD_OK)) {
+            CHECK(sd_shard_get_variants(t, key, 16, &got, &n, &err) == SD_ENOTFOUND);
+            sd_shard_read_end(t);
+        }
+        CHECK(sd_shard_put_variants(s, key, 16, refs, 2, &err) == SD_OK);
+        CHECK(sd_shard_close(s, &err) == SD_OK);
+    }
+    /* a shard from before the database */
+    CHECK(drop_variants_db(path) == 0);
+    if (CHECK(sd_shard_open(&s, path, &ro, &err) == SD_OK)) {
+        CHECK(sd_shard_check_pages(s, 1, NULL, NULL, &pages, &err) == SD_OK && pages.damage == 0);
+        if (CHECK(sd_shard_read_begin(s, &t, &err) == SD_OK)) {
+            const void *k, *v;
+            size_t kl, vl;
+            sd_shard_cursor *c;
+            CHECK(sd_shard_get_variants(t, key, 16, &got, &n, &err) == SD_ENOTFOUND);
+            CHECK(sd_shard_count(t, SD_SHARD_DB_VARIANTS, &cnt, &err) == SD_OK && cnt == 0);
+            if (CHECK(sd_shard_cursor_open(t, SD_SHARD_DB_VARIANTS, &c, &err) == SD_OK)) {
+                CHECK(sd_shard_cursor_next(c, &k, &kl, &v, &vl, &err) == SD_ENOTFOUND);
+                sd_shard_cursor_close(c);
+            }
+            CHECK(sd_shard_get(t, key, 16, &k, &vl, &err) == SD_OK); /* its records read as before */
+            sd_shard_read_end(t);
+        }
+        sd_shard_close(s, &err);
+    }
+    if (CHECK(sd_shard_open(&s, path, &w, &err) == SD_OK)) {
+        CHECK(sd_shard_put_variants(s, key, 16, refs, 4, &err) == SD_OK);
+        CHECK(sd_shard_close(s, &err) == SD_OK);
+    }
+    sd_buf_free(&rec);
+}
+
 int main(void)
 {
     if (!mkdtemp(dir)) return 1;
@@ -964,6 +1066,7 @@ int main(void)
     test_leftover_holder();
     test_truncated();
     test_free_tail();
+    test_variants_db();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) fprintf(stderr, "cleanup failed\n");

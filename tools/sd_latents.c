@@ -60,11 +60,13 @@ int main(int argc, char **argv)
          "the shard's is refused"},
         {"text", 0, SD_OPT_STR, &o.text_model, "MODEL",
          "also cache CLIP text embeddings, once per distinct caption: a diffusers model folder (text_encoder/, "
-         "tokenizer/; SDXL: also *_2/) or a single-file checkpoint with --tokenizer"},
+         "tokenizer/; SDXL: also *_2/) or a single-file checkpoint with --tokenizer. A record's caption variants "
+         "(sd-meta --caption-variants: \"captions\") are all embedded, each distinct text once, and the record "
+         "refers to them all (sd-train draws one per epoch)"},
         {"tokenizer", 0, SD_OPT_STR, &o.tokenizer, "DIR", "folder holding tokenizer/ (and tokenizer_2/) for --text"},
         {"text-only", 0, SD_OPT_FLAG, &text_only, NULL,
          "no VAE: attach --text embeddings to the latent records SHARD already holds, by record name, from the "
-         "input's captions (only key and caption are read: sd-meta's output will do). For caches made without "
+         "input's captions (only key, caption and captions are read: sd-meta's output will do). For caches made without "
          "them: sd-pack import-kohya of an SD 1.x/2.x cache, sd-latents without --text. A record's latents and "
          "key stay; a record that refers to another caption's embedding is pointed at this one"},
         {"text-weights", 0, SD_OPT_STR, &o.text_weights, "T",
@@ -137,7 +139,8 @@ int main(int argc, char **argv)
                   "with the same plan, options and VAE (its weights and encoder config) are skipped; records whose "
                   "plan changed are replaced; a run whose --dtype, --flip, --sample, --seed (with --sample) or "
                   "--vae-activations differ from the shard's is refused (exit 2, nothing written: use a new -o); with --text, a record whose caption changed keeps its latents "
-                  "and gets the new caption's embedding (no image encoded again). A shard made before the VAE's "
+                  "and gets the new caption's embedding (no image encoded again), and one whose caption variants "
+                  "alone changed gets its new variants. A shard made before the VAE's "
                   "config joined its "
                   "model_hash is encoded again whole. Unreadable images, tar members that are no longer at "
                   "their recorded offset, records whose plan is missing or wrong (the reason named) and buckets whose VAE workspace cannot be had (--max-workspace) "

@@ -299,7 +299,9 @@ int main(int argc, char **argv)
          "pure noise; for v-prediction models trained that way (with epsilon prediction a warning, with --snr-gamma "
          "refused)"},
         {"dropout", 0, SD_OPT_DOUBLE, &o.dropout, "P",
-         "probability of training on the shard's empty-caption embedding (default 0)"},
+         "probability of training on the shard's empty-caption embedding (default 0). A record with caption "
+         "variants (sd-meta --caption-variants) trains on one of them per epoch, drawn uniformly from the seed, the "
+         "epoch and the record (resume keeps the draws); validation uses its caption"},
         {"no-flip", 0, SD_OPT_FLAG, &o.no_flip, NULL, "never use the cached flipped latents"},
         {"masked-loss", 0, SD_OPT_FLAG, &o.masked_loss, NULL,
          "weight each latent pixel's squared error by the record's loss mask (sd-latents --masks, or an imported "

@@ -112,7 +112,13 @@ typedef struct {
     int masked;        /* load each record's loss mask at the latent size (ones without one) */
     uint64_t record_seed; /* nonzero: the rng is seeded per record from this and the record's index, so
                            * its draws do not depend on the batch it falls in (validation) */
+    int variants;      /* draw one of a record's caption variants per epoch (training); 0: its caption */
 } sd_load_opts;
+
+/* Which of a record's n caption variants it trains on in epoch: uniform,
+ * a hash of (seed, epoch, record key), so neither the call order, the
+ * batch, the rank nor a resume changes it. */
+size_t sd_data_variant(uint64_t seed, long epoch, const void *key, size_t klen, size_t n);
 
 /* Before training, every shard against the model: the first readable
  * latent record's channels (in_channels) and the first text embedding's

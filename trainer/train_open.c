@@ -50,7 +50,8 @@ sd_load_opts sd_train_load_opts(const sd_trainer *tr, int training)
     sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
                        .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0,
                        .dropout = training ? tr->o.dropout : 0, .no_flip = training ? tr->o.no_flip : 1,
-                       .masked = training ? tr->o.masked_loss : 0};
+                       .masked = training ? tr->o.masked_loss : 0,
+                       .variants = training};
     return lo;
 }
 

@@ -21,6 +21,11 @@ typedef struct {
     char *member; /* tar member or NULL */
     char *caption; /* the record's caption ("" when it has none) */
     size_t caption_len;
+    char **variants;     /* its caption variants (sd-meta "captions"): variants[0] is caption; NULL when one */
+    size_t *variant_lens;
+    int nvariants;       /* 0, or 2..SD_SHARD_MAX_VARIANTS */
+    uint8_t *variant_keys; /* with --text: nvariants text keys, the first text_key */
+    int variants_stale;  /* with --text: the shard's variants entry differs (rewritten, no image encoded) */
     uint64_t offset, size;
     int bucket_w, bucket_h;
     int orig_w, orig_h;
