@@ -613,14 +613,21 @@ class Text(unittest.TestCase):
         full = os.path.join(self.tmp, "root_full.shard")
         sh(LATENTS, "-q", "--vae", VAE, "-o", full, jl)
         self.assertEqual(dump(b, "latents"), dump(full, "latents"))
-        # an input with no usable record says so (it said "nothing to do: 0 records already cached")
+        # an input whose every record is skipped is an error, exit 1 without --strict (it said
+        # "nothing to do: 0 records already cached", later warned and exited 0)
         nb = os.path.join(self.tmp, "notbucketed.jsonl")
         _, meta, _ = sh(META, "-q", self.ds)
         with open(nb, "w") as f:
             f.write(meta)
-        _, _, err = sh(LATENTS, "--vae", VAE, "-o", os.path.join(self.tmp, "nb.shard"), nb)
-        self.assertIn("no usable record in the input", err)
+        code, _, err = sh(LATENTS, "--vae", VAE, "-o", os.path.join(self.tmp, "nb.shard"), nb, ok=(1,))
+        self.assertIn("every record of the input was skipped", err)
+        self.assertIn("not bucketed", err)
         self.assertNotIn("nothing to do", err)
+        # an empty input is not an error: a part of a split may hold no record
+        empty = os.path.join(self.tmp, "empty.jsonl")
+        open(empty, "w").close()
+        _, _, err = sh(LATENTS, "--vae", VAE, "-o", os.path.join(self.tmp, "empty.shard"), empty)
+        self.assertIn("no record in the input", err)
 
     def test_transformers5_layout(self):
         """What transformers 5 saves (tests/golden/clip_text_t5, made by make_text_t5_golden.py):

@@ -153,7 +153,7 @@ int main(int argc, char **argv)
                   "  sd-meta --source kohya meta_cap_dd.json --no-check-images | sd-latents --text sd15/ --text-only "
                   "-o kohya.lmdb\n"
                   "  sd-latents --vae sd15/ --text sd15/ --max-tokens 225 -o tags.lmdb bucketed.jsonl   # long tag lists\n",
-        NULL};
+        "0 ok, 1 records skipped under --strict or every record of the input skipped, 2 usage error, 3 fatal error."};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
     if (rc >= 0) return rc;

@@ -389,7 +389,7 @@ int latents_attach(const latents_opts *o)
             sd_log(SD_LOG_WARN, "%s: %llu latent records still have no text embedding (no input line names them); "
                    "sd-train skips them", o->output, (unsigned long long)a.left_without);
     }
-    sd_tally_log(&a.tally, "records");
+    sd_tally_log(&a.tally, "skipped by reason");
     int code = st ? SD_EXIT_FATAL : (o->strict && a.tally.total ? SD_EXIT_SKIPPED : SD_EXIT_OK);
     if (a.shard) {
         sd_error e = {0};

@@ -993,9 +993,11 @@ int latents_run(const latents_opts *o)
                r.t_encode > 0 ? (double)r.written / r.t_encode : 0, r.t_encode,
                r.cuda ? " waited for: the rest ran during decoding and writing" : "",
                r.t_write > 0 ? (double)r.written / r.t_write : 0, r.t_write);
-    else if (!st && r.jobs.n == 0)
-        sd_log(SD_LOG_WARN, "no usable record in the input (%llu lines read; skipped ones are counted below)",
+    else if (!st && r.jobs.n == 0 && r.tally.total)
+        sd_log(SD_LOG_ERROR, "every record of the input was skipped (%llu lines read; the reasons are counted below)",
                (unsigned long long)r.jobs.lines);
+    else if (!st && r.jobs.n == 0)
+        sd_log(SD_LOG_WARN, "no record in the input (%llu lines read)", (unsigned long long)r.jobs.lines);
     else if (!st && !r.retexted && !r.revaried)
         sd_log(SD_LOG_INFO, "nothing to do: %llu records already cached", (unsigned long long)r.cached);
     if (r.revaried)
@@ -1014,8 +1016,12 @@ int latents_run(const latents_opts *o)
                r.text.record_bytes, (double)r.text.reused * (double)r.text.record_bytes / 1e6,
                (unsigned long long)r.text.invalid_utf8);
     }
-    sd_tally_log(&r.tally, "records");
-    int code = refused ? SD_EXIT_USAGE : st ? SD_EXIT_FATAL : (o->strict && r.tally.total ? SD_EXIT_SKIPPED : SD_EXIT_OK);
+    sd_tally_log(&r.tally, "skipped by reason");
+    /* a run that skipped every record made nothing: not a success even without --strict */
+    int all_skipped = r.jobs.n == 0 && r.tally.total;
+    int code = refused ? SD_EXIT_USAGE
+               : st    ? SD_EXIT_FATAL
+                       : ((o->strict || all_skipped) && r.tally.total ? SD_EXIT_SKIPPED : SD_EXIT_OK);
     run_free(&r);
     if (image_ok) sd_image_shutdown();
     return code;
