@@ -444,6 +444,22 @@ class Pack(unittest.TestCase):
 
     # -- bad inputs --------------------------------------------------------
 
+    def test_nothing_to_import_is_an_error(self):
+        """An empty folder, or one whose every cache file is bad, exits 1 and names the reason;
+        the empty case writes no shard (both exited 0 with an empty shard before)."""
+        d = self.p("emptyk")
+        os.makedirs(d)
+        shard = self.p("empty.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard)
+        self.assertEqual(rc, 1, err)
+        self.assertIn("no kohya latent cache", err)
+        self.assertFalse(os.path.exists(shard))
+        with open(os.path.join(d, "img00.npz"), "wb") as f:
+            f.write(b"this is not a zip file at all\n")
+        rc, _, err = run("import-kohya", d, "-o", self.p("bad.lmdb"))
+        self.assertEqual(rc, 1, err)
+        self.assertIn("every cache file under", err)
+
     def test_bad_files_are_reported_and_skipped(self):
         d = self.kohya_dir(n=2)
         with open(os.path.join(d, "img00.npz"), "rb") as f:

@@ -792,6 +792,14 @@ int pack_import_kohya(int argc, char **argv)
         r.have_meta = 1;
     }
     if (!st) st = walk_top(&r, &err);
+    if (!st && !r.lat.n) { /* nothing to import: say so instead of writing an empty shard */
+        sd_log(SD_LOG_ERROR, "no kohya latent cache (*.npz beside an image name) found under %s; %s not written",
+               o.dir, o.output);
+        pack_finish(&r.tally, &o.pc, "skipped");
+        run_free(&r);
+        sd_strlist_free(&pos);
+        return SD_EXIT_SKIPPED;
+    }
     if (!st) st = pack_out_open(&r.out, o.output, PACK_OUT_RESUME, &err);
     r.out.batch_max = 64; /* small commits: a killed import loses little */
     int refused = 0;
@@ -814,6 +822,10 @@ int pack_import_kohya(int argc, char **argv)
            (unsigned long long)r.imported, (unsigned long long)r.texts_new, (unsigned long long)r.present,
            (unsigned long long)r.tally.total, o.output);
     rc = pack_finish(&r.tally, &o.pc, "skipped");
+    if (!r.imported && !r.present && r.tally.total) { /* every file skipped: nothing usable came in */
+        sd_log(SD_LOG_ERROR, "every cache file under %s was skipped (the reasons are counted above)", o.dir);
+        rc = SD_EXIT_SKIPPED;
+    }
     run_free(&r);
     sd_strlist_free(&pos);
     return rc;
