@@ -24,6 +24,7 @@
 #include "safetensors.h"
 #include "slurp.h"
 #include "train.h"
+#include "train_int.h"
 
 /* The files of a checkpoint; the state file first, since removal goes in
  * this order and a checkpoint counts as whole while its state file is
@@ -388,7 +389,8 @@ static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *e
     snprintf(v[16], 80, "%ld", tr->epochs_steps);
     char beta1[40] = "none";
     if (tr->o.adafactor_beta1 >= 0) snprintf(beta1, sizeof beta1, "%.17g", tr->o.adafactor_beta1);
-    sd_st_meta meta[21] = {{"optimizer", sd_optimizer_name(tr->o.optimizer)}, {"adafactor_beta1", beta1},
+    sd_st_meta meta[22] = {{"optimizer", sd_optimizer_name(tr->o.optimizer)}, {"adafactor_beta1", beta1},
+                           {"weight_dtype", tr->w16 ? "bf16" : "fp32"},
                            {"epochs", v[15]}, {"epochs_steps", v[16]}, {"zero_terminal_snr", v[14]},
                            {"world_size", v[13]}, {"ema_updates", v[12]}, {"format", "sdtk-train-state 1"},
                            {"step", v[0]}, {"images", v[1]}, {"epoch", v[2]},
@@ -396,7 +398,7 @@ static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *e
                            {"batch_size", v[7]}, {"accumulation", v[8]}, {"prediction", v[9]},
                            {"param_floats", v[10]}, {"loss_smooth", v[11]},
                            {"batches", tr->o.no_carry ? "short" : "full"}};
-    return sd_st_write(path, t, nt, meta, 21, err);
+    return sd_st_write(path, t, nt, meta, 22, err);
 }
 
 /* Move the finished tmp directory to fin. When fin exists (the same step
@@ -522,7 +524,9 @@ sd_status sd_train_save(sd_trainer *tr, sd_error *err)
 {
     sd_status rc = sd_train_sync_host(tr, err);
     if (!rc) rc = sd_train_moments_full(tr, err);
+    if (!rc) rc = sd_train_w16_f32(tr, err); /* bf16 weights: written from an fp32 copy while saving */
     if (!rc) rc = save_all(tr, err);
+    sd_train_w16_f32_done(tr, 0);
     sd_train_moments_shard(tr);
     if (!rc) tr->saved_step = tr->step;
     return rc;

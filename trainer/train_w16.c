@@ -1,0 +1,135 @@
+/* --weight-dtype bf16: the trainable weights held as bf16 (tr->w16, no
+ * fp32 copy of the model between steps). The UNet widens one op's weights
+ * at a time (sd_unet_wts); the update widens a chunk of weights, runs the
+ * fp32 AdamW on it and stores it back with stochastic rounding keyed by
+ * (seed, step, element), so a resumed run rounds as the uninterrupted one
+ * did. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops_math.h"
+#include "train_int.h"
+
+/* Elements of one update chunk: the fp32 scratch the update widens into. */
+enum { W16_CHUNK = 1 << 16 };
+
+/* The floats of the update's scratch for n weights (the memory plan counts
+ * these with the per-op scratch). */
+size_t sd_train_w16_chunk(size_t n)
+{
+    return n < W16_CHUNK ? (n ? n : 1) : W16_CHUNK;
+}
+
+/* fp32 -> bf16 rounded to nearest even (the one rounding at the start and
+ * when an fp32 checkpoint is resumed); NaN stays NaN. */
+static uint16_t bf16_rne(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return (uint16_t)((u >> 16) | ((u & 0x7fffffu) ? 0x40u : 0u));
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* n floats narrowed into the bf16 weights (nearest even): exact for
+ * values that came from bf16 weights. */
+void sd_train_w16_narrow(sd_trainer *tr, const float *src)
+{
+    for (size_t i = 0; i < tr->unet.w.total; i++) tr->w16[i] = bf16_rne(src[i]);
+}
+
+/* n bf16 values widened into dst (exact). */
+void sd_train_w16_widen(float *dst, const uint16_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) dst[i] = sdm_bf16_widen(src[i]);
+}
+
+/* Start a bf16 run: the fp32 weights (loaded or initialised) rounded into
+ * w16, the EMA (when kept) started from those rounded values, and the fp32
+ * buffer freed: unet.w.data stays NULL except while a checkpoint is
+ * written or read (sd_train_w16_f32). */
+sd_status sd_train_w16_open(sd_trainer *tr, sd_error *err)
+{
+    size_t n = tr->unet.w.total;
+    tr->w16 = malloc(n * sizeof(uint16_t));
+    tr->upd = malloc(sd_train_w16_chunk(n) * sizeof(float));
+    if (!tr->w16 || !tr->upd) return sd_err_set(err, SD_ENOMEM, "out of memory for the bf16 weights");
+    sd_train_w16_narrow(tr, tr->unet.w.data);
+    free(tr->unet.w.data);
+    tr->unet.w.data = NULL;
+    return SD_OK;
+}
+
+/* A bf16 run's weights as fp32 in unet.w.data for a checkpoint to write or
+ * a resume to read into (an fp32 buffer while it lasts: the save widens
+ * the whole model; sd_train_w16_f32_done frees it). Nothing for fp32. */
+sd_status sd_train_w16_f32(sd_trainer *tr, sd_error *err)
+{
+    if (!tr->w16 || tr->unet.w.data) return SD_OK;
+    tr->unet.w.data = malloc(tr->unet.w.total * sizeof(float));
+    if (!tr->unet.w.data) return sd_err_set(err, SD_ENOMEM, "out of memory widening the bf16 weights");
+    sd_train_w16_widen(tr->unet.w.data, tr->w16, tr->unet.w.total);
+    return SD_OK;
+}
+
+/* After sd_train_w16_f32: with narrow set (a resume read new weights into
+ * it) the values go into w16 first; the fp32 buffer is freed. */
+void sd_train_w16_f32_done(sd_trainer *tr, int narrow)
+{
+    if (!tr->w16 || !tr->unet.w.data) return;
+    if (narrow) sd_train_w16_narrow(tr, tr->unet.w.data);
+    free(tr->unet.w.data);
+    tr->unet.w.data = NULL;
+}
+
+/* The parameters the UNet reads in this run. */
+sd_unet_wts sd_train_wts(const sd_trainer *tr)
+{
+    sd_unet_wts w = {tr->d_w, tr->w16, tr->wscr};
+    return w;
+}
+
+/* The stochastic-rounding key of the weights' update that makes `step`:
+ * from the seed and the step alone (another stream than the moments'). */
+static uint32_t w16_key(const sd_trainer *tr, long step)
+{
+    return (uint32_t)(sd_train_mix64(sd_train_mix64(tr->o.seed ^ 0x7765696768743136ULL) ^ (uint64_t)step) >> 32);
+}
+
+/* AdamW on the bf16 weights, chunk by chunk: widened, updated by the
+ * backend's fp32 AdamW (moments fp32 or bf16 as the run keeps them), and
+ * rounded back stochastically. */
+void sd_train_w16_adamw(sd_trainer *tr, sd_adamw_args *a)
+{
+    size_t n = tr->unet.w.total, chunk = sd_train_w16_chunk(n);
+    uint32_t key = w16_key(tr, tr->step + 1);
+    for (size_t lo = 0; lo < n; lo += chunk) {
+        size_t k = n - lo < chunk ? n - lo : chunk;
+        sd_train_w16_widen(tr->upd, tr->w16 + lo, k);
+        if (tr->moment_size == 2) {
+            tr->be->adamw_bf16(tr->exec, a, k, lo, tr->upd, (uint16_t *)tr->m + lo, (uint16_t *)tr->v + lo,
+                               tr->grad + lo);
+        } else {
+            tr->be->adamw(tr->exec, a, k, tr->upd, (float *)tr->m + lo, (float *)tr->v + lo, tr->grad + lo);
+        }
+        for (size_t i = 0; i < k; i++) tr->w16[lo + i] = sdm_bf16_sr(tr->upd[i], sdm_mix32(key, lo + i));
+    }
+}
+
+/* The fp32 EMA's step toward the bf16 weights, chunk by chunk. */
+void sd_train_w16_ema(sd_trainer *tr, float rate)
+{
+    size_t n = tr->unet.w.total, chunk = sd_train_w16_chunk(n);
+    for (size_t lo = 0; lo < n; lo += chunk) {
+        size_t k = n - lo < chunk ? n - lo : chunk;
+        sd_train_w16_widen(tr->upd, tr->w16 + lo, k);
+        sd_ema_fwd(tr->pool, k, tr->ema + lo, tr->upd, rate);
+    }
+}
+
+/* Whether every bf16 weight is finite: none has an all-ones exponent. */
+int sd_train_w16_finite(const sd_trainer *tr)
+{
+    for (size_t i = 0; i < tr->unet.w.total; i++)
+        if ((tr->w16[i] & 0x7f80u) == 0x7f80u) return 0;
+    return 1;
+}
