@@ -440,6 +440,11 @@ int main(int argc, char **argv)
     else if (!bad && strcmp(wdtype, "bf16") == 0) o.weight_dtype = SD_DT_BF16;
     else if (!bad) bad = "--weight-dtype: fp32 or bf16";
     if (!bad && !sd_optimizer_parse(optimizer, &o.optimizer)) bad = "--optimizer: adamw, adamw8bit or adafactor";
+    if (!bad && o.weight_dtype == SD_DT_BF16 && o.optimizer != SD_OPT_ADAMW)
+        bad = "--weight-dtype bf16 takes --optimizer adamw only so far (adamw8bit and adafactor update fp32 weights)";
+    if (!bad && o.weight_dtype == SD_DT_BF16 && (o.device >= 0 || o.zero1))
+        bad = "--weight-dtype bf16 runs on the CPU in one process only so far (no CUDA or --zero1 path widens the "
+              "weights yet)";
     if (!bad && o.adafactor_beta1 >= 0 && o.optimizer != SD_OPT_ADAFACTOR)
         bad = "--adafactor-beta1 is Adafactor's (--optimizer adafactor)";
     if (!bad && !(o.adafactor_beta1 < 1 && isfinite(o.adafactor_beta1)))
