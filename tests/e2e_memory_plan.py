@@ -124,6 +124,12 @@ class MemoryPlan(unittest.TestCase):
         extra = b["workspace"] - f["workspace"]
         self.assertGreaterEqual(extra, 4 * (largest + min(n, 65536)))
         self.assertLessEqual(extra, 4 * (2 * largest + min(n, 65536)))
+        # Adafactor updates whole tensors: the chunk is at least the largest, plus the group's views
+        af = self.plan("--batch", "2", "--optimizer", "adafactor")
+        af16 = self.plan("--batch", "2", "--optimizer", "adafactor", "--weight-dtype", "bf16")
+        self.assertEqual(af16["weights"], 2 * n)
+        self.assertEqual(af16["optimizer"], af["optimizer"])
+        self.assertGreaterEqual(af16["workspace"] - af["workspace"], 4 * (largest + min(n, max(65536, largest))))
 
     def test_activations_follow_batch_and_checkpointing(self):
         a2, a1 = self.plan("--batch", "2"), self.plan("--batch", "1")

@@ -1138,7 +1138,8 @@ class Train(unittest.TestCase):
             self.assertIn(why, err)
 
     def test_bf16_weights_resume_exactly(self):
-        """--weight-dtype bf16 (issue 28): with fp32 and bf16 moments, a run killed after a
+        """--weight-dtype bf16 (issue 28): AdamW with fp32 and bf16 moments, AdamW8bit and
+        Adafactor with a first moment (updated a group of whole tensors at a time): a run killed after a
         checkpoint and rerun ends byte-identical to an uninterrupted one (the stochastic rounding
         is keyed by seed, step and element); every saved weight is a bf16 value and the run is
         not the fp32 one; the state names the weight type; a resume across types warns and
@@ -1147,9 +1148,12 @@ class Train(unittest.TestCase):
                 "--ema-decay", "0.99", "-j", "2", "-q"]
         fp32 = os.path.join(self.tmp.name, "w32-ref")
         run("--unet", UNET, "-o", fp32, *args, self.shard)
-        for moments in ("fp32", "bf16"):
-            with self.subTest(moments=moments):
-                bf = ["--weight-dtype", "bf16", "--adam-moments", moments]
+        for name, opt in (("fp32", ["--adam-moments", "fp32"]), ("bf16", ["--adam-moments", "bf16"]),
+                          ("adamw8bit", ["--optimizer", "adamw8bit"]),
+                          ("adafactor", ["--optimizer", "adafactor", "--adafactor-beta1", "0.9"])):
+            with self.subTest(optimizer=name):
+                moments = name
+                bf = ["--weight-dtype", "bf16"] + opt
                 ref = os.path.join(self.tmp.name, "w16-ref-" + moments)
                 run("--unet", UNET, "-o", ref, *bf, *args, self.shard)
                 out = os.path.join(self.tmp.name, "w16-killed-" + moments)
@@ -1185,7 +1189,6 @@ class Train(unittest.TestCase):
         self.assertIn("the weights are bf16 there and fp32 in this run", err)
         self.assertFalse(all(x & 0xFFFF == 0 for x in self.weights(back, 8)))
         for extra, why in ((["--weight-dtype", "fp16"], "--weight-dtype: fp32 or bf16"),
-                           (["--weight-dtype", "bf16", "--optimizer", "adafactor"], "--optimizer adamw only"),
                            (["--weight-dtype", "bf16", "--device", "cuda:0"], "CPU in one process"),
                            (["--weight-dtype", "bf16", "--zero1"], "CPU in one process")):
             _, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), *extra, self.shard, ok=(2,))

@@ -248,8 +248,8 @@ int main(int argc, char **argv)
         {"weight-dtype", 0, SD_OPT_STR, &wdtype, "T",
          "hold the trainable weights as fp32 (default) or bf16: 2 bytes less per weight, no fp32 copy (each op "
          "widens its own weights just before it runs); the update is computed in fp32 and stored with stochastic "
-         "rounding from a seeded stream (exact resume). bf16: CPU, one process, --optimizer adamw so far; the EMA "
-         "stays fp32. Example: --weight-dtype bf16 --adam-moments bf16"},
+         "rounding from a seeded stream (exact resume); every --optimizer. bf16: CPU, one process so far; the EMA "
+         "stays fp32. Example: --weight-dtype bf16 --optimizer adamw8bit"},
         {"max-grad-norm", 0, SD_OPT_DOUBLE, &o.max_grad_norm, "X", "clip the global gradient norm (default 1; 0: off)"},
         {"ema-decay", 0, SD_OPT_DOUBLE, &o.ema_decay, "X",
          "keep an EMA of the weights (diffusers EMAModel; 0.9999 is usual; default off), saved as unet_ema/"},
@@ -440,8 +440,6 @@ int main(int argc, char **argv)
     else if (!bad && strcmp(wdtype, "bf16") == 0) o.weight_dtype = SD_DT_BF16;
     else if (!bad) bad = "--weight-dtype: fp32 or bf16";
     if (!bad && !sd_optimizer_parse(optimizer, &o.optimizer)) bad = "--optimizer: adamw, adamw8bit or adafactor";
-    if (!bad && o.weight_dtype == SD_DT_BF16 && o.optimizer != SD_OPT_ADAMW)
-        bad = "--weight-dtype bf16 takes --optimizer adamw only so far (adamw8bit and adafactor update fp32 weights)";
     if (!bad && o.weight_dtype == SD_DT_BF16 && (o.device >= 0 || o.zero1))
         bad = "--weight-dtype bf16 runs on the CPU in one process only so far (no CUDA or --zero1 path widens the "
               "weights yet)";

@@ -152,7 +152,8 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     /* bf16 weights: the per-op widening scratch and the update's chunk
      * (train_w16.c, sd_train_prepare), as they are allocated */
     size_t w16_scratch = o->weight_dtype == SD_DT_BF16
-                             ? (sd_unet_graph_wscratch(&g) + sd_train_w16_chunk(u->w.total)) * sizeof(float)
+                             ? (sd_unet_graph_wscratch(&g) + sd_train_w16_chunk(o, &u->w)) * sizeof(float) +
+                                   sd_train_w16_desc_bytes(o, &u->w)
                              : 0;
     sd_unet_graph_free(&g);
     if (rc) return rc;

@@ -158,6 +158,7 @@ typedef struct {
      * the update's fp32 chunk and the UNet's per-op widening scratch */
     uint16_t *w16;
     float *upd, *wscr;
+    void *desc; /* adamw8bit, adafactor: a group's tensor descriptors */
     size_t wscr_cap;
     FILE *metrics;
     sd_tb tb; /* TensorBoard scalars, when o.tensorboard (rank 0) */

@@ -240,8 +240,8 @@ static sd_status open_other_optimizer(sd_trainer *tr, sd_error *err)
     return rc;
 }
 
-/* --weight-dtype: fp32 or bf16; bf16 on the CPU, one process, AdamW (the
- * paths that widen and round it), refused elsewhere with the reason. */
+/* --weight-dtype: fp32 or bf16; bf16 on the CPU in one process (the paths
+ * that widen and round it), refused elsewhere with the reason. */
 static sd_status check_weight_dtype(sd_trainer *tr, sd_error *err)
 {
     const sd_train_opts *o = &tr->o;
@@ -250,8 +250,6 @@ static sd_status check_weight_dtype(sd_trainer *tr, sd_error *err)
     if (o->weight_dtype != SD_DT_BF16) why = "takes fp32 or bf16";
     else if (o->device >= 0) why = "bf16 runs on the CPU only so far (no CUDA path widens the weights yet)";
     else if (tr->world > 1 || o->zero1) why = "bf16 runs in one process only so far (no ZeRO-1 or MPI path for it)";
-    else if (o->optimizer != SD_OPT_ADAMW)
-        why = "bf16 takes --optimizer adamw only so far (adamw8bit and adafactor update fp32 weights)";
     if (!why) return SD_OK;
     sd_trainer_close(tr);
     return sd_err_set(err, SD_EUNSUPPORTED, "--weight-dtype %s", why);
@@ -394,6 +392,7 @@ void sd_trainer_close(sd_trainer *tr)
     free(tr->w16);
     free(tr->upd);
     free(tr->wscr);
+    free(tr->desc);
     free(tr->m_sh);
     free(tr->v_sh);
     sd_opt_state_free(&tr->opt);

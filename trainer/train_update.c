@@ -64,7 +64,9 @@ void sd_train_apply_norm(sd_trainer *tr, double norm)
     size_t n = tr->unet.w.total;
     const sd_backend *be = tr->be;
     double lr = sd_lr_at(&tr->o.lr, tr->step), gscale = sd_clip_factor(norm, tr->o.max_grad_norm);
-    if (tr->o.optimizer != SD_OPT_ADAMW) { /* the CPU alone (sd_trainer_open refuses a device) */
+    if (tr->o.optimizer != SD_OPT_ADAMW && tr->w16) {
+        sd_train_w16_other(tr, lr, gscale);
+    } else if (tr->o.optimizer != SD_OPT_ADAMW) { /* the CPU alone (sd_trainer_open refuses a device) */
         sd_opt_state_step(&tr->opt, tr->pool, &tr->o.adam, tr->o.adafactor_beta1, lr, tr->step + 1, gscale, tr->d_w,
                           tr->d_grad);
     } else if (tr->w16) { /* bf16 weights (the CPU alone): widened, updated, rounded back by chunks */

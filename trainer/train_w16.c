@@ -7,17 +7,35 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops_cpu.h"
 #include "ops_math.h"
+#include "optim.h"
 #include "train_int.h"
 
-/* Elements of one update chunk: the fp32 scratch the update widens into. */
+/* Elements of one AdamW update chunk: the fp32 scratch the update widens
+ * into. */
 enum { W16_CHUNK = 1 << 16 };
 
-/* The floats of the update's scratch for n weights (the memory plan counts
- * these with the per-op scratch). */
-size_t sd_train_w16_chunk(size_t n)
+/* The floats of the update's scratch: AdamW's chunk (the whole model when
+ * smaller); the per-tensor optimizers (adamw8bit, adafactor) update whole
+ * tensors, so at least the largest one. The memory plan counts these. */
+size_t sd_train_w16_chunk(const sd_train_opts *o, const sd_weights *w)
 {
-    return n < W16_CHUNK ? (n ? n : 1) : W16_CHUNK;
+    size_t c = W16_CHUNK;
+    if (o->optimizer != SD_OPT_ADAMW)
+        for (size_t i = 0; i < w->nslots; i++)
+            if (w->slots[i].n > c) c = w->slots[i].n;
+    if (c > w->total) c = w->total;
+    return c ? c : 1;
+}
+
+/* The bytes of the per-tensor optimizers' group descriptors (copied per
+ * group with relative offsets; sd_opt_state_step_group), 0 for AdamW. */
+size_t sd_train_w16_desc_bytes(const sd_train_opts *o, const sd_weights *w)
+{
+    size_t one = sizeof(sd_q8_tensor) > sizeof(sd_adafactor_tensor) ? sizeof(sd_q8_tensor)
+                                                                     : sizeof(sd_adafactor_tensor);
+    return o->optimizer == SD_OPT_ADAMW ? 0 : (w->nslots ? w->nslots : 1) * one;
 }
 
 /* fp32 -> bf16 rounded to nearest even (the one rounding at the start and
@@ -50,9 +68,12 @@ void sd_train_w16_widen(float *dst, const uint16_t *src, size_t n)
 sd_status sd_train_w16_open(sd_trainer *tr, sd_error *err)
 {
     size_t n = tr->unet.w.total;
+    size_t desc = sd_train_w16_desc_bytes(&tr->o, &tr->unet.w);
     tr->w16 = malloc(n * sizeof(uint16_t));
-    tr->upd = malloc(sd_train_w16_chunk(n) * sizeof(float));
-    if (!tr->w16 || !tr->upd) return sd_err_set(err, SD_ENOMEM, "out of memory for the bf16 weights");
+    tr->upd = malloc(sd_train_w16_chunk(&tr->o, &tr->unet.w) * sizeof(float));
+    tr->desc = desc ? malloc(desc) : NULL;
+    if (!tr->w16 || !tr->upd || (desc && !tr->desc))
+        return sd_err_set(err, SD_ENOMEM, "out of memory for the bf16 weights");
     sd_train_w16_narrow(tr, tr->unet.w.data);
     free(tr->unet.w.data);
     tr->unet.w.data = NULL;
@@ -95,12 +116,19 @@ static uint32_t w16_key(const sd_trainer *tr, long step)
     return (uint32_t)(sd_train_mix64(sd_train_mix64(tr->o.seed ^ 0x7765696768743136ULL) ^ (uint64_t)step) >> 32);
 }
 
+/* The values [lo, hi) of the update's scratch rounded back into the bf16
+ * weights with the step's key. */
+static void store(sd_trainer *tr, uint32_t key, size_t lo, size_t hi)
+{
+    for (size_t i = lo; i < hi; i++) tr->w16[i] = sdm_bf16_sr(tr->upd[i - lo], sdm_mix32(key, i));
+}
+
 /* AdamW on the bf16 weights, chunk by chunk: widened, updated by the
  * backend's fp32 AdamW (moments fp32 or bf16 as the run keeps them), and
  * rounded back stochastically. */
 void sd_train_w16_adamw(sd_trainer *tr, sd_adamw_args *a)
 {
-    size_t n = tr->unet.w.total, chunk = sd_train_w16_chunk(n);
+    size_t n = tr->unet.w.total, chunk = sd_train_w16_chunk(&tr->o, &tr->unet.w);
     uint32_t key = w16_key(tr, tr->step + 1);
     for (size_t lo = 0; lo < n; lo += chunk) {
         size_t k = n - lo < chunk ? n - lo : chunk;
@@ -111,14 +139,38 @@ void sd_train_w16_adamw(sd_trainer *tr, sd_adamw_args *a)
         } else {
             tr->be->adamw(tr->exec, a, k, tr->upd, (float *)tr->m + lo, (float *)tr->v + lo, tr->grad + lo);
         }
-        for (size_t i = 0; i < k; i++) tr->w16[lo + i] = sdm_bf16_sr(tr->upd[i], sdm_mix32(key, lo + i));
+        store(tr, key, lo, lo + k);
+    }
+}
+
+/* --optimizer adamw8bit or adafactor on the bf16 weights: consecutive
+ * whole tensors grouped up to the scratch's size, widened, stepped in
+ * fp32 (sd_opt_state_step_group: per tensor the arithmetic of the fp32
+ * run) and rounded back as AdamW's are. */
+void sd_train_w16_other(sd_trainer *tr, double lr, double gscale)
+{
+    size_t chunk = sd_train_w16_chunk(&tr->o, &tr->unet.w), nt = tr->opt.ntensors;
+    uint32_t key = w16_key(tr, tr->step + 1);
+    for (size_t t0 = 0, t1; t0 < nt; t0 = t1) {
+        size_t lo, n, off, m;
+        sd_opt_state_tensor(&tr->opt, t0, &lo, &n);
+        size_t hi = lo + n;
+        for (t1 = t0 + 1; t1 < nt; t1++) {
+            sd_opt_state_tensor(&tr->opt, t1, &off, &m);
+            if (off + m - lo > chunk) break;
+            hi = off + m;
+        }
+        sd_train_w16_widen(tr->upd, tr->w16 + lo, hi - lo);
+        sd_opt_state_step_group(&tr->opt, tr->pool, &tr->o.adam, tr->o.adafactor_beta1, lr, tr->step + 1, gscale, t0,
+                                t1, tr->desc, tr->upd, tr->grad + lo);
+        store(tr, key, lo, hi);
     }
 }
 
 /* The fp32 EMA's step toward the bf16 weights, chunk by chunk. */
 void sd_train_w16_ema(sd_trainer *tr, float rate)
 {
-    size_t n = tr->unet.w.total, chunk = sd_train_w16_chunk(n);
+    size_t n = tr->unet.w.total, chunk = sd_train_w16_chunk(&tr->o, &tr->unet.w);
     for (size_t lo = 0; lo < n; lo += chunk) {
         size_t k = n - lo < chunk ? n - lo : chunk;
         sd_train_w16_widen(tr->upd, tr->w16 + lo, k);
