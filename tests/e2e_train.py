@@ -1188,6 +1188,18 @@ class Train(unittest.TestCase):
                      "checkpoint-4"), *args[:-1], self.shard)
         self.assertIn("the weights are bf16 there and fp32 in this run", err)
         self.assertFalse(all(x & 0xFFFF == 0 for x in self.weights(back, 8)))
+        # half-precision folders: the state keeps the weights as BF16 (exact, no fp32 copy written or
+        # held), and a run stopped at step 4 and continued ends as the uninterrupted one
+        half = ["--weight-dtype", "bf16", "--save-dtype", "fp16", "--save-single"] + args
+        ref16, cont = os.path.join(self.tmp.name, "w16-half-ref"), os.path.join(self.tmp.name, "w16-half-cont")
+        run("--unet", UNET, "-o", ref16, *half, self.shard)
+        run("--unet", UNET, "-o", cont, *half, "--steps", "4", self.shard)
+        run("--unet", UNET, "-o", cont, *half, self.shard)
+        self.assertEqual(final(cont, 8), final(ref16, 8))
+        with open(os.path.join(ref16, "checkpoint-8", "state.safetensors"), "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            self.assertEqual(json.loads(f.read(n))["params"]["dtype"], "BF16")
+        self.assertTrue(os.path.exists(os.path.join(ref16, "checkpoint-8", "unet.safetensors")))
         for extra, why in ((["--weight-dtype", "fp16"], "--weight-dtype: fp32 or bf16"),
                            (["--weight-dtype", "bf16", "--device", "cuda:0"], "CPU in one process"),
                            (["--weight-dtype", "bf16", "--zero1"], "CPU in one process")):

@@ -620,7 +620,7 @@ static void check_depths(void)
     refused(ldm, &oc, SD_EFORMAT, "under model.diffusion_model. the UNet does not use (model.diffusion_model.");
     /* a stray tensor under the prefix is refused, one outside it is not */
     float z[1] = {0};
-    sd_st_tensor stray = {"model.diffusion_model.stray", SD_ST_F32, 1, {1}, 4, z, NULL};
+    sd_st_tensor stray = {"model.diffusion_model.stray", SD_ST_F32, 1, {1}, 4, z, NULL, NULL};
     if (CHECK(rewrite(ldm, cut, NULL, 0, &stray) == 0)) refused(cut, NULL, SD_EFORMAT, "1 tensor under");
     stray.name = "first_stage_model.stray";
     if (CHECK(rewrite(ldm, cut, NULL, 0, &stray) == 0) && CHECK(sd_unet_load(&v, cut, &o, &err) == SD_OK))

@@ -64,6 +64,15 @@ static sd_status moments_of(const sd_trainer *tr, const sd_safetensors *st, size
 static sd_status read_flat(const sd_safetensors *st, const char *name, float *dst, size_t n, const char *path,
                            sd_error *err)
 {
+    const sd_st_tensor *b = sd_st_find(st, name);
+    if (b && b->dtype == SD_ST_BF16 && b->ndim == 1 && b->shape[0] == n) { /* a bf16-weight run's params */
+        const unsigned char *d = b->data;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u = ((uint32_t)d[2 * i] | (uint32_t)d[2 * i + 1] << 8) << 16;
+            memcpy(dst + i, &u, 4);
+        }
+        return SD_OK;
+    }
     const sd_st_tensor *t = NULL;
     sd_status rc = flat_of(st, name, n, path, &t, err);
     if (!rc) memcpy(dst, t->data, n * 4);
@@ -367,6 +376,7 @@ static sd_status resume_from(sd_trainer *tr, const char *ck, sd_error *err)
             tr->loss_ema = ls ? strtod(ls, NULL) : NAN;
         }
     }
+    sd_train_w16_f32_done(tr, rc == SD_OK); /* bf16 weights: what was read, rounded in */
     memset(tr->grad, 0, n * sizeof(float));
     tr->dev_stale = tr->cuda != NULL; /* a GPU run uploads the loaded state before its next step */
     tr->host_stale = 0;
@@ -395,10 +405,10 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
     char ck[PATH_CAP], name[128], lp[PATH_CAP];
     if (strlen(dir) > PATH_CAP - 128) return sd_err_set(err, SD_EINVAL, "checkpoint path too long: %s", dir);
     sd_status rc = resolve(dir, ck, name, err);
-    if (!rc) rc = sd_train_w16_f32(tr, err); /* bf16 weights: read as fp32, then rounded in */
     if (!rc) {
+        sd_train_w16_f32(tr); /* bf16 weights: read as fp32 into the gradient buffer, then rounded in */
         rc = resume_from(tr, ck, err);
-        sd_train_w16_f32_done(tr, rc == SD_OK);
+        sd_train_w16_f32_done(tr, 0); /* where resume_from returned early */
     }
     if (!rc || rc == SD_EINVAL || !name[0] || tr->rank != 0) return rc;
     sd_train_pjoin(lp, dir, "latest");

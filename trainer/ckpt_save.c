@@ -344,6 +344,15 @@ static sd_st_tensor flat(const char *name, const float *p, size_t n)
     return flat_as(name, p, n, SD_ST_F32);
 }
 
+/* The run's weights saved as sd_unet_save writes them: fp32, or bf16
+ * widened while written (no copy). */
+static sd_status save_weights(const sd_trainer *tr, const char *p, sd_unet_names names, const char *prefix,
+                              sd_error *err)
+{
+    if (tr->w16) return sd_unet_save_bf16(&tr->unet, tr->w16, p, names, prefix, tr->o.save_dtype, err);
+    return sd_unet_save(&tr->unet, tr->unet.w.data, p, names, prefix, tr->o.save_dtype, err);
+}
+
 /* The training state file: moments (and master weights) plus metadata. */
 static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *err)
 {
@@ -365,7 +374,7 @@ static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *e
     }
     if (tr->o.save_dtype != SD_ST_F32) {
         /* unet/ (and unet_ema/) are rounded: keep the fp32 originals here */
-        t[nt++] = flat("params", tr->unet.w.data, n);
+        t[nt++] = tr->w16 ? flat_as("params", tr->w16, n, SD_ST_BF16) : flat("params", tr->unet.w.data, n);
         if (tr->ema) t[nt++] = flat("ema", tr->ema, n);
     }
     char v[17][80];
@@ -434,14 +443,16 @@ static sd_status put_in_place(const char *tmp, const char *fin, sd_error *err)
  * weights (and EMA) with the base model's VAE and text encoders, loaded for
  * this save and released after it (the run does not hold them between
  * saves; sd_trainer_open checked them at the start). */
-static sd_status save_full(const sd_trainer *tr, const char *dir, sd_error *err)
+static sd_status save_full(sd_trainer *tr, const char *dir, sd_error *err)
 {
     sd_full_parts parts;
     sd_status rc = sd_full_parts_load(&parts, tr->o.base_model, &tr->unet.cfg, NULL, err);
     if (rc) return rc;
     char p[PATH_CAP];
     sd_train_pjoin(p, dir, "full.safetensors");
+    sd_train_w16_f32(tr); /* bf16 weights: widened into the (zero) gradient buffer */
     rc = sd_full_ckpt_write(p, &tr->unet, tr->unet.w.data, &parts, tr->o.save_dtype, err);
+    sd_train_w16_f32_done(tr, 0);
     sd_train_pjoin(p, dir, "full_ema.safetensors");
     if (!rc && tr->ema) rc = sd_full_ckpt_write(p, &tr->unet, tr->ema, &parts, tr->o.save_dtype, err);
     sd_full_parts_free(&parts);
@@ -469,7 +480,7 @@ static sd_status save_local(sd_trainer *tr, sd_error *err)
     sd_train_pjoin(p, tmp, "unet/config.json");
     if (!rc) rc = sd_unet_config_write(&tr->unet.cfg, p, err);
     sd_train_pjoin(p, tmp, "unet/diffusion_pytorch_model.safetensors");
-    if (!rc) rc = sd_unet_save(&tr->unet, tr->unet.w.data, p, SD_UNET_NAMES_DIFFUSERS, "", tr->o.save_dtype, err);
+    if (!rc) rc = save_weights(tr, p, SD_UNET_NAMES_DIFFUSERS, "", err);
     if (tr->ema) {
         sd_train_pjoin(p, tmp, "unet_ema");
         if (!rc) rc = make_dir(p, err);
@@ -482,9 +493,7 @@ static sd_status save_local(sd_trainer *tr, sd_error *err)
     }
     if (tr->o.save_single) { /* one file with the original ldm names, for UIs that load a UNet alone */
         sd_train_pjoin(p, tmp, "unet.safetensors");
-        if (!rc)
-            rc = sd_unet_save(&tr->unet, tr->unet.w.data, p, SD_UNET_NAMES_LDM, "model.diffusion_model.",
-                              tr->o.save_dtype, err);
+        if (!rc) rc = save_weights(tr, p, SD_UNET_NAMES_LDM, "model.diffusion_model.", err);
         sd_train_pjoin(p, tmp, "unet_ema.safetensors");
         if (!rc && tr->ema)
             rc = sd_unet_save(&tr->unet, tr->ema, p, SD_UNET_NAMES_LDM, "model.diffusion_model.", tr->o.save_dtype,
@@ -524,9 +533,7 @@ sd_status sd_train_save(sd_trainer *tr, sd_error *err)
 {
     sd_status rc = sd_train_sync_host(tr, err);
     if (!rc) rc = sd_train_moments_full(tr, err);
-    if (!rc) rc = sd_train_w16_f32(tr, err); /* bf16 weights: written from an fp32 copy while saving */
     if (!rc) rc = save_all(tr, err);
-    sd_train_w16_f32_done(tr, 0);
     sd_train_moments_shard(tr);
     if (!rc) tr->saved_step = tr->step;
     return rc;

@@ -80,25 +80,25 @@ sd_status sd_train_w16_open(sd_trainer *tr, sd_error *err)
     return SD_OK;
 }
 
-/* A bf16 run's weights as fp32 in unet.w.data for a checkpoint to write or
- * a resume to read into (an fp32 buffer while it lasts: the save widens
- * the whole model; sd_train_w16_f32_done frees it). Nothing for fp32. */
-sd_status sd_train_w16_f32(sd_trainer *tr, sd_error *err)
+/* A bf16 run's weights as fp32 in unet.w.data, for a resume to read into
+ * or a --save-full file to be written from: the gradient buffer lends its
+ * n floats (between steps it holds zeros, and a resume zeroes it), so no
+ * memory is allocated. sd_train_w16_f32_done gives it back. Nothing for
+ * fp32 runs. */
+void sd_train_w16_f32(sd_trainer *tr)
 {
-    if (!tr->w16 || tr->unet.w.data) return SD_OK;
-    tr->unet.w.data = malloc(tr->unet.w.total * sizeof(float));
-    if (!tr->unet.w.data) return sd_err_set(err, SD_ENOMEM, "out of memory widening the bf16 weights");
+    if (!tr->w16 || tr->unet.w.data) return;
+    tr->unet.w.data = tr->grad;
     sd_train_w16_widen(tr->unet.w.data, tr->w16, tr->unet.w.total);
-    return SD_OK;
 }
 
 /* After sd_train_w16_f32: with narrow set (a resume read new weights into
- * it) the values go into w16 first; the fp32 buffer is freed. */
+ * it) the values go into w16 first; the gradient buffer is zeroed again. */
 void sd_train_w16_f32_done(sd_trainer *tr, int narrow)
 {
     if (!tr->w16 || !tr->unet.w.data) return;
     if (narrow) sd_train_w16_narrow(tr, tr->unet.w.data);
-    free(tr->unet.w.data);
+    memset(tr->grad, 0, tr->unet.w.total * sizeof(float));
     tr->unet.w.data = NULL;
 }
 

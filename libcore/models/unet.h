@@ -169,6 +169,10 @@ typedef enum { SD_UNET_NAMES_DIFFUSERS = 0, SD_UNET_NAMES_LDM = 1 } sd_unet_name
  * the metadata (unet_config). Atomic (temp + fsync + rename). */
 sd_status sd_unet_save(const sd_unet *u, const float *params, const char *path, sd_unet_names names,
                        const char *prefix, int st_dtype, sd_error *err);
+/* The same from bf16 parameters (u->w.total values laid out like
+ * u->w.data), widened exactly while written: no fp32 copy is made. */
+sd_status sd_unet_save_bf16(const sd_unet *u, const uint16_t *params, const char *path, sd_unet_names names,
+                            const char *prefix, int st_dtype, sd_error *err);
 
 /* ---- the graph (unet.c) ----------------------------------------------------- */
 
