@@ -1,9 +1,9 @@
 /* --weight-dtype bf16: the trainable weights held as bf16 (tr->w16, no
- * fp32 copy of the model between steps). The UNet widens one op's weights
+ * fp32 copy of the model at any time). The UNet widens one op's weights
  * at a time (sd_unet_wts); the update widens a chunk of weights, runs the
- * fp32 AdamW on it and stores it back with stochastic rounding keyed by
- * (seed, step, element), so a resumed run rounds as the uninterrupted one
- * did. */
+ * fp32 optimizer on it and stores it back with stochastic rounding keyed
+ * by (seed, step, element), so a resumed run rounds as the uninterrupted
+ * one did. */
 #include <stdlib.h>
 #include <string.h>
 
