@@ -272,6 +272,7 @@ static void settle_caption(sd_arena *a, sd_record *r)
     char *t = sd_arena_strndup(a, c, n);
     if (!t) return;
     t = trim(t, &n);
+    if (strpbrk(t, "\n\r")) r->caption_lines = sd_arena_strndup(a, t, n); /* each line a caption variant */
     join_lines(t, &n);
     r->caption = t;
 }
@@ -681,6 +682,7 @@ int sd_input_build(const sd_input *in, const sd_build_opts *o, sd_arena *a, sd_r
         if (in->cap_path) {
             char *c = read_caption_file(a, in->cap_path, &n, reason, detail, detail_len);
             if (!c) return -1;
+            if (strpbrk(c, "\n\r")) r->caption_lines = sd_arena_strndup(a, c, n); /* each line a caption variant */
             join_lines(c, &n);
             if (n) {
                 found = 1;

@@ -22,6 +22,7 @@ struct sd_meta_result {
     const char *detail; /* worker-arena text, may be "" */
     const char *key_str;
     int val_left_out; /* a val record, kept out of kohya output */
+    int unclosed;     /* its caption held a '{' without '}' (kept as a literal) */
 };
 
 /* Set up a run writing to out. progress: show a progress display. */
@@ -52,6 +53,8 @@ sd_status sd_meta_run_init(sd_meta_run *m, const sd_rules *rules, const sd_build
     sd_tally_init(&m->skips, show_limit);
     sd_tally_init(&m->ignored, show_limit < 0 ? -1 : 0); /* named with --verbose (all of them), else counted */
     m->ignored.verb = "ignored";
+    sd_tally_init(&m->notes, show_limit);
+    m->notes.verb = "note";
     sd_progress_init(&m->progress, "sd-meta", "records", 0, progress);
     if (format == SD_OUT_KOHYA) fputs("{", out);
     return SD_OK;
@@ -142,6 +145,7 @@ static void process_range(void *ctx, int w, size_t b, size_t e)
         res->detail = "";
         res->key_str = NULL;
         res->val_left_out = 0;
+        res->unclosed = 0;
         if (sd_input_build(&m->in[i], m->bopts, &wk->arena, &rec, &reason, detail, sizeof detail) ||
             sd_rules_apply(m->rules, &rec, m->in[i].ordinal, &wk->arena, wk->scratch, &reason)) {
             res->reason = reason;
@@ -154,6 +158,7 @@ static void process_range(void *ctx, int w, size_t b, size_t e)
             continue;
         }
         if (m->format == SD_OUT_KOHYA && kohya_tar_member(&rec, res)) continue;
+        res->unclosed = rec.unclosed_brace;
         res->key_str = m->format == SD_OUT_KOHYA ? sd_record_kohya_key(&rec) : rec.key;
         res->key = sd_key128_of(res->key_str, strlen(res->key_str));
         /* kohya metadata has no split: a val record keeps its key (a later
@@ -202,6 +207,11 @@ void sd_meta_flush(sd_meta_run *m)
             snprintf(msg, sizeof msg, "%s (key '%s' seen before; first kept)", where, res->key_str);
             skip_escaped(&m->skips, "duplicate key", msg);
             continue;
+        }
+        if (res->unclosed) {
+            input_where(&m->in[i], where, sizeof where);
+            snprintf(msg, sizeof msg, "%s (key '%s'; the record is kept, the brace is a literal)", where, res->key_str);
+            skip_escaped(&m->notes, "unclosed { in a caption", msg);
         }
         if (res->val_left_out) {
             m->val_left_out++;

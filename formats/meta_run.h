@@ -43,6 +43,7 @@ typedef struct {
     uint64_t val_left_out; /* val records not written (kohya output has no split) */
     sd_tally skips;
     sd_tally ignored; /* files left out that are not errors (sd_meta_note_ignored) */
+    sd_tally notes;   /* records kept with something to say (an unclosed '{' kept as a literal) */
     sd_progress progress;
     int write_failed, write_errno; /* the first failed write's errno */
 } sd_meta_run;

@@ -125,6 +125,14 @@ void sd_record_write_json(sd_buf *b, const sd_record *r, int with_extra)
     }
     sd_buf_puts(b, ",\"caption\":");
     sd_buf_json_cstr(b, r->out_caption ? r->out_caption : (r->caption ? r->caption : ""));
+    if (r->nvariants > 0) {
+        sd_buf_puts(b, ",\"captions\":[");
+        for (int i = 0; i < r->nvariants; i++) {
+            if (i) sd_buf_putc(b, ',');
+            sd_buf_json_cstr(b, r->variants[i]);
+        }
+        sd_buf_putc(b, ']');
+    }
     if (r->ntags) {
         sd_buf_puts(b, ",\"tags\":{");
         int cfirst = 1;

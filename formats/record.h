@@ -50,9 +50,13 @@ typedef struct {
     const sd_json *fields; /* the source's own object, for `where` rules and pass-through */
     const char *fields_text; /* unmodified copy of the text `fields` was parsed from, or NULL */
     const char *const *consumed; /* field names of `fields` already represented; not passed through */
+    const char *caption_lines; /* the caption before its lines were joined, when it had several; else NULL */
     /* set by the rules */
     const char *out_caption;
     int is_val;
+    const char **variants; /* --caption-variants K > 1: the distinct captions, variants[0] == out_caption */
+    int nvariants;         /* 0 without --caption-variants */
+    int unclosed_brace;    /* a caption held a '{' without '}' (kept as a literal) */
 } sd_record;
 
 const char *sd_tag_cat_name(sd_tag_cat c);

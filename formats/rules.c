@@ -32,6 +32,7 @@ void sd_rules_init(sd_rules *r)
     sd_strmap_init(&r->non_caption);
     sd_strmap_init(&r->rating_words);
     r->underscores = 1;
+    r->variants.k = 1;
     r->ntag_order = (int)(sizeof default_order / sizeof *default_order);
     memcpy(r->tag_order, default_order, sizeof default_order);
     r->score_tag_prefix = strdup("scr");

@@ -8,6 +8,7 @@
 #include "buf.h"
 #include "err.h"
 #include "record.h"
+#include "variants.h"
 #include "strmap.h"
 
 typedef enum { SD_CMP_LT, SD_CMP_LE, SD_CMP_GT, SD_CMP_GE, SD_CMP_EQ, SD_CMP_NE } sd_cmp_op;
@@ -63,6 +64,7 @@ typedef struct {
     unsigned long long seed;
     long val_every;
     double val_fraction;
+    sd_variant_opts variants; /* --caption-variants and its options; k = 1: none */
 } sd_rules;
 
 void sd_rules_init(sd_rules *r);

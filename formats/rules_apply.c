@@ -466,6 +466,50 @@ static int shuffle_tokens(const sd_rules *r, const char *key, sd_buf *cap, sd_ar
     return 0;
 }
 
+/* The record's caption variants (--caption-variants): its base captions are
+ * the finished caption, or with a multi-line source caption the template
+ * expanded once per non-blank line; variants[0] becomes the caption. -1
+ * when out of memory. */
+static int make_variants(const sd_rules *r, sd_record *rec, const normtag *nt, sd_arena *a, sd_buf scratch[3])
+{
+    const char *one[1] = {rec->out_caption}, **bases = one;
+    int nb = 1;
+    if (rec->caption_lines) {
+        const char *lines = rec->caption_lines, *joined = rec->caption;
+        int cap = 1;
+        for (const char *p = lines; *p; p++) cap += *p == '\n' || *p == '\r';
+        bases = sd_arena_alloc(a, (size_t)cap * sizeof *bases);
+        if (!bases) return -1;
+        nb = 0;
+        for (const char *p = lines; *p;) {
+            size_t n = strcspn(p, "\r\n");
+            size_t b = 0, e = n;
+            while (b < e && (p[b] == ' ' || p[b] == '\t')) b++;
+            while (e > b && (p[e - 1] == ' ' || p[e - 1] == '\t')) e--;
+            if (e > b) {
+                if (!(rec->caption = sd_arena_strndup(a, p + b, e - b))) return -1;
+                sd_buf_clear(&scratch[1]);
+                expand_template(r, rec, nt, &scratch[1]);
+                drop_empty_items(&scratch[1], &scratch[2]);
+                if (scratch[2].len && !(bases[nb++] = sd_arena_strndup(a, scratch[2].data, scratch[2].len))) return -1;
+            }
+            p += n;
+            while (*p == '\r' || *p == '\n') p++;
+        }
+        rec->caption = joined;
+        if (!nb) bases = one, nb = 1;
+    }
+    const char **out = sd_arena_alloc(a, SD_VARIANTS_MAX * sizeof *out);
+    if (!out) return -1;
+    int n = sd_caption_variants(&r->variants, rec->key, bases, nb, a, &scratch[1], out, &rec->unclosed_brace);
+    if (n < 0) return -1;
+    if (n == 0) return 0; /* nothing left: the empty-caption check skips it */
+    rec->variants = out;
+    rec->nvariants = n;
+    rec->out_caption = out[0];
+    return 0;
+}
+
 /* Run every rule on rec. Returns 0 to keep it (with out_caption and is_val
  * set) or -1 with *reason. scratch: three reusable buffers of the worker. */
 int sd_rules_apply(const sd_rules *r, sd_record *rec, uint64_t ordinal, sd_arena *a, sd_buf scratch[3],
@@ -495,6 +539,8 @@ int sd_rules_apply(const sd_rules *r, sd_record *rec, uint64_t ordinal, sd_arena
     } else {
         rec->out_caption = sd_arena_strndup(a, clean->data ? clean->data : "", clean->len);
     }
+
+    if (r->variants.k > 1 && make_variants(r, rec, nt, a, scratch)) return *reason = "out of memory", -1;
 
     rec->is_val = 0;
     if (r->val_every > 0 && (ordinal + 1) % (uint64_t)r->val_every == 0) rec->is_val = 1;

@@ -57,6 +57,8 @@ static sd_status open_dbs(sd_shard *s, sd_error *err)
     for (int i = 0; i < NDBS; i++) {
         unsigned f = (ro ? 0 : MDB_CREATE) | (i == SD_SHARD_DB_BINDEX ? MDB_DUPSORT : 0);
         rc = mdb_dbi_open(txn, sd_shard_db_name(i), f, &s->dbi[i]);
+        s->dbi_ok[i] = rc == 0;
+        if (rc == MDB_NOTFOUND && sd_shard_db_optional(i)) continue; /* a shard from before it */
         if (rc == MDB_NOTFOUND || rc == MDB_INCOMPATIBLE) {
             MDB_stat ms;
             int empty = rc == MDB_NOTFOUND && mdb_stat(txn, 1, &ms) == 0 && ms.ms_entries == 0;

@@ -31,9 +31,11 @@
 #include "err.h"
 
 enum {
-    SD_SHARD_VERSION = 1,     /* format version this code writes and reads */
-    SD_SHARD_HDR_SIZE = 256,  /* fixed record header, name follows */
-    SD_SHARD_MAX_TENSORS = 4,
+    SD_SHARD_VERSION = 1,     /* shard format version (meta format_version) this code writes and reads */
+    SD_SHARD_HDR_SIZE = 256,  /* fixed record header of a version 1 record, name follows */
+    SD_REC_VERSION_MAX = 2,   /* record format versions read: 1, and 2 (a record with a loss mask) */
+    SD_SHARD_HDR_SIZE_V2 = 288, /* a version 2 record's header: a fifth tensor entry at 256 */
+    SD_SHARD_MAX_TENSORS = 5, /* 4 in a version 1 record */
     SD_SHARD_MAX_KEY = 511,   /* record keys and names: LMDB's key limit */
     SD_SHARD_TEXT_KEY = 16    /* text-embedding keys: 16-byte content hash */
 };
@@ -128,7 +130,9 @@ typedef enum {
     SD_SHARD_DB_NAMES,   /* key = name, val = record key */
     SD_SHARD_DB_BUCKETS, /* key = 8-byte bucket, val = uint64 LE count */
     SD_SHARD_DB_BINDEX,  /* key = 8-byte bucket, val = record key */
-    SD_SHARD_DB_META
+    SD_SHARD_DB_META,
+    SD_SHARD_DB_VARIANTS /* key = record key, val = its caption variants' 16-byte text keys (2..64); optional:
+                          * a shard written before it has none, and a record with one caption no entry */
 } sd_shard_db;
 
 
@@ -219,8 +223,9 @@ sd_status sd_shard_meta_get(sd_shard *s, const char *key, char **value, sd_error
 typedef enum { SD_REC_LATENT = 1, SD_REC_TEXT = 2 } sd_rec_kind;
 
 /* What a tensor is. Latent records hold SAMPLE (and SAMPLE_FLIP), or
- * MEAN+STD (and MEAN_FLIP+STD_FLIP); text records hold HIDDEN (SD1/SD2:
- * one encoder) or HIDDEN1+HIDDEN2+POOLED (SDXL), or any subset of those. */
+ * MEAN+STD (and MEAN_FLIP+STD_FLIP), and with flag SD_REC_F_MASK a MASK
+ * (record version 2); text records hold HIDDEN (SD1/SD2: one encoder) or
+ * HIDDEN1+HIDDEN2+POOLED (SDXL), or any subset of those. */
 typedef enum {
     SD_ROLE_SAMPLE = 1,
     SD_ROLE_SAMPLE_FLIP = 2,
@@ -228,6 +233,8 @@ typedef enum {
     SD_ROLE_STD = 4,
     SD_ROLE_MEAN_FLIP = 5,
     SD_ROLE_STD_FLIP = 6,
+    SD_ROLE_MASK = 7, /* loss weight per pixel, 0..1, fp32 [bucket_h, bucket_w] or [bucket_h/8, bucket_w/8];
+                       * unflipped: a flipped variant's mask is this one mirrored */
     SD_ROLE_HIDDEN = 16,
     SD_ROLE_HIDDEN1 = 17,
     SD_ROLE_HIDDEN2 = 18,
@@ -243,7 +250,8 @@ enum {
     SD_REC_F_TRANSPOSED = 8, /* the image file stores it transposed (EXIF orientation 5-8):
                               * orig_w/orig_h are the displayed size, the stored one is
                               * (orig_h, orig_w), the size sd-scripts names its npz by */
-    SD_REC_F_ALL = 15
+    SD_REC_F_MASK = 16,      /* a loss mask (SD_ROLE_MASK) is present: record version 2 */
+    SD_REC_F_ALL = 31
 };
 
 typedef struct {
@@ -265,7 +273,7 @@ typedef struct {
     uint8_t text_ref[16];  /* key of the text-embedding record; zeros = none */
     const char *name;      /* record name (sd-meta `key`), not NUL-terminated on parse */
     size_t name_len;       /* 0..511 */
-    int ntensors;          /* 1..4 */
+    int ntensors;          /* 1..4 (1..5 with a mask) */
     sd_shard_tensor t[SD_SHARD_MAX_TENSORS];
     /* filled by parse (and by build): */
     const void *payload;
@@ -286,6 +294,10 @@ sd_status sd_shard_rec_build(const sd_shard_rec *r, sd_buf *out, sd_error *err);
 sd_status sd_shard_rec_parse(const void *val, size_t len, sd_shard_rec *out, sd_error *err);
 /* Recompute the payload's XXH3-64 and compare with the stored one. */
 sd_status sd_shard_rec_check_payload(const sd_shard_rec *r, sd_error *err);
+/* A loss mask reduced by f on each side as sd-scripts' area interpolation
+ * does (the mean of each f x f block; formats/shard_mask.c): src fp32
+ * [mh, mw] bytes, out [mh / f, mw / f], mirrored when flip. */
+void sd_shard_mask_reduce(const void *src, int mh, int mw, int f, int flip, float *out);
 /* Find a tensor by role; NULL when absent. */
 const sd_shard_tensor *sd_shard_rec_tensor(const sd_shard_rec *r, int role);
 
@@ -307,6 +319,14 @@ sd_status sd_shard_put_text(sd_shard *s, const uint8_t hash[16], const void *val
 sd_status sd_shard_del(sd_shard *s, const void *key, size_t klen, sd_error *err);
 /* Delete a text-embedding record. SD_ENOTFOUND when absent. */
 sd_status sd_shard_del_text(sd_shard *s, const uint8_t hash[16], sd_error *err);
+/* The most caption variants a record may refer to (sd-meta --caption-variants). */
+enum { SD_SHARD_MAX_VARIANTS = 64 };
+/* Put a latent record's caption variants: n (2..SD_SHARD_MAX_VARIANTS)
+ * 16-byte text keys, the first equal to the record's text_ref, replacing
+ * any before; n <= 1 deletes the entry (one caption needs none). Deleting
+ * the record (sd_shard_del) deletes its entry too. */
+sd_status sd_shard_put_variants(sd_shard *s, const void *key, size_t klen, const uint8_t *refs, size_t n,
+                                sd_error *err);
 /* Commit the batch (durable unless NOSYNC or NOMETASYNC). On failure nothing of the batch
  * is stored and the shard is as it was before sd_shard_begin. */
 sd_status sd_shard_commit(sd_shard *s, sd_error *err);
@@ -344,6 +364,11 @@ sd_status sd_shard_read_renew(sd_shard_txn *t, sd_error *err);
  * when absent. *val points into the map (read-only, valid inside t). */
 sd_status sd_shard_get(sd_shard_txn *t, const void *key, size_t klen, const void **val, size_t *vlen, sd_error *err);
 sd_status sd_shard_get_text(sd_shard_txn *t, const uint8_t hash[16], const void **val, size_t *vlen, sd_error *err);
+/* A record's caption variants: *n 16-byte text keys at *refs (zero-copy);
+ * SD_ENOTFOUND when it has none (one caption, or a shard written before
+ * variants), SD_EFORMAT when the stored value is not whole keys. */
+sd_status sd_shard_get_variants(sd_shard_txn *t, const void *key, size_t klen, const uint8_t **refs, size_t *n,
+                                sd_error *err);
 /* Record key of a record name; SD_ENOTFOUND when absent. */
 sd_status sd_shard_get_name(sd_shard_txn *t, const char *name, size_t nlen, const void **key, size_t *klen, sd_error *err);
 

@@ -6,7 +6,7 @@
 
 #include "shard_int.h"
 
-static const char *const db_names[NDBS] = {"latents", "text", "names", "buckets", "bindex", "meta"};
+static const char *const db_names[NDBS] = {"latents", "text", "names", "buckets", "bindex", "meta", "variants"};
 
 /* A named database's name, for the page walk's messages and checks. */
 const char *sd_shard_db_name(int db)

@@ -10,7 +10,13 @@
 
 #include "shard.h"
 
-enum { NDBS = 6 };
+enum { NDBS = 7 };
+/* A database an older shard may lack (opened read-only: dbi_ok 0; the page
+ * walk does not ask for it). */
+static inline int sd_shard_db_optional(int db)
+{
+    return db == SD_SHARD_DB_VARIANTS;
+}
 
 /* LMDB's reader slots: what sd_shard_open asks for, and what its lock file's
  * pages are reserved for (sd_shard_prepare_lock_file). */
@@ -19,6 +25,7 @@ enum { MAX_READERS = 1024 };
 struct sd_shard {
     MDB_env *env;
     MDB_dbi dbi[NDBS]; /* indexed by sd_shard_db */
+    int dbi_ok[NDBS];  /* 0: an optional database this (read-only) shard lacks */
     char *path;
     unsigned flags;
     size_t map_size, max_map;

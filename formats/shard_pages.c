@@ -455,6 +455,7 @@ static sd_status walk_snapshot(walk *w, const uint8_t *meta)
     else walk_tree(w, &main);
     int missing = 0;
     for (int db = 0; db < NDBS && main.root != LMDB_NO_PAGE; db++) {
+        if (sd_shard_db_optional(db)) continue;
         int found = 0;
         for (int i = 0; i < w->nnamed; i++) found |= w->named[i].db == db;
         if (!found && !missing++) damage(w, &main, main.root, "no %s database", sd_shard_db_name(db));

@@ -59,6 +59,7 @@ static sd_status get_in(sd_shard_txn *t, int db, const void *key, size_t klen, c
     *val = NULL;
     *vlen = 0;
     if (klen == 0 || klen > SD_SHARD_MAX_KEY) return sd_err_set(err, SD_EINVAL, "key length %zu not in 1..511", klen);
+    if (!t->s->dbi_ok[db]) return sd_err_set(err, SD_ENOTFOUND, "not found");
     int rc = mdb_get(t->txn, t->s->dbi[db], &k, &v);
     if (rc == MDB_NOTFOUND) return sd_err_set(err, SD_ENOTFOUND, "not found");
     if (rc) return sd_shard_mdb_err(err, rc, "get", t->s);
@@ -77,6 +78,26 @@ sd_status sd_shard_get(sd_shard_txn *t, const void *key, size_t klen, const void
 sd_status sd_shard_get_text(sd_shard_txn *t, const uint8_t hash[16], const void **val, size_t *vlen, sd_error *err)
 {
     return get_in(t, SD_SHARD_DB_TEXT, hash, SD_SHARD_TEXT_KEY, val, vlen, err);
+}
+
+/* A record's caption variants; the value is checked to be whole 16-byte
+ * keys, at least two and at most SD_SHARD_MAX_VARIANTS (what the writer
+ * puts), so a reader may index it without more checks. */
+sd_status sd_shard_get_variants(sd_shard_txn *t, const void *key, size_t klen, const uint8_t **refs, size_t *n,
+                                sd_error *err)
+{
+    const void *v;
+    size_t vl;
+    *refs = NULL;
+    *n = 0;
+    sd_status st = get_in(t, SD_SHARD_DB_VARIANTS, key, klen, &v, &vl, err);
+    if (st) return st;
+    if (vl % SD_SHARD_TEXT_KEY || vl < 2 * SD_SHARD_TEXT_KEY || vl > SD_SHARD_MAX_VARIANTS * SD_SHARD_TEXT_KEY)
+        return sd_err_set(err, SD_EFORMAT, "variants entry of %zu bytes (not 2..%d keys of %d bytes)", vl,
+                          SD_SHARD_MAX_VARIANTS, SD_SHARD_TEXT_KEY);
+    *refs = v;
+    *n = vl / SD_SHARD_TEXT_KEY;
+    return SD_OK;
 }
 
 /* The record key a record name (sd-meta's key) maps to, for finding a record by name. */
@@ -107,6 +128,9 @@ sd_status sd_shard_index_has(sd_shard_txn *t, uint32_t w, uint32_t h, const void
 sd_status sd_shard_count(sd_shard_txn *t, sd_shard_db db, uint64_t *n, sd_error *err)
 {
     MDB_stat st;
+    *n = 0;
+    if ((int)db < 0 || (int)db >= NDBS) return sd_err_set(err, SD_EINVAL, "bad database %d", (int)db);
+    if (!t->s->dbi_ok[db]) return SD_OK; /* an optional database this shard lacks: empty */
     int rc = mdb_stat(t->txn, t->s->dbi[db], &st);
     if (rc) return sd_shard_mdb_err(err, rc, "stat", t->s);
     *n = st.ms_entries;
@@ -168,6 +192,11 @@ static sd_status cursor_new(sd_shard_txn *t, int db, sd_shard_cursor **out, sd_e
     if (!c) return sd_err_set(err, SD_ENOMEM, "out of memory");
     c->t = t;
     c->db = db;
+    if (!t->s->dbi_ok[db]) { /* an optional database this shard lacks: a cursor at its end */
+        c->state = 3;
+        *out = c;
+        return SD_OK;
+    }
     int rc = mdb_cursor_open(t->txn, t->s->dbi[db], &c->c);
     if (rc) {
         free(c);
@@ -265,6 +294,6 @@ sd_status sd_shard_cursor_next(sd_shard_cursor *c, const void **key, size_t *kle
 void sd_shard_cursor_close(sd_shard_cursor *c)
 {
     if (!c) return;
-    mdb_cursor_close(c->c);
+    if (c->c) mdb_cursor_close(c->c);
     free(c);
 }

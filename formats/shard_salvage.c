@@ -67,6 +67,16 @@ static const char *refused(sd_shard_db db, size_t klen, const void *val, size_t 
     return NULL;
 }
 
+/* Why a variants entry is not copied: what sd_shard_get_variants would
+ * refuse; NULL when it is whole keys. */
+static const char *refused_variants(size_t klen, size_t vlen)
+{
+    if (klen == 0 || klen > SD_SHARD_MAX_KEY) return "a key of a wrong length";
+    if (vlen % SD_SHARD_TEXT_KEY || vlen < 2 * SD_SHARD_TEXT_KEY || vlen > SD_SHARD_MAX_VARIANTS * SD_SHARD_TEXT_KEY)
+        return "a variants entry that is not 2..64 text keys";
+    return NULL;
+}
+
 /* An entry's identity across the two walks: its database and key, and
  * whether the newest walk dropped it (not copied). */
 static sd_key128 entry_id(sd_shard_db db, int dropped, const void *key, size_t klen)
@@ -115,7 +125,8 @@ static sd_status copy_entry(void *ctx, sd_shard_db db, const void *key, size_t k
                             sd_error *err)
 {
     copier *cp = ctx;
-    if (db != SD_SHARD_DB_LATENTS && db != SD_SHARD_DB_TEXT && db != SD_SHARD_DB_META) return SD_OK;
+    if (db != SD_SHARD_DB_LATENTS && db != SD_SHARD_DB_TEXT && db != SD_SHARD_DB_META && db != SD_SHARD_DB_VARIANTS)
+        return SD_OK;
     if (cp->second) {
         int seen = 0;
         sd_status sst = seen_already(cp, db, key, klen, val, vlen, &seen, err);
@@ -123,7 +134,9 @@ static sd_status copy_entry(void *ctx, sd_shard_db db, const void *key, size_t k
     }
     int keep = cp->c->older && !cp->c->older_only && !cp->second; /* the newest walk, with the older to come */
     sd_error why;
-    const char *no = db == SD_SHARD_DB_META ? NULL : refused(db, klen, val, vlen, &why);
+    const char *no = db == SD_SHARD_DB_META       ? NULL
+                     : db == SD_SHARD_DB_VARIANTS ? refused_variants(klen, vlen)
+                                                  : refused(db, klen, val, vlen, &why);
     char *k = NULL, *v = NULL;
     if (db == SD_SHARD_DB_META && !meta_text(key, klen, val, vlen, &k, &v)) no = "a meta entry that is not text";
     if (no) {
@@ -137,10 +150,15 @@ static sd_status copy_entry(void *ctx, sd_shard_db db, const void *key, size_t k
         return SD_OK;
     }
     sd_status st = cp->batch ? SD_OK : sd_shard_begin(cp->out, err);
-    uint64_t *count = db == SD_SHARD_DB_META ? &cp->c->meta : db == SD_SHARD_DB_TEXT ? &cp->c->texts : &cp->c->latents;
+    uint64_t variants = 0; /* variants entries are copied, not counted (a record's companion) */
+    uint64_t *count = db == SD_SHARD_DB_META       ? &cp->c->meta
+                      : db == SD_SHARD_DB_TEXT     ? &cp->c->texts
+                      : db == SD_SHARD_DB_VARIANTS ? &variants
+                                                   : &cp->c->latents;
     if (!st) {
         cp->batch++;
-        st = db == SD_SHARD_DB_LATENTS ? sd_shard_put(cp->out, key, klen, val, vlen, err)
+        st = db == SD_SHARD_DB_VARIANTS ? sd_shard_put_variants(cp->out, key, klen, val, vlen / SD_SHARD_TEXT_KEY, err)
+             : db == SD_SHARD_DB_LATENTS ? sd_shard_put(cp->out, key, klen, val, vlen, err)
              : db == SD_SHARD_DB_TEXT  ? sd_shard_put_text(cp->out, key, val, vlen, err)
              : k && v                  ? sd_shard_meta_set(cp->out, k, v, err)
                                        : sd_err_set(err, SD_ENOMEM, "out of memory");

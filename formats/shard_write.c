@@ -7,7 +7,7 @@
 
 #include "shard_int.h"
 
-enum { OP_PUT = 1, OP_PUT_TEXT, OP_DEL, OP_DEL_TEXT, OP_META, OP_REINDEX };
+enum { OP_PUT = 1, OP_PUT_TEXT, OP_DEL, OP_DEL_TEXT, OP_META, OP_REINDEX, OP_PUT_VARIANTS, OP_DEL_VARIANTS };
 
 /* One logged operation: fixed head, then key and value bytes, 8-aligned. */
 typedef struct {
@@ -146,6 +146,10 @@ static int op_del(sd_shard *s, MDB_txn *txn, const void *key, size_t klen)
     if (rc) return rc;
     rc = unindex(s, txn, key, klen, &old);
     if (!rc) rc = mdb_del(txn, s->dbi[SD_SHARD_DB_LATENTS], &k, NULL);
+    if (!rc) { /* its caption variants go with it */
+        rc = mdb_del(txn, s->dbi[SD_SHARD_DB_VARIANTS], &k, NULL);
+        if (rc == MDB_NOTFOUND) rc = 0;
+    }
     return rc;
 }
 
@@ -271,6 +275,10 @@ static int apply(sd_shard *s, const op_head *h, const void *key, const void *val
     case OP_DEL_TEXT: rc = mdb_del(txn, s->dbi[SD_SHARD_DB_TEXT], &k, NULL); return rc == MDB_NOTFOUND ? 0 : rc;
     case OP_META: return mdb_put(txn, s->dbi[SD_SHARD_DB_META], &k, &v, 0);
     case OP_REINDEX: return op_reindex(s, txn);
+    case OP_PUT_VARIANTS: return mdb_put(txn, s->dbi[SD_SHARD_DB_VARIANTS], &k, &v, 0);
+    case OP_DEL_VARIANTS:
+        rc = mdb_del(txn, s->dbi[SD_SHARD_DB_VARIANTS], &k, NULL);
+        return rc == MDB_NOTFOUND ? 0 : rc;
     default: return EINVAL;
     }
 }
@@ -443,6 +451,20 @@ sd_status sd_shard_put_text(sd_shard *s, const uint8_t hash[16], const void *val
     if ((st = sd_shard_rec_parse(val, vlen, &r, err))) return st;
     if (r.kind != SD_REC_TEXT) return sd_err_set(err, SD_EINVAL, "sd_shard_put_text needs a text-embedding record");
     return run_op(s, OP_PUT_TEXT, hash, SD_SHARD_TEXT_KEY, val, vlen, err);
+}
+
+/* A record's caption variants (shard.h): whole keys, 2..64 of them, or
+ * none (the entry deleted). The record itself need not be there yet: a
+ * writer puts the variants beside the record in one batch. */
+sd_status sd_shard_put_variants(sd_shard *s, const void *key, size_t klen, const uint8_t *refs, size_t n,
+                                sd_error *err)
+{
+    sd_status st = check_writer(s, klen, err);
+    if (st) return st;
+    if (n > SD_SHARD_MAX_VARIANTS)
+        return sd_err_set(err, SD_EINVAL, "%zu caption variants (at most %d)", n, SD_SHARD_MAX_VARIANTS);
+    if (n <= 1) return run_op(s, OP_DEL_VARIANTS, key, klen, NULL, 0, err);
+    return run_op(s, OP_PUT_VARIANTS, key, klen, refs, n * SD_SHARD_TEXT_KEY, err);
 }
 
 /* A key's value in the writer's view (the open batch, else the last

@@ -798,6 +798,73 @@ class FolderMessages(Base):
         self.assertNotIn("written 4", err)
 
 
+class Variants(Base):
+    """--caption-variants K: distinct captions per record, deterministic."""
+
+    def folder(self):
+        d = self.p("ds")
+        self.img(self.p("ds", "a.jpg"), 0)
+        write(self.p("ds", "a.caption"), "1girl, solo, {red|blue|green} hair, smile, outdoors, tree\n"
+                                         "a girl under a tree\n")
+        self.img(self.p("ds", "b.jpg"), 1)
+        write(self.p("ds", "b.caption"), "cat, {dog, sitting\n")
+        self.img(self.p("ds", "c.jpg"), 2)
+        write(self.p("ds", "c.caption"), "plain words\n")
+        return d
+
+    def test_default_unchanged_and_bad_k(self):
+        d = self.folder()
+        p0 = subprocess.run([SD_META, "-q", d], capture_output=True)
+        p1 = subprocess.run([SD_META, "-q", d, "--caption-variants", "1"], capture_output=True)
+        self.assertEqual(p0.stdout, p1.stdout)
+        self.assertNotIn(b"captions", p0.stdout)
+        for k in ("0", "65", "-1"):
+            rc, _, err = run([d, "--caption-variants", k])
+            self.assertEqual(rc, 2, err)
+            self.assertIn("--caption-variants must be an integer from 1 to 64", err)
+        rc, _, err = run([d, "--tag-dropout", "0.1"])
+        self.assertEqual(rc, 2, err)
+        rc, _, err = run([d, "--caption-variants", "4", "--tag-dropout", "1.5"])
+        self.assertEqual(rc, 2, err)
+
+    def test_variants(self):
+        d = self.folder()
+        args = [d, "--template", "{caption}", "--caption-variants", "8", "--variant-shuffle", "--keep-tokens", "1",
+                "--tag-dropout", "0.2"]
+        rc, recs, err = run(args + ["-j", "1"])
+        self.assertEqual(rc, 0, err)
+        rc3, recs3, _ = run(args + ["-j", "3"])
+        self.assertEqual(recs, recs3)  # deterministic, any thread count
+        a, b, c = recs
+        caps = a["captions"]
+        self.assertEqual(len(caps), 8)
+        self.assertEqual(len(set(caps)), 8)  # duplicates merged
+        # the first: the first line, each wildcard's first choice, tokens in order
+        self.assertEqual(a["caption"], caps[0])
+        self.assertEqual(caps[0], "1girl, solo, red hair, smile, outdoors, tree")
+        self.assertEqual(caps[1], "a girl under a tree")  # each line is a caption
+        allowed = {"solo", "red hair", "blue hair", "green hair", "smile", "outdoors", "tree"}
+        for cap in caps[2:]:
+            toks = cap.split(", ")
+            if toks == ["a girl under a tree"]:
+                continue
+            self.assertEqual(toks[0], "1girl")  # keep_tokens 1
+            self.assertNotIn("{", cap)
+            self.assertLessEqual(set(toks[1:]), allowed)
+            self.assertLessEqual(sum(t.endswith(" hair") for t in toks), 1)
+        self.assertGreater(len({t for cap in caps for t in cap.split(", ") if t.endswith(" hair")}), 1)
+        # an unclosed brace: kept as a literal, the record kept, named and counted
+        self.assertTrue(all("{dog" in cap or "dog" not in cap for cap in b["captions"]))
+        self.assertEqual(b["caption"], "cat, {dog, sitting")
+        self.assertIn("note " + os.path.join(d, "b.jpg") + " (key 'b'", err)
+        self.assertRegex(err, r"1\s+unclosed \{ in a caption")
+        # nothing to vary: one caption
+        self.assertEqual(c["captions"], ["plain words"])
+        rc, other, _ = run(args + ["--variant-seed", "5"])
+        self.assertEqual(other[0]["captions"][:2], caps[:2])
+        self.assertNotEqual(other[0]["captions"], caps)
+
+
 if __name__ == "__main__":
     SD_META = sys.argv.pop(1)
     if not PHOTOS:

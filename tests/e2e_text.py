@@ -652,6 +652,101 @@ class Text(unittest.TestCase):
         self.assertIn("tokenizer", err)
 
 
+    def variants_stream(self, name, extra):
+        """The bucketed stream (usable records only) with sd-meta's "captions":
+        image i gets its caption first, then extra(i)."""
+        jl = self.bucketed(name + ".base.jsonl")
+        path = os.path.join(self.tmp, name)
+        with open(jl, "rb") as f, open(path, "wb") as g:
+            for line in f:
+                if b"\xff" in line:
+                    continue
+                r = json.loads(line)
+                r["captions"] = [r["caption"]] + extra(int(r["key"][1:]))
+                g.write((json.dumps(r) + "\n").encode())
+        return path
+
+    def test_caption_variants(self):
+        """sd-meta --caption-variants' "captions": each distinct variant embedded
+        once, a variants entry per record (its text_ref first, every key stored);
+        changed variants rewrite the entry alone; sd-verify finds a variant whose
+        embedding is gone and --repair keeps the record; sd-pack merge and split
+        keep the variants."""
+        extra = lambda i: ["%s, v%d" % (self.caps[i % 6].decode(), k) for k in range(1 + i % 3)] + ["a cat"]
+        jl = self.variants_stream("var.jsonl", extra)
+        with open(jl) as f:
+            recs = [json.loads(l) for l in f]
+        texts = {c for r in recs for c in [r["caption"]] + r["captions"]} | {""}
+        s = os.path.join(self.tmp, "var.shard")
+        _, _, err = sh(LATENTS, "--vae", VAE, "--text", self.sd1, "--text-batch", "5", "-o", s, jl)
+        m = re.search(r"text: (\d+) captions looked up, (\d+) embeddings computed", err)
+        self.assertEqual(int(m.group(2)), len(texts), err)
+        self.assertEqual(entries(s, "text"), len(texts))
+        self.assertEqual(entries(s, "variants"), len(recs))
+        by_key = dict(zip(dump(s, "latents")[0::2], dump(s, "latents")[1::2]))
+        stored = set(dump(s, "text")[0::2])
+        var = dict(zip(dump(s, "variants")[0::2], dump(s, "variants")[1::2]))
+        for k, v in var.items():
+            refs = [v.strip()[i:i + 32] for i in range(0, len(v.strip()), 32)]
+            self.assertEqual(refs[0], by_key[k].strip()[128:160])  # the first is the record's text_ref
+            self.assertTrue(all(" " + r in stored for r in refs))
+            b = bytes.fromhex(by_key[k].strip())
+            i = int(b[256:256 + struct.unpack("<H", b[12:14])[0]].decode()[1:])
+            self.assertEqual(len(refs), len({self.caps[i % 6].decode()} | set(extra(i))))
+        _, _, verr = sh(VERIFY, s)
+        self.assertIn("0 problems", verr)
+        # --text-only on a shard made without --text attaches the same variants
+        bare = os.path.join(self.tmp, "var.bare")
+        sh(LATENTS, "--vae", VAE, "-o", bare, jl)
+        self.assertEqual(entries(bare, "variants"), 0)
+        sh(LATENTS, "--text", self.sd1, "--text-only", "-o", bare, jl)
+        self.assertEqual(dump(bare, "variants"), dump(s, "variants"))
+        self.assertEqual(dump(bare, "text"), dump(s, "text"))
+        # a rerun with other variants for i00: its entry alone is rewritten, no image encoded
+        lat0 = dump(s, "latents")
+        jl2 = self.variants_stream("var2.jsonl", lambda i: extra(i) + (["a new variant"] if i == 0 else []))
+        _, _, err = sh(LATENTS, "--vae", VAE, "--text", self.sd1, "-o", s, jl2)
+        self.assertIn("1 records kept their latents and caption and now refer to their new caption variants", err)
+        self.assertEqual(dump(s, "latents"), lat0)
+        var2 = dict(zip(dump(s, "variants")[0::2], dump(s, "variants")[1::2]))
+        self.assertEqual(sum(var2[k] != var[k] for k in var), 1)
+        self.assertEqual(entries(s, "text"), len(texts) + 1)
+        _, _, err = sh(LATENTS, "--vae", VAE, "--text", self.sd1, "-o", s, jl2)
+        self.assertIn("nothing to do", err)
+        # sd-pack merge and split keep every entry and the embeddings they name
+        if PACK:
+            mg = os.path.join(self.tmp, "var.merged")
+            sh(PACK, "merge", "-q", "-o", mg, s)
+            self.assertEqual(dump(mg, "variants"), dump(s, "variants"))
+            self.assertEqual(dump(mg, "text"), dump(s, "text"))
+            parts = os.path.join(self.tmp, "var-part-%d.shard")
+            sh(PACK, "split", "-q", "-n", "2", "-o", parts, s)
+            got = []
+            for p in range(2):
+                got += dump(parts % p, "variants")
+                _, _, verr = sh(VERIFY, parts % p)
+                self.assertIn("0 problems", verr)
+            self.assertEqual(sorted(zip(got[0::2], got[1::2])), sorted(var2.items()))
+        # a variant whose embedding is gone: reported; --repair keeps the record and its other variants
+        k0 = sorted(var2)[0]
+        bad = var2[k0].strip()[:-32] + "ff" * 16
+        head = [l for l in subprocess.run(["mdb_dump", "-n", "-s", "variants", s], capture_output=True,
+                                          text=True).stdout.splitlines()]
+        load = os.path.join(self.tmp, "var.load")
+        with open(load, "w") as f:
+            f.write("\n".join(head[:head.index("HEADER=END") + 1] + [k0, " " + bad, "DATA=END"]) + "\n")
+        sh("mdb_load", "-n", "-s", "variants", "-f", load, s)
+        code, _, verr = sh(VERIFY, s, ok=(1,))
+        self.assertRegex(verr, r"1\s+variant_missing")
+        _, _, verr = sh(VERIFY, "--repair", s, ok=(1,))  # problems were found (and repaired)
+        self.assertIn("1 problems (repaired)", verr)
+        fixed = dict(zip(dump(s, "variants")[0::2], dump(s, "variants")[1::2]))
+        self.assertEqual(fixed[k0].strip(), var2[k0].strip()[:-32])
+        self.assertEqual(dump(s, "latents"), lat0)
+        _, _, verr = sh(VERIFY, s)
+        self.assertIn("0 problems", verr)
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 7:
         sys.exit(__doc__)

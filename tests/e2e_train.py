@@ -240,6 +240,33 @@ class Train(unittest.TestCase):
     def test_kill_resume(self):
         self.interrupted("killed", signal.SIGKILL)
 
+    def test_kill_resume_with_caption_variants(self):
+        """Records with 2..5 caption variants (one drawn per record and epoch):
+        the variants are trained on (other weights than the same shard without
+        them), and a run killed with SIGKILL after a checkpoint and rerun ends
+        byte-identical to an uninterrupted one."""
+        shard = os.path.join(self.tmp.name, "variants.shard")
+        subprocess.run([MAKE, "--make-shard-with-variants", shard], check=True)
+        ref = os.path.join(self.tmp.name, "vref")
+        run("--unet", UNET, "-o", ref, *COMMON, shard)
+        want = final(ref)
+        self.assertTrue(want[0] != self.want[0], "the caption variants were not trained on")
+        out = os.path.join(self.tmp.name, "vkilled")
+        p = subprocess.Popen([TRAIN, "--unet", UNET, "-o", out] + COMMON + [shard], stderr=subprocess.PIPE)
+        t0 = time.time()
+        while latest(out) < 2 and p.poll() is None and time.time() - t0 < 120:
+            time.sleep(0.005)
+        p.send_signal(signal.SIGKILL)
+        _, err = p.communicate()
+        stopped_at = latest(out)
+        self.assertEqual(p.returncode, -signal.SIGKILL, err.decode())
+        self.assertTrue(2 <= stopped_at < 10, "killed at step %d: nothing was tested" % stopped_at)
+        run("--unet", UNET, "-o", out, *COMMON, shard)
+        got = final(out)
+        self.assertTrue(got[0] == want[0], "weights differ from the uninterrupted run")
+        self.assertTrue(got[1] == want[1], "EMA weights differ from the uninterrupted run")
+        self.assertTrue(got[2] == want[2], "training state differs from the uninterrupted run")
+
     def test_term_resume(self):
         self.interrupted("termed", signal.SIGTERM)
 

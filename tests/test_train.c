@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "data_int.h"
 #include "f16.h"
 #include "safetensors.h"
 #include "shard.h"
@@ -263,6 +264,24 @@ static int put_text(sd_shard *s, const uint8_t key[16], uint32_t seed, sd_error 
     return ok;
 }
 
+/* Put one text record (HIDDEN [5, 8], fp16) whose every value is v: a
+ * caption variant the chi-square test can tell from the loaded batch. */
+static int put_text_const(sd_shard *s, const uint8_t key[16], float v, sd_error *err)
+{
+    uint16_t h[5 * 8];
+    for (int i = 0; i < 40; i++) h[i] = sd_f32_to_f16(v);
+    sd_shard_rec r;
+    memset(&r, 0, sizeof r);
+    r.kind = SD_REC_TEXT;
+    r.ntensors = 1;
+    r.t[0] = (sd_shard_tensor){SD_DT_F16, SD_ROLE_HIDDEN, 2, {5, 8, 0, 0}, 0, 0, h};
+    sd_buf b;
+    sd_buf_init(&b);
+    int ok = sd_shard_rec_build(&r, &b, err) == SD_OK && sd_shard_put_text(s, key, b.data, b.len, err) == SD_OK;
+    sd_buf_free(&b);
+    return ok;
+}
+
 /* Kinds of broken records the loader must skip. */
 enum { REC_OK, REC_NAN, REC_NO_TEXT };
 
@@ -313,7 +332,7 @@ static int put_latent(sd_shard *s, int i, uint32_t bw, uint32_t bh, int meanstd,
 /* What the generated shard holds: everything, latents without any text
  * embedding (sd-latents without --text), or nothing at all (an sd-latents
  * --shard part that got no records: no meta either). */
-enum { SHARD_FULL, SHARD_NO_TEXT, SHARD_EMPTY };
+enum { SHARD_FULL, SHARD_NO_TEXT, SHARD_EMPTY, SHARD_VARIANTS };
 
 /* A shard of 14 records in two buckets (64x64 and 64x32 pixels), mixed
  * mean+std / sample / flipped records, one with a NaN and one whose text
@@ -325,7 +344,7 @@ static int make_shard_of(const char *path, const char *scale, int kind_of_shard,
     sd_shard_opts so = {SD_SHARD_CREATE | SD_SHARD_NOSYNC, 1 << 20, 0};
     if (sd_shard_open(&s, path, &so, err)) return 0;
     if (kind_of_shard == SHARD_EMPTY) return sd_shard_close(s, err) == SD_OK;
-    int text = kind_of_shard == SHARD_FULL;
+    int text = kind_of_shard == SHARD_FULL || kind_of_shard == SHARD_VARIANTS;
     int ok = sd_shard_meta_set(s, SD_SHARD_META_SCALING, scale, err) == SD_OK &&
              sd_shard_meta_set(s, SD_SHARD_META_MODEL, "test-vae", err) == SD_OK &&
              (!text || sd_shard_meta_set(s, "empty_text", "ee000000000000000000000000000000", err) == SD_OK);
@@ -339,6 +358,22 @@ static int make_shard_of(const char *path, const char *scale, int kind_of_shard,
         if (kind == REC_NO_TEXT) key[1] = 0x55;
         if (!text) memset(key, 0, sizeof key);
         ok = ok && put_latent(s, i, 64, i % 3 ? 64 : 32, i % 4 != 0, i % 2, kind, key, err);
+        if (kind_of_shard == SHARD_VARIANTS && kind != REC_NO_TEXT) { /* 2..5 caption variants, the first its caption */
+            uint8_t refs[5 * 16], rk[16] = {0};
+            int nv = 2 + i % 4;
+            memcpy(refs, key, 16);
+            for (int v = 1; v < nv && ok; v++) {
+                memcpy(rk, key, 16);
+                rk[2] = (uint8_t)v;
+                memcpy(refs + 16 * v, rk, 16);
+                ok = put_text(s, rk, (uint32_t)(i * 8 + v + 100), err);
+            }
+            char name[32];
+            snprintf(name, sizeof name, "img%03d", i);
+            uint8_t lk[16] = {0};
+            memcpy(lk, name, strlen(name));
+            ok = ok && sd_shard_put_variants(s, lk, 16, refs, (size_t)nv, err) == SD_OK;
+        }
     }
     return sd_shard_close(s, err) == SD_OK && ok;
 }
@@ -1219,20 +1254,219 @@ static void test_golden_sdxl(void)
     sd_st_close(g);
 }
 
+/* --masked-loss against sd-scripts (tests/golden/make_mask_golden.py): the
+ * alpha masks of the image's size reduced to the latent size as torch's
+ * area interpolation (and mirrored for a flipped sample), then the masked
+ * loss and every parameter's gradient on the tiny sd1 UNet within 1e-4
+ * relative of torch's float64 ones. */
+static void test_golden_masked(void)
+{
+    sd_error err = {0};
+    sd_safetensors *g = NULL;
+    char path[512];
+    snprintf(path, sizeof path, "%s/sd1/masked.safetensors", GOLDEN_DIR);
+    if (!CHECK(sd_st_open(&g, path, &err) == SD_OK)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return;
+    }
+    const char *names = NULL;
+    for (size_t i = 0; i < sd_st_meta_count(g); i++)
+        if (strcmp(sd_st_meta_at(g, i)->key, "names") == 0) names = sd_st_meta_at(g, i)->value;
+    const sd_st_tensor *x0 = sd_st_find(g, "x0"), *ctx = sd_st_find(g, "ctx"), *nz = sd_st_find(g, "noise");
+    const sd_st_tensor *tt = sd_st_find(g, "t"), *am = sd_st_find(g, "alpha_masks"), *ml = sd_st_find(g, "mask_latent");
+    const sd_st_tensor *gl = sd_st_find(g, "loss"), *gs = sd_st_find(g, "grad_stats");
+    if (!CHECK(names && x0 && ctx && nz && tt && am && ml && gl && gs)) {
+        sd_st_close(g);
+        return;
+    }
+    /* the reduction, from records holding the 128x128 alpha masks */
+    float mask[2 * 16 * 16], flipped[16 * 16];
+    static const uint16_t lat[4 * 16 * 16];
+    double worst = 0;
+    for (int b = 0; b < 2; b++) {
+        sd_shard_rec r;
+        memset(&r, 0, sizeof r);
+        r.kind = SD_REC_LATENT;
+        r.flags = SD_REC_F_MASK;
+        r.bucket_w = r.bucket_h = 128;
+        r.ntensors = 2;
+        r.t[0] = (sd_shard_tensor){SD_DT_F16, SD_ROLE_SAMPLE, 3, {4, 16, 16, 0}, 0, 0, lat};
+        r.t[1] = (sd_shard_tensor){SD_DT_F32, SD_ROLE_MASK, 2, {128, 128, 0, 0}, 0, 0,
+                                   (const float *)am->data + (size_t)b * 128 * 128};
+        char note[NOTE_CAP];
+        CHECK(sd_data_mask_load(&r, 0, 16, 16, mask + b * 256, note) == NULL);
+        CHECK(sd_data_mask_load(&r, 1, 16, 16, flipped, note) == NULL);
+        const float *want = (const float *)ml->data + b * 256;
+        for (int i = 0; i < 256; i++) {
+            double d = fabs((double)mask[b * 256 + i] - want[i]);
+            worst = d > worst ? d : worst;
+            CHECK(flipped[i] == mask[b * 256 + (i / 16) * 16 + 15 - i % 16]);
+        }
+    }
+    if (!CHECK(worst <= 1e-6)) fprintf(stderr, "mask reduction off by %.3g\n", worst);
+    sd_train_opts o;
+    golden_opts(&o, "sd1");
+    sd_trainer tr;
+    if (!CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
+        fprintf(stderr, "%s\n", err.msg);
+        sd_st_close(g);
+        return;
+    }
+    const float *tf = tt->data;
+    int t[2] = {(int)tf[0], (int)tf[1]};
+    double loss;
+    CHECK(sd_train_micro_masked(&tr, 2, 16, 16, 5, x0->data, ctx->data, NULL, NULL, nz->data, t, mask, 1.0, &loss,
+                                &err) == SD_OK);
+    double dl = fabs(loss - getd(gl, 0)) / getd(gl, 0), en, ep;
+    float *zero = calloc(tr.unet.w.total, sizeof(float));
+    check_change(&tr, tr.grad, zero, gs, names, &en, &ep);
+    if (!CHECK(dl <= 1e-4 && en <= 1e-4 && ep <= 1e-4))
+        fprintf(stderr, "masked loss %.8f want %.8f (rel %.2e), gradients worst norm %.2e projection %.2e\n", loss,
+                getd(gl, 0), dl, en, ep);
+    printf("golden masked loss (sd-scripts apply_masked_loss): mask %.2e, loss %.2e, gradients norm %.2e proj %.2e\n",
+           worst, dl, en, ep);
+    free(zero);
+    sd_trainer_close(&tr);
+    sd_st_close(g);
+}
+
+/* Chi-square critical values at p = 0.001 for 1..7 degrees of freedom. */
+static const double chi2_crit[8] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32};
+
+/* Per epoch, which variant each record of the variants shard below was
+ * loaded with (read back from the constant its embedding holds), for E
+ * epochs at batch size `batch`; variant -1 where the record was not seen. */
+static int draw_epochs(const char *path, int batch, int variants, int E, int nrec, int *got, sd_error *err)
+{
+    const char *shards[1] = {path};
+    sd_data d;
+    if (sd_data_open(&d, shards, 1, batch, 7, 0, err)) return 0;
+    sd_load_opts lo = {.channels = 4, .cross_dim = 8, .variants = variants, .no_flip = 1};
+    sd_batch b;
+    memset(&b, 0, sizeof b);
+    sd_rng rng;
+    sd_rng_seed(&rng, 1);
+    sd_tally t;
+    sd_tally_init(&t, 0);
+    for (int i = 0; i < E * nrec; i++) got[i] = -1;
+    sd_data_cursor cur = {0, 0};
+    int ok = 1;
+    for (;;) {
+        sd_data_batch db;
+        ok = sd_data_next(&d, &cur, &db, err) == SD_OK; /* the batch of the cursor's epoch after the call */
+        long e = cur.epoch;
+        if (!ok || e >= E) break;
+        ok = sd_data_load(&d, &db, &lo, &rng, &b, &t, err) == SD_OK;
+        for (int k = 0; ok && k < b.n; k++) {
+            const sd_data_item *it = &d.items[b.item[k]];
+            int rec = atoi((const char *)d.keys + it->koff + 3); /* "recNN" */
+            got[e * nrec + rec] = (int)lroundf(b.ctx[(size_t)k * (size_t)b.tctx * 8]) - 1;
+        }
+    }
+    sd_batch_free(&b);
+    sd_data_close(&d);
+    return ok && t.total == 0;
+}
+
+/* sd-train's caption variants: each record trains on one of its K
+ * variants per epoch, drawn uniformly (a chi-square test per record over
+ * 400 epochs and over all records together), the same draw whatever the
+ * batch size (a function of seed, epoch and record, not of call order),
+ * and its caption alone without variants (validation). */
+static void test_variant_draws(void)
+{
+    char path[] = "/tmp/sdtk-variants-XXXXXX";
+    int fd = mkstemp(path);
+    if (!CHECK(fd >= 0)) return;
+    close(fd);
+    enum { NREC = 6, E = 400 };
+    sd_error err = {0};
+    sd_shard *s = NULL;
+    sd_shard_opts so = {SD_SHARD_CREATE | SD_SHARD_NOSYNC, 1 << 20, 0};
+    unlink(path);
+    int ok = CHECK(sd_shard_open(&s, path, &so, &err) == SD_OK) &&
+             CHECK(sd_shard_meta_set(s, SD_SHARD_META_SCALING, "1", &err) == SD_OK);
+    int kv[NREC];
+    for (int r = 0; r < NREC && ok; r++) {
+        kv[r] = r < 5 ? 2 + r : 8; /* 2..6 and 8 variants */
+        uint8_t refs[8 * 16], tk[16] = {0};
+        tk[0] = 0xa0;
+        tk[1] = (uint8_t)r;
+        for (int v = 0; v < kv[r] && ok; v++) {
+            tk[2] = (uint8_t)v;
+            memcpy(refs + 16 * v, tk, 16);
+            ok = CHECK(put_text_const(s, tk, (float)(v + 1), &err));
+        }
+        char name[16];
+        snprintf(name, sizeof name, "rec%02d", r);
+        uint8_t key[16] = {0};
+        memcpy(key, name, strlen(name));
+        sd_shard_rec rec;
+        memset(&rec, 0, sizeof rec);
+        float lat[4 * 8 * 8] = {0};
+        rec.kind = SD_REC_LATENT;
+        rec.bucket_w = rec.bucket_h = 64;
+        rec.orig_w = rec.orig_h = 64;
+        rec.crop[2] = rec.crop[3] = 64;
+        memcpy(rec.text_ref, refs, 16);
+        rec.name = name;
+        rec.name_len = strlen(name);
+        rec.ntensors = 1;
+        rec.t[0] = (sd_shard_tensor){SD_DT_F32, SD_ROLE_SAMPLE, 3, {4, 8, 8, 0}, 0, 0, lat};
+        sd_buf b;
+        sd_buf_init(&b);
+        ok = CHECK(sd_shard_rec_build(&rec, &b, &err) == SD_OK && sd_shard_put(s, key, 16, b.data, b.len, &err) == SD_OK &&
+                   sd_shard_put_variants(s, key, 16, refs, (size_t)kv[r], &err) == SD_OK);
+        sd_buf_free(&b);
+    }
+    ok = CHECK(sd_shard_close(s, &err) == SD_OK) && ok;
+    static int got[E * NREC], got3[E * NREC], none[E * NREC];
+    ok = ok && CHECK(draw_epochs(path, 4, 1, E, NREC, got, &err)) && CHECK(draw_epochs(path, 3, 1, E, NREC, got3, &err)) &&
+         CHECK(draw_epochs(path, 4, 0, E, NREC, none, &err));
+    if (!ok) fprintf(stderr, "test_variant_draws: %s\n", err.msg);
+    double total = 0;
+    int dof = 0;
+    for (int r = 0; ok && r < NREC; r++) {
+        int count[8] = {0};
+        for (int e = 0; e < E; e++) {
+            int v = got[e * NREC + r];
+            if (!CHECK(v >= 0 && v < kv[r])) break;
+            count[v]++;
+            CHECK(got3[e * NREC + r] == v); /* batch 3 or 4: the same draw */
+            CHECK(none[e * NREC + r] == 0); /* no drawing: the record's caption */
+        }
+        double want = (double)E / kv[r], chi = 0;
+        for (int v = 0; v < kv[r]; v++) chi += (count[v] - want) * (count[v] - want) / want;
+        if (!CHECK(chi < chi2_crit[kv[r] - 1]))
+            fprintf(stderr, "record %d: chi-square %.2f over %d variants (critical %.2f)\n", r, chi, kv[r],
+                    chi2_crit[kv[r] - 1]);
+        total += chi;
+        dof += kv[r] - 1;
+    }
+    /* all records together: chi-square with dof degrees of freedom, its
+     * p = 0.001 bound by the Wilson-Hilferty normal approximation (z = 3.09) */
+    double k = dof, bound = k * pow(1 - 2 / (9 * k) + 3.09 * sqrt(2 / (9 * k)), 3);
+    if (!CHECK(!ok || total < bound)) fprintf(stderr, "all records: chi-square %.2f, %d dof (bound %.2f)\n", total, dof, bound);
+    sd_shard_remove_files(path);
+}
+
 int main(int argc, char **argv)
 {
-    const char *kinds[] = {"--make-shard", "--make-shard-without-text", "--make-empty-shard"};
-    for (int k = 0; k < 3; k++) {
+    const char *kinds[] = {"--make-shard", "--make-shard-without-text", "--make-empty-shard",
+                           "--make-shard-with-variants"};
+    for (int k = 0; k < 4; k++) {
         if (argc != 3 || strcmp(argv[1], kinds[k]) != 0) continue;
         sd_error err = {0};
         if (make_shard_of(argv[2], "0.18215", k, &err)) return 0;
         fprintf(stderr, "%s: %s\n", argv[2], err.msg);
         return 1;
     }
+    test_variant_draws();
     test_lr();
     test_sdxl_data();
     test_golden();
     test_golden_sdxl();
+    test_golden_masked();
     test_shard_runs();
     test_moments_bf16();
     test_zero_snr_step();

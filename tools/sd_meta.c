@@ -33,15 +33,19 @@ static const char epilog[] =
     "  sd-meta photos/ > meta.jsonl\n"
     "  sd-meta --rules rules.json --image-pattern '{id%1000:04d}/{id}.{file_ext}' \\\n"
     "          --image-root /data/danbooru posts.jsonl -o meta.jsonl\n"
-    "  sd-meta --where 'pwatermark<=0.5' --where 'aesthetic>6' 'laion/{00000..00099}.tar'";
+    "  sd-meta --where 'pwatermark<=0.5' --where 'aesthetic>6' 'laion/{00000..00099}.tar'\n"
+    "  sd-meta --caption-variants 8 --variant-shuffle --keep-tokens 1 --tag-dropout 0.1 photos/ -o meta.jsonl\n"
+    "      (up to 8 distinct captions per record in \"captions\": each line of a .txt/.caption, wildcards\n"
+    "      {a|b|c}, tokens after the first shuffled, each dropped at 10%; \"caption\" is the first, canonical one)";
 
 typedef struct {
     const char *out, *format, *rules, *source, *flavor;
     const char *template_, *tag_order, *artist_prefix;
     const char *image_pattern, *image_root, *cls_map;
     sd_strlist blacklist, ratings, where;
-    double min_score, abs_min_score, shuffle_p, val_fraction;
-    long min_side, min_pixels, keep_tokens, seed, val_every, threads;
+    double min_score, abs_min_score, shuffle_p, val_fraction, tag_dropout;
+    long min_side, min_pixels, keep_tokens, seed, val_every, threads, variants, variant_seed;
+    int variant_shuffle;
     int escape_parens, keep_underscores, no_check, no_extra, strict, quiet, verbose;
     int has_min_score, has_abs_min_score, has_shuffle_p, has_val_fraction, allow_empty;
 } options;
@@ -94,6 +98,8 @@ static sd_status check_int_options(const options *o, sd_error *err)
     if ((st = check_int("keep-tokens", o->keep_tokens, 0, INT_MAX, err))) return st;
     if ((st = check_int("seed", o->seed, 0, LONG_MAX, err))) return st;
     if ((st = check_int("threads", o->threads, 0, 1024, err))) return st; /* 0: all cores, as in the other tools */
+    if ((st = check_int("caption-variants", o->variants, 1, SD_VARIANTS_MAX, err))) return st;
+    if ((st = check_int("variant-seed", o->variant_seed, 0, LONG_MAX, err))) return st;
     return check_int("val-every", o->val_every, 0, LONG_MAX, err);
 }
 
@@ -112,6 +118,7 @@ static sd_status rules_from_options(sd_rules *r, const options *o, sd_error *err
     if ((st = check_int_options(o, err))) return st;
     if ((st = check_fraction("shuffle-tags", o->has_shuffle_p, o->shuffle_p, err))) return st;
     if ((st = check_fraction("val-fraction", o->has_val_fraction, o->val_fraction, err))) return st;
+    if ((st = check_fraction("tag-dropout", o->tag_dropout != DOUBLE_NOT_GIVEN, o->tag_dropout, err))) return st;
     if (o->rules && (st = sd_rules_load_file(r, o->rules, err))) return st;
     for (int i = 0; i < o->blacklist.n; i++)
         if ((st = sd_rules_add_tags(&r->blacklist, o->blacklist.v[i], err))) return st;
@@ -139,6 +146,13 @@ static sd_status rules_from_options(sd_rules *r, const options *o, sd_error *err
     if (o->seed != LONG_MIN) r->seed = (unsigned long long)o->seed;
     if (o->val_every != LONG_MIN) r->val_every = o->val_every;
     if (o->has_val_fraction) r->val_fraction = o->val_fraction;
+    if (o->variants != LONG_MIN) r->variants.k = (int)o->variants;
+    r->variants.shuffle = o->variant_shuffle;
+    r->variants.keep_tokens = r->keep_tokens;
+    r->variants.tag_dropout = o->tag_dropout != DOUBLE_NOT_GIVEN ? o->tag_dropout : 0;
+    r->variants.seed = o->variant_seed != LONG_MIN ? (uint64_t)o->variant_seed : 0;
+    if (r->variants.k == 1 && (o->variant_shuffle || o->tag_dropout != DOUBLE_NOT_GIVEN || o->variant_seed != LONG_MIN))
+        return sd_err_set(err, SD_EINVAL, "--variant-shuffle, --tag-dropout and --variant-seed need --caption-variants K > 1");
     return sd_rules_check_template(r->template_, err);
 }
 
@@ -284,6 +298,7 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
                (unsigned long long)run.read, o->out, (unsigned long long)run.skips.total);
     sd_tally_log(&run.skips, "skipped by reason");
     if (run.ignored.total) sd_tally_log(&run.ignored, "ignored (not errors; --verbose names them)");
+    if (run.notes.total) sd_tally_log(&run.notes, "kept with a note, by reason");
     if (run.val_left_out)
         sd_log(SD_LOG_INFO, "%llu val records left out of the kohya metadata (it has no split: sd-scripts would "
                "train on them)", (unsigned long long)run.val_left_out);
@@ -302,7 +317,8 @@ int main(int argc, char **argv)
     options o = {0};
     o.shuffle_p = o.val_fraction = DOUBLE_NOT_GIVEN;
     o.keep_tokens = o.seed = o.threads = LONG_MIN; /* not given */
-    o.min_side = o.min_pixels = o.val_every = LONG_MIN;
+    o.min_side = o.min_pixels = o.val_every = o.variants = o.variant_seed = LONG_MIN;
+    o.tag_dropout = DOUBLE_NOT_GIVEN;
     double min_score = -1e300, abs_min_score = -1e300;
     const sd_opt opts[] = {
         {"output", 'o', SD_OPT_STR, &o.out, "FILE", "write here (atomically) instead of stdout; a new file gets 0666 less the umask, a replaced one keeps its mode, a symlink's target is replaced"},
@@ -324,6 +340,10 @@ int main(int argc, char **argv)
         {"shuffle-tags", 0, SD_OPT_DOUBLE, &o.shuffle_p, "P", "shuffle caption tokens of a fraction P of records"},
         {"keep-tokens", 0, SD_OPT_INT, &o.keep_tokens, "N", "leading caption tokens never shuffled"},
         {"seed", 0, SD_OPT_INT, &o.seed, "N", "seed for shuffles and the hash split"},
+        {"caption-variants", 0, SD_OPT_INT, &o.variants, "K", "write up to K (1..64) distinct captions per record in \"captions\" (default 1: none, \"caption\" only): each line of a multi-line caption, wildcards {a|b|c}, and with the options below shuffled and dropped tokens; \"caption\" holds the first"},
+        {"variant-shuffle", 0, SD_OPT_FLAG, &o.variant_shuffle, NULL, "variants: shuffle the tokens after --keep-tokens (kohya's shuffle_caption)"},
+        {"tag-dropout", 0, SD_OPT_DOUBLE, &o.tag_dropout, "R", "variants: drop each token after --keep-tokens with probability R (kohya's caption_tag_dropout_rate; default 0)"},
+        {"variant-seed", 0, SD_OPT_INT, &o.variant_seed, "N", "variants: seed of their draws (default 0); the same key and seed give the same variants"},
         {"val-every", 0, SD_OPT_INT, &o.val_every, "N", "every N-th input record goes to the val split"},
         {"val-fraction", 0, SD_OPT_DOUBLE, &o.val_fraction, "F", "a stable hash-chosen fraction F goes to val"},
         {"image-pattern", 0, SD_OPT_STR, &o.image_pattern, "PAT", "booru: image path from post fields, e.g. '{id}.webp'"},

@@ -1,5 +1,6 @@
 /* sd-train: train the SD/SDXL UNet on latent shards. This file is the
  * command line only; the work is in trainer/. */
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -172,6 +173,37 @@ static int agree_to_start(int code)
     return code;
 }
 
+/* The sample options: a readable prompts file and a model to condition
+ * them (the --unet folder must then hold a text encoder); NULL when fine,
+ * else the usage error (in buf). Options that need --sample-prompts are
+ * warned about without it. */
+static const char *check_samples(const sd_train_opts *o, char *buf, size_t cap)
+{
+    if (o->sample_every < 0) return "--sample-every must not be negative";
+    if (!o->sample_prompts) {
+        if (o->sample_every || o->sample_model || o->sample_tokenizer)
+            sd_log(SD_LOG_WARN, "--sample-every, --sample-model and --sample-tokenizer do nothing without "
+                   "--sample-prompts");
+        return NULL;
+    }
+    if (access(o->sample_prompts, R_OK) != 0) {
+        snprintf(buf, cap, "--sample-prompts %s: %s", o->sample_prompts, strerror(errno));
+        return buf;
+    }
+    char te[4200];
+    snprintf(te, sizeof te, "%s/text_encoder", o->unet ? o->unet : "");
+    const char *model = o->sample_model ? o->sample_model : o->base_model;
+    if (!model && !(o->unet && sd_is_dir(te)))
+        return "--sample-prompts needs a model with a text encoder and a VAE to make the images: --sample-model PATH "
+               "(the --unet folder holds no text_encoder/)";
+    if (model && !sd_is_dir(model) && !o->sample_tokenizer) {
+        snprintf(buf, cap, "%s %s: a single-file checkpoint needs --sample-tokenizer DIR (a folder holding "
+                 "tokenizer/) to condition the samples", o->sample_model ? "--sample-model" : "--base-model", model);
+        return buf;
+    }
+    return NULL;
+}
+
 /* This process's rank among those on its machine, from the launcher's
  * environment (Open MPI, SLURM, MPICH), so that "--device cuda" under
  * mpirun or srun gives each process its own GPU; 0 when launched alone. */
@@ -272,13 +304,20 @@ int main(int argc, char **argv)
          "pure noise; for v-prediction models trained that way (with epsilon prediction a warning, with --snr-gamma "
          "refused)"},
         {"dropout", 0, SD_OPT_DOUBLE, &o.dropout, "P",
-         "probability of training on the shard's empty-caption embedding (default 0)"},
+         "probability of training on the shard's empty-caption embedding (default 0). A record with caption "
+         "variants (sd-meta --caption-variants) trains on one of them per epoch, drawn uniformly from the seed, the "
+         "epoch and the record (resume keeps the draws); validation uses its caption"},
         {"no-flip", 0, SD_OPT_FLAG, &o.no_flip, NULL, "never use the cached flipped latents"},
+        {"masked-loss", 0, SD_OPT_FLAG, &o.masked_loss, NULL,
+         "weight each latent pixel's squared error by the record's loss mask (sd-latents --masks, or an imported "
+         "kohya alpha_mask), reduced to the latent size as sd-scripts' --masked_loss does (the mean of each 8x8 "
+         "block) and mirrored for a flipped sample; a record without a mask weighs 1 everywhere. Validation "
+         "stays plain MSE"},
         {"no-carry", 0, SD_OPT_FLAG, &o.no_carry, NULL,
          "let a bucket's last batch of an epoch run short (by default it is filled with the first records of the "
          "bucket's next-epoch shuffle, so every batch is full, except in a bucket with fewer records than "
          "--batch, which gives one short batch an epoch)"},
-        {"allow-mixed", 0, SD_OPT_FLAG, &o.allow_mixed, NULL, "train on shards made with different VAEs or text encoder setups (dropout then uses the empty caption of the first shard that names one and holds it)"},
+        {"allow-mixed", 0, SD_OPT_FLAG, &o.allow_mixed, NULL, "train on shards made with different VAEs or text encoder setups (dropout then uses the empty caption of the first shard that names one and holds it); shards of two caption lengths (sd-latents --max-tokens) stay refused"},
         {"seed", 0, SD_OPT_INT, &seed, "N", "seed of data order, timesteps and noise (default 0)"},
         {"save-every", 0, SD_OPT_INT, &save_every, "N", "checkpoint every N steps (default: at the end only)"},
         {"keep", 0, SD_OPT_INT, &keep, "N", "checkpoints kept (default 2; 0 keeps all)"},
@@ -297,6 +336,21 @@ int main(int argc, char **argv)
         {"tensorboard", 0, SD_OPT_STR, &o.tensorboard, "DIR",
          "write TensorBoard event files there (loss, smoothed loss, lr, gradient norm, validation loss): "
          "tensorboard --logdir DIR"},
+        {"sample-prompts", 0, SD_OPT_STR, &o.sample_prompts, "FILE.jsonl",
+         "render these prompts while training: sd-sample's JSONL lines (prompt, negative, seed, steps, cfg, sampler, "
+         "width, height; defaults \"\", \"\", 0, 20, 7, dpmpp_2m, the model's size), each with its line's fixed seed, so "
+         "the images of two steps compare; at each checkpoint (or every --sample-every steps) and at the end, not "
+         "after a stop request; with the EMA weights too when --ema-decay is given. Into checkpoint-N/samples/NNNNN.png "
+         "(and samples-ema/) at a checkpoint step, else DIR/samples/step-N/ (and DIR/samples-ema/step-N/), NNNNN the "
+         "line's 0-based number, with A1111's parameters text; and as TensorBoard images with --tensorboard. A bad "
+         "line or a failed image is a warning and counted; training goes on, the same as without samples"},
+        {"sample-every", 0, SD_OPT_INT, &o.sample_every, "N", "render the samples every N steps (default: at each checkpoint)"},
+        {"sample-model", 0, SD_OPT_STR, &o.sample_model, "PATH",
+         "the model whose text encoder(s) condition the prompts (once, at the start; then freed) and whose VAE "
+         "decoder makes the images (kept): a diffusers folder, or a single file with --sample-tokenizer, as "
+         "sd-sample's --model (default: --base-model when given, else the --unet folder)"},
+        {"sample-tokenizer", 0, SD_OPT_STR, &o.sample_tokenizer, "DIR",
+         "a folder holding tokenizer/ (SDXL: and tokenizer_2/) for a single-file --sample-model (or --base-model)"},
         {"threads", 'j', SD_OPT_INT, &threads, "N", "CPU threads (default: all CPUs)"},
         {"device", 0, SD_OPT_STR, &device, "DEV",
          "cpu (default) or cuda:K: the UNet, clipping, AdamW and the EMA on GPU K (weights and moments come back "
@@ -356,7 +410,12 @@ int main(int argc, char **argv)
                   "  sd-train --unet-config tiny/config.json -o run/ --steps 300 cache.shard   # from scratch\n"
                   "  sd-train --unet sd15/ -o run/ --save-full --save-dtype fp16 cache.shard   # + one file for A1111\n"
                   "  sd-train --unet sd15/ -o run/ --epochs 10 subject.shard@10 reg.shard   # kohya-style repeats\n"
+                  "  sd-train --unet sd15/ -o run/ --masked-loss masked.shard   # sd-latents --masks, or kohya alpha_mask\n"
                   "  sd-train --config run/checkpoint-500/train_config.json --set optimizer.lr=5e-6 cache-*.shard\n"
+                  "  sd-train --unet sd15/ -o run/ --save-every 500 --ema-decay 0.9999 --sample-prompts prompts.jsonl "
+                  "--tensorboard tb/ cache.shard   # run/checkpoint-500/samples/00000.png ...\n"
+                  "  prompts.jsonl:  {\"prompt\": \"a photo of sks dog\", \"negative\": \"blurry\", \"seed\": 1, "
+                  "\"steps\": 20, \"cfg\": 7, \"sampler\": \"euler_a\", \"width\": 512, \"height\": 512}\n"
                   "  mpirun -np 8 sd-train --device cuda --unet sd15/ -o run/ --batch 4 cache-*.shard   # 8 GPUs\n"
                   "  sd-train --unet-config sdxl-unet.json --memory-plan --gradient-checkpointing "
                   "--optimizer adafactor cache.shard   # bytes it needs, no weights allocated\n"
@@ -425,6 +484,7 @@ int main(int argc, char **argv)
     if (!bad && o.host_mem_limit && o.device >= 0)
         bad = "--host-memory-limit is the CPU's; a GPU run takes --gpu-memory-limit";
     if (!bad && o.val_every < 0) bad = "--val-every must not be negative";
+    if (!bad) bad = check_samples(&o, bad_buf, sizeof bad_buf);
     if (!bad && fresh && resume) bad = "--fresh starts over and --resume continues: give one of them";
     if (!bad && o.zero1 && o.device >= 0) bad = "--zero1 shards the CPU optimizer; not with --device cuda";
     if (!bad && !sd_lr_kind_parse(sched, &o.lr.kind))

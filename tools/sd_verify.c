@@ -36,20 +36,25 @@ int main(int argc, char **argv)
         {NULL, 0, 0, NULL, NULL, NULL}};
     sd_cli cli = {"sd-verify", "[OPTIONS] SHARD...",
                   "Check every record of each shard: header sanity, payload checksum (XXH3), latent shape vs "
-                  "bucket, NaN/Inf, text-embedding references, the bucket index and the names index (and that "
+                  "bucket, NaN/Inf, a loss mask's shape (the bucket's or the latent size, fp32) and values (0..1), "
+                  "text-embedding references, the bucket index and the names index (and that "
                   "no two records carry one name, and that each name leads to a record of that name), that the "
                   "meta empty_text names a text embedding the shard holds, and with --manifest that every record "
                   "name of a JSONL manifest is present. Problems are counted by kind.",
                   opts,
                   "--repair deletes the records that are bad themselves (bad_header, truncated, bad_checksum, "
-                  "nan_inf, shape_mismatch, wrong_kind, text_ref_missing: the record whose text embedding is gone, "
+                  "nan_inf, shape_mismatch, bad_mask (loss mask values outside 0..1), wrong_kind, text_ref_missing: the record whose text embedding is gone, "
                   "duplicate_name: the copy the names index does not lead to), then rebuilds the bucket index and "
                   "the names index from the records. Index problems (index_missing, name_missing, name_misindexed, "
                   "index_dangling, index_wrong_bucket, name_dangling, name_wrong_record, bucket_count) are fixed by "
                   "that rebuild alone: their records are kept. Two kinds are reported only and never repaired "
                   "(they count as problems left after --repair): newer_version, a record of a newer format version "
                   "(sound for a newer sdtk, so never deleted), and empty_text_missing, a meta empty_text naming a "
-                  "text embedding the shard lacks (sd-train's conditioning dropout needs it).\n\n"
+                  "text embedding the shard lacks (sd-train's conditioning dropout needs it). Caption variants "
+                  "(sd-meta --caption-variants): variant_missing, a variant whose embedding is gone: --repair keeps "
+                  "the record and its other variants (the entry is deleted when fewer than two are left); "
+                  "bad_variants (malformed, or not starting with the record's own text reference) and "
+                  "variants_orphan (no record): --repair deletes the entry, the record trains on its caption.\n\n"
                   "Before the records, every page of the file's B-trees is checked (bounds of page headers, nodes "
                   "and overflow runs, pages used twice or both used and free, entry counts): damage there is one "
                   "damaged_page problem, and a file whose pages LMDB cannot read safely is not read. --repair then "

@@ -113,6 +113,38 @@ static int real_dir(const char *dir, const char *sub)
     return lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
+/* Whether name is a sample image's ("00012.png": digits, .png) or the
+ * temporary name a killed write of one left. */
+static int sample_file(const char *name)
+{
+    size_t d = strspn(name, "0123456789");
+    if (!d || strncmp(name + d, ".png", 4) != 0) return 0;
+    if (!name[d + 4]) return 1;
+    char base[64];
+    snprintf(base, sizeof base, "%.*s", (int)(d + 4), name);
+    return d < 40 && is_temp_of(name, base);
+}
+
+/* The samples sd-train rendered into a checkpoint (samples/, samples-ema/:
+ * train_samples.c), removed with it: only sample image names go, and the
+ * folder only when nothing else is left in it. */
+static void remove_samples(const char *dir, const char *sub)
+{
+    if (!real_dir(dir, sub)) return;
+    char d[PATH_CAP], p[PATH_CAP];
+    sd_train_pjoin(d, dir, sub);
+    DIR *dd = opendir(d);
+    if (!dd) return;
+    struct dirent *e;
+    while ((e = readdir(dd)))
+        if (sample_file(e->d_name)) {
+            sd_train_pjoin(p, d, e->d_name);
+            unlink(p);
+        }
+    closedir(dd);
+    rmdir(d);
+}
+
 /* Remove a checkpoint directory made by this code (only its own files and
  * their temporary names, so a wrong path never loses anything else; a
  * link where a directory should be is never followed: what it leads to is
@@ -140,6 +172,10 @@ static int remove_own_files(const char *dir, int trusted)
         if ((name_in(f, "unet") && !unet) || (name_in(f, "unet_ema") && !ema)) continue;
         sd_train_pjoin(p, dir, f);
         unlink(p);
+    }
+    if (owned) {
+        remove_samples(dir, "samples");
+        remove_samples(dir, "samples-ema");
     }
     remove_temps(dir, "");
     if (unet) remove_temps(dir, "unet");

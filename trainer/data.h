@@ -109,9 +109,16 @@ typedef struct {
     int pooled;        /* SDXL pooled width, 0 for SD1/SD2 */
     double dropout;    /* probability of the empty-caption embedding */
     int no_flip;       /* never use the flipped variant */
+    int masked;        /* load each record's loss mask at the latent size (ones without one) */
     uint64_t record_seed; /* nonzero: the rng is seeded per record from this and the record's index, so
                            * its draws do not depend on the batch it falls in (validation) */
+    int variants;      /* draw one of a record's caption variants per epoch (training); 0: its caption */
 } sd_load_opts;
+
+/* Which of a record's n caption variants it trains on in epoch: uniform,
+ * a hash of (seed, epoch, record key), so neither the call order, the
+ * batch, the rank nor a resume changes it. */
+size_t sd_data_variant(uint64_t seed, long epoch, const void *key, size_t klen, size_t n);
 
 /* Before training, every shard against the model: the first readable
  * latent record's channels (in_channels) and the first text embedding's
@@ -135,6 +142,8 @@ typedef struct {
     size_t cap_x0, cap_ctx, cap_text, cap_tids;
     float *tmp;        /* one record's std or scratch */
     size_t cap_tmp;
+    float *mask;       /* with sd_load_opts.masked: loss weights [n, h, w] */
+    size_t cap_mask;
     uint32_t *item;    /* each loaded record's index in sd_data.items */
     size_t cap_item;
 } sd_batch;

@@ -30,6 +30,19 @@ static int to_floats(float *dst, const void *src, size_t n, int dtype)
     return 1;
 }
 
+/* See data.h: each record has its own splitmix64 stream (its key hashed
+ * under the seed is the stream's start) and epoch e takes element e + 1:
+ * a Weyl sequence through the bijective finalizer, uniform over epochs
+ * (a hash of key and an epoch-made seed drew less evenly in test_train's
+ * chi-square test); the modulo bias of 64 bits over at most 64 variants is
+ * below 1e-17. */
+size_t sd_data_variant(uint64_t seed, long epoch, const void *key, size_t klen, size_t n)
+{
+    uint64_t base = sd_hash64(key, klen, sd_mix64(seed ^ 0x63617074696f6e73ULL));
+    uint64_t x = sd_mix64(base + ((uint64_t)epoch + 1) * 0x9e3779b97f4a7c15ULL);
+    return n ? (size_t)(x % (uint64_t)n) : 0;
+}
+
 /* The seed of record idx's own stream under base (sd_load_opts.record_seed):
  * one splitmix64 step, so neighbouring indices get unrelated streams. */
 uint64_t sd_data_record_seed(uint64_t base, uint32_t idx)
@@ -46,7 +59,6 @@ static int need_floats(float **p, size_t *cap, size_t n)
 
 /* Room for the numbers behind a record's reason (what it has, what the
  * UNet or the bucket takes). */
-enum { NOTE_CAP = 112 };
 
 /* The hidden states a UNet of o reads from a text record (SDXL: both
  * encoders' side by side, plus the pooled output; else the one encoder's)
@@ -159,7 +171,8 @@ static const char *latent_misfit(const sd_shard_tensor *m, int c, int h, int w, 
  * reason string when it cannot be used (the numbers behind it in note).
  * Draws flip, dropout and noise. */
 static const char *load_latent(sd_data *d, const sd_shard_rec *r, uint32_t shard, const sd_load_opts *o, sd_rng *rng,
-                               int c, int h, int w, float *x0, float *tmp, float *tids, int *use_empty, char *note)
+                               int c, int h, int w, float *x0, float *tmp, float *tids, float *mask, int *use_empty,
+                               char *note)
 {
     int meanstd = (r->flags & SD_REC_F_MEANSTD) != 0;
     int flip = 0;
@@ -178,6 +191,10 @@ static const char *load_latent(sd_data *d, const sd_shard_rec *r, uint32_t shard
     if (meanstd) {
         if (!to_floats(tmp, s->data, per, s->dtype)) return "latent std has non-finite values";
         for (size_t i = 0; i < per; i++) x0[i] += tmp[i] * tmp[per + i];
+    }
+    if (mask) {
+        why = sd_data_mask_load(r, flip, h, w, mask, note);
+        if (why) return why;
     }
     float sf = (float)d->shard_scaling[shard]; /* each shard's own: --allow-mixed mixes factors */
     for (size_t i = 0; i < per; i++) x0[i] *= sf;
@@ -207,6 +224,7 @@ sd_status sd_data_load(sd_data *d, const sd_data_batch *b, const sd_load_opts *o
     if (need_floats(&out->x0, &out->cap_x0, n * per) || need_floats(&out->ctx, &out->cap_ctx, n * tmax) ||
         need_floats(&out->text, &out->cap_text, n * (size_t)(o->pooled ? o->pooled : 1)) ||
         need_floats(&out->tids, &out->cap_tids, n * 6) || need_floats(&out->tmp, &out->cap_tmp, 2 * per) ||
+        (o->masked && need_floats(&out->mask, &out->cap_mask, n * (size_t)h * (size_t)w)) ||
         sd_data_grow((void **)&out->item, &out->cap_item, n ? n : 1, sizeof(uint32_t)))
         return sd_err_set(err, SD_ENOMEM, "out of memory loading a batch");
     out->n = 0;
@@ -238,14 +256,21 @@ sd_status sd_data_load(sd_data *d, const sd_data_batch *b, const sd_load_opts *o
             why = "corrupt latent record";
         if (!why)
             why = load_latent(d, &r, it->shard, o, rng, c, h, w, out->x0 + (size_t)k * per, out->tmp,
-                              out->tids + 6 * k, &use_empty, note);
+                              out->tids + 6 * k, o->masked ? out->mask + (size_t)k * (size_t)h * (size_t)w : NULL,
+                              &use_empty, note);
         if (!why) {
             static const uint8_t zero[16];
             int tc = out->tctx;
+            const uint8_t *ref = r.text_ref, *refs;
+            size_t nv;
+            if (o->variants && !use_empty && memcmp(ref, zero, 16) &&
+                sd_shard_get_variants(tx[it->shard], d->keys + it->koff, it->klen, &refs, &nv, NULL) == SD_OK &&
+                !memcmp(refs, ref, 16))
+                ref = refs + 16 * sd_data_variant(d->seed, d->epoch, d->keys + it->koff, it->klen, nv);
             if (!use_empty && memcmp(r.text_ref, zero, 16) == 0) why = "record has no text embedding";
             else
                 why = load_text(tx[use_empty ? (uint32_t)d->empty_shard : it->shard],
-                                use_empty ? d->empty_text : r.text_ref, o,
+                                use_empty ? d->empty_text : ref, o,
                                 &tc, out->ctx + (size_t)k * tmax, out->text + (size_t)k * (size_t)o->pooled, tmax,
                                 note, &e);
             if (!why) out->tctx = tc;
@@ -389,6 +414,7 @@ void sd_batch_free(sd_batch *b)
     free(b->text);
     free(b->tids);
     free(b->tmp);
+    free(b->mask);
     free(b->item);
     memset(b, 0, sizeof(*b));
 }

@@ -46,6 +46,7 @@ typedef struct {
     int no_carry; /* 1: a bucket's last batch of an epoch may be short (else it takes the next epoch's first) */
     double dropout; /* conditioning dropout: empty-caption embedding */
     int no_flip;
+    int masked_loss; /* weight the loss per latent pixel by each record's loss mask (ones without one) */
     /* math */
     sd_prediction pred;
     double snr_gamma;    /* > 0: min-SNR-gamma loss weights */
@@ -100,7 +101,18 @@ typedef struct {
      * encoders from base_model, or from unet when base_model is NULL */
     int save_full;
     const char *base_model;
+    /* samples (train_samples.c): the prompts of a JSONL file (sd-sample's
+     * lines) rendered every sample_every steps (0: at checkpoints) and at
+     * the end, conditioned by sample_model's text encoders (NULL:
+     * base_model, else the unet folder; sample_tokenizer for a single
+     * file) */
+    const char *sample_prompts;
+    long sample_every;
+    const char *sample_model, *sample_tokenizer;
 } sd_train_opts;
+
+/* The samples' prompts, conditioning and VAE decoder (train_samples.c). */
+typedef struct sd_train_samples sd_train_samples;
 
 typedef struct {
     sd_train_opts o;
@@ -161,7 +173,8 @@ typedef struct {
     void *desc; /* adamw8bit, adafactor: a group's tensor descriptors */
     size_t wscr_cap;
     FILE *metrics;
-    sd_tb tb; /* TensorBoard scalars, when o.tensorboard (rank 0) */
+    sd_tb tb; /* TensorBoard scalars and sample images, when o.tensorboard (rank 0) */
+    sd_train_samples *samples; /* rank 0 with o.sample_prompts, from the run's start; else NULL */
     double loss_ema;
     /* data parallel (dist.h): this rank of world; each optimizer step
      * takes world * accum batches of the global order, this rank the ones
@@ -214,6 +227,12 @@ size_t sd_train_param_count(const sd_trainer *tr);
 sd_status sd_train_micro(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
                          const float *text, const float *tids, const float *noise, const int *t, double grad_scale,
                          double *loss, sd_error *err);
+/* sd_train_micro with a loss mask [n, h, w] at the latent size: each
+ * squared error times its pixel's weight before the mean, as sd-scripts'
+ * apply_masked_loss (--masked-loss). */
+sd_status sd_train_micro_masked(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
+                                const float *text, const float *tids, const float *noise, const int *t,
+                                const float *mask, double grad_scale, double *loss, sd_error *err);
 /* The gradients so far into tr->grad (a GPU run keeps them on the
  * device). */
 sd_status sd_train_grad_to_host(sd_trainer *tr, sd_error *err);

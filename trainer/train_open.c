@@ -50,7 +50,9 @@ sd_load_opts sd_train_load_opts(const sd_trainer *tr, int training)
     const sd_unet_config *c = &tr->unet.cfg;
     sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
                        .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0,
-                       .dropout = training ? tr->o.dropout : 0, .no_flip = training ? tr->o.no_flip : 1};
+                       .dropout = training ? tr->o.dropout : 0, .no_flip = training ? tr->o.no_flip : 1,
+                       .masked = training ? tr->o.masked_loss : 0,
+                       .variants = training};
     return lo;
 }
 
@@ -377,6 +379,7 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
 /* Free everything. */
 void sd_trainer_close(sd_trainer *tr)
 {
+    sd_train_samples_close(tr); /* its buffers on the backend go before the backend */
 #ifdef SDTK_HAVE_NCCL
     sd_nccl_close(tr->nccl);
 #endif

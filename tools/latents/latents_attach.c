@@ -59,6 +59,17 @@ static sd_status check_encoder(attach *a, sd_error *err)
     return st;
 }
 
+/* Whether the record under key has the job's caption variants stored
+ * (none when it has one caption). */
+static int variants_as_stored(sd_shard_txn *t, const void *key, size_t klen, const latent_job *j)
+{
+    const uint8_t *refs;
+    size_t n;
+    sd_status g = sd_shard_get_variants(t, key, klen, &refs, &n, NULL);
+    if (g == SD_ENOTFOUND) return j->nvariants == 0;
+    return !g && n == (size_t)j->nvariants && !memcmp(refs, j->variant_keys, n * 16);
+}
+
 /* Mark each job done (its record already refers to this caption's
  * embedding), stale (it refers to another one: replaced) or to do;
  * a name with no latent record in the shard is reported and skipped. */
@@ -70,6 +81,8 @@ static sd_status classify(attach *a, sd_error *err)
         latent_job *j = &a->jobs.v[i];
         if (j->state == JOB_DONE) continue; /* skipped by latents_match_names */
         text_key(&a->text, j->caption, j->caption_len, j->text_key);
+        if (j->nvariants && !(j->variant_keys = malloc((size_t)j->nvariants * 16))) j->nvariants = 0; /* out of memory: the caption alone */
+        for (int v = 0; v < j->nvariants; v++) text_key(&a->text, j->variants[v], j->variant_lens[v], j->variant_keys + 16 * v);
         const void *k, *v;
         size_t kl, vl;
         sd_error e = {0};
@@ -96,7 +109,8 @@ static sd_status classify(attach *a, sd_error *err)
             j->state = JOB_DONE;
         } else if (!memcmp(r.text_ref, j->text_key, 16)) {
             j->state = JOB_DONE;
-            a->done++;
+            j->variants_stale = !variants_as_stored(t, k, kl, j);
+            a->done += !j->variants_stale;
         } else {
             static const uint8_t zero[16];
             j->state = memcmp(r.text_ref, zero, 16) ? JOB_STALE : JOB_TODO;
@@ -204,25 +218,34 @@ static sd_status restore_empty(attach *a, sd_error *err)
     return st;
 }
 
-/* Up to --text-batch jobs with work from *next on, rebuilt (read in one
- * snapshot, which the writer's lock keeps current); returns how many
- * captions went into caps/lens/keys. */
+/* Up to --text-batch jobs with work (a new reference, or new caption
+ * variants) from *next on, rebuilt (read in one snapshot, which the
+ * writer's lock keeps current) into jobs (*m of them); their captions,
+ * each variant, into caps/lens/keys (*ncap; room for --text-batch +
+ * SD_SHARD_MAX_VARIANTS). */
 static sd_status window(attach *a, size_t *next, const char **caps, size_t *lens, const uint8_t **tkeys,
-                        latent_job **jobs, size_t *m, sd_error *err)
+                        latent_job **jobs, size_t *m, size_t *ncap, sd_error *err)
 {
     sd_shard_txn *t = NULL;
     sd_status st = sd_shard_read_begin(a->shard, &t, err);
     a->nvals = 0;
-    *m = 0;
-    for (; !st && *next < a->jobs.n && *m < (size_t)a->o->text_batch; ++*next) {
+    *m = *ncap = 0;
+    for (; !st && *next < a->jobs.n && *ncap < (size_t)a->o->text_batch; ++*next) {
         latent_job *j = &a->jobs.v[*next];
-        if (j->state == JOB_DONE) continue;
+        if (j->state == JOB_DONE && !j->variants_stale) continue;
         st = latents_retext_record(t, j->name, j->text_key, &a->keys[a->nvals], &a->vals[a->nvals], err);
         if (st) break;
         a->nvals++;
-        caps[*m] = j->caption;
-        lens[*m] = j->caption_len;
-        tkeys[*m] = j->text_key;
+        if (!j->nvariants) {
+            caps[*ncap] = j->caption;
+            lens[*ncap] = j->caption_len;
+            tkeys[(*ncap)++] = j->text_key;
+        }
+        for (int v = 0; v < j->nvariants; v++) {
+            caps[*ncap] = j->variants[v];
+            lens[*ncap] = j->variant_lens[v];
+            tkeys[(*ncap)++] = j->variant_keys + 16 * v;
+        }
         jobs[(*m)++] = j;
     }
     if (t) sd_shard_read_end(t);
@@ -234,26 +257,31 @@ static sd_status window(attach *a, size_t *next, const char **caps, size_t *lens
  * with the new references. */
 static sd_status run_windows(attach *a, sd_error *err)
 {
-    size_t w = (size_t)a->o->text_batch, todo = 0, next = 0, done = 0;
-    const char **caps = malloc(w * sizeof(*caps));
-    size_t *lens = malloc(w * sizeof(*lens));
-    const uint8_t **tkeys = malloc(w * sizeof(*tkeys));
+    size_t w = (size_t)a->o->text_batch, todo = 0, next = 0, done = 0, ncap = 0;
+    size_t wc = w + SD_SHARD_MAX_VARIANTS; /* captions: a window's last job may bring all its variants */
+    const char **caps = malloc(wc * sizeof(*caps));
+    size_t *lens = malloc(wc * sizeof(*lens));
+    const uint8_t **tkeys = malloc(wc * sizeof(*tkeys));
     latent_job **jobs = malloc(w * sizeof(*jobs));
     a->vals = calloc(w, sizeof(*a->vals));
     a->keys = calloc(w, sizeof(*a->keys));
     sd_status st = caps && lens && tkeys && jobs && a->vals && a->keys ? SD_OK
                                                                         : sd_err_set(err, SD_ENOMEM, "out of memory");
-    for (size_t i = 0; i < a->jobs.n; i++) todo += a->jobs.v[i].state != JOB_DONE;
+    for (size_t i = 0; i < a->jobs.n; i++) todo += a->jobs.v[i].state != JOB_DONE || a->jobs.v[i].variants_stale;
     sd_progress prog;
     sd_progress_init(&prog, "sd-latents text-only", "records", todo, !a->o->quiet);
     size_t m = 0;
-    while (!st && todo && (st = window(a, &next, caps, lens, tkeys, jobs, &m, err)) == SD_OK && m > 0) {
+    while (!st && todo && (st = window(a, &next, caps, lens, tkeys, jobs, &m, &ncap, err)) == SD_OK && m > 0) {
         st = sd_shard_begin(a->shard, err);
         if (st) break;
         if (a->meta_pending) st = write_meta(a, err);
-        if (!st) st = text_put_many(&a->text, a->shard, m, caps, lens, tkeys, &a->trec, err);
-        for (size_t i = 0; i < m && !st; i++)
+        if (!st) st = text_put_many(&a->text, a->shard, ncap, caps, lens, tkeys, &a->trec, err);
+        for (size_t i = 0; i < m && !st; i++) {
             st = sd_shard_put(a->shard, a->keys[i].data, a->keys[i].len, a->vals[i].data, a->vals[i].len, err);
+            if (!st)
+                st = sd_shard_put_variants(a->shard, a->keys[i].data, a->keys[i].len, jobs[i]->variant_keys,
+                                           (size_t)jobs[i]->nvariants, err);
+        }
         if (!st) st = sd_shard_commit(a->shard, err);
         else sd_shard_abort(a->shard);
         if (st) break;
@@ -328,7 +356,8 @@ int latents_attach(const latents_opts *o)
     sd_error err = {0};
     int dtype = latents_dtype(o->dtype_name);
     int wdt = o->text_weights ? latents_dtype(o->text_weights) : SD_DT_F32; /* sd_latents.c checked both */
-    sd_status st = text_open(&a.text, o->text_model, o->tokenizer, o->clip_skip, dtype, wdt, latents_numerics(o), &err);
+    sd_status st = text_open(&a.text, o->text_model, o->tokenizer, o->clip_skip, o->max_tokens ? o->max_tokens : 75,
+                             dtype, wdt, latents_numerics(o), &err);
     a.text_ok = !st;
     if (!st) text_key(&a.text, "", 0, a.empty_key);
     if (!st) st = jobs_read(&a.jobs, o->input, 0, 1, 1, NULL, &a.tally, &err);

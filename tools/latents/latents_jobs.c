@@ -128,6 +128,52 @@ static void job_free(latent_job *j)
     free(j->image);
     free(j->member);
     free(j->caption);
+    free(j->mask);
+    for (int i = 0; i < j->nvariants; i++) free(j->variants[i]);
+    free(j->variants);
+    free(j->variant_lens);
+    free(j->variant_keys);
+}
+
+/* The record's caption variants (sd-meta --caption-variants: "captions",
+ * an array of strings) into the job: the caption first, then each other
+ * distinct one, at most SD_SHARD_MAX_VARIANTS; none kept when that leaves
+ * one. A reason string when the field is not an array of strings. */
+static const char *variants_from(const sd_json *r, latent_job *j)
+{
+    const sd_json *a = sd_json_get(r, "captions");
+    if (!a || a->type == SD_JSON_NULL) return NULL;
+    if (a->type != SD_JSON_ARRAY) return "captions is not an array of strings";
+    size_t cap = (size_t)a->len + 1;
+    j->variants = calloc(cap, sizeof *j->variants);
+    j->variant_lens = calloc(cap, sizeof *j->variant_lens);
+    if (!j->variants || !j->variant_lens) return "out of memory";
+    j->variants[0] = strdup(j->caption);
+    if (!j->variants[0]) return "out of memory";
+    j->variant_lens[0] = j->caption_len;
+    j->nvariants = 1;
+    for (const sd_json *e = a->child; e; e = e->next) {
+        if (e->type != SD_JSON_STRING) return "captions is not an array of strings";
+        int dup = 0;
+        for (int i = 0; i < j->nvariants && !dup; i++)
+            dup = j->variant_lens[i] == e->len && !memcmp(j->variants[i], e->str, e->len);
+        if (dup || j->nvariants == SD_SHARD_MAX_VARIANTS) continue;
+        char *c = malloc((size_t)e->len + 1);
+        if (!c) return "out of memory";
+        memcpy(c, e->str, e->len);
+        c[e->len] = 0;
+        j->variants[j->nvariants] = c;
+        j->variant_lens[j->nvariants++] = e->len;
+    }
+    if (j->nvariants < 2) { /* one caption: no variants entry */
+        free(j->variants[0]);
+        free(j->variants);
+        free(j->variant_lens);
+        j->variants = NULL;
+        j->variant_lens = NULL;
+        j->nvariants = 0;
+    }
+    return NULL;
 }
 
 /* The record's caption into the job ("" when it has none); a reason
@@ -160,7 +206,8 @@ static const char *job_from(const sd_json *r, int captions_only, const char *roo
     if (captions_only) { /* --text-only replaces a record's embedding: no caption is no reason to blank it */
         const sd_json *c = sd_json_get(r, "caption");
         if (!c || c->type == SD_JSON_NULL) return "no caption (the record keeps its embedding; \"caption\": \"\" sets the empty one)";
-        return caption_from(r, j);
+        const char *cw = caption_from(r, j);
+        return cw ? cw : variants_from(r, j);
     }
     j->image = dup_str(r, "image");
     if (!j->image) return "no image path";
@@ -187,6 +234,7 @@ static const char *job_from(const sd_json *r, int captions_only, const char *roo
     }
     j->member = dup_str(r, "member");
     const char *why = caption_from(r, j);
+    if (!why) why = variants_from(r, j);
     if (why) return why;
     j->size = SD_IMAGE_WHOLE_FILE;
     int ho = opt_u64(r, "offset", &j->offset), hs = opt_u64(r, "size", &j->size);

@@ -69,6 +69,7 @@ typedef struct {
     double t_decode, t_encode, t_write;
     uint64_t written, cached, bad, replaced;
     uint64_t retexted; /* records whose caption changed: new text reference, no image encoded */
+    uint64_t revaried; /* records whose caption variants alone changed: their variants entry rewritten */
     sd_buf *rt_keys, *rt_vals; /* run_texts: a window's retext records */
     latent_job **rt_jobs;      /* and their jobs */
 } run;
@@ -104,6 +105,7 @@ static void key_of(const run *r, const latent_job *j, const uint8_t *prefix, uin
                   (unsigned long long)key_seed(r->o), r->model_hash);
     sd_buf_puts(&b, latents_numerics(r->o)); /* other numerics: other records (nothing added for strict fp32) */
     if (r->o->vae_act) sd_buf_puts(&b, r->o->vae_act == SD_DT_BF16 ? "|act-bf16" : "|act-fp16");
+    if (r->o->masks) sd_buf_puts(&b, r->o->masks == LATENTS_MASK_ALPHA ? "|mask-alpha" : "|mask-files");
     sd_key128 k = sd_key128_of(b.data, b.len);
     memcpy(out, &k.lo, 8);
     memcpy(out + 8, &k.hi, 8);
@@ -118,7 +120,30 @@ static void key_of(const run *r, const latent_job *j, const uint8_t *prefix, uin
 static void job_key(const run *r, latent_job *j)
 {
     if (r->text_on) text_key(&r->text, j->caption, j->caption_len, j->text_key);
+    if (r->text_on && j->nvariants && !j->variant_keys) {
+        j->variant_keys = malloc((size_t)j->nvariants * 16);
+        if (!j->variant_keys) j->nvariants = 0; /* out of memory: the first caption alone */
+        for (int i = 0; i < j->nvariants; i++) text_key(&r->text, j->variants[i], j->variant_lens[i], j->variant_keys + 16 * i);
+    }
     key_of(r, j, NULL, j->key);
+}
+
+/* Whether the shard's variants entry for key is the job's (none when it
+ * has one caption): a rerun whose variants changed rewrites the entry
+ * alone. */
+static int variants_match(sd_shard_txn *t, const latent_job *j, const void *key)
+{
+    const uint8_t *refs;
+    size_t n;
+    sd_status g = sd_shard_get_variants(t, key, 16, &refs, &n, NULL);
+    if (g == SD_ENOTFOUND) return j->nvariants == 0;
+    return !g && n == (size_t)j->nvariants && !memcmp(refs, j->variant_keys, n * 16);
+}
+
+/* Put the job's variants entry under key (deleted when it has one caption). */
+static sd_status put_variants(run *r, const latent_job *j, const void *key, sd_error *err)
+{
+    return sd_shard_put_variants(r->shard, key, 16, j->variant_keys, (size_t)j->nvariants, err);
 }
 
 /* The text reference in the header of the record stored under key
@@ -158,6 +183,7 @@ static void classify_found(run *r, sd_shard_txn *t, latent_job *j, const void *k
             j->state = !r->text_on || !memcmp(ref, j->text_key, 16) ? JOB_DONE : JOB_RETEXT;
             j->rekey = j->state == JOB_RETEXT;
             memcpy(j->old_key, k, 16);
+            j->variants_stale = r->text_on && j->state == JOB_DONE && !variants_match(t, j, k);
             return;
         }
     }
@@ -165,6 +191,7 @@ static void classify_found(run *r, sd_shard_txn *t, latent_job *j, const void *k
     else if (current && have == 0) j->state = JOB_RETEXT;
     else j->state = JOB_STALE;
     memcpy(j->old_key, k, 16);
+    j->variants_stale = j->state == JOB_DONE && !variants_match(t, j, k);
 }
 
 /* Mark each job (classify_found) or, when its name is not in the shard,
@@ -269,9 +296,11 @@ static sd_status write_meta(run *r, sd_error *err)
     sd_buf_json_cstr(&b, o->vae_path);
     sd_buf_puts(&b, ", \"vae_config\": ");
     sd_buf_json_cstr(&b, r->vae_desc);
-    sd_buf_printf(&b, ", \"mode\": \"%s\", \"flip\": %s, \"seed\": %llu, \"vae_activations\": \"%s\"}",
+    sd_buf_printf(&b, ", \"mode\": \"%s\", \"flip\": %s, \"seed\": %llu, \"vae_activations\": \"%s\"",
                   o->sample ? "sample" : "mean_std", o->flip ? "true" : "false", (unsigned long long)key_seed(o),
                   sd_dtype_name(o->vae_act ? o->vae_act : SD_DT_F32));
+    if (o->masks) sd_buf_printf(&b, ", \"masks\": \"%s\"", o->masks == LATENTS_MASK_ALPHA ? "alpha" : "files");
+    sd_buf_putc(&b, '}');
     sd_buf parts;
     sd_buf_init(&parts);
     latents_parts_json(r->shard, o, &parts); /* before the options: an older shard's part is in them */
@@ -314,11 +343,13 @@ static int stored_transposed(const sd_image_src *src)
     return st == SD_OK && info.orientation >= 5;
 }
 
-/* Decode one job per unit into its slot; failures are kept per job. */
+/* Decode one job per unit into its slot (with --masks its mask into the
+ * job); failures are kept per job. */
 static void decode_range(void *vctx, int worker, size_t begin, size_t end)
 {
     dec_ctx *c = vctx;
     (void)worker;
+    int lh = 0, lw = 0;
     for (size_t i = begin; i < end; i++) {
         latent_job *j = c->jobs[i];
         sd_image_src src = {.path = j->image, .member = j->member, .offset = j->offset, .size = j->size};
@@ -332,6 +363,14 @@ static void decode_range(void *vctx, int worker, size_t begin, size_t end)
                                : st == SD_EUNSUPPORTED ? "not a supported image" /* sd-bucket's word (BMP) */
                                                        : "unreadable image";
             if (!st) j->transposed = stored_transposed(&src);
+            if (!st && c->r->o->masks) {
+                sd_vae_latent_size(&c->r->vae.cfg, j->bucket_h, j->bucket_w, &lh, &lw);
+                const char *why = latents_mask_load(c->r->o, j, lh, lw, &e);
+                if (why) {
+                    c->r->dec_why[i] = why;
+                    st = SD_EFORMAT;
+                }
+            }
         }
         c->r->dec_st[i] = st;
         if (st) snprintf(c->r->dec_msg[i], sizeof c->r->dec_msg[i], "%s", e.msg);
@@ -349,11 +388,14 @@ static sd_status put_record(run *r, latent_job *j, size_t k, size_t ok, size_t l
     float *std[2] = {r->std + k * lat, r->std + (ok + k) * lat};
     latent_shape ls = {lat, lc, lh, lw};
     sd_status st = latents_record(j, r->o, r->dtype, mean, std, &ls, text_ref, &r->conv, &r->rec, err);
+    free(j->mask); /* in the record now */
+    j->mask = NULL;
     if (!st && j->state == JOB_STALE) {
         st = sd_shard_del(r->shard, j->old_key, 16, err);
         r->replaced++;
     }
     if (!st) st = sd_shard_put(r->shard, j->key, 16, r->rec.data, r->rec.len, err);
+    if (!st && r->text_on) st = put_variants(r, j, j->key, err);
     return st;
 }
 
@@ -483,21 +525,31 @@ static sd_status write_batch(run *r, const batch *b, sd_error *err)
     return st;
 }
 
-/* Up to --text-batch captions of jobs still to do from *next on, in job
- * order, into caps/lens/keys and their jobs into jobs; returns how many,
- * *next past them. */
+/* Jobs still to do (or whose variants entry changed) from *next on, in
+ * job order, into jobs, and their captions (each variant) into
+ * caps/lens/keys, until --text-batch captions; returns how many jobs,
+ * *ncap the captions, *next past them. caps holds --text-batch +
+ * SD_SHARD_MAX_VARIANTS entries. */
 static size_t text_window(run *r, size_t *next, const char **caps, size_t *lens, const uint8_t **keys,
-                          latent_job **jobs)
+                          latent_job **jobs, size_t *ncap)
 {
-    size_t m = 0;
-    for (; *next < r->jobs.n && m < (size_t)r->o->text_batch; ++*next) {
+    size_t m = 0, c = 0;
+    for (; *next < r->jobs.n && c < (size_t)r->o->text_batch; ++*next) {
         latent_job *j = &r->jobs.v[*next];
-        if (j->state == JOB_DONE) continue;
-        caps[m] = j->caption;
-        lens[m] = j->caption_len;
-        jobs[m] = j;
-        keys[m++] = j->text_key;
+        if (j->state == JOB_DONE && !j->variants_stale) continue;
+        jobs[m++] = j;
+        if (!j->nvariants) {
+            caps[c] = j->caption;
+            lens[c] = j->caption_len;
+            keys[c++] = j->text_key;
+        }
+        for (int v = 0; v < j->nvariants; v++) {
+            caps[c] = j->variants[v];
+            lens[c] = j->variant_lens[v];
+            keys[c++] = j->variant_keys + 16 * v;
+        }
     }
+    *ncap = c;
     return m;
 }
 
@@ -540,10 +592,11 @@ static sd_status retext_window(run *r, latent_job *const *jobs, size_t m, size_t
  * the image records written later find their captions stored. */
 static sd_status run_texts(run *r, sd_error *err)
 {
-    size_t w = (size_t)r->o->text_batch, todo_total = 0, next = 0, done = 0, nrt = 0;
-    const char **caps = malloc(w * sizeof(*caps));
-    size_t *lens = malloc(w * sizeof(*lens));
-    const uint8_t **keys = malloc(w * sizeof(*keys));
+    size_t w = (size_t)r->o->text_batch, todo_total = 0, next = 0, done = 0, nrt = 0, ncap = 0;
+    size_t wc = w + SD_SHARD_MAX_VARIANTS; /* captions: a window's last job may bring all its variants */
+    const char **caps = malloc(wc * sizeof(*caps));
+    size_t *lens = malloc(wc * sizeof(*lens));
+    const uint8_t **keys = malloc(wc * sizeof(*keys));
     latent_job **jobs = malloc(w * sizeof(*jobs));
     r->rt_keys = calloc(w, sizeof(*r->rt_keys));
     r->rt_vals = calloc(w, sizeof(*r->rt_vals));
@@ -551,16 +604,16 @@ static sd_status run_texts(run *r, sd_error *err)
     sd_status st = caps && lens && keys && jobs && r->rt_keys && r->rt_vals && r->rt_jobs
                        ? SD_OK
                        : sd_err_set(err, SD_ENOMEM, "out of memory");
-    for (size_t i = 0; i < r->jobs.n; i++) todo_total += r->jobs.v[i].state != JOB_DONE;
+    for (size_t i = 0; i < r->jobs.n; i++) todo_total += r->jobs.v[i].state != JOB_DONE || r->jobs.v[i].variants_stale;
     sd_progress prog;
-    sd_progress_init(&prog, "sd-latents text", "captions", todo_total, !r->o->quiet);
+    sd_progress_init(&prog, "sd-latents text", "records", todo_total, !r->o->quiet);
     size_t m;
-    while (!st && (m = text_window(r, &next, caps, lens, keys, jobs)) > 0) {
+    while (!st && (m = text_window(r, &next, caps, lens, keys, jobs, &ncap)) > 0) {
         st = retext_window(r, jobs, m, &nrt, err);
         if (!st) st = sd_shard_begin(r->shard, err);
         if (st) break;
         if (r->meta_pending) st = write_meta(r, err);
-        if (!st) st = text_put_many(&r->text, r->shard, m, caps, lens, keys, &r->trec, err);
+        if (!st) st = text_put_many(&r->text, r->shard, ncap, caps, lens, keys, &r->trec, err);
         for (size_t i = 0; i < nrt && !st; i++) { /* new reference, the same latents: no image encoded */
             latent_job *j = r->rt_jobs[i];
             if (j->rekey) /* from its old kind of key to the current one */
@@ -569,16 +622,23 @@ static sd_status run_texts(run *r, sd_error *err)
             if (!st)
                 st = sd_shard_put(r->shard, key, j->rekey ? 16 : r->rt_keys[i].len, r->rt_vals[i].data,
                                   r->rt_vals[i].len, err);
+            if (!st && (j->rekey || r->rt_keys[i].len == 16)) st = put_variants(r, j, key, err);
         }
+        for (size_t i = 0; i < m && !st; i++) /* the same record, other variants: the entry alone */
+            if (jobs[i]->state == JOB_DONE && jobs[i]->variants_stale) /* under the key it was found under */
+                st = put_variants(r, jobs[i], jobs[i]->old_key, err);
         if (!st) st = sd_shard_commit(r->shard, err);
         else sd_shard_abort(r->shard);
         if (!st) {
             r->meta_pending = 0;
-            for (size_t i = 0; i < m; i++)
+            for (size_t i = 0; i < m; i++) {
+                if (jobs[i]->state == JOB_DONE && jobs[i]->variants_stale) r->revaried++;
+                jobs[i]->variants_stale = 0;
                 if (jobs[i]->state == JOB_RETEXT) {
                     jobs[i]->state = JOB_DONE;
                     r->retexted++;
                 }
+            }
         }
         done += m;
         sd_progress_update(&prog, done, 0);
@@ -889,11 +949,13 @@ int latents_run(const latents_opts *o)
     }
     if (!st && o->text_model) {
         int wdt = o->text_weights ? latents_dtype(o->text_weights) : SD_DT_F32; /* sd_latents.c checked it */
-        st = text_open(&r.text, o->text_model, o->tokenizer, o->clip_skip, r.dtype, wdt, latents_numerics(r.o), &err);
+        st = text_open(&r.text, o->text_model, o->tokenizer, o->clip_skip, o->max_tokens ? o->max_tokens : 75, r.dtype,
+                       wdt, latents_numerics(r.o), &err);
         r.text_on = !st;
         if (r.text_on) text_key(&r.text, "", 0, r.empty_key);
     }
     if (!st) st = jobs_read(&r.jobs, o->input, o->shard_index, o->shard_count, 0, o->root, &r.tally, &err);
+    if (!st) latents_mask_orphans(o, &r.jobs, &r.tally);
     sd_shard_opts so = {SD_SHARD_CREATE | (o->nosync ? SD_SHARD_NOSYNC : 0), 0, 0};
     if (!st) st = sd_shard_open(&r.shard, o->output, &so, &err);
     if (!st) st = check_meta(&r, &err);
@@ -934,8 +996,11 @@ int latents_run(const latents_opts *o)
     else if (!st && r.jobs.n == 0)
         sd_log(SD_LOG_WARN, "no usable record in the input (%llu lines read; skipped ones are counted below)",
                (unsigned long long)r.jobs.lines);
-    else if (!st && !r.retexted)
+    else if (!st && !r.retexted && !r.revaried)
         sd_log(SD_LOG_INFO, "nothing to do: %llu records already cached", (unsigned long long)r.cached);
+    if (r.revaried)
+        sd_log(SD_LOG_INFO, "%llu records kept their latents and caption and now refer to their new caption variants "
+               "(no image encoded again)", (unsigned long long)r.revaried);
     if (r.retexted)
         sd_log(SD_LOG_INFO, "%llu records kept their latents and now refer to their new caption's embedding (no "
                "image encoded again)", (unsigned long long)r.retexted);

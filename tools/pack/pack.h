@@ -61,6 +61,9 @@ void pack_close_ro(sd_shard *s, sd_shard_txn *t);
 sd_status pack_copy_meta(sd_shard_txn *from, pack_out *to, const char *producer, sd_error *err);
 sd_status pack_copy_text(sd_shard_txn *from, pack_out *to, const uint8_t ref[16], const char **skip, sd_error *why,
                          sd_error *err);
+/* The record's caption variants and their embeddings (pack_common.c). */
+sd_status pack_copy_variants(sd_shard_txn *from, pack_out *to, const void *key, size_t klen,
+                             const uint8_t text_ref[16], uint64_t *dropped, sd_error *err);
 int pack_has_text_ref(const uint8_t ref[16]);
 sd_status pack_find_empty_text(sd_shard *s, sd_shard_txn *t, uint8_t key[16], int *found, const char **skip,
                                sd_error *why, sd_error *err);

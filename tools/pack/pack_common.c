@@ -477,6 +477,36 @@ sd_status pack_copy_text(sd_shard_txn *from, pack_out *to, const uint8_t ref[16]
     return pack_out_put_text(to, ref, v, vl, err);
 }
 
+/* The caption variants of record key (the input's variants entry) into
+ * the output: each variant's embedding copied as pack_copy_text does, then
+ * the entry, under the same key, in the open batch (after the record). A
+ * variant whose embedding is missing or corrupt is left out of the entry
+ * (*dropped counts them; the record keeps its other variants), and an
+ * entry that is not whole keys starting with the record's text_ref is not
+ * copied (sd-verify reports it in the input). */
+sd_status pack_copy_variants(sd_shard_txn *from, pack_out *to, const void *key, size_t klen,
+                             const uint8_t text_ref[16], uint64_t *dropped, sd_error *err)
+{
+    const uint8_t *refs;
+    size_t n;
+    sd_error e;
+    if (sd_shard_get_variants(from, key, klen, &refs, &n, &e) != SD_OK || memcmp(refs, text_ref, 16)) return SD_OK;
+    uint8_t keep[SD_SHARD_MAX_VARIANTS * 16];
+    size_t m = 0;
+    sd_status st = SD_OK;
+    for (size_t i = 0; i < n && !st; i++) {
+        const char *skip = NULL;
+        sd_error why;
+        st = pack_copy_text(from, to, refs + 16 * i, &skip, &why, err);
+        if (!st && skip) ++*dropped;
+        else if (!st) memcpy(keep + 16 * m++, refs + 16 * i, 16);
+    }
+    if (st) return st;
+    st = ensure_batch(to, err);
+    if (!st) st = sd_shard_put_variants(to->s, key, klen, keep, m, err);
+    return st;
+}
+
 /* Hex of a binary key for messages (truncated to cap). */
 void pack_hex(const void *key, size_t n, char *out, size_t cap)
 {

@@ -13,6 +13,7 @@ typedef struct {
     sd_tally tally;
     sd_progress prog;
     uint64_t in, out, texts;
+    uint64_t variants_dropped; /* caption variants left out: their embedding missing or corrupt */
     int has_empty;      /* the output holds an empty caption's embedding and names it */
     int encoder_known;  /* an input with text embeddings or a text_encoder was met */
 } copy_run;
@@ -139,6 +140,9 @@ static sd_status copy_shard(const char *path, pack_out *o, int all_text, const c
             continue;
         }
         st = pack_out_put(o, k, kl, v, vl, err);
+        sd_shard_rec rec;
+        if (!st && sd_shard_rec_parse(v, vl, &rec, &why) == SD_OK && pack_has_text_ref(rec.text_ref))
+            st = pack_copy_variants(t, o, k, kl, rec.text_ref, &r->variants_dropped, err);
         if (!st) r->out++;
     }
     if (st == SD_ENOTFOUND) st = SD_OK;
@@ -280,6 +284,9 @@ static int run_copy(const char *prog, const sd_strlist *in, const char *output, 
     }
     sd_log(SD_LOG_INFO, "%llu records read, %llu written to %s, %llu skipped", (unsigned long long)r.in,
            (unsigned long long)r.out, output, (unsigned long long)r.tally.total);
+    if (r.variants_dropped)
+        sd_log(SD_LOG_WARN, "%llu caption variants left out: their text embedding is missing or corrupt in the input "
+               "(sd-verify names them there)", (unsigned long long)r.variants_dropped);
     return pack_finish(&r.tally, pc, "skipped");
 }
 

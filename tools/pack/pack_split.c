@@ -127,7 +127,10 @@ static sd_status copy_record(sd_shard_txn *t, pack_out *out, const void *k, size
         sd_status st = pack_copy_text(t, out, rec->text_ref, skip, why, err);
         if (st || *skip) return st;
     }
-    return pack_out_put(out, k, kl, v, vl, err);
+    sd_status st = pack_out_put(out, k, kl, v, vl, err);
+    uint64_t dropped = 0; /* sd-verify names a variant whose embedding is gone in the input */
+    if (!st && pack_has_text_ref(rec->text_ref)) st = pack_copy_variants(t, out, k, kl, rec->text_ref, &dropped, err);
+    return st;
 }
 
 /* One pass over the latent records in key order (within a bucket the order

@@ -30,6 +30,7 @@ typedef struct {
 typedef struct {
     const char *reason;
     int db; /* SD_SHARD_DB_LATENTS, _TEXT: --repair deletes the record (unless report_only);
+             * SD_SHARD_DB_VARIANTS: --repair rewrites or deletes the variants entry (verify_fix_variants);
              * SD_SHARD_DB_META: a meta entry (report only); -1: an index, name or manifest
              * problem (the reindex fixes the indexes, the record stays); VERIFY_DB_PAGES:
              * damaged pages (the salvage replaces the file) */
@@ -53,7 +54,7 @@ typedef struct {
     double seconds;
     sd_tally tally;
     problem_list probs;
-    uint64_t repaired_latents, repaired_texts;
+    uint64_t repaired_latents, repaired_texts, repaired_variants;
     int reindexed;
     uint64_t after_repair; /* problems left after --repair */
     int salvaged;          /* damaged pages: --repair replaced the file with the intact entries */
@@ -74,6 +75,14 @@ sd_status verify_scan_db(sd_shard *s, int db, sd_pool *pool, sd_progress *prog, 
                          uint64_t *nrec, uint64_t *nbytes, sd_error *err);
 sd_status verify_check_indexes(sd_shard *s, problem_list *out, sd_error *err);
 sd_status verify_check_empty_text(sd_shard *s, problem_list *out, sd_error *err);
+/* The caption variants entries (verify_variants.c): variant_missing (a
+ * variant's embedding gone), bad_variants (malformed, or not starting with
+ * the record's text_ref), variants_orphan (no record). */
+sd_status verify_check_variants(sd_shard *s, problem_list *out, sd_error *err);
+/* --repair: each unsound entry rewritten with the variants whose embedding
+ * is there, or deleted (fewer than two left, malformed, no record); the
+ * record stays. *fixed: entries changed. */
+sd_status verify_fix_variants(sd_shard *s, uint64_t *fixed, sd_error *err);
 sd_status verify_check_manifest(sd_shard *s, const char *path, problem_list *out, sd_error *err);
 
 /* One shard (verify_shard.c) and what is told of it (verify_report.c). */

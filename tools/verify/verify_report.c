@@ -34,6 +34,7 @@ void verify_tally_problems(shard_result *res)
         sd_buf_json_cstr(b, p->db == SD_SHARD_DB_TEXT      ? "text"
                             : p->db == SD_SHARD_DB_LATENTS ? "latents"
                             : p->db == SD_SHARD_DB_META    ? "meta"
+                            : p->db == SD_SHARD_DB_VARIANTS ? "variants"
                             : p->db == VERIFY_DB_PAGES     ? "pages"
                                                            : "index");
         if (p->key) {
@@ -87,6 +88,8 @@ void verify_build_report(const shard_result *rs, int n, const verify_opts *o, sd
             sd_buf_json_int(b, (int64_t)r->repaired_latents);
             sd_buf_json_key(b, &first, "repaired_text_records");
             sd_buf_json_int(b, (int64_t)r->repaired_texts);
+            sd_buf_json_key(b, &first, "repaired_variants");
+            sd_buf_json_int(b, (int64_t)r->repaired_variants);
             sd_buf_json_key(b, &first, "problems_after_repair");
             sd_buf_json_int(b, (int64_t)r->after_repair);
             if (r->salvaged) {

@@ -30,6 +30,7 @@ static sd_status verify_pass(sd_shard *s, const verify_opts *o, sd_pool *pool, i
     res->bytes = b1 + b2;
     if (!st) st = verify_check_indexes(s, &res->probs, err);
     if (!st) st = verify_check_empty_text(s, &res->probs, err);
+    if (!st) st = verify_check_variants(s, &res->probs, err);
     if (!st && o->manifest) st = verify_check_manifest(s, o->manifest, &res->probs, err);
     sd_progress_update(&prog, res->latents + res->texts, 0);
     sd_progress_finish(&prog);
@@ -74,6 +75,9 @@ static sd_status repair(sd_shard *s, shard_result *res, sd_error *err)
     if (!st) st = sd_shard_commit(s, err);
     else sd_shard_abort(s);
     res->reindexed = !st;
+    uint64_t fixed = 0; /* after the deletions: a variant whose embedding they took goes too */
+    if (!st) st = verify_fix_variants(s, &fixed, err);
+    res->repaired_variants += fixed;
     return st;
 }
 
