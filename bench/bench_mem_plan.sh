@@ -7,9 +7,11 @@
 # latents) batch 2, and SD 1.5's architecture at half width (block_out_channels
 # 128, 256, 512, 512; cross_attention_dim 768; 142M parameters) at 256x256
 # (32x32 latents) with AdamW, AdamW + EMA, 8-bit AdamW, and Adafactor with
-# gradient checkpointing. Then the SDXL base UNet's plans at 1024x1024,
-# batch 1, checkpointed, for adamw, adamw8bit and adafactor (no weights are
-# allocated for a plan; nothing is trained), and the GPU plan of AdamW against
+# gradient checkpointing, then AdamW, 8-bit AdamW and Adafactor (checkpointed)
+# with --weight-dtype bf16. Then the SDXL base UNet's plans at 1024x1024,
+# batch 1, checkpointed, for adamw, adamw8bit and adafactor with fp32 and
+# bf16 weights (no weights are allocated for a plan; nothing is trained),
+# and the GPU plan of AdamW against
 # --gpu-memory-limit 24 (not measured: no GPU ran it).
 # Needs about 3 GB of memory and 3 minutes on 2 cores.
 # Results: bench/RESULTS.md, "Memory plan"; the SDXL plans in docs/GPU.md.
@@ -63,6 +65,11 @@ measure "SD1.5 half width, 256^2, adamw + EMA" "$T/sd15_half.json" "$T/mid.shard
 measure "SD1.5 half width, 256^2, adamw8bit" "$T/sd15_half.json" "$T/mid.shard" --optimizer adamw8bit
 measure "SD1.5 half width, 256^2, adafactor, ckpt" "$T/sd15_half.json" "$T/mid.shard" --optimizer adafactor \
     --gradient-checkpointing
+measure "SD1.5 half width, 256^2, bf16 weights, adamw" "$T/sd15_half.json" "$T/mid.shard" --weight-dtype bf16
+measure "SD1.5 half width, 256^2, bf16 w, adamw8bit" "$T/sd15_half.json" "$T/mid.shard" --weight-dtype bf16 \
+    --optimizer adamw8bit
+measure "SD1.5 half width, 256^2, bf16 w, adafactor, ckpt" "$T/sd15_half.json" "$T/mid.shard" --weight-dtype bf16 \
+    --optimizer adafactor --gradient-checkpointing
 echo
 echo "SDXL base UNet, 1024x1024 (128x128 latents), batch 1, gradient checkpointing: plans only (GiB)"
 gib() { python3 -c 'import json, sys
@@ -70,10 +77,12 @@ p = json.load(sys.stdin)
 g = lambda k: "%.2f" % (p[k] / 2**30)
 print(" ".join("%s %s" % (k, g(k)) for k in ("weights", "gradients", "optimizer", "activations", "workspace", "total")),
       "fits", p["fits"], "(%s %.1f GiB)" % (p["limit_from"], p["limit"] / 2**30))'; }
-for opt in adamw adamw8bit adafactor; do
-    echo -n "cpu $opt: "
-    "$B/tools/sd-train" --unet-config "$T/sdxl.json" --memory-plan --gradient-checkpointing --optimizer "$opt" \
-        -j "$TH" "$T/xl.shard" | gib
+for wd in fp32 bf16; do
+    for opt in adamw adamw8bit adafactor; do
+        echo -n "cpu $opt, --weight-dtype $wd: "
+        "$B/tools/sd-train" --unet-config "$T/sdxl.json" --memory-plan --gradient-checkpointing --optimizer "$opt" \
+            --weight-dtype "$wd" -j "$TH" "$T/xl.shard" | gib
+    done
 done
 for mom in fp32 bf16; do
     echo -n "cuda:0 adamw, --adam-moments $mom, --gpu-memory-limit 24: "

@@ -110,6 +110,27 @@ class MemoryPlan(unittest.TestCase):
         self.assertGreaterEqual(q, q8)
         self.assertLess(q, q8 + (1 << 20))
 
+    def test_bf16_weights(self):
+        """--weight-dtype bf16 (issue 28): 2 bytes per weight; the workspace adds what the run
+        allocates for it: the largest op's weight and bias widened, and the update's chunk of
+        65536 floats (the whole model when smaller); the other categories as with fp32."""
+        n = self.padded
+        f, b = self.plan("--batch", "2"), self.plan("--batch", "2", "--weight-dtype", "bf16")
+        self.assertEqual(f["weights"], 4 * n)
+        self.assertEqual(b["weights"], 2 * n)
+        for k in ("gradients", "optimizer", "ema", "activations"):
+            self.assertEqual(b[k], f[k], k)
+        largest = max(v for _, v in self.tensors)
+        extra = b["workspace"] - f["workspace"]
+        self.assertGreaterEqual(extra, 4 * (largest + min(n, 65536)))
+        self.assertLessEqual(extra, 4 * (2 * largest + min(n, 65536)))
+        # Adafactor updates whole tensors: the chunk is at least the largest, plus the group's views
+        af = self.plan("--batch", "2", "--optimizer", "adafactor")
+        af16 = self.plan("--batch", "2", "--optimizer", "adafactor", "--weight-dtype", "bf16")
+        self.assertEqual(af16["weights"], 2 * n)
+        self.assertEqual(af16["optimizer"], af["optimizer"])
+        self.assertGreaterEqual(af16["workspace"] - af["workspace"], 4 * (largest + min(n, max(65536, largest))))
+
     def test_activations_follow_batch_and_checkpointing(self):
         a2, a1 = self.plan("--batch", "2"), self.plan("--batch", "1")
         self.assertGreater(a2["activations"], a1["activations"])

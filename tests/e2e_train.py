@@ -1164,6 +1164,90 @@ class Train(unittest.TestCase):
             _, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), *extra, self.shard, ok=(2,))
             self.assertIn(why, err)
 
+    def test_bf16_weights_resume_exactly(self):
+        """--weight-dtype bf16 (issue 28): AdamW with fp32 and bf16 moments, AdamW8bit and
+        Adafactor with a first moment (updated a group of whole tensors at a time): a run killed after a
+        checkpoint and rerun ends byte-identical to an uninterrupted one (the stochastic rounding
+        is keyed by seed, step and element); every saved weight is a bf16 value and the run is
+        not the fp32 one; the state names the weight type; a resume across types warns and
+        rounds (fp32 -> bf16) or widens (bf16 -> fp32); what bf16 cannot do yet is refused."""
+        args = ["--batch", "2", "--steps", "8", "--save-every", "2", "--keep", "0", "--seed", "3", "--lr", "1e-3",
+                "--ema-decay", "0.99", "-j", "2", "-q"]
+        fp32 = os.path.join(self.tmp.name, "w32-ref")
+        run("--unet", UNET, "-o", fp32, *args, self.shard)
+        for name, opt in (("fp32", ["--adam-moments", "fp32"]), ("bf16", ["--adam-moments", "bf16"]),
+                          ("adamw8bit", ["--optimizer", "adamw8bit"]),
+                          ("adafactor", ["--optimizer", "adafactor", "--adafactor-beta1", "0.9"])):
+            with self.subTest(optimizer=name):
+                moments = name
+                bf = ["--weight-dtype", "bf16"] + opt
+                ref = os.path.join(self.tmp.name, "w16-ref-" + moments)
+                run("--unet", UNET, "-o", ref, *bf, *args, self.shard)
+                out = os.path.join(self.tmp.name, "w16-killed-" + moments)
+                p = subprocess.Popen([TRAIN, "--unet", UNET, "-o", out] + bf + args + [self.shard],
+                                     stderr=subprocess.PIPE)
+                t0 = time.time()
+                while latest(out) < 2 and p.poll() is None and time.time() - t0 < 120:
+                    time.sleep(0.005)
+                p.kill()
+                p.communicate()
+                stopped_at = latest(out)
+                self.assertGreaterEqual(stopped_at, 2)
+                self.assertLess(stopped_at, 8, "the run finished before the kill: nothing was tested")
+                run("--unet", UNET, "-o", out, *bf, *args, self.shard)
+                got, want = final(out, 8), final(ref, 8)
+                self.assertTrue(got[0] == want[0], "weights differ from the uninterrupted run")
+                self.assertTrue(got[1] == want[1], "EMA weights differ from the uninterrupted run")
+                self.assertTrue(got[2] == want[2], "training state differs from the uninterrupted run")
+                self.assertEqual(state_meta(ref, 8)["weight_dtype"], "bf16")
+                w = self.weights(ref, 8)
+                self.assertTrue(all(x & 0xFFFF == 0 for x in w), "a saved weight is not a bf16 value")
+                self.assertNotEqual(w, self.weights(fp32, 8))
+        self.assertEqual(state_meta(fp32, 8)["weight_dtype"], "fp32")
+        # across types: fp32 -> bf16 rounds once (every weight a bf16 value after), bf16 -> fp32 widens
+        cross = os.path.join(self.tmp.name, "w32-to-16")
+        _, err = run("--unet", UNET, "-o", cross, "--resume", os.path.join(fp32, "checkpoint-4"),
+                     "--weight-dtype", "bf16", *args[:-1], self.shard)
+        self.assertIn("the weights are fp32 there and bf16 in this run", err)
+        self.assertTrue(all(x & 0xFFFF == 0 for x in self.weights(cross, 8)))
+        back = os.path.join(self.tmp.name, "w16-to-32")
+        _, err = run("--unet", UNET, "-o", back, "--resume", os.path.join(self.tmp.name, "w16-ref-fp32",
+                     "checkpoint-4"), *args[:-1], self.shard)
+        self.assertIn("the weights are bf16 there and fp32 in this run", err)
+        self.assertFalse(all(x & 0xFFFF == 0 for x in self.weights(back, 8)))
+        # half-precision folders: the state keeps the weights as BF16 (exact, no fp32 copy written or
+        # held), and a run stopped at step 4 and continued ends as the uninterrupted one
+        half = ["--weight-dtype", "bf16", "--save-dtype", "fp16", "--save-single"] + args
+        ref16, cont = os.path.join(self.tmp.name, "w16-half-ref"), os.path.join(self.tmp.name, "w16-half-cont")
+        run("--unet", UNET, "-o", ref16, *half, self.shard)
+        run("--unet", UNET, "-o", cont, *half, "--steps", "4", self.shard)
+        run("--unet", UNET, "-o", cont, *half, self.shard)
+        self.assertEqual(final(cont, 8), final(ref16, 8))
+        with open(os.path.join(ref16, "checkpoint-8", "state.safetensors"), "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            self.assertEqual(json.loads(f.read(n))["params"]["dtype"], "BF16")
+        self.assertTrue(os.path.exists(os.path.join(ref16, "checkpoint-8", "unet.safetensors")))
+        for extra, why in ((["--weight-dtype", "fp16"], "--weight-dtype: fp32 or bf16"),
+                           (["--weight-dtype", "bf16", "--device", "cuda:0"], "CPU in one process"),
+                           (["--weight-dtype", "bf16", "--zero1"], "CPU in one process")):
+            _, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), *extra, self.shard, ok=(2,))
+            self.assertIn(why, err)
+
+    def weights(self, out, step):
+        """checkpoint-STEP's unet/ weights as the bits of their fp32 values."""
+        path = os.path.join(out, "checkpoint-%d" % step, "unet", "diffusion_pytorch_model.safetensors")
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            head = json.loads(f.read(n))
+            data = f.read()
+        bits = []
+        for name, t in sorted(head.items()):
+            if name != "__metadata__":
+                self.assertEqual(t["dtype"], "F32", name)
+                a, b = t["data_offsets"]
+                bits.extend(struct.unpack("<%dI" % ((b - a) // 4), data[a:b]))
+        return bits
+
     def test_usage(self):
         code, err = run("-o", os.path.join(self.tmp.name, "x"), self.shard, ok=(2,))
         self.assertIn("--unet", err)

@@ -170,6 +170,23 @@ class TrainSamples(unittest.TestCase):
         with open(os.path.join(out, "samples", "step-3", "00001.png"), "rb") as f:
             self.assertEqual(png, f.read())
 
+    def test_bf16_weights(self):
+        """--weight-dtype bf16 (issue 28): the samples read the bf16 weights (widened into the
+        gradient buffer while they render), so sd-sample from the checkpoint's unet/ gives the same
+        pixels, and the training is the bf16 run's without samples, byte for byte."""
+        bf = ["--unet", self.model, "--weight-dtype", "bf16", "--steps", "2"] + BASE
+        ref, out = self.path("bf16-ref"), self.path("bf16-s")
+        run(*bf, "-o", ref, self.shard)
+        run(*bf, "-o", out, "--sample-prompts", self.prompts, self.shard)
+        self.assertTrue(ckpt_bytes(out, 2) == ckpt_bytes(ref, 2), "samples changed the bf16 training")
+        d = self.folder("f-bf16", os.path.join(out, "checkpoint-2", "unet"))
+        o = self.path("o-bf16")
+        run("--model", d, "--prompts", self.prompts, "-o", o, "-q", exe=SAMPLE)
+        for i in range(2):
+            want, _ = pixels(os.path.join(o, "%05d.png" % i))
+            got, _ = pixels(os.path.join(out, "checkpoint-2", "samples", "%05d.png" % i))
+            self.assertTrue(np.array_equal(got, want), "samples/%05d.png differs from sd-sample's" % i)
+
     def test_bad_lines_failures_and_pruning(self):
         """Bad lines are named and skipped, an image of a size the UNet cannot take fails alone, the others
         are written at each checkpoint (the default), pruned checkpoints take their samples along, and the

@@ -66,6 +66,34 @@ static void test_rounding(void)
     CHECK(same < 3);
 }
 
+/* Issue 28's measure for --weight-dtype bf16 (train_w16.c rounds each
+ * updated weight with sdm_bf16_sr(x, sdm_mix32(key, index))): the mean of
+ * 10^5 roundings of one value within 1% of its bf16 spacing, and the same
+ * key giving the same bits (seeded; a resumed step rounds as the first
+ * run did) while another key gives others. */
+static void test_rounding_weights(void)
+{
+    const float xs[] = {0.0123f, -0.77f, 1.0f + 0.9f / 128, 3.1e-3f};
+    for (size_t k = 0; k < sizeof xs / sizeof xs[0]; k++) {
+        float x = xs[k], lo, hi;
+        neighbours(x, &lo, &hi);
+        double sum = 0;
+        int same = 0, other = 0;
+        const int n = 100000;
+        for (int i = 0; i < n; i++) {
+            uint16_t r = sdm_bf16_sr(x, sdm_mix32(0x5eed0000u + (uint32_t)k, (uint64_t)i));
+            same += r == sdm_bf16_sr(x, sdm_mix32(0x5eed0000u + (uint32_t)k, (uint64_t)i));
+            other += r != sdm_bf16_sr(x, sdm_mix32(0x0ddba11u + (uint32_t)k, (uint64_t)i));
+            sum += wide(r);
+        }
+        double ulp = fabs((double)hi - (double)lo);
+        CHECK(ulp > 0);
+        CHECK(fabs(sum / n - (double)x) <= 0.01 * ulp);
+        CHECK(same == n);
+        CHECK(other > n / 10);
+    }
+}
+
 /* Deterministic pseudo-random floats in [lo, hi). */
 static void fill(float *x, size_t n, uint32_t seed, float lo, float hi)
 {
@@ -267,6 +295,7 @@ int main(void)
 {
     test_vector_loops();
     test_rounding();
+    test_rounding_weights();
     test_step();
     test_tracking();
     return check_done("test_optim");

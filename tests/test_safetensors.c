@@ -74,9 +74,9 @@ static void test_write_roundtrip(void)
 {
     float w[6] = {1, -2, 3.5f, 0, 1e-3f, 7};
     uint16_t h[3] = {0x3c00, 0xc000, 0x7bff};
-    sd_st_tensor t[3] = {{"w", SD_ST_F32, 2, {2, 3}, sizeof w, w, NULL},
-                         {"h", SD_ST_F16, 1, {3}, sizeof h, h, NULL},
-                         {"scalar_empty", SD_ST_F32, 1, {0}, 0, NULL, NULL}};
+    sd_st_tensor t[3] = {{"w", SD_ST_F32, 2, {2, 3}, sizeof w, w, NULL, NULL},
+                         {"h", SD_ST_F16, 1, {3}, sizeof h, h, NULL, NULL},
+                         {"scalar_empty", SD_ST_F32, 1, {0}, 0, NULL, NULL, NULL}};
     sd_st_meta meta[1] = {{"producer", "sdtk \"test\""}};
     char path[] = "/tmp/sdtk-st-XXXXXX";
     int fd = mkstemp(path);
@@ -116,25 +116,40 @@ static void test_write_converted(void)
     enum { N = 40000 };
     float *x = malloc(N * sizeof(float));
     uint16_t *h = malloc(N * sizeof(uint16_t)), *b = malloc(N * sizeof(uint16_t));
-    if (!CHECK(x && h && b)) goto out;
+    float *xb = malloc(N * sizeof(float));
+    uint16_t *hb = malloc(N * sizeof(uint16_t));
+    if (!CHECK(x && h && b && xb && hb)) goto out;
     for (int i = 0; i < N; i++) {
         x[i] = (float)((i * 2654435761u) % 100003) / 977.0f - 50.0f;
         h[i] = sd_f32_to_f16(x[i]);
         b[i] = sd_f32_to_bf16(x[i]);
     }
-    sd_st_tensor t[3] = {{"f32", SD_ST_F32, 1, {N}, N * 4, NULL, x},
-                         {"f16", SD_ST_F16, 2, {200, 200}, N * 2, NULL, x},
-                         {"bf16", SD_ST_BF16, 1, {N}, N * 2, NULL, x}};
+    /* and from bf16 bits (.bf16: sd-train --weight-dtype bf16's weights),
+     * widened exactly: b itself as BF16, its values as F32 and F16 */
+    for (int i = 0; i < N; i++) {
+        xb[i] = sd_bf16_to_f32(b[i]);
+        hb[i] = sd_f32_to_f16(xb[i]);
+    }
+    sd_st_tensor t[6] = {{"f32", SD_ST_F32, 1, {N}, N * 4, NULL, x, NULL},
+                         {"f16", SD_ST_F16, 2, {200, 200}, N * 2, NULL, x, NULL},
+                         {"bf16", SD_ST_BF16, 1, {N}, N * 2, NULL, x, NULL},
+                         {"b_f32", SD_ST_F32, 1, {N}, N * 4, NULL, NULL, b},
+                         {"b_f16", SD_ST_F16, 1, {N}, N * 2, NULL, NULL, b},
+                         {"b_bf16", SD_ST_BF16, 1, {N}, N * 2, NULL, NULL, b}};
     char path[] = "/tmp/sdtk-stc-XXXXXX";
     int fd = mkstemp(path);
     close(fd);
     sd_error err;
     sd_safetensors *st = NULL;
-    if (!CHECK(sd_st_write(path, t, 3, NULL, 0, &err) == SD_OK && sd_st_open(&st, path, &err) == SD_OK)) goto out;
+    if (!CHECK(sd_st_write(path, t, 6, NULL, 0, &err) == SD_OK && sd_st_open(&st, path, &err) == SD_OK)) goto out;
     const sd_st_tensor *r32 = sd_st_find(st, "f32"), *r16 = sd_st_find(st, "f16"), *rb = sd_st_find(st, "bf16");
     CHECK(r32 && r32->nbytes == N * 4 && memcmp(r32->data, x, N * 4) == 0);
     CHECK(r16 && r16->nbytes == N * 2 && r16->ndim == 2 && memcmp(r16->data, h, N * 2) == 0);
     CHECK(rb && rb->nbytes == N * 2 && memcmp(rb->data, b, N * 2) == 0);
+    const sd_st_tensor *w32 = sd_st_find(st, "b_f32"), *w16 = sd_st_find(st, "b_f16"), *wb = sd_st_find(st, "b_bf16");
+    CHECK(w32 && w32->nbytes == N * 4 && memcmp(w32->data, xb, N * 4) == 0);
+    CHECK(w16 && w16->nbytes == N * 2 && memcmp(w16->data, hb, N * 2) == 0);
+    CHECK(wb && wb->nbytes == N * 2 && memcmp(wb->data, b, N * 2) == 0);
     sd_st_close(st);
     t[0].dtype = SD_ST_I32;
     CHECK(sd_st_write(path, t, 1, NULL, 0, &err) == SD_EINVAL && strstr(err.msg, "F32, F16 or BF16") != NULL);
@@ -143,6 +158,8 @@ out:
     free(x);
     free(h);
     free(b);
+    free(xb);
+    free(hb);
 }
 
 /* Every prefix of the golden file and every single-byte change of its header
@@ -328,8 +345,9 @@ static void test_sharded(void)
     char dir[] = "/tmp/sdtk-shards-XXXXXX";
     if (!CHECK(mkdtemp(dir) != NULL)) return;
     float a[4] = {1, 2, 3, 4}, b[2] = {-1, 0.5f}, c[3] = {7, 8, 9};
-    sd_st_tensor s1[2] = {{"a", SD_ST_F32, 2, {2, 2}, sizeof a, a, NULL}, {"b", SD_ST_F32, 1, {2}, sizeof b, b, NULL}};
-    sd_st_tensor s2[1] = {{"c", SD_ST_F32, 1, {3}, sizeof c, c, NULL}};
+    sd_st_tensor s1[2] = {{"a", SD_ST_F32, 2, {2, 2}, sizeof a, a, NULL, NULL},
+                          {"b", SD_ST_F32, 1, {2}, sizeof b, b, NULL, NULL}};
+    sd_st_tensor s2[1] = {{"c", SD_ST_F32, 1, {3}, sizeof c, c, NULL, NULL}};
     sd_st_meta meta[1] = {{"format", "pt"}};
     char p1[512], p2[512];
     snprintf(p1, sizeof p1, "%s/m-00001-of-00002.safetensors", dir);
@@ -392,7 +410,7 @@ static void test_sharded(void)
         if (st) sd_st_close(st);
     }
     /* the same tensor in both shards: the one the index does not name is refused */
-    sd_st_tensor dup[1] = {{"a", SD_ST_F32, 2, {2, 2}, sizeof a, a, NULL}};
+    sd_st_tensor dup[1] = {{"a", SD_ST_F32, 2, {2, 2}, sizeof a, a, NULL, NULL}};
     if (CHECK(sd_st_write(p2, dup, 1, NULL, 0, &err) == SD_OK)) {
         put_text(dir, "m.safetensors.index.json",
                  "{\"weight_map\": {\"a\": \"m-00002-of-00002.safetensors\", \"b\": \"m-00001-of-00002.safetensors\"}}");

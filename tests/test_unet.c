@@ -86,8 +86,10 @@ typedef struct {
 
 /* Run the golden inputs through u on `threads` threads, gradient
  * checkpointing on or off: forward, MSE loss against the target, backward
- * of the loss into r->grad. */
-static int run(const sd_unet *u, const golden *g, int threads, int checkpoint, result *r)
+ * of the loss into r->grad; with w16, on those bf16 weights (sd_unet_wts:
+ * each op's widened into a scratch of exactly sd_unet_graph_wscratch
+ * floats, so ASan sees any op that reads past it) instead of u->w.data. */
+static int run_wts(const sd_unet *u, const golden *g, int threads, int checkpoint, const uint16_t *w16, result *r)
 {
     sd_error err = {0};
     sd_unet_graph gr;
@@ -117,9 +119,12 @@ static int run(const sd_unet *u, const golden *g, int threads, int checkpoint, r
             }
         }
     }
+    float *scratch = w16 ? malloc(sd_unet_graph_wscratch(&gr) * sizeof(float)) : NULL;
+    if (w16) ok = ok && CHECK(scratch);
+    sd_unet_wts wts = {u->w.data, w16, scratch};
     if (ok) {
         const sd_backend *be = sd_backend_cpu();
-        sd_unet_forward(u, &gr, be, pool, u->w.data, act);
+        sd_unet_forward_wts(&gr, be, pool, &wts, act);
         memcpy(r->out, act + gr.out, r->nout * sizeof(float));
         const float *tg = g->target->data;
         double sum = 0;
@@ -129,8 +134,10 @@ static int run(const sd_unet *u, const golden *g, int threads, int checkpoint, r
             dout[i] = (float)(2.0 * d / (double)r->nout);
         }
         r->loss = sum / (double)r->nout;
-        sd_unet_backward(u, &gr, be, pool, u->w.data, act, dact, dout, r->grad);
+        if (w16) sd_unet_backward_wts(u, &gr, be, pool, &wts, act, dact, dout, r->grad);
+        else sd_unet_backward(u, &gr, be, pool, u->w.data, act, dact, dout, r->grad);
     }
+    free(scratch);
     free(act);
     free(dact);
     free(dout);
@@ -145,6 +152,45 @@ static void result_free(result *r)
     free(r->out);
     free(r->grad);
 }
+
+/* run_wts on u's fp32 weights. */
+static int run(const sd_unet *u, const golden *g, int threads, int checkpoint, result *r)
+{
+    return run_wts(u, g, threads, checkpoint, NULL, r);
+}
+
+/* --weight-dtype bf16's reading of the weights: u's weights cut to bf16
+ * values, then the run on the bf16 bits (widened one op at a time, with
+ * and without checkpointing) gives the bits of the fp32 run on those
+ * values: the same output, the same fp32 gradients. */
+static void check_bf16_weights(sd_unet *u, const golden *g)
+{
+    size_t n = u->w.total;
+    uint16_t *w16 = malloc(n * sizeof(uint16_t));
+    if (!CHECK(w16)) return;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, u->w.data + i, 4);
+        w16[i] = (uint16_t)(b >> 16);
+        b &= 0xffff0000u;
+        memcpy(u->w.data + i, &b, 4);
+    }
+    result ref, plain, ck;
+    if (run(u, g, 2, 1, &ref) && run_wts(u, g, 2, 0, w16, &plain) && run_wts(u, g, 1, 1, w16, &ck)) {
+        CHECK(memcmp(plain.out, ref.out, ref.nout * sizeof(float)) == 0);
+        CHECK(memcmp(plain.grad, ref.grad, n * sizeof(float)) == 0);
+        CHECK(memcmp(ck.out, ref.out, ref.nout * sizeof(float)) == 0);
+        CHECK(memcmp(ck.grad, ref.grad, n * sizeof(float)) == 0);
+        double nz = 0;
+        for (size_t i = 0; i < n; i++) nz += ref.grad[i] != 0;
+        CHECK(nz > 0.5 * (double)n); /* a real backward, not two empty ones */
+    }
+    result_free(&ref);
+    result_free(&plain);
+    result_free(&ck);
+    free(w16);
+}
+
 
 /* Element i of a float64 golden tensor (its data may not be 8-aligned). */
 static double getd(const sd_st_tensor *t, size_t i)
@@ -280,6 +326,7 @@ static void check_model(const char *label, const char *path, const sd_unet_opts 
                 CHECK(memcmp(r3.grad, r.grad, u.w.total * sizeof(float)) == 0);
             }
             result_free(&r3);
+            check_bf16_weights(&u, g); /* last: it cuts the weights to bf16 */
         }
     }
     result_free(&r);
@@ -573,7 +620,7 @@ static void check_depths(void)
     refused(ldm, &oc, SD_EFORMAT, "under model.diffusion_model. the UNet does not use (model.diffusion_model.");
     /* a stray tensor under the prefix is refused, one outside it is not */
     float z[1] = {0};
-    sd_st_tensor stray = {"model.diffusion_model.stray", SD_ST_F32, 1, {1}, 4, z, NULL};
+    sd_st_tensor stray = {"model.diffusion_model.stray", SD_ST_F32, 1, {1}, 4, z, NULL, NULL};
     if (CHECK(rewrite(ldm, cut, NULL, 0, &stray) == 0)) refused(cut, NULL, SD_EFORMAT, "1 tensor under");
     stray.name = "first_stage_model.stray";
     if (CHECK(rewrite(ldm, cut, NULL, 0, &stray) == 0) && CHECK(sd_unet_load(&v, cut, &o, &err) == SD_OK))

@@ -16,6 +16,7 @@
 #include "safetensors.h"
 #include "slurp.h"
 #include "train.h"
+#include "train_int.h"
 
 /* A metadata value of the state file, NULL when absent. */
 static const char *meta_of(const sd_safetensors *st, const char *key)
@@ -63,6 +64,15 @@ static sd_status moments_of(const sd_trainer *tr, const sd_safetensors *st, size
 static sd_status read_flat(const sd_safetensors *st, const char *name, float *dst, size_t n, const char *path,
                            sd_error *err)
 {
+    const sd_st_tensor *b = sd_st_find(st, name);
+    if (b && b->dtype == SD_ST_BF16 && b->ndim == 1 && b->shape[0] == n) { /* a bf16-weight run's params */
+        const unsigned char *d = b->data;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u = ((uint32_t)d[2 * i] | (uint32_t)d[2 * i + 1] << 8) << 16;
+            memcpy(dst + i, &u, 4);
+        }
+        return SD_OK;
+    }
     const sd_st_tensor *t = NULL;
     sd_status rc = flat_of(st, name, n, path, &t, err);
     if (!rc) memcpy(dst, t->data, n * 4);
@@ -226,6 +236,19 @@ static sd_status read_opt_state(sd_trainer *tr, const sd_safetensors *st, const 
     return SD_OK;
 }
 
+/* A checkpoint of the other --weight-dtype is taken, with a warning: fp32
+ * weights are rounded once to the nearest bf16, bf16 weights widen
+ * exactly; either way not the uninterrupted run (states from before the
+ * option held fp32 weights). */
+static void weight_dtype_note(const sd_trainer *tr, const sd_safetensors *st, const char *path)
+{
+    const char *was = meta_of(st, "weight_dtype"), *now = tr->w16 ? "bf16" : "fp32";
+    if (!was) was = "fp32";
+    if (strcmp(was, now) == 0 || tr->rank != 0) return;
+    sd_log(SD_LOG_WARN, "%s: the weights are %s there and %s in this run (--weight-dtype): %s once (not an exact "
+           "continuation)", path, was, now, tr->w16 ? "rounded to the nearest bf16" : "widened exactly");
+}
+
 /* Load weights, moments, counters, cursor and RNG state. */
 static sd_status resume_from(sd_trainer *tr, const char *ck, sd_error *err)
 {
@@ -281,6 +304,7 @@ static sd_status resume_from(sd_trainer *tr, const char *ck, sd_error *err)
     if (!rc && (!meta_of(st, "data_fingerprint") || strcmp(meta_of(st, "data_fingerprint"), w) != 0))
         rc = data_differs(tr, ck, p, err);
     if (!rc) rc = same_optimizer(tr, st, ck, p, err);
+    if (!rc) weight_dtype_note(tr, st, p);
     const sd_st_tensor *tm = NULL, *tv = NULL;
     int mdt = SD_DT_F32;
     if (!rc && tr->o.optimizer != SD_OPT_ADAMW) rc = read_opt_state(tr, st, p, err);
@@ -352,6 +376,7 @@ static sd_status resume_from(sd_trainer *tr, const char *ck, sd_error *err)
             tr->loss_ema = ls ? strtod(ls, NULL) : NAN;
         }
     }
+    sd_train_w16_f32_done(tr, rc == SD_OK); /* bf16 weights: what was read, rounded in */
     memset(tr->grad, 0, n * sizeof(float));
     tr->dev_stale = tr->cuda != NULL; /* a GPU run uploads the loaded state before its next step */
     tr->host_stale = 0;
@@ -380,7 +405,11 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
     char ck[PATH_CAP], name[128], lp[PATH_CAP];
     if (strlen(dir) > PATH_CAP - 128) return sd_err_set(err, SD_EINVAL, "checkpoint path too long: %s", dir);
     sd_status rc = resolve(dir, ck, name, err);
-    if (!rc) rc = resume_from(tr, ck, err);
+    if (!rc) {
+        sd_train_w16_f32(tr); /* bf16 weights: read as fp32 into the gradient buffer, then rounded in */
+        rc = resume_from(tr, ck, err);
+        sd_train_w16_f32_done(tr, 0); /* where resume_from returned early */
+    }
     if (!rc || rc == SD_EINVAL || !name[0] || tr->rank != 0) return rc;
     sd_train_pjoin(lp, dir, "latest");
     long step = sd_train_ckpt_step(name), older = sd_train_newest_checkpoint(dir, step >= 0 ? step : LONG_MAX);

@@ -24,6 +24,7 @@
 #include "safetensors.h"
 #include "slurp.h"
 #include "train.h"
+#include "train_int.h"
 
 /* The files of a checkpoint; the state file first, since removal goes in
  * this order and a checkpoint counts as whole while its state file is
@@ -379,6 +380,15 @@ static sd_st_tensor flat(const char *name, const float *p, size_t n)
     return flat_as(name, p, n, SD_ST_F32);
 }
 
+/* The run's weights saved as sd_unet_save writes them: fp32, or bf16
+ * widened while written (no copy). */
+static sd_status save_weights(const sd_trainer *tr, const char *p, sd_unet_names names, const char *prefix,
+                              sd_error *err)
+{
+    if (tr->w16) return sd_unet_save_bf16(&tr->unet, tr->w16, p, names, prefix, tr->o.save_dtype, err);
+    return sd_unet_save(&tr->unet, tr->unet.w.data, p, names, prefix, tr->o.save_dtype, err);
+}
+
 /* The training state file: moments (and master weights) plus metadata. */
 static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *err)
 {
@@ -400,7 +410,7 @@ static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *e
     }
     if (tr->o.save_dtype != SD_ST_F32) {
         /* unet/ (and unet_ema/) are rounded: keep the fp32 originals here */
-        t[nt++] = flat("params", tr->unet.w.data, n);
+        t[nt++] = tr->w16 ? flat_as("params", tr->w16, n, SD_ST_BF16) : flat("params", tr->unet.w.data, n);
         if (tr->ema) t[nt++] = flat("ema", tr->ema, n);
     }
     char v[17][80];
@@ -424,7 +434,8 @@ static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *e
     snprintf(v[16], 80, "%ld", tr->epochs_steps);
     char beta1[40] = "none";
     if (tr->o.adafactor_beta1 >= 0) snprintf(beta1, sizeof beta1, "%.17g", tr->o.adafactor_beta1);
-    sd_st_meta meta[21] = {{"optimizer", sd_optimizer_name(tr->o.optimizer)}, {"adafactor_beta1", beta1},
+    sd_st_meta meta[22] = {{"optimizer", sd_optimizer_name(tr->o.optimizer)}, {"adafactor_beta1", beta1},
+                           {"weight_dtype", tr->w16 ? "bf16" : "fp32"},
                            {"epochs", v[15]}, {"epochs_steps", v[16]}, {"zero_terminal_snr", v[14]},
                            {"world_size", v[13]}, {"ema_updates", v[12]}, {"format", "sdtk-train-state 1"},
                            {"step", v[0]}, {"images", v[1]}, {"epoch", v[2]},
@@ -432,7 +443,7 @@ static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *e
                            {"batch_size", v[7]}, {"accumulation", v[8]}, {"prediction", v[9]},
                            {"param_floats", v[10]}, {"loss_smooth", v[11]},
                            {"batches", tr->o.no_carry ? "short" : "full"}};
-    return sd_st_write(path, t, nt, meta, 21, err);
+    return sd_st_write(path, t, nt, meta, 22, err);
 }
 
 /* Move the finished tmp directory to fin. When fin exists (the same step
@@ -468,14 +479,16 @@ static sd_status put_in_place(const char *tmp, const char *fin, sd_error *err)
  * weights (and EMA) with the base model's VAE and text encoders, loaded for
  * this save and released after it (the run does not hold them between
  * saves; sd_trainer_open checked them at the start). */
-static sd_status save_full(const sd_trainer *tr, const char *dir, sd_error *err)
+static sd_status save_full(sd_trainer *tr, const char *dir, sd_error *err)
 {
     sd_full_parts parts;
     sd_status rc = sd_full_parts_load(&parts, tr->o.base_model, &tr->unet.cfg, NULL, err);
     if (rc) return rc;
     char p[PATH_CAP];
     sd_train_pjoin(p, dir, "full.safetensors");
+    sd_train_w16_f32(tr); /* bf16 weights: widened into the (zero) gradient buffer */
     rc = sd_full_ckpt_write(p, &tr->unet, tr->unet.w.data, &parts, tr->o.save_dtype, err);
+    sd_train_w16_f32_done(tr, 0);
     sd_train_pjoin(p, dir, "full_ema.safetensors");
     if (!rc && tr->ema) rc = sd_full_ckpt_write(p, &tr->unet, tr->ema, &parts, tr->o.save_dtype, err);
     sd_full_parts_free(&parts);
@@ -503,7 +516,7 @@ static sd_status save_local(sd_trainer *tr, sd_error *err)
     sd_train_pjoin(p, tmp, "unet/config.json");
     if (!rc) rc = sd_unet_config_write(&tr->unet.cfg, p, err);
     sd_train_pjoin(p, tmp, "unet/diffusion_pytorch_model.safetensors");
-    if (!rc) rc = sd_unet_save(&tr->unet, tr->unet.w.data, p, SD_UNET_NAMES_DIFFUSERS, "", tr->o.save_dtype, err);
+    if (!rc) rc = save_weights(tr, p, SD_UNET_NAMES_DIFFUSERS, "", err);
     if (tr->ema) {
         sd_train_pjoin(p, tmp, "unet_ema");
         if (!rc) rc = make_dir(p, err);
@@ -516,9 +529,7 @@ static sd_status save_local(sd_trainer *tr, sd_error *err)
     }
     if (tr->o.save_single) { /* one file with the original ldm names, for UIs that load a UNet alone */
         sd_train_pjoin(p, tmp, "unet.safetensors");
-        if (!rc)
-            rc = sd_unet_save(&tr->unet, tr->unet.w.data, p, SD_UNET_NAMES_LDM, "model.diffusion_model.",
-                              tr->o.save_dtype, err);
+        if (!rc) rc = save_weights(tr, p, SD_UNET_NAMES_LDM, "model.diffusion_model.", err);
         sd_train_pjoin(p, tmp, "unet_ema.safetensors");
         if (!rc && tr->ema)
             rc = sd_unet_save(&tr->unet, tr->ema, p, SD_UNET_NAMES_LDM, "model.diffusion_model.", tr->o.save_dtype,

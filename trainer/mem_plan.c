@@ -149,6 +149,12 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     p->io = io * sizeof(float);
     size_t peak = 0;
     rc = walk_step(o, u, &g, p, &peak, err);
+    /* bf16 weights: the per-op widening scratch and the update's chunk
+     * (train_w16.c, sd_train_prepare), as they are allocated */
+    size_t w16_scratch = o->weight_dtype == SD_DT_BF16
+                             ? (sd_unet_graph_wscratch(&g) + sd_train_w16_chunk(o, &u->w)) * sizeof(float) +
+                                   sd_train_w16_desc_bytes(o, &u->w)
+                             : 0;
     sd_unet_graph_free(&g);
     if (rc) return rc;
     int device = o->device >= 0;
@@ -159,7 +165,7 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
      * device to ask, a card of --gpu-memory-limit's size */
     p->conv_workspace = device ? sd_dev_conv_workspace(device_total ? device_total : o->gpu_mem_limit, o->gpu_mem_limit)
                                : 0;
-    p->workspace = p->op_scratch + p->conv_workspace;
+    p->workspace = p->op_scratch + p->conv_workspace + w16_scratch;
     if (device && o->ema_host) {
         p->ema_host = p->ema;
         p->ema = 0;
@@ -167,7 +173,7 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     p->process = device ? 0 : host->rss;
     /* the walk's peak is every buffer it was handed plus its largest op's
      * scratch, each rounded as the allocator rounds */
-    p->total = peak + host_io + p->conv_workspace + p->process;
+    p->total = peak + host_io + p->conv_workspace + w16_scratch + p->process;
     judge(o, host, device_total, p);
     return SD_OK;
 }

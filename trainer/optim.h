@@ -98,4 +98,13 @@ sd_opt_buf *sd_opt_state_buf(sd_opt_state *s, const char *name);
 void sd_opt_state_step(sd_opt_state *s, sd_pool *pool, const sd_adamw_opts *o, double adafactor_beta1, double lr,
                        long step, double gscale, float *p, const float *g);
 
+/* For --weight-dtype bf16 (train_w16.c): tensor t's offset and size; the
+ * scratch bytes of a group's descriptors; one step of tensors [t0, t1)
+ * with p and g starting at tensor t0's offset. */
+void sd_opt_state_tensor(const sd_opt_state *s, size_t t, size_t *off, size_t *n);
+size_t sd_opt_state_group_bytes(const sd_opt_state *s);
+void sd_opt_state_step_group(sd_opt_state *s, sd_pool *pool, const sd_adamw_opts *o, double adafactor_beta1,
+                             double lr, long step, double gscale, size_t t0, size_t t1, void *tmp, float *p,
+                             const float *g);
+
 #endif

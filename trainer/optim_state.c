@@ -254,3 +254,52 @@ void sd_opt_state_step(sd_opt_state *s, sd_pool *pool, const sd_adamw_opts *o, d
         sd_adafactor_fwd(pool, &a, s->ntensors, s->af, p, g);
     }
 }
+
+/* Tensor t's float offset and size (*off, *n) in the flat weights. */
+void sd_opt_state_tensor(const sd_opt_state *s, size_t t, size_t *off, size_t *n)
+{
+    if (s->kind == SD_OPT_ADAMW8BIT) {
+        *off = s->q8[t].off;
+        *n = s->q8[t].n;
+    } else {
+        *off = s->af[t].off;
+        *n = s->af[t].n;
+    }
+}
+
+/* The bytes of descriptors sd_opt_state_step_group copies for a group. */
+size_t sd_opt_state_group_bytes(const sd_opt_state *s)
+{
+    size_t one = s->kind == SD_OPT_ADAMW8BIT ? sizeof(sd_q8_tensor) : sizeof(sd_adafactor_tensor);
+    return (s->ntensors ? s->ntensors : 1) * one;
+}
+
+/* One step on tensors [t0, t1) only, with p and g holding the floats from
+ * tensor t0's offset on (bf16 weights widen one group of tensors at a
+ * time): their descriptors copied into tmp (sd_opt_state_group_bytes)
+ * with the offsets made relative, the state itself shared. Per tensor the
+ * same arithmetic as sd_opt_state_step. */
+void sd_opt_state_step_group(sd_opt_state *s, sd_pool *pool, const sd_adamw_opts *o, double adafactor_beta1,
+                             double lr, long step, double gscale, size_t t0, size_t t1, void *tmp, float *p,
+                             const float *g)
+{
+    size_t base, n;
+    sd_opt_state_tensor(s, t0, &base, &n);
+    if (s->kind == SD_OPT_ADAMW8BIT) {
+        sd_q8_tensor *ts = tmp;
+        for (size_t k = t0; k < t1; k++) {
+            ts[k - t0] = s->q8[k];
+            ts[k - t0].off -= base;
+        }
+        sd_adamw8_args a = q8_args(o, lr, step, gscale);
+        sd_adamw8_fwd(pool, &a, s->tables, t1 - t0, ts, p, g);
+    } else if (s->kind == SD_OPT_ADAFACTOR) {
+        sd_adafactor_tensor *ts = tmp;
+        for (size_t k = t0; k < t1; k++) {
+            ts[k - t0] = s->af[k];
+            ts[k - t0].off -= base;
+        }
+        sd_adafactor_args a = af_args(o, adafactor_beta1, lr, step, gscale);
+        sd_adafactor_fwd(pool, &a, t1 - t0, ts, p, g);
+    }
+}

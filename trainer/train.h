@@ -86,6 +86,7 @@ typedef struct {
     int nccl; /* GPU: sum gradients over NCCL even in a world of one (a check of the path) */
     int zero1; /* CPU ranks: shard the AdamW moments across ranks (ZeRO stage 1) */
     int moments; /* SD_DT_F32 (default) or SD_DT_BF16: how the AdamW moments are stored */
+    int weight_dtype; /* SD_DT_F32 (default) or SD_DT_BF16: the trainable weights (train_w16.c; CPU, AdamW) */
     sd_optimizer optimizer; /* AdamW (default), 8-bit AdamW or Adafactor (optim.h) */
     double adafactor_beta1; /* Adafactor's first moment's beta1; < 0: none (transformers' beta1=None) */
     /* validation: a shard of held-out records, its loss at the start, every
@@ -164,6 +165,13 @@ typedef struct {
      * m and v are then NULL except while a checkpoint is written or read */
     void *m_sh, *v_sh;
     sd_opt_state opt; /* --optimizer adamw8bit or adafactor: their per-tensor state (optim.h) */
+    /* --weight-dtype bf16: the weights (unet.w.total bf16 values; unet.w.data
+     * and d_w are then NULL except while a checkpoint is written or read),
+     * the update's fp32 chunk and the UNet's per-op widening scratch */
+    uint16_t *w16;
+    float *upd, *wscr;
+    void *desc; /* adamw8bit, adafactor: a group's tensor descriptors */
+    size_t wscr_cap;
     FILE *metrics;
     sd_tb tb; /* TensorBoard scalars and sample images, when o.tensorboard (rank 0) */
     sd_train_samples *samples; /* rank 0 with o.sample_prompts, from the run's start; else NULL */

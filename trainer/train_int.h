@@ -55,6 +55,26 @@ sd_status sd_train_weights_finite(sd_trainer *tr, int *finite, sd_error *err);
 sd_status sd_train_grad_norm_zero1(sd_trainer *tr, double *norm, sd_error *err);
 sd_status sd_train_apply_zero1(sd_trainer *tr, double norm, sd_error *err);
 
+/* --weight-dtype bf16 (train_w16.c): the update's scratch in floats and
+ * the group descriptors' bytes (the memory plan counts both); the weights rounded into bf16 and the fp32 buffer freed
+ * (open); an fp32 copy in unet.w.data (in the gradient buffer) while a
+ * resume reads or --save-full writes, and its end (narrow: take its
+ * values back, nearest even); the
+ * parameters the UNet reads; AdamW and the EMA chunk by chunk; whether
+ * every weight is finite. */
+size_t sd_train_w16_chunk(const sd_train_opts *o, const sd_weights *w);
+size_t sd_train_w16_desc_bytes(const sd_train_opts *o, const sd_weights *w);
+void sd_train_w16_widen(float *dst, const uint16_t *src, size_t n);
+void sd_train_w16_narrow(sd_trainer *tr, const float *src);
+sd_status sd_train_w16_open(sd_trainer *tr, sd_error *err);
+void sd_train_w16_f32(sd_trainer *tr);
+void sd_train_w16_f32_done(sd_trainer *tr, int narrow);
+sd_unet_wts sd_train_wts(const sd_trainer *tr);
+void sd_train_w16_adamw(sd_trainer *tr, sd_adamw_args *a);
+void sd_train_w16_other(sd_trainer *tr, double lr, double gscale);
+void sd_train_w16_ema(sd_trainer *tr, float rate);
+int sd_train_w16_finite(const sd_trainer *tr);
+
 /* The first stop request acknowledged in the log (rank 0 speaks). */
 void sd_train_tell_stop(sd_trainer *tr);
 /* A tally's summary over every rank, logged by rank 0 (collective). */

@@ -36,6 +36,7 @@ void sd_train_opts_default(sd_train_opts *o)
     o->threads = 1;
     o->device = -1;
     o->moments = SD_DT_F32;
+    o->weight_dtype = SD_DT_F32;
     o->optimizer = SD_OPT_ADAMW;
     o->adafactor_beta1 = -1;
     o->t_min = 0;
@@ -89,7 +90,9 @@ size_t sd_train_optimizer_bytes(const sd_trainer *tr)
  * helpers it allocates with (train.h). */
 sd_train_state_bytes sd_train_state_sizes(const sd_train_opts *o, const sd_weights *w, int rank, int world)
 {
-    sd_train_state_bytes b = {.weights = sd_weights_bytes(w), .gradients = w->total * sizeof(float)};
+    sd_train_state_bytes b = {.weights = o->weight_dtype == SD_DT_BF16 ? w->total * sizeof(uint16_t)
+                                                                      : sd_weights_bytes(w),
+                              .gradients = w->total * sizeof(float)};
     if (o->optimizer == SD_OPT_ADAMW) {
         b.optimizer = 2 * moment_values(o, w->total, rank, world) * moment_bytes(o);
     } else {
@@ -239,6 +242,21 @@ static sd_status open_other_optimizer(sd_trainer *tr, sd_error *err)
     return rc;
 }
 
+/* --weight-dtype: fp32 or bf16; bf16 on the CPU in one process (the paths
+ * that widen and round it), refused elsewhere with the reason. */
+static sd_status check_weight_dtype(sd_trainer *tr, sd_error *err)
+{
+    const sd_train_opts *o = &tr->o;
+    const char *why = NULL;
+    if (o->weight_dtype == SD_DT_F32 || o->weight_dtype == 0) return SD_OK; /* 0: options not from the defaults */
+    if (o->weight_dtype != SD_DT_BF16) why = "takes fp32 or bf16";
+    else if (o->device >= 0) why = "bf16 runs on the CPU only so far (no CUDA path widens the weights yet)";
+    else if (tr->world > 1 || o->zero1) why = "bf16 runs in one process only so far (no ZeRO-1 or MPI path for it)";
+    if (!why) return SD_OK;
+    sd_trainer_close(tr);
+    return sd_err_set(err, SD_EUNSUPPORTED, "--weight-dtype %s", why);
+}
+
 /* Everything a run needs before its first step. */
 sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
 {
@@ -270,6 +288,8 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         return sd_err_set(err, SD_EINVAL, "AdamW moments are stored as fp32 or bf16");
     }
     tr->moment_size = moment_bytes(o);
+    rc = check_weight_dtype(tr, err);
+    if (rc) return rc;
     if (o->optimizer != SD_OPT_ADAMW) {
         rc = open_other_optimizer(tr, err);
         if (rc) return rc;
@@ -286,9 +306,17 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         tr->v = calloc(n, tr->moment_size);
     }
     tr->grad = calloc(n, sizeof(float));
-    if (o->ema_decay > 0) {
+    if (o->weight_dtype == SD_DT_BF16) {
+        rc = sd_train_w16_open(tr, err);
+        if (rc) {
+            sd_trainer_close(tr);
+            return rc;
+        }
+    }
+    if (o->ema_decay > 0) { /* from the weights as the run holds them */
         tr->ema = malloc(n * sizeof(float));
-        if (tr->ema) memcpy(tr->ema, tr->unet.w.data, n * sizeof(float));
+        if (tr->ema && tr->w16) sd_train_w16_widen(tr->ema, tr->w16, n);
+        else if (tr->ema) memcpy(tr->ema, tr->unet.w.data, n * sizeof(float));
     }
     int adamw_whole = !o->zero1 && o->optimizer == SD_OPT_ADAMW;
     if ((adamw_whole && (!tr->m || !tr->v)) || !tr->grad || (o->ema_decay > 0 && !tr->ema)) {
@@ -364,6 +392,10 @@ void sd_trainer_close(sd_trainer *tr)
 #endif
     }
     free(tr->stage);
+    free(tr->w16);
+    free(tr->upd);
+    free(tr->wscr);
+    free(tr->desc);
     free(tr->m_sh);
     free(tr->v_sh);
     sd_opt_state_free(&tr->opt);

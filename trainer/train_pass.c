@@ -73,6 +73,13 @@ sd_status sd_train_prepare(sd_trainer *tr, int n, int h, int w, int tctx, sd_err
                               tr->o.checkpointing ? "" : "--gradient-checkpointing, ");
         }
     }
+    size_t ws = tr->w16 ? sd_unet_graph_wscratch(&tr->g) : 0;
+    if (ws > tr->wscr_cap) { /* bf16 weights: the largest op's weight and bias widened */
+        free(tr->wscr);
+        tr->wscr = malloc(ws * sizeof(float));
+        tr->wscr_cap = tr->wscr ? ws : 0;
+        if (!tr->wscr) return sd_err_set(err, SD_ENOMEM, "out of memory for the bf16 weights' scratch");
+    }
     size_t io = (size_t)n * (size_t)tr->unet.cfg.in_channels * (size_t)h * (size_t)w;
     if (io > tr->io_cap) {
         free(tr->noise);
@@ -167,7 +174,8 @@ sd_status sd_train_pass(sd_trainer *tr, int n, int h, int w, int tctx, const flo
         sd_train_put(tr, act + g->text, text, (size_t)n * (size_t)(c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim));
         sd_train_put(tr, act + g->tids, tids, (size_t)n * SD_UNET_TIME_IDS);
     }
-    sd_unet_forward(&tr->unet, g, tr->be, tr->exec, tr->d_w, act);
+    sd_unet_wts wts = sd_train_wts(tr);
+    sd_unet_forward_wts(g, tr->be, tr->exec, &wts, act);
     sd_ddpm_target(&tr->sched, tr->o.pred, n, per, t, x0, noise, tr->target);
     const float *out = act + g->out;
     if (tr->cuda) {
@@ -201,7 +209,7 @@ sd_status sd_train_pass(sd_trainer *tr, int n, int h, int w, int tctx, const flo
     *loss = total / (double)tot;
     if (!backward) return SD_OK;
     sd_train_put(tr, tr->d_dout, tr->dout, tot);
-    sd_unet_backward(&tr->unet, g, tr->be, tr->exec, tr->d_w, act, tr->d_dact, tr->d_dout, tr->d_grad);
+    sd_unet_backward_wts(&tr->unet, g, tr->be, tr->exec, &wts, act, tr->d_dact, tr->d_dout, tr->d_grad);
     return tr->cuda ? tr->be->sync(tr->exec, err) : SD_OK;
 }
 

@@ -64,9 +64,15 @@ void sd_train_apply_norm(sd_trainer *tr, double norm)
     size_t n = tr->unet.w.total;
     const sd_backend *be = tr->be;
     double lr = sd_lr_at(&tr->o.lr, tr->step), gscale = sd_clip_factor(norm, tr->o.max_grad_norm);
-    if (tr->o.optimizer != SD_OPT_ADAMW) { /* the CPU alone (sd_trainer_open refuses a device) */
+    if (tr->o.optimizer != SD_OPT_ADAMW && tr->w16) {
+        sd_train_w16_other(tr, lr, gscale);
+    } else if (tr->o.optimizer != SD_OPT_ADAMW) { /* the CPU alone (sd_trainer_open refuses a device) */
         sd_opt_state_step(&tr->opt, tr->pool, &tr->o.adam, tr->o.adafactor_beta1, lr, tr->step + 1, gscale, tr->d_w,
                           tr->d_grad);
+    } else if (tr->w16) { /* bf16 weights (the CPU alone): widened, updated, rounded back by chunks */
+        sd_adamw_args a = sd_adamw_args_at(&tr->o.adam, lr, tr->step + 1, gscale);
+        a.sr_key = sr_key(tr, tr->step + 1);
+        sd_train_w16_adamw(tr, &a);
     } else {
         sd_adamw_args a = sd_adamw_args_at(&tr->o.adam, lr, tr->step + 1, gscale);
         adamw_on(tr, be, tr->exec, &a, 0, n, tr->d_w, tr->d_m, tr->d_v, tr->d_grad);
@@ -76,7 +82,9 @@ void sd_train_apply_norm(sd_trainer *tr, double norm)
     if (tr->ema && tr->step % (tr->o.ema_every > 0 ? tr->o.ema_every : 1) == 0) {
         tr->ema_updates++;
         float rate = (float)(1.0 - sd_ema_decay(tr->o.ema_decay, tr->ema_updates));
-        if (tr->d_ema) {
+        if (tr->w16) {
+            sd_train_w16_ema(tr, rate);
+        } else if (tr->d_ema) {
             be->ema(tr->exec, n, tr->d_ema, tr->d_w, rate);
         } else { /* a GPU run with the EMA on the host: the weights come over first */
             be->d2h(tr->exec, tr->unet.w.data, tr->d_w, n * sizeof(float));
@@ -90,6 +98,10 @@ void sd_train_apply_norm(sd_trainer *tr, double norm)
  * is, exactly when they all are (no finite float's square overflows it). */
 sd_status sd_train_weights_finite(sd_trainer *tr, int *finite, sd_error *err)
 {
+    if (tr->w16) {
+        *finite = sd_train_w16_finite(tr);
+        return SD_OK;
+    }
     double ss;
     sd_status rc = device_sum_squares(tr, tr->d_w, &ss, err);
     *finite = isfinite(ss);

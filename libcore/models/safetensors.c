@@ -448,24 +448,35 @@ static sd_status open_index(sd_safetensors *st, const char *path, sd_error *err)
     return s;
 }
 
-/* One tensor given as floats (t->f32), converted to its dtype through a
- * small buffer: a checkpoint is written without a second copy of the
- * model in memory. Nonzero when a write failed. */
+/* Value i of a tensor given as floats (t->f32) or bf16 bits (t->bf16). */
+static float source_value(const sd_st_tensor *t, size_t i)
+{
+    if (t->f32) return t->f32[i];
+    uint32_t u = (uint32_t)t->bf16[i] << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* One tensor given as floats (t->f32) or bf16 bits (t->bf16), converted to
+ * its dtype through a small buffer: a checkpoint is written without a
+ * second copy of the model in memory. Nonzero when a write failed. */
 static int write_converted(FILE *f, const sd_st_tensor *t)
 {
     enum { CHUNK = 16384 };
-    unsigned char buf[CHUNK * 2];
+    unsigned char buf[CHUNK * 4];
     size_t es = sd_st_dtype_size(t->dtype), count = (size_t)(t->nbytes / es);
-    if (t->dtype == SD_ST_F32) return count && fwrite(t->f32, 4, count, f) != count;
+    if (t->f32 && t->dtype == SD_ST_F32) return count && fwrite(t->f32, 4, count, f) != count;
     for (size_t at = 0; at < count; at += CHUNK) {
         size_t m = count - at < CHUNK ? count - at : CHUNK;
         for (size_t j = 0; j < m; j++) {
-            float x = t->f32[at + j];
-            uint16_t v = t->dtype == SD_ST_F16 ? sd_f32_to_f16(x) : sd_f32_to_bf16(x);
-            buf[2 * j] = (unsigned char)v; /* safetensors is little-endian */
-            buf[2 * j + 1] = (unsigned char)(v >> 8);
+            float x = source_value(t, at + j);
+            uint32_t v;
+            if (t->dtype == SD_ST_F32) memcpy(&v, &x, 4);
+            else v = t->dtype == SD_ST_F16 ? sd_f32_to_f16(x) : sd_f32_to_bf16(x);
+            for (size_t b = 0; b < es; b++) buf[es * j + b] = (unsigned char)(v >> (8 * b)); /* little-endian */
         }
-        if (fwrite(buf, 2, m, f) != m) return 1;
+        if (fwrite(buf, es, m, f) != m) return 1;
     }
     return 0;
 }
@@ -496,7 +507,7 @@ sd_status sd_st_write(const char *path, const sd_st_tensor *t, size_t n, const s
         uint64_t count = 1;
         for (int k = 0; k < t[i].ndim; k++) count *= t[i].shape[k];
         uint64_t bytes = count * sd_st_dtype_size(t[i].dtype);
-        if (t[i].f32 && t[i].dtype != SD_ST_F32 && t[i].dtype != SD_ST_F16 && t[i].dtype != SD_ST_BF16) {
+        if ((t[i].f32 || t[i].bf16) && t[i].dtype != SD_ST_F32 && t[i].dtype != SD_ST_F16 && t[i].dtype != SD_ST_BF16) {
             sd_buf_free(&h);
             return sd_err_set(err, SD_EINVAL, "%s: tensor '%s': floats can be written as F32, F16 or BF16 only", path,
                               t[i].name);
@@ -527,7 +538,7 @@ sd_status sd_st_write(const char *path, const sd_st_tensor *t, size_t n, const s
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)h.len >> (8 * i));
     int bad = fwrite(len8, 1, 8, o.f) != 8 || fwrite(h.data, 1, h.len, o.f) != h.len;
     for (size_t i = 0; i < n && !bad; i++)
-        bad = t[i].f32 ? write_converted(o.f, &t[i]) : t[i].nbytes && fwrite(t[i].data, 1, t[i].nbytes, o.f) != t[i].nbytes;
+        bad = t[i].f32 || t[i].bf16 ? write_converted(o.f, &t[i]) : t[i].nbytes && fwrite(t[i].data, 1, t[i].nbytes, o.f) != t[i].nbytes;
     sd_buf_free(&h);
     if (bad) {
         sd_outfile_abort(&o);

@@ -40,6 +40,9 @@ typedef struct {
      * these floats, converted to dtype (F32, F16 or BF16) while they are
      * written, a small piece at a time: no copy of the tensor is made */
     const float *f32;
+    /* writing only, when f32 is not set: the values as bf16 bits, widened
+     * (exactly) and converted the same way, a small piece at a time */
+    const uint16_t *bf16;
 } sd_st_tensor;
 
 typedef struct {

@@ -567,41 +567,41 @@ void sd_unet_graph_free(sd_unet_graph *g)
     g->nops = g->cap = g->nsegs = 0;
 }
 
-/* A parameter pointer, or NULL for an absent bias. */
-static const float *param(const float *params, size_t off)
-{
-    return off == SIZE_MAX ? NULL : params + off;
-}
-
 /* Run every planned op in order. */
 void sd_unet_forward(const sd_unet *u, const sd_unet_graph *g, const sd_backend *be, void *exec,
                      const float *params, float *act)
 {
     (void)u;
-    sd_unet_run_ops(g, 0, g->nops, be, exec, params, act);
+    sd_unet_wts w = {params, NULL, NULL};
+    sd_unet_run_ops(g, 0, g->nops, be, exec, &w, act);
 }
 
-/* Each op of [begin, end) through its backend entry. */
+/* Every planned op in order, with w's parameters. */
+void sd_unet_forward_wts(const sd_unet_graph *g, const sd_backend *be, void *exec, const sd_unet_wts *w,
+                         float *act)
+{
+    sd_unet_run_ops(g, 0, g->nops, be, exec, w, act);
+}
+
+/* Each op of [begin, end) through its backend entry, its parameters (if
+ * any) fetched just before it. */
 void sd_unet_run_ops(const sd_unet_graph *g, size_t begin, size_t end, const sd_backend *be, void *exec,
-                     const float *params, float *act)
+                     const sd_unet_wts *wts, float *act)
 {
     for (size_t i = begin; i < end; i++) {
         const sd_unet_op *o = &g->ops[i];
         float *y = act + o->y;
-        const float *x = act + o->x;
+        const float *x = act + o->x, *pw = NULL, *pb = NULL;
+        sd_unet_op_params(o, wts, &pw, &pb);
         switch (o->kind) {
-        case UOP_CONV: be->conv2d_fwd(exec, &o->s.conv, y, x, params + o->w, param(params, o->b)); break;
-        case UOP_GN:
-            be->group_norm_fwd(exec, &o->s.gn, y, act + o->s1, act + o->s2, x, params + o->w, params + o->b);
-            break;
-        case UOP_LINEAR: be->linear_fwd(exec, &o->s.lin, y, x, params + o->w, param(params, o->b)); break;
+        case UOP_CONV: be->conv2d_fwd(exec, &o->s.conv, y, x, pw, pb); break;
+        case UOP_GN: be->group_norm_fwd(exec, &o->s.gn, y, act + o->s1, act + o->s2, x, pw, pb); break;
+        case UOP_LINEAR: be->linear_fwd(exec, &o->s.lin, y, x, pw, pb); break;
         case UOP_SILU: be->silu_fwd(exec, o->s.n, y, x); break;
         case UOP_ADD: be->add_fwd(exec, o->s.n, y, x, act + o->x2); break;
         case UOP_UP2X: be->upsample2x_fwd(exec, o->s.up.planes, o->s.up.h, o->s.up.w, y, x); break;
         case UOP_ATTN: be->attn_fwd(exec, &o->s.attn, y, act + o->s1, x, act + o->x2, act + o->x3); break;
-        case UOP_LN:
-            be->layer_norm_fwd(exec, &o->s.ln, y, act + o->s1, act + o->s2, x, params + o->w, params + o->b);
-            break;
+        case UOP_LN: be->layer_norm_fwd(exec, &o->s.ln, y, act + o->s1, act + o->s2, x, pw, pb); break;
         case UOP_GEGLU: be->geglu_fwd(exec, o->s.gg.m, o->s.gg.n, y, x); break;
         case UOP_CONCAT: be->concat_fwd(exec, &o->s.cat, y, x, act + o->x2); break;
         case UOP_BCAST: be->add_bcast_channel_fwd(exec, o->s.bc.n, o->s.bc.c, o->s.bc.hw, y, x, act + o->x2); break;

@@ -169,6 +169,10 @@ typedef enum { SD_UNET_NAMES_DIFFUSERS = 0, SD_UNET_NAMES_LDM = 1 } sd_unet_name
  * the metadata (unet_config). Atomic (temp + fsync + rename). */
 sd_status sd_unet_save(const sd_unet *u, const float *params, const char *path, sd_unet_names names,
                        const char *prefix, int st_dtype, sd_error *err);
+/* The same from bf16 parameters (u->w.total values laid out like
+ * u->w.data), widened exactly while written: no fp32 copy is made. */
+sd_status sd_unet_save_bf16(const sd_unet *u, const uint16_t *params, const char *path, sd_unet_names names,
+                            const char *prefix, int st_dtype, sd_error *err);
 
 /* ---- the graph (unet.c) ----------------------------------------------------- */
 
@@ -223,6 +227,25 @@ void sd_unet_graph_free(sd_unet_graph *g);
 void sd_unet_forward(const sd_unet *u, const sd_unet_graph *g, const sd_backend *be, void *exec,
                      const float *params, float *act);
 
+/* The parameters a run reads: fp32 (f32, as sd_unet_forward takes them),
+ * or bf16 (bf16, u->w.total values in host memory, with scratch of
+ * sd_unet_graph_wscratch floats): each op's weight and bias are widened
+ * (exactly) into scratch just before the op runs, forward, recomputation
+ * and backward alike, so no fp32 copy of the model exists. bf16 runs on
+ * host backends only (the CPU table): scratch is read by the op. */
+typedef struct {
+    const float *f32;
+    const uint16_t *bf16;
+    float *scratch;
+} sd_unet_wts;
+
+/* The floats of scratch a bf16 run of g needs: its largest op's weight
+ * plus bias. */
+size_t sd_unet_graph_wscratch(const sd_unet_graph *g);
+/* sd_unet_forward with the parameters of w (bit-identical to it for f32). */
+void sd_unet_forward_wts(const sd_unet_graph *g, const sd_backend *be, void *exec, const sd_unet_wts *w,
+                         float *act);
+
 /* ---- backward (unet_bwd.c) -------------------------------------------------- */
 
 /* Given act from sd_unet_forward and dout [n, out_channels, h, w] (both in
@@ -235,5 +258,9 @@ void sd_unet_forward(const sd_unet *u, const sd_unet_graph *g, const sd_backend 
  * forward left it). */
 void sd_unet_backward(const sd_unet *u, const sd_unet_graph *g, const sd_backend *be, void *exec,
                       const float *params, float *act, float *dact, const float *dout, float *dparams);
+/* sd_unet_backward with the parameters of w (sd_unet_wts); the gradients
+ * stay fp32 either way. */
+void sd_unet_backward_wts(const sd_unet *u, const sd_unet_graph *g, const sd_backend *be, void *exec,
+                          const sd_unet_wts *w, float *act, float *dact, const float *dout, float *dparams);
 
 #endif

@@ -125,8 +125,27 @@ sd_status sd_unet_load(sd_unet *u, const char *path, const sd_unet_opts *opts, s
 /* Write every slot of params under its name in the chosen layout and dtype,
  * each converted as it is written: saving costs no second copy of the
  * model (at SDXL size that copy was 5 to 10 GB). */
+static sd_status save_from(const sd_unet *u, const float *params, const uint16_t *p16, const char *path,
+                           sd_unet_names names, const char *prefix, int st_dtype, sd_error *err);
+
+/* Write fp32 parameters (unet.h). */
 sd_status sd_unet_save(const sd_unet *u, const float *params, const char *path, sd_unet_names names,
                        const char *prefix, int st_dtype, sd_error *err)
+{
+    return save_from(u, params, NULL, path, names, prefix, st_dtype, err);
+}
+
+/* Write bf16 parameters (unet.h). */
+sd_status sd_unet_save_bf16(const sd_unet *u, const uint16_t *params, const char *path, sd_unet_names names,
+                            const char *prefix, int st_dtype, sd_error *err)
+{
+    return save_from(u, NULL, params, path, names, prefix, st_dtype, err);
+}
+
+/* Each slot a tensor pointing into params (fp32) or p16 (bf16), which the
+ * writer converts a piece at a time. */
+static sd_status save_from(const sd_unet *u, const float *params, const uint16_t *p16, const char *path,
+                           sd_unet_names names, const char *prefix, int st_dtype, sd_error *err)
 {
     const sd_weights *w = &u->w;
     size_t es = st_dtype == SD_ST_F32 ? 4 : 2;
@@ -146,7 +165,8 @@ sd_status sd_unet_save(const sd_unet *u, const float *params, const char *path, 
         t[i].ndim = s->ndim;
         for (int k = 0; k < s->ndim; k++) t[i].shape[k] = (uint64_t)s->shape[k];
         t[i].nbytes = s->n * es;
-        t[i].f32 = params + s->off;
+        if (params) t[i].f32 = params + s->off;
+        else t[i].bf16 = p16 + s->off;
     }
     sd_buf conf;
     sd_buf_init(&conf);

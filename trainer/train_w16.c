@@ -1,0 +1,187 @@
+/* --weight-dtype bf16: the trainable weights held as bf16 (tr->w16, no
+ * fp32 copy of the model at any time). The UNet widens one op's weights
+ * at a time (sd_unet_wts); the update widens a chunk of weights, runs the
+ * fp32 optimizer on it and stores it back with stochastic rounding keyed
+ * by (seed, step, element), so a resumed run rounds as the uninterrupted
+ * one did. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops_cpu.h"
+#include "ops_math.h"
+#include "optim.h"
+#include "train_int.h"
+
+/* Elements of one AdamW update chunk: the fp32 scratch the update widens
+ * into. */
+enum { W16_CHUNK = 1 << 16 };
+
+/* The floats of the update's scratch: AdamW's chunk (the whole model when
+ * smaller); the per-tensor optimizers (adamw8bit, adafactor) update whole
+ * tensors, so at least the largest one. The memory plan counts these. */
+size_t sd_train_w16_chunk(const sd_train_opts *o, const sd_weights *w)
+{
+    size_t c = W16_CHUNK;
+    if (o->optimizer != SD_OPT_ADAMW)
+        for (size_t i = 0; i < w->nslots; i++)
+            if (w->slots[i].n > c) c = w->slots[i].n;
+    if (c > w->total) c = w->total;
+    return c ? c : 1;
+}
+
+/* The bytes of the per-tensor optimizers' group descriptors (copied per
+ * group with relative offsets; sd_opt_state_step_group), 0 for AdamW. */
+size_t sd_train_w16_desc_bytes(const sd_train_opts *o, const sd_weights *w)
+{
+    size_t one = sizeof(sd_q8_tensor) > sizeof(sd_adafactor_tensor) ? sizeof(sd_q8_tensor)
+                                                                     : sizeof(sd_adafactor_tensor);
+    return o->optimizer == SD_OPT_ADAMW ? 0 : (w->nslots ? w->nslots : 1) * one;
+}
+
+/* fp32 -> bf16 rounded to nearest even (the one rounding at the start and
+ * when an fp32 checkpoint is resumed); NaN stays NaN. */
+static uint16_t bf16_rne(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return (uint16_t)((u >> 16) | ((u & 0x7fffffu) ? 0x40u : 0u));
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* n floats narrowed into the bf16 weights (nearest even): exact for
+ * values that came from bf16 weights. */
+void sd_train_w16_narrow(sd_trainer *tr, const float *src)
+{
+    for (size_t i = 0; i < tr->unet.w.total; i++) tr->w16[i] = bf16_rne(src[i]);
+}
+
+/* n bf16 values widened into dst (exact). */
+void sd_train_w16_widen(float *dst, const uint16_t *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) dst[i] = sdm_bf16_widen(src[i]);
+}
+
+/* Start a bf16 run: the fp32 weights (loaded or initialised) rounded into
+ * w16, the EMA (when kept) started from those rounded values, and the fp32
+ * buffer freed: unet.w.data stays NULL except while a checkpoint is
+ * written or read (sd_train_w16_f32). */
+sd_status sd_train_w16_open(sd_trainer *tr, sd_error *err)
+{
+    size_t n = tr->unet.w.total;
+    size_t desc = sd_train_w16_desc_bytes(&tr->o, &tr->unet.w);
+    tr->w16 = malloc(n * sizeof(uint16_t));
+    tr->upd = malloc(sd_train_w16_chunk(&tr->o, &tr->unet.w) * sizeof(float));
+    tr->desc = desc ? malloc(desc) : NULL;
+    if (!tr->w16 || !tr->upd || (desc && !tr->desc))
+        return sd_err_set(err, SD_ENOMEM, "out of memory for the bf16 weights");
+    sd_train_w16_narrow(tr, tr->unet.w.data);
+    free(tr->unet.w.data);
+    tr->unet.w.data = NULL;
+    return SD_OK;
+}
+
+/* A bf16 run's weights as fp32 in unet.w.data, for a resume to read into
+ * or a --save-full file to be written from: the gradient buffer lends its
+ * n floats (between steps it holds zeros, and a resume zeroes it), so no
+ * memory is allocated. sd_train_w16_f32_done gives it back. Nothing for
+ * fp32 runs. */
+void sd_train_w16_f32(sd_trainer *tr)
+{
+    if (!tr->w16 || tr->unet.w.data) return;
+    tr->unet.w.data = tr->grad;
+    sd_train_w16_widen(tr->unet.w.data, tr->w16, tr->unet.w.total);
+}
+
+/* After sd_train_w16_f32: with narrow set (a resume read new weights into
+ * it) the values go into w16 first; the gradient buffer is zeroed again. */
+void sd_train_w16_f32_done(sd_trainer *tr, int narrow)
+{
+    if (!tr->w16 || !tr->unet.w.data) return;
+    if (narrow) sd_train_w16_narrow(tr, tr->unet.w.data);
+    memset(tr->grad, 0, tr->unet.w.total * sizeof(float));
+    tr->unet.w.data = NULL;
+}
+
+/* The parameters the UNet reads in this run. */
+sd_unet_wts sd_train_wts(const sd_trainer *tr)
+{
+    sd_unet_wts w = {tr->d_w, tr->w16, tr->wscr};
+    return w;
+}
+
+/* The stochastic-rounding key of the weights' update that makes `step`:
+ * from the seed and the step alone (another stream than the moments'). */
+static uint32_t w16_key(const sd_trainer *tr, long step)
+{
+    return (uint32_t)(sd_train_mix64(sd_train_mix64(tr->o.seed ^ 0x7765696768743136ULL) ^ (uint64_t)step) >> 32);
+}
+
+/* The values [lo, hi) of the update's scratch rounded back into the bf16
+ * weights with the step's key. */
+static void store(sd_trainer *tr, uint32_t key, size_t lo, size_t hi)
+{
+    for (size_t i = lo; i < hi; i++) tr->w16[i] = sdm_bf16_sr(tr->upd[i - lo], sdm_mix32(key, i));
+}
+
+/* AdamW on the bf16 weights, chunk by chunk: widened, updated by the
+ * backend's fp32 AdamW (moments fp32 or bf16 as the run keeps them), and
+ * rounded back stochastically. */
+void sd_train_w16_adamw(sd_trainer *tr, sd_adamw_args *a)
+{
+    size_t n = tr->unet.w.total, chunk = sd_train_w16_chunk(&tr->o, &tr->unet.w);
+    uint32_t key = w16_key(tr, tr->step + 1);
+    for (size_t lo = 0; lo < n; lo += chunk) {
+        size_t k = n - lo < chunk ? n - lo : chunk;
+        sd_train_w16_widen(tr->upd, tr->w16 + lo, k);
+        if (tr->moment_size == 2) {
+            tr->be->adamw_bf16(tr->exec, a, k, lo, tr->upd, (uint16_t *)tr->m + lo, (uint16_t *)tr->v + lo,
+                               tr->grad + lo);
+        } else {
+            tr->be->adamw(tr->exec, a, k, tr->upd, (float *)tr->m + lo, (float *)tr->v + lo, tr->grad + lo);
+        }
+        store(tr, key, lo, lo + k);
+    }
+}
+
+/* --optimizer adamw8bit or adafactor on the bf16 weights: consecutive
+ * whole tensors grouped up to the scratch's size, widened, stepped in
+ * fp32 (sd_opt_state_step_group: per tensor the arithmetic of the fp32
+ * run) and rounded back as AdamW's are. */
+void sd_train_w16_other(sd_trainer *tr, double lr, double gscale)
+{
+    size_t chunk = sd_train_w16_chunk(&tr->o, &tr->unet.w), nt = tr->opt.ntensors;
+    uint32_t key = w16_key(tr, tr->step + 1);
+    for (size_t t0 = 0, t1; t0 < nt; t0 = t1) {
+        size_t lo, n, off, m;
+        sd_opt_state_tensor(&tr->opt, t0, &lo, &n);
+        size_t hi = lo + n;
+        for (t1 = t0 + 1; t1 < nt; t1++) {
+            sd_opt_state_tensor(&tr->opt, t1, &off, &m);
+            if (off + m - lo > chunk) break;
+            hi = off + m;
+        }
+        sd_train_w16_widen(tr->upd, tr->w16 + lo, hi - lo);
+        sd_opt_state_step_group(&tr->opt, tr->pool, &tr->o.adam, tr->o.adafactor_beta1, lr, tr->step + 1, gscale, t0,
+                                t1, tr->desc, tr->upd, tr->grad + lo);
+        store(tr, key, lo, hi);
+    }
+}
+
+/* The fp32 EMA's step toward the bf16 weights, chunk by chunk. */
+void sd_train_w16_ema(sd_trainer *tr, float rate)
+{
+    size_t n = tr->unet.w.total, chunk = sd_train_w16_chunk(&tr->o, &tr->unet.w);
+    for (size_t lo = 0; lo < n; lo += chunk) {
+        size_t k = n - lo < chunk ? n - lo : chunk;
+        sd_train_w16_widen(tr->upd, tr->w16 + lo, k);
+        sd_ema_fwd(tr->pool, k, tr->ema + lo, tr->upd, rate);
+    }
+}
+
+/* Whether every bf16 weight is finite: none has an all-ones exponent. */
+int sd_train_w16_finite(const sd_trainer *tr)
+{
+    for (size_t i = 0; i < tr->unet.w.total; i++)
+        if ((tr->w16[i] & 0x7f80u) == 0x7f80u) return 0;
+    return 1;
+}
