@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "progress.h"
 #include "sample.h"
 #include "torch_randn.h"
 
@@ -20,6 +21,8 @@ typedef struct {
     float tids[2 * SD_UNET_TIME_IDS];
     sample_step_fn progress;
     void *pctx;
+    int calls;                      /* UNet calls so far */
+    double unet_s, unet_min, unet_max; /* their seconds: sum, fastest, slowest */
 } denoise_ctx;
 
 /* Plan the UNet for n latents of lh x lw and size the buffers (kept while
@@ -74,6 +77,7 @@ static sd_status denoise(void *vc, const float *x, double t, float *cond, float 
     denoise_ctx *c = vc;
     sample_model *m = c->m;
     const sd_unet_graph *g = &m->g;
+    double t0 = sd_now();
     float tt[2] = {(float)t, (float)t};
     for (int b = 0; b < c->n; b++) put(m, g->x + (size_t)b * c->per, x, c->per);
     put(m, g->t, tt, (size_t)c->n);
@@ -86,6 +90,11 @@ static sd_status denoise(void *vc, const float *x, double t, float *cond, float 
     m->be->d2h(m->exec, m->stage, m->act + g->out, (size_t)c->n * c->per * sizeof(float));
     sd_status st = m->be->sync(m->exec, err);
     if (st) return st;
+    double dt = sd_now() - t0;
+    c->unet_s += dt;
+    c->unet_min = c->calls && c->unet_min < dt ? c->unet_min : dt;
+    c->unet_max = c->unet_max > dt ? c->unet_max : dt;
+    c->calls++;
     if (c->n == 2) {
         memcpy(uncond, m->stage, c->per * sizeof(float));
         memcpy(cond, m->stage + c->per, c->per * sizeof(float));
@@ -119,6 +128,18 @@ static sd_status conditioning(sample_model *m, const sample_job *j, int n, float
     return sample_model_text(m, j->negative, ctx, m->sdxl ? pooled : NULL, err);
 }
 
+/* Where one image's time went (-v): the text encoder(s), the UNet calls
+ * (each one batch of c->n latents), the sampler's own arithmetic between
+ * them, the decoder; bench/bench_sample.sh reads this line. */
+static void log_times(const denoise_ctx *c, double text, double sampling, double decode)
+{
+    sd_log(SD_LOG_DEBUG,
+           "times: text %.3f s, UNet %d calls of batch %d %.3f s (%.3f s each, fastest %.3f, slowest %.3f), "
+           "sampler %.3f s, decode %.3f s, total %.3f s",
+           text, c->calls, c->n, c->unet_s, c->calls ? c->unet_s / c->calls : 0.0, c->unet_min, c->unet_max,
+           sampling - c->unet_s, decode, text + sampling + decode);
+}
+
 /* One image (see sample.h). */
 sd_status sample_generate(sample_model *m, const sample_job *j, int w, int h, sample_step_fn progress, void *pctx,
                           uint8_t *rgb, sd_error *err)
@@ -143,7 +164,9 @@ sd_status sample_generate(sample_model *m, const sample_job *j, int w, int h, sa
     sd_sched_config sc;
     sd_sched_defaults(&sc, j->sampler, m->sdxl, m->pred);
     if (!ctx || !pooled || !lat || !img) st = sd_err_set(err, SD_ENOMEM, "out of memory");
+    double t0 = sd_now();
     if (!st) st = conditioning(m, j, n, ctx, pooled, err);
+    double t1 = sd_now();
     if (!st) st = sd_sampler_plan_make(&plan, &sc, j->sampler, j->steps, err);
     if (!st) {
         sd_torch_gen gen;
@@ -155,8 +178,10 @@ sd_status sample_generate(sample_model *m, const sample_job *j, int w, int h, sa
                                .progress = on_step, .progress_ctx = &c, .cfg = j->cfg};
         st = sd_sample(&plan, &sm, c.per, lat, err);
     }
+    double t2 = sd_now();
     if (!st) st = sd_vae_decode_runner_decode(&m->vrun, &m->vae, 1, lh, lw, lat, img, err);
     if (!st) sd_vae_image_to_rgb8(1, h, w, img, rgb);
+    if (!st) log_times(&c, t1 - t0, t2 - t1, sd_now() - t2);
     sd_sampler_plan_free(&plan);
     free(ctx);
     free(pooled);
