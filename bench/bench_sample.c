@@ -181,6 +181,7 @@ static int bench_unet(char **argv, sd_pool *pool, int threads, int reps, double 
     return rc;
 }
 
+/* The mode from the command line, the thread pool, the run. */
 int main(int argc, char **argv)
 {
     int decode = argc == 9 && !strcmp(argv[1], "decode"), unet = argc == 7 && !strcmp(argv[1], "unet");
