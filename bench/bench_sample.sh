@@ -60,7 +60,11 @@ T, rounds = sys.argv[1], int(sys.argv[2])
 def best(prefix, pat):
     return min(float(re.search(pat, open("%s/%s%d%s" % (T, prefix[0], r, prefix[1])).read()).group(1))
                for r in range(1, rounds + 1))
-s = best(("sdtk", ".log"), r"total ([\d.]+) s")
+def sdtk_total(r):  # sd-sample -v: "times: text X s" and "times: UNet N calls ... Y s (...), sampler Z s, decode W s"
+    log = open("%s/sdtk%d.log" % (T, r)).read()
+    return sum(float(re.search(p, log).group(1)) for p in (r"times: text ([\d.]+) s", r"batch \d+ ([\d.]+) s \(",
+                                                             r"sampler ([\d.]+) s", r"decode ([\d.]+) s"))
+s = min(sdtk_total(r) for r in range(1, rounds + 1))
 t = best(("torch", ".txt"), r"total ([\d.]+) s")
 su = best(("sdtk", ".log"), r"\(([\d.]+) s each")
 tu = best(("torch", ".txt"), r"\(([\d.]+) s each")

@@ -140,6 +140,23 @@ static int all_finite(const sd_npz_member *m)
     return 1;
 }
 
+/* 1 when every element of a float array lies in 0..1 (an alpha mask:
+ * alpha / 255); NaN fails too. */
+static int all_unit(const sd_npz_member *m)
+{
+    const unsigned char *p = m->data;
+    for (uint64_t i = 0; i < m->info.count; i++) {
+        double v;
+        if (m->info.dtype == SD_NPY_F16) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            v = sd_f16_to_f32(h);
+        } else v = num_at(m, (size_t)i);
+        if (!(v >= 0.0 && v <= 1.0)) return 0;
+    }
+    return 1;
+}
+
 /* A latent-like float array: f16, f32 or f64. */
 static int is_float_member(const sd_npz_member *m)
 {
@@ -244,6 +261,10 @@ sd_status sd_kohya_latents_check(sd_kohya_latents *l, const char **reason, sd_er
         *reason = "bad alpha_mask";
         return sd_err_set(err, SD_EFORMAT, "alpha_mask is not (%u, %u) float", l->h * 8, l->w * 8);
     }
+    if (a && !all_unit(a)) {
+        *reason = "alpha_mask values outside 0..1";
+        return sd_err_set(err, SD_ERANGE, "alpha_mask holds values outside 0..1 (or NaN)");
+    }
     return SD_OK;
 }
 
@@ -339,7 +360,8 @@ void sd_kohya_te_free(sd_kohya_te *t)
 
 /* Build a latents npz exactly as sd-scripts' np.savez call does: latents,
  * original_size (int64), crop_ltrb (float64: numpy's array of get_crop_ltrb's
- * tuple, which always mixes ints and floats), latents_flipped. */
+ * tuple, which always mixes ints and floats), latents_flipped, alpha_mask
+ * (float32 at the image's size). */
 sd_status sd_kohya_latents_encode(const sd_kohya_latents_out *l, sd_buf *out, sd_error *err)
 {
     sd_npz_writer w;
@@ -351,6 +373,8 @@ sd_status sd_kohya_latents_encode(const sd_kohya_latents_out *l, sd_buf *out, sd
     if (!st) st = sd_npz_writer_add(&w, "original_size", SD_NPY_I64, 1, &two, orig, err);
     if (!st) st = sd_npz_writer_add(&w, "crop_ltrb", SD_NPY_F64, 1, &four, l->crop_ltrb, err);
     if (!st && l->flipped) st = sd_npz_writer_add(&w, "latents_flipped", SD_NPY_F32, 3, shape, l->flipped, err);
+    uint64_t mshape[2] = {(uint64_t)l->h * 8, (uint64_t)l->w * 8};
+    if (!st && l->alpha_mask) st = sd_npz_writer_add(&w, "alpha_mask", SD_NPY_F32, 2, mshape, l->alpha_mask, err);
     if (!st) st = sd_npz_writer_finish(&w, err);
     if (!st) {
         sd_buf_clear(out);

@@ -56,6 +56,7 @@ void sd_kohya_te_free(sd_kohya_te *t);
 typedef struct {
     uint32_t c, h, w;
     const float *latents, *flipped; /* flipped may be NULL */
+    const float *alpha_mask;        /* (h * 8, w * 8), 0..1, or NULL */
     int64_t orig_w, orig_h;
     double crop_ltrb[4]; /* sd-scripts' convention: sd_kohya_crop_ltrb(bucket, original size) */
 } sd_kohya_latents_out;

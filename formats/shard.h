@@ -31,9 +31,11 @@
 #include "err.h"
 
 enum {
-    SD_SHARD_VERSION = 1,     /* format version this code writes and reads */
-    SD_SHARD_HDR_SIZE = 256,  /* fixed record header, name follows */
-    SD_SHARD_MAX_TENSORS = 4,
+    SD_SHARD_VERSION = 1,     /* shard format version (meta format_version) this code writes and reads */
+    SD_SHARD_HDR_SIZE = 256,  /* fixed record header of a version 1 record, name follows */
+    SD_REC_VERSION_MAX = 2,   /* record format versions read: 1, and 2 (a record with a loss mask) */
+    SD_SHARD_HDR_SIZE_V2 = 288, /* a version 2 record's header: a fifth tensor entry at 256 */
+    SD_SHARD_MAX_TENSORS = 5, /* 4 in a version 1 record */
     SD_SHARD_MAX_KEY = 511,   /* record keys and names: LMDB's key limit */
     SD_SHARD_TEXT_KEY = 16    /* text-embedding keys: 16-byte content hash */
 };
@@ -219,8 +221,9 @@ sd_status sd_shard_meta_get(sd_shard *s, const char *key, char **value, sd_error
 typedef enum { SD_REC_LATENT = 1, SD_REC_TEXT = 2 } sd_rec_kind;
 
 /* What a tensor is. Latent records hold SAMPLE (and SAMPLE_FLIP), or
- * MEAN+STD (and MEAN_FLIP+STD_FLIP); text records hold HIDDEN (SD1/SD2:
- * one encoder) or HIDDEN1+HIDDEN2+POOLED (SDXL), or any subset of those. */
+ * MEAN+STD (and MEAN_FLIP+STD_FLIP), and with flag SD_REC_F_MASK a MASK
+ * (record version 2); text records hold HIDDEN (SD1/SD2: one encoder) or
+ * HIDDEN1+HIDDEN2+POOLED (SDXL), or any subset of those. */
 typedef enum {
     SD_ROLE_SAMPLE = 1,
     SD_ROLE_SAMPLE_FLIP = 2,
@@ -228,6 +231,8 @@ typedef enum {
     SD_ROLE_STD = 4,
     SD_ROLE_MEAN_FLIP = 5,
     SD_ROLE_STD_FLIP = 6,
+    SD_ROLE_MASK = 7, /* loss weight per pixel, 0..1, fp32 [bucket_h, bucket_w] or [bucket_h/8, bucket_w/8];
+                       * unflipped: a flipped variant's mask is this one mirrored */
     SD_ROLE_HIDDEN = 16,
     SD_ROLE_HIDDEN1 = 17,
     SD_ROLE_HIDDEN2 = 18,
@@ -243,7 +248,8 @@ enum {
     SD_REC_F_TRANSPOSED = 8, /* the image file stores it transposed (EXIF orientation 5-8):
                               * orig_w/orig_h are the displayed size, the stored one is
                               * (orig_h, orig_w), the size sd-scripts names its npz by */
-    SD_REC_F_ALL = 15
+    SD_REC_F_MASK = 16,      /* a loss mask (SD_ROLE_MASK) is present: record version 2 */
+    SD_REC_F_ALL = 31
 };
 
 typedef struct {
@@ -265,7 +271,7 @@ typedef struct {
     uint8_t text_ref[16];  /* key of the text-embedding record; zeros = none */
     const char *name;      /* record name (sd-meta `key`), not NUL-terminated on parse */
     size_t name_len;       /* 0..511 */
-    int ntensors;          /* 1..4 */
+    int ntensors;          /* 1..4 (1..5 with a mask) */
     sd_shard_tensor t[SD_SHARD_MAX_TENSORS];
     /* filled by parse (and by build): */
     const void *payload;
@@ -286,6 +292,10 @@ sd_status sd_shard_rec_build(const sd_shard_rec *r, sd_buf *out, sd_error *err);
 sd_status sd_shard_rec_parse(const void *val, size_t len, sd_shard_rec *out, sd_error *err);
 /* Recompute the payload's XXH3-64 and compare with the stored one. */
 sd_status sd_shard_rec_check_payload(const sd_shard_rec *r, sd_error *err);
+/* A loss mask reduced by f on each side as sd-scripts' area interpolation
+ * does (the mean of each f x f block; formats/shard_mask.c): src fp32
+ * [mh, mw] bytes, out [mh / f, mw / f], mirrored when flip. */
+void sd_shard_mask_reduce(const void *src, int mh, int mw, int f, int flip, float *out);
 /* Find a tensor by role; NULL when absent. */
 const sd_shard_tensor *sd_shard_rec_tensor(const sd_shard_rec *r, int role);
 

@@ -1,6 +1,6 @@
 /* The shard record codec: building a record value (header, name, aligned
  * tensors, checksums) and parsing one without trusting any of its bytes.
- * Layout: docs/FORMATS.md, "Shard format, version 1". */
+ * Layout: docs/FORMATS.md, "Shard format, version 1" (record versions 1 and 2). */
 #include <math.h>
 #include <string.h>
 
@@ -26,7 +26,8 @@ enum {
     OFF_TENSORS = 96,
     TENSOR_ENTRY = 32,
     OFF_RSV1 = 224,
-    OFF_HDRHASH = 248
+    OFF_HDRHASH = 248,
+    OFF_TENSOR4 = 256 /* version 2: the fifth entry, after the fixed 256 bytes */
 };
 
 static const uint8_t magic[4] = {'S', 'D', 'R', 'C'};
@@ -88,11 +89,32 @@ static size_t align16(size_t n)
 }
 
 /* Header checksum: XXH3-64 of the fixed header up to the checksum field,
- * continued (as seed) over the name and its zero padding. */
+ * continued (as seed) over what follows it up to the payload (version 2's
+ * fifth tensor entry, the name and its zero padding). */
 static uint64_t header_hash(const uint8_t *v, size_t payload_off)
 {
     uint64_t h = sd_hash64(v, OFF_HDRHASH, 0);
     return sd_hash64(v + SD_SHARD_HDR_SIZE, payload_off - SD_SHARD_HDR_SIZE, h);
+}
+
+/* A record version's header size: 256, or 288 for version 2 (a record
+ * with a loss mask), whose fifth tensor entry follows the fixed 256 bytes. */
+static size_t header_size(int version)
+{
+    return version >= 2 ? SD_SHARD_HDR_SIZE_V2 : SD_SHARD_HDR_SIZE;
+}
+
+/* Where tensor table entry i sits: 4 in the fixed header, a fifth after it. */
+static size_t entry_offset(int i)
+{
+    return i < 4 ? (size_t)(OFF_TENSORS + TENSOR_ENTRY * i) : (size_t)OFF_TENSOR4;
+}
+
+/* The record version a record is written as: 2 only when it holds a mask,
+ * so records without one stay readable by sdtk builds before masks. */
+static int version_of(const sd_shard_rec *r)
+{
+    return (r->flags & SD_REC_F_MASK) ? 2 : 1;
 }
 
 /* Element count of a tensor's shape as parse validated it (ndim dims >= 1). */
@@ -107,7 +129,7 @@ static uint64_t elements(const sd_shard_tensor *t)
  * (the last one unpadded). 0 when the shape overflows. */
 size_t sd_shard_rec_size(const sd_shard_rec *r)
 {
-    size_t n = align16(SD_SHARD_HDR_SIZE + r->name_len);
+    size_t n = align16(header_size(version_of(r)) + r->name_len);
     for (int i = 0; i < r->ntensors && i < SD_SHARD_MAX_TENSORS; i++) {
         uint64_t e = 1;
         for (int d = 0; d < r->t[i].ndim && d < 4; d++) {
@@ -124,12 +146,15 @@ size_t sd_shard_rec_size(const sd_shard_rec *r)
 sd_status sd_shard_rec_build(const sd_shard_rec *r, sd_buf *out, sd_error *err)
 {
     sd_buf_clear(out);
-    if (r->ntensors < 1 || r->ntensors > SD_SHARD_MAX_TENSORS)
-        return sd_err_set(err, SD_EINVAL, "record must hold 1..4 tensors, not %d", r->ntensors);
+    int version = version_of(r);
+    int most = version >= 2 ? SD_SHARD_MAX_TENSORS : 4;
+    if (r->ntensors < 1 || r->ntensors > most)
+        return sd_err_set(err, SD_EINVAL, "record must hold 1..%d tensors, not %d", most, r->ntensors);
     if (r->name_len > SD_SHARD_MAX_KEY)
         return sd_err_set(err, SD_EINVAL, "record name is %zu bytes, more than %d", r->name_len, SD_SHARD_MAX_KEY);
     size_t total = sd_shard_rec_size(r);
-    size_t poff = align16(SD_SHARD_HDR_SIZE + r->name_len);
+    size_t hsize = header_size(version);
+    size_t poff = align16(hsize + r->name_len);
     if (total == 0 || total - poff > UINT32_MAX)
         return sd_err_set(err, SD_ERANGE, "record payload too large (limit 4 GiB)");
     for (int i = 0; i < r->ntensors; i++)
@@ -139,8 +164,8 @@ sd_status sd_shard_rec_build(const sd_shard_rec *r, sd_buf *out, sd_error *err)
     uint8_t *v = (uint8_t *)out->data;
     memset(v, 0, total);
     memcpy(v + OFF_MAGIC, magic, 4);
-    put16(v + OFF_VERSION, SD_SHARD_VERSION);
-    put16(v + OFF_HDRSIZE, SD_SHARD_HDR_SIZE);
+    put16(v + OFF_VERSION, (uint16_t)version);
+    put16(v + OFF_HDRSIZE, (uint16_t)hsize);
     v[OFF_KIND] = r->kind;
     v[OFF_NTENSORS] = (uint8_t)r->ntensors;
     put16(v + OFF_FLAGS, r->flags);
@@ -151,13 +176,13 @@ sd_status sd_shard_rec_build(const sd_shard_rec *r, sd_buf *out, sd_error *err)
     put32(v + OFF_BUCKET + 4, r->bucket_h);
     for (int i = 0; i < 4; i++) putf64(v + OFF_CROP + 8 * i, r->crop[i]);
     memcpy(v + OFF_TEXTREF, r->text_ref, 16);
-    if (r->name_len) memcpy(v + SD_SHARD_HDR_SIZE, r->name, r->name_len);
+    if (r->name_len) memcpy(v + hsize, r->name, r->name_len);
     size_t off = 0;
     for (int i = 0; i < r->ntensors; i++) {
         const sd_shard_tensor *t = &r->t[i];
         size_t len = (size_t)elements(t) * sd_dtype_size(t->dtype);
         off = align16(off);
-        uint8_t *e = v + OFF_TENSORS + TENSOR_ENTRY * i;
+        uint8_t *e = v + entry_offset(i);
         e[0] = t->dtype;
         e[1] = t->ndim;
         e[2] = t->role;
@@ -181,7 +206,7 @@ sd_status sd_shard_rec_build(const sd_shard_rec *r, sd_buf *out, sd_error *err)
 /* Which roles a record kind may hold. */
 static int role_ok(int kind, int role)
 {
-    if (kind == SD_REC_LATENT) return role >= SD_ROLE_SAMPLE && role <= SD_ROLE_STD_FLIP;
+    if (kind == SD_REC_LATENT) return role >= SD_ROLE_SAMPLE && role <= SD_ROLE_MASK;
     return role >= SD_ROLE_HIDDEN && role <= SD_ROLE_POOLED;
 }
 
@@ -246,11 +271,28 @@ static sd_status check_tensor_set(const sd_shard_rec *r, sd_error *err)
     return SD_OK;
 }
 
-/* Latent records: flags say which roles exist, and all tensors share one shape. */
+/* A loss mask: fp32 [H, W] at the bucket's size (kohya's npz alpha_mask) or
+ * at the latent size (bucket / 8); its values are checked by sd-verify. */
+static sd_status check_mask(const sd_shard_rec *r, const sd_shard_tensor *t, sd_error *err)
+{
+    if (t->dtype != SD_DT_F32 || t->ndim != 2)
+        return sd_err_set(err, SD_EFORMAT, "loss mask must be fp32 [height, width] (dtype %u, %u dimensions)",
+                          t->dtype, t->ndim);
+    int full = t->shape[0] == r->bucket_h && t->shape[1] == r->bucket_w;
+    int latent = r->bucket_h % 8 == 0 && r->bucket_w % 8 == 0 && t->shape[0] == r->bucket_h / 8 &&
+                 t->shape[1] == r->bucket_w / 8;
+    if (!full && !latent)
+        return sd_err_set(err, SD_EFORMAT, "loss mask is %ux%u, neither the bucket %ux%u nor its latent size",
+                          t->shape[1], t->shape[0], r->bucket_w, r->bucket_h);
+    return SD_OK;
+}
+
+/* Latent records: flags say which roles exist, and all latent tensors share
+ * one shape and dtype (the mask has its own). */
 static sd_status check_latent_roles(const sd_shard_rec *r, sd_error *err)
 {
     int flip = (r->flags & SD_REC_F_FLIPPED) != 0, ms = (r->flags & SD_REC_F_MEANSTD) != 0;
-    int want[7] = {0};
+    int want[8] = {0};
     if (ms) {
         want[SD_ROLE_MEAN] = want[SD_ROLE_STD] = 1;
         want[SD_ROLE_MEAN_FLIP] = want[SD_ROLE_STD_FLIP] = flip;
@@ -258,33 +300,44 @@ static sd_status check_latent_roles(const sd_shard_rec *r, sd_error *err)
         want[SD_ROLE_SAMPLE] = 1;
         want[SD_ROLE_SAMPLE_FLIP] = flip;
     }
+    want[SD_ROLE_MASK] = (r->flags & SD_REC_F_MASK) != 0;
     int nwant = 0;
-    for (int k = 1; k < 7; k++) nwant += want[k];
+    for (int k = 1; k < 8; k++) nwant += want[k];
     if (nwant != r->ntensors)
         return sd_err_set(err, SD_EFORMAT, "latent flags 0x%x need %d tensors, record has %d", r->flags, nwant, r->ntensors);
+    const sd_shard_tensor *first = NULL;
     for (int i = 0; i < r->ntensors; i++) {
-        if (!want[r->t[i].role])
-            return sd_err_set(err, SD_EFORMAT, "latent tensor %d: role %u not allowed by flags 0x%x", i, r->t[i].role, r->flags);
-        if (r->t[i].ndim != r->t[0].ndim || memcmp(r->t[i].shape, r->t[0].shape, sizeof r->t[0].shape) ||
-            r->t[i].dtype != r->t[0].dtype)
-            return sd_err_set(err, SD_EFORMAT, "latent tensor %d: shape or dtype differs from tensor 0", i);
+        const sd_shard_tensor *t = &r->t[i];
+        if (!want[t->role])
+            return sd_err_set(err, SD_EFORMAT, "latent tensor %d: role %u not allowed by flags 0x%x", i, t->role, r->flags);
+        if (t->role == SD_ROLE_MASK) {
+            sd_status st = check_mask(r, t, err);
+            if (st) return st;
+            continue;
+        }
+        if (!first) first = t;
+        else if (t->ndim != first->ndim || memcmp(t->shape, first->shape, sizeof first->shape) || t->dtype != first->dtype)
+            return sd_err_set(err, SD_EFORMAT, "latent tensor %d: shape or dtype differs from the first latent", i);
     }
     return SD_OK;
 }
 
 /* A record claiming a newer format whose header checksum holds once its
- * version field reads this version: a damaged v1 record (a bit flip), not
- * a newer one, so it is corrupt rather than kept as unreadable. Only the
- * header and name are hashed (on a stack copy of the fixed header). */
+ * version field reads a version this code reads: a damaged record (a bit
+ * flip), not a newer one, so it is corrupt rather than kept as unreadable.
+ * Only the header and name are hashed (on a stack copy of the fixed header). */
 static int version_field_damaged(const uint8_t *v, size_t len)
 {
     uint32_t off = get32(v + OFF_PAYOFF);
     if (off < SD_SHARD_HDR_SIZE || off > len) return 0;
     uint8_t hdr[OFF_HDRHASH];
     memcpy(hdr, v, sizeof hdr);
-    put16(hdr + OFF_VERSION, SD_SHARD_VERSION);
-    uint64_t h = sd_hash64(hdr, sizeof hdr, 0);
-    return sd_hash64(v + SD_SHARD_HDR_SIZE, off - SD_SHARD_HDR_SIZE, h) == get64(v + OFF_HDRHASH);
+    for (int version = 1; version <= SD_REC_VERSION_MAX; version++) {
+        put16(hdr + OFF_VERSION, (uint16_t)version);
+        uint64_t h = sd_hash64(hdr, sizeof hdr, 0);
+        if (sd_hash64(v + SD_SHARD_HDR_SIZE, off - SD_SHARD_HDR_SIZE, h) == get64(v + OFF_HDRHASH)) return 1;
+    }
+    return 0;
 }
 
 /* Validate every byte of the header and describe the record. */
@@ -296,40 +349,49 @@ sd_status sd_shard_rec_parse(const void *val, size_t len, sd_shard_rec *out, sd_
         return sd_err_set(err, SD_ETRUNC, "record is %zu bytes, shorter than the %d-byte header", len, SD_SHARD_HDR_SIZE);
     if (memcmp(v, magic, 4)) return sd_err_set(err, SD_EFORMAT, "bad record magic");
     uint16_t version = get16(v + OFF_VERSION);
-    if (version > SD_SHARD_VERSION && version_field_damaged(v, len))
+    if (version > SD_REC_VERSION_MAX && version_field_damaged(v, len))
         return sd_err_set(err, SD_EFORMAT, "record format version %u is newer than this sdtk reads (%d), but its "
-                          "header checksum holds for version %d: the version field is damaged", version,
-                          SD_SHARD_VERSION, SD_SHARD_VERSION);
-    if (version > SD_SHARD_VERSION)
+                          "header checksum holds for a version it reads: the version field is damaged", version,
+                          SD_REC_VERSION_MAX);
+    if (version > SD_REC_VERSION_MAX)
         return sd_err_set(err, SD_EUNSUPPORTED, "record format version %u is newer than this sdtk reads (%d)", version,
-                          SD_SHARD_VERSION);
-    if (version != SD_SHARD_VERSION) return sd_err_set(err, SD_EFORMAT, "bad record format version %u", version);
-    if (get16(v + OFF_HDRSIZE) != SD_SHARD_HDR_SIZE)
-        return sd_err_set(err, SD_EFORMAT, "header size %u, expected %d", get16(v + OFF_HDRSIZE), SD_SHARD_HDR_SIZE);
+                          SD_REC_VERSION_MAX);
+    if (version < 1) return sd_err_set(err, SD_EFORMAT, "bad record format version %u", version);
+    size_t hsize = header_size(version);
+    if (len < hsize)
+        return sd_err_set(err, SD_ETRUNC, "record is %zu bytes, shorter than its %zu-byte header", len, hsize);
+    if (get16(v + OFF_HDRSIZE) != hsize)
+        return sd_err_set(err, SD_EFORMAT, "header size %u, expected %zu for record version %u", get16(v + OFF_HDRSIZE),
+                          hsize, version);
     out->kind = v[OFF_KIND];
     out->ntensors = v[OFF_NTENSORS];
     out->flags = get16(v + OFF_FLAGS);
     out->name_len = get16(v + OFF_NAMELEN);
     if (out->kind != SD_REC_LATENT && out->kind != SD_REC_TEXT)
         return sd_err_set(err, SD_EFORMAT, "unknown record kind %u", out->kind);
-    if (out->ntensors < 1 || out->ntensors > SD_SHARD_MAX_TENSORS)
-        return sd_err_set(err, SD_EFORMAT, "tensor count %d not in 1..4", out->ntensors);
+    int most = version >= 2 ? SD_SHARD_MAX_TENSORS : 4;
+    if (out->ntensors < 1 || out->ntensors > most)
+        return sd_err_set(err, SD_EFORMAT, "tensor count %d not in 1..%d", out->ntensors, most);
     if (out->flags & ~SD_REC_F_ALL) return sd_err_set(err, SD_EFORMAT, "unknown flags 0x%x", out->flags);
-    if (out->kind == SD_REC_TEXT && (out->flags & (SD_REC_F_FLIPPED | SD_REC_F_MEANSTD | SD_REC_F_TRANSPOSED)))
+    if (((out->flags & SD_REC_F_MASK) != 0) != (version >= 2))
+        return sd_err_set(err, SD_EFORMAT, "record version %u with flags 0x%x: a loss mask (flag 16) is version 2's "
+                          "and only its", version, out->flags);
+    if (out->kind == SD_REC_TEXT &&
+        (out->flags & (SD_REC_F_FLIPPED | SD_REC_F_MEANSTD | SD_REC_F_TRANSPOSED | SD_REC_F_MASK)))
         return sd_err_set(err, SD_EFORMAT, "text record with latent flags 0x%x", out->flags);
     if (out->name_len > SD_SHARD_MAX_KEY) return sd_err_set(err, SD_EFORMAT, "name length %zu > %d", out->name_len, SD_SHARD_MAX_KEY);
     if (get16(v + OFF_RSV0) || !all_zero(v + OFF_RSV1, OFF_HDRHASH - OFF_RSV1))
         return sd_err_set(err, SD_EFORMAT, "reserved header bytes not zero");
     out->payload_off = get32(v + OFF_PAYOFF);
     out->payload_len = get32(v + OFF_PAYLEN);
-    if (out->payload_off != align16(SD_SHARD_HDR_SIZE + out->name_len))
+    if (out->payload_off != align16(hsize + out->name_len))
         return sd_err_set(err, SD_EFORMAT, "payload offset %u does not follow the %zu-byte name", out->payload_off, out->name_len);
     if (len < out->payload_off || len - out->payload_off != out->payload_len)
         return sd_err_set(err, len < (size_t)out->payload_off + out->payload_len ? SD_ETRUNC : SD_EFORMAT,
                           "record is %zu bytes, header says %u + %u", len, out->payload_off, out->payload_len);
     if (header_hash(v, out->payload_off) != get64(v + OFF_HDRHASH))
         return sd_err_set(err, SD_EFORMAT, "header checksum mismatch");
-    if (!all_zero(v + SD_SHARD_HDR_SIZE + out->name_len, out->payload_off - SD_SHARD_HDR_SIZE - out->name_len))
+    if (!all_zero(v + hsize + out->name_len, out->payload_off - hsize - out->name_len))
         return sd_err_set(err, SD_EFORMAT, "name padding not zero");
     out->orig_w = get32(v + OFF_ORIG);
     out->orig_h = get32(v + OFF_ORIG + 4);
@@ -342,11 +404,11 @@ sd_status sd_shard_rec_parse(const void *val, size_t len, sd_shard_rec *out, sd_
     memcpy(out->text_ref, v + OFF_TEXTREF, 16);
     if (out->kind == SD_REC_TEXT && !all_zero(out->text_ref, 16))
         return sd_err_set(err, SD_EFORMAT, "text record with a text reference");
-    out->name = (const char *)v + SD_SHARD_HDR_SIZE;
+    out->name = (const char *)v + hsize;
     out->payload = v + out->payload_off;
     out->payload_hash = get64(v + OFF_PAYHASH);
-    for (int i = 0; i < SD_SHARD_MAX_TENSORS; i++) {
-        const uint8_t *e = v + OFF_TENSORS + TENSOR_ENTRY * i;
+    for (int i = 0; i < most; i++) {
+        const uint8_t *e = v + entry_offset(i);
         if (i >= out->ntensors) {
             if (!all_zero(e, TENSOR_ENTRY)) return sd_err_set(err, SD_EFORMAT, "unused tensor entry %d not zero", i);
             continue;

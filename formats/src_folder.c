@@ -282,6 +282,12 @@ static void walk(walker *w, const char *dir, const char *rel, int depth)
                 sd_meta_skip_input(m, "empty image file", "%s", path);
                 continue;
             }
+            /* NAME_mask.png beside an image NAME.ext is that image's loss mask
+             * (sd-latents --masks files), not a picture to train on */
+            if (nl > 9 && strcmp(name + nl - 9, "_mask.png") == 0 && has_image_for(names, n, name, nl - 9)) {
+                sd_meta_skip_input(m, "loss mask beside its image", "%s", path);
+                continue;
+            }
             add_image(w, dir, rel, name, names, n);
         } else if (w->mode == 0) {
             note_orphan_caption(w, path, name, names, n);

@@ -6,7 +6,10 @@
 set -eu
 dir=${1:?usage: photos.sh DIR}
 mkdir -p "$dir"
-[ -n "$(ls -A "$dir" 2>/dev/null)" ] && exit 0
+if [ -n "$(ls -A "$dir" 2>/dev/null)" ]; then
+  echo "photos: $dir is not empty: kept as it is ($(ls "$dir" | wc -l) files)" >&2
+  exit 0
+fi
 i=0
 find /usr/share/backgrounds /usr/share/wallpapers -type f \
   \( -iname '*.jpg' -o -iname '*.jpeg' -o -iname '*.png' -o -iname '*.webp' \) -size +100k 2>/dev/null | sort |

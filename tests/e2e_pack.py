@@ -177,9 +177,10 @@ class Pack(unittest.TestCase):
                 self.te(os.path.join(d, stem + "_te_outputs.npz"), seed=99 if i in (1, 4) else None)
         return d
 
-    def assert_same_tree(self, a, b, f16=False):
+    def assert_same_tree(self, a, b, f16=False, exact=()):
         """Every npz in a equals the one in b: same keys in the same order,
-        dtypes and values (with f16, float arrays of b as numpy float16)."""
+        dtypes and values (with f16, float arrays of b as numpy float16, but
+        the arrays named in exact as they are)."""
         self.assertEqual(tree(a), tree(b))
         for rel in tree(a):
             x, xk = npz_dict(os.path.join(a, rel))
@@ -187,7 +188,7 @@ class Pack(unittest.TestCase):
             self.assertEqual(xk, yk, rel)
             for k in xk:
                 want = y[k]
-                if f16 and k not in ("original_size", "crop_ltrb"):
+                if f16 and k not in ("original_size", "crop_ltrb") + tuple(exact):
                     want = want.astype(np.float16)
                     if x[k].dtype == np.float32:
                         want = want.astype(np.float32)
@@ -225,6 +226,44 @@ class Pack(unittest.TestCase):
         rc, _, err = run("export-kohya", shard, "-o", out, "-q")
         self.assertEqual(rc, 0, err)
         self.assert_same_tree(out, d)
+
+    def test_alpha_mask_round_trip(self):
+        """kohya's alpha_mask (float32 at the image's size, alpha / 255) is imported as the
+        record's loss mask (record version 2) and exported back: npz -> import -> export equal,
+        key order included; split, merge and compact keep it (their exports equal too), sd-verify
+        finds no problem; an fp16 import keeps the mask fp32."""
+        d = self.p("alpha")
+        for i, (w, h) in enumerate([(64, 48), (48, 64), (64, 64), (32, 32)]):
+            extra = {}
+            if i != 3:  # one image without a mask: a version 1 record beside the masked ones
+                a = self.rng.integers(0, 256, (h, w)).astype(np.uint8)
+                extra["alpha_mask"] = a.astype(np.float32) / 255.0
+            self.latents(os.path.join(d, "a%d.npz" % i), w, h, flip=i % 2 == 0, **extra)
+        shard = self.p("alpha.lmdb")
+        rc, _, err = run("import-kohya", d, "-o", shard, "-q")
+        self.assertEqual(rc, 0, err)
+        self.verify(shard)
+        self.assertEqual((self.info(shard)["latents"]["records"], self.info(shard)["latents"]["masks"]), (4, 3))
+        rc, _, err = run("export-kohya", shard, "-o", self.p("alpha-out"), "--layout", "legacy", "-q")
+        self.assertEqual(rc, 0, err)
+        self.assert_same_tree(self.p("alpha-out"), d)
+        self.assertIn("alpha_mask", npz_dict(self.p("alpha-out", "a0.npz"))[1])
+        rc, _, err = run("split", "-n", "2", "-o", self.p("ap-%d.lmdb"), shard, "-q")
+        self.assertEqual(rc, 0, err)
+        rc, _, err = run("merge", "-o", self.p("am.lmdb"), self.p("ap-0.lmdb"), self.p("ap-1.lmdb"), "-q")
+        self.assertEqual(rc, 0, err)
+        rc, _, err = run("compact", self.p("am.lmdb"), "-o", self.p("ac.lmdb"), "-q")
+        self.assertEqual(rc, 0, err)
+        self.verify(self.p("ac.lmdb"))
+        rc, _, err = run("export-kohya", self.p("ac.lmdb"), "-o", self.p("alpha-out2"), "--layout", "legacy", "-q")
+        self.assertEqual(rc, 0, err)
+        self.assert_same_tree(self.p("alpha-out2"), d)
+        rc, _, err = run("import-kohya", d, "-o", self.p("alpha16.lmdb"), "--dtype", "fp16", "-q")
+        self.assertEqual(rc, 0, err)
+        rc, _, err = run("export-kohya", self.p("alpha16.lmdb"), "-o", self.p("alpha-out16"), "--layout", "legacy",
+                         "-q")
+        self.assertEqual(rc, 0, err)
+        self.assert_same_tree(self.p("alpha-out16"), d, f16=True, exact=("alpha_mask",))
 
     def test_scaling_factor_from_names_or_option(self):
         # legacy names with text-encoder outputs: SDXL assumed, with a warning
@@ -423,6 +462,9 @@ class Pack(unittest.TestCase):
         np.savez(os.path.join(d, "nan.npz"), latents=bad, original_size=np.array([16, 16]),
                  crop_ltrb=np.array([0, 0, 16, 16]))
         self.latents(os.path.join(d, "alpha.npz"), 16, 16, alpha_mask=np.ones((16, 16), np.float32))
+        # masks of another size than the image, and with values outside 0..1: skipped, counted
+        self.latents(os.path.join(d, "alphasize.npz"), 16, 16, alpha_mask=np.ones((8, 16), np.float32))
+        self.latents(os.path.join(d, "alpharange.npz"), 16, 16, alpha_mask=np.full((16, 16), 1.5, np.float32))
         self.latents(os.path.join(d, "ltrb.npz"), 16, 16, orig=(64, 48), crop=[0, 0, 16, 16])  # not sd-scripts' value
         np.savez(os.path.join(d, "huge.npz"), latents=np.zeros((4, 2, 2), np.float32),
                  original_size=np.array([2 ** 63 - 1, 16], np.int64), crop_ltrb=np.array([0.0, 0, 16, 16]))
@@ -434,17 +476,19 @@ class Pack(unittest.TestCase):
         rc, _, err = run("import-kohya", d, "-o", shard)
         self.assertEqual(rc, 0, err)
         for reason, n in (("unreadable npz", 3), ("no latents array", 1), ("bad latents shape", 1),
-                          ("NaN or Inf in latents", 1), ("alpha_mask (shard format v1 has no tensor role for it)", 1),
+                          ("NaN or Inf in latents", 1), ("bad alpha_mask", 1), ("alpha_mask values outside 0..1", 1),
                           ("bad te shape", 1), ("te_outputs without latents", 1), ("bad original_size", 1)):
             self.assertEqual(skipped(err, reason), n, (reason, err))
         # a crop_ltrb that is not sd-scripts' value: imported, kept as given (flag 4), with a warning
         self.assertIn("is not sd-scripts'", err)
         self.assertIn("stored as given", err)
         for name in ("trunc.npz", "notzip.npz", "nolat.npz", "shape.npz", "fortran.npz", "nan.npz",
-                     "badte_te_outputs.npz", "orphan_te_outputs.npz", "ltrb.npz", "huge.npz"):
+                     "badte_te_outputs.npz", "orphan_te_outputs.npz", "ltrb.npz", "huge.npz", "alphasize.npz",
+                     "alpharange.npz"):
             self.assertIn(name, err)
         self.assertIn("Fortran order", err)
-        self.assertEqual(self.info(shard)["latents"]["records"], 3)
+        self.assertIn("alpha_mask is not (16, 16) float", err)
+        self.assertEqual(self.info(shard)["latents"]["records"], 4)  # alpha.npz is imported with its mask
         # ... and exported with the file's own crop_ltrb back
         rc, _, err = run("export-kohya", shard, "-o", self.p("ltrb-out"), "--layout", "legacy", "-q")
         with np.load(self.p("ltrb-out", "ltrb.npz")) as z:

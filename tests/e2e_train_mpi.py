@@ -13,6 +13,8 @@ Ranks that would not train the same run stop at once, naming the rank: a usage e
 rank (exit 2 on all), another checkpoint or other shards on one rank; rank 0 writing a
 checkpoint longer than SD_DIST_TIMEOUT does not stop the others; --epochs resumed with
 another world size ends after the epochs; the skipped-record summary counts every rank's.
+sd-train --memory-plan --zero1 on 2 ranks prints one plan (rank 0's) whose optimizer bytes are
+rank 0's share of the AdamW moments.
 Exit 77 (skipped) when mpirun is missing or sd-train was built without MPI.
 Usage: e2e_train_mpi.py SD_TRAIN TEST_TRAIN UNET_DIR HAVE_MPI"""
 import json
@@ -451,6 +453,29 @@ class TrainMPI(unittest.TestCase):
                            [self.shard], capture_output=True)
         self.assertEqual(p.returncode, 0, p.stderr.decode())
         self.assertIn("made with 2 rank(s), this run has 1", p.stderr.decode())
+
+
+class MemoryPlanMPI(unittest.TestCase):
+    def test_zero1_plan_is_rank_0s_share(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            shard = os.path.join(tmp, "cache.shard")
+            subprocess.run([MAKE, "--make-shard", shard], check=True, capture_output=True)
+            cfg = os.path.join(UNET, "unet", "config.json")
+            base = ["--unet-config", cfg, "--memory-plan", "-j", "1", shard]
+            one = json.loads(subprocess.run([TRAIN] + base, capture_output=True, check=True).stdout)
+            cmd = [MPIRUN, "--oversubscribe", "--allow-run-as-root", "-np", "2", TRAIN, "--zero1"] + base
+            env = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none")
+            p = subprocess.run(cmd, capture_output=True, env=env, timeout=120)
+            self.assertEqual(p.returncode, 0, p.stderr.decode())
+            lines = p.stdout.decode().splitlines()
+            self.assertEqual(len(lines), 1, lines)
+            two = json.loads(lines[0])
+            n = one["weights"] // 4  # floats of the flat buffer; one reduction block here
+            self.assertLess(n, 1 << 22)
+            self.assertEqual(one["optimizer"], 8 * n)
+            self.assertEqual(two["optimizer"], 8 * (n // 2))  # rank 0: [0, n / 2) of the block
+            self.assertIs(two["setup"]["zero1"], True)
+            self.assertEqual(two["weights"], one["weights"])
 
 
 if __name__ == "__main__":

@@ -13,10 +13,13 @@
  *                                  with text_encoder ENCODER (as sd-latents
  *                                  --text does); prints its hex key
  *   meta SHARD KEY VALUE           set one meta entry
+ *   mask SHARD NAME VALUE          rewrite NAME's record with a loss mask of
+ *                                  the latent size, every value VALUE
  *   misname SHARD NAME TARGET      point the names entry NAME at the record
  *                                  the name TARGET leads to, bypassing the API
  *   newver SHARD NAME [damaged|inplace]  store a copy of NAME's record under the key
- *                                  "v2-NAME" with format version 2 and its header
+ *                                  "v2-NAME" with format version 3 (newer than any
+ *                                  this sdtk reads) and its header
  *                                  checksum made for it (a record a newer sdtk
  *                                  wrote), or with damaged, the checksum left as
  *                                  it was (a damaged version field), or with
@@ -433,6 +436,46 @@ static int cmd_unnamed(char **argv)
     return (s && sd_shard_close(s, &err)) || st ? 3 : 0;
 }
 
+/* NAME's record rewritten in place with a loss mask at the latent size,
+ * every value VALUE (a value outside 0..1 is what sd-verify reports as
+ * bad_mask). */
+static int cmd_mask(char **argv)
+{
+    sd_error err;
+    sd_shard *s = NULL;
+    sd_shard_txn *t = NULL;
+    const void *k, *v;
+    size_t kl, vl;
+    uint8_t key[SD_SHARD_MAX_KEY];
+    sd_shard_rec r;
+    sd_buf b;
+    sd_buf_init(&b);
+    static float mask[256 * 256];
+    sd_status st = sd_shard_open(&s, argv[2], NULL, &err);
+    if (!st) st = sd_shard_read_begin(s, &t, &err);
+    if (!st) st = sd_shard_get_name(t, argv[3], strlen(argv[3]), &k, &kl, &err);
+    if (!st) {
+        memcpy(key, k, kl);
+        st = sd_shard_get(t, k, kl, &v, &vl, &err);
+    }
+    if (!st) st = sd_shard_rec_parse(v, vl, &r, &err);
+    if (!st && (r.bucket_w / 8) * (r.bucket_h / 8) > 256 * 256) st = sd_err_set(&err, SD_ERANGE, "bucket too large");
+    if (!st) {
+        for (size_t i = 0; i < (size_t)(r.bucket_w / 8) * (r.bucket_h / 8); i++) mask[i] = (float)atof(argv[4]);
+        r.t[r.ntensors++] = (sd_shard_tensor){SD_DT_F32, SD_ROLE_MASK, 2, {r.bucket_h / 8, r.bucket_w / 8, 0, 0}, 0, 0,
+                                              mask};
+        r.flags |= SD_REC_F_MASK;
+        st = sd_shard_rec_build(&r, &b, &err);
+    }
+    if (t) sd_shard_read_end(t);
+    if (!st) st = sd_shard_begin(s, &err);
+    if (!st) st = sd_shard_put(s, key, kl, b.data, b.len, &err);
+    if (!st) st = sd_shard_commit(s, &err);
+    sd_buf_free(&b);
+    if (st) fprintf(stderr, "shard_writer: %s\n", err.msg);
+    return (s && sd_shard_close(s, &err)) || st ? 3 : 0;
+}
+
 /* names[NAME] = names[TARGET], through LMDB: a names entry leading to a
  * record of another name. */
 static int cmd_misname(char **argv)
@@ -456,7 +499,8 @@ static int cmd_misname(char **argv)
     return rc ? 3 : 0;
 }
 
-/* A copy of NAME's record with format version 2 under "v2-NAME"; its header
+/* A copy of NAME's record with format version 3 (one newer than this sdtk
+ * reads) under "v2-NAME"; its header
  * checksum (docs/FORMATS.md: XXH3-64 of bytes 0..247, continued over the
  * name up to the payload offset at byte 80) made for the new version unless
  * damaged. */
@@ -474,7 +518,7 @@ static int cmd_newver(int argc, char **argv)
     }
     uint8_t *v = malloc(rv.mv_size);
     memcpy(v, rv.mv_data, rv.mv_size);
-    v[4] = 2;
+    v[4] = SD_REC_VERSION_MAX + 1;
     v[5] = 0;
     if (!damaged) {
         uint32_t poff = (uint32_t)v[80] | (uint32_t)v[81] << 8 | (uint32_t)v[82] << 16 | (uint32_t)v[83] << 24;
@@ -505,7 +549,9 @@ static int cmd_corpus(char **argv)
     fill16(b2, 96, 2);
     fill16(c, 96, 3);
     fill16(d, 96, 4);
-    sd_shard_rec r[4];
+    static float m[4 * 6];
+    for (int i = 0; i < 24; i++) m[i] = (float)i / 23.0f;
+    sd_shard_rec r[5];
     memset(r, 0, sizeof r);
     r[0].kind = SD_REC_LATENT;
     r[0].bucket_w = 48, r[0].bucket_h = 32, r[0].name = "a.png", r[0].name_len = 5, r[0].ntensors = 1;
@@ -521,11 +567,15 @@ static int cmd_corpus(char **argv)
     r[3].t[0] = (sd_shard_tensor){SD_DT_F16, SD_ROLE_HIDDEN1, 2, {4, 8, 0, 0}, 0, 0, a};
     r[3].t[1] = (sd_shard_tensor){SD_DT_F16, SD_ROLE_HIDDEN2, 2, {4, 12, 0, 0}, 0, 0, b2};
     r[3].t[2] = (sd_shard_tensor){SD_DT_F16, SD_ROLE_POOLED, 1, {12, 0, 0, 0}, 0, 0, c};
-    static const char *names[4] = {"latent_f16", "latent_bf16_meanstd_flip", "latent_f32", "text_sdxl"};
+    r[4] = r[1]; /* version 2: with a loss mask at the latent size */
+    r[4].flags |= SD_REC_F_MASK, r[4].ntensors = 5;
+    r[4].t[4] = (sd_shard_tensor){SD_DT_F32, SD_ROLE_MASK, 2, {4, 6, 0, 0}, 0, 0, m};
+    static const char *names[5] = {"latent_f16", "latent_bf16_meanstd_flip", "latent_f32", "text_sdxl",
+                                   "latent_meanstd_flip_mask"};
     sd_buf b;
     sd_buf_init(&b);
     sd_error err;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         if (sd_shard_rec_build(&r[i], &b, &err)) {
             fprintf(stderr, "shard_writer: %s\n", err.msg);
             return 3;
@@ -548,6 +598,7 @@ int main(int argc, char **argv)
     if (argc >= 3 && !strcmp(argv[1], "locate")) return cmd_locate(argv);
     if (argc >= 4 && !strcmp(argv[1], "emptytext")) return cmd_emptytext(argv);
     if (argc >= 5 && !strcmp(argv[1], "meta")) return cmd_meta(argv);
+    if (argc >= 5 && !strcmp(argv[1], "mask")) return cmd_mask(argv);
     if (argc >= 5 && !strcmp(argv[1], "misname")) return cmd_misname(argv);
     if (argc >= 4 && !strcmp(argv[1], "newver")) return cmd_newver(argc, argv);
     if (argc >= 4 && !strcmp(argv[1], "unnamed")) return cmd_unnamed(argv);

@@ -16,6 +16,7 @@
 #include "backend.h"
 #include "check.h"
 #include "ops_math.h"
+#include "plan_backend.h"
 #include "safetensors.h"
 #include "vae.h"
 #ifndef GOLDEN_VAE
@@ -59,6 +60,55 @@ static void check_complete(const sd_backend *be)
     CHECK(missing == 0);
     size_t listed = 0 ENTRIES(COUNT_ONE) OPTIONAL_ENTRIES(COUNT_ONE);
     CHECK(sizeof(sd_backend) == offsetof(sd_backend, alloc) + listed * sizeof(void (*)(void)));
+}
+
+/* The planning backend: blocks counted live and at their peak, each op's
+ * scratch the size its allocating function gives, on top of the live
+ * blocks; the blocks are never readable (an op touching one would fault). */
+static void test_plan_backend(void)
+{
+    sd_plan_exec x;
+    sd_error err = {0};
+    const sd_backend *be = sd_backend_plan();
+    check_complete(be);
+    CHECK(be->is_device);
+    if (!CHECK(sd_plan_exec_init(&x, 1 << 20, 3, &err) == SD_OK)) return;
+    float *a = be->alloc(&x, 1000), *b = be->alloc(&x, 64);
+    CHECK(a && b && (char *)b - (char *)a == 1024);
+    CHECK(x.live == 1088 && x.peak == 1088);
+    be->release(&x, a);
+    CHECK(x.live == 64 && x.peak == 1088);
+    CHECK(be->alloc(&x, 1 << 20) == NULL); /* past the reservation: out of memory, as a full device */
+    /* a 3x3 conv takes Winograd's scratch: more with more workers */
+    sd_conv2d_shape wino = {.n = 1, .cin = 64, .cout = 64, .h = 16, .w = 16, .kh = 3, .kw = 3, .stride = 1,
+                            .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1};
+    size_t sw = sd_conv2d_fwd_scratch_bytes(3, &wino);
+    CHECK(sw > 16 * 64 * 64 * sizeof(float)); /* the transformed weights and the workers' areas */
+    CHECK(sd_conv2d_fwd_scratch_bytes(1, &wino) < sw);
+    be->conv2d_fwd(&x, &wino, b, b, b, NULL);
+    CHECK(x.scratch == sw && x.peak_total == 64 + sw);
+    float *c = be->alloc(&x, 1 << 16);
+    be->conv2d_fwd(&x, &wino, b, b, b, NULL);
+    CHECK(x.peak_total == 64 + (1 << 16) + sw);
+    /* a 1x1 conv is one GEMM over the input itself: no scratch */
+    sd_conv2d_shape pw = {.n = 1, .cin = 8, .cout = 8, .h = 16, .w = 16, .kh = 1, .kw = 1, .stride = 1};
+    CHECK(sd_conv2d_fwd_scratch_bytes(3, &pw) == 0);
+    sd_attn_shape at = {.b = 1, .heads = 2, .tq = 64, .tk = 64, .d = 16, .scale = 0.25f};
+    be->attn_bwd(&x, &at, b, b, b, b, b, b, b, b, b);
+    CHECK(x.scratch >= sd_attn_bwd_scratch_bytes(3, &at));
+    be->linear_fwd(&x, &(sd_linear_shape){.m = 4, .k = 8, .n = 8}, b, b, b, NULL);
+    CHECK(sd_linear_fwd_scratch_bytes(3) == 3 * sd_linear_fwd_scratch_bytes(1));
+    /* a device plan: attention's score blocks, one forward, two backward */
+    x.device = 1;
+    size_t before = x.scratch;
+    x.scratch = 0;
+    be->attn_bwd(&x, &at, b, b, b, b, b, b, b, b, b);
+    CHECK(x.scratch == 2 * sd_attn_block_bytes(&at, 0));
+    x.scratch = before;
+    be->release(&x, c);
+    be->release(&x, b);
+    CHECK(x.live == 0);
+    sd_plan_exec_free(&x);
 }
 
 /* Deterministic values in [lo, hi). */
@@ -297,6 +347,7 @@ int main(void)
     CHECK(strcmp(sd_backend_cuda()->name, "cuda") == 0 && sd_backend_cuda()->is_device);
 #endif
     test_memory();
+    test_plan_backend();
     test_through_table();
     test_transpose();
     test_gauss_std();

@@ -574,8 +574,38 @@ done:
     free(h32), free(p32), free(h16), free(p16);
 }
 
+/* sd_clip_kohya_join on chunks whose every value names its chunk, row and
+ * column: the joined rows are the first chunk's BOS, rows 1..75 of each
+ * chunk in order and the last chunk's row 76, as sd-scripts'
+ * get_hidden_states slices them; the lengths for --max-tokens. */
+static void check_kohya_join(void)
+{
+    enum { W = 3 };
+    CHECK(sd_clip_kohya_rows(75) == 77 && sd_clip_kohya_rows(150) == 152 && sd_clip_kohya_rows(225) == 227);
+    CHECK(sd_clip_kohya_rows(0) == 0 && sd_clip_kohya_rows(76) == 0 && sd_clip_kohya_rows(300) == 0);
+    static float in[3 * 77 * W], out[227 * W];
+    for (int c = 0; c < 3; c++)
+        for (int r = 0; r < 77; r++)
+            for (int x = 0; x < W; x++) in[(c * 77 + r) * W + x] = (float)(c * 10000 + r * 10 + x);
+    for (size_t k = 1; k <= 3; k++) {
+        size_t rows = 75 * k + 2;
+        memset(out, 0xff, sizeof out);
+        sd_clip_kohya_join(in, k, W, out);
+        int ok = 1;
+        for (size_t j = 0; j < rows; j++) {
+            size_t c = j == 0 ? 0 : j == rows - 1 ? k - 1 : (j - 1) / 75;
+            size_t r = j == 0 ? 0 : j == rows - 1 ? 76 : (j - 1) % 75 + 1;
+            for (int x = 0; x < W; x++) ok &= out[j * W + x] == in[(c * 77 + r) * W + x];
+        }
+        uint32_t past = 0xffffffffu;
+        if (rows < 227) memcpy(&past, out + rows * W, 4);
+        CHECK(ok && past == 0xffffffffu); /* and nothing written past the rows */
+    }
+}
+
 int main(void)
 {
+    check_kohya_join();
     check_sd1();
     check_sd2();
     check_sdxl();

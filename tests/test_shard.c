@@ -34,16 +34,19 @@ static void fill(void *p, size_t n, uint32_t seed)
     }
 }
 
-/* A latent record for record i: bucket from i, shape 4 x h/8 x w/8. */
-static sd_status make_latent(sd_buf *out, int i, int dtype, int flip, int meanstd, sd_error *err)
+/* A latent record for record i: bucket from i, shape 4 x h/8 x w/8; mask 1
+ * adds a loss mask of the bucket's size, 2 one of the latent size (record
+ * version 2). */
+static sd_status make_latent_mask(sd_buf *out, int i, int dtype, int flip, int meanstd, int mask, sd_error *err)
 {
     static uint8_t data[4][4 * 32 * 32 * 4];
+    static float mdata[256 * 256];
     char name[64];
     snprintf(name, sizeof name, "img/%05d.png", i);
     sd_shard_rec r;
     memset(&r, 0, sizeof r);
     r.kind = SD_REC_LATENT;
-    r.flags = (uint16_t)((flip ? SD_REC_F_FLIPPED : 0) | (meanstd ? SD_REC_F_MEANSTD : 0));
+    r.flags = (uint16_t)((flip ? SD_REC_F_FLIPPED : 0) | (meanstd ? SD_REC_F_MEANSTD : 0) | (mask ? SD_REC_F_MASK : 0));
     r.orig_w = 1000 + (uint32_t)i;
     r.orig_h = 700;
     r.bucket_w = 64 + 64 * (uint32_t)(i % 3);
@@ -75,7 +78,19 @@ static sd_status make_latent(sd_buf *out, int i, int dtype, int flip, int meanst
         fill(data[j], 4 * t->shape[1] * t->shape[2] * sd_dtype_size(dtype), (uint32_t)(i * 7 + j));
         t->data = data[j];
     }
+    if (mask) {
+        sd_shard_tensor *t = &r.t[r.ntensors++];
+        int div = mask == 1 ? 1 : 8;
+        *t = (sd_shard_tensor){SD_DT_F32, SD_ROLE_MASK, 2, {r.bucket_h / div, r.bucket_w / div, 0, 0}, 0, 0, mdata};
+        for (uint32_t e = 0; e < t->shape[0] * t->shape[1]; e++) mdata[e] = (float)((e * 7 + (uint32_t)i) % 256) / 255.0f;
+    }
     return sd_shard_rec_build(&r, out, err);
+}
+
+/* A latent record without a mask (record version 1). */
+static sd_status make_latent(sd_buf *out, int i, int dtype, int flip, int meanstd, sd_error *err)
+{
+    return make_latent_mask(out, i, dtype, flip, meanstd, 0, err);
 }
 
 /* Build, parse and compare every field for each dtype and tensor layout. */
@@ -133,6 +148,78 @@ static void test_codec_roundtrip(void)
     sd_buf_free(&b);
 }
 
+/* Records with a loss mask (version 2, 288-byte header, a fifth tensor
+ * entry): both sizes round-trip with every latent layout; a version 1
+ * record reads as before (256-byte header); a mask of another size, dtype
+ * or a mask without its flag is refused; every bit flip of a masked
+ * record is caught. */
+static void test_codec_mask(void)
+{
+    sd_buf b;
+    sd_buf_init(&b);
+    sd_error err;
+    for (int mask = 1; mask <= 2; mask++)
+        for (int flip = 0; flip < 2; flip++)
+            for (int ms = 0; ms < 2; ms++) {
+                if (!CHECK(make_latent_mask(&b, 5, SD_DT_F16, flip, ms, mask, &err) == SD_OK)) {
+                    fprintf(stderr, "%s\n", err.msg);
+                    continue;
+                }
+                const uint8_t *v = (const uint8_t *)b.data;
+                CHECK(v[4] == 2 && v[5] == 0 && (v[6] | v[7] << 8) == 288);
+                sd_shard_rec r;
+                if (!CHECK(sd_shard_rec_parse(b.data, b.len, &r, &err) == SD_OK)) {
+                    fprintf(stderr, "%s\n", err.msg);
+                    continue;
+                }
+                CHECK(sd_shard_rec_check_payload(&r, &err) == SD_OK && b.len == sd_shard_rec_size(&r));
+                CHECK(r.ntensors == (1 + flip) * (1 + ms) + 1 && (r.flags & SD_REC_F_MASK));
+                CHECK(r.name_len == 13 && memcmp(r.name, "img/00005.png", 13) == 0 && r.payload_off == 304);
+                const sd_shard_tensor *m = sd_shard_rec_tensor(&r, SD_ROLE_MASK);
+                uint32_t h = mask == 1 ? 128 : 16, w = mask == 1 ? 192 : 24;
+                CHECK(m && m->dtype == SD_DT_F32 && m->shape[0] == h && m->shape[1] == w);
+                CHECK(m && ((const float *)m->data)[1] == 12.0f / 255.0f);
+            }
+    /* without a mask: version 1, as the previous release wrote */
+    CHECK(make_latent(&b, 5, SD_DT_F16, 1, 1, &err) == SD_OK);
+    CHECK(((const uint8_t *)b.data)[4] == 1 && (((const uint8_t *)b.data)[6] | ((const uint8_t *)b.data)[7] << 8) == 256);
+    /* a mask of neither the bucket's nor the latent size, or not fp32, or without the flag */
+    static float mk[200 * 200];
+    sd_shard_rec r;
+    memset(&r, 0, sizeof r);
+    r.kind = SD_REC_LATENT;
+    r.flags = SD_REC_F_MASK;
+    r.bucket_w = r.bucket_h = 64;
+    static uint16_t lat[4 * 8 * 8];
+    r.ntensors = 2;
+    r.t[0] = (sd_shard_tensor){SD_DT_F16, SD_ROLE_SAMPLE, 3, {4, 8, 8, 0}, 0, 0, lat};
+    r.t[1] = (sd_shard_tensor){SD_DT_F32, SD_ROLE_MASK, 2, {64, 64, 0, 0}, 0, 0, mk};
+    CHECK(sd_shard_rec_build(&r, &b, &err) == SD_OK);
+    r.t[1].shape[0] = 32;
+    CHECK(sd_shard_rec_build(&r, &b, &err) == SD_EFORMAT && strstr(err.msg, "neither the bucket"));
+    r.t[1].shape[0] = 64;
+    r.t[1].dtype = SD_DT_F16;
+    CHECK(sd_shard_rec_build(&r, &b, &err) == SD_EFORMAT && strstr(err.msg, "fp32"));
+    r.t[1].dtype = SD_DT_F32;
+    r.flags = 0;
+    CHECK(sd_shard_rec_build(&r, &b, &err) != SD_OK);
+    uint8_t *v;
+    /* every bit flip of a masked record is caught */
+    CHECK(make_latent_mask(&b, 3, SD_DT_F16, 1, 1, 2, &err) == SD_OK);
+    size_t len = b.len, missed = 0;
+    v = malloc(len);
+    for (size_t byte = 0; byte < len; byte++)
+        for (int bit = 0; bit < 8; bit++) {
+            memcpy(v, b.data, len);
+            v[byte] ^= (uint8_t)(1 << bit);
+            if (sd_shard_rec_parse(v, len, &r, &err) == SD_OK && sd_shard_rec_check_payload(&r, &err) == SD_OK)
+                missed++;
+        }
+    CHECK(missed == 0);
+    free(v);
+    sd_buf_free(&b);
+}
+
 /* Every single-bit flip anywhere in a record, and every truncation, is
  * caught by parse + payload check. */
 static void test_codec_damage(void)
@@ -160,10 +247,10 @@ static void test_codec_damage(void)
     /* the version byte alone changed: the header checksum holds for version 1, so a damaged
      * field (a corrupt record), not a newer one */
     memcpy(v, b.data, len);
-    v[4] = 2;
+    v[4] = 3;
     sd_shard_rec r;
     CHECK(sd_shard_rec_parse(v, len, &r, &err) == SD_EFORMAT && strstr(err.msg, "version field is damaged"));
-    /* a newer record (its checksum made for version 2): a clear "newer" error */
+    /* a newer record (its checksum made for version 3): a clear "newer" error */
     uint32_t poff = (uint32_t)v[80] | (uint32_t)v[81] << 8 | (uint32_t)v[82] << 16 | (uint32_t)v[83] << 24;
     uint64_t h = sd_hash64(v + 256, poff - 256, sd_hash64(v, 248, 0));
     for (int i = 0; i < 8; i++) v[248 + i] = (uint8_t)(h >> (8 * i));
@@ -869,6 +956,7 @@ int main(void)
     test_text_key_hex();
     test_codec_roundtrip();
     test_codec_damage();
+    test_codec_mask();
     test_store();
     test_reindex_broken();
     test_full();

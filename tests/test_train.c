@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "data_int.h"
 #include "f16.h"
 #include "safetensors.h"
 #include "shard.h"
@@ -1219,6 +1220,82 @@ static void test_golden_sdxl(void)
     sd_st_close(g);
 }
 
+/* --masked-loss against sd-scripts (tests/golden/make_mask_golden.py): the
+ * alpha masks of the image's size reduced to the latent size as torch's
+ * area interpolation (and mirrored for a flipped sample), then the masked
+ * loss and every parameter's gradient on the tiny sd1 UNet within 1e-4
+ * relative of torch's float64 ones. */
+static void test_golden_masked(void)
+{
+    sd_error err = {0};
+    sd_safetensors *g = NULL;
+    char path[512];
+    snprintf(path, sizeof path, "%s/sd1/masked.safetensors", GOLDEN_DIR);
+    if (!CHECK(sd_st_open(&g, path, &err) == SD_OK)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return;
+    }
+    const char *names = NULL;
+    for (size_t i = 0; i < sd_st_meta_count(g); i++)
+        if (strcmp(sd_st_meta_at(g, i)->key, "names") == 0) names = sd_st_meta_at(g, i)->value;
+    const sd_st_tensor *x0 = sd_st_find(g, "x0"), *ctx = sd_st_find(g, "ctx"), *nz = sd_st_find(g, "noise");
+    const sd_st_tensor *tt = sd_st_find(g, "t"), *am = sd_st_find(g, "alpha_masks"), *ml = sd_st_find(g, "mask_latent");
+    const sd_st_tensor *gl = sd_st_find(g, "loss"), *gs = sd_st_find(g, "grad_stats");
+    if (!CHECK(names && x0 && ctx && nz && tt && am && ml && gl && gs)) {
+        sd_st_close(g);
+        return;
+    }
+    /* the reduction, from records holding the 128x128 alpha masks */
+    float mask[2 * 16 * 16], flipped[16 * 16];
+    static const uint16_t lat[4 * 16 * 16];
+    double worst = 0;
+    for (int b = 0; b < 2; b++) {
+        sd_shard_rec r;
+        memset(&r, 0, sizeof r);
+        r.kind = SD_REC_LATENT;
+        r.flags = SD_REC_F_MASK;
+        r.bucket_w = r.bucket_h = 128;
+        r.ntensors = 2;
+        r.t[0] = (sd_shard_tensor){SD_DT_F16, SD_ROLE_SAMPLE, 3, {4, 16, 16, 0}, 0, 0, lat};
+        r.t[1] = (sd_shard_tensor){SD_DT_F32, SD_ROLE_MASK, 2, {128, 128, 0, 0}, 0, 0,
+                                   (const float *)am->data + (size_t)b * 128 * 128};
+        char note[NOTE_CAP];
+        CHECK(sd_data_mask_load(&r, 0, 16, 16, mask + b * 256, note) == NULL);
+        CHECK(sd_data_mask_load(&r, 1, 16, 16, flipped, note) == NULL);
+        const float *want = (const float *)ml->data + b * 256;
+        for (int i = 0; i < 256; i++) {
+            double d = fabs((double)mask[b * 256 + i] - want[i]);
+            worst = d > worst ? d : worst;
+            CHECK(flipped[i] == mask[b * 256 + (i / 16) * 16 + 15 - i % 16]);
+        }
+    }
+    if (!CHECK(worst <= 1e-6)) fprintf(stderr, "mask reduction off by %.3g\n", worst);
+    sd_train_opts o;
+    golden_opts(&o, "sd1");
+    sd_trainer tr;
+    if (!CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
+        fprintf(stderr, "%s\n", err.msg);
+        sd_st_close(g);
+        return;
+    }
+    const float *tf = tt->data;
+    int t[2] = {(int)tf[0], (int)tf[1]};
+    double loss;
+    CHECK(sd_train_micro_masked(&tr, 2, 16, 16, 5, x0->data, ctx->data, NULL, NULL, nz->data, t, mask, 1.0, &loss,
+                                &err) == SD_OK);
+    double dl = fabs(loss - getd(gl, 0)) / getd(gl, 0), en, ep;
+    float *zero = calloc(tr.unet.w.total, sizeof(float));
+    check_change(&tr, tr.grad, zero, gs, names, &en, &ep);
+    if (!CHECK(dl <= 1e-4 && en <= 1e-4 && ep <= 1e-4))
+        fprintf(stderr, "masked loss %.8f want %.8f (rel %.2e), gradients worst norm %.2e projection %.2e\n", loss,
+                getd(gl, 0), dl, en, ep);
+    printf("golden masked loss (sd-scripts apply_masked_loss): mask %.2e, loss %.2e, gradients norm %.2e proj %.2e\n",
+           worst, dl, en, ep);
+    free(zero);
+    sd_trainer_close(&tr);
+    sd_st_close(g);
+}
+
 int main(int argc, char **argv)
 {
     const char *kinds[] = {"--make-shard", "--make-shard-without-text", "--make-empty-shard"};
@@ -1233,6 +1310,7 @@ int main(int argc, char **argv)
     test_sdxl_data();
     test_golden();
     test_golden_sdxl();
+    test_golden_masked();
     test_shard_runs();
     test_moments_bf16();
     test_zero_snr_step();

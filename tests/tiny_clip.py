@@ -77,3 +77,28 @@ def make_tokenizer(d, golden, pad="<|endoftext|>"):
     with open(os.path.join(d, "special_tokens_map.json"), "w") as f:
         json.dump({"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": pad,
                    "unk_token": "<|endoftext|>"}, f, indent=2)
+
+
+LONG_WIDTH, LONG_SEEDS = 4, {"sd1": 150, "sdxl": 225, "sd2": 2}
+
+
+def make_long_text_models(tmp, golden):
+    """The tiny SD 1.x, SDXL and SD 2.x model folders (width 4, fixed seeds)
+    of the long-prompt goldens: tests/golden/make_long_text_golden.py
+    computes their expected outputs, tests/e2e_long_text.py makes them
+    again and checks them. Returns (sd1, sdxl, sd2) folder paths."""
+    sd1 = os.path.join(tmp, "sd1")
+    make_tokenizer(os.path.join(sd1, "tokenizer"), golden, "<|endoftext|>")
+    make_encoder(os.path.join(sd1, "text_encoder"), np.random.default_rng(LONG_SEEDS["sd1"]), LONG_WIDTH,
+                 "quick_gelu", 0, layers=2, heads=2)
+    sdxl = os.path.join(tmp, "sdxl")
+    rng = np.random.default_rng(LONG_SEEDS["sdxl"])
+    make_tokenizer(os.path.join(sdxl, "tokenizer"), golden, "<|endoftext|>")
+    make_tokenizer(os.path.join(sdxl, "tokenizer_2"), golden, "!")
+    make_encoder(os.path.join(sdxl, "text_encoder"), rng, LONG_WIDTH, "quick_gelu", 0, layers=2, heads=2)
+    make_encoder(os.path.join(sdxl, "text_encoder_2"), rng, LONG_WIDTH, "gelu", LONG_WIDTH, layers=3, heads=2)
+    sd2 = os.path.join(tmp, "sd2")  # GELU: SD 2.x, padded with "!" (id 0)
+    make_tokenizer(os.path.join(sd2, "tokenizer"), golden, "!")
+    make_encoder(os.path.join(sd2, "text_encoder"), np.random.default_rng(LONG_SEEDS["sd2"]), LONG_WIDTH, "gelu", 0,
+                 layers=2, heads=2)
+    return sd1, sdxl, sd2

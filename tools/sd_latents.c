@@ -43,8 +43,8 @@ static int usage_msg(char *msg, size_t cap, const char *fmt, ...)
 int main(int argc, char **argv)
 {
     latents_opts o = {.device = "cpu", .dtype_name = "fp16", .shard_count = 1};
-    const char *part = NULL, *mixed = "no", *vae_act = "fp32";
-    long batch = 1, text_batch = 32, threads = 0, groups = 0, seed = 0, clip_skip = 0, max_ws_mib = 0;
+    const char *part = NULL, *mixed = "no", *vae_act = "fp32", *masks = NULL;
+    long batch = 1, text_batch = 32, threads = 0, groups = 0, seed = 0, clip_skip = 0, max_ws_mib = 0, max_tokens = 75;
     int quiet = 0, verbose = 0, text_only = 0;
     double gpu_mem_gib = 0;
     const sd_opt opts[] = {
@@ -72,6 +72,11 @@ int main(int argc, char **argv)
          "fp32 arithmetic; fp16 files into fp16 give the fp32 embeddings bit for bit)"},
         {"clip-skip", 0, SD_OPT_INT, &clip_skip, "N",
          "skip N more text-encoder layers than the SD variant's default (kohya's --clip_skip 2 is 1 here)"},
+        {"max-tokens", 0, SD_OPT_INT, &max_tokens, "N",
+         "--text: caption tokens kept, 75 (default: 77 ids with BOS and EOS), 150 or 225 as sd-scripts' "
+         "--max_token_length: 75-token chunks each wrapped in BOS/EOS and padded as that encoder's tokenizer pads, "
+         "encoded alone, their hidden states joined into 152 or 227 rows (SDXL's pooled output: the first "
+         "chunk's). Embeddings of each length get their own keys; sd-train takes one length per run"},
         {"device", 0, SD_OPT_STR, &o.device, "DEV", "cpu (default) or cuda:K: the VAE and the --text encoders on GPU K (decoding stays on the CPU)"},
         {"tf32", 0, SD_OPT_FLAG, &o.tf32, NULL,
          "GPU: TF32 tensor cores (2.7x faster VAE on an H100, ~1e-3 relative error; records made so get their own "
@@ -105,6 +110,14 @@ int main(int argc, char **argv)
          "--text: captions per text transaction, their new ones encoded together before any image (default 32)"},
         {"threads", 'j', SD_OPT_INT, &threads, "N", "CPU threads for decoding and the CPU engine (default: all CPUs)"},
         {"flip", 0, SD_OPT_FLAG, &o.flip, NULL, "also store the left-right flipped image's latents"},
+        {"masks", 0, SD_OPT_STR, &masks, "SRC",
+         "also store each record's loss mask (sd-train --masked-loss): alpha, the image's alpha channel (kohya's "
+         "alpha_mask; an image without one gets none, which trains as all ones), or files, NAME_mask.png beside "
+         "the image NAME.ext (its first band: grey or red; not for tar members; an image without one gets none). "
+         "The mask goes through the record's resize and crop as the picture does, is taken as value / 255 and "
+         "stored at the latent size, the mean of each 8x8 block, as sd-scripts' masked loss reduces it. A mask "
+         "file of another size than its image or one that cannot be read skips the record; a NAME_mask.png whose "
+         "image is not in the input is reported (mask without an image); all counted, the run goes on"},
         {"sample", 0, SD_OPT_FLAG, &o.sample, NULL,
          "store one sample (mean + std * noise, like kohya) instead of mean and std"},
         {"seed", 0, SD_OPT_INT, &seed, "N",
@@ -133,8 +146,10 @@ int main(int argc, char **argv)
                   "Examples:\n"
                   "  sd-meta data/ | sd-bucket --plan sdxl | sd-latents --vae sdxl-model/ -o cache/latents.shard\n"
                   "  sd-latents --vae vae.safetensors --shard 0/4 -o cache/part0.shard bucketed.jsonl   # 4 processes\n"
+                  "  sd-latents --vae sd15/ --masks alpha -o masked.shard bucketed.jsonl   # then sd-train --masked-loss\n"
                   "  sd-meta --source kohya meta_cap_dd.json --no-check-images | sd-latents --text sd15/ --text-only "
-                  "-o kohya.lmdb\n",
+                  "-o kohya.lmdb\n"
+                  "  sd-latents --vae sd15/ --text sd15/ --max-tokens 225 -o tags.lmdb bucketed.jsonl   # long tag lists\n",
         NULL};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
@@ -152,6 +167,10 @@ int main(int argc, char **argv)
         bad = usage_msg(msg, sizeof msg,
                         "--text-only runs no VAE: --vae, --vae-config, --vae-groups, --vae-activations, --scale, "
                         "--flip, --sample, --seed, --shard, --batch, --max-workspace and --cudnn-search do not apply");
+    if (masks && strcmp(masks, "alpha") == 0) o.masks = LATENTS_MASK_ALPHA;
+    else if (masks && strcmp(masks, "files") == 0) o.masks = LATENTS_MASK_FILES;
+    else if (masks) bad = usage_msg(msg, sizeof msg, "--masks must be alpha or files, not '%.40s'", masks);
+    if (text_only && masks) bad = usage_msg(msg, sizeof msg, "--text-only runs no VAE: --masks does not apply");
     if (part && parse_part(part, &o.shard_index, &o.shard_count))
         bad = usage_msg(msg, sizeof msg, "--shard %s: expected I/N with 0 <= I < N", part);
     if (batch < 1 || batch > 1024) bad = usage_msg(msg, sizeof msg, "--batch must be 1..1024");
@@ -162,6 +181,9 @@ int main(int argc, char **argv)
     if (max_ws_mib < 0 || max_ws_mib > 1L << 30)
         bad = usage_msg(msg, sizeof msg, "--max-workspace must be 0..%ld MiB (0: the default)", 1L << 30);
     if (clip_skip < 0 || clip_skip > 48) bad = usage_msg(msg, sizeof msg, "--clip-skip must be 0..48");
+    if (max_tokens != 75 && max_tokens != 150 && max_tokens != 225)
+        bad = usage_msg(msg, sizeof msg, "--max-tokens %ld: expected 75, 150 or 225", max_tokens);
+    else if (max_tokens != 75 && !o.text_model) bad = usage_msg(msg, sizeof msg, "--max-tokens needs --text");
     if (o.tokenizer && !o.text_model) bad = usage_msg(msg, sizeof msg, "--tokenizer needs --text");
     if (o.text_weights && !o.text_model) bad = usage_msg(msg, sizeof msg, "--text-weights needs --text");
     if (!isfinite(o.scale) || o.scale < 0)
@@ -199,6 +221,7 @@ int main(int argc, char **argv)
     o.vae_groups = (int)groups;
     o.vae_act = strcmp(vae_act, "fp32") ? latents_dtype(vae_act) : 0;
     o.clip_skip = (int)clip_skip;
+    o.max_tokens = (int)max_tokens;
     o.max_workspace = (size_t)max_ws_mib << 20;
     o.seed = (uint64_t)seed;
     o.quiet = quiet;

@@ -90,10 +90,10 @@ int main(int argc, char **argv)
     else if (!o.prompts && !o.defaults.prompt) bad = "nothing to render: give --prompts FILE.jsonl or --prompt TEXT";
     else if (o.prompts && o.defaults.prompt)
         bad = "--prompt and --prompts together: a line without \"prompt\" would silently take --prompt; use one";
-    else if (seed < 0 || (double)seed > SAMPLE_SEED_MAX) bad = "--seed must be 0..2^53-1";
+    else if (seed < 0 || (double)seed > SD_SAMPLE_SEED_MAX) bad = "--seed must be 0..2^53-1";
     else if (steps < 1 || steps > 1000) bad = "--steps must be 1..1000";
     else if (!(cfg >= 0 && cfg <= 100)) bad = "--cfg must be a number from 0 to 100";
-    else if ((width && !sample_size_ok(width)) || (height && !sample_size_ok(height)))
+    else if ((width && !sd_sample_size_ok(width)) || (height && !sd_sample_size_ok(height)))
         bad = "--width and --height must be multiples of 8 from 8 to 8192";
     else if (threads < 0 || threads > 1024) bad = "--threads must be 0..1024";
     else if (sd_sampler_parse(sampler, &o.defaults.sampler, &e)) {

@@ -1,5 +1,6 @@
 /* sd-train: train the SD/SDXL UNet on latent shards. This file is the
  * command line only; the work is in trainer/. */
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
@@ -14,6 +15,7 @@
 #include "dtype.h"
 #include "err.h"
 #include "log.h"
+#include "mem_plan.h"
 #include "model_dir.h"
 #include "pool.h"
 #include "safetensors.h"
@@ -75,6 +77,50 @@ static int fail_all(int code)
     return code;
 }
 
+/* --memory-plan: the plan on stdout (rank 0), nothing trained. */
+static int print_plan(const sd_train_opts *o, const sd_host_mem *host)
+{
+    sd_mem_plan p;
+    sd_error err = {0};
+    if (sd_mem_plan_from_opts(o, host, &p, &err)) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+        return fail_all(SD_EXIT_FATAL);
+    }
+    if (sd_dist_rank() == 0) sd_mem_plan_json(&p, o, stdout);
+    fflush(stdout);
+    sd_dist_finalize();
+    return SD_EXIT_OK;
+}
+
+/* Before the first step: a run whose plan does not fit stops now, with
+ * the plan in the message, not with an out-of-memory kill an hour in. */
+static sd_status check_plan(const sd_trainer *tr, const sd_host_mem *host, sd_error *err)
+{
+    sd_mem_plan p;
+    sd_status rc = sd_mem_plan_trainer(tr, host, &p, err);
+    if (rc || p.fits) {
+        if (!rc)
+            sd_log(SD_LOG_INFO, "memory plan: %.2f GiB at the largest bucket (%dx%d, batch %d) of %.2f GiB (%s)",
+                   (double)p.total / (1 << 30), p.width, p.height, p.batch, (double)p.limit / (1 << 30), p.limit_from);
+        return rc;
+    }
+    char *json = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&json, &len);
+    if (f) {
+        sd_mem_plan_json(&p, &tr->o, f);
+        fclose(f);
+    }
+    if (json && len) json[len - 1] = 0; /* the newline */
+    sd_log(SD_LOG_ERROR, "memory plan: %s", json ? json : "(no memory to print it)");
+    free(json);
+    return sd_err_set(err, SD_ENOMEM, "the memory plan above does not fit: %.2f GiB at the largest bucket (%dx%d, "
+                      "batch %d) against %.2f GiB (%s); stopped before the first step. A smaller --batch with "
+                      "--accum, --gradient-checkpointing, --optimizer adamw8bit or adafactor need less",
+                      (double)p.total / (1 << 30), p.width, p.height, p.batch, (double)p.limit / (1 << 30),
+                      p.limit_from);
+}
+
 /* The target the UNet learns: --prediction, or else what the model
  * folder's scheduler says (SD 2.x 768-v models are v-prediction, and
  * training them on the epsilon target fails silently), or else epsilon.
@@ -127,6 +173,37 @@ static int agree_to_start(int code)
     return code;
 }
 
+/* The sample options: a readable prompts file and a model to condition
+ * them (the --unet folder must then hold a text encoder); NULL when fine,
+ * else the usage error (in buf). Options that need --sample-prompts are
+ * warned about without it. */
+static const char *check_samples(const sd_train_opts *o, char *buf, size_t cap)
+{
+    if (o->sample_every < 0) return "--sample-every must not be negative";
+    if (!o->sample_prompts) {
+        if (o->sample_every || o->sample_model || o->sample_tokenizer)
+            sd_log(SD_LOG_WARN, "--sample-every, --sample-model and --sample-tokenizer do nothing without "
+                   "--sample-prompts");
+        return NULL;
+    }
+    if (access(o->sample_prompts, R_OK) != 0) {
+        snprintf(buf, cap, "--sample-prompts %s: %s", o->sample_prompts, strerror(errno));
+        return buf;
+    }
+    char te[4200];
+    snprintf(te, sizeof te, "%s/text_encoder", o->unet ? o->unet : "");
+    const char *model = o->sample_model ? o->sample_model : o->base_model;
+    if (!model && !(o->unet && sd_is_dir(te)))
+        return "--sample-prompts needs a model with a text encoder and a VAE to make the images: --sample-model PATH "
+               "(the --unet folder holds no text_encoder/)";
+    if (model && !sd_is_dir(model) && !o->sample_tokenizer) {
+        snprintf(buf, cap, "%s %s: a single-file checkpoint needs --sample-tokenizer DIR (a folder holding "
+                 "tokenizer/) to condition the samples", o->sample_model ? "--sample-model" : "--base-model", model);
+        return buf;
+    }
+    return NULL;
+}
+
 /* This process's rank among those on its machine, from the launcher's
  * environment (Open MPI, SLURM, MPICH), so that "--device cuda" under
  * mpirun or srun gives each process its own GPU; 0 when launched alone. */
@@ -157,8 +234,10 @@ int main(int argc, char **argv)
     sd_strlist sets = {0};
     long batch = 1, accum = 1, steps = 1000, warmup = 0, save_every = 0, keep = 2, threads = 0, seed = 0,
          init_seed = 0, epochs = 0, t_min = 0, t_max = SD_DDPM_STEPS;
-    double lr = 1e-4, gpu_mem_gib = 0;
-    int quiet = 0, verbose = 0, fresh = 0;
+    double lr = 1e-4, gpu_mem_gib = 0, host_mem_gib = 0;
+    int quiet = 0, verbose = 0, fresh = 0, memory_plan = 0;
+    sd_host_mem host; /* before anything of the model's size: the process's own footprint */
+    sd_host_mem_read(&host);
     const sd_opt opts[] = {
         {"config", 0, SD_OPT_STR, &config_file, "FILE",
          "options from a JSON file: long names as keys, or grouped (\"optimizer\": {\"lr\": 1e-5}); the command "
@@ -222,11 +301,16 @@ int main(int argc, char **argv)
         {"dropout", 0, SD_OPT_DOUBLE, &o.dropout, "P",
          "probability of training on the shard's empty-caption embedding (default 0)"},
         {"no-flip", 0, SD_OPT_FLAG, &o.no_flip, NULL, "never use the cached flipped latents"},
+        {"masked-loss", 0, SD_OPT_FLAG, &o.masked_loss, NULL,
+         "weight each latent pixel's squared error by the record's loss mask (sd-latents --masks, or an imported "
+         "kohya alpha_mask), reduced to the latent size as sd-scripts' --masked_loss does (the mean of each 8x8 "
+         "block) and mirrored for a flipped sample; a record without a mask weighs 1 everywhere. Validation "
+         "stays plain MSE"},
         {"no-carry", 0, SD_OPT_FLAG, &o.no_carry, NULL,
          "let a bucket's last batch of an epoch run short (by default it is filled with the first records of the "
          "bucket's next-epoch shuffle, so every batch is full, except in a bucket with fewer records than "
          "--batch, which gives one short batch an epoch)"},
-        {"allow-mixed", 0, SD_OPT_FLAG, &o.allow_mixed, NULL, "train on shards made with different VAEs or text encoder setups (dropout then uses the empty caption of the first shard that names one and holds it)"},
+        {"allow-mixed", 0, SD_OPT_FLAG, &o.allow_mixed, NULL, "train on shards made with different VAEs or text encoder setups (dropout then uses the empty caption of the first shard that names one and holds it); shards of two caption lengths (sd-latents --max-tokens) stay refused"},
         {"seed", 0, SD_OPT_INT, &seed, "N", "seed of data order, timesteps and noise (default 0)"},
         {"save-every", 0, SD_OPT_INT, &save_every, "N", "checkpoint every N steps (default: at the end only)"},
         {"keep", 0, SD_OPT_INT, &keep, "N", "checkpoints kept (default 2; 0 keeps all)"},
@@ -234,10 +318,32 @@ int main(int argc, char **argv)
         {"save-single", 0, SD_OPT_FLAG, &o.save_single, NULL,
          "also write each checkpoint's UNet (and EMA UNet) as one safetensors file with the original "
          "model.diffusion_model.* names, as UIs load a UNet alone, and its config.json in the file's metadata"},
+        {"save-full", 0, SD_OPT_FLAG, &o.save_full, NULL,
+         "also write each checkpoint as full.safetensors (and full_ema.safetensors with an EMA): the UNet, the VAE "
+         "and the text encoder(s) in one file with the original names (ldm for SD 1.x/2.x, sgm for SDXL) and "
+         "--save-dtype, as A1111, Forge and ComfyUI load a model; the VAE and text encoders come from --base-model"},
+        {"base-model", 0, SD_OPT_STR, &o.base_model, "PATH",
+         "the model --save-full takes the VAE and text encoder(s) from: a diffusers folder or a single-file "
+         "checkpoint (default: the --unet model)"},
         {"metrics", 0, SD_OPT_STR, &o.metrics, "FILE", "append one JSON line per step (a resume first moves later steps' lines to FILE.superseded)"},
         {"tensorboard", 0, SD_OPT_STR, &o.tensorboard, "DIR",
          "write TensorBoard event files there (loss, smoothed loss, lr, gradient norm, validation loss): "
          "tensorboard --logdir DIR"},
+        {"sample-prompts", 0, SD_OPT_STR, &o.sample_prompts, "FILE.jsonl",
+         "render these prompts while training: sd-sample's JSONL lines (prompt, negative, seed, steps, cfg, sampler, "
+         "width, height; defaults \"\", \"\", 0, 20, 7, dpmpp_2m, the model's size), each with its line's fixed seed, so "
+         "the images of two steps compare; at each checkpoint (or every --sample-every steps) and at the end, not "
+         "after a stop request; with the EMA weights too when --ema-decay is given. Into checkpoint-N/samples/NNNNN.png "
+         "(and samples-ema/) at a checkpoint step, else DIR/samples/step-N/ (and DIR/samples-ema/step-N/), NNNNN the "
+         "line's 0-based number, with A1111's parameters text; and as TensorBoard images with --tensorboard. A bad "
+         "line or a failed image is a warning and counted; training goes on, the same as without samples"},
+        {"sample-every", 0, SD_OPT_INT, &o.sample_every, "N", "render the samples every N steps (default: at each checkpoint)"},
+        {"sample-model", 0, SD_OPT_STR, &o.sample_model, "PATH",
+         "the model whose text encoder(s) condition the prompts (once, at the start; then freed) and whose VAE "
+         "decoder makes the images (kept): a diffusers folder, or a single file with --sample-tokenizer, as "
+         "sd-sample's --model (default: --base-model when given, else the --unet folder)"},
+        {"sample-tokenizer", 0, SD_OPT_STR, &o.sample_tokenizer, "DIR",
+         "a folder holding tokenizer/ (SDXL: and tokenizer_2/) for a single-file --sample-model (or --base-model)"},
         {"threads", 'j', SD_OPT_INT, &threads, "N", "CPU threads (default: all CPUs)"},
         {"device", 0, SD_OPT_STR, &device, "DEV",
          "cpu (default) or cuda:K: the UNet, clipping, AdamW and the EMA on GPU K (weights and moments come back "
@@ -252,6 +358,17 @@ int main(int argc, char **argv)
          "GPU: hold at most this much device memory in sdtk's allocator (weights, optimizer, activations, "
          "scratch; the CUDA libraries' own few hundred MiB come on top), as on a smaller card: to see whether a "
          "run fits one, or to share a GPU (default: what the device has)"},
+        {"memory-plan", 0, SD_OPT_FLAG, &memory_plan, NULL,
+         "print the memory plan as one JSON object on stdout and exit without training: bytes of weights, "
+         "gradients, optimizer, ema, activations (the largest bucket of the shards at --batch, with or without "
+         "--gradient-checkpointing), workspace (op scratch; cuDNN's cap on a GPU), process (CPU: the process "
+         "itself) and total, the bucket, and fits (true/false) against --gpu-memory-limit, the device, "
+         "--host-memory-limit or the host's available memory; from the allocator's own arithmetic. --unet-config "
+         "alone allocates no weights (no -o needed). A run that would not fit stops before its first step with "
+         "this plan in the message"},
+        {"host-memory-limit", 0, SD_OPT_DOUBLE, &host_mem_gib, "GIB",
+         "CPU: the memory plan must fit in this many GiB (default: what the host has available plus the "
+         "process); a run whose plan does not stops before its first step"},
         {"attn-flash", 0, SD_OPT_FLAG, &o.attn_flash, NULL,
          "GPU: attention on the flash kernel, which keeps no scores in memory, instead of cuBLAS with blocks of "
          "scores (up to 512 MiB of scratch; taken anyway when that memory cannot be had); slower"},
@@ -284,9 +401,19 @@ int main(int argc, char **argv)
                   "Examples:\n"
                   "  sd-train --unet sd15/ -o run/ --batch 4 --lr 1e-5 --save-every 500 cache-*.shard\n"
                   "  sd-train --unet-config tiny/config.json -o run/ --steps 300 cache.shard   # from scratch\n"
+                  "  sd-train --unet sd15/ -o run/ --save-full --save-dtype fp16 cache.shard   # + one file for A1111\n"
                   "  sd-train --unet sd15/ -o run/ --epochs 10 subject.shard@10 reg.shard   # kohya-style repeats\n"
+                  "  sd-train --unet sd15/ -o run/ --masked-loss masked.shard   # sd-latents --masks, or kohya alpha_mask\n"
                   "  sd-train --config run/checkpoint-500/train_config.json --set optimizer.lr=5e-6 cache-*.shard\n"
-                  "  mpirun -np 8 sd-train --device cuda --unet sd15/ -o run/ --batch 4 cache-*.shard   # 8 GPUs\n",
+                  "  sd-train --unet sd15/ -o run/ --save-every 500 --ema-decay 0.9999 --sample-prompts prompts.jsonl "
+                  "--tensorboard tb/ cache.shard   # run/checkpoint-500/samples/00000.png ...\n"
+                  "  prompts.jsonl:  {\"prompt\": \"a photo of sks dog\", \"negative\": \"blurry\", \"seed\": 1, "
+                  "\"steps\": 20, \"cfg\": 7, \"sampler\": \"euler_a\", \"width\": 512, \"height\": 512}\n"
+                  "  mpirun -np 8 sd-train --device cuda --unet sd15/ -o run/ --batch 4 cache-*.shard   # 8 GPUs\n"
+                  "  sd-train --unet-config sdxl-unet.json --memory-plan --gradient-checkpointing "
+                  "--optimizer adafactor cache.shard   # bytes it needs, no weights allocated\n"
+                  "  sd-train --memory-plan --device cuda:0 --gpu-memory-limit 24 --unet sd15/ --batch 8 cache.shard   "
+                  "# fits a 24 GB card?\n",
         "0 ok (also when SIGINT/SIGTERM stopped the run after saving), 2 usage error, 3 fatal error "
         "(a non-finite loss included)."};
     sd_strlist pos = {0};
@@ -314,7 +441,7 @@ int main(int argc, char **argv)
     const char *bad = NULL;
     char bad_buf[700];
     if (pos.n < 1) bad = "no shards to train on";
-    else if (!o.out_dir) bad = "no output directory (-o DIR)";
+    else if (!o.out_dir && !memory_plan) bad = "no output directory (-o DIR)";
     else if (!o.unet && !o.unet_config) bad = "no model (--unet PATH or --unet-config FILE)";
     else if (batch < 1 || batch > 4096 || accum < 1 || accum > 4096) bad = "--batch and --accum: 1..4096";
     else if (steps < 0 || warmup < 0 || save_every < 0 || keep < 0 || seed < 0 || init_seed < 0 || threads < 0 ||
@@ -334,6 +461,9 @@ int main(int argc, char **argv)
              !(o.max_grad_norm >= 0 && isfinite(o.max_grad_norm)))
         bad = "--adam-eps, --weight-decay and --max-grad-norm must be finite and >= 0";
     else bad = pick_prediction(pred, o.unet, &o.pred, bad_buf, sizeof bad_buf);
+    if (!bad && o.save_full && !o.unet && !o.base_model)
+        bad = "--save-full with a new model (--unet-config) needs --base-model PATH for the VAE and text encoders";
+    if (!bad && o.base_model && !o.save_full) bad = "--base-model is what --save-full reads: give --save-full too";
     if (!bad && sd_cli_parse_device(device, &o.device)) bad = "--device: cpu, cuda or cuda:K";
     if (!bad && strcmp(device, "cuda") == 0) o.device = local_rank();
     if (!bad && o.nccl && o.device < 0) bad = "--nccl sums GPU gradients: it needs --device cuda or cuda:K";
@@ -343,7 +473,11 @@ int main(int argc, char **argv)
     if (!bad && o.mixed && o.device < 0) bad = "--mixed-precision is a GPU mode (the CPU computes in fp32)";
     if (!bad && sd_cli_gib_bytes(gpu_mem_gib, &o.gpu_mem_limit)) bad = "--gpu-memory-limit: GiB, 0 or more";
     if (!bad && o.gpu_mem_limit && o.device < 0) bad = "--gpu-memory-limit needs --device cuda or cuda:K";
+    if (!bad && sd_cli_gib_bytes(host_mem_gib, &o.host_mem_limit)) bad = "--host-memory-limit: GiB, 0 or more";
+    if (!bad && o.host_mem_limit && o.device >= 0)
+        bad = "--host-memory-limit is the CPU's; a GPU run takes --gpu-memory-limit";
     if (!bad && o.val_every < 0) bad = "--val-every must not be negative";
+    if (!bad) bad = check_samples(&o, bad_buf, sizeof bad_buf);
     if (!bad && fresh && resume) bad = "--fresh starts over and --resume continues: give one of them";
     if (!bad && o.zero1 && o.device >= 0) bad = "--zero1 shards the CPU optimizer; not with --device cuda";
     if (!bad && !sd_lr_kind_parse(sched, &o.lr.kind))
@@ -406,6 +540,13 @@ int main(int argc, char **argv)
     o.init_seed = (uint64_t)init_seed;
     o.threads = threads > 0 ? (int)threads : sd_default_threads();
     o.quiet = quiet;
+    if (memory_plan) {
+        sd_strlist_free(&sets);
+        sd_cli_args_free(&args);
+        rc = print_plan(&o, &host);
+        sd_strlist_free(&pos);
+        return rc;
+    }
     /* the effective configuration, saved with every checkpoint */
     sd_buf cfg;
     sd_buf_init(&cfg);
@@ -460,6 +601,9 @@ int main(int argc, char **argv)
         signal(SIGINT, on_signal);
         signal(SIGTERM, on_signal);
         log_model(&tr, resume != NULL);
+        st = check_plan(&tr, &host, &err);
+    }
+    if (!st) {
         if (world > 1)
             sd_log(SD_LOG_INFO, "%s: global batch %d x %d ranks x %d accumulation = %d samples per step",
                    sd_dist_transport(), o.batch, world, o.accum, o.batch * world * o.accum);

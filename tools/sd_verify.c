@@ -36,13 +36,14 @@ int main(int argc, char **argv)
         {NULL, 0, 0, NULL, NULL, NULL}};
     sd_cli cli = {"sd-verify", "[OPTIONS] SHARD...",
                   "Check every record of each shard: header sanity, payload checksum (XXH3), latent shape vs "
-                  "bucket, NaN/Inf, text-embedding references, the bucket index and the names index (and that "
+                  "bucket, NaN/Inf, a loss mask's shape (the bucket's or the latent size, fp32) and values (0..1), "
+                  "text-embedding references, the bucket index and the names index (and that "
                   "no two records carry one name, and that each name leads to a record of that name), that the "
                   "meta empty_text names a text embedding the shard holds, and with --manifest that every record "
                   "name of a JSONL manifest is present. Problems are counted by kind.",
                   opts,
                   "--repair deletes the records that are bad themselves (bad_header, truncated, bad_checksum, "
-                  "nan_inf, shape_mismatch, wrong_kind, text_ref_missing: the record whose text embedding is gone, "
+                  "nan_inf, shape_mismatch, bad_mask (loss mask values outside 0..1), wrong_kind, text_ref_missing: the record whose text embedding is gone, "
                   "duplicate_name: the copy the names index does not lead to), then rebuilds the bucket index and "
                   "the names index from the records. Index problems (index_missing, name_missing, name_misindexed, "
                   "index_dangling, index_wrong_bucket, name_dangling, name_wrong_record, bucket_count) are fixed by "

@@ -18,6 +18,7 @@
 
 #include "ckpt_int.h"
 #include "dist.h"
+#include "full_ckpt.h"
 #include "log.h"
 #include "outfile.h"
 #include "safetensors.h"
@@ -31,7 +32,8 @@
 static const char *const ckpt_files[] = {"state.safetensors", "unet/config.json",
                                          "unet/diffusion_pytorch_model.safetensors", "unet_ema/config.json",
                                          "unet_ema/diffusion_pytorch_model.safetensors", "train_config.json",
-                                         "unet.safetensors", "unet_ema.safetensors"};
+                                         "unet.safetensors", "unet_ema.safetensors", "full.safetensors",
+                                         "full_ema.safetensors"};
 
 /* dir/name into buf (PATH_CAP bytes); callers check their directory's
  * length first, so nothing is cut. */
@@ -110,6 +112,38 @@ static int real_dir(const char *dir, const char *sub)
     return lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
+/* Whether name is a sample image's ("00012.png": digits, .png) or the
+ * temporary name a killed write of one left. */
+static int sample_file(const char *name)
+{
+    size_t d = strspn(name, "0123456789");
+    if (!d || strncmp(name + d, ".png", 4) != 0) return 0;
+    if (!name[d + 4]) return 1;
+    char base[64];
+    snprintf(base, sizeof base, "%.*s", (int)(d + 4), name);
+    return d < 40 && is_temp_of(name, base);
+}
+
+/* The samples sd-train rendered into a checkpoint (samples/, samples-ema/:
+ * train_samples.c), removed with it: only sample image names go, and the
+ * folder only when nothing else is left in it. */
+static void remove_samples(const char *dir, const char *sub)
+{
+    if (!real_dir(dir, sub)) return;
+    char d[PATH_CAP], p[PATH_CAP];
+    sd_train_pjoin(d, dir, sub);
+    DIR *dd = opendir(d);
+    if (!dd) return;
+    struct dirent *e;
+    while ((e = readdir(dd)))
+        if (sample_file(e->d_name)) {
+            sd_train_pjoin(p, d, e->d_name);
+            unlink(p);
+        }
+    closedir(dd);
+    rmdir(d);
+}
+
 /* Remove a checkpoint directory made by this code (only its own files and
  * their temporary names, so a wrong path never loses anything else; a
  * link where a directory should be is never followed: what it leads to is
@@ -137,6 +171,10 @@ static int remove_own_files(const char *dir, int trusted)
         if ((name_in(f, "unet") && !unet) || (name_in(f, "unet_ema") && !ema)) continue;
         sd_train_pjoin(p, dir, f);
         unlink(p);
+    }
+    if (owned) {
+        remove_samples(dir, "samples");
+        remove_samples(dir, "samples-ema");
     }
     remove_temps(dir, "");
     if (unet) remove_temps(dir, "unet");
@@ -426,6 +464,24 @@ static sd_status put_in_place(const char *tmp, const char *fin, sd_error *err)
     return SD_OK;
 }
 
+/* full.safetensors (and full_ema.safetensors with an EMA) in dir: the
+ * weights (and EMA) with the base model's VAE and text encoders, loaded for
+ * this save and released after it (the run does not hold them between
+ * saves; sd_trainer_open checked them at the start). */
+static sd_status save_full(const sd_trainer *tr, const char *dir, sd_error *err)
+{
+    sd_full_parts parts;
+    sd_status rc = sd_full_parts_load(&parts, tr->o.base_model, &tr->unet.cfg, NULL, err);
+    if (rc) return rc;
+    char p[PATH_CAP];
+    sd_train_pjoin(p, dir, "full.safetensors");
+    rc = sd_full_ckpt_write(p, &tr->unet, tr->unet.w.data, &parts, tr->o.save_dtype, err);
+    sd_train_pjoin(p, dir, "full_ema.safetensors");
+    if (!rc && tr->ema) rc = sd_full_ckpt_write(p, &tr->unet, tr->ema, &parts, tr->o.save_dtype, err);
+    sd_full_parts_free(&parts);
+    return rc;
+}
+
 /* Write checkpoint-<step> through a .tmp directory and point latest at it. */
 static sd_status save_local(sd_trainer *tr, sd_error *err)
 {
@@ -468,6 +524,7 @@ static sd_status save_local(sd_trainer *tr, sd_error *err)
             rc = sd_unet_save(&tr->unet, tr->ema, p, SD_UNET_NAMES_LDM, "model.diffusion_model.", tr->o.save_dtype,
                               err);
     }
+    if (!rc && tr->o.save_full) rc = save_full(tr, tmp, err); /* one file as A1111 and ComfyUI load a model */
     sd_train_pjoin(p, tmp, "state.safetensors");
     if (!rc) rc = write_state(tr, p, err);
     sd_train_pjoin(p, tmp, "train_config.json");

@@ -109,6 +109,7 @@ typedef struct {
     int pooled;        /* SDXL pooled width, 0 for SD1/SD2 */
     double dropout;    /* probability of the empty-caption embedding */
     int no_flip;       /* never use the flipped variant */
+    int masked;        /* load each record's loss mask at the latent size (ones without one) */
     uint64_t record_seed; /* nonzero: the rng is seeded per record from this and the record's index, so
                            * its draws do not depend on the batch it falls in (validation) */
 } sd_load_opts;
@@ -121,6 +122,12 @@ typedef struct {
  * still checks every record (a shard may mix). */
 sd_status sd_data_check_model(const sd_data *d, const sd_load_opts *o, sd_error *err);
 
+/* The most text tokens among the first SD_DATA_TOKEN_PEEK records of
+ * bucket (the memory plan's batch; captions of several CLIP chunks are
+ * longer than 77); 0 when none has a readable text embedding. */
+enum { SD_DATA_TOKEN_PEEK = 64 };
+sd_status sd_data_bucket_tokens(const sd_data *d, size_t bucket, const sd_load_opts *o, int *tokens, sd_error *err);
+
 /* A loaded batch, buffers reused between calls. */
 typedef struct {
     int n, c, h, w;    /* latents [n, c, h, w] */
@@ -129,6 +136,8 @@ typedef struct {
     size_t cap_x0, cap_ctx, cap_text, cap_tids;
     float *tmp;        /* one record's std or scratch */
     size_t cap_tmp;
+    float *mask;       /* with sd_load_opts.masked: loss weights [n, h, w] */
+    size_t cap_mask;
     uint32_t *item;    /* each loaded record's index in sd_data.items */
     size_t cap_item;
 } sd_batch;

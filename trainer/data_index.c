@@ -65,6 +65,16 @@ static int has_text(sd_shard *s, const uint8_t key[16])
     return held;
 }
 
+/* The caption tokens a text_encoder identity was made with: sd-latents
+ * --max-tokens 150/225 ends it with "|tok150"/"|tok225"; without the
+ * suffix 75 (77 rows). */
+static int te_tokens(const char *te)
+{
+    const char *p = strstr(te, "|tok");
+    int n = p ? atoi(p + 4) : 75;
+    return n > 0 ? n : 75;
+}
+
 /* Check one shard's identity against the first one's (first: this is the
  * first shard with records, which the others are compared with). */
 static sd_status check_meta(sd_data *d, int i, const char *path, int first, int allow_mixed, sd_error *err)
@@ -89,6 +99,14 @@ static sd_status check_meta(sd_data *d, int i, const char *path, int first, int 
                           "%s: made with another VAE than the first shard (scaling_factor %s, model_hash '%s' vs "
                           "%g, '%s'); --allow-mixed trains on both",
                           path, sf, model, d->scaling, d->model);
+    } else if (te[0] && d->text_encoder[0] && te_tokens(te) != te_tokens(d->text_encoder)) {
+        /* one batch holds one sequence length; even --allow-mixed cannot
+         * mix them without dropping the other length's records */
+        return sd_err_set(err, SD_EFORMAT,
+                          "%s: text embeddings of %d caption tokens (%d rows), the first shard's of %d (%d rows): a "
+                          "run trains on one length; make the shards with one sd-latents --max-tokens",
+                          path, te_tokens(te), te_tokens(te) + 2, te_tokens(d->text_encoder),
+                          te_tokens(d->text_encoder) + 2);
     } else if (!allow_mixed && strcmp(te, d->text_encoder) != 0) {
         /* other embeddings for the same words (another encoder, clip skip,
          * tokenizer or numerics), and dropout would use the first shard's

@@ -46,7 +46,6 @@ static int need_floats(float **p, size_t *cap, size_t n)
 
 /* Room for the numbers behind a record's reason (what it has, what the
  * UNet or the bucket takes). */
-enum { NOTE_CAP = 112 };
 
 /* The hidden states a UNet of o reads from a text record (SDXL: both
  * encoders' side by side, plus the pooled output; else the one encoder's)
@@ -159,7 +158,8 @@ static const char *latent_misfit(const sd_shard_tensor *m, int c, int h, int w, 
  * reason string when it cannot be used (the numbers behind it in note).
  * Draws flip, dropout and noise. */
 static const char *load_latent(sd_data *d, const sd_shard_rec *r, uint32_t shard, const sd_load_opts *o, sd_rng *rng,
-                               int c, int h, int w, float *x0, float *tmp, float *tids, int *use_empty, char *note)
+                               int c, int h, int w, float *x0, float *tmp, float *tids, float *mask, int *use_empty,
+                               char *note)
 {
     int meanstd = (r->flags & SD_REC_F_MEANSTD) != 0;
     int flip = 0;
@@ -178,6 +178,10 @@ static const char *load_latent(sd_data *d, const sd_shard_rec *r, uint32_t shard
     if (meanstd) {
         if (!to_floats(tmp, s->data, per, s->dtype)) return "latent std has non-finite values";
         for (size_t i = 0; i < per; i++) x0[i] += tmp[i] * tmp[per + i];
+    }
+    if (mask) {
+        why = sd_data_mask_load(r, flip, h, w, mask, note);
+        if (why) return why;
     }
     float sf = (float)d->shard_scaling[shard]; /* each shard's own: --allow-mixed mixes factors */
     for (size_t i = 0; i < per; i++) x0[i] *= sf;
@@ -207,6 +211,7 @@ sd_status sd_data_load(sd_data *d, const sd_data_batch *b, const sd_load_opts *o
     if (need_floats(&out->x0, &out->cap_x0, n * per) || need_floats(&out->ctx, &out->cap_ctx, n * tmax) ||
         need_floats(&out->text, &out->cap_text, n * (size_t)(o->pooled ? o->pooled : 1)) ||
         need_floats(&out->tids, &out->cap_tids, n * 6) || need_floats(&out->tmp, &out->cap_tmp, 2 * per) ||
+        (o->masked && need_floats(&out->mask, &out->cap_mask, n * (size_t)h * (size_t)w)) ||
         sd_data_grow((void **)&out->item, &out->cap_item, n ? n : 1, sizeof(uint32_t)))
         return sd_err_set(err, SD_ENOMEM, "out of memory loading a batch");
     out->n = 0;
@@ -238,7 +243,8 @@ sd_status sd_data_load(sd_data *d, const sd_data_batch *b, const sd_load_opts *o
             why = "corrupt latent record";
         if (!why)
             why = load_latent(d, &r, it->shard, o, rng, c, h, w, out->x0 + (size_t)k * per, out->tmp,
-                              out->tids + 6 * k, &use_empty, note);
+                              out->tids + 6 * k, o->masked ? out->mask + (size_t)k * (size_t)h * (size_t)w : NULL,
+                              &use_empty, note);
         if (!why) {
             static const uint8_t zero[16];
             int tc = out->tctx;
@@ -343,6 +349,44 @@ sd_status sd_data_check_model(const sd_data *d, const sd_load_opts *o, sd_error 
     return rc;
 }
 
+/* The text tokens of one latent record's embedding; 0 when it has none
+ * the model can read. */
+static int record_tokens(const sd_data *d, const sd_data_item *it, sd_shard_txn *t, const sd_load_opts *o)
+{
+    static const uint8_t zero[16];
+    const void *val, *tval;
+    size_t vlen, tlen;
+    sd_shard_rec r, tr;
+    char note[NOTE_CAP];
+    const sd_shard_tensor *parts[2];
+    int np, T = 0;
+    if (sd_shard_get(t, d->keys + it->koff, it->klen, &val, &vlen, NULL) || sd_shard_rec_parse(val, vlen, &r, NULL) ||
+        r.kind != SD_REC_LATENT || memcmp(r.text_ref, zero, 16) == 0 ||
+        sd_shard_get_text(t, r.text_ref, &tval, &tlen, NULL) || sd_shard_rec_parse(tval, tlen, &tr, NULL) ||
+        tr.kind != SD_REC_TEXT || text_parts(&tr, o, parts, &np, &T, note))
+        return 0;
+    return T;
+}
+
+/* The most text tokens among the first records of a bucket (data.h). */
+sd_status sd_data_bucket_tokens(const sd_data *d, size_t bucket, const sd_load_opts *o, int *tokens, sd_error *err)
+{
+    const sd_data_bucket *bk = &d->buckets[bucket];
+    sd_shard_txn **tx = calloc((size_t)(d->nshards > 0 ? d->nshards : 1), sizeof(*tx));
+    sd_status rc = tx ? SD_OK : sd_err_set(err, SD_ENOMEM, "out of memory");
+    *tokens = 0;
+    for (size_t i = 0; i < bk->n && i < SD_DATA_TOKEN_PEEK && !rc; i++) {
+        const sd_data_item *it = &d->items[bk->first + i];
+        if (!tx[it->shard] && (rc = sd_shard_read_begin(d->shards[it->shard], &tx[it->shard], err))) break;
+        int T = record_tokens(d, it, tx[it->shard], o);
+        if (T > *tokens) *tokens = T;
+    }
+    for (int s = 0; s < d->nshards && tx; s++)
+        if (tx[s]) sd_shard_read_end(tx[s]);
+    free(tx);
+    return rc;
+}
+
 /* Release a batch's buffers. */
 void sd_batch_free(sd_batch *b)
 {
@@ -351,6 +395,7 @@ void sd_batch_free(sd_batch *b)
     free(b->text);
     free(b->tids);
     free(b->tmp);
+    free(b->mask);
     free(b->item);
     memset(b, 0, sizeof(*b));
 }

@@ -82,6 +82,10 @@ typedef struct {
  * Adafactor's first moment) for the tensors of w. */
 sd_status sd_opt_state_init(sd_opt_state *s, sd_optimizer kind, int with_m, const sd_weights *w, sd_error *err);
 void sd_opt_state_free(sd_opt_state *s);
+/* Only the layout sd_opt_state_init allocates (buffer names and counts, no
+ * data): sd_opt_state_bytes of it is what init will hold. sd_opt_state_free
+ * releases it. */
+void sd_opt_state_layout(sd_opt_state *s, sd_optimizer kind, int with_m, const sd_weights *w);
 /* The bytes the state holds (buffers, tables, per-tensor views). */
 size_t sd_opt_state_bytes(const sd_opt_state *s);
 /* The state's buffer of this name, NULL when it has none. */

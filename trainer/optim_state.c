@@ -51,7 +51,7 @@ static int alloc_bufs(sd_opt_state *s)
 /* AdamW8bit's layout: tensors of SD_Q8_MIN_SIZE values and more get codes
  * (q8_m, q8_v) and per-block absmax (q8_absmax_m, q8_absmax_v), packed in
  * slot order; smaller ones fp32 moments (q8_m32, q8_v32). */
-static int init_q8(sd_opt_state *s, const sd_weights *w)
+static void layout_q8(sd_opt_state *s, const sd_weights *w)
 {
     size_t codes = 0, blocks = 0, small = 0;
     for (size_t k = 0; k < w->nslots; k++) {
@@ -69,6 +69,12 @@ static int init_q8(sd_opt_state *s, const sd_weights *w)
     add_buf(s, "q8_absmax_v", SD_ST_F32, blocks);
     add_buf(s, "q8_m32", SD_ST_F32, small);
     add_buf(s, "q8_v32", SD_ST_F32, small);
+}
+
+/* That layout allocated, the tables made and each tensor's views set. */
+static int init_q8(sd_opt_state *s, const sd_weights *w)
+{
+    size_t codes = 0, blocks = 0, small = 0;
     s->q8 = calloc(w->nslots ? w->nslots : 1, sizeof *s->q8);
     s->tables = malloc(sizeof *s->tables);
     if (!s->q8 || !s->tables || !alloc_bufs(s)) return 0;
@@ -108,7 +114,7 @@ static void factored_sizes(const sd_weight_slot *sl, size_t *rows, size_t *cols)
 /* Adafactor's layout: adafactor_row and adafactor_col for tensors of rank
  * >= 2, adafactor_v for the rest, adafactor_m (every value) with a first
  * moment; packed in slot order. */
-static int init_af(sd_opt_state *s, const sd_weights *w, int with_m)
+static void layout_af(sd_opt_state *s, const sd_weights *w, int with_m)
 {
     size_t nr = 0, nc = 0, nv = 0, nm = 0;
     for (size_t k = 0; k < w->nslots; k++) {
@@ -127,6 +133,12 @@ static int init_af(sd_opt_state *s, const sd_weights *w, int with_m)
     add_buf(s, "adafactor_col", SD_ST_F32, nc);
     add_buf(s, "adafactor_v", SD_ST_F32, nv);
     if (with_m) add_buf(s, "adafactor_m", SD_ST_F32, nm);
+}
+
+/* That layout allocated and each tensor's views set. */
+static int init_af(sd_opt_state *s, const sd_weights *w, int with_m)
+{
+    size_t nr = 0, nc = 0, nv = 0, nm = 0;
     s->af = calloc(w->nslots ? w->nslots : 1, sizeof *s->af);
     if (!s->af || !alloc_bufs(s)) return 0;
     nr = nc = nv = nm = 0;
@@ -154,12 +166,21 @@ static int init_af(sd_opt_state *s, const sd_weights *w, int with_m)
     return 1;
 }
 
-/* The zeroed state for w's tensors. */
-sd_status sd_opt_state_init(sd_opt_state *s, sd_optimizer kind, int with_m, const sd_weights *w, sd_error *err)
+/* The buffers' names and sizes for w's tensors, nothing allocated: what
+ * sd_opt_state_init allocates, and what the memory plan counts. */
+void sd_opt_state_layout(sd_opt_state *s, sd_optimizer kind, int with_m, const sd_weights *w)
 {
     memset(s, 0, sizeof *s);
     s->kind = kind;
     s->ntensors = w->nslots;
+    if (kind == SD_OPT_ADAMW8BIT) layout_q8(s, w);
+    else if (kind == SD_OPT_ADAFACTOR) layout_af(s, w, with_m);
+}
+
+/* The zeroed state for w's tensors. */
+sd_status sd_opt_state_init(sd_opt_state *s, sd_optimizer kind, int with_m, const sd_weights *w, sd_error *err)
+{
+    sd_opt_state_layout(s, kind, with_m, w);
     if (kind == SD_OPT_ADAMW) return SD_OK;
     int ok = kind == SD_OPT_ADAMW8BIT ? init_q8(s, w) : init_af(s, w, with_m);
     if (ok) return SD_OK;

@@ -8,9 +8,9 @@
 
 #include <stddef.h>
 
-enum { SD_DDPM_STEPS = 1000 };
+#include "sampler.h" /* sd_prediction: the samplers' (sd-train's samples use both) */
 
-typedef enum { SD_PRED_EPSILON = 0, SD_PRED_V = 1 } sd_prediction;
+enum { SD_DDPM_STEPS = 1000 };
 
 /* diffusers' prediction_type for pred: "epsilon" or "v_prediction" (the
  * checkpoint's state and scheduler config, the option's value). */

@@ -46,6 +46,7 @@ typedef struct {
     int no_carry; /* 1: a bucket's last batch of an epoch may be short (else it takes the next epoch's first) */
     double dropout; /* conditioning dropout: empty-caption embedding */
     int no_flip;
+    int masked_loss; /* weight the loss per latent pixel by each record's loss mask (ones without one) */
     /* math */
     sd_prediction pred;
     double snr_gamma;    /* > 0: min-SNR-gamma loss weights */
@@ -79,6 +80,7 @@ typedef struct {
     int mixed;
     int attn_flash; /* GPU: attention on the flash kernel (no score blocks in memory; slower) */
     size_t gpu_mem_limit; /* GPU: most device bytes the run may hold (sd_cuda_opts.mem_limit); 0: no limit */
+    size_t host_mem_limit; /* CPU: most bytes the memory plan may reach (0: what the host has available) */
     size_t attn_block;    /* GPU: floats in one block of attention scores (sd_cuda_opts.attn_block); 0: default */
     int checkpointing; /* gradient checkpointing: recompute resnets and transformer blocks in the backward */
     int nccl; /* GPU: sum gradients over NCCL even in a world of one (a check of the path) */
@@ -93,7 +95,23 @@ typedef struct {
     const char *config_json; /* the effective options, written into every checkpoint, or NULL */
     const char *tensorboard; /* a directory for TensorBoard event files (rank 0), or NULL */
     int save_single; /* also unet.safetensors (and unet_ema.safetensors): one file, ldm names */
+    /* also full.safetensors (and full_ema.safetensors): UNet, VAE and text
+     * encoder(s) in one file with ldm/sgm names (full_ckpt.h), the VAE and
+     * encoders from base_model, or from unet when base_model is NULL */
+    int save_full;
+    const char *base_model;
+    /* samples (train_samples.c): the prompts of a JSONL file (sd-sample's
+     * lines) rendered every sample_every steps (0: at checkpoints) and at
+     * the end, conditioned by sample_model's text encoders (NULL:
+     * base_model, else the unet folder; sample_tokenizer for a single
+     * file) */
+    const char *sample_prompts;
+    long sample_every;
+    const char *sample_model, *sample_tokenizer;
 } sd_train_opts;
+
+/* The samples' prompts, conditioning and VAE decoder (train_samples.c). */
+typedef struct sd_train_samples sd_train_samples;
 
 typedef struct {
     sd_train_opts o;
@@ -147,7 +165,8 @@ typedef struct {
     void *m_sh, *v_sh;
     sd_opt_state opt; /* --optimizer adamw8bit or adafactor: their per-tensor state (optim.h) */
     FILE *metrics;
-    sd_tb tb; /* TensorBoard scalars, when o.tensorboard (rank 0) */
+    sd_tb tb; /* TensorBoard scalars and sample images, when o.tensorboard (rank 0) */
+    sd_train_samples *samples; /* rank 0 with o.sample_prompts, from the run's start; else NULL */
     double loss_ema;
     /* data parallel (dist.h): this rank of world; each optimizer step
      * takes world * accum batches of the global order, this rank the ones
@@ -175,6 +194,15 @@ void sd_train_opts_default(sd_train_opts *o);
  * Adafactor's state. */
 size_t sd_train_optimizer_bytes(const sd_trainer *tr);
 
+/* The bytes sd_trainer_open allocates for a model of weights w under o on
+ * this rank: the weights, their gradients, the optimizer state (AdamW's
+ * moments, their ZeRO-1 share, or the other optimizer's layout) and the
+ * EMA; from the same arithmetic the allocations take (the memory plan). */
+typedef struct {
+    size_t weights, gradients, optimizer, ema;
+} sd_train_state_bytes;
+sd_train_state_bytes sd_train_state_sizes(const sd_train_opts *o, const sd_weights *w, int rank, int world);
+
 /* Load or create the model, allocate optimizer state, open the shards
  * (when o->nshards > 0; each checked against the UNet: latent channels,
  * text embedding widths, a text embedding at all) and start the pool. */
@@ -191,6 +219,12 @@ size_t sd_train_param_count(const sd_trainer *tr);
 sd_status sd_train_micro(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
                          const float *text, const float *tids, const float *noise, const int *t, double grad_scale,
                          double *loss, sd_error *err);
+/* sd_train_micro with a loss mask [n, h, w] at the latent size: each
+ * squared error times its pixel's weight before the mean, as sd-scripts'
+ * apply_masked_loss (--masked-loss). */
+sd_status sd_train_micro_masked(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
+                                const float *text, const float *tids, const float *noise, const int *t,
+                                const float *mask, double grad_scale, double *loss, sd_error *err);
 /* The gradients so far into tr->grad (a GPU run keeps them on the
  * device). */
 sd_status sd_train_grad_to_host(sd_trainer *tr, sd_error *err);

@@ -20,6 +20,9 @@ int sd_train_draw_timestep(const sd_train_opts *o, sd_rng *rng);
 /* splitmix64's finaliser: a well-mixed 64-bit hash of x. */
 uint64_t sd_train_mix64(uint64_t x);
 
+/* The host bytes sd_train_prepare allocates beside the graph's buffers
+ * for io latent values (train_pass.c). */
+size_t sd_train_io_host_bytes(const sd_train_opts *o, size_t io, int cuda);
 /* Plan the graph for a new input shape and size the buffers (nothing while
  * the shape repeats). */
 sd_status sd_train_prepare(sd_trainer *tr, int n, int h, int w, int tctx, sd_error *err);
@@ -30,11 +33,13 @@ void sd_train_put(sd_trainer *tr, float *dst, const float *src, size_t floats);
  * there (a new run, a resume); nothing on the CPU. */
 void sd_train_push_state(sd_trainer *tr);
 /* Noise the latents (with noise_in when given, else with noise), predict,
- * compare with the target (made from noise); with backward, add the
- * gradient of loss * grad_scale into the backend's gradient. */
+ * compare with the target (made from noise), each squared error weighted by
+ * mask [n, h, w] (all channels of a latent pixel alike) when not NULL; with
+ * backward, add the gradient of loss * grad_scale into the backend's
+ * gradient. */
 sd_status sd_train_pass(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
                         const float *text, const float *tids, const float *noise, const float *noise_in, const int *t,
-                        double grad_scale, int backward, double *loss, sd_error *err);
+                        const float *mask, double grad_scale, int backward, double *loss, sd_error *err);
 
 /* Zero the gradients on the backend. */
 void sd_train_zero_grad(sd_trainer *tr);
@@ -54,6 +59,19 @@ sd_status sd_train_apply_zero1(sd_trainer *tr, double norm, sd_error *err);
 void sd_train_tell_stop(sd_trainer *tr);
 /* A tally's summary over every rank, logged by rank 0 (collective). */
 sd_status sd_train_log_tally_all(const sd_trainer *tr, const sd_tally *t, const char *what, sd_error *err);
+/* Samples (train_samples.c), rank 0 only, nothing without
+ * o.sample_prompts. Open: the prompts read (an unreadable file is the only
+ * error), their conditioning made with the sample model's text encoders,
+ * which are freed, and the VAE decoder loaded; an unusable model is a
+ * warning and no samples. Render: every prompt at tr->step with the
+ * weights and the EMA weights (only_missing: only the images whose file
+ * is not there, for a run that took no step); failures are warned about
+ * and counted, never returned. Summary: the counts by reason. */
+sd_status sd_train_samples_open(sd_trainer *tr, sd_error *err);
+void sd_train_samples_render(sd_trainer *tr, int only_missing);
+void sd_train_samples_summary(const sd_trainer *tr);
+void sd_train_samples_close(sd_trainer *tr);
+
 /* Several ranks: every rank's state against rank 0's before the run. */
 sd_status sd_train_check_world(const sd_trainer *tr, sd_error *err);
 

@@ -82,6 +82,10 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
         sd_status trc = sd_tb_open(&tr->tb, o->tensorboard, tr->step == 0 ? 0 : tr->step + 1, err);
         if (trc) return trc;
     }
+    if (o->sample_prompts && !tr->samples) {
+        sd_status src = sd_train_samples_open(tr, err); /* rank 0; an unusable model only warns */
+        if (src) return src;
+    }
     double t0 = sd_now(), last = t0;
     long step0 = tr->step, img0 = tr->images;
     sd_status rc = SD_OK;
@@ -147,12 +151,21 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
             rc = sd_train_save(tr, err);
             if (rc) break;
         }
+        /* after the save, so a checkpoint step's images go into its checkpoint */
+        if ((o->sample_every > 0 ? tr->step % o->sample_every == 0 && tr->step < o->max_steps : saving) &&
+            !(tr->world > 1 ? tr->stop_all : stop && *stop))
+            sd_train_samples_render(tr, 0);
     }
     sd_train_tell_stop(tr); /* a request that came after the last micro-batch */
     if (!rc && tr->have_val && val_step != tr->step && !(tr->step == step0 && logged))
         rc = validate_and_log(tr, err);
     if (!rc && tr->saved_step != tr->step) rc = sd_train_save(tr, err); /* not again after a stop on a save step */
     else if (!rc && !o->quiet) sd_log(SD_LOG_INFO, "checkpoint-%ld already holds step %ld", tr->step, tr->step);
+    /* the end's samples, not after a stop request (a scheduler's grace time is short); a run that took no
+     * step renders only what its predecessor's kill left missing */
+    if (!rc && !(tr->world > 1 ? tr->stop_all : stop && *stop))
+        sd_train_samples_render(tr, tr->step == step0 && logged);
+    sd_train_samples_summary(tr);
     /* a bad record is met again each epoch: the counts are of draws */
     const char *what = "records skipped, counted each time drawn";
     if (!rc) rc = sd_train_log_tally_all(tr, &tr->tally, what, err);

@@ -8,6 +8,7 @@
 
 #include "dist.h"
 #include "dtype.h"
+#include "full_ckpt.h"
 #include "log.h"
 #include "safetensors.h"
 #include "train_int.h"
@@ -48,7 +49,8 @@ sd_load_opts sd_train_load_opts(const sd_trainer *tr, int training)
     const sd_unet_config *c = &tr->unet.cfg;
     sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
                        .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0,
-                       .dropout = training ? tr->o.dropout : 0, .no_flip = training ? tr->o.no_flip : 1};
+                       .dropout = training ? tr->o.dropout : 0, .no_flip = training ? tr->o.no_flip : 1,
+                       .masked = training ? tr->o.masked_loss : 0};
     return lo;
 }
 
@@ -61,14 +63,42 @@ size_t sd_train_param_count(const sd_trainer *tr)
     return n;
 }
 
+/* Values in each AdamW moment this rank holds: all, or its ZeRO-1 share. */
+static size_t moment_values(const sd_train_opts *o, size_t total, int rank, int world)
+{
+    return o->zero1 ? sd_dist_owned(total, rank, world) : total;
+}
+
+/* Bytes of one AdamW moment value. */
+static size_t moment_bytes(const sd_train_opts *o)
+{
+    return o->moments == SD_DT_BF16 ? 2 : 4;
+}
+
 /* AdamW's moments (this rank's segments under ZeRO-1), or the other
  * optimizer's state. */
 size_t sd_train_optimizer_bytes(const sd_trainer *tr)
 {
     if (tr->o.optimizer != SD_OPT_ADAMW)
         return sd_opt_state_bytes(&tr->opt);
-    size_t n = tr->o.zero1 ? sd_dist_owned(tr->unet.w.total, tr->rank, tr->world) : tr->unet.w.total;
-    return 2 * n * tr->moment_size;
+    return 2 * moment_values(&tr->o, tr->unet.w.total, tr->rank, tr->world) * tr->moment_size;
+}
+
+/* What sd_trainer_open allocates for w's model under o, from the same
+ * helpers it allocates with (train.h). */
+sd_train_state_bytes sd_train_state_sizes(const sd_train_opts *o, const sd_weights *w, int rank, int world)
+{
+    sd_train_state_bytes b = {.weights = sd_weights_bytes(w), .gradients = w->total * sizeof(float)};
+    if (o->optimizer == SD_OPT_ADAMW) {
+        b.optimizer = 2 * moment_values(o, w->total, rank, world) * moment_bytes(o);
+    } else {
+        sd_opt_state s;
+        sd_opt_state_layout(&s, o->optimizer, o->adafactor_beta1 >= 0, w);
+        b.optimizer = sd_opt_state_bytes(&s);
+        sd_opt_state_free(&s);
+    }
+    b.ema = o->ema_decay > 0 ? w->total * sizeof(float) : 0;
+    return b;
 }
 
 /* The model: loaded, or built from a config and initialised. */
@@ -88,6 +118,35 @@ static sd_status open_model(sd_trainer *tr, sd_error *err)
         sd_unet_init_random(&tr->unet, o->init_seed);
         snprintf(tr->unet.layout, sizeof tr->unet.layout, "new (seed %llu)", (unsigned long long)o->init_seed);
     }
+    return rc;
+}
+
+/* --save-full: the base model (--base-model, else the --unet model) is
+ * set, and its VAE and text encoder(s) loaded once and checked against the UNet, so that a missing or foreign part stops the
+ * run before its first step, not at its first checkpoint. */
+static sd_status check_full(sd_trainer *tr, sd_error *err)
+{
+    int defaulted = !tr->o.base_model;
+    if (defaulted) tr->o.base_model = tr->o.unet; /* what ckpt_save.c reads */
+    const char *base = tr->o.base_model;
+    sd_status rc;
+    if (!base)
+        rc = sd_err_set(err, SD_EINVAL, "--save-full takes the VAE and text encoders from the model the UNet came "
+                        "from: give it with --base-model PATH (a new model from --unet-config has none)");
+    else {
+        sd_full_parts parts;
+        rc = sd_full_parts_load(&parts, base, &tr->unet.cfg, NULL, err);
+        if (!rc && !tr->o.quiet && sd_dist_rank() == 0)
+            sd_log(SD_LOG_INFO, "full checkpoints: %s, the VAE and text encoder%s from %s",
+                   sd_full_family_name(parts.family), parts.nte > 1 ? "s" : "", base);
+        if (!rc) sd_full_parts_free(&parts);
+        else if (defaulted) { /* say where the parts were looked for, and how to name another model */
+            char why[sizeof err->msg];
+            snprintf(why, sizeof why, "%s", err->msg);
+            sd_err_set(err, rc, "--save-full: name the model the UNet came from with --base-model PATH; %s", why);
+        }
+    }
+    if (rc) sd_unet_free(&tr->unet);
     return rc;
 }
 
@@ -191,6 +250,7 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         return sd_err_set(err, SD_EINVAL, "timestep range [%d, %d): within [0, %d) and not empty", o->t_min, o->t_max,
                           SD_DDPM_STEPS);
     sd_status rc = open_model(tr, err);
+    if (!rc && o->save_full) rc = check_full(tr, err);
     if (rc) return rc;
     size_t n = tr->unet.w.total;
     tr->rank = sd_dist_rank();
@@ -208,12 +268,12 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         sd_trainer_close(tr);
         return sd_err_set(err, SD_EINVAL, "AdamW moments are stored as fp32 or bf16");
     }
-    tr->moment_size = o->moments == SD_DT_BF16 ? 2 : 4;
+    tr->moment_size = moment_bytes(o);
     if (o->optimizer != SD_OPT_ADAMW) {
         rc = open_other_optimizer(tr, err);
         if (rc) return rc;
     } else if (o->zero1) {
-        size_t own = sd_dist_owned(n, tr->rank, tr->world);
+        size_t own = moment_values(o, n, tr->rank, tr->world);
         tr->m_sh = calloc(own ? own : 1, tr->moment_size);
         tr->v_sh = calloc(own ? own : 1, tr->moment_size);
         if (!tr->m_sh || !tr->v_sh) {
@@ -290,6 +350,7 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
 /* Free everything. */
 void sd_trainer_close(sd_trainer *tr)
 {
+    sd_train_samples_close(tr); /* its buffers on the backend go before the backend */
 #ifdef SDTK_HAVE_NCCL
     sd_nccl_close(tr->nccl);
 #endif

@@ -25,6 +25,16 @@ static void log_graph(sd_trainer *tr, int n, int h, int w)
                (double)tr->g.nact * mib, (double)tr->g.ndact * mib);
 }
 
+/* The host bytes of the per-pass buffers sd_train_prepare allocates for io
+ * latent values: noise, target, dout (also the backend's on the CPU), the
+ * timesteps and, with --input-perturbation, noise_in; on a GPU also the
+ * staging of x_t, timesteps and output. The memory plan counts these. */
+size_t sd_train_io_host_bytes(const sd_train_opts *o, size_t io, int cuda)
+{
+    size_t floats = 3 * io + (o->input_perturbation > 0 ? io : 0) + (cuda ? 3 * io : 0);
+    return floats * sizeof(float) + io * sizeof(int);
+}
+
 /* Plan the graph for a new input shape and size the buffers. */
 sd_status sd_train_prepare(sd_trainer *tr, int n, int h, int w, int tctx, sd_error *err)
 {
@@ -133,7 +143,7 @@ sd_status sd_train_sync_host(sd_trainer *tr, sd_error *err)
  * (made from noise), backpropagate. */
 sd_status sd_train_pass(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
                       const float *text, const float *tids, const float *noise, const float *noise_in, const int *t,
-                      double grad_scale, int backward, double *loss, sd_error *err)
+                      const float *mask, double grad_scale, int backward, double *loss, sd_error *err)
 {
     const sd_unet_config *c = &tr->unet.cfg;
     if (c->in_channels != c->out_channels)
@@ -176,11 +186,15 @@ sd_status sd_train_pass(sd_trainer *tr, int n, int h, int w, int tctx, const flo
             double snr = sd_ddpm_snr(&tr->sched, t[b]), mn = snr < tr->o.snr_gamma ? snr : tr->o.snr_gamma;
             wgt = mn / (tr->o.pred == SD_PRED_V ? snr + 1.0 : snr);
         }
+        /* sd-scripts' apply_masked_loss: the squared error times the
+         * latent pixel's mask value, every channel alike */
         double s = 0;
+        size_t hw = (size_t)h * (size_t)w;
         for (size_t i = b * per; i < (b + 1) * per; i++) {
             double d = (double)out[i] - (double)tr->target[i];
-            s += d * d;
-            tr->dout[i] = (float)(grad_scale * wgt * 2.0 * d / (double)tot);
+            double m = mask ? (double)mask[(size_t)b * hw + (i - b * per) % hw] : 1.0;
+            s += m * d * d;
+            tr->dout[i] = (float)(grad_scale * wgt * 2.0 * m * d / (double)tot);
         }
         total += wgt * s;
     }
@@ -196,7 +210,15 @@ sd_status sd_train_micro(sd_trainer *tr, int n, int h, int w, int tctx, const fl
                          const float *text, const float *tids, const float *noise, const int *t, double grad_scale,
                          double *loss, sd_error *err)
 {
-    return sd_train_pass(tr, n, h, w, tctx, x0, ctx, text, tids, noise, NULL, t, grad_scale, 1, loss, err);
+    return sd_train_pass(tr, n, h, w, tctx, x0, ctx, text, tids, noise, NULL, t, NULL, grad_scale, 1, loss, err);
+}
+
+/* The same with a loss mask (train.h). */
+sd_status sd_train_micro_masked(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
+                                const float *text, const float *tids, const float *noise, const int *t,
+                                const float *mask, double grad_scale, double *loss, sd_error *err)
+{
+    return sd_train_pass(tr, n, h, w, tctx, x0, ctx, text, tids, noise, NULL, t, mask, grad_scale, 1, loss, err);
 }
 
 /* The loss alone (validation): the gradient is not touched. */
@@ -204,7 +226,7 @@ sd_status sd_train_eval(sd_trainer *tr, int n, int h, int w, int tctx, const flo
                         const float *text, const float *tids, const float *noise, const int *t, double *loss,
                         sd_error *err)
 {
-    return sd_train_pass(tr, n, h, w, tctx, x0, ctx, text, tids, noise, NULL, t, 1.0, 0, loss, err);
+    return sd_train_pass(tr, n, h, w, tctx, x0, ctx, text, tids, noise, NULL, t, NULL, 1.0, 0, loss, err);
 }
 
 /* A GPU run's gradient into the host buffer (for the reduction, clipping

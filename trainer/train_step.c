@@ -85,7 +85,7 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
             double l;
             rc = sd_train_pass(tr, b->n, b->h, b->w, b->tctx, b->x0, b->ctx, pooled ? b->text : NULL,
                       c->text_time ? b->tids : NULL, tr->noise, tr->o.input_perturbation > 0 ? tr->noise_in : NULL,
-                      tr->t, 1.0 / slots, 1, &l, err);
+                      tr->t, lo.masked ? b->mask : NULL, 1.0 / slots, 1, &l, err);
             if (rc) return rc;
             red[0] += 1;
             red[1] += l;

@@ -295,6 +295,27 @@ int sd_wino_conv(sd_pool *pool, const sd_wino_shape *s, float *y, const float *x
     return sd_wino_conv_st(pool, s, SD_DT_F32, y, SD_DT_F32, x, w, b);
 }
 
+/* Floats of one worker's area (see sd_wino_conv_st). */
+static size_t wino_per_worker(const wctx *c, const sd_wino_shape *s)
+{
+    size_t per_row = 16 * ((size_t)s->cin + (size_t)s->cout) * (size_t)c->ntx;
+    return per_row * (size_t)c->rows + 16 * ((size_t)c->ntx + 1) + (size_t)s->w;
+}
+
+/* Floats of the transformed weights. */
+static size_t wino_u_floats(const sd_wino_shape *s)
+{
+    return 16 * (size_t)s->cout * (size_t)s->cin;
+}
+
+/* The bytes sd_wino_conv_st allocates: the same plan and sizes. */
+size_t sd_wino_scratch_bytes(int nworkers, const sd_wino_shape *s)
+{
+    wctx c = {0};
+    wino_plan(&c, s);
+    return wino_u_floats(s) * sizeof(float) + sd_scratch_bytes(nworkers, wino_per_worker(&c, s));
+}
+
 /* The same with x and y stored as xdt / ydt (not with acc): input rows are
  * widened as the transform reads them, output rows narrowed as the inverse
  * writes them; the arithmetic is sd_wino_conv's. The work area grows by an
@@ -305,10 +326,9 @@ int sd_wino_conv_st(sd_pool *pool, const sd_wino_shape *s, int ydt, void *y, int
     wctx c = {.y = y, .x = x, .w = w, .b = b, .xdt = xdt, .ydt = ydt, .xs = x, .ys = y};
     if (s->acc && ydt != SD_DT_F32) return 0;
     wino_plan(&c, s);
-    size_t per_row = 16 * ((size_t)s->cin + (size_t)s->cout) * (size_t)c.ntx;
-    size_t per = per_row * (size_t)c.rows + 16 * ((size_t)c.ntx + 1) + (size_t)s->w;
+    size_t per = wino_per_worker(&c, s);
     c.sstride = sd_scratch_stride(per);
-    c.U = malloc(16 * (size_t)s->cout * (size_t)s->cin * sizeof(float));
+    c.U = malloc(wino_u_floats(s) * sizeof(float));
     c.scratch = sd_scratch_alloc(sd_pool_size(pool), per);
     if (!c.U || !c.scratch) {
         free(c.U);

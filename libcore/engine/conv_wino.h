@@ -29,6 +29,10 @@ int sd_wino_conv(sd_pool *pool, const sd_wino_shape *s, float *y, const float *x
 /* sd_wino_conv with x stored as xdt and y as ydt (SD_DT_F32, F16, BF16;
  * act_store.h), computed in fp32: y is the fp32 result for the widened x,
  * rounded once. acc needs ydt fp32. */
+/* The bytes sd_wino_conv(_st) allocates on nworkers workers (the
+ * transformed weights and the workers' areas, live together). */
+size_t sd_wino_scratch_bytes(int nworkers, const sd_wino_shape *s);
+
 int sd_wino_conv_st(sd_pool *pool, const sd_wino_shape *s, int ydt, void *y, int xdt, const void *x, const float *w,
                     const float *b);
 

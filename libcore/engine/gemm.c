@@ -31,11 +31,17 @@ size_t sd_scratch_stride(size_t per_worker)
     return (per_worker + 15) & ~(size_t)15;
 }
 
+/* The size of the one allocation below, shared with the memory plan. */
+size_t sd_scratch_bytes(int nworkers, size_t per_worker)
+{
+    size_t stride = sd_scratch_stride(per_worker), n = (size_t)(nworkers > 0 ? nworkers : 1);
+    if (stride && n > (size_t)-1 / sizeof(float) / stride) return (size_t)-1;
+    return n * (stride ? stride : 16) * sizeof(float);
+}
+
 /* One allocation for all workers' scratch (see gemm.h). */
 float *sd_scratch_alloc(int nworkers, size_t per_worker)
 {
-    size_t stride = sd_scratch_stride(per_worker), n = (size_t)(nworkers > 0 ? nworkers : 1);
-    if (stride && n > (size_t)-1 / sizeof(float) / stride) return NULL;
-    size_t bytes = n * (stride ? stride : 16) * sizeof(float);
-    return aligned_alloc(64, bytes);
+    size_t bytes = sd_scratch_bytes(nworkers, per_worker);
+    return bytes == (size_t)-1 ? NULL : aligned_alloc(64, bytes);
 }

@@ -19,5 +19,8 @@ void sd_sgemm(int ta, int tb, int m, int n, int k, float alpha, const float *a, 
  * (callers fall back to their reference loops). free() it. */
 float *sd_scratch_alloc(int nworkers, size_t per_worker);
 size_t sd_scratch_stride(size_t per_worker);
+/* The bytes sd_scratch_alloc(nworkers, per_worker) allocates (SIZE_MAX
+ * when they overflow): the memory plan counts op scratch with it. */
+size_t sd_scratch_bytes(int nworkers, size_t per_worker);
 
 #endif

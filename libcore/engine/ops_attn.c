@@ -274,6 +274,15 @@ static void fwd_query_tiles(gattn *g)
 static void attn_fwd_ref_any(sd_pool *pool, const sd_attn_shape *s, int ld, float *y, float *lse, const float *q,
                              const float *k, const float *v);
 
+/* The scratch sd_attn_fwd allocates on nworkers (ops_cpu.h). */
+size_t sd_attn_fwd_scratch_bytes(int nworkers, const sd_attn_shape *s)
+{
+    gattn g = {0};
+    gattn_plan(&g, s, 0);
+    fwd_query_tiles(&g);
+    return sd_scratch_bytes(nworkers, worker_floats(&g, 1, 2));
+}
+
 /* The forward in either layout (ld 0: head-major). */
 static void attn_fwd_any(sd_pool *pool, const sd_attn_shape *s, int ld, float *y, float *lse, const float *q,
                          const float *k, const float *v)
@@ -448,14 +457,33 @@ static void gattn_bwd_head_range(void *vctx, int worker, size_t begin, size_t en
  * with MIN_UNITS or more (batch, head) pairs one fused pass over them,
  * else the split passes over query and key tiles (one head, e.g. the
  * VAE's, still splits across workers). The choice is the shape's. */
+/* The plan of the backward's tiles: fused over (batch, head) pairs when
+ * there are MIN_UNITS of them, else split over query and key tiles. */
+static int attn_bwd_plan(gattn *g, const sd_attn_shape *s)
+{
+    size_t bh = (size_t)s->b * (size_t)s->heads;
+    int fused = bh >= MIN_UNITS;
+    gattn_plan(g, s, !fused);
+    return fused;
+}
+
+/* The scratch sd_attn_bwd allocates on nworkers (ops_cpu.h): the
+ * workers' blocks and one float per query row. */
+size_t sd_attn_bwd_scratch_bytes(int nworkers, const sd_attn_shape *s)
+{
+    gattn g = {0};
+    attn_bwd_plan(&g, s);
+    size_t rows = (size_t)s->b * (size_t)s->heads * (size_t)s->tq;
+    return sd_scratch_bytes(nworkers, worker_floats(&g, 2, 0)) + rows * sizeof(float);
+}
+
 void sd_attn_bwd(sd_pool *pool, const sd_attn_shape *s, float *dq, float *dk, float *dv, const float *dy,
                  const float *q, const float *k, const float *v, const float *y, const float *lse)
 {
     if (!dq && !dk && !dv) return;
     gattn g = {.dq = dq, .dk = dk, .dv = dv, .q = q, .k = k, .v = v, .dy = dy, .cy = y, .clse = lse};
     size_t bh = (size_t)s->b * (size_t)s->heads;
-    int fused = bh >= MIN_UNITS;
-    gattn_plan(&g, s, !fused);
+    int fused = attn_bwd_plan(&g, s);
     size_t rows = (size_t)s->b * (size_t)s->heads * (size_t)s->tq;
     size_t per = worker_floats(&g, 2, 0);
     g.sstride = sd_scratch_stride(per);

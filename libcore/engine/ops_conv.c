@@ -404,15 +404,70 @@ static void gconv_fwd_range(void *vctx, int worker, size_t begin, size_t end)
     }
 }
 
+/* The forward's Winograd shape; 0 when the forward does not take it. */
+static int wino_fwd_shape(const sd_conv2d_shape *s, sd_wino_shape *ws)
+{
+    if (!(s->kh == 3 && s->kw == 3 && s->stride == 1)) return 0;
+    *ws = (sd_wino_shape){.n = s->n, .cin = s->cin, .cout = s->cout, .h = s->h, .w = s->w, .pt = s->pad_t,
+                          .pb = s->pad_b, .pl = s->pad_l, .pr = s->pad_r};
+    return sd_wino_ok(ws);
+}
+
+/* The input gradient's Winograd shape (a 3x3 stride-1 conv of dy with the
+ * flipped, transposed weights and pads 2 - pad); 0 when not taken. */
+static int wino_dx_shape(const sd_conv2d_shape *s, int oh, int ow, sd_wino_shape *ws)
+{
+    if (!(s->kh == 3 && s->kw == 3 && s->stride == 1)) return 0;
+    *ws = (sd_wino_shape){.n = s->n, .cin = s->cout, .cout = s->cin, .h = oh, .w = ow, .pt = 2 - s->pad_t,
+                          .pb = 2 - s->pad_b, .pl = 2 - s->pad_l, .pr = 2 - s->pad_r, .flip = 1, .acc = 1};
+    return sd_wino_ok(ws);
+}
+
+/* Floats of one worker's im2col tile in the forward. */
+static size_t fwd_per_worker(const gconv *g)
+{
+    return g->K * (size_t)g->rows * (size_t)g->ow;
+}
+
+/* Floats of one worker's col block in the backward. */
+static size_t bwd_per_worker(const gconv *g)
+{
+    return (size_t)g->cb * g->khw * (size_t)g->rows * (size_t)g->ow;
+}
+
+/* The scratch sd_conv2d_fwd allocates on nworkers (ops_cpu.h). */
+size_t sd_conv2d_fwd_scratch_bytes(int nworkers, const sd_conv2d_shape *s)
+{
+    sd_wino_shape ws;
+    if (wino_fwd_shape(s, &ws)) return sd_wino_scratch_bytes(nworkers, &ws);
+    gconv g = {0};
+    gconv_plan(&g, s, 0);
+    if (!gemm_dims_fit(&g) || g.pointwise) return 0;
+    return sd_scratch_bytes(nworkers, fwd_per_worker(&g));
+}
+
+/* The most scratch sd_conv2d_bwd holds at once (ops_cpu.h): the Winograd
+ * input gradient's, freed before the col blocks of the rest. */
+size_t sd_conv2d_bwd_scratch_bytes(int nworkers, const sd_conv2d_shape *s, int dx, int dw)
+{
+    gconv g = {0};
+    gconv_plan(&g, s, 1);
+    size_t wino = 0, cols = 0;
+    sd_wino_shape ws;
+    if (dx && wino_dx_shape(s, g.oh, g.ow, &ws)) {
+        wino = sd_wino_scratch_bytes(nworkers, &ws);
+        dx = 0;
+    }
+    if (gemm_dims_fit(&g) && !g.pointwise && (dx || dw)) cols = sd_scratch_bytes(nworkers, bwd_per_worker(&g));
+    return wino > cols ? wino : cols;
+}
+
 /* y = conv(x, w) + b for the whole batch. */
 void sd_conv2d_fwd(sd_pool *pool, const sd_conv2d_shape *s, float *y, const float *x, const float *w,
                    const float *b)
 {
-    if (s->kh == 3 && s->kw == 3 && s->stride == 1) {
-        sd_wino_shape ws = {.n = s->n, .cin = s->cin, .cout = s->cout, .h = s->h, .w = s->w, .pt = s->pad_t,
-                            .pb = s->pad_b, .pl = s->pad_l, .pr = s->pad_r};
-        if (sd_wino_ok(&ws) && sd_wino_conv(pool, &ws, y, x, w, b)) return;
-    }
+    sd_wino_shape ws;
+    if (wino_fwd_shape(s, &ws) && sd_wino_conv(pool, &ws, y, x, w, b)) return;
     gconv g = {.y = y, .x = x, .w = w, .b = b};
     gconv_plan(&g, s, 0);
     if (!gemm_dims_fit(&g)) {
@@ -420,7 +475,7 @@ void sd_conv2d_fwd(sd_pool *pool, const sd_conv2d_shape *s, float *y, const floa
         return;
     }
     if (!g.pointwise) {
-        size_t per = g.K * (size_t)g.rows * (size_t)g.ow;
+        size_t per = fwd_per_worker(&g);
         g.sstride = sd_scratch_stride(per);
         g.scratch = sd_scratch_alloc(sd_pool_size(pool), per);
         if (!g.scratch) {
@@ -699,20 +754,15 @@ void sd_conv2d_bwd(sd_pool *pool, const sd_conv2d_shape *s, float *dx, float *dw
 {
     gconv g = {.dw = dw, .db = db, .x = x, .w = w, .dy = dy};
     gconv_plan(&g, s, 1);
-    if (dx && s->kh == 3 && s->kw == 3 && s->stride == 1) {
-        /* the input gradient of a 3x3 stride-1 conv is a 3x3 stride-1 conv
-         * of dy with the flipped, transposed weights and pads 2 - pad */
-        sd_wino_shape ws = {.n = s->n, .cin = s->cout, .cout = s->cin, .h = g.oh, .w = g.ow, .pt = 2 - s->pad_t,
-                            .pb = 2 - s->pad_b, .pl = 2 - s->pad_l, .pr = 2 - s->pad_r, .flip = 1, .acc = 1};
-        if (sd_wino_ok(&ws) && sd_wino_conv(pool, &ws, dx, dy, w, NULL)) dx = NULL;
-    }
+    sd_wino_shape ws;
+    if (dx && wino_dx_shape(s, g.oh, g.ow, &ws) && sd_wino_conv(pool, &ws, dx, dy, w, NULL)) dx = NULL;
     g.dx = dx;
     if (!gemm_dims_fit(&g)) {
         sd_conv2d_bwd_ref(pool, s, dx, dw, db, dy, x, w);
         return;
     }
     if (!g.pointwise && (dx || dw)) {
-        size_t per = (size_t)g.cb * g.khw * (size_t)g.rows * (size_t)g.ow;
+        size_t per = bwd_per_worker(&g);
         g.sstride = sd_scratch_stride(per);
         g.scratch = sd_scratch_alloc(sd_pool_size(pool), per);
         if (!g.scratch) {

@@ -40,6 +40,11 @@ void sd_conv2d_fwd_st(sd_pool *pool, const sd_conv2d_shape *s, int ydt, void *y,
                       const float *w, const float *b);
 void sd_conv2d_bwd(sd_pool *pool, const sd_conv2d_shape *s, float *dx, float *dw, float *db, const float *dy,
                    const float *x, const float *w);
+/* The bytes of scratch the forward, and the most the backward (with or
+ * without dx, dw) hold at once, on a pool of nworkers: computed by the
+ * functions that allocate it, for the memory plan (0: none). */
+size_t sd_conv2d_fwd_scratch_bytes(int nworkers, const sd_conv2d_shape *s);
+size_t sd_conv2d_bwd_scratch_bytes(int nworkers, const sd_conv2d_shape *s, int dx, int dw);
 
 /* group_norm: x, y [n, c, hw]; gamma, beta [c] or NULL (no affine);
  * mean, rstd [n, groups] saved by forward for backward. */
@@ -73,6 +78,9 @@ void sd_linear_fwd(sd_pool *pool, const sd_linear_shape *s, float *y, const floa
                    const float *b);
 void sd_linear_bwd(sd_pool *pool, const sd_linear_shape *s, float *dx, float *dw, float *db, const float *dy,
                    const float *x, const float *w);
+/* The bytes of scratch sd_linear_fwd allocates on nworkers (the backward
+ * takes none): for the memory plan. */
+size_t sd_linear_fwd_scratch_bytes(int nworkers);
 
 /* An activation applied in place by sd_act_rows and the fused linear. */
 typedef enum { SD_ACT_NONE = 0, SD_ACT_GELU = 1, SD_ACT_QUICK_GELU = 2 } sd_act;
@@ -278,6 +286,10 @@ void sd_attn_fwd(sd_pool *pool, const sd_attn_shape *s, float *y, float *lse, co
                  const float *v);
 void sd_attn_bwd(sd_pool *pool, const sd_attn_shape *s, float *dq, float *dk, float *dv, const float *dy,
                  const float *q, const float *k, const float *v, const float *y, const float *lse);
+/* The bytes of scratch the forward and the backward allocate on nworkers:
+ * for the memory plan. */
+size_t sd_attn_fwd_scratch_bytes(int nworkers, const sd_attn_shape *s);
+size_t sd_attn_bwd_scratch_bytes(int nworkers, const sd_attn_shape *s);
 /* The forward on token-major rows: q, k, v element (batch n, head h,
  * token i, c) at [(n * t + i) * ld + h * d + c] (t = tq for q, tk for k
  * and v; e.g. the three column blocks of a fused q|k|v projection, ld =

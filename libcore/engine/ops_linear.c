@@ -128,13 +128,26 @@ void sd_linear_fwd(sd_pool *pool, const sd_linear_shape *s, float *y, const floa
     sd_linear_act_fwd(pool, s, SD_ACT_NONE, SD_DT_F32, y, x, w, b);
 }
 
+/* Workers of sd_linear_act_fwd: the pool's, at least one. */
+static int linear_units(int workers)
+{
+    return workers > 0 ? workers : 1;
+}
+
+/* The scratch sd_linear_fwd allocates on nworkers (ops_cpu.h): one packed
+ * block of w per worker, whatever the shape. */
+size_t sd_linear_fwd_scratch_bytes(int nworkers)
+{
+    return sd_scratch_bytes(linear_units(nworkers), sd_gemm_rows_scratch_floats());
+}
+
 /* The same with an activation on each finished block of y and weights of
  * any dtype (ops_cpu.h). */
 void sd_linear_act_fwd(sd_pool *pool, const sd_linear_shape *s, sd_act act, int wdtype, float *y, const float *x,
                        const void *w, const float *b)
 {
     int workers = sd_pool_size(pool);
-    grows g = {.s = s, .units = workers > 0 ? workers : 1, .isa = sd_gemm_rows_best_isa(), .act = act,
+    grows g = {.s = s, .units = linear_units(workers), .isa = sd_gemm_rows_best_isa(), .act = act,
                .wdtype = wdtype, .y = y, .x = x, .w = w, .b = b};
     int per = (s->n + g.units - 1) / g.units;
     g.cols = (per + SD_GEMM_ROWS_NR - 1) / SD_GEMM_ROWS_NR * SD_GEMM_ROWS_NR;

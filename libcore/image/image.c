@@ -787,3 +787,22 @@ sd_status sd_image_load_chw(const sd_image_src *src, const sd_image_plan *plan, 
     sd_scratch_trim();
     return st;
 }
+
+/* For image_band.c: the encoded bytes of src (thread buffer) and the
+ * decompression-bomb check, the ones the picture's pipeline uses. */
+sd_status sd_image_read_checked(const sd_image_src *src, const sd_image_plan *plan, const char *name,
+                                unsigned char **buf, size_t *len, sd_error *err)
+{
+    thread_warning[0] = 0;
+    if (vips_error_buffer()[0]) vips_error_clear();
+    sd_imginfo info;
+    sd_status st = read_bytes(src, name, buf, len, err);
+    if (!st) st = check_pixels(*buf, *len, plan->max_pixels ? plan->max_pixels : SD_IMAGE_MAX_PIXELS, name, &info, err);
+    return st;
+}
+
+/* For image_band.c: a libvips failure as an sd_status with its message. */
+sd_status sd_image_vips_fail(sd_error *err, sd_status code, const char *name, const char *what)
+{
+    return vips_fail(err, code, name, what);
+}

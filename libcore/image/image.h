@@ -74,4 +74,17 @@ sd_status sd_image_load_rgb8(const sd_image_src *src, const sd_image_plan *plan,
 sd_status sd_image_load_chw(const sd_image_src *src, const sd_image_plan *plan, float *out, sd_error *err);
 void sd_image_rgb8_to_chw(const unsigned char *hwc, int w, int h, float *chw);
 
+/* One band of an image through the plan's resize and crop (never flipped),
+ * for loss masks (image_band.c): SD_BAND_ALPHA is the alpha channel (kohya's
+ * alpha_mask), SD_BAND_FIRST the first band (a mask image: grey, or red).
+ * The image is decoded at its full size, turned upright (EXIF), 16-bit
+ * samples taken as their high byte; the band is resized as the picture's
+ * direct decoders resize (the area average when both sides shrink, PIL's
+ * LANCZOS when a side grows) and cut to the crop box: out_w * out_h bytes.
+ * *found is 0 (out untouched) when the image has no such band (no alpha).
+ * *w, *h (may be NULL) get the image's upright size. */
+enum { SD_BAND_ALPHA = 0, SD_BAND_FIRST = 1 };
+sd_status sd_image_load_band(const sd_image_src *src, const sd_image_plan *plan, int which, unsigned char *out,
+                             int *found, int *w, int *h, sd_error *err);
+
 #endif

@@ -35,6 +35,13 @@ void sd_area_free(sd_area *a);
  * with the area resizer). Returns 0, or -1 when out of memory. */
 int sd_lanczos_rgb8(const unsigned char *src, int sw, int sh, size_t stride, const sd_image_plan *plan, unsigned char *out);
 
+/* image.c's reading for image_band.c: the bytes of src in the thread's file
+ * buffer, checked against the plan's pixel limit; and a libvips failure as
+ * a status with libvips' words. */
+sd_status sd_image_read_checked(const sd_image_src *src, const sd_image_plan *plan, const char *name,
+                                unsigned char **buf, size_t *len, sd_error *err);
+sd_status sd_image_vips_fail(sd_error *err, sd_status code, const char *name, const char *what);
+
 /* Whether the image loops run their AVX2 versions (the CPU has AVX2 and
  * no test turned them off); both versions give the same bytes. */
 int sd_image_avx2(void);

@@ -157,6 +157,15 @@ sd_status sd_clip_text_encode_on(const sd_clip_text *m, const sd_backend *be, vo
                                  int t, const int32_t *ids, const int32_t *ids_be, const sd_clip_text_out *out,
                                  float *hidden, float *pooled, float *ws, sd_error *err);
 
+/* Prompts over 75 tokens, as sd-scripts' --max_token_length
+ * (clip_text_chunks.c): sd_clip_kohya_rows(N) is the joined length for
+ * --max-tokens N (77, 152, 227; 0 when N is not 75, 150 or 225), and
+ * sd_clip_kohya_join joins the hidden states of a caption's k chunks
+ * ([k, 77, width], from sd_clip_kohya_chunks' ids) into [75 k + 2, width]
+ * as get_hidden_states does. SDXL's pooled output is the first chunk's. */
+int sd_clip_kohya_rows(int max_tokens);
+void sd_clip_kohya_join(const float *chunks, size_t k, size_t width, float *out);
+
 /* The encoder on any backend from host buffers (clip_text_runner.c), as
  * sd_vae_runner is for the VAE: init copies the parameters into the
  * backend's memory once; encode copies ids [n, t] in, runs

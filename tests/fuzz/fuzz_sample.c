@@ -1,4 +1,5 @@
-/* Fuzz target for sd-sample's prompt lines (tools/sample/sample_prompts.c)
+/* Fuzz target for the prompt lines of sd-sample and sd-train
+ * (libcore/models/sample_prompts.c)
  * and what is made of them: any bytes are either refused with a reason or
  * give a job whose fields are in range; the job's A1111 infotext goes into
  * a PNG text chunk (tEXt or iTXt) of a 2x2 image, which must be
@@ -9,7 +10,8 @@
 #include <string.h>
 
 #include "fuzz.h"
-#include "sample.h"
+#include "png_write.h"
+#include "txt2img.h"
 
 /* Walk the PNG's chunks; abort on any inconsistency. */
 static void check_png(const sd_buf *png)
@@ -37,23 +39,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!text) return 0;
     memcpy(text, data, size);
     text[size] = 0;
-    sample_job def = {.prompt = "default", .negative = "", .steps = 20, .cfg = 7, .sampler = SD_SAMPLER_DPMPP_2M};
-    sample_job j;
+    sd_sample_job def = {.prompt = "default", .negative = "", .steps = 20, .cfg = 7, .sampler = SD_SAMPLER_DPMPP_2M};
+    sd_sample_job j;
     char why[256];
-    const char *r = sample_parse_line(text, size, &def, &j, why, sizeof why);
+    const char *r = sd_sample_parse_line(text, size, &def, &j, why, sizeof why);
     if (r) {
         if (!why[0]) abort(); /* a reason always comes with its details */
     } else {
         if (j.steps < 1 || j.steps > 1000 || !(j.cfg >= 0 && j.cfg <= 100)) abort();
-        if ((j.width && !sample_size_ok(j.width)) || (j.height && !sample_size_ok(j.height))) abort();
-        if ((double)j.seed > SAMPLE_SEED_MAX || !j.prompt || !j.negative) abort();
+        if ((j.width && !sd_sample_size_ok(j.width)) || (j.height && !sd_sample_size_ok(j.height))) abort();
+        if ((double)j.seed > SD_SAMPLE_SEED_MAX || !j.prompt || !j.negative) abort();
         sd_buf info, png;
         sd_buf_init(&info);
         sd_buf_init(&png);
-        sample_infotext(&j, 64, 64, "model, v1", &info);
+        sd_sample_infotext(&j, 64, 64, "model, v1", &info);
         static const uint8_t rgb[12] = {0, 1, 2, 3, 4, 5, 250, 251, 252, 253, 254, 255};
         sd_error e = {0};
-        if (!info.oom && sample_png_encode(rgb, 2, 2, "parameters", sd_buf_cstr(&info), &png, &e) == SD_OK)
+        if (!info.oom && sd_png_encode(rgb, 2, 2, "parameters", sd_buf_cstr(&info), &png, &e) == SD_OK)
             check_png(&png);
         sd_buf_free(&info);
         sd_buf_free(&png);

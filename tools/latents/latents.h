@@ -33,6 +33,7 @@ typedef struct {
     int state;          /* JOB_TODO, JOB_DONE, JOB_STALE, JOB_RETEXT */
     uint8_t old_key[16]; /* the key it was found under */
     int rekey;           /* JOB_RETEXT: found under the old kind of key (caption hashed in): moved to key */
+    float *mask;         /* --masks: the loss mask at the latent size, from decode to record; NULL: none */
 } latent_job;
 
 /* JOB_RETEXT: the record is right but refers to another caption's
@@ -62,6 +63,7 @@ typedef struct {
     const char *text_model, *tokenizer; /* --text MODEL, --tokenizer DIR */
     const char *text_weights;           /* --text-weights fp32|fp16|bf16 (NULL: fp32) */
     int clip_skip;
+    int max_tokens; /* --max-tokens 75|150|225 (0 reads as 75) */
     int cuda_device; /* -1: the CPU */
     int tf32;        /* GPU: TF32 tensor cores (part of the record key: other bytes) */
     int mixed;       /* GPU: SD_DT_BF16 / SD_DT_F16 matrix products (sd_cuda_opts; part of the key too) */
@@ -72,10 +74,24 @@ typedef struct {
     double scale;
     int shard_index, shard_count;
     int batch, text_batch, threads, flip, sample, nosync, strict, quiet;
+    int masks; /* --masks: 0 none, LATENTS_MASK_ALPHA, LATENTS_MASK_FILES */
     int verbose; /* -v: every skipped record named, not the first 10 of each reason */
     uint64_t seed;
     size_t max_workspace; /* --max-workspace: most bytes of VAE workspace a bucket may need; 0: the default */
 } latents_opts;
+
+enum { LATENTS_MASK_ALPHA = 1, LATENTS_MASK_FILES = 2 };
+
+/* latents_mask.c: job j's loss mask at the latent size [lh, lw] into
+ * j->mask (NULL when --masks is off, the image has no alpha or no mask
+ * file): the image's alpha channel or NAME_mask.png's first band, through
+ * the record's plan, / 255, the mean of each 8 x 8 block. A skip reason
+ * (details in e) for an unreadable mask or one of another size than the
+ * image. */
+const char *latents_mask_load(const latents_opts *o, latent_job *j, int lh, int lw, sd_error *e);
+/* --masks files: NAME_mask.png files beside the input's images that no job
+ * owns, counted as "mask without an image". */
+void latents_mask_orphans(const latents_opts *o, const job_list *l, sd_tally *tally);
 
 /* Floats per latent and its shape [c, h, w]. */
 typedef struct {

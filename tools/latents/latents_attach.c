@@ -328,7 +328,8 @@ int latents_attach(const latents_opts *o)
     sd_error err = {0};
     int dtype = latents_dtype(o->dtype_name);
     int wdt = o->text_weights ? latents_dtype(o->text_weights) : SD_DT_F32; /* sd_latents.c checked both */
-    sd_status st = text_open(&a.text, o->text_model, o->tokenizer, o->clip_skip, dtype, wdt, latents_numerics(o), &err);
+    sd_status st = text_open(&a.text, o->text_model, o->tokenizer, o->clip_skip, o->max_tokens ? o->max_tokens : 75,
+                             dtype, wdt, latents_numerics(o), &err);
     a.text_ok = !st;
     if (!st) text_key(&a.text, "", 0, a.empty_key);
     if (!st) st = jobs_read(&a.jobs, o->input, 0, 1, 1, NULL, &a.tally, &err);

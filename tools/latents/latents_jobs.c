@@ -128,6 +128,7 @@ static void job_free(latent_job *j)
     free(j->image);
     free(j->member);
     free(j->caption);
+    free(j->mask);
 }
 
 /* The record's caption into the job ("" when it has none); a reason

@@ -32,7 +32,8 @@ static void sample_into(float *mean, const float *std, size_t n, const char *nam
 }
 
 /* The record of job j: roles by mode and variant, tensors [lc, lh, lw] in
- * dtype, bucket, original size, the crop actually cut, the text reference.
+ * dtype, the loss mask (fp32 [lh, lw]) when it has one, bucket, original
+ * size, the crop actually cut, the text reference.
  * --sample turns the means into samples in place. */
 sd_status latents_record(const latent_job *j, const latents_opts *o, int dtype, float *const mean[2],
                          float *const std[2], const latent_shape *ls, const uint8_t *text_ref, sd_buf *conv,
@@ -65,6 +66,11 @@ sd_status latents_record(const latent_job *j, const latents_opts *o, int dtype, 
                                           .data = dst};
             nt++;
         }
+    }
+    if (j->mask) { /* unflipped: a flipped sample's mask is this one mirrored */
+        rec.t[nt++] = (sd_shard_tensor){.dtype = SD_DT_F32, .role = SD_ROLE_MASK, .ndim = 2,
+                                        .shape = {(uint32_t)ls->h, (uint32_t)ls->w, 0, 0}, .data = j->mask};
+        rec.flags |= SD_REC_F_MASK;
     }
     rec.ntensors = nt;
     return sd_shard_rec_build(&rec, out, err);

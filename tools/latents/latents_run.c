@@ -104,6 +104,7 @@ static void key_of(const run *r, const latent_job *j, const uint8_t *prefix, uin
                   (unsigned long long)key_seed(r->o), r->model_hash);
     sd_buf_puts(&b, latents_numerics(r->o)); /* other numerics: other records (nothing added for strict fp32) */
     if (r->o->vae_act) sd_buf_puts(&b, r->o->vae_act == SD_DT_BF16 ? "|act-bf16" : "|act-fp16");
+    if (r->o->masks) sd_buf_puts(&b, r->o->masks == LATENTS_MASK_ALPHA ? "|mask-alpha" : "|mask-files");
     sd_key128 k = sd_key128_of(b.data, b.len);
     memcpy(out, &k.lo, 8);
     memcpy(out + 8, &k.hi, 8);
@@ -269,9 +270,11 @@ static sd_status write_meta(run *r, sd_error *err)
     sd_buf_json_cstr(&b, o->vae_path);
     sd_buf_puts(&b, ", \"vae_config\": ");
     sd_buf_json_cstr(&b, r->vae_desc);
-    sd_buf_printf(&b, ", \"mode\": \"%s\", \"flip\": %s, \"seed\": %llu, \"vae_activations\": \"%s\"}",
+    sd_buf_printf(&b, ", \"mode\": \"%s\", \"flip\": %s, \"seed\": %llu, \"vae_activations\": \"%s\"",
                   o->sample ? "sample" : "mean_std", o->flip ? "true" : "false", (unsigned long long)key_seed(o),
                   sd_dtype_name(o->vae_act ? o->vae_act : SD_DT_F32));
+    if (o->masks) sd_buf_printf(&b, ", \"masks\": \"%s\"", o->masks == LATENTS_MASK_ALPHA ? "alpha" : "files");
+    sd_buf_putc(&b, '}');
     sd_buf parts;
     sd_buf_init(&parts);
     latents_parts_json(r->shard, o, &parts); /* before the options: an older shard's part is in them */
@@ -314,11 +317,13 @@ static int stored_transposed(const sd_image_src *src)
     return st == SD_OK && info.orientation >= 5;
 }
 
-/* Decode one job per unit into its slot; failures are kept per job. */
+/* Decode one job per unit into its slot (with --masks its mask into the
+ * job); failures are kept per job. */
 static void decode_range(void *vctx, int worker, size_t begin, size_t end)
 {
     dec_ctx *c = vctx;
     (void)worker;
+    int lh = 0, lw = 0;
     for (size_t i = begin; i < end; i++) {
         latent_job *j = c->jobs[i];
         sd_image_src src = {.path = j->image, .member = j->member, .offset = j->offset, .size = j->size};
@@ -332,6 +337,14 @@ static void decode_range(void *vctx, int worker, size_t begin, size_t end)
                                : st == SD_EUNSUPPORTED ? "not a supported image" /* sd-bucket's word (BMP) */
                                                        : "unreadable image";
             if (!st) j->transposed = stored_transposed(&src);
+            if (!st && c->r->o->masks) {
+                sd_vae_latent_size(&c->r->vae.cfg, j->bucket_h, j->bucket_w, &lh, &lw);
+                const char *why = latents_mask_load(c->r->o, j, lh, lw, &e);
+                if (why) {
+                    c->r->dec_why[i] = why;
+                    st = SD_EFORMAT;
+                }
+            }
         }
         c->r->dec_st[i] = st;
         if (st) snprintf(c->r->dec_msg[i], sizeof c->r->dec_msg[i], "%s", e.msg);
@@ -349,6 +362,8 @@ static sd_status put_record(run *r, latent_job *j, size_t k, size_t ok, size_t l
     float *std[2] = {r->std + k * lat, r->std + (ok + k) * lat};
     latent_shape ls = {lat, lc, lh, lw};
     sd_status st = latents_record(j, r->o, r->dtype, mean, std, &ls, text_ref, &r->conv, &r->rec, err);
+    free(j->mask); /* in the record now */
+    j->mask = NULL;
     if (!st && j->state == JOB_STALE) {
         st = sd_shard_del(r->shard, j->old_key, 16, err);
         r->replaced++;
@@ -889,11 +904,13 @@ int latents_run(const latents_opts *o)
     }
     if (!st && o->text_model) {
         int wdt = o->text_weights ? latents_dtype(o->text_weights) : SD_DT_F32; /* sd_latents.c checked it */
-        st = text_open(&r.text, o->text_model, o->tokenizer, o->clip_skip, r.dtype, wdt, latents_numerics(r.o), &err);
+        st = text_open(&r.text, o->text_model, o->tokenizer, o->clip_skip, o->max_tokens ? o->max_tokens : 75, r.dtype,
+                       wdt, latents_numerics(r.o), &err);
         r.text_on = !st;
         if (r.text_on) text_key(&r.text, "", 0, r.empty_key);
     }
     if (!st) st = jobs_read(&r.jobs, o->input, o->shard_index, o->shard_count, 0, o->root, &r.tally, &err);
+    if (!st) latents_mask_orphans(o, &r.jobs, &r.tally);
     sd_shard_opts so = {SD_SHARD_CREATE | (o->nosync ? SD_SHARD_NOSYNC : 0), 0, 0};
     if (!st) st = sd_shard_open(&r.shard, o->output, &so, &err);
     if (!st) st = check_meta(&r, &err);

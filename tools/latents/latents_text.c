@@ -2,7 +2,9 @@
  * (caption, encoders, options) in the shard's `text` database, referenced
  * by each latent record. SD 1.x: CLIP-L last layer + final LN; SD 2.x:
  * OpenCLIP-H penultimate + final LN; SDXL: CLIP-L penultimate and OpenCLIP
- * bigG penultimate (no final LN) plus bigG's pooled output. */
+ * bigG penultimate (no final LN) plus bigG's pooled output. --max-tokens
+ * 150/225 encodes 75-token chunks and joins them as sd-scripts does
+ * (152/227 rows; the pooled output is the first chunk's). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,12 +63,16 @@ static sd_status weights_16bit(text_cache *t, int wdtype, sd_error *err)
  * single-file checkpoint with tokenizers from tok_dir) and pick the SD
  * variant: two encoders = SDXL, one with GELU = SD 2.x, else SD 1.x; the
  * identity is taken, then the weights stored as wdtype says. */
-static sd_status open_all(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int dtype, int wdtype,
-                          const char *numerics, sd_error *err)
+static sd_status open_all(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int max_tokens,
+                          int dtype, int wdtype, const char *numerics, sd_error *err)
 {
     memset(t, 0, sizeof(*t));
     t->dtype = dtype;
     t->clip_skip = clip_skip;
+    t->rows = sd_clip_kohya_rows(max_tokens);
+    if (!t->rows) return sd_err_set(err, SD_EINVAL, "--max-tokens %d: expected 75, 150 or 225", max_tokens);
+    t->max_tokens = max_tokens;
+    t->nchunk = max_tokens / 75;
     if (!tok_dir) tok_dir = model;
     if (!sd_is_dir(tok_dir))
         return sd_err_set(err, SD_EINVAL,
@@ -103,6 +109,8 @@ static sd_status open_all(text_cache *t, const char *model, const char *tok_dir,
              (unsigned long long)sd_clip_tok_identity(t->tok[0]),
              (unsigned long long)(t->n > 1 ? sd_clip_tok_identity(t->tok[1]) : 0), t->out[0].skip, t->out[0].final_ln,
              t->n > 1 ? t->out[1].final_ln : 0, dtype, numerics);
+    size_t il = strlen(t->ident); /* 75 tokens: the identity (and every text key) of before --max-tokens */
+    if (max_tokens != 75) snprintf(t->ident + il, sizeof t->ident - il, "|tok%d", max_tokens);
     sd_log(SD_LOG_INFO, "text: %s, %d encoder(s): %s%s%s", t->variant == TEXT_SDXL ? "SDXL" : t->variant == TEXT_SD2 ? "SD 2.x" : "SD 1.x",
            t->n, t->enc[0].layout, t->n > 1 ? " + " : "", t->n > 1 ? t->enc[1].layout : "");
     return weights_16bit(t, wdtype, err);
@@ -111,10 +119,10 @@ static sd_status open_all(text_cache *t, const char *model, const char *tok_dir,
 /* open_all, releasing what it loaded when it fails. TF32 or mixed-precision
  * embeddings are other numbers: `numerics` ("" for strict fp32, else e.g.
  * "|tf32") joins the identity, so they get other text keys. */
-sd_status text_open(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int dtype, int wdtype,
-                    const char *numerics, sd_error *err)
+sd_status text_open(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int max_tokens, int dtype,
+                    int wdtype, const char *numerics, sd_error *err)
 {
-    sd_status st = open_all(t, model, tok_dir, clip_skip, dtype, wdtype, numerics, err);
+    sd_status st = open_all(t, model, tok_dir, clip_skip, max_tokens, dtype, wdtype, numerics, err);
     if (st) text_close(t);
     return st;
 }
@@ -141,6 +149,8 @@ void text_close(text_cache *t)
     sd_clip_ids_free(&t->ids);
     free(t->hidden);
     free(t->pooled);
+    free(t->raw);
+    free(t->rawpool);
     free(t->conv);
     memset(t, 0, sizeof(*t));
 }
@@ -164,31 +174,34 @@ static int grow(float **p, size_t *cap, size_t n)
     return *p ? 0 : -1;
 }
 
-/* 77 padded ids of caption for tokenizer i. */
+/* The nchunk x 77 ids of caption for tokenizer i: 77 padded ids for 75
+ * tokens, else sd-scripts' chunks (sd_clip_kohya_chunks, padded with the
+ * tokenizer's own pad and mended as sd-scripts mends them). */
 static sd_status tokenize(text_cache *t, int i, const char *caption, size_t len, int32_t *out, sd_error *err)
 {
     sd_status st = sd_clip_encode(t->tok[i], t->work, caption, len, &t->ids, err);
     if (st) return st;
     if (t->ids.replaced) t->invalid_utf8++;
-    sd_clip_pad_ids(t->ids.ids, t->ids.n, sd_clip_tok_pad(t->tok[i]), SD_CLIP_CTX, out);
+    const sd_clip_tok *tk = t->tok[i];
+    sd_clip_kohya_chunks(t->ids.ids, t->ids.n, sd_clip_tok_eos(tk), sd_clip_tok_pad(tk), t->max_tokens, out);
     return SD_OK;
 }
 
 /* Caption j of the pending list: its text record (every encoder's hidden
  * state, the pooled output, in the cache's dtype) put under its key. np is
  * the number of pending captions, whose outputs lie encoder by encoder in
- * t->hidden ([np, 77, width] each) and t->pooled ([np, pdim]). */
+ * t->hidden ([np, rows, width] each) and t->pooled ([np, pdim]). */
 static sd_status put_one(text_cache *t, sd_shard *s, size_t j, size_t np, size_t pdim, const uint8_t *key, sd_buf *rec,
                          sd_error *err)
 {
     size_t esz = sd_dtype_size(t->dtype), off = 0, base = 0;
     sd_shard_rec r = {.kind = SD_REC_TEXT};
     for (int i = 0; i < t->n; i++) {
-        size_t nh = (size_t)SD_CLIP_CTX * (size_t)t->enc[i].cfg.width;
+        size_t nh = (size_t)t->rows * (size_t)t->enc[i].cfg.width;
         sd_dtype_store(t->conv + off * esz, t->hidden + base + j * nh, nh, t->dtype);
         int role = t->n == 1 ? SD_ROLE_HIDDEN : i == 0 ? SD_ROLE_HIDDEN1 : SD_ROLE_HIDDEN2;
         r.t[r.ntensors++] = (sd_shard_tensor){.dtype = (uint8_t)t->dtype, .role = (uint8_t)role, .ndim = 2,
-                                              .shape = {SD_CLIP_CTX, (uint32_t)t->enc[i].cfg.width, 0, 0},
+                                              .shape = {(uint32_t)t->rows, (uint32_t)t->enc[i].cfg.width, 0, 0},
                                               .data = t->conv + off * esz};
         off += nh;
         base += np * nh;
@@ -240,12 +253,18 @@ sd_status text_put_many(text_cache *t, sd_shard *s, size_t count, const char *co
         return st;
     }
     double t0 = sd_now();
-    size_t esz = sd_dtype_size(t->dtype), need = 0;
-    for (int i = 0; i < t->n; i++) need += (size_t)SD_CLIP_CTX * (size_t)t->enc[i].cfg.width;
+    size_t esz = sd_dtype_size(t->dtype), need = 0, wmax = 0, k = (size_t)t->nchunk, rows = (size_t)t->rows;
+    size_t seq = k * SD_CLIP_CTX, nseq = np * k; /* ids per caption, sequences through the encoder */
+    for (int i = 0; i < t->n; i++) {
+        size_t wd = (size_t)t->enc[i].cfg.width;
+        need += rows * wd;
+        wmax = wd > wmax ? wd : wmax;
+    }
     size_t pdim = t->n > 1 ? (size_t)sd_clip_text_pooled_dim(&t->enc[1]) : 0;
-    int32_t *ids = malloc(np * (size_t)SD_CLIP_CTX * sizeof(int32_t));
+    int32_t *ids = malloc(np * seq * sizeof(int32_t));
     size_t cbytes = (need + pdim) * esz;
-    if (!ids || grow(&t->hidden, &t->hidden_cap, np * need) || grow(&t->pooled, &t->pooled_cap, np * pdim + 1))
+    if (!ids || grow(&t->hidden, &t->hidden_cap, np * need) || grow(&t->pooled, &t->pooled_cap, np * pdim + 1) ||
+        (k > 1 && (grow(&t->raw, &t->raw_cap, np * seq * wmax) || grow(&t->rawpool, &t->rawpool_cap, nseq * pdim + 1))))
         st = sd_err_set(err, SD_ENOMEM, "out of memory for text encoding");
     if (!st && cbytes > t->conv_cap) {
         unsigned char *c = realloc(t->conv, cbytes);
@@ -257,12 +276,20 @@ sd_status text_put_many(text_cache *t, sd_shard *s, size_t count, const char *co
     }
     size_t base = 0;
     for (int i = 0; i < t->n && !st; i++) {
+        size_t wd = (size_t)t->enc[i].cfg.width;
         for (size_t j = 0; j < np && !st; j++)
-            st = tokenize(t, i, captions[pend[j]], lens[pend[j]], ids + j * SD_CLIP_CTX, err);
+            st = tokenize(t, i, captions[pend[j]], lens[pend[j]], ids + j * seq, err);
+        /* one chunk (75 tokens) is the joined sequence itself: straight into hidden and pooled */
+        float *h = k > 1 ? t->raw : t->hidden + base, *p = k > 1 ? t->rawpool : t->pooled;
         if (!st)
-            st = sd_clip_text_runner_encode(&t->run[i], &t->enc[i], (int)np, SD_CLIP_CTX, ids, &t->out[i],
-                                            t->hidden + base, i == 1 ? t->pooled : NULL, err);
-        base += np * (size_t)SD_CLIP_CTX * (size_t)t->enc[i].cfg.width;
+            st = sd_clip_text_runner_encode(&t->run[i], &t->enc[i], (int)nseq, SD_CLIP_CTX, ids, &t->out[i], h,
+                                            i == 1 ? p : NULL, err);
+        for (size_t j = 0; j < np && k > 1 && !st; j++) {
+            sd_clip_kohya_join(t->raw + j * seq * wd, k, wd, t->hidden + base + j * rows * wd);
+            if (i == 1) /* the first chunk's, as sd-scripts' pool2[::n] */
+                memcpy(t->pooled + j * pdim, t->rawpool + j * k * pdim, pdim * sizeof(float));
+        }
+        base += np * rows * wd;
     }
     for (size_t j = 0; j < np && !st; j++) st = put_one(t, s, j, np, pdim, keys[pend[j]], rec, err);
     t->seconds += sd_now() - t0;

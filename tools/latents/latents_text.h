@@ -24,10 +24,13 @@ typedef struct {
     sd_clip_work *work;
     sd_clip_ids ids;
     int dtype, clip_skip;
+    int max_tokens, nchunk, rows; /* --max-tokens (75/150/225), its 77-token chunks, joined rows (77/152/227) */
     char ident[168]; /* encoder identity hashed into every text key */
     sd_clip_text_runner run[2]; /* each encoder on its device (text_device) */
-    float *hidden, *pooled;      /* host copies of the outputs */
+    float *hidden, *pooled;      /* host copies of the outputs, chunks joined */
     size_t hidden_cap, pooled_cap;
+    float *raw, *rawpool; /* the encoder's outputs per chunk, before the join */
+    size_t raw_cap, rawpool_cap;
     unsigned char *conv;
     size_t conv_cap;
     /* statistics */
@@ -37,9 +40,10 @@ typedef struct {
 } text_cache;
 
 /* wdtype: SD_DT_F16 / SD_DT_BF16 holds the encoders' layer matrices in 16
- * bits (CPU only); anything else keeps fp32. */
-sd_status text_open(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int dtype, int wdtype,
-                    const char *numerics, sd_error *err);
+ * bits (CPU only); anything else keeps fp32. max_tokens: 75, 150 or 225
+ * (sd-scripts' --max_token_length; 75 is the plain 77-token encoding). */
+sd_status text_open(text_cache *t, const char *model, const char *tok_dir, int clip_skip, int max_tokens, int dtype,
+                    int wdtype, const char *numerics, sd_error *err);
 sd_status text_device(text_cache *t, const sd_backend *be, void *exec, sd_error *err);
 void text_close(text_cache *t);
 void text_key(const text_cache *t, const char *caption, size_t len, uint8_t key[16]);

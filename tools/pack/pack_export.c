@@ -21,7 +21,7 @@ typedef struct {
     sd_kohya_kind layout;
     sd_tally tally;    /* records not exported */
     sd_tally te_tally; /* text embeddings without a te_outputs file (their latents were written) */
-    sd_buf file, path, lat, flip, te[3];
+    sd_buf file, path, lat, flip, mask, te[3];
     uint64_t written, te_written;
 } export_run;
 
@@ -114,6 +114,29 @@ static sd_status export_te(export_run *r, const pack_item *it, sd_error *err)
     return st;
 }
 
+/* A record's loss mask as kohya's alpha_mask into b: float32 at the image's
+ * (the bucket's) size. A mask stored at the latent size is widened, each
+ * value repeated over its 8 x 8 pixels, so sd-scripts' area reduction gives
+ * it back. NULL without a mask. */
+static const float *alpha_mask_of(const sd_shard_rec *rec, sd_buf *b, sd_error *err, sd_status *st)
+{
+    const sd_shard_tensor *m = sd_shard_rec_tensor(rec, SD_ROLE_MASK);
+    *st = SD_OK;
+    if (!m) return NULL;
+    size_t H = rec->bucket_h, W = rec->bucket_w, f = m->shape[0] == H ? 1 : 8, mw = m->shape[1];
+    sd_buf_clear(b);
+    if (sd_buf_reserve(b, H * W * 4)) {
+        *st = sd_err_set(err, SD_ENOMEM, "out of memory");
+        return NULL;
+    }
+    const unsigned char *src = m->data;
+    unsigned char *dst = (unsigned char *)b->data;
+    for (size_t y = 0; y < H; y++)
+        for (size_t x = 0; x < W; x++) memcpy(dst + 4 * (y * W + x), src + 4 * ((y / f) * mw + x / f), 4);
+    b->len = H * W * 4;
+    return (const float *)(void *)b->data;
+}
+
 /* Write one record's latents npz (and te_outputs). */
 static sd_status export_one(void *ctx, const pack_item *it, sd_error *err)
 {
@@ -135,8 +158,11 @@ static sd_status export_one(void *ctx, const pack_item *it, sd_error *err)
     sd_status st = pack_tensor_f32(s, &r->lat, err);
     if (!st && f) st = pack_tensor_f32(f, &r->flip, err);
     if (st) return st;
+    const float *alpha = alpha_mask_of(rec, &r->mask, err, &st);
+    if (st) return st;
     sd_kohya_latents_out lo = {s->shape[0], s->shape[1], s->shape[2], (const float *)(void *)r->lat.data,
-                               f ? (const float *)(void *)r->flip.data : NULL, rec->orig_w, rec->orig_h, {0, 0, 0, 0}};
+                               f ? (const float *)(void *)r->flip.data : NULL, alpha, rec->orig_w, rec->orig_h,
+                               {0, 0, 0, 0}};
     pack_crop_ltrb(rec, lo.crop_ltrb);
     st = sd_kohya_latents_encode(&lo, &r->file, err);
     if (st) return st;
@@ -212,7 +238,9 @@ int pack_export_kohya(int argc, char **argv)
         "Write a shard as a kohya-ss/sd-scripts cache directory. Each record becomes a latents npz\n"
         "named by its record name: latents (float32), original_size (int64 W,H), crop_ltrb (float64:\n"
         "sd-scripts' get_crop_ltrb(bucket, original_size), the image fitted inside the bucket, which\n"
-        "is what sd-scripts conditions SDXL on; not the box sdtk cut), latents_flipped when present.\n"
+        "is what sd-scripts conditions SDXL on; not the box sdtk cut), latents_flipped when present,\n"
+        "alpha_mask (float32 at the image's size) for a record with a loss mask (one stored at the\n"
+        "latent size, as sd-latents --masks stores it, is widened 8x8).\n"
         "An SDXL text embedding becomes <stem>_te_outputs.npz (hidden_state1, hidden_state2, pool2;\n"
         "float16 when stored as fp16, else float32); other text embeddings have no kohya file and are\n"
         "counted apart (they do not make --strict fail). Records the names index misses are exported\n"
@@ -264,6 +292,7 @@ int pack_export_kohya(int argc, char **argv)
     sd_buf_free(&r.path);
     sd_buf_free(&r.lat);
     sd_buf_free(&r.flip);
+    sd_buf_free(&r.mask);
     for (int i = 0; i < 3; i++) sd_buf_free(&r.te[i]);
     sd_strlist_free(&pos);
     if (st) {

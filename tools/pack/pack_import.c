@@ -444,13 +444,9 @@ static const sd_kohya_meta_entry *find_meta(const run *r, const char *name, cons
 }
 
 /* Why a loaded latents file (and its metadata entry) cannot be imported,
- * or NULL: alpha masks, a train_resolution that says the cache is stale. */
+ * or NULL: a train_resolution that says the cache is stale. */
 static const char *latents_problem(const sd_kohya_latents *l, const sd_kohya_meta_entry *me, sd_error *why)
 {
-    if (l->alpha) {
-        sd_err_set(why, SD_EUNSUPPORTED, "alpha_mask present");
-        return "alpha_mask (shard format v1 has no tensor role for it)";
-    }
     if (me && me->train_w && (me->train_w != l->w * 8 || me->train_h != l->h * 8)) {
         sd_err_set(why, SD_ERANGE, "latents %ux%u px, meta %ux%u", l->w * 8, l->h * 8, me->train_w, me->train_h);
         return "latents size differs from meta train_resolution";
@@ -482,7 +478,9 @@ static uint16_t crop_box(const sd_kohya_latents *l, const char *path, uint32_t b
 
 /* Build the latents record of one loaded file into r->rec, named f->name
  * and referring to text_ref. The crop box stored is the one sd-scripts cut
- * (sd_kohya_cut_box), sdtk's convention, not crop_ltrb. */
+ * (sd_kohya_cut_box), sdtk's convention, not crop_ltrb. An alpha_mask
+ * becomes the loss mask as it is (fp32 at the image's size: an export
+ * gives the same array back), a record version 2. */
 static sd_status build_latents(run *r, const cache_file *f, const char *path, const sd_kohya_latents *l,
                                const uint8_t text_ref[16], sd_error *err)
 {
@@ -506,6 +504,12 @@ static sd_status build_latents(run *r, const cache_file *f, const char *path, co
         t->data = r->conv[i].data;
     }
     rec.flags = (uint16_t)(l->flipped ? SD_REC_F_FLIPPED : 0);
+    if (!st && l->alpha) {
+        st = convert(&r->conv[2], SD_NPY_F32, l->alpha, err);
+        rec.t[rec.ntensors++] = (sd_shard_tensor){SD_DT_F32, SD_ROLE_MASK, 2, {l->h * 8, l->w * 8, 0, 0}, 0, 0,
+                                                  r->conv[2].data};
+        rec.flags |= SD_REC_F_MASK;
+    }
     rec.orig_w = (uint32_t)l->orig_w;
     rec.orig_h = (uint32_t)l->orig_h;
     rec.bucket_w = l->w * 8;
@@ -746,7 +750,9 @@ int pack_import_kohya(int argc, char **argv)
         "sd-scripts caches text-encoder outputs only for SDXL (_te_outputs.npz), so an SD 1.x/2.x\n"
         "cache imports latents that sd-train cannot use on their own: sd-latents --text MODEL\n"
         "--text-only -o SHARD attaches them (captions from sd-meta, e.g. of the --meta file).\n"
-        "Not imported: alpha_mask (no shard tensor for it) and per-resolution keys (latents_HxW).\n"
+        "An alpha_mask becomes the record's loss mask as it is (fp32 at the image's size; sd-train\n"
+        "--masked-loss); one of another size or with values outside 0..1 skips the file.\n"
+        "Not imported: per-resolution keys (latents_HxW).\n"
         "Example:\n  sd-pack import-kohya train_data -o cache.lmdb --meta meta_lat.json --dtype fp16", NULL};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);

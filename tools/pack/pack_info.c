@@ -12,7 +12,7 @@
 #include "pack.h"
 
 typedef struct {
-    uint64_t n, bytes, payload, flipped, meanstd, corrupt;
+    uint64_t n, bytes, payload, flipped, meanstd, masks, corrupt;
     uint64_t dtype[4]; /* by sd_dtype of tensor 0 */
 } kind_stats;
 
@@ -35,6 +35,7 @@ static sd_status scan(sd_shard_txn *t, sd_shard_db db, kind_stats *ks, sd_error 
         }
         ks->payload += r.payload_len;
         if (r.flags & SD_REC_F_FLIPPED) ks->flipped++;
+        if (r.flags & SD_REC_F_MASK) ks->masks++;
         if (r.flags & SD_REC_F_MEANSTD) ks->meanstd++;
         if (r.t[0].dtype < 4) ks->dtype[r.t[0].dtype]++;
     }
@@ -70,8 +71,8 @@ static void kind_json(sd_buf *b, const kind_stats *k)
     sd_buf_printf(b, "{\"records\": %llu, \"bytes\": %llu, \"payload_bytes\": %llu, \"corrupt\": %llu",
                   (unsigned long long)k->n, (unsigned long long)k->bytes, (unsigned long long)k->payload,
                   (unsigned long long)k->corrupt);
-    sd_buf_printf(b, ", \"flipped\": %llu, \"mean_std\": %llu, \"dtypes\": {", (unsigned long long)k->flipped,
-                  (unsigned long long)k->meanstd);
+    sd_buf_printf(b, ", \"flipped\": %llu, \"mean_std\": %llu, \"masks\": %llu, \"dtypes\": {",
+                  (unsigned long long)k->flipped, (unsigned long long)k->meanstd, (unsigned long long)k->masks);
     int first = 1;
     for (int d = 1; d < 4; d++)
         if (k->dtype[d]) {
@@ -90,6 +91,7 @@ static void kind_text(const char *what, const kind_stats *k)
         if (k->dtype[d]) printf(", %s %llu", sd_dtype_name(d), (unsigned long long)k->dtype[d]);
     if (k->flipped) printf(", flipped %llu", (unsigned long long)k->flipped);
     if (k->meanstd) printf(", mean+std %llu", (unsigned long long)k->meanstd);
+    if (k->masks) printf(", loss masks %llu", (unsigned long long)k->masks);
     if (k->corrupt) printf(", CORRUPT %llu (run sd-verify)", (unsigned long long)k->corrupt);
     printf("\n");
 }

@@ -38,6 +38,7 @@ static const char *role_suffix(int role)
     case SD_ROLE_STD: return "std";
     case SD_ROLE_MEAN_FLIP: return "mean_flipped";
     case SD_ROLE_STD_FLIP: return "std_flipped";
+    case SD_ROLE_MASK: return "mask";
     case SD_ROLE_HIDDEN: return "te";
     case SD_ROLE_HIDDEN1: return "te1";
     case SD_ROLE_HIDDEN2: return "te2";

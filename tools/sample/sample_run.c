@@ -7,6 +7,7 @@
 
 #include "log.h"
 #include "outfile.h"
+#include "png_write.h"
 #include "pool.h"
 #include "progress.h"
 #include "sample.h"
@@ -66,9 +67,9 @@ static void close_backend(const sample_opts *o, void *exec)
 }
 
 /* The jobs: the prompts file's lines, or the command line's one prompt. */
-static sd_status read_jobs(const sample_opts *o, sample_job **jobs, size_t *n, sample_skips *sk, sd_error *err)
+static sd_status read_jobs(const sample_opts *o, sd_sample_job **jobs, size_t *n, sd_sample_skips *sk, sd_error *err)
 {
-    if (o->prompts) return sample_read_prompts(o->prompts, &o->defaults, jobs, n, sk, err);
+    if (o->prompts) return sd_sample_read_prompts(o->prompts, "--prompts", &o->defaults, jobs, n, sk, err);
     *jobs = calloc(1, sizeof(**jobs));
     if (!*jobs) return sd_err_set(err, SD_ENOMEM, "out of memory");
     **jobs = o->defaults;
@@ -80,15 +81,15 @@ static sd_status read_jobs(const sample_opts *o, sample_job **jobs, size_t *n, s
 }
 
 /* One image's PNG with its infotext, written atomically to path. */
-static sd_status write_png(const char *path, const sample_job *j, int w, int h, const uint8_t *rgb, const char *model,
+static sd_status write_png(const char *path, const sd_sample_job *j, int w, int h, const uint8_t *rgb, const char *model,
                            sd_error *err)
 {
     sd_buf info, png;
     sd_buf_init(&info);
     sd_buf_init(&png);
-    sample_infotext(j, w, h, model, &info);
+    sd_sample_infotext(j, w, h, model, &info);
     sd_status st = info.oom ? sd_err_set(err, SD_ENOMEM, "out of memory") : SD_OK;
-    if (!st) st = sample_png_encode(rgb, w, h, "parameters", sd_buf_cstr(&info), &png, err);
+    if (!st) st = sd_png_encode(rgb, w, h, "parameters", sd_buf_cstr(&info), &png, err);
     if (!st) st = sd_write_file_atomic(path, png.data, png.len, err);
     sd_buf_free(&info);
     sd_buf_free(&png);
@@ -106,7 +107,7 @@ static sd_status write_sheet(const char *dir, size_t n, uint8_t **rgb, const int
     sd_buf_init(&png);
     char path[4200];
     snprintf(path, sizeof path, "%s/contact.png", dir);
-    st = sample_png_encode(sheet, sw, sh, NULL, NULL, &png, err);
+    st = sd_png_encode(sheet, sw, sh, NULL, NULL, &png, err);
     if (!st) st = sd_write_file_atomic(path, png.data, png.len, err);
     sd_buf_free(&png);
     free(sheet);
@@ -114,7 +115,7 @@ static sd_status write_sheet(const char *dir, size_t n, uint8_t **rgb, const int
 }
 
 /* Every job in turn; a failed image is named and counted, the rest go on. */
-static int run_jobs(const sample_opts *o, sample_model *m, sample_job *jobs, size_t n, size_t *failed)
+static int run_jobs(const sample_opts *o, sd_sample_model *m, sd_sample_job *jobs, size_t n, size_t *failed)
 {
     uint8_t **rgb = calloc(n ? n : 1, sizeof(*rgb));
     int *ws = calloc(n ? n : 1, sizeof(int)), *hs = calloc(n ? n : 1, sizeof(int));
@@ -128,17 +129,22 @@ static int run_jobs(const sample_opts *o, sample_model *m, sample_job *jobs, siz
     for (size_t i = 0; i < n; i++) total += (uint64_t)jobs[i].steps;
     sd_progress_init(&r.prog, "sampling", "steps", total, !o->quiet);
     int dw, dh;
-    sample_model_default_size(m, &dw, &dh);
+    sd_sample_model_default_size(m, &m->unet, &dw, &dh);
     for (size_t i = 0; i < n; i++) {
-        sample_job *j = &jobs[i];
+        sd_sample_job *j = &jobs[i];
         int w = j->width ? j->width : dw, h = j->height ? j->height : dh;
         char path[4200], where[4200] = "";
         snprintf(path, sizeof path, "%s/%05ld.png", o->output, j->line ? j->line - 1 : (long)i);
         if (j->line) snprintf(where, sizeof where, " (%s line %ld)", o->prompts, j->line);
         sd_error e = {0};
         uint8_t *img = malloc((size_t)w * (size_t)h * 3);
-        sd_status st = img ? sample_generate(m, j, w, h, step_progress, &r, img, &e)
+        sd_sample_cond cond = {0};
+        double t0 = sd_now();
+        sd_status st = img ? sd_sample_cond_make(m, j, &cond, &e)
                            : sd_err_set(&e, SD_ENOMEM, "out of memory for a %dx%d image", w, h);
+        if (!st) sd_log(SD_LOG_DEBUG, "times: text %.3f s (%s)", sd_now() - t0, path); /* -v; the rest: generate's */
+        if (!st) st = sd_sample_generate(m, &m->unet, m->params, j, &cond, w, h, step_progress, &r, img, &e);
+        sd_sample_cond_free(&cond);
         if (!st) st = write_png(path, j, w, h, img, m->name, &e);
         r.steps_before += (uint64_t)j->steps;
         if (st) {
@@ -169,27 +175,27 @@ static int run_jobs(const sample_opts *o, sample_model *m, sample_job *jobs, siz
 int sample_run(const sample_opts *o)
 {
     sd_error err = {0};
-    sample_job *jobs = NULL;
+    sd_sample_job *jobs = NULL;
     size_t n = 0, failed = 0;
-    sample_skips sk = {0};
+    sd_sample_skips sk = {0};
     const sd_backend *be = NULL;
     void *exec = NULL;
-    sample_model m;
+    sd_sample_model m;
     memset(&m, 0, sizeof m);
     int rc = SD_EXIT_FATAL;
     if (read_jobs(o, &jobs, &n, &sk, &err) || sd_make_dirs(o->output, &err) || open_backend(o, &be, &exec, &err) ||
-        sample_model_open(&m, &o->src, be, exec, &err)) {
+        sd_sample_model_open(&m, &o->src, be, exec, &err)) {
         sd_log(SD_LOG_ERROR, "%s", err.msg);
     } else if (run_jobs(o, &m, jobs, n, &failed) == 0) {
-        size_t skipped = sk.bad_json + sk.bad_field + sk.bad_size + sk.bad_sampler;
+        size_t skipped = sd_sample_skips_total(&sk);
         sd_log(failed || skipped ? SD_LOG_WARN : SD_LOG_INFO,
                "%zu image(s) written to %s, %zu failed; %zu line(s) skipped (bad JSON %zu, unknown sampler %zu, size "
                "not a multiple of 8 %zu, other fields %zu)", n - failed, o->output, failed, skipped, sk.bad_json,
                sk.bad_sampler, sk.bad_size, sk.bad_field);
         rc = (failed || skipped) && o->strict ? SD_EXIT_SKIPPED : SD_EXIT_OK;
     }
-    sample_model_close(&m);
+    sd_sample_model_close(&m);
     close_backend(o, exec);
-    sample_jobs_free(jobs, n);
+    sd_sample_jobs_free(jobs, n);
     return rc;
 }

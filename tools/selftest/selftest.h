@@ -87,10 +87,10 @@ extern const sd_linear_shape selftest_lin_bias, selftest_lin_nobias;
 op_fn selftest_lin_bias_fwd, selftest_lin_bias_bwd, selftest_lin_nobias_fwd, selftest_lin_nobias_bwd,
     selftest_lin_nodx_bwd;
 extern const sd_attn_shape selftest_at_cross, selftest_at_causal, selftest_at_causal_long, selftest_at_cross_long,
-    selftest_at_vae, selftest_at_vae_odd, selftest_at_narrow, selftest_at_wide;
+    selftest_at_cross_227, selftest_at_vae, selftest_at_vae_odd, selftest_at_narrow, selftest_at_wide;
 op_fn selftest_at_cross_fwd, selftest_at_cross_bwd, selftest_at_causal_fwd, selftest_at_causal_bwd,
     selftest_at_causal_long_fwd, selftest_at_causal_long_bwd, selftest_at_cross_long_fwd, selftest_at_cross_long_bwd,
-    selftest_at_vae_fwd, selftest_at_vae_bwd, selftest_at_vae_odd_fwd, selftest_at_vae_odd_bwd, selftest_at_narrow_fwd,
+    selftest_at_cross_227_fwd, selftest_at_cross_227_bwd, selftest_at_vae_fwd, selftest_at_vae_bwd, selftest_at_vae_odd_fwd, selftest_at_vae_odd_bwd, selftest_at_narrow_fwd,
     selftest_at_narrow_bwd, selftest_at_wide_fwd, selftest_at_wide_bwd, selftest_at_dv_bwd;
 extern const sd_concat_shape selftest_cat_shape;
 extern const sd_temb_shape selftest_temb_shape;

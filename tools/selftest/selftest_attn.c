@@ -15,6 +15,9 @@ const sd_attn_shape selftest_at_causal_long = {.b = 1, .heads = 2, .tq = 150, .t
                                                .scale = 0.125f};
 const sd_attn_shape selftest_at_cross_long = {.b = 1, .heads = 2, .tq = 300, .tk = 77, .d = 40, .causal = 0,
                                               .scale = 0.158f};
+/* the UNet's cross attention over a 225-token prompt (sd-latents --max-tokens 225: 227 rows) */
+const sd_attn_shape selftest_at_cross_227 = {.b = 2, .heads = 2, .tq = 256, .tk = 227, .d = 40, .causal = 0,
+                                             .scale = 0.158f};
 const sd_attn_shape selftest_at_vae = {.b = 1, .heads = 1, .tq = 256, .tk = 256, .d = 512, .causal = 0,
                                        .scale = 0.0441941738f};
 const sd_attn_shape selftest_at_vae_odd = {.b = 2, .heads = 1, .tq = 300, .tk = 300, .d = 512, .causal = 0,
@@ -46,6 +49,8 @@ void selftest_at_causal_long_fwd(const target *t, float **p) { attn_fwd(t, &self
 void selftest_at_causal_long_bwd(const target *t, float **p) { attn_bwd(t, &selftest_at_causal_long, p); }
 void selftest_at_cross_long_fwd(const target *t, float **p) { attn_fwd(t, &selftest_at_cross_long, p); }
 void selftest_at_cross_long_bwd(const target *t, float **p) { attn_bwd(t, &selftest_at_cross_long, p); }
+void selftest_at_cross_227_fwd(const target *t, float **p) { attn_fwd(t, &selftest_at_cross_227, p); }
+void selftest_at_cross_227_bwd(const target *t, float **p) { attn_bwd(t, &selftest_at_cross_227, p); }
 void selftest_at_vae_fwd(const target *t, float **p) { attn_fwd(t, &selftest_at_vae, p); }
 void selftest_at_vae_bwd(const target *t, float **p) { attn_bwd(t, &selftest_at_vae, p); }
 void selftest_at_vae_odd_fwd(const target *t, float **p) { attn_fwd(t, &selftest_at_vae_odd, p); }

@@ -160,6 +160,8 @@ int selftest_check_ops(const target *dev, const target *ref, int mode, const cha
                   selftest_at_causal_long_bwd),
         ATTN_CASE("attention cross 300x77", selftest_at_cross_long, selftest_at_cross_long_fwd,
                   selftest_at_cross_long_bwd),
+        ATTN_CASE("attention cross 256x227", selftest_at_cross_227, selftest_at_cross_227_fwd,
+                  selftest_at_cross_227_bwd),
         ATTN_CASE("attention d=512 (VAE)", selftest_at_vae, selftest_at_vae_fwd, selftest_at_vae_bwd),
         ATTN_CASE("attention d=512 T=300 b=2", selftest_at_vae_odd, selftest_at_vae_odd_fwd, selftest_at_vae_odd_bwd),
         ATTN_CASE("attention T=1024 d=8", selftest_at_narrow, selftest_at_narrow_fwd, selftest_at_narrow_bwd),

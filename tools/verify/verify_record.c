@@ -1,5 +1,6 @@
 /* sd-verify: every check of one stored record (header, checksum, NaN/Inf,
- * shape vs bucket, text reference, its bucket index entry and its name). */
+ * shape vs bucket, a loss mask's values, text reference, its bucket index
+ * entry and its name). */
 #include <stdio.h>
 #include <string.h>
 
@@ -27,12 +28,36 @@ static int has_nonfinite(const void *p, size_t bytes, int dtype)
     return bad != 0;
 }
 
+/* The first latent tensor (a loss mask has its own shape): the parser has
+ * checked that every other one has its shape and dtype. */
+static const sd_shard_tensor *first_latent(const sd_shard_rec *r)
+{
+    for (int i = 0; i < r->ntensors; i++)
+        if (r->t[i].role != SD_ROLE_MASK) return &r->t[i];
+    return &r->t[0];
+}
+
 /* Latent shape must be C x bucket_h/8 x bucket_w/8 with C = 4 or 16. */
 static int shape_ok(const sd_shard_rec *r)
 {
-    const sd_shard_tensor *t = &r->t[0];
+    const sd_shard_tensor *t = first_latent(r);
     return t->ndim == 3 && (t->shape[0] == 4 || t->shape[0] == 16) && r->bucket_w % 8 == 0 && r->bucket_h % 8 == 0 &&
            t->shape[1] == r->bucket_h / 8 && t->shape[2] == r->bucket_w / 8;
+}
+
+/* How many values of a loss mask (fp32, shape checked by the parser, finite
+ * by the NaN check) lie outside 0..1: a weight there would flip or inflate
+ * the loss. */
+static size_t mask_outside(const sd_shard_tensor *m)
+{
+    size_t n = 0;
+    const uint8_t *b = m->data;
+    for (size_t i = 0; i + 4 <= m->length; i += 4) {
+        float x;
+        memcpy(&x, b + i, 4);
+        n += !(x >= 0.0f && x <= 1.0f);
+    }
+    return n;
 }
 
 /* 1 when the record stored under key is a sound latent record (header,
@@ -110,9 +135,18 @@ void verify_check_record(sd_shard_txn *t, int db, const void *key, size_t klen, 
     if (db == SD_SHARD_DB_TEXT) return;
     if (!shape_ok(&r)) {
         char d[96];
-        snprintf(d, sizeof d, "shape %ux%ux%u vs bucket %ux%u", r.t[0].shape[0], r.t[0].shape[1], r.t[0].shape[2],
-                 r.bucket_w, r.bucket_h);
+        const sd_shard_tensor *lt = first_latent(&r);
+        snprintf(d, sizeof d, "shape %ux%ux%u vs bucket %ux%u", lt->shape[0], lt->shape[1], lt->shape[2], r.bucket_w,
+                 r.bucket_h);
         verify_add_problem(l, "shape_mismatch", db, key, klen, name, nlen, "%s", d);
+        return;
+    }
+    const sd_shard_tensor *mask = sd_shard_rec_tensor(&r, SD_ROLE_MASK);
+    size_t outside = mask ? mask_outside(mask) : 0;
+    if (outside) {
+        char d[96];
+        snprintf(d, sizeof d, "loss mask: %zu of %u values outside 0..1", outside, mask->length / 4);
+        verify_add_problem(l, "bad_mask", db, key, klen, name, nlen, "%s", d);
         return;
     }
     static const uint8_t zero[16];

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "cuda_int.h"
+#include "dev_ws.h"
 #include "dtype.h"
 
 struct sdc_conv_plan {
@@ -385,7 +386,7 @@ static const void *conv_input(sd_cuda *c, const sdc_conv_plan *p, const float *x
     float *xp = NULL;
     if (p->padded) {
         size_t planes = (size_t)s->n * (size_t)s->cin;
-        xp = sdc_alloc(c, x_count(p) * sizeof(float));
+        xp = sdc_alloc(c, sd_dev_conv_pad_bytes(s)); /* x_count(p) floats (dev_ws.h: the memory plan's too) */
         if (!xp) return NULL;
         if (!sdc_cuda_ok(c, sdk_pad(c, planes, s->h, s->w, s->pad_t, s->pad_b, s->pad_l, s->pad_r, xp, x),
                          "conv2d pad")) {

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cuda_int.h"
+#include "dev_ws.h"
 #include "dtype.h"
 
 enum { SMALL_LIMIT = 1 << 20, SMALL_ROUND = 512, LARGE_ROUND = 2 << 20 };
@@ -76,12 +77,12 @@ int sd_cuda_device_count(sd_error *err)
  * Under a memory limit no more than an eighth of the limit. */
 static size_t default_conv_workspace(size_t mem_limit)
 {
-    size_t free_b = 0, total = 0, lo = (size_t)1 << 30, hi = (size_t)8 << 30, w = lo;
-    if (cudaMemGetInfo(&free_b, &total) == cudaSuccess)
-        w = free_b / 8 < lo ? lo : free_b / 8 > hi ? hi : free_b / 8;
-    else
+    size_t free_b = 0, total = 0;
+    if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) {
         cudaGetLastError();
-    return mem_limit && mem_limit / 8 < w ? mem_limit / 8 : w;
+        free_b = 0;
+    }
+    return sd_dev_conv_workspace(free_b, mem_limit); /* dev_ws.h: the memory plan's arithmetic too */
 }
 
 #ifndef SDTK_CUDA_ARCHS

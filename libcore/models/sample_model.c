@@ -1,5 +1,6 @@
-/* sd-sample's model: a diffusers folder's (or a single-file checkpoint's)
- * tokenizer(s) and text encoder(s), UNet, VAE decoder and the scheduler's
+/* The text-to-image model (sd-sample's, and sd-train's for its samples): a
+ * diffusers folder's (or a single-file checkpoint's) tokenizer(s) and text
+ * encoder(s), UNet (sd-sample only), VAE decoder and the scheduler's
  * prediction type, put on the run's backend; and a prompt's text
  * conditioning. */
 #include <stdio.h>
@@ -8,7 +9,7 @@
 
 #include "log.h"
 #include "model_dir.h"
-#include "sample.h"
+#include "txt2img.h"
 
 /* The folder's last path component, for A1111's "Model:" field. */
 static void model_name(const char *path, char *out, size_t cap)
@@ -23,7 +24,7 @@ static void model_name(const char *path, char *out, size_t cap)
 }
 
 /* Tokenizer and encoder `which` (0, or 1 for SDXL's second). */
-static sd_status open_encoder(sample_model *m, const sample_source *src, int which, sd_error *err)
+static sd_status open_encoder(sd_sample_model *m, const sd_sample_source *src, int which, sd_error *err)
 {
     sd_clip_text_opts o = {.which = which, .config_path = src->text_config[which]};
     sd_status st = sd_clip_text_load(&m->enc[which], src->path, &o, err);
@@ -36,7 +37,7 @@ static sd_status open_encoder(sample_model *m, const sample_source *src, int whi
  * penultimate), or SDXL's two (a folder with text_encoder_2/, a file with
  * conditioner.embedders.1; both penultimate, the second's pooled output);
  * the context width is their sum. */
-static sd_status open_text(sample_model *m, const sample_source *src, sd_error *err)
+static sd_status open_text(sd_sample_model *m, const sd_sample_source *src, sd_error *err)
 {
     char p2[4096];
     snprintf(p2, sizeof p2, "%s/text_encoder_2", src->path);
@@ -65,10 +66,10 @@ static sd_status open_text(sample_model *m, const sample_source *src, sd_error *
 
 /* The UNet must take what the text side gives: the context width, and for
  * SDXL the pooled width plus six time ids (a model folder mixing families
- * fails here, naming both numbers). */
-static sd_status check_fit(const sample_model *m, const char *path, sd_error *err)
+ * fails here, naming both numbers; see txt2img.h). */
+sd_status sd_sample_model_fits(const sd_sample_model *m, const sd_unet *unet, const char *path, sd_error *err)
 {
-    const sd_unet_config *c = &m->unet.cfg;
+    const sd_unet_config *c = &unet->cfg;
     if (c->cross_dim != m->cross)
         return sd_err_set(err, SD_EFORMAT, "%s: the text encoder%s give%s %d-wide embeddings, the UNet's "
                           "cross_attention_dim is %d (components of different model families?)", path,
@@ -89,7 +90,7 @@ static sd_status check_fit(const sample_model *m, const char *path, sd_error *er
 /* The prediction type: src->prediction, else a folder's
  * scheduler/scheduler_config.json, else epsilon (a single file cannot say:
  * a v model needs --prediction v_prediction, warned about). */
-static sd_status read_prediction(sample_model *m, const sample_source *src, sd_error *err)
+static sd_status read_prediction(sd_sample_model *m, const sd_sample_source *src, sd_error *err)
 {
     char pred[64] = "", from[4096] = "--prediction";
     if (src->prediction) snprintf(pred, sizeof pred, "%s", src->prediction);
@@ -109,7 +110,7 @@ static sd_status read_prediction(sample_model *m, const sample_source *src, sd_e
 }
 
 /* The UNet's weights on the backend (the CPU uses its own buffer). */
-static sd_status unet_to_backend(sample_model *m, sd_error *err)
+static sd_status unet_to_backend(sd_sample_model *m, sd_error *err)
 {
     if (!m->be->is_device) {
         m->params = m->unet.w.data;
@@ -122,8 +123,8 @@ static sd_status unet_to_backend(sample_model *m, sd_error *err)
     return m->be->sync(m->exec, err);
 }
 
-/* Load everything (see sample.h); on failure the caller closes. */
-sd_status sample_model_open(sample_model *m, const sample_source *src, const sd_backend *be, void *exec,
+/* Load everything (see txt2img.h); on failure the caller closes. */
+sd_status sd_sample_model_open(sd_sample_model *m, const sd_sample_source *src, const sd_backend *be, void *exec,
                             sd_error *err)
 {
     memset(m, 0, sizeof(*m));
@@ -137,7 +138,7 @@ sd_status sample_model_open(sample_model *m, const sample_source *src, const sd_
         return sd_err_set(err, SD_EINVAL, "--model %s: a single-file checkpoint needs --tokenizer DIR (a folder "
                           "holding tokenizer/ and, for SDXL, tokenizer_2/)", path);
     sd_status st = open_text(m, src, err);
-    if (!st) {
+    if (!st && !src->no_unet) {
         sd_unet_opts uo = {.config_path = src->unet_config};
         st = sd_unet_load(&m->unet, path, &uo, err);
         m->unet_loaded = !st;
@@ -147,53 +148,75 @@ sd_status sample_model_open(sample_model *m, const sample_source *src, const sd_
         st = sd_vae_decoder_load(&m->vae, path, &vo, err);
         m->vae_loaded = !st;
     }
-    if (!st) st = check_fit(m, path, err);
+    if (!st && !src->no_unet) st = sd_sample_model_fits(m, &m->unet, path, err);
     if (!st) st = read_prediction(m, src, err);
     for (int i = 0; i < m->n_enc && !st; i++) st = sd_clip_text_runner_init(&m->run[i], &m->enc[i], be, exec, err);
     if (!st) st = sd_vae_decode_runner_init(&m->vrun, &m->vae, be, exec, err);
-    if (!st) st = unet_to_backend(m, err);
+    if (!st && !src->no_unet) st = unet_to_backend(m, err);
     if (!st)
         sd_log(SD_LOG_INFO, "model %s: %s, UNet %s, VAE %s, %s prediction", path,
-               m->sdxl ? "SDXL" : m->enc[0].cfg.act == SD_CLIP_GELU ? "SD 2.x" : "SD 1.x", m->unet.layout,
-               m->vae.layout, m->pred == SD_PRED_V ? "v" : "epsilon");
+               m->sdxl ? "SDXL" : m->enc[0].cfg.act == SD_CLIP_GELU ? "SD 2.x" : "SD 1.x",
+               src->no_unet ? "(the trained one)" : m->unet.layout, m->vae.layout, m->pred == SD_PRED_V ? "v" : "epsilon");
     return st;
 }
 
-/* Release everything sample_model_open and the sampling made. */
-void sample_model_close(sample_model *m)
+/* Free the text side (see txt2img.h); safe twice. */
+void sd_sample_model_drop_text(sd_sample_model *m)
 {
     for (int i = 0; i < 2; i++) {
         sd_clip_text_runner_free(&m->run[i]);
         if (m->enc_loaded[i]) sd_clip_text_free(&m->enc[i]);
         if (m->tok[i]) sd_clip_tok_free(m->tok[i]);
+        m->enc_loaded[i] = 0;
+        m->tok[i] = NULL;
     }
     if (m->work) sd_clip_work_free(m->work);
+    m->work = NULL;
     sd_clip_ids_free(&m->ids);
-    sd_vae_decode_runner_free(&m->vrun);
+    m->n_enc = 0;
+}
+
+/* Free the UNet's workspace (see txt2img.h); the next image plans again. */
+void sd_sample_model_release_work(sd_sample_model *m)
+{
     if (m->be && m->be->is_device) {
-        if (m->params) m->be->release(m->exec, m->params);
         if (m->act) m->be->release(m->exec, m->act);
     } else {
         free(m->act);
     }
+    m->act = NULL;
+    m->act_cap = 0;
     sd_unet_graph_free(&m->g);
+    m->gn = m->gh = m->gw = 0;
+    free(m->stage);
+    m->stage = NULL;
+    m->stage_cap = 0;
+    sd_vae_decode_runner_free(&m->vrun); /* its workspace too: sd_sample_generate sets it up again */
+    memset(&m->vrun, 0, sizeof m->vrun);
+}
+
+/* Release everything sd_sample_model_open and the sampling made. */
+void sd_sample_model_close(sd_sample_model *m)
+{
+    sd_sample_model_drop_text(m);
+    sd_sample_model_release_work(m);
+    if (m->be && m->be->is_device && m->params) m->be->release(m->exec, m->params);
     if (m->unet_loaded) sd_unet_free(&m->unet);
     if (m->vae_loaded) sd_vae_decoder_free(&m->vae);
-    free(m->stage);
     memset(m, 0, sizeof(*m));
 }
 
 /* diffusers' default: unet.config.sample_size * vae_scale_factor. */
-void sample_model_default_size(const sample_model *m, int *w, int *h)
+void sd_sample_model_default_size(const sd_sample_model *m, const sd_unet *unet, int *w, int *h)
 {
-    int s = m->unet.cfg.sample_size > 0 ? m->unet.cfg.sample_size : 64;
+    int s = unet->cfg.sample_size > 0 ? unet->cfg.sample_size : 64;
     sd_vae_decoded_size(&m->vae.cfg, s, s, h, w);
 }
 
 /* One prompt through each encoder: 77 padded ids, the hidden state the
  * variant conditions on, placed side by side in ctx; SDXL's pooled output
  * from the second encoder. */
-sd_status sample_model_text(sample_model *m, const char *prompt, float *ctx, float *pooled, sd_error *err)
+sd_status sd_sample_model_text(sd_sample_model *m, const char *prompt, float *ctx, float *pooled, sd_error *err)
 {
     int off = 0;
     for (int i = 0; i < m->n_enc; i++) {

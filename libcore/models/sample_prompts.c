@@ -1,6 +1,6 @@
-/* sd-sample's prompts: one JSON object per line, each field over the
- * command line's defaults; a bad line is named by its number and reason,
- * counted and left out, and the run goes on. */
+/* Prompt jobs (sd-sample's --prompts, sd-train's --sample-prompts): one
+ * JSON object per line, each field over the defaults; a bad line is named
+ * by its number and reason, counted and left out, and the run goes on. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,11 +8,11 @@
 #include "arena.h"
 #include "json.h"
 #include "log.h"
-#include "sample.h"
+#include "txt2img.h"
 #include "slurp.h"
 
 /* Sizes must divide into latents (a multiple of 8) and stay sane. */
-int sample_size_ok(long v)
+int sd_sample_size_ok(long v)
 {
     return v >= 8 && v <= 8192 && v % 8 == 0;
 }
@@ -52,13 +52,13 @@ static const char *take_whole(const sd_json *root, const char *key, double lo, d
 
 /* The line's fields over def; a reason when one is missing its type or
  * range (the job's strings are then freed by the caller). */
-static const char *fields(const sd_json *root, sample_job *j, char *why, size_t cap)
+static const char *fields(const sd_json *root, sd_sample_job *j, char *why, size_t cap)
 {
     const char *r;
     double d;
     if ((r = take_str(root, "prompt", &j->prompt, why, cap)) || (r = take_str(root, "negative", &j->negative, why, cap)))
         return r;
-    if ((r = take_whole(root, "seed", 0, SAMPLE_SEED_MAX, &d, why, cap))) return r;
+    if ((r = take_whole(root, "seed", 0, SD_SAMPLE_SEED_MAX, &d, why, cap))) return r;
     if (sd_json_get(root, "seed")) j->seed = (uint64_t)d;
     if ((r = take_whole(root, "steps", 1, 1000, &d, why, cap))) return r;
     if (sd_json_get(root, "steps")) j->steps = (int)d;
@@ -81,7 +81,7 @@ static const char *fields(const sd_json *root, sample_job *j, char *why, size_t 
     for (int i = 0; i < 2; i++) {
         v = sd_json_get(root, dims[i]);
         if (!v) continue;
-        if (sd_json_whole(v, 8, 8192, &d) || !sample_size_ok((long)d)) {
+        if (sd_json_whole(v, 8, 8192, &d) || !sd_sample_size_ok((long)d)) {
             snprintf(why, cap, "\"%s\" must be a multiple of 8 from 8 to 8192", dims[i]);
             return "size not a multiple of 8";
         }
@@ -91,7 +91,7 @@ static const char *fields(const sd_json *root, sample_job *j, char *why, size_t 
 }
 
 /* One line over def; NULL on success, else the reason (and details in why). */
-const char *sample_parse_line(char *text, size_t len, const sample_job *def, sample_job *out, char *why, size_t cap)
+const char *sd_sample_parse_line(char *text, size_t len, const sd_sample_job *def, sd_sample_job *out, char *why, size_t cap)
 {
     sd_arena a;
     sd_arena_init(&a, 4096);
@@ -124,7 +124,7 @@ const char *sample_parse_line(char *text, size_t len, const sample_job *def, sam
 }
 
 /* Count a refused line by its reason. */
-static void count_skip(sample_skips *s, const char *reason)
+static void count_skip(sd_sample_skips *s, const char *reason)
 {
     if (!strcmp(reason, "bad JSON")) s->bad_json++;
     else if (!strcmp(reason, "unknown sampler")) s->bad_sampler++;
@@ -132,9 +132,9 @@ static void count_skip(sample_skips *s, const char *reason)
     else s->bad_field++;
 }
 
-/* Read every line of path into jobs (see sample.h). */
-sd_status sample_read_prompts(const char *path, const sample_job *def, sample_job **jobs, size_t *n,
-                              sample_skips *skips, sd_error *err)
+/* Read every line of path into jobs (see txt2img.h). */
+sd_status sd_sample_read_prompts(const char *path, const char *what, const sd_sample_job *def, sd_sample_job **jobs,
+                                 size_t *n, sd_sample_skips *skips, sd_error *err)
 {
     sd_buf text;
     sd_buf_init(&text);
@@ -144,7 +144,7 @@ sd_status sample_read_prompts(const char *path, const sample_job *def, sample_jo
     sd_status st = sd_read_file(path, &text, &e);
     if (st) {
         sd_buf_free(&text);
-        return sd_err_set(err, st, "--prompts: %s", e.msg);
+        return sd_err_set(err, st, "%s: %s", what, e.msg);
     }
     size_t cap = 0;
     long line = 0;
@@ -159,7 +159,7 @@ sd_status sample_read_prompts(const char *path, const sample_job *def, sample_jo
         if (lead < len) {
             if (*n == cap) {
                 size_t nc = cap ? 2 * cap : 16;
-                sample_job *g = realloc(*jobs, nc * sizeof(**jobs));
+                sd_sample_job *g = realloc(*jobs, nc * sizeof(**jobs));
                 if (!g) {
                     st = sd_err_set(err, SD_ENOMEM, "out of memory");
                     break;
@@ -168,7 +168,7 @@ sd_status sample_read_prompts(const char *path, const sample_job *def, sample_jo
                 cap = nc;
             }
             char why[256];
-            const char *r = sample_parse_line(p, len, def, &(*jobs)[*n], why, sizeof why);
+            const char *r = sd_sample_parse_line(p, len, def, &(*jobs)[*n], why, sizeof why);
             if (r) {
                 sd_log(SD_LOG_WARN, "%s:%ld: %s (%s): line skipped", path, line, r, why);
                 count_skip(skips, r);
@@ -181,15 +181,30 @@ sd_status sample_read_prompts(const char *path, const sample_job *def, sample_jo
     }
     sd_buf_free(&text);
     if (st) {
-        sample_jobs_free(*jobs, *n);
+        sd_sample_jobs_free(*jobs, *n);
         *jobs = NULL;
         *n = 0;
     }
     return st;
 }
 
+/* The lines refused, all reasons together. */
+size_t sd_sample_skips_total(const sd_sample_skips *s)
+{
+    return s->bad_json + s->bad_field + s->bad_size + s->bad_sampler;
+}
+
+/* sd-sample's flag defaults (see txt2img.h). */
+void sd_sample_job_default(sd_sample_job *j)
+{
+    memset(j, 0, sizeof *j);
+    j->steps = 20;
+    j->cfg = 7.0;
+    j->sampler = SD_SAMPLER_DPMPP_2M;
+}
+
 /* Free jobs and their strings. */
-void sample_jobs_free(sample_job *jobs, size_t n)
+void sd_sample_jobs_free(sd_sample_job *jobs, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         free(jobs[i].prompt);

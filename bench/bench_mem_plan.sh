@@ -1,0 +1,82 @@
+#!/bin/bash
+# Memory plan against measured peak RSS (run by hand, not in ctest; issue 28):
+# for each configuration, sd-train --memory-plan's total, then a real run of
+# a few steps under /usr/bin/time -v and its maximum resident set size, and
+# the ratio plan / measured (within 10% is the bar). Models are random
+# weights from --unet-config: the tiny golden SD1 UNet at 512x512 (64x64
+# latents) batch 2, and SD 1.5's architecture at half width (block_out_channels
+# 128, 256, 512, 512; cross_attention_dim 768; 142M parameters) at 256x256
+# (32x32 latents) with AdamW, AdamW + EMA, 8-bit AdamW, and Adafactor with
+# gradient checkpointing. Then the SDXL base UNet's plans at 1024x1024,
+# batch 1, checkpointed, for adamw, adamw8bit and adafactor (no weights are
+# allocated for a plan; nothing is trained), and the GPU plan of AdamW against
+# --gpu-memory-limit 24 (not measured: no GPU ran it).
+# Needs about 3 GB of memory and 3 minutes on 2 cores.
+# Results: bench/RESULTS.md, "Memory plan"; the SDXL plans in docs/GPU.md.
+# usage: bench/bench_mem_plan.sh BUILD_DIR [THREADS] [STEPS]
+#        (after building sd-train and bench_mem_shard in a Release build)
+set -eu
+B=$(realpath "${1:-build}")
+TH=${2:-2}
+STEPS=${3:-2}
+HERE=$(dirname "$(realpath "$0")")
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+cat > "$T/sd15_half.json" << 'JSON'
+{"_class_name": "UNet2DConditionModel", "in_channels": 4, "out_channels": 4, "sample_size": 32,
+ "block_out_channels": [128, 256, 512, 512], "layers_per_block": 2, "cross_attention_dim": 768,
+ "attention_head_dim": 8, "norm_num_groups": 32,
+ "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
+ "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"]}
+JSON
+cat > "$T/sdxl.json" << 'JSON'
+{"_class_name": "UNet2DConditionModel", "in_channels": 4, "out_channels": 4, "sample_size": 128,
+ "block_out_channels": [320, 640, 1280], "layers_per_block": 2, "cross_attention_dim": 2048,
+ "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+ "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+ "transformer_layers_per_block": [1, 2, 10], "attention_head_dim": [5, 10, 20], "use_linear_projection": true,
+ "addition_embed_type": "text_time", "addition_time_embed_dim": 256, "projection_class_embeddings_input_dim": 2816,
+ "norm_num_groups": 32}
+JSON
+TINY="$HERE/../tests/golden/unet/sd1/unet/config.json"
+"$B/bench/bench_mem_shard" "$T/tiny.shard" 512 512 8 0 4
+"$B/bench/bench_mem_shard" "$T/mid.shard" 256 256 768 0 4
+"$B/bench/bench_mem_shard" "$T/xl.shard" 1024 1024 2048 1280 2
+echo "memory plan vs peak RSS, $TH threads, $STEPS steps; CPU: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+printf '| %-44s | %14s | %14s | %6s |\n' configuration "plan bytes" "peak RSS bytes" ratio
+i=0
+measure() { # NAME CONFIG SHARD ARGS...
+    local name=$1 cfg=$2 shard=$3
+    shift 3
+    i=$((i + 1))
+    local plan rss
+    plan=$("$B/tools/sd-train" --unet-config "$cfg" --memory-plan -j "$TH" "$@" "$shard" |
+           python3 -c 'import json, sys; print(json.load(sys.stdin)["total"])')
+    /usr/bin/time -v -o "$T/time$i" "$B/tools/sd-train" --unet-config "$cfg" -o "$T/out$i" -j "$TH" -q \
+        --steps "$STEPS" "$@" "$shard"
+    rss=$(( $(sed -n 's/.*Maximum resident set size (kbytes): //p' "$T/time$i") * 1024 ))
+    printf '| %-44s | %14d | %14d | %6.3f |\n' "$name" "$plan" "$rss" "$(python3 -c "print($plan / $rss)")"
+}
+measure "tiny SD1, 512^2, batch 2, adamw" "$TINY" "$T/tiny.shard" --batch 2
+measure "SD1.5 half width, 256^2, adamw" "$T/sd15_half.json" "$T/mid.shard"
+measure "SD1.5 half width, 256^2, adamw + EMA" "$T/sd15_half.json" "$T/mid.shard" --ema-decay 0.999
+measure "SD1.5 half width, 256^2, adamw8bit" "$T/sd15_half.json" "$T/mid.shard" --optimizer adamw8bit
+measure "SD1.5 half width, 256^2, adafactor, ckpt" "$T/sd15_half.json" "$T/mid.shard" --optimizer adafactor \
+    --gradient-checkpointing
+echo
+echo "SDXL base UNet, 1024x1024 (128x128 latents), batch 1, gradient checkpointing: plans only (GiB)"
+gib() { python3 -c 'import json, sys
+p = json.load(sys.stdin)
+g = lambda k: "%.2f" % (p[k] / 2**30)
+print(" ".join("%s %s" % (k, g(k)) for k in ("weights", "gradients", "optimizer", "activations", "workspace", "total")),
+      "fits", p["fits"], "(%s %.1f GiB)" % (p["limit_from"], p["limit"] / 2**30))'; }
+for opt in adamw adamw8bit adafactor; do
+    echo -n "cpu $opt: "
+    "$B/tools/sd-train" --unet-config "$T/sdxl.json" --memory-plan --gradient-checkpointing --optimizer "$opt" \
+        -j "$TH" "$T/xl.shard" | gib
+done
+for mom in fp32 bf16; do
+    echo -n "cuda:0 adamw, --adam-moments $mom, --gpu-memory-limit 24: "
+    "$B/tools/sd-train" --unet-config "$T/sdxl.json" --memory-plan --gradient-checkpointing --device cuda:0 \
+        --gpu-memory-limit 24 --adam-moments "$mom" "$T/xl.shard" | gib
+done
