@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "progress.h"
 #include "txt2img.h"
 #include "torch_randn.h"
 
@@ -22,6 +23,8 @@ typedef struct {
     float tids[2 * SD_UNET_TIME_IDS];
     sd_sample_step_fn progress;
     void *pctx;
+    int calls;                         /* UNet calls so far */
+    double unet_s, unet_min, unet_max; /* their seconds: sum, fastest, slowest */
 } denoise_ctx;
 
 /* Plan the UNet for n latents of lh x lw and size the buffers (kept while
@@ -76,6 +79,7 @@ static sd_status denoise(void *vc, const float *x, double t, float *cond, float 
     denoise_ctx *c = vc;
     sd_sample_model *m = c->m;
     const sd_unet_graph *g = &m->g;
+    double t0 = sd_now();
     float tt[2] = {(float)t, (float)t};
     for (int b = 0; b < c->n; b++) put(m, g->x + (size_t)b * c->per, x, c->per);
     put(m, g->t, tt, (size_t)c->n);
@@ -88,6 +92,11 @@ static sd_status denoise(void *vc, const float *x, double t, float *cond, float 
     m->be->d2h(m->exec, m->stage, m->act + g->out, (size_t)c->n * c->per * sizeof(float));
     sd_status st = m->be->sync(m->exec, err);
     if (st) return st;
+    double dt = sd_now() - t0;
+    c->unet_s += dt;
+    c->unet_min = c->calls && c->unet_min < dt ? c->unet_min : dt;
+    c->unet_max = c->unet_max > dt ? c->unet_max : dt;
+    c->calls++;
     if (c->n == 2) {
         memcpy(uncond, m->stage, c->per * sizeof(float));
         memcpy(cond, m->stage + c->per, c->per * sizeof(float));
@@ -136,6 +145,18 @@ void sd_sample_cond_free(sd_sample_cond *c)
     c->ctx = c->pooled = NULL;
 }
 
+/* Where one image's time went (-v; the text encoding is the caller's): the
+ * UNet calls (each one batch of c->n latents), the sampler's own arithmetic
+ * between them, the decoder. bench/bench_sample.sh reads this line. */
+static void log_times(const denoise_ctx *c, double sampling, double decode)
+{
+    sd_log(SD_LOG_DEBUG,
+           "times: UNet %d calls of batch %d %.3f s (%.3f s each, fastest %.3f, slowest %.3f), sampler %.3f s, "
+           "decode %.3f s",
+           c->calls, c->n, c->unet_s, c->calls ? c->unet_s / c->calls : 0.0, c->unet_min, c->unet_max,
+           sampling - c->unet_s, decode);
+}
+
 /* One image (see txt2img.h). */
 sd_status sd_sample_generate(sd_sample_model *m, const sd_unet *unet, const float *params, const sd_sample_job *j,
                              const sd_sample_cond *cond, int w, int h, sd_sample_step_fn progress, void *pctx,
@@ -165,6 +186,7 @@ sd_status sd_sample_generate(sd_sample_model *m, const sd_unet *unet, const floa
     sd_sched_config sc;
     sd_sched_defaults(&sc, j->sampler, m->sdxl, m->pred);
     if (!lat || !img) st = sd_err_set(err, SD_ENOMEM, "out of memory");
+    double t0 = sd_now();
     if (!st) st = sd_sampler_plan_make(&plan, &sc, j->sampler, j->steps, err);
     if (!st) {
         sd_torch_gen gen;
@@ -174,8 +196,10 @@ sd_status sd_sample_generate(sd_sample_model *m, const sd_unet *unet, const floa
                                .progress = on_step, .progress_ctx = &c, .cfg = j->cfg};
         st = sd_sample(&plan, &sm, c.per, lat, err);
     }
+    double t1 = sd_now();
     if (!st) st = sd_vae_decode_runner_decode(&m->vrun, &m->vae, 1, lh, lw, lat, img, err);
     if (!st) sd_vae_image_to_rgb8(1, h, w, img, rgb);
+    if (!st) log_times(&c, t1 - t0, sd_now() - t1);
     sd_sampler_plan_free(&plan);
     free(lat);
     free(img);

@@ -139,8 +139,10 @@ static int run_jobs(const sample_opts *o, sd_sample_model *m, sd_sample_job *job
         sd_error e = {0};
         uint8_t *img = malloc((size_t)w * (size_t)h * 3);
         sd_sample_cond cond = {0};
+        double t0 = sd_now();
         sd_status st = img ? sd_sample_cond_make(m, j, &cond, &e)
                            : sd_err_set(&e, SD_ENOMEM, "out of memory for a %dx%d image", w, h);
+        if (!st) sd_log(SD_LOG_DEBUG, "times: text %.3f s (%s)", sd_now() - t0, path); /* -v; the rest: generate's */
         if (!st) st = sd_sample_generate(m, &m->unet, m->params, j, &cond, w, h, step_progress, &r, img, &e);
         sd_sample_cond_free(&cond);
         if (!st) st = write_png(path, j, w, h, img, m->name, &e);
