@@ -170,7 +170,7 @@ static char *read_text_file(sd_arena *a, const char *path, size_t *len, char *wh
     off_t fsize = 0;
     sd_error e = {0};
     if (sd_open_regular(path, &fd, &fsize, &e)) {
-        snprintf(why, why_len, "%s", e.msg);
+        snprintf(why, why_len, "%.250s", e.msg); /* an open error: short */
         return NULL;
     }
     if (fsize > MAX_TEXT_FILE) {

@@ -62,8 +62,8 @@ class MemoryPlan(unittest.TestCase):
     def tearDownClass(cls):
         cls.tmp.cleanup()
 
-    def plan(self, *extra):
-        _, out, _ = run("--unet-config", CONFIG, "--memory-plan", "-j", "1", *extra, self.shard)
+    def plan(self, *extra, ok=(0,)):
+        _, out, _ = run("--unet-config", CONFIG, "--memory-plan", "-j", "1", *extra, self.shard, ok=ok)
         lines = out.splitlines()
         self.assertEqual(len(lines), 1, out)
         return json.loads(lines[0])
@@ -140,7 +140,7 @@ class MemoryPlan(unittest.TestCase):
         self.assertIs(ck["setup"]["gradient_checkpointing"], True)
 
     def test_does_not_fit(self):
-        p = self.plan("--host-memory-limit", "0.001")
+        p = self.plan("--host-memory-limit", "0.001", ok=(1,))  # exit 1: a script can test it
         self.assertIs(p["fits"], False)
         self.assertEqual(p["limit"], int(0.001 * (1 << 30)))
         self.assertEqual(p["limit_from"], "--host-memory-limit")
@@ -152,6 +152,7 @@ class MemoryPlan(unittest.TestCase):
         code, _, err = run("--unet-config", CONFIG, "-o", out, "--steps", "3", "-j", "1", "--host-memory-limit",
                            "0.001", "--metrics", metrics, self.shard, ok=(3,))
         self.assertIn("stopped before the first step", err)
+        self.assertIn("need less (sd-train --memory-plan shows what each takes)", err)  # not cut at 255 bytes
         line = [l for l in err.splitlines() if "memory plan: {" in l]
         self.assertEqual(len(line), 1, err)
         p = json.loads(line[0].split("memory plan: ", 1)[1])
@@ -195,6 +196,19 @@ class MemoryPlan(unittest.TestCase):
         self.assertEqual(p["bucket"], {"width": 128, "height": 96, "latent": [12, 16], "batch": 1, "tokens": 77})
         self.assertGreater(p["activations"], plain["activations"])
         self.assertEqual(p["weights"], plain["weights"])
+
+    def test_no_limit_is_not_a_fit(self):
+        """--device cuda:0 with no GPU to ask (and no --gpu-memory-limit): fits is null, not true."""
+        code, out, _ = run("--unet-config", CONFIG, "--memory-plan", "-j", "1", "--device", "cuda:0", self.shard,
+                           ok=(0, 1, 3))
+        if code == 3:
+            self.skipTest("this build has no CUDA backend")
+        p = json.loads(out.splitlines()[0])
+        if p["limit_from"].startswith("none"):
+            self.assertIsNone(p["fits"])
+            self.assertEqual(code, 0)
+        else:  # a GPU answered
+            self.assertIsInstance(p["fits"], bool)
 
     def test_bad_options(self):
         _, _, err = run("--unet-config", CONFIG, "--memory-plan", "--host-memory-limit", "-1", self.shard, ok=(2,))

@@ -97,7 +97,7 @@ int main(int argc, char **argv)
         bad = "--width and --height must be multiples of 8 from 8 to 8192";
     else if (threads < 0 || threads > 1024) bad = "--threads must be 0..1024";
     else if (sd_sampler_parse(sampler, &o.defaults.sampler, &e)) {
-        snprintf(msg, sizeof msg, "%s", e.msg);
+        snprintf(msg, sizeof msg, "%.250s", e.msg); /* names the sampler: short */
         bad = msg;
     }
     else if (sd_cli_parse_device(o.device, &o.cuda_device)) bad = "--device: expected cpu or cuda:K";

@@ -89,7 +89,8 @@ static int print_plan(const sd_train_opts *o, const sd_host_mem *host)
     if (sd_dist_rank() == 0) sd_mem_plan_json(&p, o, stdout);
     fflush(stdout);
     sd_dist_finalize();
-    return SD_EXIT_OK;
+    /* a script can test the exit code: 1 when the plan does not fit */
+    return p.fits == 0 ? SD_EXIT_SKIPPED : SD_EXIT_OK;
 }
 
 /* Before the first step: a run whose plan does not fit stops now, with
@@ -98,7 +99,7 @@ static sd_status check_plan(const sd_trainer *tr, const sd_host_mem *host, sd_er
 {
     sd_mem_plan p;
     sd_status rc = sd_mem_plan_trainer(tr, host, &p, err);
-    if (rc || p.fits) {
+    if (rc || p.fits != 0) { /* fits, or nothing to hold it against */
         if (!rc)
             sd_log(SD_LOG_INFO, "memory plan: %.2f GiB at the largest bucket (%dx%d, batch %d) of %.2f GiB (%s)",
                    (double)p.total / (1 << 30), p.width, p.height, p.batch, (double)p.limit / (1 << 30), p.limit_from);
@@ -116,7 +117,8 @@ static sd_status check_plan(const sd_trainer *tr, const sd_host_mem *host, sd_er
     free(json);
     return sd_err_set(err, SD_ENOMEM, "the memory plan above does not fit: %.2f GiB at the largest bucket (%dx%d, "
                       "batch %d) against %.2f GiB (%s); stopped before the first step. A smaller --batch with "
-                      "--accum, --gradient-checkpointing, --optimizer adamw8bit or adafactor need less",
+                      "--accum, --gradient-checkpointing, --weight-dtype bf16, --optimizer adamw8bit or adafactor "
+                      "need less (sd-train --memory-plan shows what each takes)",
                       (double)p.total / (1 << 30), p.width, p.height, p.batch, (double)p.limit / (1 << 30),
                       p.limit_from);
 }
@@ -131,7 +133,7 @@ static const char *pick_prediction(const char *given, const char *unet, sd_predi
     char found[64], from[600];
     sd_error err = {0};
     if (unet && sd_model_prediction(unet, found, sizeof found, from, sizeof from, &err)) {
-        snprintf(buf, cap, "%s", err.msg);
+        snprintf(buf, cap, "%.690s", err.msg); /* buf holds 700 */
         return buf;
     }
     if (!unet) found[0] = 0;
@@ -369,8 +371,9 @@ int main(int argc, char **argv)
          "print the memory plan as one JSON object on stdout and exit without training: bytes of weights, "
          "gradients, optimizer, ema, activations (the largest bucket of the shards at --batch, with or without "
          "--gradient-checkpointing), workspace (op scratch; cuDNN's cap on a GPU), process (CPU: the process "
-         "itself) and total, the bucket, and fits (true/false) against --gpu-memory-limit, the device, "
-         "--host-memory-limit or the host's available memory; from the allocator's own arithmetic. --unet-config "
+         "itself) and total, the bucket, and fits (true/false; null with no limit to hold it against) against "
+         "--gpu-memory-limit, the device, --host-memory-limit or the host's available memory; from the "
+         "allocator's own arithmetic. Exit 1 when it does not fit. --unet-config "
          "alone allocates no weights (no -o needed). A run that would not fit stops before its first step with "
          "this plan in the message"},
         {"host-memory-limit", 0, SD_OPT_DOUBLE, &host_mem_gib, "GIB",

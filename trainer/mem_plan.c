@@ -112,7 +112,7 @@ static void judge(const sd_train_opts *o, const sd_host_mem *host, size_t device
         snprintf(p->limit_from, sizeof p->limit_from, "%s",
                  o->host_mem_limit ? "--host-memory-limit" : "host MemAvailable + process");
     }
-    p->fits = !p->limit || p->total <= p->limit;
+    p->fits = !p->limit ? -1 : p->total <= p->limit;
 }
 
 /* The plan of one set of shards (mem_plan.h). */

@@ -37,7 +37,7 @@ typedef struct {
     size_t op_scratch, conv_workspace; /* workspace: the largest op's scratch; cuDNN's cap (GPU) */
     size_t limit;
     char limit_from[40];
-    int fits;
+    int fits; /* 1 fits, 0 does not, -1 unknown: no limit to hold it against (no device to ask) */
 } sd_mem_plan;
 
 /* Read VmRSS and MemAvailable (0 where /proc has none). */

@@ -27,5 +27,5 @@ void sd_mem_plan_json(const sd_mem_plan *p, const sd_train_opts *o, FILE *f)
             p->graph_act, p->graph_dact, p->io, p->op_scratch, p->conv_workspace, p->ema_host);
     setup_json(o, f);
     fprintf(f, ", \"limit\": %zu, \"limit_from\": \"%s\", \"fits\": %s}\n", p->limit, p->limit_from,
-            p->fits ? "true" : "false");
+            p->fits < 0 ? "null" : p->fits ? "true" : "false");
 }

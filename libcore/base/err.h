@@ -26,9 +26,10 @@ enum {
     SD_EXIT_FATAL = 3
 };
 
+/* msg holds a whole message with its hint (a plan, two encoder setups): 1 KiB */
 typedef struct {
     sd_status code;
-    char msg[256];
+    char msg[1024];
 } sd_error;
 
 const char *sd_strerror(sd_status code);

@@ -362,7 +362,7 @@ static sd_status check_pixels(const unsigned char *buf, size_t len, uint64_t lim
     if (st != SD_OK || info->format == SD_IMG_GIF) {
         VipsImage *im = vips_image_new_from_buffer(buf, len, "", NULL);
         if (!im) { /* a format imghdr knows (damaged, or BMP): its words too */
-            char what[300] = "not a readable image";
+            char what[1100] = "not a readable image"; /* room for the header parser's message */
             if (st != SD_EUNSUPPORTED || strncmp(herr.msg, "not a recognised image", 22) != 0)
                 snprintf(what, sizeof what, "not a readable image (%s)", herr.msg);
             return vips_fail(err, SD_EFORMAT, name, what);

@@ -86,7 +86,7 @@ static const char *plan_from(const sd_json *r, latent_job *j, int rs[2], char *w
                               .crop_r = c[2], .crop_b = c[3], .keep_aspect = 1};
     sd_error e = {0};
     if (sd_image_plan_check(&j->plan, &e)) {
-        snprintf(why, cap, "%s", e.msg);
+        snprintf(why, cap, "%.250s", e.msg); /* a plan check: short */
         return "bad resize/crop";
     }
     if (sd_image_out_w(&j->plan) != b[0] || sd_image_out_h(&j->plan) != b[1]) {

@@ -59,7 +59,7 @@ typedef struct {
     void *cuda;           /* sd_cuda * when a GPU runs the VAE and the text encoders */
     sd_status *dec_st; /* per job of a batch */
     const char **dec_why; /* its skip reason when dec_st is set */
-    char (*dec_msg)[256];
+    char (*dec_msg)[1024]; /* an sd_error message per image */
     sd_buf conv; /* the record's tensors in the stored dtype */
     sd_buf rec, trec;
     int text_on;

@@ -49,7 +49,7 @@ typedef struct {
 typedef struct {
     const char *path;
     int opened;
-    char open_error[256];
+    char open_error[1024]; /* an sd_error message */
     uint64_t latents, texts, bytes;
     double seconds;
     sd_tally tally;
