@@ -709,6 +709,7 @@ class Train(unittest.TestCase):
         st = os.stat(os.path.join(out, "checkpoint-2", "state.safetensors"))
         code, err = run(*args)
         self.assertIn("checkpoint-2 already holds step 2", err)
+        self.assertIn("--steps 2 is the step to train to, not a count of more steps", err)
         self.assertEqual(ckpt_bytes(out, 2), before)
         self.assertEqual(os.stat(os.path.join(out, "checkpoint-2", "state.safetensors")).st_mtime_ns, st.st_mtime_ns)
         run(*args, "--fresh", "--lr", "5e-3")

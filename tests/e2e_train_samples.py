@@ -284,6 +284,11 @@ class TrainSamples(unittest.TestCase):
         _, err = run("--unet", self.model, "-o", out, "--sample-every", "-1", "--sample-prompts", self.prompts,
                      self.shard, ok=(2,))
         self.assertIn("--sample-every", err)
+        # a --sample-model that does not exist is named as such (it was taken for a single file)
+        _, err = run("--unet", self.model, "-o", out, "--sample-prompts", self.prompts, "--sample-model",
+                     self.path("nonexistent"), self.shard, ok=(2,))
+        self.assertIn("nonexistent: No such file or directory", err)
+        self.assertNotIn("--sample-tokenizer", err)
         self.assertFalse(os.path.exists(out))
 
 

@@ -198,6 +198,10 @@ static const char *check_samples(const sd_train_opts *o, char *buf, size_t cap)
     if (!model && !(o->unet && sd_is_dir(te)))
         return "--sample-prompts needs a model with a text encoder and a VAE to make the images: --sample-model PATH "
                "(the --unet folder holds no text_encoder/)";
+    if (model && access(model, F_OK) != 0) {
+        snprintf(buf, cap, "%s %s: %s", o->sample_model ? "--sample-model" : "--base-model", model, strerror(errno));
+        return buf;
+    }
     if (model && !sd_is_dir(model) && !o->sample_tokenizer) {
         snprintf(buf, cap, "%s %s: a single-file checkpoint needs --sample-tokenizer DIR (a folder holding "
                  "tokenizer/) to condition the samples", o->sample_model ? "--sample-model" : "--base-model", model);

@@ -160,6 +160,9 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
     if (!rc && tr->have_val && val_step != tr->step && !(tr->step == step0 && logged))
         rc = validate_and_log(tr, err);
     if (!rc && tr->saved_step != tr->step) rc = sd_train_save(tr, err); /* not again after a stop on a save step */
+    else if (!rc && !o->quiet && tr->step == step0) /* nothing to do: say why, --steps is a total */
+        sd_log(SD_LOG_INFO, "checkpoint-%ld already holds step %ld: --steps %ld is the step to train to, not a "
+               "count of more steps; give a larger --steps to go on", tr->step, tr->step, o->max_steps);
     else if (!rc && !o->quiet) sd_log(SD_LOG_INFO, "checkpoint-%ld already holds step %ld", tr->step, tr->step);
     /* the end's samples, not after a stop request (a scheduler's grace time is short); a run that took no
      * step renders only what its predecessor's kill left missing */
