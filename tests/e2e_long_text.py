@@ -198,6 +198,19 @@ class LongText(unittest.TestCase):
         self.assertIn("another text encoder setup", err)
         self.assertEqual(dump(s150, "text"), before)
 
+    def test_cut_captions_are_counted(self):
+        """Captions longer than --max-tokens are cut as the encoders cut them: the run says how many
+        (it said nothing)."""
+        for tokens in (75, 225):
+            s = os.path.join(self.tmp, "cut_%d.shard" % tokens)
+            shutil.copyfile(self.bare, s)
+            _, _, err = sh(LATENTS, "--text", self.sd1, "--text-only", "--max-tokens", str(tokens), "-o", s, self.capjl)
+            want = sum(1 for t in self.gold["tokens"] if t > tokens)
+            if want:
+                self.assertIn("text: %d captions had more than %d tokens and were cut" % (want, tokens), err)
+            else:
+                self.assertNotIn("were cut", err)
+
     def test_usage(self):
         for args, msg in ((["--text", self.sd1, "--text-only", "--max-tokens", "100"], "expected 75, 150 or 225"),
                           (["--vae", VAE, "--max-tokens", "150"], "--max-tokens needs --text")):

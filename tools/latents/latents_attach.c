@@ -389,6 +389,10 @@ int latents_attach(const latents_opts *o)
             sd_log(SD_LOG_WARN, "%s: %llu latent records still have no text embedding (no input line names them); "
                    "sd-train skips them", o->output, (unsigned long long)a.left_without);
     }
+    if (a.text.cut)
+        sd_log(SD_LOG_WARN, "text: %llu captions had more than %d tokens and were cut to them (as the encoders "
+               "do); --max-tokens 150 or 225 keeps up to that many, as sd-scripts' --max_token_length",
+               (unsigned long long)a.text.cut, a.text.max_tokens);
     sd_tally_log(&a.tally, "skipped by reason");
     int code = st ? SD_EXIT_FATAL : (o->strict && a.tally.total ? SD_EXIT_SKIPPED : SD_EXIT_OK);
     if (a.shard) {

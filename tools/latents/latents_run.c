@@ -1016,6 +1016,10 @@ int latents_run(const latents_opts *o)
                r.text.record_bytes, (double)r.text.reused * (double)r.text.record_bytes / 1e6,
                (unsigned long long)r.text.invalid_utf8);
     }
+    if (r.text.cut)
+        sd_log(SD_LOG_WARN, "text: %llu captions had more than %d tokens and were cut to them (as the encoders "
+               "do); --max-tokens 150 or 225 keeps up to that many, as sd-scripts' --max_token_length",
+               (unsigned long long)r.text.cut, r.text.max_tokens);
     sd_tally_log(&r.tally, "skipped by reason");
     /* a run that skipped every record made nothing: not a success even without --strict */
     int all_skipped = r.jobs.n == 0 && r.tally.total;

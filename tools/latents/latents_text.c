@@ -182,6 +182,7 @@ static sd_status tokenize(text_cache *t, int i, const char *caption, size_t len,
     sd_status st = sd_clip_encode(t->tok[i], t->work, caption, len, &t->ids, err);
     if (st) return st;
     if (t->ids.replaced) t->invalid_utf8++;
+    if (i == 0 && t->ids.n > (size_t)t->max_tokens + 2) t->cut++; /* ids hold BOS + tokens + EOS */
     const sd_clip_tok *tk = t->tok[i];
     sd_clip_kohya_chunks(t->ids.ids, t->ids.n, sd_clip_tok_eos(tk), sd_clip_tok_pad(tk), t->max_tokens, out);
     return SD_OK;

@@ -35,6 +35,7 @@ typedef struct {
     size_t conv_cap;
     /* statistics */
     uint64_t total, encoded, reused, invalid_utf8;
+    uint64_t cut; /* captions encoded with more tokens than --max-tokens keeps (the rest dropped) */
     size_t record_bytes;
     double seconds;
 } text_cache;
