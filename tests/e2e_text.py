@@ -702,6 +702,13 @@ class Text(unittest.TestCase):
             self.assertEqual(len(refs), len({self.caps[i % 6].decode()} | set(extra(i))))
         _, _, verr = sh(VERIFY, s)
         self.assertIn("0 problems", verr)
+        # sd-pack info counts them (it did not show the variants at all)
+        nrefs = sum(len(v.strip()) // 32 for v in var.values())
+        _, out, _ = sh(PACK, "info", "--json", s)
+        lat = json.loads(out.splitlines()[0])["latents"]
+        self.assertEqual((lat["with_variants"], lat["variants"]), (len(var), nrefs))
+        _, out, _ = sh(PACK, "info", s)
+        self.assertIn("caption variants on %d (%d variants)" % (len(var), nrefs), out)
         # --text-only on a shard made without --text attaches the same variants
         bare = os.path.join(self.tmp, "var.bare")
         sh(LATENTS, "--vae", VAE, "-o", bare, jl)

@@ -13,6 +13,7 @@
 
 typedef struct {
     uint64_t n, bytes, payload, flipped, meanstd, masks, corrupt;
+    uint64_t varied, variants; /* latent records with caption variants, and those variants */
     uint64_t dtype[4]; /* by sd_dtype of tensor 0 */
 } kind_stats;
 
@@ -36,6 +37,12 @@ static sd_status scan(sd_shard_txn *t, sd_shard_db db, kind_stats *ks, sd_error 
         ks->payload += r.payload_len;
         if (r.flags & SD_REC_F_FLIPPED) ks->flipped++;
         if (r.flags & SD_REC_F_MASK) ks->masks++;
+        const uint8_t *refs;
+        size_t nv;
+        if (r.kind == SD_REC_LATENT && sd_shard_get_variants(t, k, kl, &refs, &nv, NULL) == SD_OK && nv) {
+            ks->varied++;
+            ks->variants += nv;
+        }
         if (r.flags & SD_REC_F_MEANSTD) ks->meanstd++;
         if (r.t[0].dtype < 4) ks->dtype[r.t[0].dtype]++;
     }
@@ -71,8 +78,9 @@ static void kind_json(sd_buf *b, const kind_stats *k)
     sd_buf_printf(b, "{\"records\": %llu, \"bytes\": %llu, \"payload_bytes\": %llu, \"corrupt\": %llu",
                   (unsigned long long)k->n, (unsigned long long)k->bytes, (unsigned long long)k->payload,
                   (unsigned long long)k->corrupt);
-    sd_buf_printf(b, ", \"flipped\": %llu, \"mean_std\": %llu, \"masks\": %llu, \"dtypes\": {",
-                  (unsigned long long)k->flipped, (unsigned long long)k->meanstd, (unsigned long long)k->masks);
+    sd_buf_printf(b, ", \"flipped\": %llu, \"mean_std\": %llu, \"masks\": %llu, \"with_variants\": %llu, "
+                  "\"variants\": %llu, \"dtypes\": {", (unsigned long long)k->flipped, (unsigned long long)k->meanstd,
+                  (unsigned long long)k->masks, (unsigned long long)k->varied, (unsigned long long)k->variants);
     int first = 1;
     for (int d = 1; d < 4; d++)
         if (k->dtype[d]) {
@@ -92,6 +100,9 @@ static void kind_text(const char *what, const kind_stats *k)
     if (k->flipped) printf(", flipped %llu", (unsigned long long)k->flipped);
     if (k->meanstd) printf(", mean+std %llu", (unsigned long long)k->meanstd);
     if (k->masks) printf(", loss masks %llu", (unsigned long long)k->masks);
+    if (k->varied)
+        printf(", caption variants on %llu (%llu variants)", (unsigned long long)k->varied,
+               (unsigned long long)k->variants);
     if (k->corrupt) printf(", CORRUPT %llu (run sd-verify)", (unsigned long long)k->corrupt);
     printf("\n");
 }
