@@ -53,7 +53,7 @@ int main(int argc, char **argv)
         {"device", 0, SD_OPT_STR, &o.device, "DEV", "cpu (default) or cuda:K: everything on GPU K"},
         {"threads", 'j', SD_OPT_INT, &threads, "N", "CPU threads (default: all CPUs); the images do not depend on it"},
         {"no-contact-sheet", 0, SD_OPT_FLAG, &no_contact, NULL, "do not write DIR/contact.png"},
-        {"strict", 0, SD_OPT_FLAG, &o.strict, NULL, "exit 1 when a line was skipped or an image failed"},
+        {"strict", 0, SD_OPT_FLAG, &o.strict, NULL, "exit 1 when a line was skipped too (an image that failed always gives exit 1)"},
         {"quiet", 'q', SD_OPT_FLAG, &quiet, NULL, "only warnings and errors"},
         {"verbose", 'v', SD_OPT_FLAG, &verbose, NULL, "debug messages"},
         {NULL, 0, 0, NULL, NULL, NULL}};
@@ -64,9 +64,11 @@ int main(int argc, char **argv)
                   "continues the same generator), the sampler with classifier-free guidance, the VAE decoder. "
                   "Each line of --prompts (or the one --prompt) gives DIR/NNNNN.png, NNNNN the line's 0-based "
                   "number, holding its settings in a `parameters` text chunk as A1111 writes it, and DIR/contact.png "
-                  "shows them all in a grid. A bad line (named by its number) is skipped and counted; an image whose "
-                  "latents become non-finite (the step named) fails alone; the run goes on and ends with a "
-                  "summary by reason.",
+                  "shows them all in a grid (not written when no image was). A bad line (named by its number; a key "
+                  "other than those of --prompts included) is skipped and counted; a line without \"prompt\" is "
+                  "rendered unconditional with a warning; an image whose latents become non-finite (the step "
+                  "named) fails alone; the run goes on and ends with a summary by reason. Exit 1 when an image "
+                  "failed (or, with --strict, a line was skipped).",
                   opts,
                   "Examples:\n"
                   "  sd-sample --model sd15/ --prompt 'a red bicycle' --seed 1 -o out/\n"
