@@ -869,6 +869,26 @@ class Variants(Base):
         self.assertIn("--caption-variants 4 with --format kohya", err)
         self.assertFalse(os.path.exists(self.p("k.json")))
 
+    def test_wildcards_without_variants(self):
+        """K = 1: a wildcard is trained as written, so each record holding one is noted and
+        counted; a .txt tag list is not cut inside {...} (no '{red collar' pieces)."""
+        d = self.folder()
+        self.img(self.p("ds", "t.jpg"), 3)
+        write(self.p("ds", "t.txt"), "dog, {red collar, sitting|blue collar}, smile\n")
+        rc, recs, err = run([d])
+        self.assertEqual(rc, 0, err)
+        a, b, c, t = recs
+        self.assertEqual(a["caption"], "1girl, solo, {red|blue|green} hair, smile, outdoors, tree a girl under a tree")
+        self.assertEqual(t["tags"]["general"], ["dog", "{red collar, sitting|blue collar}", "smile"])
+        self.assertEqual(t["caption"], "dog, {red collar, sitting|blue collar}, smile")
+        self.assertRegex(err, r"2\s+wildcard \{a\|b\} without --caption-variants")  # a and t; not b's lone '{'
+        self.assertIn("note " + os.path.join(d, "t.jpg") + " (key 't'; trained as written", err)
+        # with variants, the canonical caption takes each wildcard's first choice, and no such note
+        rc, recs, err = run([d, "--caption-variants", "4"])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(recs[3]["caption"], "dog, red collar, sitting, smile")
+        self.assertNotIn("without --caption-variants", err)
+
     def test_variants(self):
         d = self.folder()
         args = [d, "--template", "{caption}", "--caption-variants", "8", "--variant-shuffle", "--keep-tokens", "1",

@@ -353,7 +353,7 @@ int main(int argc, char **argv)
         {"shuffle-tags", 0, SD_OPT_DOUBLE, &o.shuffle_p, "P", "shuffle caption tokens of a fraction P of records"},
         {"keep-tokens", 0, SD_OPT_INT, &o.keep_tokens, "N", "leading caption tokens never shuffled"},
         {"seed", 0, SD_OPT_INT, &o.seed, "N", "seed for shuffles and the hash split"},
-        {"caption-variants", 0, SD_OPT_INT, &o.variants, "K", "write up to K (1..64) distinct captions per record in \"captions\" (default 1: none, \"caption\" only): each line of a multi-line caption (a .caption file, not a .txt: that stays tags), wildcards {a|b|c}, and with the options below shuffled and dropped tokens; \"caption\" holds the first"},
+        {"caption-variants", 0, SD_OPT_INT, &o.variants, "K", "write up to K (1..64) distinct captions per record in \"captions\" (default 1: none, \"caption\" only): each line of a multi-line caption (a .caption file, not a .txt: that stays tags), wildcards {a|b|c}, and with the options below shuffled and dropped tokens; \"caption\" holds the first (K = 1: a wildcard stays as written, each record with one noted)"},
         {"variant-shuffle", 0, SD_OPT_FLAG, &o.variant_shuffle, NULL, "variants: shuffle the tokens after --keep-tokens (kohya's shuffle_caption)"},
         {"tag-dropout", 0, SD_OPT_DOUBLE, &o.tag_dropout, "R", "variants: drop each token after --keep-tokens with probability R (kohya's caption_tag_dropout_rate; default 0)"},
         {"variant-seed", 0, SD_OPT_INT, &o.variant_seed, "N", "variants: seed of their draws (default 0); the same key and seed give the same variants"},
