@@ -32,7 +32,8 @@ int main(int argc, char **argv)
         {"text-config-2", 0, SD_OPT_STR, &o.src.text_config[1], "FILE", "the same for SDXL's second text encoder"},
         {"prompts", 0, SD_OPT_STR, &o.prompts, "FILE.jsonl",
          "one JSON object per line with any of prompt, negative, seed, steps, cfg, sampler, width, height; a "
-         "field left out takes the value of the option of its name below"},
+         "field left out takes the value of the option of its name below; a line with another key (a typo such as "
+         "\"promt\") is skipped, named and counted"},
         {"output", 'o', SD_OPT_STR, &o.output, "DIR", "where the images go (created if missing)"},
         {"prompt", 0, SD_OPT_STR, &o.defaults.prompt, "TEXT", "the prompt without --prompts (default \"\")"},
         {"negative", 0, SD_OPT_STR, &o.defaults.negative, "TEXT",
