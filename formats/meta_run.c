@@ -23,6 +23,7 @@ struct sd_meta_result {
     const char *key_str;
     int val_left_out; /* a val record, kept out of kohya output */
     int unclosed;     /* its caption held a '{' without '}' (kept as a literal) */
+    int wildcard;     /* K = 1: its caption holds a wildcard {a|b}, written as it is */
 };
 
 /* Set up a run writing to out. progress: show a progress display. */
@@ -146,6 +147,7 @@ static void process_range(void *ctx, int w, size_t b, size_t e)
         res->key_str = NULL;
         res->val_left_out = 0;
         res->unclosed = 0;
+        res->wildcard = 0;
         if (sd_input_build(&m->in[i], m->bopts, &wk->arena, &rec, &reason, detail, sizeof detail) ||
             sd_rules_apply(m->rules, &rec, m->in[i].ordinal, &wk->arena, wk->scratch, &reason)) {
             res->reason = reason;
@@ -159,6 +161,7 @@ static void process_range(void *ctx, int w, size_t b, size_t e)
         }
         if (m->format == SD_OUT_KOHYA && kohya_tar_member(&rec, res)) continue;
         res->unclosed = rec.unclosed_brace;
+        res->wildcard = rec.wildcard_literal;
         res->key_str = m->format == SD_OUT_KOHYA ? sd_record_kohya_key(&rec) : rec.key;
         res->key = sd_key128_of(res->key_str, strlen(res->key_str));
         /* kohya metadata has no split: a val record keeps its key (a later
@@ -212,6 +215,12 @@ void sd_meta_flush(sd_meta_run *m)
             input_where(&m->in[i], where, sizeof where);
             snprintf(msg, sizeof msg, "%s (key '%s'; the record is kept, the brace is a literal)", where, res->key_str);
             skip_escaped(&m->notes, "unclosed { in a caption", msg);
+        }
+        if (res->wildcard) {
+            input_where(&m->in[i], where, sizeof where);
+            snprintf(msg, sizeof msg, "%s (key '%s'; trained as written: --caption-variants K > 1 draws the choices)",
+                     where, res->key_str);
+            skip_escaped(&m->notes, "wildcard {a|b} without --caption-variants", msg);
         }
         if (res->val_left_out) {
             m->val_left_out++;

@@ -45,8 +45,27 @@ int sd_record_add_tag(sd_record *r, sd_arena *a, const char *s, size_t len, sd_t
     return 0;
 }
 
+/* Where the comma-separated item starting at i ends: the next ',' (or line
+ * break when lines), not counting those inside a wildcard {a, b|c} closed
+ * on the same line: sd-scripts expands wildcards before it splits tags, so
+ * cutting one would leave broken pieces ("{a", "b|c}"). */
+static size_t comma_item_end(const char *text, size_t len, size_t i, int lines)
+{
+    size_t j = i;
+    while (j < len && text[j] != ',' && !(lines && text[j] == '\n')) {
+        if (text[j] == '{') {
+            size_t k = j + 1;
+            while (k < len && text[k] != '}' && text[k] != '\n') k++;
+            if (k < len && text[k] == '}') j = k; /* a closed group: one item */
+        }
+        j++;
+    }
+    return j;
+}
+
 /* Split text on sep (space for booru tag strings, ',' for caption files),
- * trimming blanks and dropping empty items, and add each as a tag. */
+ * trimming blanks and dropping empty items, and add each as a tag; a
+ * wildcard {a, b|c} stays one tag. */
 int sd_record_add_tag_list(sd_record *r, sd_arena *a, const char *text, size_t len, char sep, sd_tag_cat cat)
 {
     size_t i = 0;
@@ -59,8 +78,8 @@ int sd_record_add_tag_list(sd_record *r, sd_arena *a, const char *text, size_t l
         size_t j = i;
         if (ws_other) {
             while (j < len && text[j] != ' ' && text[j] != '\n' && text[j] != '\t') j++;
-        } else if (lines) {
-            while (j < len && text[j] != ',' && text[j] != '\n') j++;
+        } else if (sep == ',') {
+            j = comma_item_end(text, len, i, lines);
         } else {
             const char *q = memchr(text + i, sep, len - i);
             j = q ? (size_t)(q - text) : len;

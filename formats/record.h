@@ -57,6 +57,7 @@ typedef struct {
     const char **variants; /* --caption-variants K > 1: the distinct captions, variants[0] == out_caption */
     int nvariants;         /* 0 without --caption-variants */
     int unclosed_brace;    /* a caption held a '{' without '}' (kept as a literal) */
+    int wildcard_literal;  /* without variants (K = 1): the caption holds a wildcard {a|b}, kept as written */
 } sd_record;
 
 const char *sd_tag_cat_name(sd_tag_cat c);

@@ -541,6 +541,8 @@ int sd_rules_apply(const sd_rules *r, sd_record *rec, uint64_t ordinal, sd_arena
     }
 
     if (r->variants.k > 1 && make_variants(r, rec, nt, a, scratch)) return *reason = "out of memory", -1;
+    /* {a|b} is only a choice with variants: without, it is trained as written, so it is noted */
+    if (r->variants.k == 1) rec->wildcard_literal = sd_caption_has_wildcard(rec->out_caption);
 
     rec->is_val = 0;
     if (r->val_every > 0 && (ordinal + 1) % (uint64_t)r->val_every == 0) rec->is_val = 1;

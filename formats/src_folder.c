@@ -272,6 +272,13 @@ static void walk(walker *w, const char *dir, const char *rel, int depth)
                 in->root = w->root;
             }
         } else if (sd_is_image_name(name, nl)) {
+            /* NAME_mask.png beside an image NAME.ext is that image's loss mask
+             * (sd-latents --masks files), not a picture to train on: ignored
+             * (counted, named with --verbose), never a skipped record */
+            if (nl > 9 && strcmp(name + nl - 9, "_mask.png") == 0 && has_image_for(names, n, name, nl - 9)) {
+                sd_meta_note_ignored(m, "loss mask beside its image", path);
+                continue;
+            }
             w->found++;
             /* the key is the path cut at '/' and '.', so it is UTF-8 when the path is */
             if (!sd_name_is_utf8(path)) {
@@ -280,12 +287,6 @@ static void walk(walker *w, const char *dir, const char *rel, int depth)
             }
             if (es.st_size == 0) {
                 sd_meta_skip_input(m, "empty image file", "%s", path);
-                continue;
-            }
-            /* NAME_mask.png beside an image NAME.ext is that image's loss mask
-             * (sd-latents --masks files), not a picture to train on */
-            if (nl > 9 && strcmp(name + nl - 9, "_mask.png") == 0 && has_image_for(names, n, name, nl - 9)) {
-                sd_meta_skip_input(m, "loss mask beside its image", "%s", path);
                 continue;
             }
             add_image(w, dir, rel, name, names, n);

@@ -55,6 +55,24 @@ static void expand_wildcards(const char *s, vrng *r, sd_buf *out, int *unclosed)
     }
 }
 
+/* See variants.h: the scan of expand_wildcards, looking for a '|' inside a
+ * closed {...}. */
+int sd_caption_has_wildcard(const char *s)
+{
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n; i++) {
+        if ((s[i] == '{' || s[i] == '}') && i + 1 < n && s[i + 1] == s[i]) {
+            i++; /* {{ or }}: a literal brace */
+            continue;
+        }
+        const char *close = s[i] == '{' ? memchr(s + i + 1, '}', n - i - 1) : NULL;
+        if (!close) continue;
+        if (memchr(s + i + 1, '|', (size_t)(close - s) - i - 1)) return 1;
+        i = (size_t)(close - s);
+    }
+    return 0;
+}
+
 /* Split text on ',' into trimmed non-empty tokens, then keep the first
  * keep_tokens, shuffle the rest (o->shuffle) and drop each of the rest at
  * o->tag_dropout; the result joined with ", " into out. */

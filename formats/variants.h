@@ -29,5 +29,8 @@ typedef struct {
  * literal, as sd-scripts' pattern leaves it). scratch: two buffers. */
 int sd_caption_variants(const sd_variant_opts *o, const char *key, const char *const *bases, int nb, sd_arena *a,
                         sd_buf scratch[2], const char **out, int *unclosed);
+/* Whether s holds a wildcard of choices, {a|b}, as sd_caption_variants
+ * reads one ({{ and }} are literal braces, not wildcards). */
+int sd_caption_has_wildcard(const char *s);
 
 #endif

@@ -132,6 +132,25 @@ check "bad resolution" $? 2
 check "bad bucket list" $? 2
 "$BIN" -q no-such-input.jsonl > /dev/null 2>&1
 check "missing input file" $? 3
+# no record bucketed (an empty input, every record skipped): exit 1, -o and the parts left as
+# they were, the reasons counted; --allow-empty writes the empty output
+echo old > kept.jsonl
+: > none.jsonl
+"$BIN" -q none.jsonl -o kept.jsonl 2> none.err
+check "empty input" $? 1
+check "empty input names it" "$(grep -c 'the input holds no records; -o not written' none.err)" 1
+grep '"k05"' in.jsonl > allbad.jsonl
+"$BIN" allbad.jsonl -o kept.jsonl 2> allbad.err
+check "every record skipped" $? 1
+check "every record skipped: the reason counted" "$(grep -c '1  image file empty or truncated' allbad.err)" 1
+check "every record skipped: -o kept" "$(cat kept.jsonl)" old
+echo old > keep-0.jsonl
+"$BIN" -q --split 2 -o 'keep-%d.jsonl' allbad.jsonl 2> /dev/null
+check "every record skipped, --split" $? 1
+check "every record skipped, --split: parts kept" "$(cat keep-0.jsonl)$(ls keep-* | wc -l)" old1
+"$BIN" -q --allow-empty allbad.jsonl -o kept.jsonl
+check "--allow-empty" $? 0
+check "--allow-empty writes the empty output" "$(wc -c < kept.jsonl)" 0
 "$BIN" --help > help.txt
 check "--help" $? 0
 grep -q -- '--split' help.txt || fail "--help lacks --split"

@@ -451,6 +451,8 @@ class Kohya(Base):
                 ti.size = len(data)
                 t.addfile(ti, io.BytesIO(data))
         rc, _, err = run([self.p("s.tar"), "--format", "kohya", "-o", out])
+        self.assertEqual(rc, 1, err)  # every record skipped: exit 1, -o left as it was
+        rc, _, err = run([self.p("s.tar"), "--format", "kohya", "-o", out, "--allow-empty"])
         self.assertEqual((rc, json.loads(read(out))), (0, {}), err)
         self.assertEqual(skipped(err, "image inside a tar (sd-scripts reads image files only)"), 1)
 
@@ -518,13 +520,13 @@ class Kohya(Base):
                                                            "c": {"tags": "solo"}}))
         write(self.p("rm.json"), json.dumps({"replace_tags": {"solo": ""}}))
         rc, recs, err = run([self.p("e", "meta_cap_dd.json"), "--rules", self.p("rm.json")])
-        self.assertEqual(rc, 0, err)
+        self.assertEqual(rc, 1, err)  # every record skipped: an error
         self.assertEqual(recs, [])
         self.assertEqual(skipped(err, "empty caption"), 3)
         posts = self.p("p.jsonl")
         write(posts, json.dumps({"id": 5, "md5": "ab", "tag_string_general": "", "tag_string_character": ""}) + "\n")
         rc, recs, err = run([posts])
-        self.assertEqual((rc, recs), (0, []), err)
+        self.assertEqual((rc, recs), (1, []), err)
         self.assertEqual(skipped(err, "empty caption"), 1)
 
 
@@ -788,6 +790,41 @@ class FolderMessages(Base):
         self.assertEqual(rc, 0, err)
         self.assertEqual(read(out), b"")
 
+    def test_every_record_skipped_keeps_the_output(self):
+        """Images without captions (a plain folder, a kohya DreamBooth folder): every record
+        skipped is an error, as an empty source is: exit 1, -o untouched, the counts printed."""
+        for folder in ("plain", os.path.join("db", "5_sks dog")):
+            self.img(self.p(folder, "a.jpg"), 0)
+            self.img(self.p(folder, "b.jpg"), 1)
+        out = self.p("meta.jsonl")
+        write(out, "old\n")
+        for src in (self.p("plain"), self.p("db")):
+            rc, recs, err = run([src, "-o", out])
+            self.assertEqual(rc, 1, err)
+            self.assertIn("every record was skipped (reasons below); -o not written", err)
+            self.assertEqual(skipped(err, "missing caption"), 2, err)
+            self.assertEqual(read(out), b"old\n")
+        rc, recs, err = run([self.p("plain")])  # stdout: nothing written, exit 1 too
+        self.assertEqual((rc, recs), (1, []), err)
+        rc, recs, err = run([self.p("plain"), "-o", out, "--allow-empty"])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(read(out), b"")
+
+    def test_loss_masks_are_ignored_not_skipped(self):
+        """NAME_mask.png beside NAME.ext is a loss mask: ignored, counted, not a skipped record,
+        so --strict still passes."""
+        d = self.p("ds")
+        self.img(self.p("ds", "a.jpg"), 0)
+        write(self.p("ds", "a.txt"), "a")
+        self.img(self.p("ds", "a_mask.png"), 1)
+        rc, recs, err = run(["--strict", d])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([r["key"] for r in recs], ["a"])
+        self.assertIn("skipped 0", err)
+        self.assertIn("ignored (not errors; --verbose names them): 1", err)
+        self.assertEqual(skipped(err, "loss mask beside its image"), 1, err)
+        self.assertNotIn("warning", err)
+
     def test_write_failure_reports_what_was_written(self):
         write(self.p("posts.jsonl"), "".join(json.dumps(post(id=i + 1)) + "\n" for i in range(4)))
         with open("/dev/full", "wb") as full:
@@ -826,6 +863,31 @@ class Variants(Base):
         self.assertEqual(rc, 2, err)
         rc, _, err = run([d, "--caption-variants", "4", "--tag-dropout", "1.5"])
         self.assertEqual(rc, 2, err)
+        # kohya metadata holds one caption per image: variants refused, not dropped in silence
+        rc, _, err = run([d, "--caption-variants", "4", "--format", "kohya", "-o", self.p("k.json")])
+        self.assertEqual(rc, 2, err)
+        self.assertIn("--caption-variants 4 with --format kohya", err)
+        self.assertFalse(os.path.exists(self.p("k.json")))
+
+    def test_wildcards_without_variants(self):
+        """K = 1: a wildcard is trained as written, so each record holding one is noted and
+        counted; a .txt tag list is not cut inside {...} (no '{red collar' pieces)."""
+        d = self.folder()
+        self.img(self.p("ds", "t.jpg"), 3)
+        write(self.p("ds", "t.txt"), "dog, {red collar, sitting|blue collar}, smile\n")
+        rc, recs, err = run([d])
+        self.assertEqual(rc, 0, err)
+        a, b, c, t = recs
+        self.assertEqual(a["caption"], "1girl, solo, {red|blue|green} hair, smile, outdoors, tree a girl under a tree")
+        self.assertEqual(t["tags"]["general"], ["dog", "{red collar, sitting|blue collar}", "smile"])
+        self.assertEqual(t["caption"], "dog, {red collar, sitting|blue collar}, smile")
+        self.assertRegex(err, r"2\s+wildcard \{a\|b\} without --caption-variants")  # a and t; not b's lone '{'
+        self.assertIn("note " + os.path.join(d, "t.jpg") + " (key 't'; trained as written", err)
+        # with variants, the canonical caption takes each wildcard's first choice, and no such note
+        rc, recs, err = run([d, "--caption-variants", "4"])
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(recs[3]["caption"], "dog, red collar, sitting, smile")
+        self.assertNotIn("without --caption-variants", err)
 
     def test_variants(self):
         d = self.folder()

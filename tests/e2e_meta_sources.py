@@ -357,7 +357,7 @@ class NonUtf8Names(Base):
         write(os.fsdecode(d + b"/\xff\xfe/a.jpg"), JPEG)
         write(os.fsdecode(d + b"/\xff\xfe/a.txt"), "x")
         rc, recs, err = run([self.p("f"), "-v"])
-        self.assertEqual((rc, recs), (0, []), err)
+        self.assertEqual((rc, recs), (1, []), err)  # every record skipped: exit 1
         self.assertEqual(skipped(err, "file name not UTF-8"), 1, err)
         self.assertIn("\\xff\\xfe/a.jpg", err)
 
@@ -436,7 +436,7 @@ class EscapedParens(Base):
     def test_escaped_source_tags_match_every_rule(self):
         f = self.folder("cat \\(animal\\), solo")
         rc, recs, err = run([f, "--blacklist", "cat (animal)"])
-        self.assertEqual((rc, recs), (0, []), err)
+        self.assertEqual((rc, recs), (1, []), err)  # every record skipped: exit 1
         self.assertEqual(skipped(err, "blacklisted tag"), 1, err)
         rc, recs, err = run([f, "--rules", self.rules({"replace_tags": {"Cat_(animal)": "cat"}})])
         self.assertEqual(recs[0]["tags"]["general"], ["cat", "solo"], err)
@@ -575,7 +575,7 @@ class UnreadableEntries(Base):
         finally:
             os.close(fd)
         rc, recs, err = run([self.p("d"), "-v"])
-        self.assertEqual((rc, recs), (0, []), err)
+        self.assertEqual((rc, recs), (1, []), err)  # every record skipped: exit 1
         self.assertEqual(skipped(err, "unreadable directory entry"), 2, err)
         self.assertIn("File name too long", err)
 
@@ -720,7 +720,7 @@ class FlagsOverrideRules(Base):
 
     def test_zero_flags_override_the_rules_file(self):
         rc, recs, err = run([self.p("p.jsonl"), "-r", self.p("rules.json"), "--min-side", "0"])
-        self.assertEqual((rc, len(recs)), (0, 0), err)  # min_pixels still drops them all
+        self.assertEqual((rc, len(recs)), (1, 0), err)  # min_pixels still drops them all (exit 1)
         rc, recs, err = run([self.p("p.jsonl"), "-r", self.p("rules.json"), "--min-side", "0", "--min-pixels", "0",
                              "--val-every", "0", "--val-fraction", "0", "--shuffle-tags", "0"])
         self.assertEqual(rc, 0, err)

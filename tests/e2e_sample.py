@@ -271,7 +271,9 @@ class Sample(unittest.TestCase):
             {"prompt": "x", "width": 60},
             {"prompt": 3},
             "[1, 2]",
-            {"prompt": "ok two", "steps": 2, "width": 64, "height": 64}])
+            {"prompt": "ok two", "steps": 2, "width": 64, "height": 64},
+            {"promt": "a cat", "steps": 2, "width": 64, "height": 64},
+            {"steps": 2, "width": 64, "height": 64}])
         code, err = sh(SAMPLE, "--model", self.sd1, "--prompts", p, "-o", d)
         self.assertEqual(code, 0)
         self.assertIn("p-bad.jsonl:2: bad JSON", err)
@@ -280,11 +282,15 @@ class Sample(unittest.TestCase):
         self.assertIn("p-bad.jsonl:5: size not a multiple of 8", err)
         self.assertIn("p-bad.jsonl:6: field", err)
         self.assertIn("p-bad.jsonl:7: bad JSON", err)
-        self.assertIn("2 image(s) written", err)
-        self.assertIn("5 line(s) skipped (bad JSON 2, unknown sampler 1, size not a multiple of 8 1, other fields 1)",
+        # a misspelt key is named with its line, not rendered unconditional in silence
+        self.assertIn('p-bad.jsonl:9: unknown field ("promt" is not one of prompt', err)
+        # no "prompt" at all: rendered unconditional, with a warning naming the line
+        self.assertIn('p-bad.jsonl:10: no "prompt": rendered with the empty prompt', err)
+        self.assertIn("3 image(s) written", err)
+        self.assertIn("6 line(s) skipped (bad JSON 2, unknown sampler 1, size not a multiple of 8 1, other fields 2)",
                       err)
         # the file names follow the lines, so each image is found by its line
-        self.assertEqual(sorted(os.listdir(d)), ["00000.png", "00007.png", "contact.png"])
+        self.assertEqual(sorted(os.listdir(d)), ["00000.png", "00007.png", "00009.png", "contact.png"])
         code, _ = sh(SAMPLE, "--model", self.sd1, "--prompts", p, "-o", d, "--strict", ok=(1,))
 
     def test_usage_and_fatal_errors(self):
@@ -315,13 +321,14 @@ class Sample(unittest.TestCase):
         d = self.out("o-nan")
         p = jsonl(self.out("p-nan.jsonl"), [{"prompt": "a", "steps": 3, "width": 64, "height": 64},
                                              {"prompt": "b", "steps": 3, "width": 64, "height": 64}])
-        code, err = sh(SAMPLE, "--model", m, "--prompts", p, "-o", d)
+        # a failed image exits 1 (not only with --strict); with no image written, no contact sheet
+        code, err = sh(SAMPLE, "--model", m, "--prompts", p, "-o", d, ok=(1,))
         self.assertIn("00000.png (%s line 1)" % p, err)
         self.assertIn("00001.png (%s line 2)" % p, err)
         self.assertIn("step", err)
         self.assertIn("0 image(s) written", err)
         self.assertIn("2 failed", err)
-        self.assertEqual(sorted(os.listdir(d)), ["contact.png"])
+        self.assertEqual(sorted(os.listdir(d)), [])
         sh(SAMPLE, "--model", m, "--prompts", p, "-o", d, "--strict", ok=(1,))
 
 

@@ -143,6 +143,7 @@ int main(int argc, char **argv)
         {"plot", 0, SD_OPT_STR, &o.plot, "FILE", "write an SVG bar chart of bucket counts"},
         {"threads", 'j', SD_OPT_INT, &o.threads, "N", "worker threads (default: all CPUs)"},
         {"strict", 0, SD_OPT_FLAG, &o.strict, NULL, "exit 1 if any record was skipped"},
+        {"allow-empty", 0, SD_OPT_FLAG, &o.allow_empty, NULL, "when no record is bucketed (an empty input, or every record skipped), write the empty output and exit 0 (default: an error, -o and the parts left as they were, exit 1)"},
         {"quiet", 'q', SD_OPT_FLAG, &o.quiet, NULL, "only warnings and errors"},
         {"verbose", 'v', SD_OPT_FLAG, &o.verbose, NULL, "more detail; show every skipped record"},
         {NULL, 0, 0, NULL, NULL, NULL},
@@ -216,20 +217,30 @@ int main(int argc, char **argv)
     }
     for (int i = 0; !st && i < files.n; i++) st = bucket_run_file(&r, files.v[i], &err);
     sd_progress_finish(&r.prog);
+    /* no record out (an empty input, every record skipped): an empty output
+     * must not replace a good one unnoticed, as in sd-meta */
+    int none = !st && r.out == 0 && !o.allow_empty;
     if (o.split > 0) {
-        st = bucket_close_parts(&r, st, &err);
+        sd_status cst = bucket_close_parts(&r, none ? SD_EINVAL : st, &err); /* none: the parts dropped */
+        if (!none) st = cst;
     } else if (out.f) {
-        if (!st) st = sd_outfile_commit(&out, &err);
+        if (!st && !none) st = sd_outfile_commit(&out, &err);
         else sd_outfile_abort(&out);
     }
-    if (!st) st = bucket_finish_outputs(&r, r.part_counts, &err);
-    uint64_t skipped = r.tally.total;
+    if (!st) st = bucket_finish_outputs(&r, r.part_counts, &err); /* the summary by reason, --report, --plot */
+    uint64_t skipped = r.tally.total, in = r.in;
     free(r.part_counts);
     bucket_run_free(&r);
     sd_strlist_free(&files);
     if (st) {
         sd_log(SD_LOG_ERROR, "%s", err.msg);
         return SD_EXIT_FATAL;
+    }
+    if (none) {
+        sd_log(SD_LOG_ERROR, "%s; %s (--allow-empty writes an empty output)",
+               in ? "every record was skipped (reasons above)" : "the input holds no records",
+               o.output && strcmp(o.output, "-") != 0 ? "-o not written" : "nothing written");
+        return SD_EXIT_SKIPPED;
     }
     return o.strict && skipped ? SD_EXIT_SKIPPED : SD_EXIT_OK;
 }

@@ -35,8 +35,9 @@ static const char epilog[] =
     "          --image-root /data/danbooru posts.jsonl -o meta.jsonl\n"
     "  sd-meta --where 'pwatermark<=0.5' --where 'aesthetic>6' 'laion/{00000..00099}.tar'\n"
     "  sd-meta --caption-variants 8 --variant-shuffle --keep-tokens 1 --tag-dropout 0.1 photos/ -o meta.jsonl\n"
-    "      (up to 8 distinct captions per record in \"captions\": each line of a .txt/.caption, wildcards\n"
-    "      {a|b|c}, tokens after the first shuffled, each dropped at 10%; \"caption\" is the first, canonical one)";
+    "      (up to 8 distinct captions per record in \"captions\": each line of a .caption (a .txt stays one\n"
+    "      tag list, its lines separating tags), wildcards {a|b|c}, tokens after the first shuffled, each\n"
+    "      dropped at 10%; \"caption\" is the first, canonical one)";
 
 typedef struct {
     const char *out, *format, *rules, *source, *flavor;
@@ -225,6 +226,13 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
         sd_rules_free(&rules);
         return SD_EXIT_USAGE;
     }
+    if (fmt == SD_OUT_KOHYA && rules.variants.k > 1) {
+        /* a kohya meta_cap_dd.json holds one caption per image: the variants would vanish */
+        sd_cli_usage_error(cli, "--caption-variants %d with --format kohya: kohya metadata holds one caption per "
+                           "image (write jsonl for variants)", rules.variants.k);
+        sd_rules_free(&rules);
+        return SD_EXIT_USAGE;
+    }
     sd_arena cls_arena;
     sd_arena_init(&cls_arena, 1 << 16);
     sd_json *cls_map = NULL;
@@ -278,6 +286,11 @@ static int run_meta(const options *o, const sd_strlist *pos, const sd_cli *cli)
         sd_log(SD_LOG_ERROR, "nothing found in the source%s; %s (--allow-empty writes an empty output)",
                pos->n > 1 ? "s" : "", o->out && strcmp(o->out, "-") != 0 ? "-o not written" : "nothing written");
         status = SD_EXIT_SKIPPED;
+    } else if (status == SD_EXIT_OK && run.written == 0 && run.val_left_out == 0 && !o->allow_empty) {
+        /* every record skipped (no captions, a wrong rule): as wrong as an empty source */
+        sd_log(SD_LOG_ERROR, "every record was skipped (reasons below); %s (--allow-empty writes an empty output)",
+               o->out && strcmp(o->out, "-") != 0 ? "-o not written" : "nothing written");
+        status = SD_EXIT_SKIPPED;
     }
     int via_temp = out.tmp != NULL; /* a regular file: written whole or not at all */
     if (status == SD_EXIT_OK && sd_outfile_commit(&out, &err)) {
@@ -322,7 +335,7 @@ int main(int argc, char **argv)
     double min_score = -1e300, abs_min_score = -1e300;
     const sd_opt opts[] = {
         {"output", 'o', SD_OPT_STR, &o.out, "FILE", "write here (atomically) instead of stdout; a new file gets 0666 less the umask, a replaced one keeps its mode, a symlink's target is replaced"},
-        {"format", 0, SD_OPT_STR, &o.format, "jsonl|kohya", "output format (default jsonl); kohya: one meta_cap_dd.json object, the finished caption in caption and tags empty (val records and images inside tars left out)"},
+        {"format", 0, SD_OPT_STR, &o.format, "jsonl|kohya", "output format (default jsonl); kohya: one meta_cap_dd.json object, the finished caption in caption and tags empty (val records and images inside tars left out; --caption-variants K > 1 refused: one caption per image)"},
         {"source", 0, SD_OPT_STR, &o.source, "KIND", "folder|tree|metatree|booru|kohya|wds (default: detect)"},
         {"rules", 'r', SD_OPT_STR, &o.rules, "FILE", "JSON rules file (docs/FORMATS.md)"},
         {"blacklist", 0, SD_OPT_LIST, &o.blacklist, "TAGS", "drop records with any of these tags (comma list)"},
@@ -340,7 +353,7 @@ int main(int argc, char **argv)
         {"shuffle-tags", 0, SD_OPT_DOUBLE, &o.shuffle_p, "P", "shuffle caption tokens of a fraction P of records"},
         {"keep-tokens", 0, SD_OPT_INT, &o.keep_tokens, "N", "leading caption tokens never shuffled"},
         {"seed", 0, SD_OPT_INT, &o.seed, "N", "seed for shuffles and the hash split"},
-        {"caption-variants", 0, SD_OPT_INT, &o.variants, "K", "write up to K (1..64) distinct captions per record in \"captions\" (default 1: none, \"caption\" only): each line of a multi-line caption, wildcards {a|b|c}, and with the options below shuffled and dropped tokens; \"caption\" holds the first"},
+        {"caption-variants", 0, SD_OPT_INT, &o.variants, "K", "write up to K (1..64) distinct captions per record in \"captions\" (default 1: none, \"caption\" only): each line of a multi-line caption (a .caption file, not a .txt: that stays tags), wildcards {a|b|c}, and with the options below shuffled and dropped tokens; \"caption\" holds the first (K = 1: a wildcard stays as written, each record with one noted)"},
         {"variant-shuffle", 0, SD_OPT_FLAG, &o.variant_shuffle, NULL, "variants: shuffle the tokens after --keep-tokens (kohya's shuffle_caption)"},
         {"tag-dropout", 0, SD_OPT_DOUBLE, &o.tag_dropout, "R", "variants: drop each token after --keep-tokens with probability R (kohya's caption_tag_dropout_rate; default 0)"},
         {"variant-seed", 0, SD_OPT_INT, &o.variant_seed, "N", "variants: seed of their draws (default 0); the same key and seed give the same variants"},
@@ -354,7 +367,7 @@ int main(int argc, char **argv)
         {"no-extra", 0, SD_OPT_FLAG, &o.no_extra, NULL, "do not pass the source's other fields through"},
         {"threads", 'j', SD_OPT_INT, &o.threads, "N", "worker threads (default, or 0: all cores)"},
         {"strict", 0, SD_OPT_FLAG, &o.strict, NULL, "exit 1 if any record was skipped"},
-        {"allow-empty", 0, SD_OPT_FLAG, &o.allow_empty, NULL, "when the sources hold nothing at all, write the empty output and exit 0 (default: warn, leave -o as it was, exit 1)"},
+        {"allow-empty", 0, SD_OPT_FLAG, &o.allow_empty, NULL, "when the sources hold nothing at all or every record is skipped, write the empty output and exit 0 (default: an error, -o left as it was, exit 1)"},
         {"quiet", 'q', SD_OPT_FLAG, &o.quiet, NULL, "only errors and the final summary"},
         {"verbose", 'v', SD_OPT_FLAG, &o.verbose, NULL, "report every skipped record"},
         {NULL, 0, 0, NULL, NULL, NULL}};

@@ -32,7 +32,8 @@ int main(int argc, char **argv)
         {"text-config-2", 0, SD_OPT_STR, &o.src.text_config[1], "FILE", "the same for SDXL's second text encoder"},
         {"prompts", 0, SD_OPT_STR, &o.prompts, "FILE.jsonl",
          "one JSON object per line with any of prompt, negative, seed, steps, cfg, sampler, width, height; a "
-         "field left out takes the value of the option of its name below"},
+         "field left out takes the value of the option of its name below; a line with another key (a typo such as "
+         "\"promt\") is skipped, named and counted"},
         {"output", 'o', SD_OPT_STR, &o.output, "DIR", "where the images go (created if missing)"},
         {"prompt", 0, SD_OPT_STR, &o.defaults.prompt, "TEXT", "the prompt without --prompts (default \"\")"},
         {"negative", 0, SD_OPT_STR, &o.defaults.negative, "TEXT",
@@ -53,7 +54,7 @@ int main(int argc, char **argv)
         {"device", 0, SD_OPT_STR, &o.device, "DEV", "cpu (default) or cuda:K: everything on GPU K"},
         {"threads", 'j', SD_OPT_INT, &threads, "N", "CPU threads (default: all CPUs); the images do not depend on it"},
         {"no-contact-sheet", 0, SD_OPT_FLAG, &no_contact, NULL, "do not write DIR/contact.png"},
-        {"strict", 0, SD_OPT_FLAG, &o.strict, NULL, "exit 1 when a line was skipped or an image failed"},
+        {"strict", 0, SD_OPT_FLAG, &o.strict, NULL, "exit 1 when a line was skipped too (an image that failed always gives exit 1)"},
         {"quiet", 'q', SD_OPT_FLAG, &quiet, NULL, "only warnings and errors"},
         {"verbose", 'v', SD_OPT_FLAG, &verbose, NULL, "debug messages"},
         {NULL, 0, 0, NULL, NULL, NULL}};
@@ -64,9 +65,11 @@ int main(int argc, char **argv)
                   "continues the same generator), the sampler with classifier-free guidance, the VAE decoder. "
                   "Each line of --prompts (or the one --prompt) gives DIR/NNNNN.png, NNNNN the line's 0-based "
                   "number, holding its settings in a `parameters` text chunk as A1111 writes it, and DIR/contact.png "
-                  "shows them all in a grid. A bad line (named by its number) is skipped and counted; an image whose "
-                  "latents become non-finite (the step named) fails alone; the run goes on and ends with a "
-                  "summary by reason.",
+                  "shows them all in a grid (not written when no image was). A bad line (named by its number; a key "
+                  "other than those of --prompts included) is skipped and counted; a line without \"prompt\" is "
+                  "rendered unconditional with a warning; an image whose latents become non-finite (the step "
+                  "named) fails alone; the run goes on and ends with a summary by reason. Exit 1 when an image "
+                  "failed (or, with --strict, a line was skipped).",
                   opts,
                   "Examples:\n"
                   "  sd-sample --model sd15/ --prompt 'a red bicycle' --seed 1 -o out/\n"

@@ -50,12 +50,30 @@ static const char *take_whole(const sd_json *root, const char *key, double lo, d
     return NULL;
 }
 
-/* The line's fields over def; a reason when one is missing its type or
- * range (the job's strings are then freed by the caller). */
+/* A key the line format does not know ("promt") would be dropped without a
+ * word and its image rendered from the defaults: the reason, else NULL. */
+static const char *unknown_key(const sd_json *root, char *why, size_t cap)
+{
+    static const char *const known[] = {"prompt", "negative", "seed", "steps", "cfg", "sampler", "width", "height"};
+    for (const sd_json *c = root->child; c; c = c->next) {
+        size_t i = 0;
+        while (i < sizeof known / sizeof *known && strcmp(c->key, known[i])) i++;
+        if (i == sizeof known / sizeof *known) {
+            snprintf(why, cap, "\"%.60s\" is not one of prompt, negative, seed, steps, cfg, sampler, width, height",
+                     c->key);
+            return "unknown field";
+        }
+    }
+    return NULL;
+}
+
+/* The line's fields over def; a reason when one is unknown or missing its
+ * type or range (the job's strings are then freed by the caller). */
 static const char *fields(const sd_json *root, sd_sample_job *j, char *why, size_t cap)
 {
     const char *r;
     double d;
+    if ((r = unknown_key(root, why, cap))) return r;
     if ((r = take_str(root, "prompt", &j->prompt, why, cap)) || (r = take_str(root, "negative", &j->negative, why, cap)))
         return r;
     if ((r = take_whole(root, "seed", 0, SD_SAMPLE_SEED_MAX, &d, why, cap))) return r;
@@ -113,6 +131,8 @@ const char *sd_sample_parse_line(char *text, size_t len, const sd_sample_job *de
         r = "bad JSON";
     } else {
         r = fields(root, out, why, cap);
+        if (!r && !sd_json_get(root, "prompt") && !out->prompt[0])
+            snprintf(why, cap, "no \"prompt\": rendered with the empty prompt (unconditional)");
     }
     sd_arena_free(&a);
     if (r) {
@@ -173,6 +193,7 @@ sd_status sd_sample_read_prompts(const char *path, const char *what, const sd_sa
                 sd_log(SD_LOG_WARN, "%s:%ld: %s (%s): line skipped", path, line, r, why);
                 count_skip(skips, r);
             } else {
+                if (why[0]) sd_log(SD_LOG_WARN, "%s:%ld: %s", path, line, why);
                 (*jobs)[*n].line = line;
                 (*n)++;
             }

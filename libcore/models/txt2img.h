@@ -54,7 +54,9 @@ typedef struct {
 sd_status sd_sample_read_prompts(const char *path, const char *what, const sd_sample_job *def, sd_sample_job **jobs,
                                  size_t *n, sd_sample_skips *skips, sd_error *err);
 /* One JSONL line (text is modified in place) over def into *out; NULL on
- * success, else the reason (why holds the details, cap bytes). */
+ * success, else the reason (why holds the details, cap bytes). A key other
+ * than the job's fields is refused ("unknown field"); a line without
+ * "prompt" (and an empty default) succeeds with a note left in why. */
 const char *sd_sample_parse_line(char *text, size_t len, const sd_sample_job *def, sd_sample_job *out, char *why,
                                  size_t cap);
 /* Whether a size is usable: a multiple of 8 from 8 to 8192 (0: default). */

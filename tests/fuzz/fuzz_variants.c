@@ -43,6 +43,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int j = 0; j < i; j++)
             if (!strcmp(out[i], out[j])) abort();
     }
+    /* a wildcard needs a '{' and a '|' (the scan itself runs under the sanitizers) */
+    for (int i = 0; i < nb; i++)
+        if (sd_caption_has_wildcard(bases[i]) && (!strchr(bases[i], '{') || !strchr(bases[i], '|'))) abort();
     sd_buf_free(&sc[0]);
     sd_buf_free(&sc[1]);
     sd_arena_free(&a);

@@ -24,7 +24,7 @@
 typedef struct {
     const char *plan, *resolution, *buckets, *output, *report, *plot, *root;
     long min_bucket, max_bucket, steps, min_res, max_res, split, seed, threads;
-    int no_upscale, upscale, strict, quiet, verbose, read_sizes;
+    int no_upscale, upscale, strict, quiet, verbose, read_sizes, allow_empty;
 } bucket_opts;
 
 /* Buckets seen so far, in first-seen order, with an open-addressing index. */

@@ -159,7 +159,7 @@ static int run_jobs(const sample_opts *o, sd_sample_model *m, sd_sample_job *job
     }
     sd_progress_finish(&r.prog);
     int rc = 0;
-    if (o->contact && n) {
+    if (o->contact && *failed < n) { /* a sheet of dark cells only would pass for a result */
         sd_error e = {0};
         if (write_sheet(o->output, n, rgb, ws, hs, &e)) {
             sd_log(SD_LOG_ERROR, "%s/contact.png: %s", o->output, e.msg);
@@ -192,7 +192,8 @@ int sample_run(const sample_opts *o)
                "%zu image(s) written to %s, %zu failed; %zu line(s) skipped (bad JSON %zu, unknown sampler %zu, size "
                "not a multiple of 8 %zu, other fields %zu)", n - failed, o->output, failed, skipped, sk.bad_json,
                sk.bad_sampler, sk.bad_size, sk.bad_field);
-        rc = (failed || skipped) && o->strict ? SD_EXIT_SKIPPED : SD_EXIT_OK;
+        /* a failed image is a result missing: 1 always; a skipped line only with --strict */
+        rc = failed || (skipped && o->strict) ? SD_EXIT_SKIPPED : SD_EXIT_OK;
     }
     sd_sample_model_close(&m);
     close_backend(o, exec);
