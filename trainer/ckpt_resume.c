@@ -377,7 +377,7 @@ static sd_status resume_from(sd_trainer *tr, const char *ck, sd_error *err)
         }
     }
     sd_train_w16_f32_done(tr, rc == SD_OK); /* bf16 weights: what was read, rounded in */
-    memset(tr->grad, 0, n * sizeof(float));
+    if (tr->grad) memset(tr->grad, 0, n * sizeof(float));
     tr->dev_stale = tr->cuda != NULL; /* a GPU run uploads the loaded state before its next step */
     tr->host_stale = 0;
     sd_st_close(st);
@@ -406,8 +406,9 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
     if (strlen(dir) > PATH_CAP - 128) return sd_err_set(err, SD_EINVAL, "checkpoint path too long: %s", dir);
     sd_status rc = resolve(dir, ck, name, err);
     if (!rc) {
-        sd_train_w16_f32(tr); /* bf16 weights: read as fp32 into the gradient buffer, then rounded in */
-        rc = resume_from(tr, ck, err);
+        /* bf16 weights: read as fp32 into the gradient buffer, then rounded in */
+        rc = sd_train_w16_f32(tr, err);
+        if (!rc) rc = resume_from(tr, ck, err);
         sd_train_w16_f32_done(tr, 0); /* where resume_from returned early */
     }
     if (!rc || rc == SD_EINVAL || !name[0] || tr->rank != 0) return rc;
