@@ -65,11 +65,13 @@ static int tensor_done(void *ctx, size_t off, const float *g, size_t n)
     return 0;
 }
 
-/* The backward of one pass with the updates fused in (loss * grad_scale's
- * gradient, the step's single micro-batch); the scratch grown to the
- * plan's largest op. A stop marks the step broken. */
-void sd_train_fused_pass(sd_trainer *tr, const sd_unet_wts *w, float *act)
+/* The backward of the pass sd_train_pass just ran forward (its output
+ * gradient in place) with the updates fused in, the step's single
+ * micro-batch; the scratch grown to the plan's largest op. A stop marks
+ * the step broken. */
+void sd_train_fused_pass(sd_trainer *tr)
 {
+    sd_unet_wts w = sd_train_wts(tr);
     size_t need = sd_unet_fused_scratch(&tr->unet, &tr->g);
     if (need > tr->fgrad_cap) {
         float *p = realloc(tr->fgrad, need * sizeof(float));
@@ -84,7 +86,7 @@ void sd_train_fused_pass(sd_trainer *tr, const sd_unet_wts *w, float *act)
     tr->fused_ss = 0;
     tr->fused_lr = sd_lr_at(&tr->o.lr, tr->step);
     sd_unet_fuse f = {tr->fgrad, tensor_done, tr};
-    if (sd_unet_backward_fused(&tr->unet, &tr->g, tr->be, tr->exec, w, act, tr->d_dact, tr->d_dout, NULL, &f))
+    if (sd_unet_backward_fused(&tr->unet, &tr->g, tr->be, tr->exec, &w, tr->d_act, tr->d_dact, tr->d_dout, NULL, &f))
         tr->fused_broken = 1;
 }
 

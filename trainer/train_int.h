@@ -36,7 +36,8 @@ void sd_train_push_state(sd_trainer *tr);
  * compare with the target (made from noise), each squared error weighted by
  * mask [n, h, w] (all channels of a latent pixel alike) when not NULL; with
  * backward, add the gradient of loss * grad_scale into the backend's
- * gradient. */
+ * gradient (with --fused-backward only the output's gradient is set: the
+ * step then runs sd_train_fused_pass). */
 sd_status sd_train_pass(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
                         const float *text, const float *tids, const float *noise, const float *noise_in, const int *t,
                         const float *mask, double grad_scale, int backward, double *loss, sd_error *err);
@@ -59,7 +60,7 @@ void sd_train_update_tensor(sd_trainer *tr, size_t t, const float *g, double lr,
  * (NaN when a gradient was not finite: tr->fused_broken then says the
  * model is half-updated), the step counted. */
 sd_status sd_train_fused_open(sd_trainer *tr, sd_error *err);
-void sd_train_fused_pass(sd_trainer *tr, const sd_unet_wts *w, float *act);
+void sd_train_fused_pass(sd_trainer *tr);
 void sd_train_fused_finish(sd_trainer *tr, double *gnorm);
 /* Whether every weight is finite (*finite). */
 sd_status sd_train_weights_finite(sd_trainer *tr, int *finite, sd_error *err);

@@ -2,7 +2,6 @@
  * inputs noised and put on the backend, the loss and the backward pass. */
 #include "train.h"
 
-#include <math.h>
 #include <stdlib.h>
 
 #include "log.h"
@@ -209,12 +208,8 @@ sd_status sd_train_pass(sd_trainer *tr, int n, int h, int w, int tctx, const flo
     }
     *loss = total / (double)tot;
     if (!backward) return SD_OK;
-    if (tr->o.fused_backward && !isfinite(*loss)) return SD_OK; /* stopped before any tensor is updated */
     sd_train_put(tr, tr->d_dout, tr->dout, tot);
-    if (tr->o.fused_backward) {
-        sd_train_fused_pass(tr, &wts, act);
-        return SD_OK;
-    }
+    if (tr->o.fused_backward) return SD_OK; /* the step runs the fused backward (sd_train_fused_pass) */
     sd_unet_backward_wts(&tr->unet, g, tr->be, tr->exec, &wts, act, tr->d_dact, tr->d_dout, tr->d_grad);
     return tr->cuda ? tr->be->sync(tr->exec, err) : SD_OK;
 }

@@ -88,6 +88,8 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
                       c->text_time ? b->tids : NULL, tr->noise, tr->o.input_perturbation > 0 ? tr->noise_in : NULL,
                       tr->t, lo.masked ? b->mask : NULL, 1.0 / slots, 1, &l, err);
             if (rc) return rc;
+            /* --fused-backward: the backward with each tensor's update, never after a non-finite loss */
+            if (tr->o.fused_backward && isfinite(l)) sd_train_fused_pass(tr);
             red[0] += 1;
             red[1] += l;
             red[2] += b->n;
