@@ -8,9 +8,11 @@
 # 128, 256, 512, 512; cross_attention_dim 768; 142M parameters) at 256x256
 # (32x32 latents) with AdamW, AdamW + EMA, 8-bit AdamW, and Adafactor with
 # gradient checkpointing, then AdamW, 8-bit AdamW and Adafactor (checkpointed)
-# with --weight-dtype bf16. Then the SDXL base UNet's plans at 1024x1024,
+# with --weight-dtype bf16, then AdamW and bf16 Adafactor with
+# --fused-backward. Then the SDXL base UNet's plans at 1024x1024,
 # batch 1, checkpointed, for adamw, adamw8bit and adafactor with fp32 and
-# bf16 weights (no weights are allocated for a plan; nothing is trained),
+# bf16 weights, and bf16 weights with --fused-backward (no weights are
+# allocated for a plan; nothing is trained),
 # and the GPU plan of AdamW against
 # --gpu-memory-limit 24 (not measured: no GPU ran it).
 # Needs about 3 GB of memory and 3 minutes on 2 cores.
@@ -70,6 +72,9 @@ measure "SD1.5 half width, 256^2, bf16 w, adamw8bit" "$T/sd15_half.json" "$T/mid
     --optimizer adamw8bit
 measure "SD1.5 half width, 256^2, bf16 w, adafactor, ckpt" "$T/sd15_half.json" "$T/mid.shard" --weight-dtype bf16 \
     --optimizer adafactor --gradient-checkpointing
+measure "SD1.5 half width, 256^2, adamw, fused" "$T/sd15_half.json" "$T/mid.shard" --fused-backward
+measure "SD1.5 half width, 256^2, bf16 w, adafactor, ckpt, fused" "$T/sd15_half.json" "$T/mid.shard" \
+    --weight-dtype bf16 --optimizer adafactor --gradient-checkpointing --fused-backward
 echo
 echo "SDXL base UNet, 1024x1024 (128x128 latents), batch 1, gradient checkpointing: plans only (GiB)"
 gib() { python3 -c 'import json, sys
@@ -83,6 +88,11 @@ for wd in fp32 bf16; do
         "$B/tools/sd-train" --unet-config "$T/sdxl.json" --memory-plan --gradient-checkpointing --optimizer "$opt" \
             --weight-dtype "$wd" -j "$TH" "$T/xl.shard" | gib
     done
+done
+for opt in adamw8bit adafactor; do
+    echo -n "cpu $opt, --weight-dtype bf16, --fused-backward: "
+    "$B/tools/sd-train" --unet-config "$T/sdxl.json" --memory-plan --gradient-checkpointing --optimizer "$opt" \
+        --weight-dtype bf16 --fused-backward -j "$TH" "$T/xl.shard" | gib
 done
 for mom in fp32 bf16; do
     echo -n "cuda:0 adamw, --adam-moments $mom, --gpu-memory-limit 24: "

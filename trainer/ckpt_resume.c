@@ -79,6 +79,18 @@ static sd_status read_flat(const sd_safetensors *st, const char *name, float *ds
     return rc;
 }
 
+/* A bf16 run's own params (BF16, flat, n values) read straight into its
+ * bf16 weights (exact); 0 when the state holds something else, which then
+ * goes through an fp32 view (sd_train_w16_f32). */
+static int read_w16_direct(sd_trainer *tr, const sd_safetensors *st, size_t n)
+{
+    const sd_st_tensor *b = sd_st_find(st, "params");
+    if (!tr->w16 || !b || b->dtype != SD_ST_BF16 || b->ndim != 1 || b->shape[0] != n) return 0;
+    const unsigned char *d = b->data;
+    for (size_t i = 0; i < n; i++) tr->w16[i] = (uint16_t)(d[2 * i] | d[2 * i + 1] << 8);
+    return 1;
+}
+
 /* Resolve dir (a checkpoint, or an output directory with latest) into out
  * (PATH_CAP bytes); name gets what latest holds, "" without one. */
 static sd_status resolve(const char *dir, char *out, char name[128], sd_error *err)
@@ -317,7 +329,14 @@ static sd_status resume_from(sd_trainer *tr, const char *ck, sd_error *err)
         sd_train_moments_convert(tr->m, tr->o.moments, tm->data, mdt, n);
         sd_train_moments_convert(tr->v, tr->o.moments, tv->data, mdt, n);
     }
-    if (!rc && sd_st_find(st, "params")) {
+    /* bf16 weights: their own params straight in, anything else read as fp32
+     * into the (zero) gradient buffer, or a temporary one with
+     * --fused-backward, and rounded in at the end */
+    int direct = !rc && read_w16_direct(tr, st, n);
+    if (!rc && !direct) rc = sd_train_w16_f32(tr, err);
+    if (rc || direct) {
+        /* the weights are in, or an error */
+    } else if (sd_st_find(st, "params")) {
         rc = read_flat(st, "params", tr->unet.w.data, n, p, err);
     } else if (!rc) {
         /* fp32 unet/ holds the master weights exactly */
@@ -377,7 +396,7 @@ static sd_status resume_from(sd_trainer *tr, const char *ck, sd_error *err)
         }
     }
     sd_train_w16_f32_done(tr, rc == SD_OK); /* bf16 weights: what was read, rounded in */
-    memset(tr->grad, 0, n * sizeof(float));
+    if (tr->grad) memset(tr->grad, 0, n * sizeof(float));
     tr->dev_stale = tr->cuda != NULL; /* a GPU run uploads the loaded state before its next step */
     tr->host_stale = 0;
     sd_st_close(st);
@@ -406,7 +425,6 @@ sd_status sd_train_resume(sd_trainer *tr, const char *dir, sd_error *err)
     if (strlen(dir) > PATH_CAP - 128) return sd_err_set(err, SD_EINVAL, "checkpoint path too long: %s", dir);
     sd_status rc = resolve(dir, ck, name, err);
     if (!rc) {
-        sd_train_w16_f32(tr); /* bf16 weights: read as fp32 into the gradient buffer, then rounded in */
         rc = resume_from(tr, ck, err);
         sd_train_w16_f32_done(tr, 0); /* where resume_from returned early */
     }

@@ -486,8 +486,8 @@ static sd_status save_full(sd_trainer *tr, const char *dir, sd_error *err)
     if (rc) return rc;
     char p[PATH_CAP];
     sd_train_pjoin(p, dir, "full.safetensors");
-    sd_train_w16_f32(tr); /* bf16 weights: widened into the (zero) gradient buffer */
-    rc = sd_full_ckpt_write(p, &tr->unet, tr->unet.w.data, &parts, tr->o.save_dtype, err);
+    rc = sd_train_w16_f32(tr, err); /* bf16 weights: widened into the (zero) gradient buffer */
+    if (!rc) rc = sd_full_ckpt_write(p, &tr->unet, tr->unet.w.data, &parts, tr->o.save_dtype, err);
     sd_train_w16_f32_done(tr, 0);
     sd_train_pjoin(p, dir, "full_ema.safetensors");
     if (!rc && tr->ema) rc = sd_full_ckpt_write(p, &tr->unet, tr->ema, &parts, tr->o.save_dtype, err);

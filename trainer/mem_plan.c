@@ -69,6 +69,13 @@ static void step_buffers(const sd_mem_plan *p, int device, int ema_host, size_t 
     out[6] = p->io;
 }
 
+/* The planning walk's stand-in for the fused update: nothing to do. */
+static int plan_done(void *ctx, size_t off, const float *grad, size_t n)
+{
+    (void)ctx, (void)off, (void)grad, (void)n;
+    return 0;
+}
+
 /* Walk the step's forward and backward on the planning backend over
  * buffers it hands out; the peak is the allocator's arithmetic. */
 static sd_status walk_step(const sd_train_opts *o, const sd_unet *u, const sd_unet_graph *g, sd_mem_plan *p,
@@ -93,7 +100,13 @@ static sd_status walk_step(const sd_train_opts *o, const sd_unet *u, const sd_un
         return sd_err_set(err, SD_ENOMEM, "memory plan: the reserved range is too small");
     }
     sd_unet_forward(u, g, be, &x, w, act);
-    sd_unet_backward(u, g, be, &x, w, act, dact, dout, grad);
+    if (o->fused_backward) { /* the parameter gradients into the per-op scratch alone */
+        sd_unet_wts wts = {w, NULL, NULL};
+        sd_unet_fuse f = {grad, plan_done, NULL};
+        (void)sd_unet_backward_fused(u, g, be, &x, &wts, act, dact, dout, NULL, &f);
+    } else {
+        sd_unet_backward(u, g, be, &x, w, act, dact, dout, grad);
+    }
     p->op_scratch = x.scratch;
     *peak = x.peak_total;
     sd_plan_exec_free(&x);
@@ -143,6 +156,8 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     rc = sd_unet_plan(u, p->batch, p->latent_h, p->latent_w, p->tokens, o->checkpointing, &g, err);
     if (rc) return rc;
     size_t io = (size_t)p->batch * (size_t)c->in_channels * (size_t)p->latent_h * (size_t)p->latent_w;
+    /* --fused-backward: the per-op scratch sd_train_fused_pass allocates */
+    if (o->fused_backward) p->gradients = sd_unet_fused_scratch(u, &g) * sizeof(float);
     p->graph_act = g.nact * sizeof(float);
     p->graph_dact = g.ndact * sizeof(float);
     /* the backend's output gradient: dout itself on the CPU, a device buffer on a GPU */
@@ -174,6 +189,15 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     /* the walk's peak is every buffer it was handed plus its largest op's
      * scratch, each rounded as the allocator rounds */
     p->total = peak + host_io + p->conv_workspace + w16_scratch + p->process;
+    /* bf16 weights: sd_trainer_open holds the fp32 model beside its bf16
+     * rounding for a moment (train_w16.c); without a gradient buffer
+     * (--fused-backward) that moment can be the run's peak. The optimizer
+     * state is allocated zeroed by then and not yet touched (not resident:
+     * measured, bench_mem_plan.sh) */
+    if (o->weight_dtype == SD_DT_BF16 && !device) {
+        p->start = sd_weights_bytes(&u->w) + p->weights + p->process;
+        if (p->start > p->total) p->total = p->start;
+    }
     judge(o, host, device_total, p);
     return SD_OK;
 }

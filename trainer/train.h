@@ -85,6 +85,11 @@ typedef struct {
     int checkpointing; /* gradient checkpointing: recompute resnets and transformer blocks in the backward */
     int nccl; /* GPU: sum gradients over NCCL even in a world of one (a check of the path) */
     int zero1; /* CPU ranks: shard the AdamW moments across ranks (ZeRO stage 1) */
+    /* --fused-backward: each tensor updated as soon as the backward has its
+     * gradient, in a scratch of the largest op's size (no gradient buffer of
+     * the model; CPU, one process, no accumulation; clipping per tensor) */
+    int fused_backward;
+    int clip_per_tensor; /* --clip-per-tensor: --max-grad-norm per tensor (the fused path's clipping) */
     int moments; /* SD_DT_F32 (default) or SD_DT_BF16: how the AdamW moments are stored */
     int weight_dtype; /* SD_DT_F32 (default) or SD_DT_BF16: the trainable weights (train_w16.c; CPU, AdamW) */
     sd_optimizer optimizer; /* AdamW (default), 8-bit AdamW or Adafactor (optim.h) */
@@ -172,6 +177,14 @@ typedef struct {
     float *upd, *wscr;
     void *desc; /* adamw8bit, adafactor: a group's tensor descriptors */
     size_t wscr_cap;
+    /* --fused-backward: the per-op gradient scratch, which tensors this
+     * step updated, the step's sum of squares and rate, and whether a
+     * non-finite gradient stopped it with the model half-updated */
+    float *fgrad;
+    size_t fgrad_cap;
+    unsigned char *fdone;
+    double fused_ss, fused_lr;
+    int fused_broken;
     FILE *metrics;
     sd_tb tb; /* TensorBoard scalars and sample images, when o.tensorboard (rank 0) */
     sd_train_samples *samples; /* rank 0 with o.sample_prompts, from the run's start; else NULL */
@@ -191,6 +204,10 @@ typedef struct {
     int stop_told;    /* the stop request was acknowledged in the log */
     int graph_logged; /* the first graph plan was logged (the later ones at debug level) */
 } sd_trainer;
+
+/* Why --fused-backward cannot run with these options (accum: --accum),
+ * NULL when it can (train_fused.c). */
+const char *sd_train_fused_refusal(const sd_train_opts *o, long accum);
 
 /* Defaults as diffusers' train_text_to_image.py: lr 1e-4 constant, AdamW
  * betas (0.9, 0.999), eps 1e-8, weight decay 1e-2, clipping at 1.0,

@@ -36,7 +36,8 @@ void sd_train_push_state(sd_trainer *tr);
  * compare with the target (made from noise), each squared error weighted by
  * mask [n, h, w] (all channels of a latent pixel alike) when not NULL; with
  * backward, add the gradient of loss * grad_scale into the backend's
- * gradient. */
+ * gradient (with --fused-backward only the output's gradient is set: the
+ * step then runs sd_train_fused_pass). */
 sd_status sd_train_pass(sd_trainer *tr, int n, int h, int w, int tctx, const float *x0, const float *ctx,
                         const float *text, const float *tids, const float *noise, const float *noise_in, const int *t,
                         const float *mask, double grad_scale, int backward, double *loss, sd_error *err);
@@ -48,6 +49,19 @@ sd_status sd_train_grad_norm_local(sd_trainer *tr, double *norm, sd_error *err);
 /* AdamW at the scheduled rate, clipped for norm, then the gradients zeroed,
  * the step counted and the EMA updated. */
 void sd_train_apply_norm(sd_trainer *tr, double norm);
+/* After every tensor's update: the step counted, the EMA. */
+void sd_train_after_update(sd_trainer *tr);
+/* Slot t's update with its gradient g read times gscale at rate lr (the
+ * fused and the per-tensor-clipped paths). */
+void sd_train_update_tensor(sd_trainer *tr, size_t t, const float *g, double lr, double gscale);
+/* --fused-backward (train_fused.c): the scratch, descriptors and flags
+ * (open); the fused backward of one pass; the step's end: tensors no op
+ * reached updated with a zero gradient, *gnorm from the per-tensor sums
+ * (NaN when a gradient was not finite: tr->fused_broken then says the
+ * model is half-updated), the step counted. */
+sd_status sd_train_fused_open(sd_trainer *tr, sd_error *err);
+void sd_train_fused_pass(sd_trainer *tr);
+void sd_train_fused_finish(sd_trainer *tr, double *gnorm);
 /* Whether every weight is finite (*finite). */
 sd_status sd_train_weights_finite(sd_trainer *tr, int *finite, sd_error *err);
 /* ZeRO-1: the gradient's norm over every rank's own segments, and the
@@ -67,11 +81,13 @@ size_t sd_train_w16_desc_bytes(const sd_train_opts *o, const sd_weights *w);
 void sd_train_w16_widen(float *dst, const uint16_t *src, size_t n);
 void sd_train_w16_narrow(sd_trainer *tr, const float *src);
 sd_status sd_train_w16_open(sd_trainer *tr, sd_error *err);
-void sd_train_w16_f32(sd_trainer *tr);
+sd_status sd_train_w16_f32(sd_trainer *tr, sd_error *err);
 void sd_train_w16_f32_done(sd_trainer *tr, int narrow);
 sd_unet_wts sd_train_wts(const sd_trainer *tr);
 void sd_train_w16_adamw(sd_trainer *tr, sd_adamw_args *a);
+void sd_train_w16_adamw_range(sd_trainer *tr, sd_adamw_args *a, size_t lo, size_t n, const float *g);
 void sd_train_w16_other(sd_trainer *tr, double lr, double gscale);
+void sd_train_w16_other_group(sd_trainer *tr, double lr, double gscale, size_t t0, size_t t1, const float *g);
 void sd_train_w16_ema(sd_trainer *tr, float rate);
 int sd_train_w16_finite(const sd_trainer *tr);
 

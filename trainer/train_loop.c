@@ -118,6 +118,13 @@ sd_status sd_train_run(sd_trainer *tr, volatile sig_atomic_t *stop, sd_error *er
                 return sd_err_set(err, SD_ERANGE, "non-finite %s at step %ld after non-finite weights", what,
                                   tr->step + 1);
             }
+            if (tr->fused_broken) { /* --fused-backward: tensors before it were updated already */
+                sd_log(SD_LOG_ERROR, "a parameter gradient is not finite at step %ld (loss %g) with "
+                       "--fused-backward: the tensors reached before it are updated already, so this state is not "
+                       "saved; the checkpoints already in %s stay as they are", tr->step + 1, loss, tr->o.out_dir);
+                return sd_err_set(err, SD_ERANGE, "non-finite gradient at step %ld (not saved: half-updated)",
+                                  tr->step + 1);
+            }
             if (isfinite(loss))
                 sd_log(SD_LOG_ERROR, "the gradient norm is %g at step %ld (the loss, %g, is finite): stopping; the "
                        "checkpoint holds the state before it", gnorm, tr->step + 1, loss);

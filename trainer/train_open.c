@@ -92,7 +92,7 @@ sd_train_state_bytes sd_train_state_sizes(const sd_train_opts *o, const sd_weigh
 {
     sd_train_state_bytes b = {.weights = o->weight_dtype == SD_DT_BF16 ? w->total * sizeof(uint16_t)
                                                                       : sd_weights_bytes(w),
-                              .gradients = w->total * sizeof(float)};
+                              .gradients = o->fused_backward ? 0 : w->total * sizeof(float)};
     if (o->optimizer == SD_OPT_ADAMW) {
         b.optimizer = 2 * moment_values(o, w->total, rank, world) * moment_bytes(o);
     } else {
@@ -305,7 +305,15 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         tr->m = calloc(n, tr->moment_size);
         tr->v = calloc(n, tr->moment_size);
     }
-    tr->grad = calloc(n, sizeof(float));
+    /* --fused-backward: no gradient buffer, a scratch per op (train_fused.c) */
+    tr->grad = o->fused_backward ? NULL : calloc(n, sizeof(float));
+    if (o->fused_backward) {
+        rc = sd_train_fused_open(tr, err);
+        if (rc) {
+            sd_trainer_close(tr);
+            return rc;
+        }
+    }
     if (o->weight_dtype == SD_DT_BF16) {
         rc = sd_train_w16_open(tr, err);
         if (rc) {
@@ -319,7 +327,11 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         else if (tr->ema) memcpy(tr->ema, tr->unet.w.data, n * sizeof(float));
     }
     int adamw_whole = !o->zero1 && o->optimizer == SD_OPT_ADAMW;
-    if ((adamw_whole && (!tr->m || !tr->v)) || !tr->grad || (o->ema_decay > 0 && !tr->ema)) {
+    /* the per-tensor updates of fp32 weights copy one tensor's descriptor */
+    size_t desc = sd_train_w16_desc_bytes(o, &tr->unet.w);
+    if (!tr->desc && desc && (o->fused_backward || o->clip_per_tensor)) tr->desc = malloc(desc);
+    if ((adamw_whole && (!tr->m || !tr->v)) || (!tr->grad && !o->fused_backward) ||
+        (o->ema_decay > 0 && !tr->ema) || (desc && !tr->desc && (o->fused_backward || o->clip_per_tensor))) {
         sd_trainer_close(tr);
         return sd_err_set(err, SD_ENOMEM, "out of memory for optimizer state (%zu MB)",
                           n * (2 * tr->moment_size + (o->ema_decay > 0 ? 8 : 4)) >> 20);
@@ -396,6 +408,8 @@ void sd_trainer_close(sd_trainer *tr)
     free(tr->upd);
     free(tr->wscr);
     free(tr->desc);
+    free(tr->fgrad);
+    free(tr->fdone);
     free(tr->m_sh);
     free(tr->v_sh);
     sd_opt_state_free(&tr->opt);

@@ -167,8 +167,7 @@ static const float *weights(sd_trainer *tr, int ema, float **tmp, sd_error *err)
 {
     *tmp = NULL;
     if (!ema && tr->w16) {
-        sd_train_w16_f32(tr);
-        return tr->unet.w.data;
+        return sd_train_w16_f32(tr, err) ? NULL : tr->unet.w.data;
     }
     if (!ema) return tr->d_w;
     if (tr->d_ema || !tr->be->is_device) return tr->d_ema ? tr->d_ema : tr->ema;

@@ -41,6 +41,7 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
     int world = tr->world > 0 ? tr->world : 1, rank = tr->rank;
     int slots = world * tr->o.accum, need = slots, empty_rounds = 0;
     double sum = 0, images = 0, stop = 0;
+    tr->fused_broken = 0;
     if (!tr->have_data) return sd_err_set(err, SD_EINVAL, "no training data");
     /* a step whose loss is not finite is undone: the cursor, RNG and
      * count go back, so a checkpoint then holds the state before it */
@@ -87,6 +88,8 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
                       c->text_time ? b->tids : NULL, tr->noise, tr->o.input_perturbation > 0 ? tr->noise_in : NULL,
                       tr->t, lo.masked ? b->mask : NULL, 1.0 / slots, 1, &l, err);
             if (rc) return rc;
+            /* --fused-backward: the backward with each tensor's update, never after a non-finite loss */
+            if (tr->o.fused_backward && isfinite(l)) sd_train_fused_pass(tr);
             red[0] += 1;
             red[1] += l;
             red[2] += b->n;
@@ -124,6 +127,16 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
     if (world > 1) tr->stop_all = stop > 0;
     tr->images += (long)images;
     *loss = sum / slots;
+    if (tr->o.fused_backward) { /* the tensors were updated during the backward */
+        if (isfinite(*loss)) sd_train_fused_finish(tr, gnorm);
+        else *gnorm = NAN;
+        if (!isfinite(*loss) || tr->fused_broken) {
+            tr->cur = cur0;
+            tr->rng = rng0;
+            tr->images = images0;
+        }
+        return SD_OK;
+    }
     if (tr->o.zero1) {
         sd_status rc = sd_train_grad_norm_zero1(tr, gnorm, err);
         if (rc) return rc;

@@ -10,6 +10,7 @@
 /* Zero the gradients on the backend. */
 void sd_train_zero_grad(sd_trainer *tr)
 {
+    if (!tr->d_grad) return; /* --fused-backward keeps no gradient buffer */
     tr->be->zero(tr->exec, tr->d_grad, tr->unet.w.total * sizeof(float));
 }
 
@@ -31,6 +32,32 @@ static void adamw_on(sd_trainer *tr, const sd_backend *be, void *exec, sd_adamw_
         be->adamw_bf16(exec, a, n, lo, p, m, v, g);
     } else {
         be->adamw(exec, a, n, p, m, v, g);
+    }
+}
+
+/* One tensor's update (slot t, gradient g of its floats, read times
+ * gscale) at rate lr for step tr->step + 1: per element the arithmetic of
+ * the whole-model update (AdamW is element-wise with keys by global index;
+ * adamw8bit and adafactor go per tensor), so --fused-backward and
+ * --clip-per-tensor end as the whole-buffer update does. The CPU alone. */
+void sd_train_update_tensor(sd_trainer *tr, size_t t, const float *g, double lr, double gscale)
+{
+    size_t lo = tr->unet.w.slots[t].off, n = tr->unet.w.slots[t].n;
+    long step = tr->step + 1;
+    if (tr->o.optimizer != SD_OPT_ADAMW && tr->w16) {
+        sd_train_w16_other_group(tr, lr, gscale, t, t + 1, g);
+    } else if (tr->o.optimizer != SD_OPT_ADAMW) {
+        sd_opt_state_step_group(&tr->opt, tr->pool, &tr->o.adam, tr->o.adafactor_beta1, lr, step, gscale, t, t + 1,
+                                tr->desc, tr->d_w + lo, g);
+    } else {
+        sd_adamw_args a = sd_adamw_args_at(&tr->o.adam, lr, step, gscale);
+        if (tr->w16) {
+            a.sr_key = sr_key(tr, step);
+            sd_train_w16_adamw_range(tr, &a, lo, n, g);
+        } else {
+            adamw_on(tr, tr->be, tr->exec, &a, lo, n, tr->d_w + lo, (char *)tr->d_m + lo * tr->moment_size,
+                     (char *)tr->d_v + lo * tr->moment_size, g);
+        }
     }
 }
 
@@ -64,7 +91,15 @@ void sd_train_apply_norm(sd_trainer *tr, double norm)
     size_t n = tr->unet.w.total;
     const sd_backend *be = tr->be;
     double lr = sd_lr_at(&tr->o.lr, tr->step), gscale = sd_clip_factor(norm, tr->o.max_grad_norm);
-    if (tr->o.optimizer != SD_OPT_ADAMW && tr->w16) {
+    if (tr->o.clip_per_tensor && tr->o.max_grad_norm > 0) {
+        /* each tensor clipped for its own norm, updated by the fused path's arithmetic */
+        for (size_t t = 0; t < tr->unet.w.nslots; t++) {
+            const sd_weight_slot *s = &tr->unet.w.slots[t];
+            const float *g = tr->d_grad + s->off;
+            double ss = be->sum_squares(tr->exec, s->n, g);
+            sd_train_update_tensor(tr, t, g, lr, sd_clip_factor(sqrt(ss), tr->o.max_grad_norm));
+        }
+    } else if (tr->o.optimizer != SD_OPT_ADAMW && tr->w16) {
         sd_train_w16_other(tr, lr, gscale);
     } else if (tr->o.optimizer != SD_OPT_ADAMW) { /* the CPU alone (sd_trainer_open refuses a device) */
         sd_opt_state_step(&tr->opt, tr->pool, &tr->o.adam, tr->o.adafactor_beta1, lr, tr->step + 1, gscale, tr->d_w,
@@ -78,6 +113,14 @@ void sd_train_apply_norm(sd_trainer *tr, double norm)
         adamw_on(tr, be, tr->exec, &a, 0, n, tr->d_w, tr->d_m, tr->d_v, tr->d_grad);
     }
     sd_train_zero_grad(tr);
+    sd_train_after_update(tr);
+}
+
+/* After the update of every tensor: the step counted, the EMA. */
+void sd_train_after_update(sd_trainer *tr)
+{
+    size_t n = tr->unet.w.total;
+    const sd_backend *be = tr->be;
     tr->step++;
     if (tr->ema && tr->step % (tr->o.ema_every > 0 ? tr->o.ema_every : 1) == 0) {
         tr->ema_updates++;

@@ -85,11 +85,17 @@ sd_status sd_train_w16_open(sd_trainer *tr, sd_error *err)
  * n floats (between steps it holds zeros, and a resume zeroes it), so no
  * memory is allocated. sd_train_w16_f32_done gives it back. Nothing for
  * fp32 runs. */
-void sd_train_w16_f32(sd_trainer *tr)
+sd_status sd_train_w16_f32(sd_trainer *tr, sd_error *err)
 {
-    if (!tr->w16 || tr->unet.w.data) return;
-    tr->unet.w.data = tr->grad;
+    if (!tr->w16 || tr->unet.w.data) return SD_OK;
+    /* --fused-backward has no gradient buffer to lend: a temporary one, for
+     * the save or resume only (4 bytes a parameter at those moments) */
+    tr->unet.w.data = tr->grad ? tr->grad : malloc(tr->unet.w.total * sizeof(float));
+    if (!tr->unet.w.data)
+        return sd_err_set(err, SD_ENOMEM, "out of memory for an fp32 view of the bf16 weights (%zu MB)",
+                          tr->unet.w.total * sizeof(float) >> 20);
     sd_train_w16_widen(tr->unet.w.data, tr->w16, tr->unet.w.total);
+    return SD_OK;
 }
 
 /* After sd_train_w16_f32: with narrow set (a resume read new weights into
@@ -98,7 +104,8 @@ void sd_train_w16_f32_done(sd_trainer *tr, int narrow)
 {
     if (!tr->w16 || !tr->unet.w.data) return;
     if (narrow) sd_train_w16_narrow(tr, tr->unet.w.data);
-    memset(tr->grad, 0, tr->unet.w.total * sizeof(float));
+    if (tr->grad) memset(tr->grad, 0, tr->unet.w.total * sizeof(float));
+    else free(tr->unet.w.data);
     tr->unet.w.data = NULL;
 }
 
@@ -128,19 +135,42 @@ static void store(sd_trainer *tr, uint32_t key, size_t lo, size_t hi)
  * rounded back stochastically. */
 void sd_train_w16_adamw(sd_trainer *tr, sd_adamw_args *a)
 {
-    size_t n = tr->unet.w.total, chunk = sd_train_w16_chunk(&tr->o, &tr->unet.w);
+    sd_train_w16_adamw_range(tr, a, 0, tr->unet.w.total, tr->grad);
+}
+
+/* The same on elements [lo, lo + n) with their gradient g (g[0] is element
+ * lo's): element-wise, keyed by the global index, so any split of the
+ * model gives the same bits. */
+void sd_train_w16_adamw_range(sd_trainer *tr, sd_adamw_args *a, size_t lo, size_t n, const float *g)
+{
+    size_t chunk = sd_train_w16_chunk(&tr->o, &tr->unet.w);
     uint32_t key = w16_key(tr, tr->step + 1);
-    for (size_t lo = 0; lo < n; lo += chunk) {
-        size_t k = n - lo < chunk ? n - lo : chunk;
-        sd_train_w16_widen(tr->upd, tr->w16 + lo, k);
+    for (size_t at = lo; at < lo + n; at += chunk) {
+        size_t k = lo + n - at < chunk ? lo + n - at : chunk;
+        sd_train_w16_widen(tr->upd, tr->w16 + at, k);
         if (tr->moment_size == 2) {
-            tr->be->adamw_bf16(tr->exec, a, k, lo, tr->upd, (uint16_t *)tr->m + lo, (uint16_t *)tr->v + lo,
-                               tr->grad + lo);
+            tr->be->adamw_bf16(tr->exec, a, k, at, tr->upd, (uint16_t *)tr->m + at, (uint16_t *)tr->v + at,
+                               g + (at - lo));
         } else {
-            tr->be->adamw(tr->exec, a, k, tr->upd, (float *)tr->m + lo, (float *)tr->v + lo, tr->grad + lo);
+            tr->be->adamw(tr->exec, a, k, tr->upd, (float *)tr->m + at, (float *)tr->v + at, g + (at - lo));
         }
-        store(tr, key, lo, lo + k);
+        store(tr, key, at, at + k);
     }
+}
+
+/* Tensors [t0, t1) of --optimizer adamw8bit or adafactor on the bf16
+ * weights (g: the gradient from tensor t0's offset on): widened, stepped
+ * in fp32, rounded back. */
+void sd_train_w16_other_group(sd_trainer *tr, double lr, double gscale, size_t t0, size_t t1, const float *g)
+{
+    size_t lo, n, off, m;
+    sd_opt_state_tensor(&tr->opt, t0, &lo, &n);
+    sd_opt_state_tensor(&tr->opt, t1 - 1, &off, &m);
+    size_t hi = off + m;
+    sd_train_w16_widen(tr->upd, tr->w16 + lo, hi - lo);
+    sd_opt_state_step_group(&tr->opt, tr->pool, &tr->o.adam, tr->o.adafactor_beta1, lr, tr->step + 1, gscale, t0, t1,
+                            tr->desc, tr->upd, g);
+    store(tr, w16_key(tr, tr->step + 1), lo, hi);
 }
 
 /* --optimizer adamw8bit or adafactor on the bf16 weights: consecutive
@@ -150,20 +180,14 @@ void sd_train_w16_adamw(sd_trainer *tr, sd_adamw_args *a)
 void sd_train_w16_other(sd_trainer *tr, double lr, double gscale)
 {
     size_t chunk = sd_train_w16_chunk(&tr->o, &tr->unet.w), nt = tr->opt.ntensors;
-    uint32_t key = w16_key(tr, tr->step + 1);
     for (size_t t0 = 0, t1; t0 < nt; t0 = t1) {
         size_t lo, n, off, m;
         sd_opt_state_tensor(&tr->opt, t0, &lo, &n);
-        size_t hi = lo + n;
         for (t1 = t0 + 1; t1 < nt; t1++) {
             sd_opt_state_tensor(&tr->opt, t1, &off, &m);
             if (off + m - lo > chunk) break;
-            hi = off + m;
         }
-        sd_train_w16_widen(tr->upd, tr->w16 + lo, hi - lo);
-        sd_opt_state_step_group(&tr->opt, tr->pool, &tr->o.adam, tr->o.adafactor_beta1, lr, tr->step + 1, gscale, t0,
-                                t1, tr->desc, tr->upd, tr->grad + lo);
-        store(tr, key, lo, hi);
+        sd_train_w16_other_group(tr, lr, gscale, t0, t1, tr->grad + lo);
     }
 }
 

@@ -263,4 +263,24 @@ void sd_unet_backward(const sd_unet *u, const sd_unet_graph *g, const sd_backend
 void sd_unet_backward_wts(const sd_unet *u, const sd_unet_graph *g, const sd_backend *be, void *exec,
                           const sd_unet_wts *w, float *act, float *dact, const float *dout, float *dparams);
 
+/* A fused backward (--fused-backward): each op's parameter gradients go
+ * into scratch (sd_unet_fused_scratch floats) and are handed to done(ctx,
+ * offset of the tensor in the parameters, gradient, floats) once that op's
+ * backward is over and its weights are read no more; done's nonzero
+ * answer stops the pass. Tensors no op reaches are never handed over. */
+typedef struct {
+    float *scratch;
+    int (*done)(void *ctx, size_t off, const float *grad, size_t n);
+    void *ctx;
+} sd_unet_fuse;
+/* sd_unet_backward_wts, with f (when not NULL) taking the parameter
+ * gradients instead of dparams (which may then be NULL); returns done's
+ * stopping answer, 0 when the pass ran to the end. */
+int sd_unet_backward_fused(const sd_unet *u, const sd_unet_graph *g, const sd_backend *be, void *exec,
+                           const sd_unet_wts *w, float *act, float *dact, const float *dout, float *dparams,
+                           const sd_unet_fuse *f);
+/* The scratch floats a fused backward of plan g needs (the largest op's
+ * weight and bias). */
+size_t sd_unet_fused_scratch(const sd_unet *u, const sd_unet_graph *g);
+
 #endif

@@ -10,6 +10,20 @@ static float *pgrad(float *dparams, size_t off)
     return off == SIZE_MAX ? NULL : dparams + off;
 }
 
+/* The floats of the parameter tensor at offset off (0 when absent): the
+ * slots are registered in offset order, so a binary search finds it. */
+static size_t slot_floats(const sd_weights *w, size_t off)
+{
+    size_t lo = 0, hi = w->nslots;
+    if (off == SIZE_MAX) return 0;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (w->slots[mid].off < off) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < w->nslots && w->slots[lo].off == off ? w->slots[lo].n : 0;
+}
+
 /* A gradient pointer in dact, NULL for "no gradient". */
 static float *gp(float *dact, size_t off)
 {
@@ -32,8 +46,32 @@ void sd_unet_backward(const sd_unet *u, const sd_unet_graph *g, const sd_backend
 void sd_unet_backward_wts(const sd_unet *u, const sd_unet_graph *g, const sd_backend *be, void *exec,
                           const sd_unet_wts *w, float *act, float *dact, const float *dout, float *dparams)
 {
+    (void)sd_unet_backward_fused(u, g, be, exec, w, act, dact, dout, dparams, NULL);
+}
+
+/* The largest parameter scratch one op needs: its weight's and bias's
+ * floats together (what --fused-backward allocates instead of a gradient
+ * buffer of the whole model). */
+size_t sd_unet_fused_scratch(const sd_unet *u, const sd_unet_graph *g)
+{
+    size_t most = 0;
+    for (size_t i = 0; i < g->nops; i++) {
+        size_t k = slot_floats(&u->w, g->ops[i].w) + slot_floats(&u->w, g->ops[i].b);
+        if (k > most) most = k;
+    }
+    return most;
+}
+
+/* The backward pass, with f (not NULL) each op's parameter gradients
+ * computed into f->scratch (zeroed first) instead of dparams and handed to
+ * f->done as soon as the op's backward is over (weight, then bias); a
+ * nonzero answer from done stops the pass and is returned. */
+int sd_unet_backward_fused(const sd_unet *u, const sd_unet_graph *g, const sd_backend *be, void *exec,
+                           const sd_unet_wts *w, float *act, float *dact, const float *dout, float *dparams,
+                           const sd_unet_fuse *f)
+{
     const sd_unet_config *c = &u->cfg;
-    if (g->outp == SIZE_MAX) return;
+    if (g->outp == SIZE_MAX) return 0;
     be->d2d(exec, dact + g->ops[g->outp].gy, dout,
             (size_t)g->n * (size_t)c->out_channels * (size_t)g->h * (size_t)g->w * sizeof(float));
     size_t seg = g->nsegs;
@@ -50,17 +88,29 @@ void sd_unet_backward_wts(const sd_unet *u, const sd_unet_graph *g, const sd_bac
         const float *dy = dact + o->gy, *x = act + o->x, *pw = NULL, *pb = NULL;
         sd_unet_op_params(o, w, &pw, &pb);
         (void)pb;
+        size_t nw = 0, nb = 0;
+        float *gw = NULL, *gb = NULL;
+        if (!f && o->w != SIZE_MAX) {
+            gw = dparams + o->w;
+            gb = pgrad(dparams, o->b);
+        } else if (f && o->w != SIZE_MAX) {
+            nw = slot_floats(&u->w, o->w);
+            nb = slot_floats(&u->w, o->b);
+            gw = f->scratch;
+            gb = o->b == SIZE_MAX ? NULL : f->scratch + nw;
+            be->zero(exec, f->scratch, (nw + nb) * sizeof(float));
+        }
         float *dx = gp(dact, o->gx), *dx2 = gp(dact, o->gx2), *dx3 = gp(dact, o->gx3);
         switch (o->kind) {
         case UOP_CONV:
-            be->conv2d_bwd(exec, &o->s.conv, dx, dparams + o->w, pgrad(dparams, o->b), dy, x, pw);
+            be->conv2d_bwd(exec, &o->s.conv, dx, gw, gb, dy, x, pw);
             break;
         case UOP_GN:
-            be->group_norm_bwd(exec, &o->s.gn, dx, dparams + o->w, dparams + o->b, dy, x, act + o->s1, act + o->s2,
+            be->group_norm_bwd(exec, &o->s.gn, dx, gw, gb, dy, x, act + o->s1, act + o->s2,
                                pw);
             break;
         case UOP_LINEAR:
-            be->linear_bwd(exec, &o->s.lin, dx, dparams + o->w, pgrad(dparams, o->b), dy, x, pw);
+            be->linear_bwd(exec, &o->s.lin, dx, gw, gb, dy, x, pw);
             break;
         case UOP_SILU:
             if (dx) be->silu_bwd(exec, o->s.n, dx, dy, x);
@@ -74,7 +124,7 @@ void sd_unet_backward_wts(const sd_unet *u, const sd_unet_graph *g, const sd_bac
                          act + o->x3, act + o->y, act + o->s1);
             break;
         case UOP_LN:
-            be->layer_norm_bwd(exec, &o->s.ln, dx, dparams + o->w, dparams + o->b, dy, x, act + o->s1, act + o->s2,
+            be->layer_norm_bwd(exec, &o->s.ln, dx, gw, gb, dy, x, act + o->s1, act + o->s2,
                                pw);
             break;
         case UOP_GEGLU:
@@ -91,5 +141,11 @@ void sd_unet_backward_wts(const sd_unet *u, const sd_unet_graph *g, const sd_bac
             if (dx) be->transpose_bwd(exec, o->s.tr.n, o->s.tr.rows, o->s.tr.cols, dx, dy);
             break;
         }
+        if (f && o->w != SIZE_MAX) {
+            int stop = f->done(f->ctx, o->w, gw, nw);
+            if (!stop && gb) stop = f->done(f->ctx, o->b, gb, nb);
+            if (stop) return stop;
+        }
     }
+    return 0;
 }
