@@ -49,10 +49,15 @@ static void log_model(const sd_trainer *tr, int resumed)
     sd_log(SD_LOG_INFO, "UNet %s, %zu parameters; %zu records in %zu buckets",
            resumed ? "from the checkpoint" : tr->unet.layout, sd_train_param_count(tr), tr->data.nitems,
            tr->data.nbuckets);
-    sd_log(SD_LOG_INFO, "memory: weights %.1f MiB, gradients %.1f MiB, optimizer state (%s) %.1f MiB%s",
-           (double)tr->unet.w.total * 4 / (1 << 20), (double)tr->unet.w.total * 4 / (1 << 20),
+    /* bf16 weights take 2 bytes each; a fused backward keeps one op's gradients, not the model's */
+    double wbytes = (double)tr->unet.w.total * (tr->o.weight_dtype == SD_DT_BF16 ? 2 : 4);
+    char grads[64];
+    if (tr->o.fused_backward) snprintf(grads, sizeof grads, "one op's at a time (--fused-backward)");
+    else snprintf(grads, sizeof grads, "%.1f MiB", (double)tr->unet.w.total * 4 / (1 << 20));
+    sd_log(SD_LOG_INFO, "memory: weights %.1f MiB (%s), gradients %s, optimizer state (%s) %.1f MiB%s",
+           wbytes / (1 << 20), tr->o.weight_dtype == SD_DT_BF16 ? "bf16" : "fp32", grads,
            sd_optimizer_name(tr->o.optimizer), (double)sd_train_optimizer_bytes(tr) / (1 << 20),
-           tr->ema ? "; EMA as much as the weights" : "");
+           tr->ema ? "; EMA 4 bytes per weight" : "");
 }
 
 /* Whether out/latest exists (a run to resume). */
