@@ -248,6 +248,25 @@ sd_status sd_backend_grow(const sd_backend *be, void *exec, void **p, size_t *ca
     return SD_OK;
 }
 
+/* Weights are uploaded once per runner; the host path must not copy them. */
+sd_status sd_backend_params_in(const sd_backend *be, void *exec, const float *host, size_t floats, float **out,
+                               int *borrowed, const char *who, sd_error *err)
+{
+    *out = NULL;
+    *borrowed = !be->is_device;
+    if (*borrowed) {
+        *out = (float *)host;
+        return SD_OK;
+    }
+    size_t cap = 0;
+    void *p = NULL;
+    sd_status st = sd_backend_grow(be, exec, &p, &cap, floats * sizeof(float), who, "parameters", err);
+    *out = p;
+    if (st) return st;
+    be->h2d(exec, p, host, floats * sizeof(float));
+    return be->sync(exec, err);
+}
+
 /* Release and forget. */
 void sd_backend_drop(const sd_backend *be, void *exec, void **p)
 {

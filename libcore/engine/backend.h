@@ -118,6 +118,11 @@ const sd_backend *sd_backend_cpu(void);
  * what, with a device backend's own reason. */
 sd_status sd_backend_grow(const sd_backend *be, void *exec, void **p, size_t *cap, size_t bytes, const char *who,
                           const char *what, sd_error *err);
+/* A model's host parameters (floats of them) where the backend reads them:
+ * on a host backend the buffer itself (*borrowed = 1: no second copy of
+ * the weights), else a device copy (*borrowed = 0; the caller releases it). */
+sd_status sd_backend_params_in(const sd_backend *be, void *exec, const float *host, size_t floats, float **out,
+                               int *borrowed, const char *who, sd_error *err);
 /* Releases *p when set and clears it, so a second release is harmless. */
 void sd_backend_drop(const sd_backend *be, void *exec, void **p);
 

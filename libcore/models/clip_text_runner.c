@@ -26,21 +26,11 @@ sd_status sd_clip_text_runner_init(sd_clip_text_runner *r, const sd_clip_text *m
     memset(r, 0, sizeof *r);
     r->be = be;
     r->exec = exec;
-    if (!be->is_device) {
-        r->params = m->w.data;
-        r->params_borrowed = 1;
-        return SD_OK;
-    }
-    if (m->wdtype)
+    if (be->is_device && m->wdtype)
         return sd_err_set(err, SD_EUNSUPPORTED, "CLIP text encoder: %s weights run on the CPU only, not on %s",
                           sd_dtype_name(m->wdtype), be->name);
-    size_t cap = 0;
-    void *p = NULL;
-    sd_status st = grow(r, &p, &cap, m->w.total * sizeof(float), "parameters", err);
-    r->params = p;
-    if (st) return st;
-    be->h2d(exec, r->params, m->w.data, m->w.total * sizeof(float));
-    return be->sync(exec, err);
+    return sd_backend_params_in(be, exec, m->w.data, m->w.total, &r->params, &r->params_borrowed,
+                                "CLIP text encoder", err);
 }
 
 /* ids [n, t] in host memory -> hidden [n, t, width] and pooled [n,

@@ -21,16 +21,7 @@ sd_status sd_vae_decode_runner_init(sd_vae_decode_runner *r, const sd_vae_decode
     memset(r, 0, sizeof *r);
     r->be = be;
     r->exec = exec;
-    if (!be->is_device) {
-        r->params = d->w.data;
-        r->params_borrowed = 1;
-        return SD_OK;
-    }
-    size_t cap = 0;
-    sd_status st = grow(r, &r->params, &cap, d->w.total, "parameters", err);
-    if (st) return st;
-    be->h2d(exec, r->params, d->w.data, d->w.total * sizeof(float));
-    return be->sync(exec, err);
+    return sd_backend_params_in(be, exec, d->w.data, d->w.total, &r->params, &r->params_borrowed, "VAE decoder", err);
 }
 
 /* z [n, latent, lh, lw] in host memory -> img [n, out, h, w] in host

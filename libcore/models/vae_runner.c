@@ -36,16 +36,7 @@ sd_status sd_vae_runner_init(sd_vae_runner *r, const sd_vae *v, const sd_backend
     r->be = be;
     r->exec = exec;
     r->whole_batch = be->is_device;
-    if (!be->is_device) {
-        r->params = v->w.data;
-        r->params_borrowed = 1;
-        return SD_OK;
-    }
-    size_t cap = 0;
-    sd_status st = grow(r, &r->params, &cap, v->w.total, "parameters", err);
-    if (st) return st;
-    be->h2d(exec, r->params, v->w.data, v->w.total * sizeof(float));
-    return be->sync(exec, err);
+    return sd_backend_params_in(be, exec, v->w.data, v->w.total, &r->params, &r->params_borrowed, "VAE", err);
 }
 
 /* x [n, 3, h, w] in host memory into the backend and its encode queued

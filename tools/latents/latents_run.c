@@ -1022,10 +1022,8 @@ int latents_run(const latents_opts *o)
                (unsigned long long)r.text.cut, r.text.max_tokens);
     sd_tally_log(&r.tally, "skipped by reason");
     /* a run that skipped every record made nothing: not a success even without --strict */
-    int all_skipped = r.jobs.n == 0 && r.tally.total;
-    int code = refused ? SD_EXIT_USAGE
-               : st    ? SD_EXIT_FATAL
-                       : ((o->strict || all_skipped) && r.tally.total ? SD_EXIT_SKIPPED : SD_EXIT_OK);
+    int skipped_out = r.tally.total && (o->strict || r.jobs.n == 0);
+    int code = refused ? SD_EXIT_USAGE : st ? SD_EXIT_FATAL : skipped_out ? SD_EXIT_SKIPPED : SD_EXIT_OK;
     run_free(&r);
     if (image_ok) sd_image_shutdown();
     return code;
