@@ -14,7 +14,10 @@ rank (exit 2 on all), another checkpoint or other shards on one rank; rank 0 wri
 checkpoint longer than SD_DIST_TIMEOUT does not stop the others; --epochs resumed with
 another world size ends after the epochs; the skipped-record summary counts every rank's.
 sd-train --memory-plan --zero1 on 2 ranks prints one plan (rank 0's) whose optimizer bytes are
-rank 0's share of the AdamW moments.
+rank 0's share of the AdamW moments; with --zero2 the gradients are rank 0's share too. ZeRO-2
+(gradients reduce-scattered during the backward) ends byte-identical to ZeRO-1, also with skipped
+batches, within fp32 rounding with accumulation, resumes byte-identically, and refuses what it
+cannot do.
 Exit 77 (skipped) when mpirun is missing or sd-train was built without MPI.
 Usage: e2e_train_mpi.py SD_TRAIN TEST_TRAIN UNET_DIR HAVE_MPI"""
 import json
@@ -238,6 +241,59 @@ class TrainMPI(unittest.TestCase):
         mpi(2, "-o", r, *args)
         self.assertEqual(files(r, STEPS), files(z, STEPS))
 
+    def test_zero2(self):
+        """ZeRO-2 (each tensor's gradient reduce-scattered during the backward into its owners'
+        shares) against ZeRO-1: the same rank-order sums, the same segment-grouped norm and the same
+        AdamW on the own segments, so with one micro-batch per rank and step the checkpoints are
+        byte-identical. Batch 1: whole batches of the shard's two bad records are skipped, and a
+        rank short of a round's share sends zeros (an idle pass; step 2 with this seed). With --accum 2 the
+        micro-batches are summed over the ranks first and then accumulated (ZeRO-1: accumulated,
+        then summed): a few fp32 ulps (measured 2.6e-7, allowed 1e-5 as the one-process test). A
+        ZeRO-2 run resumed from its step-6 checkpoint ends byte-identical; so does one resumed by
+        ZeRO-1 (the state is the same whole state)."""
+        base = ["--unet", UNET, "--save-every", "6", "--keep", "0"] + COMMON + [self.shard]
+        runs = {}
+        for batch, accum in (("1", "1"), ("1", "2")):
+            for z in ("--zero1", "--zero2"):
+                out = os.path.join(self.tmp.name, "z2-%s-b%s-a%s" % (z[2:], batch, accum))
+                mpi(2, "-o", out, z, "--batch", batch, "--accum", accum, *base)
+                runs[z, batch, accum] = out
+            one, two = runs["--zero1", batch, accum], runs["--zero2", batch, accum]
+            if accum == "1":
+                self.assertEqual(files(two, STEPS), files(one, STEPS), (batch, accum))
+                continue
+            for sub in ("unet", "unet_ema"):
+                a, _ = st_load(os.path.join(one, "checkpoint-%d" % STEPS, sub, "diffusion_pytorch_model.safetensors"))
+                b, _ = st_load(os.path.join(two, "checkpoint-%d" % STEPS, sub, "diffusion_pytorch_model.safetensors"))
+                worst = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+                print("zero2 vs zero1, --accum 2, %s: largest |weight diff| %.3g" % (sub, worst), file=sys.stderr)
+                self.assertLess(worst, TOL_ABS, sub)
+        z = runs["--zero2", "1", "1"]
+        for how in ("--zero2", "--zero1"):
+            r = os.path.join(self.tmp.name, "zero2-resumed" + how)
+            shutil.copytree(os.path.join(z, "checkpoint-6"), os.path.join(r, "checkpoint-6"))
+            with open(os.path.join(r, "latest"), "w") as f:
+                f.write("checkpoint-6\n")
+            mpi(2, "-o", r, how, "--batch", "1", "--accum", "1", *base)
+            self.assertEqual(files(r, STEPS), files(z, STEPS), how)
+
+    def test_zero2_refused(self):
+        """--zero2 with what it cannot do: one process, --fused-backward, another optimizer, bf16
+        weights; exit 2 with the reason, nothing written."""
+        out = os.path.join(self.tmp.name, "zero2-refused")
+        p = subprocess.run([TRAIN, "--zero2", "--unet", UNET, "-o", out, "--steps", "1", "-q", self.shard],
+                           capture_output=True)
+        self.assertEqual(p.returncode, 2, p.stderr.decode())
+        self.assertIn("--zero2 shards the gradients over ranks: start it under mpirun -np N", p.stderr.decode())
+        for extra, why in ((["--fused-backward"], "not with --fused-backward"),
+                           (["--optimizer", "adafactor"], "--optimizer adamw8bit and adafactor are not sharded yet"),
+                           (["--weight-dtype", "bf16"], "--weight-dtype bf16 runs")):
+            code, err, _ = mpi_raw(2, TRAIN, "--zero2", *extra, "--unet", UNET, "-o", out, "--steps", "1", "-q",
+                                   self.shard)
+            self.assertEqual(code, 2, err)
+            self.assertIn(why, err)
+        self.assertFalse(os.path.exists(out))
+
     def test_zero1_bf16_moments(self):
         """--adam-moments bf16 with ZeRO-1: each rank rounds its segments with the bits of their
         global indices, so the sharded run matches the all-reduce run with bf16 moments as the fp32
@@ -278,7 +334,9 @@ class TrainMPI(unittest.TestCase):
         UNet of 8.5M weights (the tiny config with 64/128/128 channels) spans three, so every
         rank owns a segment of each and the checkpoint gathers them block by block. With fp32
         and with bf16 moments the sharded run's checkpoint equals the all-reduce run's, and a
-        bf16 ZeRO-1 run resumed from its step-2 checkpoint ends byte-identical."""
+        bf16 ZeRO-1 run resumed from its step-2 checkpoint ends byte-identical. ZeRO-2 with bf16
+        moments, whose per-tensor reduce-scatters cut tensors at the blocks' and segments' ends,
+        ends byte-identical to ZeRO-1."""
         with open(os.path.join(UNET, "unet", "config.json")) as f:
             cfg = json.load(f)
         cfg["block_out_channels"] = [64, 128, 128]
@@ -292,6 +350,10 @@ class TrainMPI(unittest.TestCase):
             z = os.path.join(self.tmp.name, "blocks-%s-zero1" % moments)
             mpi(2, "-o", a, "--adam-moments", moments, *base)
             mpi(2, "-o", z, "--adam-moments", moments, "--zero1", *base)
+            if moments == "bf16":  # ZeRO-2 over the three blocks: tensors straddle the blocks' ends
+                z2 = os.path.join(self.tmp.name, "blocks-bf16-zero2")
+                mpi(2, "-o", z2, "--adam-moments", moments, "--zero2", *base)
+                self.assertEqual(files(z2, 4), files(z, 4))
             sa, ma = st_load(os.path.join(z, "checkpoint-4", "state.safetensors"))
             sb, _ = st_load(os.path.join(a, "checkpoint-4", "state.safetensors"))
             self.assertGreater(int(ma["param_floats"]), 2 * 4 * 1024 * 1024)
@@ -476,6 +538,17 @@ class MemoryPlanMPI(unittest.TestCase):
             self.assertEqual(two["optimizer"], 8 * (n // 2))  # rank 0: [0, n / 2) of the block
             self.assertIs(two["setup"]["zero1"], True)
             self.assertEqual(two["weights"], one["weights"])
+            # --zero2: the gradients too are rank 0's share, plus the per-op scratch
+            p = subprocess.run(cmd[:-len(base) - 1] + ["--zero2"] + base, capture_output=True, env=env, timeout=120)
+            self.assertEqual(p.returncode, 0, p.stderr.decode())
+            z2 = json.loads(p.stdout.decode())
+            self.assertIs(z2["setup"]["zero2"], True)
+            self.assertEqual(z2["optimizer"], two["optimizer"])
+            self.assertEqual(z2["detail"]["gradient_share"], 4 * (n // 2))
+            self.assertEqual(two["gradients"], one["gradients"])
+            self.assertLess(z2["gradients"], 0.6 * one["gradients"])
+            self.assertGreater(z2["detail"]["reduction_buffer"], 0)
+            self.assertLess(z2["total"], two["total"])
 
 
 if __name__ == "__main__":

@@ -53,6 +53,8 @@ static void log_model(const sd_trainer *tr, int resumed)
     double wbytes = (double)tr->unet.w.total * (tr->o.weight_dtype == SD_DT_BF16 ? 2 : 4);
     char grads[64];
     if (tr->o.fused_backward) snprintf(grads, sizeof grads, "one op's at a time (--fused-backward)");
+    else if (tr->o.zero2)
+        snprintf(grads, sizeof grads, "%.1f MiB (this rank's share, --zero2)", (double)tr->z2own * 4 / (1 << 20));
     else snprintf(grads, sizeof grads, "%.1f MiB", (double)tr->unet.w.total * 4 / (1 << 20));
     sd_log(SD_LOG_INFO, "memory: weights %.1f MiB (%s), gradients %s, optimizer state (%s) %.1f MiB%s",
            wbytes / (1 << 20), tr->o.weight_dtype == SD_DT_BF16 ? "bf16" : "fp32", grads,
@@ -414,6 +416,12 @@ int main(int argc, char **argv)
          "under mpirun on CPUs: each rank keeps only its share of the AdamW moments (ZeRO stage 1: gradients "
          "reduce-scattered, AdamW on the own share, weights all-gathered), cutting their memory by the number of "
          "ranks; checkpoints still hold the whole state"},
+        {"zero2", 0, SD_OPT_FLAG, &o.zero2, NULL,
+         "under mpirun on CPUs: --zero1 and the gradients sharded too (ZeRO stage 2): each tensor's gradient is "
+         "reduce-scattered as soon as the backward has it, so a rank holds only its share of the gradients and "
+         "AdamW moments and no gradient buffer of the model; --accum works, clipping is by the global norm, "
+         "checkpoints hold the whole state (resumable by any world size, with or without it). AdamW, fp32 "
+         "weights. Example: mpirun -np 2 sd-train --zero2 --unet sd15/ -o run/ --batch 2 cache.shard"},
         {"nccl", 0, SD_OPT_FLAG, &o.nccl, NULL,
          "sum gradients over NCCL even with one process (a check of the path; several GPU ranks use NCCL whenever "
          "the build has it)"},
@@ -536,6 +544,7 @@ int main(int argc, char **argv)
         bad = "--zero1 shards AdamW's moments; --optimizer adamw8bit and adafactor are not sharded yet";
     if (!bad && o.optimizer != SD_OPT_ADAMW && o.moments != SD_DT_F32)
         bad = "--adam-moments bf16 is AdamW's: --optimizer adamw8bit and adafactor keep their own state";
+    if (!bad && o.zero2) bad = sd_train_zero2_refusal(&o, world);
     if (!bad && o.fused_backward) bad = sd_train_fused_refusal(&o, accum);
     if (!bad && o.clip_per_tensor && (o.device >= 0 || o.zero1))
         bad = "--clip-per-tensor runs on the CPU without --zero1 only so far";

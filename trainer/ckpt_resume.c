@@ -323,7 +323,7 @@ static sd_status resume_from(sd_trainer *tr, const char *ck, sd_error *err)
     else if (!rc) rc = moments_of(tr, st, n, p, &tm, &tv, &mdt, err);
     if (rc || tr->o.optimizer != SD_OPT_ADAMW) {
         /* nothing more of AdamW's */
-    } else if (tr->o.zero1) { /* each rank takes its segments from the mapped file: no whole copy */
+    } else if (sd_train_sharded(&tr->o)) { /* each rank takes its segments from the mapped file: no whole copy */
         sd_train_moments_from(tr, tm->data, tv->data, mdt);
     } else {
         sd_train_moments_convert(tr->m, tr->o.moments, tm->data, mdt, n);

@@ -3,6 +3,7 @@
 #include "mem_plan.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dev_ws.h"
@@ -100,7 +101,7 @@ static sd_status walk_step(const sd_train_opts *o, const sd_unet *u, const sd_un
         return sd_err_set(err, SD_ENOMEM, "memory plan: the reserved range is too small");
     }
     sd_unet_forward(u, g, be, &x, w, act);
-    if (o->fused_backward) { /* the parameter gradients into the per-op scratch alone */
+    if (o->fused_backward || o->zero2) { /* the parameter gradients into the per-op scratch alone */
         sd_unet_wts wts = {w, NULL, NULL};
         sd_unet_fuse f = {grad, plan_done, NULL};
         (void)sd_unet_backward_fused(u, g, be, &x, &wts, act, dact, dout, NULL, &f);
@@ -111,6 +112,25 @@ static sd_status walk_step(const sd_train_opts *o, const sd_unet *u, const sd_un
     *peak = x.peak_total;
     sd_plan_exec_free(&x);
     return SD_OK;
+}
+
+/* The bytes the reduction keeps for receiving (dist_mpi.c's buffer): for
+ * ZeRO-2 the largest part of a tensor this rank owns, from every rank;
+ * else one block's segments; nothing in a world of one. */
+static size_t dist_recv_bytes(const sd_train_opts *o, const sd_unet *u, const sd_unet_graph *g, int rank, int world)
+{
+    if (world <= 1) return 0;
+    if (!o->zero2) return sd_dist_sum_recv_floats(world) * sizeof(float);
+    size_t cap = 2 * (g->nops ? g->nops : 1), most = 0;
+    size_t *off = malloc(2 * cap * sizeof(size_t));
+    if (!off) return sd_dist_sum_recv_floats(world) * sizeof(float); /* the bound: no part exceeds a block */
+    size_t k = sd_unet_fused_order(u, g, off, off + cap);
+    for (size_t i = 0; i < k; i++) {
+        size_t r = sd_dist_range_recv_floats(u->w.total, off[i], off[cap + i], rank, world);
+        if (r > most) most = r;
+    }
+    free(off);
+    return most * sizeof(float);
 }
 
 /* The limit the plan is held against, and whether it fits. */
@@ -156,8 +176,18 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     rc = sd_unet_plan(u, p->batch, p->latent_h, p->latent_w, p->tokens, o->checkpointing, &g, err);
     if (rc) return rc;
     size_t io = (size_t)p->batch * (size_t)c->in_channels * (size_t)p->latent_h * (size_t)p->latent_w;
-    /* --fused-backward: the per-op scratch sd_train_fused_pass allocates */
+    /* --fused-backward: the per-op scratch sd_train_fused_pass allocates;
+     * --zero2: that scratch and this rank's share (sd_train_zero2_open) */
     if (o->fused_backward) p->gradients = sd_unet_fused_scratch(u, &g) * sizeof(float);
+    p->rank = rank;
+    p->world = world;
+    if (o->zero2) {
+        p->grad_share = p->gradients;
+        p->gradients += sd_unet_fused_scratch(u, &g) * sizeof(float);
+    }
+    /* the reduction's receive buffer (dist_mpi.c) on CPU ranks: one block's
+     * segments, or --zero2's largest tensor part */
+    if (o->device < 0) p->dist_recv = dist_recv_bytes(o, u, &g, rank, world);
     p->graph_act = g.nact * sizeof(float);
     p->graph_dact = g.ndact * sizeof(float);
     /* the backend's output gradient: dout itself on the CPU, a device buffer on a GPU */
@@ -180,7 +210,7 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
      * device to ask, a card of --gpu-memory-limit's size */
     p->conv_workspace = device ? sd_dev_conv_workspace(device_total ? device_total : o->gpu_mem_limit, o->gpu_mem_limit)
                                : 0;
-    p->workspace = p->op_scratch + p->conv_workspace + w16_scratch;
+    p->workspace = p->op_scratch + p->conv_workspace + w16_scratch + p->dist_recv;
     if (device && o->ema_host) {
         p->ema_host = p->ema;
         p->ema = 0;
@@ -188,7 +218,7 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     p->process = device ? 0 : host->rss;
     /* the walk's peak is every buffer it was handed plus its largest op's
      * scratch, each rounded as the allocator rounds */
-    p->total = peak + host_io + p->conv_workspace + w16_scratch + p->process;
+    p->total = peak + host_io + p->conv_workspace + w16_scratch + p->dist_recv + p->process;
     /* bf16 weights: sd_trainer_open holds the fp32 model beside its bf16
      * rounding for a moment (train_w16.c); without a gradient buffer
      * (--fused-backward) that moment can be the run's peak. The optimizer

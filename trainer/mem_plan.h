@@ -35,6 +35,11 @@ typedef struct {
     size_t ema_host; /* a GPU run with --ema-on-cpu: the EMA's bytes in host memory (not in total) */
     size_t graph_act, graph_dact, io; /* activations: the graph's buffers and the per-pass inputs */
     size_t op_scratch, conv_workspace; /* workspace: the largest op's scratch; cuDNN's cap (GPU) */
+    /* several CPU ranks: the gradient reduction's receive buffer (in
+     * workspace); --zero2: this rank's share of the gradient (gradients is
+     * the share plus the per-op scratch); the rank the plan is for */
+    size_t dist_recv, grad_share;
+    int rank, world;
     /* bf16 weights: the start, when the loaded or initialised fp32 weights
      * are held beside their bf16 rounding (with the process; the optimizer
      * state is not touched yet); total is the larger of it and the step's */

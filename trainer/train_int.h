@@ -62,6 +62,12 @@ void sd_train_update_tensor(sd_trainer *tr, size_t t, const float *g, double lr,
 sd_status sd_train_fused_open(sd_trainer *tr, sd_error *err);
 void sd_train_fused_pass(sd_trainer *tr);
 void sd_train_fused_finish(sd_trainer *tr, double *gnorm);
+/* --zero2 (train_zero2.c): the order, scratch and gradient share (open); one pass's
+ * backward with each tensor reduce-scattered, or zeros for each (idle);
+ * the idle passes a round's end owes. */
+sd_status sd_train_zero2_open(sd_trainer *tr, sd_error *err);
+sd_status sd_train_zero2_pass(sd_trainer *tr, int idle, sd_error *err);
+sd_status sd_train_zero2_round(sd_trainer *tr, int need, int passes, sd_error *err);
 /* Whether every weight is finite (*finite). */
 sd_status sd_train_weights_finite(sd_trainer *tr, int *finite, sd_error *err);
 /* ZeRO-1: the gradient's norm over every rank's own segments, and the

@@ -68,7 +68,7 @@ size_t sd_train_param_count(const sd_trainer *tr)
 /* Values in each AdamW moment this rank holds: all, or its ZeRO-1 share. */
 static size_t moment_values(const sd_train_opts *o, size_t total, int rank, int world)
 {
-    return o->zero1 ? sd_dist_owned(total, rank, world) : total;
+    return sd_train_sharded(o) ? sd_dist_owned(total, rank, world) : total;
 }
 
 /* Bytes of one AdamW moment value. */
@@ -92,7 +92,9 @@ sd_train_state_bytes sd_train_state_sizes(const sd_train_opts *o, const sd_weigh
 {
     sd_train_state_bytes b = {.weights = o->weight_dtype == SD_DT_BF16 ? w->total * sizeof(uint16_t)
                                                                       : sd_weights_bytes(w),
-                              .gradients = o->fused_backward ? 0 : w->total * sizeof(float)};
+                              .gradients = o->fused_backward ? 0
+                                           : o->zero2       ? sd_dist_owned(w->total, rank, world) * sizeof(float)
+                                                            : w->total * sizeof(float)};
     if (o->optimizer == SD_OPT_ADAMW) {
         b.optimizer = 2 * moment_values(o, w->total, rank, world) * moment_bytes(o);
     } else {
@@ -231,7 +233,7 @@ static sd_status open_other_optimizer(sd_trainer *tr, sd_error *err)
     const sd_train_opts *o = &tr->o;
     const char *name = sd_optimizer_name(o->optimizer), *why = NULL;
     if (o->device >= 0) why = "runs on the CPU only so far (no CUDA kernels for it yet)";
-    else if (o->zero1) why = "is not sharded by --zero1 yet";
+    else if (sd_train_sharded(o)) why = "is not sharded by --zero1/--zero2 yet";
     else if (o->moments != SD_DT_F32) why = "keeps its own state: --adam-moments bf16 is AdamW's";
     if (why) {
         sd_trainer_close(tr);
@@ -251,7 +253,7 @@ static sd_status check_weight_dtype(sd_trainer *tr, sd_error *err)
     if (o->weight_dtype == SD_DT_F32 || o->weight_dtype == 0) return SD_OK; /* 0: options not from the defaults */
     if (o->weight_dtype != SD_DT_BF16) why = "takes fp32 or bf16";
     else if (o->device >= 0) why = "bf16 runs on the CPU only so far (no CUDA path widens the weights yet)";
-    else if (tr->world > 1 || o->zero1) why = "bf16 runs in one process only so far (no ZeRO-1 or MPI path for it)";
+    else if (tr->world > 1 || sd_train_sharded(o)) why = "bf16 runs in one process only so far (no ZeRO-1 or MPI path for it)";
     if (!why) return SD_OK;
     sd_trainer_close(tr);
     return sd_err_set(err, SD_EUNSUPPORTED, "--weight-dtype %s", why);
@@ -274,7 +276,7 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
     size_t n = tr->unet.w.total;
     tr->rank = sd_dist_rank();
     tr->world = sd_dist_world();
-    if (o->zero1 && o->device >= 0) {
+    if (sd_train_sharded(o) && o->device >= 0) {
         sd_trainer_close(tr);
         return sd_err_set(err, SD_EUNSUPPORTED, "--zero1 shards the CPU optimizer; GPU ranks keep whole moments");
     }
@@ -293,7 +295,7 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
     if (o->optimizer != SD_OPT_ADAMW) {
         rc = open_other_optimizer(tr, err);
         if (rc) return rc;
-    } else if (o->zero1) {
+    } else if (sd_train_sharded(o)) {
         size_t own = moment_values(o, n, tr->rank, tr->world);
         tr->m_sh = calloc(own ? own : 1, tr->moment_size);
         tr->v_sh = calloc(own ? own : 1, tr->moment_size);
@@ -305,10 +307,12 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         tr->m = calloc(n, tr->moment_size);
         tr->v = calloc(n, tr->moment_size);
     }
-    /* --fused-backward: no gradient buffer, a scratch per op (train_fused.c) */
-    tr->grad = o->fused_backward ? NULL : calloc(n, sizeof(float));
-    if (o->fused_backward) {
-        rc = sd_train_fused_open(tr, err);
+    /* --fused-backward: no gradient buffer, a scratch per op (train_fused.c);
+     * --zero2: this rank's share of it (train_zero2.c) */
+    int no_grad = o->fused_backward || o->zero2;
+    tr->grad = no_grad ? NULL : calloc(n, sizeof(float));
+    if (o->fused_backward || o->zero2) {
+        rc = o->zero2 ? sd_train_zero2_open(tr, err) : sd_train_fused_open(tr, err);
         if (rc) {
             sd_trainer_close(tr);
             return rc;
@@ -326,11 +330,11 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         if (tr->ema && tr->w16) sd_train_w16_widen(tr->ema, tr->w16, n);
         else if (tr->ema) memcpy(tr->ema, tr->unet.w.data, n * sizeof(float));
     }
-    int adamw_whole = !o->zero1 && o->optimizer == SD_OPT_ADAMW;
+    int adamw_whole = !sd_train_sharded(o) && o->optimizer == SD_OPT_ADAMW;
     /* the per-tensor updates of fp32 weights copy one tensor's descriptor */
     size_t desc = sd_train_w16_desc_bytes(o, &tr->unet.w);
     if (!tr->desc && desc && (o->fused_backward || o->clip_per_tensor)) tr->desc = malloc(desc);
-    if ((adamw_whole && (!tr->m || !tr->v)) || (!tr->grad && !o->fused_backward) ||
+    if ((adamw_whole && (!tr->m || !tr->v)) || (!tr->grad && !no_grad) ||
         (o->ema_decay > 0 && !tr->ema) || (desc && !tr->desc && (o->fused_backward || o->clip_per_tensor))) {
         sd_trainer_close(tr);
         return sd_err_set(err, SD_ENOMEM, "out of memory for optimizer state (%zu MB)",
@@ -410,6 +414,8 @@ void sd_trainer_close(sd_trainer *tr)
     free(tr->desc);
     free(tr->fgrad);
     free(tr->fdone);
+    free(tr->gsh);
+    free(tr->z2off);
     free(tr->m_sh);
     free(tr->v_sh);
     sd_opt_state_free(&tr->opt);

@@ -3,13 +3,15 @@
 #include "train.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "dist.h"
 #include "train_int.h"
 
-/* Zero the gradients on the backend. */
+/* Zero the gradients on the backend (--zero2: this rank's share). */
 void sd_train_zero_grad(sd_trainer *tr)
 {
+    if (tr->gsh) memset(tr->gsh, 0, tr->z2own * sizeof(float));
     if (!tr->d_grad) return; /* --fused-backward keeps no gradient buffer */
     tr->be->zero(tr->exec, tr->d_grad, tr->unet.w.total * sizeof(float));
 }
@@ -162,26 +164,36 @@ double sd_train_apply(sd_trainer *tr)
     return norm;
 }
 
-/* ZeRO-1's gradient norm, after the reduce-scatter left each rank the
- * summed gradient of its own segments: every rank's sum of squares added
- * in rank order. It is grouped by segment, so it may differ from the
- * whole-buffer chunks of sd_train_grad_norm_local in the last bits. */
+/* The summed gradient of this rank's segment [lo, hi), which begins at
+ * packed offset off of its share: ZeRO-1's in the whole buffer (where the
+ * reduce-scatter left it), ZeRO-2's in the share. */
+static const float *own_grad(const sd_trainer *tr, size_t lo, size_t off)
+{
+    return tr->o.zero2 ? tr->gsh + off : tr->grad + lo;
+}
+
+/* ZeRO-1's and ZeRO-2's gradient norm, after the reduce-scatter left each
+ * rank the summed gradient of its own segments: every rank's sum of
+ * squares added in rank order. It is grouped by segment, so it may differ
+ * from the whole-buffer chunks of sd_train_grad_norm_local in the last
+ * bits; ZeRO-1 and ZeRO-2 group it alike. */
 sd_status sd_train_grad_norm_zero1(sd_trainer *tr, double *norm, sd_error *err)
 {
-    size_t n = tr->unet.w.total, lo, hi;
+    size_t n = tr->unet.w.total, lo, hi, off = 0;
     double ss = 0;
     for (size_t b = 0; b < sd_dist_blocks(n); b++) {
         sd_dist_segment(n, b, tr->rank, tr->world, &lo, &hi);
-        ss += sd_sum_squares(tr->pool, hi - lo, tr->grad + lo);
+        ss += sd_sum_squares(tr->pool, hi - lo, own_grad(tr, lo, off));
+        off += hi - lo;
     }
     sd_status rc = sd_dist_sum_f64(&ss, 1, err);
     *norm = sqrt(ss);
     return rc;
 }
 
-/* ZeRO-1's optimizer step: AdamW on the own segments with the packed
- * moments, then the updated weights all-gathered. The same arithmetic per
- * element as sd_train_apply_norm. */
+/* ZeRO-1's (and ZeRO-2's) optimizer step: AdamW on the own segments with
+ * the packed moments, then the updated weights all-gathered. The same
+ * arithmetic per element as sd_train_apply_norm. */
 sd_status sd_train_apply_zero1(sd_trainer *tr, double norm, sd_error *err)
 {
     size_t n = tr->unet.w.total, off = 0, lo, hi;
@@ -190,7 +202,7 @@ sd_status sd_train_apply_zero1(sd_trainer *tr, double norm, sd_error *err)
     for (size_t b = 0; b < sd_dist_blocks(n); b++) {
         sd_dist_segment(n, b, tr->rank, tr->world, &lo, &hi);
         adamw_on(tr, sd_backend_cpu(), tr->pool, &a, lo, hi - lo, tr->unet.w.data + lo,
-                 (char *)tr->m_sh + off * tr->moment_size, (char *)tr->v_sh + off * tr->moment_size, tr->grad + lo);
+                 (char *)tr->m_sh + off * tr->moment_size, (char *)tr->v_sh + off * tr->moment_size, own_grad(tr, lo, off));
         off += hi - lo;
     }
     sd_status rc = sd_dist_allgather_f32(tr->unet.w.data, n, err);

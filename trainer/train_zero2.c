@@ -1,0 +1,142 @@
+/* --zero2 (ZeRO stage 2) on CPU ranks: no gradient buffer of the model.
+ * The UNet's fused backward (sd_unet_backward_fused) hands each tensor's
+ * gradient over as soon as it is complete; it is reduce-scattered at once
+ * (sd_dist_reduce_scatter_range: each element summed over the ranks in
+ * rank order) into the owner's share of the gradient, packed as ZeRO-1's
+ * moments are (dist.h's segments). After the step's micro-batches the
+ * global norm comes from the shares, AdamW steps each rank's own segments
+ * (ZeRO-1's update) and the weights are all-gathered. Every rank takes part
+ * in the same reduce-scatters in the same order: a rank with fewer
+ * batches in a round (skipped records, an uneven round) sends zeros in the
+ * order sd_unet_fused_order gives. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist.h"
+#include "log.h"
+#include "train_int.h"
+
+/* Why these options cannot run under --zero2 on a world of `world` ranks,
+ * NULL when they can. */
+const char *sd_train_zero2_refusal(const sd_train_opts *o, int world)
+{
+    if (world < 2)
+        return "--zero2 shards the gradients over ranks: start it under mpirun -np N (N >= 2); one process keeps "
+               "them whole (--fused-backward keeps none)";
+    if (o->device >= 0 || o->nccl)
+        return "--zero2 shards CPU ranks' gradients; GPU ranks (--device cuda, --nccl) are not sharded yet";
+    if (o->fused_backward)
+        return "--zero2 reduce-scatters each tensor's gradient during the backward and updates after it: not with "
+               "--fused-backward, which updates during it (one process only)";
+    if (o->clip_per_tensor)
+        return "--zero2 clips by the global norm from the ranks' shares; not with --clip-per-tensor";
+    if (o->optimizer != SD_OPT_ADAMW)
+        return "--zero2 shards AdamW's moments; --optimizer adamw8bit and adafactor are not sharded yet";
+    if (o->weight_dtype == SD_DT_BF16)
+        return "--weight-dtype bf16 runs in one process only so far (no ZeRO path widens the weights yet)";
+    return NULL;
+}
+
+/* The order of the backward's tensors from a plan of one small latent
+ * (the order follows the ops alone), the scratch for the largest op, and
+ * this rank's zeroed share of the gradient. */
+sd_status sd_train_zero2_open(sd_trainer *tr, sd_error *err)
+{
+    const char *why = sd_train_zero2_refusal(&tr->o, tr->world);
+    if (why) return sd_err_set(err, SD_EUNSUPPORTED, "%s", why);
+    const sd_unet_config *c = &tr->unet.cfg;
+    int side = 1 << (c->nblocks > 0 ? c->nblocks - 1 : 0);
+    sd_unet_graph g = {0};
+    sd_status rc = sd_unet_plan(&tr->unet, 1, side, side, 77, 0, &g, err);
+    if (rc) return rc;
+    size_t cap = 2 * (g.nops ? g.nops : 1), own = sd_dist_owned(tr->unet.w.total, tr->rank, tr->world);
+    tr->z2off = malloc(2 * cap * sizeof(size_t));
+    tr->fgrad_cap = sd_unet_fused_scratch(&tr->unet, &g);
+    tr->fgrad = malloc((tr->fgrad_cap ? tr->fgrad_cap : 1) * sizeof(float));
+    tr->gsh = calloc(own ? own : 1, sizeof(float));
+    tr->z2own = own;
+    if (tr->z2off) {
+        tr->z2len = tr->z2off + cap;
+        tr->z2n = sd_unet_fused_order(&tr->unet, &g, tr->z2off, tr->z2len);
+    }
+    sd_unet_graph_free(&g);
+    if (!tr->z2off || !tr->fgrad || !tr->gsh) return sd_err_set(err, SD_ENOMEM, "out of memory for --zero2");
+    return SD_OK;
+}
+
+/* One tensor's gradient of this rank's micro-batch is complete: into its
+ * owners' shares, after checking it is the tensor the order expects (a
+ * rank out of step would pair other tensors' values). */
+static int tensor_done(void *ctx, size_t off, const float *g, size_t n)
+{
+    sd_trainer *tr = ctx;
+    if (tr->z2pos >= tr->z2n || tr->z2off[tr->z2pos] != off || tr->z2len[tr->z2pos] != n) {
+        sd_err_set(&tr->z2err, SD_EINVAL,
+                   "--zero2: the backward handed over the tensor at offset %zu (%zu floats) where its plan has %s "
+                   "(tensor %zu of %zu): the ranks' reduce-scatters would not pair",
+                   off, n, tr->z2pos < tr->z2n ? "another" : "none", tr->z2pos, tr->z2n);
+        return 1;
+    }
+    tr->z2pos++;
+    return sd_dist_reduce_scatter_range(g, off, n, tr->unet.w.total, tr->gsh, tr->z2add, &tr->z2err) ? 1 : 0;
+}
+
+/* This rank's part of one pass of the step: the backward of the
+ * micro-batch sd_train_pass just ran forward, each tensor reduce-scattered
+ * as it completes; or, idle (no usable batch, or a non-finite loss: the
+ * step is dropped anyway), zeros for every tensor in the same order. The
+ * step's first pass stores into the shares, later ones add (accumulation). */
+sd_status sd_train_zero2_pass(sd_trainer *tr, int idle, sd_error *err)
+{
+    sd_status rc = SD_OK;
+    tr->z2pos = 0;
+    if (idle) {
+        sd_log(SD_LOG_DEBUG, "--zero2: rank %d has no batch for this pass of step %ld: zeros to the reduce-scatters",
+               tr->rank, tr->step + 1);
+        memset(tr->fgrad, 0, tr->fgrad_cap * sizeof(float));
+        for (size_t k = 0; k < tr->z2n && !rc; k++)
+            rc = sd_dist_reduce_scatter_range(tr->fgrad, tr->z2off[k], tr->z2len[k], tr->unet.w.total, tr->gsh,
+                                              tr->z2add, err);
+        tr->z2add = 1;
+        return rc;
+    }
+    size_t need = sd_unet_fused_scratch(&tr->unet, &tr->g);
+    if (need > tr->fgrad_cap) { /* the ops are the same at any size: a plan of other ops */
+        return sd_err_set(err, SD_EINVAL, "--zero2: this batch's graph needs %zu floats of scratch, its plan %zu",
+                          need, tr->fgrad_cap);
+    }
+    sd_unet_wts w = sd_train_wts(tr);
+    sd_unet_fuse f = {tr->fgrad, tensor_done, tr};
+    memset(&tr->z2err, 0, sizeof tr->z2err);
+    if (sd_unet_backward_fused(&tr->unet, &tr->g, tr->be, tr->exec, &w, tr->d_act, tr->d_dact, tr->d_dout, NULL,
+                               &f)) {
+        *err = tr->z2err;
+        return err->code ? err->code : SD_EIO;
+    }
+    if (tr->z2pos != tr->z2n)
+        return sd_err_set(err, SD_EINVAL, "--zero2: the backward handed over %zu tensors, its plan %zu", tr->z2pos,
+                          tr->z2n);
+    tr->z2add = 1;
+    return SD_OK;
+}
+
+/* The end of a round: as many idle passes as this rank is short of the
+ * round's largest share, ceil(need / world) (rank 0's), so every rank ran
+ * the same reduce-scatters. */
+sd_status sd_train_zero2_round(sd_trainer *tr, int need, int passes, sd_error *err)
+{
+    int due = (need + tr->world - 1) / tr->world;
+    for (; passes < due; passes++) {
+        sd_status rc = sd_train_zero2_pass(tr, 1, err);
+        if (rc) return rc;
+    }
+    return SD_OK;
+}
+
+/* ZeRO-1 shards the moments; ZeRO-2 shards them the same way and the
+ * gradients too. */
+int sd_train_sharded(const sd_train_opts *o)
+{
+    return o->zero1 || o->zero2;
+}
