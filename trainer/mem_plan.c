@@ -219,6 +219,12 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     /* the walk's peak is every buffer it was handed plus its largest op's
      * scratch, each rounded as the allocator rounds */
     p->total = peak + host_io + p->conv_workspace + w16_scratch + p->dist_recv + p->process;
+    /* ZeRO: rank 0 gathers the whole moments for a checkpoint while the
+     * step's buffers stay (sd_train_moments_full), the peak of its run */
+    if (sd_train_sharded(o) && rank == 0 && o->optimizer == SD_OPT_ADAMW && o->device < 0) {
+        p->save_gather = 2 * u->w.total * (o->moments == SD_DT_BF16 ? 2 : 4);
+        p->total += p->save_gather;
+    }
     /* bf16 weights: sd_trainer_open holds the fp32 model beside its bf16
      * rounding for a moment (train_w16.c); without a gradient buffer
      * (--fused-backward) that moment can be the run's peak. The optimizer

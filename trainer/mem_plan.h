@@ -40,6 +40,10 @@ typedef struct {
      * the share plus the per-op scratch); the rank the plan is for */
     size_t dist_recv, grad_share;
     int rank, world;
+    /* ZeRO on rank 0: the whole AdamW moments it gathers for each
+     * checkpoint (train_moments.c), held beside everything else for the
+     * time of the save (in total) */
+    size_t save_gather;
     /* bf16 weights: the start, when the loaded or initialised fp32 weights
      * are held beside their bf16 rounding (with the process; the optimizer
      * state is not touched yet); total is the larger of it and the step's */

@@ -27,9 +27,9 @@ void sd_mem_plan_json(const sd_mem_plan *p, const sd_train_opts *o, FILE *f)
     fprintf(f, "\"detail\": {\"graph_activations\": %zu, \"graph_activation_gradients\": %zu, \"output_gradient\": %zu, "
                "\"op_scratch\": %zu, \"cudnn_workspace\": %zu, \"ema_on_host\": %zu, "
                "\"bf16_start\": %zu, \"reduction_buffer\": %zu, \"gradient_share\": %zu, \"rank\": %d, "
-               "\"ranks\": %d}, ",
+               "\"ranks\": %d, \"save_gather\": %zu}, ",
             p->graph_act, p->graph_dact, p->io, p->op_scratch, p->conv_workspace, p->ema_host, p->start, p->dist_recv,
-            p->grad_share, p->rank, p->world);
+            p->grad_share, p->rank, p->world, p->save_gather);
     setup_json(o, f);
     fprintf(f, ", \"limit\": %zu, \"limit_from\": \"%s\", \"fits\": %s}\n", p->limit, p->limit_from,
             p->fits < 0 ? "null" : p->fits ? "true" : "false");
