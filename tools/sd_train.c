@@ -413,15 +413,17 @@ int main(int argc, char **argv)
          "apply --max-grad-norm to each parameter tensor's own norm instead of the global norm (what "
          "--fused-backward does; the same final weights with or without it)"},
         {"zero1", 0, SD_OPT_FLAG, &o.zero1, NULL,
-         "under mpirun on CPUs: each rank keeps only its share of the AdamW moments (ZeRO stage 1: gradients "
+         "under mpirun: each rank keeps only its share of the AdamW moments (ZeRO stage 1: gradients "
          "reduce-scattered, AdamW on the own share, weights all-gathered), cutting their memory by the number of "
-         "ranks; checkpoints still hold the whole state"},
+         "ranks; checkpoints still hold the whole state. CPU ranks over MPI, GPU ranks (--device cuda) over NCCL "
+         "(not yet run on a GPU)"},
         {"zero2", 0, SD_OPT_FLAG, &o.zero2, NULL,
-         "under mpirun on CPUs: --zero1 and the gradients sharded too (ZeRO stage 2): each tensor's gradient is "
+         "under mpirun: --zero1 and the gradients sharded too (ZeRO stage 2): each tensor's gradient is "
          "reduce-scattered as soon as the backward has it, so a rank holds only its share of the gradients and "
          "AdamW moments and no gradient buffer of the model; --accum works, clipping is by the global norm, "
          "checkpoints hold the whole state (resumable by any world size, with or without it). AdamW, fp32 "
-         "weights. Example: mpirun -np 2 sd-train --zero2 --unet sd15/ -o run/ --batch 2 cache.shard"},
+         "weights; CPU ranks over MPI (the same weights as --zero1), GPU ranks over NCCL (not yet run on a GPU). "
+         "Example: mpirun -np 2 sd-train --zero2 --unet sd15/ -o run/ --batch 2 cache.shard"},
         {"nccl", 0, SD_OPT_FLAG, &o.nccl, NULL,
          "sum gradients over NCCL even with one process (a check of the path; several GPU ranks use NCCL whenever "
          "the build has it)"},
@@ -517,7 +519,6 @@ int main(int argc, char **argv)
     if (!bad && o.val_every < 0) bad = "--val-every must not be negative";
     if (!bad) bad = check_samples(&o, bad_buf, sizeof bad_buf);
     if (!bad && fresh && resume) bad = "--fresh starts over and --resume continues: give one of them";
-    if (!bad && o.zero1 && o.device >= 0) bad = "--zero1 shards the CPU optimizer; not with --device cuda";
     if (!bad && !sd_lr_kind_parse(sched, &o.lr.kind))
         bad = "--lr-schedule: constant, constant_with_warmup, cosine or linear";
     if (!bad && (t_min < 0 || t_max > SD_DDPM_STEPS || t_min >= t_max))

@@ -179,30 +179,39 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
     tr->cuda = c;
     tr->be = sd_backend_cuda();
     tr->exec = c;
-    size_t n = tr->unet.w.total, bytes = n * sizeof(float), mbytes = n * tr->moment_size;
-    void *got[5] = {0};
-    size_t want[5] = {bytes, bytes, mbytes, mbytes, bytes}, total = 0;
-    int nb = tr->ema && !tr->o.ema_host ? 5 : 4; /* --ema-on-cpu: the EMA stays in host memory */
-    for (int i = 0; i < nb; i++) {
+    /* ZeRO: the moments' share; --zero2: the gradient's share (in place of
+     * the gradient) and the per-op scratch (sd_train_zero2_open sized them) */
+    size_t n = tr->unet.w.total, bytes = n * sizeof(float);
+    size_t own = sd_train_sharded(&tr->o) ? sd_dist_owned(n, tr->rank, tr->world) : n, mbytes = own * tr->moment_size;
+    size_t gbytes = tr->o.zero2 ? tr->z2own * sizeof(float) : bytes;
+    void *got[6] = {0};
+    size_t want[6] = {bytes, gbytes, mbytes, mbytes, bytes, tr->o.zero2 ? tr->fgrad_cap * sizeof(float) : 0};
+    size_t total = 0;
+    int ema_dev = tr->ema && !tr->o.ema_host; /* --ema-on-cpu: the EMA stays in host memory */
+    for (int i = 0; i < 6; i++) {
         total += want[i];
-        got[i] = tr->be->alloc(c, want[i]);
+        if ((i == 4 && !ema_dev) || (i == 5 && !tr->o.zero2)) continue;
+        got[i] = tr->be->alloc(c, want[i] ? want[i] : 1);
         if (!got[i]) {
-            for (int j = 0; j < i; j++) tr->be->release(c, got[j]);
+            for (int j = 0; j < i; j++)
+                if (got[j]) tr->be->release(c, got[j]);
             tr->d_w = tr->d_grad = tr->d_ema = NULL;
             tr->d_m = tr->d_v = NULL;
-            for (int j = i + 1; j < nb; j++) total += want[j];
+            for (int j = i + 1; j < 6; j++) total += want[j];
             return sd_err_set(err, SD_ENOMEM, "cuda:%d: no room for the weights, gradients and AdamW moments "
                               "(%.1f MiB)%s%s", tr->o.device, (double)total / (1 << 20),
-                              nb == 5 ? "; --ema-on-cpu keeps the EMA in host memory" : "",
+                              ema_dev ? "; --ema-on-cpu keeps the EMA in host memory" : "",
                               tr->moment_size == 4 ? "; --adam-moments bf16 halves the moments" : "");
         }
     }
     tr->d_w = got[0];
-    tr->d_grad = got[1];
+    tr->d_grad = tr->o.zero2 ? NULL : got[1];
+    tr->gsh = tr->o.zero2 ? got[1] : NULL;
     tr->d_m = got[2];
     tr->d_v = got[3];
     tr->d_ema = got[4];
-    tr->be->zero(c, tr->d_grad, bytes);
+    tr->fgrad = got[5];
+    tr->be->zero(c, got[1], gbytes);
     tr->dev_stale = 1;
     rc = tr->be->sync(c, err);
     if (rc || !(tr->world > 1 || tr->o.nccl)) return rc;
@@ -216,6 +225,9 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
     return SD_OK;
 #else
     if (tr->o.nccl) return sd_err_set(err, SD_EUNSUPPORTED, "--nccl: this build has no NCCL (the CUDA toolkit's libnccl)");
+    if (sd_train_sharded(&tr->o))
+        return sd_err_set(err, SD_EUNSUPPORTED, "--zero1/--zero2 on GPU ranks shard over NCCL, which this build lacks "
+                          "(the CUDA toolkit's libnccl)");
     return SD_OK; /* several GPU ranks sum through the host over MPI */
 #endif
 #else
@@ -276,10 +288,6 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
     size_t n = tr->unet.w.total;
     tr->rank = sd_dist_rank();
     tr->world = sd_dist_world();
-    if (sd_train_sharded(o) && o->device >= 0) {
-        sd_trainer_close(tr);
-        return sd_err_set(err, SD_EUNSUPPORTED, "--zero1 shards the CPU optimizer; GPU ranks keep whole moments");
-    }
     if (o->zero_terminal_snr && o->snr_gamma > 0 && o->pred == SD_PRED_EPSILON) {
         sd_trainer_close(tr);
         return sd_err_set(err, SD_EINVAL, "zero terminal SNR with min-SNR weights and epsilon prediction: the "
@@ -400,9 +408,13 @@ void sd_trainer_close(sd_trainer *tr)
     sd_nccl_close(tr->nccl);
 #endif
     if (tr->cuda) {
-        void *dev[] = {tr->d_w, tr->d_grad, tr->d_m, tr->d_v, tr->d_ema, tr->d_act, tr->d_dact, tr->d_dout};
+        /* --zero2's share and scratch are device buffers there too */
+        void *dev[] = {tr->d_w,   tr->d_grad, tr->d_m,    tr->d_v, tr->d_ema,
+                       tr->d_act, tr->d_dact, tr->d_dout, tr->gsh, tr->fgrad};
         for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
             if (dev[i]) tr->be->release(tr->exec, dev[i]);
+        tr->gsh = NULL;
+        tr->fgrad = NULL;
 #ifdef SDTK_HAVE_CUDA
         sd_cuda_destroy(tr->cuda);
 #endif

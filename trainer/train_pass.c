@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 
+#include "dist.h"
 #include "log.h"
 #include "train_int.h"
 
@@ -118,15 +119,27 @@ void sd_train_put(sd_trainer *tr, float *dst, const float *src, size_t floats)
     put_bytes(tr, dst, src, floats * sizeof(float));
 }
 
+/* The moments as the host holds them between steps: whole, or ZeRO's
+ * packed share (m_sh, v_sh; own values), as the device holds them too. */
+static void host_moments(sd_trainer *tr, void **m, void **v, size_t *values)
+{
+    int sh = sd_train_sharded(&tr->o);
+    *m = sh ? tr->m_sh : tr->m;
+    *v = sh ? tr->v_sh : tr->v;
+    *values = sh ? sd_dist_owned(tr->unet.w.total, tr->rank, tr->world) : tr->unet.w.total;
+}
+
 /* The host's weights, moments and EMA onto the device when they changed
  * there (a new run, a resume); nothing on the CPU. */
 void sd_train_push_state(sd_trainer *tr)
 {
     if (!tr->dev_stale) return;
-    size_t n = tr->unet.w.total;
+    size_t n = tr->unet.w.total, mn;
+    void *m, *v;
+    host_moments(tr, &m, &v, &mn);
     sd_train_put(tr, tr->d_w, tr->unet.w.data, n);
-    put_bytes(tr, tr->d_m, tr->m, n * tr->moment_size);
-    put_bytes(tr, tr->d_v, tr->v, n * tr->moment_size);
+    put_bytes(tr, tr->d_m, m, mn * tr->moment_size);
+    put_bytes(tr, tr->d_v, v, mn * tr->moment_size);
     if (tr->ema && tr->d_ema) sd_train_put(tr, tr->d_ema, tr->ema, n);
     tr->dev_stale = 0;
 }
@@ -135,10 +148,12 @@ void sd_train_push_state(sd_trainer *tr)
 sd_status sd_train_sync_host(sd_trainer *tr, sd_error *err)
 {
     if (!tr->cuda || !tr->host_stale) return SD_OK;
-    size_t bytes = tr->unet.w.total * sizeof(float);
+    size_t bytes = tr->unet.w.total * sizeof(float), mn;
+    void *m, *v;
+    host_moments(tr, &m, &v, &mn);
     tr->be->d2h(tr->exec, tr->unet.w.data, tr->d_w, bytes);
-    tr->be->d2h(tr->exec, tr->m, tr->d_m, tr->unet.w.total * tr->moment_size);
-    tr->be->d2h(tr->exec, tr->v, tr->d_v, tr->unet.w.total * tr->moment_size);
+    tr->be->d2h(tr->exec, m, tr->d_m, mn * tr->moment_size);
+    tr->be->d2h(tr->exec, v, tr->d_v, mn * tr->moment_size);
     if (tr->ema && tr->d_ema) tr->be->d2h(tr->exec, tr->ema, tr->d_ema, bytes);
     sd_status rc = tr->be->sync(tr->exec, err);
     if (!rc) tr->host_stale = 0;

@@ -119,10 +119,12 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
             return sd_err_set(err, SD_EFORMAT, "1000 batches in a row without a usable record: every record drawn was "
                               "skipped (the counts by reason are above)");
     }
-    if (tr->nccl) {
+    if (tr->nccl && !tr->o.zero2) {
 #if defined(SDTK_HAVE_NCCL) && defined(SDTK_HAVE_CUDA)
-        /* on the GPU, queued behind the backward pass */
-        sd_status rc = sd_nccl_sum_f32(tr->nccl, tr->d_grad, tr->unet.w.total, sd_cuda_stream(tr->cuda), err);
+        /* on the GPU, queued behind the backward pass; ZeRO-1: each owner's segments only */
+        void *s = sd_cuda_stream(tr->cuda);
+        sd_status rc = tr->o.zero1 ? sd_nccl_reduce_scatter_f32(tr->nccl, tr->d_grad, tr->unet.w.total, s, err)
+                                   : sd_nccl_sum_f32(tr->nccl, tr->d_grad, tr->unet.w.total, s, err);
         if (rc) return rc;
 #endif
     } else if (tr->o.zero2) {

@@ -2,8 +2,9 @@
  * The UNet's fused backward (sd_unet_backward_fused) hands each tensor's
  * gradient over as soon as it is complete; it is reduce-scattered at once
  * (sd_dist_reduce_scatter_range: each element summed over the ranks in
- * rank order) into the owner's share of the gradient, packed as ZeRO-1's
- * moments are (dist.h's segments). After the step's micro-batches the
+ * rank order; over NCCL on GPU ranks, in NCCL's order) into the owner's
+ * share of the gradient, packed as ZeRO-1's moments are (dist.h's
+ * segments). After the step's micro-batches the
  * global norm comes from the shares, AdamW steps each rank's own segments
  * (ZeRO-1's update) and the weights are all-gathered. Every rank takes part
  * in the same reduce-scatters in the same order: a rank with fewer
@@ -15,6 +16,12 @@
 
 #include "dist.h"
 #include "log.h"
+#ifdef SDTK_HAVE_CUDA
+#include "sd_cuda.h"
+#endif
+#ifdef SDTK_HAVE_NCCL
+#include "nccl_sum.h"
+#endif
 #include "train_int.h"
 
 /* Why these options cannot run under --zero2 on a world of `world` ranks,
@@ -24,8 +31,6 @@ const char *sd_train_zero2_refusal(const sd_train_opts *o, int world)
     if (world < 2)
         return "--zero2 shards the gradients over ranks: start it under mpirun -np N (N >= 2); one process keeps "
                "them whole (--fused-backward keeps none)";
-    if (o->device >= 0 || o->nccl)
-        return "--zero2 shards CPU ranks' gradients; GPU ranks (--device cuda, --nccl) are not sharded yet";
     if (o->fused_backward)
         return "--zero2 reduce-scatters each tensor's gradient during the backward and updates after it: not with "
                "--fused-backward, which updates during it (one process only)";
@@ -40,7 +45,8 @@ const char *sd_train_zero2_refusal(const sd_train_opts *o, int world)
 
 /* The order of the backward's tensors from a plan of one small latent
  * (the order follows the ops alone), the scratch for the largest op, and
- * this rank's zeroed share of the gradient. */
+ * this rank's zeroed share of the gradient (on a GPU those two are device
+ * buffers, allocated with the others in train_open.c). */
 sd_status sd_train_zero2_open(sd_trainer *tr, sd_error *err)
 {
     const char *why = sd_train_zero2_refusal(&tr->o, tr->world);
@@ -53,16 +59,41 @@ sd_status sd_train_zero2_open(sd_trainer *tr, sd_error *err)
     size_t cap = 2 * (g.nops ? g.nops : 1), own = sd_dist_owned(tr->unet.w.total, tr->rank, tr->world);
     tr->z2off = malloc(2 * cap * sizeof(size_t));
     tr->fgrad_cap = sd_unet_fused_scratch(&tr->unet, &g);
-    tr->fgrad = malloc((tr->fgrad_cap ? tr->fgrad_cap : 1) * sizeof(float));
-    tr->gsh = calloc(own ? own : 1, sizeof(float));
     tr->z2own = own;
+    if (tr->o.device < 0) {
+        tr->fgrad = malloc((tr->fgrad_cap ? tr->fgrad_cap : 1) * sizeof(float));
+        tr->gsh = calloc(own ? own : 1, sizeof(float));
+    }
     if (tr->z2off) {
         tr->z2len = tr->z2off + cap;
         tr->z2n = sd_unet_fused_order(&tr->unet, &g, tr->z2off, tr->z2len);
     }
     sd_unet_graph_free(&g);
-    if (!tr->z2off || !tr->fgrad || !tr->gsh) return sd_err_set(err, SD_ENOMEM, "out of memory for --zero2");
+    if (!tr->z2off || (tr->o.device < 0 && (!tr->fgrad || !tr->gsh)))
+        return sd_err_set(err, SD_ENOMEM, "out of memory for --zero2");
     return SD_OK;
+}
+
+/* src (the scratch) reduce-scattered into the owners' shares: over MPI in
+ * host memory, or over NCCL on the GPU's stream, where an owner first adds
+ * its share's earlier value into its own part of src to accumulate. */
+static sd_status reduce(sd_trainer *tr, float *src, size_t off, size_t len, sd_error *err)
+{
+    size_t n = tr->unet.w.total;
+#if defined(SDTK_HAVE_NCCL) && defined(SDTK_HAVE_CUDA)
+    if (tr->nccl) {
+        for (size_t b = off / SD_DIST_BLOCK; tr->z2add && b * SD_DIST_BLOCK < off + len; b++) {
+            size_t lo, hi;
+            sd_dist_segment(n, b, tr->rank, tr->world, &lo, &hi);
+            size_t s = lo > off ? lo : off, e = hi < off + len ? hi : off + len;
+            if (e > s)
+                tr->be->add_fwd(tr->exec, e - s, src + (s - off), src + (s - off),
+                                tr->gsh + sd_dist_packed_index(n, s, tr->rank, tr->world));
+        }
+        return sd_nccl_reduce_range(tr->nccl, src, off, len, n, tr->gsh, sd_cuda_stream(tr->cuda), err);
+    }
+#endif
+    return sd_dist_reduce_scatter_range(src, off, len, n, tr->gsh, tr->z2add, err);
 }
 
 /* One tensor's gradient of this rank's micro-batch is complete: into its
@@ -79,7 +110,8 @@ static int tensor_done(void *ctx, size_t off, const float *g, size_t n)
         return 1;
     }
     tr->z2pos++;
-    return sd_dist_reduce_scatter_range(g, off, n, tr->unet.w.total, tr->gsh, tr->z2add, &tr->z2err) ? 1 : 0;
+    float *src = tr->fgrad + (g - tr->fgrad); /* g lies in the scratch, which is ours to reuse */
+    return reduce(tr, src, off, n, &tr->z2err) ? 1 : 0;
 }
 
 /* This rank's part of one pass of the step: the backward of the
@@ -94,10 +126,10 @@ sd_status sd_train_zero2_pass(sd_trainer *tr, int idle, sd_error *err)
     if (idle) {
         sd_log(SD_LOG_DEBUG, "--zero2: rank %d has no batch for this pass of step %ld: zeros to the reduce-scatters",
                tr->rank, tr->step + 1);
-        memset(tr->fgrad, 0, tr->fgrad_cap * sizeof(float));
-        for (size_t k = 0; k < tr->z2n && !rc; k++)
-            rc = sd_dist_reduce_scatter_range(tr->fgrad, tr->z2off[k], tr->z2len[k], tr->unet.w.total, tr->gsh,
-                                              tr->z2add, err);
+        for (size_t k = 0; k < tr->z2n && !rc; k++) { /* zeroed each time: NCCL's owner adds into it */
+            tr->be->zero(tr->exec, tr->fgrad, tr->z2len[k] * sizeof(float));
+            rc = reduce(tr, tr->fgrad, tr->z2off[k], tr->z2len[k], err);
+        }
         tr->z2add = 1;
         return rc;
     }
