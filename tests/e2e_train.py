@@ -1158,7 +1158,7 @@ class Train(unittest.TestCase):
         self.assertIn("first moment", err)
         # what the other optimizers cannot do yet is refused up front
         for extra, why in ((["--optimizer", "adam"], "--optimizer: adamw, adamw8bit or adafactor"),
-                           (["--optimizer", "adamw8bit", "--zero1"], "not sharded yet"),
+                           (["--optimizer", "adamw8bit", "--zero2"], "start it under mpirun -np N"),
                            (["--optimizer", "adafactor", "--adam-moments", "bf16"], "AdamW's"),
                            (["--optimizer", "adafactor", "--device", "cuda:0"], "CPU only"),
                            (["--adafactor-beta1", "0.9"], "--optimizer adafactor")):

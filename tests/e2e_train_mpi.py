@@ -283,8 +283,36 @@ class TrainMPI(unittest.TestCase):
             mpi(2, "-o", r, how, "--batch", "1", "--accum", "1", *base)
             self.assertEqual(same_files(files(r, STEPS), files(z, STEPS)), [], how)
 
+    def test_zero_other_optimizers(self):
+        """8-bit AdamW and Adafactor under ZeRO, shared by whole tensors (each rank owns a run of
+        them, its state that run's layout): --zero1 sums the whole gradient as plain data
+        parallelism and steps the own run, so it ends byte-identical to the plain 2-rank run (state
+        file included: rank 0 gathers the runs' buffers); --zero2 reduces each tensor's gradient
+        to its owner (rank-order sums; only the norm is grouped by share), measured equal here; a
+        --zero2 run resumed from its step-2 checkpoint, by --zero2 or --zero1, ends byte-identical."""
+        base = ["--unet", UNET, "--batch", "1", "--steps", "4", "--save-every", "2", "--keep", "0", "--seed", "5",
+                "--lr", "1e-3", "--ema-decay", "0.99", "-j", "1", "-q", self.shard]
+        for opt, extra in (("adafactor", ["--adafactor-beta1", "0.9"]), ("adamw8bit", [])):
+            runs = {}
+            for z in ("", "--zero1", "--zero2"):
+                runs[z] = os.path.join(self.tmp.name, "other-%s%s" % (opt, z))
+                mpi(2, "-o", runs[z], "--optimizer", opt, *extra, *([z] if z else []), *base)
+            self.assertEqual(same_files(files(runs["--zero1"], 4), files(runs[""], 4)), [], opt)
+            a, _ = st_load(os.path.join(runs["--zero1"], "checkpoint-4", "unet", "diffusion_pytorch_model.safetensors"))
+            b, _ = st_load(os.path.join(runs["--zero2"], "checkpoint-4", "unet", "diffusion_pytorch_model.safetensors"))
+            worst = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+            print("%s: zero2 vs zero1 largest |weight diff| %.3g" % (opt, worst), file=sys.stderr)
+            self.assertLess(worst, TOL_ABS, opt)
+            how = "--zero1" if opt == "adafactor" else "--zero2"
+            r = os.path.join(self.tmp.name, "other-%s-resumed" % opt)
+            shutil.copytree(os.path.join(runs["--zero2"], "checkpoint-2"), os.path.join(r, "checkpoint-2"))
+            with open(os.path.join(r, "latest"), "w") as f:
+                f.write("checkpoint-2\n")
+            mpi(2, "-o", r, "--optimizer", opt, *extra, how, *base)
+            self.assertEqual(same_files(files(r, 4), files(runs[how], 4)), [], (opt, how))
+
     def test_zero2_refused(self):
-        """--zero2 with what it cannot do: one process, --fused-backward, another optimizer, bf16
+        """--zero2 with what it cannot do: one process, --fused-backward, per-tensor clipping, bf16
         weights; exit 2 with the reason, nothing written."""
         out = os.path.join(self.tmp.name, "zero2-refused")
         p = subprocess.run([TRAIN, "--zero2", "--unet", UNET, "-o", out, "--steps", "1", "-q", self.shard],
@@ -292,7 +320,7 @@ class TrainMPI(unittest.TestCase):
         self.assertEqual(p.returncode, 2, p.stderr.decode())
         self.assertIn("--zero2 shards the gradients over ranks: start it under mpirun -np N", p.stderr.decode())
         for extra, why in ((["--fused-backward"], "not with --fused-backward"),
-                           (["--optimizer", "adafactor"], "--optimizer adamw8bit and adafactor are not sharded yet"),
+                           (["--clip-per-tensor"], "not with --clip-per-tensor"),
                            (["--weight-dtype", "bf16"], "--weight-dtype bf16 runs")):
             code, err, _ = mpi_raw(2, TRAIN, "--zero2", *extra, "--unet", UNET, "-o", out, "--steps", "1", "-q",
                                    self.shard)
@@ -559,6 +587,16 @@ class MemoryPlanMPI(unittest.TestCase):
             self.assertEqual(one["detail"]["save_gather"], 0)
             self.assertEqual(two["detail"]["save_gather"], 8 * n)
             self.assertEqual(z2["detail"]["save_gather"], 8 * n)
+            # Adafactor by whole tensors: rank 0's run of the state, its run of the gradient
+            af = ["--optimizer", "adafactor"] + base
+            one_af = json.loads(subprocess.run([TRAIN] + af, capture_output=True, check=True).stdout)
+            p = subprocess.run(cmd[:-len(base) - 1] + ["--zero2"] + af, capture_output=True, env=env, timeout=120)
+            self.assertEqual(p.returncode, 0, p.stderr.decode())
+            z2af = json.loads(p.stdout.decode())
+            self.assertLess(z2af["optimizer"], one_af["optimizer"])
+            self.assertGreater(z2af["optimizer"], 0)
+            self.assertEqual(z2af["detail"]["save_gather"], one_af["optimizer"])
+            self.assertLess(z2af["detail"]["gradient_share"], 0.75 * one_af["gradients"])
 
 
 if __name__ == "__main__":

@@ -541,8 +541,6 @@ int main(int argc, char **argv)
         bad = "--adafactor-beta1 in [0, 1)";
     if (!bad && o.optimizer != SD_OPT_ADAMW && o.device >= 0)
         bad = "--optimizer adamw8bit and adafactor run on the CPU only so far (no CUDA kernels for them yet)";
-    if (!bad && o.optimizer != SD_OPT_ADAMW && o.zero1)
-        bad = "--zero1 shards AdamW's moments; --optimizer adamw8bit and adafactor are not sharded yet";
     if (!bad && o.optimizer != SD_OPT_ADAMW && o.moments != SD_DT_F32)
         bad = "--adam-moments bf16 is AdamW's: --optimizer adamw8bit and adafactor keep their own state";
     if (!bad && o.zero2) bad = sd_train_zero2_refusal(&o, world);

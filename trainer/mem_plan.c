@@ -115,12 +115,19 @@ static sd_status walk_step(const sd_train_opts *o, const sd_unet *u, const sd_un
 }
 
 /* The bytes the reduction keeps for receiving (dist_mpi.c's buffer): for
- * ZeRO-2 the largest part of a tensor this rank owns, from every rank;
- * else one block's segments; nothing in a world of one. */
+ * ZeRO-2 the largest part of a tensor this rank owns, from every rank (by
+ * whole tensors: the largest tensor, or a piece of it); else one block's
+ * segments; nothing in a world of one. */
 static size_t dist_recv_bytes(const sd_train_opts *o, const sd_unet *u, const sd_unet_graph *g, int rank, int world)
 {
     if (world <= 1) return 0;
     if (!o->zero2) return sd_dist_sum_recv_floats(world) * sizeof(float);
+    if (o->optimizer != SD_OPT_ADAMW) { /* whole tensors to their owner: the largest, in pieces */
+        size_t most = 0;
+        for (size_t t = 0; t < u->w.nslots; t++)
+            if (u->w.slots[t].n > most) most = u->w.slots[t].n;
+        return (most < SD_DIST_PIECE ? most : SD_DIST_PIECE) * (size_t)world * sizeof(float);
+    }
     size_t cap = 2 * (g->nops ? g->nops : 1), most = 0;
     size_t *off = malloc(2 * cap * sizeof(size_t));
     if (!off) return sd_dist_sum_recv_floats(world) * sizeof(float); /* the bound: no part exceeds a block */
@@ -221,8 +228,9 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     p->total = peak + host_io + p->conv_workspace + w16_scratch + p->dist_recv + p->process;
     /* ZeRO: rank 0 gathers the whole moments for a checkpoint while the
      * step's buffers stay (sd_train_moments_full), the peak of its run */
-    if (sd_train_sharded(o) && rank == 0 && o->optimizer == SD_OPT_ADAMW && o->device < 0) {
-        p->save_gather = 2 * u->w.total * (o->moments == SD_DT_BF16 ? 2 : 4);
+    if (sd_train_sharded(o) && rank == 0 && o->device < 0) {
+        p->save_gather = o->optimizer == SD_OPT_ADAMW ? 2 * u->w.total * (o->moments == SD_DT_BF16 ? 2 : 4)
+                                                      : sd_train_tensor_state_bytes(o, &u->w, -1, world);
         p->total += p->save_gather;
     }
     /* bf16 weights: sd_trainer_open holds the fp32 model beside its bf16

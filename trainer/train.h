@@ -183,6 +183,7 @@ typedef struct {
     size_t z2own, *z2off, *z2len, z2n, z2pos;
     int z2add;
     sd_error z2err;
+    sd_opt_state *opt_save; /* ZeRO, rank 0, while a checkpoint is written: the whole model's state */
     sd_opt_state opt; /* --optimizer adamw8bit or adafactor: their per-tensor state (optim.h) */
     /* --weight-dtype bf16: the weights (unet.w.total bf16 values; unet.w.data
      * and d_w are then NULL except while a checkpoint is written or read),

@@ -13,7 +13,7 @@
  * checkpoint; the other ranks only send (their memory stays n + 2n/ranks). */
 sd_status sd_train_moments_full(sd_trainer *tr, sd_error *err)
 {
-    if (!sd_train_sharded(&tr->o)) return SD_OK;
+    if (!sd_train_sharded(&tr->o) || tr->o.optimizer != SD_OPT_ADAMW) return SD_OK;
     size_t n = tr->unet.w.total;
     int ok = 1, all = 1;
     if (tr->rank == 0) {

@@ -93,10 +93,12 @@ sd_train_state_bytes sd_train_state_sizes(const sd_train_opts *o, const sd_weigh
     sd_train_state_bytes b = {.weights = o->weight_dtype == SD_DT_BF16 ? w->total * sizeof(uint16_t)
                                                                       : sd_weights_bytes(w),
                               .gradients = o->fused_backward ? 0
-                                           : o->zero2       ? sd_dist_owned(w->total, rank, world) * sizeof(float)
+                                           : o->zero2       ? sd_train_zero2_own(o, w, rank, world) * sizeof(float)
                                                             : w->total * sizeof(float)};
     if (o->optimizer == SD_OPT_ADAMW) {
         b.optimizer = 2 * moment_values(o, w->total, rank, world) * moment_bytes(o);
+    } else if (sd_train_sharded(o)) { /* this rank's run of tensors */
+        b.optimizer = sd_train_tensor_state_bytes(o, w, rank, world);
     } else {
         sd_opt_state s;
         sd_opt_state_layout(&s, o->optimizer, o->adafactor_beta1 >= 0, w);
@@ -238,20 +240,22 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
 }
 
 /* The state of --optimizer adamw8bit or adafactor instead of AdamW's
- * moments: CPU only and without ZeRO-1 for now, with fp32 state of its
- * own (--adam-moments is AdamW's). */
+ * moments: CPU only for now, with fp32 state of its own (--adam-moments is
+ * AdamW's); under ZeRO only this rank's run of tensors. */
 static sd_status open_other_optimizer(sd_trainer *tr, sd_error *err)
 {
     const sd_train_opts *o = &tr->o;
     const char *name = sd_optimizer_name(o->optimizer), *why = NULL;
     if (o->device >= 0) why = "runs on the CPU only so far (no CUDA kernels for it yet)";
-    else if (sd_train_sharded(o)) why = "is not sharded by --zero1/--zero2 yet";
     else if (o->moments != SD_DT_F32) why = "keeps its own state: --adam-moments bf16 is AdamW's";
     if (why) {
         sd_trainer_close(tr);
         return sd_err_set(err, SD_EUNSUPPORTED, "--optimizer %s %s", name, why);
     }
-    sd_status rc = sd_opt_state_init(&tr->opt, o->optimizer, o->adafactor_beta1 >= 0, &tr->unet.w, err);
+    /* ZeRO: this rank's run of whole tensors (train_zero_tensors.c) */
+    sd_status rc = sd_train_sharded(o) ? sd_train_tensor_state_open(tr, err)
+                                       : sd_opt_state_init(&tr->opt, o->optimizer, o->adafactor_beta1 >= 0,
+                                                           &tr->unet.w, err);
     if (rc) sd_trainer_close(tr);
     return rc;
 }
@@ -430,6 +434,7 @@ void sd_trainer_close(sd_trainer *tr)
     free(tr->z2off);
     free(tr->m_sh);
     free(tr->v_sh);
+    sd_train_tensor_state_shard(tr);
     sd_opt_state_free(&tr->opt);
     sd_unet_free(&tr->unet);
     free(tr->m);

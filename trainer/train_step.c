@@ -129,8 +129,8 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
 #endif
     } else if (tr->o.zero2) {
         /* reduce-scattered tensor by tensor during the backward (train_zero2.c) */
-    } else if (tr->o.zero1) {
-        /* each rank gets the sum of its own segments only */
+    } else if (tr->o.zero1 && tr->o.optimizer == SD_OPT_ADAMW) {
+        /* each rank gets the sum of its own segments only (per-tensor optimizers: the whole sum, below) */
         sd_status rc = sd_dist_reduce_scatter_f32(tr->grad, tr->unet.w.total, err);
         if (rc) return rc;
     } else if (world > 1) {
@@ -153,7 +153,7 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
         }
         return SD_OK;
     }
-    if (sd_train_sharded(&tr->o)) {
+    if (sd_train_sharded(&tr->o) && (tr->o.optimizer == SD_OPT_ADAMW || tr->o.zero2)) {
         sd_status rc = sd_train_grad_norm_zero1(tr, gnorm, err);
         if (rc) return rc;
     } else {
@@ -167,6 +167,11 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
         tr->rng = rng0;
         tr->images = images0;
         return SD_OK;
+    }
+    if (sd_train_sharded(&tr->o) && tr->o.optimizer != SD_OPT_ADAMW) { /* whole tensors per rank */
+        size_t t0, t1, w0, w1;
+        sd_train_tensor_run(&tr->unet.w, tr->rank, tr->world, &t0, &t1, &w0, &w1);
+        return sd_train_tensor_apply(tr, *gnorm, tr->o.zero2 ? tr->gsh : tr->d_grad + w0, err);
     }
     if (sd_train_sharded(&tr->o)) return sd_train_apply_zero1(tr, *gnorm, err);
     sd_train_apply_norm(tr, *gnorm);

@@ -186,7 +186,9 @@ sd_status sd_train_grad_norm_zero1(sd_trainer *tr, double *norm, sd_error *err)
 {
     size_t n = tr->unet.w.total, lo, hi, off = 0;
     double ss = 0;
-    for (size_t b = 0; b < sd_dist_blocks(n); b++) {
+    if (tr->o.optimizer != SD_OPT_ADAMW) /* --zero2 by whole tensors: the share is the own run */
+        ss = tr->be->sum_squares(tr->exec, tr->z2own, tr->gsh);
+    for (size_t b = 0; b < sd_dist_blocks(n) && tr->o.optimizer == SD_OPT_ADAMW; b++) {
         sd_dist_segment(n, b, tr->rank, tr->world, &lo, &hi);
         ss += tr->be->sum_squares(tr->exec, hi - lo, own_grad(tr, lo, off)); /* the CPU: sd_sum_squares */
         off += hi - lo;

@@ -36,8 +36,8 @@ const char *sd_train_zero2_refusal(const sd_train_opts *o, int world)
                "--fused-backward, which updates during it (one process only)";
     if (o->clip_per_tensor)
         return "--zero2 clips by the global norm from the ranks' shares; not with --clip-per-tensor";
-    if (o->optimizer != SD_OPT_ADAMW)
-        return "--zero2 shards AdamW's moments; --optimizer adamw8bit and adafactor are not sharded yet";
+    if (o->optimizer != SD_OPT_ADAMW && (o->device >= 0 || o->nccl))
+        return "--zero2 with --optimizer adamw8bit or adafactor runs on CPU ranks only (as those optimizers do)";
     if (o->weight_dtype == SD_DT_BF16)
         return "--weight-dtype bf16 runs in one process only so far (no ZeRO path widens the weights yet)";
     return NULL;
@@ -56,7 +56,7 @@ sd_status sd_train_zero2_open(sd_trainer *tr, sd_error *err)
     sd_unet_graph g = {0};
     sd_status rc = sd_unet_plan(&tr->unet, 1, side, side, 77, 0, &g, err);
     if (rc) return rc;
-    size_t cap = 2 * (g.nops ? g.nops : 1), own = sd_dist_owned(tr->unet.w.total, tr->rank, tr->world);
+    size_t cap = 2 * (g.nops ? g.nops : 1), own = sd_train_zero2_own(&tr->o, &tr->unet.w, tr->rank, tr->world);
     tr->z2off = malloc(2 * cap * sizeof(size_t));
     tr->fgrad_cap = sd_unet_fused_scratch(&tr->unet, &g);
     tr->z2own = own;
@@ -93,6 +93,12 @@ static sd_status reduce(sd_trainer *tr, float *src, size_t off, size_t len, sd_e
         return sd_nccl_reduce_range(tr->nccl, src, off, len, n, tr->gsh, sd_cuda_stream(tr->cuda), err);
     }
 #endif
+    if (tr->o.optimizer != SD_OPT_ADAMW) { /* whole tensors: the owner of its run gets the sum */
+        size_t t0, t1, w0, w1;
+        int owner = sd_train_tensor_owner(&tr->unet.w, off, tr->world);
+        sd_train_tensor_run(&tr->unet.w, tr->rank, tr->world, &t0, &t1, &w0, &w1);
+        return sd_dist_reduce_to(src, len, owner, owner == tr->rank ? tr->gsh + (off - w0) : NULL, tr->z2add, err);
+    }
     return sd_dist_reduce_scatter_range(src, off, len, n, tr->gsh, tr->z2add, err);
 }
 
