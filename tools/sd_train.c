@@ -415,14 +415,15 @@ int main(int argc, char **argv)
         {"zero1", 0, SD_OPT_FLAG, &o.zero1, NULL,
          "under mpirun: each rank keeps only its share of the AdamW moments (ZeRO stage 1: gradients "
          "reduce-scattered, AdamW on the own share, weights all-gathered), cutting their memory by the number of "
-         "ranks; checkpoints still hold the whole state. CPU ranks over MPI, GPU ranks (--device cuda) over NCCL "
-         "(not yet run on a GPU)"},
+         "ranks; checkpoints still hold the whole state. adamw8bit and adafactor are shared by whole tensors. "
+         "CPU ranks over MPI, GPU ranks (--device cuda) over NCCL (not yet run on a GPU)"},
         {"zero2", 0, SD_OPT_FLAG, &o.zero2, NULL,
          "under mpirun: --zero1 and the gradients sharded too (ZeRO stage 2): each tensor's gradient is "
          "reduce-scattered as soon as the backward has it, so a rank holds only its share of the gradients and "
          "AdamW moments and no gradient buffer of the model; --accum works, clipping is by the global norm, "
-         "checkpoints hold the whole state (resumable by any world size, with or without it). AdamW, fp32 "
-         "weights; CPU ranks over MPI (the same weights as --zero1), GPU ranks over NCCL (not yet run on a GPU). "
+         "checkpoints hold the whole state (resumable by any world size, with or without it). fp32 weights; "
+         "AdamW, or on CPU ranks adamw8bit and adafactor (shared by whole tensors); CPU ranks over MPI (the same "
+         "weights as --zero1), GPU ranks over NCCL (not yet run on a GPU). "
          "Example: mpirun -np 2 sd-train --zero2 --unet sd15/ -o run/ --batch 2 cache.shard"},
         {"nccl", 0, SD_OPT_FLAG, &o.nccl, NULL,
          "sum gradients over NCCL even with one process (a check of the path; several GPU ranks use NCCL whenever "

@@ -1,7 +1,8 @@
 /* What the step (train_step.c), the update (train_update.c), the
  * validation (train_val.c) and the loop (train_loop.c) all use, kept below
  * them so that none of those files calls back into another: the timestep
- * draw, the seed mixer and the stop request's acknowledgement. */
+ * draw, the seed mixer, the stop request's acknowledgement and whether
+ * ZeRO shards the optimizer. */
 #include <stdint.h>
 
 #include "log.h"
@@ -36,4 +37,11 @@ void sd_train_tell_stop(sd_trainer *tr)
     if (tr->rank == 0)
         sd_log(SD_LOG_WARN, "stopping after this step and saving a checkpoint; Ctrl-C again to quit at once "
                "(checkpoints already written stay)");
+}
+
+/* ZeRO-1 shards the moments; ZeRO-2 shards them the same way and the
+ * gradients too. */
+int sd_train_sharded(const sd_train_opts *o)
+{
+    return o->zero1 || o->zero2;
 }

@@ -171,10 +171,3 @@ sd_status sd_train_zero2_round(sd_trainer *tr, int need, int passes, sd_error *e
     }
     return SD_OK;
 }
-
-/* ZeRO-1 shards the moments; ZeRO-2 shards them the same way and the
- * gradients too. */
-int sd_train_sharded(const sd_train_opts *o)
-{
-    return o->zero1 || o->zero2;
-}
