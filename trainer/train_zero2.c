@@ -1,15 +1,15 @@
-/* --zero2 (ZeRO stage 2) on CPU ranks: no gradient buffer of the model.
- * The UNet's fused backward (sd_unet_backward_fused) hands each tensor's
- * gradient over as soon as it is complete; it is reduce-scattered at once
- * (sd_dist_reduce_scatter_range: each element summed over the ranks in
- * rank order; over NCCL on GPU ranks, in NCCL's order) into the owner's
- * share of the gradient, packed as ZeRO-1's moments are (dist.h's
- * segments). After the step's micro-batches the
- * global norm comes from the shares, AdamW steps each rank's own segments
- * (ZeRO-1's update) and the weights are all-gathered. Every rank takes part
- * in the same reduce-scatters in the same order: a rank with fewer
- * batches in a round (skipped records, an uneven round) sends zeros in the
- * order sd_unet_fused_order gives. */
+/* --zero2 (ZeRO stage 2): no gradient buffer of the model. The UNet's
+ * fused backward (sd_unet_backward_fused) hands each tensor's gradient
+ * over as soon as it is complete, and it is reduced at once into its
+ * owners' share of the gradient: AdamW's segments (dist.h's layout, as
+ * ZeRO-1's moments; sd_dist_reduce_scatter_range, rank order; over NCCL on
+ * GPU ranks, in NCCL's order), or for 8-bit AdamW and Adafactor the run of
+ * whole tensors the owner keeps (train_zero_tensors.c; sd_dist_reduce_to).
+ * After the step's micro-batches the global norm comes from the shares,
+ * each rank steps its own part and the weights are gathered. Every rank
+ * takes part in the same reductions in the same order: a rank with fewer
+ * batches in a round (skipped records, an uneven round) sends zeros in
+ * the order sd_unet_fused_order gives. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
