@@ -4,7 +4,8 @@
 # bench_mem_plan.sh: block_out_channels 128, 256, 512, 512; 142M parameters,
 # random weights from --unet-config) at 256x256, batch 1, AdamW, 2 steps,
 # one thread per process: one process, then mpirun -np 2 with --zero1 and
-# with --zero2. For each: the memory plan of rank 0 (its gradients,
+# with --zero2; then Adafactor in one process and with --zero2 (shared by
+# whole tensors). For each: the memory plan of rank 0 (its gradients,
 # optimizer state and total) and every rank's peak RSS (/usr/bin/time -v
 # around each rank). Needs about 5 GB of memory and a few minutes on 2 cores.
 # Results: bench/RESULTS.md, "Memory plan".
@@ -52,3 +53,12 @@ for z in zero1 zero2; do
     printf '| %-22s | %13d | %13d | %13d | %13d | %13d |\n' "2 ranks --$z" "$g" "$o" "$t" "$(rss "$T/$z.0")" \
         "$(rss "$T/$z.1")"
 done
+# Adafactor (shared by whole tensors): one process, then 2 ranks with --zero2
+AF=(--optimizer adafactor "${ARGS[@]}")
+read -r g o t < <("$B/tools/sd-train" --memory-plan "${AF[@]}" | plan)
+TIMED="$T/af" "$T/timed.sh" -o "$T/out-af" -q --steps "$STEPS" "${AF[@]}"
+printf '| %-22s | %13d | %13d | %13d | %13d | %13s |\n' "adafactor, 1 process" "$g" "$o" "$t" "$(rss "$T/af.0")" "-"
+read -r g o t < <("${MPI[@]}" "$B/tools/sd-train" --memory-plan --zero2 "${AF[@]}" | plan)
+"${MPI[@]}" -x TIMED="$T/afz2" "$T/timed.sh" --zero2 -o "$T/out-afz2" -q --steps "$STEPS" "${AF[@]}"
+printf '| %-22s | %13d | %13d | %13d | %13d | %13d |\n' "adafactor, --zero2" "$g" "$o" "$t" "$(rss "$T/afz2.0")" \
+    "$(rss "$T/afz2.1")"
