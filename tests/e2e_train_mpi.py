@@ -256,7 +256,7 @@ class TrainMPI(unittest.TestCase):
         micro-batches are summed over the ranks first and then accumulated (ZeRO-1: accumulated,
         then summed): a few fp32 ulps (measured 2.6e-7, allowed 1e-5 as the one-process test). A
         ZeRO-2 run resumed from its step-6 checkpoint ends byte-identical; so does one resumed by
-        ZeRO-1 (the state is the same whole state)."""
+        ZeRO-1 (the state is the same whole state). A non-finite loss stops both alike."""
         base = ["--unet", UNET, "--save-every", "6", "--keep", "0"] + COMMON + [self.shard]
         runs = {}
         for batch, accum in (("1", "1"), ("1", "2")):
@@ -282,6 +282,16 @@ class TrainMPI(unittest.TestCase):
                 f.write("checkpoint-6\n")
             mpi(2, "-o", r, how, "--batch", "1", "--accum", "1", *base)
             self.assertEqual(same_files(files(r, STEPS), files(z, STEPS)), [], how)
+        # a step whose loss is not finite (lr 1e8: step 2's) stops both with exit 3 and the same
+        # checkpoint of the state before it
+        for how in ("--zero1", "--zero2"):
+            code, err, _ = mpi_raw(2, TRAIN, "--unet", UNET, "-o", os.path.join(self.tmp.name, "nonfinite" + how), how,
+                                   "--steps", "4", "--seed", "5", "--lr", "1e8", "--max-grad-norm", "0", "-j", "1",
+                                   "-q", "--batch", "2", self.shard)
+            self.assertEqual(code, 3, err)
+            self.assertEqual(latest(os.path.join(self.tmp.name, "nonfinite" + how)), 1, err)
+        self.assertEqual(same_files(files(os.path.join(self.tmp.name, "nonfinite--zero1"), 1, ema=False),
+                                    files(os.path.join(self.tmp.name, "nonfinite--zero2"), 1, ema=False)), [])
 
     def test_zero_other_optimizers(self):
         """8-bit AdamW and Adafactor under ZeRO, shared by whole tensors (each rank owns a run of
