@@ -124,9 +124,9 @@ static sd_status open_model(sd_trainer *tr, sd_error *err)
     sd_status rc = sd_unet_config_read(o->unet_config, &c, err);
     if (!rc) rc = bf16 ? sd_unet_build_names(&tr->unet, &c, err) : sd_unet_build(&tr->unet, &c, err);
     if (!rc && bf16 && !(tr->w16 = calloc(tr->unet.w.total ? tr->unet.w.total : 1, sizeof *tr->w16))) {
-        sd_unet_free(&tr->unet);
         rc = sd_err_set(err, SD_ENOMEM, "out of memory for the bf16 weights (%zu MB)",
                         tr->unet.w.total * sizeof *tr->w16 >> 20);
+        sd_unet_free(&tr->unet);
     }
     if (!rc) {
         if (bf16) sd_unet_init_random_bf16(&tr->unet, o->init_seed, tr->w16);
