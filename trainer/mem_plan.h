@@ -35,10 +35,6 @@ typedef struct {
     size_t ema_host; /* a GPU run with --ema-on-cpu: the EMA's bytes in host memory (not in total) */
     size_t graph_act, graph_dact, io; /* activations: the graph's buffers and the per-pass inputs */
     size_t op_scratch, conv_workspace; /* workspace: the largest op's scratch; cuDNN's cap (GPU) */
-    /* bf16 weights: the start, when the loaded or initialised fp32 weights
-     * are held beside their bf16 rounding (with the process; the optimizer
-     * state is not touched yet); total is the larger of it and the step's */
-    size_t start;
     size_t limit;
     char limit_from[40];
     int fits; /* 1 fits, 0 does not, -1 unknown: no limit to hold it against (no device to ask) */
