@@ -179,6 +179,13 @@ int main(int argc, char **argv)
         int f = selftest_check_adamw_bf16(&t, &ref, mode);
         fails = f < 0 ? -1 : fails + f;
     }
+    /* --optimizer adamw8bit and adafactor, --weight-dtype bf16: their kernels against the CPU */
+    int (*const more[])(const target *, const target *, int) = {selftest_check_adamw8, selftest_check_adafactor,
+                                                                 selftest_check_bf16w};
+    for (size_t i = 0; i < sizeof more / sizeof more[0] && fails >= 0; i++) {
+        int f = more[i](&t, &ref, mutate);
+        fails = f < 0 ? -1 : fails + f;
+    }
     int vae = fails < 0 ? -1 : selftest_check_vae(&t, golden, mode);
     if (vae >= 0) {
         int dec = selftest_check_vae_decode(&t, golden, mode);

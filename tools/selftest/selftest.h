@@ -2,7 +2,7 @@
  * tolerances and the judging of a case in selftest_compare.c, the
  * deterministic inputs in selftest_inputs.c), the op cases by family
  * (selftest_conv.c, selftest_norm.c, selftest_linear.c, selftest_attn.c,
- * selftest_elem.c, selftest_optim.c) and their table and run
+ * selftest_elem.c, selftest_optim.c, selftest_optim8.c) and their table and run
  * (selftest_ops.c), the model-level checks (the golden VAE in
  * selftest_vae.c, the tiny UNets in selftest_unet.c), the throughput probe
  * (selftest_probe.c) and --plan (selftest_plan.c). tools/sd_selftest.c is
@@ -113,6 +113,13 @@ int selftest_check_capped(int dev, int tf32, int mixed, const target *ref);
 #endif
 /* AdamW with bf16 moments, bit for bit against the CPU (selftest_optim.c). */
 int selftest_check_adamw_bf16(const target *dev, const target *ref, int mode);
+/* 8-bit AdamW, Adafactor (three steps each: state and weights) and the
+ * bf16 weights' widening and keyed store on dev against the CPU
+ * (selftest_optim8.c); mutate: also the check of each check. Failures,
+ * or -1 on an error. */
+int selftest_check_adamw8(const target *dev, const target *ref, int mutate);
+int selftest_check_adafactor(const target *dev, const target *ref, int mutate);
+int selftest_check_bf16w(const target *dev, const target *ref, int mutate);
 
 /* The model-level checks: the golden VAE encoded on t (selftest_vae.c),
  * 1 pass, 0 fail, -1 error; and one training micro-batch of the tiny golden
