@@ -74,9 +74,10 @@ sd_status sd_train_prepare(sd_trainer *tr, int n, int h, int w, int tctx, sd_err
         }
     }
     size_t ws = tr->w16 ? sd_unet_graph_wscratch(&tr->g) : 0;
-    if (ws > tr->wscr_cap) { /* bf16 weights: the largest op's weight and bias widened */
-        free(tr->wscr);
-        tr->wscr = malloc(ws * sizeof(float));
+    if (ws > tr->wscr_cap) { /* bf16 weights: the largest op's weight and bias widened, on the backend */
+        if (tr->cuda && tr->wscr) tr->be->release(tr->exec, tr->wscr);
+        else free(tr->wscr);
+        tr->wscr = tr->cuda ? tr->be->alloc(tr->exec, ws * sizeof(float)) : malloc(ws * sizeof(float));
         tr->wscr_cap = tr->wscr ? ws : 0;
         if (!tr->wscr) return sd_err_set(err, SD_ENOMEM, "out of memory for the bf16 weights' scratch");
     }
@@ -118,27 +119,37 @@ void sd_train_put(sd_trainer *tr, float *dst, const float *src, size_t floats)
     put_bytes(tr, dst, src, floats * sizeof(float));
 }
 
-/* The host's weights, moments and EMA onto the device when they changed
- * there (a new run, a resume); nothing on the CPU. */
+/* The host's weights (fp32 or bf16), moments or other optimizer state
+ * and EMA onto the device when they changed there (a new run, a resume);
+ * nothing on the CPU. */
 void sd_train_push_state(sd_trainer *tr)
 {
     if (!tr->dev_stale) return;
     size_t n = tr->unet.w.total;
-    sd_train_put(tr, tr->d_w, tr->unet.w.data, n);
-    put_bytes(tr, tr->d_m, tr->m, n * tr->moment_size);
-    put_bytes(tr, tr->d_v, tr->v, n * tr->moment_size);
+    if (tr->w16) put_bytes(tr, tr->d_w16, tr->w16, n * sizeof(uint16_t));
+    else sd_train_put(tr, tr->d_w, tr->unet.w.data, n);
+    if (tr->d_m) {
+        put_bytes(tr, tr->d_m, tr->m, n * tr->moment_size);
+        put_bytes(tr, tr->d_v, tr->v, n * tr->moment_size);
+    }
+    sd_opt_state_push(&tr->opt, tr->be, tr->exec);
     if (tr->ema && tr->d_ema) sd_train_put(tr, tr->d_ema, tr->ema, n);
     tr->dev_stale = 0;
 }
 
-/* The device's weights, moments and EMA into the host buffers. */
+/* The device's weights, moments or other optimizer state and EMA into the
+ * host buffers. */
 sd_status sd_train_sync_host(sd_trainer *tr, sd_error *err)
 {
     if (!tr->cuda || !tr->host_stale) return SD_OK;
     size_t bytes = tr->unet.w.total * sizeof(float);
-    tr->be->d2h(tr->exec, tr->unet.w.data, tr->d_w, bytes);
-    tr->be->d2h(tr->exec, tr->m, tr->d_m, tr->unet.w.total * tr->moment_size);
-    tr->be->d2h(tr->exec, tr->v, tr->d_v, tr->unet.w.total * tr->moment_size);
+    if (tr->w16) tr->be->d2h(tr->exec, tr->w16, tr->d_w16, tr->unet.w.total * sizeof(uint16_t));
+    else tr->be->d2h(tr->exec, tr->unet.w.data, tr->d_w, bytes);
+    if (tr->d_m) {
+        tr->be->d2h(tr->exec, tr->m, tr->d_m, tr->unet.w.total * tr->moment_size);
+        tr->be->d2h(tr->exec, tr->v, tr->d_v, tr->unet.w.total * tr->moment_size);
+    }
+    sd_opt_state_pull(&tr->opt, tr->be, tr->exec);
     if (tr->ema && tr->d_ema) tr->be->d2h(tr->exec, tr->ema, tr->d_ema, bytes);
     sd_status rc = tr->be->sync(tr->exec, err);
     if (!rc) tr->host_stale = 0;
