@@ -197,6 +197,11 @@ int main(int argc, char **argv)
         int r = selftest_unet(golden_unet, unets[i], dev, tf32, mixed, mutate);
         unet = r < 0 ? -1 : unet && r;
     }
+    /* the other optimizers, bf16 weights and the fused backward through the trainer */
+    for (int i = 0; i < 2 && vae >= 0 && unet >= 0; i++) {
+        int r = selftest_train_optim(golden_unet, unets[i], dev, tf32, mixed, mutate);
+        unet = r < 0 ? -1 : unet && r;
+    }
     int probe_rc = 0;
     if (fails >= 0 && vae >= 0 && unet >= 0 && !no_probe && dev >= 0)
         probe_rc = selftest_probe(&t, flash.be ? &flash : NULL);

@@ -14,6 +14,8 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "safetensors.h"
+#include "train.h"
 #include "vae.h"
 
 enum { MAXB = 12 };
@@ -137,6 +139,24 @@ int selftest_check_vae(const target *t, const char *dir, int mode);
 /* The golden VAE's decoder on t, the same way (selftest_vae.c). */
 int selftest_check_vae_decode(const target *t, const char *dir, int mode);
 int selftest_unet(const char *dir, const char *name, int device, int tf32, int mixed, int mutate);
+
+/* The golden inputs of one tiny UNet (dir/name/expected.safetensors),
+ * opened (0 on success; close st), and one training micro-batch of them on
+ * an open trainer (selftest_unet.c). */
+typedef struct {
+    sd_safetensors *st;
+    const sd_st_tensor *x, *t, *ctx, *text, *tids, *target;
+} selftest_in;
+int selftest_inputs_open(selftest_in *in, const char *path);
+sd_status selftest_micro(sd_trainer *tr, const selftest_in *in, double *loss, sd_error *err);
+/* The optimizers through the trainer (selftest_train.c): on the tiny UNet
+ * `name` under dir, three steps of 8-bit AdamW, Adafactor and AdamW and
+ * Adafactor on bf16 weights on cuda:device (-1: the CPU) against the CPU
+ * from the same gradients (the CPU's, uploaded), the weights and
+ * optimizer state compared; then --fused-backward against the unfused
+ * update with per-tensor clipping, both on the device. mutate: also the
+ * check of each verdict. 1 passed, 0 failed, -1 error. */
+int selftest_train_optim(const char *dir, const char *name, int device, int tf32, int mixed, int mutate);
 
 /* The SD VAE encoder architecture (selftest_vae.c), the throughput probe
  * (selftest_probe.c), --plan and bytes as MiB (selftest_plan.c). */
