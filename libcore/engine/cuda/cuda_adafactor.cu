@@ -92,7 +92,7 @@ static __global__ void ss_part_kernel(af_view w, float gscale, size_t n, const f
     double s = 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         double u = af_u(&w, gscale, i, g[i]);
-        s += u * u;
+        s = __dadd_rn(s, __dmul_rn(u, u)); /* the CPU's separate product and sum */
     }
     sh[threadIdx.x] = s;
     __syncthreads();
