@@ -82,6 +82,12 @@ typedef struct {
     size_t gpu_mem_limit; /* GPU: most device bytes the run may hold (sd_cuda_opts.mem_limit); 0: no limit */
     size_t host_mem_limit; /* CPU: most bytes the memory plan may reach (0: what the host has available) */
     size_t attn_block;    /* GPU: floats in one block of attention scores (sd_cuda_opts.attn_block); 0: default */
+    /* a backend table given by the caller instead of the CPU's or a CUDA
+     * context (device is then ignored), with its exec; tests pass the CPU
+     * table marked is_device, so every device path (state copies, uploads,
+     * syncs) runs on the host with the CPU's arithmetic. NULL: none. */
+    const sd_backend *backend;
+    void *backend_exec;
     int checkpointing; /* gradient checkpointing: recompute resnets and transformer blocks in the backward */
     int nccl; /* GPU: sum gradients over NCCL even in a world of one (a check of the path) */
     int zero1; /* CPU ranks: shard the AdamW moments across ranks (ZeRO stage 1) */

@@ -69,7 +69,7 @@ static int tensor_done(void *ctx, size_t off, const float *g, size_t n)
  * memory (contents not kept); 0 when out of memory. */
 static int grow_scratch(sd_trainer *tr, size_t need)
 {
-    if (tr->cuda) {
+    if (tr->be->is_device) {
         if (tr->fgrad) tr->be->release(tr->exec, tr->fgrad);
         tr->fgrad = tr->be->alloc(tr->exec, need * sizeof(float));
     } else {

@@ -165,34 +165,14 @@ static sd_status check_full(sd_trainer *tr, sd_error *err)
     return rc;
 }
 
-/* The backend the UNet runs on: the CPU table on the pool (the weights and
- * gradients are the host buffers), or a CUDA context with device copies of
- * the weights and gradients. */
-static sd_status open_backend(sd_trainer *tr, sd_error *err)
+/* A device backend's copies of the run's state: weights (fp32 or bf16),
+ * gradients (none with --fused-backward), AdamW's moments (the other
+ * optimizers' state: sd_opt_state_device), the EMA (--ema-on-cpu: in host
+ * memory), bf16 weights' update chunk; uploaded before the first step
+ * (dev_stale). `where` names the device in messages. */
+static sd_status device_state(sd_trainer *tr, const char *where, sd_error *err)
 {
-    tr->be = sd_backend_cpu();
-    tr->exec = tr->pool;
-    tr->d_w = tr->unet.w.data;
-    tr->d_w16 = tr->w16;
-    tr->d_upd = tr->upd;
-    tr->d_grad = tr->grad;
-    tr->d_m = tr->m;
-    tr->d_v = tr->v;
-    tr->d_ema = tr->ema;
-    if (tr->o.device < 0)
-        return tr->o.nccl ? sd_err_set(err, SD_EINVAL, "NCCL sums GPU gradients: it needs --device cuda:K") : SD_OK;
-#ifdef SDTK_HAVE_CUDA
-    sd_cuda_opts co = {.allow_tf32 = tr->o.tf32, .mixed = tr->o.mixed, .attn_flash = tr->o.attn_flash,
-                       .mem_limit = tr->o.gpu_mem_limit, .attn_block = tr->o.attn_block};
-    sd_cuda *c = NULL;
-    sd_status rc = sd_cuda_create(&c, tr->o.device, &co, err);
-    if (rc) return rc;
-    tr->cuda = c;
-    tr->be = sd_backend_cuda();
-    tr->exec = c;
-    /* weights (fp32 or bf16), gradients (none with --fused-backward), AdamW's
-     * moments (the other optimizers' state: sd_opt_state_device), the EMA
-     * (--ema-on-cpu: in host memory), bf16 weights' update chunk */
+    void *c = tr->exec;
     size_t n = tr->unet.w.total, bytes = n * sizeof(float), mbytes = n * tr->moment_size;
     int adamw = tr->o.optimizer == SD_OPT_ADAMW;
     void *got[6] = {0};
@@ -210,8 +190,8 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
             tr->d_m = tr->d_v = NULL;
             tr->d_w16 = NULL;
             for (int j = i + 1; j < 6; j++) total += want[j];
-            return sd_err_set(err, SD_ENOMEM, "cuda:%d: no room for the weights, gradients and optimizer state "
-                              "(%.1f MiB)%s%s", tr->o.device, (double)total / (1 << 20),
+            return sd_err_set(err, SD_ENOMEM, "%s: no room for the weights, gradients and optimizer state "
+                              "(%.1f MiB)%s%s", where, (double)total / (1 << 20),
                               want[4] ? "; --ema-on-cpu keeps the EMA in host memory" : "",
                               adamw && tr->moment_size == 4 ? "; --adam-moments bf16 halves the moments" : "");
         }
@@ -224,10 +204,46 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
     tr->d_ema = got[4];
     tr->d_upd = got[5];
     if (tr->d_grad) tr->be->zero(c, tr->d_grad, bytes);
-    rc = sd_opt_state_device(&tr->opt, tr->be, c, err);
+    sd_status rc = sd_opt_state_device(&tr->opt, tr->be, c, err);
     if (rc) return rc;
     tr->dev_stale = 1;
-    rc = tr->be->sync(c, err);
+    return tr->be->sync(c, err);
+}
+
+/* The backend the UNet runs on: the CPU table on the pool (the weights and
+ * gradients are the host buffers), a CUDA context with device copies of
+ * the state, or the caller's table (o.backend: tests run the device paths
+ * with the CPU table marked is_device). */
+static sd_status open_backend(sd_trainer *tr, sd_error *err)
+{
+    tr->be = sd_backend_cpu();
+    tr->exec = tr->pool;
+    tr->d_w = tr->unet.w.data;
+    tr->d_w16 = tr->w16;
+    tr->d_upd = tr->upd;
+    tr->d_grad = tr->grad;
+    tr->d_m = tr->m;
+    tr->d_v = tr->v;
+    tr->d_ema = tr->ema;
+    if (tr->o.backend) {
+        tr->be = tr->o.backend;
+        tr->exec = tr->o.backend_exec;
+        return tr->be->is_device ? device_state(tr, tr->be->name, err) : SD_OK;
+    }
+    if (tr->o.device < 0)
+        return tr->o.nccl ? sd_err_set(err, SD_EINVAL, "NCCL sums GPU gradients: it needs --device cuda:K") : SD_OK;
+#ifdef SDTK_HAVE_CUDA
+    sd_cuda_opts co = {.allow_tf32 = tr->o.tf32, .mixed = tr->o.mixed, .attn_flash = tr->o.attn_flash,
+                       .mem_limit = tr->o.gpu_mem_limit, .attn_block = tr->o.attn_block};
+    sd_cuda *c = NULL;
+    sd_status rc = sd_cuda_create(&c, tr->o.device, &co, err);
+    if (rc) return rc;
+    tr->cuda = c;
+    tr->be = sd_backend_cuda();
+    tr->exec = c;
+    char where[32];
+    snprintf(where, sizeof where, "cuda:%d", tr->o.device);
+    rc = device_state(tr, where, err);
     if (rc || !(tr->world > 1 || tr->o.nccl)) return rc;
 #ifdef SDTK_HAVE_NCCL
     sd_nccl *nc = NULL;
@@ -425,17 +441,17 @@ void sd_trainer_close(sd_trainer *tr)
 #ifdef SDTK_HAVE_NCCL
     sd_nccl_close(tr->nccl);
 #endif
-    if (tr->cuda) {
+    if (tr->be && tr->be->is_device) {
         void *dev[] = {tr->d_w,    tr->d_grad, tr->d_m,    tr->d_v,   tr->d_ema, tr->d_act,
                        tr->d_dact, tr->d_dout, tr->d_w16, tr->d_upd, tr->wscr,  tr->fgrad};
         for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
             if (dev[i]) tr->be->release(tr->exec, dev[i]);
-        tr->wscr = tr->fgrad = NULL; /* device memory on a GPU: not for free() below */
+        tr->wscr = tr->fgrad = NULL; /* device memory: not for free() below */
         sd_opt_state_release(&tr->opt, tr->be, tr->exec);
-#ifdef SDTK_HAVE_CUDA
-        sd_cuda_destroy(tr->cuda);
-#endif
     }
+#ifdef SDTK_HAVE_CUDA
+    if (tr->cuda) sd_cuda_destroy(tr->cuda);
+#endif
     free(tr->stage);
     free(tr->w16);
     free(tr->upd);

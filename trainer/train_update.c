@@ -135,7 +135,7 @@ void sd_train_after_update(sd_trainer *tr)
             sd_ema_fwd(tr->pool, n, tr->ema, tr->unet.w.data, rate);
         }
     }
-    tr->host_stale = tr->cuda != NULL;
+    tr->host_stale = tr->be->is_device;
 }
 
 /* Whether every weight is finite (*finite): their sum of squares in double

@@ -132,7 +132,7 @@ static void widen_chunk(sd_trainer *tr, size_t lo, size_t n)
  * rounded back stochastically. */
 void sd_train_w16_adamw(sd_trainer *tr, sd_adamw_args *a)
 {
-    sd_train_w16_adamw_range(tr, a, 0, tr->unet.w.total, tr->grad);
+    sd_train_w16_adamw_range(tr, a, 0, tr->unet.w.total, tr->d_grad);
 }
 
 /* The same on elements [lo, lo + n) with their gradient g (g[0] is element

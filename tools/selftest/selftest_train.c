@@ -88,6 +88,17 @@ static int end_take(sd_trainer *tr, end_state *e)
     return 0;
 }
 
+/* The CPU table marked is_device: with --device cpu the "device" trainer
+ * runs on it, so the trainer's device paths (state copies, uploads,
+ * syncs, the mirrored optimizer state) run in the harness too. */
+static sd_backend host_as_device(void)
+{
+    sd_backend b = *sd_backend_cpu();
+    b.is_device = 1;
+    b.name = "cpu (as a device)";
+    return b;
+}
+
 /* Three steps on a device trainer (o) and a CPU trainer (the same options
  * on the CPU) from the same gradients; their end states out. 0 on
  * success. */
@@ -99,6 +110,7 @@ static int run_pair(const sd_train_opts *o, const selftest_in *in, end_state *de
     oc.device = -1;
     oc.tf32 = 0;
     oc.mixed = 0;
+    oc.backend = NULL;
     if (sd_trainer_open(&td, o, &err)) {
         fprintf(stderr, "sd-selftest: UNet %s: %s\n", o->unet, err.msg);
         return -1;
@@ -269,6 +281,7 @@ static int check_fused(const char *name, const sd_train_opts *base, const selfte
 /* See selftest.h. */
 int selftest_train_optim(const char *dir, const char *name, int device, int tf32, int mixed, int mutate)
 {
+    sd_backend fake = host_as_device();
     char path[4096], model[4096];
     snprintf(path, sizeof path, "%s/%s/expected.safetensors", dir, name);
     snprintf(model, sizeof model, "%s/%s/unet", dir, name);
@@ -293,6 +306,7 @@ int selftest_train_optim(const char *dir, const char *name, int device, int tf32
         o.tf32 = tf32;
         o.mixed = mixed;
         o.quiet = 1;
+        if (device < 0) o.backend = &fake; /* the harness: the device paths on the host */
         o.max_grad_norm = 0; /* no clipping: the factor's sum differs in its last bits between backends */
         o.lr.base = 1e-3;
         o.optimizer = cfg[i].opt;
@@ -316,6 +330,7 @@ int selftest_train_optim(const char *dir, const char *name, int device, int tf32
         o.tf32 = tf32;
         o.mixed = mixed;
         o.quiet = 1;
+        if (device < 0) o.backend = &fake;
         o.lr.base = 1e-3;
         int f = check_fused(name, &o, &in);
         rc = f < 0 ? -1 : rc && f;
