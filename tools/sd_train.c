@@ -278,7 +278,9 @@ int main(int argc, char **argv)
          "about 2 bytes per weight instead of 8; tensors under 4096 values keep fp32 moments) or adafactor "
          "(transformers' Adafactor with relative_step, scale_parameter and warmup_init off at --lr: a factored "
          "second moment for matrices and conv kernels, no first moment unless --adafactor-beta1); --beta1, --beta2 "
-         "and --adam-eps are AdamW's and AdamW8bit's, --weight-decay every optimizer's; CPU only so far"},
+         "and --adam-eps are AdamW's and AdamW8bit's, --weight-decay every optimizer's; CPU or --device cuda (the CUDA "
+         "kernels have not run on a GPU yet: sd-selftest --device cuda:0 checks them), not with --zero1. Example: "
+         "--optimizer adafactor --weight-dtype bf16 --device cuda:0"},
         {"adafactor-beta1", 0, SD_OPT_DOUBLE, &o.adafactor_beta1, "X",
          "--optimizer adafactor: keep a first moment with this beta1 (default none, as transformers)"},
         {"beta1", 0, SD_OPT_DOUBLE, &o.adam.beta1, "X", "AdamW beta1 (default 0.9)"},
@@ -292,8 +294,9 @@ int main(int argc, char **argv)
          "hold the trainable weights as fp32 (default) or bf16: 2 bytes less per weight, no fp32 copy (the model "
          "is loaded or initialised straight into bf16, each value rounded to nearest; each op widens its own "
          "weights just before it runs); the update is computed in fp32 and stored with stochastic "
-         "rounding from a seeded stream (exact resume); every --optimizer. bf16: CPU, one process so far; the EMA "
-         "stays fp32. Example: --weight-dtype bf16 --optimizer adamw8bit"},
+         "rounding from a seeded stream (exact resume); every --optimizer. bf16: one process (CPU or --device "
+         "cuda, not --ema-on-cpu there) so far; the EMA stays fp32. Example: --weight-dtype bf16 --optimizer "
+         "adamw8bit"},
         {"max-grad-norm", 0, SD_OPT_DOUBLE, &o.max_grad_norm, "X", "clip the global gradient norm (default 1; 0: off)"},
         {"ema-decay", 0, SD_OPT_DOUBLE, &o.ema_decay, "X",
          "keep an EMA of the weights (diffusers EMAModel; 0.9999 is usual; default off), saved as unet_ema/"},
@@ -403,8 +406,8 @@ int main(int argc, char **argv)
         {"fused-backward", 0, SD_OPT_FLAG, &o.fused_backward, NULL,
          "apply each tensor's optimizer update as soon as the backward has its gradient, in a scratch of the "
          "largest op's size: no gradient buffer of the whole model (SDXL: 9.56 GiB less). --max-grad-norm then "
-         "clips each tensor on its own (as kohya's fused path does; the same as --clip-per-tensor). CPU, one "
-         "process, --accum 1 only. A non-finite loss stops before any update (the checkpoint holds the state "
+         "clips each tensor on its own (as kohya's fused path does; the same as --clip-per-tensor). One process "
+         "(CPU or --device cuda), --accum 1 only. A non-finite loss stops before any update (the checkpoint holds the state "
          "before it); a non-finite gradient stops the run without saving (part of the model is updated). "
          "Example: sd-train --unet-config SDXL.json --weight-dtype bf16 --optimizer adafactor --fused-backward "
          "--gradient-checkpointing -o out shard"},
@@ -524,22 +527,20 @@ int main(int argc, char **argv)
     else if (!bad && strcmp(wdtype, "bf16") == 0) o.weight_dtype = SD_DT_BF16;
     else if (!bad) bad = "--weight-dtype: fp32 or bf16";
     if (!bad && !sd_optimizer_parse(optimizer, &o.optimizer)) bad = "--optimizer: adamw, adamw8bit or adafactor";
-    if (!bad && o.weight_dtype == SD_DT_BF16 && (o.device >= 0 || o.zero1))
-        bad = "--weight-dtype bf16 runs on the CPU in one process only so far (no CUDA or --zero1 path widens the "
-              "weights yet)";
+    if (!bad && o.weight_dtype == SD_DT_BF16 && o.zero1)
+        bad = "--weight-dtype bf16 runs in one process only so far (no --zero1 path widens the weights yet)";
+    if (!bad && o.weight_dtype == SD_DT_BF16 && o.device >= 0 && o.ema_host)
+        bad = "--weight-dtype bf16 on a GPU keeps the EMA in device memory: not with --ema-on-cpu yet";
     if (!bad && o.adafactor_beta1 >= 0 && o.optimizer != SD_OPT_ADAFACTOR)
         bad = "--adafactor-beta1 is Adafactor's (--optimizer adafactor)";
     if (!bad && !(o.adafactor_beta1 < 1 && isfinite(o.adafactor_beta1)))
         bad = "--adafactor-beta1 in [0, 1)";
-    if (!bad && o.optimizer != SD_OPT_ADAMW && o.device >= 0)
-        bad = "--optimizer adamw8bit and adafactor run on the CPU only so far (no CUDA kernels for them yet)";
     if (!bad && o.optimizer != SD_OPT_ADAMW && o.zero1)
         bad = "--zero1 shards AdamW's moments; --optimizer adamw8bit and adafactor are not sharded yet";
     if (!bad && o.optimizer != SD_OPT_ADAMW && o.moments != SD_DT_F32)
         bad = "--adam-moments bf16 is AdamW's: --optimizer adamw8bit and adafactor keep their own state";
     if (!bad && o.fused_backward) bad = sd_train_fused_refusal(&o, accum);
-    if (!bad && o.clip_per_tensor && (o.device >= 0 || o.zero1))
-        bad = "--clip-per-tensor runs on the CPU without --zero1 only so far";
+    if (!bad && o.clip_per_tensor && o.zero1) bad = "--clip-per-tensor does not run with --zero1 so far";
     if (!bad && strcmp(dtype, "fp32") == 0) o.save_dtype = SD_ST_F32;
     else if (!bad && strcmp(dtype, "fp16") == 0) o.save_dtype = SD_ST_F16;
     else if (!bad && strcmp(dtype, "bf16") == 0) o.save_dtype = SD_ST_BF16;

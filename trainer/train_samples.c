@@ -162,13 +162,11 @@ static sd_status render_one(sd_trainer *tr, const float *params, size_t i, const
  * (--ema-on-cpu) lends it to the device for the time of the samples
  * (*tmp, released by the caller); bf16 weights are widened into the
  * gradient buffer (zero between steps; the caller gives it back with
- * sd_train_w16_f32_done). */
+ * sd_train_w16_dev_f32_done), or into *tmp on a device without one. */
 static const float *weights(sd_trainer *tr, int ema, float **tmp, sd_error *err)
 {
     *tmp = NULL;
-    if (!ema && tr->w16) {
-        return sd_train_w16_f32(tr, err) ? NULL : tr->unet.w.data;
-    }
+    if (!ema && tr->w16) return sd_train_w16_dev_f32(tr, tmp, err);
     if (!ema) return tr->d_w;
     if (tr->d_ema || !tr->be->is_device) return tr->d_ema ? tr->d_ema : tr->ema;
     size_t bytes = tr->unet.w.total * sizeof(float);
@@ -226,7 +224,7 @@ static void render_set(sd_trainer *tr, int ema, int only_missing)
         }
     }
     if (tmp) tr->be->release(tr->exec, tmp);
-    sd_train_w16_f32_done(tr, 0);
+    if (!ema && tr->w16) sd_train_w16_dev_f32_done(tr, params);
     if (!tr->o.quiet && (done || bad))
         sd_log(SD_LOG_INFO, "step %ld: %zu sample(s)%s in %s%s", tr->step, done, ema ? " of the EMA weights" : "", dir,
                bad ? " (some failed: see the warnings)" : "");
