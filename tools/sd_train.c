@@ -322,8 +322,9 @@ int main(int argc, char **argv)
         {"masked-loss", 0, SD_OPT_FLAG, &o.masked_loss, NULL,
          "weight each latent pixel's squared error by the record's loss mask (sd-latents --masks, or an imported "
          "kohya alpha_mask), reduced to the latent size as sd-scripts' --masked_loss does (the mean of each 8x8 "
-         "block) and mirrored for a flipped sample; a record without a mask weighs 1 everywhere. Validation "
-         "stays plain MSE"},
+         "block) and mirrored for a flipped sample; a record without a mask weighs 1 everywhere (the plain loss: "
+         "warned at the start with their count); shards where no record has a mask are refused (exit 2). "
+         "Validation stays plain MSE"},
         {"no-carry", 0, SD_OPT_FLAG, &o.no_carry, NULL,
          "let a bucket's last batch of an epoch run short (by default it is filled with the first records of the "
          "bucket's next-epoch shuffle, so every batch is full, except in a bucket with fewer records than "
@@ -623,6 +624,13 @@ int main(int argc, char **argv)
         }
     }
     if (!st) st = sd_trainer_open(&tr, &o, &err);
+    int code = SD_EXIT_FATAL;
+    /* what the shards hold (variants, masks); --masked-loss without any mask is a usage error */
+    if (!st && tr.have_data && sd_data_facts_report(&tr.data, o.shards, o.masked_loss, rank == 0, &err)) {
+        sd_trainer_close(&tr);
+        st = SD_EINVAL;
+        code = SD_EXIT_USAGE;
+    }
     if (st) {
         if (out_made) rmdir(o.out_dir); /* empty unless the probe failed there */
         sd_log(SD_LOG_ERROR, "%s", err.msg);
@@ -630,7 +638,7 @@ int main(int argc, char **argv)
         sd_buf_free(&cfg);
         sd_cli_args_free(&args);
         sd_strlist_free(&sets);
-        return fail_all(SD_EXIT_FATAL);
+        return fail_all(code);
     }
     if (!resume && !fresh && has_latest(o.out_dir)) resume = o.out_dir;
     if (resume) st = sd_train_resume(&tr, resume, &err);
