@@ -291,7 +291,58 @@ class Sample(unittest.TestCase):
                       err)
         # the file names follow the lines, so each image is found by its line
         self.assertEqual(sorted(os.listdir(d)), ["00000.png", "00007.png", "00009.png", "contact.png"])
-        code, _ = sh(SAMPLE, "--model", self.sd1, "--prompts", p, "-o", d, "--strict", ok=(1,))
+        code, _ = sh(SAMPLE, "--model", self.sd1, "--prompts", p, "-o", d, "--strict", "--overwrite", ok=(1,))
+
+    def test_outputs_already_there(self):
+        """An earlier run's images are never replaced silently: refused (exit 2) before the model is
+        loaded; --overwrite renders them again, --skip-existing keeps them and renders the missing ones
+        (a killed run goes on), the contact sheet showing all."""
+        d = self.out("o-again")
+        rows = [{"prompt": "a red bicycle", "seed": i, "steps": 2, "width": 64, "height": 64} for i in range(3)]
+        p = jsonl(self.out("p-again.jsonl"), rows)
+        sh(SAMPLE, "--model", self.sd1, "--prompts", p, "-o", d, "-q")
+        names = ["00000.png", "00001.png", "00002.png", "contact.png"]
+        def files():
+            out = {}
+            for n in sorted(os.listdir(d)):
+                with open(os.path.join(d, n), "rb") as f:
+                    out[n] = f.read()
+            return out
+        first = files()
+        self.assertEqual(sorted(first), names)
+        code, err = sh(SAMPLE, "--model", self.sd1, "--prompts", p, "-o", d, ok=(2,))
+        self.assertIn("00000.png exists (3 of this run's 3 image(s) are there, and a contact sheet): not replaced",
+                      err)
+        self.assertNotIn("model ", err)  # refused before the model is loaded
+        self.assertEqual(files(), first)
+        # a contact sheet alone is an output too
+        only = self.out("o-sheet")
+        os.makedirs(only)
+        shutil.copy(os.path.join(d, "contact.png"), only)
+        code, err = sh(SAMPLE, "--model", self.sd1, "--prompts", p, "-o", only, ok=(2,))
+        self.assertIn("contact.png exists (an earlier run's contact sheet)", err)
+        # what a run killed after its first image leaves: the missing ones rendered, the kept one not
+        # touched, the sheet of all three as an uninterrupted run's
+        for n in ("00001.png", "00002.png", "contact.png"):
+            os.remove(os.path.join(d, n))
+        with open(os.path.join(d, "00000.png"), "ab") as f:  # marks the kept file (after IEND: still a PNG)
+            f.write(b"kept")
+        code, err = sh(SAMPLE, "--model", self.sd1, "--prompts", p, "-o", d, "--skip-existing")
+        self.assertIn("2 image(s) written to %s, 1 kept from before, 0 failed" % d, err)
+        got = files()
+        self.assertEqual(got["00000.png"], first["00000.png"] + b"kept")
+        for n in ("00001.png", "00002.png", "contact.png"):
+            self.assertEqual(got[n], first[n], n)
+        # all there: nothing to render, no model loaded (a missing one is not even looked for)
+        code, err = sh(SAMPLE, "--model", self.out("no-such-model"), "--prompts", p, "-o", d, "--skip-existing")
+        self.assertIn("0 image(s) written to %s, 3 kept from before" % d, err)
+        self.assertEqual(files()["contact.png"], first["contact.png"])
+        # --overwrite: every image rendered again, the same bytes as the first run's
+        sh(SAMPLE, "--model", self.sd1, "--prompts", p, "-o", d, "--overwrite", "-q")
+        self.assertEqual(files(), first)
+        code, err = sh(SAMPLE, "--model", self.sd1, "--prompts", p, "-o", d, "--overwrite", "--skip-existing",
+                       ok=(2,))
+        self.assertIn("pick one", err)
 
     def test_usage_and_fatal_errors(self):
         d = self.out("o-err")
