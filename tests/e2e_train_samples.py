@@ -189,21 +189,23 @@ class TrainSamples(unittest.TestCase):
 
     def test_bad_lines_failures_and_pruning(self):
         """Bad lines are named and skipped, an image of a size the UNet cannot take fails alone, the others
-        are written at each checkpoint (the default), pruned checkpoints take their samples along, and the
-        losses are the reference's."""
+        are written at every step (into the checkpoint at 2 and 4, into samples/step-N at 1 and 3), pruned
+        checkpoints take their samples along and so does --keep for the step folders before the oldest
+        checkpoint kept, and the losses are the reference's."""
         p = e2e_sample.jsonl(self.path("bad.jsonl"), [PROMPTS[1], "{not json", dict(PROMPTS[1], sampler="plms"),
                                                       dict(PROMPTS[1], width=72)])
         out, m = self.path("b"), self.path("b.jsonl")
         _, err = run("--unet", self.model, "-o", out, "--metrics", m, "--sample-prompts", p, "--steps", "4",
-                     *BASE, "--keep", "1", self.shard)
+                     "--sample-every", "1", *BASE, "--keep", "1", self.shard)
         self.assertIn("%s:2: bad JSON" % p, err)
         self.assertIn("%s:3: unknown sampler" % p, err)
         self.assertIn("00003.png (%s line 4)" % p, err)
         self.assertIn("multiples of 32", err)
-        self.assertIn("samples: 4 written, 4 failed", err)
+        self.assertIn("samples: 8 written, 8 failed", err)
         self.assertIn("2 prompt line(s) skipped (bad JSON 1, unknown sampler 1", err)
         self.assertNotIn("not removed", err)
-        self.assertEqual(sorted(os.listdir(out)), ["checkpoint-4", "latest"])  # checkpoint-2 pruned, samples too
+        # checkpoint-2 pruned with its samples, and samples/step-1, step-3 (before checkpoint-4) with it
+        self.assertEqual(sorted(os.listdir(out)), ["checkpoint-4", "latest"])
         for sub in ("samples", "samples-ema"):
             self.assertEqual(os.listdir(os.path.join(out, "checkpoint-4", sub)), ["00000.png"])
         self.assertEqual(self.losses(m), self.losses(self.ref + ".jsonl"))

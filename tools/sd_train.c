@@ -332,7 +332,8 @@ int main(int argc, char **argv)
         {"allow-mixed", 0, SD_OPT_FLAG, &o.allow_mixed, NULL, "train on shards made with different VAEs or text encoder setups (dropout then uses the empty caption of the first shard that names one and holds it); shards of two caption lengths (sd-latents --max-tokens) stay refused"},
         {"seed", 0, SD_OPT_INT, &seed, "N", "seed of data order, timesteps and noise (default 0)"},
         {"save-every", 0, SD_OPT_INT, &save_every, "N", "checkpoint every N steps (default: at the end only)"},
-        {"keep", 0, SD_OPT_INT, &keep, "N", "checkpoints kept (default 2; 0 keeps all)"},
+        {"keep", 0, SD_OPT_INT, &keep, "N", "checkpoints kept (default 2; 0 keeps all), with their samples; the "
+         "--sample-every folders (DIR/samples/step-N) before the oldest checkpoint kept go too"},
         {"save-dtype", 0, SD_OPT_STR, &dtype, "T", "unet/ weights as fp32 (default), fp16 or bf16"},
         {"save-single", 0, SD_OPT_FLAG, &o.save_single, NULL,
          "also write each checkpoint's UNet (and EMA UNet) as one safetensors file with the original "
