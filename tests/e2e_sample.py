@@ -37,6 +37,17 @@ GOLDEN_FAMILIES = {"sd15": ("sd1", "sd", [(8, "quick_gelu", 0, "<|endoftext|>")]
 GOLDEN_CASE = {"prompt": "a red bicycle", "negative": "blurry, low quality", "seed": 1, "steps": 10, "cfg": 7,
                "width": 64, "height": 64}
 SAMPLERS = ["ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras"]
+# prompts over 75 tokens (--max-tokens 150 / 225): a booru tag list of about 120 CLIP tokens
+LONG_PROMPT = ", ".join(["1girl", "solo", "long hair", "looking at viewer", "smile", "open mouth", "blue eyes",
+                         "brown hair", "shirt", "long sleeves", "hat", "holding", "jewelry", "standing", "white shirt",
+                         "outdoors", "sky", "day", "cloud", "water", "tree", "blue sky", "ocean", "beach", "sunlight",
+                         "grass", "flower", "wind", "scenery", "horizon", "sand", "palm tree", "straw hat",
+                         "sundress", "bracelet", "necklace", "earrings", "waves", "footprints", "seashell",
+                         "sun hat", "hand on headwear", "from side", "full body", "barefoot", "wading",
+                         "lens flare", "depth of field", "masterpiece", "best quality"])
+# (family, sampler, max tokens): the golden images tests/golden/make_sample_golden.py renders from
+# sd-scripts' chunked embeddings (prompt_embeds), one per family
+LONG_CASES = [("sd15", "dpmpp_2m", 150), ("sd21v", "euler", 225), ("sdxl", "euler_a", 150)]
 A1111 = {"ddim": "DDIM", "euler": "Euler", "euler_a": "Euler a", "dpmpp_2m": "DPM++ 2M",
          "dpmpp_2m_karras": "DPM++ 2M"}
 
@@ -202,6 +213,33 @@ class Sample(unittest.TestCase):
                     b = np.asarray(pixels(os.path.join(GOLDEN, "sample", name + ".png")), dtype=np.int16)
                     diff = np.abs(a - b)
                     self.assertGreaterEqual((diff <= 1).mean(), 0.999, "max difference %d" % diff.max())
+
+    def test_long_prompts_match_diffusers(self):
+        """--max-tokens 150 / 225: a prompt of about 120 tokens chunked and joined as sd-latents caches
+        captions (sd-scripts' scheme), within 1 level of diffusers fed sd-scripts' chunked embeddings
+        (tests/golden/make_sample_golden.py) on >= 99.9% of pixels, for SD 1.x, SD 2.x-v (its "!"
+        padding) and SDXL (the first chunk's pooled output); 75 tokens cuts the prompt (warned) and
+        gives other pixels."""
+        for fam, sampler, n in LONG_CASES:
+            unet, vae, enc, pred = GOLDEN_FAMILIES[fam]
+            m = self.out("gl-" + fam)
+            make_model(m, unet, vae, enc, pred)
+            p = jsonl(self.out("p-gl-%s.jsonl" % fam), [dict(GOLDEN_CASE, prompt=LONG_PROMPT, sampler=sampler)])
+            d = self.out("o-gl-%s-%d" % (fam, n))
+            code, err = sh(SAMPLE, "--model", m, "--prompts", p, "-o", d, "--max-tokens", str(n))
+            self.assertNotIn("is cut", err)
+            d75 = self.out("o-gl-%s-75" % fam)
+            code, err = sh(SAMPLE, "--model", m, "--prompts", p, "-o", d75)
+            self.assertIn("is cut to its first 75", err)
+            with self.subTest(family=fam, max_tokens=n):
+                a = np.asarray(pixels(os.path.join(d, "00000.png")), dtype=np.int16)
+                b = np.asarray(pixels(os.path.join(GOLDEN, "sample", "%s_long%d_%s.png" % (fam, n, sampler))),
+                               dtype=np.int16)
+                diff = np.abs(a - b)
+                self.assertGreaterEqual((diff <= 1).mean(), 0.999, "max difference %d" % diff.max())
+                c = np.asarray(pixels(os.path.join(d75, "00000.png")), dtype=np.int16)
+                self.assertGreater(np.abs(a - c).max(), 8, "--max-tokens changed nothing")
+        sh(SAMPLE, "--model", m, "--prompt", "x", "--max-tokens", "100", "-o", self.out("o-gl-bad"), ok=(2,))
 
     def test_single_file_checkpoint(self):
         """One file with the UNet (model.diffusion_model.*), the VAE

@@ -170,6 +170,25 @@ class TrainSamples(unittest.TestCase):
         with open(os.path.join(out, "samples", "step-3", "00001.png"), "rb") as f:
             self.assertEqual(png, f.read())
 
+    def test_long_prompt_shards(self):
+        """Shards of sd-latents --max-tokens 150 (their text_encoder identity ends in |tok150): the samples
+        are conditioned at 150 tokens, the sequence length the UNet trains on, and equal sd-sample
+        --max-tokens 150 from the checkpoint pixel for pixel (not the 75-token rendering)."""
+        shard = self.path("tok150.shard")
+        subprocess.run([MAKE, "--make-shard-tok150", shard], check=True)
+        p = e2e_sample.jsonl(self.path("long.jsonl"), [dict(PROMPTS[0], prompt=e2e_sample.LONG_PROMPT)])
+        out = self.path("l")
+        _, err = run("--unet", self.model, "-o", out, "--sample-prompts", p, "--steps", "2",
+                     *[a for a in BASE if a != "-q"], shard)
+        self.assertIn("at 150 tokens, as the shards", err)
+        got, _ = pixels(os.path.join(out, "checkpoint-2", "samples", "00000.png"))
+        d = self.folder("l-folder", os.path.join(out, "checkpoint-2", "unet"))
+        for n, same in ((150, True), (75, False)):
+            o = self.path("l-sd-sample-%d" % n)
+            run("--model", d, "--prompts", p, "-o", o, "-q", "--max-tokens", str(n), exe=SAMPLE)
+            want, _ = pixels(os.path.join(o, "00000.png"))
+            self.assertEqual(np.array_equal(got, want), same, "sd-sample --max-tokens %d" % n)
+
     def test_bf16_weights(self):
         """--weight-dtype bf16 (issue 28): the samples read the bf16 weights (widened into the
         gradient buffer while they render), so sd-sample from the checkpoint's unet/ gives the same

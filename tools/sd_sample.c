@@ -13,7 +13,7 @@ int main(int argc, char **argv)
 {
     sample_opts o = {.device = "cpu", .contact = 1};
     const char *sampler = "dpmpp_2m";
-    long seed = 0, steps = 20, width = 0, height = 0, threads = 0;
+    long seed = 0, steps = 20, width = 0, height = 0, threads = 0, max_tokens = 75;
     double cfg = 7.0;
     int quiet = 0, verbose = 0, no_contact = 0;
     const sd_opt opts[] = {
@@ -30,6 +30,11 @@ int main(int argc, char **argv)
         {"vae-config", 0, SD_OPT_STR, &o.src.vae_config, "FILE", "the same for the VAE"},
         {"text-config", 0, SD_OPT_STR, &o.src.text_config[0], "FILE", "the same for the (first) text encoder"},
         {"text-config-2", 0, SD_OPT_STR, &o.src.text_config[1], "FILE", "the same for SDXL's second text encoder"},
+        {"max-tokens", 0, SD_OPT_INT, &max_tokens, "N",
+         "caption tokens the prompts are encoded with: 75 (default: one 77-token CLIP sequence), 150 or 225: "
+         "cut into 75-token chunks, each encoded alone and the hidden states joined, as sd-latents --max-tokens "
+         "caches training captions (sd-scripts' --max_token_length; not A1111's prompt weighting); use the "
+         "length the UNet was trained with"},
         {"prompts", 0, SD_OPT_STR, &o.prompts, "FILE.jsonl",
          "one JSON object per line with any of prompt, negative, seed, steps, cfg, sampler, width, height; a "
          "field left out takes the value of the option of its name below; a line with another key (a typo such as "
@@ -85,6 +90,8 @@ int main(int argc, char **argv)
                   "  sd-sample --model sdxl/ --prompts prompts.jsonl -o samples/ --device cuda:0\n"
                   "  sd-sample --model sdxl/ --prompts prompts.jsonl -o samples/ --skip-existing   # after a kill\n"
                   "  sd-sample --model v1-5-pruned-emaonly.safetensors --tokenizer sd15/ --prompt 'a cat' -o out/\n"
+                  "  sd-sample --model sd15-tags/ --max-tokens 150 --prompts tags.jsonl -o out/   # trained on "
+                  "sd-latents --max-tokens 150 shards\n"
                   "  prompts.jsonl:  {\"prompt\": \"a cat\", \"negative\": \"blurry\", \"seed\": 4, \"steps\": 30, "
                   "\"cfg\": 6.5, \"sampler\": \"euler_a\", \"width\": 768, \"height\": 512}\n",
                   NULL};
@@ -110,6 +117,7 @@ int main(int argc, char **argv)
         bad = "--width and --height must be multiples of 8 from 8 to 8192";
     else if (threads < 0 || threads > 1024) bad = "--threads must be 0..1024";
     else if (o.overwrite && o.skip_existing) bad = "--overwrite and --skip-existing together: pick one";
+    else if (max_tokens != 75 && max_tokens != 150 && max_tokens != 225) bad = "--max-tokens must be 75, 150 or 225";
     else if (sd_sampler_parse(sampler, &o.defaults.sampler, &e)) {
         snprintf(msg, sizeof msg, "%.250s", e.msg); /* names the sampler: short */
         bad = msg;
@@ -120,6 +128,7 @@ int main(int argc, char **argv)
         sd_cli_usage_error(&cli, "%s", bad);
         return SD_EXIT_USAGE;
     }
+    o.src.max_tokens = (int)max_tokens;
     o.defaults.seed = (uint64_t)seed;
     o.defaults.steps = (int)steps;
     o.defaults.cfg = cfg;

@@ -92,6 +92,10 @@ typedef struct {
 sd_status sd_data_open(sd_data *d, const char *const *paths, int n, int batch, uint64_t seed, int allow_mixed,
                        sd_error *err);
 void sd_data_close(sd_data *d);
+/* The caption tokens the shards' embeddings were made with (their
+ * text_encoder identity: 75, or 150 / 225 of sd-latents --max-tokens); 0
+ * when the shards do not say (an import-kohya cache). */
+int sd_data_max_tokens(const sd_data *d);
 /* The shards' caption variants and loss masks logged (info, one line each,
  * when log and the shards hold any), and --masked-loss (masked) checked
  * against them (data_facts.c): SD_EINVAL naming the shards when no record

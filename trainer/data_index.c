@@ -75,6 +75,12 @@ static int te_tokens(const char *te)
     return n > 0 ? n : 75;
 }
 
+/* See data.h. */
+int sd_data_max_tokens(const sd_data *d)
+{
+    return d->text_encoder[0] ? te_tokens(d->text_encoder) : 0;
+}
+
 /* Check one shard's identity against the first one's (first: this is the
  * first shard with records, which the others are compared with). */
 static sd_status check_meta(sd_data *d, int i, const char *path, int first, int allow_mixed, sd_error *err)
