@@ -152,6 +152,11 @@ sd_status sd_data_check_model(const sd_data *d, const sd_load_opts *o, sd_error 
  * longer than 77); 0 when none has a readable text embedding. */
 enum { SD_DATA_TOKEN_PEEK = 64 };
 sd_status sd_data_bucket_tokens(const sd_data *d, size_t bucket, const sd_load_opts *o, int *tokens, sd_error *err);
+/* The caption tokens to condition samples with, so that the UNet samples
+ * on the sequence length it trains on (data_facts.c): sd_data_max_tokens,
+ * else, where the shards do not say (an import-kohya cache), the rows of
+ * the first bucket's embeddings (152: 150, 227: 225), else 75. */
+int sd_data_caption_tokens(const sd_data *d, const sd_load_opts *lo);
 
 /* A loaded batch, buffers reused between calls. */
 typedef struct {

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "clip_text.h"
 #include "data.h"
 #include "log.h"
 
@@ -85,4 +86,15 @@ sd_status sd_data_facts_report(const sd_data *d, const char *const *paths, int m
                none[0] && part[0] ? "; " : "", part[0] ? "some in " : "", part);
     }
     return SD_OK;
+}
+
+/* See data.h. */
+int sd_data_caption_tokens(const sd_data *d, const sd_load_opts *lo)
+{
+    int n = sd_data_max_tokens(d), rows = 0;
+    if (n) return n;
+    sd_error e = {0};
+    if (d->nbuckets && sd_data_bucket_tokens(d, 0, lo, &rows, &e) == SD_OK && sd_clip_kohya_rows(rows - 2))
+        return rows - 2;
+    return 75;
 }

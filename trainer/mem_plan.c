@@ -189,6 +189,10 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     /* the walk's peak is every buffer it was handed plus its largest op's
      * scratch, each rounded as the allocator rounds */
     p->total = peak + host_io + p->conv_workspace + w16_scratch + p->process;
+    /* a sample step renders while the step's buffers stay allocated: on top */
+    rc = sd_mem_plan_samples(o, u, d, rank, p, err);
+    if (rc) return rc;
+    p->total += p->samples;
     /* bf16 weights: sd_trainer_open holds the fp32 model beside its bf16
      * rounding for a moment (train_w16.c); without a gradient buffer
      * (--fused-backward) that moment can be the run's peak. The optimizer

@@ -43,18 +43,11 @@ static const char *model_path(const sd_train_opts *o)
 }
 
 /* The caption tokens the samples are conditioned with: the training
- * shards' (their text_encoder identity, sd-latents --max-tokens), so the
- * UNet sees the sequence length it trains on; a shard that does not say
- * (an import-kohya cache) by its first bucket's embedding rows. */
+ * shards', so the UNet sees the sequence length it trains on. */
 static int sample_tokens(sd_trainer *tr)
 {
-    int n = tr->have_data ? sd_data_max_tokens(&tr->data) : 0, rows = 0;
-    if (n) return n;
     sd_load_opts lo = sd_train_load_opts(tr, 0);
-    if (tr->have_data && tr->data.nbuckets && sd_data_bucket_tokens(&tr->data, 0, &lo, &rows, NULL) == SD_OK &&
-        sd_clip_kohya_rows(rows - 2))
-        return rows - 2;
-    return 75;
+    return tr->have_data ? sd_data_caption_tokens(&tr->data, &lo) : 75;
 }
 
 /* Every prompt's conditioning, then the text encoders freed; a prompt that
