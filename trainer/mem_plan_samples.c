@@ -115,8 +115,7 @@ sd_status sd_mem_plan_samples(const sd_train_opts *o, const sd_unet *u, const sd
         return SD_OK; /* no usable VAE: the run warns and renders nothing */
     }
     const sd_unet_config *c = &u->cfg;
-    sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
-                       .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0};
+    sd_load_opts lo = sd_train_unet_load_opts(c);
     int tctx = sd_clip_kohya_rows(sd_data_caption_tokens(d, &lo)), dw, dh, side = c->sample_size > 0 ? c->sample_size : 64;
     sd_vae_decoded_size(&vae.cfg, side, side, &dh, &dw);
     shape *sh = NULL;

@@ -46,7 +46,7 @@ static const char *model_path(const sd_train_opts *o)
  * shards', so the UNet sees the sequence length it trains on. */
 static int sample_tokens(sd_trainer *tr)
 {
-    sd_load_opts lo = sd_train_load_opts(tr, 0);
+    sd_load_opts lo = sd_train_unet_load_opts(&tr->unet.cfg);
     return tr->have_data ? sd_data_caption_tokens(&tr->data, &lo) : 75;
 }
 
