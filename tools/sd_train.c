@@ -355,7 +355,9 @@ int main(int argc, char **argv)
          "the images of two steps compare; at each checkpoint (or every --sample-every steps) and at the end, not "
          "after a stop request; with the EMA weights too when --ema-decay is given. Into checkpoint-N/samples/NNNNN.png "
          "(and samples-ema/) at a checkpoint step, else DIR/samples/step-N/ (and DIR/samples-ema/step-N/), NNNNN the "
-         "line's 0-based number, with A1111's parameters text; and as TensorBoard images with --tensorboard. A bad "
+         "line's 0-based number, with A1111's parameters text; and as TensorBoard images with --tensorboard. The "
+         "prompts are encoded at the shards' caption length (sd-latents --max-tokens 75/150/225, chunked as it "
+         "chunks captions). --keep prunes DIR/samples/step-N with the checkpoints before N. A bad "
          "line or a failed image is a warning and counted; training goes on, the same as without samples"},
         {"sample-every", 0, SD_OPT_INT, &o.sample_every, "N", "render the samples every N steps (default: at each checkpoint)"},
         {"sample-model", 0, SD_OPT_STR, &o.sample_model, "PATH",
