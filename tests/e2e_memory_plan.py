@@ -188,6 +188,29 @@ class MemoryPlan(unittest.TestCase):
         self.assertGreater(p["weights"], 3 << 30)
         self.assertLess(after, 1 << 20, "the plan allocated the weights (%d KiB peak, before %d)" % (after, before))
 
+    def test_bf16_start_is_not_planned(self):
+        """--weight-dtype bf16 loads or initialises straight into bf16 (issue 28): the start holds
+        no fp32 model beside the bf16 one, so even where the step is smallest (SD 1.5's size, fused
+        backward, 8-bit AdamW) the total is the step's categories (it was fp32 + bf16 weights), and
+        detail has no bf16_start; setup names the weights' dtype."""
+        with open(CONFIG) as f:
+            cfg = json.load(f)
+        cfg.update(block_out_channels=[320, 640, 1280, 1280], attention_head_dim=8, norm_num_groups=32,
+                   down_block_types=["CrossAttnDownBlock2D"] * 3 + ["DownBlock2D"],
+                   up_block_types=["UpBlock2D"] + ["CrossAttnUpBlock2D"] * 3)
+        path = os.path.join(self.tmp.name, "big16.json")
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        _, out, _ = run("--unet-config", path, "--memory-plan", "-j", "1", "--weight-dtype", "bf16",
+                        "--optimizer", "adamw8bit", "--fused-backward", "--gradient-checkpointing", self.shard)
+        p = json.loads(out)
+        parts = sum(p[k] for k in CATEGORIES[:-1])
+        self.assertLessEqual(abs(p["total"] - parts), 64 * 64, p)  # the allocator's 64-byte rounding
+        self.assertLess(p["total"] - p["process"], 3 * p["weights"], p)  # fp32 beside bf16 alone: 3x
+        self.assertNotIn("bf16_start", p["detail"])
+        self.assertEqual(p["setup"]["weight_dtype"], "bf16")
+        self.assertEqual(self.plan()["setup"]["weight_dtype"], "fp32")
+
     def test_val_shard_with_a_larger_bucket(self):
         val = os.path.join(self.tmp.name, "val.shard")
         subprocess.run([SHARD_OF, val, "128", "96", "8", "0", "2"], check=True)

@@ -1453,6 +1453,65 @@ static void test_variant_draws(void)
     sd_shard_remove_files(path);
 }
 
+/* A /proc/self/status field in KiB (VmRSS, VmHWM); -1 when absent. */
+static long status_kib(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kib = -1;
+    size_t k = strlen(key);
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, key, k) == 0 && line[k] == ':') {
+            kib = strtol(line + k + 1, NULL, 10);
+            break;
+        }
+    if (f) fclose(f);
+    return kib;
+}
+
+/* --weight-dtype bf16 starts in bf16 (issue 28): opening a trainer on a
+ * new 47M-parameter UNet with bf16 weights leaves no fp32 buffer
+ * (unet.w.data NULL) and its resident set grows by the bf16 weights
+ * (2 bytes a parameter; ASan's shadow adds an eighth), under the 4 bytes
+ * a parameter an fp32 model alone takes: init-then-round held 6. The peak
+ * is the kernel's VmHWM, reset just before the open (clear_refs 5); the
+ * optimizer state and gradient buffer are allocated zeroed and untouched. */
+static void test_bf16_start_memory(void)
+{
+    char dir[] = "/tmp/sdtk_w16_XXXXXX", cfg[600];
+    sd_error err = {0};
+    if (!CHECK(mkdtemp(dir) != NULL)) return;
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    FILE *f = fopen(cfg, "w");
+    if (!CHECK(f != NULL)) return;
+    fputs("{\"block_out_channels\": [32, 64, 512], \"layers_per_block\": 2, \"cross_attention_dim\": 8,"
+          " \"attention_head_dim\": 2, \"norm_num_groups\": 4,"
+          " \"down_block_types\": [\"CrossAttnDownBlock2D\", \"CrossAttnDownBlock2D\", \"DownBlock2D\"],"
+          " \"up_block_types\": [\"UpBlock2D\", \"CrossAttnUpBlock2D\", \"CrossAttnUpBlock2D\"]}\n", f);
+    fclose(f);
+    sd_train_opts o;
+    sd_train_opts_default(&o);
+    o.unet_config = cfg;
+    o.weight_dtype = SD_DT_BF16;
+    FILE *cr = fopen("/proc/self/clear_refs", "w");
+    int reset = cr && fputs("5", cr) >= 0;
+    if (cr) reset &= fclose(cr) == 0;
+    long rss0 = status_kib("VmRSS");
+    sd_trainer tr;
+    if (CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
+        long hwm = status_kib("VmHWM");
+        size_t n = tr.unet.w.total;
+        CHECK(tr.w16 != NULL && tr.unet.w.data == NULL && n > 40000000);
+        double grew = (double)(hwm - rss0) * 1024.0 / (double)n;
+        printf("bf16 start: %zu weights, resident set grew by %.2f bytes a weight at its peak\n", n, grew);
+        if (CHECK(reset && rss0 > 0 && hwm > 0)) CHECK(grew >= 1.5 && grew < 4.0);
+        sd_trainer_close(&tr);
+    } else {
+        fprintf(stderr, "bf16 start: %s\n", err.msg);
+    }
+    rmtree(dir);
+}
+
 int main(int argc, char **argv)
 {
     const char *kinds[] = {"--make-shard", "--make-shard-without-text", "--make-empty-shard",
@@ -1464,6 +1523,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", argv[2], err.msg);
         return 1;
     }
+    test_bf16_start_memory(); /* first: nothing else resident yet */
     test_variant_draws();
     test_lr();
     test_sdxl_data();

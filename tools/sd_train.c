@@ -289,8 +289,9 @@ int main(int argc, char **argv)
          "store the AdamW moments as fp32 (default) or bf16: 4 bytes less per weight (3.4 GB for SD 1.5, 10.3 GB "
          "for SDXL, on the GPU with --device cuda); updated in fp32, stored with stochastic rounding"},
         {"weight-dtype", 0, SD_OPT_STR, &wdtype, "T",
-         "hold the trainable weights as fp32 (default) or bf16: 2 bytes less per weight, no fp32 copy (each op "
-         "widens its own weights just before it runs); the update is computed in fp32 and stored with stochastic "
+         "hold the trainable weights as fp32 (default) or bf16: 2 bytes less per weight, no fp32 copy (the model "
+         "is loaded or initialised straight into bf16, each value rounded to nearest; each op widens its own "
+         "weights just before it runs); the update is computed in fp32 and stored with stochastic "
          "rounding from a seeded stream (exact resume); every --optimizer. bf16: CPU, one process so far; the EMA "
          "stays fp32. Example: --weight-dtype bf16 --optimizer adamw8bit"},
         {"max-grad-norm", 0, SD_OPT_DOUBLE, &o.max_grad_norm, "X", "clip the global gradient norm (default 1; 0: off)"},

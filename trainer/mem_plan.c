@@ -192,15 +192,10 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     rc = sd_mem_plan_samples(o, u, d, rank, p, err);
     if (rc) return rc;
     p->total += p->samples;
-    /* bf16 weights: sd_trainer_open holds the fp32 model beside its bf16
-     * rounding for a moment (train_w16.c); without a gradient buffer
-     * (--fused-backward) that moment can be the run's peak. The optimizer
-     * state is allocated zeroed by then and not yet touched (not resident:
-     * measured, bench_mem_plan.sh) */
-    if (o->weight_dtype == SD_DT_BF16 && !device) {
-        p->start = sd_weights_bytes(&u->w) + p->weights + p->process;
-        if (p->start > p->total) p->total = p->start;
-    }
+    /* bf16 weights need no term for the start: sd_trainer_open loads or
+     * initialises them straight into bf16 (train_open.c), so the start
+     * holds the bf16 weights (counted in the step) and at most one
+     * tensor's pages of the file it reads (sd_weights_load_bf16) */
     judge(o, host, device_total, p);
     return SD_OK;
 }
@@ -223,13 +218,14 @@ static size_t device_memory(const sd_train_opts *o)
 #endif
 }
 
-/* The model's layout only (no weights) from --unet-config; --unet is
- * loaded, as its config may live in the file's metadata. */
+/* The model's layout only (no weights) from --unet-config, or from --unet
+ * (its config may live in the file's metadata): every tensor checked as a
+ * run loads it, none copied. */
 static sd_status layout_model(const sd_train_opts *o, sd_unet *u, sd_error *err)
 {
     if (o->unet) {
         sd_unet_opts uo = {.config_path = o->unet_config};
-        return sd_unet_load(u, o->unet, &uo, err);
+        return sd_unet_load_bf16(u, o->unet, &uo, NULL, err);
     }
     sd_unet_config c;
     sd_unet_config_default(&c);

@@ -35,10 +35,6 @@ typedef struct {
     size_t ema_host; /* a GPU run with --ema-on-cpu: the EMA's bytes in host memory (not in total) */
     size_t graph_act, graph_dact, io; /* activations: the graph's buffers and the per-pass inputs */
     size_t op_scratch, conv_workspace; /* workspace: the largest op's scratch; cuDNN's cap (GPU) */
-    /* bf16 weights: the start, when the loaded or initialised fp32 weights
-     * are held beside their bf16 rounding (with the process; the optimizer
-     * state is not touched yet); total is the larger of it and the step's */
-    size_t start;
     /* --sample-prompts (rank 0): what a sample step holds on top of the
      * training buffers, in total (mem_plan_samples.c); its parts */
     size_t samples;

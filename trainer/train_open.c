@@ -104,21 +104,32 @@ sd_train_state_bytes sd_train_state_sizes(const sd_train_opts *o, const sd_weigh
     return b;
 }
 
-/* The model: loaded, or built from a config and initialised. */
+/* The model: loaded, or built from a config and initialised; with
+ * --weight-dtype bf16 straight into tr->w16 (each value rounded to the
+ * nearest bf16 as it is read or drawn, unet.w.data left NULL), so no fp32
+ * model exists at the start either (2 bytes a weight, not 6). */
 static sd_status open_model(sd_trainer *tr, sd_error *err)
 {
     const sd_train_opts *o = &tr->o;
+    int bf16 = o->weight_dtype == SD_DT_BF16;
     if (o->unet) {
         sd_unet_opts uo = {.config_path = o->unet_config};
-        return sd_unet_load(&tr->unet, o->unet, &uo, err);
+        return bf16 ? sd_unet_load_bf16(&tr->unet, o->unet, &uo, &tr->w16, err)
+                    : sd_unet_load(&tr->unet, o->unet, &uo, err);
     }
     if (!o->unet_config) return sd_err_set(err, SD_EINVAL, "no UNet: give a model path or a config.json");
     sd_unet_config c;
     sd_unet_config_default(&c);
     sd_status rc = sd_unet_config_read(o->unet_config, &c, err);
-    if (!rc) rc = sd_unet_build(&tr->unet, &c, err);
+    if (!rc) rc = bf16 ? sd_unet_build_names(&tr->unet, &c, err) : sd_unet_build(&tr->unet, &c, err);
+    if (!rc && bf16 && !(tr->w16 = calloc(tr->unet.w.total ? tr->unet.w.total : 1, sizeof *tr->w16))) {
+        rc = sd_err_set(err, SD_ENOMEM, "out of memory for the bf16 weights (%zu MB)",
+                        tr->unet.w.total * sizeof *tr->w16 >> 20);
+        sd_unet_free(&tr->unet);
+    }
     if (!rc) {
-        sd_unet_init_random(&tr->unet, o->init_seed);
+        if (bf16) sd_unet_init_random_bf16(&tr->unet, o->init_seed, tr->w16);
+        else sd_unet_init_random(&tr->unet, o->init_seed);
         snprintf(tr->unet.layout, sizeof tr->unet.layout, "new (seed %llu)", (unsigned long long)o->init_seed);
     }
     return rc;
@@ -269,7 +280,11 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
                           SD_DDPM_STEPS);
     sd_status rc = open_model(tr, err);
     if (!rc && o->save_full) rc = check_full(tr, err);
-    if (rc) return rc;
+    if (rc) {
+        free(tr->w16); /* a bf16 model loaded before check_full refused */
+        tr->w16 = NULL;
+        return rc;
+    }
     size_t n = tr->unet.w.total;
     tr->rank = sd_dist_rank();
     tr->world = sd_dist_world();

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "f16.h"
 #include "ops_cpu.h"
 #include "ops_math.h"
 #include "optim.h"
@@ -38,21 +39,11 @@ size_t sd_train_w16_desc_bytes(const sd_train_opts *o, const sd_weights *w)
     return o->optimizer == SD_OPT_ADAMW ? 0 : (w->nslots ? w->nslots : 1) * one;
 }
 
-/* fp32 -> bf16 rounded to nearest even (the one rounding at the start and
- * when an fp32 checkpoint is resumed); NaN stays NaN. */
-static uint16_t bf16_rne(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7f800000u) == 0x7f800000u) return (uint16_t)((u >> 16) | ((u & 0x7fffffu) ? 0x40u : 0u));
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-/* n floats narrowed into the bf16 weights (nearest even): exact for
- * values that came from bf16 weights. */
+/* n floats narrowed into the bf16 weights (nearest even, NaN kept a NaN):
+ * exact for values that came from bf16 weights; a resume of fp32 weights. */
 void sd_train_w16_narrow(sd_trainer *tr, const float *src)
 {
-    for (size_t i = 0; i < tr->unet.w.total; i++) tr->w16[i] = bf16_rne(src[i]);
+    for (size_t i = 0; i < tr->unet.w.total; i++) tr->w16[i] = sd_f32_to_bf16(src[i]);
 }
 
 /* n bf16 values widened into dst (exact). */
@@ -61,22 +52,19 @@ void sd_train_w16_widen(float *dst, const uint16_t *src, size_t n)
     for (size_t i = 0; i < n; i++) dst[i] = sdm_bf16_widen(src[i]);
 }
 
-/* Start a bf16 run: the fp32 weights (loaded or initialised) rounded into
- * w16, the EMA (when kept) started from those rounded values, and the fp32
- * buffer freed: unet.w.data stays NULL except while a checkpoint is
- * written or read (sd_train_w16_f32). */
+/* Start a bf16 run whose weights open_model (train_open.c) loaded or
+ * initialised straight into w16: the update's scratch and the group
+ * descriptors. unet.w.data stays NULL except while a checkpoint is written
+ * or read (sd_train_w16_f32). */
 sd_status sd_train_w16_open(sd_trainer *tr, sd_error *err)
 {
-    size_t n = tr->unet.w.total;
     size_t desc = sd_train_w16_desc_bytes(&tr->o, &tr->unet.w);
-    tr->w16 = malloc(n * sizeof(uint16_t));
     tr->upd = malloc(sd_train_w16_chunk(&tr->o, &tr->unet.w) * sizeof(float));
     tr->desc = desc ? malloc(desc) : NULL;
-    if (!tr->w16 || !tr->upd || (desc && !tr->desc))
-        return sd_err_set(err, SD_ENOMEM, "out of memory for the bf16 weights");
-    sd_train_w16_narrow(tr, tr->unet.w.data);
-    free(tr->unet.w.data);
-    tr->unet.w.data = NULL;
+    if (!tr->w16 || tr->unet.w.data)
+        return sd_err_set(err, SD_EINVAL, "bf16 weights: the model was not opened as bf16 (open_model)");
+    if (!tr->upd || (desc && !tr->desc))
+        return sd_err_set(err, SD_ENOMEM, "out of memory for the bf16 weights' update scratch");
     return SD_OK;
 }
 
