@@ -332,7 +332,7 @@ static int put_latent(sd_shard *s, int i, uint32_t bw, uint32_t bh, int meanstd,
 /* What the generated shard holds: everything, latents without any text
  * embedding (sd-latents without --text), or nothing at all (an sd-latents
  * --shard part that got no records: no meta either). */
-enum { SHARD_FULL, SHARD_NO_TEXT, SHARD_EMPTY, SHARD_VARIANTS };
+enum { SHARD_FULL, SHARD_NO_TEXT, SHARD_EMPTY, SHARD_VARIANTS, SHARD_TOK150 };
 
 /* A shard of 14 records in two buckets (64x64 and 64x32 pixels), mixed
  * mean+std / sample / flipped records, one with a NaN and one whose text
@@ -344,9 +344,12 @@ static int make_shard_of(const char *path, const char *scale, int kind_of_shard,
     sd_shard_opts so = {SD_SHARD_CREATE | SD_SHARD_NOSYNC, 1 << 20, 0};
     if (sd_shard_open(&s, path, &so, err)) return 0;
     if (kind_of_shard == SHARD_EMPTY) return sd_shard_close(s, err) == SD_OK;
-    int text = kind_of_shard == SHARD_FULL || kind_of_shard == SHARD_VARIANTS;
+    int text = kind_of_shard == SHARD_FULL || kind_of_shard == SHARD_VARIANTS || kind_of_shard == SHARD_TOK150;
     int ok = sd_shard_meta_set(s, SD_SHARD_META_SCALING, scale, err) == SD_OK &&
              sd_shard_meta_set(s, SD_SHARD_META_MODEL, "test-vae", err) == SD_OK &&
+             /* the identity sd-latents --max-tokens 150 gives (the records keep their 5 rows) */
+             (kind_of_shard != SHARD_TOK150 ||
+              sd_shard_meta_set(s, SD_SHARD_META_TEXT_ENCODER, "test-encoder|tok150", err) == SD_OK) &&
              (!text || sd_shard_meta_set(s, "empty_text", "ee000000000000000000000000000000", err) == SD_OK);
     uint8_t empty[16] = {0xee};
     ok = ok && (!text || put_text(s, empty, 99, err));
@@ -1624,8 +1627,8 @@ static void test_device_paths_on_host(void)
 int main(int argc, char **argv)
 {
     const char *kinds[] = {"--make-shard", "--make-shard-without-text", "--make-empty-shard",
-                           "--make-shard-with-variants"};
-    for (int k = 0; k < 4; k++) {
+                           "--make-shard-with-variants", "--make-shard-tok150"};
+    for (int k = 0; k < 5; k++) {
         if (argc != 3 || strcmp(argv[1], kinds[k]) != 0) continue;
         sd_error err = {0};
         if (make_shard_of(argv[2], "0.18215", k, &err)) return 0;

@@ -326,8 +326,9 @@ int main(int argc, char **argv)
         {"masked-loss", 0, SD_OPT_FLAG, &o.masked_loss, NULL,
          "weight each latent pixel's squared error by the record's loss mask (sd-latents --masks, or an imported "
          "kohya alpha_mask), reduced to the latent size as sd-scripts' --masked_loss does (the mean of each 8x8 "
-         "block) and mirrored for a flipped sample; a record without a mask weighs 1 everywhere. Validation "
-         "stays plain MSE"},
+         "block) and mirrored for a flipped sample; a record without a mask weighs 1 everywhere (the plain loss: "
+         "warned at the start with their count); shards where no record has a mask are refused (exit 2). "
+         "Validation stays plain MSE"},
         {"no-carry", 0, SD_OPT_FLAG, &o.no_carry, NULL,
          "let a bucket's last batch of an epoch run short (by default it is filled with the first records of the "
          "bucket's next-epoch shuffle, so every batch is full, except in a bucket with fewer records than "
@@ -335,7 +336,8 @@ int main(int argc, char **argv)
         {"allow-mixed", 0, SD_OPT_FLAG, &o.allow_mixed, NULL, "train on shards made with different VAEs or text encoder setups (dropout then uses the empty caption of the first shard that names one and holds it); shards of two caption lengths (sd-latents --max-tokens) stay refused"},
         {"seed", 0, SD_OPT_INT, &seed, "N", "seed of data order, timesteps and noise (default 0)"},
         {"save-every", 0, SD_OPT_INT, &save_every, "N", "checkpoint every N steps (default: at the end only)"},
-        {"keep", 0, SD_OPT_INT, &keep, "N", "checkpoints kept (default 2; 0 keeps all)"},
+        {"keep", 0, SD_OPT_INT, &keep, "N", "checkpoints kept (default 2; 0 keeps all), with their samples; the "
+         "--sample-every folders (DIR/samples/step-N) before the oldest checkpoint kept go too"},
         {"save-dtype", 0, SD_OPT_STR, &dtype, "T", "unet/ weights as fp32 (default), fp16 or bf16"},
         {"save-single", 0, SD_OPT_FLAG, &o.save_single, NULL,
          "also write each checkpoint's UNet (and EMA UNet) as one safetensors file with the original "
@@ -357,7 +359,9 @@ int main(int argc, char **argv)
          "the images of two steps compare; at each checkpoint (or every --sample-every steps) and at the end, not "
          "after a stop request; with the EMA weights too when --ema-decay is given. Into checkpoint-N/samples/NNNNN.png "
          "(and samples-ema/) at a checkpoint step, else DIR/samples/step-N/ (and DIR/samples-ema/step-N/), NNNNN the "
-         "line's 0-based number, with A1111's parameters text; and as TensorBoard images with --tensorboard. A bad "
+         "line's 0-based number, with A1111's parameters text; and as TensorBoard images with --tensorboard. The "
+         "prompts are encoded at the shards' caption length (sd-latents --max-tokens 75/150/225, chunked as it "
+         "chunks captions). --keep prunes DIR/samples/step-N with the checkpoints before N. A bad "
          "line or a failed image is a warning and counted; training goes on, the same as without samples"},
         {"sample-every", 0, SD_OPT_INT, &o.sample_every, "N", "render the samples every N steps (default: at each checkpoint)"},
         {"sample-model", 0, SD_OPT_STR, &o.sample_model, "PATH",
@@ -384,7 +388,8 @@ int main(int argc, char **argv)
          "print the memory plan as one JSON object on stdout and exit without training: bytes of weights, "
          "gradients, optimizer, ema, activations (the largest bucket of the shards at --batch, with or without "
          "--gradient-checkpointing), workspace (op scratch; cuDNN's cap on a GPU), process (CPU: the process "
-         "itself) and total, the bucket, and fits (true/false; null with no limit to hold it against) against "
+         "itself), samples (with --sample-prompts: the VAE decoder, the conditioning and a sample step's buffers "
+         "at the largest line's size, on top of the training's) and total, the bucket, and fits (true/false; null with no limit to hold it against) against "
          "--gpu-memory-limit, the device, --host-memory-limit or the host's available memory; from the "
          "allocator's own arithmetic. Exit 1 when it does not fit. --unet-config "
          "alone allocates no weights (no -o needed). A run that would not fit stops before its first step with "
@@ -625,6 +630,13 @@ int main(int argc, char **argv)
         }
     }
     if (!st) st = sd_trainer_open(&tr, &o, &err);
+    int code = SD_EXIT_FATAL;
+    /* what the shards hold (variants, masks); --masked-loss without any mask is a usage error */
+    if (!st && tr.have_data && sd_data_facts_report(&tr.data, o.shards, o.masked_loss, rank == 0, &err)) {
+        sd_trainer_close(&tr);
+        st = SD_EINVAL;
+        code = SD_EXIT_USAGE;
+    }
     if (st) {
         if (out_made) rmdir(o.out_dir); /* empty unless the probe failed there */
         sd_log(SD_LOG_ERROR, "%s", err.msg);
@@ -632,7 +644,7 @@ int main(int argc, char **argv)
         sd_buf_free(&cfg);
         sd_cli_args_free(&args);
         sd_strlist_free(&sets);
-        return fail_all(SD_EXIT_FATAL);
+        return fail_all(code);
     }
     if (!resume && !fresh && has_latest(o.out_dir)) resume = o.out_dir;
     if (resume) st = sd_train_resume(&tr, resume, &err);

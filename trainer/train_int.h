@@ -15,6 +15,9 @@
 /* What the UNet expects of each record (data.h); training adds the
  * dropout and flip options, validation uses neither. */
 sd_load_opts sd_train_load_opts(const sd_trainer *tr, int training);
+/* What a record must give the UNet of config c: latent channels, context
+ * width, SDXL's pooled width; no dropout, flips or masks (train_shared.c). */
+sd_load_opts sd_train_unet_load_opts(const sd_unet_config *c);
 /* A timestep in the run's range [t_min, t_max). */
 int sd_train_draw_timestep(const sd_train_opts *o, sd_rng *rng);
 /* splitmix64's finaliser: a well-mixed 64-bit hash of x. */

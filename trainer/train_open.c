@@ -47,12 +47,11 @@ void sd_train_opts_default(sd_train_opts *o)
  * dropout and flip options, validation uses neither. */
 sd_load_opts sd_train_load_opts(const sd_trainer *tr, int training)
 {
-    const sd_unet_config *c = &tr->unet.cfg;
-    sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
-                       .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0,
-                       .dropout = training ? tr->o.dropout : 0, .no_flip = training ? tr->o.no_flip : 1,
-                       .masked = training ? tr->o.masked_loss : 0,
-                       .variants = training};
+    sd_load_opts lo = sd_train_unet_load_opts(&tr->unet.cfg);
+    lo.dropout = training ? tr->o.dropout : 0;
+    lo.no_flip = training ? tr->o.no_flip : 1;
+    lo.masked = training ? tr->o.masked_loss : 0;
+    lo.variants = training;
     return lo;
 }
 

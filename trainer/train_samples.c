@@ -42,6 +42,14 @@ static const char *model_path(const sd_train_opts *o)
     return o->sample_model ? o->sample_model : o->base_model ? o->base_model : o->unet;
 }
 
+/* The caption tokens the samples are conditioned with: the training
+ * shards', so the UNet sees the sequence length it trains on. */
+static int sample_tokens(sd_trainer *tr)
+{
+    sd_load_opts lo = sd_train_unet_load_opts(&tr->unet.cfg);
+    return tr->have_data ? sd_data_caption_tokens(&tr->data, &lo) : 75;
+}
+
 /* Every prompt's conditioning, then the text encoders freed; a prompt that
  * cannot be encoded is warned about and its images count as failed. */
 static void make_conditioning(sd_train_samples *s, const char *prompts)
@@ -76,7 +84,7 @@ sd_status sd_train_samples_open(sd_trainer *tr, sd_error *err)
         return SD_OK;
     }
     sd_sample_source src = {.path = s->path, .tokenizer = o->sample_tokenizer,
-                            .prediction = sd_prediction_name(o->pred), .no_unet = 1};
+                            .prediction = sd_prediction_name(o->pred), .no_unet = 1, .max_tokens = sample_tokens(tr)};
     sd_error e = {0};
     double t0 = sd_now();
     st = sd_sample_model_open(&s->m, &src, tr->be, tr->exec, &e);
@@ -90,9 +98,10 @@ sd_status sd_train_samples_open(sd_trainer *tr, sd_error *err)
     sd_sample_model_release_work(&s->m);
     s->usable = 1;
     if (!o->quiet)
-        sd_log(SD_LOG_INFO, "samples: %zu prompt(s) from %s, conditioned by %s's text encoder%s (%.1f s, then freed); "
-               "its VAE decoder kept (%.1f MiB of weights)", s->n, o->sample_prompts, s->path, s->m.sdxl ? "s" : "",
-               sd_now() - t0, (double)s->m.vae.w.total * sizeof(float) / 1048576.0);
+        sd_log(SD_LOG_INFO, "samples: %zu prompt(s) from %s, conditioned by %s's text encoder%s at %d tokens, as "
+               "the shards (%.1f s, then freed); its VAE decoder kept (%.1f MiB of weights)", s->n, o->sample_prompts,
+               s->path, s->m.sdxl ? "s" : "", s->m.max_tokens, sd_now() - t0,
+               (double)s->m.vae.w.total * sizeof(float) / 1048576.0);
     return SD_OK;
 }
 
