@@ -323,7 +323,8 @@ class TrainMPI(unittest.TestCase):
 
     def test_zero2_refused(self):
         """--zero2 with what it cannot do: one process, --fused-backward, per-tensor clipping, bf16
-        weights; exit 2 with the reason, nothing written."""
+        weights; ZeRO with 8-bit AdamW or Adafactor on a GPU; exit 2 with the reason, nothing
+        written."""
         out = os.path.join(self.tmp.name, "zero2-refused")
         p = subprocess.run([TRAIN, "--zero2", "--unet", UNET, "-o", out, "--steps", "1", "-q", self.shard],
                            capture_output=True)
@@ -336,6 +337,14 @@ class TrainMPI(unittest.TestCase):
                                    self.shard)
             self.assertEqual(code, 2, err)
             self.assertIn(why, err)
+        # 8-bit AdamW and Adafactor are sharded on CPU ranks only (on a GPU their state is
+        # mirrored whole): refused with --device cuda before any device is opened
+        for zero in ("--zero1", "--zero2"):
+            for opt in ("adamw8bit", "adafactor"):
+                code, err, _ = mpi_raw(2, TRAIN, zero, "--optimizer", opt, "--device", "cuda:0", "--unet", UNET,
+                                       "-o", out, "--steps", "1", "-q", self.shard)
+                self.assertEqual(code, 2, err)
+                self.assertIn("on CPU ranks only so far", err)
         self.assertFalse(os.path.exists(out))
 
     def test_zero1_bf16_moments(self):

@@ -332,7 +332,7 @@ static int put_latent(sd_shard *s, int i, uint32_t bw, uint32_t bh, int meanstd,
 /* What the generated shard holds: everything, latents without any text
  * embedding (sd-latents without --text), or nothing at all (an sd-latents
  * --shard part that got no records: no meta either). */
-enum { SHARD_FULL, SHARD_NO_TEXT, SHARD_EMPTY, SHARD_VARIANTS };
+enum { SHARD_FULL, SHARD_NO_TEXT, SHARD_EMPTY, SHARD_VARIANTS, SHARD_TOK150 };
 
 /* A shard of 14 records in two buckets (64x64 and 64x32 pixels), mixed
  * mean+std / sample / flipped records, one with a NaN and one whose text
@@ -344,9 +344,12 @@ static int make_shard_of(const char *path, const char *scale, int kind_of_shard,
     sd_shard_opts so = {SD_SHARD_CREATE | SD_SHARD_NOSYNC, 1 << 20, 0};
     if (sd_shard_open(&s, path, &so, err)) return 0;
     if (kind_of_shard == SHARD_EMPTY) return sd_shard_close(s, err) == SD_OK;
-    int text = kind_of_shard == SHARD_FULL || kind_of_shard == SHARD_VARIANTS;
+    int text = kind_of_shard == SHARD_FULL || kind_of_shard == SHARD_VARIANTS || kind_of_shard == SHARD_TOK150;
     int ok = sd_shard_meta_set(s, SD_SHARD_META_SCALING, scale, err) == SD_OK &&
              sd_shard_meta_set(s, SD_SHARD_META_MODEL, "test-vae", err) == SD_OK &&
+             /* the identity sd-latents --max-tokens 150 gives (the records keep their 5 rows) */
+             (kind_of_shard != SHARD_TOK150 ||
+              sd_shard_meta_set(s, SD_SHARD_META_TEXT_ENCODER, "test-encoder|tok150", err) == SD_OK) &&
              (!text || sd_shard_meta_set(s, "empty_text", "ee000000000000000000000000000000", err) == SD_OK);
     uint8_t empty[16] = {0xee};
     ok = ok && (!text || put_text(s, empty, 99, err));
@@ -1450,17 +1453,210 @@ static void test_variant_draws(void)
     sd_shard_remove_files(path);
 }
 
+/* A /proc/self/status field in KiB (VmRSS, VmHWM); -1 when absent. */
+static long status_kib(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kib = -1;
+    size_t k = strlen(key);
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, key, k) == 0 && line[k] == ':') {
+            kib = strtol(line + k + 1, NULL, 10);
+            break;
+        }
+    if (f) fclose(f);
+    return kib;
+}
+
+/* --weight-dtype bf16 starts in bf16 (issue 28): opening a trainer on a
+ * new 47M-parameter UNet with bf16 weights leaves no fp32 buffer
+ * (unet.w.data NULL) and its resident set grows by the bf16 weights
+ * (2 bytes a parameter; ASan's shadow adds an eighth), under the 4 bytes
+ * a parameter an fp32 model alone takes: init-then-round held 6. The peak
+ * is the kernel's VmHWM, reset just before the open (clear_refs 5); the
+ * optimizer state and gradient buffer are allocated zeroed and untouched. */
+static void test_bf16_start_memory(void)
+{
+    char dir[] = "/tmp/sdtk_w16_XXXXXX", cfg[600];
+    sd_error err = {0};
+    if (!CHECK(mkdtemp(dir) != NULL)) return;
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    FILE *f = fopen(cfg, "w");
+    if (!CHECK(f != NULL)) return;
+    fputs("{\"block_out_channels\": [32, 64, 512], \"layers_per_block\": 2, \"cross_attention_dim\": 8,"
+          " \"attention_head_dim\": 2, \"norm_num_groups\": 4,"
+          " \"down_block_types\": [\"CrossAttnDownBlock2D\", \"CrossAttnDownBlock2D\", \"DownBlock2D\"],"
+          " \"up_block_types\": [\"UpBlock2D\", \"CrossAttnUpBlock2D\", \"CrossAttnUpBlock2D\"]}\n", f);
+    fclose(f);
+    sd_train_opts o;
+    sd_train_opts_default(&o);
+    o.unet_config = cfg;
+    o.weight_dtype = SD_DT_BF16;
+    FILE *cr = fopen("/proc/self/clear_refs", "w");
+    int reset = cr && fputs("5", cr) >= 0;
+    if (cr) reset &= fclose(cr) == 0;
+    long rss0 = status_kib("VmRSS");
+    sd_trainer tr;
+    if (CHECK(sd_trainer_open(&tr, &o, &err) == SD_OK)) {
+        long hwm = status_kib("VmHWM");
+        size_t n = tr.unet.w.total;
+        CHECK(tr.w16 != NULL && tr.unet.w.data == NULL && n > 40000000);
+        double grew = (double)(hwm - rss0) * 1024.0 / (double)n;
+        printf("bf16 start: %zu weights, resident set grew by %.2f bytes a weight at its peak\n", n, grew);
+        if (CHECK(reset && rss0 > 0 && hwm > 0)) CHECK(grew >= 1.5 && grew < 4.0);
+        sd_trainer_close(&tr);
+    } else {
+        fprintf(stderr, "bf16 start: %s\n", err.msg);
+    }
+    rmtree(dir);
+}
+
+/* The trainer's state on the host after a run (weights as the run keeps
+ * them, AdamW moments or the other optimizer's buffers, EMA), as bytes. */
+static unsigned char *state_bytes(sd_trainer *tr, size_t *len)
+{
+    size_t n = tr->unet.w.total, wb = tr->w16 ? 2 : 4, mb = tr->m ? 2 * n * tr->moment_size : 0, ob = 0;
+    for (size_t i = 0; i < tr->opt.nbufs; i++)
+        ob += tr->opt.bufs[i].count * (tr->opt.bufs[i].st_dtype == SD_ST_U8 ? 1 : 4);
+    *len = n * wb + mb + ob + (tr->ema ? n * 4 : 0);
+    unsigned char *b = malloc(*len ? *len : 1), *at = b;
+    if (!b) return NULL;
+    memcpy(at, tr->w16 ? (const void *)tr->w16 : (const void *)tr->unet.w.data, n * wb);
+    at += n * wb;
+    if (mb) {
+        memcpy(at, tr->m, mb / 2);
+        memcpy(at + mb / 2, tr->v, mb / 2);
+        at += mb;
+    }
+    for (size_t i = 0; i < tr->opt.nbufs; i++) {
+        size_t k = tr->opt.bufs[i].count * (tr->opt.bufs[i].st_dtype == SD_ST_U8 ? 1 : 4);
+        memcpy(at, tr->opt.bufs[i].data, k);
+        at += k;
+    }
+    if (tr->ema) memcpy(at, tr->ema, n * 4);
+    return b;
+}
+
+/* Run o to its last step (resuming from the checkpoint `from` when not
+ * NULL), the state synced to the host and copied out; NULL on failure. */
+static unsigned char *run_state(const sd_train_opts *o, const char *from, size_t *len)
+{
+    sd_trainer tr;
+    sd_error err = {0};
+    if (!CHECK(sd_trainer_open(&tr, o, &err) == SD_OK)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return NULL;
+    }
+    int ok = !from || CHECK(sd_train_resume(&tr, from, &err) == SD_OK);
+    if (ok) ok = CHECK(sd_train_run(&tr, NULL, &err) == SD_OK);
+    if (ok) ok = CHECK(sd_train_sync_host(&tr, &err) == SD_OK);
+    if (!ok) fprintf(stderr, "%s\n", err.msg);
+    unsigned char *b = ok && CHECK(tr.step == o->max_steps) ? state_bytes(&tr, len) : NULL;
+    sd_trainer_close(&tr);
+    return b;
+}
+
+/* The device paths of the trainer on the host: the CPU table marked
+ * is_device (o.backend) makes the trainer keep device copies of its state,
+ * upload, sync, widen bf16 weights, mirror the other optimizers' state and
+ * run the fused scratch through the table, exactly as on a GPU, with the
+ * CPU's arithmetic. For AdamW, AdamW with bf16 moments on bf16 weights,
+ * 8-bit AdamW, Adafactor with a first moment, and fused Adafactor and
+ * 8-bit AdamW on bf16 weights (each with an EMA): 4 steps checkpointed at
+ * step 2, and a resume from that checkpoint, end byte-identical to the
+ * plain CPU run. (A missing upload, sync or mirror would show here before
+ * any GPU ran.) */
+static void test_device_paths_on_host(void)
+{
+    char dir[] = "/tmp/sdtk_traindev_XXXXXX", shard[600], out[600];
+    sd_error err = {0};
+    if (!CHECK(mkdtemp(dir) != NULL)) return;
+    snprintf(shard, sizeof shard, "%s/cache.shard", dir);
+    if (!CHECK(make_shard(shard, "0.18215", &err))) {
+        fprintf(stderr, "%s\n", err.msg);
+        rmtree(dir);
+        return;
+    }
+    sd_backend fake = *sd_backend_cpu();
+    fake.is_device = 1;
+    fake.name = "cpu (as a device)";
+    const char *shards[1] = {shard};
+    struct {
+        const char *what;
+        sd_optimizer opt;
+        int w16, m16, fused;
+        double beta1;
+    } cfg[] = {{"adamw", SD_OPT_ADAMW, 0, 0, 0, -1},
+               {"adamw, bf16 moments and weights", SD_OPT_ADAMW, 1, 1, 0, -1},
+               {"adamw, bf16 weights", SD_OPT_ADAMW, 1, 0, 0, -1},
+               {"adamw8bit", SD_OPT_ADAMW8BIT, 0, 0, 0, -1},
+               {"adafactor, beta1", SD_OPT_ADAFACTOR, 0, 0, 0, 0.9},
+               {"adafactor, bf16 weights, fused", SD_OPT_ADAFACTOR, 1, 0, 1, -1},
+               {"adamw8bit, bf16 weights, fused", SD_OPT_ADAMW8BIT, 1, 0, 1, -1}};
+    for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
+        unsigned char *st[3] = {NULL, NULL, NULL};
+        size_t len[3] = {0, 0, 0};
+        for (int k = 0; k < 3; k++) { /* the CPU, the host as a device, and that resumed at step 2 */
+            sd_train_opts o;
+            snprintf(out, sizeof out, "%s/run%zu-%d", dir, i, k < 2 ? k : 1);
+            shard_opts(&o, shards, out, 4, 1);
+            o.accum = 1;
+            o.save_every = 2;
+            o.optimizer = cfg[i].opt;
+            o.adafactor_beta1 = cfg[i].beta1;
+            o.weight_dtype = cfg[i].w16 ? SD_DT_BF16 : SD_DT_F32;
+            o.moments = cfg[i].m16 ? SD_DT_BF16 : SD_DT_F32;
+            o.fused_backward = cfg[i].fused;
+            if (k) {
+                o.backend = &fake;
+                o.backend_exec = NULL;
+            }
+            char ck[700];
+            snprintf(ck, sizeof ck, "%s/checkpoint-2", out); /* the device run's, written through its sync */
+            st[k] = run_state(&o, k == 2 ? ck : NULL, &len[k]);
+        }
+        int same = st[0] && st[1] && st[2] && len[0] == len[1] && len[0] == len[2] &&
+                   memcmp(st[0], st[1], len[0]) == 0 && memcmp(st[0], st[2], len[0]) == 0;
+        if (!CHECK(same)) fprintf(stderr, "device paths on the host: %s: not the CPU's state\n", cfg[i].what);
+        for (int k = 0; k < 3; k++) free(st[k]);
+    }
+    /* 8-bit AdamW and Adafactor sharded by ZeRO run on CPU ranks only: on a
+     * device their state is mirrored whole, so the open refuses the pair */
+    for (int z = 0; z < 2; z++) {
+        sd_optimizer opts[2] = {SD_OPT_ADAMW8BIT, SD_OPT_ADAFACTOR};
+        for (int i = 0; i < 2; i++) {
+            sd_train_opts o;
+            snprintf(out, sizeof out, "%s/zero-refused", dir);
+            shard_opts(&o, shards, out, 4, 1);
+            o.optimizer = opts[i];
+            o.zero1 = !z;
+            o.zero2 = z;
+            o.backend = &fake;
+            o.backend_exec = NULL;
+            sd_trainer tr;
+            sd_error e = {0};
+            sd_status rc = sd_trainer_open(&tr, &o, &e);
+            if (!rc) sd_trainer_close(&tr);
+            if (!CHECK(rc == SD_EUNSUPPORTED && strstr(e.msg, "CPU ranks only")))
+                fprintf(stderr, "zero%d with %s on a device: %d, %s\n", z + 1, sd_optimizer_name(opts[i]), rc, e.msg);
+        }
+    }
+    rmtree(dir);
+}
+
 int main(int argc, char **argv)
 {
     const char *kinds[] = {"--make-shard", "--make-shard-without-text", "--make-empty-shard",
-                           "--make-shard-with-variants"};
-    for (int k = 0; k < 4; k++) {
+                           "--make-shard-with-variants", "--make-shard-tok150"};
+    for (int k = 0; k < 5; k++) {
         if (argc != 3 || strcmp(argv[1], kinds[k]) != 0) continue;
         sd_error err = {0};
         if (make_shard_of(argv[2], "0.18215", k, &err)) return 0;
         fprintf(stderr, "%s: %s\n", argv[2], err.msg);
         return 1;
     }
+    test_bf16_start_memory(); /* first: nothing else resident yet */
     test_variant_draws();
     test_lr();
     test_sdxl_data();
@@ -1470,5 +1666,6 @@ int main(int argc, char **argv)
     test_shard_runs();
     test_moments_bf16();
     test_zero_snr_step();
+    test_device_paths_on_host();
     return check_done("test_train");
 }

@@ -21,6 +21,7 @@
 
 #include "buf.h"
 #include "check.h"
+#include "f16.h"
 #include "safetensors.h"
 #include "slurp.h"
 #include "unet.h"
@@ -504,6 +505,92 @@ static void check_init(void)
     sd_unet_free(&b);
 }
 
+/* u's fp32 weights rounded to the nearest bf16 (today's load or init,
+ * then sd_train_w16_narrow's rounding), for comparing with the paths that
+ * go straight into bf16; NULL when out of memory. */
+static uint16_t *rounded(const sd_unet *u)
+{
+    uint16_t *r = malloc(u->w.total * sizeof *r);
+    for (size_t i = 0; r && i < u->w.total; i++) r[i] = sd_f32_to_bf16(u->w.data[i]);
+    return r;
+}
+
+/* --weight-dtype bf16 starts without an fp32 model (issue 28): random init
+ * straight into bf16 gives the bytes of init-then-round (same seed, padding
+ * zero); loading fp32, fp16 and bf16 files straight into bf16 gives the
+ * bytes of load-then-round with no fp32 buffer (w.data NULL) and the same
+ * config; the layout-only load allocates no weights and checks the tensors
+ * as a load does (SDXL's config on SD1's weights refused). */
+static void check_bf16_start(void)
+{
+    sd_unet_config c;
+    sd_error err = {0};
+    sd_unet_config_default(&c);
+    char conf[512], dir[] = "/tmp/sdtk_bf16_XXXXXX", f[600];
+    snprintf(conf, sizeof conf, "%s/sd1/unet/config.json", GOLDEN_DIR);
+    if (!CHECK(sd_unet_config_read(conf, &c, &err) == SD_OK) || !CHECK(mkdtemp(dir) != NULL)) return;
+    sd_unet a, b, v;
+    if (!CHECK(sd_unet_build(&a, &c, &err) == SD_OK)) return;
+    if (!CHECK(sd_unet_build_names(&b, &c, &err) == SD_OK)) {
+        sd_unet_free(&a);
+        return;
+    }
+    sd_unet_init_random(&a, 42);
+    uint16_t *want = rounded(&a), *got = calloc(b.w.total, sizeof *got);
+    if (CHECK(want && got && b.w.data == NULL && b.w.total == a.w.total)) {
+        sd_unet_init_random_bf16(&b, 42, got);
+        CHECK(memcmp(got, want, a.w.total * sizeof *got) == 0);
+        size_t same = 0; /* another seed: other weights (norms aside) */
+        sd_unet_init_random_bf16(&b, 43, got);
+        for (size_t i = 0; i < a.w.total; i++) same += got[i] == want[i];
+        CHECK(same < a.w.total / 2);
+    }
+    free(got);
+    static const int dts[3] = {SD_ST_F32, SD_ST_F16, SD_ST_BF16};
+    for (int k = 0; k < 3; k++) {
+        snprintf(f, sizeof f, "%s/unet%d.safetensors", dir, k);
+        if (!CHECK(sd_unet_save(&a, a.w.data, f, SD_UNET_NAMES_DIFFUSERS, "", dts[k], &err) == SD_OK)) continue;
+        uint16_t *exp = NULL, *w16 = NULL;
+        if (CHECK(sd_unet_load(&v, f, NULL, &err) == SD_OK)) { /* the fp32 path, then rounded */
+            exp = rounded(&v);
+            sd_unet_free(&v);
+        }
+        if (CHECK(exp && sd_unet_load_bf16(&v, f, NULL, &w16, &err) == SD_OK)) {
+            CHECK(v.w.data == NULL && w16 != NULL && v.w.total == a.w.total);
+            CHECK(memcmp(&v.cfg, &a.cfg, sizeof v.cfg) == 0);
+            CHECK(w16 && memcmp(w16, exp, a.w.total * sizeof *w16) == 0);
+            if (k == 0) CHECK(w16 && memcmp(w16, want, a.w.total * sizeof *w16) == 0);
+            sd_unet_free(&v);
+        } else {
+            fprintf(stderr, "  bf16 load of %s: %s\n", f, err.msg);
+        }
+        free(w16);
+        free(exp);
+        if (CHECK(sd_unet_load_bf16(&v, f, NULL, NULL, &err) == SD_OK)) { /* the layout only */
+            CHECK(v.w.data == NULL && v.w.total == a.w.total && v.w.nslots == a.w.nslots);
+            sd_unet_free(&v);
+        }
+    }
+    /* SDXL's config on SD1's weights: refused by both, nothing left allocated */
+    char xl[512];
+    snprintf(xl, sizeof xl, "%s/sdxl/unet/config.json", GOLDEN_DIR);
+    sd_unet_opts o = {.config_path = xl};
+    uint16_t *w16 = (uint16_t *)&o;
+    snprintf(f, sizeof f, "%s/unet0.safetensors", dir);
+    sd_status rc = sd_unet_load_bf16(&v, f, &o, &w16, &err);
+    CHECK((rc == SD_EFORMAT || rc == SD_ENOTFOUND) && w16 == NULL && strstr(err.msg, "unet0.safetensors") != NULL);
+    rc = sd_unet_load_bf16(&v, f, &o, NULL, &err);
+    CHECK(rc == SD_EFORMAT || rc == SD_ENOTFOUND);
+    for (int k = 0; k < 3; k++) {
+        snprintf(f, sizeof f, "%s/unet%d.safetensors", dir, k);
+        unlink(f);
+    }
+    rmdir(dir);
+    free(want);
+    sd_unet_free(&a);
+    sd_unet_free(&b);
+}
+
 /* Load failures name the file and the reason. */
 static void check_errors(void)
 {
@@ -753,6 +840,7 @@ int main(int argc, char **argv)
     check_roundtrip("sd1");
     check_roundtrip("sdxl");
     check_init();
+    check_bf16_start();
     check_depths();
     check_errors();
     check_config_diff();

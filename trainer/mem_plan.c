@@ -169,8 +169,7 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     p->batch = o->batch;
     p->latent_h = p->height / 8; /* as sd_data_load cuts latents from a bucket */
     p->latent_w = p->width / 8;
-    sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
-                       .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0};
+    sd_load_opts lo = sd_train_unet_load_opts(c);
     sd_status rc = sd_data_bucket_tokens(d, bucket, &lo, &p->tokens, err);
     if (rc) return rc;
     if (!p->tokens) p->tokens = 77; /* no readable embedding among the first records: one CLIP chunk */
@@ -233,15 +232,14 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
                                                       : sd_train_tensor_state_bytes(o, &u->w, -1, world);
         p->total += p->save_gather;
     }
-    /* bf16 weights: sd_trainer_open holds the fp32 model beside its bf16
-     * rounding for a moment (train_w16.c); without a gradient buffer
-     * (--fused-backward) that moment can be the run's peak. The optimizer
-     * state is allocated zeroed by then and not yet touched (not resident:
-     * measured, bench_mem_plan.sh) */
-    if (o->weight_dtype == SD_DT_BF16 && !device) {
-        p->start = sd_weights_bytes(&u->w) + p->weights + p->process;
-        if (p->start > p->total) p->total = p->start;
-    }
+    /* a sample step renders while the step's buffers stay allocated: on top */
+    rc = sd_mem_plan_samples(o, u, d, rank, p, err);
+    if (rc) return rc;
+    p->total += p->samples;
+    /* bf16 weights need no term for the start: sd_trainer_open loads or
+     * initialises them straight into bf16 (train_open.c), so the start
+     * holds the bf16 weights (counted in the step) and at most one
+     * tensor's pages of the file it reads (sd_weights_load_bf16) */
     judge(o, host, device_total, p);
     return SD_OK;
 }
@@ -264,13 +262,14 @@ static size_t device_memory(const sd_train_opts *o)
 #endif
 }
 
-/* The model's layout only (no weights) from --unet-config; --unet is
- * loaded, as its config may live in the file's metadata. */
+/* The model's layout only (no weights) from --unet-config, or from --unet
+ * (its config may live in the file's metadata): every tensor checked as a
+ * run loads it, none copied. */
 static sd_status layout_model(const sd_train_opts *o, sd_unet *u, sd_error *err)
 {
     if (o->unet) {
         sd_unet_opts uo = {.config_path = o->unet_config};
-        return sd_unet_load(u, o->unet, &uo, err);
+        return sd_unet_load_bf16(u, o->unet, &uo, NULL, err);
     }
     sd_unet_config c;
     sd_unet_config_default(&c);
@@ -286,8 +285,7 @@ static sd_status open_checked(const sd_train_opts *o, const sd_unet *u, const ch
     if (rc) return rc;
     /* shards this model cannot train on are refused as a run refuses them */
     const sd_unet_config *c = &u->cfg;
-    sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
-                       .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0};
+    sd_load_opts lo = sd_train_unet_load_opts(c);
     rc = sd_data_check_model(d, &lo, err);
     if (rc) sd_data_close(d);
     return rc;

@@ -47,12 +47,11 @@ void sd_train_opts_default(sd_train_opts *o)
  * dropout and flip options, validation uses neither. */
 sd_load_opts sd_train_load_opts(const sd_trainer *tr, int training)
 {
-    const sd_unet_config *c = &tr->unet.cfg;
-    sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
-                       .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0,
-                       .dropout = training ? tr->o.dropout : 0, .no_flip = training ? tr->o.no_flip : 1,
-                       .masked = training ? tr->o.masked_loss : 0,
-                       .variants = training};
+    sd_load_opts lo = sd_train_unet_load_opts(&tr->unet.cfg);
+    lo.dropout = training ? tr->o.dropout : 0;
+    lo.no_flip = training ? tr->o.no_flip : 1;
+    lo.masked = training ? tr->o.masked_loss : 0;
+    lo.variants = training;
     return lo;
 }
 
@@ -109,21 +108,32 @@ sd_train_state_bytes sd_train_state_sizes(const sd_train_opts *o, const sd_weigh
     return b;
 }
 
-/* The model: loaded, or built from a config and initialised. */
+/* The model: loaded, or built from a config and initialised; with
+ * --weight-dtype bf16 straight into tr->w16 (each value rounded to the
+ * nearest bf16 as it is read or drawn, unet.w.data left NULL), so no fp32
+ * model exists at the start either (2 bytes a weight, not 6). */
 static sd_status open_model(sd_trainer *tr, sd_error *err)
 {
     const sd_train_opts *o = &tr->o;
+    int bf16 = o->weight_dtype == SD_DT_BF16;
     if (o->unet) {
         sd_unet_opts uo = {.config_path = o->unet_config};
-        return sd_unet_load(&tr->unet, o->unet, &uo, err);
+        return bf16 ? sd_unet_load_bf16(&tr->unet, o->unet, &uo, &tr->w16, err)
+                    : sd_unet_load(&tr->unet, o->unet, &uo, err);
     }
     if (!o->unet_config) return sd_err_set(err, SD_EINVAL, "no UNet: give a model path or a config.json");
     sd_unet_config c;
     sd_unet_config_default(&c);
     sd_status rc = sd_unet_config_read(o->unet_config, &c, err);
-    if (!rc) rc = sd_unet_build(&tr->unet, &c, err);
+    if (!rc) rc = bf16 ? sd_unet_build_names(&tr->unet, &c, err) : sd_unet_build(&tr->unet, &c, err);
+    if (!rc && bf16 && !(tr->w16 = calloc(tr->unet.w.total ? tr->unet.w.total : 1, sizeof *tr->w16))) {
+        rc = sd_err_set(err, SD_ENOMEM, "out of memory for the bf16 weights (%zu MB)",
+                        tr->unet.w.total * sizeof *tr->w16 >> 20);
+        sd_unet_free(&tr->unet);
+    }
     if (!rc) {
-        sd_unet_init_random(&tr->unet, o->init_seed);
+        if (bf16) sd_unet_init_random_bf16(&tr->unet, o->init_seed, tr->w16);
+        else sd_unet_init_random(&tr->unet, o->init_seed);
         snprintf(tr->unet.layout, sizeof tr->unet.layout, "new (seed %llu)", (unsigned long long)o->init_seed);
     }
     return rc;
@@ -158,18 +168,78 @@ static sd_status check_full(sd_trainer *tr, sd_error *err)
     return rc;
 }
 
+/* A device backend's copies of the run's state: weights (fp32 or bf16),
+ * gradients (none with --fused-backward; --zero2: this rank's share of
+ * them and the per-op scratch, sized by sd_train_zero2_open), AdamW's
+ * moments (ZeRO: this rank's share; the other optimizers' state:
+ * sd_opt_state_device), the EMA (--ema-on-cpu: in host memory), bf16
+ * weights' update chunk; uploaded before the first step (dev_stale).
+ * `where` names the device in messages. */
+static sd_status device_state(sd_trainer *tr, const char *where, sd_error *err)
+{
+    void *c = tr->exec;
+    size_t n = tr->unet.w.total, bytes = n * sizeof(float);
+    size_t own = sd_train_sharded(&tr->o) ? sd_dist_owned(n, tr->rank, tr->world) : n, mbytes = own * tr->moment_size;
+    size_t gbytes = tr->o.zero2 ? (tr->z2own ? tr->z2own : 1) * sizeof(float) : tr->o.fused_backward ? 0 : bytes;
+    int adamw = tr->o.optimizer == SD_OPT_ADAMW;
+    void *got[7] = {0};
+    size_t want[7] = {tr->w16 ? n * sizeof(uint16_t) : bytes, gbytes, adamw ? (mbytes ? mbytes : 1) : 0,
+                      adamw ? (mbytes ? mbytes : 1) : 0, tr->ema && !tr->o.ema_host ? bytes : 0,
+                      tr->w16 ? sd_train_w16_chunk(&tr->o, &tr->unet.w) * sizeof(float) : 0,
+                      tr->o.zero2 ? (tr->fgrad_cap ? tr->fgrad_cap : 1) * sizeof(float) : 0},
+           total = 0;
+    for (int i = 0; i < 7; i++) {
+        total += want[i];
+        got[i] = want[i] ? tr->be->alloc(c, want[i]) : NULL;
+        if (want[i] && !got[i]) {
+            for (int j = 0; j < i; j++)
+                if (got[j]) tr->be->release(c, got[j]);
+            tr->d_w = tr->d_grad = tr->d_ema = tr->d_upd = NULL;
+            tr->d_m = tr->d_v = NULL;
+            tr->d_w16 = NULL;
+            for (int j = i + 1; j < 7; j++) total += want[j];
+            return sd_err_set(err, SD_ENOMEM, "%s: no room for the weights, gradients and optimizer state "
+                              "(%.1f MiB)%s%s", where, (double)total / (1 << 20),
+                              want[4] ? "; --ema-on-cpu keeps the EMA in host memory" : "",
+                              adamw && tr->moment_size == 4 ? "; --adam-moments bf16 halves the moments" : "");
+        }
+    }
+    tr->d_w = tr->w16 ? NULL : got[0];
+    tr->d_w16 = tr->w16 ? got[0] : NULL;
+    tr->d_grad = tr->o.zero2 ? NULL : got[1];
+    tr->gsh = tr->o.zero2 ? got[1] : NULL;
+    tr->d_m = got[2];
+    tr->d_v = got[3];
+    tr->d_ema = got[4];
+    tr->d_upd = got[5];
+    tr->fgrad = got[6];
+    if (got[1]) tr->be->zero(c, got[1], gbytes);
+    sd_status rc = sd_opt_state_device(&tr->opt, tr->be, c, err);
+    if (rc) return rc;
+    tr->dev_stale = 1;
+    return tr->be->sync(c, err);
+}
+
 /* The backend the UNet runs on: the CPU table on the pool (the weights and
- * gradients are the host buffers), or a CUDA context with device copies of
- * the weights and gradients. */
+ * gradients are the host buffers), a CUDA context with device copies of
+ * the state, or the caller's table (o.backend: tests run the device paths
+ * with the CPU table marked is_device). */
 static sd_status open_backend(sd_trainer *tr, sd_error *err)
 {
     tr->be = sd_backend_cpu();
     tr->exec = tr->pool;
     tr->d_w = tr->unet.w.data;
+    tr->d_w16 = tr->w16;
+    tr->d_upd = tr->upd;
     tr->d_grad = tr->grad;
     tr->d_m = tr->m;
     tr->d_v = tr->v;
     tr->d_ema = tr->ema;
+    if (tr->o.backend) {
+        tr->be = tr->o.backend;
+        tr->exec = tr->o.backend_exec;
+        return tr->be->is_device ? device_state(tr, tr->be->name, err) : SD_OK;
+    }
     if (tr->o.device < 0)
         return tr->o.nccl ? sd_err_set(err, SD_EINVAL, "NCCL sums GPU gradients: it needs --device cuda:K") : SD_OK;
 #ifdef SDTK_HAVE_CUDA
@@ -181,41 +251,9 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
     tr->cuda = c;
     tr->be = sd_backend_cuda();
     tr->exec = c;
-    /* ZeRO: the moments' share; --zero2: the gradient's share (in place of
-     * the gradient) and the per-op scratch (sd_train_zero2_open sized them) */
-    size_t n = tr->unet.w.total, bytes = n * sizeof(float);
-    size_t own = sd_train_sharded(&tr->o) ? sd_dist_owned(n, tr->rank, tr->world) : n, mbytes = own * tr->moment_size;
-    size_t gbytes = tr->o.zero2 ? tr->z2own * sizeof(float) : bytes;
-    void *got[6] = {0};
-    size_t want[6] = {bytes, gbytes, mbytes, mbytes, bytes, tr->o.zero2 ? tr->fgrad_cap * sizeof(float) : 0};
-    size_t total = 0;
-    int ema_dev = tr->ema && !tr->o.ema_host; /* --ema-on-cpu: the EMA stays in host memory */
-    for (int i = 0; i < 6; i++) {
-        total += want[i];
-        if ((i == 4 && !ema_dev) || (i == 5 && !tr->o.zero2)) continue;
-        got[i] = tr->be->alloc(c, want[i] ? want[i] : 1);
-        if (!got[i]) {
-            for (int j = 0; j < i; j++)
-                if (got[j]) tr->be->release(c, got[j]);
-            tr->d_w = tr->d_grad = tr->d_ema = NULL;
-            tr->d_m = tr->d_v = NULL;
-            for (int j = i + 1; j < 6; j++) total += want[j];
-            return sd_err_set(err, SD_ENOMEM, "cuda:%d: no room for the weights, gradients and AdamW moments "
-                              "(%.1f MiB)%s%s", tr->o.device, (double)total / (1 << 20),
-                              ema_dev ? "; --ema-on-cpu keeps the EMA in host memory" : "",
-                              tr->moment_size == 4 ? "; --adam-moments bf16 halves the moments" : "");
-        }
-    }
-    tr->d_w = got[0];
-    tr->d_grad = tr->o.zero2 ? NULL : got[1];
-    tr->gsh = tr->o.zero2 ? got[1] : NULL;
-    tr->d_m = got[2];
-    tr->d_v = got[3];
-    tr->d_ema = got[4];
-    tr->fgrad = got[5];
-    tr->be->zero(c, got[1], gbytes);
-    tr->dev_stale = 1;
-    rc = tr->be->sync(c, err);
+    char where[32];
+    snprintf(where, sizeof where, "cuda:%d", tr->o.device);
+    rc = device_state(tr, where, err);
     if (rc || !(tr->world > 1 || tr->o.nccl)) return rc;
 #ifdef SDTK_HAVE_NCCL
     sd_nccl *nc = NULL;
@@ -240,13 +278,15 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
 }
 
 /* The state of --optimizer adamw8bit or adafactor instead of AdamW's
- * moments: CPU only for now, with fp32 state of its own (--adam-moments is
- * AdamW's); under ZeRO only this rank's run of tensors. */
+ * moments, with fp32 state of its own (--adam-moments is AdamW's); on a
+ * GPU mirrored in device memory by open_backend; under ZeRO (CPU ranks
+ * only) this rank's run of whole tensors. */
 static sd_status open_other_optimizer(sd_trainer *tr, sd_error *err)
 {
     const sd_train_opts *o = &tr->o;
     const char *name = sd_optimizer_name(o->optimizer), *why = NULL;
-    if (o->device >= 0) why = "runs on the CPU only so far (no CUDA kernels for it yet)";
+    if (sd_train_sharded(o) && sd_train_device_run(o))
+        why = "is sharded by --zero1/--zero2 on CPU ranks only so far (on a GPU its state is mirrored whole, not per rank)";
     else if (o->moments != SD_DT_F32) why = "keeps its own state: --adam-moments bf16 is AdamW's";
     if (why) {
         sd_trainer_close(tr);
@@ -260,16 +300,18 @@ static sd_status open_other_optimizer(sd_trainer *tr, sd_error *err)
     return rc;
 }
 
-/* --weight-dtype: fp32 or bf16; bf16 on the CPU in one process (the paths
- * that widen and round it), refused elsewhere with the reason. */
+/* --weight-dtype: fp32 or bf16; bf16 in one process (the paths that widen
+ * and round it, CPU or GPU), refused elsewhere with the reason. */
 static sd_status check_weight_dtype(sd_trainer *tr, sd_error *err)
 {
     const sd_train_opts *o = &tr->o;
     const char *why = NULL;
     if (o->weight_dtype == SD_DT_F32 || o->weight_dtype == 0) return SD_OK; /* 0: options not from the defaults */
     if (o->weight_dtype != SD_DT_BF16) why = "takes fp32 or bf16";
-    else if (o->device >= 0) why = "bf16 runs on the CPU only so far (no CUDA path widens the weights yet)";
-    else if (tr->world > 1 || sd_train_sharded(o)) why = "bf16 runs in one process only so far (no ZeRO-1 or MPI path for it)";
+    else if (o->device >= 0 && o->ema_host)
+        why = "bf16 on a GPU keeps the EMA in device memory: not with --ema-on-cpu yet";
+    else if (tr->world > 1 || sd_train_sharded(o))
+        why = "bf16 runs in one process only so far (no ZeRO or MPI path for it)";
     if (!why) return SD_OK;
     sd_trainer_close(tr);
     return sd_err_set(err, SD_EUNSUPPORTED, "--weight-dtype %s", why);
@@ -288,7 +330,11 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
                           SD_DDPM_STEPS);
     sd_status rc = open_model(tr, err);
     if (!rc && o->save_full) rc = check_full(tr, err);
-    if (rc) return rc;
+    if (rc) {
+        free(tr->w16); /* a bf16 model loaded before check_full refused */
+        tr->w16 = NULL;
+        return rc;
+    }
     size_t n = tr->unet.w.total;
     tr->rank = sd_dist_rank();
     tr->world = sd_dist_world();
@@ -411,18 +457,18 @@ void sd_trainer_close(sd_trainer *tr)
 #ifdef SDTK_HAVE_NCCL
     sd_nccl_close(tr->nccl);
 #endif
-    if (tr->cuda) {
+    if (tr->be && tr->be->is_device) {
         /* --zero2's share and scratch are device buffers there too */
-        void *dev[] = {tr->d_w,   tr->d_grad, tr->d_m,    tr->d_v, tr->d_ema,
-                       tr->d_act, tr->d_dact, tr->d_dout, tr->gsh, tr->fgrad};
+        void *dev[] = {tr->d_w,  tr->d_grad, tr->d_m, tr->d_v, tr->d_ema, tr->d_act, tr->d_dact,
+                       tr->d_dout, tr->d_w16, tr->d_upd, tr->wscr, tr->fgrad, tr->gsh};
         for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
             if (dev[i]) tr->be->release(tr->exec, dev[i]);
-        tr->gsh = NULL;
-        tr->fgrad = NULL;
-#ifdef SDTK_HAVE_CUDA
-        sd_cuda_destroy(tr->cuda);
-#endif
+        tr->wscr = tr->fgrad = tr->gsh = NULL; /* device memory: not for free() below */
+        sd_opt_state_release(&tr->opt, tr->be, tr->exec);
     }
+#ifdef SDTK_HAVE_CUDA
+    if (tr->cuda) sd_cuda_destroy(tr->cuda);
+#endif
     free(tr->stage);
     free(tr->w16);
     free(tr->upd);

@@ -1,8 +1,9 @@
 /* What the step (train_step.c), the update (train_update.c), the
  * validation (train_val.c) and the loop (train_loop.c) all use, kept below
  * them so that none of those files calls back into another: the timestep
- * draw, the seed mixer, the stop request's acknowledgement and whether
- * ZeRO shards the optimizer. */
+ * draw, the seed mixer, the stop request's acknowledgement, whether ZeRO
+ * shards the optimizer, and what the UNet expects of a record (also the
+ * memory plan's and the samples'). */
 #include <stdint.h>
 
 #include "log.h"
@@ -44,4 +45,19 @@ void sd_train_tell_stop(sd_trainer *tr)
 int sd_train_sharded(const sd_train_opts *o)
 {
     return o->zero1 || o->zero2;
+}
+
+/* A device run decided from the options alone, before the backend is open
+ * (the refusals and --zero2's host buffers need it that early). */
+int sd_train_device_run(const sd_train_opts *o)
+{
+    return o->device >= 0 || o->nccl || (o->backend && o->backend->is_device);
+}
+
+/* What a record must give the UNet of config c (train_int.h). */
+sd_load_opts sd_train_unet_load_opts(const sd_unet_config *c)
+{
+    sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
+                       .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0};
+    return lo;
 }

@@ -36,8 +36,9 @@ const char *sd_train_zero2_refusal(const sd_train_opts *o, int world)
                "--fused-backward, which updates during it (one process only)";
     if (o->clip_per_tensor)
         return "--zero2 clips by the global norm from the ranks' shares; not with --clip-per-tensor";
-    if (o->optimizer != SD_OPT_ADAMW && (o->device >= 0 || o->nccl))
-        return "--zero2 with --optimizer adamw8bit or adafactor runs on CPU ranks only (as those optimizers do)";
+    if (o->optimizer != SD_OPT_ADAMW && sd_train_device_run(o))
+        return "--zero2 with --optimizer adamw8bit or adafactor runs on CPU ranks only so far (their whole-tensor "
+               "shards are not mirrored on a device)";
     if (o->weight_dtype == SD_DT_BF16)
         return "--weight-dtype bf16 runs in one process only so far (no ZeRO path widens the weights yet)";
     return NULL;
@@ -60,7 +61,7 @@ sd_status sd_train_zero2_open(sd_trainer *tr, sd_error *err)
     tr->z2off = malloc(2 * cap * sizeof(size_t));
     tr->fgrad_cap = sd_unet_fused_scratch(&tr->unet, &g);
     tr->z2own = own;
-    if (tr->o.device < 0) {
+    if (!sd_train_device_run(&tr->o)) {
         tr->fgrad = malloc((tr->fgrad_cap ? tr->fgrad_cap : 1) * sizeof(float));
         tr->gsh = calloc(own ? own : 1, sizeof(float));
     }
@@ -69,7 +70,7 @@ sd_status sd_train_zero2_open(sd_trainer *tr, sd_error *err)
         tr->z2n = sd_unet_fused_order(&tr->unet, &g, tr->z2off, tr->z2len);
     }
     sd_unet_graph_free(&g);
-    if (!tr->z2off || (tr->o.device < 0 && (!tr->fgrad || !tr->gsh)))
+    if (!tr->z2off || (!sd_train_device_run(&tr->o) && (!tr->fgrad || !tr->gsh)))
         return sd_err_set(err, SD_ENOMEM, "out of memory for --zero2");
     return SD_OK;
 }

@@ -129,8 +129,9 @@ sd_status sd_train_tensor_apply(sd_trainer *tr, double norm, const float *g, sd_
     size_t t0, t1, w0, w1;
     sd_train_tensor_run(&tr->unet.w, tr->rank, tr->world, &t0, &t1, &w0, &w1);
     double lr = sd_lr_at(&tr->o.lr, tr->step), gscale = sd_clip_factor(norm, tr->o.max_grad_norm);
-    sd_opt_state_step(&tr->opt, tr->pool, &tr->o.adam, tr->o.adafactor_beta1, lr, tr->step + 1, gscale, tr->d_w + w0,
-                      g);
+    /* CPU ranks only (sd_train_device_run refused a device): the CPU table */
+    sd_opt_state_step(&tr->opt, tr->be, tr->exec, &tr->o.adam, tr->o.adafactor_beta1, lr, tr->step + 1, gscale,
+                      tr->d_w + w0, g);
     for (int r = 0; r < tr->world; r++) {
         sd_train_tensor_run(&tr->unet.w, r, tr->world, &t0, &t1, &w0, &w1);
         sd_status rc = sd_dist_bcast_f32(tr->d_w + w0, w1 - w0, r, err);

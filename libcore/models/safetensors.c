@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -318,6 +319,27 @@ const sd_st_tensor *sd_st_find(const sd_safetensors *st, const char *name)
 {
     const sd_strmap_slot *s = sd_strmap_get(&st->by_name, name, strlen(name));
     return s ? &st->t[(size_t)s->nval - 1] : NULL;
+}
+
+/* A tensor's pages of the file mapping given back once it has been read
+ * (madvise MADV_DONTNEED: a private read-only mapping refaults the same
+ * bytes from the page cache if read again): loading a model a tensor at a
+ * time then never holds the whole file in the resident set beside the
+ * converted copy. Only the whole pages inside the tensor go (its
+ * neighbours' bytes stay); nothing for memory that is not a mapping. */
+void sd_st_drop_pages(const sd_safetensors *st, const sd_st_tensor *t)
+{
+    const sd_safetensors *own = NULL;
+    uintptr_t p = (uintptr_t)t->data, e = p + (uintptr_t)t->nbytes;
+    for (size_t i = 0; i < st->nparts + 1 && !own; i++) {
+        const sd_safetensors *s = i < st->nparts ? st->parts[i] : st;
+        uintptr_t b = (uintptr_t)s->base;
+        if (s->mapped && p >= b && e <= b + s->len) own = s;
+    }
+    long page = sysconf(_SC_PAGESIZE);
+    if (!own || page <= 0) return;
+    uintptr_t lo = (p + (uintptr_t)page - 1) & ~((uintptr_t)page - 1), hi = e & ~((uintptr_t)page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice only: a failure changes nothing read */
 }
 
 /* Number of __metadata__ entries. */

@@ -57,6 +57,9 @@ void sd_st_close(sd_safetensors *st);
 size_t sd_st_count(const sd_safetensors *st);
 const sd_st_tensor *sd_st_tensor_at(const sd_safetensors *st, size_t i);
 const sd_st_tensor *sd_st_find(const sd_safetensors *st, const char *name);
+/* Give back the resident pages of t's bytes in the file mapping after it
+ * has been read (it can be read again); nothing for in-memory files. */
+void sd_st_drop_pages(const sd_safetensors *st, const sd_st_tensor *t);
 size_t sd_st_meta_count(const sd_safetensors *st);
 const sd_st_meta *sd_st_meta_at(const sd_safetensors *st, size_t i);
 const char *sd_st_dtype_name(sd_st_dtype d);

@@ -153,10 +153,22 @@ sd_status sd_unet_build_names(sd_unet *u, const sd_unet_config *cfg, sd_error *e
  * sd_unet_save writes), else inferred from shapes with a warning (heads: 8
  * per block with conv projections (SD1), else channels / 64 (SD2, SDXL)). */
 sd_status sd_unet_load(sd_unet *u, const char *path, const sd_unet_opts *opts, sd_error *err);
+/* The same with the weights as bf16: *w16 gets u->w.total values (free()
+ * them; padding 0) converted a tensor at a time, each value rounded to the
+ * nearest bf16 (the bits of sd_unet_load then rounding; bf16 files copied)
+ * and u->w.data stays NULL: no fp32 model, and the file's pages are given
+ * back tensor by tensor. w16 NULL: the layout only (every tensor's name,
+ * shape and dtype checked, nothing allocated for weights). */
+sd_status sd_unet_load_bf16(sd_unet *u, const char *path, const sd_unet_opts *opts, uint16_t **w16, sd_error *err);
 /* Initialise every parameter as torch does for a new model (conv and
  * linear: uniform +-1/sqrt(fan_in) for weights and biases; norms 1 and 0),
  * from a seeded generator: the same seed gives the same weights. */
 void sd_unet_init_random(sd_unet *u, uint64_t seed);
+/* The same values each rounded to the nearest bf16 as it is drawn, into
+ * dst (u->w.total values laid out like u->w.data; the caller zeroes the
+ * padding): the bytes of sd_unet_init_random followed by rounding, with
+ * no fp32 buffer (u->w.data may be NULL: sd_unet_build_names). */
+void sd_unet_init_random_bf16(const sd_unet *u, uint64_t seed, uint16_t *dst);
 void sd_unet_free(sd_unet *u);
 
 typedef enum { SD_UNET_NAMES_DIFFUSERS = 0, SD_UNET_NAMES_LDM = 1 } sd_unet_names;
@@ -228,11 +240,12 @@ void sd_unet_forward(const sd_unet *u, const sd_unet_graph *g, const sd_backend 
                      const float *params, float *act);
 
 /* The parameters a run reads: fp32 (f32, as sd_unet_forward takes them),
- * or bf16 (bf16, u->w.total values in host memory, with scratch of
+ * or bf16 (bf16, u->w.total values, with scratch of
  * sd_unet_graph_wscratch floats): each op's weight and bias are widened
  * (exactly) into scratch just before the op runs, forward, recomputation
- * and backward alike, so no fp32 copy of the model exists. bf16 runs on
- * host backends only (the CPU table): scratch is read by the op. */
+ * and backward alike, so no fp32 copy of the model exists. The widening
+ * is the backend's bf16_widen: bf16 and scratch are in the backend's
+ * memory (host memory on the CPU, device memory on CUDA). */
 typedef struct {
     const float *f32;
     const uint16_t *bf16;

@@ -70,8 +70,29 @@ static void warn_guessed(const char *path, const sd_unet_config *c, int groups_g
            path, meta_config_key, heads, groups_given ? "given" : "guessed", c->groups);
 }
 
+/* What a load fills: the fp32 buffer, bf16 values, or nothing. */
+typedef enum { LOAD_F32, LOAD_BF16, LOAD_LAYOUT } load_kind;
+
+static sd_status load_as(sd_unet *u, const char *path, const sd_unet_opts *opts, load_kind kind, uint16_t **w16,
+                         sd_error *err);
+
 /* Load weights and config from a folder or a file. */
 sd_status sd_unet_load(sd_unet *u, const char *path, const sd_unet_opts *opts, sd_error *err)
+{
+    return load_as(u, path, opts, LOAD_F32, NULL, err);
+}
+
+/* The same into bf16, or the layout only (unet.h). */
+sd_status sd_unet_load_bf16(sd_unet *u, const char *path, const sd_unet_opts *opts, uint16_t **w16, sd_error *err)
+{
+    if (w16) *w16 = NULL;
+    return load_as(u, path, opts, w16 ? LOAD_BF16 : LOAD_LAYOUT, w16, err);
+}
+
+/* The config read or inferred, the slots built (with the fp32 buffer for
+ * LOAD_F32 only) and the file's tensors loaded as kind says. */
+static sd_status load_as(sd_unet *u, const char *path, const sd_unet_opts *opts, load_kind kind, uint16_t **w16,
+                         sd_error *err)
 {
     char weights[4096], config[4096];
     sd_unet_opts none = {0};
@@ -103,7 +124,7 @@ sd_status sd_unet_load(sd_unet *u, const char *path, const sd_unet_opts *opts, s
         rc = sd_unet_infer_config(&p, &cfg, opts->groups, err, weights);
         if (!rc) warn_guessed(weights, &cfg, opts->groups > 0);
     }
-    if (!rc) rc = sd_unet_build(u, &cfg, err);
+    if (!rc) rc = kind == LOAD_F32 ? sd_unet_build(u, &cfg, err) : sd_unet_build_names(u, &cfg, err);
     if (rc == SD_EINVAL && inferred) { /* what the weights cannot show (norm groups) was guessed: say so */
         char why[sizeof err->msg];
         snprintf(why, sizeof why, "%s", err->msg);
@@ -111,10 +132,20 @@ sd_status sd_unet_load(sd_unet *u, const char *path, const sd_unet_opts *opts, s
                         "norm_num_groups; give the model's config.json: sd-train --unet-config)", weights, why);
     }
     if (!rc) {
-        rc = sd_weights_load(&u->w, st, &p.lay, weights, err);
+        uint16_t *b16 = NULL;
+        if (kind == LOAD_BF16 && !(b16 = calloc(u->w.total ? u->w.total : 1, sizeof *b16)))
+            rc = sd_err_set(err, SD_ENOMEM, "%s: out of memory for %zu MB of bf16 weights", weights,
+                            u->w.total * sizeof *b16 >> 20);
+        if (!rc) rc = kind == LOAD_F32 ? sd_weights_load(&u->w, st, &p.lay, weights, err)
+                                       : sd_weights_load_bf16(&u->w, b16, st, &p.lay, weights, err);
         if (!rc) rc = sd_weights_check_unused(&u->w, st, &p.lay, weights, "UNet", err);
-        if (rc) sd_unet_free(u);
-        else snprintf(u->layout, sizeof u->layout, "%s", desc);
+        if (rc) {
+            free(b16);
+            sd_unet_free(u);
+        } else {
+            snprintf(u->layout, sizeof u->layout, "%s", desc);
+            if (w16) *w16 = b16;
+        }
     }
     sd_st_close(st);
     return rc;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "f16.h"
 #include "hash.h"
 #include "unet.h"
 
@@ -273,17 +274,34 @@ void sd_unet_free(sd_unet *u)
     u->ninit = u->initcap = 0;
 }
 
-/* Fill each slot as its init record says, one generator stream for all. */
-void sd_unet_init_random(sd_unet *u, uint64_t seed)
+/* Each slot as its init record says, one generator stream for all, into
+ * fp32 (f32) or, each value rounded to the nearest bf16 as it is drawn,
+ * into bf16 (b16): the same stream, so the bf16 weights are the fp32
+ * ones rounded, without the fp32 model ever existing. */
+static void init_fill(const sd_unet *u, uint64_t seed, float *f32, uint16_t *b16)
 {
     uint64_t s = seed;
     for (size_t i = 0; i < u->ninit; i++) {
         const struct sd_unet_init *in = &u->init[i];
-        float *p = u->w.data + in->off;
         for (size_t j = 0; j < in->n; j++) {
-            if (in->kind == INIT_ONES) p[j] = 1.0f;
-            else if (in->kind == INIT_ZEROS) p[j] = 0.0f;
-            else p[j] = (float)(((double)(sd_splitmix64(&s) >> 11) * 0x1p-53 * 2.0 - 1.0) * in->bound);
+            float v;
+            if (in->kind == INIT_ONES) v = 1.0f;
+            else if (in->kind == INIT_ZEROS) v = 0.0f;
+            else v = (float)(((double)(sd_splitmix64(&s) >> 11) * 0x1p-53 * 2.0 - 1.0) * in->bound);
+            if (f32) f32[in->off + j] = v;
+            else b16[in->off + j] = sd_f32_to_bf16(v);
         }
     }
+}
+
+/* torch's init into the fp32 weights (unet.h). */
+void sd_unet_init_random(sd_unet *u, uint64_t seed)
+{
+    init_fill(u, seed, u->w.data, NULL);
+}
+
+/* The same rounded into bf16 weights (unet.h). */
+void sd_unet_init_random_bf16(const sd_unet *u, uint64_t seed, uint16_t *dst)
+{
+    init_fill(u, seed, NULL, dst);
 }

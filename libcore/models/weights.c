@@ -101,17 +101,31 @@ static const char *shape_str(char *buf, size_t cap, int ndim, const uint64_t *s6
     return buf;
 }
 
-/* Convert a checked tensor's elements to fp32. */
-sd_status sd_weights_copy_tensor(float *dst, int ndim, const int *shape, const sd_st_tensor *t, const char *path,
-                                 sd_error *err)
+/* A file tensor the slot can take: its shape (shape_fits) and a weight
+ * dtype; the slot's element count in *n. */
+static sd_status check_tensor(int ndim, const int *shape, const sd_st_tensor *t, const char *path, size_t *n,
+                              sd_error *err)
 {
     if (!shape_fits(ndim, shape, t)) {
         char a[96], b[96];
         return sd_err_set(err, SD_EFORMAT, "%s: tensor %s has shape %s, the model needs %s", path, t->name,
                           shape_str(a, sizeof a, t->ndim, t->shape, NULL), shape_str(b, sizeof b, ndim, NULL, shape));
     }
-    size_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+    if (t->dtype != SD_ST_F32 && t->dtype != SD_ST_F16 && t->dtype != SD_ST_BF16)
+        return sd_err_set(err, SD_EUNSUPPORTED, "%s: tensor %s is %s; weights must be F32, F16 or BF16", path,
+                          t->name, sd_st_dtype_name(t->dtype));
+    *n = 1;
+    for (int i = 0; i < ndim; i++) *n *= (size_t)shape[i];
+    return SD_OK;
+}
+
+/* Convert a checked tensor's elements to fp32. */
+sd_status sd_weights_copy_tensor(float *dst, int ndim, const int *shape, const sd_st_tensor *t, const char *path,
+                                 sd_error *err)
+{
+    size_t n;
+    sd_status rc = check_tensor(ndim, shape, t, path, &n, err);
+    if (rc) return rc;
     const unsigned char *p = t->data;
     switch (t->dtype) {
     case SD_ST_F32: memcpy(dst, p, n * 4); break;
@@ -129,18 +143,45 @@ sd_status sd_weights_copy_tensor(float *dst, int ndim, const int *shape, const s
             dst[i] = sd_bf16_to_f32(h);
         }
         break;
-    default:
-        return sd_err_set(err, SD_EUNSUPPORTED, "%s: tensor %s is %s; weights must be F32, F16 or BF16", path,
-                          t->name, sd_st_dtype_name(t->dtype));
+    default: break; /* refused by check_tensor */
     }
     return SD_OK;
 }
 
-/* Look each slot up by prefix + (diffusers or original) name and copy it. */
-sd_status sd_weights_load(sd_weights *w, const sd_safetensors *st, const sd_weight_layout *lay, const char *path,
-                          sd_error *err)
+/* The same into bf16 (weights.h): each value as the fp32 path reads it,
+ * then rounded to nearest even; bf16 tensors are copied. */
+sd_status sd_weights_copy_tensor_bf16(uint16_t *dst, int ndim, const int *shape, const sd_st_tensor *t,
+                                      const char *path, sd_error *err)
 {
-    if (!w->data) return sd_err_set(err, SD_EINVAL, "weights not allocated");
+    size_t n;
+    sd_status rc = check_tensor(ndim, shape, t, path, &n, err);
+    if (rc || !dst) return rc;
+    const unsigned char *p = t->data;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h;
+        float f;
+        switch (t->dtype) {
+        case SD_ST_F32:
+            memcpy(&f, p + 4 * i, 4);
+            dst[i] = sd_f32_to_bf16(f);
+            break;
+        case SD_ST_F16:
+            memcpy(&h, p + 2 * i, 2);
+            dst[i] = sd_f32_to_bf16(sd_f16_to_f32(h));
+            break;
+        default: memcpy(dst + i, p + 2 * i, 2); break; /* BF16 */
+        }
+    }
+    return SD_OK;
+}
+
+/* Look each slot up by prefix + (diffusers or original) name and copy it
+ * into f32 or b16 (or only check it when both are NULL), a tensor at a
+ * time, each tensor's file pages given back once read: the file is never
+ * resident whole beside the copy. */
+static sd_status load_slots(sd_weights *w, float *f32, uint16_t *b16, const sd_safetensors *st,
+                            const sd_weight_layout *lay, const char *path, sd_error *err)
+{
     char full[2 * SD_WEIGHT_NAME_MAX];
     for (size_t i = 0; i < w->nslots; i++) {
         sd_weight_slot *s = &w->slots[i];
@@ -148,11 +189,28 @@ sd_status sd_weights_load(sd_weights *w, const sd_safetensors *st, const sd_weig
         snprintf(full, sizeof full, "%s%s", lay->prefix, nm);
         const sd_st_tensor *t = sd_st_find(st, full);
         if (!t) return sd_err_set(err, SD_ENOTFOUND, "%s: no tensor %s (model needs it)", path, full);
-        sd_status rc = sd_weights_copy_tensor(w->data + s->off, s->ndim, s->shape, t, path, err);
+        sd_status rc = f32 ? sd_weights_copy_tensor(f32 + s->off, s->ndim, s->shape, t, path, err)
+                           : sd_weights_copy_tensor_bf16(b16 ? b16 + s->off : NULL, s->ndim, s->shape, t, path, err);
         if (rc) return rc;
+        if (f32 || b16) sd_st_drop_pages(st, t);
         s->loaded = 1;
     }
     return SD_OK;
+}
+
+/* Every slot into the fp32 buffer w->data (weights.h). */
+sd_status sd_weights_load(sd_weights *w, const sd_safetensors *st, const sd_weight_layout *lay, const char *path,
+                          sd_error *err)
+{
+    if (!w->data) return sd_err_set(err, SD_EINVAL, "weights not allocated");
+    return load_slots(w, w->data, NULL, st, lay, path, err);
+}
+
+/* Every slot into bf16 values laid out like w->data (weights.h). */
+sd_status sd_weights_load_bf16(sd_weights *w, uint16_t *dst, const sd_safetensors *st, const sd_weight_layout *lay,
+                               const char *path, sd_error *err)
+{
+    return load_slots(w, NULL, dst, st, lay, path, err);
 }
 
 /* Tensors of st under lay->prefix that no slot takes. A config that does

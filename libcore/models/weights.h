@@ -7,6 +7,7 @@
 #define SDTK_WEIGHTS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "err.h"
 #include "safetensors.h"
@@ -49,6 +50,13 @@ typedef struct {
  * first missing or mismatched tensor and the file. */
 sd_status sd_weights_load(sd_weights *w, const sd_safetensors *st, const sd_weight_layout *lay, const char *path,
                           sd_error *err);
+/* The same into dst, w->total bf16 values laid out like w->data (padding
+ * untouched), each value rounded to the nearest bf16 as it is converted
+ * (the same bits as sd_weights_load then sd_f32_to_bf16): no fp32 copy of
+ * the model. dst NULL: every slot's tensor checked (name, shape, dtype),
+ * nothing copied (a model's layout for a memory plan). */
+sd_status sd_weights_load_bf16(sd_weights *w, uint16_t *dst, const sd_safetensors *st, const sd_weight_layout *lay,
+                               const char *path, sd_error *err);
 /* Refuse (SD_EFORMAT, naming a few) tensors of st under lay->prefix that
  * no slot takes, for a model that owns everything under its prefix: a
  * config that does not match the weights would drop them silently.
@@ -58,5 +66,9 @@ sd_status sd_weights_check_unused(const sd_weights *w, const sd_safetensors *st,
 /* Copy one tensor into dst (n floats, shape checked as above). */
 sd_status sd_weights_copy_tensor(float *dst, int ndim, const int *shape, const sd_st_tensor *t, const char *path,
                                  sd_error *err);
+/* The same into n bf16 values, rounded to nearest even (dst NULL: check
+ * only). */
+sd_status sd_weights_copy_tensor_bf16(uint16_t *dst, int ndim, const int *shape, const sd_st_tensor *t,
+                                      const char *path, sd_error *err);
 
 #endif
