@@ -207,7 +207,7 @@ void sd_gemm_rows_ex(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, 
 {
     const float *w = wv;
     int half = mode.w_dtype == SD_DT_F16 || mode.w_dtype == SD_DT_BF16;
-    static const float zeros[2 * NR]; /* the start of every chain without a bias (read-only) */
+    static const float zeros[3 * NR]; /* the start of every chain without a bias (read-only) */
     int nstep = even_block(n, NC, NR), kstep = even_block(k, KC, 8);
     for (int j0 = 0; j0 < n; j0 += nstep) {
         int nb = n - j0 < nstep ? n - j0 : nstep;
@@ -227,21 +227,25 @@ void sd_gemm_rows_ex(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, 
                 float *c = y + (size_t)i0 * ldy + (size_t)j0;
                 for (int q = 0, c0 = 0; c0 < nb; q++, c0 += NR, bp += (size_t)kc * NR) {
                     int nc = nb - c0 < NR ? nb - c0 : NR;
-                    int pair = isa == SD_GEMM_ROWS_AVX512 && mr == MR && c0 + 2 * NR <= nb; /* a 6 x 32 tile */
-                    int left = m - i0 - MR; /* rows after this block */
+                    /* AVX-512: panels per tile, 2 (32 columns) or 3 when 33..48 columns are left (so n = 40
+                     * is one 6 x 48 tile, not a 6 x 32 and an 8-column edge); 0: a 6 x 16 tile */
+                    int np = isa != SD_GEMM_ROWS_AVX512 || mr < MR || nb - c0 <= NR ? 0 : nb - c0 > 2 * NR && nb - c0 <= 3 * NR ? 3 : 2;
+                    int span = np ? np * NR : NR; /* columns the tile covers */
+                    int left = m - i0 - MR;       /* rows after this block */
                     if (left > 0)
                         prefetch_next(x + (size_t)(i0 + MR) * ldx + (size_t)k0, ldx, left, kc, q * per,
-                                      per * (pair + 1));
-                    int c1 = c0 + (pair + 1) * NR; /* the next tile's first column */
-                    if (c1 < nb) prefetch_tile(c + c1, ldy, mr, nb - c1 < (pair + 1) * NR ? nb - c1 : (pair + 1) * NR);
+                                      per * (span / NR));
+                    int c1 = c0 + span; /* the next tile's first column */
+                    if (c1 < nb) prefetch_tile(c + c1, ldy, mr, nb - c1 < NR ? nb - c1 : NR);
                     else if (left > 0)
                         prefetch_tile(c + (size_t)MR * ldy, ldy, left < MR ? left : MR, nb < NR ? nb : NR);
                     const float *init = k0 || mode.accumulate ? NULL : bias ? bias + j0 + c0 : zeros;
-                    if (pair) {
-                        sd_gemm_rows_kern_avx512(kc, a, bp, bp + (size_t)kc * NR, init, c + c0, ldy);
-                        q++;
-                        c0 += NR;
-                        bp += (size_t)kc * NR;
+                    if (np) {
+                        int last = nb - c0 - (np - 1) * NR < NR ? nb - c0 - (np - 1) * NR : NR;
+                        sd_gemm_rows_kern_avx512(np, kc, a, bp, last, init, c + c0, ldy);
+                        q += np - 1;
+                        c0 += (np - 1) * NR;
+                        bp += (size_t)(np - 1) * (size_t)kc * NR;
                     } else if (mr == MR && nc == NR) run_kernel(isa, kc, a, bp, init, c + c0, ldy);
                     else run_edge(isa, kc, a, bp, init, c + c0, ldy, mr, nc);
                 }
