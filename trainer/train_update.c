@@ -10,6 +10,7 @@
 /* Zero the gradients on the backend. */
 void sd_train_zero_grad(sd_trainer *tr)
 {
+    if (tr->g16) sd_train_g16_zero(tr); /* --grad-dtype bf16 */
     if (!tr->d_grad) return; /* --fused-backward keeps no gradient buffer */
     tr->be->zero(tr->exec, tr->d_grad, tr->unet.w.total * sizeof(float));
 }
@@ -76,6 +77,10 @@ static sd_status device_sum_squares(sd_trainer *tr, const float *x, double *ss, 
  * so a non-finite one can stop the run before it reaches the weights). */
 sd_status sd_train_grad_norm_local(sd_trainer *tr, double *norm, sd_error *err)
 {
+    if (tr->g16) { /* --grad-dtype bf16: tensor by tensor, widened (the CPU alone) */
+        *norm = sd_train_g16_norm(tr);
+        return SD_OK;
+    }
     double ss;
     sd_status rc = device_sum_squares(tr, tr->d_grad, &ss, err);
     *norm = sqrt(ss);
@@ -91,6 +96,10 @@ void sd_train_apply_norm(sd_trainer *tr, double norm)
     size_t n = tr->unet.w.total;
     const sd_backend *be = tr->be;
     double lr = sd_lr_at(&tr->o.lr, tr->step), gscale = sd_clip_factor(norm, tr->o.max_grad_norm);
+    if (tr->g16) { /* --grad-dtype bf16: each tensor widened, then updated */
+        sd_train_g16_apply(tr, norm);
+        return;
+    }
     if (tr->o.clip_per_tensor && tr->o.max_grad_norm > 0) {
         /* each tensor clipped for its own norm, updated by the fused path's arithmetic */
         for (size_t t = 0; t < tr->unet.w.nslots; t++) {
