@@ -5,10 +5,8 @@
  * summed in fp32 and stored back with stochastic rounding keyed by (seed,
  * step, micro-batch) on a stream of their own, so accumulation over
  * micro-batches stays unbiased and a resumed run rounds as the
- * uninterrupted one did. The update widens one tensor at a time into the
- * same scratch and runs the per-tensor update (sd_train_update_tensor) of
- * any optimizer and weight type. */
-#include <math.h>
+ * uninterrupted one did. The update (train_update.c) widens one tensor at
+ * a time into the same scratch. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -128,47 +126,4 @@ sd_status sd_train_g16_backward(sd_trainer *tr, sd_error *err)
     if (sd_unet_backward_fused(&tr->unet, &tr->g, tr->be, tr->exec, &w, tr->d_act, tr->d_dact, tr->d_dout, NULL, &f))
         return sd_err_set(err, SD_EINVAL, "bf16 gradients: the backward handed over a range outside the model");
     return SD_OK;
-}
-
-/* The buffer zeroed for the next step and the micro-batch count reset. */
-void sd_train_g16_zero(sd_trainer *tr)
-{
-    memset(tr->g16, 0, tr->unet.w.total * sizeof *tr->g16);
-    tr->g16_micro = 0;
-}
-
-/* Slot t's gradient widened into the scratch. */
-static const float *widen_slot(sd_trainer *tr, size_t t)
-{
-    const sd_weight_slot *s = &tr->unet.w.slots[t];
-    sd_train_w16_widen(tr->fgrad, tr->g16 + s->off, s->n);
-    return tr->fgrad;
-}
-
-/* The global norm of the bf16 gradients: each tensor widened and its sum
- * of squares added in slot order (the padding between tensors is zero). */
-double sd_train_g16_norm(sd_trainer *tr)
-{
-    double ss = 0;
-    for (size_t t = 0; t < tr->unet.w.nslots; t++)
-        ss += tr->be->sum_squares(tr->exec, tr->unet.w.slots[t].n, widen_slot(tr, t));
-    return sqrt(ss);
-}
-
-/* The step at the scheduled rate, clipped for the global norm (or each
- * tensor for its own with --clip-per-tensor): tensor by tensor, widened
- * and updated (per element the whole-buffer update's arithmetic); then
- * the buffer zeroed, the step counted, the EMA. */
-void sd_train_g16_apply(sd_trainer *tr, double norm)
-{
-    double lr = sd_lr_at(&tr->o.lr, tr->step), gscale = sd_clip_factor(norm, tr->o.max_grad_norm);
-    int per = tr->o.clip_per_tensor && tr->o.max_grad_norm > 0;
-    for (size_t t = 0; t < tr->unet.w.nslots; t++) {
-        size_t n = tr->unet.w.slots[t].n;
-        const float *g = widen_slot(tr, t);
-        double f = per ? sd_clip_factor(sqrt(tr->be->sum_squares(tr->exec, n, g)), tr->o.max_grad_norm) : gscale;
-        sd_train_update_tensor(tr, t, g, lr, f);
-    }
-    sd_train_g16_zero(tr);
-    sd_train_after_update(tr);
 }
