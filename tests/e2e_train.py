@@ -1238,8 +1238,8 @@ class Train(unittest.TestCase):
         """--grad-dtype bf16 (issue 28): with --accum 2, validation and an EMA, on bf16 weights with
         AdamW8bit and on fp32 weights with AdamW, a run killed after a checkpoint and rerun ends
         byte-identical to an uninterrupted one (the gradients' rounding is keyed by seed, step and
-        micro-batch); the run is not the fp32-gradient one; the log names the bf16 buffer; what it
-        cannot do is refused with exit 2."""
+        micro-batch); the run is not the fp32-gradient one; the log names the bf16 buffer; a resume
+        with fp32 gradients names the change; what it cannot do is refused with exit 2."""
         args = ["--batch", "2", "--accum", "2", "--steps", "8", "--save-every", "2", "--keep", "0", "--seed", "3",
                 "--lr", "1e-3", "--ema-decay", "0.99", "--val", self.shard, "--val-every", "3", "-j", "2", "-q"]
         for name, opt in (("w16-adamw8bit", ["--weight-dtype", "bf16", "--optimizer", "adamw8bit"]),
@@ -1268,6 +1268,10 @@ class Train(unittest.TestCase):
                 self.assertTrue(got[1] == want[1], "EMA weights differ from the uninterrupted run")
                 self.assertTrue(got[2] == want[2], "training state differs from the uninterrupted run")
                 self.assertNotEqual(self.weights(ref, 8), self.weights(fp32, 8))
+        # continued with fp32 gradients: allowed (the buffer is zero between steps), the change named
+        _, err = run("--unet", UNET, "-o", ref, *args[:-1], "--steps", "9", self.shard)
+        self.assertIn('grad-dtype "bf16" -> "fp32"', err)
+        self.assertEqual(latest(ref), 9)
         for extra, why in ((["--grad-dtype", "fp16"], "--grad-dtype: fp32 or bf16"),
                            (["--grad-dtype", "bf16", "--fused-backward"], "means nothing"),
                            (["--grad-dtype", "bf16", "--device", "cuda:0"], "CPU only"),
