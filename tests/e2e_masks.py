@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end tests of loss masks (issue 30): a shard written by the previous release
-(tests/fixtures/v1.shard) still verifies and trains, and --masked-loss on it (no masks: weight 1)
-trains the very same weights; sd-latents --masks alpha on RGBA pictures made from the wallpaper
+(tests/fixtures/v1.shard) still verifies and trains, and --masked-loss on it (no masks) is refused
+(exit 2) naming the shard, while shards where only some records have a mask are trained with a
+warning counting the others (plain loss); sd-latents --masks alpha on RGBA pictures made from the wallpaper
 photos stores the masks sd-scripts computes (tests/golden/masks/photos.npz, from
 tests/golden/make_mask_golden.py), read back through sd-pack export-kohya; --masks files takes
 NAME_mask.png beside the image, and a mask of another size than its image, an unreadable mask
@@ -82,11 +83,12 @@ class Masks(unittest.TestCase):
         self.assertIn("0 problems", err)
         common = ["--unet", UNET, "--steps", "2", "-b", "2", "--seed", "3", "-q"]
         sh(TRAIN, *common, "-o", self.p("v1run"), s)
-        sh(TRAIN, *common, "--masked-loss", "-o", self.p("v1masked"), s)
-        # without masks every weight is 1: the same weights (the options differ only in the
-        # effective configuration the checkpoint records)
-        self.assertEqual(ckpt_bytes(self.p("v1run"), 2, ema=False)[0],
-                         ckpt_bytes(self.p("v1masked"), 2, ema=False)[0])
+        self.assertEqual(len(ckpt_bytes(self.p("v1run"), 2, ema=False)), 2)
+        # --masked-loss where no record has a mask would silently be the plain loss: a usage error
+        # naming the shard, before anything is written
+        _, _, err = sh(TRAIN, *common, "--masked-loss", "-o", self.p("v1masked"), s, ok=(2,))
+        self.assertIn("--masked-loss: no record of %s has a loss mask" % s, err)
+        self.assertFalse(os.path.exists(self.p("v1masked")))
 
     def test_alpha_masks_equal_sd_scripts_on_the_photos(self):
         root = os.environ.get("SDTK_PHOTOS")
@@ -176,11 +178,18 @@ class Masks(unittest.TestCase):
            stdin=("\n".join(zero_line) + "\n").encode())
         common = ["--unet", UNET, "--steps", "2", "-q"]
         sh(TRAIN, *common, "--masked-loss", "--metrics", self.p("zm.jsonl"), "-o", self.p("zrun"), zs)
-        sh(TRAIN, *common, "--metrics", self.p("zu.jsonl"), "-o", self.p("zrun-plain"), zs)
+        _, _, err = sh(TRAIN, *common[:-1], "--metrics", self.p("zu.jsonl"), "-o", self.p("zrun-plain"), zs)
+        # the start says what the shard holds (common[:-1]: without -q)
+        self.assertIn("loss masks: 1 of 1 records have one; not used without --masked-loss", err)
+        self.assertIn("caption variants: none (each record trains on its caption)", err)
         self.assertEqual(losses(self.p("zm.jsonl")), [0.0, 0.0])
         self.assertTrue(all(l > 0 for l in losses(self.p("zu.jsonl"))))
-        # and the run over every record trains
-        sh(TRAIN, *common, "--masked-loss", "-o", self.p("frun"), s)
+        # and the run over every record trains; the record without a mask gets the plain loss, said
+        # at the start
+        _, _, err = sh(TRAIN, *common[:-1], "--masked-loss", "-o", self.p("frun"), s)
+        self.assertIn("loss masks: 2 of 3 records have one (--masked-loss)", err)
+        self.assertIn("--masked-loss: 1 of 3 records have no loss mask (some in %s): they train on the plain, "
+                      "unmasked loss" % s, err)
         # version 1 records of the previous release and version 2 ones in one shard: merged, verified,
         # trained on together
         v1 = self.p("v1-for-merge.shard")
@@ -192,7 +201,11 @@ class Masks(unittest.TestCase):
         self.assertEqual((lat["records"], lat["masks"]), (7, 2))
         _, _, verr = sh(VERIFY, merged)
         self.assertIn("0 problems", verr)
-        sh(TRAIN, *common, "-b", "2", "--masked-loss", "-o", self.p("mrun"), merged)
+        _, _, err = sh(TRAIN, *common, "-b", "2", "--masked-loss", "-o", self.p("mrun"), merged)
+        self.assertIn("--masked-loss: 5 of 7 records have no loss mask (some in %s)" % merged, err)  # -q: warnings
+        # two shards, one without masks: named as such
+        _, _, err = sh(TRAIN, *common, "--masked-loss", "-o", self.p("trun"), v1, s)
+        self.assertIn("--masked-loss: 5 of 7 records have no loss mask (none in %s; some in %s)" % (v1, s), err)
 
     def test_verify_reports_a_mask_outside_0_1(self):
         s = self.p("w.shard")

@@ -20,7 +20,7 @@ import tempfile
 import unittest
 
 TRAIN = MAKE = CONFIG = SHARD_OF = None
-CATEGORIES = ("weights", "gradients", "optimizer", "ema", "activations", "workspace", "process", "total")
+CATEGORIES = ("weights", "gradients", "optimizer", "ema", "activations", "workspace", "process", "samples", "total")
 
 
 def run(*args, ok=(0,)):
@@ -182,7 +182,8 @@ class MemoryPlan(unittest.TestCase):
         with open(path, "w") as f:
             json.dump(cfg, f)
         before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        _, out, _ = run("--unet-config", path, "--memory-plan", "-j", "1", self.shard)
+        # a fixed limit: whether 14 GB fit the host's available memory is not the question here
+        _, out, _ = run("--unet-config", path, "--memory-plan", "-j", "1", "--host-memory-limit", "64", self.shard)
         after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB: the largest child so far
         p = json.loads(out)
         self.assertGreater(p["weights"], 3 << 30)
@@ -232,6 +233,54 @@ class MemoryPlan(unittest.TestCase):
             self.assertEqual(code, 0)
         else:  # a GPU answered
             self.assertIsInstance(p["fits"], bool)
+
+    def test_samples(self):
+        """--sample-prompts: a sample step renders while the step's buffers stay allocated, so the plan
+        adds its buffers (total = the plan without samples + samples): the VAE decoder's weights (its
+        tensors, padded as the flat buffer pads them), every line's conditioning (77 tokens x the
+        context width, twice with CFG), the UNet's inference graph and the decoder's workspace, which
+        grow with the image (the decoder's about 4x for 4x the pixels); a limit between the two plans fits only
+        without samples. bench/bench_mem_plan_samples.sh holds it against peak RSS."""
+        try:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import e2e_sample
+        except ImportError:
+            self.skipTest("numpy not available")
+        e2e_sample.GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden")
+        model = os.path.join(self.tmp.name, "sample-model")
+        if not os.path.isdir(model):
+            e2e_sample.make_model(model, "sd1", "sd", [(8, "quick_gelu", 0, "<|endoftext|>")])
+        vae = tensor_sizes(os.path.join(model, "vae", "config.json"))
+        with open(os.path.join(model, "vae", "diffusion_pytorch_model.safetensors"), "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            names = [k for k in json.loads(f.read(n)) if k != "__metadata__"]
+        dec = sum((v + 15) // 16 * 16 for k, (_, v) in zip(names, vae)
+                  if k.startswith(("decoder.", "post_quant_conv.")))
+        def prompts(name, rows):
+            return e2e_sample.jsonl(os.path.join(self.tmp.name, name), rows)
+        small = prompts("s64.jsonl", [{"prompt": "a", "width": 64, "height": 64},
+                                      {"prompt": "b", "cfg": 1, "width": 64, "height": 64}])
+        large = prompts("s128.jsonl", [{"prompt": "a", "width": 128, "height": 128},
+                                       {"prompt": "b", "cfg": 1, "width": 64, "height": 64}])
+        base = self.plan()
+        self.assertEqual(base["samples"], 0)
+        p = self.plan("--sample-prompts", small, "--sample-model", model)
+        q = self.plan("--sample-prompts", large, "--sample-model", model)
+        d, e = p["detail"], q["detail"]
+        self.assertEqual(p["total"] - p["process"], base["total"] - base["process"] + p["samples"])  # VmRSS varies
+        self.assertEqual(d["sample_vae_weights"], 4 * dec)
+        self.assertEqual(d["sample_conditioning"], 4 * 77 * 8 * (2 + 1))
+        self.assertEqual(d["sample_size"], [64, 64])
+        self.assertEqual(e["sample_size"], [128, 128])
+        self.assertGreaterEqual(p["samples"], sum(d[k] for k in ("sample_vae_weights", "sample_conditioning",
+                                                                  "sample_unet", "sample_decode")))
+        self.assertTrue(3.9 < e["sample_decode"] / d["sample_decode"] < 4.01, (d, e))  # all per pixel
+        self.assertGreater(e["sample_unet"], d["sample_unet"])  # the graph's part; its op scratch less so
+        # a limit the training step fits in, the samples do not
+        limit = (base["total"] + q["total"]) / 2 / (1 << 30)
+        self.assertIs(self.plan("--host-memory-limit", "%.9f" % limit)["fits"], True)
+        self.assertIs(self.plan("--host-memory-limit", "%.9f" % limit, "--sample-prompts", large, "--sample-model",
+                                model, ok=(1,))["fits"], False)
 
     def test_bad_options(self):
         _, _, err = run("--unet-config", CONFIG, "--memory-plan", "--host-memory-limit", "-1", self.shard, ok=(2,))

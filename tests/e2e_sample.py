@@ -37,6 +37,17 @@ GOLDEN_FAMILIES = {"sd15": ("sd1", "sd", [(8, "quick_gelu", 0, "<|endoftext|>")]
 GOLDEN_CASE = {"prompt": "a red bicycle", "negative": "blurry, low quality", "seed": 1, "steps": 10, "cfg": 7,
                "width": 64, "height": 64}
 SAMPLERS = ["ddim", "euler", "euler_a", "dpmpp_2m", "dpmpp_2m_karras"]
+# prompts over 75 tokens (--max-tokens 150 / 225): a booru tag list of about 120 CLIP tokens
+LONG_PROMPT = ", ".join(["1girl", "solo", "long hair", "looking at viewer", "smile", "open mouth", "blue eyes",
+                         "brown hair", "shirt", "long sleeves", "hat", "holding", "jewelry", "standing", "white shirt",
+                         "outdoors", "sky", "day", "cloud", "water", "tree", "blue sky", "ocean", "beach", "sunlight",
+                         "grass", "flower", "wind", "scenery", "horizon", "sand", "palm tree", "straw hat",
+                         "sundress", "bracelet", "necklace", "earrings", "waves", "footprints", "seashell",
+                         "sun hat", "hand on headwear", "from side", "full body", "barefoot", "wading",
+                         "lens flare", "depth of field", "masterpiece", "best quality"])
+# (family, sampler, max tokens): the golden images tests/golden/make_sample_golden.py renders from
+# sd-scripts' chunked embeddings (prompt_embeds), one per family
+LONG_CASES = [("sd15", "dpmpp_2m", 150), ("sd21v", "euler", 225), ("sdxl", "euler_a", 150)]
 A1111 = {"ddim": "DDIM", "euler": "Euler", "euler_a": "Euler a", "dpmpp_2m": "DPM++ 2M",
          "dpmpp_2m_karras": "DPM++ 2M"}
 
@@ -203,6 +214,33 @@ class Sample(unittest.TestCase):
                     diff = np.abs(a - b)
                     self.assertGreaterEqual((diff <= 1).mean(), 0.999, "max difference %d" % diff.max())
 
+    def test_long_prompts_match_diffusers(self):
+        """--max-tokens 150 / 225: a prompt of about 120 tokens chunked and joined as sd-latents caches
+        captions (sd-scripts' scheme), within 1 level of diffusers fed sd-scripts' chunked embeddings
+        (tests/golden/make_sample_golden.py) on >= 99.9% of pixels, for SD 1.x, SD 2.x-v (its "!"
+        padding) and SDXL (the first chunk's pooled output); 75 tokens cuts the prompt (warned) and
+        gives other pixels."""
+        for fam, sampler, n in LONG_CASES:
+            unet, vae, enc, pred = GOLDEN_FAMILIES[fam]
+            m = self.out("gl-" + fam)
+            make_model(m, unet, vae, enc, pred)
+            p = jsonl(self.out("p-gl-%s.jsonl" % fam), [dict(GOLDEN_CASE, prompt=LONG_PROMPT, sampler=sampler)])
+            d = self.out("o-gl-%s-%d" % (fam, n))
+            code, err = sh(SAMPLE, "--model", m, "--prompts", p, "-o", d, "--max-tokens", str(n))
+            self.assertNotIn("is cut", err)
+            d75 = self.out("o-gl-%s-75" % fam)
+            code, err = sh(SAMPLE, "--model", m, "--prompts", p, "-o", d75)
+            self.assertIn("is cut to its first 75", err)
+            with self.subTest(family=fam, max_tokens=n):
+                a = np.asarray(pixels(os.path.join(d, "00000.png")), dtype=np.int16)
+                b = np.asarray(pixels(os.path.join(GOLDEN, "sample", "%s_long%d_%s.png" % (fam, n, sampler))),
+                               dtype=np.int16)
+                diff = np.abs(a - b)
+                self.assertGreaterEqual((diff <= 1).mean(), 0.999, "max difference %d" % diff.max())
+                c = np.asarray(pixels(os.path.join(d75, "00000.png")), dtype=np.int16)
+                self.assertGreater(np.abs(a - c).max(), 8, "--max-tokens changed nothing")
+        sh(SAMPLE, "--model", m, "--prompt", "x", "--max-tokens", "100", "-o", self.out("o-gl-bad"), ok=(2,))
+
     def test_single_file_checkpoint(self):
         """One file with the UNet (model.diffusion_model.*), the VAE
         (first_stage_model.*) and the encoder (cond_stage_model.transformer.*)
@@ -291,7 +329,58 @@ class Sample(unittest.TestCase):
                       err)
         # the file names follow the lines, so each image is found by its line
         self.assertEqual(sorted(os.listdir(d)), ["00000.png", "00007.png", "00009.png", "contact.png"])
-        code, _ = sh(SAMPLE, "--model", self.sd1, "--prompts", p, "-o", d, "--strict", ok=(1,))
+        code, _ = sh(SAMPLE, "--model", self.sd1, "--prompts", p, "-o", d, "--strict", "--overwrite", ok=(1,))
+
+    def test_outputs_already_there(self):
+        """An earlier run's images are never replaced silently: refused (exit 2) before the model is
+        loaded; --overwrite renders them again, --skip-existing keeps them and renders the missing ones
+        (a killed run goes on), the contact sheet showing all."""
+        d = self.out("o-again")
+        rows = [{"prompt": "a red bicycle", "seed": i, "steps": 2, "width": 64, "height": 64} for i in range(3)]
+        p = jsonl(self.out("p-again.jsonl"), rows)
+        sh(SAMPLE, "--model", self.sd1, "--prompts", p, "-o", d, "-q")
+        names = ["00000.png", "00001.png", "00002.png", "contact.png"]
+        def files():
+            out = {}
+            for n in sorted(os.listdir(d)):
+                with open(os.path.join(d, n), "rb") as f:
+                    out[n] = f.read()
+            return out
+        first = files()
+        self.assertEqual(sorted(first), names)
+        code, err = sh(SAMPLE, "--model", self.sd1, "--prompts", p, "-o", d, ok=(2,))
+        self.assertIn("00000.png exists (3 of this run's 3 image(s) are there, and a contact sheet): not replaced",
+                      err)
+        self.assertNotIn("model ", err)  # refused before the model is loaded
+        self.assertEqual(files(), first)
+        # a contact sheet alone is an output too
+        only = self.out("o-sheet")
+        os.makedirs(only)
+        shutil.copy(os.path.join(d, "contact.png"), only)
+        code, err = sh(SAMPLE, "--model", self.sd1, "--prompts", p, "-o", only, ok=(2,))
+        self.assertIn("contact.png exists (an earlier run's contact sheet)", err)
+        # what a run killed after its first image leaves: the missing ones rendered, the kept one not
+        # touched, the sheet of all three as an uninterrupted run's
+        for n in ("00001.png", "00002.png", "contact.png"):
+            os.remove(os.path.join(d, n))
+        with open(os.path.join(d, "00000.png"), "ab") as f:  # marks the kept file (after IEND: still a PNG)
+            f.write(b"kept")
+        code, err = sh(SAMPLE, "--model", self.sd1, "--prompts", p, "-o", d, "--skip-existing")
+        self.assertIn("2 image(s) written to %s, 1 kept from before, 0 failed" % d, err)
+        got = files()
+        self.assertEqual(got["00000.png"], first["00000.png"] + b"kept")
+        for n in ("00001.png", "00002.png", "contact.png"):
+            self.assertEqual(got[n], first[n], n)
+        # all there: nothing to render, no model loaded (a missing one is not even looked for)
+        code, err = sh(SAMPLE, "--model", self.out("no-such-model"), "--prompts", p, "-o", d, "--skip-existing")
+        self.assertIn("0 image(s) written to %s, 3 kept from before" % d, err)
+        self.assertEqual(files()["contact.png"], first["contact.png"])
+        # --overwrite: every image rendered again, the same bytes as the first run's
+        sh(SAMPLE, "--model", self.sd1, "--prompts", p, "-o", d, "--overwrite", "-q")
+        self.assertEqual(files(), first)
+        code, err = sh(SAMPLE, "--model", self.sd1, "--prompts", p, "-o", d, "--overwrite", "--skip-existing",
+                       ok=(2,))
+        self.assertIn("pick one", err)
 
     def test_usage_and_fatal_errors(self):
         d = self.out("o-err")

@@ -170,6 +170,25 @@ class TrainSamples(unittest.TestCase):
         with open(os.path.join(out, "samples", "step-3", "00001.png"), "rb") as f:
             self.assertEqual(png, f.read())
 
+    def test_long_prompt_shards(self):
+        """Shards of sd-latents --max-tokens 150 (their text_encoder identity ends in |tok150): the samples
+        are conditioned at 150 tokens, the sequence length the UNet trains on, and equal sd-sample
+        --max-tokens 150 from the checkpoint pixel for pixel (not the 75-token rendering)."""
+        shard = self.path("tok150.shard")
+        subprocess.run([MAKE, "--make-shard-tok150", shard], check=True)
+        p = e2e_sample.jsonl(self.path("long.jsonl"), [dict(PROMPTS[0], prompt=e2e_sample.LONG_PROMPT)])
+        out = self.path("l")
+        _, err = run("--unet", self.model, "-o", out, "--sample-prompts", p, "--steps", "2",
+                     *[a for a in BASE if a != "-q"], shard)
+        self.assertIn("at 150 tokens, as the shards", err)
+        got, _ = pixels(os.path.join(out, "checkpoint-2", "samples", "00000.png"))
+        d = self.folder("l-folder", os.path.join(out, "checkpoint-2", "unet"))
+        for n, same in ((150, True), (75, False)):
+            o = self.path("l-sd-sample-%d" % n)
+            run("--model", d, "--prompts", p, "-o", o, "-q", "--max-tokens", str(n), exe=SAMPLE)
+            want, _ = pixels(os.path.join(o, "00000.png"))
+            self.assertEqual(np.array_equal(got, want), same, "sd-sample --max-tokens %d" % n)
+
     def test_bf16_weights(self):
         """--weight-dtype bf16 (issue 28): the samples read the bf16 weights (widened into the
         gradient buffer while they render), so sd-sample from the checkpoint's unet/ gives the same
@@ -189,21 +208,23 @@ class TrainSamples(unittest.TestCase):
 
     def test_bad_lines_failures_and_pruning(self):
         """Bad lines are named and skipped, an image of a size the UNet cannot take fails alone, the others
-        are written at each checkpoint (the default), pruned checkpoints take their samples along, and the
-        losses are the reference's."""
+        are written at every step (into the checkpoint at 2 and 4, into samples/step-N at 1 and 3), pruned
+        checkpoints take their samples along and so does --keep for the step folders before the oldest
+        checkpoint kept, and the losses are the reference's."""
         p = e2e_sample.jsonl(self.path("bad.jsonl"), [PROMPTS[1], "{not json", dict(PROMPTS[1], sampler="plms"),
                                                       dict(PROMPTS[1], width=72)])
         out, m = self.path("b"), self.path("b.jsonl")
         _, err = run("--unet", self.model, "-o", out, "--metrics", m, "--sample-prompts", p, "--steps", "4",
-                     *BASE, "--keep", "1", self.shard)
+                     "--sample-every", "1", *BASE, "--keep", "1", self.shard)
         self.assertIn("%s:2: bad JSON" % p, err)
         self.assertIn("%s:3: unknown sampler" % p, err)
         self.assertIn("00003.png (%s line 4)" % p, err)
         self.assertIn("multiples of 32", err)
-        self.assertIn("samples: 4 written, 4 failed", err)
+        self.assertIn("samples: 8 written, 8 failed", err)
         self.assertIn("2 prompt line(s) skipped (bad JSON 1, unknown sampler 1", err)
         self.assertNotIn("not removed", err)
-        self.assertEqual(sorted(os.listdir(out)), ["checkpoint-4", "latest"])  # checkpoint-2 pruned, samples too
+        # checkpoint-2 pruned with its samples, and samples/step-1, step-3 (before checkpoint-4) with it
+        self.assertEqual(sorted(os.listdir(out)), ["checkpoint-4", "latest"])
         for sub in ("samples", "samples-ema"):
             self.assertEqual(os.listdir(os.path.join(out, "checkpoint-4", sub)), ["00000.png"])
         self.assertEqual(self.losses(m), self.losses(self.ref + ".jsonl"))

@@ -35,7 +35,8 @@
     X(quick_gelu_fwd) X(quick_gelu_bwd) X(geglu_fwd) X(geglu_bwd) X(scale_fwd) X(scale_bwd) X(mul_fwd) X(mul_bwd)   \
     X(concat_fwd) X(concat_bwd) X(add_bcast_channel_fwd) X(add_bcast_channel_bwd) X(timestep_emb_fwd)              \
     X(timestep_emb_bwd) X(transpose_fwd) X(transpose_bwd) X(gauss_std_fwd) X(gauss_std_bwd) X(embedding_fwd)       \
-    X(embedding_bwd) X(sum_squares) X(adamw) X(adamw_bf16) X(ema)
+    X(embedding_bwd) X(sum_squares) X(adamw) X(adamw_bf16) X(ema) \
+    X(adamw8) X(adafactor) X(bf16_widen) X(bf16_store_sr)
 /* Entries a backend may leave NULL (backend.h: the caller falls back, or
  * refuses, as the VAE does 16-bit activations without the *_st ops). */
 #define OPTIONAL_ENTRIES(X)                                                                                          \

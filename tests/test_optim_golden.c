@@ -70,7 +70,7 @@ static void run(const sd_safetensors *st, sd_optimizer kind, double beta1, int t
             const float *gk = golden(st, nm, w->slots[k].n, SD_ST_F32);
             if (gk) memcpy(g + w->slots[k].off, gk, w->slots[k].n * 4);
         }
-        sd_opt_state_step(s, pool, &o, beta1, lrs[step - 1], step, 1.0, w->data, g);
+        sd_opt_state_step(s, sd_backend_cpu(), pool, &o, beta1, lrs[step - 1], step, 1.0, w->data, g);
     }
     if (pool) sd_pool_destroy(pool);
     free(g);

@@ -338,7 +338,7 @@ static int put_latent(sd_shard *s, int i, uint32_t bw, uint32_t bh, int meanstd,
 /* What the generated shard holds: everything, latents without any text
  * embedding (sd-latents without --text), or nothing at all (an sd-latents
  * --shard part that got no records: no meta either). */
-enum { SHARD_FULL, SHARD_NO_TEXT, SHARD_EMPTY, SHARD_VARIANTS };
+enum { SHARD_FULL, SHARD_NO_TEXT, SHARD_EMPTY, SHARD_VARIANTS, SHARD_TOK150 };
 
 /* A shard of 14 records in two buckets (64x64 and 64x32 pixels), mixed
  * mean+std / sample / flipped records, one with a NaN and one whose text
@@ -350,9 +350,12 @@ static int make_shard_of(const char *path, const char *scale, int kind_of_shard,
     sd_shard_opts so = {SD_SHARD_CREATE | SD_SHARD_NOSYNC, 1 << 20, 0};
     if (sd_shard_open(&s, path, &so, err)) return 0;
     if (kind_of_shard == SHARD_EMPTY) return sd_shard_close(s, err) == SD_OK;
-    int text = kind_of_shard == SHARD_FULL || kind_of_shard == SHARD_VARIANTS;
+    int text = kind_of_shard == SHARD_FULL || kind_of_shard == SHARD_VARIANTS || kind_of_shard == SHARD_TOK150;
     int ok = sd_shard_meta_set(s, SD_SHARD_META_SCALING, scale, err) == SD_OK &&
              sd_shard_meta_set(s, SD_SHARD_META_MODEL, "test-vae", err) == SD_OK &&
+             /* the identity sd-latents --max-tokens 150 gives (the records keep their 5 rows) */
+             (kind_of_shard != SHARD_TOK150 ||
+              sd_shard_meta_set(s, SD_SHARD_META_TEXT_ENCODER, "test-encoder|tok150", err) == SD_OK) &&
              (!text || sd_shard_meta_set(s, "empty_text", "ee000000000000000000000000000000", err) == SD_OK);
     uint8_t empty[16] = {0xee};
     ok = ok && (!text || put_text(s, empty, 99, err));
@@ -1620,11 +1623,123 @@ static void test_grad16(void)
     sd_st_close(g);
 }
 
+/* The trainer's state on the host after a run (weights as the run keeps
+ * them, AdamW moments or the other optimizer's buffers, EMA), as bytes. */
+static unsigned char *state_bytes(sd_trainer *tr, size_t *len)
+{
+    size_t n = tr->unet.w.total, wb = tr->w16 ? 2 : 4, mb = tr->m ? 2 * n * tr->moment_size : 0, ob = 0;
+    for (size_t i = 0; i < tr->opt.nbufs; i++)
+        ob += tr->opt.bufs[i].count * (tr->opt.bufs[i].st_dtype == SD_ST_U8 ? 1 : 4);
+    *len = n * wb + mb + ob + (tr->ema ? n * 4 : 0);
+    unsigned char *b = malloc(*len ? *len : 1), *at = b;
+    if (!b) return NULL;
+    memcpy(at, tr->w16 ? (const void *)tr->w16 : (const void *)tr->unet.w.data, n * wb);
+    at += n * wb;
+    if (mb) {
+        memcpy(at, tr->m, mb / 2);
+        memcpy(at + mb / 2, tr->v, mb / 2);
+        at += mb;
+    }
+    for (size_t i = 0; i < tr->opt.nbufs; i++) {
+        size_t k = tr->opt.bufs[i].count * (tr->opt.bufs[i].st_dtype == SD_ST_U8 ? 1 : 4);
+        memcpy(at, tr->opt.bufs[i].data, k);
+        at += k;
+    }
+    if (tr->ema) memcpy(at, tr->ema, n * 4);
+    return b;
+}
+
+/* Run o to its last step (resuming from the checkpoint `from` when not
+ * NULL), the state synced to the host and copied out; NULL on failure. */
+static unsigned char *run_state(const sd_train_opts *o, const char *from, size_t *len)
+{
+    sd_trainer tr;
+    sd_error err = {0};
+    if (!CHECK(sd_trainer_open(&tr, o, &err) == SD_OK)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return NULL;
+    }
+    int ok = !from || CHECK(sd_train_resume(&tr, from, &err) == SD_OK);
+    if (ok) ok = CHECK(sd_train_run(&tr, NULL, &err) == SD_OK);
+    if (ok) ok = CHECK(sd_train_sync_host(&tr, &err) == SD_OK);
+    if (!ok) fprintf(stderr, "%s\n", err.msg);
+    unsigned char *b = ok && CHECK(tr.step == o->max_steps) ? state_bytes(&tr, len) : NULL;
+    sd_trainer_close(&tr);
+    return b;
+}
+
+/* The device paths of the trainer on the host: the CPU table marked
+ * is_device (o.backend) makes the trainer keep device copies of its state,
+ * upload, sync, widen bf16 weights, mirror the other optimizers' state and
+ * run the fused scratch through the table, exactly as on a GPU, with the
+ * CPU's arithmetic. For AdamW, AdamW with bf16 moments on bf16 weights,
+ * 8-bit AdamW, Adafactor with a first moment, and fused Adafactor and
+ * 8-bit AdamW on bf16 weights (each with an EMA): 4 steps checkpointed at
+ * step 2, and a resume from that checkpoint, end byte-identical to the
+ * plain CPU run. (A missing upload, sync or mirror would show here before
+ * any GPU ran.) */
+static void test_device_paths_on_host(void)
+{
+    char dir[] = "/tmp/sdtk_traindev_XXXXXX", shard[600], out[600];
+    sd_error err = {0};
+    if (!CHECK(mkdtemp(dir) != NULL)) return;
+    snprintf(shard, sizeof shard, "%s/cache.shard", dir);
+    if (!CHECK(make_shard(shard, "0.18215", &err))) {
+        fprintf(stderr, "%s\n", err.msg);
+        rmtree(dir);
+        return;
+    }
+    sd_backend fake = *sd_backend_cpu();
+    fake.is_device = 1;
+    fake.name = "cpu (as a device)";
+    const char *shards[1] = {shard};
+    struct {
+        const char *what;
+        sd_optimizer opt;
+        int w16, m16, fused;
+        double beta1;
+    } cfg[] = {{"adamw", SD_OPT_ADAMW, 0, 0, 0, -1},
+               {"adamw, bf16 moments and weights", SD_OPT_ADAMW, 1, 1, 0, -1},
+               {"adamw, bf16 weights", SD_OPT_ADAMW, 1, 0, 0, -1},
+               {"adamw8bit", SD_OPT_ADAMW8BIT, 0, 0, 0, -1},
+               {"adafactor, beta1", SD_OPT_ADAFACTOR, 0, 0, 0, 0.9},
+               {"adafactor, bf16 weights, fused", SD_OPT_ADAFACTOR, 1, 0, 1, -1},
+               {"adamw8bit, bf16 weights, fused", SD_OPT_ADAMW8BIT, 1, 0, 1, -1}};
+    for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
+        unsigned char *st[3] = {NULL, NULL, NULL};
+        size_t len[3] = {0, 0, 0};
+        for (int k = 0; k < 3; k++) { /* the CPU, the host as a device, and that resumed at step 2 */
+            sd_train_opts o;
+            snprintf(out, sizeof out, "%s/run%zu-%d", dir, i, k < 2 ? k : 1);
+            shard_opts(&o, shards, out, 4, 1);
+            o.accum = 1;
+            o.save_every = 2;
+            o.optimizer = cfg[i].opt;
+            o.adafactor_beta1 = cfg[i].beta1;
+            o.weight_dtype = cfg[i].w16 ? SD_DT_BF16 : SD_DT_F32;
+            o.moments = cfg[i].m16 ? SD_DT_BF16 : SD_DT_F32;
+            o.fused_backward = cfg[i].fused;
+            if (k) {
+                o.backend = &fake;
+                o.backend_exec = NULL;
+            }
+            char ck[700];
+            snprintf(ck, sizeof ck, "%s/checkpoint-2", out); /* the device run's, written through its sync */
+            st[k] = run_state(&o, k == 2 ? ck : NULL, &len[k]);
+        }
+        int same = st[0] && st[1] && st[2] && len[0] == len[1] && len[0] == len[2] &&
+                   memcmp(st[0], st[1], len[0]) == 0 && memcmp(st[0], st[2], len[0]) == 0;
+        if (!CHECK(same)) fprintf(stderr, "device paths on the host: %s: not the CPU's state\n", cfg[i].what);
+        for (int k = 0; k < 3; k++) free(st[k]);
+    }
+    rmtree(dir);
+}
+
 int main(int argc, char **argv)
 {
     const char *kinds[] = {"--make-shard", "--make-shard-without-text", "--make-empty-shard",
-                           "--make-shard-with-variants"};
-    for (int k = 0; k < 4; k++) {
+                           "--make-shard-with-variants", "--make-shard-tok150"};
+    for (int k = 0; k < 5; k++) {
         if (argc != 3 || strcmp(argv[1], kinds[k]) != 0) continue;
         sd_error err = {0};
         if (make_shard_of(argv[2], "0.18215", k, &err)) return 0;
@@ -1642,5 +1757,6 @@ int main(int argc, char **argv)
     test_shard_runs();
     test_moments_bf16();
     test_zero_snr_step();
+    test_device_paths_on_host();
     return check_done("test_train");
 }

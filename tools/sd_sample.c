@@ -13,7 +13,7 @@ int main(int argc, char **argv)
 {
     sample_opts o = {.device = "cpu", .contact = 1};
     const char *sampler = "dpmpp_2m";
-    long seed = 0, steps = 20, width = 0, height = 0, threads = 0;
+    long seed = 0, steps = 20, width = 0, height = 0, threads = 0, max_tokens = 75;
     double cfg = 7.0;
     int quiet = 0, verbose = 0, no_contact = 0;
     const sd_opt opts[] = {
@@ -30,6 +30,11 @@ int main(int argc, char **argv)
         {"vae-config", 0, SD_OPT_STR, &o.src.vae_config, "FILE", "the same for the VAE"},
         {"text-config", 0, SD_OPT_STR, &o.src.text_config[0], "FILE", "the same for the (first) text encoder"},
         {"text-config-2", 0, SD_OPT_STR, &o.src.text_config[1], "FILE", "the same for SDXL's second text encoder"},
+        {"max-tokens", 0, SD_OPT_INT, &max_tokens, "N",
+         "caption tokens the prompts are encoded with: 75 (default: one 77-token CLIP sequence), 150 or 225: "
+         "cut into 75-token chunks, each encoded alone and the hidden states joined, as sd-latents --max-tokens "
+         "caches training captions (sd-scripts' --max_token_length; not A1111's prompt weighting); use the "
+         "length the UNet was trained with"},
         {"prompts", 0, SD_OPT_STR, &o.prompts, "FILE.jsonl",
          "one JSON object per line with any of prompt, negative, seed, steps, cfg, sampler, width, height; a "
          "field left out takes the value of the option of its name below; a line with another key (a typo such as "
@@ -53,6 +58,13 @@ int main(int argc, char **argv)
         {"height", 0, SD_OPT_INT, &height, "PX", "image height, the same way"},
         {"device", 0, SD_OPT_STR, &o.device, "DEV", "cpu (default) or cuda:K: everything on GPU K"},
         {"threads", 'j', SD_OPT_INT, &threads, "N", "CPU threads (default: all CPUs); the images do not depend on it"},
+        {"overwrite", 0, SD_OPT_FLAG, &o.overwrite, NULL,
+         "replace images (and DIR/contact.png) an earlier run left in DIR; without it or --skip-existing a run "
+         "whose outputs are there already is refused (exit 2) before the model is loaded"},
+        {"skip-existing", 0, SD_OPT_FLAG, &o.skip_existing, NULL,
+         "keep the images already in DIR (as they are: their settings are not compared) and render only the "
+         "missing ones, so a killed run rerun with the same command goes on where it stopped; the contact sheet "
+         "shows them all"},
         {"no-contact-sheet", 0, SD_OPT_FLAG, &no_contact, NULL, "do not write DIR/contact.png"},
         {"strict", 0, SD_OPT_FLAG, &o.strict, NULL, "exit 1 when a line was skipped too (an image that failed always gives exit 1)"},
         {"quiet", 'q', SD_OPT_FLAG, &quiet, NULL, "only warnings and errors"},
@@ -68,13 +80,18 @@ int main(int argc, char **argv)
                   "shows them all in a grid (not written when no image was). A bad line (named by its number; a key "
                   "other than those of --prompts included) is skipped and counted; a line without \"prompt\" is "
                   "rendered unconditional with a warning; an image whose latents become non-finite (the step "
-                  "named) fails alone; the run goes on and ends with a summary by reason. Exit 1 when an image "
+                  "named) fails alone; the run goes on and ends with a summary by reason. Every file is written "
+                  "whole or not at all; an earlier run's files in DIR are never replaced without --overwrite "
+                  "(--skip-existing keeps them and renders the rest). Exit 1 when an image "
                   "failed (or, with --strict, a line was skipped).",
                   opts,
                   "Examples:\n"
                   "  sd-sample --model sd15/ --prompt 'a red bicycle' --seed 1 -o out/\n"
                   "  sd-sample --model sdxl/ --prompts prompts.jsonl -o samples/ --device cuda:0\n"
+                  "  sd-sample --model sdxl/ --prompts prompts.jsonl -o samples/ --skip-existing   # after a kill\n"
                   "  sd-sample --model v1-5-pruned-emaonly.safetensors --tokenizer sd15/ --prompt 'a cat' -o out/\n"
+                  "  sd-sample --model sd15-tags/ --max-tokens 150 --prompts tags.jsonl -o out/   # trained on "
+                  "sd-latents --max-tokens 150 shards\n"
                   "  prompts.jsonl:  {\"prompt\": \"a cat\", \"negative\": \"blurry\", \"seed\": 4, \"steps\": 30, "
                   "\"cfg\": 6.5, \"sampler\": \"euler_a\", \"width\": 768, \"height\": 512}\n",
                   NULL};
@@ -99,6 +116,8 @@ int main(int argc, char **argv)
     else if ((width && !sd_sample_size_ok(width)) || (height && !sd_sample_size_ok(height)))
         bad = "--width and --height must be multiples of 8 from 8 to 8192";
     else if (threads < 0 || threads > 1024) bad = "--threads must be 0..1024";
+    else if (o.overwrite && o.skip_existing) bad = "--overwrite and --skip-existing together: pick one";
+    else if (max_tokens != 75 && max_tokens != 150 && max_tokens != 225) bad = "--max-tokens must be 75, 150 or 225";
     else if (sd_sampler_parse(sampler, &o.defaults.sampler, &e)) {
         snprintf(msg, sizeof msg, "%.250s", e.msg); /* names the sampler: short */
         bad = msg;
@@ -109,6 +128,7 @@ int main(int argc, char **argv)
         sd_cli_usage_error(&cli, "%s", bad);
         return SD_EXIT_USAGE;
     }
+    o.src.max_tokens = (int)max_tokens;
     o.defaults.seed = (uint64_t)seed;
     o.defaults.steps = (int)steps;
     o.defaults.cfg = cfg;

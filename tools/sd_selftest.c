@@ -66,7 +66,10 @@ int main(int argc, char **argv)
                   "(max |dev - cpu| / max |cpu| of each tensor) against the tolerance of its op class in this "
                   "numerics mode, with pass/fail; encode the tiny golden VAE on the device against diffusers' "
                   "values; one training micro-batch of the tiny golden SD and SDXL UNets through the trainer on the "
-                  "device against the CPU (the loss and each parameter tensor's gradient); then a short throughput "
+                  "device against the CPU (the loss and each parameter tensor's gradient); 8-bit AdamW, Adafactor and the "
+                  "bf16 weights' widening and rounded store against the CPU, and those optimizers, bf16 weights and "
+                  "the fused backward through the trainer on the tiny UNets (device against CPU from the same "
+                  "gradients); then a short throughput "
                   "probe (a 512x512 convolution, a 4096^3 GEMM, the VAE's attention, VAE encodes). Exit 0 when "
                   "everything passed, 1 when a check failed, 4 when there is no usable GPU or this build has no "
                   "CUDA backend.",
@@ -75,7 +78,8 @@ int main(int argc, char **argv)
                   "  sd-selftest --device cuda:0\n"
                   "  for k in 0 1 2 3; do sd-selftest --device cuda:$k --no-probe; done\n"
                   "  sd-selftest --plan\n"
-                  "  sd-selftest --device cpu --no-probe --mutate\n",
+                  "  sd-selftest --device cpu --no-probe --mutate\n"
+                  "  sd-selftest --device cuda:0 --no-probe | grep -E 'adamw8|adafactor|bf16|fused'\n",
         "0 every check passed, 1 a check failed, 2 usage error, 3 fatal error, 4 no usable GPU."};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
@@ -179,6 +183,13 @@ int main(int argc, char **argv)
         int f = selftest_check_adamw_bf16(&t, &ref, mode);
         fails = f < 0 ? -1 : fails + f;
     }
+    /* --optimizer adamw8bit and adafactor, --weight-dtype bf16: their kernels against the CPU */
+    int (*const more[])(const target *, const target *, int) = {selftest_check_adamw8, selftest_check_adafactor,
+                                                                 selftest_check_bf16w};
+    for (size_t i = 0; i < sizeof more / sizeof more[0] && fails >= 0; i++) {
+        int f = more[i](&t, &ref, mutate);
+        fails = f < 0 ? -1 : fails + f;
+    }
     int vae = fails < 0 ? -1 : selftest_check_vae(&t, golden, mode);
     if (vae >= 0) {
         int dec = selftest_check_vae_decode(&t, golden, mode);
@@ -188,6 +199,12 @@ int main(int argc, char **argv)
     const char *unets[] = {"sd1", "sdxl"};
     for (int i = 0; i < 2 && vae >= 0 && unet >= 0; i++) {
         int r = selftest_unet(golden_unet, unets[i], dev, tf32, mixed, mutate);
+        unet = r < 0 ? -1 : unet && r;
+    }
+    /* the other optimizers, bf16 weights and the fused backward through the trainer (the harness, CPU
+     * against CPU, on the SD model only: the update paths are the same for both) */
+    for (int i = 0; i < (dev < 0 ? 1 : 2) && vae >= 0 && unet >= 0; i++) {
+        int r = selftest_train_optim(golden_unet, unets[i], dev, tf32, mixed, mutate);
         unet = r < 0 ? -1 : unet && r;
     }
     int probe_rc = 0;

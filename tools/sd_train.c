@@ -281,7 +281,9 @@ int main(int argc, char **argv)
          "about 2 bytes per weight instead of 8; tensors under 4096 values keep fp32 moments) or adafactor "
          "(transformers' Adafactor with relative_step, scale_parameter and warmup_init off at --lr: a factored "
          "second moment for matrices and conv kernels, no first moment unless --adafactor-beta1); --beta1, --beta2 "
-         "and --adam-eps are AdamW's and AdamW8bit's, --weight-decay every optimizer's; CPU only so far"},
+         "and --adam-eps are AdamW's and AdamW8bit's, --weight-decay every optimizer's; CPU or --device cuda (the CUDA "
+         "kernels have not run on a GPU yet: sd-selftest --device cuda:0 checks them), not with --zero1. Example: "
+         "--optimizer adafactor --weight-dtype bf16 --device cuda:0"},
         {"adafactor-beta1", 0, SD_OPT_DOUBLE, &o.adafactor_beta1, "X",
          "--optimizer adafactor: keep a first moment with this beta1 (default none, as transformers)"},
         {"beta1", 0, SD_OPT_DOUBLE, &o.adam.beta1, "X", "AdamW beta1 (default 0.9)"},
@@ -295,8 +297,9 @@ int main(int argc, char **argv)
          "hold the trainable weights as fp32 (default) or bf16: 2 bytes less per weight, no fp32 copy (the model "
          "is loaded or initialised straight into bf16, each value rounded to nearest; each op widens its own "
          "weights just before it runs); the update is computed in fp32 and stored with stochastic "
-         "rounding from a seeded stream (exact resume); every --optimizer. bf16: CPU, one process so far; the EMA "
-         "stays fp32. Example: --weight-dtype bf16 --optimizer adamw8bit"},
+         "rounding from a seeded stream (exact resume); every --optimizer. bf16: one process (CPU or --device "
+         "cuda, not --ema-on-cpu there) so far; the EMA stays fp32. Example: --weight-dtype bf16 --optimizer "
+         "adamw8bit"},
         {"grad-dtype", 0, SD_OPT_STR, &gdtype, "T",
          "hold the whole-model gradient buffer as fp32 (default) or bf16: 2 bytes less per parameter (SDXL: 4.78 "
          "GiB less). Each op's parameter gradients are computed in an fp32 scratch of the largest op's size and "
@@ -334,8 +337,9 @@ int main(int argc, char **argv)
         {"masked-loss", 0, SD_OPT_FLAG, &o.masked_loss, NULL,
          "weight each latent pixel's squared error by the record's loss mask (sd-latents --masks, or an imported "
          "kohya alpha_mask), reduced to the latent size as sd-scripts' --masked_loss does (the mean of each 8x8 "
-         "block) and mirrored for a flipped sample; a record without a mask weighs 1 everywhere. Validation "
-         "stays plain MSE"},
+         "block) and mirrored for a flipped sample; a record without a mask weighs 1 everywhere (the plain loss: "
+         "warned at the start with their count); shards where no record has a mask are refused (exit 2). "
+         "Validation stays plain MSE"},
         {"no-carry", 0, SD_OPT_FLAG, &o.no_carry, NULL,
          "let a bucket's last batch of an epoch run short (by default it is filled with the first records of the "
          "bucket's next-epoch shuffle, so every batch is full, except in a bucket with fewer records than "
@@ -343,7 +347,8 @@ int main(int argc, char **argv)
         {"allow-mixed", 0, SD_OPT_FLAG, &o.allow_mixed, NULL, "train on shards made with different VAEs or text encoder setups (dropout then uses the empty caption of the first shard that names one and holds it); shards of two caption lengths (sd-latents --max-tokens) stay refused"},
         {"seed", 0, SD_OPT_INT, &seed, "N", "seed of data order, timesteps and noise (default 0)"},
         {"save-every", 0, SD_OPT_INT, &save_every, "N", "checkpoint every N steps (default: at the end only)"},
-        {"keep", 0, SD_OPT_INT, &keep, "N", "checkpoints kept (default 2; 0 keeps all)"},
+        {"keep", 0, SD_OPT_INT, &keep, "N", "checkpoints kept (default 2; 0 keeps all), with their samples; the "
+         "--sample-every folders (DIR/samples/step-N) before the oldest checkpoint kept go too"},
         {"save-dtype", 0, SD_OPT_STR, &dtype, "T", "unet/ weights as fp32 (default), fp16 or bf16"},
         {"save-single", 0, SD_OPT_FLAG, &o.save_single, NULL,
          "also write each checkpoint's UNet (and EMA UNet) as one safetensors file with the original "
@@ -365,7 +370,9 @@ int main(int argc, char **argv)
          "the images of two steps compare; at each checkpoint (or every --sample-every steps) and at the end, not "
          "after a stop request; with the EMA weights too when --ema-decay is given. Into checkpoint-N/samples/NNNNN.png "
          "(and samples-ema/) at a checkpoint step, else DIR/samples/step-N/ (and DIR/samples-ema/step-N/), NNNNN the "
-         "line's 0-based number, with A1111's parameters text; and as TensorBoard images with --tensorboard. A bad "
+         "line's 0-based number, with A1111's parameters text; and as TensorBoard images with --tensorboard. The "
+         "prompts are encoded at the shards' caption length (sd-latents --max-tokens 75/150/225, chunked as it "
+         "chunks captions). --keep prunes DIR/samples/step-N with the checkpoints before N. A bad "
          "line or a failed image is a warning and counted; training goes on, the same as without samples"},
         {"sample-every", 0, SD_OPT_INT, &o.sample_every, "N", "render the samples every N steps (default: at each checkpoint)"},
         {"sample-model", 0, SD_OPT_STR, &o.sample_model, "PATH",
@@ -392,7 +399,8 @@ int main(int argc, char **argv)
          "print the memory plan as one JSON object on stdout and exit without training: bytes of weights, "
          "gradients, optimizer, ema, activations (the largest bucket of the shards at --batch, with or without "
          "--gradient-checkpointing), workspace (op scratch; cuDNN's cap on a GPU), process (CPU: the process "
-         "itself) and total, the bucket, and fits (true/false; null with no limit to hold it against) against "
+         "itself), samples (with --sample-prompts: the VAE decoder, the conditioning and a sample step's buffers "
+         "at the largest line's size, on top of the training's) and total, the bucket, and fits (true/false; null with no limit to hold it against) against "
          "--gpu-memory-limit, the device, --host-memory-limit or the host's available memory; from the "
          "allocator's own arithmetic. Exit 1 when it does not fit. --unet-config "
          "alone allocates no weights (no -o needed). A run that would not fit stops before its first step with "
@@ -414,8 +422,8 @@ int main(int argc, char **argv)
         {"fused-backward", 0, SD_OPT_FLAG, &o.fused_backward, NULL,
          "apply each tensor's optimizer update as soon as the backward has its gradient, in a scratch of the "
          "largest op's size: no gradient buffer of the whole model (SDXL: 9.56 GiB less). --max-grad-norm then "
-         "clips each tensor on its own (as kohya's fused path does; the same as --clip-per-tensor). CPU, one "
-         "process, --accum 1 only. A non-finite loss stops before any update (the checkpoint holds the state "
+         "clips each tensor on its own (as kohya's fused path does; the same as --clip-per-tensor). One process "
+         "(CPU or --device cuda), --accum 1 only. A non-finite loss stops before any update (the checkpoint holds the state "
          "before it); a non-finite gradient stops the run without saving (part of the model is updated). "
          "Example: sd-train --unet-config SDXL.json --weight-dtype bf16 --optimizer adafactor --fused-backward "
          "--gradient-checkpointing -o out shard"},
@@ -535,15 +543,14 @@ int main(int argc, char **argv)
     else if (!bad && strcmp(wdtype, "bf16") == 0) o.weight_dtype = SD_DT_BF16;
     else if (!bad) bad = "--weight-dtype: fp32 or bf16";
     if (!bad && !sd_optimizer_parse(optimizer, &o.optimizer)) bad = "--optimizer: adamw, adamw8bit or adafactor";
-    if (!bad && o.weight_dtype == SD_DT_BF16 && (o.device >= 0 || o.zero1))
-        bad = "--weight-dtype bf16 runs on the CPU in one process only so far (no CUDA or --zero1 path widens the "
-              "weights yet)";
+    if (!bad && o.weight_dtype == SD_DT_BF16 && o.zero1)
+        bad = "--weight-dtype bf16 runs in one process only so far (no --zero1 path widens the weights yet)";
+    if (!bad && o.weight_dtype == SD_DT_BF16 && o.device >= 0 && o.ema_host)
+        bad = "--weight-dtype bf16 on a GPU keeps the EMA in device memory: not with --ema-on-cpu yet";
     if (!bad && o.adafactor_beta1 >= 0 && o.optimizer != SD_OPT_ADAFACTOR)
         bad = "--adafactor-beta1 is Adafactor's (--optimizer adafactor)";
     if (!bad && !(o.adafactor_beta1 < 1 && isfinite(o.adafactor_beta1)))
         bad = "--adafactor-beta1 in [0, 1)";
-    if (!bad && o.optimizer != SD_OPT_ADAMW && o.device >= 0)
-        bad = "--optimizer adamw8bit and adafactor run on the CPU only so far (no CUDA kernels for them yet)";
     if (!bad && o.optimizer != SD_OPT_ADAMW && o.zero1)
         bad = "--zero1 shards AdamW's moments; --optimizer adamw8bit and adafactor are not sharded yet";
     if (!bad && o.optimizer != SD_OPT_ADAMW && o.moments != SD_DT_F32)
@@ -553,8 +560,7 @@ int main(int argc, char **argv)
     else if (!bad) bad = "--grad-dtype: fp32 or bf16";
     if (!bad) bad = sd_train_g16_refusal(&o);
     if (!bad && o.fused_backward) bad = sd_train_fused_refusal(&o, accum);
-    if (!bad && o.clip_per_tensor && (o.device >= 0 || o.zero1))
-        bad = "--clip-per-tensor runs on the CPU without --zero1 only so far";
+    if (!bad && o.clip_per_tensor && o.zero1) bad = "--clip-per-tensor does not run with --zero1 so far";
     if (!bad && strcmp(dtype, "fp32") == 0) o.save_dtype = SD_ST_F32;
     else if (!bad && strcmp(dtype, "fp16") == 0) o.save_dtype = SD_ST_F16;
     else if (!bad && strcmp(dtype, "bf16") == 0) o.save_dtype = SD_ST_BF16;
@@ -639,6 +645,13 @@ int main(int argc, char **argv)
         }
     }
     if (!st) st = sd_trainer_open(&tr, &o, &err);
+    int code = SD_EXIT_FATAL;
+    /* what the shards hold (variants, masks); --masked-loss without any mask is a usage error */
+    if (!st && tr.have_data && sd_data_facts_report(&tr.data, o.shards, o.masked_loss, rank == 0, &err)) {
+        sd_trainer_close(&tr);
+        st = SD_EINVAL;
+        code = SD_EXIT_USAGE;
+    }
     if (st) {
         if (out_made) rmdir(o.out_dir); /* empty unless the probe failed there */
         sd_log(SD_LOG_ERROR, "%s", err.msg);
@@ -646,7 +659,7 @@ int main(int argc, char **argv)
         sd_buf_free(&cfg);
         sd_cli_args_free(&args);
         sd_strlist_free(&sets);
-        return fail_all(SD_EXIT_FATAL);
+        return fail_all(code);
     }
     if (!resume && !fresh && has_latest(o.out_dir)) resume = o.out_dir;
     if (resume) st = sd_train_resume(&tr, resume, &err);

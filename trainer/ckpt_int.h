@@ -20,4 +20,14 @@ int sd_train_ckpt_whole(const char *out, const char *name);
  * training state): the only kind pruning and replacing touch. */
 int sd_train_ckpt_owned(const char *dir);
 
+/* ckpt_samples.c: whether name is base + ".tmp." + 6 characters (the
+ * name sd_outfile writes base under until it renames it, left by a kill). */
+int sd_train_is_temp_of(const char *name, const char *base);
+/* dir/sub's sample images removed (checkpoint-N/samples/ when the
+ * checkpoint goes), the folder too when nothing else is in it. */
+void sd_train_remove_samples(const char *dir, const char *sub);
+/* out/samples/step-N and out/samples-ema/step-N removed so for every
+ * N < before (the oldest checkpoint --keep leaves). */
+void sd_train_prune_step_samples(const char *out, long before);
+
 #endif

@@ -397,7 +397,7 @@ static sd_status resume_from(sd_trainer *tr, const char *ck, sd_error *err)
     }
     sd_train_w16_f32_done(tr, rc == SD_OK); /* bf16 weights: what was read, rounded in */
     if (tr->grad) memset(tr->grad, 0, n * sizeof(float));
-    tr->dev_stale = tr->cuda != NULL; /* a GPU run uploads the loaded state before its next step */
+    tr->dev_stale = tr->be->is_device; /* a GPU run uploads the loaded state before its next step */
     tr->host_stale = 0;
     sd_st_close(st);
     if (rc) return rc;

@@ -63,14 +63,6 @@ static sd_status make_dir(const char *path, sd_error *err)
     return sd_err_set(err, SD_EIO, "%s: cannot create directory: %s", path, strerror(errno));
 }
 
-/* Whether name is base + ".tmp." + 6 characters: the name sd_outfile
- * writes base under (mkstemp) until it renames it, left by a kill. */
-static int is_temp_of(const char *name, const char *base)
-{
-    size_t bl = strlen(base);
-    return strncmp(name, base, bl) == 0 && strncmp(name + bl, ".tmp.", 5) == 0 && strlen(name + bl + 5) == 6;
-}
-
 /* The checkpoint file rel (a ckpt_files entry) lies in sub ("" for the top):
  * its name there, or NULL when it lies elsewhere. */
 static const char *name_in(const char *rel, const char *sub)
@@ -95,7 +87,7 @@ static void remove_temps(const char *dir, const char *sub)
     while ((e = readdir(dd)))
         for (size_t i = 0; i < sizeof ckpt_files / sizeof *ckpt_files; i++) {
             const char *base = name_in(ckpt_files[i], sub);
-            if (base && is_temp_of(e->d_name, base)) {
+            if (base && sd_train_is_temp_of(e->d_name, base)) {
                 sd_train_pjoin(p, d, e->d_name);
                 unlink(p);
                 break;
@@ -111,38 +103,6 @@ static int real_dir(const char *dir, const char *sub)
     sd_train_pjoin(p, dir, sub);
     struct stat sb;
     return lstat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
-/* Whether name is a sample image's ("00012.png": digits, .png) or the
- * temporary name a killed write of one left. */
-static int sample_file(const char *name)
-{
-    size_t d = strspn(name, "0123456789");
-    if (!d || strncmp(name + d, ".png", 4) != 0) return 0;
-    if (!name[d + 4]) return 1;
-    char base[64];
-    snprintf(base, sizeof base, "%.*s", (int)(d + 4), name);
-    return d < 40 && is_temp_of(name, base);
-}
-
-/* The samples sd-train rendered into a checkpoint (samples/, samples-ema/:
- * train_samples.c), removed with it: only sample image names go, and the
- * folder only when nothing else is left in it. */
-static void remove_samples(const char *dir, const char *sub)
-{
-    if (!real_dir(dir, sub)) return;
-    char d[PATH_CAP], p[PATH_CAP];
-    sd_train_pjoin(d, dir, sub);
-    DIR *dd = opendir(d);
-    if (!dd) return;
-    struct dirent *e;
-    while ((e = readdir(dd)))
-        if (sample_file(e->d_name)) {
-            sd_train_pjoin(p, d, e->d_name);
-            unlink(p);
-        }
-    closedir(dd);
-    rmdir(d);
 }
 
 /* Remove a checkpoint directory made by this code (only its own files and
@@ -174,8 +134,8 @@ static int remove_own_files(const char *dir, int trusted)
         unlink(p);
     }
     if (owned) {
-        remove_samples(dir, "samples");
-        remove_samples(dir, "samples-ema");
+        sd_train_remove_samples(dir, "samples");
+        sd_train_remove_samples(dir, "samples-ema");
     }
     remove_temps(dir, "");
     if (unet) remove_temps(dir, "unet");
@@ -326,7 +286,8 @@ static void drop_old_asides(const char *out)
 }
 
 /* Delete all but the newest `keep` checkpoints up to the one just written
- * (step current, always kept); later steps are left alone. */
+ * (step current, always kept), and the folders of sample steps before the
+ * oldest one kept; later steps are left alone. */
 static void prune(const char *out, int keep, long current)
 {
     drop_old_asides(out);
@@ -362,6 +323,8 @@ static void prune(const char *out, int keep, long current)
         sd_train_pjoin(p, out, nm);
         remove_ckpt(p);
     }
+    /* the sample steps' folders before the oldest checkpoint kept go too */
+    if (n > (size_t)keep) sd_train_prune_step_samples(out, steps[n - (size_t)keep]);
     free(steps);
 }
 

@@ -41,9 +41,18 @@ typedef struct {
     size_t start, n; /* perm[start .. start + n) */
 } sd_data_batch;
 
+/* What one shard holds beyond latents and captions, counted while it is
+ * indexed (each record once, whatever SHARD@N repeats): its latent
+ * records, those whose header (parsed) says a loss mask, those with caption
+ * variants and the variants in all. */
+typedef struct {
+    uint64_t records, masks, varied, variants;
+} sd_data_facts;
+
 typedef struct {
     sd_shard **shards;
     int nshards;
+    sd_data_facts *facts;    /* per shard */
     double scaling;          /* the first shard's scaling_factor (the others' unless allow_mixed); the
                               * first shard with records: one without any is skipped with a warning */
     double *shard_scaling;   /* each shard's own, which its latents are multiplied by */
@@ -83,6 +92,16 @@ typedef struct {
 sd_status sd_data_open(sd_data *d, const char *const *paths, int n, int batch, uint64_t seed, int allow_mixed,
                        sd_error *err);
 void sd_data_close(sd_data *d);
+/* The caption tokens the shards' embeddings were made with (their
+ * text_encoder identity: 75, or 150 / 225 of sd-latents --max-tokens); 0
+ * when the shards do not say (an import-kohya cache). */
+int sd_data_max_tokens(const sd_data *d);
+/* The shards' caption variants and loss masks logged (info, one line each,
+ * when log and the shards hold any), and --masked-loss (masked) checked
+ * against them (data_facts.c): SD_EINVAL naming the shards when no record
+ * has a mask; a warning with the count when only some have one. paths:
+ * the shard arguments, d->nshards of them. */
+sd_status sd_data_facts_report(const sd_data *d, const char *const *paths, int masked, int log, sd_error *err);
 /* Full batches only (training): each bucket's records are one endless
  * stream, epoch after epoch's shuffle, cut into batches of `batch`; an
  * epoch holds the batches that start inside it, so the last one of a
@@ -133,6 +152,11 @@ sd_status sd_data_check_model(const sd_data *d, const sd_load_opts *o, sd_error 
  * longer than 77); 0 when none has a readable text embedding. */
 enum { SD_DATA_TOKEN_PEEK = 64 };
 sd_status sd_data_bucket_tokens(const sd_data *d, size_t bucket, const sd_load_opts *o, int *tokens, sd_error *err);
+/* The caption tokens to condition samples with, so that the UNet samples
+ * on the sequence length it trains on (data_facts.c): sd_data_max_tokens,
+ * else, where the shards do not say (an import-kohya cache), the rows of
+ * the first bucket's embeddings (152: 150, 227: 225), else 75. */
+int sd_data_caption_tokens(const sd_data *d, const sd_load_opts *lo);
 
 /* A loaded batch, buffers reused between calls. */
 typedef struct {

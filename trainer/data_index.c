@@ -75,6 +75,12 @@ static int te_tokens(const char *te)
     return n > 0 ? n : 75;
 }
 
+/* See data.h. */
+int sd_data_max_tokens(const sd_data *d)
+{
+    return d->text_encoder[0] ? te_tokens(d->text_encoder) : 0;
+}
+
 /* Check one shard's identity against the first one's (first: this is the
  * first shard with records, which the others are compared with). */
 static sd_status check_meta(sd_data *d, int i, const char *path, int first, int allow_mixed, sd_error *err)
@@ -152,7 +158,25 @@ static sd_status shard_arg(const char *arg, char **path, int *repeats, sd_error 
     return *path ? SD_OK : sd_err_set(err, SD_ENOMEM, "out of memory");
 }
 
-/* Every record key of one shard, bucket by bucket, each `repeats` times. */
+/* What one record adds to its shard's facts: its header's mask flag (a
+ * header that does not parse counts as none; loading skips it), its
+ * caption variants. The header is all that is read of the record. */
+static void count_facts(sd_data_facts *fa, sd_shard_txn *t, const void *key, size_t klen, const void *val,
+                        size_t vlen)
+{
+    sd_shard_rec r;
+    const uint8_t *refs;
+    size_t nv;
+    fa->records++;
+    if (val && sd_shard_rec_parse(val, vlen, &r, NULL) == SD_OK && (r.flags & SD_REC_F_MASK)) fa->masks++;
+    if (sd_shard_get_variants(t, key, klen, &refs, &nv, NULL) == SD_OK && nv) {
+        fa->varied++;
+        fa->variants += nv;
+    }
+}
+
+/* Every record key of one shard, bucket by bucket, each `repeats` times;
+ * the shard's facts counted on the way. */
 static sd_status index_shard(sd_data *d, int si, int repeats, found **f, size_t *nf, size_t *fcap, sd_error *err)
 {
     sd_shard_txn *t = NULL;
@@ -182,6 +206,7 @@ static sd_status index_shard(sd_data *d, int si, int repeats, found **f, size_t 
                 break;
             }
             memcpy(d->keys + d->keys_len, key, klen);
+            count_facts(&d->facts[si], t, key, klen, val, vlen);
             for (int r = 0; r < repeats; r++)
                 (*f)[(*nf)++] = (found){bk[b].w, bk[b].h, (uint32_t)si, (uint32_t)klen, d->keys_len};
             d->keys_len += klen;
@@ -285,9 +310,11 @@ sd_status sd_data_open(sd_data *d, const char *const *paths, int n, int batch, u
     if (n < 1 || batch < 1) return sd_err_set(err, SD_EINVAL, "training data: no shards or a batch size below 1");
     d->shards = calloc((size_t)n, sizeof(*d->shards));
     d->shard_scaling = calloc((size_t)n, sizeof(*d->shard_scaling));
-    if (!d->shards || !d->shard_scaling) {
+    d->facts = calloc((size_t)n, sizeof(*d->facts));
+    if (!d->shards || !d->shard_scaling || !d->facts) {
         free(d->shards);
         free(d->shard_scaling);
+        free(d->facts);
         return sd_err_set(err, SD_ENOMEM, "out of memory");
     }
     d->nshards = n;
@@ -328,6 +355,7 @@ void sd_data_close(sd_data *d)
         if (d->shards[i]) sd_shard_close(d->shards[i], NULL);
     free(d->shards);
     free(d->shard_scaling);
+    free(d->facts);
     free(d->keys);
     free(d->items);
     free(d->buckets);

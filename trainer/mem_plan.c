@@ -142,8 +142,7 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     p->batch = o->batch;
     p->latent_h = p->height / 8; /* as sd_data_load cuts latents from a bucket */
     p->latent_w = p->width / 8;
-    sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
-                       .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0};
+    sd_load_opts lo = sd_train_unet_load_opts(c);
     sd_status rc = sd_data_bucket_tokens(d, bucket, &lo, &p->tokens, err);
     if (rc) return rc;
     if (!p->tokens) p->tokens = 77; /* no readable embedding among the first records: one CLIP chunk */
@@ -191,6 +190,10 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     /* the walk's peak is every buffer it was handed plus its largest op's
      * scratch, each rounded as the allocator rounds */
     p->total = peak + host_io + p->conv_workspace + w16_scratch + p->process;
+    /* a sample step renders while the step's buffers stay allocated: on top */
+    rc = sd_mem_plan_samples(o, u, d, rank, p, err);
+    if (rc) return rc;
+    p->total += p->samples;
     /* bf16 weights need no term for the start: sd_trainer_open loads or
      * initialises them straight into bf16 (train_open.c), so the start
      * holds the bf16 weights (counted in the step) and at most one
@@ -240,8 +243,7 @@ static sd_status open_checked(const sd_train_opts *o, const sd_unet *u, const ch
     if (rc) return rc;
     /* shards this model cannot train on are refused as a run refuses them */
     const sd_unet_config *c = &u->cfg;
-    sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
-                       .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0};
+    sd_load_opts lo = sd_train_unet_load_opts(c);
     rc = sd_data_check_model(d, &lo, err);
     if (rc) sd_data_close(d);
     return rc;

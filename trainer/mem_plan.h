@@ -31,10 +31,15 @@ typedef struct {
     int batch, width, height, latent_h, latent_w, tokens;
     size_t weights, gradients, optimizer, ema, activations, workspace;
     size_t process;  /* CPU: sd_host_mem.rss (code, libraries, the shards' index) */
-    size_t total;    /* the categories plus process */
+    size_t total;    /* the categories plus process (and samples) */
     size_t ema_host; /* a GPU run with --ema-on-cpu: the EMA's bytes in host memory (not in total) */
     size_t graph_act, graph_dact, io; /* activations: the graph's buffers and the per-pass inputs */
     size_t op_scratch, conv_workspace; /* workspace: the largest op's scratch; cuDNN's cap (GPU) */
+    /* --sample-prompts (rank 0): what a sample step holds on top of the
+     * training buffers, in total (mem_plan_samples.c); its parts */
+    size_t samples;
+    size_t sample_vae, sample_cond, sample_unet, sample_decode;
+    int sample_w, sample_h; /* the largest image */
     size_t limit;
     char limit_from[40];
     int fits; /* 1 fits, 0 does not, -1 unknown: no limit to hold it against (no device to ask) */
@@ -50,6 +55,11 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
 /* The plan of an open trainer (its model, shards and, on a GPU, its
  * device's memory), checked before the first step. */
 sd_status sd_mem_plan_trainer(const sd_trainer *tr, const sd_host_mem *host, sd_mem_plan *p, sd_error *err);
+/* The samples' part of the plan (--sample-prompts; nothing on a rank
+ * other than 0, or without a VAE to decode with): p->samples and its
+ * parts, for the shards d (their caption length). */
+sd_status sd_mem_plan_samples(const sd_train_opts *o, const sd_unet *u, const sd_data *d, int rank, sd_mem_plan *p,
+                              sd_error *err);
 /* The plan as one JSON object and a newline. */
 void sd_mem_plan_json(const sd_mem_plan *p, const sd_train_opts *o, FILE *f);
 /* The plan from the options alone, before anything of the model's size is

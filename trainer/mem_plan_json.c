@@ -20,14 +20,17 @@ static void setup_json(const sd_train_opts *o, FILE *f)
 void sd_mem_plan_json(const sd_mem_plan *p, const sd_train_opts *o, FILE *f)
 {
     fprintf(f, "{\"device\": \"%s\", \"weights\": %zu, \"gradients\": %zu, \"optimizer\": %zu, \"ema\": %zu, "
-               "\"activations\": %zu, \"workspace\": %zu, \"process\": %zu, \"total\": %zu, ",
+               "\"activations\": %zu, \"workspace\": %zu, \"process\": %zu, \"samples\": %zu, \"total\": %zu, ",
             p->device, p->weights, p->gradients, p->optimizer, p->ema, p->activations, p->workspace, p->process,
-            p->total);
+            p->samples, p->total);
     fprintf(f, "\"bucket\": {\"width\": %d, \"height\": %d, \"latent\": [%d, %d], \"batch\": %d, \"tokens\": %d}, ",
             p->width, p->height, p->latent_h, p->latent_w, p->batch, p->tokens);
     fprintf(f, "\"detail\": {\"graph_activations\": %zu, \"graph_activation_gradients\": %zu, \"output_gradient\": %zu, "
-               "\"op_scratch\": %zu, \"cudnn_workspace\": %zu, \"ema_on_host\": %zu}, ",
-            p->graph_act, p->graph_dact, p->io, p->op_scratch, p->conv_workspace, p->ema_host);
+               "\"op_scratch\": %zu, \"cudnn_workspace\": %zu, \"ema_on_host\": %zu, "
+               "\"sample_vae_weights\": %zu, \"sample_conditioning\": %zu, \"sample_unet\": %zu, "
+               "\"sample_decode\": %zu, \"sample_size\": [%d, %d]}, ",
+            p->graph_act, p->graph_dact, p->io, p->op_scratch, p->conv_workspace, p->ema_host, p->sample_vae,
+            p->sample_cond, p->sample_unet, p->sample_decode, p->sample_w, p->sample_h);
     setup_json(o, f);
     fprintf(f, ", \"limit\": %zu, \"limit_from\": \"%s\", \"fits\": %s}\n", p->limit, p->limit_from,
             p->fits < 0 ? "null" : p->fits ? "true" : "false");

@@ -4,13 +4,15 @@
  * clip_grad_norm_ over all parameters, and diffusers' learning-rate
  * schedules (get_scheduler: constant, constant_with_warmup, cosine,
  * linear). The constants live here; the element-wise work is the backend
- * table's sum_squares / adamw / ema (ops_optim.c on the CPU: fixed chunks,
- * bit-identical for any thread count). */
+ * table's sum_squares / adamw / ema, and adamw8 / adafactor for the other
+ * optimizers (ops_optim.c on the CPU: fixed chunks, bit-identical for any
+ * thread count). */
 #ifndef SDTK_TRAIN_OPTIM_H
 #define SDTK_TRAIN_OPTIM_H
 
 #include <stddef.h>
 
+#include "backend.h"
 #include "err.h"
 #include "ops_cpu.h"
 #include "weights.h"
@@ -76,6 +78,12 @@ typedef struct {
     sd_adafactor_tensor *af; /* adafactor: per tensor */
     size_t nbufs;
     sd_opt_buf bufs[SD_OPT_MAX_BUFS];
+    /* on a device backend (optim_dev.c): each buffer's twin in device
+     * memory and the per-tensor views into them, which the steps use;
+     * NULL on the CPU (the steps use q8 and af) */
+    void *dev[SD_OPT_MAX_BUFS];
+    sd_q8_tensor *dq8;
+    sd_adafactor_tensor *daf;
 } sd_opt_state;
 
 /* The zeroed state of optimizer kind (adamw8bit or adafactor; with_m:
@@ -95,16 +103,27 @@ sd_opt_buf *sd_opt_state_buf(sd_opt_state *s, const char *name);
  * with gradients g read times gscale: AdamW8bit with o's betas, eps and
  * weight decay, or Adafactor with o's weight decay and beta1 (< 0: no
  * first moment). */
-void sd_opt_state_step(sd_opt_state *s, sd_pool *pool, const sd_adamw_opts *o, double adafactor_beta1, double lr,
-                       long step, double gscale, float *p, const float *g);
+void sd_opt_state_step(sd_opt_state *s, const sd_backend *be, void *exec, const sd_adamw_opts *o,
+                       double adafactor_beta1, double lr, long step, double gscale, float *p, const float *g);
 
 /* For --weight-dtype bf16 (train_w16.c): tensor t's offset and size; the
  * scratch bytes of a group's descriptors; one step of tensors [t0, t1)
  * with p and g starting at tensor t0's offset. */
 void sd_opt_state_tensor(const sd_opt_state *s, size_t t, size_t *off, size_t *n);
 size_t sd_opt_state_group_bytes(const sd_opt_state *s);
-void sd_opt_state_step_group(sd_opt_state *s, sd_pool *pool, const sd_adamw_opts *o, double adafactor_beta1,
-                             double lr, long step, double gscale, size_t t0, size_t t1, void *tmp, float *p,
-                             const float *g);
+void sd_opt_state_step_group(sd_opt_state *s, const sd_backend *be, void *exec, const sd_adamw_opts *o,
+                             double adafactor_beta1, double lr, long step, double gscale, size_t t0, size_t t1,
+                             void *tmp, float *p, const float *g);
+
+/* The state on a device backend (optim_dev.c): its buffers allocated in
+ * be's memory with per-tensor views into them (SD_ENOMEM naming the
+ * bytes), the host buffers copied up (push) or down (pull: the caller
+ * syncs), and the device buffers released. The steps then run on the
+ * device views; the host buffers are what checkpoints read and resumes
+ * write. */
+sd_status sd_opt_state_device(sd_opt_state *s, const sd_backend *be, void *exec, sd_error *err);
+void sd_opt_state_push(sd_opt_state *s, const sd_backend *be, void *exec);
+void sd_opt_state_pull(sd_opt_state *s, const sd_backend *be, void *exec);
+void sd_opt_state_release(sd_opt_state *s, const sd_backend *be, void *exec);
 
 #endif

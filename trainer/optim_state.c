@@ -197,6 +197,8 @@ void sd_opt_state_free(sd_opt_state *s)
     free(s->q8);
     free(s->tables);
     free(s->af);
+    free(s->dq8); /* the device buffers themselves go with sd_opt_state_release */
+    free(s->daf);
     memset(s, 0, sizeof *s);
 }
 
@@ -242,16 +244,17 @@ static sd_adafactor_args af_args(const sd_adamw_opts *o, double beta1, double lr
     return a;
 }
 
-/* One step of the state's optimizer. */
-void sd_opt_state_step(sd_opt_state *s, sd_pool *pool, const sd_adamw_opts *o, double adafactor_beta1, double lr,
-                       long step, double gscale, float *p, const float *g)
+/* One step of the state's optimizer on be (the device views when the
+ * state is on a device). */
+void sd_opt_state_step(sd_opt_state *s, const sd_backend *be, void *exec, const sd_adamw_opts *o,
+                       double adafactor_beta1, double lr, long step, double gscale, float *p, const float *g)
 {
     if (s->kind == SD_OPT_ADAMW8BIT) {
         sd_adamw8_args a = q8_args(o, lr, step, gscale);
-        sd_adamw8_fwd(pool, &a, s->tables, s->ntensors, s->q8, p, g);
+        be->adamw8(exec, &a, s->tables, s->ntensors, s->dq8 ? s->dq8 : s->q8, p, g);
     } else if (s->kind == SD_OPT_ADAFACTOR) {
         sd_adafactor_args a = af_args(o, adafactor_beta1, lr, step, gscale);
-        sd_adafactor_fwd(pool, &a, s->ntensors, s->af, p, g);
+        be->adafactor(exec, &a, s->ntensors, s->daf ? s->daf : s->af, p, g);
     }
 }
 
@@ -279,27 +282,29 @@ size_t sd_opt_state_group_bytes(const sd_opt_state *s)
  * time): their descriptors copied into tmp (sd_opt_state_group_bytes)
  * with the offsets made relative, the state itself shared. Per tensor the
  * same arithmetic as sd_opt_state_step. */
-void sd_opt_state_step_group(sd_opt_state *s, sd_pool *pool, const sd_adamw_opts *o, double adafactor_beta1,
-                             double lr, long step, double gscale, size_t t0, size_t t1, void *tmp, float *p,
-                             const float *g)
+void sd_opt_state_step_group(sd_opt_state *s, const sd_backend *be, void *exec, const sd_adamw_opts *o,
+                             double adafactor_beta1, double lr, long step, double gscale, size_t t0, size_t t1,
+                             void *tmp, float *p, const float *g)
 {
     size_t base, n;
     sd_opt_state_tensor(s, t0, &base, &n);
     if (s->kind == SD_OPT_ADAMW8BIT) {
+        const sd_q8_tensor *from = s->dq8 ? s->dq8 : s->q8;
         sd_q8_tensor *ts = tmp;
         for (size_t k = t0; k < t1; k++) {
-            ts[k - t0] = s->q8[k];
+            ts[k - t0] = from[k];
             ts[k - t0].off -= base;
         }
         sd_adamw8_args a = q8_args(o, lr, step, gscale);
-        sd_adamw8_fwd(pool, &a, s->tables, t1 - t0, ts, p, g);
+        be->adamw8(exec, &a, s->tables, t1 - t0, ts, p, g);
     } else if (s->kind == SD_OPT_ADAFACTOR) {
+        const sd_adafactor_tensor *from = s->daf ? s->daf : s->af;
         sd_adafactor_tensor *ts = tmp;
         for (size_t k = t0; k < t1; k++) {
-            ts[k - t0] = s->af[k];
+            ts[k - t0] = from[k];
             ts[k - t0].off -= base;
         }
         sd_adafactor_args a = af_args(o, adafactor_beta1, lr, step, gscale);
-        sd_adafactor_fwd(pool, &a, t1 - t0, ts, p, g);
+        be->adafactor(exec, &a, t1 - t0, ts, p, g);
     }
 }

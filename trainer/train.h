@@ -82,6 +82,12 @@ typedef struct {
     size_t gpu_mem_limit; /* GPU: most device bytes the run may hold (sd_cuda_opts.mem_limit); 0: no limit */
     size_t host_mem_limit; /* CPU: most bytes the memory plan may reach (0: what the host has available) */
     size_t attn_block;    /* GPU: floats in one block of attention scores (sd_cuda_opts.attn_block); 0: default */
+    /* a backend table given by the caller instead of the CPU's or a CUDA
+     * context (device is then ignored), with its exec; tests pass the CPU
+     * table marked is_device, so every device path (state copies, uploads,
+     * syncs) runs on the host with the CPU's arithmetic. NULL: none. */
+    const sd_backend *backend;
+    void *backend_exec;
     int checkpointing; /* gradient checkpointing: recompute resnets and transformer blocks in the backward */
     int nccl; /* GPU: sum gradients over NCCL even in a world of one (a check of the path) */
     int zero1; /* CPU ranks: shard the AdamW moments across ranks (ZeRO stage 1) */
@@ -178,6 +184,12 @@ typedef struct {
      * the update's fp32 chunk and the UNet's per-op widening scratch */
     uint16_t *w16;
     float *upd, *wscr;
+    /* the bf16 weights and the update's chunk on the backend: w16 and upd
+     * themselves on the CPU, device buffers on a GPU (w16 is then the
+     * host copy, refreshed as unet.w.data is for fp32; wscr is device
+     * memory there) */
+    uint16_t *d_w16;
+    float *d_upd;
     void *desc; /* adamw8bit, adafactor: a group's tensor descriptors */
     size_t wscr_cap;
     /* --fused-backward: the per-op gradient scratch, which tensors this
@@ -278,6 +290,11 @@ sd_status sd_train_sync_host(sd_trainer *tr, sd_error *err);
  * on the trainer's backend. Returns the gradient norm before clipping (NaN
  * after a device failure, which the next step reports). */
 double sd_train_apply(sd_trainer *tr);
+/* With --fused-backward (sd_train_micro then only sets the output's
+ * gradient): the backward of that micro-batch with each tensor updated as
+ * its gradient is complete, then the step counted and the EMA; returns
+ * the norm of the per-tensor sums (NaN when a gradient was not finite). */
+double sd_train_apply_fused(sd_trainer *tr);
 /* One optimizer step from the shards: world * accum batches of the global
  * order, this rank's share of them computed here (the random draws of each
  * batch come from a stream seeded by the seed and the batch's place in its

@@ -3,7 +3,8 @@
  * the gradient held only in a scratch of the largest op's size, so no
  * gradient buffer of the whole model exists. Clipping is per tensor (as
  * kohya's fused path), accumulation is refused (the update needs the
- * whole step's gradient at once), the CPU in one process only. */
+ * whole step's gradient at once), one process only (CPU or GPU: the
+ * scratch and every update go through the backend table). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,6 @@ const char *sd_train_fused_refusal(const sd_train_opts *o, long accum)
         return "--fused-backward updates each tensor during the backward: --accum > 1 would need the whole "
                "gradient kept between micro-batches (use --accum 1 and a larger --batch, or --grad-dtype bf16 "
                "without --fused-backward: a bf16 gradient buffer, half the fp32 one)";
-    if (o->device >= 0) return "--fused-backward runs on the CPU only so far (not with --device cuda)";
     if (o->zero1 || sd_dist_world() > 1)
         return "--fused-backward runs in one process only (not under mpirun or with --zero1: the gradient must "
                "be summed over the ranks before any update)";
@@ -66,6 +66,22 @@ static int tensor_done(void *ctx, size_t off, const float *g, size_t n)
     return 0;
 }
 
+/* The per-op gradient scratch grown to need floats in the backend's
+ * memory (contents not kept); 0 when out of memory. */
+static int grow_scratch(sd_trainer *tr, size_t need)
+{
+    if (tr->be->is_device) {
+        if (tr->fgrad) tr->be->release(tr->exec, tr->fgrad);
+        tr->fgrad = tr->be->alloc(tr->exec, need * sizeof(float));
+    } else {
+        float *p = realloc(tr->fgrad, need * sizeof(float));
+        if (!p) return 0;
+        tr->fgrad = p;
+    }
+    tr->fgrad_cap = tr->fgrad ? need : 0;
+    return tr->fgrad != NULL;
+}
+
 /* The backward of the pass sd_train_pass just ran forward (its output
  * gradient in place) with the updates fused in, the step's single
  * micro-batch; the scratch grown to the plan's largest op. A stop marks
@@ -74,14 +90,9 @@ void sd_train_fused_pass(sd_trainer *tr)
 {
     sd_unet_wts w = sd_train_wts(tr);
     size_t need = sd_unet_fused_scratch(&tr->unet, &tr->g);
-    if (need > tr->fgrad_cap) {
-        float *p = realloc(tr->fgrad, need * sizeof(float));
-        if (!p) { /* reported as a broken step: nothing was updated yet */
-            tr->fused_broken = 2;
-            return;
-        }
-        tr->fgrad = p;
-        tr->fgrad_cap = need;
+    if (need > tr->fgrad_cap && !grow_scratch(tr, need)) { /* reported as a broken step: nothing was updated yet */
+        tr->fused_broken = 2;
+        return;
     }
     memset(tr->fdone, 0, tr->unet.w.nslots ? tr->unet.w.nslots : 1);
     tr->fused_ss = 0;
@@ -103,16 +114,28 @@ void sd_train_fused_finish(sd_trainer *tr, double *gnorm)
     for (size_t t = 0; t < tr->unet.w.nslots; t++) {
         if (tr->fdone[t]) continue;
         size_t n = tr->unet.w.slots[t].n;
-        float *z = n <= tr->fgrad_cap ? tr->fgrad : calloc(n, sizeof(float));
+        float *z = n <= tr->fgrad_cap ? tr->fgrad : tr->be->alloc(tr->exec, n * sizeof(float));
         if (!z) {
             tr->fused_broken = 1;
             *gnorm = NAN;
             return;
         }
-        memset(z, 0, n * sizeof(float));
+        tr->be->zero(tr->exec, z, n * sizeof(float));
         sd_train_update_tensor(tr, t, z, tr->fused_lr, 1.0);
-        if (z != tr->fgrad) free(z);
+        if (z != tr->fgrad) tr->be->release(tr->exec, z);
     }
     *gnorm = sqrt(tr->fused_ss);
     sd_train_after_update(tr);
+}
+
+/* See train.h: the fused backward of the micro-batch just run and its
+ * updates, then the step's end (what sd_train_step does with
+ * --fused-backward, for callers that feed their own micro-batches). */
+double sd_train_apply_fused(sd_trainer *tr)
+{
+    double gnorm;
+    tr->fused_broken = 0;
+    sd_train_fused_pass(tr);
+    sd_train_fused_finish(tr, &gnorm);
+    return gnorm;
 }

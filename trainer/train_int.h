@@ -15,6 +15,9 @@
 /* What the UNet expects of each record (data.h); training adds the
  * dropout and flip options, validation uses neither. */
 sd_load_opts sd_train_load_opts(const sd_trainer *tr, int training);
+/* What a record must give the UNet of config c: latent channels, context
+ * width, SDXL's pooled width; no dropout, flips or masks (train_shared.c). */
+sd_load_opts sd_train_unet_load_opts(const sd_unet_config *c);
 /* A timestep in the run's range [t_min, t_max). */
 int sd_train_draw_timestep(const sd_train_opts *o, sd_rng *rng);
 /* splitmix64's finaliser: a well-mixed 64-bit hash of x. */
@@ -96,7 +99,12 @@ void sd_train_w16_adamw_range(sd_trainer *tr, sd_adamw_args *a, size_t lo, size_
 void sd_train_w16_other(sd_trainer *tr, double lr, double gscale);
 void sd_train_w16_other_group(sd_trainer *tr, double lr, double gscale, size_t t0, size_t t1, const float *g);
 void sd_train_w16_ema(sd_trainer *tr, float rate);
-int sd_train_w16_finite(const sd_trainer *tr);
+int sd_train_w16_finite(sd_trainer *tr);
+/* The training weights as fp32 on the backend for the samples (a device
+ * widens them into its gradient buffer, or into *tmp with
+ * --fused-backward), and the end of that view. */
+const float *sd_train_w16_dev_f32(sd_trainer *tr, float **tmp, sd_error *err);
+void sd_train_w16_dev_f32_done(sd_trainer *tr, const float *view);
 
 /* The first stop request acknowledged in the log (rank 0 speaks). */
 void sd_train_tell_stop(sd_trainer *tr);

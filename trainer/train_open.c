@@ -48,12 +48,11 @@ void sd_train_opts_default(sd_train_opts *o)
  * dropout and flip options, validation uses neither. */
 sd_load_opts sd_train_load_opts(const sd_trainer *tr, int training)
 {
-    const sd_unet_config *c = &tr->unet.cfg;
-    sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
-                       .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0,
-                       .dropout = training ? tr->o.dropout : 0, .no_flip = training ? tr->o.no_flip : 1,
-                       .masked = training ? tr->o.masked_loss : 0,
-                       .variants = training};
+    sd_load_opts lo = sd_train_unet_load_opts(&tr->unet.cfg);
+    lo.dropout = training ? tr->o.dropout : 0;
+    lo.no_flip = training ? tr->o.no_flip : 1;
+    lo.masked = training ? tr->o.masked_loss : 0;
+    lo.variants = training;
     return lo;
 }
 
@@ -168,18 +167,71 @@ static sd_status check_full(sd_trainer *tr, sd_error *err)
     return rc;
 }
 
+/* A device backend's copies of the run's state: weights (fp32 or bf16),
+ * gradients (none with --fused-backward), AdamW's moments (the other
+ * optimizers' state: sd_opt_state_device), the EMA (--ema-on-cpu: in host
+ * memory), bf16 weights' update chunk; uploaded before the first step
+ * (dev_stale). `where` names the device in messages. */
+static sd_status device_state(sd_trainer *tr, const char *where, sd_error *err)
+{
+    void *c = tr->exec;
+    size_t n = tr->unet.w.total, bytes = n * sizeof(float), mbytes = n * tr->moment_size;
+    int adamw = tr->o.optimizer == SD_OPT_ADAMW;
+    void *got[6] = {0};
+    size_t want[6] = {tr->w16 ? n * sizeof(uint16_t) : bytes, tr->o.fused_backward ? 0 : bytes, adamw ? mbytes : 0,
+                      adamw ? mbytes : 0, tr->ema && !tr->o.ema_host ? bytes : 0,
+                      tr->w16 ? sd_train_w16_chunk(&tr->o, &tr->unet.w) * sizeof(float) : 0},
+           total = 0;
+    for (int i = 0; i < 6; i++) {
+        total += want[i];
+        got[i] = want[i] ? tr->be->alloc(c, want[i]) : NULL;
+        if (want[i] && !got[i]) {
+            for (int j = 0; j < i; j++)
+                if (got[j]) tr->be->release(c, got[j]);
+            tr->d_w = tr->d_grad = tr->d_ema = tr->d_upd = NULL;
+            tr->d_m = tr->d_v = NULL;
+            tr->d_w16 = NULL;
+            for (int j = i + 1; j < 6; j++) total += want[j];
+            return sd_err_set(err, SD_ENOMEM, "%s: no room for the weights, gradients and optimizer state "
+                              "(%.1f MiB)%s%s", where, (double)total / (1 << 20),
+                              want[4] ? "; --ema-on-cpu keeps the EMA in host memory" : "",
+                              adamw && tr->moment_size == 4 ? "; --adam-moments bf16 halves the moments" : "");
+        }
+    }
+    tr->d_w = tr->w16 ? NULL : got[0];
+    tr->d_w16 = tr->w16 ? got[0] : NULL;
+    tr->d_grad = got[1];
+    tr->d_m = got[2];
+    tr->d_v = got[3];
+    tr->d_ema = got[4];
+    tr->d_upd = got[5];
+    if (tr->d_grad) tr->be->zero(c, tr->d_grad, bytes);
+    sd_status rc = sd_opt_state_device(&tr->opt, tr->be, c, err);
+    if (rc) return rc;
+    tr->dev_stale = 1;
+    return tr->be->sync(c, err);
+}
+
 /* The backend the UNet runs on: the CPU table on the pool (the weights and
- * gradients are the host buffers), or a CUDA context with device copies of
- * the weights and gradients. */
+ * gradients are the host buffers), a CUDA context with device copies of
+ * the state, or the caller's table (o.backend: tests run the device paths
+ * with the CPU table marked is_device). */
 static sd_status open_backend(sd_trainer *tr, sd_error *err)
 {
     tr->be = sd_backend_cpu();
     tr->exec = tr->pool;
     tr->d_w = tr->unet.w.data;
+    tr->d_w16 = tr->w16;
+    tr->d_upd = tr->upd;
     tr->d_grad = tr->grad;
     tr->d_m = tr->m;
     tr->d_v = tr->v;
     tr->d_ema = tr->ema;
+    if (tr->o.backend) {
+        tr->be = tr->o.backend;
+        tr->exec = tr->o.backend_exec;
+        return tr->be->is_device ? device_state(tr, tr->be->name, err) : SD_OK;
+    }
     if (tr->o.device < 0)
         return tr->o.nccl ? sd_err_set(err, SD_EINVAL, "NCCL sums GPU gradients: it needs --device cuda:K") : SD_OK;
 #ifdef SDTK_HAVE_CUDA
@@ -191,32 +243,9 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
     tr->cuda = c;
     tr->be = sd_backend_cuda();
     tr->exec = c;
-    size_t n = tr->unet.w.total, bytes = n * sizeof(float), mbytes = n * tr->moment_size;
-    void *got[5] = {0};
-    size_t want[5] = {bytes, bytes, mbytes, mbytes, bytes}, total = 0;
-    int nb = tr->ema && !tr->o.ema_host ? 5 : 4; /* --ema-on-cpu: the EMA stays in host memory */
-    for (int i = 0; i < nb; i++) {
-        total += want[i];
-        got[i] = tr->be->alloc(c, want[i]);
-        if (!got[i]) {
-            for (int j = 0; j < i; j++) tr->be->release(c, got[j]);
-            tr->d_w = tr->d_grad = tr->d_ema = NULL;
-            tr->d_m = tr->d_v = NULL;
-            for (int j = i + 1; j < nb; j++) total += want[j];
-            return sd_err_set(err, SD_ENOMEM, "cuda:%d: no room for the weights, gradients and AdamW moments "
-                              "(%.1f MiB)%s%s", tr->o.device, (double)total / (1 << 20),
-                              nb == 5 ? "; --ema-on-cpu keeps the EMA in host memory" : "",
-                              tr->moment_size == 4 ? "; --adam-moments bf16 halves the moments" : "");
-        }
-    }
-    tr->d_w = got[0];
-    tr->d_grad = got[1];
-    tr->d_m = got[2];
-    tr->d_v = got[3];
-    tr->d_ema = got[4];
-    tr->be->zero(c, tr->d_grad, bytes);
-    tr->dev_stale = 1;
-    rc = tr->be->sync(c, err);
+    char where[32];
+    snprintf(where, sizeof where, "cuda:%d", tr->o.device);
+    rc = device_state(tr, where, err);
     if (rc || !(tr->world > 1 || tr->o.nccl)) return rc;
 #ifdef SDTK_HAVE_NCCL
     sd_nccl *nc = NULL;
@@ -238,14 +267,14 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
 }
 
 /* The state of --optimizer adamw8bit or adafactor instead of AdamW's
- * moments: CPU only and without ZeRO-1 for now, with fp32 state of its
- * own (--adam-moments is AdamW's). */
+ * moments: without ZeRO-1 for now, with fp32 state of its own
+ * (--adam-moments is AdamW's); on a GPU mirrored in device memory by
+ * open_backend. */
 static sd_status open_other_optimizer(sd_trainer *tr, sd_error *err)
 {
     const sd_train_opts *o = &tr->o;
     const char *name = sd_optimizer_name(o->optimizer), *why = NULL;
-    if (o->device >= 0) why = "runs on the CPU only so far (no CUDA kernels for it yet)";
-    else if (o->zero1) why = "is not sharded by --zero1 yet";
+    if (o->zero1) why = "is not sharded by --zero1 yet";
     else if (o->moments != SD_DT_F32) why = "keeps its own state: --adam-moments bf16 is AdamW's";
     if (why) {
         sd_trainer_close(tr);
@@ -256,15 +285,16 @@ static sd_status open_other_optimizer(sd_trainer *tr, sd_error *err)
     return rc;
 }
 
-/* --weight-dtype: fp32 or bf16; bf16 on the CPU in one process (the paths
- * that widen and round it), refused elsewhere with the reason. */
+/* --weight-dtype: fp32 or bf16; bf16 in one process (the paths that widen
+ * and round it, CPU or GPU), refused elsewhere with the reason. */
 static sd_status check_weight_dtype(sd_trainer *tr, sd_error *err)
 {
     const sd_train_opts *o = &tr->o;
     const char *why = NULL;
     if (o->weight_dtype == SD_DT_F32 || o->weight_dtype == 0) return SD_OK; /* 0: options not from the defaults */
     if (o->weight_dtype != SD_DT_BF16) why = "takes fp32 or bf16";
-    else if (o->device >= 0) why = "bf16 runs on the CPU only so far (no CUDA path widens the weights yet)";
+    else if (o->device >= 0 && o->ema_host)
+        why = "bf16 on a GPU keeps the EMA in device memory: not with --ema-on-cpu yet";
     else if (tr->world > 1 || o->zero1) why = "bf16 runs in one process only so far (no ZeRO-1 or MPI path for it)";
     if (!why) return SD_OK;
     sd_trainer_close(tr);
@@ -416,14 +446,17 @@ void sd_trainer_close(sd_trainer *tr)
 #ifdef SDTK_HAVE_NCCL
     sd_nccl_close(tr->nccl);
 #endif
-    if (tr->cuda) {
-        void *dev[] = {tr->d_w, tr->d_grad, tr->d_m, tr->d_v, tr->d_ema, tr->d_act, tr->d_dact, tr->d_dout};
+    if (tr->be && tr->be->is_device) {
+        void *dev[] = {tr->d_w,    tr->d_grad, tr->d_m,    tr->d_v,   tr->d_ema, tr->d_act,
+                       tr->d_dact, tr->d_dout, tr->d_w16, tr->d_upd, tr->wscr,  tr->fgrad};
         for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
             if (dev[i]) tr->be->release(tr->exec, dev[i]);
-#ifdef SDTK_HAVE_CUDA
-        sd_cuda_destroy(tr->cuda);
-#endif
+        tr->wscr = tr->fgrad = NULL; /* device memory: not for free() below */
+        sd_opt_state_release(&tr->opt, tr->be, tr->exec);
     }
+#ifdef SDTK_HAVE_CUDA
+    if (tr->cuda) sd_cuda_destroy(tr->cuda);
+#endif
     free(tr->stage);
     free(tr->w16);
     free(tr->upd);

@@ -50,7 +50,7 @@ sd_status sd_train_prepare(sd_trainer *tr, int n, int h, int w, int tctx, sd_err
     if (tr->g.nact > tr->act_cap || tr->g.ndact > tr->dact_cap) {
         tr->act_cap = tr->g.nact > tr->act_cap ? tr->g.nact : tr->act_cap;
         tr->dact_cap = tr->g.ndact > tr->dact_cap ? tr->g.ndact : tr->dact_cap;
-        if (tr->cuda) {
+        if (tr->be->is_device) {
             if (tr->d_act) tr->be->release(tr->exec, tr->d_act);
             if (tr->d_dact) tr->be->release(tr->exec, tr->d_dact);
             tr->d_act = tr->be->alloc(tr->exec, tr->act_cap * sizeof(float));
@@ -69,14 +69,15 @@ sd_status sd_train_prepare(sd_trainer *tr, int n, int h, int w, int tctx, sd_err
             tr->act_cap = tr->dact_cap = 0;
             return sd_err_set(err, SD_ENOMEM, "out of %s memory for UNet activations (%zu MiB at batch %d, %dx%d "
                               "latents); %sa smaller --batch with --accum, or smaller buckets need less",
-                              tr->cuda ? "GPU" : "host", mb, n, h, w,
+                              tr->be->is_device ? "GPU" : "host", mb, n, h, w,
                               tr->o.checkpointing ? "" : "--gradient-checkpointing, ");
         }
     }
     size_t ws = tr->w16 ? sd_unet_graph_wscratch(&tr->g) : 0;
-    if (ws > tr->wscr_cap) { /* bf16 weights: the largest op's weight and bias widened */
-        free(tr->wscr);
-        tr->wscr = malloc(ws * sizeof(float));
+    if (ws > tr->wscr_cap) { /* bf16 weights: the largest op's weight and bias widened, on the backend */
+        if (tr->be->is_device && tr->wscr) tr->be->release(tr->exec, tr->wscr);
+        else free(tr->wscr);
+        tr->wscr = tr->be->is_device ? tr->be->alloc(tr->exec, ws * sizeof(float)) : malloc(ws * sizeof(float));
         tr->wscr_cap = tr->wscr ? ws : 0;
         if (!tr->wscr) return sd_err_set(err, SD_ENOMEM, "out of memory for the bf16 weights' scratch");
     }
@@ -88,15 +89,15 @@ sd_status sd_train_prepare(sd_trainer *tr, int n, int h, int w, int tctx, sd_err
         free(tr->dout);
         free(tr->t);
         free(tr->stage);
-        if (tr->cuda && tr->d_dout) tr->be->release(tr->exec, tr->d_dout);
+        if (tr->be->is_device && tr->d_dout) tr->be->release(tr->exec, tr->d_dout);
         tr->noise = malloc(io * sizeof(float));
         tr->noise_in = tr->o.input_perturbation > 0 ? malloc(io * sizeof(float)) : NULL;
         tr->target = malloc(io * sizeof(float));
         tr->dout = malloc(io * sizeof(float));
         tr->t = malloc(io * sizeof(int)); /* io >= n */
-        tr->stage = tr->cuda ? malloc((3 * io) * sizeof(float)) : NULL; /* x_t, timesteps, output */
-        tr->d_dout = tr->cuda ? tr->be->alloc(tr->exec, io * sizeof(float)) : tr->dout;
-        tr->io_cap = tr->noise && tr->target && tr->dout && tr->t && tr->d_dout && (tr->stage || !tr->cuda) &&
+        tr->stage = tr->be->is_device ? malloc((3 * io) * sizeof(float)) : NULL; /* x_t, timesteps, output */
+        tr->d_dout = tr->be->is_device ? tr->be->alloc(tr->exec, io * sizeof(float)) : tr->dout;
+        tr->io_cap = tr->noise && tr->target && tr->dout && tr->t && tr->d_dout && (tr->stage || !tr->be->is_device) &&
                              (tr->noise_in || !(tr->o.input_perturbation > 0))
                          ? io
                          : 0;
@@ -118,27 +119,37 @@ void sd_train_put(sd_trainer *tr, float *dst, const float *src, size_t floats)
     put_bytes(tr, dst, src, floats * sizeof(float));
 }
 
-/* The host's weights, moments and EMA onto the device when they changed
- * there (a new run, a resume); nothing on the CPU. */
+/* The host's weights (fp32 or bf16), moments or other optimizer state
+ * and EMA onto the device when they changed there (a new run, a resume);
+ * nothing on the CPU. */
 void sd_train_push_state(sd_trainer *tr)
 {
     if (!tr->dev_stale) return;
     size_t n = tr->unet.w.total;
-    sd_train_put(tr, tr->d_w, tr->unet.w.data, n);
-    put_bytes(tr, tr->d_m, tr->m, n * tr->moment_size);
-    put_bytes(tr, tr->d_v, tr->v, n * tr->moment_size);
+    if (tr->w16) put_bytes(tr, tr->d_w16, tr->w16, n * sizeof(uint16_t));
+    else sd_train_put(tr, tr->d_w, tr->unet.w.data, n);
+    if (tr->d_m) {
+        put_bytes(tr, tr->d_m, tr->m, n * tr->moment_size);
+        put_bytes(tr, tr->d_v, tr->v, n * tr->moment_size);
+    }
+    sd_opt_state_push(&tr->opt, tr->be, tr->exec);
     if (tr->ema && tr->d_ema) sd_train_put(tr, tr->d_ema, tr->ema, n);
     tr->dev_stale = 0;
 }
 
-/* The device's weights, moments and EMA into the host buffers. */
+/* The device's weights, moments or other optimizer state and EMA into the
+ * host buffers. */
 sd_status sd_train_sync_host(sd_trainer *tr, sd_error *err)
 {
-    if (!tr->cuda || !tr->host_stale) return SD_OK;
+    if (!tr->be->is_device || !tr->host_stale) return SD_OK;
     size_t bytes = tr->unet.w.total * sizeof(float);
-    tr->be->d2h(tr->exec, tr->unet.w.data, tr->d_w, bytes);
-    tr->be->d2h(tr->exec, tr->m, tr->d_m, tr->unet.w.total * tr->moment_size);
-    tr->be->d2h(tr->exec, tr->v, tr->d_v, tr->unet.w.total * tr->moment_size);
+    if (tr->w16) tr->be->d2h(tr->exec, tr->w16, tr->d_w16, tr->unet.w.total * sizeof(uint16_t));
+    else tr->be->d2h(tr->exec, tr->unet.w.data, tr->d_w, bytes);
+    if (tr->d_m) {
+        tr->be->d2h(tr->exec, tr->m, tr->d_m, tr->unet.w.total * tr->moment_size);
+        tr->be->d2h(tr->exec, tr->v, tr->d_v, tr->unet.w.total * tr->moment_size);
+    }
+    sd_opt_state_pull(&tr->opt, tr->be, tr->exec);
     if (tr->ema && tr->d_ema) tr->be->d2h(tr->exec, tr->ema, tr->d_ema, bytes);
     sd_status rc = tr->be->sync(tr->exec, err);
     if (!rc) tr->host_stale = 0;
@@ -164,7 +175,7 @@ sd_status sd_train_pass(sd_trainer *tr, int n, int h, int w, int tctx, const flo
     float *act = tr->d_act;
     sd_train_push_state(tr);
     /* the inputs are written in place on the CPU, staged on a GPU */
-    float *xt = tr->cuda ? tr->stage : act + g->x, *tt = tr->cuda ? tr->stage + tot : act + g->t;
+    float *xt = tr->be->is_device ? tr->stage : act + g->x, *tt = tr->be->is_device ? tr->stage + tot : act + g->t;
     sd_ddpm_add_noise(&tr->sched, n, per, t, x0, noise_in ? noise_in : noise, xt);
     for (int b = 0; b < n; b++) tt[b] = (float)t[b];
     sd_train_put(tr, act + g->x, xt, tot);
@@ -178,7 +189,7 @@ sd_status sd_train_pass(sd_trainer *tr, int n, int h, int w, int tctx, const flo
     sd_unet_forward_wts(g, tr->be, tr->exec, &wts, act);
     sd_ddpm_target(&tr->sched, tr->o.pred, n, per, t, x0, noise, tr->target);
     const float *out = act + g->out;
-    if (tr->cuda) {
+    if (tr->be->is_device) {
         float *host = tr->stage + 2 * tot;
         tr->be->d2h(tr->exec, host, out, tot * sizeof(float));
         rc = tr->be->sync(tr->exec, err);
@@ -212,7 +223,7 @@ sd_status sd_train_pass(sd_trainer *tr, int n, int h, int w, int tctx, const flo
     if (tr->o.fused_backward) return SD_OK; /* the step runs the fused backward (sd_train_fused_pass) */
     if (tr->g16) return sd_train_g16_backward(tr, err); /* --grad-dtype bf16: added in op by op */
     sd_unet_backward_wts(&tr->unet, g, tr->be, tr->exec, &wts, act, tr->d_dact, tr->d_dout, tr->d_grad);
-    return tr->cuda ? tr->be->sync(tr->exec, err) : SD_OK;
+    return tr->be->is_device ? tr->be->sync(tr->exec, err) : SD_OK;
 }
 
 /* One training micro-batch: forward, loss, backward into the gradient. */
@@ -243,7 +254,7 @@ sd_status sd_train_eval(sd_trainer *tr, int n, int h, int w, int tctx, const flo
  * and AdamW); nothing on the CPU. */
 sd_status sd_train_grad_to_host(sd_trainer *tr, sd_error *err)
 {
-    if (!tr->cuda) return SD_OK;
+    if (!tr->be->is_device) return SD_OK;
     tr->be->d2h(tr->exec, tr->grad, tr->d_grad, tr->unet.w.total * sizeof(float));
     return tr->be->sync(tr->exec, err);
 }

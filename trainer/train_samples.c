@@ -42,6 +42,14 @@ static const char *model_path(const sd_train_opts *o)
     return o->sample_model ? o->sample_model : o->base_model ? o->base_model : o->unet;
 }
 
+/* The caption tokens the samples are conditioned with: the training
+ * shards', so the UNet sees the sequence length it trains on. */
+static int sample_tokens(sd_trainer *tr)
+{
+    sd_load_opts lo = sd_train_unet_load_opts(&tr->unet.cfg);
+    return tr->have_data ? sd_data_caption_tokens(&tr->data, &lo) : 75;
+}
+
 /* Every prompt's conditioning, then the text encoders freed; a prompt that
  * cannot be encoded is warned about and its images count as failed. */
 static void make_conditioning(sd_train_samples *s, const char *prompts)
@@ -76,7 +84,7 @@ sd_status sd_train_samples_open(sd_trainer *tr, sd_error *err)
         return SD_OK;
     }
     sd_sample_source src = {.path = s->path, .tokenizer = o->sample_tokenizer,
-                            .prediction = sd_prediction_name(o->pred), .no_unet = 1};
+                            .prediction = sd_prediction_name(o->pred), .no_unet = 1, .max_tokens = sample_tokens(tr)};
     sd_error e = {0};
     double t0 = sd_now();
     st = sd_sample_model_open(&s->m, &src, tr->be, tr->exec, &e);
@@ -90,9 +98,10 @@ sd_status sd_train_samples_open(sd_trainer *tr, sd_error *err)
     sd_sample_model_release_work(&s->m);
     s->usable = 1;
     if (!o->quiet)
-        sd_log(SD_LOG_INFO, "samples: %zu prompt(s) from %s, conditioned by %s's text encoder%s (%.1f s, then freed); "
-               "its VAE decoder kept (%.1f MiB of weights)", s->n, o->sample_prompts, s->path, s->m.sdxl ? "s" : "",
-               sd_now() - t0, (double)s->m.vae.w.total * sizeof(float) / 1048576.0);
+        sd_log(SD_LOG_INFO, "samples: %zu prompt(s) from %s, conditioned by %s's text encoder%s at %d tokens, as "
+               "the shards (%.1f s, then freed); its VAE decoder kept (%.1f MiB of weights)", s->n, o->sample_prompts,
+               s->path, s->m.sdxl ? "s" : "", s->m.max_tokens, sd_now() - t0,
+               (double)s->m.vae.w.total * sizeof(float) / 1048576.0);
     return SD_OK;
 }
 
@@ -162,13 +171,11 @@ static sd_status render_one(sd_trainer *tr, const float *params, size_t i, const
  * (--ema-on-cpu) lends it to the device for the time of the samples
  * (*tmp, released by the caller); bf16 weights are widened into the
  * gradient buffer (zero between steps; the caller gives it back with
- * sd_train_w16_f32_done). */
+ * sd_train_w16_dev_f32_done), or into *tmp on a device without one. */
 static const float *weights(sd_trainer *tr, int ema, float **tmp, sd_error *err)
 {
     *tmp = NULL;
-    if (!ema && tr->w16) {
-        return sd_train_w16_f32(tr, err) ? NULL : tr->unet.w.data;
-    }
+    if (!ema && tr->w16) return sd_train_w16_dev_f32(tr, tmp, err);
     if (!ema) return tr->d_w;
     if (tr->d_ema || !tr->be->is_device) return tr->d_ema ? tr->d_ema : tr->ema;
     size_t bytes = tr->unet.w.total * sizeof(float);
@@ -226,7 +233,7 @@ static void render_set(sd_trainer *tr, int ema, int only_missing)
         }
     }
     if (tmp) tr->be->release(tr->exec, tmp);
-    sd_train_w16_f32_done(tr, 0);
+    if (!ema && tr->w16) sd_train_w16_dev_f32_done(tr, params);
     if (!tr->o.quiet && (done || bad))
         sd_log(SD_LOG_INFO, "step %ld: %zu sample(s)%s in %s%s", tr->step, done, ema ? " of the EMA weights" : "", dir,
                bad ? " (some failed: see the warnings)" : "");

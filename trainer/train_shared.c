@@ -1,7 +1,8 @@
 /* What the step (train_step.c), the update (train_update.c), the
  * validation (train_val.c) and the loop (train_loop.c) all use, kept below
  * them so that none of those files calls back into another: the timestep
- * draw, the seed mixer and the stop request's acknowledgement. */
+ * draw, the seed mixer, the stop request's acknowledgement, and what the
+ * UNet expects of a record (also the memory plan's and the samples'). */
 #include <stdint.h>
 
 #include "log.h"
@@ -36,4 +37,12 @@ void sd_train_tell_stop(sd_trainer *tr)
     if (tr->rank == 0)
         sd_log(SD_LOG_WARN, "stopping after this step and saving a checkpoint; Ctrl-C again to quit at once "
                "(checkpoints already written stay)");
+}
+
+/* What a record must give the UNet of config c (train_int.h). */
+sd_load_opts sd_train_unet_load_opts(const sd_unet_config *c)
+{
+    sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
+                       .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0};
+    return lo;
 }

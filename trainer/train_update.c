@@ -45,7 +45,8 @@ static void adamw_on(sd_trainer *tr, const sd_backend *be, void *exec, sd_adamw_
  * gscale) at rate lr for step tr->step + 1: per element the arithmetic of
  * the whole-model update (AdamW is element-wise with keys by global index;
  * adamw8bit and adafactor go per tensor), so --fused-backward and
- * --clip-per-tensor end as the whole-buffer update does. The CPU alone. */
+ * --clip-per-tensor end as the whole-buffer update does. On the trainer's
+ * backend (g in its memory). */
 void sd_train_update_tensor(sd_trainer *tr, size_t t, const float *g, double lr, double gscale)
 {
     size_t lo = tr->unet.w.slots[t].off, n = tr->unet.w.slots[t].n;
@@ -53,8 +54,8 @@ void sd_train_update_tensor(sd_trainer *tr, size_t t, const float *g, double lr,
     if (tr->o.optimizer != SD_OPT_ADAMW && tr->w16) {
         sd_train_w16_other_group(tr, lr, gscale, t, t + 1, g);
     } else if (tr->o.optimizer != SD_OPT_ADAMW) {
-        sd_opt_state_step_group(&tr->opt, tr->pool, &tr->o.adam, tr->o.adafactor_beta1, lr, step, gscale, t, t + 1,
-                                tr->desc, tr->d_w + lo, g);
+        sd_opt_state_step_group(&tr->opt, tr->be, tr->exec, &tr->o.adam, tr->o.adafactor_beta1, lr, step, gscale, t,
+                                t + 1, tr->desc, tr->d_w + lo, g);
     } else {
         sd_adamw_args a = sd_adamw_args_at(&tr->o.adam, lr, step, gscale);
         if (tr->w16) {
@@ -146,10 +147,10 @@ void sd_train_apply_norm(sd_trainer *tr, double norm)
         }
     } else if (tr->o.optimizer != SD_OPT_ADAMW && tr->w16) {
         sd_train_w16_other(tr, lr, gscale);
-    } else if (tr->o.optimizer != SD_OPT_ADAMW) { /* the CPU alone (sd_trainer_open refuses a device) */
-        sd_opt_state_step(&tr->opt, tr->pool, &tr->o.adam, tr->o.adafactor_beta1, lr, tr->step + 1, gscale, tr->d_w,
-                          tr->d_grad);
-    } else if (tr->w16) { /* bf16 weights (the CPU alone): widened, updated, rounded back by chunks */
+    } else if (tr->o.optimizer != SD_OPT_ADAMW) {
+        sd_opt_state_step(&tr->opt, be, tr->exec, &tr->o.adam, tr->o.adafactor_beta1, lr, tr->step + 1, gscale,
+                          tr->d_w, tr->d_grad);
+    } else if (tr->w16) { /* bf16 weights: widened, updated, rounded back by chunks */
         sd_adamw_args a = sd_adamw_args_at(&tr->o.adam, lr, tr->step + 1, gscale);
         a.sr_key = sr_key(tr, tr->step + 1);
         sd_train_w16_adamw(tr, &a);
@@ -179,7 +180,7 @@ void sd_train_after_update(sd_trainer *tr)
             sd_ema_fwd(tr->pool, n, tr->ema, tr->unet.w.data, rate);
         }
     }
-    tr->host_stale = tr->cuda != NULL;
+    tr->host_stale = tr->be->is_device;
 }
 
 /* Whether every weight is finite (*finite): their sum of squares in double
@@ -188,7 +189,7 @@ sd_status sd_train_weights_finite(sd_trainer *tr, int *finite, sd_error *err)
 {
     if (tr->w16) {
         *finite = sd_train_w16_finite(tr);
-        return SD_OK;
+        return *finite ? SD_OK : tr->be->sync(tr->exec, err); /* a failed device answers NaN too */
     }
     double ss;
     sd_status rc = device_sum_squares(tr, tr->d_w, &ss, err);

@@ -3,7 +3,10 @@
  * at a time (sd_unet_wts); the update widens a chunk of weights, runs the
  * fp32 optimizer on it and stores it back with stochastic rounding keyed
  * by (seed, step, element), so a resumed run rounds as the uninterrupted
- * one did. */
+ * one did. Widening, optimizer and store all go through the backend
+ * table (d_w16, d_upd: the host buffers on the CPU, device ones on a
+ * GPU). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,10 +101,10 @@ void sd_train_w16_f32_done(sd_trainer *tr, int narrow)
     tr->unet.w.data = NULL;
 }
 
-/* The parameters the UNet reads in this run. */
+/* The parameters the UNet reads in this run, on its backend. */
 sd_unet_wts sd_train_wts(const sd_trainer *tr)
 {
-    sd_unet_wts w = {tr->d_w, tr->w16, tr->wscr};
+    sd_unet_wts w = {tr->d_w, tr->d_w16, tr->wscr};
     return w;
 }
 
@@ -113,10 +116,16 @@ static uint32_t w16_key(const sd_trainer *tr, long step)
 }
 
 /* The values [lo, hi) of the update's scratch rounded back into the bf16
- * weights with the step's key. */
+ * weights with the step's key (element i's bits from its global index). */
 static void store(sd_trainer *tr, uint32_t key, size_t lo, size_t hi)
 {
-    for (size_t i = lo; i < hi; i++) tr->w16[i] = sdm_bf16_sr(tr->upd[i - lo], sdm_mix32(key, i));
+    tr->be->bf16_store_sr(tr->exec, hi - lo, lo, key, tr->d_w16 + lo, tr->d_upd);
+}
+
+/* Weights [lo, lo + n) widened into the update's scratch. */
+static void widen_chunk(sd_trainer *tr, size_t lo, size_t n)
+{
+    tr->be->bf16_widen(tr->exec, n, tr->d_upd, tr->d_w16 + lo);
 }
 
 /* AdamW on the bf16 weights, chunk by chunk: widened, updated by the
@@ -124,7 +133,7 @@ static void store(sd_trainer *tr, uint32_t key, size_t lo, size_t hi)
  * rounded back stochastically. */
 void sd_train_w16_adamw(sd_trainer *tr, sd_adamw_args *a)
 {
-    sd_train_w16_adamw_range(tr, a, 0, tr->unet.w.total, tr->grad);
+    sd_train_w16_adamw_range(tr, a, 0, tr->unet.w.total, tr->d_grad);
 }
 
 /* The same on elements [lo, lo + n) with their gradient g (g[0] is element
@@ -136,12 +145,12 @@ void sd_train_w16_adamw_range(sd_trainer *tr, sd_adamw_args *a, size_t lo, size_
     uint32_t key = w16_key(tr, tr->step + 1);
     for (size_t at = lo; at < lo + n; at += chunk) {
         size_t k = lo + n - at < chunk ? lo + n - at : chunk;
-        sd_train_w16_widen(tr->upd, tr->w16 + at, k);
+        widen_chunk(tr, at, k);
         if (tr->moment_size == 2) {
-            tr->be->adamw_bf16(tr->exec, a, k, at, tr->upd, (uint16_t *)tr->m + at, (uint16_t *)tr->v + at,
+            tr->be->adamw_bf16(tr->exec, a, k, at, tr->d_upd, (uint16_t *)tr->d_m + at, (uint16_t *)tr->d_v + at,
                                g + (at - lo));
         } else {
-            tr->be->adamw(tr->exec, a, k, tr->upd, (float *)tr->m + at, (float *)tr->v + at, g + (at - lo));
+            tr->be->adamw(tr->exec, a, k, tr->d_upd, (float *)tr->d_m + at, (float *)tr->d_v + at, g + (at - lo));
         }
         store(tr, key, at, at + k);
     }
@@ -156,9 +165,9 @@ void sd_train_w16_other_group(sd_trainer *tr, double lr, double gscale, size_t t
     sd_opt_state_tensor(&tr->opt, t0, &lo, &n);
     sd_opt_state_tensor(&tr->opt, t1 - 1, &off, &m);
     size_t hi = off + m;
-    sd_train_w16_widen(tr->upd, tr->w16 + lo, hi - lo);
-    sd_opt_state_step_group(&tr->opt, tr->pool, &tr->o.adam, tr->o.adafactor_beta1, lr, tr->step + 1, gscale, t0, t1,
-                            tr->desc, tr->upd, g);
+    widen_chunk(tr, lo, hi - lo);
+    sd_opt_state_step_group(&tr->opt, tr->be, tr->exec, &tr->o.adam, tr->o.adafactor_beta1, lr, tr->step + 1, gscale,
+                            t0, t1, tr->desc, tr->d_upd, g);
     store(tr, w16_key(tr, tr->step + 1), lo, hi);
 }
 
@@ -176,25 +185,74 @@ void sd_train_w16_other(sd_trainer *tr, double lr, double gscale)
             sd_opt_state_tensor(&tr->opt, t1, &off, &m);
             if (off + m - lo > chunk) break;
         }
-        sd_train_w16_other_group(tr, lr, gscale, t0, t1, tr->grad + lo);
+        sd_train_w16_other_group(tr, lr, gscale, t0, t1, tr->d_grad + lo);
     }
 }
 
-/* The fp32 EMA's step toward the bf16 weights, chunk by chunk. */
+/* The fp32 EMA's step toward the bf16 weights, chunk by chunk, on the
+ * backend that holds the EMA (a GPU run with bf16 weights keeps it there:
+ * --ema-on-cpu is refused for it). */
 void sd_train_w16_ema(sd_trainer *tr, float rate)
 {
     size_t n = tr->unet.w.total, chunk = sd_train_w16_chunk(&tr->o, &tr->unet.w);
     for (size_t lo = 0; lo < n; lo += chunk) {
         size_t k = n - lo < chunk ? n - lo : chunk;
-        sd_train_w16_widen(tr->upd, tr->w16 + lo, k);
-        sd_ema_fwd(tr->pool, k, tr->ema + lo, tr->upd, rate);
+        widen_chunk(tr, lo, k);
+        tr->be->ema(tr->exec, k, tr->d_ema + lo, tr->d_upd, rate);
     }
 }
 
-/* Whether every bf16 weight is finite: none has an all-ones exponent. */
-int sd_train_w16_finite(const sd_trainer *tr)
+/* Whether every bf16 weight is finite: none has an all-ones exponent. On
+ * a device, chunk by chunk widened and summed in squares there (finite
+ * exactly when every value is); NaN from a failed device counts as not
+ * finite, and its error is what the caller's sync reports. */
+int sd_train_w16_finite(sd_trainer *tr)
 {
-    for (size_t i = 0; i < tr->unet.w.total; i++)
+    size_t n = tr->unet.w.total;
+    if (tr->be->is_device) {
+        size_t chunk = sd_train_w16_chunk(&tr->o, &tr->unet.w);
+        for (size_t lo = 0; lo < n; lo += chunk) {
+            size_t k = n - lo < chunk ? n - lo : chunk;
+            widen_chunk(tr, lo, k);
+            if (!isfinite(tr->be->sum_squares(tr->exec, k, tr->d_upd))) return 0;
+        }
+        return 1;
+    }
+    for (size_t i = 0; i < n; i++)
         if ((tr->w16[i] & 0x7f80u) == 0x7f80u) return 0;
     return 1;
+}
+
+/* The training weights as fp32 in the backend's memory for the samples:
+ * on a device, widened into the gradient buffer (zero between steps) or,
+ * with --fused-backward (none), into a buffer of their own (*tmp, the
+ * caller releases it); on the CPU the host view (sd_train_w16_f32). NULL
+ * on an error. sd_train_w16_dev_f32_done gives the gradient buffer back. */
+const float *sd_train_w16_dev_f32(sd_trainer *tr, float **tmp, sd_error *err)
+{
+    size_t n = tr->unet.w.total;
+    *tmp = NULL;
+    if (!tr->be->is_device) return sd_train_w16_f32(tr, err) ? NULL : tr->unet.w.data;
+    float *dst = tr->d_grad;
+    if (!dst) {
+        dst = *tmp = tr->be->alloc(tr->exec, n * sizeof(float));
+        if (!dst) {
+            sd_err_set(err, SD_ENOMEM, "out of device memory for an fp32 view of the bf16 weights (%zu MiB)",
+                       n * sizeof(float) >> 20);
+            return NULL;
+        }
+    }
+    tr->be->bf16_widen(tr->exec, n, dst, tr->d_w16);
+    return dst;
+}
+
+/* After sd_train_w16_dev_f32: the gradient buffer zeroed again when it
+ * was lent (the host view's end on the CPU). */
+void sd_train_w16_dev_f32_done(sd_trainer *tr, const float *view)
+{
+    if (!tr->be->is_device) {
+        sd_train_w16_f32_done(tr, 0);
+        return;
+    }
+    if (view && view == tr->d_grad) tr->be->zero(tr->exec, tr->d_grad, tr->unet.w.total * sizeof(float));
 }

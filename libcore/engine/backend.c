@@ -110,6 +110,16 @@ CPU_OP(adamw_bf16_fwd,
         const float *g),
        (pool, a, n, index0, p, m, v, g))
 CPU_OP(ema_fwd, (void *exec, size_t n, float *ema, const float *p, float w), (pool, n, ema, p, w))
+CPU_OP(adamw8_fwd,
+       (void *exec, const sd_adamw8_args *a, const sd_q8_tables *t, size_t nt, const sd_q8_tensor *ts, float *p,
+        const float *g),
+       (pool, a, t, nt, ts, p, g))
+CPU_OP(adafactor_fwd,
+       (void *exec, const sd_adafactor_args *a, size_t nt, const sd_adafactor_tensor *ts, float *p, const float *g),
+       (pool, a, nt, ts, p, g))
+CPU_OP(bf16_widen_fwd, (void *exec, size_t n, float *dst, const uint16_t *src), (pool, n, dst, src))
+CPU_OP(bf16_store_sr_fwd, (void *exec, size_t n, size_t index0, uint32_t key, uint16_t *dst, const float *src),
+       (pool, n, index0, key, dst, src))
 
 /* The sum is ready on return on the CPU. */
 static double cpu_sum_squares(void *exec, size_t n, const float *x)
@@ -222,6 +232,10 @@ static const sd_backend cpu_backend = {
     .adamw = cpu_adamw_fwd,
     .adamw_bf16 = cpu_adamw_bf16_fwd,
     .ema = cpu_ema_fwd,
+    .adamw8 = cpu_adamw8_fwd,
+    .adafactor = cpu_adafactor_fwd,
+    .bf16_widen = cpu_bf16_widen_fwd,
+    .bf16_store_sr = cpu_bf16_store_sr_fwd,
 };
 
 /* The table every caller uses until a device backend is chosen. */

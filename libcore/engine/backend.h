@@ -108,6 +108,19 @@ typedef struct {
     void (*adamw_bf16)(void *, const sd_adamw_args *, size_t, size_t, float *, uint16_t *, uint16_t *,
                        const float *);
     void (*ema)(void *, size_t, float *, const float *, float);
+    /* 8-bit AdamW (sd_adamw8_fwd) and Adafactor (sd_adafactor_fwd), one
+     * step over ntensors tensors: the descriptor array ts and the tables
+     * are host memory (a device backend uploads the tables on first use
+     * and keeps them: they are bitsandbytes' fixed maps), the pointers in
+     * the descriptors and p, g are the backend's memory */
+    void (*adamw8)(void *, const sd_adamw8_args *, const sd_q8_tables *, size_t, const sd_q8_tensor *, float *,
+                   const float *);
+    void (*adafactor)(void *, const sd_adafactor_args *, size_t, const sd_adafactor_tensor *, float *, const float *);
+    /* bf16 weights: n values widened exactly (sd_bf16_widen_fwd), and n
+     * fp32 values stored as bf16 with stochastic rounding keyed by (key,
+     * index0 + i) (sd_bf16_store_sr_fwd) */
+    void (*bf16_widen)(void *, size_t, float *, const uint16_t *);
+    void (*bf16_store_sr)(void *, size_t, size_t, uint32_t, uint16_t *, const float *);
 } sd_backend;
 
 const sd_backend *sd_backend_cpu(void);

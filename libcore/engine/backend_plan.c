@@ -288,6 +288,28 @@ static void ema(void *ex, size_t n, float *e, const float *p, float d)
     (void)ex, (void)n, (void)e, (void)p, (void)d;
 }
 
+static void adamw8(void *ex, const sd_adamw8_args *a, const sd_q8_tables *t, size_t nt, const sd_q8_tensor *ts,
+                   float *p, const float *g)
+{
+    (void)ex, (void)a, (void)t, (void)nt, (void)ts, (void)p, (void)g;
+}
+
+static void adafactor(void *ex, const sd_adafactor_args *a, size_t nt, const sd_adafactor_tensor *ts, float *p,
+                      const float *g)
+{
+    (void)ex, (void)a, (void)nt, (void)ts, (void)p, (void)g;
+}
+
+static void bf16_widen(void *ex, size_t n, float *d, const uint16_t *s)
+{
+    (void)ex, (void)n, (void)d, (void)s;
+}
+
+static void bf16_store_sr(void *ex, size_t n, size_t i0, uint32_t key, uint16_t *d, const float *s)
+{
+    (void)ex, (void)n, (void)i0, (void)key, (void)d, (void)s;
+}
+
 static const sd_backend plan_table = {
     .name = "plan",
     .is_device = 1,
@@ -340,6 +362,10 @@ static const sd_backend plan_table = {
     .adamw = adamw,
     .adamw_bf16 = adamw_bf16,
     .ema = ema,
+    .adamw8 = adamw8,
+    .adafactor = adafactor,
+    .bf16_widen = bf16_widen,
+    .bf16_store_sr = bf16_store_sr,
 };
 
 /* The table. */

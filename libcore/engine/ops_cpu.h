@@ -203,6 +203,12 @@ void sd_adamw_bf16_fwd(sd_pool *pool, const sd_adamw_args *a, size_t n, size_t i
                        uint16_t *v, const float *g);
 /* ema = ema - one_minus_decay * (ema - p) over n floats. */
 void sd_ema_fwd(sd_pool *pool, size_t n, float *ema, const float *p, float one_minus_decay);
+/* bf16 weights: dst = src widened exactly (n values); dst[i] = src[i]
+ * rounded to bf16 stochastically with the bits sdm_mix32(key, index0 + i)
+ * (ops_math.h's sdm_bf16_sr), so a slice given its global offset rounds
+ * as the whole buffer does, on any backend. */
+void sd_bf16_widen_fwd(sd_pool *pool, size_t n, float *dst, const uint16_t *src);
+void sd_bf16_store_sr_fwd(sd_pool *pool, size_t n, size_t index0, uint32_t key, uint16_t *dst, const float *src);
 
 /* 8-bit AdamW (ops_optim8.c), bitsandbytes' AdamW8bit on the CPU: the
  * moments as codes of its dynamic map in blocks of SD_Q8_BLOCK with one

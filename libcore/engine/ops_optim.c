@@ -133,3 +133,45 @@ void sd_ema_fwd(sd_pool *pool, size_t n, float *ema, const float *p, float one_m
     ema_ctx c = {.ema = ema, .p = p, .w = one_minus_decay};
     sd_pool_for(pool, n, ema_range, &c);
 }
+
+/* Work of one bf16 widening or store. */
+typedef struct {
+    size_t index0;
+    uint32_t key;
+    float *f;
+    const float *cf;
+    uint16_t *h;
+    const uint16_t *ch;
+} bf16_ctx;
+
+/* bf16 values of one slice widened exactly. */
+static void widen_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const bf16_ctx *c = vctx;
+    (void)worker;
+    for (size_t i = begin; i < end; i++) c->f[i] = sdm_bf16_widen(c->ch[i]);
+}
+
+/* n bf16 values widened over the pool. */
+void sd_bf16_widen_fwd(sd_pool *pool, size_t n, float *dst, const uint16_t *src)
+{
+    bf16_ctx c = {.f = dst, .ch = src};
+    sd_pool_for(pool, n, widen_range, &c);
+}
+
+/* fp32 values of one slice stored as bf16, each rounded with the bits of
+ * its global index. */
+static void store_sr_range(void *vctx, int worker, size_t begin, size_t end)
+{
+    const bf16_ctx *c = vctx;
+    (void)worker;
+    for (size_t i = begin; i < end; i++) c->h[i] = sdm_bf16_sr(c->cf[i], sdm_mix32(c->key, c->index0 + i));
+}
+
+/* n fp32 values stored as bf16 with keyed stochastic rounding over the
+ * pool. */
+void sd_bf16_store_sr_fwd(sd_pool *pool, size_t n, size_t index0, uint32_t key, uint16_t *dst, const float *src)
+{
+    bf16_ctx c = {.index0 = index0, .key = key, .h = dst, .cf = src};
+    sd_pool_for(pool, n, store_sr_range, &c);
+}

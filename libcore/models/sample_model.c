@@ -58,7 +58,10 @@ static sd_status open_text(sd_sample_model *m, const sd_sample_source *src, sd_e
         sd_clip_variant v = m->enc[0].cfg.act == SD_CLIP_GELU ? SD_CLIP_SD2 : SD_CLIP_SD1;
         st = sd_clip_text_preset(&m->enc[0], v, 0, &m->out[0], err);
     }
-    m->tctx = SD_CLIP_CTX;
+    m->max_tokens = src->max_tokens ? src->max_tokens : 75;
+    m->tctx = sd_clip_kohya_rows(m->max_tokens);
+    if (!st && !m->tctx)
+        return sd_err_set(err, SD_EINVAL, "--max-tokens %d: expected 75, 150 or 225", src->max_tokens);
     m->cross = 0;
     for (int i = 0; i < m->n_enc; i++) m->cross += m->enc[i].cfg.width;
     return st;
@@ -213,27 +216,41 @@ void sd_sample_model_default_size(const sd_sample_model *m, const sd_unet *unet,
     sd_vae_decoded_size(&m->vae.cfg, s, s, h, w);
 }
 
-/* One prompt through each encoder: 77 padded ids, the hidden state the
- * variant conditions on, placed side by side in ctx; SDXL's pooled output
- * from the second encoder. */
+/* One prompt through each encoder: its 77-long chunks of ids (one for 75
+ * tokens: the 77 padded ids), each encoded alone, the hidden states joined
+ * into tctx rows as sd-latents joins them and placed side by side in ctx;
+ * SDXL's pooled output from the second encoder's first chunk. */
 sd_status sd_sample_model_text(sd_sample_model *m, const char *prompt, float *ctx, float *pooled, sd_error *err)
 {
     int off = 0;
     for (int i = 0; i < m->n_enc; i++) {
-        int32_t ids[SD_CLIP_CTX];
-        int wd = m->enc[i].cfg.width;
+        int32_t ids[3 * SD_CLIP_CTX];
+        size_t wd = (size_t)m->enc[i].cfg.width, rows = (size_t)m->tctx, pdim = (size_t)m->pooled_dim;
         sd_status st = sd_clip_encode(m->tok[i], m->work, prompt, strlen(prompt), &m->ids, err);
         if (st) return st;
-        sd_clip_pad_ids(m->ids.ids, m->ids.n, sd_clip_tok_pad(m->tok[i]), SD_CLIP_CTX, ids);
-        float *h = malloc((size_t)SD_CLIP_CTX * (size_t)wd * sizeof(float));
-        if (!h) return sd_err_set(err, SD_ENOMEM, "out of memory");
-        st = sd_clip_text_runner_encode(&m->run[i], &m->enc[i], 1, SD_CLIP_CTX, ids, &m->out[i], h,
-                                        i == 1 ? pooled : NULL, err);
-        for (int t = 0; t < SD_CLIP_CTX && !st; t++)
-            memcpy(ctx + (size_t)t * (size_t)m->cross + off, h + (size_t)t * (size_t)wd, (size_t)wd * sizeof(float));
+        if (i == 0 && m->ids.n > (size_t)m->max_tokens + 2) /* the ids hold BOS + tokens + EOS */
+            sd_log(SD_LOG_WARN, "a prompt of %zu tokens is cut to its first %d (--max-tokens: 75, 150 or 225): "
+                   "\"%.60s%s\"", m->ids.n - 2, m->max_tokens, prompt, strlen(prompt) > 60 ? "..." : "");
+        const sd_clip_tok *tk = m->tok[i];
+        size_t k = sd_clip_kohya_chunks(m->ids.ids, m->ids.n, sd_clip_tok_eos(tk), sd_clip_tok_pad(tk), m->max_tokens,
+                                        ids);
+        float *h = malloc(k * SD_CLIP_CTX * wd * sizeof(float)), *joined = k > 1 ? malloc(rows * wd * sizeof(float)) : h;
+        float *p = i == 1 && k > 1 ? malloc(k * pdim * sizeof(float)) : pooled;
+        if (!h || !joined || (i == 1 && !p)) st = sd_err_set(err, SD_ENOMEM, "out of memory");
+        if (!st)
+            st = sd_clip_text_runner_encode(&m->run[i], &m->enc[i], (int)k, SD_CLIP_CTX, ids, &m->out[i], h,
+                                            i == 1 ? p : NULL, err);
+        if (!st && k > 1) {
+            sd_clip_kohya_join(h, k, wd, joined);
+            if (i == 1) memcpy(pooled, p, pdim * sizeof(float)); /* the first chunk's, as sd-scripts' pool2[::n] */
+        }
+        for (size_t t = 0; t < rows && !st; t++)
+            memcpy(ctx + t * (size_t)m->cross + off, joined + t * wd, wd * sizeof(float));
+        if (joined != h) free(joined);
+        if (p != pooled) free(p);
         free(h);
         if (st) return st;
-        off += wd;
+        off += (int)wd;
     }
     return SD_OK;
 }

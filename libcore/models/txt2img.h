@@ -79,6 +79,7 @@ typedef struct {
     const char *path, *tokenizer;
     const char *unet_config, *vae_config, *text_config[2];
     const char *prediction; /* "epsilon", "v_prediction" or NULL: the folder's scheduler, else epsilon */
+    int max_tokens;         /* caption tokens: 75 (0 too), or 150 / 225 as sd-latents --max-tokens chunks them */
     int no_unet;            /* the caller brings its own UNet (sd-train): only text encoders and VAE decoder */
 } sd_sample_source;
 
@@ -98,7 +99,8 @@ typedef struct {
     sd_vae_decode_runner vrun;
     int sdxl;
     sd_prediction pred;
-    int tctx, cross, pooled_dim; /* tokens, context width, SDXL's pooled width */
+    int tctx, cross, pooled_dim; /* rows of the context (77, 152, 227), its width, SDXL's pooled width */
+    int max_tokens;              /* 75, 150 or 225 (sd_sample_source's) */
     char name[128];              /* the model's name for the infotext */
     /* the backend and the UNet workspace there */
     const sd_backend *be;
@@ -130,7 +132,10 @@ void sd_sample_model_release_work(sd_sample_model *m);
 /* The default size: unet's sample_size times the VAE's factor. */
 void sd_sample_model_default_size(const sd_sample_model *m, const sd_unet *unet, int *w, int *h);
 /* The text conditioning of one prompt: ctx [tctx, cross] and, for SDXL,
- * pooled [pooled_dim]. */
+ * pooled [pooled_dim]. Over 75 tokens (max_tokens 150, 225) the ids are cut
+ * into 77-long chunks, each encoded alone, and the hidden states joined as
+ * sd-latents caches them (sd_clip_kohya_chunks / sd_clip_kohya_join, after
+ * sd-scripts); SDXL's pooled output is the first chunk's. */
 sd_status sd_sample_model_text(sd_sample_model *m, const char *prompt, float *ctx, float *pooled, sd_error *err);
 
 /* ---- one image (sample_denoise.c) --------------------------------------- */

@@ -592,7 +592,7 @@ void sd_unet_run_ops(const sd_unet_graph *g, size_t begin, size_t end, const sd_
         const sd_unet_op *o = &g->ops[i];
         float *y = act + o->y;
         const float *x = act + o->x, *pw = NULL, *pb = NULL;
-        sd_unet_op_params(o, wts, &pw, &pb);
+        sd_unet_op_params(o, wts, be, exec, &pw, &pb);
         switch (o->kind) {
         case UOP_CONV: be->conv2d_fwd(exec, &o->s.conv, y, x, pw, pb); break;
         case UOP_GN: be->group_norm_fwd(exec, &o->s.gn, y, act + o->s1, act + o->s2, x, pw, pb); break;

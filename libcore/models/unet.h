@@ -240,11 +240,12 @@ void sd_unet_forward(const sd_unet *u, const sd_unet_graph *g, const sd_backend 
                      const float *params, float *act);
 
 /* The parameters a run reads: fp32 (f32, as sd_unet_forward takes them),
- * or bf16 (bf16, u->w.total values in host memory, with scratch of
+ * or bf16 (bf16, u->w.total values, with scratch of
  * sd_unet_graph_wscratch floats): each op's weight and bias are widened
  * (exactly) into scratch just before the op runs, forward, recomputation
- * and backward alike, so no fp32 copy of the model exists. bf16 runs on
- * host backends only (the CPU table): scratch is read by the op. */
+ * and backward alike, so no fp32 copy of the model exists. The widening
+ * is the backend's bf16_widen: bf16 and scratch are in the backend's
+ * memory (host memory on the CPU, device memory on CUDA). */
 typedef struct {
     const float *f32;
     const uint16_t *bf16;

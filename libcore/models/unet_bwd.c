@@ -86,7 +86,7 @@ int sd_unet_backward_fused(const sd_unet *u, const sd_unet_graph *g, const sd_ba
         for (int k = 0; k < 3; k++)
             if (o->zero & (1u << k)) be->zero(exec, dact + gin[k], g->ops[o->px[k]].ny * sizeof(float));
         const float *dy = dact + o->gy, *x = act + o->x, *pw = NULL, *pb = NULL;
-        sd_unet_op_params(o, w, &pw, &pb);
+        sd_unet_op_params(o, w, be, exec, &pw, &pb);
         (void)pb;
         size_t nw = 0, nb = 0;
         float *gw = NULL, *gb = NULL;

@@ -68,8 +68,9 @@ void sd_unet_run_ops(const sd_unet_graph *g, size_t begin, size_t end, const sd_
 
 /* Op o's weight and bias (*pw, *pb; *pb NULL when absent) as fp32 for the
  * op to read: pointers into w->f32, or w's bf16 values widened into
- * w->scratch (unet_wts.c). */
-void sd_unet_op_params(const sd_unet_op *o, const sd_unet_wts *w, const float **pw, const float **pb);
+ * w->scratch by be's bf16_widen (unet_wts.c). */
+void sd_unet_op_params(const sd_unet_op *o, const sd_unet_wts *w, const sd_backend *be, void *exec, const float **pw,
+                       const float **pb);
 
 /* Lay out the gradient buffer (unet_grads.c): each activation's gradient
  * lives from its last reader's backward to its producer's, and blocks of

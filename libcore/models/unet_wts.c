@@ -3,7 +3,6 @@
  * scratch, so a run on bf16 weights never holds an fp32 model. */
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "unet_int.h"
 
@@ -42,19 +41,12 @@ size_t sd_unet_graph_wscratch(const sd_unet_graph *g)
     return most;
 }
 
-/* n bf16 values widened into fp32 (exact: the bf16 bits are the high half
- * of the float's). */
-static void widen(float *dst, const uint16_t *src, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)src[i] << 16;
-        memcpy(dst + i, &u, 4);
-    }
-}
-
 /* Op o's parameters for the op to read: fp32 pointers into w->f32, or the
- * bf16 weight then the bias widened into w->scratch. */
-void sd_unet_op_params(const sd_unet_op *o, const sd_unet_wts *w, const float **pw, const float **pb)
+ * bf16 weight then the bias widened into w->scratch by the backend's
+ * bf16_widen (exact on every backend; w->bf16 and w->scratch are then the
+ * backend's memory). */
+void sd_unet_op_params(const sd_unet_op *o, const sd_unet_wts *w, const sd_backend *be, void *exec, const float **pw,
+                       const float **pb)
 {
     size_t nw, nb;
     op_param_counts(o, &nw, &nb);
@@ -66,11 +58,11 @@ void sd_unet_op_params(const sd_unet_op *o, const sd_unet_wts *w, const float **
         return;
     }
     if (nw) {
-        widen(w->scratch, w->bf16 + o->w, nw);
+        be->bf16_widen(exec, nw, w->scratch, w->bf16 + o->w);
         *pw = w->scratch;
     }
     if (nb) {
-        widen(w->scratch + nw, w->bf16 + o->b, nb);
+        be->bf16_widen(exec, nb, w->scratch + nw, w->bf16 + o->b);
         *pb = w->scratch + nw;
     }
 }

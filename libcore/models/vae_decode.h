@@ -40,6 +40,9 @@ typedef struct {
 sd_status sd_vae_decoder_build(sd_vae_decoder *d, const sd_vae_config *cfg, sd_error *err);
 /* Load from a model folder, a vae/ folder or a .safetensors file. */
 sd_status sd_vae_decoder_load(sd_vae_decoder *d, const char *path, const sd_vae_opts *opts, sd_error *err);
+/* Its config and layer table only (w.total counts the parameters; none
+ * read or allocated): what a memory plan needs. sd_vae_decoder_free. */
+sd_status sd_vae_decoder_layout(sd_vae_decoder *d, const char *path, const sd_vae_opts *opts, sd_error *err);
 void sd_vae_decoder_free(sd_vae_decoder *d);
 
 /* Image size for lh x lw latents: each side times 2^(nblocks-1). */

@@ -8,8 +8,9 @@
 #include "vae_int.h"
 
 /* Register every decoder parameter (post_quant_conv, conv_in, the mid
- * block, the up blocks, norm_out, conv_out) in diffusers' order. */
-sd_status sd_vae_decoder_build(sd_vae_decoder *d, const sd_vae_config *cfg, sd_error *err)
+ * block, the up blocks, norm_out, conv_out) in diffusers' order; nothing
+ * allocated for their values yet. */
+static sd_status register_all(sd_vae_decoder *d, const sd_vae_config *cfg, sd_error *err)
 {
     sd_status rc = sd_vae_check_config(cfg, err);
     if (rc) return rc;
@@ -45,8 +46,29 @@ sd_status sd_vae_decoder_build(sd_vae_decoder *d, const sd_vae_config *cfg, sd_e
     }
     if (!rc) rc = sd_vae_add_norm(&r, &d->norm_out, "decoder.conv_norm_out", "decoder.norm_out", bo[0]);
     if (!rc) rc = sd_vae_add_conv(&r, &d->conv_out, "decoder.conv_out", "decoder.conv_out", bo[0], cfg->out_channels, 3);
+    if (rc) sd_weights_free(&d->w);
+    return rc;
+}
+
+/* The layer table and the flat parameter buffer for cfg (see vae_decode.h). */
+sd_status sd_vae_decoder_build(sd_vae_decoder *d, const sd_vae_config *cfg, sd_error *err)
+{
+    sd_status rc = register_all(d, cfg, err);
     if (!rc) rc = sd_weights_alloc(&d->w, err);
     if (rc) sd_weights_free(&d->w);
+    return rc;
+}
+
+/* The config and layer table of path's decoder, no parameter read or
+ * allocated (see vae_decode.h). */
+sd_status sd_vae_decoder_layout(sd_vae_decoder *d, const char *path, const sd_vae_opts *opts, sd_error *err)
+{
+    sd_vae_source src;
+    sd_status rc = sd_vae_source_open(&src, path, opts, "decoder", err);
+    if (rc) return rc;
+    rc = register_all(d, &src.cfg, err);
+    if (!rc) snprintf(d->layout, sizeof d->layout, "%s", src.desc);
+    sd_vae_source_close(&src);
     return rc;
 }
 

@@ -14,7 +14,17 @@ as the diffusers docs do. Writes tests/golden/sample/<family>_<sampler>.png
 (the pipeline's 8-bit output). Families: sd15 (epsilon), sd21v
 (v_prediction, the SD 2.x UNet and an OpenCLIP-style encoder) and sdxl
 (StableDiffusionXLPipeline: two encoders, pooled output, size time ids;
-also sdxl_noneg_euler without a negative prompt, conditioned on zeros)."""
+also sdxl_noneg_euler without a negative prompt, conditioned on zeros).
+
+Prompts over 75 tokens (sd-sample --max-tokens 150/225): for each of
+e2e_sample.LONG_CASES, e2e_sample.LONG_PROMPT (about 120 tokens) and the
+negative prompt are encoded as kohya-ss/sd-scripts does for
+--max_token_length (make_long_text_golden.py's transcription: 77-long
+chunks, each through the encoder alone, joined; SDXL's pooled output from
+the first chunk), with the hidden state each pipeline conditions on (SD 1.x
+and 2.x: last_hidden_state; SDXL: both encoders' penultimate layer and the
+second's text_embeds), and passed to the pipeline as prompt_embeds (and
+negative_/pooled_ ones); written as <family>_long<N>_<sampler>.png."""
 import json
 import os
 import sys
@@ -30,6 +40,7 @@ from transformers import CLIPTextModel, CLIPTextModelWithProjection, CLIPTokeniz
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 import e2e_sample  # noqa: E402
 
 SAMPLERS = {
@@ -75,6 +86,44 @@ def render(pipe, negative):
     return (img * 255).round().astype(np.uint8)
 
 
+def long_embeds(d, encoders, text, max_tokens):
+    """text encoded as sd-scripts encodes a caption for --max_token_length
+    max_tokens, with the pipeline's hidden states: (embeds [1, N + 2, w],
+    pooled [1, p] or None)."""
+    from make_long_text_golden import input_ids, join  # noqa: E402 (the sd-scripts transcription)
+    n = max_tokens // 75
+    hs, pooled = [], None
+    for i, (_, _, _, pad) in enumerate(encoders):
+        sfx = "_2" if i else ""
+        tok = tokenizer(d, "tokenizer" + sfx, pad)
+        if pad == "!":
+            tok.pad_token_id = 0  # as sd-scripts' SDXL / SD 2.x strategies set it
+        cls = CLIPTextModelWithProjection if i == 1 else CLIPTextModel
+        enc = load(cls, os.path.join(d, "text_encoder" + sfx))
+        ids = input_ids(tok, text, max_tokens + 2).reshape(-1, 77)
+        with torch.no_grad():
+            out = enc(ids, output_hidden_states=True, return_dict=True)
+        h = out["hidden_states"][-2] if len(encoders) == 2 else out["last_hidden_state"]
+        hs.append(join(h.reshape(1, n * 77, h.shape[-1]), max_tokens))
+        if i == 1:
+            pooled = out["text_embeds"][::n]  # the first chunk's (pool2[::n]); text_embeds: at the first EOS
+    return torch.cat(hs, dim=-1), pooled
+
+
+def render_long(pipe, d, encoders, sampler_cls, extra, sched, max_tokens):
+    """One long-prompt golden: the pipeline fed the chunked embeddings."""
+    pipe.scheduler = sampler_cls.from_config(dict(sched, **extra))
+    pe, pp = long_embeds(d, encoders, e2e_sample.LONG_PROMPT, max_tokens)
+    ne, npo = long_embeds(d, encoders, CASE["negative"], max_tokens)
+    kw = dict(prompt_embeds=pe, negative_prompt_embeds=ne)
+    if pp is not None:
+        kw.update(pooled_prompt_embeds=pp, negative_pooled_prompt_embeds=npo)
+    img = pipe(num_inference_steps=CASE["steps"], guidance_scale=CASE["cfg"], width=CASE["width"],
+               height=CASE["height"], generator=torch.Generator().manual_seed(CASE["seed"]), output_type="np",
+               **kw).images[0]
+    return (img * 255).round().astype(np.uint8)
+
+
 def main():
     e2e_sample.GOLDEN = HERE
     out = os.path.join(HERE, "sample")
@@ -94,6 +143,12 @@ def main():
             if len(encoders) == 2:  # no negative prompt: SDXL conditions on zeros
                 pipe.scheduler = EulerDiscreteScheduler.from_config(sched)
                 Image.fromarray(render(pipe, None)).save(os.path.join(out, "%s_noneg_euler.png" % fam))
+            for lfam, name, n in e2e_sample.LONG_CASES:
+                if lfam == fam:
+                    cls, extra = SAMPLERS[name]
+                    rgb = render_long(pipe, d, encoders, cls, extra, sched, n)
+                    Image.fromarray(rgb).save(os.path.join(out, "%s_long%d_%s.png" % (fam, n, name)))
+                    print(fam, "long", n, name, rgb.mean(), rgb.std())
 
 if __name__ == "__main__":
     main()

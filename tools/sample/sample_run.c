@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "image.h"
 #include "log.h"
 #include "outfile.h"
 #include "png_write.h"
@@ -114,8 +115,22 @@ static sd_status write_sheet(const char *dir, size_t n, uint8_t **rgb, const int
     return st;
 }
 
-/* Every job in turn; a failed image is named and counted, the rest go on. */
-static int run_jobs(const sample_opts *o, sd_sample_model *m, sd_sample_job *jobs, size_t n, size_t *failed)
+/* A kept image (--skip-existing) read back for the contact sheet; NULL
+ * (a dark cell) with a warning when it cannot be read. */
+static uint8_t *read_kept(const char *path, int *w, int *h)
+{
+    uint8_t *rgb = NULL;
+    sd_error e = {0};
+    if (sample_read_kept(path, &rgb, w, h, &e))
+        sd_log(SD_LOG_WARN, "%s: kept, but it cannot be read for the contact sheet (%s): a dark cell there", path,
+               e.msg);
+    return rgb;
+}
+
+/* Every job in turn (those kept[i] only read back for the sheet); a failed
+ * image is named and counted, the rest go on. */
+static int run_jobs(const sample_opts *o, sd_sample_model *m, sd_sample_job *jobs, size_t n, const uint8_t *kept,
+                    size_t *failed)
 {
     uint8_t **rgb = calloc(n ? n : 1, sizeof(*rgb));
     int *ws = calloc(n ? n : 1, sizeof(int)), *hs = calloc(n ? n : 1, sizeof(int));
@@ -126,15 +141,19 @@ static int run_jobs(const sample_opts *o, sd_sample_model *m, sd_sample_job *job
     }
     run_state r = {0};
     uint64_t total = 0;
-    for (size_t i = 0; i < n; i++) total += (uint64_t)jobs[i].steps;
-    sd_progress_init(&r.prog, "sampling", "steps", total, !o->quiet);
-    int dw, dh;
-    sd_sample_model_default_size(m, &m->unet, &dw, &dh);
+    for (size_t i = 0; i < n; i++) total += kept[i] ? 0 : (uint64_t)jobs[i].steps;
+    sd_progress_init(&r.prog, "sampling", "steps", total, !o->quiet && total);
+    int dw = 0, dh = 0;
+    if (total) sd_sample_model_default_size(m, &m->unet, &dw, &dh); /* no model is loaded when all are kept */
     for (size_t i = 0; i < n; i++) {
         sd_sample_job *j = &jobs[i];
         int w = j->width ? j->width : dw, h = j->height ? j->height : dh;
         char path[4200], where[4200] = "";
-        snprintf(path, sizeof path, "%s/%05ld.png", o->output, j->line ? j->line - 1 : (long)i);
+        sample_path(o, j, i, path, sizeof path);
+        if (kept[i]) {
+            rgb[i] = o->contact ? read_kept(path, &ws[i], &hs[i]) : NULL;
+            continue;
+        }
         if (j->line) snprintf(where, sizeof where, " (%s line %ld)", o->prompts, j->line);
         sd_error e = {0};
         uint8_t *img = malloc((size_t)w * (size_t)h * 3);
@@ -182,21 +201,31 @@ int sample_run(const sample_opts *o)
     void *exec = NULL;
     sd_sample_model m;
     memset(&m, 0, sizeof m);
-    int rc = SD_EXIT_FATAL;
-    if (read_jobs(o, &jobs, &n, &sk, &err) || sd_make_dirs(o->output, &err) || open_backend(o, &be, &exec, &err) ||
-        sd_sample_model_open(&m, &o->src, be, exec, &err)) {
+    int rc = SD_EXIT_FATAL, images = 0;
+    uint8_t *kept = NULL;
+    size_t nkept = 0;
+    if (read_jobs(o, &jobs, &n, &sk, &err) || sd_make_dirs(o->output, &err)) {
         sd_log(SD_LOG_ERROR, "%s", err.msg);
-    } else if (run_jobs(o, &m, jobs, n, &failed) == 0) {
-        size_t skipped = sd_sample_skips_total(&sk);
+    } else if (!(kept = calloc(n ? n : 1, 1))) {
+        sd_log(SD_LOG_ERROR, "out of memory");
+    } else if (sample_check_outputs(o, jobs, n, kept, &nkept)) {
+        rc = SD_EXIT_USAGE; /* before any model is loaded */
+    } else if ((nkept && o->contact && (images = !sd_image_init(&err)) == 0) ||
+               (nkept < n && (open_backend(o, &be, &exec, &err) || sd_sample_model_open(&m, &o->src, be, exec, &err)))) {
+        sd_log(SD_LOG_ERROR, "%s", err.msg);
+    } else if (run_jobs(o, &m, jobs, n, kept, &failed) == 0) {
+        size_t skipped = sd_sample_skips_total(&sk), made = n - nkept - failed;
         sd_log(failed || skipped ? SD_LOG_WARN : SD_LOG_INFO,
-               "%zu image(s) written to %s, %zu failed; %zu line(s) skipped (bad JSON %zu, unknown sampler %zu, size "
-               "not a multiple of 8 %zu, other fields %zu)", n - failed, o->output, failed, skipped, sk.bad_json,
-               sk.bad_sampler, sk.bad_size, sk.bad_field);
+               "%zu image(s) written to %s, %zu kept from before, %zu failed; %zu line(s) skipped (bad JSON %zu, unknown "
+               "sampler %zu, size not a multiple of 8 %zu, other fields %zu)", made, o->output, nkept, failed, skipped,
+               sk.bad_json, sk.bad_sampler, sk.bad_size, sk.bad_field);
         /* a failed image is a result missing: 1 always; a skipped line only with --strict */
         rc = failed || (skipped && o->strict) ? SD_EXIT_SKIPPED : SD_EXIT_OK;
     }
     sd_sample_model_close(&m);
     close_backend(o, exec);
+    if (images) sd_image_shutdown();
+    free(kept);
     sd_sample_jobs_free(jobs, n);
     return rc;
 }

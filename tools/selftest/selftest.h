@@ -2,7 +2,7 @@
  * tolerances and the judging of a case in selftest_compare.c, the
  * deterministic inputs in selftest_inputs.c), the op cases by family
  * (selftest_conv.c, selftest_norm.c, selftest_linear.c, selftest_attn.c,
- * selftest_elem.c, selftest_optim.c) and their table and run
+ * selftest_elem.c, selftest_optim.c, selftest_optim8.c) and their table and run
  * (selftest_ops.c), the model-level checks (the golden VAE in
  * selftest_vae.c, the tiny UNets in selftest_unet.c), the throughput probe
  * (selftest_probe.c) and --plan (selftest_plan.c). tools/sd_selftest.c is
@@ -14,6 +14,8 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "safetensors.h"
+#include "train.h"
 #include "vae.h"
 
 enum { MAXB = 12 };
@@ -113,6 +115,13 @@ int selftest_check_capped(int dev, int tf32, int mixed, const target *ref);
 #endif
 /* AdamW with bf16 moments, bit for bit against the CPU (selftest_optim.c). */
 int selftest_check_adamw_bf16(const target *dev, const target *ref, int mode);
+/* 8-bit AdamW, Adafactor (three steps each: state and weights) and the
+ * bf16 weights' widening and keyed store on dev against the CPU
+ * (selftest_optim8.c); mutate: also the check of each check. Failures,
+ * or -1 on an error. */
+int selftest_check_adamw8(const target *dev, const target *ref, int mutate);
+int selftest_check_adafactor(const target *dev, const target *ref, int mutate);
+int selftest_check_bf16w(const target *dev, const target *ref, int mutate);
 
 /* The model-level checks: the golden VAE encoded on t (selftest_vae.c),
  * 1 pass, 0 fail, -1 error; and one training micro-batch of the tiny golden
@@ -130,6 +139,24 @@ int selftest_check_vae(const target *t, const char *dir, int mode);
 /* The golden VAE's decoder on t, the same way (selftest_vae.c). */
 int selftest_check_vae_decode(const target *t, const char *dir, int mode);
 int selftest_unet(const char *dir, const char *name, int device, int tf32, int mixed, int mutate);
+
+/* The golden inputs of one tiny UNet (dir/name/expected.safetensors),
+ * opened (0 on success; close st), and one training micro-batch of them on
+ * an open trainer (selftest_unet.c). */
+typedef struct {
+    sd_safetensors *st;
+    const sd_st_tensor *x, *t, *ctx, *text, *tids, *target;
+} selftest_in;
+int selftest_inputs_open(selftest_in *in, const char *path);
+sd_status selftest_micro(sd_trainer *tr, const selftest_in *in, double *loss, sd_error *err);
+/* The optimizers through the trainer (selftest_train.c): on the tiny UNet
+ * `name` under dir, three steps of 8-bit AdamW, Adafactor and AdamW and
+ * Adafactor on bf16 weights on cuda:device (-1: the CPU) against the CPU
+ * from the same gradients (the CPU's, uploaded), the weights and
+ * optimizer state compared; then --fused-backward against the unfused
+ * update with per-tensor clipping, both on the device. mutate: also the
+ * check of each verdict. 1 passed, 0 failed, -1 error. */
+int selftest_train_optim(const char *dir, const char *name, int device, int tf32, int mixed, int mutate);
 
 /* The SD VAE encoder architecture (selftest_vae.c), the throughput probe
  * (selftest_probe.c), --plan and bytes as MiB (selftest_plan.c). */

@@ -12,14 +12,8 @@
 #include "safetensors.h"
 #include "train.h"
 
-/* The golden inputs of one config. */
-typedef struct {
-    sd_safetensors *st;
-    const sd_st_tensor *x, *t, *ctx, *text, *tids, *target;
-} inputs;
-
-/* Open dir/name/expected.safetensors; 0 on success. */
-static int inputs_open(inputs *in, const char *path)
+/* Open dir/name/expected.safetensors; 0 on success (selftest.h). */
+int selftest_inputs_open(selftest_in *in, const char *path)
 {
     sd_error err = {0};
     memset(in, 0, sizeof *in);
@@ -53,8 +47,9 @@ static sd_train_opts opts_for(const char *model, int device, int tf32, int mixed
     return o;
 }
 
-/* One micro-batch of the golden inputs on an open trainer; its loss out. */
-static sd_status micro_on(sd_trainer *tr, const inputs *in, double *loss, sd_error *err)
+/* One micro-batch of the golden inputs on an open trainer; its loss out
+ * (selftest.h). */
+sd_status selftest_micro(sd_trainer *tr, const selftest_in *in, double *loss, sd_error *err)
 {
     int b = (int)in->x->shape[0], t[64];
     if (b > 64) return sd_err_set(err, SD_EINVAL, "golden batch of %d: at most 64", b);
@@ -72,7 +67,7 @@ enum { WANT_GRAD, WANT_EMA, WANT_MOMENTS };
  * out (malloc'd) the gradient (steps 1), the EMA weights, or the AdamW
  * moments as fp32 (m then v, 2n floats); with slots, also the model's
  * parameter tensors (malloc'd, *nslots of them). 0 on success. */
-static int run_trainer(const sd_train_opts *o, const inputs *in, int steps, int want, double *loss, float **out,
+static int run_trainer(const sd_train_opts *o, const selftest_in *in, int steps, int want, double *loss, float **out,
                        size_t *n, sd_weight_slot **slots, size_t *nslots)
 {
     sd_trainer tr;
@@ -84,7 +79,7 @@ static int run_trainer(const sd_train_opts *o, const inputs *in, int steps, int 
     }
     sd_status rc = SD_OK;
     for (int s = 0; s < steps && !rc; s++) {
-        rc = micro_on(&tr, in, loss, &err);
+        rc = selftest_micro(&tr, in, loss, &err);
         if (!rc && steps > 1) sd_train_apply(&tr);
     }
     if (!rc) rc = steps > 1 ? sd_train_sync_host(&tr, &err) : sd_train_grad_to_host(&tr, &err);
@@ -262,8 +257,8 @@ int selftest_unet(const char *dir, const char *name, int device, int tf32, int m
     char path[4096], model[4096];
     snprintf(path, sizeof path, "%s/%s/expected.safetensors", dir, name);
     snprintf(model, sizeof model, "%s/%s/unet", dir, name);
-    inputs in;
-    if (inputs_open(&in, path)) {
+    selftest_in in;
+    if (selftest_inputs_open(&in, path)) {
         if (in.st) sd_st_close(in.st);
         return -1;
     }

@@ -49,6 +49,7 @@ if(SDTK_HAVE_CUDA)
     ${sdtk_cuda_dir}/cuda_attn_gemm.c ${sdtk_cuda_dir}/cuda_backend.c
     ${sdtk_cuda_dir}/cuda_elem.cu ${sdtk_cuda_dir}/cuda_norm.cu ${sdtk_cuda_dir}/cuda_attn.cu
     ${sdtk_cuda_dir}/cuda_scores.cu ${sdtk_cuda_dir}/cuda_optim.cu ${sdtk_cuda_dir}/cuda_half.cu
+    ${sdtk_cuda_dir}/cuda_optim8.cu ${sdtk_cuda_dir}/cuda_adafactor.cu ${sdtk_cuda_dir}/cuda_bf16w.cu
     ${sdtk_cuda_dir}/cuda_probe.cu)
   target_include_directories(sdcuda PUBLIC ${sdtk_cuda_dir})
   target_include_directories(sdcuda SYSTEM PRIVATE ${SDTK_CUDNN_INCLUDE_DIR})

@@ -365,6 +365,48 @@ static void cu_ema(void *exec, size_t n, float *ema, const float *p, float one_m
     if (c) done(c, sdk_ema(c, n, ema, p, one_minus_decay), "EMA update");
 }
 
+/* 8-bit AdamW's maps and tables in device memory: uploaded from the
+ * caller's host copy once (they are bitsandbytes' fixed maps) and kept
+ * with the context. */
+static const sd_q8_tables *q8_tables_on(sd_cuda *c, const sd_q8_tables *host)
+{
+    if (c->q8_tables) return c->q8_tables;
+    c->q8_tables = sdc_alloc(c, sizeof *host);
+    if (c->q8_tables) sdc_mem_h2d(c, c->q8_tables, host, sizeof *host);
+    return c->q8_tables;
+}
+
+/* One 8-bit AdamW step over ntensors tensors. */
+static void cu_adamw8(void *exec, const sd_adamw8_args *a, const sd_q8_tables *t, size_t nt, const sd_q8_tensor *ts,
+                      float *p, const float *g)
+{
+    sd_cuda *c = live(exec);
+    const sd_q8_tables *dt = c ? q8_tables_on(c, t) : NULL;
+    if (dt) done(c, sdk_adamw8(c, a, dt, nt, ts, p, g), "AdamW (8-bit)");
+}
+
+/* One Adafactor step over ntensors tensors. */
+static void cu_adafactor(void *exec, const sd_adafactor_args *a, size_t nt, const sd_adafactor_tensor *ts, float *p,
+                         const float *g)
+{
+    sd_cuda *c = live(exec);
+    if (c) done(c, sdk_adafactor(c, a, nt, ts, p, g), "Adafactor");
+}
+
+/* bf16 weights widened. */
+static void cu_bf16_widen(void *exec, size_t n, float *dst, const uint16_t *src)
+{
+    sd_cuda *c = live(exec);
+    if (c) done(c, sdk_bf16_widen(c, n, dst, src), "bf16 widening");
+}
+
+/* fp32 values stored as bf16 with keyed stochastic rounding. */
+static void cu_bf16_store_sr(void *exec, size_t n, size_t index0, uint32_t key, uint16_t *dst, const float *src)
+{
+    sd_cuda *c = live(exec);
+    if (c) done(c, sdk_bf16_store_sr(c, n, index0, key, dst, src), "bf16 store (stochastic rounding)");
+}
+
 static const sd_backend cuda_backend = {
     .name = "cuda",
     .is_device = 1,
@@ -417,6 +459,10 @@ static const sd_backend cuda_backend = {
     .adamw = cu_adamw,
     .adamw_bf16 = cu_adamw_bf16,
     .ema = cu_ema,
+    .adamw8 = cu_adamw8,
+    .adafactor = cu_adafactor,
+    .bf16_widen = cu_bf16_widen,
+    .bf16_store_sr = cu_bf16_store_sr,
 };
 
 /* The CUDA table; pass an sd_cuda * as exec. */

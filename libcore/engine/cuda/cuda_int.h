@@ -35,6 +35,7 @@ struct sd_cuda {
     sdc_conv_plan **plans;
     size_t nplans, capplans;
     int attn_no_blocks; /* the blocks of scores once could not be allocated: the flash kernel from then on */
+    sd_q8_tables *q8_tables; /* 8-bit AdamW's maps in device memory, uploaded on first use */
 };
 
 /* Record the first failure since the last sync; later ones are dropped

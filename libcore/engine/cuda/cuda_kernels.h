@@ -114,6 +114,18 @@ cudaError_t sdk_adamw(sd_cuda *c, const sd_adamw_args *a, size_t n, float *p, fl
 cudaError_t sdk_adamw_bf16(sd_cuda *c, const sd_adamw_args *a, size_t n, size_t index0, float *p, uint16_t *m,
                            uint16_t *v, const float *g);
 cudaError_t sdk_ema(sd_cuda *c, size_t n, float *ema, const float *p, float one_minus_decay);
+/* 8-bit AdamW (cuda_optim8.cu) with the tables in device memory, and
+ * Adafactor (cuda_adafactor.cu), one tensor after another: ts is a host
+ * array whose pointers are device memory (sd_adamw8_fwd's and
+ * sd_adafactor_fwd's conventions). */
+cudaError_t sdk_adamw8(sd_cuda *c, const sd_adamw8_args *a, const sd_q8_tables *dev_tables, size_t nt,
+                       const sd_q8_tensor *ts, float *p, const float *g);
+cudaError_t sdk_adafactor(sd_cuda *c, const sd_adafactor_args *a, size_t nt, const sd_adafactor_tensor *ts, float *p,
+                          const float *g);
+/* bf16 weights (cuda_bf16w.cu): widened exactly; stored with keyed
+ * stochastic rounding (sd_bf16_store_sr_fwd). */
+cudaError_t sdk_bf16_widen(sd_cuda *c, size_t n, float *dst, const uint16_t *src);
+cudaError_t sdk_bf16_store_sr(sd_cuda *c, size_t n, size_t index0, uint32_t key, uint16_t *dst, const float *src);
 
 #ifdef __cplusplus
 }
