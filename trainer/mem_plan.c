@@ -100,7 +100,7 @@ static sd_status walk_step(const sd_train_opts *o, const sd_unet *u, const sd_un
         return sd_err_set(err, SD_ENOMEM, "memory plan: the reserved range is too small");
     }
     sd_unet_forward(u, g, be, &x, w, act);
-    if (o->fused_backward) { /* the parameter gradients into the per-op scratch alone */
+    if (o->fused_backward || o->grad_dtype == SD_DT_BF16) { /* the parameter gradients into a per-op scratch */
         sd_unet_wts wts = {w, NULL, NULL};
         sd_unet_fuse f = {grad, plan_done, NULL};
         (void)sd_unet_backward_fused(u, g, be, &x, &wts, act, dact, dout, NULL, &f);
@@ -157,6 +157,8 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     size_t io = (size_t)p->batch * (size_t)c->in_channels * (size_t)p->latent_h * (size_t)p->latent_w;
     /* --fused-backward: the per-op scratch sd_train_fused_pass allocates */
     if (o->fused_backward) p->gradients = sd_unet_fused_scratch(u, &g) * sizeof(float);
+    /* --grad-dtype bf16: the bf16 buffer and the per-op scratch sd_train_g16_backward allocates */
+    else if (o->grad_dtype == SD_DT_BF16) p->gradients += sd_train_g16_scratch(u, &g) * sizeof(float);
     p->graph_act = g.nact * sizeof(float);
     p->graph_dact = g.ndact * sizeof(float);
     /* the backend's output gradient: dout itself on the CPU, a device buffer on a GPU */

@@ -65,6 +65,13 @@ void sd_train_update_tensor(sd_trainer *tr, size_t t, const float *g, double lr,
 sd_status sd_train_fused_open(sd_trainer *tr, sd_error *err);
 void sd_train_fused_pass(sd_trainer *tr);
 void sd_train_fused_finish(sd_trainer *tr, double *gnorm);
+/* --grad-dtype bf16 (train_g16.c): the scratch floats for plan g (NULL:
+ * the largest tensor alone; the memory plan counts it); the buffer and
+ * scratch (open); the backward of the pass just run forward, adding into
+ * the buffer. Its norm and update are train_update.c's. */
+size_t sd_train_g16_scratch(const sd_unet *u, const sd_unet_graph *g);
+sd_status sd_train_g16_open(sd_trainer *tr, sd_error *err);
+sd_status sd_train_g16_backward(sd_trainer *tr, sd_error *err);
 /* Whether every weight is finite (*finite). */
 sd_status sd_train_weights_finite(sd_trainer *tr, int *finite, sd_error *err);
 /* ZeRO-1: the gradient's norm over every rank's own segments, and the

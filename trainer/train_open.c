@@ -37,6 +37,7 @@ void sd_train_opts_default(sd_train_opts *o)
     o->device = -1;
     o->moments = SD_DT_F32;
     o->weight_dtype = SD_DT_F32;
+    o->grad_dtype = SD_DT_F32;
     o->optimizer = SD_OPT_ADAMW;
     o->adafactor_beta1 = -1;
     o->t_min = 0;
@@ -91,7 +92,9 @@ sd_train_state_bytes sd_train_state_sizes(const sd_train_opts *o, const sd_weigh
 {
     sd_train_state_bytes b = {.weights = o->weight_dtype == SD_DT_BF16 ? w->total * sizeof(uint16_t)
                                                                       : sd_weights_bytes(w),
-                              .gradients = o->fused_backward ? 0 : w->total * sizeof(float)};
+                              .gradients = o->fused_backward          ? 0
+                                           : o->grad_dtype == SD_DT_BF16 ? w->total * sizeof(uint16_t)
+                                                                         : w->total * sizeof(float)};
     if (o->optimizer == SD_OPT_ADAMW) {
         b.optimizer = 2 * moment_values(o, w->total, rank, world) * moment_bytes(o);
     } else {
@@ -350,10 +353,12 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         tr->m = calloc(n, tr->moment_size);
         tr->v = calloc(n, tr->moment_size);
     }
-    /* --fused-backward: no gradient buffer, a scratch per op (train_fused.c) */
-    tr->grad = o->fused_backward ? NULL : calloc(n, sizeof(float));
-    if (o->fused_backward) {
-        rc = sd_train_fused_open(tr, err);
+    /* --fused-backward: no gradient buffer, a scratch per op (train_fused.c);
+     * --grad-dtype bf16: a bf16 buffer and a scratch per op (train_g16.c) */
+    int g16 = o->grad_dtype == SD_DT_BF16;
+    tr->grad = o->fused_backward || g16 ? NULL : calloc(n, sizeof(float));
+    if (o->fused_backward || g16) {
+        rc = g16 ? sd_train_g16_open(tr, err) : sd_train_fused_open(tr, err);
         if (rc) {
             sd_trainer_close(tr);
             return rc;
@@ -374,9 +379,10 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
     int adamw_whole = !o->zero1 && o->optimizer == SD_OPT_ADAMW;
     /* the per-tensor updates of fp32 weights copy one tensor's descriptor */
     size_t desc = sd_train_w16_desc_bytes(o, &tr->unet.w);
-    if (!tr->desc && desc && (o->fused_backward || o->clip_per_tensor)) tr->desc = malloc(desc);
-    if ((adamw_whole && (!tr->m || !tr->v)) || (!tr->grad && !o->fused_backward) ||
-        (o->ema_decay > 0 && !tr->ema) || (desc && !tr->desc && (o->fused_backward || o->clip_per_tensor))) {
+    int per_tensor = o->fused_backward || o->clip_per_tensor || g16;
+    if (!tr->desc && desc && per_tensor) tr->desc = malloc(desc);
+    if ((adamw_whole && (!tr->m || !tr->v)) || (!tr->grad && !o->fused_backward && !g16) ||
+        (o->ema_decay > 0 && !tr->ema) || (desc && !tr->desc && per_tensor)) {
         sd_trainer_close(tr);
         return sd_err_set(err, SD_ENOMEM, "out of memory for optimizer state (%zu MB)",
                           n * (2 * tr->moment_size + (o->ema_decay > 0 ? 8 : 4)) >> 20);
@@ -457,6 +463,7 @@ void sd_trainer_close(sd_trainer *tr)
     free(tr->wscr);
     free(tr->desc);
     free(tr->fgrad);
+    free(tr->g16);
     free(tr->fdone);
     free(tr->m_sh);
     free(tr->v_sh);
