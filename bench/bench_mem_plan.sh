@@ -10,10 +10,11 @@
 # 512; cross_attention_dim 768; 142M parameters) at 256x256 (32x32 latents)
 # with AdamW, AdamW + EMA, 8-bit AdamW, and Adafactor with gradient
 # checkpointing, then AdamW, 8-bit AdamW and Adafactor (checkpointed) with
-# --weight-dtype bf16, then AdamW and bf16 Adafactor with --fused-backward;
+# --weight-dtype bf16, then AdamW and bf16 Adafactor with --fused-backward,
+# then bf16 weights + 8-bit AdamW with --grad-dtype bf16;
 # then the SDXL base UNet's plans at 1024x1024, batch 1, checkpointed, for
 # adamw, adamw8bit and adafactor with fp32 and bf16 weights, and bf16
-# weights with --fused-backward (no weights are allocated for a plan;
+# weights with --fused-backward or with --grad-dtype bf16 (no weights are allocated for a plan;
 # nothing is trained), and the GPU plan of AdamW against --gpu-memory-limit
 # 24 (not measured: no GPU ran it). About 3 GB of memory, 3 minutes on 2
 # cores.
@@ -22,7 +23,7 @@
 # (diffusers' config, 2.57B parameters), batch 1, gradient checkpointing,
 # SDXL-shaped embeddings (2048 + pooled 1280): (a) today's defaults (fp32
 # weights, AdamW), (b) --weight-dtype bf16 --optimizer adamw8bit, the same
-# with --fused-backward, and (c) --weight-dtype bf16 --optimizer adafactor
+# with --fused-backward and with --grad-dtype bf16, and (c) --weight-dtype bf16 --optimizer adafactor
 # --fused-backward. For each: the plan at 64x64 latents (512x512), one real
 # step there under /usr/bin/time -v when the plan plus MARGIN_GIB (default
 # 4) fits the host's MemAvailable at that moment (else "not run" with both
@@ -40,9 +41,10 @@
 # Each real step takes about 2 minutes and 7 to 11 GiB at 2 threads and
 # writes a 15 GB checkpoint into a temporary folder, removed after.
 #
-# PART all (the default): both.
+# PART all (the default): both. ONLY=TEXT runs only the SDXL configurations
+# whose name contains TEXT (e.g. ONLY="bf16 gradients").
 # Results: bench/RESULTS.md, "Memory plan"; the SDXL plans in docs/GPU.md.
-# usage: [MARGIN_GIB=4] bench/bench_mem_plan.sh BUILD_DIR [THREADS] [STEPS] [small|sdxl|all]
+# usage: [MARGIN_GIB=4] [ONLY=TEXT] bench/bench_mem_plan.sh BUILD_DIR [THREADS] [STEPS] [small|sdxl|all]
 #        (after building sd-train and bench_mem_shard in a Release build)
 set -eu
 B=$(realpath "${1:-build}")
@@ -109,6 +111,8 @@ small() {
     measure "SD1.5 half width, 256^2, adamw, fused" "$T/sd15_half.json" "$T/mid.shard" --fused-backward
     measure "SD1.5 half width, 256^2, bf16 w, adafactor, ckpt, fused" "$T/sd15_half.json" "$T/mid.shard" \
         --weight-dtype bf16 --optimizer adafactor --gradient-checkpointing --fused-backward
+    measure "SD1.5 half width, 256^2, bf16 w, adamw8bit, bf16 grads" "$T/sd15_half.json" "$T/mid.shard" \
+        --weight-dtype bf16 --optimizer adamw8bit --grad-dtype bf16
     echo
     echo "SDXL base UNet, 1024x1024 (128x128 latents), batch 1, gradient checkpointing: plans only (GiB)"
     for wd in fp32 bf16; do
@@ -122,6 +126,11 @@ small() {
         echo -n "cpu $opt, --weight-dtype bf16, --fused-backward: "
         "$B/tools/sd-train" --unet-config "$T/sdxl.json" --memory-plan --gradient-checkpointing --optimizer "$opt" \
             --weight-dtype bf16 --fused-backward -j "$TH" "$T/xl.shard" | gib
+    done
+    for opt in adamw8bit adafactor; do
+        echo -n "cpu $opt, --weight-dtype bf16, --grad-dtype bf16: "
+        "$B/tools/sd-train" --unet-config "$T/sdxl.json" --memory-plan --gradient-checkpointing --optimizer "$opt" \
+            --weight-dtype bf16 --grad-dtype bf16 -j "$TH" "$T/xl.shard" | gib
     done
     for mom in fp32 bf16; do
         echo -n "cuda:0 adamw, --adam-moments $mom, --gpu-memory-limit 24: "
@@ -153,6 +162,7 @@ sdxl() {
         "128² plan" "128² 24GiB" "fits 24"
     while IFS='|' read -r name args; do
         k=$((k + 1))
+        case $name in *"${ONLY:-}"*) ;; *) continue ;; esac
         # shellcheck disable=SC2086 # the options are words
         read -r p64 _ < <(total_of "$T/sdxl.json" "$T/xl64.shard" $args)
         # shellcheck disable=SC2086
@@ -183,6 +193,7 @@ if rss:
 (a) fp32 weights, adamw (defaults)|
 (b) bf16 weights, adamw8bit|--weight-dtype bf16 --optimizer adamw8bit
 (b) bf16 weights, adamw8bit, fused backward|--weight-dtype bf16 --optimizer adamw8bit --fused-backward
+(b) bf16 weights, adamw8bit, bf16 gradients|--weight-dtype bf16 --optimizer adamw8bit --grad-dtype bf16
 (c) bf16 weights, adafactor, fused backward|--weight-dtype bf16 --optimizer adafactor --fused-backward
 LIST
 }

@@ -7,13 +7,17 @@
  *   bench_sample unet UNET_DIR LH LW THREADS REPS
  *     one UNet call as sd-sample makes it for classifier-free guidance: a
  *     batch of 2 latents of LH x LW, 77 text tokens (seeded random inputs,
- *     timestep 500), planned as sd-sample plans it; best and median.
+ *     timestep 500), planned as sd-sample plans it; best and median, and
+ *     the best call's process CPU time (steadier than wall time on a
+ *     loaded machine when THREADS is 1); a hash of the prediction's bits,
+ *     so two builds' runs show whether they compute the same bits.
  * Both end with one more run with every op timed: the time per op class. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend.h"
 #include "pool.h"
@@ -125,6 +129,16 @@ static float nrand(void)
     return (float)(s * sqrt(3.0));
 }
 
+/* CPU seconds of the whole process (every thread), for A/B runs on a
+ * machine others load: unlike wall time it does not count the time the
+ * threads wait for a core. */
+static double cpu_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 /* The unet mode (see the top). */
 static int bench_unet(char **argv, sd_pool *pool, int threads, int reps, double *ts)
 {
@@ -151,23 +165,30 @@ static int bench_unet(char **argv, sd_pool *pool, int threads, int reps, double 
             rc = 1;
         }
         if (!rc) sd_unet_forward(&u, &g, be, pool, u.w.data, act); /* warm-up */
+        double cpu_best = 1e30;
         for (int r = 0; r < reps && !rc; r++) {
-            double t0 = sd_now();
+            double t0 = sd_now(), c0 = cpu_now();
             sd_unet_forward(&u, &g, be, pool, u.w.data, act);
             ts[r] = sd_now() - t0;
+            if (cpu_now() - c0 < cpu_best) cpu_best = cpu_now() - c0;
         }
         if (!rc) {
             char what[160];
             snprintf(what, sizeof what, "sdtk UNet call, batch %d, %dx%d latents, %d tokens, %d thread(s) "
                      "(activations %zu MB)", n, lh, lw, tctx, threads, g.nact * sizeof(float) >> 20);
             report(what, ts, reps);
+            printf("  process CPU time per call, best: %.3f s (all threads; with 1 thread the figure a loaded "
+                   "machine changes least)\n", cpu_best);
             memset(tsum, 0, sizeof tsum);
             double t0 = sd_now();
             sd_unet_forward(&u, &g, prof_backend(be), pool, u.w.data, act);
             report_classes("UNet call", sd_now() - t0);
             double s = 0;
             for (size_t i = 0; i < nx / 2; i++) s += fabs(act[g.out + i]);
-            printf("  mean |prediction| %.4f\n", s / (double)(nx / 2));
+            uint32_t hash = 2166136261u; /* FNV-1a of the prediction's bytes: equal bits, equal hash */
+            const unsigned char *bytes = (const unsigned char *)(act + g.out);
+            for (size_t i = 0; i < nx * sizeof(float); i++) hash = (hash ^ bytes[i]) * 16777619u;
+            printf("  mean |prediction| %.4f, bits hash %08x\n", s / (double)(nx / 2), (unsigned)hash);
         }
     } else if (!rc) {
         fprintf(stderr, "bench_sample: out of memory for %zu MB of activations\n", g.nact * sizeof(float) >> 20);

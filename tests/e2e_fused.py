@@ -117,7 +117,8 @@ class Fused(unittest.TestCase):
         return json.loads(out)
 
     def test_memory_plan(self):
-        """gradients: the largest op's weight and bias (here from the tensor names) in fp32, not the model."""
+        """gradients: the largest op's weight and bias (here from the tensor names) in fp32, not the model;
+        with --grad-dtype bf16 the model's at 2 bytes a value plus that scratch."""
         head, _ = read_st(os.path.join(UNET, "unet", "diffusion_pytorch_model.safetensors"))
         mods = {}
         for k, t in head.items():
@@ -138,6 +139,13 @@ class Fused(unittest.TestCase):
                              whole["gradients"] - fused["gradients"])
             self.assertTrue(fused["setup"]["fused_backward"])
             self.assertFalse(whole["setup"]["fused_backward"])
+            # --grad-dtype bf16: the buffer at 2 bytes a value (padding too) and the fp32 op scratch
+            g16 = self.plan("--weight-dtype", wd, "--grad-dtype", "bf16")
+            self.assertEqual(g16["gradients"], whole["gradients"] // 2 + fused["gradients"])
+            self.assertEqual((whole["total"] - whole["process"]) - (g16["total"] - g16["process"]),
+                             whole["gradients"] - g16["gradients"])
+            self.assertEqual(g16["setup"]["grad_dtype"], "bf16")
+            self.assertEqual(whole["setup"]["grad_dtype"], "fp32")
 
     def test_nonfinite_gradient_not_saved(self):
         """conv_out zero with a huge bias and a huge norm scale before it: the loss is finite (in double),

@@ -1236,6 +1236,51 @@ class Train(unittest.TestCase):
             _, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), *extra, self.shard, ok=(2,))
             self.assertIn(why, err)
 
+    def test_bf16_grads_resume_exactly(self):
+        """--grad-dtype bf16 (issue 28): with --accum 2, validation and an EMA, on bf16 weights with
+        AdamW8bit and on fp32 weights with AdamW, a run killed after a checkpoint and rerun ends
+        byte-identical to an uninterrupted one (the gradients' rounding is keyed by seed, step and
+        micro-batch); the run is not the fp32-gradient one; the log names the bf16 buffer; a resume
+        with fp32 gradients names the change; what it cannot do is refused with exit 2."""
+        args = ["--batch", "2", "--accum", "2", "--steps", "8", "--save-every", "2", "--keep", "0", "--seed", "3",
+                "--lr", "1e-3", "--ema-decay", "0.99", "--val", self.shard, "--val-every", "3", "-j", "2", "-q"]
+        for name, opt in (("w16-adamw8bit", ["--weight-dtype", "bf16", "--optimizer", "adamw8bit"]),
+                          ("w32-adamw", [])):
+            with self.subTest(run=name):
+                g16 = ["--grad-dtype", "bf16"] + opt
+                fp32 = os.path.join(self.tmp.name, "g32-ref-" + name)
+                run("--unet", UNET, "-o", fp32, *opt, *args, self.shard)
+                ref = os.path.join(self.tmp.name, "g16-ref-" + name)
+                _, err = run("--unet", UNET, "-o", ref, *g16, *args[:-1], self.shard)
+                self.assertRegex(err, r"gradients [0-9.]+ MiB \(bf16\)")
+                out = os.path.join(self.tmp.name, "g16-killed-" + name)
+                p = subprocess.Popen([TRAIN, "--unet", UNET, "-o", out] + g16 + args + [self.shard],
+                                     stderr=subprocess.PIPE)
+                t0 = time.time()
+                while latest(out) < 2 and p.poll() is None and time.time() - t0 < 120:
+                    time.sleep(0.005)
+                p.kill()
+                p.communicate()
+                stopped_at = latest(out)
+                self.assertGreaterEqual(stopped_at, 2)
+                self.assertLess(stopped_at, 8, "the run finished before the kill: nothing was tested")
+                run("--unet", UNET, "-o", out, *g16, *args, self.shard)
+                got, want = final(out, 8), final(ref, 8)
+                self.assertTrue(got[0] == want[0], "weights differ from the uninterrupted run")
+                self.assertTrue(got[1] == want[1], "EMA weights differ from the uninterrupted run")
+                self.assertTrue(got[2] == want[2], "training state differs from the uninterrupted run")
+                self.assertNotEqual(self.weights(ref, 8), self.weights(fp32, 8))
+        # continued with fp32 gradients: allowed (the buffer is zero between steps), the change named
+        _, err = run("--unet", UNET, "-o", ref, *args[:-1], "--steps", "9", self.shard)
+        self.assertIn('grad-dtype "bf16" -> "fp32"', err)
+        self.assertEqual(latest(ref), 9)
+        for extra, why in ((["--grad-dtype", "fp16"], "--grad-dtype: fp32 or bf16"),
+                           (["--grad-dtype", "bf16", "--fused-backward"], "means nothing"),
+                           (["--grad-dtype", "bf16", "--device", "cuda:0"], "CPU only"),
+                           (["--grad-dtype", "bf16", "--zero1"], "one process")):
+            _, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), *extra, self.shard, ok=(2,))
+            self.assertIn(why, err)
+
     def weights(self, out, step):
         """checkpoint-STEP's unet/ weights as the bits of their fp32 values."""
         path = os.path.join(out, "checkpoint-%d" % step, "unet", "diffusion_pytorch_model.safetensors")

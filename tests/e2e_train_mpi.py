@@ -13,6 +13,7 @@ Ranks that would not train the same run stop at once, naming the rank: a usage e
 rank (exit 2 on all), another checkpoint or other shards on one rank; rank 0 writing a
 checkpoint longer than SD_DIST_TIMEOUT does not stop the others; --epochs resumed with
 another world size ends after the epochs; the skipped-record summary counts every rank's.
+--grad-dtype bf16 is refused under mpirun (exit 2).
 sd-train --memory-plan --zero1 on 2 ranks prints one plan (rank 0's) whose optimizer bytes are
 rank 0's share of the AdamW moments; with --zero2 the gradients are rank 0's share too. ZeRO-2
 (gradients reduce-scattered during the backward) ends byte-identical to ZeRO-1, also with skipped
@@ -332,7 +333,8 @@ class TrainMPI(unittest.TestCase):
         self.assertIn("--zero2 shards the gradients over ranks: start it under mpirun -np N", p.stderr.decode())
         for extra, why in ((["--fused-backward"], "not with --fused-backward"),
                            (["--clip-per-tensor"], "not with --clip-per-tensor"),
-                           (["--weight-dtype", "bf16"], "--weight-dtype bf16 runs")):
+                           (["--weight-dtype", "bf16"], "--weight-dtype bf16 runs"),
+                           (["--grad-dtype", "bf16"], "--grad-dtype bf16 runs in one process only")):
             code, err, _ = mpi_raw(2, TRAIN, "--zero2", *extra, "--unet", UNET, "-o", out, "--steps", "1", "-q",
                                    self.shard)
             self.assertEqual(code, 2, err)
@@ -441,6 +443,16 @@ class TrainMPI(unittest.TestCase):
         self.assertIn("rank 0 of 2: another rank's options were refused", err)
         self.assertLess(secs, 30)
         self.assertFalse(os.path.exists(os.path.join(self.tmp.name, "usage1")))
+
+    def test_grad16_refused(self):
+        """--grad-dtype bf16 under mpirun: every rank exits 2 naming the reason (the sum over the
+        ranks would need the gradient in fp32) before any work."""
+        out = os.path.join(self.tmp.name, "g16")
+        code, err, _ = mpi_raw(2, TRAIN, "--unet", UNET, "-o", out, "--grad-dtype", "bf16", "--steps", "2", "-j", "1",
+                               self.shard)
+        self.assertEqual(code, 2, err)
+        self.assertIn("--grad-dtype bf16 runs in one process only", err)
+        self.assertFalse(os.path.exists(out))
 
     def test_ranks_start_from_one_state(self):
         """Rank 1 with an output directory that lacks rank 0's checkpoint (it would start at step 0

@@ -12,7 +12,11 @@
  * unusable records skipped and counted, shards of another VAE refused,
  * a NaN loss stopping with a checkpoint of the last good state, the
  * learning-rate schedules, and an SDXL shard through the loader (hidden
- * states side by side, pooled embedding, size ids) into the tiny SDXL UNet. */
+ * states side by side, pooled embedding, size ids) into the tiny SDXL UNet.
+ * --grad-dtype bf16: two micro-batches' bf16 gradients equal the fp32 run's
+ * rounded as the hook rounds, and the update from them equals the fp32
+ * run's update from the same (widened) gradient, every optimizer and
+ * weight type. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,9 +28,11 @@
 #include "check.h"
 #include "data_int.h"
 #include "f16.h"
+#include "ops_math.h"
 #include "safetensors.h"
 #include "shard.h"
 #include "train.h"
+#include "train_int.h"
 
 #ifndef GOLDEN_DIR
 #define GOLDEN_DIR "tests/golden/unet"
@@ -1512,6 +1518,111 @@ static void test_bf16_start_memory(void)
     rmtree(dir);
 }
 
+/* One micro-batch of the golden file's noise<s>, t<s> at half weight. */
+static int golden_micro(sd_trainer *tr, const sd_safetensors *g, int s)
+{
+    sd_error err = {0};
+    char nn[16], tn[16];
+    snprintf(nn, sizeof nn, "noise%d", s);
+    snprintf(tn, sizeof tn, "t%d", s);
+    const sd_st_tensor *x0 = sd_st_find(g, "x0"), *ctx = sd_st_find(g, "ctx"), *nz = sd_st_find(g, nn),
+                       *tt = sd_st_find(g, tn);
+    if (!CHECK(x0 && ctx && nz && tt)) return -1;
+    const float *tf = tt->data;
+    int t[2] = {(int)tf[0], (int)tf[1]};
+    double loss;
+    sd_status rc = sd_train_micro(tr, 2, 16, 16, 5, x0->data, ctx->data, NULL, NULL, nz->data, t, 0.5, &loss, &err);
+    if (rc) fprintf(stderr, "grad16 micro: %s\n", err.msg);
+    return CHECK(rc == SD_OK && isfinite(loss)) ? 0 : -1;
+}
+
+/* Elements of the bf16 gradient that differ from want, the reference. */
+static size_t g16_differ(const sd_trainer *tr, const uint16_t *want)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < tr->unet.w.total; i++) bad += tr->g16[i] != want[i];
+    return bad;
+}
+
+/* --grad-dtype bf16 against fp32 gradients on the tiny SD1 UNet (the
+ * golden inputs, two micro-batches, clipping at 0.05 so the global norm
+ * matters): after each micro-batch the bf16 buffer is the fp32 gradients
+ * added and rounded as sd_train_g16_add says (first one rounding, then
+ * widen + add + round, keyed by step and micro-batch); the norm of the
+ * bf16 values within 1e-12 of the fp32 buffer's norm of the same values;
+ * the update from them (per tensor, widened) byte-identical to the fp32
+ * run's whole-buffer update from that gradient, for AdamW, AdamW8bit and
+ * Adafactor on fp32 and bf16 weights, and with --clip-per-tensor. */
+static void test_grad16(void)
+{
+    const char *names;
+    sd_safetensors *g = golden_file("sd1", &names);
+    if (!g) return;
+    const struct {
+        sd_optimizer opt;
+        int wdt, per_tensor;
+    } cases[] = {{SD_OPT_ADAMW, SD_DT_F32, 0},     {SD_OPT_ADAMW, SD_DT_BF16, 0},     {SD_OPT_ADAMW8BIT, SD_DT_F32, 0},
+                 {SD_OPT_ADAMW8BIT, SD_DT_BF16, 0}, {SD_OPT_ADAFACTOR, SD_DT_F32, 0}, {SD_OPT_ADAFACTOR, SD_DT_BF16, 0},
+                 {SD_OPT_ADAMW, SD_DT_F32, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        sd_train_opts o;
+        golden_opts(&o, "sd1");
+        o.optimizer = cases[c].opt;
+        o.weight_dtype = cases[c].wdt;
+        o.clip_per_tensor = cases[c].per_tensor;
+        o.seed = 11;
+        sd_trainer a, b;
+        sd_error err = {0};
+        if (!CHECK(sd_trainer_open(&a, &o, &err) == SD_OK)) {
+            fprintf(stderr, "grad16 fp32: %s\n", err.msg);
+            continue;
+        }
+        o.grad_dtype = SD_DT_BF16;
+        if (!CHECK(sd_trainer_open(&b, &o, &err) == SD_OK)) {
+            fprintf(stderr, "grad16 bf16: %s\n", err.msg);
+            sd_trainer_close(&a);
+            continue;
+        }
+        size_t n = a.unet.w.total;
+        CHECK(b.g16 != NULL && b.grad == NULL && a.g16 == NULL);
+        uint16_t *want = calloc(n, sizeof *want);
+        float *g1 = malloc(n * sizeof *g1);
+        int ok = want && g1;
+        for (int s = 0; ok && s < 2; s++) {
+            /* the fp32 run's gradient of this micro-batch alone, then the reference add */
+            memset(a.grad, 0, n * sizeof(float));
+            ok = golden_micro(&a, g, s) == 0 && golden_micro(&b, g, s) == 0;
+            memcpy(g1, a.grad, n * sizeof(float));
+            uint32_t key = sd_train_g16_key(&b, 1, s);
+            for (size_t i = 0; ok && i < n; i++) want[i] = sdm_bf16_sr(sdm_bf16_widen(want[i]) + g1[i], sdm_mix32(key, i));
+            size_t bad = ok ? g16_differ(&b, want) : n;
+            if (!CHECK(bad == 0)) fprintf(stderr, "grad16 case %zu micro %d: %zu of %zu values differ\n", c, s, bad, n);
+        }
+        /* the keys differ by micro-batch and by step */
+        CHECK(sd_train_g16_key(&b, 1, 0) != sd_train_g16_key(&b, 1, 1));
+        CHECK(sd_train_g16_key(&b, 1, 0) != sd_train_g16_key(&b, 2, 0));
+        if (ok) {
+            for (size_t i = 0; i < n; i++) a.grad[i] = sdm_bf16_widen(b.g16[i]);
+            double na, nb;
+            CHECK(sd_train_grad_norm_local(&a, &na, &err) == SD_OK && sd_train_grad_norm_local(&b, &nb, &err) == SD_OK);
+            CHECK(fabs(na - nb) <= 1e-12 * na && na > 0.05); /* clipped */
+            sd_train_apply_norm(&a, nb);
+            sd_train_apply_norm(&b, nb);
+            if (cases[c].wdt == SD_DT_BF16) CHECK(memcmp(a.w16, b.w16, n * sizeof *a.w16) == 0);
+            else CHECK(memcmp(a.unet.w.data, b.unet.w.data, n * sizeof(float)) == 0);
+            CHECK(memcmp(a.ema, b.ema, n * sizeof(float)) == 0);
+            /* the buffer is zero for the next step, whose first micro-batch keys again from 0 */
+            memset(want, 0, n * sizeof *want);
+            CHECK(g16_differ(&b, want) == 0 && b.g16_micro == 0 && b.step == 1);
+        }
+        free(want);
+        free(g1);
+        sd_trainer_close(&a);
+        sd_trainer_close(&b);
+    }
+    sd_st_close(g);
+}
+
 /* The trainer's state on the host after a run (weights as the run keeps
  * them, AdamW moments or the other optimizer's buffers, EMA), as bytes. */
 static unsigned char *state_bytes(sd_trainer *tr, size_t *len)
@@ -1663,6 +1774,7 @@ int main(int argc, char **argv)
     test_golden();
     test_golden_sdxl();
     test_golden_masked();
+    test_grad16();
     test_shard_runs();
     test_moments_bf16();
     test_zero_snr_step();

@@ -101,7 +101,7 @@ static sd_status walk_step(const sd_train_opts *o, const sd_unet *u, const sd_un
         return sd_err_set(err, SD_ENOMEM, "memory plan: the reserved range is too small");
     }
     sd_unet_forward(u, g, be, &x, w, act);
-    if (o->fused_backward || o->zero2) { /* the parameter gradients into the per-op scratch alone */
+    if (o->fused_backward || o->zero2 || o->grad_dtype == SD_DT_BF16) { /* the parameter gradients into a per-op scratch */
         sd_unet_wts wts = {w, NULL, NULL};
         sd_unet_fuse f = {grad, plan_done, NULL};
         (void)sd_unet_backward_fused(u, g, be, &x, &wts, act, dact, dout, NULL, &f);
@@ -185,6 +185,8 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     /* --fused-backward: the per-op scratch sd_train_fused_pass allocates;
      * --zero2: that scratch and this rank's share (sd_train_zero2_open) */
     if (o->fused_backward) p->gradients = sd_unet_fused_scratch(u, &g) * sizeof(float);
+    /* --grad-dtype bf16: the bf16 buffer and the per-op scratch sd_train_g16_backward allocates */
+    else if (o->grad_dtype == SD_DT_BF16) p->gradients += sd_train_g16_scratch(u, &g) * sizeof(float);
     p->rank = rank;
     p->world = world;
     if (o->zero2) {

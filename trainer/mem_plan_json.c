@@ -8,12 +8,12 @@ static void setup_json(const sd_train_opts *o, FILE *f)
 {
     fprintf(f, "\"setup\": {\"optimizer\": \"%s\", \"adam_moments\": \"%s\", \"gradient_checkpointing\": %s, "
                "\"ema\": %s, \"ema_on_cpu\": %s, \"threads\": %d, \"zero1\": %s, \"zero2\": %s, "
-               "\"fused_backward\": %s, \"weight_dtype\": \"%s\"}",
+               "\"fused_backward\": %s, \"weight_dtype\": \"%s\", \"grad_dtype\": \"%s\"}",
             sd_optimizer_name(o->optimizer), o->moments == SD_DT_BF16 ? "bf16" : "fp32",
             o->checkpointing ? "true" : "false", o->ema_decay > 0 ? "true" : "false",
             o->ema_host && o->device >= 0 ? "true" : "false", o->threads, o->zero1 || o->zero2 ? "true" : "false",
             o->zero2 ? "true" : "false", o->fused_backward ? "true" : "false",
-            o->weight_dtype == SD_DT_BF16 ? "bf16" : "fp32");
+            o->weight_dtype == SD_DT_BF16 ? "bf16" : "fp32", o->grad_dtype == SD_DT_BF16 ? "bf16" : "fp32");
 }
 
 /* One line of JSON; the categories first, then their parts and the limit. */

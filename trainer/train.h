@@ -103,6 +103,9 @@ typedef struct {
     int clip_per_tensor; /* --clip-per-tensor: --max-grad-norm per tensor (the fused path's clipping) */
     int moments; /* SD_DT_F32 (default) or SD_DT_BF16: how the AdamW moments are stored */
     int weight_dtype; /* SD_DT_F32 (default) or SD_DT_BF16: the trainable weights (train_w16.c; CPU, AdamW) */
+    /* SD_DT_F32 (default) or SD_DT_BF16: the whole-model gradient buffer
+     * (train_g16.c; CPU, one process, not with fused_backward) */
+    int grad_dtype;
     sd_optimizer optimizer; /* AdamW (default), 8-bit AdamW or Adafactor (optim.h) */
     double adafactor_beta1; /* Adafactor's first moment's beta1; < 0: none (transformers' beta1=None) */
     /* validation: a shard of held-out records, its loss at the start, every
@@ -212,6 +215,13 @@ typedef struct {
     unsigned char *fdone;
     double fused_ss, fused_lr;
     int fused_broken;
+    /* --grad-dtype bf16: the gradients (unet.w.total bf16 values; grad and
+     * d_grad are then NULL), added into by the backward through fgrad with
+     * the rounding key of the current micro-batch, the step's micro-batches
+     * so far */
+    uint16_t *g16;
+    uint32_t g16_key;
+    long g16_micro;
     FILE *metrics;
     sd_tb tb; /* TensorBoard scalars and sample images, when o.tensorboard (rank 0) */
     sd_train_samples *samples; /* rank 0 with o.sample_prompts, from the run's start; else NULL */
@@ -243,6 +253,14 @@ int sd_train_sharded(const sd_train_opts *o);
 /* Whether o runs on a device: --device cuda:K, --nccl, or a caller's
  * backend table marked is_device (train_shared.c). */
 int sd_train_device_run(const sd_train_opts *o);
+/* Why --grad-dtype bf16 cannot run with these options (NULL when it can,
+ * or when the gradients are fp32), the stochastic-rounding key of a step's
+ * micro-batch, and the add of an op's fp32 tensor gradient g (n floats at
+ * offset off) into the bf16 buffer: g16[off + i] = round(widen(g16[off +
+ * i]) + g[i]) with the bits sdm_mix32(key, off + i) (train_g16.c). */
+const char *sd_train_g16_refusal(const sd_train_opts *o);
+uint32_t sd_train_g16_key(const sd_trainer *tr, long step, long micro);
+void sd_train_g16_add(uint16_t *g16, sd_pool *pool, uint32_t key, size_t off, const float *g, size_t n);
 
 /* Defaults as diffusers' train_text_to_image.py: lr 1e-4 constant, AdamW
  * betas (0.9, 0.999), eps 1e-8, weight decay 1e-2, clipping at 1.0,

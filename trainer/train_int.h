@@ -90,6 +90,13 @@ sd_status sd_train_tensor_apply(sd_trainer *tr, double norm, const float *g, sd_
 sd_status sd_train_tensor_state_full(sd_trainer *tr, sd_error *err);
 void sd_train_tensor_state_shard(sd_trainer *tr);
 sd_status sd_train_tensor_state_at(const sd_trainer *tr, size_t i, size_t *start, size_t *whole, sd_error *err);
+/* --grad-dtype bf16 (train_g16.c): the scratch floats for plan g (NULL:
+ * the largest tensor alone; the memory plan counts it); the buffer and
+ * scratch (open); the backward of the pass just run forward, adding into
+ * the buffer. Its norm and update are train_update.c's. */
+size_t sd_train_g16_scratch(const sd_unet *u, const sd_unet_graph *g);
+sd_status sd_train_g16_open(sd_trainer *tr, sd_error *err);
+sd_status sd_train_g16_backward(sd_trainer *tr, sd_error *err);
 /* Whether every weight is finite (*finite). */
 sd_status sd_train_weights_finite(sd_trainer *tr, int *finite, sd_error *err);
 /* ZeRO-1: the gradient's norm over every rank's own segments, and the

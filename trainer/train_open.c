@@ -37,6 +37,7 @@ void sd_train_opts_default(sd_train_opts *o)
     o->device = -1;
     o->moments = SD_DT_F32;
     o->weight_dtype = SD_DT_F32;
+    o->grad_dtype = SD_DT_F32;
     o->optimizer = SD_OPT_ADAMW;
     o->adafactor_beta1 = -1;
     o->t_min = 0;
@@ -91,9 +92,10 @@ sd_train_state_bytes sd_train_state_sizes(const sd_train_opts *o, const sd_weigh
 {
     sd_train_state_bytes b = {.weights = o->weight_dtype == SD_DT_BF16 ? w->total * sizeof(uint16_t)
                                                                       : sd_weights_bytes(w),
-                              .gradients = o->fused_backward ? 0
-                                           : o->zero2       ? sd_train_zero2_own(o, w, rank, world) * sizeof(float)
-                                                            : w->total * sizeof(float)};
+                              .gradients = o->fused_backward          ? 0
+                                           : o->zero2                    ? sd_train_zero2_own(o, w, rank, world) * sizeof(float)
+                                           : o->grad_dtype == SD_DT_BF16 ? w->total * sizeof(uint16_t)
+                                                                         : w->total * sizeof(float)};
     if (o->optimizer == SD_OPT_ADAMW) {
         b.optimizer = 2 * moment_values(o, w->total, rank, world) * moment_bytes(o);
     } else if (sd_train_sharded(o)) { /* this rank's run of tensors */
@@ -366,11 +368,12 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         tr->v = calloc(n, tr->moment_size);
     }
     /* --fused-backward: no gradient buffer, a scratch per op (train_fused.c);
-     * --zero2: this rank's share of it (train_zero2.c) */
-    int no_grad = o->fused_backward || o->zero2;
+     * --zero2: this rank's share of it (train_zero2.c); --grad-dtype bf16:
+     * a bf16 buffer and a scratch per op (train_g16.c) */
+    int g16 = o->grad_dtype == SD_DT_BF16, no_grad = o->fused_backward || o->zero2 || g16;
     tr->grad = no_grad ? NULL : calloc(n, sizeof(float));
-    if (o->fused_backward || o->zero2) {
-        rc = o->zero2 ? sd_train_zero2_open(tr, err) : sd_train_fused_open(tr, err);
+    if (no_grad) {
+        rc = o->zero2 ? sd_train_zero2_open(tr, err) : g16 ? sd_train_g16_open(tr, err) : sd_train_fused_open(tr, err);
         if (rc) {
             sd_trainer_close(tr);
             return rc;
@@ -391,9 +394,10 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
     int adamw_whole = !sd_train_sharded(o) && o->optimizer == SD_OPT_ADAMW;
     /* the per-tensor updates of fp32 weights copy one tensor's descriptor */
     size_t desc = sd_train_w16_desc_bytes(o, &tr->unet.w);
-    if (!tr->desc && desc && (o->fused_backward || o->clip_per_tensor)) tr->desc = malloc(desc);
+    int per_tensor = o->fused_backward || o->clip_per_tensor || g16;
+    if (!tr->desc && desc && per_tensor) tr->desc = malloc(desc);
     if ((adamw_whole && (!tr->m || !tr->v)) || (!tr->grad && !no_grad) ||
-        (o->ema_decay > 0 && !tr->ema) || (desc && !tr->desc && (o->fused_backward || o->clip_per_tensor))) {
+        (o->ema_decay > 0 && !tr->ema) || (desc && !tr->desc && per_tensor)) {
         sd_trainer_close(tr);
         return sd_err_set(err, SD_ENOMEM, "out of memory for optimizer state (%zu MB)",
                           n * (2 * tr->moment_size + (o->ema_decay > 0 ? 8 : 4)) >> 20);
@@ -475,6 +479,7 @@ void sd_trainer_close(sd_trainer *tr)
     free(tr->wscr);
     free(tr->desc);
     free(tr->fgrad);
+    free(tr->g16);
     free(tr->fdone);
     free(tr->gsh);
     free(tr->z2off);

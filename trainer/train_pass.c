@@ -236,6 +236,7 @@ sd_status sd_train_pass(sd_trainer *tr, int n, int h, int w, int tctx, const flo
     if (!backward) return SD_OK;
     sd_train_put(tr, tr->d_dout, tr->dout, tot);
     if (tr->o.fused_backward || tr->o.zero2) return SD_OK; /* the step runs the backward (train_fused.c, train_zero2.c) */
+    if (tr->g16) return sd_train_g16_backward(tr, err); /* --grad-dtype bf16: added in op by op */
     sd_unet_backward_wts(&tr->unet, g, tr->be, tr->exec, &wts, act, tr->d_dact, tr->d_dout, tr->d_grad);
     return tr->be->is_device ? tr->be->sync(tr->exec, err) : SD_OK;
 }

@@ -1,8 +1,10 @@
 /* The optimizer side of a step: the gradient's norm, AdamW with the
- * clipping folded in, the EMA, and ZeRO-1's sharded update. */
+ * clipping folded in (from fp32 gradients, or --grad-dtype bf16's widened
+ * a tensor at a time), the EMA, and ZeRO-1's sharded update. */
 #include "train.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "dist.h"
 #include "train_int.h"
@@ -17,6 +19,10 @@
 void sd_train_zero_grad(sd_trainer *tr)
 {
     if (tr->gsh) tr->be->zero(tr->exec, tr->gsh, tr->z2own * sizeof(float));
+    if (tr->g16) { /* --grad-dtype bf16: the buffer, and the micro-batches' keys start again */
+        memset(tr->g16, 0, tr->unet.w.total * sizeof *tr->g16);
+        tr->g16_micro = 0;
+    }
     if (!tr->d_grad) return; /* --fused-backward keeps no gradient buffer */
     tr->be->zero(tr->exec, tr->d_grad, tr->unet.w.total * sizeof(float));
 }
@@ -69,6 +75,39 @@ void sd_train_update_tensor(sd_trainer *tr, size_t t, const float *g, double lr,
     }
 }
 
+/* Slot t's bf16 gradient (--grad-dtype bf16) widened into the op scratch
+ * (at least the largest tensor, sd_train_g16_scratch). */
+static const float *g16_slot(sd_trainer *tr, size_t t)
+{
+    const sd_weight_slot *s = &tr->unet.w.slots[t];
+    sd_train_w16_widen(tr->fgrad, tr->g16 + s->off, s->n);
+    return tr->fgrad;
+}
+
+/* The global norm of the bf16 gradients: each tensor widened and its sum
+ * of squares added in slot order (the padding between tensors is zero). */
+static double g16_norm(sd_trainer *tr)
+{
+    double ss = 0;
+    for (size_t t = 0; t < tr->unet.w.nslots; t++)
+        ss += tr->be->sum_squares(tr->exec, tr->unet.w.slots[t].n, g16_slot(tr, t));
+    return sqrt(ss);
+}
+
+/* The bf16 gradients' step at rate lr, clipped by gscale (or each tensor
+ * for its own norm with --clip-per-tensor): tensor by tensor, widened and
+ * updated (per element the whole-buffer update's arithmetic). */
+static void g16_update(sd_trainer *tr, double lr, double gscale)
+{
+    int per = tr->o.clip_per_tensor && tr->o.max_grad_norm > 0;
+    for (size_t t = 0; t < tr->unet.w.nslots; t++) {
+        size_t n = tr->unet.w.slots[t].n;
+        const float *g = g16_slot(tr, t);
+        double f = per ? sd_clip_factor(sqrt(tr->be->sum_squares(tr->exec, n, g)), tr->o.max_grad_norm) : gscale;
+        sd_train_update_tensor(tr, t, g, lr, f);
+    }
+}
+
 /* The sum of squares of n values on the backend that holds them; a result
  * that is not finite is first checked against the device: a failed CUDA
  * context also answers NaN, and its own error is the one to report, not a
@@ -84,6 +123,10 @@ static sd_status device_sum_squares(sd_trainer *tr, const float *x, double *ss, 
  * so a non-finite one can stop the run before it reaches the weights). */
 sd_status sd_train_grad_norm_local(sd_trainer *tr, double *norm, sd_error *err)
 {
+    if (tr->g16) { /* --grad-dtype bf16: tensor by tensor, widened (the CPU alone) */
+        *norm = g16_norm(tr);
+        return SD_OK;
+    }
     double ss;
     sd_status rc = device_sum_squares(tr, tr->d_grad, &ss, err);
     *norm = sqrt(ss);
@@ -99,7 +142,9 @@ void sd_train_apply_norm(sd_trainer *tr, double norm)
     size_t n = tr->unet.w.total;
     const sd_backend *be = tr->be;
     double lr = sd_lr_at(&tr->o.lr, tr->step), gscale = sd_clip_factor(norm, tr->o.max_grad_norm);
-    if (tr->o.clip_per_tensor && tr->o.max_grad_norm > 0) {
+    if (tr->g16) { /* --grad-dtype bf16: each tensor widened, then updated */
+        g16_update(tr, lr, gscale);
+    } else if (tr->o.clip_per_tensor && tr->o.max_grad_norm > 0) {
         /* each tensor clipped for its own norm, updated by the fused path's arithmetic */
         for (size_t t = 0; t < tr->unet.w.nslots; t++) {
             const sd_weight_slot *s = &tr->unet.w.slots[t];

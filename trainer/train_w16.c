@@ -79,8 +79,9 @@ sd_status sd_train_w16_open(sd_trainer *tr, sd_error *err)
 sd_status sd_train_w16_f32(sd_trainer *tr, sd_error *err)
 {
     if (!tr->w16 || tr->unet.w.data) return SD_OK;
-    /* --fused-backward has no gradient buffer to lend: a temporary one, for
-     * the save or resume only (4 bytes a parameter at those moments) */
+    /* --fused-backward and --grad-dtype bf16 have no fp32 gradient buffer to
+     * lend: a temporary one, for the save or resume only (4 bytes a
+     * parameter at those moments) */
     tr->unet.w.data = tr->grad ? tr->grad : malloc(tr->unet.w.total * sizeof(float));
     if (!tr->unet.w.data)
         return sd_err_set(err, SD_ENOMEM, "out of memory for an fp32 view of the bf16 weights (%zu MB)",

@@ -39,6 +39,9 @@ const char *sd_train_zero2_refusal(const sd_train_opts *o, int world)
     if (o->optimizer != SD_OPT_ADAMW && sd_train_device_run(o))
         return "--zero2 with --optimizer adamw8bit or adafactor runs on CPU ranks only so far (their whole-tensor "
                "shards are not mirrored on a device)";
+    if (o->grad_dtype == SD_DT_BF16)
+        return "--zero2 reduces each tensor's fp32 gradient into the owner's share: not with --grad-dtype bf16 "
+               "(one process only)";
     if (o->weight_dtype == SD_DT_BF16)
         return "--weight-dtype bf16 runs in one process only so far (no ZeRO path widens the weights yet)";
     return NULL;

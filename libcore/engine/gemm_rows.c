@@ -14,16 +14,34 @@
 
 enum { MR = SD_GEMM_ROWS_MR, NR = SD_GEMM_ROWS_NR, KC = SD_GEMM_ROWS_KC, NC = SD_GEMM_ROWS_NC };
 
-/* AVX2 when both the build and the CPU have it, with FMA and F16C (every
- * AVX2 CPU has both; F16C widens fp16 weights). The CPU model is the
- * compiler runtime's, read here, never cached by sdtk. */
+/* Whether this build and CPU run isa's kernel: AVX2 with FMA and F16C
+ * (every AVX2 CPU has both; F16C widens fp16 weights); AVX-512 needs
+ * AVX-512F on top (it packs and widens with the AVX2 code). The CPU model
+ * is the compiler runtime's, read here, never cached by sdtk. */
+int sd_gemm_rows_isa_usable(sd_gemm_rows_isa isa)
+{
+    if (isa == SD_GEMM_ROWS_PORTABLE) return 1;
+#if defined(__x86_64__) || defined(__i386__)
+    int avx2 = sd_gemm_rows_have_avx2() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               sd_cpu_has_f16c();
+    if (isa == SD_GEMM_ROWS_AVX2) return avx2;
+    if (isa == SD_GEMM_ROWS_AVX512) return avx2 && sd_gemm_rows_have_avx512() && __builtin_cpu_supports("avx512f");
+#endif
+    return 0;
+}
+
+/* The widest usable kernel. */
 sd_gemm_rows_isa sd_gemm_rows_best_isa(void)
 {
-#if defined(__x86_64__) || defined(__i386__)
-    if (sd_gemm_rows_have_avx2() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && sd_cpu_has_f16c())
-        return SD_GEMM_ROWS_AVX2;
-#endif
+    if (sd_gemm_rows_isa_usable(SD_GEMM_ROWS_AVX512)) return SD_GEMM_ROWS_AVX512;
+    if (sd_gemm_rows_isa_usable(SD_GEMM_ROWS_AVX2)) return SD_GEMM_ROWS_AVX2;
     return SD_GEMM_ROWS_PORTABLE;
+}
+
+/* A fixed name per kernel. */
+const char *sd_gemm_rows_isa_name(sd_gemm_rows_isa isa)
+{
+    return isa == SD_GEMM_ROWS_AVX512 ? "avx512f" : isa == SD_GEMM_ROWS_AVX2 ? "avx2+fma" : "portable";
 }
 
 /* One packed block of w (NC columns by KC steps), then room for one
@@ -55,7 +73,7 @@ static void pack_block(sd_gemm_rows_isa isa, float *dst, const float *w, size_t 
 {
     for (int c0 = 0; c0 < n; c0 += NR, dst += (size_t)kc * NR) {
         int nc = n - c0 < NR ? n - c0 : NR, done = 0;
-        if (isa == SD_GEMM_ROWS_AVX2 && nc == NR) {
+        if (isa != SD_GEMM_ROWS_PORTABLE && nc == NR) {
             const float *src = w + (size_t)c0 * ldw + (size_t)k0;
             int next = n - c0 - NR < NR ? n - c0 - NR : NR;
             done = sd_gemm_rows_pack_avx2(dst, src, ldw, kc, next > 0 ? src + NR * ldw : NULL, next > 0 ? next : 0);
@@ -77,8 +95,8 @@ static void widen_rows(sd_gemm_rows_isa isa, float *dst, const uint16_t *w, size
     for (int j = 0; j < rows; j++) {
         const uint16_t *src = w + (size_t)j * ldw + (size_t)k0;
         float *d = dst + (size_t)j * (size_t)kc;
-        if (isa == SD_GEMM_ROWS_AVX2 && dtype == SD_DT_BF16) sd_gemm_rows_widen_bf16_avx2(d, src, kc);
-        else if (isa == SD_GEMM_ROWS_AVX2) sd_gemm_rows_widen_f16_avx2(d, src, kc);
+        if (isa != SD_GEMM_ROWS_PORTABLE && dtype == SD_DT_BF16) sd_gemm_rows_widen_bf16_avx2(d, src, kc);
+        else if (isa != SD_GEMM_ROWS_PORTABLE) sd_gemm_rows_widen_f16_avx2(d, src, kc);
         else if (dtype == SD_DT_BF16)
             for (int p = 0; p < kc; p++) d[p] = sd_bf16_to_f32(src[p]);
         else
@@ -112,11 +130,13 @@ static void pack_block_kn(float *dst, const float *w, size_t ldw, int n, int k0,
     }
 }
 
-/* One micro-tile through the chosen kernel. */
+/* One 6 x 16 micro-tile through the chosen kernel (the AVX2 one for
+ * AVX-512 too: the same bits, and 12 independent chains where a 6 x 16
+ * zmm tile would have only 6). */
 static void run_kernel(sd_gemm_rows_isa isa, int kc, const float *const *a, const float *bp, const float *init,
                        float *c, size_t ldc)
 {
-    if (isa == SD_GEMM_ROWS_AVX2) sd_gemm_rows_kern_avx2(kc, a, bp, init, c, ldc);
+    if (isa != SD_GEMM_ROWS_PORTABLE) sd_gemm_rows_kern_avx2(kc, a, bp, init, c, ldc);
     else sd_gemm_rows_kern_c(kc, a, bp, init, c, ldc);
 }
 
@@ -187,7 +207,7 @@ void sd_gemm_rows_ex(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, 
 {
     const float *w = wv;
     int half = mode.w_dtype == SD_DT_F16 || mode.w_dtype == SD_DT_BF16;
-    static const float zeros[NR]; /* the start of every chain without a bias (read-only) */
+    static const float zeros[3 * NR]; /* the start of every chain without a bias (read-only) */
     int nstep = even_block(n, NC, NR), kstep = even_block(k, KC, 8);
     for (int j0 = 0; j0 < n; j0 += nstep) {
         int nb = n - j0 < nstep ? n - j0 : nstep;
@@ -207,13 +227,26 @@ void sd_gemm_rows_ex(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, 
                 float *c = y + (size_t)i0 * ldy + (size_t)j0;
                 for (int q = 0, c0 = 0; c0 < nb; q++, c0 += NR, bp += (size_t)kc * NR) {
                     int nc = nb - c0 < NR ? nb - c0 : NR;
-                    int left = m - i0 - MR; /* rows after this block */
-                    if (left > 0) prefetch_next(x + (size_t)(i0 + MR) * ldx + (size_t)k0, ldx, left, kc, q * per, per);
-                    if (c0 + NR < nb) prefetch_tile(c + c0 + NR, ldy, mr, nb - c0 - NR < NR ? nb - c0 - NR : NR);
+                    /* AVX-512: panels per tile, 2 (32 columns) or 3 when 33..48 columns are left (so n = 40
+                     * is one 6 x 48 tile, not a 6 x 32 and an 8-column edge); 0: a 6 x 16 tile */
+                    int np = isa != SD_GEMM_ROWS_AVX512 || mr < MR || nb - c0 <= NR ? 0 : nb - c0 > 2 * NR && nb - c0 <= 3 * NR ? 3 : 2;
+                    int span = np ? np * NR : NR; /* columns the tile covers */
+                    int left = m - i0 - MR;       /* rows after this block */
+                    if (left > 0)
+                        prefetch_next(x + (size_t)(i0 + MR) * ldx + (size_t)k0, ldx, left, kc, q * per,
+                                      per * (span / NR));
+                    int c1 = c0 + span; /* the next tile's first column */
+                    if (c1 < nb) prefetch_tile(c + c1, ldy, mr, nb - c1 < NR ? nb - c1 : NR);
                     else if (left > 0)
                         prefetch_tile(c + (size_t)MR * ldy, ldy, left < MR ? left : MR, nb < NR ? nb : NR);
                     const float *init = k0 || mode.accumulate ? NULL : bias ? bias + j0 + c0 : zeros;
-                    if (mr == MR && nc == NR) run_kernel(isa, kc, a, bp, init, c + c0, ldy);
+                    if (np) {
+                        int last = nb - c0 - (np - 1) * NR < NR ? nb - c0 - (np - 1) * NR : NR;
+                        sd_gemm_rows_kern_avx512(np, kc, a, bp, last, init, c + c0, ldy);
+                        q += np - 1;
+                        c0 += (np - 1) * NR;
+                        bp += (size_t)(np - 1) * (size_t)kc * NR;
+                    } else if (mr == MR && nc == NR) run_kernel(isa, kc, a, bp, init, c + c0, ldy);
                     else run_edge(isa, kc, a, bp, init, c + c0, ldy, mr, nc);
                 }
                 if (mode.finish && k0 + kc == k) mode.finish(mode.finish_ctx, c, ldy, mr, nb);

@@ -14,7 +14,8 @@
  * SD_GEMM_ROWS_NC columns by SD_GEMM_ROWS_KC steps of k, into panels of 16
  * output columns; a 6 x 16
  * micro-kernel (gemm_rows_avx2.c: 12 ymm accumulators) runs each row block
- * over each panel, keeping the tile of y in registers across the k block
+ * over each panel (on AVX-512 CPUs a 6 x 32 one, gemm_rows_avx512.c: 12 zmm
+ * accumulators, over each pair of adjacent panels), keeping the tile of y in registers across the k block
  * and in y between blocks (a float store and reload changes nothing). */
 #ifndef SDTK_GEMM_ROWS_H
 #define SDTK_GEMM_ROWS_H
@@ -29,13 +30,20 @@ enum {
 };
 
 /* Which micro-kernel runs the tiles; every choice gives the same bits. */
-typedef enum { SD_GEMM_ROWS_PORTABLE = 0, SD_GEMM_ROWS_AVX2 = 1 } sd_gemm_rows_isa;
+typedef enum { SD_GEMM_ROWS_PORTABLE = 0, SD_GEMM_ROWS_AVX2 = 1, SD_GEMM_ROWS_AVX512 = 2 } sd_gemm_rows_isa;
 
-/* The fastest kernel this CPU runs (AVX2 and FMA: SD_GEMM_ROWS_AVX2). Asks
- * the compiler runtime's CPU model (filled once at program start by
- * libgcc/compiler-rt, not by sdtk), so it is cheap enough to call once
- * per op. */
+/* The fastest kernel this CPU runs (AVX-512F as well: SD_GEMM_ROWS_AVX512;
+ * AVX2 and FMA: SD_GEMM_ROWS_AVX2). Asks the compiler runtime's CPU model
+ * (filled once at program start by libgcc/compiler-rt, not by sdtk), so
+ * it is cheap enough to call once per op. */
 sd_gemm_rows_isa sd_gemm_rows_best_isa(void);
+
+/* Whether this build and CPU run isa's kernel (the portable one always). */
+int sd_gemm_rows_isa_usable(sd_gemm_rows_isa isa);
+
+/* The kernel's name for logs and benchmarks: "portable", "avx2+fma",
+ * "avx512f". */
+const char *sd_gemm_rows_isa_name(sd_gemm_rows_isa isa);
 
 /* Floats of scratch sd_gemm_rows needs (one packed block of w, 384 KB, and
  * a panel's rows widened from 16-bit weights, 32 KB). */

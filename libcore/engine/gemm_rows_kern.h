@@ -24,6 +24,15 @@ int sd_gemm_rows_pack_avx2(float *dst, const float *w, size_t ldw, int kc, const
 void sd_gemm_rows_widen_f16_avx2(float *dst, const uint16_t *src, int n);
 /* dst[i] = the float of bf16 src[i], i < n (AVX2 builds and CPUs). */
 void sd_gemm_rows_widen_bf16_avx2(float *dst, const uint16_t *src, int n);
+/* AVX-512F: a 6 x 16 np tile (np = 2 or 3) over the np adjacent panels
+ * from bp (kc * 16 floats apart), of which only the first `last` (1..16)
+ * columns of the last panel are real: c and init are read and c written
+ * there only (init: 16 (np - 1) + last start values). Call only when the
+ * CPU has AVX-512F (gemm_rows_avx512.c). */
+void sd_gemm_rows_kern_avx512(int np, int kc, const float *const *a, const float *bp, int last, const float *init,
+                              float *c, size_t ldc);
+/* Whether this build has the AVX-512 kernel at all (x86-64 GCC/Clang). */
+int sd_gemm_rows_have_avx512(void);
 /* Portable C with fmaf, any CPU (gemm_rows.c). */
 void sd_gemm_rows_kern_c(int kc, const float *const *a, const float *bp, const float *init, float *c, size_t ldc);
 /* Whether this build has the AVX2 kernel at all (x86 compilers only). */

@@ -22,6 +22,7 @@
 #include "ops_ref.h"
 #include "vexp.h"
 #include "vexp_avx2.h"
+#include "vexp_avx512.h"
 
 /* Positive dims and a positive, finite scale. */
 sd_status sd_attn_check(const sd_attn_shape *s, sd_error *err)
@@ -41,7 +42,7 @@ enum {
 typedef struct {
     const sd_attn_shape *s;
     int qt, kt, nqt, nkt; /* tile sizes, tiles per (batch, head) */
-    int avx2;             /* exponentials through sd_vexp_shift_avx2 */
+    int vx;               /* softmax passes: 0 portable, 1 AVX2 exponentials, 2 AVX-512 (same bits) */
     sd_gemm_rows_isa isa; /* the row-exact GEMM's kernel */
     float *scratch;       /* per worker: the GEMM's packing block, then the score blocks */
     size_t sstride;
@@ -66,7 +67,7 @@ static int tile_of(int len, int cap)
 static void gattn_plan(gattn *g, const sd_attn_shape *s, int key_units)
 {
     g->s = s;
-    g->avx2 = sd_vexp_avx2_usable();
+    g->vx = sd_vexp_avx512_usable() ? 2 : sd_vexp_avx2_usable() ? 1 : 0;
     g->isa = sd_gemm_rows_best_isa();
     g->qt = tile_of(s->tq, QTILE);
     g->kt = key_units ? tile_of(s->tk, KTILE) : s->tk < KTILE ? s->tk : KTILE;
@@ -88,12 +89,20 @@ static float *worker_pack(const gattn *g, int worker)
     return g->scratch + (size_t)worker * g->sstride;
 }
 
+/* out[i][j] = a_i . b_j (rows of a and b lda and ldb floats apart), not
+ * yet scaled. */
+static void dots_ld(const gattn *g, float *pack, const float *a, size_t lda, int na, const float *b, size_t ldb,
+                    int nb, float *out)
+{
+    sd_gemm_rows(g->isa, na, nb, g->s->d, a, lda, b, ldb, NULL, out, (size_t)nb, pack);
+}
+
 /* scores() with rows of a and b lda and ldb floats apart. */
 static void scores_ld(const gattn *g, float *pack, const float *a, size_t lda, int na, const float *b, size_t ldb,
                       int nb, float *out)
 {
     float sc = g->s->scale;
-    sd_gemm_rows(g->isa, na, nb, g->s->d, a, lda, b, ldb, NULL, out, (size_t)nb, pack);
+    dots_ld(g, pack, a, lda, na, b, ldb, nb, out);
     size_t n = (size_t)na * (size_t)nb;
     for (size_t i = 0; i < n; i++) out[i] *= sc;
 }
@@ -131,10 +140,15 @@ static int row_keys(const sd_attn_shape *s, int i, int j0, int nk)
     return lim < 0 ? 0 : lim > nk ? nk : lim;
 }
 
-/* x[j] = e^(x[j] - m) for j < n, 8 wide with avx2 (the same bits). */
-static void exp_shift(int n, float *restrict x, float m, int avx2)
+/* x[j] = e^(x[j] - m) for j < n, 8 wide with AVX2 or 16 with AVX-512
+ * (vx 1 or 2; the same bits). */
+static void exp_shift(int n, float *restrict x, float m, int vx)
 {
-    if (avx2) {
+    if (vx == 2) {
+        sd_vexp_shift_avx512(n, x, m);
+        return;
+    }
+    if (vx == 1) {
         sd_vexp_shift_avx2(n, x, m);
         return;
     }
@@ -143,11 +157,12 @@ static void exp_shift(int n, float *restrict x, float m, int avx2)
 
 /* x[j] = e^(x[j] - m) for j < n; returns their sum, taken in 8 interleaved
  * partial sums added in a fixed order. */
-static float exp_shift_sum(int n, float *restrict x, float m, int avx2)
+static float exp_shift_sum(int n, float *restrict x, float m, int vx)
 {
+    if (vx == 2) return sd_vexp_shift_sum_avx512(n, x, m);
     float acc[8] = {0};
     int j = 0;
-    exp_shift(n, x, m, avx2);
+    exp_shift(n, x, m, vx);
     for (j = 0; j + 8 <= n; j += 8)
         for (int l = 0; l < 8; l++) acc[l] += x[j + l];
     for (; j < n; j++) acc[j & 7] += x[j];
@@ -166,16 +181,25 @@ static float row_max(int n, const float *restrict x, float m)
     return mx[0];
 }
 
+/* x[j] *= scale for j < n, then row_max(n, x, m): one pass with AVX-512
+ * (vx 2), the same values. */
+static float scale_max(int n, float *restrict x, float scale, float m, int vx)
+{
+    if (vx == 2) return sd_scale_max_avx512(n, x, scale, m);
+    for (int j = 0; j < n; j++) x[j] *= scale;
+    return row_max(n, x, m);
+}
+
 /* Softmax backward on one row of n entries: p = e^(s - lse) into s and
  * dp = p (dp - D) scale, lse and D one value for the row (query rows) or one
  * per entry (key rows, the transposed blocks; then lse_v and d_v are set). */
 static void grad_row(int n, float *restrict sr, float *restrict dp, float lse, float D, const float *restrict lse_v,
-                     const float *restrict d_v, float scale, int avx2)
+                     const float *restrict d_v, float scale, int vx)
 {
     if (lse_v)
         for (int j = 0; j < n; j++) sr[j] = sd_vexpf(sr[j] - lse_v[j]);
     else
-        exp_shift(n, sr, lse, avx2);
+        exp_shift(n, sr, lse, vx);
     if (!dp) return;
     if (d_v)
         for (int j = 0; j < n; j++) dp[j] = sr[j] * (dp[j] - d_v[j]) * scale;
@@ -229,12 +253,12 @@ static void gattn_fwd_range(void *vctx, int worker, size_t begin, size_t end)
         int kend = s->causal && i0 + nq < s->tk ? i0 + nq : s->tk;
         for (int j0 = 0; j0 < kend; j0 += g->kt) {
             int nk = kend - j0 < g->kt ? kend - j0 : g->kt;
-            scores_ld(g, pk, r.q, r.ldi, nq, r.k + (size_t)j0 * r.ldi, r.ldi, nk, S);
+            dots_ld(g, pk, r.q, r.ldi, nq, r.k + (size_t)j0 * r.ldi, r.ldi, nk, S);
             for (int i = 0; i < nq; i++) {
                 float *row = S + (size_t)i * (size_t)nk;
-                int lim = row_keys(s, i0 + i, j0, nk);
-                float mx = row_max(lim, row, m[i]);
-                float sum = exp_shift_sum(lim, row, mx, g->avx2);
+                int lim = row_keys(s, i0 + i, j0, nk); /* entries past lim become 0 unscaled */
+                float mx = scale_max(lim, row, s->scale, m[i], g->vx);
+                float sum = exp_shift_sum(lim, row, mx, g->vx);
                 for (int j = lim; j < nk; j++) row[j] = 0.0f;
                 if (mx > m[i]) {
                     float a = sd_vexpf(m[i] - mx);
@@ -342,7 +366,7 @@ static void softmax_grad(const gattn *g, size_t row0, int i0, int j0, int nq, in
         for (int i = 0; i < nq; i++) {
             int lim = row_keys(s, i0 + i, j0, nk);
             float *sr = S + (size_t)i * (size_t)nk, *dr = dP ? dP + (size_t)i * (size_t)nk : NULL;
-            grad_row(lim, sr, dr, g->clse[row0 + (size_t)i], g->drow[row0 + (size_t)i], NULL, NULL, s->scale, g->avx2);
+            grad_row(lim, sr, dr, g->clse[row0 + (size_t)i], g->drow[row0 + (size_t)i], NULL, NULL, s->scale, g->vx);
             for (int j = lim; j < nk; j++) {
                 sr[j] = 0.0f;
                 if (dr) dr[j] = 0.0f;
