@@ -1161,7 +1161,7 @@ class Train(unittest.TestCase):
         self.assertIn("first moment", err)
         # what the other optimizers cannot do yet is refused up front
         for extra, why in ((["--optimizer", "adam"], "--optimizer: adamw, adamw8bit or adafactor"),
-                           (["--optimizer", "adamw8bit", "--zero1"], "not sharded yet"),
+                           (["--optimizer", "adamw8bit", "--zero2"], "start it under mpirun -np N"),
                            (["--optimizer", "adafactor", "--adam-moments", "bf16"], "AdamW's"),
                            (["--adafactor-beta1", "0.9"], "--optimizer adafactor")):
             _, err = run("--unet", UNET, "-o", os.path.join(self.tmp.name, "x"), *extra, self.shard, ok=(2,))

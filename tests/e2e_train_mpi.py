@@ -15,7 +15,10 @@ checkpoint longer than SD_DIST_TIMEOUT does not stop the others; --epochs resume
 another world size ends after the epochs; the skipped-record summary counts every rank's.
 --grad-dtype bf16 is refused under mpirun (exit 2).
 sd-train --memory-plan --zero1 on 2 ranks prints one plan (rank 0's) whose optimizer bytes are
-rank 0's share of the AdamW moments.
+rank 0's share of the AdamW moments; with --zero2 the gradients are rank 0's share too. ZeRO-2
+(gradients reduce-scattered during the backward) ends byte-identical to ZeRO-1, also with skipped
+batches, within fp32 rounding with accumulation, resumes byte-identically, and refuses what it
+cannot do.
 Exit 77 (skipped) when mpirun is missing or sd-train was built without MPI.
 Usage: e2e_train_mpi.py SD_TRAIN TEST_TRAIN UNET_DIR HAVE_MPI"""
 import json
@@ -109,6 +112,12 @@ def st_load(path):
     return out, meta
 
 
+def same_files(a, b):
+    """Whether two checkpoints' byte lists are equal, without unittest's diff of megabytes (which
+    takes minutes when they differ): the files that differ named."""
+    return [i for i, (x, y) in enumerate(zip(a, b)) if x != y] if len(a) == len(b) else ["count"]
+
+
 def children(pid):
     """The pids of the sd-train processes below pid."""
     found = []
@@ -172,7 +181,7 @@ class TrainMPI(unittest.TestCase):
     def test_two_rank_runs_identical(self):
         again = os.path.join(self.tmp.name, "again")
         mpi(2, "--unet", UNET, "-o", again, "--batch", "2", "--accum", "1", *COMMON, self.shard)
-        self.assertEqual(files(again, STEPS), files(self.two, STEPS))
+        self.assertEqual(same_files(files(again, STEPS), files(self.two, STEPS)), [])
 
     def test_kill_one_rank_then_resume(self):
         out = os.path.join(self.tmp.name, "killed")
@@ -203,7 +212,7 @@ class TrainMPI(unittest.TestCase):
         # rerun: resumes from the last checkpoint every rank completed
         self.assertGreaterEqual(latest(out), 2)
         mpi(2, *args)
-        self.assertEqual(files(out, STEPS), files(self.two, STEPS))
+        self.assertEqual(same_files(files(out, STEPS), files(self.two, STEPS)), [])
 
     def test_zero1(self):
         """ZeRO-1 (moments sharded over the 2 ranks) against the plain all-reduce run: the same
@@ -237,7 +246,108 @@ class TrainMPI(unittest.TestCase):
         with open(os.path.join(r, "latest"), "w") as f:
             f.write("checkpoint-6\n")
         mpi(2, "-o", r, *args)
-        self.assertEqual(files(r, STEPS), files(z, STEPS))
+        self.assertEqual(same_files(files(r, STEPS), files(z, STEPS)), [])
+
+    def test_zero2(self):
+        """ZeRO-2 (each tensor's gradient reduce-scattered during the backward into its owners'
+        shares) against ZeRO-1: the same rank-order sums, the same segment-grouped norm and the same
+        AdamW on the own segments, so with one micro-batch per rank and step the checkpoints are
+        byte-identical. Batch 1: whole batches of the shard's two bad records are skipped, and a
+        rank short of a round's share sends zeros (an idle pass; step 2 with this seed). With --accum 2 the
+        micro-batches are summed over the ranks first and then accumulated (ZeRO-1: accumulated,
+        then summed): a few fp32 ulps (measured 2.6e-7, allowed 1e-5 as the one-process test). A
+        ZeRO-2 run resumed from its step-6 checkpoint ends byte-identical; so does one resumed by
+        ZeRO-1 (the state is the same whole state). A non-finite loss stops both alike."""
+        base = ["--unet", UNET, "--save-every", "6", "--keep", "0"] + COMMON + [self.shard]
+        runs = {}
+        for batch, accum in (("1", "1"), ("1", "2")):
+            for z in ("--zero1", "--zero2"):
+                out = os.path.join(self.tmp.name, "z2-%s-b%s-a%s" % (z[2:], batch, accum))
+                mpi(2, "-o", out, z, "--batch", batch, "--accum", accum, *base)
+                runs[z, batch, accum] = out
+            one, two = runs["--zero1", batch, accum], runs["--zero2", batch, accum]
+            if accum == "1":
+                self.assertEqual(same_files(files(two, STEPS), files(one, STEPS)), [], (batch, accum))
+                continue
+            for sub in ("unet", "unet_ema"):
+                a, _ = st_load(os.path.join(one, "checkpoint-%d" % STEPS, sub, "diffusion_pytorch_model.safetensors"))
+                b, _ = st_load(os.path.join(two, "checkpoint-%d" % STEPS, sub, "diffusion_pytorch_model.safetensors"))
+                worst = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+                print("zero2 vs zero1, --accum 2, %s: largest |weight diff| %.3g" % (sub, worst), file=sys.stderr)
+                self.assertLess(worst, TOL_ABS, sub)
+        z = runs["--zero2", "1", "1"]
+        for how in ("--zero2", "--zero1"):
+            r = os.path.join(self.tmp.name, "zero2-resumed" + how)
+            shutil.copytree(os.path.join(z, "checkpoint-6"), os.path.join(r, "checkpoint-6"))
+            with open(os.path.join(r, "latest"), "w") as f:
+                f.write("checkpoint-6\n")
+            mpi(2, "-o", r, how, "--batch", "1", "--accum", "1", *base)
+            self.assertEqual(same_files(files(r, STEPS), files(z, STEPS)), [], how)
+        # a step whose loss is not finite (lr 1e8: step 2's) stops both with exit 3 and the same
+        # checkpoint of the state before it
+        for how in ("--zero1", "--zero2"):
+            code, err, _ = mpi_raw(2, TRAIN, "--unet", UNET, "-o", os.path.join(self.tmp.name, "nonfinite" + how), how,
+                                   "--steps", "4", "--seed", "5", "--lr", "1e8", "--max-grad-norm", "0", "-j", "1",
+                                   "-q", "--batch", "2", self.shard)
+            self.assertEqual(code, 3, err)
+            self.assertEqual(latest(os.path.join(self.tmp.name, "nonfinite" + how)), 1, err)
+        self.assertEqual(same_files(files(os.path.join(self.tmp.name, "nonfinite--zero1"), 1, ema=False),
+                                    files(os.path.join(self.tmp.name, "nonfinite--zero2"), 1, ema=False)), [])
+
+    def test_zero_other_optimizers(self):
+        """8-bit AdamW and Adafactor under ZeRO, shared by whole tensors (each rank owns a run of
+        them, its state that run's layout): --zero1 sums the whole gradient as plain data
+        parallelism and steps the own run, so it ends byte-identical to the plain 2-rank run (state
+        file included: rank 0 gathers the runs' buffers); --zero2 reduces each tensor's gradient
+        to its owner (rank-order sums; only the norm is grouped by share), measured equal here; a
+        --zero2 run resumed from its step-2 checkpoint, by --zero2 or --zero1, ends byte-identical."""
+        base = ["--unet", UNET, "--batch", "1", "--steps", "4", "--save-every", "2", "--keep", "0", "--seed", "5",
+                "--lr", "1e-3", "--ema-decay", "0.99", "-j", "1", "-q", self.shard]
+        for opt, extra in (("adafactor", ["--adafactor-beta1", "0.9"]), ("adamw8bit", [])):
+            runs = {}
+            for z in ("", "--zero1", "--zero2"):
+                runs[z] = os.path.join(self.tmp.name, "other-%s%s" % (opt, z))
+                mpi(2, "-o", runs[z], "--optimizer", opt, *extra, *([z] if z else []), *base)
+            self.assertEqual(same_files(files(runs["--zero1"], 4), files(runs[""], 4)), [], opt)
+            a, _ = st_load(os.path.join(runs["--zero1"], "checkpoint-4", "unet", "diffusion_pytorch_model.safetensors"))
+            b, _ = st_load(os.path.join(runs["--zero2"], "checkpoint-4", "unet", "diffusion_pytorch_model.safetensors"))
+            worst = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+            print("%s: zero2 vs zero1 largest |weight diff| %.3g" % (opt, worst), file=sys.stderr)
+            self.assertLess(worst, TOL_ABS, opt)
+            how = "--zero1" if opt == "adafactor" else "--zero2"
+            r = os.path.join(self.tmp.name, "other-%s-resumed" % opt)
+            shutil.copytree(os.path.join(runs["--zero2"], "checkpoint-2"), os.path.join(r, "checkpoint-2"))
+            with open(os.path.join(r, "latest"), "w") as f:
+                f.write("checkpoint-2\n")
+            mpi(2, "-o", r, "--optimizer", opt, *extra, how, *base)
+            self.assertEqual(same_files(files(r, 4), files(runs[how], 4)), [], (opt, how))
+
+    def test_zero2_refused(self):
+        """--zero2 with what it cannot do: one process, --fused-backward, per-tensor clipping, bf16
+        weights; ZeRO with 8-bit AdamW or Adafactor on a GPU; exit 2 with the reason, nothing
+        written."""
+        out = os.path.join(self.tmp.name, "zero2-refused")
+        p = subprocess.run([TRAIN, "--zero2", "--unet", UNET, "-o", out, "--steps", "1", "-q", self.shard],
+                           capture_output=True)
+        self.assertEqual(p.returncode, 2, p.stderr.decode())
+        self.assertIn("--zero2 shards the gradients over ranks: start it under mpirun -np N", p.stderr.decode())
+        for extra, why in ((["--fused-backward"], "not with --fused-backward"),
+                           (["--clip-per-tensor"], "not with --clip-per-tensor"),
+                           (["--weight-dtype", "bf16"], "--weight-dtype bf16 runs"),
+                           (["--grad-dtype", "bf16"], "--grad-dtype bf16 runs in one process only")):
+            code, err, _ = mpi_raw(2, TRAIN, "--zero2", *extra, "--unet", UNET, "-o", out, "--steps", "1", "-q",
+                                   self.shard)
+            self.assertEqual(code, 2, err)
+            self.assertIn(why, err)
+        # 8-bit AdamW and Adafactor are sharded on CPU ranks only (on a GPU their state is
+        # mirrored whole): refused with --device cuda before any device is opened
+        for zero in ("--zero1", "--zero2"):
+            for opt in ("adamw8bit", "adafactor"):
+                code, err, _ = mpi_raw(2, TRAIN, zero, "--optimizer", opt, "--device", "cuda:0", "--unet", UNET,
+                                       "-o", out, "--steps", "1", "-q", self.shard)
+                self.assertEqual(code, 2, err)
+                self.assertIn("on CPU ranks only so far", err)
+        self.assertFalse(os.path.exists(out))
 
     def test_zero1_bf16_moments(self):
         """--adam-moments bf16 with ZeRO-1: each rank rounds its segments with the bits of their
@@ -272,14 +382,16 @@ class TrainMPI(unittest.TestCase):
         with open(os.path.join(r, "latest"), "w") as f:
             f.write("checkpoint-6\n")
         mpi(2, "-o", r, "--zero1", *args)
-        self.assertEqual(files(r, STEPS), files(z, STEPS))
+        self.assertEqual(same_files(files(r, STEPS), files(z, STEPS)), [])
 
     def test_zero1_several_blocks(self):
         """ZeRO-1 over more than one reduction block (SD_DIST_BLOCK = 4M values): a from-scratch
         UNet of 8.5M weights (the tiny config with 64/128/128 channels) spans three, so every
         rank owns a segment of each and the checkpoint gathers them block by block. With fp32
         and with bf16 moments the sharded run's checkpoint equals the all-reduce run's, and a
-        bf16 ZeRO-1 run resumed from its step-2 checkpoint ends byte-identical."""
+        bf16 ZeRO-1 run resumed from its step-2 checkpoint ends byte-identical. ZeRO-2 with bf16
+        moments, whose per-tensor reduce-scatters cut tensors at the blocks' and segments' ends,
+        ends byte-identical to ZeRO-1."""
         with open(os.path.join(UNET, "unet", "config.json")) as f:
             cfg = json.load(f)
         cfg["block_out_channels"] = [64, 128, 128]
@@ -293,6 +405,10 @@ class TrainMPI(unittest.TestCase):
             z = os.path.join(self.tmp.name, "blocks-%s-zero1" % moments)
             mpi(2, "-o", a, "--adam-moments", moments, *base)
             mpi(2, "-o", z, "--adam-moments", moments, "--zero1", *base)
+            if moments == "bf16":  # ZeRO-2 over the three blocks: tensors straddle the blocks' ends
+                z2 = os.path.join(self.tmp.name, "blocks-bf16-zero2")
+                mpi(2, "-o", z2, "--adam-moments", moments, "--zero2", *base)
+                self.assertEqual(same_files(files(z2, 4), files(z, 4)), [])
             sa, ma = st_load(os.path.join(z, "checkpoint-4", "state.safetensors"))
             sb, _ = st_load(os.path.join(a, "checkpoint-4", "state.safetensors"))
             self.assertGreater(int(ma["param_floats"]), 2 * 4 * 1024 * 1024)
@@ -311,7 +427,7 @@ class TrainMPI(unittest.TestCase):
         with open(os.path.join(r, "latest"), "w") as f:
             f.write("checkpoint-2\n")
         mpi(2, "-o", r, "--adam-moments", "bf16", "--zero1", *base)
-        self.assertEqual(files(r, 4), files(z, 4))
+        self.assertEqual(same_files(files(r, 4), files(z, 4)), [])
 
     def test_usage_error_on_one_rank(self):
         """An option refused on rank 1 only (its --config file is missing there): every rank exits 2
@@ -356,7 +472,7 @@ class TrainMPI(unittest.TestCase):
         self.assertIn("rank 1 of 2 does not start from rank 0's state: its step is 0, rank 0's 2", err)
         self.assertLess(secs, 30)
         self.assertEqual(sorted(os.listdir(shared)), ["checkpoint-2", "latest"])
-        self.assertEqual(files(shared, 2), before)
+        self.assertEqual(same_files(files(shared, 2), before), [])
         extra = os.path.join(self.tmp.name, "agree-extra.shard")
         shutil.copyfile(self.shard, extra)
         w = rank_wrapper(os.path.join(self.tmp.name, "agree-shards.sh"), shlex.quote(extra))
@@ -428,7 +544,7 @@ class TrainMPI(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr.decode())
         self.assertEqual(latest(again), want, p.stderr.decode())
         self.assertIn("the checkpoint's plan of %d steps" % want, p.stderr.decode())
-        self.assertEqual(files(again, want, ema=False), files(one, want, ema=False))
+        self.assertEqual(same_files(files(again, want, ema=False), files(one, want, ema=False)), [])
 
     def test_skip_summary_counts_every_rank(self):
         """The generated shard has two records that are always skipped: the summary of 2 ranks
@@ -487,6 +603,31 @@ class MemoryPlanMPI(unittest.TestCase):
             self.assertEqual(two["optimizer"], 8 * (n // 2))  # rank 0: [0, n / 2) of the block
             self.assertIs(two["setup"]["zero1"], True)
             self.assertEqual(two["weights"], one["weights"])
+            # --zero2: the gradients too are rank 0's share, plus the per-op scratch
+            p = subprocess.run(cmd[:-len(base) - 1] + ["--zero2"] + base, capture_output=True, env=env, timeout=120)
+            self.assertEqual(p.returncode, 0, p.stderr.decode())
+            z2 = json.loads(p.stdout.decode())
+            self.assertIs(z2["setup"]["zero2"], True)
+            self.assertEqual(z2["optimizer"], two["optimizer"])
+            self.assertEqual(z2["detail"]["gradient_share"], 4 * (n // 2))
+            self.assertEqual(two["gradients"], one["gradients"])
+            self.assertLess(z2["gradients"], 0.6 * one["gradients"])
+            self.assertGreater(z2["detail"]["reduction_buffer"], 0)
+            self.assertLess(z2["total"], two["total"])
+            # rank 0 gathers the whole moments for each checkpoint: the peak of its run
+            self.assertEqual(one["detail"]["save_gather"], 0)
+            self.assertEqual(two["detail"]["save_gather"], 8 * n)
+            self.assertEqual(z2["detail"]["save_gather"], 8 * n)
+            # Adafactor by whole tensors: rank 0's run of the state, its run of the gradient
+            af = ["--optimizer", "adafactor"] + base
+            one_af = json.loads(subprocess.run([TRAIN] + af, capture_output=True, check=True).stdout)
+            p = subprocess.run(cmd[:-len(base) - 1] + ["--zero2"] + af, capture_output=True, env=env, timeout=120)
+            self.assertEqual(p.returncode, 0, p.stderr.decode())
+            z2af = json.loads(p.stdout.decode())
+            self.assertLess(z2af["optimizer"], one_af["optimizer"])
+            self.assertGreater(z2af["optimizer"], 0)
+            self.assertEqual(z2af["detail"]["save_gather"], one_af["optimizer"])
+            self.assertLess(z2af["detail"]["gradient_share"], 0.75 * one_af["gradients"])
 
 
 if __name__ == "__main__":

@@ -1732,6 +1732,27 @@ static void test_device_paths_on_host(void)
         if (!CHECK(same)) fprintf(stderr, "device paths on the host: %s: not the CPU's state\n", cfg[i].what);
         for (int k = 0; k < 3; k++) free(st[k]);
     }
+    /* 8-bit AdamW and Adafactor sharded by ZeRO run on CPU ranks only: on a
+     * device their state is mirrored whole, so the open refuses the pair */
+    for (int z = 0; z < 2; z++) {
+        sd_optimizer opts[2] = {SD_OPT_ADAMW8BIT, SD_OPT_ADAFACTOR};
+        for (int i = 0; i < 2; i++) {
+            sd_train_opts o;
+            snprintf(out, sizeof out, "%s/zero-refused", dir);
+            shard_opts(&o, shards, out, 4, 1);
+            o.optimizer = opts[i];
+            o.zero1 = !z;
+            o.zero2 = z;
+            o.backend = &fake;
+            o.backend_exec = NULL;
+            sd_trainer tr;
+            sd_error e = {0};
+            sd_status rc = sd_trainer_open(&tr, &o, &e);
+            if (!rc) sd_trainer_close(&tr);
+            if (!CHECK(rc == SD_EUNSUPPORTED && strstr(e.msg, "CPU ranks only")))
+                fprintf(stderr, "zero%d with %s on a device: %d, %s\n", z + 1, sd_optimizer_name(opts[i]), rc, e.msg);
+        }
+    }
     rmtree(dir);
 }
 

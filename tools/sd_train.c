@@ -53,6 +53,8 @@ static void log_model(const sd_trainer *tr, int resumed)
     double wbytes = (double)tr->unet.w.total * (tr->o.weight_dtype == SD_DT_BF16 ? 2 : 4);
     char grads[64];
     if (tr->o.fused_backward) snprintf(grads, sizeof grads, "one op's at a time (--fused-backward)");
+    else if (tr->o.zero2)
+        snprintf(grads, sizeof grads, "%.1f MiB (this rank's share, --zero2)", (double)tr->z2own * 4 / (1 << 20));
     else if (tr->g16) snprintf(grads, sizeof grads, "%.1f MiB (bf16)", (double)tr->unet.w.total * 2 / (1 << 20));
     else snprintf(grads, sizeof grads, "%.1f MiB", (double)tr->unet.w.total * 4 / (1 << 20));
     sd_log(SD_LOG_INFO, "memory: weights %.1f MiB (%s), gradients %s, optimizer state (%s) %.1f MiB%s",
@@ -282,7 +284,8 @@ int main(int argc, char **argv)
          "(transformers' Adafactor with relative_step, scale_parameter and warmup_init off at --lr: a factored "
          "second moment for matrices and conv kernels, no first moment unless --adafactor-beta1); --beta1, --beta2 "
          "and --adam-eps are AdamW's and AdamW8bit's, --weight-decay every optimizer's; CPU or --device cuda (the CUDA "
-         "kernels have not run on a GPU yet: sd-selftest --device cuda:0 checks them), not with --zero1. Example: "
+         "kernels have not run on a GPU yet: sd-selftest --device cuda:0 checks them); under --zero1/--zero2 on CPU ranks "
+         "only. Example: "
          "--optimizer adafactor --weight-dtype bf16 --device cuda:0"},
         {"adafactor-beta1", 0, SD_OPT_DOUBLE, &o.adafactor_beta1, "X",
          "--optimizer adafactor: keep a first moment with this beta1 (default none, as transformers)"},
@@ -431,9 +434,19 @@ int main(int argc, char **argv)
          "apply --max-grad-norm to each parameter tensor's own norm instead of the global norm (what "
          "--fused-backward does; the same final weights with or without it)"},
         {"zero1", 0, SD_OPT_FLAG, &o.zero1, NULL,
-         "under mpirun on CPUs: each rank keeps only its share of the AdamW moments (ZeRO stage 1: gradients "
+         "under mpirun: each rank keeps only its share of the AdamW moments (ZeRO stage 1: gradients "
          "reduce-scattered, AdamW on the own share, weights all-gathered), cutting their memory by the number of "
-         "ranks; checkpoints still hold the whole state"},
+         "ranks; checkpoints still hold the whole state. adamw8bit and adafactor are shared by whole tensors "
+         "on CPU ranks (not with --device cuda). "
+         "CPU ranks over MPI, GPU ranks (--device cuda) over NCCL (not yet run on a GPU)"},
+        {"zero2", 0, SD_OPT_FLAG, &o.zero2, NULL,
+         "under mpirun: --zero1 and the gradients sharded too (ZeRO stage 2): each tensor's gradient is "
+         "reduce-scattered as soon as the backward has it, so a rank holds only its share of the gradients and "
+         "AdamW moments and no gradient buffer of the model; --accum works, clipping is by the global norm, "
+         "checkpoints hold the whole state (resumable by any world size, with or without it). fp32 weights; "
+         "AdamW, or on CPU ranks adamw8bit and adafactor (shared by whole tensors); CPU ranks over MPI (the same "
+         "weights as --zero1), GPU ranks over NCCL (not yet run on a GPU). "
+         "Example: mpirun -np 2 sd-train --zero2 --unet sd15/ -o run/ --batch 2 cache.shard"},
         {"nccl", 0, SD_OPT_FLAG, &o.nccl, NULL,
          "sum gradients over NCCL even with one process (a check of the path; several GPU ranks use NCCL whenever "
          "the build has it)"},
@@ -529,7 +542,6 @@ int main(int argc, char **argv)
     if (!bad && o.val_every < 0) bad = "--val-every must not be negative";
     if (!bad) bad = check_samples(&o, bad_buf, sizeof bad_buf);
     if (!bad && fresh && resume) bad = "--fresh starts over and --resume continues: give one of them";
-    if (!bad && o.zero1 && o.device >= 0) bad = "--zero1 shards the CPU optimizer; not with --device cuda";
     if (!bad && !sd_lr_kind_parse(sched, &o.lr.kind))
         bad = "--lr-schedule: constant, constant_with_warmup, cosine or linear";
     if (!bad && (t_min < 0 || t_max > SD_DDPM_STEPS || t_min >= t_max))
@@ -551,14 +563,16 @@ int main(int argc, char **argv)
         bad = "--adafactor-beta1 is Adafactor's (--optimizer adafactor)";
     if (!bad && !(o.adafactor_beta1 < 1 && isfinite(o.adafactor_beta1)))
         bad = "--adafactor-beta1 in [0, 1)";
-    if (!bad && o.optimizer != SD_OPT_ADAMW && o.zero1)
-        bad = "--zero1 shards AdamW's moments; --optimizer adamw8bit and adafactor are not sharded yet";
+    if (!bad && o.optimizer != SD_OPT_ADAMW && (o.zero1 || o.zero2) && o.device >= 0)
+        bad = "--optimizer adamw8bit and adafactor are sharded by --zero1/--zero2 on CPU ranks only so far (not with "
+              "--device cuda)";
     if (!bad && o.optimizer != SD_OPT_ADAMW && o.moments != SD_DT_F32)
         bad = "--adam-moments bf16 is AdamW's: --optimizer adamw8bit and adafactor keep their own state";
     if (!bad && strcmp(gdtype, "fp32") == 0) o.grad_dtype = SD_DT_F32;
     else if (!bad && strcmp(gdtype, "bf16") == 0) o.grad_dtype = SD_DT_BF16;
     else if (!bad) bad = "--grad-dtype: fp32 or bf16";
     if (!bad) bad = sd_train_g16_refusal(&o);
+    if (!bad && o.zero2) bad = sd_train_zero2_refusal(&o, world);
     if (!bad && o.fused_backward) bad = sd_train_fused_refusal(&o, accum);
     if (!bad && o.clip_per_tensor && o.zero1) bad = "--clip-per-tensor does not run with --zero1 so far";
     if (!bad && strcmp(dtype, "fp32") == 0) o.save_dtype = SD_ST_F32;

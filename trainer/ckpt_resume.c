@@ -231,19 +231,25 @@ static sd_status same_optimizer(const sd_trainer *tr, const sd_safetensors *st, 
 }
 
 /* The state file's buffers of 8-bit AdamW or Adafactor (opt.NAME, each
- * of the dtype and size this run's layout gives) into the run's state. */
+ * of the dtype and size the whole model's layout gives) into the run's
+ * state: whole, or under ZeRO this rank's run of tensors' part of each. */
 static sd_status read_opt_state(sd_trainer *tr, const sd_safetensors *st, const char *path, sd_error *err)
 {
     for (size_t i = 0; i < tr->opt.nbufs; i++) {
         sd_opt_buf *b = &tr->opt.bufs[i];
-        if (!b->count) continue;
+        size_t start = 0, whole = b->count, es = b->st_dtype == SD_ST_U8 ? 1 : 4;
+        if (sd_train_sharded(&tr->o)) {
+            sd_status rc = sd_train_tensor_state_at(tr, i, &start, &whole, err);
+            if (rc) return rc;
+        }
+        if (!whole) continue;
         char name[64];
         snprintf(name, sizeof name, "opt.%s", b->name);
         const sd_st_tensor *t = sd_st_find(st, name);
-        if (!t || (int)t->dtype != b->st_dtype || t->ndim != 1 || t->shape[0] != b->count)
-            return sd_err_set(err, SD_EFORMAT, "%s: tensor %s missing or not %zu %s values", path, name, b->count,
+        if (!t || (int)t->dtype != b->st_dtype || t->ndim != 1 || t->shape[0] != whole)
+            return sd_err_set(err, SD_EFORMAT, "%s: tensor %s missing or not %zu %s values", path, name, whole,
                               b->st_dtype == SD_ST_U8 ? "uint8" : "fp32");
-        memcpy(b->data, t->data, t->nbytes);
+        if (b->count) memcpy(b->data, (const char *)t->data + start * es, b->count * es);
     }
     return SD_OK;
 }
@@ -323,7 +329,7 @@ static sd_status resume_from(sd_trainer *tr, const char *ck, sd_error *err)
     else if (!rc) rc = moments_of(tr, st, n, p, &tm, &tv, &mdt, err);
     if (rc || tr->o.optimizer != SD_OPT_ADAMW) {
         /* nothing more of AdamW's */
-    } else if (tr->o.zero1) { /* each rank takes its segments from the mapped file: no whole copy */
+    } else if (sd_train_sharded(&tr->o)) { /* each rank takes its segments from the mapped file: no whole copy */
         sd_train_moments_from(tr, tm->data, tv->data, mdt);
     } else {
         sd_train_moments_convert(tr->m, tr->o.moments, tm->data, mdt, n);

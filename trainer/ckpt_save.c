@@ -363,8 +363,9 @@ static sd_status write_state(const sd_trainer *tr, const char *path, sd_error *e
         t[nt++] = flat_as("adam_m", tr->m, n, mdt);
         t[nt++] = flat_as("adam_v", tr->v, n, mdt);
     }
-    for (size_t i = 0; i < tr->opt.nbufs; i++) { /* another optimizer's buffers, as opt.NAME */
-        const sd_opt_buf *b = &tr->opt.bufs[i];
+    const sd_opt_state *os = tr->opt_save ? tr->opt_save : &tr->opt; /* ZeRO: the gathered whole */
+    for (size_t i = 0; i < os->nbufs; i++) { /* another optimizer's buffers, as opt.NAME */
+        const sd_opt_buf *b = &os->bufs[i];
         if (!b->count) continue;
         snprintf(names[i], sizeof names[i], "opt.%s", b->name);
         t[nt] = (sd_st_tensor){.name = names[i], .dtype = b->st_dtype, .ndim = 1,
@@ -526,14 +527,16 @@ static sd_status save_local(sd_trainer *tr, sd_error *err)
 static sd_status save_all(sd_trainer *tr, sd_error *err);
 
 /* The state the checkpoint holds in host memory first: a GPU run's
- * weights and moments copied back, ZeRO-1's moment shards gathered whole
- * (and sharded again afterwards). */
+ * weights and moments copied back, ZeRO's moment shards (or the per-tensor
+ * optimizers' runs) gathered whole (and sharded again afterwards). */
 sd_status sd_train_save(sd_trainer *tr, sd_error *err)
 {
     sd_status rc = sd_train_sync_host(tr, err);
     if (!rc) rc = sd_train_moments_full(tr, err);
+    if (!rc) rc = sd_train_tensor_state_full(tr, err);
     if (!rc) rc = save_all(tr, err);
     sd_train_moments_shard(tr);
+    sd_train_tensor_state_shard(tr);
     if (!rc) tr->saved_step = tr->step;
     return rc;
 }

@@ -56,6 +56,30 @@ size_t sd_dist_owned(size_t n, int rank, int world);
 /* Each rank's own segments get the rank-order sum of all ranks' values
  * there; the rest of buf is left as it was. */
 sd_status sd_dist_reduce_scatter_f32(float *buf, size_t n, sd_error *err);
+/* ZeRO-2's part of the sum: src holds this rank's values of [off, off +
+ * len) of an n-float buffer, every rank calling with the same range in
+ * the same order; each owner gets the rank-order sum of the range's part
+ * in its segments, stored (add 0) or added (add 1) at its place in own,
+ * the owner's packed segments (sd_dist_owned floats, block order). */
+sd_status sd_dist_reduce_scatter_range(const float *src, size_t off, size_t len, size_t n, float *own, int add,
+                                       sd_error *err);
+/* ZeRO by whole tensors (8-bit AdamW, Adafactor): every rank's len values
+ * of src summed in rank order on root, stored (add 0) or added (add 1)
+ * into root's dst (ignored elsewhere), in pieces of SD_DIST_PIECE values;
+ * and len values of buf from root to every rank. */
+enum { SD_DIST_PIECE = 1 << 24 };
+sd_status sd_dist_reduce_to(const float *src, size_t len, int root, float *dst, int add, sd_error *err);
+sd_status sd_dist_bcast_f32(float *buf, size_t len, int root, sd_error *err);
+/* Rank r's counts[r] bytes (own) into full on rank 0, rank after rank (full
+ * ignored elsewhere); untimed, as sd_dist_gather. */
+sd_status sd_dist_gather_ranks(void *full, const void *own, const size_t *counts, sd_error *err);
+/* Where global index i, which rank owns, lies in rank's packed segments. */
+size_t sd_dist_packed_index(size_t n, size_t i, int rank, int world);
+/* The receive floats sd_dist_reduce_scatter_range needs on rank for
+ * [off, off + len), and those sd_dist_reduce_scatter_f32 needs for any n
+ * (0 in a world of one): the memory plan counts them. */
+size_t sd_dist_range_recv_floats(size_t n, size_t off, size_t len, int rank, int world);
+size_t sd_dist_sum_recv_floats(int world);
 /* Every segment from its owner to all ranks. */
 sd_status sd_dist_allgather_f32(float *buf, size_t n, sd_error *err);
 /* Every rank's packed segments (own: sd_dist_owned values of elem bytes,

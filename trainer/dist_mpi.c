@@ -197,6 +197,140 @@ sd_status sd_dist_reduce_scatter_f32(float *buf, size_t n, sd_error *err)
     return st;
 }
 
+/* Per block the range touches: every rank sends the range's part in
+ * segment k to rank k (MPI_Alltoallv), which sums the N copies in rank
+ * order and stores or adds them into its packed segments: the arithmetic
+ * of sd_dist_reduce_scatter_f32 on a piece of the buffer. */
+sd_status sd_dist_reduce_scatter_range(const float *src, size_t off, size_t len, size_t n, float *own, int add,
+                                       sd_error *err)
+{
+    int N = g_on ? g_world : 1;
+    if (N == 1) {
+        for (size_t i = 0; i < len; i++) own[off + i] = add ? own[off + i] + src[i] : src[i];
+        return SD_OK;
+    }
+    sd_status st = SD_OK;
+    if (len == 0) return SD_OK;
+    int *cnt = malloc(4 * (size_t)N * sizeof(int));
+    if (!cnt) return sd_err_set(err, SD_ENOMEM, "out of memory");
+    int *dsp = cnt + N, *rcnt = cnt + 2 * N, *roff = cnt + 3 * N;
+    double t0 = MPI_Wtime();
+    watch("a gradient reduce-scatter (ZeRO-2)");
+    for (size_t b = off / SD_DIST_BLOCK; b * SD_DIST_BLOCK < off + len && !st; b++) {
+        /* the range's part in block b starts at first: displacements from there fit an int */
+        size_t first = b * SD_DIST_BLOCK > off ? b * SD_DIST_BLOCK : off, mlo = first, mhi = first;
+        for (int k = 0; k < N; k++) {
+            size_t lo, hi;
+            sd_dist_segment(n, b, k, N, &lo, &hi);
+            size_t s = lo > first ? lo : first, e = hi < off + len ? hi : off + len;
+            if (e < s) e = s;
+            cnt[k] = (int)(e - s);
+            dsp[k] = (int)(s - first);
+            if (k == g_rank) {
+                mlo = s;
+                mhi = e;
+            }
+        }
+        const float *base = src + (first - off);
+        int mine = (int)(mhi - mlo);
+        st = recv_room((size_t)mine, err);
+        if (st) break;
+        for (int k = 0; k < N; k++) {
+            rcnt[k] = mine;
+            roff[k] = k * mine;
+        }
+        int rc = MPI_Alltoallv(base, cnt, dsp, MPI_FLOAT, g_recv, rcnt, roff, MPI_FLOAT, MPI_COMM_WORLD);
+        if (rc != MPI_SUCCESS) {
+            st = mpi_fail(rc, "MPI_Alltoallv (ZeRO-2 gradient reduce-scatter)", err);
+            break;
+        }
+        if (mine == 0) continue;
+        float *dst = own + sd_dist_packed_index(n, mlo, g_rank, N);
+        for (int i = 0; i < mine; i++) {
+            float v = g_recv[i];
+            for (int k = 1; k < N; k++) v += g_recv[(size_t)k * (size_t)mine + (size_t)i];
+            dst[i] = add ? dst[i] + v : v;
+        }
+    }
+    watch(NULL);
+    g_sum_s += MPI_Wtime() - t0;
+    free(cnt);
+    return st;
+}
+
+/* Piece by piece, every rank's values to root (MPI_Gather), which sums
+ * them in rank order into dst: the rank-order sum of sd_dist_sum_f32 for
+ * one owner. */
+sd_status sd_dist_reduce_to(const float *src, size_t len, int root, float *dst, int add, sd_error *err)
+{
+    int N = g_on ? g_world : 1;
+    if (N == 1) {
+        for (size_t i = 0; i < len; i++) dst[i] = add ? dst[i] + src[i] : src[i];
+        return SD_OK;
+    }
+    sd_status st = SD_OK;
+    double t0 = MPI_Wtime();
+    watch("a gradient reduce to its owner (ZeRO-2)");
+    for (size_t at = 0; at < len && !st; at += SD_DIST_PIECE) {
+        int k = (int)(len - at < SD_DIST_PIECE ? len - at : SD_DIST_PIECE);
+        if (g_rank == root) st = recv_room((size_t)k, err);
+        if (st) break;
+        int rc = MPI_Gather(src + at, k, MPI_FLOAT, g_rank == root ? g_recv : NULL, k, MPI_FLOAT, root, MPI_COMM_WORLD);
+        if (rc != MPI_SUCCESS) {
+            st = mpi_fail(rc, "MPI_Gather (ZeRO-2 gradient reduce)", err);
+            break;
+        }
+        if (g_rank != root) continue;
+        for (int i = 0; i < k; i++) {
+            float v = g_recv[i];
+            for (int r = 1; r < N; r++) v += g_recv[(size_t)r * (size_t)k + (size_t)i];
+            dst[at + (size_t)i] = add ? dst[at + (size_t)i] + v : v;
+        }
+    }
+    watch(NULL);
+    g_sum_s += MPI_Wtime() - t0;
+    return st;
+}
+
+/* Piece by piece from root (MPI_Bcast). */
+sd_status sd_dist_bcast_f32(float *buf, size_t len, int root, sd_error *err)
+{
+    if (!g_on || g_world == 1) return SD_OK;
+    sd_status st = SD_OK;
+    double t0 = MPI_Wtime();
+    watch("a broadcast of weights from their owner");
+    for (size_t at = 0; at < len && !st; at += SD_DIST_PIECE) {
+        int k = (int)(len - at < SD_DIST_PIECE ? len - at : SD_DIST_PIECE);
+        int rc = MPI_Bcast(buf + at, k, MPI_FLOAT, root, MPI_COMM_WORLD);
+        if (rc != MPI_SUCCESS) st = mpi_fail(rc, "MPI_Bcast (weights)", err);
+    }
+    watch(NULL);
+    g_sum_s += MPI_Wtime() - t0;
+    return st;
+}
+
+/* Rank by rank, in pieces of at most 1 GiB, to rank 0 (MPI_Send / Recv). */
+sd_status sd_dist_gather_ranks(void *full, const void *own, const size_t *counts, sd_error *err)
+{
+    int N = g_on ? g_world : 1;
+    if (g_rank == 0) memcpy(full, own, counts[0]);
+    if (N == 1) return SD_OK;
+    const size_t piece = (size_t)1 << 30;
+    size_t at = counts[0];
+    for (int r = 1; r < N; r++) {
+        for (size_t done = 0; done < counts[r]; done += piece) {
+            int k = (int)(counts[r] - done < piece ? counts[r] - done : piece), rc = MPI_SUCCESS;
+            if (g_rank == 0)
+                rc = MPI_Recv((char *)full + at + done, k, MPI_BYTE, r, 77, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            else if (g_rank == r)
+                rc = MPI_Send((const char *)own + done, k, MPI_BYTE, 0, 77, MPI_COMM_WORLD);
+            if (rc != MPI_SUCCESS) return mpi_fail(rc, g_rank == 0 ? "MPI_Recv (optimizer state)" : "MPI_Send", err);
+        }
+        at += counts[r];
+    }
+    return SD_OK;
+}
+
 /* Per block, every rank's segment to everyone (MPI_Allgatherv in place). */
 sd_status sd_dist_allgather_f32(float *buf, size_t n, sd_error *err)
 {

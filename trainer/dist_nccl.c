@@ -59,6 +59,62 @@ sd_status sd_nccl_sum_f32(sd_nccl *c, float *buf, size_t n, void *stream, sd_err
     return r == ncclSuccess ? SD_OK : nccl_fail(r, c->rank, "ncclAllReduce (gradient sum)", err);
 }
 
+/* The segments of block b, one collective per segment inside one group:
+ * reduce to (reduce set) or broadcast from its owner, in place. */
+static sd_status block_segments(sd_nccl *c, float *buf, size_t n, size_t b, int reduce, cudaStream_t s,
+                                sd_error *err)
+{
+    ncclResult_t r = ncclGroupStart();
+    for (int k = 0; k < c->world && r == ncclSuccess; k++) {
+        size_t lo, hi;
+        sd_dist_segment(n, b, k, c->world, &lo, &hi);
+        if (hi == lo) continue; /* the same on every rank */
+        r = reduce ? ncclReduce(buf + lo, buf + lo, hi - lo, ncclFloat, ncclSum, k, c->comm, s)
+                   : ncclBroadcast(buf + lo, buf + lo, hi - lo, ncclFloat, k, c->comm, s);
+    }
+    ncclResult_t e = ncclGroupEnd();
+    if (r == ncclSuccess) r = e;
+    return r == ncclSuccess ? SD_OK : nccl_fail(r, c->rank, reduce ? "ncclReduce (ZeRO)" : "ncclBroadcast (ZeRO)", err);
+}
+
+/* Block by block, each segment summed into its owner. */
+sd_status sd_nccl_reduce_scatter_f32(sd_nccl *c, float *buf, size_t n, void *stream, sd_error *err)
+{
+    sd_status st = SD_OK;
+    for (size_t b = 0; b < sd_dist_blocks(n) && !st; b++) st = block_segments(c, buf, n, b, 1, stream, err);
+    return st;
+}
+
+/* Block by block, each segment from its owner to all. */
+sd_status sd_nccl_allgather_f32(sd_nccl *c, float *buf, size_t n, void *stream, sd_error *err)
+{
+    sd_status st = SD_OK;
+    for (size_t b = 0; b < sd_dist_blocks(n) && !st; b++) st = block_segments(c, buf, n, b, 0, stream, err);
+    return st;
+}
+
+/* Per block the range touches, each owner's part reduced into its place
+ * in own (the other ranks pass their send buffer, which NCCL ignores). */
+sd_status sd_nccl_reduce_range(sd_nccl *c, float *src, size_t off, size_t len, size_t n, float *own,
+                               void *stream, sd_error *err)
+{
+    for (size_t b = off / SD_DIST_BLOCK; b * SD_DIST_BLOCK < off + len; b++) {
+        ncclResult_t r = ncclGroupStart();
+        for (int k = 0; k < c->world && r == ncclSuccess; k++) {
+            size_t lo, hi;
+            sd_dist_segment(n, b, k, c->world, &lo, &hi);
+            size_t s = lo > off ? lo : off, e = hi < off + len ? hi : off + len;
+            if (e <= s) continue; /* the same on every rank */
+            float *send = src + (s - off), *recv = k == c->rank ? own + sd_dist_packed_index(n, s, k, c->world) : send;
+            r = ncclReduce(send, recv, e - s, ncclFloat, ncclSum, k, c->comm, (cudaStream_t)stream);
+        }
+        ncclResult_t e = ncclGroupEnd();
+        if (r == ncclSuccess) r = e;
+        if (r != ncclSuccess) return nccl_fail(r, c->rank, "ncclReduce (ZeRO-2 gradient reduce-scatter)", err);
+    }
+    return SD_OK;
+}
+
 /* Leave the communicator. */
 void sd_nccl_close(sd_nccl *c)
 {

@@ -3,6 +3,7 @@
 #include "mem_plan.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dev_ws.h"
@@ -100,7 +101,7 @@ static sd_status walk_step(const sd_train_opts *o, const sd_unet *u, const sd_un
         return sd_err_set(err, SD_ENOMEM, "memory plan: the reserved range is too small");
     }
     sd_unet_forward(u, g, be, &x, w, act);
-    if (o->fused_backward || o->grad_dtype == SD_DT_BF16) { /* the parameter gradients into a per-op scratch */
+    if (o->fused_backward || o->zero2 || o->grad_dtype == SD_DT_BF16) { /* the parameter gradients into a per-op scratch */
         sd_unet_wts wts = {w, NULL, NULL};
         sd_unet_fuse f = {grad, plan_done, NULL};
         (void)sd_unet_backward_fused(u, g, be, &x, &wts, act, dact, dout, NULL, &f);
@@ -111,6 +112,32 @@ static sd_status walk_step(const sd_train_opts *o, const sd_unet *u, const sd_un
     *peak = x.peak_total;
     sd_plan_exec_free(&x);
     return SD_OK;
+}
+
+/* The bytes the reduction keeps for receiving (dist_mpi.c's buffer): for
+ * ZeRO-2 the largest part of a tensor this rank owns, from every rank (by
+ * whole tensors: the largest tensor, or a piece of it); else one block's
+ * segments; nothing in a world of one. */
+static size_t dist_recv_bytes(const sd_train_opts *o, const sd_unet *u, const sd_unet_graph *g, int rank, int world)
+{
+    if (world <= 1) return 0;
+    if (!o->zero2) return sd_dist_sum_recv_floats(world) * sizeof(float);
+    if (o->optimizer != SD_OPT_ADAMW) { /* whole tensors to their owner: the largest, in pieces */
+        size_t most = 0;
+        for (size_t t = 0; t < u->w.nslots; t++)
+            if (u->w.slots[t].n > most) most = u->w.slots[t].n;
+        return (most < SD_DIST_PIECE ? most : SD_DIST_PIECE) * (size_t)world * sizeof(float);
+    }
+    size_t cap = 2 * (g->nops ? g->nops : 1), most = 0;
+    size_t *off = malloc(2 * cap * sizeof(size_t));
+    if (!off) return sd_dist_sum_recv_floats(world) * sizeof(float); /* the bound: no part exceeds a block */
+    size_t k = sd_unet_fused_order(u, g, off, off + cap);
+    for (size_t i = 0; i < k; i++) {
+        size_t r = sd_dist_range_recv_floats(u->w.total, off[i], off[cap + i], rank, world);
+        if (r > most) most = r;
+    }
+    free(off);
+    return most * sizeof(float);
 }
 
 /* The limit the plan is held against, and whether it fits. */
@@ -155,10 +182,20 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     rc = sd_unet_plan(u, p->batch, p->latent_h, p->latent_w, p->tokens, o->checkpointing, &g, err);
     if (rc) return rc;
     size_t io = (size_t)p->batch * (size_t)c->in_channels * (size_t)p->latent_h * (size_t)p->latent_w;
-    /* --fused-backward: the per-op scratch sd_train_fused_pass allocates */
+    /* --fused-backward: the per-op scratch sd_train_fused_pass allocates;
+     * --zero2: that scratch and this rank's share (sd_train_zero2_open) */
     if (o->fused_backward) p->gradients = sd_unet_fused_scratch(u, &g) * sizeof(float);
     /* --grad-dtype bf16: the bf16 buffer and the per-op scratch sd_train_g16_backward allocates */
     else if (o->grad_dtype == SD_DT_BF16) p->gradients += sd_train_g16_scratch(u, &g) * sizeof(float);
+    p->rank = rank;
+    p->world = world;
+    if (o->zero2) {
+        p->grad_share = p->gradients;
+        p->gradients += sd_unet_fused_scratch(u, &g) * sizeof(float);
+    }
+    /* the reduction's receive buffer (dist_mpi.c) on CPU ranks: one block's
+     * segments, or --zero2's largest tensor part */
+    if (o->device < 0) p->dist_recv = dist_recv_bytes(o, u, &g, rank, world);
     p->graph_act = g.nact * sizeof(float);
     p->graph_dact = g.ndact * sizeof(float);
     /* the backend's output gradient: dout itself on the CPU, a device buffer on a GPU */
@@ -181,7 +218,7 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
      * device to ask, a card of --gpu-memory-limit's size */
     p->conv_workspace = device ? sd_dev_conv_workspace(device_total ? device_total : o->gpu_mem_limit, o->gpu_mem_limit)
                                : 0;
-    p->workspace = p->op_scratch + p->conv_workspace + w16_scratch;
+    p->workspace = p->op_scratch + p->conv_workspace + w16_scratch + p->dist_recv;
     if (device && o->ema_host) {
         p->ema_host = p->ema;
         p->ema = 0;
@@ -189,7 +226,14 @@ sd_status sd_mem_plan_make(const sd_train_opts *o, const sd_unet *u, const sd_da
     p->process = device ? 0 : host->rss;
     /* the walk's peak is every buffer it was handed plus its largest op's
      * scratch, each rounded as the allocator rounds */
-    p->total = peak + host_io + p->conv_workspace + w16_scratch + p->process;
+    p->total = peak + host_io + p->conv_workspace + w16_scratch + p->dist_recv + p->process;
+    /* ZeRO: rank 0 gathers the whole moments for a checkpoint while the
+     * step's buffers stay (sd_train_moments_full), the peak of its run */
+    if (sd_train_sharded(o) && rank == 0 && o->device < 0) {
+        p->save_gather = o->optimizer == SD_OPT_ADAMW ? 2 * u->w.total * (o->moments == SD_DT_BF16 ? 2 : 4)
+                                                      : sd_train_tensor_state_bytes(o, &u->w, -1, world);
+        p->total += p->save_gather;
+    }
     /* a sample step renders while the step's buffers stay allocated: on top */
     rc = sd_mem_plan_samples(o, u, d, rank, p, err);
     if (rc) return rc;

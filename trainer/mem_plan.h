@@ -35,6 +35,15 @@ typedef struct {
     size_t ema_host; /* a GPU run with --ema-on-cpu: the EMA's bytes in host memory (not in total) */
     size_t graph_act, graph_dact, io; /* activations: the graph's buffers and the per-pass inputs */
     size_t op_scratch, conv_workspace; /* workspace: the largest op's scratch; cuDNN's cap (GPU) */
+    /* several CPU ranks: the gradient reduction's receive buffer (in
+     * workspace); --zero2: this rank's share of the gradient (gradients is
+     * the share plus the per-op scratch); the rank the plan is for */
+    size_t dist_recv, grad_share;
+    int rank, world;
+    /* ZeRO on rank 0: the whole AdamW moments it gathers for each
+     * checkpoint (train_moments.c), held beside everything else for the
+     * time of the save (in total) */
+    size_t save_gather;
     /* --sample-prompts (rank 0): what a sample step holds on top of the
      * training buffers, in total (mem_plan_samples.c); its parts */
     size_t samples;

@@ -20,6 +20,22 @@ sd_status sd_nccl_open(sd_nccl **out, int rank, int world, sd_error *err);
 /* buf[i] = sum over ranks of buf[i], in place, n floats of device memory,
  * queued on stream (a cudaStream_t). */
 sd_status sd_nccl_sum_f32(sd_nccl *c, float *buf, size_t n, void *stream, sd_error *err);
+/* ZeRO on GPU ranks, in dist.h's segment layout (the MPI path's, so
+ * checkpoints gather the same way), queued on stream. Reduce-scatter:
+ * each rank's segments of buf (n floats) get the sum over the ranks (one
+ * ncclReduce per segment to its owner, a group per block); the rest of buf
+ * is left as it was on the owner's peers. All-gather: every segment from
+ * its owner to all ranks (one ncclBroadcast per segment). */
+sd_status sd_nccl_reduce_scatter_f32(sd_nccl *c, float *buf, size_t n, void *stream, sd_error *err);
+sd_status sd_nccl_allgather_f32(sd_nccl *c, float *buf, size_t n, void *stream, sd_error *err);
+/* ZeRO-2: src holds this rank's len values of [off, off + len) of an
+ * n-float buffer; each owner's part of the range is summed into own, its
+ * packed segments (sd_dist_owned floats), replacing what was there (the
+ * caller adds the owner's earlier value into its own src part first to
+ * accumulate; src is the scratch it may reuse). Every rank calls with the
+ * same ranges in the same order. */
+sd_status sd_nccl_reduce_range(sd_nccl *c, float *src, size_t off, size_t len, size_t n, float *own,
+                               void *stream, sd_error *err);
 void sd_nccl_close(sd_nccl *c);
 /* "NCCL 2.28.x", for the log. */
 const char *sd_nccl_version(sd_nccl *c);

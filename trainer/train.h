@@ -91,6 +91,11 @@ typedef struct {
     int checkpointing; /* gradient checkpointing: recompute resnets and transformer blocks in the backward */
     int nccl; /* GPU: sum gradients over NCCL even in a world of one (a check of the path) */
     int zero1; /* CPU ranks: shard the AdamW moments across ranks (ZeRO stage 1) */
+    /* --zero2, CPU ranks: the gradients too (ZeRO stage 2: each tensor's
+     * gradient reduce-scattered during the backward into its owners'
+     * shares, no gradient buffer of the model; train_zero2.c); the moments
+     * are sharded as with zero1, which it implies */
+    int zero2;
     /* --fused-backward: each tensor updated as soon as the backward has its
      * gradient, in a scratch of the largest op's size (no gradient buffer of
      * the model; CPU, one process, no accumulation; clipping per tensor) */
@@ -178,6 +183,16 @@ typedef struct {
     /* ZeRO-1: this rank's segments of the moments (dist.h's layout), packed;
      * m and v are then NULL except while a checkpoint is written or read */
     void *m_sh, *v_sh;
+    /* --zero2: this rank's share of the step's gradient (z2own floats,
+     * packed as m_sh), the tensors in the order the backward hands them
+     * over (z2n offsets and lengths), the next one expected, whether the
+     * step's passes now add (after its first), a failed reduce-scatter's
+     * error; the per-op scratch is fgrad */
+    float *gsh;
+    size_t z2own, *z2off, *z2len, z2n, z2pos;
+    int z2add;
+    sd_error z2err;
+    sd_opt_state *opt_save; /* ZeRO, rank 0, while a checkpoint is written: the whole model's state */
     sd_opt_state opt; /* --optimizer adamw8bit or adafactor: their per-tensor state (optim.h) */
     /* --weight-dtype bf16: the weights (unet.w.total bf16 values; unet.w.data
      * and d_w are then NULL except while a checkpoint is written or read),
@@ -230,6 +245,14 @@ typedef struct {
 /* Why --fused-backward cannot run with these options (accum: --accum),
  * NULL when it can (train_fused.c). */
 const char *sd_train_fused_refusal(const sd_train_opts *o, long accum);
+/* Why o cannot run under --zero2 on world ranks, NULL when it can
+ * (train_zero2.c). */
+const char *sd_train_zero2_refusal(const sd_train_opts *o, int world);
+/* Whether the AdamW moments are sharded over the ranks (--zero1 or --zero2). */
+int sd_train_sharded(const sd_train_opts *o);
+/* Whether o runs on a device: --device cuda:K, --nccl, or a caller's
+ * backend table marked is_device (train_shared.c). */
+int sd_train_device_run(const sd_train_opts *o);
 /* Why --grad-dtype bf16 cannot run with these options (NULL when it can,
  * or when the gradients are fp32), the stochastic-rounding key of a step's
  * micro-batch, and the add of an op's fp32 tensor gradient g (n floats at

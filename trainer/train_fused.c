@@ -19,8 +19,8 @@ const char *sd_train_fused_refusal(const sd_train_opts *o, long accum)
         return "--fused-backward updates each tensor during the backward: --accum > 1 would need the whole "
                "gradient kept between micro-batches (use --accum 1 and a larger --batch, or --grad-dtype bf16 "
                "without --fused-backward: a bf16 gradient buffer, half the fp32 one)";
-    if (o->zero1 || sd_dist_world() > 1)
-        return "--fused-backward runs in one process only (not under mpirun or with --zero1: the gradient must "
+    if (o->zero1 || o->zero2 || sd_dist_world() > 1)
+        return "--fused-backward runs in one process only (not under mpirun or with --zero1/--zero2: the gradient must "
                "be summed over the ranks before any update)";
     if (o->nccl) return "--fused-backward does not sum gradients over NCCL (not with --nccl)";
     return NULL;

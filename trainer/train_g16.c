@@ -23,8 +23,8 @@ const char *sd_train_g16_refusal(const sd_train_opts *o)
                "(give one of them)";
     if (o->device >= 0 || (o->backend && o->backend->is_device))
         return "--grad-dtype bf16 runs on the CPU only so far (not with --device cuda)";
-    if (o->zero1 || o->nccl || sd_dist_world() > 1)
-        return "--grad-dtype bf16 runs in one process only (not under mpirun, --zero1 or --nccl: the sum over the "
+    if (o->zero1 || o->zero2 || o->nccl || sd_dist_world() > 1)
+        return "--grad-dtype bf16 runs in one process only (not under mpirun, --zero1, --zero2 or --nccl: the sum over the "
                "ranks would need the gradient in fp32)";
     return NULL;
 }

@@ -65,6 +65,31 @@ void sd_train_update_tensor(sd_trainer *tr, size_t t, const float *g, double lr,
 sd_status sd_train_fused_open(sd_trainer *tr, sd_error *err);
 void sd_train_fused_pass(sd_trainer *tr);
 void sd_train_fused_finish(sd_trainer *tr, double *gnorm);
+/* --zero2 (train_zero2.c): the order, scratch and gradient share (open); one pass's
+ * backward with each tensor reduce-scattered, or zeros for each (idle);
+ * the idle passes a round's end owes. */
+sd_status sd_train_zero2_open(sd_trainer *tr, sd_error *err);
+sd_status sd_train_zero2_pass(sd_trainer *tr, int idle, sd_error *err);
+sd_status sd_train_zero2_round(sd_trainer *tr, int need, int passes, sd_error *err);
+/* ZeRO by whole tensors for --optimizer adamw8bit and adafactor
+ * (train_zero_tensors.c): rank r's run of tensors and its floats; a run
+ * as a model of its own (free sub->slots); the state bytes of rank's run
+ * (the whole model's with rank < 0); --zero2's share in floats (AdamW's
+ * too); the owner of a float offset; the own state allocated; the update
+ * of the own run from its gradient g and the runs' weights broadcast; the
+ * whole state gathered on rank 0 for a checkpoint (tr->opt_save) and
+ * dropped after; where the run starts in state buffer i and its whole
+ * count (a resume). */
+void sd_train_tensor_run(const sd_weights *w, int r, int world, size_t *t0, size_t *t1, size_t *w0, size_t *w1);
+sd_status sd_train_sub_weights(const sd_weights *w, size_t t0, size_t t1, sd_weights *sub, sd_error *err);
+size_t sd_train_tensor_state_bytes(const sd_train_opts *o, const sd_weights *w, int rank, int world);
+size_t sd_train_zero2_own(const sd_train_opts *o, const sd_weights *w, int rank, int world);
+int sd_train_tensor_owner(const sd_weights *w, size_t off, int world);
+sd_status sd_train_tensor_state_open(sd_trainer *tr, sd_error *err);
+sd_status sd_train_tensor_apply(sd_trainer *tr, double norm, const float *g, sd_error *err);
+sd_status sd_train_tensor_state_full(sd_trainer *tr, sd_error *err);
+void sd_train_tensor_state_shard(sd_trainer *tr);
+sd_status sd_train_tensor_state_at(const sd_trainer *tr, size_t i, size_t *start, size_t *whole, sd_error *err);
 /* --grad-dtype bf16 (train_g16.c): the scratch floats for plan g (NULL:
  * the largest tensor alone; the memory plan counts it); the buffer and
  * scratch (open); the backward of the pass just run forward, adding into

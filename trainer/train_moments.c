@@ -13,7 +13,7 @@
  * checkpoint; the other ranks only send (their memory stays n + 2n/ranks). */
 sd_status sd_train_moments_full(sd_trainer *tr, sd_error *err)
 {
-    if (!tr->o.zero1) return SD_OK;
+    if (!sd_train_sharded(&tr->o) || tr->o.optimizer != SD_OPT_ADAMW) return SD_OK;
     size_t n = tr->unet.w.total;
     int ok = 1, all = 1;
     if (tr->rank == 0) {
@@ -73,7 +73,7 @@ void sd_train_moments_from(sd_trainer *tr, const void *m, const void *v, int src
  * the state). */
 void sd_train_moments_shard(sd_trainer *tr)
 {
-    if (!tr->o.zero1) return;
+    if (!sd_train_sharded(&tr->o)) return;
     free(tr->m);
     free(tr->v);
     tr->m = tr->v = NULL;

@@ -68,7 +68,7 @@ size_t sd_train_param_count(const sd_trainer *tr)
 /* Values in each AdamW moment this rank holds: all, or its ZeRO-1 share. */
 static size_t moment_values(const sd_train_opts *o, size_t total, int rank, int world)
 {
-    return o->zero1 ? sd_dist_owned(total, rank, world) : total;
+    return sd_train_sharded(o) ? sd_dist_owned(total, rank, world) : total;
 }
 
 /* Bytes of one AdamW moment value. */
@@ -93,10 +93,13 @@ sd_train_state_bytes sd_train_state_sizes(const sd_train_opts *o, const sd_weigh
     sd_train_state_bytes b = {.weights = o->weight_dtype == SD_DT_BF16 ? w->total * sizeof(uint16_t)
                                                                       : sd_weights_bytes(w),
                               .gradients = o->fused_backward          ? 0
+                                           : o->zero2                    ? sd_train_zero2_own(o, w, rank, world) * sizeof(float)
                                            : o->grad_dtype == SD_DT_BF16 ? w->total * sizeof(uint16_t)
                                                                          : w->total * sizeof(float)};
     if (o->optimizer == SD_OPT_ADAMW) {
         b.optimizer = 2 * moment_values(o, w->total, rank, world) * moment_bytes(o);
+    } else if (sd_train_sharded(o)) { /* this rank's run of tensors */
+        b.optimizer = sd_train_tensor_state_bytes(o, w, rank, world);
     } else {
         sd_opt_state s;
         sd_opt_state_layout(&s, o->optimizer, o->adafactor_beta1 >= 0, w);
@@ -168,21 +171,26 @@ static sd_status check_full(sd_trainer *tr, sd_error *err)
 }
 
 /* A device backend's copies of the run's state: weights (fp32 or bf16),
- * gradients (none with --fused-backward), AdamW's moments (the other
- * optimizers' state: sd_opt_state_device), the EMA (--ema-on-cpu: in host
- * memory), bf16 weights' update chunk; uploaded before the first step
- * (dev_stale). `where` names the device in messages. */
+ * gradients (none with --fused-backward; --zero2: this rank's share of
+ * them and the per-op scratch, sized by sd_train_zero2_open), AdamW's
+ * moments (ZeRO: this rank's share; the other optimizers' state:
+ * sd_opt_state_device), the EMA (--ema-on-cpu: in host memory), bf16
+ * weights' update chunk; uploaded before the first step (dev_stale).
+ * `where` names the device in messages. */
 static sd_status device_state(sd_trainer *tr, const char *where, sd_error *err)
 {
     void *c = tr->exec;
-    size_t n = tr->unet.w.total, bytes = n * sizeof(float), mbytes = n * tr->moment_size;
+    size_t n = tr->unet.w.total, bytes = n * sizeof(float);
+    size_t own = sd_train_sharded(&tr->o) ? sd_dist_owned(n, tr->rank, tr->world) : n, mbytes = own * tr->moment_size;
+    size_t gbytes = tr->o.zero2 ? (tr->z2own ? tr->z2own : 1) * sizeof(float) : tr->o.fused_backward ? 0 : bytes;
     int adamw = tr->o.optimizer == SD_OPT_ADAMW;
-    void *got[6] = {0};
-    size_t want[6] = {tr->w16 ? n * sizeof(uint16_t) : bytes, tr->o.fused_backward ? 0 : bytes, adamw ? mbytes : 0,
-                      adamw ? mbytes : 0, tr->ema && !tr->o.ema_host ? bytes : 0,
-                      tr->w16 ? sd_train_w16_chunk(&tr->o, &tr->unet.w) * sizeof(float) : 0},
+    void *got[7] = {0};
+    size_t want[7] = {tr->w16 ? n * sizeof(uint16_t) : bytes, gbytes, adamw ? (mbytes ? mbytes : 1) : 0,
+                      adamw ? (mbytes ? mbytes : 1) : 0, tr->ema && !tr->o.ema_host ? bytes : 0,
+                      tr->w16 ? sd_train_w16_chunk(&tr->o, &tr->unet.w) * sizeof(float) : 0,
+                      tr->o.zero2 ? (tr->fgrad_cap ? tr->fgrad_cap : 1) * sizeof(float) : 0},
            total = 0;
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 7; i++) {
         total += want[i];
         got[i] = want[i] ? tr->be->alloc(c, want[i]) : NULL;
         if (want[i] && !got[i]) {
@@ -191,7 +199,7 @@ static sd_status device_state(sd_trainer *tr, const char *where, sd_error *err)
             tr->d_w = tr->d_grad = tr->d_ema = tr->d_upd = NULL;
             tr->d_m = tr->d_v = NULL;
             tr->d_w16 = NULL;
-            for (int j = i + 1; j < 6; j++) total += want[j];
+            for (int j = i + 1; j < 7; j++) total += want[j];
             return sd_err_set(err, SD_ENOMEM, "%s: no room for the weights, gradients and optimizer state "
                               "(%.1f MiB)%s%s", where, (double)total / (1 << 20),
                               want[4] ? "; --ema-on-cpu keeps the EMA in host memory" : "",
@@ -200,12 +208,14 @@ static sd_status device_state(sd_trainer *tr, const char *where, sd_error *err)
     }
     tr->d_w = tr->w16 ? NULL : got[0];
     tr->d_w16 = tr->w16 ? got[0] : NULL;
-    tr->d_grad = got[1];
+    tr->d_grad = tr->o.zero2 ? NULL : got[1];
+    tr->gsh = tr->o.zero2 ? got[1] : NULL;
     tr->d_m = got[2];
     tr->d_v = got[3];
     tr->d_ema = got[4];
     tr->d_upd = got[5];
-    if (tr->d_grad) tr->be->zero(c, tr->d_grad, bytes);
+    tr->fgrad = got[6];
+    if (got[1]) tr->be->zero(c, got[1], gbytes);
     sd_status rc = sd_opt_state_device(&tr->opt, tr->be, c, err);
     if (rc) return rc;
     tr->dev_stale = 1;
@@ -257,6 +267,9 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
     return SD_OK;
 #else
     if (tr->o.nccl) return sd_err_set(err, SD_EUNSUPPORTED, "--nccl: this build has no NCCL (the CUDA toolkit's libnccl)");
+    if (sd_train_sharded(&tr->o))
+        return sd_err_set(err, SD_EUNSUPPORTED, "--zero1/--zero2 on GPU ranks shard over NCCL, which this build lacks "
+                          "(the CUDA toolkit's libnccl)");
     return SD_OK; /* several GPU ranks sum through the host over MPI */
 #endif
 #else
@@ -267,20 +280,24 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
 }
 
 /* The state of --optimizer adamw8bit or adafactor instead of AdamW's
- * moments: without ZeRO-1 for now, with fp32 state of its own
- * (--adam-moments is AdamW's); on a GPU mirrored in device memory by
- * open_backend. */
+ * moments, with fp32 state of its own (--adam-moments is AdamW's); on a
+ * GPU mirrored in device memory by open_backend; under ZeRO (CPU ranks
+ * only) this rank's run of whole tensors. */
 static sd_status open_other_optimizer(sd_trainer *tr, sd_error *err)
 {
     const sd_train_opts *o = &tr->o;
     const char *name = sd_optimizer_name(o->optimizer), *why = NULL;
-    if (o->zero1) why = "is not sharded by --zero1 yet";
+    if (sd_train_sharded(o) && sd_train_device_run(o))
+        why = "is sharded by --zero1/--zero2 on CPU ranks only so far (on a GPU its state is mirrored whole, not per rank)";
     else if (o->moments != SD_DT_F32) why = "keeps its own state: --adam-moments bf16 is AdamW's";
     if (why) {
         sd_trainer_close(tr);
         return sd_err_set(err, SD_EUNSUPPORTED, "--optimizer %s %s", name, why);
     }
-    sd_status rc = sd_opt_state_init(&tr->opt, o->optimizer, o->adafactor_beta1 >= 0, &tr->unet.w, err);
+    /* ZeRO: this rank's run of whole tensors (train_zero_tensors.c) */
+    sd_status rc = sd_train_sharded(o) ? sd_train_tensor_state_open(tr, err)
+                                       : sd_opt_state_init(&tr->opt, o->optimizer, o->adafactor_beta1 >= 0,
+                                                           &tr->unet.w, err);
     if (rc) sd_trainer_close(tr);
     return rc;
 }
@@ -295,7 +312,8 @@ static sd_status check_weight_dtype(sd_trainer *tr, sd_error *err)
     if (o->weight_dtype != SD_DT_BF16) why = "takes fp32 or bf16";
     else if (o->device >= 0 && o->ema_host)
         why = "bf16 on a GPU keeps the EMA in device memory: not with --ema-on-cpu yet";
-    else if (tr->world > 1 || o->zero1) why = "bf16 runs in one process only so far (no ZeRO-1 or MPI path for it)";
+    else if (tr->world > 1 || sd_train_sharded(o))
+        why = "bf16 runs in one process only so far (no ZeRO or MPI path for it)";
     if (!why) return SD_OK;
     sd_trainer_close(tr);
     return sd_err_set(err, SD_EUNSUPPORTED, "--weight-dtype %s", why);
@@ -322,10 +340,6 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
     size_t n = tr->unet.w.total;
     tr->rank = sd_dist_rank();
     tr->world = sd_dist_world();
-    if (o->zero1 && o->device >= 0) {
-        sd_trainer_close(tr);
-        return sd_err_set(err, SD_EUNSUPPORTED, "--zero1 shards the CPU optimizer; GPU ranks keep whole moments");
-    }
     if (o->zero_terminal_snr && o->snr_gamma > 0 && o->pred == SD_PRED_EPSILON) {
         sd_trainer_close(tr);
         return sd_err_set(err, SD_EINVAL, "zero terminal SNR with min-SNR weights and epsilon prediction: the "
@@ -341,7 +355,7 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
     if (o->optimizer != SD_OPT_ADAMW) {
         rc = open_other_optimizer(tr, err);
         if (rc) return rc;
-    } else if (o->zero1) {
+    } else if (sd_train_sharded(o)) {
         size_t own = moment_values(o, n, tr->rank, tr->world);
         tr->m_sh = calloc(own ? own : 1, tr->moment_size);
         tr->v_sh = calloc(own ? own : 1, tr->moment_size);
@@ -354,11 +368,12 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         tr->v = calloc(n, tr->moment_size);
     }
     /* --fused-backward: no gradient buffer, a scratch per op (train_fused.c);
-     * --grad-dtype bf16: a bf16 buffer and a scratch per op (train_g16.c) */
-    int g16 = o->grad_dtype == SD_DT_BF16;
-    tr->grad = o->fused_backward || g16 ? NULL : calloc(n, sizeof(float));
-    if (o->fused_backward || g16) {
-        rc = g16 ? sd_train_g16_open(tr, err) : sd_train_fused_open(tr, err);
+     * --zero2: this rank's share of it (train_zero2.c); --grad-dtype bf16:
+     * a bf16 buffer and a scratch per op (train_g16.c) */
+    int g16 = o->grad_dtype == SD_DT_BF16, no_grad = o->fused_backward || o->zero2 || g16;
+    tr->grad = no_grad ? NULL : calloc(n, sizeof(float));
+    if (no_grad) {
+        rc = o->zero2 ? sd_train_zero2_open(tr, err) : g16 ? sd_train_g16_open(tr, err) : sd_train_fused_open(tr, err);
         if (rc) {
             sd_trainer_close(tr);
             return rc;
@@ -376,12 +391,12 @@ sd_status sd_trainer_open(sd_trainer *tr, const sd_train_opts *o, sd_error *err)
         if (tr->ema && tr->w16) sd_train_w16_widen(tr->ema, tr->w16, n);
         else if (tr->ema) memcpy(tr->ema, tr->unet.w.data, n * sizeof(float));
     }
-    int adamw_whole = !o->zero1 && o->optimizer == SD_OPT_ADAMW;
+    int adamw_whole = !sd_train_sharded(o) && o->optimizer == SD_OPT_ADAMW;
     /* the per-tensor updates of fp32 weights copy one tensor's descriptor */
     size_t desc = sd_train_w16_desc_bytes(o, &tr->unet.w);
     int per_tensor = o->fused_backward || o->clip_per_tensor || g16;
     if (!tr->desc && desc && per_tensor) tr->desc = malloc(desc);
-    if ((adamw_whole && (!tr->m || !tr->v)) || (!tr->grad && !o->fused_backward && !g16) ||
+    if ((adamw_whole && (!tr->m || !tr->v)) || (!tr->grad && !no_grad) ||
         (o->ema_decay > 0 && !tr->ema) || (desc && !tr->desc && per_tensor)) {
         sd_trainer_close(tr);
         return sd_err_set(err, SD_ENOMEM, "out of memory for optimizer state (%zu MB)",
@@ -447,11 +462,12 @@ void sd_trainer_close(sd_trainer *tr)
     sd_nccl_close(tr->nccl);
 #endif
     if (tr->be && tr->be->is_device) {
-        void *dev[] = {tr->d_w,    tr->d_grad, tr->d_m,    tr->d_v,   tr->d_ema, tr->d_act,
-                       tr->d_dact, tr->d_dout, tr->d_w16, tr->d_upd, tr->wscr,  tr->fgrad};
+        /* --zero2's share and scratch are device buffers there too */
+        void *dev[] = {tr->d_w,  tr->d_grad, tr->d_m, tr->d_v, tr->d_ema, tr->d_act, tr->d_dact,
+                       tr->d_dout, tr->d_w16, tr->d_upd, tr->wscr, tr->fgrad, tr->gsh};
         for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
             if (dev[i]) tr->be->release(tr->exec, dev[i]);
-        tr->wscr = tr->fgrad = NULL; /* device memory: not for free() below */
+        tr->wscr = tr->fgrad = tr->gsh = NULL; /* device memory: not for free() below */
         sd_opt_state_release(&tr->opt, tr->be, tr->exec);
     }
 #ifdef SDTK_HAVE_CUDA
@@ -465,8 +481,11 @@ void sd_trainer_close(sd_trainer *tr)
     free(tr->fgrad);
     free(tr->g16);
     free(tr->fdone);
+    free(tr->gsh);
+    free(tr->z2off);
     free(tr->m_sh);
     free(tr->v_sh);
+    sd_train_tensor_state_shard(tr);
     sd_opt_state_free(&tr->opt);
     sd_unet_free(&tr->unet);
     free(tr->m);

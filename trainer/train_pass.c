@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 
+#include "dist.h"
 #include "log.h"
 #include "train_int.h"
 
@@ -119,18 +120,30 @@ void sd_train_put(sd_trainer *tr, float *dst, const float *src, size_t floats)
     put_bytes(tr, dst, src, floats * sizeof(float));
 }
 
-/* The host's weights (fp32 or bf16), moments or other optimizer state
- * and EMA onto the device when they changed there (a new run, a resume);
- * nothing on the CPU. */
+/* The moments as the host holds them between steps: whole, or ZeRO's
+ * packed share (m_sh, v_sh; own values), as the device holds them too. */
+static void host_moments(sd_trainer *tr, void **m, void **v, size_t *values)
+{
+    int sh = sd_train_sharded(&tr->o);
+    *m = sh ? tr->m_sh : tr->m;
+    *v = sh ? tr->v_sh : tr->v;
+    *values = sh ? sd_dist_owned(tr->unet.w.total, tr->rank, tr->world) : tr->unet.w.total;
+}
+
+/* The host's weights (fp32 or bf16), moments (whole or ZeRO's share) or
+ * other optimizer state and EMA onto the device when they changed there
+ * (a new run, a resume); nothing on the CPU. */
 void sd_train_push_state(sd_trainer *tr)
 {
     if (!tr->dev_stale) return;
-    size_t n = tr->unet.w.total;
+    size_t n = tr->unet.w.total, mn;
+    void *m, *v;
+    host_moments(tr, &m, &v, &mn);
     if (tr->w16) put_bytes(tr, tr->d_w16, tr->w16, n * sizeof(uint16_t));
     else sd_train_put(tr, tr->d_w, tr->unet.w.data, n);
     if (tr->d_m) {
-        put_bytes(tr, tr->d_m, tr->m, n * tr->moment_size);
-        put_bytes(tr, tr->d_v, tr->v, n * tr->moment_size);
+        put_bytes(tr, tr->d_m, m, mn * tr->moment_size);
+        put_bytes(tr, tr->d_v, v, mn * tr->moment_size);
     }
     sd_opt_state_push(&tr->opt, tr->be, tr->exec);
     if (tr->ema && tr->d_ema) sd_train_put(tr, tr->d_ema, tr->ema, n);
@@ -142,12 +155,14 @@ void sd_train_push_state(sd_trainer *tr)
 sd_status sd_train_sync_host(sd_trainer *tr, sd_error *err)
 {
     if (!tr->be->is_device || !tr->host_stale) return SD_OK;
-    size_t bytes = tr->unet.w.total * sizeof(float);
+    size_t bytes = tr->unet.w.total * sizeof(float), mn;
+    void *m, *v;
+    host_moments(tr, &m, &v, &mn);
     if (tr->w16) tr->be->d2h(tr->exec, tr->w16, tr->d_w16, tr->unet.w.total * sizeof(uint16_t));
     else tr->be->d2h(tr->exec, tr->unet.w.data, tr->d_w, bytes);
     if (tr->d_m) {
-        tr->be->d2h(tr->exec, tr->m, tr->d_m, tr->unet.w.total * tr->moment_size);
-        tr->be->d2h(tr->exec, tr->v, tr->d_v, tr->unet.w.total * tr->moment_size);
+        tr->be->d2h(tr->exec, m, tr->d_m, mn * tr->moment_size);
+        tr->be->d2h(tr->exec, v, tr->d_v, mn * tr->moment_size);
     }
     sd_opt_state_pull(&tr->opt, tr->be, tr->exec);
     if (tr->ema && tr->d_ema) tr->be->d2h(tr->exec, tr->ema, tr->d_ema, bytes);
@@ -220,7 +235,7 @@ sd_status sd_train_pass(sd_trainer *tr, int n, int h, int w, int tctx, const flo
     *loss = total / (double)tot;
     if (!backward) return SD_OK;
     sd_train_put(tr, tr->d_dout, tr->dout, tot);
-    if (tr->o.fused_backward) return SD_OK; /* the step runs the fused backward (sd_train_fused_pass) */
+    if (tr->o.fused_backward || tr->o.zero2) return SD_OK; /* the step runs the backward (train_fused.c, train_zero2.c) */
     if (tr->g16) return sd_train_g16_backward(tr, err); /* --grad-dtype bf16: added in op by op */
     sd_unet_backward_wts(&tr->unet, g, tr->be, tr->exec, &wts, act, tr->d_dact, tr->d_dout, tr->d_grad);
     return tr->be->is_device ? tr->be->sync(tr->exec, err) : SD_OK;

@@ -1,8 +1,9 @@
 /* What the step (train_step.c), the update (train_update.c), the
  * validation (train_val.c) and the loop (train_loop.c) all use, kept below
  * them so that none of those files calls back into another: the timestep
- * draw, the seed mixer, the stop request's acknowledgement, and what the
- * UNet expects of a record (also the memory plan's and the samples'). */
+ * draw, the seed mixer, the stop request's acknowledgement, whether ZeRO
+ * shards the optimizer, and what the UNet expects of a record (also the
+ * memory plan's and the samples'). */
 #include <stdint.h>
 
 #include "log.h"
@@ -37,6 +38,20 @@ void sd_train_tell_stop(sd_trainer *tr)
     if (tr->rank == 0)
         sd_log(SD_LOG_WARN, "stopping after this step and saving a checkpoint; Ctrl-C again to quit at once "
                "(checkpoints already written stay)");
+}
+
+/* ZeRO-1 shards the moments; ZeRO-2 shards them the same way and the
+ * gradients too. */
+int sd_train_sharded(const sd_train_opts *o)
+{
+    return o->zero1 || o->zero2;
+}
+
+/* A device run decided from the options alone, before the backend is open
+ * (the refusals and --zero2's host buffers need it that early). */
+int sd_train_device_run(const sd_train_opts *o)
+{
+    return o->device >= 0 || o->nccl || (o->backend && o->backend->is_device);
 }
 
 /* What a record must give the UNet of config c (train_int.h). */

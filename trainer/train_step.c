@@ -42,6 +42,7 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
     int slots = world * tr->o.accum, need = slots, empty_rounds = 0;
     double sum = 0, images = 0, stop = 0;
     tr->fused_broken = 0;
+    tr->z2add = 0; /* --zero2: the step's first pass stores into the shares */
     if (!tr->have_data) return sd_err_set(err, SD_EINVAL, "no training data");
     /* a step whose loss is not finite is undone: the cursor, RNG and
      * count go back, so a checkpoint then holds the state before it */
@@ -50,6 +51,7 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
     long images0 = tr->images;
     while (need > 0) {
         double red[4] = {0, 0, 0, tr->stop_req && *tr->stop_req ? 1.0 : 0.0}; /* usable, loss, images, stop */
+        int passes = 0; /* --zero2: this rank's backward passes in the round */
         for (int slot = 0; slot < need; slot++) {
             sd_data_batch db;
             sd_train_tell_stop(tr);
@@ -88,11 +90,21 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
                       c->text_time ? b->tids : NULL, tr->noise, tr->o.input_perturbation > 0 ? tr->noise_in : NULL,
                       tr->t, lo.masked ? b->mask : NULL, 1.0 / slots, 1, &l, err);
             if (rc) return rc;
-            /* --fused-backward: the backward with each tensor's update, never after a non-finite loss */
+            /* --fused-backward: the backward with each tensor's update, never after a non-finite loss;
+             * --zero2: the backward with each tensor reduce-scattered (zeros after a non-finite loss) */
             if (tr->o.fused_backward && isfinite(l)) sd_train_fused_pass(tr);
+            if (tr->o.zero2) {
+                rc = sd_train_zero2_pass(tr, !isfinite(l), err);
+                if (rc) return rc;
+                passes++;
+            }
             red[0] += 1;
             red[1] += l;
             red[2] += b->n;
+        }
+        if (tr->o.zero2) { /* the ranks with fewer passes send zeros as often */
+            sd_status rc = sd_train_zero2_round(tr, need, passes, err);
+            if (rc) return rc;
         }
         if (world > 1) {
             sd_status rc = sd_dist_sum_f64(red, 4, err);
@@ -107,14 +119,18 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
             return sd_err_set(err, SD_EFORMAT, "1000 batches in a row without a usable record: every record drawn was "
                               "skipped (the counts by reason are above)");
     }
-    if (tr->nccl) {
+    if (tr->nccl && !tr->o.zero2) {
 #if defined(SDTK_HAVE_NCCL) && defined(SDTK_HAVE_CUDA)
-        /* on the GPU, queued behind the backward pass */
-        sd_status rc = sd_nccl_sum_f32(tr->nccl, tr->d_grad, tr->unet.w.total, sd_cuda_stream(tr->cuda), err);
+        /* on the GPU, queued behind the backward pass; ZeRO-1: each owner's segments only */
+        void *s = sd_cuda_stream(tr->cuda);
+        sd_status rc = tr->o.zero1 ? sd_nccl_reduce_scatter_f32(tr->nccl, tr->d_grad, tr->unet.w.total, s, err)
+                                   : sd_nccl_sum_f32(tr->nccl, tr->d_grad, tr->unet.w.total, s, err);
         if (rc) return rc;
 #endif
-    } else if (tr->o.zero1) {
-        /* each rank gets the sum of its own segments only */
+    } else if (tr->o.zero2) {
+        /* reduce-scattered tensor by tensor during the backward (train_zero2.c) */
+    } else if (tr->o.zero1 && tr->o.optimizer == SD_OPT_ADAMW) {
+        /* each rank gets the sum of its own segments only (per-tensor optimizers: the whole sum, below) */
         sd_status rc = sd_dist_reduce_scatter_f32(tr->grad, tr->unet.w.total, err);
         if (rc) return rc;
     } else if (world > 1) {
@@ -137,7 +153,7 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
         }
         return SD_OK;
     }
-    if (tr->o.zero1) {
+    if (sd_train_sharded(&tr->o) && (tr->o.optimizer == SD_OPT_ADAMW || tr->o.zero2)) {
         sd_status rc = sd_train_grad_norm_zero1(tr, gnorm, err);
         if (rc) return rc;
     } else {
@@ -152,7 +168,12 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
         tr->images = images0;
         return SD_OK;
     }
-    if (tr->o.zero1) return sd_train_apply_zero1(tr, *gnorm, err);
+    if (sd_train_sharded(&tr->o) && tr->o.optimizer != SD_OPT_ADAMW) { /* whole tensors per rank */
+        size_t t0, t1, w0, w1;
+        sd_train_tensor_run(&tr->unet.w, tr->rank, tr->world, &t0, &t1, &w0, &w1);
+        return sd_train_tensor_apply(tr, *gnorm, tr->o.zero2 ? tr->gsh : tr->d_grad + w0, err);
+    }
+    if (sd_train_sharded(&tr->o)) return sd_train_apply_zero1(tr, *gnorm, err);
     sd_train_apply_norm(tr, *gnorm);
     return SD_OK;
 }

@@ -8,10 +8,17 @@
 
 #include "dist.h"
 #include "train_int.h"
+#ifdef SDTK_HAVE_CUDA
+#include "sd_cuda.h"
+#endif
+#ifdef SDTK_HAVE_NCCL
+#include "nccl_sum.h"
+#endif
 
-/* Zero the gradients on the backend. */
+/* Zero the gradients on the backend (--zero2: this rank's share). */
 void sd_train_zero_grad(sd_trainer *tr)
 {
+    if (tr->gsh) tr->be->zero(tr->exec, tr->gsh, tr->z2own * sizeof(float));
     if (tr->g16) { /* --grad-dtype bf16: the buffer, and the micro-batches' keys start again */
         memset(tr->g16, 0, tr->unet.w.total * sizeof *tr->g16);
         tr->g16_micro = 0;
@@ -208,44 +215,61 @@ double sd_train_apply(sd_trainer *tr)
     return norm;
 }
 
-/* ZeRO-1's gradient norm, after the reduce-scatter left each rank the
- * summed gradient of its own segments: every rank's sum of squares added
- * in rank order. It is grouped by segment, so it may differ from the
- * whole-buffer chunks of sd_train_grad_norm_local in the last bits. */
+/* The summed gradient of this rank's segment [lo, hi), which begins at
+ * packed offset off of its share, on the backend: ZeRO-1's in the whole
+ * buffer (where the reduce-scatter left it), ZeRO-2's in the share. */
+static const float *own_grad(const sd_trainer *tr, size_t lo, size_t off)
+{
+    return tr->o.zero2 ? tr->gsh + off : tr->d_grad + lo;
+}
+
+/* ZeRO-1's and ZeRO-2's gradient norm, after the reduce-scatter left each
+ * rank the summed gradient of its own segments: every rank's sum of
+ * squares added in rank order. It is grouped by segment, so it may differ
+ * from the whole-buffer chunks of sd_train_grad_norm_local in the last
+ * bits; ZeRO-1 and ZeRO-2 group it alike. */
 sd_status sd_train_grad_norm_zero1(sd_trainer *tr, double *norm, sd_error *err)
 {
-    size_t n = tr->unet.w.total, lo, hi;
+    size_t n = tr->unet.w.total, lo, hi, off = 0;
     double ss = 0;
-    for (size_t b = 0; b < sd_dist_blocks(n); b++) {
+    if (tr->o.optimizer != SD_OPT_ADAMW) /* --zero2 by whole tensors: the share is the own run */
+        ss = tr->be->sum_squares(tr->exec, tr->z2own, tr->gsh);
+    for (size_t b = 0; b < sd_dist_blocks(n) && tr->o.optimizer == SD_OPT_ADAMW; b++) {
         sd_dist_segment(n, b, tr->rank, tr->world, &lo, &hi);
-        ss += sd_sum_squares(tr->pool, hi - lo, tr->grad + lo);
+        ss += tr->be->sum_squares(tr->exec, hi - lo, own_grad(tr, lo, off)); /* the CPU: sd_sum_squares */
+        off += hi - lo;
     }
     sd_status rc = sd_dist_sum_f64(&ss, 1, err);
     *norm = sqrt(ss);
+    if (!rc && !isfinite(ss) && tr->be->is_device) rc = tr->be->sync(tr->exec, err); /* a failed context answers NaN */
     return rc;
 }
 
-/* ZeRO-1's optimizer step: AdamW on the own segments with the packed
- * moments, then the updated weights all-gathered. The same arithmetic per
+/* ZeRO-1's (and ZeRO-2's) optimizer step: AdamW on the own segments with
+ * the packed moments (on the backend: host buffers on the CPU, device ones
+ * on a GPU), then the updated weights all-gathered (over MPI, or NCCL on
+ * GPU ranks), the step counted and the EMA. The same arithmetic per
  * element as sd_train_apply_norm. */
 sd_status sd_train_apply_zero1(sd_trainer *tr, double norm, sd_error *err)
 {
     size_t n = tr->unet.w.total, off = 0, lo, hi;
     double lr = sd_lr_at(&tr->o.lr, tr->step);
     sd_adamw_args a = sd_adamw_args_at(&tr->o.adam, lr, tr->step + 1, sd_clip_factor(norm, tr->o.max_grad_norm));
+    char *m = tr->be->is_device ? tr->d_m : tr->m_sh, *v = tr->be->is_device ? tr->d_v : tr->v_sh;
     for (size_t b = 0; b < sd_dist_blocks(n); b++) {
         sd_dist_segment(n, b, tr->rank, tr->world, &lo, &hi);
-        adamw_on(tr, sd_backend_cpu(), tr->pool, &a, lo, hi - lo, tr->unet.w.data + lo,
-                 (char *)tr->m_sh + off * tr->moment_size, (char *)tr->v_sh + off * tr->moment_size, tr->grad + lo);
+        adamw_on(tr, tr->be, tr->exec, &a, lo, hi - lo, tr->d_w + lo, m + off * tr->moment_size,
+                 v + off * tr->moment_size, own_grad(tr, lo, off));
         off += hi - lo;
     }
-    sd_status rc = sd_dist_allgather_f32(tr->unet.w.data, n, err);
+    sd_status rc = SD_OK;
+#if defined(SDTK_HAVE_NCCL) && defined(SDTK_HAVE_CUDA)
+    if (tr->nccl) rc = sd_nccl_allgather_f32(tr->nccl, tr->d_w, n, sd_cuda_stream(tr->cuda), err);
+    else
+#endif
+        rc = sd_dist_allgather_f32(tr->d_w, n, err); /* a GPU world of one: nothing to gather */
     if (rc) return rc;
     sd_train_zero_grad(tr);
-    tr->step++;
-    if (tr->ema && tr->step % (tr->o.ema_every > 0 ? tr->o.ema_every : 1) == 0) {
-        tr->ema_updates++;
-        sd_ema_fwd(tr->pool, n, tr->ema, tr->unet.w.data, (float)(1.0 - sd_ema_decay(tr->o.ema_decay, tr->ema_updates)));
-    }
+    sd_train_after_update(tr);
     return SD_OK;
 }

@@ -15,7 +15,7 @@ typedef struct {
     uint64_t v;
 } world_field;
 
-enum { WORLD_FIELDS = 14 };
+enum { WORLD_FIELDS = 15 };
 
 /* This rank's state as the ranks compare it: what the step, the data
  * order and every collective of the run depend on. */
@@ -39,6 +39,7 @@ static void world_state(const sd_trainer *tr, world_field f[WORLD_FIELDS])
         {"batch size", op, 0, (uint64_t)tr->o.batch},
         {"accumulation", op, 0, (uint64_t)tr->o.accum},
         {"ZeRO-1", op, 0, (uint64_t)tr->o.zero1},
+        {"ZeRO-2", op, 0, (uint64_t)tr->o.zero2},
     };
     memcpy(f, v, sizeof v);
 }

@@ -295,5 +295,11 @@ int sd_unet_backward_fused(const sd_unet *u, const sd_unet_graph *g, const sd_ba
 /* The scratch floats a fused backward of plan g needs (the largest op's
  * weight and bias). */
 size_t sd_unet_fused_scratch(const sd_unet *u, const sd_unet_graph *g);
+/* The tensors sd_unet_backward_fused hands to done, in its order: their
+ * offsets and floats into off and len (room for 2 * g->nops each), the
+ * count returned. The order follows the ops alone, not the latent size:
+ * a ZeRO-2 rank with no batch of its own still joins each tensor's
+ * reduce-scatter in the order its peers' backward reaches them. */
+size_t sd_unet_fused_order(const sd_unet *u, const sd_unet_graph *g, size_t *off, size_t *len);
 
 #endif

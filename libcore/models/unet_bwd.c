@@ -62,6 +62,24 @@ size_t sd_unet_fused_scratch(const sd_unet *u, const sd_unet_graph *g)
     return most;
 }
 
+/* The walk of sd_unet_backward_fused without the arithmetic: the last op
+ * first, ops whose output nothing reads skipped, weight then bias. */
+size_t sd_unet_fused_order(const sd_unet *u, const sd_unet_graph *g, size_t *off, size_t *len)
+{
+    size_t k = 0;
+    if (g->outp == SIZE_MAX) return 0;
+    for (size_t i = g->nops; i-- > 0;) {
+        const sd_unet_op *o = &g->ops[i];
+        if (o->gy == SIZE_MAX || o->w == SIZE_MAX) continue;
+        off[k] = o->w;
+        len[k++] = slot_floats(&u->w, o->w);
+        if (o->b == SIZE_MAX) continue;
+        off[k] = o->b;
+        len[k++] = slot_floats(&u->w, o->b);
+    }
+    return k;
+}
+
 /* The backward pass, with f (not NULL) each op's parameter gradients
  * computed into f->scratch (zeroed first) instead of dparams and handed to
  * f->done as soon as the op's backward is over (weight, then bias); a
