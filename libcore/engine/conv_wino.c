@@ -19,6 +19,8 @@
 #include "act_store.h"
 #include "dtype.h"
 #include "gemm.h"
+#include "gemm_rows.h"
+#include "transpose8.h"
 
 enum {
     TILE_N = 256,            /* tiles per unit (the GEMMs' n), target */
@@ -34,7 +36,10 @@ typedef struct {
     int ntx, nty;       /* tiles per row, tile rows */
     int rows, nblk;     /* tile rows per unit, units per image */
     size_t ntp;         /* tiles per unit: rows * ntx */
-    float *U;           /* transformed weights [16][cout][cin] */
+    float *U;           /* transformed weights: 16 planes U_f [cout, cin] in gemm_rows' packed panels */
+    size_t uplane;      /* floats per plane: sd_gemm_rows_packed_floats(cout, cin) */
+    sd_gemm_rows_isa isa;
+    int tr8;            /* sd_transpose8_ok() */
     float *scratch;
     size_t sstride;
     float *y;
@@ -87,14 +92,14 @@ int sd_wino_ok(const sd_wino_shape *s)
  * KB input channels at a time: their filters gathered into g[tap][kk], the
  * transform run across kk (loops the compiler vectorises, each element's
  * operations the scalar ones in the same order, so the same bits), and
- * each U_f's run of KB floats stored contiguously. Run once per call, this
- * was a quarter of a 640-channel 32x32 convolution's time when scalar. */
+ * each element stored at its place in U_f's packed panels (gemm_rows.h),
+ * so no unit packs anything. Run once per call, this was a quarter of a
+ * 640-channel 32x32 convolution's time when scalar. */
 static void weights_range(void *vctx, int worker, size_t begin, size_t end)
 {
     enum { KB = 16 };
     const wctx *c = vctx;
     const sd_wino_shape *s = c->s;
-    size_t plane = (size_t)s->cout * (size_t)s->cin;
     (void)worker;
     for (size_t m = begin; m < end; m++) {
         for (int k0 = 0; k0 < s->cin; k0 += KB) {
@@ -124,8 +129,10 @@ static void weights_range(void *vctx, int worker, size_t begin, size_t end)
                     r[i * 4 + 2][kk] = 0.5f * (t[i][0][kk] - t[i][1][kk] + t[i][2][kk]);
                     r[i * 4 + 3][kk] = t[i][2][kk];
                 }
-            float *u = c->U + m * (size_t)s->cin + (size_t)k0;
-            for (int f = 0; f < 16; f++) memcpy(u + (size_t)f * plane, r[f], (size_t)nk * sizeof(float));
+            for (int kk = 0; kk < nk; kk++) {
+                float *u = c->U + sd_gemm_rows_packed_index(s->cout, s->cin, (int)m, k0 + kk);
+                for (int f = 0; f < 16; f++) u[(size_t)f * c->uplane] = r[f][kk];
+            }
         }
     }
 }
@@ -278,24 +285,43 @@ static void transform_output(const wctx *c, size_t ni, int ty0, int ty1, const f
     }
 }
 
-/* One unit: tile rows of one image through transform, 16 GEMMs, inverse. */
+/* dst[j * ldd + i] = src[i * lds + j] for i < rows, j < cols: 8 x 8
+ * blocks in AVX2 registers where tr8, the rest by loops (a copy either
+ * way). */
+static void transpose(int tr8, float *restrict dst, size_t ldd, const float *restrict src, size_t lds, int rows,
+                      int cols)
+{
+    int r8 = tr8 ? rows / 8 * 8 : 0, c8 = tr8 ? cols / 8 * 8 : 0;
+    for (int i = 0; i < r8; i += 8)
+        for (int j = 0; j < c8; j += 8)
+            sd_transpose8_avx2(dst + (size_t)j * ldd + (size_t)i, ldd, src + (size_t)i * lds + (size_t)j, lds);
+    for (int i = 0; i < rows; i++)
+        for (int j = i < r8 ? c8 : 0; j < cols; j++) dst[(size_t)j * ldd + (size_t)i] = src[(size_t)i * lds + (size_t)j];
+}
+
+/* One unit: tile rows of one image through transform, 16 GEMMs, inverse.
+ * Each GEMM is gemm_rows' form, Mt[tile, cout] = Vt[tile, cin] U_f^T on
+ * the packed U_f: V_f is transposed into Vt before it and Mt back into
+ * M_f after it (every output element one fmaf chain over cin in order). */
 static void units_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const wctx *c = vctx;
     const sd_wino_shape *s = c->s;
     float *V = c->scratch + (size_t)worker * c->sstride;
-    float *Mb = V + 16 * (size_t)s->cin * c->ntp, *work = Mb + 16 * (size_t)s->cout * c->ntp;
-    size_t plane = (size_t)s->cout * (size_t)s->cin;
+    float *Mb = V + 16 * (size_t)s->cin * c->ntp, *Vt = Mb + 16 * (size_t)s->cout * c->ntp;
+    float *Mt = Vt + (size_t)s->cin * c->ntp, *work = Mt + (size_t)s->cout * c->ntp;
     for (size_t u = begin; u < end; u++) {
         size_t ni = u / (size_t)c->nblk;
         int ty0 = (int)(u % (size_t)c->nblk) * c->rows;
         int ty1 = ty0 + c->rows < c->nty ? ty0 + c->rows : c->nty;
         transform_input(c, ni, ty0, ty1, V, work);
         int n = (ty1 - ty0) * c->ntx;
-        for (int f = 0; f < 16; f++)
-            sd_sgemm(0, 0, s->cout, n, s->cin, 1.0f, c->U + (size_t)f * plane, s->cin,
-                     V + (size_t)f * (size_t)s->cin * c->ntp, (int)c->ntp, 0.0f, Mb + (size_t)f * (size_t)s->cout * c->ntp,
-                     (int)c->ntp);
+        for (int f = 0; f < 16; f++) {
+            transpose(c->tr8, Vt, (size_t)s->cin, V + (size_t)f * (size_t)s->cin * c->ntp, c->ntp, s->cin, n);
+            sd_gemm_rows_packed(c->isa, n, s->cout, s->cin, Vt, (size_t)s->cin, c->U + (size_t)f * c->uplane, NULL,
+                                Mt, (size_t)s->cout);
+            transpose(c->tr8, Mb + (size_t)f * (size_t)s->cout * c->ntp, c->ntp, Mt, (size_t)s->cout, n, s->cout);
+        }
         transform_output(c, ni, ty0, ty1, Mb, work);
     }
 }
@@ -309,14 +335,14 @@ int sd_wino_conv(sd_pool *pool, const sd_wino_shape *s, float *y, const float *x
 /* Floats of one worker's area (see sd_wino_conv_st). */
 static size_t wino_per_worker(const wctx *c, const sd_wino_shape *s)
 {
-    size_t per_row = 16 * ((size_t)s->cin + (size_t)s->cout) * (size_t)c->ntx;
+    size_t per_row = 17 * ((size_t)s->cin + (size_t)s->cout) * (size_t)c->ntx;
     return per_row * (size_t)c->rows + 16 * ((size_t)c->ntx + 1) + (size_t)s->w;
 }
 
-/* Floats of the transformed weights. */
+/* Floats of the transformed weights (packed: cout rounded up to 16). */
 static size_t wino_u_floats(const sd_wino_shape *s)
 {
-    return 16 * (size_t)s->cout * (size_t)s->cin;
+    return 16 * sd_gemm_rows_packed_floats(s->cout, s->cin);
 }
 
 /* The bytes sd_wino_conv_st allocates: the same plan and sizes. */
@@ -324,7 +350,7 @@ size_t sd_wino_scratch_bytes(int nworkers, const sd_wino_shape *s)
 {
     wctx c = {0};
     wino_plan(&c, s);
-    return wino_u_floats(s) * sizeof(float) + sd_scratch_bytes(nworkers, wino_per_worker(&c, s));
+    return sd_scratch_bytes(1, wino_u_floats(s)) + sd_scratch_bytes(nworkers, wino_per_worker(&c, s));
 }
 
 /* The same with x and y stored as xdt / ydt (not with acc): input rows are
@@ -339,13 +365,17 @@ int sd_wino_conv_st(sd_pool *pool, const sd_wino_shape *s, int ydt, void *y, int
     wino_plan(&c, s);
     size_t per = wino_per_worker(&c, s);
     c.sstride = sd_scratch_stride(per);
-    c.U = malloc(wino_u_floats(s) * sizeof(float));
+    c.uplane = sd_gemm_rows_packed_floats(s->cout, s->cin);
+    c.isa = sd_gemm_rows_best_isa();
+    c.tr8 = sd_transpose8_ok();
+    c.U = sd_scratch_alloc(1, wino_u_floats(s)); /* aligned: the kernels load panels aligned */
     c.scratch = sd_scratch_alloc(sd_pool_size(pool), per);
     if (!c.U || !c.scratch) {
         free(c.U);
         free(c.scratch);
         return 0;
     }
+    if (s->cout % SD_GEMM_ROWS_NR) memset(c.U, 0, wino_u_floats(s) * sizeof(float)); /* the padding lanes */
     sd_pool_for(pool, (size_t)s->cout, weights_range, &c);
     sd_pool_for(pool, (size_t)s->n * (size_t)c.nblk, units_range, &c);
     free(c.U);
