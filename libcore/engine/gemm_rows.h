@@ -10,7 +10,8 @@
  * which is what lets the CLIP text encoder run several captions through one
  * GEMM without a caption's embedding depending on its neighbours.
  *
- * Structure (gemm_rows.c): w is packed per call, in blocks of up to
+ * Structure (gemm_rows.c): w is packed per call (or once for many calls:
+ * sd_gemm_rows_pack / sd_gemm_rows_packed), in blocks of up to
  * SD_GEMM_ROWS_NC columns by SD_GEMM_ROWS_KC steps of k, into panels of 16
  * output columns; a 6 x 16
  * micro-kernel (gemm_rows_avx2.c: 12 ymm accumulators) runs each row block
