@@ -66,10 +66,11 @@ static void wino_plan(wctx *c, const sd_wino_shape *s, int nworkers)
     size_t per_row = 16 * ((size_t)s->cin + (size_t)s->cout) * (size_t)c->ntx;
     int rows = TILE_N / c->ntx;
     if ((size_t)rows > SCRATCH / per_row) rows = (int)(SCRATCH / per_row);
-    int per_img = (nworkers + s->n - 1) / s->n, floor = (MIN_TILES + c->ntx - 1) / c->ntx;
-    if (per_img > 1 && rows > (c->nty + per_img - 1) / per_img) {
-        rows = (c->nty + per_img - 1) / per_img;
-        if (rows < floor) rows = floor;
+    int per_img = (nworkers + s->n - 1) / s->n, least = (MIN_TILES + c->ntx - 1) / c->ntx;
+    if (per_img > 1) {
+        int cut = (c->nty + per_img - 1) / per_img;
+        if (cut < least) cut = least;
+        if (cut < rows) rows = cut;
     }
     c->rows = rows < 1 ? 1 : rows;
     c->nblk = (c->nty + c->rows - 1) / c->rows;
