@@ -4,8 +4,9 @@
 output format). Run by bench/bench_ops.sh; needs torch (PyPI). --cpu
 reports the main thread's CPU time instead of wall time (meaningful with
 1 thread, where torch computes on the calling thread: steadier while others
-load the machine), like bench_ops --cpu.
-usage: bench_ops_torch.py THREADS REPEATS [--bwd] [--cpu]"""
+load the machine), like bench_ops --cpu. --conv CIN COUT HW times one 3x3
+pad-1 conv of that shape (one image) instead, like bench_ops --conv.
+usage: bench_ops_torch.py THREADS REPEATS [--bwd] [--cpu] [--conv CIN COUT HW]"""
 import sys
 import time
 
@@ -61,6 +62,10 @@ layers = [
     ("linear qkv 3x 512 T4096", *qkv()),
     ("sdpa T4096 d512", *sdpa()),
 ]
+if "--conv" in sys.argv[3:]:
+    i = sys.argv.index("--conv")
+    cin, cout, hw = (int(a) for a in sys.argv[i + 1:i + 4])
+    layers = [("conv (--conv)", *conv(cin, cout, hw))]
 
 
 def best(fn):

@@ -81,7 +81,7 @@ static void test_plan_backend(void)
     CHECK(x.live == 64 && x.peak == 1088);
     CHECK(be->alloc(&x, 1 << 20) == NULL); /* past the reservation: out of memory, as a full device */
     /* a 3x3 conv takes Winograd's scratch: more with more workers */
-    sd_conv2d_shape wino = {.n = 1, .cin = 64, .cout = 64, .h = 16, .w = 16, .kh = 3, .kw = 3, .stride = 1,
+    sd_conv2d_shape wino = {.n = 1, .cin = 64, .cout = 64, .h = 32, .w = 32, .kh = 3, .kw = 3, .stride = 1,
                             .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1};
     size_t sw = sd_conv2d_fwd_scratch_bytes(3, &wino);
     CHECK(sw > 16 * 64 * 64 * sizeof(float)); /* the transformed weights and the workers' areas */

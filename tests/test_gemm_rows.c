@@ -304,6 +304,47 @@ static void check_linear_op(int m, int n, int k)
     drop(&o);
 }
 
+/* w packed once, by sd_gemm_rows_pack and element by element through
+ * sd_gemm_rows_packed_index into zeros (the same panels), then
+ * sd_gemm_rows_packed on each kernel: the reference's bits, the row gaps
+ * of y untouched. */
+static void check_packed(int m, int n, int k, int pad)
+{
+    operands o;
+    size_t np = sd_gemm_rows_packed_floats(n, k), ny;
+    float *p1 = sd_scratch_alloc(1, np), *p2 = sd_scratch_alloc(1, np), *ref = NULL, *y = NULL;
+    if (!CHECK(make(&o, m, n, k, pad, (unsigned)(m * 7 + n * 5 + k))) || !CHECK(p1 && p2)) goto out;
+    ny = (size_t)m * o.ldy;
+    ref = malloc(ny * sizeof(float));
+    y = malloc(ny * sizeof(float));
+    if (!CHECK(ref && y)) goto out;
+    memset(p2, 0, np * sizeof(float));
+    for (int j = 0; j < n; j++)
+        for (int q = 0; q < k; q++) p2[sd_gemm_rows_packed_index(n, k, j, q)] = o.w[(size_t)j * (size_t)k + (size_t)q];
+    for (size_t i = 0; i < ny; i++) ref[i] = 7.0f;
+    sd_gemm_rows_ref(m, n, k, o.x, o.ldx, o.w, (size_t)k, SD_DT_F32, o.b, ref, o.ldy);
+    static const sd_gemm_rows_isa all[] = {SD_GEMM_ROWS_PORTABLE, SD_GEMM_ROWS_AVX2, SD_GEMM_ROWS_AVX512};
+    for (int v = 0; v < 3; v++) {
+        if (!sd_gemm_rows_isa_usable(all[v])) continue;
+        memset(p1, 0xff, np * sizeof(float));
+        sd_gemm_rows_pack(all[v], n, k, o.w, (size_t)k, p1);
+        if (!CHECK(memcmp(p1, p2, np * sizeof(float)) == 0))
+            fprintf(stderr, "  m %d n %d k %d: %s packing differs from the index\n", m, n, k,
+                    sd_gemm_rows_isa_name(all[v]));
+        for (size_t i = 0; i < ny; i++) y[i] = 7.0f;
+        sd_gemm_rows_packed(all[v], m, n, k, o.x, o.ldx, p2, o.b, y, o.ldy);
+        if (!CHECK(memcmp(ref, y, ny * sizeof(float)) == 0))
+            fprintf(stderr, "  m %d n %d k %d pad %d: %s packed product differs\n", m, n, k, pad,
+                    sd_gemm_rows_isa_name(all[v]));
+    }
+out:
+    free(ref);
+    free(y);
+    free(p1);
+    free(p2);
+    drop(&o);
+}
+
 int main(void)
 {
     printf("best kernel: %s\n", sd_gemm_rows_isa_name(sd_gemm_rows_best_isa()));
@@ -336,5 +377,10 @@ int main(void)
     check_linear_op(77, 100, 70);
     check_linear_op(616, 520, 600);
     check_linear_op(3, 1, 1);
+    check_packed(13, 33, 257, 1);
+    check_packed(19, 257, 513, 5);
+    check_packed(7, 200, 1030, 0);
+    check_packed(32, 640, 640, 0);
+    check_packed(1, 4, 9, 2);
     return check_done("test_gemm_rows");
 }

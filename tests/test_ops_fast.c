@@ -306,10 +306,11 @@ int main(void)
 {
     for (int i = 0; i < 3; i++) pools[i] = sd_pool_create(i + 1);
     if (!CHECK(pools[0] && pools[1] && pools[2])) return 1;
-    /* Winograd forward and input gradient (32+ channels, 32+ tiles per
-     * unit): ragged tile rows and columns, several units of several tile
-     * rows, pads 0..2; a 3-channel input takes im2col forward and Winograd
-     * for its input gradient */
+    /* Winograd forward and input gradient (32+ channels, 128+ tiles per
+     * image): ragged tile rows and columns, several units of several tile
+     * rows (cut differently for 1, 2 and 3 workers, the same bits), pads
+     * 0..2; a 3-channel input takes im2col forward and Winograd for its
+     * input gradient */
     sd_conv2d_shape wino = {.n = 2, .cin = 33, .h = 37, .w = 41, .cout = 35, .kh = 3, .kw = 3, .stride = 1,
                             .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1};
     sd_conv2d_shape wpads = {.n = 1, .cin = 32, .h = 40, .w = 23, .cout = 32, .kh = 3, .kw = 3, .stride = 1,
@@ -324,8 +325,15 @@ int main(void)
     conv_case("wino-pads", wpads);
     conv_case("wino-wide", wwide);
     conv_case("rgb-in", rgb);
+    /* Winograd from 128 tiles per image: a 24x24 image (144) takes it, a
+     * 16x16 one (64, the UNet's 1280-channel level) does not */
+    sd_conv2d_shape at24 = {.n = 2, .cin = 64, .h = 24, .w = 24, .cout = 64, .kh = 3, .kw = 3, .stride = 1,
+                            .pad_t = 1, .pad_b = 1, .pad_l = 1, .pad_r = 1};
+    sd_conv2d_shape at16 = at24;
+    at16.h = at16.w = 16;
+    CHECK(takes_wino(&at24, 0) && takes_wino(&at24, 1) && !takes_wino(&at16, 0) && !takes_wino(&at16, 1));
     /* small images (the UNet's 16x16 and 8x8 levels): too few tiles per
-     * unit for Winograd, so im2col, whose forward (and the pointwise input
+     * image for Winograd, so im2col, whose forward (and the pointwise input
      * gradient) cut output (input) channels into blocks there, one image
      * or several */
     sd_conv2d_shape small = {.n = 1, .cin = 40, .h = 6, .w = 6, .cout = 45, .kh = 3, .kw = 3, .stride = 1,

@@ -19,13 +19,15 @@
 #include "act_store.h"
 #include "dtype.h"
 #include "gemm.h"
+#include "gemm_rows.h"
+#include "transpose8.h"
 
 enum {
-    TILE_N = 256,            /* tiles per unit (the GEMMs' n), target */
+    TILE_N = 256,            /* tiles per unit (the GEMMs' m), target */
     SCRATCH = 1u << 22,      /* transformed floats per worker, at most, when a tile row allows */
-    MIN_UNITS = 8,           /* units per image, at least, when the tile rows allow */
+    MIN_TILES = 32,          /* tiles per unit, at least, when units are cut smaller for the workers */
     MIN_CIN = 32,            /* input channels below which im2col is faster */
-    MIN_TILES = 32           /* tiles per unit below which im2col is faster */
+    MIN_IMAGE_TILES = 128    /* tiles per image below which im2col is faster */
 };
 
 typedef struct {
@@ -34,7 +36,10 @@ typedef struct {
     int ntx, nty;       /* tiles per row, tile rows */
     int rows, nblk;     /* tile rows per unit, units per image */
     size_t ntp;         /* tiles per unit: rows * ntx */
-    float *U;           /* transformed weights [16][cout][cin] */
+    float *U;           /* transformed weights: 16 planes U_f [cout, cin] in gemm_rows' packed panels */
+    size_t uplane;      /* floats per plane: sd_gemm_rows_packed_floats(cout, cin) */
+    sd_gemm_rows_isa isa;
+    int tr8;            /* sd_transpose8_ok() */
     float *scratch;
     size_t sstride;
     float *y;
@@ -45,9 +50,13 @@ typedef struct {
 } wctx;
 
 /* Output size, tiles, and the units: whole tile rows of one image, about
- * TILE_N tiles each within the scratch bound, MIN_UNITS per image when the
- * tile rows allow. A function of the shape only. */
-static void wino_plan(wctx *c, const sd_wino_shape *s)
+ * TILE_N tiles each within the scratch bound, and cut smaller (to no less
+ * than MIN_TILES) until each of nworkers workers has one. Bigger units read
+ * the transformed weights fewer times: 1 unit per image instead of 8 at
+ * 640 channels 32x32 was 1.33x faster (bench/RESULTS.md). The results do
+ * not depend on the plan (each output is one chain over cin in order),
+ * so it may depend on the worker count. */
+static void wino_plan(wctx *c, const sd_wino_shape *s, int nworkers)
 {
     c->s = s;
     c->oh = s->h + s->pt + s->pb - 2;
@@ -57,7 +66,12 @@ static void wino_plan(wctx *c, const sd_wino_shape *s)
     size_t per_row = 16 * ((size_t)s->cin + (size_t)s->cout) * (size_t)c->ntx;
     int rows = TILE_N / c->ntx;
     if ((size_t)rows > SCRATCH / per_row) rows = (int)(SCRATCH / per_row);
-    if (rows > (c->nty + MIN_UNITS - 1) / MIN_UNITS) rows = (c->nty + MIN_UNITS - 1) / MIN_UNITS;
+    int per_img = (nworkers + s->n - 1) / s->n, least = (MIN_TILES + c->ntx - 1) / c->ntx;
+    if (per_img > 1) {
+        int cut = (c->nty + per_img - 1) / per_img;
+        if (cut < least) cut = least;
+        if (cut < rows) rows = cut;
+    }
     c->rows = rows < 1 ? 1 : rows;
     c->nblk = (c->nty + c->rows - 1) / c->rows;
     c->ntp = (size_t)c->rows * (size_t)c->ntx;
@@ -67,65 +81,76 @@ static void wino_plan(wctx *c, const sd_wino_shape *s)
  * non-empty output, and a shape where the 16 GEMMs beat one im2col GEMM:
  * enough input channels (measured: cin 16 is still slower, cin 32 faster,
  * 128 output channels at 256x256; the conv_in of a VAE, cin 3, is 2x
- * slower) and enough tiles per unit, since each unit's 16 GEMMs read all
- * the transformed weights: measured at 1280 channels, 8 tiles a unit (16x16
- * images) take 2.4x the time of im2col and 4 (8x8) 4.7x, while at 640
- * channels 32 tiles (32x32) are 1.25x faster than im2col. */
+ * slower) and enough tiles per image, since the weights are transformed
+ * on every call (16 cout x cin floats written) and each unit's GEMMs read
+ * all of them: measured at 1280 channels (1 thread), 64 tiles (16x16
+ * images) take 1.5x the time of im2col, 144 tiles (24x24) 0.91x, 256
+ * (32x32) 0.67x; at 640 channels 144 tiles 0.80x. */
 int sd_wino_ok(const sd_wino_shape *s)
 {
     if (s->cin < MIN_CIN) return 0;
     if (s->pt < 0 || s->pb < 0 || s->pl < 0 || s->pr < 0) return 0;
     if (s->pt > 2 || s->pb > 2 || s->pl > 2 || s->pr > 2) return 0;
     if (s->h + s->pt + s->pb < 3 || s->w + s->pl + s->pr < 3) return 0;
-    wctx c;
-    wino_plan(&c, s);
-    return c.ntp >= MIN_TILES;
+    int ow = s->w + s->pl + s->pr - 2, oh = s->h + s->pt + s->pb - 2;
+    return (size_t)((ow + 1) / 2) * (size_t)((oh + 1) / 2) >= MIN_IMAGE_TILES;
 }
 
-/* U_f[m][k] = (G g G^T)_f for each output channel m in [begin, end) and
- * input channel k, g the 3x3 filter, G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1].
- * KB input channels at a time: their filters gathered into g[tap][kk], the
- * transform run across kk (loops the compiler vectorises, each element's
- * operations the scalar ones in the same order, so the same bits), and
- * each U_f's run of KB floats stored contiguously. Run once per call, this
- * was a quarter of a 640-channel 32x32 convolution's time when scalar. */
+/* U_f[m][k] = (G g G^T)_f for the output channels m of panels [begin,
+ * end) (16 channels each, the packed layout's panels: gemm_rows.h) and
+ * every input channel k, g the 3x3 filter, G = [1 0 0; .5 .5 .5; .5 -.5 .5;
+ * 0 0 1]. KB input channels at a time: per channel m their filters
+ * gathered into g[tap][kk], the transform run across kk (loops the
+ * compiler vectorises, each element's operations the scalar ones in the
+ * same order, so the same bits), the results gathered into blk[f][kk][lane]
+ * and each run of 16 lanes stored at its place in U_f's panels (one cache
+ * line; lanes past cout stay zero), so no unit packs anything. Run once
+ * per call. */
 static void weights_range(void *vctx, int worker, size_t begin, size_t end)
 {
-    enum { KB = 16 };
+    enum { KB = 16, NR = SD_GEMM_ROWS_NR };
     const wctx *c = vctx;
     const sd_wino_shape *s = c->s;
-    size_t plane = (size_t)s->cout * (size_t)s->cin;
     (void)worker;
-    for (size_t m = begin; m < end; m++) {
+    for (size_t pn = begin; pn < end; pn++) {
+        int m0 = (int)pn * NR, lanes = s->cout - m0 < NR ? s->cout - m0 : NR;
         for (int k0 = 0; k0 < s->cin; k0 += KB) {
             int nk = s->cin - k0 < KB ? s->cin - k0 : KB;
-            float g[9][KB] = {{0}}, t[4][3][KB], r[16][KB];
-            for (int kk = 0; kk < nk; kk++) {
-                size_t k = (size_t)(k0 + kk);
-                if (!s->flip) {
-                    const float *src = c->w + (m * (size_t)s->cin + k) * 9;
-                    for (int q = 0; q < 9; q++) g[q][kk] = src[q];
-                } else {
-                    const float *src = c->w + (k * (size_t)s->cout + m) * 9;
-                    for (int q = 0; q < 9; q++) g[q][kk] = src[8 - q];
+            float blk[16][KB][NR] = {{{0}}};
+            for (int mm = 0; mm < lanes; mm++) {
+                size_t m = (size_t)(m0 + mm);
+                float g[9][KB] = {{0}}, t[4][3][KB], r[16][KB];
+                for (int kk = 0; kk < nk; kk++) {
+                    size_t k = (size_t)(k0 + kk);
+                    if (!s->flip) {
+                        const float *src = c->w + (m * (size_t)s->cin + k) * 9;
+                        for (int q = 0; q < 9; q++) g[q][kk] = src[q];
+                    } else {
+                        const float *src = c->w + (k * (size_t)s->cout + m) * 9;
+                        for (int q = 0; q < 9; q++) g[q][kk] = src[8 - q];
+                    }
                 }
+                for (int j = 0; j < 3; j++)
+                    for (int kk = 0; kk < KB; kk++) {
+                        t[0][j][kk] = g[j][kk];
+                        t[1][j][kk] = 0.5f * (g[j][kk] + g[3 + j][kk] + g[6 + j][kk]);
+                        t[2][j][kk] = 0.5f * (g[j][kk] - g[3 + j][kk] + g[6 + j][kk]);
+                        t[3][j][kk] = g[6 + j][kk];
+                    }
+                for (int i = 0; i < 4; i++)
+                    for (int kk = 0; kk < KB; kk++) {
+                        r[i * 4 + 0][kk] = t[i][0][kk];
+                        r[i * 4 + 1][kk] = 0.5f * (t[i][0][kk] + t[i][1][kk] + t[i][2][kk]);
+                        r[i * 4 + 2][kk] = 0.5f * (t[i][0][kk] - t[i][1][kk] + t[i][2][kk]);
+                        r[i * 4 + 3][kk] = t[i][2][kk];
+                    }
+                for (int f = 0; f < 16; f++)
+                    for (int kk = 0; kk < KB; kk++) blk[f][kk][mm] = r[f][kk];
             }
-            for (int j = 0; j < 3; j++)
-                for (int kk = 0; kk < KB; kk++) {
-                    t[0][j][kk] = g[j][kk];
-                    t[1][j][kk] = 0.5f * (g[j][kk] + g[3 + j][kk] + g[6 + j][kk]);
-                    t[2][j][kk] = 0.5f * (g[j][kk] - g[3 + j][kk] + g[6 + j][kk]);
-                    t[3][j][kk] = g[6 + j][kk];
-                }
-            for (int i = 0; i < 4; i++)
-                for (int kk = 0; kk < KB; kk++) {
-                    r[i * 4 + 0][kk] = t[i][0][kk];
-                    r[i * 4 + 1][kk] = 0.5f * (t[i][0][kk] + t[i][1][kk] + t[i][2][kk]);
-                    r[i * 4 + 2][kk] = 0.5f * (t[i][0][kk] - t[i][1][kk] + t[i][2][kk]);
-                    r[i * 4 + 3][kk] = t[i][2][kk];
-                }
-            float *u = c->U + m * (size_t)s->cin + (size_t)k0;
-            for (int f = 0; f < 16; f++) memcpy(u + (size_t)f * plane, r[f], (size_t)nk * sizeof(float));
+            for (int kk = 0; kk < nk; kk++) {
+                float *u = c->U + sd_gemm_rows_packed_index(s->cout, s->cin, m0, k0 + kk);
+                for (int f = 0; f < 16; f++) memcpy(u + (size_t)f * c->uplane, blk[f][kk], sizeof blk[f][kk]);
+            }
         }
     }
 }
@@ -278,24 +303,43 @@ static void transform_output(const wctx *c, size_t ni, int ty0, int ty1, const f
     }
 }
 
-/* One unit: tile rows of one image through transform, 16 GEMMs, inverse. */
+/* dst[j * ldd + i] = src[i * lds + j] for i < rows, j < cols: 8 x 8
+ * blocks in AVX2 registers where tr8, the rest by loops (a copy either
+ * way). */
+static void transpose(int tr8, float *restrict dst, size_t ldd, const float *restrict src, size_t lds, int rows,
+                      int cols)
+{
+    int r8 = tr8 ? rows / 8 * 8 : 0, c8 = tr8 ? cols / 8 * 8 : 0;
+    for (int i = 0; i < r8; i += 8)
+        for (int j = 0; j < c8; j += 8)
+            sd_transpose8_avx2(dst + (size_t)j * ldd + (size_t)i, ldd, src + (size_t)i * lds + (size_t)j, lds);
+    for (int i = 0; i < rows; i++)
+        for (int j = i < r8 ? c8 : 0; j < cols; j++) dst[(size_t)j * ldd + (size_t)i] = src[(size_t)i * lds + (size_t)j];
+}
+
+/* One unit: tile rows of one image through transform, 16 GEMMs, inverse.
+ * Each GEMM is gemm_rows' form, Mt[tile, cout] = Vt[tile, cin] U_f^T on
+ * the packed U_f: V_f is transposed into Vt before it and Mt back into
+ * M_f after it (every output element one fmaf chain over cin in order). */
 static void units_range(void *vctx, int worker, size_t begin, size_t end)
 {
     const wctx *c = vctx;
     const sd_wino_shape *s = c->s;
     float *V = c->scratch + (size_t)worker * c->sstride;
-    float *Mb = V + 16 * (size_t)s->cin * c->ntp, *work = Mb + 16 * (size_t)s->cout * c->ntp;
-    size_t plane = (size_t)s->cout * (size_t)s->cin;
+    float *Mb = V + 16 * (size_t)s->cin * c->ntp, *Vt = Mb + 16 * (size_t)s->cout * c->ntp;
+    float *Mt = Vt + (size_t)s->cin * c->ntp, *work = Mt + (size_t)s->cout * c->ntp;
     for (size_t u = begin; u < end; u++) {
         size_t ni = u / (size_t)c->nblk;
         int ty0 = (int)(u % (size_t)c->nblk) * c->rows;
         int ty1 = ty0 + c->rows < c->nty ? ty0 + c->rows : c->nty;
         transform_input(c, ni, ty0, ty1, V, work);
         int n = (ty1 - ty0) * c->ntx;
-        for (int f = 0; f < 16; f++)
-            sd_sgemm(0, 0, s->cout, n, s->cin, 1.0f, c->U + (size_t)f * plane, s->cin,
-                     V + (size_t)f * (size_t)s->cin * c->ntp, (int)c->ntp, 0.0f, Mb + (size_t)f * (size_t)s->cout * c->ntp,
-                     (int)c->ntp);
+        for (int f = 0; f < 16; f++) {
+            transpose(c->tr8, Vt, (size_t)s->cin, V + (size_t)f * (size_t)s->cin * c->ntp, c->ntp, s->cin, n);
+            sd_gemm_rows_packed(c->isa, n, s->cout, s->cin, Vt, (size_t)s->cin, c->U + (size_t)f * c->uplane, NULL,
+                                Mt, (size_t)s->cout);
+            transpose(c->tr8, Mb + (size_t)f * (size_t)s->cout * c->ntp, c->ntp, Mt, (size_t)s->cout, n, s->cout);
+        }
         transform_output(c, ni, ty0, ty1, Mb, work);
     }
 }
@@ -309,22 +353,22 @@ int sd_wino_conv(sd_pool *pool, const sd_wino_shape *s, float *y, const float *x
 /* Floats of one worker's area (see sd_wino_conv_st). */
 static size_t wino_per_worker(const wctx *c, const sd_wino_shape *s)
 {
-    size_t per_row = 16 * ((size_t)s->cin + (size_t)s->cout) * (size_t)c->ntx;
+    size_t per_row = 17 * ((size_t)s->cin + (size_t)s->cout) * (size_t)c->ntx;
     return per_row * (size_t)c->rows + 16 * ((size_t)c->ntx + 1) + (size_t)s->w;
 }
 
-/* Floats of the transformed weights. */
+/* Floats of the transformed weights (packed: cout rounded up to 16). */
 static size_t wino_u_floats(const sd_wino_shape *s)
 {
-    return 16 * (size_t)s->cout * (size_t)s->cin;
+    return 16 * sd_gemm_rows_packed_floats(s->cout, s->cin);
 }
 
 /* The bytes sd_wino_conv_st allocates: the same plan and sizes. */
 size_t sd_wino_scratch_bytes(int nworkers, const sd_wino_shape *s)
 {
     wctx c = {0};
-    wino_plan(&c, s);
-    return wino_u_floats(s) * sizeof(float) + sd_scratch_bytes(nworkers, wino_per_worker(&c, s));
+    wino_plan(&c, s, nworkers);
+    return sd_scratch_bytes(1, wino_u_floats(s)) + sd_scratch_bytes(nworkers, wino_per_worker(&c, s));
 }
 
 /* The same with x and y stored as xdt / ydt (not with acc): input rows are
@@ -336,17 +380,20 @@ int sd_wino_conv_st(sd_pool *pool, const sd_wino_shape *s, int ydt, void *y, int
 {
     wctx c = {.y = y, .x = x, .w = w, .b = b, .xdt = xdt, .ydt = ydt, .xs = x, .ys = y};
     if (s->acc && ydt != SD_DT_F32) return 0;
-    wino_plan(&c, s);
+    wino_plan(&c, s, sd_pool_size(pool));
     size_t per = wino_per_worker(&c, s);
     c.sstride = sd_scratch_stride(per);
-    c.U = malloc(wino_u_floats(s) * sizeof(float));
+    c.uplane = sd_gemm_rows_packed_floats(s->cout, s->cin);
+    c.isa = sd_gemm_rows_best_isa();
+    c.tr8 = sd_transpose8_ok();
+    c.U = sd_scratch_alloc(1, wino_u_floats(s)); /* aligned: the kernels load panels aligned */
     c.scratch = sd_scratch_alloc(sd_pool_size(pool), per);
     if (!c.U || !c.scratch) {
         free(c.U);
         free(c.scratch);
         return 0;
     }
-    sd_pool_for(pool, (size_t)s->cout, weights_range, &c);
+    sd_pool_for(pool, ((size_t)s->cout + SD_GEMM_ROWS_NR - 1) / SD_GEMM_ROWS_NR, weights_range, &c);
     sd_pool_for(pool, (size_t)s->n * (size_t)c.nblk, units_range, &c);
     free(c.U);
     free(c.scratch);

@@ -19,7 +19,8 @@ typedef struct {
 } sd_wino_shape;
 
 /* Whether the shape is one sd_wino_conv handles (pads 0..2, output >= 1)
- * and one where it is faster than im2col (cin >= 32). */
+ * and one where it is faster than im2col (cin >= 32, 128 or more 2x2
+ * output tiles per image: 24x24 and up). */
 int sd_wino_ok(const sd_wino_shape *s);
 
 /* Runs the conv; returns 0 when its scratch could not be allocated (the

@@ -195,19 +195,56 @@ void sd_gemm_rows(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, siz
     sd_gemm_rows_ex(isa, m, n, k, x, ldx, w, ldw, (sd_gemm_rows_mode){0}, bias, y, ldy, scratch);
 }
 
+/* Every 6-row block of x (its 6 x kc slice in L1; copying it to a
+ * contiguous buffer measured slower) over the packed panels bp of one
+ * block: columns [j0, j0 + nb), steps [k0, k0 + kc) of k. The first k
+ * block starts each tile from the bias (or, when accumulating, from y), so
+ * y is never written before its first real value; after the last k block
+ * each row block's strip goes through mode.finish. */
+static void run_block(sd_gemm_rows_isa isa, int m, int k, const float *x, size_t ldx, const float *bp0, int j0,
+                      int nb, int k0, int kc, sd_gemm_rows_mode mode, const float *bias, float *y, size_t ldy)
+{
+    static const float zeros[3 * NR]; /* the start of every chain without a bias (read-only) */
+    int panels = (nb + NR - 1) / NR, per = (MR * ((kc + 15) / 16) + panels - 1) / panels;
+    for (int i0 = 0; i0 < m; i0 += MR) {
+        int mr = m - i0 < MR ? m - i0 : MR;
+        const float *a[MR];
+        for (int r = 0; r < MR; r++) a[r] = x + (size_t)(i0 + (r < mr ? r : mr - 1)) * ldx + (size_t)k0;
+        const float *bp = bp0;
+        float *c = y + (size_t)i0 * ldy + (size_t)j0;
+        for (int q = 0, c0 = 0; c0 < nb; q++, c0 += NR, bp += (size_t)kc * NR) {
+            int nc = nb - c0 < NR ? nb - c0 : NR;
+            /* AVX-512: panels per tile, 2 (32 columns) or 3 when 33..48 columns are left (so n = 40
+             * is one 6 x 48 tile, not a 6 x 32 and an 8-column edge); 0: a 6 x 16 tile */
+            int np = isa != SD_GEMM_ROWS_AVX512 || mr < MR || nb - c0 <= NR ? 0 : nb - c0 > 2 * NR && nb - c0 <= 3 * NR ? 3 : 2;
+            int span = np ? np * NR : NR; /* columns the tile covers */
+            int left = m - i0 - MR;       /* rows after this block */
+            if (left > 0)
+                prefetch_next(x + (size_t)(i0 + MR) * ldx + (size_t)k0, ldx, left, kc, q * per, per * (span / NR));
+            int c1 = c0 + span; /* the next tile's first column */
+            if (c1 < nb) prefetch_tile(c + c1, ldy, mr, nb - c1 < NR ? nb - c1 : NR);
+            else if (left > 0) prefetch_tile(c + (size_t)MR * ldy, ldy, left < MR ? left : MR, nb < NR ? nb : NR);
+            const float *init = k0 || mode.accumulate ? NULL : bias ? bias + j0 + c0 : zeros;
+            if (np) {
+                int last = nb - c0 - (np - 1) * NR < NR ? nb - c0 - (np - 1) * NR : NR;
+                sd_gemm_rows_kern_avx512(np, kc, a, bp, last, init, c + c0, ldy);
+                q += np - 1;
+                c0 += (np - 1) * NR;
+                bp += (size_t)(np - 1) * (size_t)kc * NR;
+            } else if (mr == MR && nc == NR) run_kernel(isa, kc, a, bp, init, c + c0, ldy);
+            else run_edge(isa, kc, a, bp, init, c + c0, ldy, mr, nc);
+        }
+        if (mode.finish && k0 + kc == k) mode.finish(mode.finish_ctx, c, ldy, mr, nb);
+    }
+}
+
 /* Per block of NC columns and KC steps of k, the block of w is packed once
- * (384 KB: stays in L2) and every 6-row block of x (its 6 x kc slice in
- * L1; copying it to a contiguous buffer measured slower) runs over all its
- * panels; the first k block starts each tile from the bias (or, when
- * accumulating, from y), so y is never written before its first real
- * value; after the last k block each row block's strip goes through
- * mode.finish. */
+ * (384 KB: stays in L2) and run_block runs every row block of x over it. */
 void sd_gemm_rows_ex(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, size_t ldx, const void *wv, size_t ldw,
                      sd_gemm_rows_mode mode, const float *bias, float *y, size_t ldy, float *scratch)
 {
     const float *w = wv;
     int half = mode.w_dtype == SD_DT_F16 || mode.w_dtype == SD_DT_BF16;
-    static const float zeros[3 * NR]; /* the start of every chain without a bias (read-only) */
     int nstep = even_block(n, NC, NR), kstep = even_block(k, KC, 8);
     for (int j0 = 0; j0 < n; j0 += nstep) {
         int nb = n - j0 < nstep ? n - j0 : nstep;
@@ -218,40 +255,60 @@ void sd_gemm_rows_ex(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, 
                                 scratch + (size_t)NC * KC);
             else if (mode.w_kn) pack_block_kn(scratch, w + j0, ldw, nb, k0, kc);
             else pack_block(isa, scratch, w + (size_t)j0 * ldw, ldw, nb, k0, kc);
-            int panels = (nb + NR - 1) / NR, per = (MR * ((kc + 15) / 16) + panels - 1) / panels;
-            for (int i0 = 0; i0 < m; i0 += MR) {
-                int mr = m - i0 < MR ? m - i0 : MR;
-                const float *a[MR];
-                for (int r = 0; r < MR; r++) a[r] = x + (size_t)(i0 + (r < mr ? r : mr - 1)) * ldx + (size_t)k0;
-                const float *bp = scratch;
-                float *c = y + (size_t)i0 * ldy + (size_t)j0;
-                for (int q = 0, c0 = 0; c0 < nb; q++, c0 += NR, bp += (size_t)kc * NR) {
-                    int nc = nb - c0 < NR ? nb - c0 : NR;
-                    /* AVX-512: panels per tile, 2 (32 columns) or 3 when 33..48 columns are left (so n = 40
-                     * is one 6 x 48 tile, not a 6 x 32 and an 8-column edge); 0: a 6 x 16 tile */
-                    int np = isa != SD_GEMM_ROWS_AVX512 || mr < MR || nb - c0 <= NR ? 0 : nb - c0 > 2 * NR && nb - c0 <= 3 * NR ? 3 : 2;
-                    int span = np ? np * NR : NR; /* columns the tile covers */
-                    int left = m - i0 - MR;       /* rows after this block */
-                    if (left > 0)
-                        prefetch_next(x + (size_t)(i0 + MR) * ldx + (size_t)k0, ldx, left, kc, q * per,
-                                      per * (span / NR));
-                    int c1 = c0 + span; /* the next tile's first column */
-                    if (c1 < nb) prefetch_tile(c + c1, ldy, mr, nb - c1 < NR ? nb - c1 : NR);
-                    else if (left > 0)
-                        prefetch_tile(c + (size_t)MR * ldy, ldy, left < MR ? left : MR, nb < NR ? nb : NR);
-                    const float *init = k0 || mode.accumulate ? NULL : bias ? bias + j0 + c0 : zeros;
-                    if (np) {
-                        int last = nb - c0 - (np - 1) * NR < NR ? nb - c0 - (np - 1) * NR : NR;
-                        sd_gemm_rows_kern_avx512(np, kc, a, bp, last, init, c + c0, ldy);
-                        q += np - 1;
-                        c0 += (np - 1) * NR;
-                        bp += (size_t)(np - 1) * (size_t)kc * NR;
-                    } else if (mr == MR && nc == NR) run_kernel(isa, kc, a, bp, init, c + c0, ldy);
-                    else run_edge(isa, kc, a, bp, init, c + c0, ldy, mr, nc);
-                }
-                if (mode.finish && k0 + kc == k) mode.finish(mode.finish_ctx, c, ldy, mr, nb);
-            }
+            run_block(isa, m, k, x, ldx, scratch, j0, nb, k0, kc, mode, bias, y, ldy);
         }
+    }
+}
+
+/* n rounded up to whole panels. */
+static size_t panel_cols(int n)
+{
+    return (size_t)(n + NR - 1) / NR * NR;
+}
+
+/* Every block's panels one after another, in the order sd_gemm_rows_ex
+ * packs them (column blocks, and within each its k blocks): the blocks
+ * before column j0 are whole (nstep is a multiple of 16), so they take
+ * j0 * k floats. */
+size_t sd_gemm_rows_packed_floats(int n, int k)
+{
+    return panel_cols(n) * (size_t)k;
+}
+
+/* Where w's element (j, p) lies in that layout: its block's start, its
+ * panel's, its step's, its lane. */
+size_t sd_gemm_rows_packed_index(int n, int k, int j, int p)
+{
+    int nstep = even_block(n, NC, NR), kstep = even_block(k, KC, 8);
+    int j0 = j / nstep * nstep, k0 = p / kstep * kstep;
+    int nb = n - j0 < nstep ? n - j0 : nstep, kc = k - k0 < kstep ? k - k0 : kstep;
+    return (size_t)j0 * (size_t)k + panel_cols(nb) * (size_t)k0 + (size_t)((j - j0) / NR) * (size_t)kc * NR +
+           (size_t)(p - k0) * NR + (size_t)((j - j0) % NR);
+}
+
+/* Each block packed by the same pack_block sd_gemm_rows_ex calls, into its
+ * place in the layout. */
+void sd_gemm_rows_pack(sd_gemm_rows_isa isa, int n, int k, const float *w, size_t ldw, float *packed)
+{
+    int nstep = even_block(n, NC, NR), kstep = even_block(k, KC, 8);
+    for (int j0 = 0; j0 < n; j0 += nstep) {
+        int nb = n - j0 < nstep ? n - j0 : nstep;
+        for (int k0 = 0; k0 < k; k0 += kstep)
+            pack_block(isa, packed + sd_gemm_rows_packed_index(n, k, j0, k0), w + (size_t)j0 * ldw, ldw, nb, k0,
+                       k - k0 < kstep ? k - k0 : kstep);
+    }
+}
+
+/* sd_gemm_rows_ex's loops with the blocks read from packed. */
+void sd_gemm_rows_packed(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, size_t ldx, const float *packed,
+                         const float *bias, float *y, size_t ldy)
+{
+    int nstep = even_block(n, NC, NR), kstep = even_block(k, KC, 8);
+    for (int j0 = 0; j0 < n; j0 += nstep) {
+        int nb = n - j0 < nstep ? n - j0 : nstep;
+        for (int k0 = 0; k0 < k; k0 += kstep)
+            run_block(isa, m, k, x, ldx, packed + sd_gemm_rows_packed_index(n, k, j0, k0), j0, nb, k0,
+                      k - k0 < kstep ? k - k0 : kstep, (sd_gemm_rows_mode){0}, bias, y, ldy);
     }
 }
 

@@ -10,7 +10,8 @@
  * which is what lets the CLIP text encoder run several captions through one
  * GEMM without a caption's embedding depending on its neighbours.
  *
- * Structure (gemm_rows.c): w is packed per call, in blocks of up to
+ * Structure (gemm_rows.c): w is packed per call (or once for many calls:
+ * sd_gemm_rows_pack / sd_gemm_rows_packed), in blocks of up to
  * SD_GEMM_ROWS_NC columns by SD_GEMM_ROWS_KC steps of k, into panels of 16
  * output columns; a 6 x 16
  * micro-kernel (gemm_rows_avx2.c: 12 ymm accumulators) runs each row block
@@ -74,6 +75,21 @@ typedef struct {
  * order, x[i][p] times w's (j, p) element, from bias[j], 0 or y[i][j]. */
 void sd_gemm_rows_ex(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, size_t ldx, const void *w, size_t ldw,
                      sd_gemm_rows_mode mode, const float *bias, float *y, size_t ldy, float *scratch);
+
+/* Packing w once for many calls (weights constant across calls, e.g.
+ * conv_wino's transformed filters): the panels every block of
+ * sd_gemm_rows_ex would pack, stored one block after another. Floats they
+ * take for w [n, k] (n rounded up to 16 times k), where w's element
+ * (j, p) lies in them (padding lanes past n must hold zeros), and the
+ * packing of a float w [n, k] (row stride ldw). */
+size_t sd_gemm_rows_packed_floats(int n, int k);
+size_t sd_gemm_rows_packed_index(int n, int k, int j, int p);
+void sd_gemm_rows_pack(sd_gemm_rows_isa isa, int n, int k, const float *w, size_t ldw, float *packed);
+
+/* sd_gemm_rows with w given as those packed panels: no packing and no
+ * scratch, and the same bits as sd_gemm_rows on the unpacked w. */
+void sd_gemm_rows_packed(sd_gemm_rows_isa isa, int m, int n, int k, const float *x, size_t ldx, const float *packed,
+                         const float *bias, float *y, size_t ldy);
 
 /* The same result by direct loops over w ([n, k], floats or the 16-bit
  * values of w_dtype as in sd_gemm_rows_mode), no packing and no scratch:
