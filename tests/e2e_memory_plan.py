@@ -292,6 +292,10 @@ class MemoryPlan(unittest.TestCase):
         subprocess.run([MAKE, "--make-empty-shard", empty], check=True)
         _, _, err = run("--unet-config", CONFIG, "--memory-plan", empty, ok=(3,))
         self.assertIn("holds no latent records", err)
+        # a plan refuses what the run refuses: --masked-loss on shards without a loss mask
+        _, out, err = run("--unet-config", CONFIG, "--memory-plan", "--masked-loss", self.shard, ok=(2,))
+        self.assertIn("--masked-loss: no record of", err)
+        self.assertEqual(out, "")
 
 
 if __name__ == "__main__":

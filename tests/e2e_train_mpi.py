@@ -453,6 +453,12 @@ class TrainMPI(unittest.TestCase):
         self.assertEqual(code, 2, err)
         self.assertIn("--grad-dtype bf16 runs in one process only", err)
         self.assertFalse(os.path.exists(out))
+        # bf16 weights under plain mpirun: the same usage error, said once (rank 0), not a late exit 3
+        code, err, _ = mpi_raw(2, TRAIN, "--unet", UNET, "-o", out, "--weight-dtype", "bf16", "--steps", "2", "-j", "1",
+                               self.shard)
+        self.assertEqual(code, 2, err)
+        self.assertEqual(err.count("--weight-dtype bf16 runs in one process only"), 1, err)
+        self.assertFalse(os.path.exists(out))
 
     def test_ranks_start_from_one_state(self):
         """Rank 1 with an output directory that lacks rank 0's checkpoint (it would start at step 0

@@ -94,7 +94,8 @@ int main(int argc, char **argv)
                   "sd-latents --max-tokens 150 shards\n"
                   "  prompts.jsonl:  {\"prompt\": \"a cat\", \"negative\": \"blurry\", \"seed\": 4, \"steps\": 30, "
                   "\"cfg\": 6.5, \"sampler\": \"euler_a\", \"width\": 768, \"height\": 512}\n",
-                  NULL};
+                  "0 ok, 1 an image failed (or, with --strict, a line was skipped), 2 usage error (outputs already "
+                  "there included), 3 fatal error."};
     sd_strlist pos = {0};
     int rc = sd_cli_parse(&cli, argc, argv, &pos);
     if (rc >= 0) return rc;

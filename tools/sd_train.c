@@ -90,9 +90,11 @@ static int print_plan(const sd_train_opts *o, const sd_host_mem *host)
 {
     sd_mem_plan p;
     sd_error err = {0};
-    if (sd_mem_plan_from_opts(o, host, &p, &err)) {
+    sd_status st = sd_mem_plan_from_opts(o, host, &p, &err);
+    if (st) {
         sd_log(SD_LOG_ERROR, "%s", err.msg);
-        return fail_all(SD_EXIT_FATAL);
+        /* an option the shards cannot take (--masked-loss without masks) is refused as the run refuses it */
+        return fail_all(st == SD_EINVAL ? SD_EXIT_USAGE : SD_EXIT_FATAL);
     }
     if (sd_dist_rank() == 0) sd_mem_plan_json(&p, o, stdout);
     fflush(stdout);
@@ -292,7 +294,7 @@ int main(int argc, char **argv)
         {"beta1", 0, SD_OPT_DOUBLE, &o.adam.beta1, "X", "AdamW beta1 (default 0.9)"},
         {"beta2", 0, SD_OPT_DOUBLE, &o.adam.beta2, "X", "AdamW beta2 (default 0.999)"},
         {"adam-eps", 0, SD_OPT_DOUBLE, &o.adam.eps, "X", "AdamW epsilon (default 1e-8)"},
-        {"weight-decay", 0, SD_OPT_DOUBLE, &o.adam.weight_decay, "X", "AdamW weight decay (default 1e-2)"},
+        {"weight-decay", 0, SD_OPT_DOUBLE, &o.adam.weight_decay, "X", "weight decay of every --optimizer (default 1e-2, as diffusers' train_text_to_image.py; transformers' Adafactor defaults to 0: give --weight-decay 0 to match it)"},
         {"adam-moments", 0, SD_OPT_STR, &moments, "T",
          "store the AdamW moments as fp32 (default) or bf16: 4 bytes less per weight (3.4 GB for SD 1.5, 10.3 GB "
          "for SDXL, on the GPU with --device cuda); updated in fp32, stored with stochastic rounding"},
@@ -375,7 +377,7 @@ int main(int argc, char **argv)
          "(and samples-ema/) at a checkpoint step, else DIR/samples/step-N/ (and DIR/samples-ema/step-N/), NNNNN the "
          "line's 0-based number, with A1111's parameters text; and as TensorBoard images with --tensorboard. The "
          "prompts are encoded at the shards' caption length (sd-latents --max-tokens 75/150/225, chunked as it "
-         "chunks captions). --keep prunes DIR/samples/step-N with the checkpoints before N. A bad "
+         "chunks captions). When --keep removes a checkpoint, the DIR/samples/step-N folders before the oldest checkpoint kept go with it. A bad "
          "line or a failed image is a warning and counted; training goes on, the same as without samples"},
         {"sample-every", 0, SD_OPT_INT, &o.sample_every, "N", "render the samples every N steps (default: at each checkpoint)"},
         {"sample-model", 0, SD_OPT_STR, &o.sample_model, "PATH",
@@ -477,8 +479,9 @@ int main(int argc, char **argv)
                   "--optimizer adafactor cache.shard   # bytes it needs, no weights allocated\n"
                   "  sd-train --memory-plan --device cuda:0 --gpu-memory-limit 24 --unet sd15/ --batch 8 cache.shard   "
                   "# fits a 24 GB card?\n",
-        "0 ok (also when SIGINT/SIGTERM stopped the run after saving), 2 usage error, 3 fatal error "
-        "(a non-finite loss included)."};
+        "0 ok (also when SIGINT/SIGTERM stopped the run after saving), 1 --memory-plan: the plan does not fit, "
+        "2 usage error, 3 fatal error (a non-finite loss included; also a run whose memory plan does not fit, "
+        "stopped before its first step)."};
     sd_strlist pos = {0};
     sd_cli_args args;
     int rc = sd_cli_expand(&cli, argc, argv, &args);
@@ -555,8 +558,8 @@ int main(int argc, char **argv)
     else if (!bad && strcmp(wdtype, "bf16") == 0) o.weight_dtype = SD_DT_BF16;
     else if (!bad) bad = "--weight-dtype: fp32 or bf16";
     if (!bad && !sd_optimizer_parse(optimizer, &o.optimizer)) bad = "--optimizer: adamw, adamw8bit or adafactor";
-    if (!bad && o.weight_dtype == SD_DT_BF16 && o.zero1)
-        bad = "--weight-dtype bf16 runs in one process only so far (no --zero1 path widens the weights yet)";
+    if (!bad && o.weight_dtype == SD_DT_BF16 && (o.zero1 || world > 1))
+        bad = "--weight-dtype bf16 runs in one process only so far (no MPI or --zero1 path widens the weights yet)";
     if (!bad && o.weight_dtype == SD_DT_BF16 && o.device >= 0 && o.ema_host)
         bad = "--weight-dtype bf16 on a GPU keeps the EMA in device memory: not with --ema-on-cpu yet";
     if (!bad && o.adafactor_beta1 >= 0 && o.optimizer != SD_OPT_ADAFACTOR)
@@ -579,7 +582,7 @@ int main(int argc, char **argv)
     else if (!bad && strcmp(dtype, "fp16") == 0) o.save_dtype = SD_ST_F16;
     else if (!bad && strcmp(dtype, "bf16") == 0) o.save_dtype = SD_ST_BF16;
     else if (!bad) bad = "--save-dtype: fp32, fp16 or bf16";
-    if (bad) sd_cli_usage_error(&cli, "%s", bad);
+    if (bad && rank == 0) sd_cli_usage_error(&cli, "%s", bad); /* the same on every rank: said once */
     rc = agree_to_start(bad ? SD_EXIT_USAGE : -1);
     if (rc >= 0) {
         sd_strlist_free(&pos);
@@ -592,6 +595,9 @@ int main(int argc, char **argv)
     if (warmup > 0 && o.lr.kind == SD_LR_CONSTANT)
         sd_log(SD_LOG_WARN, "--warmup %ld with the constant schedule does nothing; constant_with_warmup warms up", warmup);
     if (o.val_every > 0 && !o.val_shard) sd_log(SD_LOG_WARN, "--val-every without --val: there is nothing to validate");
+    if (o.zero1 && world < 2)
+        sd_log(SD_LOG_WARN, "--zero1 in one process shards nothing: the optimizer state stays whole (it shards under "
+                            "mpirun -np N)");
     if (o.ema_every != 1 && o.ema_decay == 0) sd_log(SD_LOG_WARN, "--ema-every without --ema-decay: there is no EMA");
     if (o.ema_host && (o.device < 0 || o.ema_decay == 0))
         sd_log(SD_LOG_WARN, "--ema-on-cpu does nothing %s", o.ema_decay == 0 ? "without --ema-decay: there is no EMA"

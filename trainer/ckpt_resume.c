@@ -223,9 +223,11 @@ static sd_status same_optimizer(const sd_trainer *tr, const sd_safetensors *st, 
                           was, ck);
     const char *b1 = meta_of(st, "adafactor_beta1");
     int had_m = b1 && strcmp(b1, "none") != 0, has_m = tr->o.adafactor_beta1 >= 0;
+    char shown[32] = "not given"; /* the value as a person would type it, not all 17 digits */
+    if (had_m) snprintf(shown, sizeof shown, "%g", strtod(b1, NULL));
     if (tr->o.optimizer == SD_OPT_ADAFACTOR && had_m != has_m)
         return sd_err_set(err, SD_EINVAL, "%s: made %s Adafactor's first moment (--adafactor-beta1 %s), this run %s "
-                          "it: resume %s --adafactor-beta1", path, had_m ? "with" : "without", had_m ? b1 : "not given",
+                          "it: resume %s --adafactor-beta1", path, had_m ? "with" : "without", shown,
                           has_m ? "has" : "lacks", had_m ? "with" : "without");
     return SD_OK;
 }

@@ -289,6 +289,8 @@ static sd_status open_checked(const sd_train_opts *o, const sd_unet *u, const ch
     const sd_unet_config *c = &u->cfg;
     sd_load_opts lo = sd_train_unet_load_opts(c);
     rc = sd_data_check_model(d, &lo, err);
+    /* --masked-loss on shards without a mask is refused here as the run refuses it */
+    if (!rc && o->masked_loss) rc = sd_data_facts_report(d, paths, 1, 0, err);
     if (rc) sd_data_close(d);
     return rc;
 }

@@ -17,7 +17,7 @@ static const char *const tracked[] = {
     "steps", "epochs", "lr", "lr-schedule", "warmup", "beta1", "beta2", "adam-eps", "weight-decay",
     "max-grad-norm", "ema-decay", "ema-every", "snr-gamma", "noise-offset", "input-perturbation",
     "min-timestep", "max-timestep", "dropout", "no-flip", "adam-moments", "masked-loss",
-    "fused-backward", "clip-per-tensor", "grad-dtype"};
+    "fused-backward", "clip-per-tensor", "grad-dtype", "adafactor-beta1"};
 
 /* A member's JSON text (both files are written by sd_cli_values_json, so
  * equal values have equal text); "(none)" when absent. */

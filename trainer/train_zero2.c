@@ -30,7 +30,8 @@ const char *sd_train_zero2_refusal(const sd_train_opts *o, int world)
 {
     if (world < 2)
         return "--zero2 shards the gradients over ranks: start it under mpirun -np N (N >= 2); one process keeps "
-               "them whole (--fused-backward keeps none)";
+               "them whole (--fused-backward keeps none). A ZeRO-2 run's checkpoint resumes in one process: drop "
+               "--zero2 (with --config FILE: --set zero2=false)";
     if (o->fused_backward)
         return "--zero2 reduce-scatters each tensor's gradient during the backward and updates after it: not with "
                "--fused-backward, which updates during it (one process only)";
