@@ -563,9 +563,6 @@ int main(int argc, char **argv)
         bad = "--adafactor-beta1 is Adafactor's (--optimizer adafactor)";
     if (!bad && !(o.adafactor_beta1 < 1 && isfinite(o.adafactor_beta1)))
         bad = "--adafactor-beta1 in [0, 1)";
-    if (!bad && o.optimizer != SD_OPT_ADAMW && (o.zero1 || o.zero2) && o.device >= 0)
-        bad = "--optimizer adamw8bit and adafactor are sharded by --zero1/--zero2 on CPU ranks only so far (not with "
-              "--device cuda)";
     if (!bad && o.optimizer != SD_OPT_ADAMW && o.moments != SD_DT_F32)
         bad = "--adam-moments bf16 is AdamW's: --optimizer adamw8bit and adafactor keep their own state";
     if (!bad && strcmp(gdtype, "fp32") == 0) o.grad_dtype = SD_DT_F32;
