@@ -27,6 +27,7 @@
 
 #include "check.h"
 #include "data_int.h"
+#include "dist.h"
 #include "f16.h"
 #include "ops_math.h"
 #include "safetensors.h"
@@ -1759,8 +1760,63 @@ static void test_device_paths_on_host(void)
     rmtree(dir);
 }
 
+/* 8-bit AdamW and Adafactor under --zero1 and --zero2 on "device" ranks:
+ * run by e2e_train_mpi under mpirun -np 2 (test_train --zero-device-mpi
+ * DIR SHARD, DIR shared by the ranks), so each rank's run of tensors
+ * starts past offset 0 on one of them and the device mirrors only it.
+ * Per rank, its weights and its part of the state after 4 steps
+ * (checkpointed at 2) on the CPU table marked is_device, and resumed from
+ * that checkpoint, are byte-identical to the plain CPU ranks' run. */
+static int zero_device_mpi(int argc, char **argv)
+{
+    sd_error err = {0};
+    if (sd_dist_init(&argc, &argv, &err)) {
+        fprintf(stderr, "test_train --zero-device-mpi: %s\n", err.msg);
+        return 1;
+    }
+    const char *dir = argv[2], *shards[1] = {argv[3]};
+    sd_backend fake = *sd_backend_cpu();
+    fake.is_device = 1;
+    fake.name = "cpu (as a device)";
+    sd_optimizer opts[2] = {SD_OPT_ADAMW8BIT, SD_OPT_ADAFACTOR};
+    for (int z = 1; z <= 2; z++) {
+        for (int i = 0; i < 2; i++) {
+            unsigned char *st[3] = {NULL, NULL, NULL};
+            size_t len[3] = {0, 0, 0};
+            for (int k = 0; k < 3; k++) { /* CPU ranks, "device" ranks, those resumed at step 2 */
+                sd_train_opts o;
+                char out[600], ck[700];
+                snprintf(out, sizeof out, "%s/zero%d-%s-%d", dir, z, sd_optimizer_name(opts[i]), k < 2 ? k : 1);
+                shard_opts(&o, shards, out, 4, 1);
+                o.accum = 1;
+                o.save_every = 2;
+                o.optimizer = opts[i];
+                o.adafactor_beta1 = opts[i] == SD_OPT_ADAFACTOR ? 0.9 : -1;
+                o.zero1 = z == 1;
+                o.zero2 = z == 2;
+                if (k) {
+                    o.backend = &fake;
+                    o.backend_exec = NULL;
+                }
+                snprintf(ck, sizeof ck, "%s/checkpoint-2", out);
+                st[k] = run_state(&o, k == 2 ? ck : NULL, &len[k]);
+            }
+            int same = st[0] && st[1] && st[2] && len[0] == len[1] && len[0] == len[2] &&
+                       memcmp(st[0], st[1], len[0]) == 0 && memcmp(st[0], st[2], len[0]) == 0;
+            if (!CHECK(same))
+                fprintf(stderr, "rank %d: --zero%d with %s on a device: not the CPU ranks' state\n", sd_dist_rank(),
+                        z, sd_optimizer_name(opts[i]));
+            for (int k = 0; k < 3; k++) free(st[k]);
+        }
+    }
+    int rc = check_done("test_train --zero-device-mpi");
+    sd_dist_finalize();
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 4 && strcmp(argv[1], "--zero-device-mpi") == 0) return zero_device_mpi(argc, argv);
     const char *kinds[] = {"--make-shard", "--make-shard-without-text", "--make-empty-shard",
                            "--make-shard-with-variants", "--make-shard-tok150"};
     for (int k = 0; k < 5; k++) {
