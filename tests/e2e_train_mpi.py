@@ -15,7 +15,8 @@ checkpoint longer than SD_DIST_TIMEOUT does not stop the others; --epochs resume
 another world size ends after the epochs; the skipped-record summary counts every rank's.
 --grad-dtype bf16 is refused under mpirun (exit 2).
 sd-train --memory-plan --zero1 on 2 ranks prints one plan (rank 0's) whose optimizer bytes are
-rank 0's share of the AdamW moments; with --zero2 the gradients are rank 0's share too. ZeRO-2
+rank 0's share of the AdamW moments; with --zero2 the gradients are rank 0's share too (also
+Adafactor's by whole tensors, on CPU and GPU ranks). ZeRO-2
 (gradients reduce-scattered during the backward) ends byte-identical to ZeRO-1, also with skipped
 batches, within fp32 rounding with accumulation, resumes byte-identically, and refuses what it
 cannot do. 8-bit AdamW and Adafactor under ZeRO-1/ZeRO-2 on device ranks (the CPU table marked
@@ -630,6 +631,16 @@ class MemoryPlanMPI(unittest.TestCase):
             self.assertGreater(z2af["optimizer"], 0)
             self.assertEqual(z2af["detail"]["save_gather"], one_af["optimizer"])
             self.assertLess(z2af["detail"]["gradient_share"], 0.75 * one_af["gradients"])
+            # on GPU ranks too (planned without a device to ask): the same shares of the state
+            # and gradients as on CPU ranks, on the device; no checkpoint gather there
+            dev = ["--device", "cuda:0", "--gpu-memory-limit", "24"]
+            p = subprocess.run(cmd[:-len(base) - 1] + ["--zero2"] + dev + af, capture_output=True, env=env,
+                               timeout=120)
+            self.assertEqual(p.returncode, 0, p.stderr.decode())
+            z2dev = json.loads(p.stdout.decode())
+            self.assertEqual(z2dev["optimizer"], z2af["optimizer"])
+            self.assertEqual(z2dev["detail"]["gradient_share"], z2af["detail"]["gradient_share"])
+            self.assertEqual(z2dev["detail"]["save_gather"], 0)
 
 
 if __name__ == "__main__":

@@ -1674,10 +1674,11 @@ static unsigned char *run_state(const sd_train_opts *o, const char *from, size_t
  * upload, sync, widen bf16 weights, mirror the other optimizers' state and
  * run the fused scratch through the table, exactly as on a GPU, with the
  * CPU's arithmetic. For AdamW, AdamW with bf16 moments on bf16 weights,
- * 8-bit AdamW, Adafactor with a first moment, and fused Adafactor and
- * 8-bit AdamW on bf16 weights (each with an EMA): 4 steps checkpointed at
- * step 2, and a resume from that checkpoint, end byte-identical to the
- * plain CPU run. (A missing upload, sync or mirror would show here before
+ * 8-bit AdamW, Adafactor with a first moment, fused Adafactor and 8-bit
+ * AdamW on bf16 weights, and 8-bit AdamW and Adafactor under --zero1 in a
+ * world of one (each with an EMA): 4 steps checkpointed at step 2, and a
+ * resume from that checkpoint, end byte-identical to the plain CPU run
+ * (two ranks: zero_device_mpi). (A missing upload, sync or mirror would show here before
  * any GPU ran.) */
 static void test_device_paths_on_host(void)
 {
