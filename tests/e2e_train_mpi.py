@@ -15,10 +15,12 @@ checkpoint longer than SD_DIST_TIMEOUT does not stop the others; --epochs resume
 another world size ends after the epochs; the skipped-record summary counts every rank's.
 --grad-dtype bf16 is refused under mpirun (exit 2).
 sd-train --memory-plan --zero1 on 2 ranks prints one plan (rank 0's) whose optimizer bytes are
-rank 0's share of the AdamW moments; with --zero2 the gradients are rank 0's share too. ZeRO-2
+rank 0's share of the AdamW moments; with --zero2 the gradients are rank 0's share too (also
+Adafactor's by whole tensors, on CPU and GPU ranks). ZeRO-2
 (gradients reduce-scattered during the backward) ends byte-identical to ZeRO-1, also with skipped
 batches, within fp32 rounding with accumulation, resumes byte-identically, and refuses what it
-cannot do.
+cannot do. 8-bit AdamW and Adafactor under ZeRO-1/ZeRO-2 on device ranks (the CPU table marked
+is_device, in test_train) match CPU ranks byte for byte, also resumed.
 Exit 77 (skipped) when mpirun is missing or sd-train was built without MPI.
 Usage: e2e_train_mpi.py SD_TRAIN TEST_TRAIN UNET_DIR HAVE_MPI"""
 import json
@@ -324,8 +326,7 @@ class TrainMPI(unittest.TestCase):
 
     def test_zero2_refused(self):
         """--zero2 with what it cannot do: one process, --fused-backward, per-tensor clipping, bf16
-        weights; ZeRO with 8-bit AdamW or Adafactor on a GPU; exit 2 with the reason, nothing
-        written."""
+        weights, bf16 gradients; exit 2 with the reason, nothing written."""
         out = os.path.join(self.tmp.name, "zero2-refused")
         p = subprocess.run([TRAIN, "--zero2", "--unet", UNET, "-o", out, "--steps", "1", "-q", self.shard],
                            capture_output=True)
@@ -339,15 +340,17 @@ class TrainMPI(unittest.TestCase):
                                    self.shard)
             self.assertEqual(code, 2, err)
             self.assertIn(why, err)
-        # 8-bit AdamW and Adafactor are sharded on CPU ranks only (on a GPU their state is
-        # mirrored whole): refused with --device cuda before any device is opened
-        for zero in ("--zero1", "--zero2"):
-            for opt in ("adamw8bit", "adafactor"):
-                code, err, _ = mpi_raw(2, TRAIN, zero, "--optimizer", opt, "--device", "cuda:0", "--unet", UNET,
-                                       "-o", out, "--steps", "1", "-q", self.shard)
-                self.assertEqual(code, 2, err)
-                self.assertIn("on CPU ranks only so far", err)
         self.assertFalse(os.path.exists(out))
+
+    def test_zero_device_tensor_runs(self):
+        """8-bit AdamW and Adafactor under --zero1 and --zero2 on device ranks (the CPU table
+        marked is_device, test_train --zero-device-mpi): each rank's device mirrors only its run
+        of tensors (rank 1's starts past offset 0), steps it on device pointers, pulls it for the
+        checkpoint's gather and pushes it after a resume: per rank byte-identical to CPU ranks."""
+        out = os.path.join(self.tmp.name, "zero-device")
+        os.makedirs(out)
+        code, err, _ = mpi_raw(2, MAKE, "--zero-device-mpi", out, self.shard, timeout=300)
+        self.assertEqual(code, 0, err)
 
     def test_zero1_bf16_moments(self):
         """--adam-moments bf16 with ZeRO-1: each rank rounds its segments with the bits of their
@@ -634,6 +637,16 @@ class MemoryPlanMPI(unittest.TestCase):
             self.assertGreater(z2af["optimizer"], 0)
             self.assertEqual(z2af["detail"]["save_gather"], one_af["optimizer"])
             self.assertLess(z2af["detail"]["gradient_share"], 0.75 * one_af["gradients"])
+            # on GPU ranks too (planned without a device to ask): the same shares of the state
+            # and gradients as on CPU ranks, on the device; no checkpoint gather there
+            dev = ["--device", "cuda:0", "--gpu-memory-limit", "24"]
+            p = subprocess.run(cmd[:-len(base) - 1] + ["--zero2"] + dev + af, capture_output=True, env=env,
+                               timeout=120)
+            self.assertEqual(p.returncode, 0, p.stderr.decode())
+            z2dev = json.loads(p.stdout.decode())
+            self.assertEqual(z2dev["optimizer"], z2af["optimizer"])
+            self.assertEqual(z2dev["detail"]["gradient_share"], z2af["detail"]["gradient_share"])
+            self.assertEqual(z2dev["detail"]["save_gather"], 0)
 
 
 if __name__ == "__main__":

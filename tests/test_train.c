@@ -27,6 +27,7 @@
 
 #include "check.h"
 #include "data_int.h"
+#include "dist.h"
 #include "f16.h"
 #include "ops_math.h"
 #include "safetensors.h"
@@ -1673,10 +1674,11 @@ static unsigned char *run_state(const sd_train_opts *o, const char *from, size_t
  * upload, sync, widen bf16 weights, mirror the other optimizers' state and
  * run the fused scratch through the table, exactly as on a GPU, with the
  * CPU's arithmetic. For AdamW, AdamW with bf16 moments on bf16 weights,
- * 8-bit AdamW, Adafactor with a first moment, and fused Adafactor and
- * 8-bit AdamW on bf16 weights (each with an EMA): 4 steps checkpointed at
- * step 2, and a resume from that checkpoint, end byte-identical to the
- * plain CPU run. (A missing upload, sync or mirror would show here before
+ * 8-bit AdamW, Adafactor with a first moment, fused Adafactor and 8-bit
+ * AdamW on bf16 weights, and 8-bit AdamW and Adafactor under --zero1 in a
+ * world of one (each with an EMA): 4 steps checkpointed at step 2, and a
+ * resume from that checkpoint, end byte-identical to the plain CPU run
+ * (two ranks: zero_device_mpi). (A missing upload, sync or mirror would show here before
  * any GPU ran.) */
 static void test_device_paths_on_host(void)
 {
@@ -1696,15 +1698,18 @@ static void test_device_paths_on_host(void)
     struct {
         const char *what;
         sd_optimizer opt;
-        int w16, m16, fused;
+        int w16, m16, fused, zero1;
         double beta1;
-    } cfg[] = {{"adamw", SD_OPT_ADAMW, 0, 0, 0, -1},
-               {"adamw, bf16 moments and weights", SD_OPT_ADAMW, 1, 1, 0, -1},
-               {"adamw, bf16 weights", SD_OPT_ADAMW, 1, 0, 0, -1},
-               {"adamw8bit", SD_OPT_ADAMW8BIT, 0, 0, 0, -1},
-               {"adafactor, beta1", SD_OPT_ADAFACTOR, 0, 0, 0, 0.9},
-               {"adafactor, bf16 weights, fused", SD_OPT_ADAFACTOR, 1, 0, 1, -1},
-               {"adamw8bit, bf16 weights, fused", SD_OPT_ADAMW8BIT, 1, 0, 1, -1}};
+    } cfg[] = {{"adamw", SD_OPT_ADAMW, 0, 0, 0, 0, -1},
+               {"adamw, bf16 moments and weights", SD_OPT_ADAMW, 1, 1, 0, 0, -1},
+               {"adamw, bf16 weights", SD_OPT_ADAMW, 1, 0, 0, 0, -1},
+               {"adamw8bit", SD_OPT_ADAMW8BIT, 0, 0, 0, 0, -1},
+               {"adafactor, beta1", SD_OPT_ADAFACTOR, 0, 0, 0, 0, 0.9},
+               {"adafactor, bf16 weights, fused", SD_OPT_ADAFACTOR, 1, 0, 1, 0, -1},
+               {"adamw8bit, bf16 weights, fused", SD_OPT_ADAMW8BIT, 1, 0, 1, 0, -1},
+               /* ZeRO-1 in a world of one: the device mirrors the rank's run of tensors */
+               {"adamw8bit, zero1", SD_OPT_ADAMW8BIT, 0, 0, 0, 1, -1},
+               {"adafactor, beta1, zero1", SD_OPT_ADAFACTOR, 0, 0, 0, 1, 0.9}};
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
         unsigned char *st[3] = {NULL, NULL, NULL};
         size_t len[3] = {0, 0, 0};
@@ -1719,6 +1724,7 @@ static void test_device_paths_on_host(void)
             o.weight_dtype = cfg[i].w16 ? SD_DT_BF16 : SD_DT_F32;
             o.moments = cfg[i].m16 ? SD_DT_BF16 : SD_DT_F32;
             o.fused_backward = cfg[i].fused;
+            o.zero1 = cfg[i].zero1;
             if (k) {
                 o.backend = &fake;
                 o.backend_exec = NULL;
@@ -1732,32 +1738,86 @@ static void test_device_paths_on_host(void)
         if (!CHECK(same)) fprintf(stderr, "device paths on the host: %s: not the CPU's state\n", cfg[i].what);
         for (int k = 0; k < 3; k++) free(st[k]);
     }
-    /* 8-bit AdamW and Adafactor sharded by ZeRO run on CPU ranks only: on a
-     * device their state is mirrored whole, so the open refuses the pair */
-    for (int z = 0; z < 2; z++) {
+    /* --zero2 needs ranks to shard over: in a world of one the library
+     * refuses it for these optimizers on a device as on the CPU (the
+     * device's ZeRO-2 path runs under mpirun only) */
+    for (int i = 0; i < 2; i++) {
         sd_optimizer opts[2] = {SD_OPT_ADAMW8BIT, SD_OPT_ADAFACTOR};
-        for (int i = 0; i < 2; i++) {
-            sd_train_opts o;
-            snprintf(out, sizeof out, "%s/zero-refused", dir);
-            shard_opts(&o, shards, out, 4, 1);
-            o.optimizer = opts[i];
-            o.zero1 = !z;
-            o.zero2 = z;
-            o.backend = &fake;
-            o.backend_exec = NULL;
-            sd_trainer tr;
-            sd_error e = {0};
-            sd_status rc = sd_trainer_open(&tr, &o, &e);
-            if (!rc) sd_trainer_close(&tr);
-            if (!CHECK(rc == SD_EUNSUPPORTED && strstr(e.msg, "CPU ranks only")))
-                fprintf(stderr, "zero%d with %s on a device: %d, %s\n", z + 1, sd_optimizer_name(opts[i]), rc, e.msg);
-        }
+        sd_train_opts o;
+        snprintf(out, sizeof out, "%s/zero2-world1", dir);
+        shard_opts(&o, shards, out, 4, 1);
+        o.optimizer = opts[i];
+        o.zero2 = 1;
+        o.backend = &fake;
+        o.backend_exec = NULL;
+        sd_trainer tr;
+        sd_error e = {0};
+        sd_status rc = sd_trainer_open(&tr, &o, &e);
+        if (!rc) sd_trainer_close(&tr);
+        if (!CHECK(rc == SD_EUNSUPPORTED && strstr(e.msg, "mpirun -np N")))
+            fprintf(stderr, "zero2 with %s on a device in a world of one: %d, %s\n", sd_optimizer_name(opts[i]), rc,
+                    e.msg);
     }
     rmtree(dir);
 }
 
+/* 8-bit AdamW and Adafactor under --zero1 and --zero2 on "device" ranks:
+ * run by e2e_train_mpi under mpirun -np 2 (test_train --zero-device-mpi
+ * DIR SHARD, DIR shared by the ranks), so each rank's run of tensors
+ * starts past offset 0 on one of them and the device mirrors only it.
+ * Per rank, its weights and its part of the state after 4 steps
+ * (checkpointed at 2) on the CPU table marked is_device, and resumed from
+ * that checkpoint, are byte-identical to the plain CPU ranks' run. */
+static int zero_device_mpi(int argc, char **argv)
+{
+    sd_error err = {0};
+    if (sd_dist_init(&argc, &argv, &err)) {
+        fprintf(stderr, "test_train --zero-device-mpi: %s\n", err.msg);
+        return 1;
+    }
+    const char *dir = argv[2], *shards[1] = {argv[3]};
+    sd_backend fake = *sd_backend_cpu();
+    fake.is_device = 1;
+    fake.name = "cpu (as a device)";
+    sd_optimizer opts[2] = {SD_OPT_ADAMW8BIT, SD_OPT_ADAFACTOR};
+    for (int z = 1; z <= 2; z++) {
+        for (int i = 0; i < 2; i++) {
+            unsigned char *st[3] = {NULL, NULL, NULL};
+            size_t len[3] = {0, 0, 0};
+            for (int k = 0; k < 3; k++) { /* CPU ranks, "device" ranks, those resumed at step 2 */
+                sd_train_opts o;
+                char out[600], ck[700];
+                snprintf(out, sizeof out, "%s/zero%d-%s-%d", dir, z, sd_optimizer_name(opts[i]), k < 2 ? k : 1);
+                shard_opts(&o, shards, out, 4, 1);
+                o.accum = 1;
+                o.save_every = 2;
+                o.optimizer = opts[i];
+                o.adafactor_beta1 = opts[i] == SD_OPT_ADAFACTOR ? 0.9 : -1;
+                o.zero1 = z == 1;
+                o.zero2 = z == 2;
+                if (k) {
+                    o.backend = &fake;
+                    o.backend_exec = NULL;
+                }
+                snprintf(ck, sizeof ck, "%s/checkpoint-2", out);
+                st[k] = run_state(&o, k == 2 ? ck : NULL, &len[k]);
+            }
+            int same = st[0] && st[1] && st[2] && len[0] == len[1] && len[0] == len[2] &&
+                       memcmp(st[0], st[1], len[0]) == 0 && memcmp(st[0], st[2], len[0]) == 0;
+            if (!CHECK(same))
+                fprintf(stderr, "rank %d: --zero%d with %s on a device: not the CPU ranks' state\n", sd_dist_rank(),
+                        z, sd_optimizer_name(opts[i]));
+            for (int k = 0; k < 3; k++) free(st[k]);
+        }
+    }
+    int rc = check_done("test_train --zero-device-mpi");
+    sd_dist_finalize();
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 4 && strcmp(argv[1], "--zero-device-mpi") == 0) return zero_device_mpi(argc, argv);
     const char *kinds[] = {"--make-shard", "--make-shard-without-text", "--make-empty-shard",
                            "--make-shard-with-variants", "--make-shard-tok150"};
     for (int k = 0; k < 5; k++) {

@@ -286,8 +286,8 @@ int main(int argc, char **argv)
          "(transformers' Adafactor with relative_step, scale_parameter and warmup_init off at --lr: a factored "
          "second moment for matrices and conv kernels, no first moment unless --adafactor-beta1); --beta1, --beta2 "
          "and --adam-eps are AdamW's and AdamW8bit's, --weight-decay every optimizer's; CPU or --device cuda (the CUDA "
-         "kernels have not run on a GPU yet: sd-selftest --device cuda:0 checks them); under --zero1/--zero2 on CPU ranks "
-         "only. Example: "
+         "kernels have not run on a GPU yet: sd-selftest --device cuda:0 checks them); under --zero1/--zero2 on CPU "
+         "or GPU ranks, shared by whole tensors. Example: "
          "--optimizer adafactor --weight-dtype bf16 --device cuda:0"},
         {"adafactor-beta1", 0, SD_OPT_DOUBLE, &o.adafactor_beta1, "X",
          "--optimizer adafactor: keep a first moment with this beta1 (default none, as transformers)"},
@@ -439,14 +439,14 @@ int main(int argc, char **argv)
          "under mpirun: each rank keeps only its share of the AdamW moments (ZeRO stage 1: gradients "
          "reduce-scattered, AdamW on the own share, weights all-gathered), cutting their memory by the number of "
          "ranks; checkpoints still hold the whole state. adamw8bit and adafactor are shared by whole tensors "
-         "on CPU ranks (not with --device cuda). "
+         "(on a GPU each rank's device holds its tensors' state only). "
          "CPU ranks over MPI, GPU ranks (--device cuda) over NCCL (not yet run on a GPU)"},
         {"zero2", 0, SD_OPT_FLAG, &o.zero2, NULL,
          "under mpirun: --zero1 and the gradients sharded too (ZeRO stage 2): each tensor's gradient is "
          "reduce-scattered as soon as the backward has it, so a rank holds only its share of the gradients and "
          "AdamW moments and no gradient buffer of the model; --accum works, clipping is by the global norm, "
          "checkpoints hold the whole state (resumable by any world size, with or without it). fp32 weights; "
-         "AdamW, or on CPU ranks adamw8bit and adafactor (shared by whole tensors); CPU ranks over MPI (the same "
+         "AdamW, adamw8bit or adafactor (the last two shared by whole tensors); CPU ranks over MPI (the same "
          "weights as --zero1), GPU ranks over NCCL (not yet run on a GPU). "
          "Example: mpirun -np 2 sd-train --zero2 --unet sd15/ -o run/ --batch 2 cache.shard"},
         {"nccl", 0, SD_OPT_FLAG, &o.nccl, NULL,
@@ -566,9 +566,6 @@ int main(int argc, char **argv)
         bad = "--adafactor-beta1 is Adafactor's (--optimizer adafactor)";
     if (!bad && !(o.adafactor_beta1 < 1 && isfinite(o.adafactor_beta1)))
         bad = "--adafactor-beta1 in [0, 1)";
-    if (!bad && o.optimizer != SD_OPT_ADAMW && (o.zero1 || o.zero2) && o.device >= 0)
-        bad = "--optimizer adamw8bit and adafactor are sharded by --zero1/--zero2 on CPU ranks only so far (not with "
-              "--device cuda)";
     if (!bad && o.optimizer != SD_OPT_ADAMW && o.moments != SD_DT_F32)
         bad = "--adam-moments bf16 is AdamW's: --optimizer adamw8bit and adafactor keep their own state";
     if (!bad && strcmp(gdtype, "fp32") == 0) o.grad_dtype = SD_DT_F32;

@@ -115,6 +115,24 @@ sd_status sd_nccl_reduce_range(sd_nccl *c, float *src, size_t off, size_t len, s
     return SD_OK;
 }
 
+/* See nccl_sum.h: one run of weights from its owner to every rank. */
+sd_status sd_nccl_bcast_f32(sd_nccl *c, float *buf, size_t n, int root, void *stream, sd_error *err)
+{
+    if (n == 0) return SD_OK; /* the same on every rank */
+    ncclResult_t r = ncclBroadcast(buf, buf, n, ncclFloat, root, c->comm, (cudaStream_t)stream);
+    return r == ncclSuccess ? SD_OK : nccl_fail(r, c->rank, "ncclBroadcast (ZeRO weights of a tensor run)", err);
+}
+
+/* See nccl_sum.h: one tensor's gradient summed into its owner's share. */
+sd_status sd_nccl_reduce_to(sd_nccl *c, const float *src, size_t n, int root, float *dst, void *stream,
+                            sd_error *err)
+{
+    if (n == 0) return SD_OK;
+    ncclResult_t r = ncclReduce(src, c->rank == root ? dst : (float *)src, n, ncclFloat, ncclSum, root, c->comm,
+                                (cudaStream_t)stream);
+    return r == ncclSuccess ? SD_OK : nccl_fail(r, c->rank, "ncclReduce (ZeRO-2 gradient of a whole tensor)", err);
+}
+
 /* Leave the communicator. */
 void sd_nccl_close(sd_nccl *c)
 {

@@ -36,6 +36,13 @@ sd_status sd_nccl_allgather_f32(sd_nccl *c, float *buf, size_t n, void *stream, 
  * same ranges in the same order. */
 sd_status sd_nccl_reduce_range(sd_nccl *c, float *src, size_t off, size_t len, size_t n, float *own,
                                void *stream, sd_error *err);
+/* ZeRO of the per-tensor optimizers (whole tensors per rank, not dist.h's
+ * segments): n floats of buf from root to every rank (ncclBroadcast), and
+ * src's n floats summed into root's dst (ncclReduce; dst is ignored on the
+ * other ranks), queued on stream. */
+sd_status sd_nccl_bcast_f32(sd_nccl *c, float *buf, size_t n, int root, void *stream, sd_error *err);
+sd_status sd_nccl_reduce_to(sd_nccl *c, const float *src, size_t n, int root, float *dst, void *stream,
+                            sd_error *err);
 void sd_nccl_close(sd_nccl *c);
 /* "NCCL 2.28.x", for the log. */
 const char *sd_nccl_version(sd_nccl *c);

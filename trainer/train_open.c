@@ -281,15 +281,14 @@ static sd_status open_backend(sd_trainer *tr, sd_error *err)
 
 /* The state of --optimizer adamw8bit or adafactor instead of AdamW's
  * moments, with fp32 state of its own (--adam-moments is AdamW's); on a
- * GPU mirrored in device memory by open_backend; under ZeRO (CPU ranks
- * only) this rank's run of whole tensors. */
+ * GPU mirrored in device memory by open_backend; under ZeRO (CPU or GPU
+ * ranks) this rank's run of whole tensors, so a device mirrors that run
+ * alone. */
 static sd_status open_other_optimizer(sd_trainer *tr, sd_error *err)
 {
     const sd_train_opts *o = &tr->o;
     const char *name = sd_optimizer_name(o->optimizer), *why = NULL;
-    if (sd_train_sharded(o) && sd_train_device_run(o))
-        why = "is sharded by --zero1/--zero2 on CPU ranks only so far (on a GPU its state is mirrored whole, not per rank)";
-    else if (o->moments != SD_DT_F32) why = "keeps its own state: --adam-moments bf16 is AdamW's";
+    if (o->moments != SD_DT_F32) why = "keeps its own state: --adam-moments bf16 is AdamW's";
     if (why) {
         sd_trainer_close(tr);
         return sd_err_set(err, SD_EUNSUPPORTED, "--optimizer %s %s", name, why);

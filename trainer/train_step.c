@@ -121,10 +121,12 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
     }
     if (tr->nccl && !tr->o.zero2) {
 #if defined(SDTK_HAVE_NCCL) && defined(SDTK_HAVE_CUDA)
-        /* on the GPU, queued behind the backward pass; ZeRO-1: each owner's segments only */
+        /* on the GPU, queued behind the backward pass; ZeRO-1 with AdamW: each owner's segments only
+         * (the per-tensor optimizers step whole tensors from the whole sum, as on CPU ranks) */
         void *s = sd_cuda_stream(tr->cuda);
-        sd_status rc = tr->o.zero1 ? sd_nccl_reduce_scatter_f32(tr->nccl, tr->d_grad, tr->unet.w.total, s, err)
-                                   : sd_nccl_sum_f32(tr->nccl, tr->d_grad, tr->unet.w.total, s, err);
+        int segments = tr->o.zero1 && tr->o.optimizer == SD_OPT_ADAMW;
+        sd_status rc = segments ? sd_nccl_reduce_scatter_f32(tr->nccl, tr->d_grad, tr->unet.w.total, s, err)
+                                : sd_nccl_sum_f32(tr->nccl, tr->d_grad, tr->unet.w.total, s, err);
         if (rc) return rc;
 #endif
     } else if (tr->o.zero2) {

@@ -37,9 +37,6 @@ const char *sd_train_zero2_refusal(const sd_train_opts *o, int world)
                "--fused-backward, which updates during it (one process only)";
     if (o->clip_per_tensor)
         return "--zero2 clips by the global norm from the ranks' shares; not with --clip-per-tensor";
-    if (o->optimizer != SD_OPT_ADAMW && sd_train_device_run(o))
-        return "--zero2 with --optimizer adamw8bit or adafactor runs on CPU ranks only so far (their whole-tensor "
-               "shards are not mirrored on a device)";
     if (o->grad_dtype == SD_DT_BF16)
         return "--zero2 reduces each tensor's fp32 gradient into the owner's share: not with --grad-dtype bf16 "
                "(one process only)";
@@ -86,6 +83,14 @@ static sd_status reduce(sd_trainer *tr, float *src, size_t off, size_t len, sd_e
 {
     size_t n = tr->unet.w.total;
 #if defined(SDTK_HAVE_NCCL) && defined(SDTK_HAVE_CUDA)
+    if (tr->nccl && tr->o.optimizer != SD_OPT_ADAMW) { /* whole tensors: to the owner of its run */
+        size_t t0, t1, w0, w1;
+        int owner = sd_train_tensor_owner(&tr->unet.w, off, tr->world);
+        sd_train_tensor_run(&tr->unet.w, tr->rank, tr->world, &t0, &t1, &w0, &w1);
+        float *dst = owner == tr->rank ? tr->gsh + (off - w0) : NULL;
+        if (dst && tr->z2add) tr->be->add_fwd(tr->exec, len, src, src, dst);
+        return sd_nccl_reduce_to(tr->nccl, src, len, owner, dst, sd_cuda_stream(tr->cuda), err);
+    }
     if (tr->nccl) {
         for (size_t b = off / SD_DIST_BLOCK; tr->z2add && b * SD_DIST_BLOCK < off + len; b++) {
             size_t lo, hi;

@@ -6,12 +6,20 @@
  * whole model is the ranks' buffers one after another. ZeRO-1 sums the
  * whole gradient as plain data parallelism does and steps the own run;
  * ZeRO-2 reduces each tensor's gradient to its owner only (train_zero2.c).
- * Then each run's weights go from its owner to everyone. CPU only, as
- * these optimizers are. */
+ * Then each run's weights go from its owner to everyone. On a device the
+ * state is the run's alone too (optim_dev.c mirrors tr->opt, which is the
+ * run's), stepped through the backend's adamw8/adafactor entries on device
+ * pointers; GPU ranks broadcast the runs over NCCL. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "dist.h"
+#ifdef SDTK_HAVE_CUDA
+#include "sd_cuda.h"
+#endif
+#ifdef SDTK_HAVE_NCCL
+#include "nccl_sum.h"
+#endif
 #include "train_int.h"
 
 /* The float offset where tensor t starts (the buffer's end past the last). */
@@ -121,20 +129,31 @@ int sd_train_tensor_owner(const sd_weights *w, size_t off, int world)
     return 0;
 }
 
+/* Run r's weights (w0, n floats) from its owner r to every rank: over
+ * NCCL on GPU ranks, else over MPI in host memory (CPU ranks; a device
+ * world of one has nothing to send). */
+static sd_status bcast_run(sd_trainer *tr, size_t w0, size_t n, int r, sd_error *err)
+{
+#if defined(SDTK_HAVE_NCCL) && defined(SDTK_HAVE_CUDA)
+    if (tr->nccl) return sd_nccl_bcast_f32(tr->nccl, tr->d_w + w0, n, r, sd_cuda_stream(tr->cuda), err);
+#endif
+    return sd_dist_bcast_f32(tr->d_w + w0, n, r, err);
+}
+
 /* The update of the own run with the summed gradient of its floats (g:
- * ZeRO-1's whole buffer at the run's start, ZeRO-2's share), then every
- * run's weights from its owner; the gradient zeroed, the step counted. */
+ * ZeRO-1's whole buffer at the run's start, ZeRO-2's share; device
+ * pointers on a device, as the state's views are), then every run's
+ * weights from its owner; the gradient zeroed, the step counted. */
 sd_status sd_train_tensor_apply(sd_trainer *tr, double norm, const float *g, sd_error *err)
 {
     size_t t0, t1, w0, w1;
     sd_train_tensor_run(&tr->unet.w, tr->rank, tr->world, &t0, &t1, &w0, &w1);
     double lr = sd_lr_at(&tr->o.lr, tr->step), gscale = sd_clip_factor(norm, tr->o.max_grad_norm);
-    /* CPU ranks only (sd_train_device_run refused a device): the CPU table */
     sd_opt_state_step(&tr->opt, tr->be, tr->exec, &tr->o.adam, tr->o.adafactor_beta1, lr, tr->step + 1, gscale,
                       tr->d_w + w0, g);
     for (int r = 0; r < tr->world; r++) {
         sd_train_tensor_run(&tr->unet.w, r, tr->world, &t0, &t1, &w0, &w1);
-        sd_status rc = sd_dist_bcast_f32(tr->d_w + w0, w1 - w0, r, err);
+        sd_status rc = bcast_run(tr, w0, w1 - w0, r, err);
         if (rc) return rc;
     }
     sd_train_zero_grad(tr);
