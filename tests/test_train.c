@@ -1700,16 +1700,19 @@ static void test_device_paths_on_host(void)
         sd_optimizer opt;
         int w16, m16, fused, zero1;
         double beta1;
-    } cfg[] = {{"adamw", SD_OPT_ADAMW, 0, 0, 0, 0, -1},
-               {"adamw, bf16 moments and weights", SD_OPT_ADAMW, 1, 1, 0, 0, -1},
-               {"adamw, bf16 weights", SD_OPT_ADAMW, 1, 0, 0, 0, -1},
-               {"adamw8bit", SD_OPT_ADAMW8BIT, 0, 0, 0, 0, -1},
-               {"adafactor, beta1", SD_OPT_ADAFACTOR, 0, 0, 0, 0, 0.9},
-               {"adafactor, bf16 weights, fused", SD_OPT_ADAFACTOR, 1, 0, 1, 0, -1},
-               {"adamw8bit, bf16 weights, fused", SD_OPT_ADAMW8BIT, 1, 0, 1, 0, -1},
+        int ema_host; /* the EMA in host memory (--ema-on-cpu): bf16 weights widen and copy each chunk over */
+    } cfg[] = {{"adamw, bf16 weights, ema on the host", SD_OPT_ADAMW, 1, 0, 0, 0, -1, 1},
+               {"adafactor, bf16 weights, fused, ema on the host", SD_OPT_ADAFACTOR, 1, 0, 1, 0, -1, 1},
+               {"adamw", SD_OPT_ADAMW, 0, 0, 0, 0, -1, 0},
+               {"adamw, bf16 moments and weights", SD_OPT_ADAMW, 1, 1, 0, 0, -1, 0},
+               {"adamw, bf16 weights", SD_OPT_ADAMW, 1, 0, 0, 0, -1, 0},
+               {"adamw8bit", SD_OPT_ADAMW8BIT, 0, 0, 0, 0, -1, 0},
+               {"adafactor, beta1", SD_OPT_ADAFACTOR, 0, 0, 0, 0, 0.9, 0},
+               {"adafactor, bf16 weights, fused", SD_OPT_ADAFACTOR, 1, 0, 1, 0, -1, 0},
+               {"adamw8bit, bf16 weights, fused", SD_OPT_ADAMW8BIT, 1, 0, 1, 0, -1, 0},
                /* ZeRO-1 in a world of one: the device mirrors the rank's run of tensors */
-               {"adamw8bit, zero1", SD_OPT_ADAMW8BIT, 0, 0, 0, 1, -1},
-               {"adafactor, beta1, zero1", SD_OPT_ADAFACTOR, 0, 0, 0, 1, 0.9}};
+               {"adamw8bit, zero1", SD_OPT_ADAMW8BIT, 0, 0, 0, 1, -1, 0},
+               {"adafactor, beta1, zero1", SD_OPT_ADAFACTOR, 0, 0, 0, 1, 0.9, 0}};
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
         unsigned char *st[3] = {NULL, NULL, NULL};
         size_t len[3] = {0, 0, 0};
@@ -1725,6 +1728,7 @@ static void test_device_paths_on_host(void)
             o.moments = cfg[i].m16 ? SD_DT_BF16 : SD_DT_F32;
             o.fused_backward = cfg[i].fused;
             o.zero1 = cfg[i].zero1;
+            o.ema_host = cfg[i].ema_host;
             if (k) {
                 o.backend = &fake;
                 o.backend_exec = NULL;

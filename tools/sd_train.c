@@ -303,7 +303,7 @@ int main(int argc, char **argv)
          "is loaded or initialised straight into bf16, each value rounded to nearest; each op widens its own "
          "weights just before it runs); the update is computed in fp32 and stored with stochastic "
          "rounding from a seeded stream (exact resume); every --optimizer. bf16: one process (CPU or --device "
-         "cuda, not --ema-on-cpu there) so far; the EMA stays fp32. Example: --weight-dtype bf16 --optimizer "
+         "cuda) so far; the EMA stays fp32. Example: --weight-dtype bf16 --optimizer "
          "adamw8bit"},
         {"grad-dtype", 0, SD_OPT_STR, &gdtype, "T",
          "hold the whole-model gradient buffer as fp32 (default) or bf16: 2 bytes less per parameter (SDXL: 4.78 "
@@ -560,8 +560,6 @@ int main(int argc, char **argv)
     if (!bad && !sd_optimizer_parse(optimizer, &o.optimizer)) bad = "--optimizer: adamw, adamw8bit or adafactor";
     if (!bad && o.weight_dtype == SD_DT_BF16 && (o.zero1 || world > 1))
         bad = "--weight-dtype bf16 runs in one process only so far (no MPI or --zero1 path widens the weights yet)";
-    if (!bad && o.weight_dtype == SD_DT_BF16 && o.device >= 0 && o.ema_host)
-        bad = "--weight-dtype bf16 on a GPU keeps the EMA in device memory: not with --ema-on-cpu yet";
     if (!bad && o.adafactor_beta1 >= 0 && o.optimizer != SD_OPT_ADAFACTOR)
         bad = "--adafactor-beta1 is Adafactor's (--optimizer adafactor)";
     if (!bad && !(o.adafactor_beta1 < 1 && isfinite(o.adafactor_beta1)))

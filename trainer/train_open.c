@@ -309,8 +309,6 @@ static sd_status check_weight_dtype(sd_trainer *tr, sd_error *err)
     const char *why = NULL;
     if (o->weight_dtype == SD_DT_F32 || o->weight_dtype == 0) return SD_OK; /* 0: options not from the defaults */
     if (o->weight_dtype != SD_DT_BF16) why = "takes fp32 or bf16";
-    else if (o->device >= 0 && o->ema_host)
-        why = "bf16 on a GPU keeps the EMA in device memory: not with --ema-on-cpu yet";
     else if (tr->world > 1 || sd_train_sharded(o))
         why = "bf16 runs in one process only so far (no ZeRO or MPI path for it)";
     if (!why) return SD_OK;

@@ -189,16 +189,23 @@ void sd_train_w16_other(sd_trainer *tr, double lr, double gscale)
     }
 }
 
-/* The fp32 EMA's step toward the bf16 weights, chunk by chunk, on the
- * backend that holds the EMA (a GPU run with bf16 weights keeps it there:
- * --ema-on-cpu is refused for it). */
+/* The fp32 EMA's step toward the bf16 weights, chunk by chunk: on the
+ * backend that holds the EMA, or (a GPU run with --ema-on-cpu, no d_ema)
+ * each widened chunk copied into the host's update scratch and stepped by
+ * the CPU's EMA op, as an fp32 run's host EMA steps toward its copied
+ * weights: the same arithmetic either way. */
 void sd_train_w16_ema(sd_trainer *tr, float rate)
 {
     size_t n = tr->unet.w.total, chunk = sd_train_w16_chunk(&tr->o, &tr->unet.w);
     for (size_t lo = 0; lo < n; lo += chunk) {
         size_t k = n - lo < chunk ? n - lo : chunk;
         widen_chunk(tr, lo, k);
-        tr->be->ema(tr->exec, k, tr->d_ema + lo, tr->d_upd, rate);
+        if (tr->d_ema) {
+            tr->be->ema(tr->exec, k, tr->d_ema + lo, tr->d_upd, rate);
+        } else {
+            tr->be->d2h(tr->exec, tr->upd, tr->d_upd, k * sizeof(float));
+            sd_ema_fwd(tr->pool, k, tr->ema + lo, tr->upd, rate);
+        }
     }
 }
 
