@@ -66,22 +66,6 @@ static int tensor_done(void *ctx, size_t off, const float *g, size_t n)
     return 0;
 }
 
-/* The per-op gradient scratch grown to need floats in the backend's
- * memory (contents not kept); 0 when out of memory. */
-static int grow_scratch(sd_trainer *tr, size_t need)
-{
-    if (tr->be->is_device) {
-        if (tr->fgrad) tr->be->release(tr->exec, tr->fgrad);
-        tr->fgrad = tr->be->alloc(tr->exec, need * sizeof(float));
-    } else {
-        float *p = realloc(tr->fgrad, need * sizeof(float));
-        if (!p) return 0;
-        tr->fgrad = p;
-    }
-    tr->fgrad_cap = tr->fgrad ? need : 0;
-    return tr->fgrad != NULL;
-}
-
 /* The backward of the pass sd_train_pass just ran forward (its output
  * gradient in place) with the updates fused in, the step's single
  * micro-batch; the scratch grown to the plan's largest op. A stop marks
@@ -90,7 +74,7 @@ void sd_train_fused_pass(sd_trainer *tr)
 {
     sd_unet_wts w = sd_train_wts(tr);
     size_t need = sd_unet_fused_scratch(&tr->unet, &tr->g);
-    if (need > tr->fgrad_cap && !grow_scratch(tr, need)) { /* reported as a broken step: nothing was updated yet */
+    if (!sd_train_fgrad_reserve(tr, need)) { /* reported as a broken step: nothing was updated yet */
         tr->fused_broken = 2;
         return;
     }

@@ -40,17 +40,6 @@ size_t sd_train_g16_scratch(const sd_unet *u, const sd_unet_graph *g)
     return most ? most : 1;
 }
 
-/* Grow the scratch to floats (kept between steps). */
-static int scratch_at_least(sd_trainer *tr, size_t floats)
-{
-    if (floats <= tr->fgrad_cap) return 0;
-    float *p = realloc(tr->fgrad, floats * sizeof(float));
-    if (!p) return -1;
-    tr->fgrad = p;
-    tr->fgrad_cap = floats;
-    return 0;
-}
-
 /* The bf16 buffer (zero) and the scratch for the largest tensor; the
  * plan's larger op scratch comes with the first pass. */
 sd_status sd_train_g16_open(sd_trainer *tr, sd_error *err)
@@ -59,7 +48,7 @@ sd_status sd_train_g16_open(sd_trainer *tr, sd_error *err)
     if (why) return sd_err_set(err, SD_EUNSUPPORTED, "%s", why);
     size_t n = tr->unet.w.total ? tr->unet.w.total : 1;
     tr->g16 = calloc(n, sizeof *tr->g16);
-    if (!tr->g16 || scratch_at_least(tr, sd_train_g16_scratch(&tr->unet, NULL)))
+    if (!tr->g16 || !sd_train_fgrad_reserve(tr, sd_train_g16_scratch(&tr->unet, NULL)))
         return sd_err_set(err, SD_ENOMEM, "out of memory for the bf16 gradient buffer (%zu MiB)",
                           n * sizeof *tr->g16 >> 20);
     return SD_OK;
@@ -118,7 +107,7 @@ static int tensor_done(void *ctx, size_t off, const float *g, size_t n)
 sd_status sd_train_g16_backward(sd_trainer *tr, sd_error *err)
 {
     size_t need = sd_train_g16_scratch(&tr->unet, &tr->g);
-    if (scratch_at_least(tr, need))
+    if (!sd_train_fgrad_reserve(tr, need))
         return sd_err_set(err, SD_ENOMEM, "out of memory for the bf16 gradients' op scratch (%zu MiB)",
                           need * sizeof(float) >> 20);
     sd_unet_wts w = sd_train_wts(tr);

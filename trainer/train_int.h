@@ -119,6 +119,9 @@ sd_status sd_train_w16_open(sd_trainer *tr, sd_error *err);
 sd_status sd_train_w16_f32(sd_trainer *tr, sd_error *err);
 void sd_train_w16_f32_done(sd_trainer *tr, int narrow);
 sd_unet_wts sd_train_wts(const sd_trainer *tr);
+/* tr->fgrad grown to at least need floats in the backend's memory (its
+ * contents not kept); 0 when out of memory (train_shared.c). */
+int sd_train_fgrad_reserve(sd_trainer *tr, size_t need);
 void sd_train_w16_adamw(sd_trainer *tr, sd_adamw_args *a);
 void sd_train_w16_adamw_range(sd_trainer *tr, sd_adamw_args *a, size_t lo, size_t n, const float *g);
 void sd_train_w16_other(sd_trainer *tr, double lr, double gscale);

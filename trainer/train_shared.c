@@ -3,8 +3,9 @@
  * them so that none of those files calls back into another: the timestep
  * draw, the seed mixer, the stop request's acknowledgement, whether ZeRO
  * shards the optimizer, and what the UNet expects of a record (also the
- * memory plan's and the samples'). */
+ * memory plan's and the samples'), and the per-op gradient scratch. */
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "log.h"
 #include "train_int.h"
@@ -60,4 +61,22 @@ sd_load_opts sd_train_unet_load_opts(const sd_unet_config *c)
     sd_load_opts lo = {.channels = c->in_channels, .cross_dim = c->cross_dim,
                        .pooled = c->text_time ? c->add_in_dim - SD_UNET_TIME_IDS * c->add_time_dim : 0};
     return lo;
+}
+
+/* The per-op gradient scratch (tr->fgrad) of the fused backward, bf16
+ * gradients and ZeRO-2, grown to at least need floats in the backend's
+ * memory (contents not kept); 0 when out of memory. */
+int sd_train_fgrad_reserve(sd_trainer *tr, size_t need)
+{
+    if (need <= tr->fgrad_cap) return 1;
+    if (tr->be && tr->be->is_device) { /* no backend yet (bf16 gradients open before it): host memory */
+        if (tr->fgrad) tr->be->release(tr->exec, tr->fgrad);
+        tr->fgrad = tr->be->alloc(tr->exec, need * sizeof(float));
+    } else {
+        float *p = realloc(tr->fgrad, need * sizeof(float));
+        if (!p) return 0;
+        tr->fgrad = p;
+    }
+    tr->fgrad_cap = tr->fgrad ? need : 0;
+    return tr->fgrad != NULL;
 }
