@@ -103,9 +103,8 @@ int sd_unet_backward_fused(const sd_unet *u, const sd_unet_graph *g, const sd_ba
         const size_t gin[3] = {o->gx, o->gx2, o->gx3};
         for (int k = 0; k < 3; k++)
             if (o->zero & (1u << k)) be->zero(exec, dact + gin[k], g->ops[o->px[k]].ny * sizeof(float));
-        const float *dy = dact + o->gy, *x = act + o->x, *pw = NULL, *pb = NULL;
-        sd_unet_op_params(o, w, be, exec, &pw, &pb);
-        (void)pb;
+        const float *dy = dact + o->gy, *x = act + o->x, *pw = NULL;
+        sd_unet_op_params(o, w, be, exec, &pw, NULL);
         size_t nw = 0, nb = 0;
         float *gw = NULL, *gb = NULL;
         if (!f && o->w != SIZE_MAX) {

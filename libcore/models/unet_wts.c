@@ -50,18 +50,19 @@ void sd_unet_op_params(const sd_unet_op *o, const sd_unet_wts *w, const sd_backe
 {
     size_t nw, nb;
     op_param_counts(o, &nw, &nb);
-    *pw = *pb = NULL;
+    *pw = NULL;
+    if (pb) *pb = NULL;
     if (nw == 0 && nb == 0) return;
     if (!w->bf16) {
         if (o->w != SIZE_MAX) *pw = w->f32 + o->w;
-        if (o->b != SIZE_MAX) *pb = w->f32 + o->b;
+        if (pb && o->b != SIZE_MAX) *pb = w->f32 + o->b;
         return;
     }
     if (nw) {
         be->bf16_widen(exec, nw, w->scratch, w->bf16 + o->w);
         *pw = w->scratch;
     }
-    if (nb) {
+    if (nb && pb) { /* the backward reads no bias: not widened for it */
         be->bf16_widen(exec, nb, w->scratch + nw, w->bf16 + o->b);
         *pb = w->scratch + nw;
     }
