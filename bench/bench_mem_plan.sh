@@ -36,8 +36,9 @@
 # attention's score blocks: the fp32 AdamW GPU plan at --gpu-memory-limit
 # 24 minus its CPU plan without the process), plus 1 GiB for the CUDA
 # context, cuBLAS's and cuDNN's handles and the kernels, which no plan
-# counts (docs/GPU.md counts the same 1 GiB for the VAE; bf16 weights and
-# these optimizers are CPU-only so far, so a GPU plan of them is refused).
+# counts (docs/GPU.md counts the same 1 GiB for the VAE; `sd-train
+# --memory-plan --device cuda:0 --gpu-memory-limit 24` now plans bf16
+# weights and these optimizers directly, without a GPU: docs/GPU.md).
 # Each real step takes about 2 minutes and 7 to 11 GiB at 2 threads and
 # writes a 15 GB checkpoint into a temporary folder, removed after.
 #

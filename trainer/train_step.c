@@ -153,6 +153,9 @@ sd_status sd_train_step(sd_trainer *tr, double *loss, double *gnorm, sd_error *e
             tr->rng = rng0;
             tr->images = images0;
         }
+        if (tr->fused_broken == 2) /* the scratch did not grow: nothing was updated, not a non-finite value */
+            return sd_err_set(err, SD_ENOMEM, "--fused-backward: out of memory for the per-op gradient scratch at "
+                              "step %ld (nothing was updated)", tr->step + 1);
         return SD_OK;
     }
     if (sd_train_sharded(&tr->o) && (tr->o.optimizer == SD_OPT_ADAMW || tr->o.zero2)) {
