@@ -473,11 +473,7 @@ static sd_status open_index(sd_safetensors *st, const char *path, sd_error *err)
 /* Value i of a tensor given as floats (t->f32) or bf16 bits (t->bf16). */
 static float source_value(const sd_st_tensor *t, size_t i)
 {
-    if (t->f32) return t->f32[i];
-    uint32_t u = (uint32_t)t->bf16[i] << 16;
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
+    return t->f32 ? t->f32[i] : sd_bf16_to_f32(t->bf16[i]);
 }
 
 /* One tensor given as floats (t->f32) or bf16 bits (t->bf16), converted to
