@@ -242,11 +242,8 @@ class MemoryPlan(unittest.TestCase):
         context width, twice with CFG), the UNet's inference graph and the decoder's workspace, which
         grow with the image (the decoder's about 4x for 4x the pixels); a limit between the two plans fits only
         without samples. bench/bench_mem_plan_samples.sh holds it against peak RSS."""
-        try:
-            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-            import e2e_sample
-        except ImportError:
-            self.skipTest("numpy not available")
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import e2e_sample  # needs numpy and PIL, as the suite's Python does (scripts/install-deps.sh)
         e2e_sample.GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden")
         model = os.path.join(self.tmp.name, "sample-model")
         if not os.path.isdir(model):
